@@ -1,0 +1,56 @@
+# noisyneighbor — build, run, test. Everything a fresh machine needs is installed by scripts/setup.sh.
+SHELL := /bin/bash
+ARCH := $(shell uname -m | sed -e 's/x86_64/x86/' -e 's/aarch64/arm64/')
+BPF_SRC := $(wildcard bpf/*.bpf.c)
+BPF_HDR := $(wildcard bpf/*.h)
+BPF_OUT := probes/bpf_objects
+BPF_OBJ := $(patsubst bpf/%.bpf.c,$(BPF_OUT)/%.bpf.o,$(BPF_SRC))
+VMLINUX_VENDORED := bpf/vmlinux/$(shell uname -m)/vmlinux.h
+VMLINUX := bpf/.output/vmlinux.h
+CLANG ?= clang
+BPF_CFLAGS := -g -O2 -target bpf -D__TARGET_ARCH_$(ARCH) -Wall -Wno-unused-function \
+	-I bpf/.output -I bpf -I /usr/include/$(shell uname -m)-linux-gnu
+PY := .venv/bin/python
+
+.PHONY: all setup run test lint bpf bench clean
+all: bpf
+
+setup:
+	@scripts/setup.sh run
+
+# The main job: noisyneighbor on this node.
+run:
+	@scripts/setup.sh run
+	.venv/bin/noisyneighbor top
+
+# The tests (CI calls this through .ci/run).
+test:
+	@scripts/setup.sh test
+	.venv/bin/ruff check .
+	.venv/bin/pytest -q $(PYTEST_ARGS)
+
+lint:
+	.venv/bin/ruff check .
+
+bench:
+	@scripts/setup.sh bench
+	$(PY) bench/overhead.py
+
+bpf: $(BPF_OBJ)
+
+# vmlinux.h from this kernel's BTF when it has one; otherwise the vendored copy (see bpf/README.md).
+$(VMLINUX):
+	@mkdir -p $(@D)
+	@if [ -r /sys/kernel/btf/vmlinux ] && command -v bpftool >/dev/null; then \
+		bpftool btf dump file /sys/kernel/btf/vmlinux format c > $@.tmp && mv $@.tmp $@; \
+	else \
+		echo "bpf: no /sys/kernel/btf/vmlinux or bpftool: using $(VMLINUX_VENDORED)" >&2; \
+		cp $(VMLINUX_VENDORED) $@; \
+	fi
+
+$(BPF_OUT)/%.bpf.o: bpf/%.bpf.c $(BPF_HDR) $(VMLINUX)
+	@mkdir -p $(@D)
+	$(CLANG) $(BPF_CFLAGS) -c $< -o $@.tmp && mv $@.tmp $@
+
+clean:
+	rm -rf bpf/.output $(BPF_OUT)

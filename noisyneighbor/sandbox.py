@@ -1,0 +1,179 @@
+"""Cgroups we own: created for tests, benchmarks and scenarios, removed afterwards.
+
+The machine's own cgroups are never written to. Everything is created below a prefix directory
+`nn-test-<pid>` nested under the cgroup this process already belongs to in each hierarchy (read from
+`/proc/self/cgroup`), and removed on teardown, even on failure: tasks still inside are killed (they
+are ours: only processes we started are ever moved in), then directories are removed bottom-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from probes.cgroupfs import CgroupLayout, Hierarchy, discover, self_cgroups
+from probes.host import HostPaths
+
+PREFIX = "nn-test"
+
+
+class OwnedCgroup:
+    """One cgroup per requested controller hierarchy (plus v2 when asked), all named `name`.
+
+    `controllers` lists v1 controllers ("cpu", "memory", "cpuset", ...) or "unified" for the v2 tree.
+    On a pure v2 host every controller maps to the single v2 hierarchy and is enabled in the
+    parent's `cgroup.subtree_control` of the prefix directory (which we own).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        controllers: Iterable[str] = ("cpu",),
+        paths: HostPaths | None = None,
+        layout: CgroupLayout | None = None,
+        prefix: str | None = None,
+    ) -> None:
+        self.paths = paths or HostPaths()
+        self.layout = layout or discover(self.paths)
+        self.prefix = prefix or f"{PREFIX}-{os.getpid()}"
+        self.name = name
+        mine = self_cgroups(self.paths)
+        self.dirs: dict[str, Path] = {}
+        self._created: list[Path] = []
+        for controller in controllers:
+            hierarchy: Hierarchy | None
+            if controller == "unified":
+                hierarchy, own_path = self.layout.v2, mine.get("", "/")
+            else:
+                hierarchy = self.layout.hierarchy_for(controller)
+                own_path = mine.get(controller, mine.get("", "/")) if hierarchy and hierarchy.version == 1 \
+                    else mine.get("", "/")
+            if hierarchy is None:
+                raise RuntimeError(f"no cgroup hierarchy with controller {controller!r} on this host")
+            self.dirs[controller] = hierarchy.path_of(own_path) / self.prefix / name
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def create(self) -> OwnedCgroup:
+        try:
+            for controller, d in self.dirs.items():
+                parent = d.parent
+                if not parent.exists():
+                    parent.mkdir()
+                    self._created.append(parent)
+                    self._inherit_cpuset(parent)
+                if self._v2_root_of(d) is not None and controller not in ("unified",):
+                    self._enable_v2_controller(parent, controller)
+                d.mkdir()
+                self._created.append(d)
+                self._inherit_cpuset(d)
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def _v2_root_of(self, d: Path) -> Path | None:
+        v2 = self.layout.v2
+        if v2 is not None and not self.layout.v1 and d.is_relative_to(v2.mount):
+            return v2.mount
+        return None
+
+    def _enable_v2_controller(self, parent: Path, controller: str) -> None:
+        # Only ever written on the prefix directory, which we created ourselves.
+        if parent not in self._created and not parent.name.startswith(PREFIX):
+            return
+        with contextlib.suppress(OSError):
+            (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+
+    @staticmethod
+    def _inherit_cpuset(d: Path) -> None:
+        # v1 cpuset cgroups start with empty cpus/mems and refuse tasks until they are set.
+        cpus = d / "cpuset.cpus"
+        if cpus.exists() and not cpus.read_text().strip():
+            for f in ("cpuset.cpus", "cpuset.mems"):
+                (d / f).write_text((d.parent / f).read_text().strip() or "0")
+
+    def path(self, controller: str = "cpu") -> Path:
+        return self.dirs[controller]
+
+    def add_pid(self, pid: int) -> None:
+        for d in self.dirs.values():
+            (d / "cgroup.procs").write_text(str(pid))
+
+    def preexec(self) -> None:
+        """For subprocess.Popen(preexec_fn=...): the child joins the cgroup before it execs."""
+        self.add_pid(os.getpid())
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for d in self.dirs.values():
+            with contextlib.suppress(OSError):
+                found.update(int(p) for p in (d / "cgroup.procs").read_text().split())
+        return found
+
+    def write(self, controller: str, filename: str, value: str) -> None:
+        (self.dirs[controller] / filename).write_text(value)
+
+    def read(self, controller: str, filename: str) -> str:
+        return (self.dirs[controller] / filename).read_text()
+
+    def remove(self, timeout: float = 5.0) -> None:
+        """Kill our tasks still inside, then rmdir bottom-up. Safe to call twice."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pids = self.pids()
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        for d in reversed(self._created):
+            _rmdir_retry(d, deadline)
+        self._created.clear()
+
+    def __enter__(self) -> OwnedCgroup:
+        return self.create()
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def _rmdir_retry(d: Path, deadline: float) -> None:
+    while True:
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            # EBUSY: child cgroups or tasks still exiting; a non-empty prefix dir belongs to
+            # another OwnedCgroup of this process and is removed with it.
+            if time.monotonic() > deadline or any(p.is_dir() for p in d.iterdir()):
+                return
+            time.sleep(0.02)
+
+
+def cleanup_prefix(paths: HostPaths | None = None, prefix: str | None = None) -> None:
+    """Remove every cgroup below our prefix in every hierarchy (end of a test session)."""
+    paths = paths or HostPaths()
+    layout = discover(paths)
+    prefix = prefix or f"{PREFIX}-{os.getpid()}"
+    mine = self_cgroups(paths)
+    for h in layout.hierarchies():
+        own = mine.get(next(iter(h.controllers), ""), mine.get("", "/")) if h.version == 1 else mine.get("", "/")
+        base = h.path_of(own) / prefix
+        if not base.is_dir():
+            continue
+        for d in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            for pid in (d / "cgroup.procs").read_text().split() if (d / "cgroup.procs").exists() else []:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            _rmdir_retry(d, time.monotonic() + 5)
+        _rmdir_retry(base, time.monotonic() + 5)

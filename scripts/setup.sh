@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian 12 machine (run as root): system packages, a venv with the
+# project installed in editable mode, and the BPF objects. Quick when everything is already there.
+#   scripts/setup.sh [run|test|bench]   (what the packages are for; default: run)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile="${1:-run}"
+
+# Packages the agent needs to build its BPF objects and to run.
+pkgs=(clang llvm libbpf-dev bpftool make python3-venv)
+# Tests create real workloads, network namespaces and firewall rules.
+if [[ "$profile" == test || "$profile" == bench ]]; then
+  pkgs+=(stress-ng rt-tests iproute2 linux-perf nftables iptables prometheus)
+fi
+# The benchmark compares against bcc's tools, which compile against kernel headers.
+if [[ "$profile" == bench ]]; then
+  pkgs+=(bpfcc-tools linux-headers-amd64)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "setup: missing packages ${missing[*]} and not root: install them or run as root" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python environment: re-install only when the project metadata changed.
+if [[ ! -x .venv/bin/python ]]; then
+  python3 -m venv .venv
+fi
+if [[ ! -f .venv/.setup-stamp || pyproject.toml -nt .venv/.setup-stamp ]]; then
+  .venv/bin/pip install -q --upgrade pip >/dev/null
+  .venv/bin/pip install -q -e ".[dev]"
+  touch .venv/.setup-stamp
+fi
+
+# BPF objects (make skips them when they are newer than their sources).
+make -s bpf
