@@ -1,0 +1,71 @@
+/* Helpers shared by every noisyneighbor BPF program. */
+#ifndef NN_COMMON_H
+#define NN_COMMON_H
+
+#include "nn_events.h"
+
+#ifndef TASK_RUNNING
+#define TASK_RUNNING 0
+#endif
+
+/* task_struct.state was renamed __state in 5.14: read whichever this kernel has. */
+struct task_struct___pre_5_14 {
+	long state;
+} __attribute__((preserve_access_index));
+
+static __always_inline unsigned int nn_task_state(struct task_struct *t)
+{
+	if (bpf_core_field_exists(t->__state))
+		return BPF_CORE_READ(t, __state);
+	return BPF_CORE_READ((struct task_struct___pre_5_14 *)t, state);
+}
+
+/*
+ * The cgroup a task is charged to. On v2 hosts this is the default-hierarchy cgroup (its id is what
+ * bpf_get_current_cgroup_id() returns); on v1/hybrid hosts pods live in the v1 hierarchies, so the
+ * loader asks for the v1 cpu controller's cgroup instead. Both ids are kernfs node ids, i.e. the
+ * inode numbers of the cgroup directories, which userspace maps back to paths.
+ */
+static __always_inline __u64 nn_task_cgroup_id(struct task_struct *t, bool v1_cpu)
+{
+	if (v1_cpu) {
+		int cpu_id = bpf_core_enum_value(enum cgroup_subsys_id, cpu_cgrp_id);
+		struct css_set *cset = BPF_CORE_READ(t, cgroups);
+		struct cgroup_subsys_state *css = NULL;
+
+		if (cpu_id < 0 || cpu_id >= CGROUP_SUBSYS_COUNT)
+			return 0;
+		bpf_core_read(&css, sizeof(css), &cset->subsys[cpu_id]);
+		return BPF_CORE_READ(css, cgroup, kn, id);
+	}
+	return BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id);
+}
+
+/* floor(log2(v)) + 1 for v > 0, 0 for v == 0: slot k holds values in [2^(k-1), 2^k). */
+static __always_inline __u32 nn_log2_slot(__u64 v)
+{
+	__u32 slot = 0;
+
+	if (v >= (1ULL << 32)) { v >>= 32; slot += 32; }
+	if (v >= (1ULL << 16)) { v >>= 16; slot += 16; }
+	if (v >= (1ULL << 8))  { v >>= 8;  slot += 8; }
+	if (v >= (1ULL << 4))  { v >>= 4;  slot += 4; }
+	if (v >= (1ULL << 2))  { v >>= 2;  slot += 2; }
+	if (v >= (1ULL << 1))  { slot += 1; }
+	return v ? slot + 1 : 0;
+}
+
+static __always_inline void nn_hist_add(struct nn_hist *h, __u64 value_ns)
+{
+	__u32 slot = nn_log2_slot(value_ns / 1000);
+
+	if (slot >= NN_HIST_SLOTS)
+		slot = NN_HIST_SLOTS - 1;
+	h->slots[slot]++;
+	h->sum_ns += value_ns;
+	h->count++;
+	if (value_ns > h->max_ns)
+		h->max_ns = value_ns;
+}
+
+#endif /* NN_COMMON_H */

@@ -1,0 +1,180 @@
+"""The probe engine: load a probe's BPF object, pick the attach mode the kernel supports, attach.
+
+`Engine` is the small interface a second backend (a bcc engine for kernels without BTF) implements;
+`LibbpfEngine` is the CO-RE backend. Probe modules (runqlat, ...) only use `LoadedProbe`, so their
+decoding stays apart from how the programs got into the kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+from probes.host import HostPaths
+from probes.libbpf import BpfError, BpfObject, LibbpfMissing, ProgramStats, RingBuffer, VmlinuxBtf
+
+log = logging.getLogger(__name__)
+
+OBJECT_DIR = Path(__file__).parent / "bpf_objects"
+AttachMode = Literal["auto", "tp_btf", "raw_tp"]
+
+
+class ProbeError(RuntimeError):
+    """A probe cannot run here. The message is one line: what is missing and what is off."""
+
+
+@dataclass(frozen=True)
+class Tracepoint:
+    name: str  # e.g. "sched_switch"
+    btf_program: str  # program name of the tp_btf variant
+    raw_program: str  # program name of the raw_tp variant
+    required: bool = True  # without it the probe is off; otherwise it is degraded
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    name: str
+    object_file: str
+    tracepoints: tuple[Tracepoint, ...]
+
+
+@dataclass
+class ProbeStatus:
+    name: str
+    state: Literal["on", "degraded", "off"]
+    reason: str = ""
+    attach_mode: str | None = None
+    attached: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        mode = f" ({self.attach_mode})" if self.attach_mode else ""
+        return f"{self.name}: {self.state}{mode}{': ' + self.reason if self.reason else ''}"
+
+
+class LoadedProbe(Protocol):
+    status: ProbeStatus
+
+    def map_items(self, name: str) -> Iterator[tuple[bytes, bytes | list[bytes]]]: ...
+    def map_lookup(self, name: str, key: bytes) -> bytes | list[bytes] | None: ...
+    def ring_buffer(self, name: str, callback: Callable[[bytes], None]) -> RingBuffer: ...
+    def program_stats(self) -> list[ProgramStats]: ...
+    def close(self) -> None: ...
+
+
+class Engine(Protocol):
+    name: str
+
+    def open_probe(
+        self, spec: ProbeSpec, rodata: dict[str, int | bool] | None = None, attach_mode: AttachMode = "auto"
+    ) -> LoadedProbe: ...
+
+
+class LibbpfProbe:
+    """A loaded, attached CO-RE object."""
+
+    def __init__(self, obj: BpfObject, status: ProbeStatus) -> None:
+        self.obj = obj
+        self.status = status
+        self._maps: dict[str, object] = {}
+
+    def _map(self, name: str):
+        m = self._maps.get(name)
+        if m is None:
+            m = self._maps[name] = self.obj.map(name)
+        return m
+
+    def map_items(self, name: str) -> Iterator[tuple[bytes, bytes | list[bytes]]]:
+        return self._map(name).items()
+
+    def map_lookup(self, name: str, key: bytes) -> bytes | list[bytes] | None:
+        return self._map(name).lookup(key)
+
+    def ring_buffer(self, name: str, callback: Callable[[bytes], None]) -> RingBuffer:
+        return RingBuffer(self._map(name), callback)
+
+    def program_stats(self) -> list[ProgramStats]:
+        return self.obj.program_stats()
+
+    def close(self) -> None:
+        self.obj.close()
+        self.status.state = "off"
+
+
+class LibbpfEngine:
+    name = "libbpf"
+
+    def __init__(self, paths: HostPaths | None = None, object_dir: Path | None = None) -> None:
+        self.paths = paths or HostPaths()
+        self.object_dir = object_dir or Path(os.environ.get("NN_BPF_OBJECT_DIR", OBJECT_DIR))
+
+    def open_probe(
+        self, spec: ProbeSpec, rodata: dict[str, int | bool] | None = None, attach_mode: AttachMode = "auto"
+    ) -> LibbpfProbe:
+        path = self.object_dir / spec.object_file
+        if not path.is_file():
+            raise ProbeError(f"{spec.name}: off: BPF object {path} missing (build it with `make bpf`)")
+        if not self.paths.btf_vmlinux.exists():
+            raise ProbeError(
+                f"{spec.name}: off: kernel has no BTF ({self.paths.btf_vmlinux} absent); "
+                "CO-RE probes need CONFIG_DEBUG_INFO_BTF"
+            )
+        try:
+            with VmlinuxBtf() as btf:
+                typed = {tp.name: btf.has_btf_tracepoint(tp.name) for tp in spec.tracepoints}
+        except (BpfError, LibbpfMissing) as e:
+            raise ProbeError(f"{spec.name}: off: {e}") from None
+
+        mode = attach_mode
+        if mode == "auto":
+            # One mode per probe: the two variants keep their state in different maps.
+            mode = "tp_btf" if all(typed[tp.name] for tp in spec.tracepoints if tp.required) else "raw_tp"
+        missing_required = [tp.name for tp in spec.tracepoints if tp.required and not self._exists(tp.name, typed)]
+        if missing_required:
+            raise ProbeError(f"{spec.name}: off: kernel lacks tracepoint(s) {', '.join(missing_required)}")
+
+        try:
+            obj = BpfObject(path)
+        except (BpfError, LibbpfMissing) as e:
+            raise ProbeError(f"{spec.name}: off: {e}") from None
+        status = ProbeStatus(spec.name, "on", attach_mode=mode)
+        try:
+            wanted: list[Tracepoint] = []
+            for tp in spec.tracepoints:
+                use = tp.btf_program if mode == "tp_btf" else tp.raw_program
+                other = tp.raw_program if mode == "tp_btf" else tp.btf_program
+                obj.set_autoload(other, False)
+                if not self._exists(tp.name, typed) or (mode == "tp_btf" and not typed[tp.name]):
+                    obj.set_autoload(use, False)
+                    status.state, status.reason = "degraded", f"no tracepoint {tp.name}"
+                    continue
+                wanted.append(tp)
+            if rodata:
+                obj.set_rodata(rodata)
+            obj.load()
+            for tp in wanted:
+                prog = tp.btf_program if mode == "tp_btf" else tp.raw_program
+                try:
+                    obj.attach(prog)
+                    status.attached.append(tp.name)
+                except BpfError as e:
+                    if tp.required:
+                        raise
+                    status.state, status.reason = "degraded", f"{tp.name} not attached: {e}"
+        except BpfError as e:
+            obj.close()
+            raise ProbeError(f"{spec.name}: off: {e}") from None
+        log.info("%s", status.line())
+        return LibbpfProbe(obj, status)
+
+    def _exists(self, tracepoint: str, typed: dict[str, bool]) -> bool:
+        """A tracepoint exists if it has a BTF typedef, or tracefs lists it (raw_tp-only kernels)."""
+        if typed.get(tracepoint):
+            return True
+        events = self.paths.tracefs / "events"
+        if events.is_dir():
+            return any((d / tracepoint).is_dir() for d in events.iterdir())
+        return True  # cannot tell without BTF or tracefs: let attach decide

@@ -1,0 +1,134 @@
+"""Runqueue latency per cgroup and per CPU (decoder for bpf/runqlat.bpf.c)."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import time
+from dataclasses import dataclass
+
+from probes.cgroupfs import CgroupLayout, discover
+from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
+from probes.hist import LatencyHistogram
+from probes.host import HostPaths
+from probes.libbpf import RingBuffer
+
+SPEC = ProbeSpec(
+    name="runqlat",
+    object_file="runqlat.bpf.o",
+    tracepoints=(
+        Tracepoint("sched_wakeup", "runqlat_wakeup_btf", "runqlat_wakeup_raw"),
+        Tracepoint("sched_wakeup_new", "runqlat_wakeup_new_btf", "runqlat_wakeup_new_raw"),
+        Tracepoint("sched_switch", "runqlat_switch_btf", "runqlat_switch_raw"),
+    ),
+)
+DROP_REASONS = ("task_storage", "key_map_full", "ringbuf_full", "start_map_full")  # enum nn_drop_reason
+
+
+class _RunqEvent(ctypes.Structure):
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64),
+        ("wait_ns", ctypes.c_uint64),
+        ("cgroup_id", ctypes.c_uint64),
+        ("prev_cgroup_id", ctypes.c_uint64),
+        ("pid", ctypes.c_uint32),
+        ("tgid", ctypes.c_uint32),
+        ("prev_pid", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("comm", ctypes.c_char * 16),
+        ("prev_comm", ctypes.c_char * 16),
+    ]
+
+
+@dataclass(frozen=True)
+class RunqOutlier:
+    """One wait above the outlier threshold, with the task that ran right before the victim."""
+
+    ts_ns: int
+    wait_ns: int
+    cgroup_id: int
+    pid: int
+    tgid: int
+    comm: str
+    cpu: int
+    prev_cgroup_id: int
+    prev_pid: int
+    prev_comm: str
+
+    @classmethod
+    def decode(cls, raw: bytes) -> RunqOutlier:
+        e = _RunqEvent.from_buffer_copy(raw[: ctypes.sizeof(_RunqEvent)])
+        return cls(
+            e.ts_ns, e.wait_ns, e.cgroup_id, e.pid, e.tgid, e.comm.decode(errors="replace"), e.cpu,
+            e.prev_cgroup_id, e.prev_pid, e.prev_comm.decode(errors="replace"),
+        )
+
+
+@dataclass(frozen=True)
+class RunqSnapshot:
+    """Cumulative counters since load; subtract two snapshots for an interval."""
+
+    monotonic_s: float
+    per_cgroup: dict[int, LatencyHistogram]
+    per_cpu: list[LatencyHistogram]
+    drops: dict[str, int]
+
+
+class RunqLatProbe:
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        paths: HostPaths | None = None,
+        layout: CgroupLayout | None = None,
+        outlier_threshold_ns: int = 0,
+        attach_mode: AttachMode = "auto",
+    ) -> None:
+        self.paths = paths or HostPaths()
+        self.layout = layout or discover(self.paths)
+        cpu_hierarchy = self.layout.cpu
+        # On v1/hybrid hosts, pods' CPU cgroups are in the v1 cpu hierarchy: key the maps by it.
+        self.hierarchy = cpu_hierarchy
+        self.v1_cpu = bool(cpu_hierarchy and cpu_hierarchy.version == 1)
+        engine = engine or LibbpfEngine(self.paths)
+        self.probe: LoadedProbe = engine.open_probe(
+            SPEC,
+            rodata={"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns},
+            attach_mode=attach_mode,
+        )
+        self.status = self.probe.status
+        self._outliers: list[RunqOutlier] = []
+        self._ring: RingBuffer | None = None
+        if outlier_threshold_ns:
+            self._ring = self.probe.ring_buffer("outliers", lambda raw: self._outliers.append(RunqOutlier.decode(raw)))
+
+    def snapshot(self) -> RunqSnapshot:
+        per_cgroup = {
+            struct.unpack("<Q", key)[0]: LatencyHistogram.decode_percpu(values)  # type: ignore[arg-type]
+            for key, values in self.probe.map_items("cgroup_runq")
+        }
+        cpu_values = self.probe.map_lookup("cpu_runq", b"\0\0\0\0") or []
+        per_cpu = [LatencyHistogram.decode(v) for v in cpu_values]  # type: ignore[union-attr]
+        drops = {}
+        for i, reason in enumerate(DROP_REASONS):
+            values = self.probe.map_lookup("drops", i.to_bytes(4, "little")) or []
+            drops[reason] = sum(struct.unpack("<Q", v)[0] for v in values)  # type: ignore[union-attr]
+        return RunqSnapshot(time.monotonic(), per_cgroup, per_cpu, drops)
+
+    def poll_outliers(self, timeout_ms: int = 0) -> list[RunqOutlier]:
+        if self._ring is None:
+            return []
+        self._ring.poll(timeout_ms)
+        out, self._outliers = self._outliers, []
+        return out
+
+    def close(self) -> None:
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        self.probe.close()
+
+    def __enter__(self) -> RunqLatProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
