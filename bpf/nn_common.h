@@ -26,18 +26,30 @@ static __always_inline unsigned int nn_task_state(struct task_struct *t)
  * loader asks for the v1 cpu controller's cgroup instead. Both ids are kernfs node ids, i.e. the
  * inode numbers of the cgroup directories, which userspace maps back to paths.
  */
+/* The v1 cgroup of a task in the hierarchy of controller `subsys_id` (a relocated enum value). */
+static __always_inline __u64 nn_task_v1_cgroup_id(struct task_struct *t, int subsys_id)
+{
+	struct css_set *cset = BPF_CORE_READ(t, cgroups);
+	struct cgroup_subsys_state *css = NULL;
+
+	if (subsys_id < 0 || subsys_id >= CGROUP_SUBSYS_COUNT)
+		return 0;
+	bpf_core_read(&css, sizeof(css), &cset->subsys[subsys_id]);
+	return BPF_CORE_READ(css, cgroup, kn, id);
+}
+
 static __always_inline __u64 nn_task_cgroup_id(struct task_struct *t, bool v1_cpu)
 {
-	if (v1_cpu) {
-		int cpu_id = bpf_core_enum_value(enum cgroup_subsys_id, cpu_cgrp_id);
-		struct css_set *cset = BPF_CORE_READ(t, cgroups);
-		struct cgroup_subsys_state *css = NULL;
+	if (v1_cpu)
+		return nn_task_v1_cgroup_id(t, bpf_core_enum_value(enum cgroup_subsys_id, cpu_cgrp_id));
+	return BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id);
+}
 
-		if (cpu_id < 0 || cpu_id >= CGROUP_SUBSYS_COUNT)
-			return 0;
-		bpf_core_read(&css, sizeof(css), &cset->subsys[cpu_id]);
-		return BPF_CORE_READ(css, cgroup, kn, id);
-	}
+/* Memory attribution (reclaim): the v1 memory controller's cgroup on v1/hybrid hosts. */
+static __always_inline __u64 nn_task_memcg_id(struct task_struct *t, bool v1_memory)
+{
+	if (v1_memory)
+		return nn_task_v1_cgroup_id(t, bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id));
 	return BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id);
 }
 
