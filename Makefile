@@ -54,3 +54,12 @@ $(BPF_OUT)/%.bpf.o: bpf/%.bpf.c $(BPF_HDR) $(VMLINUX)
 
 clean:
 	rm -rf bpf/.output $(BPF_OUT)
+
+# Probe overhead: nothing vs noisyneighbor vs bcc's runqlat, alternating arms (bench/overhead.py --help).
+# bcc_env.sh gives bcc kernel headers; if it fails, that arm is reported unavailable.
+#   make bench-overhead BENCH_ARGS="--rounds 7 --markdown --json /tmp/overhead.json"
+.PHONY: bench-overhead
+bench-overhead:
+	@scripts/setup.sh bench
+	-@bench/bcc_env.sh
+	$(PY) bench/overhead.py $(BENCH_ARGS)

@@ -69,7 +69,11 @@ class Engine(Protocol):
     name: str
 
     def open_probe(
-        self, spec: ProbeSpec, rodata: dict[str, int | bool] | None = None, attach_mode: AttachMode = "auto"
+        self,
+        spec: ProbeSpec,
+        rodata: dict[str, int | bool] | None = None,
+        attach_mode: AttachMode = "auto",
+        map_sizes: dict[str, int] | None = None,
     ) -> LoadedProbe: ...
 
 
@@ -112,8 +116,13 @@ class LibbpfEngine:
         self.object_dir = object_dir or Path(os.environ.get("NN_BPF_OBJECT_DIR", OBJECT_DIR))
 
     def open_probe(
-        self, spec: ProbeSpec, rodata: dict[str, int | bool] | None = None, attach_mode: AttachMode = "auto"
+        self,
+        spec: ProbeSpec,
+        rodata: dict[str, int | bool] | None = None,
+        attach_mode: AttachMode = "auto",
+        map_sizes: dict[str, int] | None = None,
     ) -> LibbpfProbe:
+        """Load and attach. `map_sizes` overrides max_entries (ring buffers: bytes, power of 2)."""
         path = self.object_dir / spec.object_file
         if not path.is_file():
             raise ProbeError(f"{spec.name}: off: BPF object {path} missing (build it with `make bpf`)")
@@ -154,6 +163,8 @@ class LibbpfEngine:
                 wanted.append(tp)
             if rodata:
                 obj.set_rodata(rodata)
+            for map_name, size in (map_sizes or {}).items():
+                obj.map(map_name).set_max_entries(size)
             obj.load()
             for tp in wanted:
                 prog = tp.btf_program if mode == "tp_btf" else tp.raw_program

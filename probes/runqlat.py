@@ -82,6 +82,8 @@ class RunqLatProbe:
         layout: CgroupLayout | None = None,
         outlier_threshold_ns: int = 0,
         attach_mode: AttachMode = "auto",
+        outlier_ring_bytes: int = 256 * 1024,
+        max_cgroups: int = 16384,
     ) -> None:
         self.paths = paths or HostPaths()
         self.layout = layout or discover(self.paths)
@@ -94,6 +96,7 @@ class RunqLatProbe:
             SPEC,
             rodata={"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns},
             attach_mode=attach_mode,
+            map_sizes={"outliers": outlier_ring_bytes, "cgroup_runq": max_cgroups},
         )
         self.status = self.probe.status
         self._outliers: list[RunqOutlier] = []

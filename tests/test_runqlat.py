@@ -122,13 +122,13 @@ def test_wait_is_attributed_to_the_wakee_not_the_waker(two_contending_cgroups):
     """Every wait event (threshold 1 ns → all of them go to the ring buffer) names the cgroup of the
     task that waited; the ping-pong makes every wakeup come from the other cgroup."""
     a, b = two_contending_cgroups
-    probe = RunqLatProbe(outlier_threshold_ns=1)
+    probe = RunqLatProbe(outlier_threshold_ns=1, outlier_ring_bytes=16 << 20)
     try:
         cgroup_of = {t: os.stat(cg.path("cpu")).st_ino for cg in (a, b) for t in _tids(cg)}
         wait_by = defaultdict(int)
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
-            for e in probe.poll_outliers(100):
+            for e in probe.poll_outliers(20):
                 if e.pid in cgroup_of:
                     wait_by[e.cgroup_id == cgroup_of[e.pid]] += e.wait_ns
         probe.poll_outliers(0)
@@ -137,7 +137,8 @@ def test_wait_is_attributed_to_the_wakee_not_the_waker(two_contending_cgroups):
         print(f"attributed right {right / 1e6:.1f} ms, wrong {wrong / 1e6:.3f} ms, drops {drops}")
         assert right > 5e8
         assert right / (right + wrong) >= 0.999
-        assert drops["ringbuf_full"] == 0
+        # Every switch on the machine goes to the ring at this threshold; a busy machine can overflow
+        # it. Losses are counted (checked in test_drops_are_counted); attribution is judged on what arrived.
     finally:
         probe.close()
 
@@ -173,3 +174,14 @@ def test_kernel_without_btf_is_one_clear_line(tmp_path):
     with pytest.raises(ProbeError) as exc:
         RunqLatProbe(engine=LibbpfEngine(paths=fake))
     assert "no BTF" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_drops_are_counted_not_silent(two_contending_cgroups):
+    """A ring buffer too small for the event rate loses events, and says how many."""
+    with RunqLatProbe(outlier_threshold_ns=1, outlier_ring_bytes=4096) as probe:
+        time.sleep(1)  # nobody polls: the 4 KiB ring fills within milliseconds
+        received = len(probe.poll_outliers(0))
+        drops = probe.snapshot().drops["ringbuf_full"]
+        print(f"received {received}, dropped {drops}")
+        assert received > 0  # what fit in the ring arrived...
+        assert drops > 0  # ...and the rest is counted
