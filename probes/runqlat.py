@@ -117,6 +117,10 @@ class RunqLatProbe:
             drops[reason] = sum(struct.unpack("<Q", v)[0] for v in values)  # type: ignore[union-attr]
         return RunqSnapshot(time.monotonic(), per_cgroup, per_cpu, drops)
 
+    def forget(self, cgroup_ids: list[int]) -> int:
+        """Drop removed cgroups from the kernel map so pod churn cannot fill it. Returns how many."""
+        return sum(self.probe.map_delete("cgroup_runq", struct.pack("<Q", cg)) for cg in cgroup_ids)
+
     def poll_outliers(self, timeout_ms: int = 0) -> list[RunqOutlier]:
         if self._ring is None:
             return []
