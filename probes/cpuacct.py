@@ -1,0 +1,326 @@
+"""Per-cgroup CPU accounting: usage, user/system split, CFS bandwidth throttling and the quota.
+
+Everything is normalised to nanoseconds (times) and microseconds (quota/period, as configured).
+
+cgroup v1 (cpu and cpuacct may be separate hierarchies or one `cpu,cpuacct` directory):
+- cpuacct.usage: ns; cpuacct.stat: `user`/`system` in USER_HZ ticks;
+- cpu.stat: nr_periods, nr_throttled, throttled_time (ns), and nr_bursts, burst_time (ns) on
+  kernels with CFS burst (5.14+);
+- cpu.cfs_quota_us (-1 = unlimited), cpu.cfs_period_us.
+cgroup v2:
+- cpu.stat: usage_usec, user_usec, system_usec always; nr_periods, nr_throttled, throttled_usec,
+  nr_bursts, burst_usec only where the cpu controller is enabled;
+- cpu.max: "max 100000" or "50000 100000" (absent without the cpu controller, and at the root).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from probes.cgroupfs import CgroupLayout
+from probes.host import read_text_or_none
+
+NS_PER_US = 1_000
+NS_PER_S = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class CgroupCpuStat:
+    cgroup_version: int  # 1 or 2: which files the numbers came from
+    usage_ns: int
+    user_ns: int | None  # v1: USER_HZ resolution (10 ms at 100 Hz)
+    system_ns: int | None
+    # No CFS bandwidth control in effect (no quota, or no cpu controller) means nothing can be
+    # throttled, so these read 0 then rather than None.
+    nr_periods: int
+    nr_throttled: int
+    throttled_ns: int
+    nr_bursts: int | None  # None on kernels without CFS burst
+    burst_ns: int | None
+    quota_us: int | None  # None = unlimited (or no cpu controller)
+    period_us: int | None  # None when there is no cpu controller to have one
+
+    @property
+    def quota_cores(self) -> float | None:
+        """The quota as a number of CPUs (quota / period), None when unlimited."""
+        if self.quota_us is None or not self.period_us:
+            return None
+        return self.quota_us / self.period_us
+
+
+# -- parsing ------------------------------------------------------------------------------------
+
+
+def parse_keyed_counters(text: str) -> dict[str, int]:
+    """`key value` lines as ints (cpu.stat, cpuacct.stat); malformed lines are skipped."""
+    counters: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 2:
+            continue
+        try:
+            counters[fields[0]] = int(fields[1])
+        except ValueError:
+            continue
+    return counters
+
+
+def parse_cpu_max(text: str) -> tuple[int | None, int] | None:
+    """`cpu.max` -> (quota_us or None for "max", period_us); None if malformed."""
+    fields = text.split()
+    if len(fields) != 2:
+        return None
+    try:
+        period = int(fields[1])
+        quota = None if fields[0] == "max" else int(fields[0])
+    except ValueError:
+        return None
+    if period <= 0 or (quota is not None and quota <= 0):
+        return None
+    return quota, period
+
+
+def _parse_int(text: str) -> int | None:
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def _read_int(path: Path) -> int | None:
+    text = _read(path)
+    return None if text is None else _parse_int(text)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return read_text_or_none(path)
+    except OSError:
+        return None  # unreadable counts as missing; cpu_stat_unavailable_reason() says why
+
+
+def _read_counters(path: Path) -> dict[str, int] | None:
+    text = _read(path)
+    return None if text is None else parse_keyed_counters(text)
+
+
+# -- readers ------------------------------------------------------------------------------------
+
+
+def read_v2_cpu_stat(cgroup_dir: Path) -> CgroupCpuStat | None:
+    """One v2 cgroup; None when it vanished or cpu.stat/cpu.max are unusable."""
+    stat = _read_counters(cgroup_dir / "cpu.stat")
+    if stat is None or "usage_usec" not in stat:
+        return None
+    quota_us: int | None = None
+    period_us: int | None = None
+    cpu_max = _read(cgroup_dir / "cpu.max")
+    if cpu_max is not None:
+        parsed = parse_cpu_max(cpu_max)
+        if parsed is None:
+            return None  # guessing "unlimited" would hide a throttled cgroup
+        quota_us, period_us = parsed
+    elif not cgroup_dir.is_dir():
+        return None  # vanished between the two reads
+    user, system = stat.get("user_usec"), stat.get("system_usec")
+    bursts, burst = stat.get("nr_bursts"), stat.get("burst_usec")
+    return CgroupCpuStat(
+        cgroup_version=2,
+        usage_ns=stat["usage_usec"] * NS_PER_US,
+        user_ns=None if user is None else user * NS_PER_US,
+        system_ns=None if system is None else system * NS_PER_US,
+        nr_periods=stat.get("nr_periods", 0),
+        nr_throttled=stat.get("nr_throttled", 0),
+        throttled_ns=stat.get("throttled_usec", 0) * NS_PER_US,
+        nr_bursts=bursts,
+        burst_ns=None if burst is None else burst * NS_PER_US,
+        quota_us=quota_us,
+        period_us=period_us,
+    )
+
+
+def read_v1_cpu_stat(
+    cpu_dir: Path | None, cpuacct_dir: Path | None, clock_ticks: int | None = None
+) -> CgroupCpuStat | None:
+    """One v1 cgroup from its cpu and cpuacct directories (the same one when co-mounted).
+
+    None when it vanished or there is no cpuacct directory (usage lives only there).
+    `clock_ticks` is USER_HZ, os.sysconf('SC_CLK_TCK') by default.
+    """
+    if cpuacct_dir is None:
+        return None
+    usage = _read_int(cpuacct_dir / "cpuacct.usage")
+    acct = _read_counters(cpuacct_dir / "cpuacct.stat")
+    if usage is None or acct is None:
+        return None
+    ticks = clock_ticks or os.sysconf("SC_CLK_TCK")
+    user, system = acct.get("user"), acct.get("system")
+    stat: dict[str, int] = {}
+    quota_us: int | None = None
+    period_us: int | None = None
+    if cpu_dir is not None:
+        cpu_stat = _read_counters(cpu_dir / "cpu.stat")
+        quota = _read_int(cpu_dir / "cpu.cfs_quota_us")
+        period = _read_int(cpu_dir / "cpu.cfs_period_us")
+        if cpu_stat is None or quota is None or period is None:
+            if not cpu_dir.is_dir():
+                return None
+            # The directory is there but the bandwidth files are not: CONFIG_CFS_BANDWIDTH=n.
+        else:
+            stat = cpu_stat
+            quota_us = None if quota < 0 else quota
+            period_us = period
+    bursts, burst = stat.get("nr_bursts"), stat.get("burst_time")
+    return CgroupCpuStat(
+        cgroup_version=1,
+        usage_ns=usage,
+        user_ns=None if user is None else user * NS_PER_S // ticks,
+        system_ns=None if system is None else system * NS_PER_S // ticks,
+        nr_periods=stat.get("nr_periods", 0),
+        nr_throttled=stat.get("nr_throttled", 0),
+        throttled_ns=stat.get("throttled_time", 0),
+        nr_bursts=bursts,
+        burst_ns=burst,
+        quota_us=quota_us,
+        period_us=period_us,
+    )
+
+
+@dataclass(frozen=True)
+class CpuStatDirs:
+    """Where one cgroup's CPU accounting files are."""
+
+    cgroup_version: int
+    cpu_dir: Path | None  # v1: cpu hierarchy (cpu.stat, quota); v2: the cgroup
+    cpuacct_dir: Path | None  # v1 only
+
+
+def locate_cpu_stat_dirs(layout: CgroupLayout, cgroup_path: str) -> CpuStatDirs | None:
+    """The directories for a cgroup path relative to its hierarchy (`/kubepods.slice/...`).
+
+    v1 needs both the cpu and cpuacct hierarchies; the path is the same in both on Kubernetes
+    nodes. None when no hierarchy has the cpu or cpuacct controller.
+    """
+    cpu = layout.hierarchy_for("cpu")
+    if cpu is not None and cpu.version == 2:
+        return CpuStatDirs(2, cpu.path_of(cgroup_path), None)
+    cpuacct = layout.v1.get("cpuacct")
+    if cpu is None and cpuacct is None:
+        return None
+    return CpuStatDirs(
+        1,
+        cpu.path_of(cgroup_path) if cpu is not None else None,
+        cpuacct.path_of(cgroup_path) if cpuacct is not None else None,
+    )
+
+
+def read_cgroup_cpu(layout: CgroupLayout, cgroup_path: str) -> CgroupCpuStat | None:
+    """CPU accounting of one cgroup, v1 or v2; None when unavailable (see cpu_stat_unavailable_reason)."""
+    dirs = locate_cpu_stat_dirs(layout, cgroup_path)
+    if dirs is None:
+        return None
+    if dirs.cgroup_version == 2:
+        return read_v2_cpu_stat(dirs.cpu_dir) if dirs.cpu_dir is not None else None
+    return read_v1_cpu_stat(dirs.cpu_dir, dirs.cpuacct_dir)
+
+
+def cpu_stat_unavailable_reason(layout: CgroupLayout, cgroup_path: str) -> str | None:
+    """One line on why read_cgroup_cpu() gives None for this cgroup; None if it reads fine now.
+
+    Kept apart from the reader so the per-tick path stays a handful of reads.
+    """
+    dirs = locate_cpu_stat_dirs(layout, cgroup_path)
+    if dirs is None:
+        return "no cgroup hierarchy has the cpu or cpuacct controller"
+    if dirs.cgroup_version == 1 and dirs.cpuacct_dir is None:
+        return "no v1 cpuacct hierarchy: CPU usage is only accounted there"
+    for d in (dirs.cpu_dir, dirs.cpuacct_dir):
+        if d is not None and not d.is_dir():
+            return f"cgroup {d} does not exist (removed?)"
+    if dirs.cgroup_version == 2 and dirs.cpu_dir is not None:
+        problem = _file_problem(
+            dirs.cpu_dir / "cpu.stat", lambda t: "usage_usec" in parse_keyed_counters(t), "no usage_usec line"
+        ) or _file_problem(
+            dirs.cpu_dir / "cpu.max", lambda t: parse_cpu_max(t) is not None, "malformed", optional=True
+        )
+    elif dirs.cpuacct_dir is not None:
+        problem = _file_problem(
+            dirs.cpuacct_dir / "cpuacct.usage", lambda t: _parse_int(t) is not None, "not an integer"
+        ) or _file_problem(dirs.cpuacct_dir / "cpuacct.stat", lambda _: True, "")
+    else:
+        problem = None
+    if problem:
+        return problem
+    if read_cgroup_cpu(layout, cgroup_path) is None:
+        return "files changed while being read (cgroup removed?)"
+    return None
+
+
+def _file_problem(
+    path: Path, valid: Callable[[str], bool], complaint: str, *, optional: bool = False
+) -> str | None:
+    try:
+        text = read_text_or_none(path)
+    except OSError as e:
+        return f"{path}: {e.strerror or e}"
+    if text is None:
+        return None if optional else f"{path} absent"
+    if not valid(text):
+        return f"{path}: {complaint} ({text.strip()[:40]!r})"
+    return None
+
+
+# -- deltas -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CpuDelta:
+    """Rates between two readings of one cgroup. All None with reset=True when counters went
+    backwards (cgroup recreated under the same path)."""
+
+    elapsed_s: float
+    usage_cores: float | None  # CPUs used on average (1.5 = one and a half CPUs)
+    user_cores: float | None
+    system_cores: float | None
+    throttled_fraction: float | None  # throttled periods / elapsed periods; None if no period ran
+    throttled_s_per_s: float | None  # throttled time per wall second (summed over CPUs)
+    quota_cores: float | None  # the quota in effect at the later reading
+    reset: bool = False
+
+    @property
+    def quota_utilisation(self) -> float | None:
+        """usage / quota: near 1.0 means the cgroup runs at its own limit."""
+        if self.usage_cores is None or not self.quota_cores:
+            return None
+        return self.usage_cores / self.quota_cores
+
+
+def cpu_delta(prev: CgroupCpuStat, cur: CgroupCpuStat, elapsed_s: float) -> CpuDelta:
+    """Rates over `elapsed_s` seconds of monotonic time between the two readings."""
+    if elapsed_s <= 0:
+        raise ValueError(f"elapsed time must be positive, got {elapsed_s}")
+    counters = ("usage_ns", "nr_periods", "nr_throttled", "throttled_ns")
+    went_back = any(getattr(cur, c) < getattr(prev, c) for c in counters)
+    if went_back or prev.cgroup_version != cur.cgroup_version:
+        return CpuDelta(elapsed_s, None, None, None, None, None, cur.quota_cores, reset=True)
+    elapsed_ns = elapsed_s * NS_PER_S
+    periods = cur.nr_periods - prev.nr_periods
+    return CpuDelta(
+        elapsed_s=elapsed_s,
+        usage_cores=(cur.usage_ns - prev.usage_ns) / elapsed_ns,
+        user_cores=_optional_rate(prev.user_ns, cur.user_ns, elapsed_ns),
+        system_cores=_optional_rate(prev.system_ns, cur.system_ns, elapsed_ns),
+        throttled_fraction=(cur.nr_throttled - prev.nr_throttled) / periods if periods > 0 else None,
+        throttled_s_per_s=(cur.throttled_ns - prev.throttled_ns) / elapsed_ns,
+        quota_cores=cur.quota_cores,
+    )
+
+
+def _optional_rate(before: int | None, after: int | None, elapsed_ns: float) -> float | None:
+    # The user/system split is tick-sampled (v1) or rescaled (v2) and is not a reset signal.
+    if before is None or after is None or after < before:
+        return None
+    return (after - before) / elapsed_ns
