@@ -60,16 +60,21 @@ class OwnedCgroup:
     def create(self) -> OwnedCgroup:
         try:
             for controller, d in self.dirs.items():
-                parent = d.parent
-                if not parent.exists():
-                    parent.mkdir()
-                    self._created.append(parent)
-                    self._inherit_cpuset(parent)
-                if self._v2_root_of(d) is not None and controller not in ("unified",):
-                    self._enable_v2_controller(parent, controller)
-                d.mkdir()
-                self._created.append(d)
-                self._inherit_cpuset(d)
+                # `name` may be nested ("kubepods.slice/…/pod.slice"): create every missing level
+                # from the prefix directory down, and remember each one for removal.
+                base = d
+                while base.parent.name != self.prefix:
+                    base = base.parent
+                prefix_dir = base.parent
+                for level in [prefix_dir, *reversed(d.relative_to(prefix_dir).parents[:-1]), d]:
+                    level = prefix_dir / level if not level.is_absolute() else level
+                    if level.exists():
+                        continue
+                    if self._v2_root_of(level) is not None and controller != "unified":
+                        self._enable_v2_controller(level.parent, controller)
+                    level.mkdir()
+                    self._created.append(level)
+                    self._inherit_cpuset(level)
         except BaseException:
             self.remove()
             raise
