@@ -79,8 +79,8 @@ def test_top_names_the_pod_and_measures_its_wait(make_cgroup):
 @pytest.mark.root
 def test_cgroup_filter_and_plain_output(make_cgroup):
     cg = make_cgroup("filtered")
-    busy = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "import time\nt=time.time()+8\nwhile time.time()<t: pass"],
-                            preexec_fn=cg.preexec)
+    spin = "import time\nt = time.time() + 8\nwhile time.time() < t: pass"
+    busy = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", spin], preexec_fn=cg.preexec)
     try:
         path = "/" + str(cg.path("cpu").relative_to("/sys/fs/cgroup/cpu"))
         out = subprocess.run([*CLI, "top", "--once", "--json", "--cgroup", path, "--interval", "1"],
