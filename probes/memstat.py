@@ -1,0 +1,279 @@
+"""Per-cgroup memory accounting (memory.stat, memory.events, limits) for v1 and v2, and the node's
+reclaim counters in /proc/vmstat: the kernel's own numbers next to what probes/reclaim.py measures.
+
+cgroup v1 (memory hierarchy), as this kernel (6.18) prints it:
+- memory.stat: gauges in bytes (cache, rss, shmem, mapped_file, dirty, writeback, *_anon, *_file,
+  ...), event counters pgpgin, pgpgout, pgfault, pgmajfault, workingset_refault_{anon,file}, and
+  the same again with a ``total_`` prefix for the whole subtree. **No pgscan/pgsteal**: v1 has no
+  per-cgroup reclaim counter at all.
+- pgpgin/pgpgout count charge/uncharge *events*, one per folio, not pages: with large page-cache
+  folios (ext4 has them since 6.16) one event can be hundreds of pages, so they are no page count.
+- memory.usage_in_bytes, memory.limit_in_bytes (PAGE_COUNTER_MAX pages = unlimited),
+  memory.failcnt (charges that hit the limit), memory.oom_control (oom_kill counter).
+cgroup v2:
+- memory.stat: anon, file (bytes), pgscan, pgsteal, pgscan_{kswapd,direct,khugepaged,proactive},
+  pgsteal_*, pgfault, pgmajfault, workingset_refault_{anon,file}, ... (all hierarchical);
+- memory.events: low, high (times throttled over memory.high), max, oom, oom_kill, oom_group_kill;
+- memory.current, memory.max ("max" = unlimited).
+Every field is hierarchical (v1: the ``total_`` keys when present), so v1 and v2 rows compare.
+
+Node (/proc/vmstat): allocstall_<zone> counts global direct reclaim passes (one per
+try_to_free_pages → do_try_to_free_pages), pgscan/pgsteal_{direct,kswapd} pages of global reclaim.
+Cgroup-limit reclaim is *not* in allocstall or pgsteal_direct, but it is in pgsteal_{anon,file}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from probes.cgroupfs import CgroupLayout
+from probes.host import HostPaths, read_text_or_none
+
+# v1 prints PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 with 4 KiB pages) for "no limit".
+V1_UNLIMITED_AT = 1 << 62
+ALLOCSTALL_PREFIX = "allocstall_"
+_V2_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
+
+
+@dataclass(frozen=True)
+class MemStat:
+    """One memory cgroup, v1 or v2, normalised. None: this kernel/version does not have it."""
+
+    cgroup_version: int
+    usage_bytes: int | None  # v1 memory.usage_in_bytes, v2 memory.current
+    limit_bytes: int | None  # v1 memory.limit_in_bytes, v2 memory.max; None = unlimited
+    anon_bytes: int | None  # v1 total_rss, v2 anon
+    file_bytes: int | None  # v1 total_cache, v2 file
+    pgfault: int | None
+    pgmajfault: int | None
+    workingset_refault_anon: int | None  # pages re-read after being reclaimed
+    workingset_refault_file: int | None
+    # v2 only: pages scanned / reclaimed in this cgroup, by every kind of reclaim and per kind.
+    pgscan: int | None = None
+    pgsteal: int | None = None
+    pgscan_direct: int | None = None  # memcg-limit and global direct reclaim
+    pgsteal_direct: int | None = None
+    pgscan_kswapd: int | None = None
+    pgsteal_kswapd: int | None = None
+    # v1 only: charge/uncharge events (one per folio, not pages) and failed charges at the limit.
+    pgpgin: int | None = None
+    pgpgout: int | None = None
+    failcnt: int | None = None
+    # memory.events (v2); v1 has only oom_kill (memory.oom_control).
+    events_low: int | None = None
+    events_high: int | None = None  # v2: times the cgroup was over memory.high and throttled
+    events_max: int | None = None
+    events_oom: int | None = None
+    events_oom_kill: int | None = None
+    events_oom_group_kill: int | None = None
+    stat: dict[str, int] = field(default_factory=dict, repr=False)  # memory.stat as read
+    events: dict[str, int] = field(default_factory=dict, repr=False)  # memory.events / oom_control
+
+
+@dataclass(frozen=True)
+class NodeVmstat:
+    """The node's reclaim counters from /proc/vmstat (cumulative since boot)."""
+
+    allocstall: dict[str, int]  # zone ("dma32", "normal", "movable", ...) -> direct reclaim passes
+    pgscan_direct: int | None
+    pgsteal_direct: int | None
+    pgscan_kswapd: int | None
+    pgsteal_kswapd: int | None
+    pgsteal_anon: int | None
+    pgsteal_file: int | None
+    raw: dict[str, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def allocstall_total(self) -> int:
+        return sum(self.allocstall.values())
+
+    @property
+    def cgroup_reclaim_pgsteal(self) -> int | None:
+        """Pages reclaimed by cgroup reclaim (limits, memory.reclaim, v1 soft limits), node-wide.
+
+        pgsteal_{anon,file} count every LRU reclaim; pgsteal_{kswapd,direct,khugepaged,proactive}
+        only non-cgroup reclaim (mm/vmscan.c: `if (!cgroup_reclaim(sc)) __count_vm_events(...)`).
+        """
+        if self.pgsteal_anon is None or self.pgsteal_file is None:
+            return None
+        global_keys = ("pgsteal_kswapd", "pgsteal_direct", "pgsteal_khugepaged", "pgsteal_proactive")
+        return self.pgsteal_anon + self.pgsteal_file - sum(self.raw.get(k, 0) for k in global_keys)
+
+
+# -- parsing ------------------------------------------------------------------------------------
+
+
+def parse_flat_keyed(text: str) -> dict[str, int]:
+    """`key value` lines (memory.stat, memory.events, oom_control, /proc/vmstat); bad lines skipped."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 2:
+            continue
+        try:
+            out[fields[0]] = int(fields[1])
+        except ValueError:
+            continue
+    return out
+
+
+def _int_or_none(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def _v2_limit(text: str | None) -> int | None:
+    if text is None or text.strip() == "max":
+        return None
+    return _int_or_none(text)
+
+
+def parse_v1(
+    stat_text: str,
+    usage_text: str | None = None,
+    limit_text: str | None = None,
+    failcnt_text: str | None = None,
+    oom_control_text: str | None = None,
+) -> MemStat | None:
+    """A v1 memory cgroup from its files' contents; None if memory.stat is not a v1 one."""
+    stat = parse_flat_keyed(stat_text)
+    if "cache" not in stat and "total_cache" not in stat:
+        return None
+
+    def h(key: str) -> int | None:  # hierarchical value when the kernel prints one
+        return stat.get(f"total_{key}", stat.get(key))
+
+    limit = _int_or_none(limit_text)
+    oom = parse_flat_keyed(oom_control_text) if oom_control_text is not None else {}
+    return MemStat(
+        cgroup_version=1,
+        usage_bytes=_int_or_none(usage_text),
+        limit_bytes=None if limit is None or limit >= V1_UNLIMITED_AT else limit,
+        anon_bytes=h("rss"),
+        file_bytes=h("cache"),
+        pgfault=h("pgfault"),
+        pgmajfault=h("pgmajfault"),
+        workingset_refault_anon=h("workingset_refault_anon"),
+        workingset_refault_file=h("workingset_refault_file"),
+        pgscan=h("pgscan"),  # absent on every kernel so far; kept in case one adds it
+        pgsteal=h("pgsteal"),
+        pgpgin=h("pgpgin"),
+        pgpgout=h("pgpgout"),
+        failcnt=_int_or_none(failcnt_text),
+        events_oom_kill=oom.get("oom_kill"),
+        stat=stat,
+        events=oom,
+    )
+
+
+def parse_v2(
+    stat_text: str,
+    events_text: str | None = None,
+    current_text: str | None = None,
+    max_text: str | None = None,
+) -> MemStat | None:
+    """A v2 memory cgroup from its files' contents; None if memory.stat is not a v2 one."""
+    stat = parse_flat_keyed(stat_text)
+    if "anon" not in stat or "file" not in stat:
+        return None
+    events = parse_flat_keyed(events_text) if events_text is not None else {}
+    ev = {name: events.get(name) for name in _V2_EVENTS}
+    return MemStat(
+        cgroup_version=2,
+        usage_bytes=_int_or_none(current_text),
+        limit_bytes=_v2_limit(max_text),
+        anon_bytes=stat["anon"],
+        file_bytes=stat["file"],
+        pgfault=stat.get("pgfault"),
+        pgmajfault=stat.get("pgmajfault"),
+        workingset_refault_anon=stat.get("workingset_refault_anon"),
+        workingset_refault_file=stat.get("workingset_refault_file"),
+        pgscan=stat.get("pgscan"),
+        pgsteal=stat.get("pgsteal"),
+        pgscan_direct=stat.get("pgscan_direct"),
+        pgsteal_direct=stat.get("pgsteal_direct"),
+        pgscan_kswapd=stat.get("pgscan_kswapd"),
+        pgsteal_kswapd=stat.get("pgsteal_kswapd"),
+        events_low=ev["low"],
+        events_high=ev["high"],
+        events_max=ev["max"],
+        events_oom=ev["oom"],
+        events_oom_kill=ev["oom_kill"],
+        events_oom_group_kill=ev["oom_group_kill"],
+        stat=stat,
+        events=events,
+    )
+
+
+def parse_vmstat(text: str) -> NodeVmstat:
+    raw = parse_flat_keyed(text)
+    return NodeVmstat(
+        allocstall={k[len(ALLOCSTALL_PREFIX):]: v for k, v in raw.items() if k.startswith(ALLOCSTALL_PREFIX)},
+        pgscan_direct=raw.get("pgscan_direct"),
+        pgsteal_direct=raw.get("pgsteal_direct"),
+        pgscan_kswapd=raw.get("pgscan_kswapd"),
+        pgsteal_kswapd=raw.get("pgsteal_kswapd"),
+        pgsteal_anon=raw.get("pgsteal_anon"),
+        pgsteal_file=raw.get("pgsteal_file"),
+        raw=raw,
+    )
+
+
+# -- readers ------------------------------------------------------------------------------------
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return read_text_or_none(path)
+    except OSError:
+        return None  # unreadable counts as missing
+
+
+def read_v1_memstat(cgroup_dir: Path) -> MemStat | None:
+    """One cgroup in the v1 memory hierarchy; None when it vanished (or is not a memory cgroup)."""
+    stat = _read(cgroup_dir / "memory.stat")
+    if stat is None:
+        return None
+    files = [_read(cgroup_dir / f) for f in
+             ("memory.usage_in_bytes", "memory.limit_in_bytes", "memory.failcnt", "memory.oom_control")]
+    if any(t is None for t in files[:3]) and not cgroup_dir.is_dir():
+        return None  # removed between the reads
+    return parse_v1(stat, *files)
+
+
+def read_v2_memstat(cgroup_dir: Path) -> MemStat | None:
+    """One v2 cgroup with the memory controller; None when it vanished or has no memory.stat.
+
+    The v2 root has memory.stat but no memory.events/current/max: those fields are None there.
+    """
+    stat = _read(cgroup_dir / "memory.stat")
+    if stat is None:
+        return None
+    files = [_read(cgroup_dir / f) for f in ("memory.events", "memory.current", "memory.max")]
+    if any(t is None for t in files) and not cgroup_dir.is_dir():
+        return None
+    return parse_v2(stat, *files)
+
+
+def read_memstat(layout: CgroupLayout, cgroup_path: str) -> MemStat | None:
+    """Memory accounting of one cgroup given by its path in the memory hierarchy (`/kubepods/...`).
+
+    v1 memory hierarchy on v1/hybrid hosts, v2 otherwise; None when there is no memory controller
+    or the cgroup is gone.
+    """
+    hierarchy = layout.hierarchy_for("memory")
+    if hierarchy is None:
+        return None
+    d = hierarchy.path_of(cgroup_path)
+    return read_v1_memstat(d) if hierarchy.version == 1 else read_v2_memstat(d)
+
+
+def read_node_vmstat(paths: HostPaths | None = None) -> NodeVmstat | None:
+    paths = paths or HostPaths()
+    text = _read(paths.proc / "vmstat")
+    return None if text is None else parse_vmstat(text)

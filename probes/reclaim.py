@@ -1,0 +1,276 @@
+"""Memory reclaim stalls per memory cgroup and for the node (decoder for bpf/reclaim.bpf.c).
+
+Three kinds of reclaim, each a begin → end pair of vmscan tracepoints in the stalled task:
+- ``memcg``: the task's memory cgroup hit its limit (v1 ``memory.limit_in_bytes``, v2 ``memory.max``
+  or ``memory.high``) and the charge reclaims inside that cgroup. This is the "my pod is slow because
+  it sits at its own limit" case. Whoever lowers a limit or writes ``memory.reclaim`` runs the same
+  reclaim and is charged for it too (it is that writer that waits).
+- ``direct``: the node ran short of free pages and an allocating task reclaims for the whole node:
+  one pass per ``/proc/vmstat`` ``allocstall_*`` increment. This is the noisy-neighbour case: any
+  pod may pay for another pod's page cache.
+- ``softlimit`` (v1 only, required=False): a global reclaimer trims cgroups above their
+  ``memory.soft_limit_in_bytes``. It runs *inside* a direct reclaim pass (or in kswapd, then keyed
+  by kswapd's cgroup, the root), so its time and pages are also in the enclosing direct pass:
+  never add the kinds up.
+
+Keys are memory-cgroup ids: the v1 memory hierarchy's directory inode on v1/hybrid hosts (pods'
+memory cgroups live there), the v2 cgroup id otherwise.
+
+Pages are what the end tracepoint reports: LRU pages freed. For memcg reclaim that equals the
+pages the kernel adds to the cgroup's ``pgsteal`` (v2 memory.stat) and to the node's
+``pgsteal_anon + pgsteal_file``; global direct reclaim also counts slab pages freed by shrinkers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import time
+from dataclasses import dataclass
+
+from probes.cgroupfs import CgroupLayout, Hierarchy, discover
+from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
+from probes.hist import NN_HIST_SIZE, LatencyHistogram
+from probes.host import HostPaths
+from probes.libbpf import RingBuffer
+
+SPEC = ProbeSpec(
+    name="reclaim",
+    object_file="reclaim.bpf.o",
+    tracepoints=(
+        Tracepoint("mm_vmscan_direct_reclaim_begin", "reclaim_direct_begin_btf", "reclaim_direct_begin_raw"),
+        Tracepoint("mm_vmscan_direct_reclaim_end", "reclaim_direct_end_btf", "reclaim_direct_end_raw"),
+        Tracepoint("mm_vmscan_memcg_reclaim_begin", "reclaim_memcg_begin_btf", "reclaim_memcg_begin_raw"),
+        Tracepoint("mm_vmscan_memcg_reclaim_end", "reclaim_memcg_end_btf", "reclaim_memcg_end_raw"),
+        # Soft limits are a v1 feature; kernels built without it lose only this kind.
+        Tracepoint(
+            "mm_vmscan_memcg_softlimit_reclaim_begin", "reclaim_softlimit_begin_btf", "reclaim_softlimit_begin_raw",
+            required=False,
+        ),
+        Tracepoint(
+            "mm_vmscan_memcg_softlimit_reclaim_end", "reclaim_softlimit_end_btf", "reclaim_softlimit_end_raw",
+            required=False,
+        ),
+    ),
+)
+KINDS = ("direct", "memcg", "softlimit")  # enum nn_reclaim_kind
+DROP_REASONS = ("task_storage", "key_map_full", "ringbuf_full", "start_map_full")  # enum nn_drop_reason
+
+_KEY = struct.Struct("<QII")  # struct reclaim_key
+_STATS_TAIL = struct.Struct("<QQ")  # struct reclaim_stats after the nn_hist: nr_reclaimed, no_progress
+STATS_SIZE = NN_HIST_SIZE + _STATS_TAIL.size
+
+
+class _ReclaimEvent(ctypes.Structure):
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64),
+        ("duration_ns", ctypes.c_uint64),
+        ("cgroup_id", ctypes.c_uint64),
+        ("nr_reclaimed", ctypes.c_uint64),
+        ("pid", ctypes.c_uint32),
+        ("tgid", ctypes.c_uint32),
+        ("kind", ctypes.c_uint32),
+        ("order", ctypes.c_uint32),
+        ("gfp_flags", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("comm", ctypes.c_char * 16),
+    ]
+
+
+def _kind_name(kind: int) -> str:
+    return KINDS[kind] if 0 <= kind < len(KINDS) else f"kind{kind}"
+
+
+@dataclass(frozen=True)
+class ReclaimStats:
+    """Cumulative reclaim passes of one key: latency.count passes, nr_reclaimed pages."""
+
+    latency: LatencyHistogram
+    nr_reclaimed: int
+    no_progress: int  # passes that freed nothing
+
+    @property
+    def count(self) -> int:
+        return self.latency.count
+
+    @classmethod
+    def empty(cls) -> ReclaimStats:
+        return cls(LatencyHistogram.empty(), 0, 0)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ReclaimStats:
+        pages, no_progress = _STATS_TAIL.unpack_from(raw, NN_HIST_SIZE)
+        return cls(LatencyHistogram.decode(raw), pages, no_progress)
+
+    @classmethod
+    def decode_percpu(cls, raws: list[bytes]) -> ReclaimStats:
+        per_cpu = [cls.decode(r) for r in raws]
+        return cls(
+            LatencyHistogram.merge(s.latency for s in per_cpu),
+            sum(s.nr_reclaimed for s in per_cpu),
+            sum(s.no_progress for s in per_cpu),
+        )
+
+
+@dataclass(frozen=True)
+class ReclaimStall:
+    """One reclaim pass at or above the stall threshold."""
+
+    ts_ns: int
+    duration_ns: int
+    cgroup_id: int
+    kind: str
+    nr_reclaimed: int
+    pid: int
+    tgid: int
+    comm: str
+    order: int  # allocation order that had to reclaim
+    gfp_flags: int
+    cpu: int
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ReclaimStall:
+        e = _ReclaimEvent.from_buffer_copy(raw[: ctypes.sizeof(_ReclaimEvent)])
+        return cls(
+            e.ts_ns, e.duration_ns, e.cgroup_id, _kind_name(e.kind), e.nr_reclaimed, e.pid, e.tgid,
+            e.comm.decode(errors="replace"), e.order, e.gfp_flags, e.cpu,
+        )
+
+
+@dataclass(frozen=True)
+class ReclaimSnapshot:
+    """Cumulative counters since load; subtract two snapshots (summarize) for an interval."""
+
+    monotonic_s: float
+    per_cgroup: dict[tuple[int, str], ReclaimStats]  # (memcg id, kind)
+    node: dict[str, ReclaimStats]  # kind -> whole node; "direct" matches allocstall_*
+    drops: dict[str, int]
+
+    @property
+    def node_direct(self) -> ReclaimStats:
+        return self.node.get("direct", ReclaimStats.empty())
+
+    def cgroup(self, cgroup_id: int, kind: str = "memcg") -> ReclaimStats:
+        return self.per_cgroup.get((cgroup_id, kind), ReclaimStats.empty())
+
+
+def _interval_row(cur: ReclaimStats, prev: ReclaimStats | None, dt: float) -> dict | None:
+    d = cur.latency.delta(prev.latency if prev else None)
+    if not d.count:
+        return None
+    pages = max(cur.nr_reclaimed - (prev.nr_reclaimed if prev else 0), 0)
+    return {
+        "count": d.count,
+        "count_per_s": d.count / dt,
+        "pages": pages,
+        "pages_per_s": pages / dt,
+        "no_progress": max(cur.no_progress - (prev.no_progress if prev else 0), 0),
+        "stall_ms_per_s": d.sum_ns / 1e6 / dt,
+        "mean_us": d.mean_ns / 1e3,
+        "p99_us": d.quantile_ns(0.99) / 1e3,
+        "max_us": d.max_ns / 1e3,
+        "max_exact": d.exact_max_ns is not None,
+    }
+
+
+def summarize(prev: ReclaimSnapshot, cur: ReclaimSnapshot) -> list[dict]:
+    """JSON-able rows, one per (cgroup id, kind) that reclaimed in the interval, most stalled first.
+
+    Each row: cgroup_id, kind, interval_s, count, count_per_s, pages, pages_per_s, no_progress,
+    stall_ms_per_s (time spent in reclaim per second of wall time, summed over the cgroup's tasks),
+    mean_us, p99_us (within a factor of 2: log2 slots), max_us and max_exact.
+    """
+    dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+    rows = []
+    for (cgroup_id, kind), stats in cur.per_cgroup.items():
+        row = _interval_row(stats, prev.per_cgroup.get((cgroup_id, kind)), dt)
+        if row is not None:
+            rows.append({"cgroup_id": cgroup_id, "kind": kind, "interval_s": dt, **row})
+    rows.sort(key=lambda r: (-r["stall_ms_per_s"], r["cgroup_id"], r["kind"]))
+    return rows
+
+
+def summarize_node(prev: ReclaimSnapshot, cur: ReclaimSnapshot) -> dict[str, dict]:
+    """Node totals per kind for the interval (same fields as summarize); kinds with no pass are absent."""
+    dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+    out = {}
+    for kind, stats in cur.node.items():
+        row = _interval_row(stats, prev.node.get(kind), dt)
+        if row is not None:
+            out[kind] = {"interval_s": dt, **row}
+    return out
+
+
+class ReclaimProbe:
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        paths: HostPaths | None = None,
+        layout: CgroupLayout | None = None,
+        stall_threshold_ns: int = 10_000_000,
+        attach_mode: AttachMode = "auto",
+        stall_ring_bytes: int = 256 * 1024,
+        max_keys: int = 4096,
+    ) -> None:
+        """stall_threshold_ns: passes at least this long go to poll_stalls() (0: none)."""
+        self.paths = paths or HostPaths()
+        self.layout = layout or discover(self.paths)
+        # On v1/hybrid hosts pods' memory cgroups are in the v1 memory hierarchy: key the maps by it.
+        self.hierarchy: Hierarchy | None = self.layout.hierarchy_for("memory") or self.layout.v2
+        self.v1_memory = bool(self.hierarchy and self.hierarchy.version == 1)
+        engine = engine or LibbpfEngine(self.paths)
+        self.probe: LoadedProbe = engine.open_probe(
+            SPEC,
+            rodata={"v1_memory_cgroup": self.v1_memory, "stall_threshold_ns": stall_threshold_ns},
+            attach_mode=attach_mode,
+            map_sizes={"stalls": stall_ring_bytes, "cgroup_reclaim": max_keys},
+        )
+        self.status = self.probe.status
+        self._stalls: list[ReclaimStall] = []
+        self._ring: RingBuffer | None = None
+        if stall_threshold_ns:
+            self._ring = self.probe.ring_buffer("stalls", lambda raw: self._stalls.append(ReclaimStall.decode(raw)))
+
+    def snapshot(self) -> ReclaimSnapshot:
+        per_cgroup = {}
+        for key, values in self.probe.map_items("cgroup_reclaim"):
+            cgroup_id, kind, _ = _KEY.unpack(key)
+            per_cgroup[(cgroup_id, _kind_name(kind))] = ReclaimStats.decode_percpu(values)  # type: ignore[arg-type]
+        node = {}
+        for i, kind in enumerate(KINDS):
+            values = self.probe.map_lookup("node_reclaim", i.to_bytes(4, "little")) or []
+            node[kind] = ReclaimStats.decode_percpu(values)  # type: ignore[arg-type]
+        drops = {}
+        for i, reason in enumerate(DROP_REASONS):
+            values = self.probe.map_lookup("drops", i.to_bytes(4, "little")) or []
+            drops[reason] = sum(struct.unpack("<Q", v)[0] for v in values)  # type: ignore[union-attr]
+        return ReclaimSnapshot(time.monotonic(), per_cgroup, node, drops)
+
+    summarize = staticmethod(summarize)
+
+    def forget(self, cgroup_ids: list[int]) -> int:
+        """Drop removed cgroups (all kinds) from the kernel map so pod churn cannot fill it."""
+        return sum(
+            self.probe.map_delete("cgroup_reclaim", _KEY.pack(cg, kind, 0))
+            for cg in cgroup_ids
+            for kind in range(len(KINDS))
+        )
+
+    def poll_stalls(self, timeout_ms: int = 0) -> list[ReclaimStall]:
+        if self._ring is None:
+            return []
+        self._ring.poll(timeout_ms)
+        out, self._stalls = self._stalls, []
+        return out
+
+    def close(self) -> None:
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        self.probe.close()
+
+    def __enter__(self) -> ReclaimProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
