@@ -1,0 +1,373 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * TCP active opens per (cgroup, network namespace): connect latency, outcomes, SYN retransmits,
+ * and the slowest destinations.
+ *
+ * Start: sock:inet_sock_set_state CLOSE → SYN_SENT, which runs inside connect() in the connecting
+ * task's context: the task's pid, comm and cgroup and the socket's netns are stored in a bounded hash
+ * keyed by the socket pointer (the source port may still be 0 then). End: SYN_SENT → ESTABLISHED
+ * (usually in softirq, where `current` is unrelated: only the stored data is used) or → CLOSE (a
+ * failure; sk_err tells refused/timeout from an application that closed the socket, and an unchanged
+ * segs_out tells a connect that never sent its SYN, e.g. no free ephemeral port). tcp:tcp_destroy_sock
+ * removes what is left; tcp:tcp_retransmit_skb on a socket in SYN_SENT counts a SYN retransmit.
+ *
+ * Hot path: inet_sock_set_state fires on every TCP state change and tcp_retransmit_skb on every
+ * retransmit; both leave before any map access unless the transition / state is a connect's.
+ * Aggregation goes to per-CPU maps. The start hash is shared (start and end run on different CPUs)
+ * but is touched once per connect at each end only.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include "nn_common.h"
+#include "tcpconnect.h"
+
+#define MAX_INFLIGHT 65536
+#define MAX_KEYS 16384
+#define MAX_DESTS 16384
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
+#ifndef IPPROTO_TCP
+#define IPPROTO_TCP 6
+#endif
+#define NN_ETIMEDOUT 110
+#define NN_ECONNREFUSED 111
+
+/* The ring buffer record is absent from the object's BTF: pin the layout probes/tcpconnect.py mirrors. */
+_Static_assert(sizeof(struct tcpconnect_event) == 104, "tcpconnect_event layout changed: update probes/tcpconnect.py");
+_Static_assert(sizeof(struct tcpconnect_start) == 56, "tcpconnect_start layout changed");
+
+/* Set by the loader before load. */
+const volatile bool v1_cpu_cgroup = false;     /* key by the v1 cpu controller's cgroup */
+const volatile __u64 outlier_threshold_ns = 0; /* 0: no outlier events; else slow connects and all failures */
+
+/* Connects in progress, by socket pointer. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_INFLIGHT);
+	__type(key, __u64);
+	__type(value, struct tcpconnect_start);
+} inflight SEC(".maps");
+
+/* Per (cgroup, netns): latency distribution and outcome counters (per CPU; userspace sums). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, MAX_KEYS);
+	__type(key, struct tcpconnect_key);
+	__type(value, struct tcpconnect_stats);
+} connect_stats SEC(".maps");
+
+/*
+ * Per (cgroup, netns, destination): count, latency sum and max. LRU: a node talks to an unbounded
+ * set of destinations over its life; the least recently used one makes room (userspace sees its
+ * counters restart and treats that as a new entry).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(max_entries, MAX_DESTS);
+	__type(key, struct tcpconnect_dest_key);
+	__type(value, struct tcpconnect_dest_stats);
+} dest_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NN_DROP_REASONS);
+	__type(key, __u32);
+	__type(value, __u64);
+} drops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} outliers SEC(".maps");
+
+static const struct tcpconnect_stats zero_stats;
+static const struct tcpconnect_dest_stats zero_dest;
+
+static __always_inline void count_drop(__u32 reason)
+{
+	__u64 *n = bpf_map_lookup_elem(&drops, &reason);
+
+	if (n)
+		(*n)++;
+}
+
+static __always_inline bool is_tcp(const struct sock *sk)
+{
+	return BPF_CORE_READ_BITFIELD_PROBED(sk, sk_protocol) == IPPROTO_TCP;
+}
+
+static __always_inline __u32 sk_netns(const struct sock *sk)
+{
+	return BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+}
+
+static __always_inline __u32 sk_segs_out(const struct sock *sk)
+{
+	return BPF_CORE_READ((struct tcp_sock *)sk, segs_out);
+}
+
+/* Addresses and ports of the socket; v4 addresses in the first 4 bytes, the rest zero. */
+static __always_inline void sk_addrs(const struct sock *sk, __u16 family, __u8 *saddr, __u8 *daddr,
+				     __u16 *sport, __u16 *dport)
+{
+	if (family == AF_INET6) {
+		bpf_core_read(saddr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
+		bpf_core_read(daddr, 16, &sk->__sk_common.skc_v6_daddr);
+	} else {
+		bpf_core_read(saddr, 4, &sk->__sk_common.skc_rcv_saddr);
+		bpf_core_read(daddr, 4, &sk->__sk_common.skc_daddr);
+	}
+	/* inet_sport, not skc_num: a socket going to CLOSE has already given its port back (num = 0). */
+	*sport = bpf_ntohs(BPF_CORE_READ((struct inet_sock *)sk, inet_sport));
+	if (!*sport)
+		*sport = BPF_CORE_READ(sk, __sk_common.skc_num);
+	*dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+}
+
+/* ---- start: CLOSE → SYN_SENT, inside connect() ------------------------------------------------ */
+
+static __always_inline void connect_start(const struct sock *sk, struct task_struct *task)
+{
+	__u64 skp = (__u64)sk;
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct tcpconnect_start s = {};
+
+	s.ts_ns = bpf_ktime_get_ns();
+	s.cgroup_id = nn_task_cgroup_id(task, v1_cpu_cgroup);
+	s.netns = sk_netns(sk);
+	s.pid = pid_tgid >> 32;
+	s.tid = (__u32)pid_tgid;
+	s.segs_out = sk_segs_out(sk);
+	bpf_get_current_comm(&s.comm, sizeof(s.comm));
+	/* BPF_ANY: a socket that failed to connect may connect again; the old start is stale. */
+	if (bpf_map_update_elem(&inflight, &skp, &s, BPF_ANY))
+		count_drop(NN_DROP_START_MAP_FULL);
+}
+
+/* ---- end: SYN_SENT (or SYN_RECV, simultaneous open) → ESTABLISHED / CLOSE --------------------- */
+
+static __always_inline struct tcpconnect_stats *stats_for(struct tcpconnect_key *key)
+{
+	struct tcpconnect_stats *st = bpf_map_lookup_elem(&connect_stats, key);
+
+	if (st)
+		return st;
+	bpf_map_update_elem(&connect_stats, key, &zero_stats, BPF_NOEXIST);
+	st = bpf_map_lookup_elem(&connect_stats, key);
+	if (!st)
+		count_drop(NN_DROP_KEY_MAP_FULL);
+	return st;
+}
+
+static __always_inline void connect_end(const struct sock *sk, int newstate)
+{
+	__u64 skp = (__u64)sk;
+	struct tcpconnect_start *s = bpf_map_lookup_elem(&inflight, &skp);
+	struct tcpconnect_key key = {};
+	struct tcpconnect_dest_key dkey = {};
+	struct tcpconnect_dest_stats *ds;
+	struct tcpconnect_stats *st;
+	__u64 now, latency;
+	__u16 outcome, sport = 0, dport = 0;
+	__u8 saddr[16] = {};
+	int err = 0;
+
+	if (!s)
+		return; /* not a connect we saw start (e.g. began before the probe loaded) */
+	now = bpf_ktime_get_ns();
+	latency = now > s->ts_ns ? now - s->ts_ns : 0;
+	if (newstate == TCP_ESTABLISHED) {
+		outcome = TCPC_ESTABLISHED;
+	} else {
+		err = BPF_CORE_READ(sk, sk_err);
+		if (sk_segs_out(sk) == s->segs_out)
+			outcome = TCPC_LOCAL_ERROR;
+		else if (err)
+			outcome = TCPC_FAILED;
+		else
+			outcome = TCPC_ABORTED;
+	}
+
+	key.cgroup_id = s->cgroup_id;
+	key.netns = s->netns;
+	st = stats_for(&key);
+	if (st) {
+		switch (outcome) {
+		case TCPC_ESTABLISHED:
+			nn_hist_add(&st->latency, latency);
+			st->successes++;
+			break;
+		case TCPC_FAILED:
+			st->failures++;
+			if (err == NN_ECONNREFUSED)
+				st->refused++;
+			else if (err == NN_ETIMEDOUT)
+				st->timeouts++;
+			break;
+		case TCPC_ABORTED:
+			st->aborts++;
+			break;
+		default:
+			st->local_errors++;
+		}
+	}
+
+	dkey.cgroup_id = s->cgroup_id;
+	dkey.netns = s->netns;
+	dkey.family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	sk_addrs(sk, dkey.family, saddr, dkey.daddr, &sport, &dport);
+	dkey.dport = dport;
+	ds = bpf_map_lookup_elem(&dest_stats, &dkey);
+	if (!ds) {
+		bpf_map_update_elem(&dest_stats, &dkey, &zero_dest, BPF_NOEXIST);
+		ds = bpf_map_lookup_elem(&dest_stats, &dkey);
+	}
+	if (ds) {
+		if (outcome == TCPC_ESTABLISHED) {
+			ds->count++;
+			ds->sum_ns += latency;
+			if (latency > ds->max_ns)
+				ds->max_ns = latency;
+		} else {
+			ds->failures++;
+		}
+	} else {
+		count_drop(NN_DROP_KEY_MAP_FULL);
+	}
+
+	if (outlier_threshold_ns && (outcome != TCPC_ESTABLISHED || latency >= outlier_threshold_ns)) {
+		struct tcpconnect_event *e = bpf_ringbuf_reserve(&outliers, sizeof(*e), 0);
+
+		if (!e) {
+			count_drop(NN_DROP_RINGBUF_FULL);
+		} else {
+			e->ts_ns = now;
+			e->latency_ns = latency;
+			e->cgroup_id = s->cgroup_id;
+			e->netns = s->netns;
+			e->pid = s->pid;
+			e->tid = s->tid;
+			e->family = dkey.family;
+			e->outcome = outcome;
+			e->error = err;
+			e->syn_retrans = s->syn_retrans;
+			e->sport = sport;
+			e->dport = dport;
+			e->__pad = 0;
+			__builtin_memcpy(e->saddr, saddr, sizeof(e->saddr));
+			__builtin_memcpy(e->daddr, dkey.daddr, sizeof(e->daddr));
+			__builtin_memcpy(e->comm, s->comm, sizeof(e->comm));
+			bpf_ringbuf_submit(e, 0);
+		}
+	}
+	bpf_map_delete_elem(&inflight, &skp);
+}
+
+static __always_inline void on_state(const struct sock *sk, int oldstate, int newstate,
+				     struct task_struct *task)
+{
+	if (newstate == TCP_SYN_SENT) {
+		if (oldstate == TCP_CLOSE && is_tcp(sk))
+			connect_start(sk, task);
+		return;
+	}
+	if ((newstate == TCP_ESTABLISHED || newstate == TCP_CLOSE) &&
+	    (oldstate == TCP_SYN_SENT || oldstate == TCP_SYN_RECV) && is_tcp(sk))
+		connect_end(sk, newstate);
+}
+
+/* A SYN retransmit: the tracepoint fires for every retransmit, only SYN_SENT sockets matter. */
+static __always_inline void on_retransmit(const struct sock *sk, int err)
+{
+	__u64 skp = (__u64)sk;
+	struct tcpconnect_start *s;
+	struct tcpconnect_key key = {};
+	struct tcpconnect_stats *st;
+
+	if (err || BPF_CORE_READ(sk, __sk_common.skc_state) != TCP_SYN_SENT)
+		return;
+	s = bpf_map_lookup_elem(&inflight, &skp);
+	if (!s)
+		return;
+	__sync_fetch_and_add(&s->syn_retrans, 1);
+	key.cgroup_id = s->cgroup_id;
+	key.netns = s->netns;
+	st = stats_for(&key);
+	if (st)
+		st->syn_retransmits++;
+}
+
+/*
+ * Since 6.13 the tracepoint also fires for retransmits that failed locally, with their error as a
+ * third argument; only sent ones count. Older kernels have no such argument: the CO-RE check turns
+ * the read into dead code there (the verifier never sees the out-of-range context access).
+ */
+static __always_inline int retransmit_err(unsigned long long *ctx)
+{
+	if (bpf_core_field_exists(struct trace_event_raw_tcp_retransmit_skb, err))
+		return (int)ctx[2];
+	return 0;
+}
+
+static __always_inline void on_destroy(const struct sock *sk)
+{
+	__u64 skp = (__u64)sk;
+
+	bpf_map_delete_elem(&inflight, &skp);
+}
+
+/* ---- tp_btf: BTF-typed tracepoints --------------------------------------------------------- */
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(tcpconnect_state_btf, const struct sock *sk, int oldstate, int newstate)
+{
+	on_state(sk, oldstate, newstate, bpf_get_current_task_btf());
+	return 0;
+}
+
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(tcpconnect_retransmit_btf, const struct sock *sk, const struct sk_buff *skb)
+{
+	on_retransmit(sk, retransmit_err(ctx));
+	return 0;
+}
+
+SEC("tp_btf/tcp_destroy_sock")
+int BPF_PROG(tcpconnect_destroy_btf, struct sock *sk)
+{
+	on_destroy(sk);
+	return 0;
+}
+
+/* ---- raw_tp fallback: untyped arguments ----------------------------------------------------- */
+
+SEC("raw_tp/inet_sock_set_state")
+int BPF_PROG(tcpconnect_state_raw, const struct sock *sk, int oldstate, int newstate)
+{
+	on_state(sk, oldstate, newstate, (struct task_struct *)bpf_get_current_task());
+	return 0;
+}
+
+SEC("raw_tp/tcp_retransmit_skb")
+int BPF_PROG(tcpconnect_retransmit_raw, const struct sock *sk, const struct sk_buff *skb)
+{
+	on_retransmit(sk, retransmit_err(ctx));
+	return 0;
+}
+
+SEC("raw_tp/tcp_destroy_sock")
+int BPF_PROG(tcpconnect_destroy_raw, struct sock *sk)
+{
+	on_destroy(sk);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,247 @@
+"""Listen-queue health per network namespace: accept backlogs and the kernel's TCP counters.
+
+For each LISTEN socket of a namespace, netlink sock_diag (inet_diag, through pyroute2) reports
+`idiag_rqueue` = connections waiting for accept() and `idiag_wqueue` = the listen() backlog the kernel
+enforces (capped by net.core.somaxconn). The kernel admits one more than that: a listener is full
+when queue_len > backlog_max (`sk_acceptq_is_full`), and then drops SYNs and handshake-completing
+ACKs, counting them in TcpExt ListenOverflows (and ListenDrops, which also counts other listener
+drops). /proc/<pid>/net/{snmp,netstat} give those counters and ActiveOpens/AttemptFails for the
+namespace of <pid>.
+
+Entering a namespace: a netlink socket belongs to the network namespace it was created in. We open
+/proc/<pid>/ns/net (which keeps that namespace alive while the fd is open), and create the socket in
+a dedicated short-lived thread that calls setns(CLONE_NEWNET) on itself only — a network namespace
+is per thread, so no other thread of this process (the agent's BPF polling, the UI) ever changes
+namespace — then switches back and ends. The socket stays bound to the target namespace. No fork
+(pyroute2's own netns support forks a child, and with its default O_CREAT it may create a named
+namespace), no mount namespace games, and nothing is left behind if the target process exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CLONE_NEWNET = 0x40000000
+NETLINK_SOCK_DIAG = 4
+TCP_LISTEN_STATE = 10  # TCP_LISTEN in the kernel's numbering (pyroute2 SS_LISTEN)
+_GONE = (errno.ENOENT, errno.ESRCH, errno.EINVAL)
+
+
+@dataclass(frozen=True)
+class ListenSocket:
+    family: int  # socket.AF_INET / AF_INET6
+    addr: str
+    port: int
+    queue_len: int  # connections waiting for accept()
+    backlog_max: int  # the enforced listen() backlog
+    inode: int  # socket inode (match against /proc/<pid>/fd to find the owner)
+
+    @property
+    def endpoint(self) -> str:
+        return f"[{self.addr}]:{self.port}" if self.family == socket.AF_INET6 else f"{self.addr}:{self.port}"
+
+    @property
+    def full(self) -> bool:
+        """New connections are being dropped (the kernel's sk_acceptq_is_full: len > max)."""
+        return self.queue_len > self.backlog_max
+
+    @property
+    def fill(self) -> float:
+        """queue_len / backlog_max: ≥ 1 means at the limit (the kernel holds up to max + 1)."""
+        return self.queue_len / self.backlog_max if self.backlog_max else float(self.queue_len > 0)
+
+
+@dataclass(frozen=True)
+class TcpCounters:
+    """Cumulative TCP counters of one network namespace (Tcp from snmp, TcpExt from netstat)."""
+
+    active_opens: int
+    passive_opens: int
+    attempt_fails: int
+    estab_resets: int
+    listen_overflows: int
+    listen_drops: int
+    syn_retrans: int  # TcpExt TCPSynRetrans (active and passive)
+
+    def delta(self, earlier: TcpCounters) -> TcpCounters:
+        return TcpCounters(*(a - b for a, b in zip(self._values(), earlier._values(), strict=True)))
+
+    def _values(self) -> tuple[int, ...]:
+        return (self.active_opens, self.passive_opens, self.attempt_fails, self.estab_resets,
+                self.listen_overflows, self.listen_drops, self.syn_retrans)
+
+
+@dataclass(frozen=True)
+class ListenQueueSnapshot:
+    pid: int
+    netns: int  # inode of the namespace (os.stat('/proc/<pid>/ns/net').st_ino)
+    monotonic_s: float
+    listeners: list[ListenSocket]
+    counters: TcpCounters
+
+    @property
+    def full(self) -> list[ListenSocket]:
+        return [s for s in self.listeners if s.full]
+
+
+def _parse_proc_pairs(text: str) -> dict[str, dict[str, int]]:
+    """/proc/net/snmp and netstat: pairs of lines `Prefix: names...` / `Prefix: values...`."""
+    out: dict[str, dict[str, int]] = {}
+    lines = text.splitlines()
+    for header, values in zip(lines[::2], lines[1::2], strict=False):
+        prefix, _, names = header.partition(":")
+        vprefix, _, nums = values.partition(":")
+        if prefix != vprefix:
+            continue
+        with contextlib.suppress(ValueError):
+            out[prefix] = dict(zip(names.split(), (int(v) for v in nums.split()), strict=False))
+    return out
+
+
+def read_counters(pid: int, proc: str = "/proc") -> TcpCounters | None:
+    """The TCP counters of <pid>'s network namespace; None if the process is gone."""
+    try:
+        snmp = _parse_proc_pairs(Path(f"{proc}/{pid}/net/snmp").read_text())
+        netstat = _parse_proc_pairs(Path(f"{proc}/{pid}/net/netstat").read_text())
+    except OSError as e:
+        if e.errno in _GONE:
+            return None
+        raise
+    tcp, ext = snmp.get("Tcp", {}), netstat.get("TcpExt", {})
+    return TcpCounters(
+        tcp.get("ActiveOpens", 0), tcp.get("PassiveOpens", 0), tcp.get("AttemptFails", 0),
+        tcp.get("EstabResets", 0), ext.get("ListenOverflows", 0), ext.get("ListenDrops", 0),
+        ext.get("TCPSynRetrans", 0),
+    )
+
+
+# ---- netlink sock_diag inside another namespace ---------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+_libc.setns.restype = ctypes.c_int
+
+
+def _socket_in_netns(ns_fd: int) -> socket.socket:
+    """A NETLINK_SOCK_DIAG socket created in the namespace of `ns_fd` (see the module docstring)."""
+    result: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            result["error"] = e
+            return
+        try:
+            if _libc.setns(ns_fd, CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns(CLONE_NEWNET): {os.strerror(err)}")
+            try:
+                result["sock"] = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC,
+                                               NETLINK_SOCK_DIAG)
+            finally:
+                # Not strictly needed (the thread ends now), but leave it as it came.
+                _libc.setns(own, CLONE_NEWNET)
+        except OSError as e:
+            result["error"] = e
+        finally:
+            os.close(own)
+
+    t = threading.Thread(target=run, name="nn-listenq-setns", daemon=True)
+    t.start()
+    t.join()
+    if "error" in result:
+        raise result["error"]  # type: ignore[misc]
+    return result["sock"]  # type: ignore[return-value]
+
+
+def _diag_socket(fileno: int):
+    """pyroute2's DiagSocket on an existing netlink socket fd (its own __init__ ignores `fileno`)."""
+    from pyroute2.netlink.diag import DiagSocket, MarshalDiag
+    from pyroute2.netlink.nlsocket import NetlinkSocket
+
+    class _DiagOn(DiagSocket):
+        def __init__(self) -> None:
+            NetlinkSocket.__init__(self, NETLINK_SOCK_DIAG, fileno=fileno)
+            if hasattr(self, "set_marshal"):
+                self.set_marshal(MarshalDiag())
+            else:  # pyroute2 < 0.9
+                self.marshal = MarshalDiag()
+
+    return _DiagOn()
+
+
+def _query_listeners(sock: socket.socket) -> list[ListenSocket]:
+    out = []
+    fd = sock.detach()
+    try:
+        ds = _diag_socket(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        ds.bind()
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for msg in ds.get_sock_stats(family=family, states=1 << TCP_LISTEN_STATE):
+                if msg.get("idiag_state") != TCP_LISTEN_STATE:
+                    continue
+                out.append(ListenSocket(
+                    family=msg["idiag_family"], addr=msg["idiag_src"], port=msg["idiag_sport"],
+                    queue_len=msg["idiag_rqueue"], backlog_max=msg["idiag_wqueue"], inode=msg["idiag_inode"],
+                ))
+    finally:
+        ds.close()
+    return out
+
+
+def listen_sockets(pid: int, proc: str = "/proc") -> list[ListenSocket] | None:
+    """LISTEN sockets of <pid>'s network namespace (all of them, not only <pid>'s); None if gone."""
+    snap = read_netns(pid, proc)
+    return snap.listeners if snap else None
+
+
+def read_netns(pid: int, proc: str = "/proc") -> ListenQueueSnapshot | None:
+    """Listen queues and TCP counters of <pid>'s network namespace; None if the process is gone."""
+    try:
+        ns_fd = os.open(f"{proc}/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in _GONE:
+            return None
+        raise
+    try:
+        netns = os.fstat(ns_fd).st_ino
+        counters = read_counters(pid, proc)
+        if counters is None:
+            return None
+        if netns == os.stat("/proc/thread-self/ns/net").st_ino:
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG)
+        else:
+            sock = _socket_in_netns(ns_fd)
+        listeners = _query_listeners(sock)
+    finally:
+        os.close(ns_fd)
+    return ListenQueueSnapshot(pid, netns, time.monotonic(), listeners, counters)
+
+
+def read_namespaces(pids: list[int], proc: str = "/proc") -> dict[int, ListenQueueSnapshot]:
+    """One snapshot per distinct network namespace among `pids` (netns inode -> snapshot)."""
+    seen: dict[int, ListenQueueSnapshot] = {}
+    for pid in pids:
+        try:
+            ino = os.stat(f"{proc}/{pid}/ns/net").st_ino
+        except OSError:
+            continue
+        if ino in seen:
+            continue
+        snap = read_netns(pid, proc)
+        if snap is not None:
+            seen[snap.netns] = snap
+    return seen

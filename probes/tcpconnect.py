@@ -1,0 +1,347 @@
+"""TCP connect latency and outcomes per (cgroup, network namespace) (decoder for bpf/tcpconnect.bpf.c).
+
+What the counters mean, against the kernel's own per-namespace MIBs (`/proc/<pid>/net/snmp`, Tcp):
+- `successes + failures + aborts` = ActiveOpens (connects that sent a SYN);
+- `failures` = AttemptFails (SYN_SENT → CLOSE with an error: RST, SYN retries exhausted, ICMP);
+- `aborts`: the application closed the socket while connecting (no error, e.g. its own timeout);
+- `local_errors`: the connect never sent a SYN (no free source port: EADDRNOTAVAIL) — neither MIB
+  counts those;
+- `syn_retransmits` = TcpExt TCPSynRetrans for active opens, counted as they happen (a connect
+  stuck retransmitting shows up before it ends).
+The latency histogram holds successful connects only: connect() → ESTABLISHED.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import math
+import os
+import socket
+import struct
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from probes.cgroupfs import CgroupLayout, discover
+from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
+from probes.hist import HIST_SLOTS, LatencyHistogram
+from probes.host import HostPaths
+from probes.libbpf import RingBuffer
+
+SPEC = ProbeSpec(
+    name="tcpconnect",
+    object_file="tcpconnect.bpf.o",
+    tracepoints=(
+        Tracepoint("inet_sock_set_state", "tcpconnect_state_btf", "tcpconnect_state_raw"),
+        # Without it only syn_retransmits stay 0; without the cleanup, the in-flight map is still
+        # emptied by every connect's end, so both are optional.
+        Tracepoint("tcp_retransmit_skb", "tcpconnect_retransmit_btf", "tcpconnect_retransmit_raw", required=False),
+        Tracepoint("tcp_destroy_sock", "tcpconnect_destroy_btf", "tcpconnect_destroy_raw", required=False),
+    ),
+)
+DROP_REASONS = ("task_storage", "key_map_full", "ringbuf_full", "start_map_full")  # enum nn_drop_reason
+OUTCOMES = ("established", "failed", "aborted", "local_error")  # enum tcpconnect_outcome
+
+# struct tcpconnect_stats: nn_hist (32 slots + sum, count, max) then 7 counters.
+_STATS_COUNTERS = ("successes", "failures", "refused", "timeouts", "aborts", "local_errors", "syn_retransmits")
+_STATS = struct.Struct(f"<{HIST_SLOTS + 3}Q{len(_STATS_COUNTERS)}Q")
+_KEY = struct.Struct("<QII")  # struct tcpconnect_key
+_DEST_KEY = struct.Struct("<QIHH16s")  # struct tcpconnect_dest_key
+_DEST_STATS = struct.Struct("<4Q")  # struct tcpconnect_dest_stats
+
+
+class _ConnectEvent(ctypes.Structure):
+    """struct tcpconnect_event (bpf/tcpconnect.h)."""
+
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64),
+        ("latency_ns", ctypes.c_uint64),
+        ("cgroup_id", ctypes.c_uint64),
+        ("netns", ctypes.c_uint32),
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("family", ctypes.c_uint16),
+        ("outcome", ctypes.c_uint16),
+        ("error", ctypes.c_int32),
+        ("syn_retrans", ctypes.c_uint32),
+        ("sport", ctypes.c_uint16),
+        ("dport", ctypes.c_uint16),
+        ("_pad", ctypes.c_uint32),
+        ("saddr", ctypes.c_uint8 * 16),
+        ("daddr", ctypes.c_uint8 * 16),
+        ("comm", ctypes.c_char * 16),
+    ]
+
+
+# Sizes of the C structs, for the test that checks them against the object's BTF.
+STRUCT_SIZES = {
+    "tcpconnect_stats": _STATS.size,
+    "tcpconnect_key": _KEY.size,
+    "tcpconnect_dest_key": _DEST_KEY.size,
+    "tcpconnect_dest_stats": _DEST_STATS.size,
+    "tcpconnect_event": ctypes.sizeof(_ConnectEvent),
+}
+
+
+def format_addr(family: int, raw: bytes) -> str:
+    if family == socket.AF_INET6:
+        return socket.inet_ntop(socket.AF_INET6, raw[:16])
+    return socket.inet_ntop(socket.AF_INET, raw[:4])
+
+
+def format_endpoint(family: int, addr: str, port: int) -> str:
+    return f"[{addr}]:{port}" if family == socket.AF_INET6 else f"{addr}:{port}"
+
+
+@dataclass(frozen=True)
+class ConnectStats:
+    """Counters of one (cgroup, netns) since load (summed over CPUs)."""
+
+    latency: LatencyHistogram  # successful connects
+    successes: int
+    failures: int
+    refused: int
+    timeouts: int
+    aborts: int
+    local_errors: int
+    syn_retransmits: int
+
+    @classmethod
+    def decode_percpu(cls, raws: Iterable[bytes]) -> ConnectStats:
+        hists, sums = [], [0] * len(_STATS_COUNTERS)
+        for raw in raws:
+            hists.append(LatencyHistogram.decode(raw))
+            counters = _STATS.unpack_from(raw)[HIST_SLOTS + 3:]
+            sums = [a + b for a, b in zip(sums, counters, strict=True)]
+        return cls(LatencyHistogram.merge(hists), *sums)
+
+    @property
+    def connects(self) -> int:
+        """Every connect that ended, whatever the outcome."""
+        return self.successes + self.failures + self.aborts + self.local_errors
+
+    @property
+    def active_opens(self) -> int:
+        """What the kernel's ActiveOpens counts: connects that sent a SYN."""
+        return self.successes + self.failures + self.aborts
+
+
+@dataclass(frozen=True)
+class DestKey:
+    cgroup_id: int
+    netns: int
+    family: int
+    daddr: str
+    dport: int
+
+    @property
+    def endpoint(self) -> str:
+        return format_endpoint(self.family, self.daddr, self.dport)
+
+
+@dataclass(frozen=True)
+class DestStats:
+    count: int  # successful connects
+    sum_ns: int
+    max_ns: int  # since the entry was created (LRU: entries can be evicted and start over)
+    failures: int
+
+
+@dataclass(frozen=True)
+class ConnectOutlier:
+    """One connect at or above the threshold, or one that did not succeed."""
+
+    ts_ns: int
+    latency_ns: int
+    cgroup_id: int
+    netns: int
+    pid: int
+    tid: int
+    comm: str
+    family: int
+    outcome: str  # OUTCOMES
+    error: int  # sk_err: ECONNREFUSED, ETIMEDOUT, ... (0 on success)
+    syn_retrans: int
+    saddr: str
+    sport: int
+    daddr: str
+    dport: int
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ConnectOutlier:
+        e = _ConnectEvent.from_buffer_copy(raw[: ctypes.sizeof(_ConnectEvent)])
+        outcome = OUTCOMES[e.outcome] if e.outcome < len(OUTCOMES) else f"outcome_{e.outcome}"
+        return cls(
+            e.ts_ns, e.latency_ns, e.cgroup_id, e.netns, e.pid, e.tid, e.comm.decode(errors="replace"),
+            e.family, outcome, e.error, e.syn_retrans,
+            format_addr(e.family, bytes(e.saddr)), e.sport, format_addr(e.family, bytes(e.daddr)), e.dport,
+        )
+
+    @property
+    def error_name(self) -> str:
+        return errno.errorcode.get(self.error, str(self.error)) if self.error else ""
+
+    @property
+    def destination(self) -> str:
+        return format_endpoint(self.family, self.daddr, self.dport)
+
+
+@dataclass(frozen=True)
+class TcpConnectSnapshot:
+    """Cumulative counters since load; subtract two snapshots for an interval (see summarize)."""
+
+    monotonic_s: float
+    per_key: dict[tuple[int, int], ConnectStats]  # (cgroup_id, netns inode) ->
+    destinations: dict[DestKey, DestStats]
+    drops: dict[str, int]
+
+
+class TcpConnectProbe:
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        paths: HostPaths | None = None,
+        layout: CgroupLayout | None = None,
+        outlier_threshold_ns: int = 100_000_000,
+        attach_mode: AttachMode = "auto",
+        outlier_ring_bytes: int = 256 * 1024,
+        max_keys: int = 16384,
+        max_destinations: int = 16384,
+    ) -> None:
+        self.paths = paths or HostPaths()
+        self.layout = layout or discover(self.paths)
+        cpu_hierarchy = self.layout.cpu
+        # On v1/hybrid hosts pods' cgroups are in the v1 cpu hierarchy: key by it (as runqlat does).
+        self.hierarchy = cpu_hierarchy
+        self.v1_cpu = bool(cpu_hierarchy and cpu_hierarchy.version == 1)
+        engine = engine or LibbpfEngine(self.paths)
+        self.probe: LoadedProbe = engine.open_probe(
+            SPEC,
+            rodata={"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns},
+            attach_mode=attach_mode,
+            map_sizes={"outliers": outlier_ring_bytes, "connect_stats": max_keys, "dest_stats": max_destinations},
+        )
+        self.status = self.probe.status
+        self._outliers: list[ConnectOutlier] = []
+        self._ring: RingBuffer | None = None
+        if outlier_threshold_ns:
+            self._ring = self.probe.ring_buffer(
+                "outliers", lambda raw: self._outliers.append(ConnectOutlier.decode(raw))
+            )
+
+    def snapshot(self) -> TcpConnectSnapshot:
+        per_key = {}
+        for key, values in self.probe.map_items("connect_stats"):
+            cgroup_id, netns, _ = _KEY.unpack(key)
+            per_key[(cgroup_id, netns)] = ConnectStats.decode_percpu(values)  # type: ignore[arg-type]
+        destinations = {}
+        for key, values in self.probe.map_items("dest_stats"):
+            cgroup_id, netns, family, dport, daddr = _DEST_KEY.unpack(key)
+            count = sum_ns = max_ns = failures = 0
+            for v in values:  # type: ignore[union-attr]
+                c, s, m, f = _DEST_STATS.unpack(v)
+                count, sum_ns, max_ns, failures = count + c, sum_ns + s, max(max_ns, m), failures + f
+            dk = DestKey(cgroup_id, netns, family, format_addr(family, daddr), dport)
+            destinations[dk] = DestStats(count, sum_ns, max_ns, failures)
+        drops = {}
+        for i, reason in enumerate(DROP_REASONS):
+            values = self.probe.map_lookup("drops", i.to_bytes(4, "little")) or []
+            drops[reason] = sum(struct.unpack("<Q", v)[0] for v in values)  # type: ignore[union-attr]
+        # A state change in softirq that interrupts this probe's program on the same CPU is skipped
+        # by the kernel (recursion protection): it counts those per program; report them as drops.
+        drops["recursion_misses"] = sum(s.recursion_misses for s in self.probe.program_stats())
+        return TcpConnectSnapshot(time.monotonic(), per_key, destinations, drops)
+
+    def poll_outliers(self, timeout_ms: int = 0) -> list[ConnectOutlier]:
+        if self._ring is None:
+            return []
+        self._ring.poll(timeout_ms)
+        out, self._outliers = self._outliers, []
+        return out
+
+    def close(self) -> None:
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        self.probe.close()
+
+    def __enter__(self) -> TcpConnectProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _ms(ns: float | None) -> float | None:
+    return None if ns is None else round(ns / 1e6, 3)
+
+
+def _dest_rows(prev: TcpConnectSnapshot | None, cur: TcpConnectSnapshot, key: tuple[int, int], top_n: int) -> list[dict]:
+    rows = []
+    for dk, now in cur.destinations.items():
+        if (dk.cgroup_id, dk.netns) != key:
+            continue
+        before = prev.destinations.get(dk) if prev else None
+        if before is not None and (now.count < before.count or now.failures < before.failures):
+            before = None  # evicted (LRU) and created again: its counters started over
+        count = now.count - (before.count if before else 0)
+        failures = now.failures - (before.failures if before else 0)
+        if not count and not failures:
+            continue
+        sum_ns = now.sum_ns - (before.sum_ns if before else 0)
+        # The interval's max is known when the all-time max grew in it; otherwise only the mean is.
+        exact_max = now.max_ns if count and (before is None or now.max_ns > before.max_ns) else None
+        rows.append({
+            "dest": dk.endpoint,
+            "connects": count,
+            "failures": failures,
+            "mean_ms": _ms(sum_ns / count if count else 0.0),
+            "max_ms": _ms(exact_max),
+        })
+    rows.sort(key=lambda r: (r["mean_ms"], r["failures"], r["connects"]), reverse=True)
+    return rows[:top_n]
+
+
+def summarize(prev: TcpConnectSnapshot | None, cur: TcpConnectSnapshot, top_n: int = 5) -> list[dict]:
+    """JSON-able rows for the interval prev → cur, one per (cgroup, netns) with activity in it.
+
+    Latency percentiles are over successful connects (log2 histogram: within a factor of 2; max is
+    exact when it grew during the interval). `top_destinations` ranks by mean connect latency in the
+    interval, then failures. Rows are sorted worst first: failures + SYN retransmits, then p99.
+    """
+    rows = []
+    for key, now in cur.per_key.items():
+        before = prev.per_key.get(key) if prev else None
+
+        def delta(name: str, now: ConnectStats = now, before: ConnectStats | None = before) -> int:
+            return max(getattr(now, name) - (getattr(before, name) if before else 0), 0)
+
+        d = {name: delta(name) for name in _STATS_COUNTERS}
+        connects = d["successes"] + d["failures"] + d["aborts"] + d["local_errors"]
+        if not connects and not d["syn_retransmits"]:
+            continue
+        lat = now.latency.delta(before.latency if before else None)
+        rows.append({
+            "cgroup_id": key[0],
+            "netns": key[1],
+            "interval_s": round(cur.monotonic_s - prev.monotonic_s, 3) if prev else None,
+            "connects": connects,
+            **d,
+            "latency_p50_ms": _ms(lat.quantile_ns(0.5)) if lat.count else None,
+            "latency_p99_ms": _ms(lat.quantile_ns(0.99)) if lat.count else None,
+            "latency_max_ms": _ms(lat.max_ns) if lat.count else None,
+            "top_destinations": _dest_rows(prev, cur, key, top_n),
+        })
+    rows.sort(
+        key=lambda r: (r["failures"] + r["syn_retransmits"], r["latency_p99_ms"] or -math.inf), reverse=True
+    )
+    return rows
+
+
+def netns_inode(pid: int | str = "self") -> int | None:
+    """The inode of a process's network namespace (what the probe keys by); None if it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None

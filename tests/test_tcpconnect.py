@@ -1,0 +1,441 @@
+"""TCP connect probe vs the kernel's own per-namespace MIBs (/proc/<pid>/net/snmp, netstat).
+
+Everything runs in a network namespace this test creates (`nn-test-<pid>-...`, removed at teardown even
+on failure), over its loopback; the connecting clients live in test cgroups. Firewall rules exist only
+inside that namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import uuid
+from collections import Counter
+
+import pytest
+
+from probes.engine import ProbeError
+from probes.hist import LatencyHistogram
+from probes.listenq import read_counters
+from probes.tcpconnect import (
+    STRUCT_SIZES,
+    ConnectOutlier,
+    ConnectStats,
+    DestKey,
+    DestStats,
+    TcpConnectProbe,
+    TcpConnectSnapshot,
+    summarize,
+)
+from tests.conftest import require_tool
+
+P_OK, P_CLOSED, P_DROP = 7000, 7001, 7010  # P_DROP...P_DROP+3: first SYN of each connect dropped
+HOSTS = {4: "127.0.0.1", 6: "::1"}
+
+# Listens on the given ports (IPv4 and IPv6 loopback) and accepts forever; exits by itself after 60 s.
+SERVER = r"""
+import os, selectors, socket, sys, time
+sel = selectors.DefaultSelector()
+for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+    for port in map(int, sys.argv[1].split(",")):
+        s = socket.socket(family)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        s.listen(int(sys.argv[2]))
+        sel.register(s, selectors.EVENT_READ)
+print("ready", os.getpid(), flush=True)
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    for key, _ in sel.select(timeout=0.5):
+        if sys.argv[3] == "accept":
+            key.fileobj.accept()[0].close()
+"""
+
+# Runs a plan: a list of steps, run one after the other; a step is a list of [family, port, count]
+# targets, each target in its own thread (its `count` connects one after the other). Prints JSON.
+CLIENT = r"""
+import json, os, socket, sys, threading, time
+hosts = {4: ("127.0.0.1", socket.AF_INET), 6: ("::1", socket.AF_INET6)}
+results, lock = [], threading.Lock()
+def target(fam, port, count):
+    for _ in range(count):
+        addr, af = hosts[fam]
+        s = socket.socket(af, socket.SOCK_STREAM)
+        s.settimeout(5)
+        t0 = time.monotonic()
+        try:
+            s.connect((addr, port))
+            outcome = "ok"
+        except ConnectionRefusedError:
+            outcome = "refused"
+        except OSError as e:
+            outcome = "error %s" % e
+        dt = time.monotonic() - t0
+        s.close()
+        with lock:
+            results.append([fam, port, outcome, dt])
+for step in json.loads(sys.argv[1]):
+    threads = [threading.Thread(target=target, args=t) for t in step]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+comm = open("/proc/self/comm").read().strip()
+print(json.dumps({"pid": os.getpid(), "comm": comm, "results": results}), flush=True)
+"""
+
+
+class OwnedNetns:
+    """A network namespace named nn-test-<pid>-<tag>, with lo up; removed (with whatever still runs
+    in it — only processes this test started) by remove(), which the fixtures call even on failure."""
+
+    def __init__(self, tag: str) -> None:
+        self.name = f"nn-test-{os.getpid()}-{tag}-{uuid.uuid4().hex[:6]}"
+        self.procs: list[subprocess.Popen] = []
+
+    def create(self) -> OwnedNetns:
+        ip = require_tool("ip")
+        subprocess.run([ip, "netns", "add", self.name], check=True, capture_output=True, timeout=10)
+        try:
+            self.run("ip", "link", "set", "lo", "up")
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def argv(self, *cmd: str) -> list[str]:
+        return ["ip", "netns", "exec", self.name, *cmd]
+
+    def run(self, *cmd: str, input: str | None = None) -> str:
+        return subprocess.run(self.argv(*cmd), check=True, capture_output=True, text=True, input=input,
+                              timeout=20).stdout
+
+    def popen(self, *cmd: str, **kw) -> subprocess.Popen:
+        p = subprocess.Popen(self.argv(*cmd), stdout=subprocess.PIPE, text=True, **kw)
+        self.procs.append(p)
+        return p
+
+    def start_server(self, ports: list[int], backlog: int = 128, accept: bool = True) -> int:
+        """Start a listener; return its pid (inside the namespace: its /proc/<pid>/net is the netns')."""
+        p = self.popen(sys.executable, "-c", SERVER, ",".join(map(str, ports)), str(backlog),
+                       "accept" if accept else "never")
+        line = _readline(p, 10)
+        assert line.startswith("ready"), f"server did not start: {line!r}"
+        return int(line.split()[1])
+
+    def remove(self) -> None:
+        for p in self.procs:
+            with contextlib.suppress(OSError):
+                p.kill()
+            with contextlib.suppress(Exception):
+                p.wait(5)
+            if p.stdout:
+                p.stdout.close()
+        # Anything else left inside is ours too (the namespace is private to this test).
+        out = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True, timeout=10)
+        for pid in out.stdout.split():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=10)
+
+
+def _readline(p: subprocess.Popen, timeout: float) -> str:
+    sel = selectors.DefaultSelector()
+    sel.register(p.stdout, selectors.EVENT_READ)
+    if not sel.select(timeout):
+        raise AssertionError(f"no output from {p.args[-3:]} within {timeout} s")
+    return p.stdout.readline().strip()
+
+
+@pytest.fixture
+def netns():
+    """owned_netns(tag) -> OwnedNetns, removed at teardown even on failure."""
+    created: list[OwnedNetns] = []
+
+    def factory(tag: str) -> OwnedNetns:
+        ns = OwnedNetns(tag)
+        created.append(ns)
+        return ns.create()
+
+    yield factory
+    for ns in reversed(created):
+        ns.remove()
+
+
+def _run_client(ns: OwnedNetns, cg, plan: list) -> subprocess.Popen:
+    return ns.popen(sys.executable, "-c", CLIENT, json.dumps(plan), preexec_fn=cg.preexec)
+
+
+def _client_result(p: subprocess.Popen, timeout: float = 20) -> dict:
+    line = _readline(p, timeout)
+    p.wait(5)
+    return json.loads(line)
+
+
+def _drop_first_syn(ns: OwnedNetns, ports: list[int]) -> None:
+    """nftables inside the namespace: drop every other initial SYN to each port (its own counter):
+    the first SYN of each connect, one after the other, is dropped and its retransmission passes."""
+    require_tool("nft")
+    rules = "\n".join(f"    tcp dport {p} tcp flags & (syn | ack) == syn numgen inc mod 2 == 0 counter drop" for p in ports)
+    ns.run("nft", "-f", "-", input=f"table inet nntest {{\n  chain input {{\n"
+           f"    type filter hook input priority 0; policy accept;\n{rules}\n  }}\n}}\n")
+
+
+@pytest.mark.root
+def test_counts_latency_and_attribution_match_the_kernel(netns, make_cgroup):
+    """Successful, refused and dropped-first-SYN connects, IPv4 and IPv6, from two cgroups at once:
+    per-(cgroup, netns) counts equal the namespace's ActiveOpens / AttemptFails / TCPSynRetrans deltas,
+    a dropped first SYN costs the 1 s initial RTO, and every connect is charged to its cgroup."""
+    ns = netns("conn")
+    # One port per (family, thread): each drop rule's counter must see one connect at a time.
+    drop_ports = {4: [P_DROP, P_DROP + 1], 6: [P_DROP + 2, P_DROP + 3]}
+    all_drop = drop_ports[4] + drop_ports[6]
+    _drop_first_syn(ns, all_drop)
+    server = ns.start_server([P_OK, *all_drop])
+    netns_ino = os.stat(f"/proc/{server}/ns/net").st_ino
+    a, b = make_cgroup("a"), make_cgroup("b")
+    ino = {cg: os.stat(cg.path("cpu")).st_ino for cg in (a, b)}
+    n_ok, n_refused, per_drop_port = 10, 5, 2
+    plan_a = [
+        [[4, P_OK, n_ok], [6, P_OK, n_ok]],
+        [[4, P_CLOSED, n_refused], [6, P_CLOSED, n_refused]],
+        [[fam, port, per_drop_port] for fam in (4, 6) for port in drop_ports[fam]],
+    ]
+    plan_b = [[[4, P_OK, 7], [6, P_CLOSED, 3]]]
+
+    with TcpConnectProbe() as probe:
+        assert probe.v1_cpu == (probe.layout.cpu.version == 1)
+        truth_before = read_counters(server)
+        before = probe.snapshot()
+        ca, cb = _run_client(ns, a, plan_a), _run_client(ns, b, plan_b)
+        ra, rb = _client_result(ca), _client_result(cb)
+        after = probe.snapshot()
+        truth = read_counters(server).delta(truth_before)
+        events = probe.poll_outliers(100)
+
+    # What the clients saw.
+    seen_a = Counter((fam, port, outcome) for fam, port, outcome, _ in ra["results"])
+    slow = [dt for fam, port, outcome, dt in ra["results"] if port in all_drop]
+    assert seen_a[(4, P_OK, "ok")] == seen_a[(6, P_OK, "ok")] == n_ok
+    assert seen_a[(4, P_CLOSED, "refused")] == seen_a[(6, P_CLOSED, "refused")] == n_refused
+    assert len(slow) == len(all_drop) * per_drop_port and all(0.9 <= dt <= 1.5 for dt in slow), slow
+    assert Counter(o for *_, o, _dt in rb["results"]) == {"ok": 7, "refused": 3}
+
+    # The probe vs the kernel, for this namespace.
+    assert after.drops == dict.fromkeys(after.drops, 0)
+    mine = {k: v for k, v in after.per_key.items() if k[1] == netns_ino}
+    assert set(mine) == {(ino[a], netns_ino), (ino[b], netns_ino)}, f"connects charged elsewhere: {mine.keys()}"
+    got = {cg: _delta(after.per_key[(ino[cg], netns_ino)], before.per_key.get((ino[cg], netns_ino))) for cg in (a, b)}
+    n_slow = len(slow)
+    expect_a = {"successes": 2 * n_ok + n_slow, "failures": 2 * n_refused, "refused": 2 * n_refused,
+                "timeouts": 0, "aborts": 0, "local_errors": 0, "syn_retransmits": n_slow}
+    expect_b = {"successes": 7, "failures": 3, "refused": 3, "timeouts": 0, "aborts": 0, "local_errors": 0,
+                "syn_retransmits": 0}
+    print(f"probe a {got[a]}, b {got[b]}; kernel {truth}")
+    assert got[a] == expect_a
+    assert got[b] == expect_b
+    assert truth.active_opens == sum(g["successes"] + g["failures"] + g["aborts"] for g in got.values())
+    assert truth.attempt_fails == sum(g["failures"] for g in got.values())
+    assert truth.syn_retrans == sum(g["syn_retransmits"] for g in got.values())
+
+    # Latency: the dropped-first-SYN connects took the initial RTO.
+    rows = {r["cgroup_id"]: r for r in summarize(before, after, top_n=10) if r["netns"] == netns_ino}
+    row_a = rows[ino[a]]
+    print(json.dumps(row_a))
+    assert row_a["connects"] == 2 * n_ok + 2 * n_refused + n_slow
+    assert 900 <= row_a["latency_max_ms"] <= 1500
+    assert row_a["latency_p50_ms"] < 50
+    dests = {d["dest"]: d for d in row_a["top_destinations"]}
+    for fam in (4, 6):
+        for port in drop_ports[fam]:
+            host = HOSTS[fam] if fam == 4 else f"[{HOSTS[fam]}]"
+            d = dests[f"{host}:{port}"]
+            assert d["connects"] == per_drop_port and 900 <= d["mean_ms"] <= 1500
+    assert {int(d.rsplit(":", 1)[1]) for d in list(dests)[: len(all_drop)]} == set(all_drop)  # slowest first
+
+    # Outliers: the slow connects and every failure, with all their fields.
+    ev = [e for e in events if e.netns == netns_ino]
+    assert {e.pid for e in ev} == {ra["pid"], rb["pid"]}
+    assert all(e.cgroup_id == ino[a] and e.pid == ra["pid"] and e.comm == ra["comm"] for e in ev if e.pid == ra["pid"])
+    assert all(e.cgroup_id == ino[b] for e in ev if e.pid == rb["pid"])
+    slow_ev = [e for e in ev if e.outcome == "established"]
+    assert len(slow_ev) == n_slow
+    for e in slow_ev:
+        assert 0.9e9 <= e.latency_ns <= 1.5e9 and e.syn_retrans == 1 and e.dport in all_drop
+        assert e.daddr == HOSTS[4 if e.family == socket.AF_INET else 6] and e.saddr == e.daddr and e.sport > 0
+    failed = [e for e in ev if e.outcome == "failed"]
+    assert len(failed) == 2 * n_refused + 3
+    assert all(e.error_name == "ECONNREFUSED" and e.dport == P_CLOSED and e.syn_retrans == 0 for e in failed)
+    assert Counter(e.family for e in failed if e.pid == ra["pid"]) == {socket.AF_INET: n_refused, socket.AF_INET6: n_refused}
+
+
+def _delta(now: ConnectStats, before: ConnectStats | None) -> dict[str, int]:
+    names = ("successes", "failures", "refused", "timeouts", "aborts", "local_errors", "syn_retransmits")
+    return {n: getattr(now, n) - (getattr(before, n) if before else 0) for n in names}
+
+
+@pytest.mark.root
+def test_raw_tp_fallback_counts_the_same(netns, make_cgroup):
+    ns = netns("raw")
+    server = ns.start_server([P_OK])
+    netns_ino = os.stat(f"/proc/{server}/ns/net").st_ino
+    cg = make_cgroup("c")
+    key = (os.stat(cg.path("cpu")).st_ino, netns_ino)
+    with TcpConnectProbe(attach_mode="raw_tp") as probe:
+        assert probe.status.attach_mode == "raw_tp"
+        truth_before = read_counters(server)
+        before = probe.snapshot()
+        _client_result(_run_client(ns, cg, [[[4, P_OK, 6], [6, P_OK, 6], [4, P_CLOSED, 4], [6, P_CLOSED, 4]]]))
+        after = probe.snapshot()
+        truth = read_counters(server).delta(truth_before)
+    got = _delta(after.per_key[key], before.per_key.get(key))
+    assert got["successes"] == 12 and got["failures"] == got["refused"] == 8
+    assert truth.active_opens == 20 and truth.attempt_fails == 8
+
+
+@pytest.mark.root
+def test_timeout_and_application_abort_are_told_apart(netns, make_cgroup):
+    """Every SYN to the port is dropped (nftables, inside the namespace; tcp_syn_retries=1 there so the
+    kernel gives up after 1 + 2 s). One client gives up itself after 0.3 s and closes: ActiveOpens but
+    not AttemptFails — the probe's `aborts`. Another waits: the kernel times out (ETIMEDOUT) — an
+    AttemptFail, the probe's `failures`/`timeouts`, with its SYN retransmit."""
+    ns = netns("abort")
+    require_tool("nft")
+    ns.run("sysctl", "-q", "-w", "net.ipv4.tcp_syn_retries=1")
+    ns.run("nft", "-f", "-", input="table inet nntest {\n chain input {\n"
+           "  type filter hook input priority 0; policy accept;\n"
+           f"  tcp dport {P_DROP} tcp flags & (syn | ack) == syn drop\n }}\n}}\n")
+    server = ns.start_server([P_DROP])
+    netns_ino = os.stat(f"/proc/{server}/ns/net").st_ino
+    quitter, waiter = make_cgroup("quitter"), make_cgroup("waiter")
+    key = {cg: (os.stat(cg.path("cpu")).st_ino, netns_ino) for cg in (quitter, waiter)}
+    impatient = CLIENT.replace("s.settimeout(5)", "s.settimeout(0.3)")
+    with TcpConnectProbe() as probe:
+        truth_before = read_counters(server)
+        before = probe.snapshot()
+        pq = ns.popen(sys.executable, "-c", impatient, json.dumps([[[4, P_DROP, 2], [6, P_DROP, 2]]]),
+                      preexec_fn=quitter.preexec)
+        pw = _run_client(ns, waiter, [[[4, P_DROP, 1], [6, P_DROP, 1]]])
+        rq, rw = _client_result(pq), _client_result(pw)
+        after = probe.snapshot()
+        truth = read_counters(server).delta(truth_before)
+        events = [e for e in probe.poll_outliers(100) if e.netns == netns_ino]
+    assert all(r[2] == "error timed out" for r in rq["results"]), rq
+    assert all("Connection timed out" in r[2] and 2.5 < r[3] < 4 for r in rw["results"]), rw
+    got = {cg: _delta(after.per_key[key[cg]], before.per_key.get(key[cg])) for cg in (quitter, waiter)}
+    print(f"probe quitter {got[quitter]}, waiter {got[waiter]}; kernel {truth}")
+    assert got[quitter] == {"successes": 0, "failures": 0, "refused": 0, "timeouts": 0, "aborts": 4,
+                            "local_errors": 0, "syn_retransmits": 0}
+    # How many SYN retransmits fit before the kernel gives up depends on timer rounding: compare
+    # with the kernel's own count, not with a number.
+    retrans = got[waiter].pop("syn_retransmits")
+    assert got[waiter] == {"successes": 0, "failures": 2, "refused": 0, "timeouts": 2, "aborts": 0, "local_errors": 0}
+    assert (truth.active_opens, truth.attempt_fails) == (6, 2)
+    assert retrans == truth.syn_retrans >= 2
+    assert sorted(e.outcome for e in events if e.pid == rq["pid"]) == ["aborted"] * 4
+    timed_out = [e for e in events if e.pid == rw["pid"]]
+    assert [(e.outcome, e.error_name) for e in timed_out] == [("failed", "ETIMEDOUT")] * 2
+    assert sum(e.syn_retrans for e in timed_out) == retrans
+    assert all(2.5e9 < e.latency_ns < 4e9 for e in timed_out)
+
+
+def test_summarize_ranks_and_survives_lru_restarts():
+    h = LatencyHistogram.empty()
+    stats = ConnectStats(h, 0, 0, 0, 0, 0, 0, 0)
+    slow, fast = DestKey(1, 2, socket.AF_INET, "10.0.0.1", 80), DestKey(1, 2, socket.AF_INET6, "fd00::1", 443)
+    prev = TcpConnectSnapshot(0.0, {(1, 2): stats}, {slow: DestStats(5, 5_000_000, 2_000_000, 0),
+                                                     fast: DestStats(100, 10_000_000, 500_000, 1)}, {})
+    hist = LatencyHistogram(tuple(1 if i == 10 else 0 for i in range(32)), 700_000, 1, 700_000)
+    cur = TcpConnectSnapshot(1.0, {(1, 2): ConnectStats(hist, 1, 1, 1, 0, 0, 0, 2)},
+                             {slow: DestStats(2, 40_000_000, 30_000_000, 0),  # fewer than before: evicted, restarted
+                              fast: DestStats(110, 11_000_000, 500_000, 2)}, {})
+    rows = summarize(prev, cur, top_n=5)
+    assert len(rows) == 1 and rows[0]["connects"] == 2 and rows[0]["syn_retransmits"] == 2
+    assert [d["dest"] for d in rows[0]["top_destinations"]] == ["10.0.0.1:80", "[fd00::1]:443"]
+    assert rows[0]["top_destinations"][0] == {"dest": "10.0.0.1:80", "connects": 2, "failures": 0,
+                                              "mean_ms": 20.0, "max_ms": 30.0}
+    assert rows[0]["top_destinations"][1]["max_ms"] is None  # the all-time max did not grow
+    json.dumps(rows)
+    assert summarize(cur, cur) == []
+
+
+@pytest.mark.root
+def test_struct_sizes_match_the_object_btf():
+    bpftool = require_tool("bpftool")
+    from probes.engine import OBJECT_DIR
+
+    dump = subprocess.run([bpftool, "btf", "dump", "file", str(OBJECT_DIR / "tcpconnect.bpf.o")],
+                          capture_output=True, text=True, check=True, timeout=30).stdout
+    # tcpconnect_event is only a ring buffer record, absent from the BTF: bpf/tcpconnect.bpf.c pins its size.
+    sizes = dict(STRUCT_SIZES)
+    assert sizes.pop("tcpconnect_event") == 104
+    for name, size in {**sizes, "tcpconnect_start": 56}.items():
+        m = re.search(rf"STRUCT '{name}' size=(\d+)", dump)
+        assert m and int(m.group(1)) == size, (name, m and m.group(0), size)
+
+
+def test_event_decode():
+    raw = struct.pack("<3Q3I2HiI2HI16s16s16s", 5, 1_020_000_000, 1837, 4026532317, 4242, 4243, socket.AF_INET6,
+                      1, 111, 1, 40000, 7012, 0, socket.inet_pton(socket.AF_INET6, "::1"),
+                      socket.inet_pton(socket.AF_INET6, "fd00::2"), b"python3")
+    e = ConnectOutlier.decode(raw)
+    assert (e.latency_ns, e.cgroup_id, e.netns, e.pid, e.tid, e.comm) == (
+        1_020_000_000, 1837, 4026532317, 4242, 4243, "python3")
+    assert (e.outcome, e.error_name, e.syn_retrans) == ("failed", "ECONNREFUSED", 1)
+    assert (e.saddr, e.sport, e.destination) == ("::1", 40000, "[fd00::2]:7012")
+    v4 = raw[:72] + socket.inet_aton("10.1.2.3") + bytes(12) + raw[88:]  # daddr at offset 72
+    v4 = v4[:36] + struct.pack("<H", socket.AF_INET) + v4[38:]
+    assert ConnectOutlier.decode(v4).daddr == "10.1.2.3"
+
+
+def test_missing_object_is_one_clear_line(tmp_path):
+    from probes.engine import LibbpfEngine
+
+    with pytest.raises(ProbeError) as exc:
+        TcpConnectProbe(engine=LibbpfEngine(object_dir=tmp_path))
+    msg = str(exc.value)
+    assert "\n" not in msg and "tcpconnect: off" in msg and "make bpf" in msg
+
+
+@pytest.mark.root
+def test_no_free_source_port_is_a_local_error(netns, make_cgroup):
+    """Ephemeral port exhaustion (a 2-port range, set inside the test namespace): the third connect
+    fails with EADDRNOTAVAIL before any SYN leaves — neither ActiveOpens nor AttemptFails counts it;
+    the probe counts it as a local error."""
+    ns = netns("ports")
+    ns.run("sysctl", "-q", "-w", "net.ipv4.ip_local_port_range=40000 40001")
+    server = ns.start_server([P_OK])
+    netns_ino = os.stat(f"/proc/{server}/ns/net").st_ino
+    cg = make_cgroup("c")
+    key = (os.stat(cg.path("cpu")).st_ino, netns_ino)
+    hold = (
+        "import errno, socket\n"
+        "socks, out = [], []\n"
+        "for _ in range(3):\n"
+        "    s = socket.socket()\n"
+        f"    out.append(errno.errorcode.get(s.connect_ex(('127.0.0.1', {P_OK})), 'ok'))\n"
+        "    socks.append(s)\n"
+        "print(' '.join(out), flush=True)\n"
+    )
+    with TcpConnectProbe() as probe:
+        truth_before = read_counters(server)
+        before = probe.snapshot()
+        p = ns.popen(sys.executable, "-c", hold, preexec_fn=cg.preexec)
+        seen = _readline(p, 10)
+        p.wait(5)
+        after = probe.snapshot()
+        truth = read_counters(server).delta(truth_before)
+        events = [e for e in probe.poll_outliers(100) if e.netns == netns_ino]
+    assert seen == "ok ok EADDRNOTAVAIL"
+    got = _delta(after.per_key[key], before.per_key.get(key))
+    assert (got["successes"], got["local_errors"], got["failures"], got["aborts"]) == (2, 1, 0, 0)
+    assert (truth.active_opens, truth.attempt_fails) == (2, 0)
+    assert [(e.outcome, e.dport) for e in events] == [("local_error", P_OK)]
