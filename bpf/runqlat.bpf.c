@@ -7,9 +7,17 @@
  * *wakee's* cgroup, read from the task argument — never from `current`, which is the waker in
  * sched_wakeup and `prev` in sched_switch.
  *
- * Hot path: the start time lives in task local storage (no shared hash map for all CPUs to contend
- * on), and aggregation goes to per-CPU maps. The raw_tp fallback (kernels without BTF-typed
- * tracepoints) cannot pass raw task pointers to task storage, so it uses a bounded hash map by pid.
+ * Three flavours, the loader picks the cheapest the kernel supports:
+ * - sched_info (CONFIG_SCHED_INFO and CONFIG_FAIR_GROUP_SCHED in BTF): the kernel already
+ *   stamps every enqueue in task->sched_info.last_queued on the rq clock. One sched_switch program
+ *   reads rq->clock - last_queued — no wakeup program, no clock call — which is by construction
+ *   what /proc/<pid>/schedstat accounts. A queued task moved by the load balancer has the part of
+ *   its wait before the move added to sched_info.run_delay at dequeue; we add run_delay's growth
+ *   since the task's previous switch-in (one task-storage slot) so the wait stays whole.
+ * - tp_btf: wakeup/wakeup_new → switch with the start time in task storage.
+ * - raw_tp (kernels without BTF-typed tracepoints): the same with a bounded pid hash, because raw
+ *   task pointers cannot be passed to task storage.
+ * Everywhere, aggregation goes to per-CPU maps: no event writes a map all CPUs contend on.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -25,8 +33,11 @@ const volatile bool v1_cpu_cgroup = false;     /* key by the v1 cpu controller's
 const volatile __u64 outlier_threshold_ns = 0; /* 0: no outlier events */
 
 struct task_wait {
-	__u64 queued_ns; /* when it became runnable; 0 while running or sleeping */
+	__u64 queued_ns;      /* tp_btf flavour: when it became runnable; 0 while running or sleeping */
+	__u64 run_delay_seen; /* sched_info flavour: sched_info.run_delay after its last switch-in */
+	__u64 seen_valid;     /* run_delay_seen is set (storage is created lazily) */
 };
+
 
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
@@ -142,10 +153,9 @@ static __always_inline __u64 take_queued_hash(__u32 pid)
 
 /* ---- aggregation ----------------------------------------------------------------------------- */
 
-static __always_inline void account(struct task_struct *prev, struct task_struct *next,
-				    __u64 wait_ns, __u64 now)
+static __always_inline void account_cgroup(struct task_struct *prev, struct task_struct *next,
+					   __u64 cgid, __u64 wait_ns)
 {
-	__u64 cgid = nn_task_cgroup_id(next, v1_cpu_cgroup);
 	__u32 zero = 0;
 	struct nn_hist *h;
 
@@ -171,7 +181,7 @@ per_cpu:
 			count_drop(NN_DROP_RINGBUF_FULL);
 			return;
 		}
-		e->ts_ns = now;
+		e->ts_ns = bpf_ktime_get_ns();
 		e->wait_ns = wait_ns;
 		e->cgroup_id = cgid;
 		e->prev_cgroup_id = nn_task_cgroup_id(prev, v1_cpu_cgroup);
@@ -183,6 +193,70 @@ per_cpu:
 		BPF_CORE_READ_STR_INTO(&e->prev_comm, prev, comm);
 		bpf_ringbuf_submit(e, 0);
 	}
+}
+
+static __always_inline void account(struct task_struct *prev, struct task_struct *next, __u64 wait_ns)
+{
+	account_cgroup(prev, next, nn_task_cgroup_id(next, v1_cpu_cgroup), wait_ns);
+}
+
+/*
+ * The same cgroup id through direct BTF pointer walks: in tp_btf programs these compile to plain
+ * loads, where BPF_CORE_READ costs one bpf_probe_read_kernel() call per hop (~100 ns for five).
+ */
+static __always_inline __u64 task_cgroup_id_btf(struct task_struct *t)
+{
+	if (v1_cpu_cgroup) {
+		int cpu_id = bpf_core_enum_value(enum cgroup_subsys_id, cpu_cgrp_id);
+
+		if (cpu_id < 0 || cpu_id >= CGROUP_SUBSYS_COUNT)
+			return 0;
+		return t->cgroups->subsys[cpu_id]->cgroup->kn->id;
+	}
+	return t->cgroups->dfl_cgrp->kn->id;
+}
+
+/* ---- sched_info: the kernel's own enqueue stamps, one program -------------------------------- */
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	struct task_wait *w;
+	__u64 queued, run_delay, wait_ns, now;
+
+	if (!next->pid)
+		return 0;
+	queued = next->sched_info.last_queued;
+	if (!queued) {
+		/*
+		 * No enqueue stamp (preempted after setting a sleep state): the kernel counts the arrival
+		 * (pcount) with no wait, and so do we, so event counts stay equal to timeslices.
+		 */
+		account_cgroup(prev, next, task_cgroup_id_btf(next), 0);
+		return 0;
+	}
+	/*
+	 * This CPU's rq clock, as sched_info_arrive() will read it: set_task_rq() points every task's
+	 * se.cfs_rq at a cfs_rq of its CPU whatever its class, and `next` runs here. (The per-CPU
+	 * `runqueues` symbol would be simpler but needs CONFIG_KALLSYMS_ALL.)
+	 */
+	now = next->se.cfs_rq->rq->clock;
+	wait_ns = now - queued;
+	if ((__s64)wait_ns < 0)
+		wait_ns = 0;
+	run_delay = next->sched_info.run_delay;
+	w = bpf_task_storage_get(&task_wait, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (w) {
+		/* Wait accounted at a dequeue since it last ran (a queued task was migrated). */
+		if (w->seen_valid && run_delay > w->run_delay_seen)
+			wait_ns += run_delay - w->run_delay_seen;
+		w->run_delay_seen = run_delay + (now - queued);
+		w->seen_valid = 1;
+	} else {
+		count_drop(NN_DROP_TASK_STORAGE);
+	}
+	account_cgroup(prev, next, task_cgroup_id_btf(next), wait_ns);
+	return 0;
 }
 
 /* ---- tp_btf: BTF-typed tracepoints, task storage --------------------------------------------- */
@@ -223,7 +297,7 @@ int BPF_PROG(runqlat_switch_btf, bool preempt, struct task_struct *prev, struct 
 		return 0;
 	queued = take_queued_storage(next);
 	if (queued && now > queued)
-		account(prev, next, now - queued, now);
+		account_cgroup(prev, next, task_cgroup_id_btf(next), now - queued);
 	return 0;
 }
 
@@ -267,7 +341,7 @@ int BPF_PROG(runqlat_switch_raw, bool preempt, struct task_struct *prev, struct 
 		return 0;
 	queued = take_queued_hash(next_pid);
 	if (queued && now > queued)
-		account(prev, next, now - queued, now);
+		account(prev, next, now - queued);
 	return 0;
 }
 

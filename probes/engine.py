@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 OBJECT_DIR = Path(__file__).parent / "bpf_objects"
 AttachMode = Literal["auto", "tp_btf", "raw_tp"]
+# Kernel features a probe flavour may need beyond its tracepoints (checked in vmlinux BTF).
+BtfNeed = tuple[str, str]  # ("var", name) or ("member", "struct.member")
 
 
 class ProbeError(RuntimeError):
@@ -40,6 +42,26 @@ class ProbeSpec:
     name: str
     object_file: str
     tracepoints: tuple[Tracepoint, ...]
+    btf_needs: tuple[BtfNeed, ...] = ()  # all must exist, else this spec cannot load here
+
+
+def missing_btf_features(spec: ProbeSpec) -> list[str]:
+    """What of `spec.btf_needs` this kernel's BTF lacks (empty: the spec can load)."""
+    if not spec.btf_needs:
+        return []
+    try:
+        with VmlinuxBtf() as btf:
+            missing = []
+            for kind, name in spec.btf_needs:
+                if kind == "var" and not btf.has_var(name):
+                    missing.append(f"kernel variable {name}")
+                elif kind == "member":
+                    struct, member = name.split(".", 1)
+                    if not btf.struct_has_member(struct, member):
+                        missing.append(f"{name}")
+            return missing
+    except (BpfError, LibbpfMissing) as e:
+        return [str(e)]
 
 
 @dataclass
@@ -155,11 +177,14 @@ class LibbpfEngine:
             raise ProbeError(f"{spec.name}: off: {e}") from None
         status = ProbeStatus(spec.name, "on", attach_mode=mode)
         try:
+            # Only the chosen flavour's programs load; every other program in the object stays off.
+            chosen = {tp.btf_program if mode == "tp_btf" else tp.raw_program for tp in spec.tracepoints}
+            for prog in obj.program_names():
+                if prog not in chosen:
+                    obj.set_autoload(prog, False)
             wanted: list[Tracepoint] = []
             for tp in spec.tracepoints:
                 use = tp.btf_program if mode == "tp_btf" else tp.raw_program
-                other = tp.raw_program if mode == "tp_btf" else tp.btf_program
-                obj.set_autoload(other, False)
                 if not self._exists(tp.name, typed) or (mode == "tp_btf" and not typed[tp.name]):
                     obj.set_autoload(use, False)
                     status.state, status.reason = "degraded", f"no tracepoint {tp.name}"

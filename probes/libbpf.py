@@ -30,6 +30,7 @@ BPF_MAP_TYPE_LRU_PERCPU_HASH = 10
 BPF_MAP_TYPE_RINGBUF = 27
 PERCPU_MAP_TYPES = frozenset({BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_LRU_PERCPU_HASH})
 BPF_STATS_RUN_TIME = 0
+BTF_KIND_STRUCT = 4
 BTF_KIND_TYPEDEF = 8
 BTF_KIND_VAR = 14
 BTF_KIND_DATASEC = 15
@@ -55,6 +56,10 @@ class _BtfType(ctypes.Structure):
 
 class _BtfVarSecinfo(ctypes.Structure):
     _fields_ = [("type", ctypes.c_uint32), ("offset", ctypes.c_uint32), ("size", ctypes.c_uint32)]
+
+
+class _BtfMember(ctypes.Structure):
+    _fields_ = [("name_off", ctypes.c_uint32), ("type", ctypes.c_uint32), ("offset", ctypes.c_uint32)]
 
 
 class _BatchOpts(ctypes.Structure):
@@ -185,6 +190,23 @@ class VmlinuxBtf:
         """tp_btf needs the `btf_trace_<name>` typedef the kernel emits for each raw tracepoint."""
         name = f"btf_trace_{tracepoint}".encode()
         return self._lib.lib.btf__find_by_name_kind(self._btf, name, BTF_KIND_TYPEDEF) > 0
+
+    def has_var(self, name: str) -> bool:
+        """A kernel global (e.g. the per-CPU `runqueues`) that BPF can reach as a __ksym."""
+        return self._lib.lib.btf__find_by_name_kind(self._btf, name.encode(), BTF_KIND_VAR) > 0
+
+    def struct_has_member(self, struct: str, member: str) -> bool:
+        """Config-dependent fields (task_struct.sched_info needs CONFIG_SCHED_INFO)."""
+        L = self._lib.lib
+        type_id = L.btf__find_by_name_kind(self._btf, struct.encode(), BTF_KIND_STRUCT)
+        if type_id <= 0:
+            return False
+        t = L.btf__type_by_id(self._btf, type_id)
+        vlen = t.contents.info & 0xFFFF
+        members = ctypes.cast(
+            ctypes.addressof(t.contents) + ctypes.sizeof(_BtfType), ctypes.POINTER(_BtfMember * vlen)
+        ).contents
+        return any(L.btf__name_by_offset(self._btf, m.name_off) == member.encode() for m in members)
 
     def close(self) -> None:
         if self._btf:

@@ -6,9 +6,19 @@ import ctypes
 import struct
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from probes.cgroupfs import CgroupLayout, discover
-from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
+from probes.engine import (
+    AttachMode,
+    Engine,
+    LibbpfEngine,
+    LoadedProbe,
+    ProbeError,
+    ProbeSpec,
+    Tracepoint,
+    missing_btf_features,
+)
 from probes.hist import LatencyHistogram
 from probes.host import HostPaths
 from probes.libbpf import RingBuffer
@@ -22,6 +32,14 @@ SPEC = ProbeSpec(
         Tracepoint("sched_switch", "runqlat_switch_btf", "runqlat_switch_raw"),
     ),
 )
+# Cheapest flavour: one sched_switch program over the kernel's own enqueue stamps (see the BPF file).
+SCHED_INFO_SPEC = ProbeSpec(
+    name="runqlat",
+    object_file="runqlat.bpf.o",
+    tracepoints=(Tracepoint("sched_switch", "runqlat_switch_schedinfo", "runqlat_switch_raw"),),
+    btf_needs=(("member", "task_struct.sched_info"), ("member", "cfs_rq.rq"), ("member", "rq.clock")),
+)
+Flavour = Literal["auto", "sched_info", "tp_btf", "raw_tp"]
 DROP_REASONS = ("task_storage", "key_map_full", "ringbuf_full", "start_map_full")  # enum nn_drop_reason
 
 
@@ -81,7 +99,7 @@ class RunqLatProbe:
         paths: HostPaths | None = None,
         layout: CgroupLayout | None = None,
         outlier_threshold_ns: int = 0,
-        attach_mode: AttachMode = "auto",
+        attach_mode: Flavour = "auto",
         outlier_ring_bytes: int = 256 * 1024,
         max_cgroups: int = 16384,
     ) -> None:
@@ -92,12 +110,27 @@ class RunqLatProbe:
         self.hierarchy = cpu_hierarchy
         self.v1_cpu = bool(cpu_hierarchy and cpu_hierarchy.version == 1)
         engine = engine or LibbpfEngine(self.paths)
-        self.probe: LoadedProbe = engine.open_probe(
-            SPEC,
-            rodata={"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns},
-            attach_mode=attach_mode,
-            map_sizes={"outliers": outlier_ring_bytes, "cgroup_runq": max_cgroups},
-        )
+        options = {
+            "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns},
+            "map_sizes": {"outliers": outlier_ring_bytes, "cgroup_runq": max_cgroups},
+        }
+        self.probe: LoadedProbe
+        sched_info_error = None
+        if attach_mode in ("auto", "sched_info"):
+            missing = missing_btf_features(SCHED_INFO_SPEC) if isinstance(engine, LibbpfEngine) else ["libbpf engine"]
+            if not missing:
+                try:
+                    self.probe = engine.open_probe(SCHED_INFO_SPEC, attach_mode="tp_btf", **options)
+                    self.probe.status.attach_mode = "sched_info"
+                except ProbeError as e:
+                    sched_info_error = str(e)
+            else:
+                sched_info_error = f"runqlat: sched_info flavour unavailable: no {', '.join(missing)}"
+            if sched_info_error and attach_mode == "sched_info":
+                raise ProbeError(sched_info_error)
+        if attach_mode != "sched_info" and (attach_mode != "auto" or sched_info_error):
+            fallback: AttachMode = "auto" if attach_mode == "auto" else attach_mode
+            self.probe = engine.open_probe(SPEC, attach_mode=fallback, **options)
         self.status = self.probe.status
         self._outliers: list[RunqOutlier] = []
         self._ring: RingBuffer | None = None

@@ -82,9 +82,10 @@ def two_contending_cgroups(make_cgroup):
         p.wait()
 
 
-def test_wait_matches_schedstat_per_cgroup(two_contending_cgroups):
+@pytest.mark.parametrize("flavour", ["sched_info", "tp_btf"])
+def test_wait_matches_schedstat_per_cgroup(two_contending_cgroups, flavour):
     a, b = two_contending_cgroups
-    probe = RunqLatProbe()
+    probe = RunqLatProbe(attach_mode=flavour)
     try:
         tids = {cg: _tids(cg) for cg in (a, b)}
         everyone = tids[a] + tids[b]
@@ -143,12 +144,20 @@ def test_wait_is_attributed_to_the_wakee_not_the_waker(two_contending_cgroups):
         probe.close()
 
 
-def test_raw_tp_fallback_counts_the_same_waits(two_contending_cgroups):
-    """The raw_tp variant (for kernels without BTF-typed tracepoints) measures the same thing."""
+def test_default_flavour_is_the_cheapest_the_kernel_supports():
+    with RunqLatProbe() as probe:
+        # This kernel has CONFIG_SCHED_INFO and FAIR_GROUP_SCHED: one sched_switch program, no wakeups.
+        assert probe.status.attach_mode == "sched_info"
+        assert probe.status.attached == ["sched_switch"]
+
+
+@pytest.mark.parametrize("flavour", ["tp_btf", "raw_tp"])
+def test_fallback_flavours_count_the_same_waits(two_contending_cgroups, flavour):
+    """The wakeup-based flavours (kernels without sched_info, or without BTF-typed tracepoints)."""
     a, _ = two_contending_cgroups
     ino = os.stat(a.path("cpu")).st_ino
-    with RunqLatProbe(attach_mode="raw_tp") as probe:
-        assert probe.status.attach_mode == "raw_tp"
+    with RunqLatProbe(attach_mode=flavour) as probe:
+        assert probe.status.attach_mode == flavour
         before = probe.snapshot()
         time.sleep(1)
         got = probe.snapshot().per_cgroup[ino].delta(before.per_cgroup.get(ino))
