@@ -1,0 +1,238 @@
+"""Softirq delay and run time per CPU and vector, and stall events (decoder for bpf/softirq.bpf.c).
+
+Softirq time is charged to the CPU it ran on, never to the task that happened to be `current`:
+everything here is keyed by (cpu, vector). Stall events name the tasks that were current at the
+raise and at the run, so the detector can join "which pods ran on the CPUs that stalled".
+Ground truth: `/proc/softirqs` (:func:`read_proc_softirqs`) counts the same entries.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import time
+from dataclasses import dataclass
+
+from probes.cgroupfs import CgroupLayout, discover
+from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
+from probes.hist import NN_HIST_SIZE, LatencyHistogram
+from probes.host import HostPaths
+from probes.libbpf import RingBuffer
+
+SPEC = ProbeSpec(
+    name="softirq",
+    object_file="softirq.bpf.o",
+    tracepoints=(
+        # Without softirq_raise the probe still counts entries and run time (no delay): degraded.
+        Tracepoint("softirq_raise", "softirq_raise_btf", "softirq_raise_raw", required=False),
+        Tracepoint("softirq_entry", "softirq_entry_btf", "softirq_entry_raw"),
+        Tracepoint("softirq_exit", "softirq_exit_btf", "softirq_exit_raw"),
+    ),
+)
+# enum in include/linux/interrupt.h, spelled as /proc/softirqs spells them
+VECTORS = ("HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU")
+DROP_REASONS = ("task_storage", "key_map_full", "ringbuf_full", "start_map_full")  # enum nn_drop_reason
+DEFAULT_STALL_THRESHOLD_NS = 10_000_000
+
+_STATS = struct.Struct(f"<{NN_HIST_SIZE}s{NN_HIST_SIZE}sQ")  # struct softirq_stats
+
+
+class _StallEvent(ctypes.Structure):  # struct softirq_stall_event
+    _fields_ = [
+        ("ts_ns", ctypes.c_uint64),
+        ("delay_ns", ctypes.c_uint64),
+        ("runtime_ns", ctypes.c_uint64),
+        ("raise_cgroup_id", ctypes.c_uint64),
+        ("entry_cgroup_id", ctypes.c_uint64),
+        ("cpu", ctypes.c_uint32),
+        ("vec", ctypes.c_uint32),
+        ("raise_pid", ctypes.c_uint32),
+        ("raise_tgid", ctypes.c_uint32),
+        ("entry_pid", ctypes.c_uint32),
+        ("entry_tgid", ctypes.c_uint32),
+        ("in_ksoftirqd", ctypes.c_uint8),
+        ("raise_seen", ctypes.c_uint8),
+        ("_pad", ctypes.c_uint8 * 6),
+        ("raise_comm", ctypes.c_char * 16),
+        ("entry_comm", ctypes.c_char * 16),
+    ]
+
+
+def vector_name(vec: int) -> str:
+    return VECTORS[vec] if 0 <= vec < len(VECTORS) else f"VEC{vec}"
+
+
+@dataclass(frozen=True)
+class SoftirqStall:
+    """One softirq run whose raise → entry delay or run time reached the stall threshold.
+
+    `raise_*`: the task that was current on `cpu` when the vector was first raised (what was running
+    while it waited, or the one that raised it). `entry_*`: the task in whose context it ran — a
+    ksoftirqd thread (`in_ksoftirqd`), or whatever task it interrupted / that re-enabled bottom halves.
+    """
+
+    ts_ns: int
+    cpu: int
+    vector: str
+    delay_ns: int  # 0 when the raise was not seen (raise_seen False)
+    runtime_ns: int
+    in_ksoftirqd: bool
+    raise_seen: bool
+    raise_pid: int
+    raise_tgid: int
+    raise_comm: str
+    raise_cgroup_id: int
+    entry_pid: int
+    entry_tgid: int
+    entry_comm: str
+    entry_cgroup_id: int
+
+    @classmethod
+    def decode(cls, raw: bytes) -> SoftirqStall:
+        e = _StallEvent.from_buffer_copy(raw[: ctypes.sizeof(_StallEvent)])
+        return cls(
+            ts_ns=e.ts_ns, cpu=e.cpu, vector=vector_name(e.vec), delay_ns=e.delay_ns, runtime_ns=e.runtime_ns,
+            in_ksoftirqd=bool(e.in_ksoftirqd), raise_seen=bool(e.raise_seen),
+            raise_pid=e.raise_pid, raise_tgid=e.raise_tgid, raise_comm=e.raise_comm.decode(errors="replace"),
+            raise_cgroup_id=e.raise_cgroup_id,
+            entry_pid=e.entry_pid, entry_tgid=e.entry_tgid, entry_comm=e.entry_comm.decode(errors="replace"),
+            entry_cgroup_id=e.entry_cgroup_id,
+        )
+
+
+@dataclass(frozen=True)
+class SoftirqStats:
+    """One CPU x vector, cumulative since load."""
+
+    delay: LatencyHistogram  # raise → entry, for the entries whose raise was seen
+    runtime: LatencyHistogram  # entry → exit
+    entries: int  # all entries (what /proc/softirqs counts)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> SoftirqStats:
+        delay, runtime, entries = _STATS.unpack_from(raw)
+        return cls(LatencyHistogram.decode(delay), LatencyHistogram.decode(runtime), entries)
+
+
+@dataclass(frozen=True)
+class SoftirqSnapshot:
+    """Cumulative counters since load; subtract two snapshots (see :func:`summarize`) for an interval."""
+
+    monotonic_s: float
+    stats: dict[tuple[int, str], SoftirqStats]  # (cpu, vector name) -> stats
+    drops: dict[str, int]
+
+    def entries(self) -> dict[tuple[int, str], int]:
+        return {k: s.entries for k, s in self.stats.items()}
+
+
+class SoftirqProbe:
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        paths: HostPaths | None = None,
+        layout: CgroupLayout | None = None,
+        stall_threshold_ns: int = DEFAULT_STALL_THRESHOLD_NS,
+        attach_mode: AttachMode = "auto",
+        stall_ring_bytes: int = 256 * 1024,
+    ) -> None:
+        self.paths = paths or HostPaths()
+        self.layout = layout or discover(self.paths)
+        cpu_hierarchy = self.layout.cpu
+        # Stall events name tasks' cgroups in the hierarchy pods' CPU cgroups live in (v1 cpu on hybrid).
+        self.hierarchy = cpu_hierarchy
+        self.v1_cpu = bool(cpu_hierarchy and cpu_hierarchy.version == 1)
+        self.stall_threshold_ns = stall_threshold_ns
+        engine = engine or LibbpfEngine(self.paths)
+        self.probe: LoadedProbe = engine.open_probe(
+            SPEC,
+            rodata={"v1_cpu_cgroup": self.v1_cpu, "stall_threshold_ns": stall_threshold_ns},
+            attach_mode=attach_mode,
+            map_sizes={"stalls": stall_ring_bytes},
+        )
+        self.status = self.probe.status
+        self._stalls: list[SoftirqStall] = []
+        self._ring: RingBuffer | None = None
+        if stall_threshold_ns:
+            self._ring = self.probe.ring_buffer("stalls", lambda raw: self._stalls.append(SoftirqStall.decode(raw)))
+
+    def snapshot(self) -> SoftirqSnapshot:
+        """Per (cpu, vector) for every possible CPU and every vector, plus drop counters."""
+        now = time.monotonic()
+        stats: dict[tuple[int, str], SoftirqStats] = {}
+        for vec, name in enumerate(VECTORS):
+            values = self.probe.map_lookup("stats", vec.to_bytes(4, "little")) or []
+            for cpu, raw in enumerate(values):  # type: ignore[arg-type]
+                stats[(cpu, name)] = SoftirqStats.decode(raw)  # type: ignore[arg-type]
+        drops = {}
+        for i, reason in enumerate(DROP_REASONS):
+            values = self.probe.map_lookup("drops", i.to_bytes(4, "little")) or []
+            drops[reason] = sum(struct.unpack("<Q", v)[0] for v in values)  # type: ignore[union-attr]
+        return SoftirqSnapshot(now, stats, drops)
+
+    def poll_stalls(self, timeout_ms: int = 0) -> list[SoftirqStall]:
+        """Stall events since the last call (waits up to timeout_ms for the first one)."""
+        if self._ring is None:
+            return []
+        self._ring.poll(timeout_ms)
+        out, self._stalls = self._stalls, []
+        return out
+
+    def close(self) -> None:
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        self.probe.close()
+
+    def __enter__(self) -> SoftirqProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_proc_softirqs(paths: HostPaths | None = None) -> dict[tuple[int, str], int]:
+    """/proc/softirqs as {(cpu, vector name): count} — the kernel's own count of softirq runs."""
+    paths = paths or HostPaths()
+    lines = (paths.proc / "softirqs").read_text().splitlines()
+    cpus = [int(c[3:]) for c in lines[0].split() if c.startswith("CPU")]
+    out: dict[tuple[int, str], int] = {}
+    for line in lines[1:]:
+        name, _, rest = line.partition(":")
+        if not rest:
+            continue
+        for cpu, count in zip(cpus, rest.split(), strict=False):
+            out[(cpu, name.strip())] = int(count)
+    return out
+
+
+def summarize(prev: SoftirqSnapshot | None, cur: SoftirqSnapshot, include_idle: bool = False) -> list[dict]:
+    """JSON-able rows per CPU x vector for the interval prev → cur (prev None: since load).
+
+    `runtime_s_per_s` is the share of the CPU the vector took (softirq seconds per wall second);
+    delay columns cover entries whose raise was seen (`delay_samples`). Rows with no entries in the
+    interval are left out unless `include_idle`. Sorted by CPU, then vector number.
+    """
+    interval = cur.monotonic_s - prev.monotonic_s if prev else 0.0
+    rows = []
+    for (cpu, vector), s in sorted(cur.stats.items(), key=lambda kv: (kv[0][0], VECTORS.index(kv[0][1]))):
+        before = prev.stats.get((cpu, vector)) if prev else None
+        entries = s.entries - (before.entries if before else 0)
+        delay = s.delay.delta(before.delay if before else None)
+        runtime = s.runtime.delta(before.runtime if before else None)
+        if not include_idle and entries <= 0 and not runtime.count:
+            continue
+        rows.append({
+            "cpu": cpu,
+            "vector": vector,
+            "entries": max(entries, 0),
+            "delay_samples": delay.count,
+            "delay_p50_us": round(delay.quantile_ns(0.5) / 1e3, 3),
+            "delay_p99_us": round(delay.quantile_ns(0.99) / 1e3, 3),
+            "delay_max_us": round(delay.max_ns / 1e3, 3),
+            "runtime_p99_us": round(runtime.quantile_ns(0.99) / 1e3, 3),
+            "runtime_max_us": round(runtime.max_ns / 1e3, 3),
+            "runtime_s": runtime.sum_ns / 1e9,
+            "runtime_s_per_s": runtime.sum_ns / 1e9 / interval if interval > 0 else 0.0,
+        })
+    return rows
