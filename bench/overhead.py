@@ -54,7 +54,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 ARM_NONE = "none"
 ARM_OURS = "noisyneighbor"
 ARM_BCC = "bcc-runqlat"
-ALL_ARMS = (ARM_NONE, ARM_OURS, ARM_BCC)
+# Empty tp_btf programs on sched_switch: what any tracepoint-based probe costs before doing work.
+ARM_FLOOR = "floor"
+ALL_ARMS = (ARM_NONE, ARM_FLOOR, ARM_OURS, ARM_BCC)
+DEFAULT_FLOOR_CMD = ".venv/bin/python -m bench.floor"
 ALL_WORKLOADS = ("pipe", "connect")
 # perf bench sched pipe on this 2-CPU VM: ~5 us/op with both ends on one CPU, ~45 us/op (wake-up IPIs)
 # when they sit on different CPUs, and unpinned it flips between the two with the machine's other load.
@@ -334,6 +337,7 @@ class RunningTool:
                 errors="replace",
                 env=env,
                 start_new_session=True,  # its own process group: stopped as a group, nothing else
+                cwd=REPO_ROOT,  # `python -m bench.floor` and relative tool paths resolve from the repo
             )
         except OSError as e:
             self._stderr.close()
@@ -488,6 +492,7 @@ def make_specs(args: argparse.Namespace) -> dict[str, ToolSpec]:
             f"a line matching {args.ours_ready!r}" if ours_re else "its first stdout line",
         ),
         ARM_BCC: ToolSpec(ARM_BCC, resolve_cmd(args.bcc_cmd), lambda ln: bool(bcc_re.search(ln)), f"{args.bcc_ready!r}"),
+        ARM_FLOOR: ToolSpec(ARM_FLOOR, resolve_cmd(DEFAULT_FLOOR_CMD), lambda ln: ln.startswith("attached"), "'attached'"),
     }
 
 
