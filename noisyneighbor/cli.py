@@ -22,7 +22,7 @@ def _positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from noisyneighbor.top import SORT_KEYS
+    from noisyneighbor.top import SORT_KEYS, VIEW_CHOICES
 
     parser = argparse.ArgumentParser(
         prog="noisyneighbor",
@@ -32,43 +32,58 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: libbpf too)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    top = sub.add_parser("top", help="live runqueue latency per cgroup / pod")
+    top = sub.add_parser(
+        "top",
+        help="live interference per cgroup / pod / CPU: runqueue, softirq, reclaim, TCP connects, pressure",
+        description="One view per probe. On a terminal every probe is loaded and keys switch views "
+        "(r runq, s softirq, c reclaim, t tcp, p psi, a all); piped or --json, only the probes of --view load.",
+    )
+    top.add_argument("--view", choices=VIEW_CHOICES, default="runq", help="what to show (default: runq)")
     top.add_argument("--interval", type=_positive_float, default=1.0, metavar="S", help="refresh every S seconds")
     top.add_argument("--once", action="store_true", help="print one interval and exit")
     top.add_argument("--json", action="store_true", help="JSON (with --once: one record; else JSON lines)")
     top.add_argument("--count", type=int, metavar="N", help="stop after N intervals")
-    top.add_argument("--sort", choices=sorted(SORT_KEYS), default="wait", help="sort column (default: wait)")
-    top.add_argument("--cgroup", metavar="PATH", help="only this cgroup and its descendants (cpu hierarchy path)")
-    top.add_argument("--limit", type=int, metavar="N", help="show at most N cgroups")
+    top.add_argument("--sort", choices=sorted(SORT_KEYS), default="wait", help="runq sort column (default: wait)")
     top.add_argument(
-        "--attach-mode", choices=("auto", "tp_btf", "raw_tp"), default="auto", help="force the tracepoint flavour"
+        "--cgroup", metavar="PATH", help="only this cgroup and its descendants (path in each view's hierarchy)"
+    )
+    top.add_argument("--limit", type=int, metavar="N", help="show at most N rows per view")
+    top.add_argument(
+        "--attach-mode",
+        choices=("auto", "sched_info", "tp_btf", "raw_tp"),
+        default="auto",
+        help="force a tracepoint flavour (sched_info: runqlat only; the other probes then use auto)",
     )
     return parser
 
 
 def cmd_top(args: argparse.Namespace, paths: HostPaths) -> int:
     from detector.cgroups import CgroupResolver
-    from noisyneighbor.top import run_top
+    from noisyneighbor.sections import Context
+    from noisyneighbor.top import is_live, open_sources, run_top, sources_to_load, unavailable
     from probes.cgroupfs import discover
-    from probes.runqlat import RunqLatProbe
 
     layout = discover(paths)
-    probe = RunqLatProbe(paths=paths, layout=layout, attach_mode=args.attach_mode)
+    ctx = Context(paths, layout, CgroupResolver(paths, layout), args.cgroup)
+    live = is_live(sys.stdout, args.json, args.once)
+    sources = open_sources(sources_to_load(args.view, live), ctx, args.attach_mode)
     try:
-        resolver = CgroupResolver(paths, layout)
+        error = unavailable(args.view, sources)
+        if error:
+            raise ProbeError(error)
         return run_top(
-            probe,
-            resolver,
+            sources,
+            args.view,
             interval_s=args.interval,
             once=args.once,
             as_json=args.json,
             sort_key=args.sort,
-            cgroup_filter=args.cgroup,
             limit=args.limit,
             count=args.count,
         )
     finally:
-        probe.close()
+        for source in sources:
+            source.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,16 @@
-"""`noisyneighbor top`: a live table of runqueue latency per cgroup (pod/container when known).
+"""`noisyneighbor top`: live per-cgroup / per-CPU interference, one view per probe.
 
-Reads only: the probes measure, the resolver names, this module renders. Output adapts to where
-it goes: a live, resizable table on a terminal; plain text tables when piped; JSON lines with
-`--json` (first a status record once the probes are attached, then one record per interval).
+Views: runq (runqueue latency per cgroup), softirq (per CPU and vector), reclaim (per memory
+cgroup), tcp (connects per cgroup and netns), psi (node and cgroup pressure, CPU throttling), or all
+of them. Reads only: the probes measure, `sections` turns their snapshots into interval rows, the
+resolver names cgroups, `views` renders. Output adapts to where it goes: a live, resizable table on a
+terminal (keys switch views); plain text tables when piped; JSON lines with `--json` (first a status
+record listing every probe's state, then one record per interval).
+
+Which probes load: when piped (plain or JSON) only those the selected view(s) need; on a terminal
+all of them, so that a key can switch to any view without a restart. A probe that cannot load does
+not stop the others: its view shows its one-line status. The command fails only when none of the
+selected views' own probes could start.
 """
 
 from __future__ import annotations
@@ -15,146 +23,98 @@ import sys
 import termios
 import time
 import tty
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
-from typing import TextIO
+from typing import Any, TextIO
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
-from detector.cgroups import CgroupResolver
-from probes.runqlat import RunqLatProbe, RunqSnapshot
+from noisyneighbor.sections import (
+    RUNQ_SORT_KEYS,
+    SOURCE_ORDER,
+    SOURCE_VIEW,
+    VIEW_SOURCES,
+    VIEWS,
+    Context,
+    Source,
+    now_iso,
+    open_source,
+    sort_rows,
+    sources_for,
+)
+from noisyneighbor.views import SORT_HOTKEYS, VIEW_HOTKEYS, render_frame
 
-SORT_KEYS = {
-    "wait": "wait_ms_per_s",
-    "p99": "p99_us",
-    "p50": "p50_us",
-    "max": "max_us",
-    "events": "events_per_s",
-    "name": "name",
-}
-# Interactive keys: one letter per sort column.
-SORT_HOTKEYS = {"w": "wait", "9": "p99", "5": "p50", "m": "max", "e": "events", "n": "name"}
-# A cgroup id that no longer resolves and had no waits for this many intervals is dropped from the
-# kernel map, so dead cgroups do not fill it on a node with pod churn.
-FORGET_AFTER_INTERVALS = 3
+SORT_KEYS = RUNQ_SORT_KEYS
+VIEW_CHOICES = (*VIEWS, "all")
+
+
+def views_of(view: str) -> list[str]:
+    return list(VIEWS) if view == "all" else [view]
+
+
+def is_live(out: TextIO, as_json: bool, once: bool) -> bool:
+    """Whether the output is the live terminal table (as opposed to plain tables or JSON)."""
+    return not as_json and not once and Console(file=out).is_terminal
+
+
+def sources_to_load(view: str, live: bool) -> list[str]:
+    return sources_for(VIEWS if live else views_of(view))
+
+
+def open_sources(names: Sequence[str], ctx: Context, attach_mode: str = "auto") -> list[Source]:
+    return [open_source(name, ctx, attach_mode) for name in names]
+
+
+def unavailable(view: str, sources: Sequence[Source]) -> str | None:
+    """One line when none of the selected views' own probes started (nothing to show), else None."""
+    own = {VIEW_SOURCES[v][0] for v in views_of(view)}
+    mine = [s for s in sources if s.name in own]
+    if mine and all(s.status.state == "off" for s in mine):
+        return "; ".join(getattr(s, "error", s.status.line()) for s in mine)
+    return None
 
 
 @dataclass
-class CgroupRow:
-    cgroup_id: int
-    cgroup: str  # path in the cpu hierarchy, or "?" when unresolved
-    name: str  # pod/container display name, else the path
-    kind: str
-    pod_uid: str | None
-    container_id: str | None
-    qos: str | None
-    events: int
-    events_per_s: float
-    wait_ms_per_s: float
-    p50_us: float
-    p99_us: float
-    max_us: float
-    max_exact: bool
+class Frame:
+    """One interval: a section per view whose probe is on (`runq` is a sections.Interval)."""
 
-
-@dataclass
-class CpuRow:
-    cpu: int
-    events: int
-    wait_ms_per_s: float
-    p99_us: float
-
-
-@dataclass
-class Interval:
     ts: str
-    interval_s: float
-    cgroups: list[CgroupRow]
-    cpus: list[CpuRow]
-    drops: dict[str, int]  # cumulative since load
+    sections: dict[str, Any]
+
+    @property
+    def interval_s(self) -> float:
+        return next((s.interval_s for s in self.sections.values()), 0.0)
 
 
-def build_interval(
-    prev: RunqSnapshot, cur: RunqSnapshot, resolver: CgroupResolver, cgroup_filter: str | None = None
-) -> Interval:
-    dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-    rows: list[CgroupRow] = []
-    hierarchy = None
-    for cgroup_id, hist in cur.per_cgroup.items():
-        d = hist.delta(prev.per_cgroup.get(cgroup_id))
-        if not d.count:
+def collect(sources: Sequence[Source]) -> Frame:
+    sections: dict[str, Any] = {}
+    for source in sorted(sources, key=lambda s: SOURCE_ORDER.index(s.name)):
+        if source.status.state != "off":
+            sections[SOURCE_VIEW[source.name]] = source.collect(sections)
+    return Frame(now_iso(), sections)
+
+
+def frame_record(frame: Frame, sort_key: str = "wait", limit: int | None = None) -> dict:
+    """The JSON interval record. runq keeps its historical top-level keys (cgroups, cpus, drops);
+    every other view whose probe is on adds one key holding its section."""
+    record: dict[str, Any] = {"ts": frame.ts, "interval_s": frame.interval_s}
+    runq = frame.sections.get("runq")
+    if runq is not None:
+        record["cgroups"] = [asdict(r) for r in sort_rows(runq.cgroups, sort_key)][: limit or None]
+        record["cpus"] = [asdict(c) for c in runq.cpus]
+        record["drops"] = runq.drops
+    for view in VIEWS[1:]:
+        section = frame.sections.get(view)
+        if section is None:
             continue
-        info = resolver.resolve(cgroup_id, hierarchy)
-        path = info.path if info else "?"
-        if cgroup_filter and not (path == cgroup_filter or path.startswith(cgroup_filter.rstrip("/") + "/")):
-            continue
-        rows.append(
-            CgroupRow(
-                cgroup_id=cgroup_id,
-                cgroup=path,
-                name=(info.display or info.path) if info else f"cgroup:{cgroup_id} (gone)",
-                kind=info.kind if info else "unknown",
-                pod_uid=info.pod_uid if info else None,
-                container_id=info.container_id if info else None,
-                qos=info.qos if info else None,
-                events=d.count,
-                events_per_s=d.count / dt,
-                wait_ms_per_s=d.sum_ns / 1e6 / dt,
-                p50_us=d.quantile_ns(0.50) / 1e3,
-                p99_us=d.quantile_ns(0.99) / 1e3,
-                max_us=d.max_ns / 1e3,
-                max_exact=d.exact_max_ns is not None,
-            )
-        )
-    cpus = []
-    for cpu, hist in enumerate(cur.per_cpu):
-        earlier = prev.per_cpu[cpu] if cpu < len(prev.per_cpu) else None
-        d = hist.delta(earlier)
-        cpus.append(CpuRow(cpu, d.count, d.sum_ns / 1e6 / dt, d.quantile_ns(0.99) / 1e3))
-    return Interval(datetime.now(UTC).isoformat(timespec="seconds"), dt, rows, cpus, dict(cur.drops))
-
-
-def sort_rows(rows: list[CgroupRow], key: str) -> list[CgroupRow]:
-    field = SORT_KEYS[key]
-    return sorted(rows, key=lambda r: getattr(r, field), reverse=field != "name")
-
-
-def _fmt_us(us: float, exact: bool = True) -> str:
-    text = f"{us / 1000:.1f}ms" if us >= 1000 else f"{us:.0f}µs"
-    return text if exact else f"≤{text}"
-
-
-def render_table(interval: Interval, sort_key: str, limit: int | None, status_line: str) -> Group:
-    table = Table(title=None, expand=True, box=None, header_style="bold", pad_edge=False)
-    table.add_column("CGROUP / POD", overflow="ellipsis", no_wrap=True, ratio=1)
-    table.add_column("QOS", no_wrap=True)
-    for col, key in (("WAIT/s", "wait"), ("P50", "p50"), ("P99", "p99"), ("MAX", "max"), ("EVENTS/s", "events")):
-        marker = "▼" if key == sort_key else ""
-        table.add_column(f"{col}{marker}", justify="right", no_wrap=True)
-    rows = sort_rows(interval.cgroups, sort_key)
-    for r in rows[:limit] if limit else rows:
-        table.add_row(
-            r.name,
-            r.qos or "-",
-            f"{r.wait_ms_per_s:.1f}ms",
-            _fmt_us(r.p50_us),
-            _fmt_us(r.p99_us),
-            _fmt_us(r.max_us, r.max_exact),
-            f"{r.events_per_s:.0f}",
-        )
-    cpus = "  ".join(f"cpu{c.cpu}: {c.wait_ms_per_s:.1f}ms/s p99 {_fmt_us(c.p99_us)}" for c in interval.cpus)
-    drops = sum(interval.drops.values())
-    footer = Text(f"{cpus}   drops: {drops}", style="dim")
-    header = Text(
-        f"noisyneighbor top — runqueue latency per cgroup — {interval.ts} — {status_line}   "
-        f"sort: [w]ait [9]9 [5]0 [m]ax [e]vents [n]ame  [q]uit",
-        style="bold",
-    )
-    return Group(header, table, footer)
+        data = asdict(section)
+        for rows in ("rows", "cgroups"):
+            if rows in data:
+                data[rows] = data[rows][: limit or None]
+        record[view] = data
+    record["type"] = "interval"
+    return record
 
 
 @contextlib.contextmanager
@@ -179,82 +139,79 @@ def _read_key(timeout: float) -> str | None:
     return None
 
 
+def _rows_per_view(height: int, views: Sequence[str]) -> int:
+    # Per view: a title, a table header and a footer line; psi adds its node table and two notes.
+    fixed = 2 + 3 * len(views) + (8 if "psi" in views else 0)
+    return max((height - fixed) // max(len(views), 1), 3)
+
+
 def run_top(
-    probe: RunqLatProbe,
-    resolver: CgroupResolver,
+    sources: Sequence[Source],
+    view: str = "runq",
     *,
     interval_s: float = 1.0,
     once: bool = False,
     as_json: bool = False,
     sort_key: str = "wait",
-    cgroup_filter: str | None = None,
     limit: int | None = None,
     count: int | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
-    status_line = probe.status.line()
+    statuses = {s.name: s.status for s in sources}
+    probes = {name: asdict(status) for name, status in statuses.items()}
     if as_json and not once:
-        out.write(json.dumps({"type": "status", "probes": {probe.status.name: asdict(probe.status)}}) + "\n")
+        out.write(json.dumps({"type": "status", "probes": probes}) + "\n")
         out.flush()
-    prev = probe.snapshot()
-    idle: dict[int, int] = {}
+    for source in sources:
+        source.start()
+    shown_views = views_of(view)
     shown = 0
     console = Console(file=out)
-    live_tty = not as_json and not once and console.is_terminal
 
-    def step() -> Interval:
-        nonlocal prev
-        cur = probe.snapshot()
-        interval = build_interval(prev, cur, resolver, cgroup_filter)
-        _forget_dead(probe, resolver, prev, cur, idle)
-        prev = cur
-        return interval
+    if is_live(out, as_json, once):
+        frame: Frame | None = None
 
-    if live_tty:
+        def draw() -> None:
+            if frame is not None:
+                rows = limit or _rows_per_view(console.height, shown_views)
+                live.update(
+                    render_frame(frame.ts, frame.sections, shown_views, statuses, sort_key=sort_key, limit=rows,
+                                 keys=True),
+                    refresh=True,
+                )
+
         with _cbreak(sys.stdin) as keys, Live(console=console, auto_refresh=False, screen=False) as live:
             deadline = time.monotonic() + interval_s
             while count is None or shown < count:
-                key = _read_key(deadline - time.monotonic()) if keys else (time.sleep(max(deadline - time.monotonic(), 0)))
+                key = _read_key(deadline - time.monotonic()) if keys else time.sleep(max(deadline - time.monotonic(), 0))
                 if key in ("q", "Q"):
                     return 0
                 if key in SORT_HOTKEYS:
                     sort_key = SORT_HOTKEYS[key]
+                    draw()
+                elif key in VIEW_HOTKEYS:
+                    shown_views = views_of(VIEW_HOTKEYS[key])
+                    draw()
                 if time.monotonic() < deadline:
                     continue
                 deadline += interval_s
-                interval = step()
-                live.update(render_table(interval, sort_key, limit or max(console.height - 5, 5), status_line), refresh=True)
+                frame = collect(sources)
+                draw()
                 shown += 1
         return 0
 
     while count is None or shown < count:
         time.sleep(interval_s)
-        interval = step()
+        frame = collect(sources)
         shown += 1
         if as_json:
-            record = asdict(interval)
-            record["type"] = "interval"
-            record["cgroups"] = [asdict(r) for r in sort_rows(interval.cgroups, sort_key)][: limit or None]
+            record = frame_record(frame, sort_key, limit)
+            if once:  # no status record before it: carry the probes' states
+                record["probes"] = probes
             out.write(json.dumps(record) + "\n")
         else:
-            console.print(render_table(interval, sort_key, limit, status_line))
+            console.print(render_frame(frame.ts, frame.sections, shown_views, statuses, sort_key=sort_key, limit=limit))
         out.flush()
         if once:
             break
     return 0
-
-
-def _forget_dead(
-    probe: RunqLatProbe, resolver: CgroupResolver, prev: RunqSnapshot, cur: RunqSnapshot, idle: dict[int, int]
-) -> None:
-    for cgroup_id, hist in cur.per_cgroup.items():
-        before = prev.per_cgroup.get(cgroup_id)
-        if before is not None and hist.count == before.count:
-            idle[cgroup_id] = idle.get(cgroup_id, 0) + 1
-        else:
-            idle.pop(cgroup_id, None)
-    stale = [cg for cg, n in idle.items() if n >= FORGET_AFTER_INTERVALS and resolver.resolve(cg) is None]
-    if stale:
-        probe.forget(stale)
-        for cg in stale:
-            idle.pop(cg, None)

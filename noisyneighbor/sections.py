@@ -1,0 +1,615 @@
+"""What each view of `noisyneighbor top` shows: one source per probe, each turning two readings into an interval.
+
+A source wraps one probe (or, for PSI, kernel files): `start()` takes the baseline, `collect()` returns
+the interval since the previous call as a *section* (JSON-able dataclass: rows plus the view's footer
+numbers), `close()` detaches. Sources know nothing about rendering (views.py) or the loop (top.py).
+
+Cgroup ids are per hierarchy: runqlat, tcpconnect and softirq stall events are keyed by the cpu
+hierarchy's ids, reclaim by the memory hierarchy's; every source names ids in its probe's hierarchy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from detector.cgroups import CgroupResolver
+from probes.cgroupfs import CgroupLayout, Hierarchy
+from probes.cpuacct import CgroupCpuStat, cpu_delta, read_cgroup_cpu
+from probes.engine import ProbeError, ProbeStatus
+from probes.host import HostPaths
+from probes.memstat import read_node_vmstat
+from probes.psi import (
+    RESOURCES,
+    NodePsi,
+    PsiReading,
+    cgroup_psi_scope,
+    cgroup_psi_source,
+    psi_rate,
+    read_cgroup_psi,
+    read_node_psi,
+)
+from probes.reclaim import ReclaimProbe, ReclaimSnapshot
+from probes.reclaim import summarize as summarize_reclaim
+from probes.reclaim import summarize_node as summarize_reclaim_node
+from probes.runqlat import RunqLatProbe, RunqSnapshot
+from probes.softirq import SoftirqProbe, SoftirqSnapshot
+from probes.softirq import summarize as summarize_softirq
+from probes.tcpconnect import TcpConnectProbe, TcpConnectSnapshot
+from probes.tcpconnect import summarize as summarize_tcp
+
+log = logging.getLogger(__name__)
+
+VIEWS = ("runq", "softirq", "reclaim", "tcp", "psi")
+# The sources each view needs. The first is the view's own; psi also lists the cgroups runqlat saw
+# (for their CPU usage, throttling and per-cgroup PSI), and shows node PSI without it.
+VIEW_SOURCES: dict[str, tuple[str, ...]] = {
+    "runq": ("runqlat",),
+    "softirq": ("softirq",),
+    "reclaim": ("reclaim",),
+    "tcp": ("tcpconnect",),
+    "psi": ("psi", "runqlat"),
+}
+SOURCE_VIEW = {sources[0]: view for view, sources in VIEW_SOURCES.items()}
+# Collection order: psi reads the runq section of the same interval.
+SOURCE_ORDER = ("runqlat", "softirq", "reclaim", "tcpconnect", "psi")
+
+# A cgroup id that no longer resolves and had no activity for this many intervals is dropped from the
+# probe's kernel map, so dead cgroups do not fill it on a node with pod churn.
+FORGET_AFTER_INTERVALS = 3
+# Softirq stall events kept per interval in the section (the count covers all of them).
+WORST_STALLS = 5
+TOP_DESTINATIONS = 3
+
+
+def sources_for(views: Iterable[str]) -> list[str]:
+    wanted = {name for view in views for name in VIEW_SOURCES[view]}
+    return [name for name in SOURCE_ORDER if name in wanted]
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def in_subtree(path: str, root: str | None) -> bool:
+    """`--cgroup` filter: `path` is `root` or below it (no filter: everything)."""
+    return not root or path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def identify(resolver: CgroupResolver, cgroup_id: int, hierarchy: Hierarchy | None) -> dict[str, Any]:
+    """The naming fields every per-cgroup row carries, resolved in the probe's own hierarchy."""
+    info = resolver.resolve(cgroup_id, hierarchy)
+    if info is None:
+        return {"cgroup": "?", "name": f"cgroup:{cgroup_id} (gone)", "kind": "unknown",
+                "pod_uid": None, "container_id": None, "qos": None}
+    return {"cgroup": info.path, "name": info.display or info.path, "kind": info.kind,
+            "pod_uid": info.pod_uid, "container_id": info.container_id, "qos": info.qos}
+
+
+def _pct(fraction: float | None) -> float | None:
+    return None if fraction is None else fraction * 100
+
+
+# --------------------------------------------------------------------------------------------
+# Dead cgroups
+# --------------------------------------------------------------------------------------------
+
+
+class DeadCgroups:
+    """Forgets cgroup ids in a probe's kernel map once they stop resolving and stay idle.
+
+    `update` gets each id's cumulative activity count (any number that grows while the cgroup is
+    active) from two consecutive snapshots.
+    """
+
+    def __init__(
+        self, forget: Callable[[list[int]], int], resolver: CgroupResolver, hierarchy: Hierarchy | None,
+        after: int = FORGET_AFTER_INTERVALS,
+    ) -> None:
+        self.forget, self.resolver, self.hierarchy, self.after = forget, resolver, hierarchy, after
+        self.idle: dict[int, int] = {}
+
+    def update(self, prev: dict[int, int], cur: dict[int, int]) -> list[int]:
+        for cgroup_id in list(self.idle):
+            if cgroup_id not in cur:
+                del self.idle[cgroup_id]
+        for cgroup_id, count in cur.items():
+            if prev.get(cgroup_id) == count:
+                self.idle[cgroup_id] = self.idle.get(cgroup_id, 0) + 1
+            else:
+                self.idle.pop(cgroup_id, None)
+        stale = [
+            cg for cg, n in self.idle.items() if n >= self.after and self.resolver.resolve(cg, self.hierarchy) is None
+        ]
+        if stale:
+            self.forget(stale)
+            for cg in stale:
+                del self.idle[cg]
+        return stale
+
+
+def _forgetter(probe: Any, resolver: CgroupResolver) -> DeadCgroups | None:
+    forget = getattr(probe, "forget", None)
+    return DeadCgroups(forget, resolver, probe.hierarchy) if forget is not None else None
+
+
+# --------------------------------------------------------------------------------------------
+# Sources
+# --------------------------------------------------------------------------------------------
+
+
+class Source(Protocol):
+    name: str  # the probe's status name: runqlat, softirq, reclaim, tcpconnect, psi
+    status: ProbeStatus
+
+    def start(self) -> None: ...
+    def collect(self, sections: dict[str, Any]) -> Any: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class Context:
+    paths: HostPaths
+    layout: CgroupLayout
+    resolver: CgroupResolver
+    cgroup_filter: str | None = None
+
+
+class _ProbeSource:
+    """A BPF probe: snapshot → previous snapshot → section; dead cgroups forgotten when it can."""
+
+    name = ""
+
+    def __init__(self, probe: Any, ctx: Context) -> None:
+        self.probe, self.ctx, self.status = probe, ctx, probe.status
+        self.dead = _forgetter(probe, ctx.resolver)
+        self.prev: Any = None
+
+    def start(self) -> None:
+        self.prev = self.probe.snapshot()
+
+    def collect(self, sections: dict[str, Any]) -> Any:
+        cur = self.probe.snapshot()
+        section = self.section(self.prev, cur, sections)
+        if self.dead is not None:
+            self.dead.update(self.activity(self.prev), self.activity(cur))
+        self.prev = cur
+        return section
+
+    def section(self, prev: Any, cur: Any, sections: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def activity(self, snap: Any) -> dict[int, int]:
+        """Cumulative activity per cgroup id (for DeadCgroups)."""
+        return {}
+
+    def name_of(self, cgroup_id: int) -> dict[str, Any]:
+        return identify(self.ctx.resolver, cgroup_id, self.probe.hierarchy)
+
+    def close(self) -> None:
+        self.probe.close()
+
+
+class OffSource:
+    """A source that could not start: it only has a status."""
+
+    def __init__(self, name: str, error: ProbeError | str) -> None:
+        self.name = name
+        self.error = str(error)
+        self.status = ProbeStatus(name, "off", reason=self.error.removeprefix(f"{name}: off: "))
+
+    def start(self) -> None:
+        pass
+
+    def collect(self, sections: dict[str, Any]) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+# -- runq ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class CgroupRow:
+    cgroup_id: int
+    cgroup: str  # path in the cpu hierarchy, or "?" when unresolved
+    name: str  # pod/container display name, else the path
+    kind: str
+    pod_uid: str | None
+    container_id: str | None
+    qos: str | None
+    events: int
+    events_per_s: float
+    wait_ms_per_s: float
+    p50_us: float
+    p99_us: float
+    max_us: float
+    max_exact: bool
+
+
+@dataclass
+class CpuRow:
+    cpu: int
+    events: int
+    wait_ms_per_s: float
+    p99_us: float
+
+
+@dataclass
+class Interval:
+    """The runq section (its fields stay top-level keys of the JSON record, as before the other views)."""
+
+    ts: str
+    interval_s: float
+    cgroups: list[CgroupRow]
+    cpus: list[CpuRow]
+    drops: dict[str, int]  # cumulative since load
+
+
+RUNQ_SORT_KEYS = {
+    "wait": "wait_ms_per_s",
+    "p99": "p99_us",
+    "p50": "p50_us",
+    "max": "max_us",
+    "events": "events_per_s",
+    "name": "name",
+}
+
+
+def build_interval(
+    prev: RunqSnapshot, cur: RunqSnapshot, resolver: CgroupResolver, cgroup_filter: str | None = None,
+    hierarchy: Hierarchy | None = None,
+) -> Interval:
+    dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+    rows: list[CgroupRow] = []
+    for cgroup_id, hist in cur.per_cgroup.items():
+        d = hist.delta(prev.per_cgroup.get(cgroup_id))
+        if not d.count:
+            continue
+        names = identify(resolver, cgroup_id, hierarchy)
+        if cgroup_filter and not in_subtree(names["cgroup"], cgroup_filter):
+            continue
+        rows.append(
+            CgroupRow(
+                cgroup_id=cgroup_id,
+                **names,
+                events=d.count,
+                events_per_s=d.count / dt,
+                wait_ms_per_s=d.sum_ns / 1e6 / dt,
+                p50_us=d.quantile_ns(0.50) / 1e3,
+                p99_us=d.quantile_ns(0.99) / 1e3,
+                max_us=d.max_ns / 1e3,
+                max_exact=d.exact_max_ns is not None,
+            )
+        )
+    cpus = []
+    for cpu, hist in enumerate(cur.per_cpu):
+        earlier = prev.per_cpu[cpu] if cpu < len(prev.per_cpu) else None
+        d = hist.delta(earlier)
+        cpus.append(CpuRow(cpu, d.count, d.sum_ns / 1e6 / dt, d.quantile_ns(0.99) / 1e3))
+    return Interval(now_iso(), dt, rows, cpus, dict(cur.drops))
+
+
+def sort_rows(rows: list[CgroupRow], key: str) -> list[CgroupRow]:
+    field_name = RUNQ_SORT_KEYS[key]
+    return sorted(rows, key=lambda r: getattr(r, field_name), reverse=field_name != "name")
+
+
+class RunqSource(_ProbeSource):
+    name = "runqlat"
+
+    def section(self, prev: RunqSnapshot, cur: RunqSnapshot, sections: dict[str, Any]) -> Interval:
+        return build_interval(prev, cur, self.ctx.resolver, self.ctx.cgroup_filter, self.probe.hierarchy)
+
+    def activity(self, snap: RunqSnapshot) -> dict[int, int]:
+        return {cg: hist.count for cg, hist in snap.per_cgroup.items()}
+
+
+# -- softirq -------------------------------------------------------------------------------------
+
+
+@dataclass
+class SoftirqSection:
+    interval_s: float
+    rows: list[dict]  # per CPU and vector with entries in the interval, most CPU time first
+    stalls: int  # stall events (delay or run time over the probe's threshold) in the interval
+    stall_threshold_ms: float
+    worst_stalls: list[dict]  # up to WORST_STALLS of them, longest first, with the tasks' cgroups named
+    drops: dict[str, int]
+
+
+class SoftirqSource(_ProbeSource):
+    name = "softirq"
+
+    def start(self) -> None:
+        super().start()
+        self.probe.poll_stalls(0)  # what happened before the baseline is not this interval's
+
+    def section(self, prev: SoftirqSnapshot, cur: SoftirqSnapshot, sections: dict[str, Any]) -> SoftirqSection:
+        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+        rows = summarize_softirq(prev, cur)
+        for r in rows:
+            r["entries_per_s"] = r["entries"] / dt
+            r["runtime_ms_per_s"] = r["runtime_s_per_s"] * 1e3
+        rows.sort(key=lambda r: (r["runtime_ms_per_s"], r["delay_p99_us"], r["entries"]), reverse=True)
+        stalls = self.probe.poll_stalls(0)
+        worst = sorted(stalls, key=lambda s: max(s.delay_ns, s.runtime_ns), reverse=True)[:WORST_STALLS]
+        return SoftirqSection(
+            interval_s=dt, rows=rows, stalls=len(stalls),
+            stall_threshold_ms=getattr(self.probe, "stall_threshold_ns", 0) / 1e6,
+            worst_stalls=[
+                {**asdict(s), "raise_cgroup": self.name_of(s.raise_cgroup_id)["name"],
+                 "entry_cgroup": self.name_of(s.entry_cgroup_id)["name"]}
+                for s in worst
+            ],
+            drops=dict(cur.drops),
+        )
+
+
+# -- reclaim -------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReclaimSection:
+    interval_s: float
+    # Per memory cgroup and kind that reclaimed in the interval, most stalled first. `kind` is the
+    # reclaim kind (memcg, direct, softlimit); the cgroup's own kind is `cgroup_kind`.
+    rows: list[dict]
+    node: dict[str, dict]  # kind -> node totals (kinds with no pass absent); "direct" is the node's
+    allocstall: int | None  # /proc/vmstat allocstall_* delta: direct reclaim passes as the kernel counts
+    allocstall_per_s: float | None
+    drops: dict[str, int]
+
+
+class ReclaimSource(_ProbeSource):
+    name = "reclaim"
+
+    def start(self) -> None:
+        super().start()
+        self.vmstat = read_node_vmstat(self.ctx.paths)
+
+    def section(self, prev: ReclaimSnapshot, cur: ReclaimSnapshot, sections: dict[str, Any]) -> ReclaimSection:
+        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+        rows = []
+        for r in summarize_reclaim(prev, cur):
+            names = self.name_of(r["cgroup_id"])
+            names["cgroup_kind"] = names.pop("kind")  # "kind" is the reclaim kind here
+            if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
+                rows.append({"cgroup_id": r["cgroup_id"], **names, **r})
+        vmstat = read_node_vmstat(self.ctx.paths)
+        allocstall = None
+        if vmstat is not None and self.vmstat is not None:
+            allocstall = max(vmstat.allocstall_total - self.vmstat.allocstall_total, 0)
+        self.vmstat = vmstat
+        return ReclaimSection(
+            interval_s=dt, rows=rows, node=summarize_reclaim_node(prev, cur), allocstall=allocstall,
+            allocstall_per_s=None if allocstall is None else allocstall / dt, drops=dict(cur.drops),
+        )
+
+    def activity(self, snap: ReclaimSnapshot) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for (cgroup_id, _kind), stats in snap.per_cgroup.items():
+            out[cgroup_id] = out.get(cgroup_id, 0) + stats.count
+        return out
+
+
+# -- tcp -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class TcpSection:
+    interval_s: float
+    rows: list[dict]  # per cgroup and netns with connects in the interval: failures + SYN retransmits first
+    drops: dict[str, int]
+
+
+class TcpSource(_ProbeSource):
+    name = "tcpconnect"
+
+    def section(self, prev: TcpConnectSnapshot, cur: TcpConnectSnapshot, sections: dict[str, Any]) -> TcpSection:
+        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+        rows = []
+        for r in summarize_tcp(prev, cur, top_n=TOP_DESTINATIONS):
+            names = self.name_of(r["cgroup_id"])
+            if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
+                rows.append({"cgroup_id": r["cgroup_id"], **names, **r, "connects_per_s": r["connects"] / dt})
+        return TcpSection(interval_s=dt, rows=rows, drops=dict(cur.drops))
+
+    def activity(self, snap: TcpConnectSnapshot) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for (cgroup_id, _netns), stats in snap.per_key.items():
+            out[cgroup_id] = out.get(cgroup_id, 0) + stats.connects + stats.syn_retransmits
+        return out
+
+
+# -- psi + cpuacct -------------------------------------------------------------------------------
+
+
+@dataclass
+class PsiSection:
+    interval_s: float
+    # resource -> {"available": True, some_pct, full_pct (Δtotal over the interval), some_avg10, full_avg10}
+    #          or {"available": False, "reason": ...}
+    node: dict[str, dict]
+    cgroup_psi_scope: str  # which cgroups have PSI on this host (one line)
+    cgroups: list[dict]  # the cgroups runq saw: CPU usage, quota, throttling, their PSI where available
+    note: str | None = None  # why there are no cgroup rows, when there cannot be
+
+
+@dataclass
+class _CgroupReading:
+    at: float
+    cpu: CgroupCpuStat | None
+    psi: dict[str, PsiReading]
+    psi_cgroup: str | None  # the v2 cgroup the PSI came from (same path in the unified tree)
+
+
+@dataclass
+class _CgroupTracker:
+    """cpuacct and per-cgroup PSI for the cgroups runq saw, as rates between consecutive reads.
+
+    Per-cgroup PSI exists only in v2: on hybrid hosts it is read from the same path in the unified
+    tree, which exists when systemd (the kubelet's systemd driver) mirrors the slice there.
+    A cgroup not seen for FORGET_AFTER_INTERVALS intervals is no longer read.
+    """
+
+    layout: CgroupLayout
+    prev: dict[str, _CgroupReading] = field(default_factory=dict)
+    unseen: dict[str, int] = field(default_factory=dict)
+
+    def read(self, path: str) -> _CgroupReading:
+        source = cgroup_psi_source(self.layout, path)
+        psi = read_cgroup_psi(source.cgroup_dir) if source.available and source.cgroup_dir else {}
+        return _CgroupReading(time.monotonic(), read_cgroup_cpu(self.layout, path), psi, path if psi else None)
+
+    def baseline(self, paths: Iterable[str]) -> None:
+        """Read every cgroup once, so the first interval has rates; unseen ones are dropped after it."""
+        for path in paths:
+            self.prev[path] = self.read(path)
+            self.unseen[path] = FORGET_AFTER_INTERVALS
+
+    def step(self, seen: list[CgroupRow]) -> list[dict]:
+        by_path = {r.cgroup: r for r in seen if r.cgroup != "?"}
+        rows = []
+        for path in set(self.prev) | set(by_path):
+            self.unseen[path] = 0 if path in by_path else self.unseen.get(path, 0) + 1
+            if self.unseen[path] > FORGET_AFTER_INTERVALS:
+                self.prev.pop(path, None)
+                del self.unseen[path]
+                continue
+            cur, before = self.read(path), self.prev.get(path)
+            if cur.cpu is None and not cur.psi:
+                self.prev.pop(path, None)  # gone, or nothing to read for it here
+                continue
+            self.prev[path] = cur
+            if path in by_path and before is not None and cur.at > before.at:
+                rows.append(self._row(by_path[path], before, cur))
+        rows.sort(
+            key=lambda r: (r["throttled_pct"] or 0, max((p["some_pct"] or 0 for p in (r["psi"] or {}).values()),
+                                                        default=0), r["cores"] or 0),
+            reverse=True,
+        )
+        return rows
+
+    @staticmethod
+    def _row(seen: CgroupRow, before: _CgroupReading, cur: _CgroupReading) -> dict:
+        elapsed = cur.at - before.at
+        d = cpu_delta(before.cpu, cur.cpu, elapsed) if before.cpu and cur.cpu else None
+        psi = None
+        if cur.psi:
+            psi = {}
+            for resource, reading in cur.psi.items():
+                earlier = before.psi.get(resource)
+                rate = psi_rate(earlier, reading, elapsed) if earlier is not None else None
+                psi[resource] = {"some_pct": _pct(rate and rate.some), "full_pct": _pct(rate and rate.full)}
+        return {
+            "cgroup_id": seen.cgroup_id, "cgroup": seen.cgroup, "name": seen.name, "kind": seen.kind,
+            "pod_uid": seen.pod_uid, "container_id": seen.container_id, "qos": seen.qos,
+            "runq_wait_ms_per_s": seen.wait_ms_per_s,
+            "cores": d.usage_cores if d else None,
+            "quota_cores": cur.cpu.quota_cores if cur.cpu else None,
+            "quota_used_pct": _pct(d.quota_utilisation) if d else None,
+            "throttled_pct": _pct(d.throttled_fraction) if d else None,
+            "throttled_ms_per_s": d.throttled_s_per_s * 1e3 if d and d.throttled_s_per_s is not None else None,
+            "psi_cgroup": cur.psi_cgroup,
+            "psi": psi,
+        }
+
+
+def node_psi_rows(prev: NodePsi, cur: NodePsi, elapsed_s: float) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for resource in RESOURCES:
+        reading = cur.get(resource)
+        if reading is None:
+            out[resource] = {"available": False, "reason": cur.unavailable.get(resource, f"{resource}: absent")}
+            continue
+        earlier = prev.get(resource)
+        rate = psi_rate(earlier, reading, elapsed_s) if earlier is not None else None
+        out[resource] = {
+            "available": True,
+            "some_pct": _pct(rate and rate.some),
+            "full_pct": _pct(rate and rate.full),
+            "some_avg10": reading.some.avg10 if reading.some else None,
+            "full_avg10": reading.full.avg10 if reading.full else None,
+        }
+    return out
+
+
+class PsiSource:
+    """Node PSI from /proc/pressure, and CPU usage/throttling + per-cgroup PSI of the cgroups runq saw."""
+
+    name = "psi"
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        node = read_node_psi(ctx.paths)
+        if not node.readings:
+            raise ProbeError(f"psi: off: {'; '.join(node.unavailable.values())}")
+        # Short here (the status line is a view title); the section's node rows say why each one is missing.
+        missing = [r for r in RESOURCES if r in node.unavailable]
+        degraded = any(r in missing for r in ("cpu", "memory", "io"))
+        self.status = ProbeStatus(
+            "psi", "degraded" if degraded else "on", reason=", ".join(f"no {r} pressure" for r in missing)
+        )
+        self.scope = cgroup_psi_scope(ctx.layout)
+        self.tracker = _CgroupTracker(ctx.layout)
+
+    def start(self) -> None:
+        self.node, self.at = read_node_psi(self.ctx.paths), time.monotonic()
+        self.tracker.baseline(
+            info.path for info in self.ctx.resolver.all() if in_subtree(info.path, self.ctx.cgroup_filter)
+        )
+
+    def collect(self, sections: dict[str, Any]) -> PsiSection:
+        node, at = read_node_psi(self.ctx.paths), time.monotonic()
+        elapsed = max(at - self.at, 1e-9)
+        rows = node_psi_rows(self.node, node, elapsed)
+        self.node, self.at = node, at
+        runq: Interval | None = sections.get("runq")
+        note = None if runq is not None else "per-cgroup rows list the cgroups runqlat saw: runqlat is not running"
+        cgroups = self.tracker.step(runq.cgroups if runq is not None else [])
+        return PsiSection(interval_s=elapsed, node=rows, cgroup_psi_scope=self.scope, cgroups=cgroups, note=note)
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# Opening
+# --------------------------------------------------------------------------------------------
+
+
+def open_source(name: str, ctx: Context, attach_mode: str = "auto") -> Source:
+    """Load one source; a probe that cannot run here comes back as an OffSource with the reason.
+
+    `attach_mode` values other than the engine's (auto, tp_btf, raw_tp) are runqlat flavours: the
+    other probes then pick their own.
+    """
+    common_mode = attach_mode if attach_mode in ("auto", "tp_btf", "raw_tp") else "auto"
+    try:
+        if name == "psi":
+            return PsiSource(ctx)
+        if name == "runqlat":
+            return RunqSource(RunqLatProbe(paths=ctx.paths, layout=ctx.layout, attach_mode=attach_mode), ctx)
+        if name == "softirq":
+            return SoftirqSource(SoftirqProbe(paths=ctx.paths, layout=ctx.layout, attach_mode=common_mode), ctx)
+        if name == "reclaim":
+            # Threshold 0: no stall ring buffer; top shows the histograms only.
+            return ReclaimSource(
+                ReclaimProbe(paths=ctx.paths, layout=ctx.layout, attach_mode=common_mode, stall_threshold_ns=0), ctx
+            )
+        if name == "tcpconnect":
+            return TcpSource(
+                TcpConnectProbe(paths=ctx.paths, layout=ctx.layout, attach_mode=common_mode, outlier_threshold_ns=0),
+                ctx,
+            )
+    except ProbeError as e:
+        log.info("%s", e)  # shown in its view and the status record, not as a warning
+        return OffSource(name, e)
+    raise ValueError(f"unknown source {name!r}")

@@ -1,0 +1,299 @@
+"""Rendering of `noisyneighbor top`: one renderer per view over shared cell formatting and table layout.
+
+Renderers take the sections built by `noisyneighbor.sections` and return rich renderables; they
+compute nothing but text. The same output serves the live terminal and plain, piped tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from noisyneighbor.sections import (
+    VIEW_SOURCES,
+    VIEWS,
+    Interval,
+    PsiSection,
+    ReclaimSection,
+    SoftirqSection,
+    TcpSection,
+    sort_rows,
+)
+from probes.engine import ProbeStatus
+
+VIEW_TITLES = {
+    "runq": "runqueue latency per cgroup",
+    "softirq": "softirq per CPU and vector",
+    "reclaim": "memory reclaim per memory cgroup",
+    "tcp": "TCP connects per cgroup and netns",
+    "psi": "pressure (PSI) and CPU throttling",
+}
+# Interactive keys. Views by letter; runq's sort keys stay what they were.
+VIEW_HOTKEYS = {"r": "runq", "s": "softirq", "c": "reclaim", "t": "tcp", "p": "psi", "a": "all"}
+SORT_HOTKEYS = {"w": "wait", "9": "p99", "5": "p50", "m": "max", "e": "events", "n": "name"}
+KEYS_HINT = (
+    "views: [r]unq [s]oftirq re[c]laim [t]cp [p]si [a]ll   runq sort: [w]ait [9]9 [5]0 [m]ax [e]vents [n]ame   [q]uit"
+)
+
+
+# -- cell formatting -----------------------------------------------------------------------------
+
+
+def fmt_us(us: float | None, exact: bool = True) -> str:
+    """A latency in µs as `523µs` / `4.1ms` / `2.35s`; `≤` when only the histogram slot's bound is known."""
+    if us is None:
+        return "-"
+    if us >= 1e6:
+        text = f"{us / 1e6:.2f}s"
+    elif us >= 1000:
+        text = f"{us / 1000:.1f}ms"
+    else:
+        text = f"{us:.0f}µs"
+    return text if exact else f"≤{text}"
+
+
+def fmt_ms(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:.1f}ms"
+
+
+def fmt_rate(value: float | None) -> str:
+    """Counts per second: one decimal below 10, none above."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value < 10 else f"{value:.0f}"
+
+
+def fmt_pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}%"
+
+
+def fmt_num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+@dataclass(frozen=True)
+class Column:
+    title: str
+    cell: Callable[[Any], str]
+    sort_key: str | None = None  # marked ▼ when the rows are sorted by it
+    flex: bool = False  # takes the width left over, ellipsized (names, destination lists)
+    left: bool = False
+
+
+def make_table(
+    columns: Sequence[Column], rows: Sequence[Any], limit: int | None, sorted_by: str | None = None, expand: bool = True
+) -> Table:
+    table = Table(expand=expand, box=None, header_style="bold", pad_edge=False)
+    for c in columns:
+        title = c.title + ("▼" if c.sort_key is not None and c.sort_key == sorted_by else "")
+        if c.flex:
+            table.add_column(title, overflow="ellipsis", no_wrap=True, ratio=1)
+        else:
+            table.add_column(title, justify="left" if c.left else "right", no_wrap=True)
+    for row in rows[:limit] if limit else rows:
+        table.add_row(*(c.cell(row) for c in columns))
+    return table
+
+
+def _dim(text: str) -> Text:
+    return Text(text, style="dim")
+
+
+def _drops(drops: dict[str, int]) -> str:
+    return f"drops: {sum(drops.values())}"
+
+
+NAME = Column("CGROUP / POD", lambda r: r["name"], flex=True)
+QOS = Column("QOS", lambda r: r["qos"] or "-", left=True)
+
+
+# -- one renderer per view -------------------------------------------------------------------------
+
+
+RUNQ_COLUMNS = (
+    Column("CGROUP / POD", lambda r: r.name, flex=True),
+    Column("QOS", lambda r: r.qos or "-", left=True),
+    Column("WAIT/s", lambda r: fmt_ms(r.wait_ms_per_s), "wait"),
+    Column("P50", lambda r: fmt_us(r.p50_us), "p50"),
+    Column("P99", lambda r: fmt_us(r.p99_us), "p99"),
+    Column("MAX", lambda r: fmt_us(r.max_us, r.max_exact), "max"),
+    Column("EVENTS/s", lambda r: f"{r.events_per_s:.0f}", "events"),
+)
+
+
+def render_runq(section: Interval, limit: int | None, sort_key: str) -> list[RenderableType]:
+    cpus = "  ".join(f"cpu{c.cpu}: {c.wait_ms_per_s:.1f}ms/s p99 {fmt_us(c.p99_us)}" for c in section.cpus)
+    return [
+        make_table(RUNQ_COLUMNS, sort_rows(section.cgroups, sort_key), limit, sort_key),
+        _dim(f"{cpus}   {_drops(section.drops)}"),
+    ]
+
+
+SOFTIRQ_COLUMNS = (
+    Column("CPU", lambda r: str(r["cpu"])),
+    Column("VECTOR", lambda r: r["vector"], left=True),
+    Column("ENTRIES/s", lambda r: fmt_rate(r["entries_per_s"])),
+    Column("DELAY P99", lambda r: fmt_us(r["delay_p99_us"]) if r["delay_samples"] else "-"),
+    Column("DELAY MAX", lambda r: fmt_us(r["delay_max_us"]) if r["delay_samples"] else "-"),
+    Column("RUN P99", lambda r: fmt_us(r["runtime_p99_us"])),
+    Column("RUN MAX", lambda r: fmt_us(r["runtime_max_us"])),
+    Column("RUN/s", lambda r: f"{r['runtime_ms_per_s']:.2f}ms", "runtime"),
+)
+
+
+def render_softirq(section: SoftirqSection, limit: int | None, sort_key: str) -> list[RenderableType]:
+    footer = f"stall events (≥{section.stall_threshold_ms:g}ms delay or run): {section.stalls}"
+    if section.worst_stalls:
+        s = section.worst_stalls[0]
+        where = f"ksoftirqd ({s['entry_comm']})" if s["in_ksoftirqd"] else f"{s['entry_comm']} in {s['entry_cgroup']}"
+        footer += (
+            f" — worst: {s['vector']} cpu{s['cpu']} delay {fmt_us(s['delay_ns'] / 1e3) if s['raise_seen'] else '?'}"
+            f" run {fmt_us(s['runtime_ns'] / 1e3)}, raised under {s['raise_comm'] or '-'} in {s['raise_cgroup']},"
+            f" ran in {where}"
+        )
+    return [make_table(SOFTIRQ_COLUMNS, section.rows, limit, "runtime"), _dim(f"{footer}   {_drops(section.drops)}")]
+
+
+RECLAIM_COLUMNS = (
+    Column("MEMORY CGROUP / POD", lambda r: r["name"], flex=True),
+    QOS,
+    Column("KIND", lambda r: r["kind"], left=True),
+    Column("COUNT/s", lambda r: fmt_rate(r["count_per_s"])),
+    Column("PAGES/s", lambda r: fmt_rate(r["pages_per_s"])),
+    Column("STALL/s", lambda r: fmt_ms(r["stall_ms_per_s"]), "stall"),
+    Column("P99", lambda r: fmt_us(r["p99_us"])),
+    Column("MAX", lambda r: fmt_us(r["max_us"], r["max_exact"])),
+)
+
+
+def render_reclaim(section: ReclaimSection, limit: int | None, sort_key: str) -> list[RenderableType]:
+    direct = section.node.get("direct")
+    node = "node: direct reclaim " + (
+        f"{direct['count']} passes, {fmt_rate(direct['pages_per_s'])} pages/s, {fmt_ms(direct['stall_ms_per_s'])}/s"
+        f" stalled, max {fmt_us(direct['max_us'], direct['max_exact'])}"
+        if direct else "none"
+    )
+    others = "".join(f", {kind} {row['count']} passes" for kind, row in section.node.items() if kind != "direct")
+    vmstat = "?" if section.allocstall is None else f"+{section.allocstall}"
+    footer = f"{node}{others}   /proc/vmstat allocstall: {vmstat}"
+    return [make_table(RECLAIM_COLUMNS, section.rows, limit, "stall"), _dim(f"{footer}   {_drops(section.drops)}")]
+
+
+def _destinations(row: dict) -> str:
+    return ", ".join(
+        f"{d['dest']} ({d['connects']}{', ' + str(d['failures']) + ' failed' if d['failures'] else ''})"
+        for d in row["top_destinations"]
+    ) or "-"
+
+
+TCP_COLUMNS = (
+    NAME,
+    QOS,
+    Column("NETNS", lambda r: str(r["netns"])),
+    Column("CONN/s", lambda r: fmt_rate(r["connects_per_s"])),
+    Column("FAIL", lambda r: str(r["failures"]), "worst"),
+    Column("SYN RTX", lambda r: str(r["syn_retransmits"])),
+    Column("P50", lambda r: fmt_us(None if r["latency_p50_ms"] is None else r["latency_p50_ms"] * 1e3)),
+    Column("P99", lambda r: fmt_us(None if r["latency_p99_ms"] is None else r["latency_p99_ms"] * 1e3)),
+    Column("MAX", lambda r: fmt_us(None if r["latency_max_ms"] is None else r["latency_max_ms"] * 1e3)),
+    Column("TOP DESTINATIONS", _destinations, flex=True),
+)
+
+
+def render_tcp(section: TcpSection, limit: int | None, sort_key: str) -> list[RenderableType]:
+    return [
+        make_table(TCP_COLUMNS, section.rows, limit, "worst"),
+        _dim(f"sorted by failures + SYN retransmits, then p99; latency of successful connects   {_drops(section.drops)}"),
+    ]
+
+
+def _node_psi_cell(kind: str) -> Callable[[tuple[str, dict]], str]:
+    return lambda item: fmt_pct(item[1].get(kind)) if item[1]["available"] else "-"
+
+
+NODE_PSI_COLUMNS = (
+    Column("NODE PSI", lambda item: item[0], left=True),
+    Column("SOME", _node_psi_cell("some_pct")),
+    Column("FULL", _node_psi_cell("full_pct")),
+    Column("SOME avg10", _node_psi_cell("some_avg10")),
+    Column("FULL avg10", _node_psi_cell("full_avg10")),
+)
+
+
+def _cgroup_psi(resource: str) -> Callable[[dict], str]:
+    def cell(r: dict) -> str:
+        psi = (r["psi"] or {}).get(resource)
+        return "n/a" if psi is None else fmt_pct(psi["some_pct"])
+
+    return cell
+
+
+PSI_CGROUP_COLUMNS = (
+    NAME,
+    QOS,
+    Column("CORES", lambda r: fmt_num(r["cores"])),
+    Column("QUOTA", lambda r: fmt_num(r["quota_cores"]) if r["quota_cores"] else "none"),
+    Column("THROTTLED", lambda r: fmt_pct(r["throttled_pct"]), "throttled"),
+    Column("THR/s", lambda r: fmt_ms(r["throttled_ms_per_s"])),
+    Column("RUNQ WAIT/s", lambda r: fmt_ms(r["runq_wait_ms_per_s"])),
+    Column("CPU PSI", _cgroup_psi("cpu")),
+    Column("MEM PSI", _cgroup_psi("memory")),
+    Column("IO PSI", _cgroup_psi("io")),
+)
+
+
+def render_psi(section: PsiSection, limit: int | None, sort_key: str) -> list[RenderableType]:
+    missing = [f"{resource} unavailable: {row['reason'].removeprefix(resource + ': ')}"
+               for resource, row in section.node.items() if not row["available"]]
+    parts: list[RenderableType] = [
+        make_table(NODE_PSI_COLUMNS, list(section.node.items()), None, expand=False),
+        *(_dim(line) for line in missing),
+        make_table(PSI_CGROUP_COLUMNS, section.cgroups, limit, "throttled"),
+        _dim(
+            "% of wall time stalled over the interval (Δtotal); THROTTLED: share of CFS periods throttled; "
+            "cgroup PSI is 'some'"
+        ),
+        _dim(f"per-cgroup PSI: {section.cgroup_psi_scope}"),
+    ]
+    if section.note:
+        parts.append(_dim(section.note))
+    return parts
+
+
+RENDERERS: dict[str, Callable[[Any, int | None, str], list[RenderableType]]] = {
+    "runq": render_runq,
+    "softirq": render_softirq,
+    "reclaim": render_reclaim,
+    "tcp": render_tcp,
+    "psi": render_psi,
+}
+
+
+# -- a whole frame ---------------------------------------------------------------------------------
+
+
+def render_view(
+    view: str, section: Any, statuses: dict[str, ProbeStatus], limit: int | None, sort_key: str
+) -> list[RenderableType]:
+    lines = "  ".join(statuses[name].line() for name in VIEW_SOURCES[view] if name in statuses)
+    title = Text(f"── {view}: {VIEW_TITLES[view]} — {lines}", style="bold")
+    if section is None:  # its probe is off: the status in the title says why
+        return [title]
+    return [title, *RENDERERS[view](section, limit, sort_key)]
+
+
+def render_frame(
+    ts: str, sections: dict[str, Any], views: Sequence[str], statuses: dict[str, ProbeStatus], *,
+    sort_key: str = "wait", limit: int | None = None, keys: bool = False,
+) -> Group:
+    parts: list[RenderableType] = [Text(f"noisyneighbor top — {ts}", style="bold")]
+    for view in (v for v in VIEWS if v in views):
+        parts.extend(render_view(view, sections.get(view), statuses, limit, sort_key))
+    if keys:
+        parts.append(_dim(KEYS_HINT))
+    return Group(*parts)
