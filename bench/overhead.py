@@ -793,8 +793,9 @@ def legend(bench: Bench) -> list[str]:
     out = [
         "ratio = median over rounds of (arm throughput / the same round's `none` throughput); "
         "loss % = (1 - ratio) * 100. Each round runs all arms in a rotated order.",
-        "startup = spawn to readiness (noisyneighbor: first stdout line, so it includes its first "
-        "--interval; bcc: the 'Tracing run queue latency' line); peak RSS = VmHWM before stop; "
+        "startup = spawn to readiness (noisyneighbor: its first stdout line, the status record printed "
+        "once its probes are attached; floor: 'attached'; bcc: the 'Tracing run queue latency' line); "
+        "peak RSS = VmHWM before stop; "
         "CPU % while loaded = the tool's CPU time during the workload / workload time (100 = one core).",
     ]
     if ARM_OURS in bench.arms:
