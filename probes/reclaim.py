@@ -28,11 +28,11 @@ import struct
 import time
 from dataclasses import dataclass
 
+from probes.base import BpfProbe
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
 from probes.hist import NN_HIST_SIZE, LatencyHistogram
 from probes.host import HostPaths
-from probes.libbpf import RingBuffer
 
 SPEC = ProbeSpec(
     name="reclaim",
@@ -54,7 +54,6 @@ SPEC = ProbeSpec(
     ),
 )
 KINDS = ("direct", "memcg", "softlimit")  # enum nn_reclaim_kind
-DROP_REASONS = ("task_storage", "key_map_full", "ringbuf_full", "start_map_full")  # enum nn_drop_reason
 
 _KEY = struct.Struct("<QII")  # struct reclaim_key
 _STATS_TAIL = struct.Struct("<QQ")  # struct reclaim_stats after the nn_hist: nr_reclaimed, no_progress
@@ -201,7 +200,7 @@ def summarize_node(prev: ReclaimSnapshot, cur: ReclaimSnapshot) -> dict[str, dic
     return out
 
 
-class ReclaimProbe:
+class ReclaimProbe(BpfProbe["ReclaimStall"]):
     def __init__(
         self,
         engine: Engine | None = None,
@@ -225,11 +224,8 @@ class ReclaimProbe:
             attach_mode=attach_mode,
             map_sizes={"stalls": stall_ring_bytes, "cgroup_reclaim": max_keys},
         )
-        self.status = self.probe.status
-        self._stalls: list[ReclaimStall] = []
-        self._ring: RingBuffer | None = None
         if stall_threshold_ns:
-            self._ring = self.probe.ring_buffer("stalls", lambda raw: self._stalls.append(ReclaimStall.decode(raw)))
+            self._watch_events("stalls", ReclaimStall.decode)
 
     def snapshot(self) -> ReclaimSnapshot:
         per_cgroup = {}
@@ -240,10 +236,7 @@ class ReclaimProbe:
         for i, kind in enumerate(KINDS):
             values = self.probe.map_lookup("node_reclaim", i.to_bytes(4, "little")) or []
             node[kind] = ReclaimStats.decode_percpu(values)  # type: ignore[arg-type]
-        drops = {}
-        for i, reason in enumerate(DROP_REASONS):
-            values = self.probe.map_lookup("drops", i.to_bytes(4, "little")) or []
-            drops[reason] = sum(struct.unpack("<Q", v)[0] for v in values)  # type: ignore[union-attr]
+        drops = self.read_drops()
         return ReclaimSnapshot(time.monotonic(), per_cgroup, node, drops)
 
     summarize = staticmethod(summarize)
@@ -257,20 +250,5 @@ class ReclaimProbe:
         )
 
     def poll_stalls(self, timeout_ms: int = 0) -> list[ReclaimStall]:
-        if self._ring is None:
-            return []
-        self._ring.poll(timeout_ms)
-        out, self._stalls = self._stalls, []
-        return out
+        return self._poll_events(timeout_ms)
 
-    def close(self) -> None:
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
-        self.probe.close()
-
-    def __enter__(self) -> ReclaimProbe:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

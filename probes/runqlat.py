@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from probes.base import BpfProbe
 from probes.cgroupfs import CgroupLayout, discover
 from probes.engine import (
     AttachMode,
@@ -21,7 +22,6 @@ from probes.engine import (
 )
 from probes.hist import LatencyHistogram
 from probes.host import HostPaths
-from probes.libbpf import RingBuffer
 
 SPEC = ProbeSpec(
     name="runqlat",
@@ -40,7 +40,6 @@ SCHED_INFO_SPEC = ProbeSpec(
     btf_needs=(("member", "task_struct.sched_info"), ("member", "cfs_rq.rq"), ("member", "rq.clock")),
 )
 Flavour = Literal["auto", "sched_info", "tp_btf", "raw_tp"]
-DROP_REASONS = ("task_storage", "key_map_full", "ringbuf_full", "start_map_full")  # enum nn_drop_reason
 
 
 class _RunqEvent(ctypes.Structure):
@@ -92,7 +91,7 @@ class RunqSnapshot:
     drops: dict[str, int]
 
 
-class RunqLatProbe:
+class RunqLatProbe(BpfProbe[RunqOutlier]):
     def __init__(
         self,
         engine: Engine | None = None,
@@ -131,11 +130,8 @@ class RunqLatProbe:
         if attach_mode != "sched_info" and (attach_mode != "auto" or sched_info_error):
             fallback: AttachMode = "auto" if attach_mode == "auto" else attach_mode
             self.probe = engine.open_probe(SPEC, attach_mode=fallback, **options)
-        self.status = self.probe.status
-        self._outliers: list[RunqOutlier] = []
-        self._ring: RingBuffer | None = None
         if outlier_threshold_ns:
-            self._ring = self.probe.ring_buffer("outliers", lambda raw: self._outliers.append(RunqOutlier.decode(raw)))
+            self._watch_events("outliers", RunqOutlier.decode)
 
     def snapshot(self) -> RunqSnapshot:
         per_cgroup = {
@@ -144,10 +140,7 @@ class RunqLatProbe:
         }
         cpu_values = self.probe.map_lookup("cpu_runq", b"\0\0\0\0") or []
         per_cpu = [LatencyHistogram.decode(v) for v in cpu_values]  # type: ignore[union-attr]
-        drops = {}
-        for i, reason in enumerate(DROP_REASONS):
-            values = self.probe.map_lookup("drops", i.to_bytes(4, "little")) or []
-            drops[reason] = sum(struct.unpack("<Q", v)[0] for v in values)  # type: ignore[union-attr]
+        drops = self.read_drops()
         return RunqSnapshot(time.monotonic(), per_cgroup, per_cpu, drops)
 
     def forget(self, cgroup_ids: list[int]) -> int:
@@ -155,20 +148,5 @@ class RunqLatProbe:
         return sum(self.probe.map_delete("cgroup_runq", struct.pack("<Q", cg)) for cg in cgroup_ids)
 
     def poll_outliers(self, timeout_ms: int = 0) -> list[RunqOutlier]:
-        if self._ring is None:
-            return []
-        self._ring.poll(timeout_ms)
-        out, self._outliers = self._outliers, []
-        return out
+        return self._poll_events(timeout_ms)
 
-    def close(self) -> None:
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
-        self.probe.close()
-
-    def __enter__(self) -> RunqLatProbe:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

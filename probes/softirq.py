@@ -13,11 +13,11 @@ import struct
 import time
 from dataclasses import dataclass
 
+from probes.base import BpfProbe
 from probes.cgroupfs import CgroupLayout, discover
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
 from probes.hist import NN_HIST_SIZE, LatencyHistogram
 from probes.host import HostPaths
-from probes.libbpf import RingBuffer
 
 SPEC = ProbeSpec(
     name="softirq",
@@ -31,7 +31,6 @@ SPEC = ProbeSpec(
 )
 # enum in include/linux/interrupt.h, spelled as /proc/softirqs spells them
 VECTORS = ("HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU")
-DROP_REASONS = ("task_storage", "key_map_full", "ringbuf_full", "start_map_full")  # enum nn_drop_reason
 DEFAULT_STALL_THRESHOLD_NS = 10_000_000
 
 _STATS = struct.Struct(f"<{NN_HIST_SIZE}s{NN_HIST_SIZE}sQ")  # struct softirq_stats
@@ -126,7 +125,7 @@ class SoftirqSnapshot:
         return {k: s.entries for k, s in self.stats.items()}
 
 
-class SoftirqProbe:
+class SoftirqProbe(BpfProbe["SoftirqStall"]):
     def __init__(
         self,
         engine: Engine | None = None,
@@ -150,11 +149,8 @@ class SoftirqProbe:
             attach_mode=attach_mode,
             map_sizes={"stalls": stall_ring_bytes},
         )
-        self.status = self.probe.status
-        self._stalls: list[SoftirqStall] = []
-        self._ring: RingBuffer | None = None
         if stall_threshold_ns:
-            self._ring = self.probe.ring_buffer("stalls", lambda raw: self._stalls.append(SoftirqStall.decode(raw)))
+            self._watch_events("stalls", SoftirqStall.decode)
 
     def snapshot(self) -> SoftirqSnapshot:
         """Per (cpu, vector) for every possible CPU and every vector, plus drop counters."""
@@ -164,31 +160,13 @@ class SoftirqProbe:
             values = self.probe.map_lookup("stats", vec.to_bytes(4, "little")) or []
             for cpu, raw in enumerate(values):  # type: ignore[arg-type]
                 stats[(cpu, name)] = SoftirqStats.decode(raw)  # type: ignore[arg-type]
-        drops = {}
-        for i, reason in enumerate(DROP_REASONS):
-            values = self.probe.map_lookup("drops", i.to_bytes(4, "little")) or []
-            drops[reason] = sum(struct.unpack("<Q", v)[0] for v in values)  # type: ignore[union-attr]
+        drops = self.read_drops()
         return SoftirqSnapshot(now, stats, drops)
 
     def poll_stalls(self, timeout_ms: int = 0) -> list[SoftirqStall]:
         """Stall events since the last call (waits up to timeout_ms for the first one)."""
-        if self._ring is None:
-            return []
-        self._ring.poll(timeout_ms)
-        out, self._stalls = self._stalls, []
-        return out
+        return self._poll_events(timeout_ms)
 
-    def close(self) -> None:
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
-        self.probe.close()
-
-    def __enter__(self) -> SoftirqProbe:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def read_proc_softirqs(paths: HostPaths | None = None) -> dict[tuple[int, str], int]:

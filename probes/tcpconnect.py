@@ -23,11 +23,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from probes.base import BpfProbe
 from probes.cgroupfs import CgroupLayout, discover
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
 from probes.hist import HIST_SLOTS, LatencyHistogram
 from probes.host import HostPaths
-from probes.libbpf import RingBuffer
 
 SPEC = ProbeSpec(
     name="tcpconnect",
@@ -40,7 +40,6 @@ SPEC = ProbeSpec(
         Tracepoint("tcp_destroy_sock", "tcpconnect_destroy_btf", "tcpconnect_destroy_raw", required=False),
     ),
 )
-DROP_REASONS = ("task_storage", "key_map_full", "ringbuf_full", "start_map_full")  # enum nn_drop_reason
 OUTCOMES = ("established", "failed", "aborted", "local_error")  # enum tcpconnect_outcome
 
 # struct tcpconnect_stats: nn_hist (32 slots + sum, count, max) then 7 counters.
@@ -197,7 +196,7 @@ class TcpConnectSnapshot:
     drops: dict[str, int]
 
 
-class TcpConnectProbe:
+class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
     def __init__(
         self,
         engine: Engine | None = None,
@@ -222,13 +221,8 @@ class TcpConnectProbe:
             attach_mode=attach_mode,
             map_sizes={"outliers": outlier_ring_bytes, "connect_stats": max_keys, "dest_stats": max_destinations},
         )
-        self.status = self.probe.status
-        self._outliers: list[ConnectOutlier] = []
-        self._ring: RingBuffer | None = None
         if outlier_threshold_ns:
-            self._ring = self.probe.ring_buffer(
-                "outliers", lambda raw: self._outliers.append(ConnectOutlier.decode(raw))
-            )
+            self._watch_events("outliers", ConnectOutlier.decode)
 
     def snapshot(self) -> TcpConnectSnapshot:
         per_key = {}
@@ -244,33 +238,15 @@ class TcpConnectProbe:
                 count, sum_ns, max_ns, failures = count + c, sum_ns + s, max(max_ns, m), failures + f
             dk = DestKey(cgroup_id, netns, family, format_addr(family, daddr), dport)
             destinations[dk] = DestStats(count, sum_ns, max_ns, failures)
-        drops = {}
-        for i, reason in enumerate(DROP_REASONS):
-            values = self.probe.map_lookup("drops", i.to_bytes(4, "little")) or []
-            drops[reason] = sum(struct.unpack("<Q", v)[0] for v in values)  # type: ignore[union-attr]
+        drops = self.read_drops()
         # A state change in softirq that interrupts this probe's program on the same CPU is skipped
         # by the kernel (recursion protection): it counts those per program; report them as drops.
         drops["recursion_misses"] = sum(s.recursion_misses for s in self.probe.program_stats())
         return TcpConnectSnapshot(time.monotonic(), per_key, destinations, drops)
 
     def poll_outliers(self, timeout_ms: int = 0) -> list[ConnectOutlier]:
-        if self._ring is None:
-            return []
-        self._ring.poll(timeout_ms)
-        out, self._outliers = self._outliers, []
-        return out
+        return self._poll_events(timeout_ms)
 
-    def close(self) -> None:
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
-        self.probe.close()
-
-    def __enter__(self) -> TcpConnectProbe:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _ms(ns: float | None) -> float | None:
