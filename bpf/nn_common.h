@@ -8,6 +8,25 @@
 #define TASK_RUNNING 0
 #endif
 
+/*
+ * Why an event was not counted (enum nn_drop_reason), per CPU. Every probe has one; userspace
+ * sums the CPUs and exports the totals: losses are never silent.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NN_DROP_REASONS);
+	__type(key, __u32);
+	__type(value, __u64);
+} drops SEC(".maps");
+
+static __always_inline void count_drop(__u32 reason)
+{
+	__u64 *n = bpf_map_lookup_elem(&drops, &reason);
+
+	if (n)
+		(*n)++;
+}
+
 /* task_struct.state was renamed __state in 5.14: read whichever this kernel has. */
 struct task_struct___pre_5_14 {
 	long state;

@@ -59,13 +59,6 @@ struct {
 } node_reclaim SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, NN_DROP_REASONS);
-	__type(key, __u32);
-	__type(value, __u64);
-} drops SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024);
 } stalls SEC(".maps");
@@ -75,14 +68,6 @@ _Static_assert(sizeof(struct reclaim_event) == 72, "probes/reclaim.py _ReclaimEv
 
 static const struct reclaim_stats zero_stats;
 static const struct reclaim_begin zero_begin;
-
-static __always_inline void count_drop(__u32 reason)
-{
-	__u64 *n = bpf_map_lookup_elem(&drops, &reason);
-
-	if (n)
-		(*n)++;
-}
 
 /* ---- begin state: task storage (tp_btf) or pid hash (raw_tp) --------------------------------- */
 

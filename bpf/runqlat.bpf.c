@@ -70,26 +70,11 @@ struct {
 } cpu_runq SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, NN_DROP_REASONS);
-	__type(key, __u32);
-	__type(value, __u64);
-} drops SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024);
 } outliers SEC(".maps");
 
 static const struct nn_hist zero_hist;
-
-static __always_inline void count_drop(__u32 reason)
-{
-	__u64 *n = bpf_map_lookup_elem(&drops, &reason);
-
-	if (n)
-		(*n)++;
-}
 
 /* ---- start-time storage: task storage (tp_btf) or pid hash (raw_tp) ---------------------- */
 
@@ -222,7 +207,7 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
 	struct task_wait *w;
-	__u64 queued, run_delay, wait_ns, now;
+	__u64 queued, run_delay, pending, wait_ns;
 
 	if (!next->pid)
 		return 0;
@@ -240,17 +225,18 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 	 * se.cfs_rq at a cfs_rq of its CPU whatever its class, and `next` runs here. (The per-CPU
 	 * `runqueues` symbol would be simpler but needs CONFIG_KALLSYMS_ALL.)
 	 */
-	now = next->se.cfs_rq->rq->clock;
-	wait_ns = now - queued;
-	if ((__s64)wait_ns < 0)
-		wait_ns = 0;
+	pending = next->se.cfs_rq->rq->clock - queued;
+	if ((__s64)pending < 0)
+		pending = 0;
+	wait_ns = pending;
 	run_delay = next->sched_info.run_delay;
 	w = bpf_task_storage_get(&task_wait, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (w) {
 		/* Wait accounted at a dequeue since it last ran (a queued task was migrated). */
 		if (w->seen_valid && run_delay > w->run_delay_seen)
 			wait_ns += run_delay - w->run_delay_seen;
-		w->run_delay_seen = run_delay + (now - queued);
+		/* sched_info_arrive() is about to add `pending` to run_delay. */
+		w->run_delay_seen = run_delay + pending;
 		w->seen_valid = 1;
 	} else {
 		count_drop(NN_DROP_TASK_STORAGE);

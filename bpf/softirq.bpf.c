@@ -51,24 +51,9 @@ struct {
 } stats SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, NN_DROP_REASONS);
-	__type(key, __u32);
-	__type(value, __u64);
-} drops SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024);
 } stalls SEC(".maps");
-
-static __always_inline void count_drop(__u32 reason)
-{
-	__u64 *n = bpf_map_lookup_elem(&drops, &reason);
-
-	if (n)
-		(*n)++;
-}
 
 /* A kernel thread named ksoftirqd/N (comm alone could be spoofed by a user task). */
 static __always_inline bool in_ksoftirqd(struct task_struct *t, const char *comm)

@@ -77,27 +77,12 @@ struct {
 } dest_stats SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, NN_DROP_REASONS);
-	__type(key, __u32);
-	__type(value, __u64);
-} drops SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024);
 } outliers SEC(".maps");
 
 static const struct tcpconnect_stats zero_stats;
 static const struct tcpconnect_dest_stats zero_dest;
-
-static __always_inline void count_drop(__u32 reason)
-{
-	__u64 *n = bpf_map_lookup_elem(&drops, &reason);
-
-	if (n)
-		(*n)++;
-}
 
 static __always_inline bool is_tcp(const struct sock *sk)
 {
