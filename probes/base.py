@@ -10,7 +10,9 @@ import struct
 from collections.abc import Callable
 from typing import Generic, Self, TypeVar
 
+from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.engine import LoadedProbe, ProbeStatus
+from probes.host import HostPaths
 from probes.libbpf import RingBuffer
 
 # enum nn_drop_reason in bpf/nn_events.h, in order.
@@ -24,8 +26,23 @@ class BpfProbe(Generic[Event]):
     `_watch_events` once to decode a ring buffer of outlier events."""
 
     probe: LoadedProbe
+    paths: HostPaths
+    layout: CgroupLayout
+    hierarchy: Hierarchy | None  # the hierarchy whose cgroup ids key this probe's maps
     _ring: RingBuffer | None = None
     _events: list[Event]
+
+    def _key_by(self, controller: str, paths: HostPaths | None, layout: CgroupLayout | None) -> bool:
+        """Choose the hierarchy whose cgroup ids the BPF side reports; True if it is a v1 one.
+
+        On v1/hybrid hosts pods live in the v1 controller hierarchies (cpu for scheduling and
+        network, memory for reclaim), so the BPF programs read that controller's cgroup; on v2 hosts
+        the default hierarchy's. The result goes into the program's rodata before load.
+        """
+        self.paths = paths or HostPaths()
+        self.layout = layout or discover(self.paths)
+        self.hierarchy = self.layout.hierarchy_for(controller) or self.layout.v2
+        return bool(self.hierarchy and self.hierarchy.version == 1)
 
     @property
     def status(self) -> ProbeStatus:

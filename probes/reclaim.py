@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 
 from probes.base import BpfProbe
-from probes.cgroupfs import CgroupLayout, Hierarchy, discover
+from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
 from probes.hist import NN_HIST_SIZE, LatencyHistogram
 from probes.host import HostPaths
@@ -212,11 +212,7 @@ class ReclaimProbe(BpfProbe["ReclaimStall"]):
         max_keys: int = 4096,
     ) -> None:
         """stall_threshold_ns: passes at least this long go to poll_stalls() (0: none)."""
-        self.paths = paths or HostPaths()
-        self.layout = layout or discover(self.paths)
-        # On v1/hybrid hosts pods' memory cgroups are in the v1 memory hierarchy: key the maps by it.
-        self.hierarchy: Hierarchy | None = self.layout.hierarchy_for("memory") or self.layout.v2
-        self.v1_memory = bool(self.hierarchy and self.hierarchy.version == 1)
+        self.v1_memory = self._key_by("memory", paths, layout)
         engine = engine or LibbpfEngine(self.paths)
         self.probe: LoadedProbe = engine.open_probe(
             SPEC,

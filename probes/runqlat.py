@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from probes.base import BpfProbe
-from probes.cgroupfs import CgroupLayout, discover
+from probes.cgroupfs import CgroupLayout
 from probes.engine import (
     AttachMode,
     Engine,
@@ -102,12 +102,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         outlier_ring_bytes: int = 256 * 1024,
         max_cgroups: int = 16384,
     ) -> None:
-        self.paths = paths or HostPaths()
-        self.layout = layout or discover(self.paths)
-        cpu_hierarchy = self.layout.cpu
-        # On v1/hybrid hosts, pods' CPU cgroups are in the v1 cpu hierarchy: key the maps by it.
-        self.hierarchy = cpu_hierarchy
-        self.v1_cpu = bool(cpu_hierarchy and cpu_hierarchy.version == 1)
+        self.v1_cpu = self._key_by("cpu", paths, layout)
         engine = engine or LibbpfEngine(self.paths)
         options = {
             "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns},

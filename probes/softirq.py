@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from probes.base import BpfProbe
-from probes.cgroupfs import CgroupLayout, discover
+from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
 from probes.hist import NN_HIST_SIZE, LatencyHistogram
 from probes.host import HostPaths
@@ -135,12 +135,7 @@ class SoftirqProbe(BpfProbe["SoftirqStall"]):
         attach_mode: AttachMode = "auto",
         stall_ring_bytes: int = 256 * 1024,
     ) -> None:
-        self.paths = paths or HostPaths()
-        self.layout = layout or discover(self.paths)
-        cpu_hierarchy = self.layout.cpu
-        # Stall events name tasks' cgroups in the hierarchy pods' CPU cgroups live in (v1 cpu on hybrid).
-        self.hierarchy = cpu_hierarchy
-        self.v1_cpu = bool(cpu_hierarchy and cpu_hierarchy.version == 1)
+        self.v1_cpu = self._key_by("cpu", paths, layout)
         self.stall_threshold_ns = stall_threshold_ns
         engine = engine or LibbpfEngine(self.paths)
         self.probe: LoadedProbe = engine.open_probe(

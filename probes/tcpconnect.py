@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from probes.base import BpfProbe
-from probes.cgroupfs import CgroupLayout, discover
+from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
 from probes.hist import HIST_SLOTS, LatencyHistogram
 from probes.host import HostPaths
@@ -208,12 +208,7 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         max_keys: int = 16384,
         max_destinations: int = 16384,
     ) -> None:
-        self.paths = paths or HostPaths()
-        self.layout = layout or discover(self.paths)
-        cpu_hierarchy = self.layout.cpu
-        # On v1/hybrid hosts pods' cgroups are in the v1 cpu hierarchy: key by it (as runqlat does).
-        self.hierarchy = cpu_hierarchy
-        self.v1_cpu = bool(cpu_hierarchy and cpu_hierarchy.version == 1)
+        self.v1_cpu = self._key_by("cpu", paths, layout)
         engine = engine or LibbpfEngine(self.paths)
         self.probe: LoadedProbe = engine.open_probe(
             SPEC,
