@@ -1,0 +1,89 @@
+"""The one small interface every actuator implements: plan -> apply -> verify -> revert.
+
+- ``plan`` turns a detector :class:`~detector.decisions.Decision` into concrete, reviewable steps
+  (file writes with old and new values, or API calls) without changing anything; it raises
+  :class:`Refused` with a one-line reason when policy forbids the action (LS limits, floors, rate
+  limits) or the target is gone.
+- ``apply`` carries a plan out all-or-nothing: originals are journaled before the first write and a
+  failure part way rolls back what was written.
+- ``revert`` undoes an applied plan (restores journaled originals). Eviction cannot be undone; its
+  ``revert`` only records that.
+
+Verification (did the victim's signal improve over N intervals?) is generic and lives in the
+manager, not in each actuator. Dry-run is also the manager's: it calls ``plan`` only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from detector.decisions import ActionKind, Decision
+
+
+class Refused(Exception):
+    """A decision the actuator will not carry out; ``str(exc)`` is one line for the audit log."""
+
+
+class ActionError(RuntimeError):
+    """Applying or reverting failed (after rollback); ``str(exc)`` is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileWrite:
+    """One cgroup/resctrl file change. ``old`` is what was read at plan time (journaled at apply)."""
+
+    path: str  # absolute path under the configured host root
+    old: str | None
+    new: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApiCall:
+    """One Kubernetes API call (eviction), described for the audit log and dry-run output."""
+
+    method: str
+    path: str
+    body: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    decision: Decision
+    summary: str  # one line: "suppress kubepods-besteffort: cfs quota 4.00 -> 1.50 cores"
+    writes: tuple[FileWrite, ...] = ()
+    calls: tuple[ApiCall, ...] = ()
+    reversible: bool = True
+
+
+class ActionState(StrEnum):
+    PLANNED = "planned"  # dry-run: logged, nothing written
+    APPLIED = "applied"
+    VERIFIED = "verified"  # victim improved within the window
+    REVERTED = "reverted"  # did not help (or shutdown): originals restored
+    FAILED = "failed"
+    REFUSED = "refused"
+
+
+@dataclass
+class ActionRecord:
+    """One audit-log entry; the manager updates ``state`` as the action moves on."""
+
+    action_id: str
+    plan: Plan | None
+    decision: Decision
+    state: ActionState
+    detail: str = ""
+    at: float = field(default_factory=time.time)
+
+
+class Actuator(Protocol):
+    kind: ActionKind
+
+    def plan(self, decision: Decision) -> Plan: ...
+
+    def apply(self, plan: Plan) -> None: ...
+
+    def revert(self, plan: Plan) -> None: ...

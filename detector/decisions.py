@@ -1,0 +1,145 @@
+"""What the detector asks the actuators to do: the one contract between detector/ and actuators/.
+
+Data flows one way (probes -> detector -> actuators): the detector builds :class:`Decision` objects
+and hands them to a :class:`DecisionSink`; the actuators package implements a sink. With no
+actuators wired the agent uses :class:`LoggingSink`, so every decision is still visible.
+
+A decision names its target by cgroup path (relative to the hierarchy root, the same string the
+resolver and ``probes.cgroupfs`` use, e.g. ``kubepods.slice/kubepods-besteffort.slice``) and,
+when known, by pod. Amounts are typed per action kind so an actuator never guesses units.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+
+class ActionKind(StrEnum):
+    SUPPRESS = "suppress"  # cap BE CPU (cfs quota or cpuset)
+    EVICT = "evict"  # Kubernetes Eviction API on a pod
+    BURST = "burst"  # cfs burst / quota scaling for a throttled LS pod
+    RESCTRL = "resctrl"  # L3 CAT / MBA for a QoS group
+
+
+class Cause(StrEnum):
+    """Why a victim suffers; the detector names exactly one per incident."""
+
+    NEIGHBOR_CPU = "neighbor_cpu"  # other cgroups ran while it waited on its CPUs
+    SELF_THROTTLING = "self_throttling"  # it hit its own cfs quota: never a neighbor's fault
+    SOFTIRQ = "softirq"  # softirq/IRQ work on the CPUs it runs on
+    RECLAIM = "reclaim"  # memcg or global reclaim stalls in its allocations
+    NETWORK_CONNECT = "network_connect"  # connect path: SYN drops, retransmits, listen overflow
+    PSI_UNKNOWN = "psi_unknown"  # pressure without an attributable mechanism
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A cgroup, and the pod it belongs to when there is one."""
+
+    cgroup: str  # path relative to the hierarchy root, no leading slash
+    pod_uid: str | None = None
+    namespace: str | None = None
+    pod: str | None = None
+    qos: str | None = None  # koordinator class: SYSTEM, LSE, LSR, LS, BE (or None when unknown)
+
+    @property
+    def display(self) -> str:
+        if self.pod:
+            return f"{self.namespace}/{self.pod}" if self.namespace else self.pod
+        return self.cgroup or "/"
+
+
+@dataclass(frozen=True, slots=True)
+class SuppressAmount:
+    """Cap the target's CPU to ``cpu_cores`` (cfs_quota policy) or to ``cpus`` (cpuset policy)."""
+
+    policy: str  # "cfs_quota" | "cpuset"
+    cpu_cores: float | None = None
+    cpus: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EvictAmount:
+    """Release at least this much; the actuator picks pods in culprit-score order to reach it."""
+
+    reason: str  # "interference" | "cpu_satisfaction" | "memory_threshold"
+    release_cpu_cores: float = 0.0
+    release_memory_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BurstAmount:
+    """Let a throttled LS cgroup burst: ``burst_us`` of cfs burst and/or quota scaled by ``quota_scale``."""
+
+    burst_us: int | None = None
+    quota_scale: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResctrlAmount:
+    """Resctrl group settings: L3 ways as [start, end] percent of the mask, MBA percent."""
+
+    group: str  # "LSR" | "LS" | "BE"
+    l3_start_percent: int = 0
+    l3_end_percent: int = 100
+    mba_percent: int = 100
+
+
+Amount = SuppressAmount | EvictAmount | BurstAmount | ResctrlAmount
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    kind: ActionKind
+    target: Target
+    amount: Amount
+    reason: str  # one human line: why this action, with the number that triggered it
+    incident_id: str | None = None  # the incident it serves (None for koordlet-style threshold policies)
+    victim: Target | None = None  # whose signal verify/revert watches
+    victim_signal: str | None = None  # e.g. "runq_p99_ns"; lower is better
+    created_at: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["kind"] = str(self.kind)
+        d["amount"] = {"type": type(self.amount).__name__, **asdict(self.amount)}
+        return d
+
+
+class DecisionSink(Protocol):
+    """Where decisions go. The actuator manager implements this; so does :class:`LoggingSink`."""
+
+    def submit(self, decision: Decision) -> None:
+        """Take one decision. Must not raise on a refused decision: refusals are logged/recorded."""
+
+    def observe(self, signals: Mapping[str, float], now: float) -> None:
+        """Latest victim signals, keyed by ``f"{victim.cgroup}:{signal}"``, for verify/revert."""
+
+    def close(self) -> None:
+        """Shut down: restore everything that was changed."""
+
+
+class LoggingSink:
+    """No actuators wired: every decision is logged (JSON) and kept for the report, nothing is changed."""
+
+    def __init__(self, logger: logging.Logger | None = None, keep: int = 1000) -> None:
+        self._log = logger or logging.getLogger("noisyneighbor.decisions")
+        self._keep = keep
+        self.decisions: list[Decision] = []
+
+    def submit(self, decision: Decision) -> None:
+        self.decisions.append(decision)
+        del self.decisions[: -self._keep]
+        self._log.info("decision (not applied: no actuators) %s", json.dumps(decision.to_dict(), sort_keys=True))
+
+    def observe(self, signals: Mapping[str, float], now: float) -> None:
+        return None
+
+    def close(self) -> None:
+        return None

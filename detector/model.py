@@ -1,0 +1,60 @@
+"""The detector's output records: incidents with victim, cause, ranked culprits and evidence.
+
+These are plain data so the CLI report, the exporter, Kubernetes Events and the incident log all
+read the same thing; the logic that fills them lives in ``detector/incidents.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from detector.decisions import Cause, Target
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One number behind a conclusion, with the window it was measured over."""
+
+    signal: str  # e.g. "runq_p99_ns", "who_ran_instead_share", "throttled_ratio"
+    value: float
+    window_s: float
+    threshold: float | None = None  # the SLO or k-sigma bound it was compared with
+    baseline: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Culprit:
+    target: Target
+    score: float  # 0..1, combined; culprits are sorted by it, highest first
+    who_ran_instead_share: float = 0.0  # share of the victim's wait during which this cgroup ran on the CPU
+    correlation: float = 0.0  # CPI2-style: suspect CPU use vs victim latency over the window
+    attribution: float = 0.0  # reclaim/softirq attribution share where the cause has one
+    cpu_cores: float = 0.0  # its CPU use over the window
+
+
+@dataclass
+class Incident:
+    incident_id: str
+    victim: Target
+    cause: Cause
+    started_at: float
+    confidence: float  # 0..1
+    signal: str  # the signal that broke its SLO
+    culprits: list[Culprit] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    ended_at: float | None = None
+    updated_at: float = 0.0
+    actions: list[str] = field(default_factory=list)  # action ids taken for it
+
+    @property
+    def open(self) -> bool:
+        return self.ended_at is None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["cause"] = str(self.cause)
+        d["victim"]["display"] = self.victim.display
+        for c, obj in zip(d["culprits"], self.culprits, strict=True):
+            c["target"]["display"] = obj.target.display
+        return d
