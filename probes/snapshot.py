@@ -1,0 +1,95 @@
+"""One tick of everything the probes know: the single object the detector, exporter and CLI read.
+
+Every field is *cumulative* (counters since the probe loaded, or since boot for /proc files), so
+consumers diff two snapshots for an interval and the exporter can publish counters and histograms
+as they are. Per-cgroup file readings are keyed by cgroup path (relative to its hierarchy root);
+BPF readings are keyed by cgroup id, which ``detector.cgroups.CgroupResolver`` turns into paths.
+A probe that is off or degraded leaves its field None and says why in ``probe_status``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from probes.cpuacct import CgroupCpuStat
+from probes.engine import ProbeStatus
+from probes.gpu import GpuDevice
+from probes.libbpf import ProgramStats
+from probes.memstat import MemStat, NodeVmstat
+from probes.psi import NodePsi, PsiReading
+from probes.reclaim import ReclaimSnapshot
+from probes.runqlat import RunqSnapshot
+from probes.softirq import SoftirqSnapshot
+from probes.tcpconnect import TcpConnectSnapshot
+
+USER_HZ = 100  # /proc/stat unit; fixed at 100 on every Linux ABI that matters here
+
+
+@dataclass(frozen=True, slots=True)
+class CpuTimes:
+    """One line of /proc/stat in ns (converted from USER_HZ ticks)."""
+
+    user_ns: int
+    nice_ns: int
+    system_ns: int
+    idle_ns: int
+    iowait_ns: int
+    irq_ns: int
+    softirq_ns: int
+    steal_ns: int
+
+    @property
+    def busy_ns(self) -> int:
+        return self.user_ns + self.nice_ns + self.system_ns + self.irq_ns + self.softirq_ns + self.steal_ns
+
+    @property
+    def total_ns(self) -> int:
+        return self.busy_ns + self.idle_ns + self.iowait_ns
+
+
+def parse_proc_stat(text: str) -> tuple[CpuTimes | None, dict[int, CpuTimes]]:
+    """(all CPUs, per CPU) from /proc/stat; malformed lines are skipped."""
+    scale = 1_000_000_000 // USER_HZ
+    total: CpuTimes | None = None
+    per_cpu: dict[int, CpuTimes] = {}
+    for line in text.splitlines():
+        if not line.startswith("cpu"):
+            continue
+        parts = line.split()
+        try:
+            nums = [int(x) * scale for x in parts[1:9]]
+        except ValueError:
+            continue
+        if len(nums) < 8:
+            nums += [0] * (8 - len(nums))
+        times = CpuTimes(*nums)
+        if parts[0] == "cpu":
+            total = times
+        elif parts[0][3:].isdigit():
+            per_cpu[int(parts[0][3:])] = times
+    return total, per_cpu
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    monotonic_s: float
+    wall_s: float
+    # BPF probes (None: off or failed; see probe_status)
+    runq: RunqSnapshot | None = None
+    softirq: SoftirqSnapshot | None = None
+    reclaim: ReclaimSnapshot | None = None
+    tcp: TcpConnectSnapshot | None = None
+    # files
+    node_cpu: CpuTimes | None = None
+    node_cpu_per_cpu: dict[int, CpuTimes] = field(default_factory=dict)
+    node_psi: NodePsi | None = None
+    node_vmstat: NodeVmstat | None = None
+    cgroup_cpu: dict[str, CgroupCpuStat] = field(default_factory=dict)  # cpu-hierarchy path ->
+    cgroup_mem: dict[str, MemStat] = field(default_factory=dict)  # memory-hierarchy path ->
+    cgroup_psi: dict[str, dict[str, PsiReading]] = field(default_factory=dict)  # v2 path -> resource ->
+    cgroup_cpus: dict[str, tuple[int, ...]] = field(default_factory=dict)  # cpuset-hierarchy path -> effective CPUs
+    gpus: list[GpuDevice] = field(default_factory=list)
+    # the agent's own health
+    probe_status: dict[str, ProbeStatus] = field(default_factory=dict)
+    bpf_programs: list[ProgramStats] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # one-line problems met while collecting this tick
