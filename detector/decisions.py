@@ -5,7 +5,8 @@ and hands them to a :class:`DecisionSink`; the actuators package implements a si
 actuators wired the agent uses :class:`LoggingSink`, so every decision is still visible.
 
 A decision names its target by cgroup path (relative to the hierarchy root, the same string the
-resolver and ``probes.cgroupfs`` use, e.g. ``kubepods.slice/kubepods-besteffort.slice``) and,
+resolver, ``/proc/<pid>/cgroup`` and ``probes.cgroupfs`` use, e.g. ``/kubepods.slice/kubepods-besteffort.slice``;
+``Hierarchy.path_of`` accepts it with or without the leading slash) and,
 when known, by pod. Amounts are typed per action kind so an actuator never guesses units.
 """
 
@@ -42,7 +43,7 @@ class Cause(StrEnum):
 class Target:
     """A cgroup, and the pod it belongs to when there is one."""
 
-    cgroup: str  # path relative to the hierarchy root, no leading slash
+    cgroup: str  # path relative to the hierarchy root, "/a/b" ("/" is the root)
     pod_uid: str | None = None
     namespace: str | None = None
     pod: str | None = None

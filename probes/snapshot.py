@@ -88,6 +88,9 @@ class NodeSnapshot:
     cgroup_mem: dict[str, MemStat] = field(default_factory=dict)  # memory-hierarchy path ->
     cgroup_psi: dict[str, dict[str, PsiReading]] = field(default_factory=dict)  # v2 path -> resource ->
     cgroup_cpus: dict[str, tuple[int, ...]] = field(default_factory=dict)  # cpuset-hierarchy path -> effective CPUs
+    # v1 cpuacct.usage_percpu (ns per CPU): where a cgroup actually ran, for joining per-CPU softirq
+    # time to it. v2 has no per-CPU usage: consumers fall back to the effective cpuset.
+    cgroup_cpu_percpu: dict[str, tuple[int, ...]] = field(default_factory=dict)
     gpus: list[GpuDevice] = field(default_factory=list)
     # the agent's own health
     probe_status: dict[str, ProbeStatus] = field(default_factory=dict)

@@ -1,0 +1,441 @@
+"""The incident engine: per-tick workload signals in; incidents with cause, culprits and evidence out.
+
+Per tick (``IncidentEngine.step``):
+
+1. Signals for every workload are derived from two NodeSnapshots (``detector.signals``) and added
+   to the time-series store; baselines learn only for workloads with no open incident and no
+   current breach, so an incident never becomes the new normal.
+2. A latency-sensitive workload *breaches* when a signal crosses its absolute SLO, or is k sigma
+   above its own baseline while also at least half way to the SLO (so a quiet pod with a tight
+   baseline does not page anyone over 200 µs). ``breach_seconds`` of consecutive breach opens an
+   incident; ``clear_windows`` clean ticks in a row close it (hysteresis).
+3. The cause is decided from evidence, in an order that protects neighbours from false blame:
+   self-throttling (its own cfs quota explains most of its wait) first, then reclaim in its own
+   allocations, then softirq on the CPUs it ran on, then neighbour CPU (who ran instead while it
+   waited), then the connect path, else PSI-only "unknown".
+4. Culprits are ranked by the share of the victim's wait during which they ran on its CPU (the
+   runqlat victim x culprit matrix), blended with a CPI2-style correlation of their CPU use with the
+   victim's latency; for global reclaim, by memory growth. The victim and idle time are never culprits.
+5. Decisions for the actuators (suppress the top BE culprit, burst a self-throttled LS victim,
+   evict a BE culprit of global reclaim) go to the DecisionSink when the incident opens or its cause
+   or top culprit changes. The actuators apply their own limits, cooldowns and verification.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import uuid
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from detector.baseline import Baselines
+from detector.decisions import (
+    ActionKind,
+    BurstAmount,
+    Cause,
+    Decision,
+    DecisionSink,
+    EvictAmount,
+    LoggingSink,
+    SuppressAmount,
+    Target,
+)
+from detector.model import Culprit, Evidence, Incident
+from detector.policy import Policy
+from detector.signals import IDLE, UNKNOWN, NodeSignals, WorkloadSignals
+from detector.store import SignalStore
+
+log = logging.getLogger(__name__)
+
+# Defaults for knobs the policy file may not carry yet (getattr keeps older configs valid).
+DEFAULT_SOFTIRQ_MS_PER_S = 100.0  # softirq run time on its CPUs worth a tenth of a CPU
+MIN_RUNQ_EVENTS = 20  # fewer switch-ins than this in a tick: a p99 means nothing
+SELF_THROTTLE_SHARE = 0.5  # throttled time explains at least this share of its runqueue wait
+NEIGHBOR_SHARE = 0.3  # foreign cgroups ran for at least this share of its wait
+CULPRIT_WINDOW_TICKS = 10  # who-ran-instead shares are summed over this many recent ticks
+MAX_CULPRITS = 5
+MAX_CLOSED_KEPT = 1000
+
+
+@dataclass
+class _VictimState:
+    breach_ticks: int = 0
+    clear_ticks: int = 0
+    incident: Incident | None = None
+    recent_ran_instead: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    recent_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    decided: tuple | None = None  # (cause, top culprit) the last decisions were made for
+
+
+@dataclass(frozen=True)
+class Breach:
+    signal: str
+    value: float
+    threshold: float
+    baseline: float | None = None
+    rule: str = "slo"  # "slo" | "k_sigma"
+
+
+class IncidentEngine:
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        sink: DecisionSink | None = None,
+        store: SignalStore | None = None,
+        baselines: Baselines | None = None,
+        on_incident: Iterable[Callable[[Incident, str], None]] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy or Policy()
+        self.slo = self.policy.slo
+        self.sink = sink or LoggingSink()
+        self.store = store or SignalStore()
+        self.baselines = baselines or Baselines(min_samples=self.slo.min_baseline_samples)
+        self.on_incident = list(on_incident)
+        self.clock = clock
+        self.victims: dict[str, _VictimState] = {}
+        self.closed: deque[Incident] = deque(maxlen=MAX_CLOSED_KEPT)
+        self.ticks = 0
+        self._breach_ticks_needed = max(1, math.ceil(self.slo.breach_seconds / max(self.policy.interval_seconds, 1e-3)))
+        self._log_path = self.policy.incident_log
+        self._targets: dict[str, Target] = {}  # workload key -> Target, as of the current tick
+
+    # -- public ---------------------------------------------------------------------------------
+    @property
+    def open_incidents(self) -> list[Incident]:
+        return [s.incident for s in self.victims.values() if s.incident is not None]
+
+    def all_incidents(self) -> list[Incident]:
+        return [*self.closed, *self.open_incidents]
+
+    def step(self, signals: NodeSignals, ts: float | None = None) -> list[Incident]:
+        """One tick. Returns the incidents opened, updated or closed in it.
+
+        ``ts`` is the tick's monotonic time for the store (default: now); incidents are stamped with
+        ``clock()`` (wall time, for humans and Kubernetes Events).
+        """
+        now = self.clock()
+        self.ticks += 1
+        store_ts = time.monotonic() if ts is None else ts
+        values: dict[tuple[str, str], float] = {}
+        for key, row in signals.workloads.items():
+            for name, v in row.as_store_values().items():
+                values[(key, name)] = v
+            if row.memory_usage_bytes is not None:
+                values[(key, "memory_bytes")] = float(row.memory_usage_bytes)
+        self.store.add(store_ts, values)
+        self._targets = {k: r.workload.target for k, r in signals.workloads.items()}
+
+        touched: list[Incident] = []
+        for key, row in signals.workloads.items():
+            if not row.workload.latency_sensitive:
+                continue
+            state = self.victims.setdefault(key, _VictimState())
+            total_wait_ns = row.runq_wait_ms_per_s * 1e6 * row.interval_s
+            state.recent_ran_instead.append(dict(row.ran_instead_ns))
+            state.recent_wait_ns.append(total_wait_ns)
+            breaches = self._breaches(key, row)
+            learning = state.incident is None and not breaches
+            for name in ("runq_p99_ns", "connect_p99_ns", "reclaim_stall_ms_per_s", "softirq_ms_per_s"):
+                v = values.get((key, name), math.nan)
+                if not math.isnan(v):
+                    self.baselines.update(key, name, v, learning=learning)
+            if breaches:
+                state.breach_ticks += 1
+                state.clear_ticks = 0
+            else:
+                state.breach_ticks = 0
+                state.clear_ticks += 1
+            inc = state.incident
+            if inc is None and breaches and state.breach_ticks >= self._breach_ticks_needed:
+                inc = self._open(key, row, state, breaches, signals, now)
+                touched.append(inc)
+            elif inc is not None and breaches:
+                self._update(inc, key, row, state, breaches, signals, now)
+                touched.append(inc)
+            elif inc is not None and state.clear_ticks >= self.slo.clear_windows:
+                self._close(state, now)
+                touched.append(inc)
+        # Victims that vanished (pod deleted) end their incidents and free their state.
+        for key in [k for k in self.victims if k not in signals.workloads]:
+            state = self.victims.pop(key)
+            if state.incident is not None:
+                inc = state.incident
+                self._close(state, now, note="victim gone")
+                touched.append(inc)
+        return touched
+
+    def close(self) -> None:
+        now = self.clock()
+        for state in self.victims.values():
+            if state.incident is not None:
+                self._close(state, now, note="agent stopped")
+
+    # -- breach rules ---------------------------------------------------------------------------
+    def _breaches(self, key: str, row: WorkloadSignals) -> list[Breach]:
+        slo = self.slo
+        out: list[Breach] = []
+
+        def check(signal: str, value: float | None, threshold: float, sigma_ok: bool = True) -> None:
+            if value is None or math.isnan(value):
+                return
+            if value > threshold:
+                out.append(Breach(signal, value, threshold, self._baseline_value(key, signal)))
+                return
+            if not sigma_ok or value < threshold / 2:
+                return
+            score = self.baselines.score(key, signal, value)
+            if score is not None and score > slo.k_sigma:
+                out.append(Breach(signal, value, threshold, self._baseline_value(key, signal), rule="k_sigma"))
+
+        if row.runq_count >= MIN_RUNQ_EVENTS:
+            check("runq_p99_ns", row.runq_p99_ns, slo.runq_p99_ms * 1e6)
+        if row.connects:
+            check("connect_p99_ns", row.connect_p99_ns, slo.connect_p99_ms * 1e6)
+        check("reclaim_stall_ms_per_s", row.reclaim_stall_ms_per_s, slo.reclaim_stall_ms_per_s, sigma_ok=False)
+        sirq_limit = getattr(slo, "softirq_ms_per_s", DEFAULT_SOFTIRQ_MS_PER_S)
+        check("softirq_ms_per_s", row.softirq_ms_per_s, sirq_limit, sigma_ok=False)
+        if row.softirq_delay_p99_ns and row.cpu_cores and row.cpu_cores > 0.05:
+            check("softirq_delay_p99_ns", row.softirq_delay_p99_ns, slo.softirq_delay_p99_ms * 1e6, sigma_ok=False)
+        check("psi_cpu_some", row.psi_cpu_some, slo.psi_cpu_some_percent, sigma_ok=False)
+        check("psi_memory_some", row.psi_memory_some, slo.psi_memory_some_percent, sigma_ok=False)
+        check("psi_io_some", row.psi_io_some, slo.psi_io_some_percent, sigma_ok=False)
+        if row.connect_failures_per_s > 0 and row.syn_retransmits_per_s > 0:
+            out.append(Breach("syn_retransmits_per_s", row.syn_retransmits_per_s, 0.0))
+        return out
+
+    def _baseline_value(self, key: str, signal: str) -> float | None:
+        b = self.baselines.get(key, signal)
+        return None if b is None or b.n < self.slo.min_baseline_samples else b.ewma
+
+    # -- cause and culprits ---------------------------------------------------------------------
+    def _diagnose(
+        self, key: str, row: WorkloadSignals, state: _VictimState, breaches: list[Breach], signals: NodeSignals
+    ) -> tuple[Cause, float, list[Culprit], list[Evidence]]:
+        names = {b.signal for b in breaches}
+        dt = row.interval_s
+        evidence = [
+            Evidence(b.signal, b.value, dt, threshold=b.threshold, baseline=b.baseline, note=b.rule) for b in breaches
+        ]
+        wait_ms = row.runq_wait_ms_per_s
+        throttle_share = 0.0
+        if row.throttled_ms_per_s is not None and wait_ms > 0.5:
+            throttle_share = min(1.0, row.throttled_ms_per_s / wait_ms)
+        elif row.throttled_ratio is not None and row.throttled_ratio >= 0.5:
+            throttle_share = row.throttled_ratio
+        ran, total_wait = self._recent_ran_instead(state)
+        foreign = {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)}
+        foreign_share = sum(foreign.values()) / total_wait if total_wait > 0 else 0.0
+        evidence.append(Evidence("runq_wait_ms_per_s", wait_ms, dt))
+        if row.throttled_ms_per_s is not None:
+            evidence.append(Evidence("throttled_ms_per_s", row.throttled_ms_per_s, dt,
+                                     note=f"throttled ratio {row.throttled_ratio or 0:.2f}, quota {row.quota_cores}"))
+        if row.who_ran_instead_available:
+            evidence.append(Evidence("who_ran_instead_foreign_share", foreign_share, dt * len(state.recent_wait_ns)))
+        if row.softirq_ms_per_s:
+            evidence.append(Evidence("softirq_ms_per_s", row.softirq_ms_per_s, dt, note=f"on CPUs {sorted(row.cpu_weights)}"))
+        if row.reclaim_stall_ms_per_s:
+            evidence.append(Evidence("reclaim_stall_ms_per_s", row.reclaim_stall_ms_per_s, dt,
+                                     note=", ".join(f"{k} {v:.1f}" for k, v in sorted(row.reclaim_by_kind_ms_per_s.items()))))
+        runq_breach = bool(names & {"runq_p99_ns", "psi_cpu_some"})
+        sirq_limit = getattr(self.slo, "softirq_ms_per_s", DEFAULT_SOFTIRQ_MS_PER_S)
+
+        # Self-throttling first: a pod at its own quota looks like a victim of whoever ran next.
+        if runq_breach and throttle_share >= SELF_THROTTLE_SHARE:
+            return Cause.SELF_THROTTLING, throttle_share, [], evidence
+        if names & {"reclaim_stall_ms_per_s", "psi_memory_some"} and row.reclaim_stall_ms_per_s > 0:
+            confidence = min(1.0, row.reclaim_stall_ms_per_s / (2 * self.slo.reclaim_stall_ms_per_s))
+            culprits = self._reclaim_culprits(key, row, signals)
+            return Cause.RECLAIM, confidence, culprits, evidence
+        if names & {"softirq_ms_per_s", "softirq_delay_p99_ns"} or (runq_breach and row.softirq_ms_per_s >= sirq_limit):
+            confidence = min(1.0, row.softirq_ms_per_s / (2 * sirq_limit))
+            return Cause.SOFTIRQ, confidence, self._cpu_culprits(key, foreign, total_wait), evidence
+        if runq_breach and (foreign_share >= NEIGHBOR_SHARE or not row.who_ran_instead_available):
+            culprits = self._cpu_culprits(key, foreign, total_wait)
+            if not row.who_ran_instead_available:
+                culprits = self._correlation_culprits(key, signals)
+            if culprits:
+                confidence = foreign_share if row.who_ran_instead_available else 0.5 * culprits[0].score
+                return Cause.NEIGHBOR_CPU, min(1.0, confidence), culprits, evidence
+        if names & {"connect_p99_ns", "syn_retransmits_per_s"}:
+            evidence.append(Evidence("connect_failures_per_s", row.connect_failures_per_s, dt))
+            evidence.append(Evidence("syn_retransmits_per_s", row.syn_retransmits_per_s, dt))
+            return Cause.NETWORK_CONNECT, 0.7, [], evidence
+        return Cause.PSI_UNKNOWN, 0.3, [], evidence
+
+    @staticmethod
+    def _recent_ran_instead(state: _VictimState) -> tuple[dict[str, float], float]:
+        ran: dict[str, float] = defaultdict(float)
+        for tick in state.recent_ran_instead:
+            for k, v in tick.items():
+                ran[k] += v
+        return ran, sum(state.recent_wait_ns)
+
+    def _cpu_culprits(self, key: str, foreign: dict[str, float], total_wait: float) -> list[Culprit]:
+        if not foreign or total_wait <= 0:
+            return []
+        foreign_total = sum(foreign.values())
+        culprits = []
+        for ck, ns in foreign.items():
+            share = ns / total_wait
+            corr = self.store.correlation(ck, "cpu_cores", key, "runq_p99_ns", 60.0)
+            score = 0.8 * (ns / foreign_total) + 0.2 * max(corr or 0.0, 0.0)
+            culprits.append(Culprit(self._target(ck), round(score, 4), who_ran_instead_share=round(share, 4),
+                                    correlation=round(corr or 0.0, 4), cpu_cores=self._last(ck, "cpu_cores")))
+        culprits.sort(key=lambda c: (-c.score, c.target.cgroup))
+        return culprits[:MAX_CULPRITS]
+
+    def _correlation_culprits(self, key: str, signals: NodeSignals) -> list[Culprit]:
+        """No who-ran-instead matrix (tp_btf/raw_tp flavours): CPI2-style, suspects' CPU use vs victim latency."""
+        culprits = []
+        for ck, row in signals.workloads.items():
+            if ck == key or row.cpu_cores is None or row.cpu_cores < 0.25:  # CPI2 ignores < 0.25 CPU
+                continue
+            if not set(row.cpu_weights) & set(signals.workloads[key].cpu_weights):
+                continue
+            corr = self.store.correlation(ck, "cpu_cores", key, "runq_p99_ns", 60.0) or 0.0
+            score = min(1.0, row.cpu_cores) * (0.5 + 0.5 * max(corr, 0.0))
+            culprits.append(Culprit(self._target(ck), round(score, 4), correlation=round(corr, 4), cpu_cores=row.cpu_cores))
+        culprits.sort(key=lambda c: (-c.score, c.target.cgroup))
+        return culprits[:MAX_CULPRITS]
+
+    def _reclaim_culprits(self, key: str, row: WorkloadSignals, signals: NodeSignals) -> list[Culprit]:
+        """Global reclaim: whoever grew its memory most over the last minute; memcg reclaim is the pod's own."""
+        if row.reclaim_by_kind_ms_per_s.get("direct", 0.0) <= 0:
+            return []
+        growth = {}
+        for ck in signals.workloads:
+            if ck == key:
+                continue
+            w = self.store.window(ck, "memory_bytes", 60.0).dropna()
+            if len(w) >= 2 and w.iloc[-1] > w.iloc[0]:
+                growth[ck] = float(w.iloc[-1] - w.iloc[0])
+        total = sum(growth.values())
+        culprits = [
+            Culprit(self._target(ck), round(g / total, 4), attribution=round(g / total, 4),
+                    cpu_cores=self._last(ck, "cpu_cores"))
+            for ck, g in growth.items()
+        ]
+        culprits.sort(key=lambda c: (-c.score, c.target.cgroup))
+        return culprits[:MAX_CULPRITS]
+
+    def _last(self, entity: str, signal: str) -> float:
+        s = self.store.stats(entity, signal, 10.0)
+        return 0.0 if s.empty or s.last is None or math.isnan(s.last) else round(float(s.last), 4)
+
+    def _target(self, key: str) -> Target:
+        return self._targets.get(key) or Target(key)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _open(self, key, row, state, breaches, signals, now) -> Incident:
+        cause, confidence, culprits, evidence = self._diagnose(key, row, state, breaches, signals)
+        inc = Incident(
+            incident_id=f"nn-{uuid.uuid4().hex[:12]}",
+            victim=row.workload.target,
+            cause=cause,
+            started_at=now,
+            confidence=round(confidence, 3),
+            signal=breaches[0].signal,
+            culprits=culprits,
+            evidence=evidence,
+            updated_at=now,
+        )
+        state.incident = inc
+        log.warning("incident %s opened: %s %s, culprits %s", inc.incident_id, inc.victim.display, cause,
+                    [c.target.display for c in culprits[:3]])
+        self._emit(inc, "opened")
+        self._decide(inc, state)
+        return inc
+
+    def _update(self, inc, key, row, state, breaches, signals, now) -> None:
+        cause, confidence, culprits, evidence = self._diagnose(key, row, state, breaches, signals)
+        # A cause seen with more confidence replaces the first guess; evidence is the latest window.
+        if cause != inc.cause and confidence <= inc.confidence:
+            cause = inc.cause
+        else:
+            inc.confidence = round(confidence, 3)
+        inc.cause = cause
+        if culprits or cause != Cause.NEIGHBOR_CPU:
+            inc.culprits = culprits
+        inc.evidence = evidence
+        inc.updated_at = now
+        self._emit(inc, "updated")
+        self._decide(inc, state)
+
+    def _close(self, state: _VictimState, now: float, note: str = "") -> None:
+        inc = state.incident
+        if inc is None:
+            return
+        inc.ended_at = now
+        inc.updated_at = now
+        if note:
+            inc.evidence.append(Evidence("closed", 0.0, 0.0, note=note))
+        state.incident = None
+        state.decided = None
+        self.closed.append(inc)
+        log.warning("incident %s closed after %.1f s", inc.incident_id, now - inc.started_at)
+        self._emit(inc, "closed")
+
+    def _emit(self, inc: Incident, what: str) -> None:
+        if self._log_path and what != "updated":
+            try:
+                line = json.dumps({"event": what, **inc.to_dict()}, sort_keys=True, default=str)
+                with open(self._log_path, "a", encoding="utf-8") as f:
+                    f.write(line + "\n")
+            except OSError as e:
+                log.error("incident log %s: %s", self._log_path, e.strerror or e)
+        for hook in self.on_incident:
+            try:
+                hook(inc, what)
+            except Exception as e:  # a broken hook (Kubernetes Events) must not stop detection
+                log.error("incident hook %s failed: %s", getattr(hook, "__name__", hook), e)
+
+    # -- decisions ------------------------------------------------------------------------------
+    def _decide(self, inc: Incident, state: _VictimState) -> None:
+        top = inc.culprits[0] if inc.culprits else None
+        key = (inc.cause, top.target.cgroup if top else None)
+        if key == state.decided:
+            return
+        state.decided = key
+        victim_signal = "runq_p99_ns"
+        acts = self.policy.actuators
+        decisions: list[Decision] = []
+        if inc.cause == Cause.SELF_THROTTLING and acts.burst_enabled and inc.victim.qos == "LS":
+            decisions.append(Decision(
+                ActionKind.BURST, inc.victim, BurstAmount(quota_scale=1.2),
+                reason=f"{inc.victim.display} throttled at its own quota (confidence {inc.confidence:.2f})",
+                incident_id=inc.incident_id, victim=inc.victim, victim_signal=victim_signal,
+            ))
+        elif inc.cause in (Cause.NEIGHBOR_CPU, Cause.SOFTIRQ) and top is not None and top.target.qos == "BE" \
+                and acts.suppress_enabled:
+            cores = max(0.1, round((top.cpu_cores or 1.0) * 0.5, 2))
+            policy = "cpuset" if self.policy.resource_threshold.cpu_suppress_policy == "cpuset" else "cfs_quota"
+            decisions.append(Decision(
+                ActionKind.SUPPRESS, top.target, SuppressAmount(policy=policy, cpu_cores=cores),
+                reason=f"{top.target.display} ran {top.who_ran_instead_share:.0%} of {inc.victim.display}'s runqueue wait",
+                incident_id=inc.incident_id, victim=inc.victim, victim_signal=victim_signal,
+            ))
+        elif inc.cause == Cause.RECLAIM and top is not None and top.target.qos == "BE" and acts.evict_enabled:
+            decisions.append(Decision(
+                ActionKind.EVICT, top.target, EvictAmount(reason="interference"),
+                reason=f"{top.target.display} grew memory most while {inc.victim.display} stalled in global reclaim",
+                incident_id=inc.incident_id, victim=inc.victim, victim_signal="reclaim_stall_ms_per_s",
+            ))
+        for d in decisions:
+            inc.actions.append(f"{d.kind}:{d.target.display}")
+            self.sink.submit(d)
+
+    def signals_for_verify(self, signals: NodeSignals) -> dict[str, float]:
+        """Victim signals for the actuators' verify/revert, keyed like DecisionSink.observe expects."""
+        out = {}
+        for key, row in signals.workloads.items():
+            if key in self.victims and row.runq_count:
+                out[f"{key}:runq_p99_ns"] = row.runq_p99_ns
+            if row.reclaim_stall_ms_per_s:
+                out[f"{key}:reclaim_stall_ms_per_s"] = row.reclaim_stall_ms_per_s
+        return out
+

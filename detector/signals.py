@@ -1,0 +1,315 @@
+"""Per-workload signals for one interval: two cumulative NodeSnapshots in, one row per workload out.
+
+Everything the incident engine reasons with is computed here, in one place, with the units in the
+field names. BPF readings are keyed by cgroup id in their probe's hierarchy (runqlat, tcpconnect
+and softirq by the cpu hierarchy; reclaim by the memory hierarchy) and joined to workloads through
+the resolver; cgroup-file readings are keyed by path.
+
+Softirq time is charged to CPUs, never to ``current``: a workload's softirq *exposure* is the
+softirq run time of each CPU weighted by the share of the workload's own CPU time spent on that CPU
+(v1 ``cpuacct.usage_percpu``; on v2 its effective cpuset, uniformly).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from detector.workloads import IdMapper, Workload
+from probes.cgroupfs import CgroupLayout
+from probes.hist import IntervalHistogram, LatencyHistogram
+from probes.psi import psi_rate
+from probes.snapshot import NodeSnapshot
+
+IDLE = "<idle>"
+UNKNOWN = "<unknown>"
+
+
+@dataclass
+class WorkloadSignals:
+    workload: Workload
+    interval_s: float
+    # runqueue (all the workload's tasks)
+    runq_count: int = 0
+    runq_wait_ms_per_s: float = 0.0
+    runq_p99_ns: float = 0.0
+    runq_max_ns: float = 0.0
+    # who ran instead: culprit workload key -> ns of this workload's wait while it ran on the CPU
+    ran_instead_ns: dict[str, float] = field(default_factory=dict)
+    own_wait_ns: float = 0.0  # wait behind its own tasks
+    preempted_foreign: int = 0
+    preempted_own: int = 0
+    who_ran_instead_available: bool = False
+    # CPU accounting
+    cpu_cores: float | None = None
+    quota_cores: float | None = None
+    throttled_ratio: float | None = None  # Δnr_throttled / Δnr_periods
+    throttled_ms_per_s: float | None = None
+    # softirq on the CPUs it ran on
+    softirq_ms_per_s: float = 0.0  # weighted softirq run time on its CPUs
+    softirq_delay_p99_ns: float = 0.0  # worst CPU's raise->entry p99 among its CPUs (weight > 5 %)
+    cpu_weights: dict[int, float] = field(default_factory=dict)
+    # memory reclaim stalls in its own allocations, by kind (direct = global, memcg, softlimit)
+    reclaim_stall_ms_per_s: float = 0.0
+    reclaim_by_kind_ms_per_s: dict[str, float] = field(default_factory=dict)
+    reclaim_pages_per_s: float = 0.0
+    memory_usage_bytes: int | None = None
+    memory_limit_bytes: int | None = None
+    # connect path
+    connects: int = 0
+    connect_p99_ns: float = 0.0
+    connect_failures_per_s: float = 0.0
+    syn_retransmits_per_s: float = 0.0
+    # PSI (percent of wall time, like avg10), when the cgroup has v2 pressure files
+    psi_cpu_some: float | None = None
+    psi_memory_some: float | None = None
+    psi_memory_full: float | None = None
+    psi_io_some: float | None = None
+
+    def as_store_values(self) -> dict[str, float]:
+        """The numeric signals the time-series store keeps (NaN for unknown)."""
+        nan = math.nan
+
+        def v(x: float | None) -> float:
+            return nan if x is None else float(x)
+
+        return {
+            "runq_p99_ns": self.runq_p99_ns if self.runq_count else nan,
+            "runq_wait_ms_per_s": self.runq_wait_ms_per_s,
+            "cpu_cores": v(self.cpu_cores),
+            "throttled_ratio": v(self.throttled_ratio),
+            "softirq_ms_per_s": self.softirq_ms_per_s,
+            "reclaim_stall_ms_per_s": self.reclaim_stall_ms_per_s,
+            "connect_p99_ns": self.connect_p99_ns if self.connects else nan,
+            "psi_cpu_some": v(self.psi_cpu_some),
+            "psi_memory_some": v(self.psi_memory_some),
+        }
+
+
+@dataclass
+class NodeSignals:
+    interval_s: float
+    workloads: dict[str, WorkloadSignals]
+    softirq_ms_per_s_by_cpu: dict[int, float]
+    softirq_delay_p99_ns_by_cpu: dict[int, float]
+    node_direct_reclaim_ms_per_s: float
+    node_cpu_busy: float | None  # 0..ncpu cores busy
+    node_psi: dict[str, float]  # "cpu_some" -> percent
+
+
+def _merge_delta(cur: Iterable[LatencyHistogram], prev: Iterable[LatencyHistogram | None]) -> IntervalHistogram:
+    slots = [0] * 32
+    total = count = 0
+    exact_max: int | None = None
+    for c, p in zip(cur, prev, strict=True):
+        d = c.delta(p)
+        slots = [a + b for a, b in zip(slots, d.slots, strict=False)]
+        total += d.sum_ns
+        count += d.count
+        if d.exact_max_ns is not None:
+            exact_max = max(exact_max or 0, d.exact_max_ns)
+    return IntervalHistogram(tuple(slots), total, count, exact_max)
+
+
+class SignalBuilder:
+    def __init__(self, layout: CgroupLayout, ids: IdMapper) -> None:
+        self.layout = layout
+        self.ids = ids
+        self.cpu_h = layout.hierarchy_for("cpu")
+        self.mem_h = layout.hierarchy_for("memory")
+
+    def build(self, prev: NodeSnapshot, cur: NodeSnapshot, extra_paths: Iterable[str] = ()) -> NodeSignals:
+        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-6)
+        rows: dict[str, WorkloadSignals] = {}
+
+        def row(w: Workload) -> WorkloadSignals:
+            r = rows.get(w.key)
+            if r is None:
+                r = rows[w.key] = WorkloadSignals(w, dt)
+            return r
+
+        for path in extra_paths:
+            row(self.ids.index.workload_of(path))
+
+        # -- runqueue -------------------------------------------------------------------------
+        if cur.runq is not None and prev.runq is not None:
+            groups: dict[str, list[int]] = defaultdict(list)
+            for cgid in cur.runq.per_cgroup:
+                w = self.ids.workload_of(cgid, self.cpu_h)
+                if w is not None:
+                    groups[w.key].append(cgid)
+                    row(w)
+            for key, cgids in groups.items():
+                d = _merge_delta(
+                    (cur.runq.per_cgroup[i] for i in cgids), (prev.runq.per_cgroup.get(i) for i in cgids)
+                )
+                r = rows[key]
+                r.runq_count = d.count
+                r.runq_wait_ms_per_s = d.sum_ns / 1e6 / dt
+                r.runq_p99_ns = d.quantile_ns(0.99)
+                r.runq_max_ns = d.max_ns
+            self._who_ran_instead(prev, cur, rows, row)
+
+        # -- CPU accounting -----------------------------------------------------------------------
+        for path, c in cur.cgroup_cpu.items():
+            p = prev.cgroup_cpu.get(path)
+            w = self.ids.index.workload_of(path)
+            if w.key != path or p is None:
+                continue  # only the workload's own cgroup: it already sums its children
+            r = row(w)
+            r.cpu_cores = max(c.usage_ns - p.usage_ns, 0) / 1e9 / dt
+            r.quota_cores = c.quota_cores
+            periods = c.nr_periods - p.nr_periods
+            r.throttled_ratio = (c.nr_throttled - p.nr_throttled) / periods if periods > 0 else 0.0
+            r.throttled_ms_per_s = max(c.throttled_ns - p.throttled_ns, 0) / 1e6 / dt
+
+        # -- softirq per CPU, then joined through where each workload ran ---------------------------
+        sirq_ms: dict[int, float] = defaultdict(float)
+        sirq_delay: dict[int, float] = {}
+        if cur.softirq is not None and prev.softirq is not None:
+            per_cpu_delay: dict[int, list[tuple[LatencyHistogram, LatencyHistogram | None]]] = defaultdict(list)
+            for (cpu, vec), s in cur.softirq.stats.items():
+                ps = prev.softirq.stats.get((cpu, vec))
+                sirq_ms[cpu] += s.runtime.delta(ps.runtime if ps else None).sum_ns / 1e6 / dt
+                per_cpu_delay[cpu].append((s.delay, ps.delay if ps else None))
+            for cpu, pairs in per_cpu_delay.items():
+                sirq_delay[cpu] = _merge_delta([a for a, _ in pairs], [b for _, b in pairs]).quantile_ns(0.99)
+        for r in rows.values():
+            weights = self._cpu_weights(prev, cur, r.workload.key)
+            r.cpu_weights = weights
+            r.softirq_ms_per_s = sum(w * sirq_ms.get(cpu, 0.0) for cpu, w in weights.items())
+            r.softirq_delay_p99_ns = max((sirq_delay.get(cpu, 0.0) for cpu, w in weights.items() if w > 0.05), default=0.0)
+
+        # -- reclaim (memory hierarchy ids) ---------------------------------------------------------
+        node_direct = 0.0
+        if cur.reclaim is not None and prev.reclaim is not None:
+            for (cgid, kind), s in cur.reclaim.per_cgroup.items():
+                ps = prev.reclaim.per_cgroup.get((cgid, kind))
+                d = s.latency.delta(ps.latency if ps else None)
+                if not d.count:
+                    continue
+                w = self.ids.workload_of(cgid, self.mem_h)
+                if w is None:
+                    continue
+                r = row(w)
+                ms = d.sum_ns / 1e6 / dt
+                r.reclaim_stall_ms_per_s += ms
+                r.reclaim_by_kind_ms_per_s[kind] = r.reclaim_by_kind_ms_per_s.get(kind, 0.0) + ms
+                r.reclaim_pages_per_s += max(s.nr_reclaimed - (ps.nr_reclaimed if ps else 0), 0) / dt
+            nd = cur.reclaim.node_direct.latency.delta(prev.reclaim.node_direct.latency)
+            node_direct = nd.sum_ns / 1e6 / dt
+        for path, m in cur.cgroup_mem.items():
+            w = self.ids.index.workload_of(path)
+            if w.key == path:
+                r = row(w)
+                r.memory_usage_bytes, r.memory_limit_bytes = m.usage_bytes, m.limit_bytes
+
+        # -- TCP connect ----------------------------------------------------------------------------
+        if cur.tcp is not None and prev.tcp is not None:
+            acc: dict[str, list] = defaultdict(lambda: [[], [], 0, 0])
+            for key, s in cur.tcp.per_key.items():
+                w = self.ids.workload_of(key[0], self.cpu_h)
+                if w is None:
+                    continue
+                ps = prev.tcp.per_key.get(key)
+                a = acc[w.key]
+                row(w)
+                a[0].append(s.latency)
+                a[1].append(ps.latency if ps else None)
+                a[2] += s.failures - (ps.failures if ps else 0)
+                a[3] += s.syn_retransmits - (ps.syn_retransmits if ps else 0)
+            for key, (curs, prevs, failures, retrans) in acc.items():
+                d = _merge_delta(curs, prevs)
+                r = rows[key]
+                r.connects = d.count
+                r.connect_p99_ns = d.quantile_ns(0.99)
+                r.connect_failures_per_s = max(failures, 0) / dt
+                r.syn_retransmits_per_s = max(retrans, 0) / dt
+
+        # -- PSI ------------------------------------------------------------------------------------
+        for path, readings in cur.cgroup_psi.items():
+            w = self.ids.index.workload_of(path)
+            if w.key != path:
+                continue
+            r = row(w)
+            before = prev.cgroup_psi.get(path, {})
+            for resource, reading in readings.items():
+                if resource not in before:
+                    continue
+                rate = psi_rate(before[resource], reading, dt)
+                if resource == "cpu":
+                    r.psi_cpu_some = None if rate.some is None else rate.some * 100
+                elif resource == "memory":
+                    r.psi_memory_some = None if rate.some is None else rate.some * 100
+                    r.psi_memory_full = None if rate.full is None else rate.full * 100
+                elif resource == "io":
+                    r.psi_io_some = None if rate.some is None else rate.some * 100
+        node_psi: dict[str, float] = {}
+        if cur.node_psi is not None and prev.node_psi is not None:
+            for resource in ("cpu", "memory", "io", "irq"):
+                a, b = prev.node_psi.get(resource), cur.node_psi.get(resource)
+                if a is None or b is None:
+                    continue
+                rate = psi_rate(a, b, dt)
+                if rate.some is not None:
+                    node_psi[f"{resource}_some"] = rate.some * 100
+                if rate.full is not None:
+                    node_psi[f"{resource}_full"] = rate.full * 100
+        busy = None
+        if cur.node_cpu is not None and prev.node_cpu is not None:
+            busy = max(cur.node_cpu.busy_ns - prev.node_cpu.busy_ns, 0) / 1e9 / dt
+        return NodeSignals(dt, rows, dict(sirq_ms), sirq_delay, node_direct, busy, node_psi)
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _cpu_weights(self, prev: NodeSnapshot, cur: NodeSnapshot, key: str) -> dict[int, float]:
+        c, p = cur.cgroup_cpu_percpu.get(key), prev.cgroup_cpu_percpu.get(key)
+        if c is not None and p is not None and len(c) == len(p):
+            deltas = [max(a - b, 0) for a, b in zip(c, p, strict=True)]
+            total = sum(deltas)
+            if total > 0:
+                return {cpu: d / total for cpu, d in enumerate(deltas) if d}
+        cpus = cur.cgroup_cpus.get(key)
+        if cpus:
+            return {cpu: 1 / len(cpus) for cpu in cpus}
+        ncpu = len(cur.node_cpu_per_cpu) or 1
+        return {cpu: 1 / ncpu for cpu in (cur.node_cpu_per_cpu or {0: None})}
+
+    def _who_ran_instead(self, prev: NodeSnapshot, cur: NodeSnapshot, rows: dict, row) -> None:
+        """Fill ran_instead_ns/preemptions from the runqlat victim x culprit matrix when the probe has it."""
+        matrix = getattr(cur.runq, "culprits", None)
+        if matrix is None:
+            return
+        before = getattr(prev.runq, "culprits", None) or {}
+        for (victim_id, culprit_id), s in matrix.items():
+            ps = before.get((victim_id, culprit_id))
+            wait = s.wait_ns - (ps.wait_ns if ps else 0)
+            preempt = s.preemptions - (ps.preemptions if ps else 0)
+            if wait <= 0 and preempt <= 0:
+                continue
+            victim = self.ids.workload_of(victim_id, self.cpu_h)
+            if victim is None:
+                continue
+            r = row(victim)
+            r.who_ran_instead_available = True
+            culprit_key = self._culprit_key(culprit_id)
+            if culprit_key == victim.key:
+                r.own_wait_ns += max(wait, 0)
+                r.preempted_own += max(preempt, 0)
+            else:
+                r.ran_instead_ns[culprit_key] = r.ran_instead_ns.get(culprit_key, 0.0) + max(wait, 0)
+                r.preempted_foreign += max(preempt, 0)
+        for r in rows.values():
+            if r.runq_count and not r.who_ran_instead_available:
+                r.who_ran_instead_available = bool(matrix) or r.who_ran_instead_available
+
+    def _culprit_key(self, culprit_id: int) -> str:
+        from probes.runqlat import CULPRIT_IDLE, CULPRIT_UNKNOWN  # provided with the matrix
+
+        if culprit_id == CULPRIT_IDLE:
+            return IDLE
+        if culprit_id == CULPRIT_UNKNOWN:
+            return UNKNOWN
+        w = self.ids.workload_of(culprit_id, self.cpu_h)
+        return UNKNOWN if w is None else w.key

@@ -1,0 +1,149 @@
+"""Workloads: the units the detector reasons about (a pod, or in standalone mode a cgroup).
+
+The BPF maps are keyed by the *leaf* cgroup a task is in (a container), the cgroup files by any
+path; the detector aggregates both to the workload that contains them: a pod-level cgroup when the
+path is inside a kubepods tree, else the configured standalone cgroups (globs), else the cgroup
+itself (host services, kernel threads in the root cgroup). A workload's class says whether it can
+be a victim (SYSTEM/LSE/LSR/LS) and whether it may be acted on (BE).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from detector.cgroups import CgroupResolver, parse_cgroup_path
+from detector.decisions import Target
+from probes.cgroupfs import Hierarchy
+
+LATENCY_SENSITIVE = frozenset({"SYSTEM", "LSE", "LSR", "LS"})
+
+
+class PodLike(Protocol):
+    uid: str
+    namespace: str
+    name: str
+    qos_class: str  # SYSTEM | LSE | LSR | LS | BE
+
+
+def k8s_qos_to_class(qos: str | None) -> str | None:
+    """Kubernetes QoS (from the cgroup path) -> koordinator class: Guaranteed/Burstable -> LS, BestEffort -> BE."""
+    if qos is None:
+        return None
+    return "BE" if qos == "besteffort" else "LS"
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    key: str  # the workload's cgroup path, "/a/b" (the same in every v1 hierarchy on Kubernetes nodes)
+    target: Target
+
+    @property
+    def qos(self) -> str | None:
+        return self.target.qos
+
+    @property
+    def latency_sensitive(self) -> bool:
+        return self.target.qos in LATENCY_SENSITIVE
+
+
+def _norm(path: str) -> str:
+    return "/" + path.strip("/") if path.strip("/") else "/"
+
+
+class WorkloadIndex:
+    """cgroup path -> Workload, from pod metadata (optional) and standalone globs.
+
+    ``pods`` returns the node's pods (last good list; may be empty). Standalone globs are matched
+    against cgroup paths (fnmatch, e.g. ``/nn-test-*/ls-*``) and name workloads when there are no
+    pods. Lookups are cached per path and the cache is dropped when the pod list changes.
+    """
+
+    def __init__(
+        self,
+        pods: Callable[[], Iterable[PodLike]] | None = None,
+        ls_globs: Iterable[str] = (),
+        be_globs: Iterable[str] = (),
+    ) -> None:
+        self._pods_fn = pods or (lambda: ())
+        self.ls_globs = tuple(ls_globs)
+        self.be_globs = tuple(be_globs)
+        self._pods: dict[str, PodLike] = {}
+        self._pods_sig: tuple = ()
+        self._cache: dict[str, Workload] = {}
+
+    def refresh(self) -> None:
+        pods = {p.uid: p for p in self._pods_fn()}
+        sig = tuple(sorted((uid, p.qos_class, p.name, p.namespace) for uid, p in pods.items()))
+        if sig != self._pods_sig:
+            self._pods, self._pods_sig = pods, sig
+            self._cache.clear()
+
+    def workload_of(self, path: str) -> Workload:
+        path = _norm(path)
+        hit = self._cache.get(path)
+        if hit is None:
+            hit = self._cache[path] = self._classify(path)
+            if len(self._cache) > 65536:  # paths of removed cgroups must not accumulate forever
+                self._cache.clear()
+        return hit
+
+    def _classify(self, path: str) -> Workload:
+        ident = parse_cgroup_path(path)
+        if ident.pod_uid is not None:
+            parts = path.strip("/").split("/")
+            # The pod-level cgroup: the first component (from the kubepods one) that names the pod.
+            uid_forms = (ident.pod_uid, ident.pod_uid.replace("-", "_"))
+            pod_path = path
+            for i, part in enumerate(parts):
+                if part.startswith(("pod", "kubepods-")) and any(u in part for u in uid_forms):
+                    pod_path = "/" + "/".join(parts[: i + 1])
+                    break
+            pod = self._pods.get(ident.pod_uid)
+            if pod is not None:
+                target = Target(pod_path, pod.uid, pod.namespace, pod.name, pod.qos_class)
+            else:  # a pod the metadata does not (yet) know: the path still gives its k8s QoS
+                target = Target(pod_path, ident.pod_uid, None, None, k8s_qos_to_class(ident.qos))
+            return Workload(pod_path, target)
+        for globs, qos in ((self.ls_globs, "LS"), (self.be_globs, "BE")):
+            for pattern in globs:
+                match = self._glob_prefix(path, pattern)
+                if match is not None:
+                    return Workload(match, Target(match, qos=qos))
+        return Workload(path, Target(path))
+
+    @staticmethod
+    def _glob_prefix(path: str, pattern: str) -> str | None:
+        """The shortest ancestor-or-self of ``path`` matching ``pattern`` (so a workload's children join it)."""
+        parts = path.strip("/").split("/")
+        for i in range(1, len(parts) + 1):
+            prefix = "/" + "/".join(parts[:i])
+            if fnmatch.fnmatchcase(prefix, pattern):
+                return prefix
+        return None
+
+    def workloads(self, paths: Iterable[str]) -> dict[str, Workload]:
+        out: dict[str, Workload] = {}
+        for p in paths:
+            w = self.workload_of(p)
+            out.setdefault(w.key, w)
+        return out
+
+
+class IdMapper:
+    """BPF cgroup id (per hierarchy) -> workload, through the resolver; unknown ids map to None."""
+
+    def __init__(self, resolver: CgroupResolver, index: WorkloadIndex) -> None:
+        self.resolver, self.index = resolver, index
+
+    def path_of(self, cgroup_id: int, hierarchy: Hierarchy | None) -> str | None:
+        if cgroup_id == 0:
+            return None
+        info = self.resolver.resolve(cgroup_id, hierarchy)
+        return None if info is None else info.path
+
+    def workload_of(self, cgroup_id: int, hierarchy: Hierarchy | None) -> Workload | None:
+        path = self.path_of(cgroup_id, hierarchy)
+        return None if path is None else self.index.workload_of(path)
