@@ -56,6 +56,9 @@ class Plan:
     writes: tuple[FileWrite, ...] = ()
     calls: tuple[ApiCall, ...] = ()
     reversible: bool = True
+    # Numbers the plan settled on after clamping (e.g. {"cpu_cores": 0.5, "policy": "cfsQuota"}), for
+    # metrics and the audit log; added for the manager, optional for every actuator.
+    details: dict[str, float | str] = field(default_factory=dict, compare=False, hash=False)
 
 
 class ActionState(StrEnum):

@@ -1,0 +1,365 @@
+"""Cgroup files behind resource names, the same for cgroup v1, v2 and hybrid hosts.
+
+Actuators never spell a cgroup file name: they ask :class:`CgroupFiles` for a *resource* of a
+cgroup and get the right file in the right hierarchy (found through
+:class:`probes.cgroupfs.CgroupLayout`), in the right format:
+
+=============  ======================================  ==============================
+resource       v1 (hierarchy / file)                   v2 file
+=============  ======================================  ==============================
+CPU_QUOTA      cpu / ``cpu.cfs_quota_us`` (+period)    ``cpu.max`` ("max 100000")
+CPU_BURST      cpu / ``cpu.cfs_burst_us``              ``cpu.max.burst``
+CPU_SHARES     cpu / ``cpu.shares``                    ``cpu.weight`` (kernel conversion)
+CPUSET_CPUS    cpuset / ``cpuset.cpus``                ``cpuset.cpus``
+CPUSET_MEMS    cpuset / ``cpuset.mems``                ``cpuset.mems``
+TASKS          cpu / ``tasks``                         ``cgroup.threads``
+PROCS          cpu / ``cgroup.procs``                  ``cgroup.procs``
+=============  ======================================  ==============================
+
+API (all cgroup paths are relative to the hierarchy root, e.g. ``kubepods.slice/kubepods-besteffort.slice``):
+
+- ``files = CgroupFiles(HostPaths.under(tmp))`` (default: the real host).
+- Typed reads: ``read_cpu_max(cg) -> CpuMax``, ``read_burst_us``, ``read_shares`` (v1 units, v2 weight
+  converted), ``read_cpus`` / ``read_mems`` (sorted tuples), ``read_tasks``, ``read_procs``.
+- Planned writes (nothing is written, :class:`actuators.base.FileWrite` with old and new raw values,
+  ready for :meth:`actuators.journal.Journal.apply`): ``quota_writes(cg, quota_us)``,
+  ``burst_write(cg, burst_us)``, ``shares_write(cg, shares)``, ``cpus_write(cg, cpus)``.
+- Raw access: ``path(resource, cg)``, ``read_raw``, ``write_raw``; module functions
+  :func:`read_file` / :func:`write_file` work on absolute paths (the journal uses them).
+- ``descendants(resource, cg)``: the cgroup and every cgroup below it, top-down.
+- ``kubepods_driver()`` -> "systemd" | "cgroupfs" | None and ``qos_cgroup("besteffort")`` ->
+  ``kubepods.slice/kubepods-besteffort.slice`` or ``kubepods/besteffort``, detected by which root exists.
+
+Errors are one line: :class:`CgroupVanished` when the cgroup is gone, :class:`ResourceUnavailable`
+when the host has no such file (no controller, kernel without CFS burst), :class:`CgroupWriteError`
+when the kernel refuses a value (EINVAL, ERANGE, EBUSY), all subclasses of :class:`CgroupFileError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from actuators.base import FileWrite
+from probes.cgroupfs import CgroupLayout, Hierarchy, discover
+from probes.host import VANISHED_ERRNOS, HostPaths
+
+DEFAULT_PERIOD_US = 100_000
+
+
+class CgroupFileError(Exception):
+    """A cgroup file could not be read or written; ``str(exc)`` is one line."""
+
+
+class CgroupVanished(CgroupFileError):
+    """The cgroup (directory) is gone: removed while we planned or wrote."""
+
+
+class ResourceUnavailable(CgroupFileError):
+    """This host has no such file for the cgroup (controller not mounted/enabled, old kernel)."""
+
+
+class CgroupWriteError(CgroupFileError):
+    """The kernel refused the value (EINVAL, ERANGE, EBUSY, ...)."""
+
+
+class Resource(StrEnum):
+    CPU_QUOTA = "cpu_quota"
+    CPU_PERIOD = "cpu_period"
+    CPU_BURST = "cpu_burst"
+    CPU_SHARES = "cpu_shares"
+    CPUSET_CPUS = "cpuset_cpus"
+    CPUSET_MEMS = "cpuset_mems"
+    TASKS = "tasks"
+    PROCS = "procs"
+
+
+# resource -> (controller, v1 file, v2 file)
+_FILES: dict[Resource, tuple[str, str, str]] = {
+    Resource.CPU_QUOTA: ("cpu", "cpu.cfs_quota_us", "cpu.max"),
+    Resource.CPU_PERIOD: ("cpu", "cpu.cfs_period_us", "cpu.max"),
+    Resource.CPU_BURST: ("cpu", "cpu.cfs_burst_us", "cpu.max.burst"),
+    Resource.CPU_SHARES: ("cpu", "cpu.shares", "cpu.weight"),
+    Resource.CPUSET_CPUS: ("cpuset", "cpuset.cpus", "cpuset.cpus"),
+    Resource.CPUSET_MEMS: ("cpuset", "cpuset.mems", "cpuset.mems"),
+    Resource.TASKS: ("cpu", "tasks", "cgroup.threads"),
+    Resource.PROCS: ("cpu", "cgroup.procs", "cgroup.procs"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CpuMax:
+    """CFS bandwidth of one cgroup: ``quota_us`` None means unlimited."""
+
+    quota_us: int | None
+    period_us: int
+
+    @property
+    def cores(self) -> float | None:
+        return None if self.quota_us is None else self.quota_us / self.period_us
+
+
+# -- kernel conversions -------------------------------------------------------------------------
+
+# kernel/sched/core.c: cpu.weight is the v1 share weight scaled so that the default 1024 <-> 100,
+# rounded to nearest (DIV_ROUND_CLOSEST), weight clamped to [1, 10000], shares to [2, 262144].
+def shares_to_weight(shares: int) -> int:
+    return min(10_000, max(1, (shares * 100 + 512) // 1024))
+
+
+def weight_to_shares(weight: int) -> int:
+    return min(262_144, max(2, (weight * 1024 + 50) // 100))
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """Kernel cpu list ("0-3,8,10-11", may be empty) -> sorted tuple; ValueError if malformed."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            a, b = int(lo), int(hi)
+            if b < a:
+                raise ValueError(f"bad cpu range {part!r}")
+            cpus.update(range(a, b + 1))
+        else:
+            cpus.add(int(part))
+    return tuple(sorted(cpus))
+
+
+def format_cpu_list(cpus: tuple[int, ...] | list[int] | set[int] | frozenset[int]) -> str:
+    """Sorted, ranges collapsed, the way the kernel prints it ("0-2,5")."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def same_value(a: str | None, b: str | None) -> bool:
+    """Two raw cgroup values mean the same thing ("0,1" == "0-1", whitespace ignored)."""
+    if a is None or b is None:
+        return a is b
+    a, b = a.strip(), b.strip()
+    if a == b:
+        return True
+    if " " not in a and " " not in b and "\n" not in a + b:
+        try:
+            return parse_cpu_list(a) == parse_cpu_list(b)
+        except ValueError:
+            return False
+    return False
+
+
+# -- raw file access ----------------------------------------------------------------------------
+
+
+def read_file(path: str | os.PathLike[str]) -> str:
+    """One cgroup/resctrl file, whole; one-line errors (CgroupVanished when its directory is gone)."""
+    p = Path(path)
+    try:
+        with open(p, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError as e:
+        raise _classify(e, p, "read") from None
+
+
+def write_file(path: str | os.PathLike[str], value: str) -> None:
+    """Write ``value`` with a single write() (cgroup files take one value per write); never creates files."""
+    p = Path(path)
+    data = value.encode()
+    try:
+        # O_TRUNC as a shell `echo >` does: kernfs ignores it, and a temp-dir fake host needs it.
+        fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
+    except OSError as e:
+        raise _classify(e, p, "write", value) from None
+    try:
+        os.write(fd, data)
+    except OSError as e:
+        raise _classify(e, p, "write", value) from None
+    finally:
+        os.close(fd)
+
+
+def _classify(e: OSError, p: Path, verb: str, value: str | None = None) -> CgroupFileError:
+    what = f"{verb} {value.strip()!r} to {p}" if value is not None else f"{verb} {p}"
+    reason = e.strerror or str(e)
+    if e.errno in VANISHED_ERRNOS:
+        if not p.parent.is_dir():
+            return CgroupVanished(f"cgroup {p.parent} is gone ({what}: {reason})")
+        return ResourceUnavailable(f"{p} does not exist on this host ({what}: {reason})")
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return CgroupWriteError(f"{what}: permission denied")
+    return CgroupWriteError(f"{what}: {reason}")
+
+
+# -- the abstraction ----------------------------------------------------------------------------
+
+
+class CgroupFiles:
+    """Resource-named cgroup files of one host (real or a temp dir laid out like one)."""
+
+    def __init__(self, paths: HostPaths | None = None, layout: CgroupLayout | None = None) -> None:
+        self.paths = paths or HostPaths()
+        self.layout = layout or discover(self.paths)
+
+    # -- locating -----------------------------------------------------------------------------
+    def hierarchy(self, resource: Resource) -> Hierarchy:
+        controller = _FILES[resource][0]
+        h = self.layout.hierarchy_for(controller)
+        if h is None:
+            raise ResourceUnavailable(f"no cgroup hierarchy has the {controller} controller on this host")
+        return h
+
+    def version(self, resource: Resource) -> int:
+        return self.hierarchy(resource).version
+
+    def dir(self, resource: Resource, cgroup: str) -> Path:
+        return self.hierarchy(resource).path_of(cgroup)
+
+    def path(self, resource: Resource, cgroup: str) -> Path:
+        h = self.hierarchy(resource)
+        _, v1_name, v2_name = _FILES[resource]
+        return h.path_of(cgroup) / (v1_name if h.version == 1 else v2_name)
+
+    def exists(self, resource: Resource, cgroup: str) -> bool:
+        try:
+            return self.path(resource, cgroup).exists()
+        except ResourceUnavailable:
+            return False
+
+    def read_raw(self, resource: Resource, cgroup: str) -> str:
+        return read_file(self.path(resource, cgroup))
+
+    def write_raw(self, resource: Resource, cgroup: str, value: str) -> None:
+        write_file(self.path(resource, cgroup), value)
+
+    def descendants(self, resource: Resource, cgroup: str) -> list[str]:
+        """The cgroup and all cgroups below it in the resource's hierarchy, parents before children."""
+        top = self.dir(resource, cgroup)
+        if not top.is_dir():
+            raise CgroupVanished(f"cgroup {top} is gone")
+        found = [cgroup.strip("/")]
+        for dirpath, dirnames, _ in os.walk(top):
+            dirnames.sort()
+            rel = Path(dirpath).relative_to(self.hierarchy(resource).mount)
+            found.extend(str(rel / d) for d in dirnames)
+        # os.walk is top-down; sort by depth keeps parents first even across siblings
+        return sorted(dict.fromkeys(found), key=lambda c: (c.count("/"), c))
+
+    # -- typed reads --------------------------------------------------------------------------
+    def read_cpu_max(self, cgroup: str) -> CpuMax:
+        if self.version(Resource.CPU_QUOTA) == 2:
+            text = self.read_raw(Resource.CPU_QUOTA, cgroup)
+            fields = text.split()
+            try:
+                if len(fields) != 2:
+                    raise ValueError
+                return CpuMax(None if fields[0] == "max" else int(fields[0]), int(fields[1]))
+            except ValueError:
+                raise CgroupFileError(f"{self.path(Resource.CPU_QUOTA, cgroup)}: malformed {text.strip()!r}") from None
+        quota = self._read_int(Resource.CPU_QUOTA, cgroup)
+        period = self._read_int(Resource.CPU_PERIOD, cgroup)
+        return CpuMax(None if quota < 0 else quota, period)
+
+    def read_burst_us(self, cgroup: str) -> int:
+        return self._read_int(Resource.CPU_BURST, cgroup)
+
+    def read_shares(self, cgroup: str) -> int:
+        value = self._read_int(Resource.CPU_SHARES, cgroup)
+        return weight_to_shares(value) if self.version(Resource.CPU_SHARES) == 2 else value
+
+    def read_cpus(self, cgroup: str) -> tuple[int, ...]:
+        return self._read_list(Resource.CPUSET_CPUS, cgroup)
+
+    def read_mems(self, cgroup: str) -> tuple[int, ...]:
+        return self._read_list(Resource.CPUSET_MEMS, cgroup)
+
+    def read_tasks(self, cgroup: str) -> list[int]:
+        return [int(x) for x in self.read_raw(Resource.TASKS, cgroup).split()]
+
+    def read_procs(self, cgroup: str) -> list[int]:
+        return [int(x) for x in self.read_raw(Resource.PROCS, cgroup).split()]
+
+    def _read_int(self, resource: Resource, cgroup: str) -> int:
+        text = self.read_raw(resource, cgroup)
+        try:
+            return int(text.strip())
+        except ValueError:
+            raise CgroupFileError(f"{self.path(resource, cgroup)}: not an integer ({text.strip()[:40]!r})") from None
+
+    def _read_list(self, resource: Resource, cgroup: str) -> tuple[int, ...]:
+        text = self.read_raw(resource, cgroup)
+        try:
+            return parse_cpu_list(text)
+        except ValueError:
+            raise CgroupFileError(f"{self.path(resource, cgroup)}: malformed list ({text.strip()[:40]!r})") from None
+
+    # -- planned writes (nothing written here) -------------------------------------------------
+    def quota_writes(self, cgroup: str, quota_us: int | None, period_us: int | None = None) -> list[FileWrite]:
+        """Set the CFS quota (None = unlimited); the period is kept unless given."""
+        if quota_us is not None and quota_us < 1000:
+            raise CgroupFileError(f"cfs quota {quota_us} us is below the kernel minimum of 1000 us")
+        current = self.read_cpu_max(cgroup)
+        period = period_us or current.period_us
+        if self.version(Resource.CPU_QUOTA) == 2:
+            path = self.path(Resource.CPU_QUOTA, cgroup)
+            new = f"{'max' if quota_us is None else quota_us} {period}"
+            return [FileWrite(str(path), read_file(path).strip(), new)]
+        writes = []
+        if period != current.period_us:
+            p = self.path(Resource.CPU_PERIOD, cgroup)
+            writes.append(FileWrite(str(p), str(current.period_us), str(period)))
+        q = self.path(Resource.CPU_QUOTA, cgroup)
+        old_quota = "-1" if current.quota_us is None else str(current.quota_us)
+        writes.append(FileWrite(str(q), old_quota, "-1" if quota_us is None else str(quota_us)))
+        return writes
+
+    def burst_write(self, cgroup: str, burst_us: int) -> FileWrite:
+        if burst_us < 0:
+            raise CgroupFileError(f"cfs burst must be >= 0, got {burst_us}")
+        path = self.path(Resource.CPU_BURST, cgroup)
+        return FileWrite(str(path), read_file(path).strip(), str(burst_us))
+
+    def shares_write(self, cgroup: str, shares: int) -> FileWrite:
+        path = self.path(Resource.CPU_SHARES, cgroup)
+        value = shares_to_weight(shares) if self.version(Resource.CPU_SHARES) == 2 else max(2, shares)
+        return FileWrite(str(path), read_file(path).strip(), str(value))
+
+    def cpus_write(self, cgroup: str, cpus: tuple[int, ...] | list[int] | set[int]) -> FileWrite:
+        if not cpus:
+            raise CgroupFileError(f"refusing an empty cpuset for {cgroup or '/'}")
+        path = self.path(Resource.CPUSET_CPUS, cgroup)
+        return FileWrite(str(path), read_file(path).strip(), format_cpu_list(set(cpus)))
+
+    # -- kubepods ------------------------------------------------------------------------------
+    def kubepods_driver(self) -> str | None:
+        """"systemd" when ``kubepods.slice`` exists in the cpu hierarchy, "cgroupfs" for ``kubepods``."""
+        h = self.hierarchy(Resource.CPU_QUOTA)
+        if (h.mount / "kubepods.slice").is_dir():
+            return "systemd"
+        if (h.mount / "kubepods").is_dir():
+            return "cgroupfs"
+        return None
+
+    def qos_cgroup(self, qos: str, driver: str | None = None) -> str:
+        """The kubepods QoS cgroup path: "besteffort", "burstable" or "guaranteed" (= the kubepods root)."""
+        qos = qos.lower()
+        if qos not in ("besteffort", "burstable", "guaranteed"):
+            raise ValueError(f"unknown Kubernetes QoS class {qos!r} (besteffort, burstable, guaranteed)")
+        driver = driver or self.kubepods_driver()
+        if driver is None:
+            raise ResourceUnavailable("no kubepods cgroup (kubepods.slice or kubepods) on this host")
+        if driver == "systemd":
+            return "kubepods.slice" if qos == "guaranteed" else f"kubepods.slice/kubepods-{qos}.slice"
+        return "kubepods" if qos == "guaranteed" else f"kubepods/{qos}"

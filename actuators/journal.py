@@ -1,0 +1,422 @@
+"""Write-ahead journal of every file the actuators change, so every change can be undone.
+
+The original value of a file is on disk *before* the file is first written (atomic: temp file,
+fsync, rename, fsync of the directory), so a crash at any point leaves enough to restore it.
+
+API (paths are absolute; values are the raw strings of the file)::
+
+    journal = Journal("/var/lib/noisyneighbor/journal")   # or a temp dir in tests
+    journal.reconcile()              # at start: restore what a crashed run left changed
+    writes = journal.apply("act-1", plan.writes, kind="suppress")   # all-or-nothing
+    journal.revert("act-1")          # undo one action: its files back to their pre-action values
+    journal.restore_all()            # clean shutdown: every owned file back to its original
+
+- :meth:`Journal.apply` writes a sequence of :class:`actuators.base.FileWrite` (or ``(path, new)``
+  pairs) in order. If one fails, the ones already written are rolled back in reverse order and
+  :class:`actuators.base.ActionError` is raised; nothing stays half-applied.
+- Undo order is the reverse of the *last* write of each file, each file restored once. That is what
+  nested cpuset changes need (koordlet's order: union of old and new top-down, then the new set
+  bottom-up; the undo then restores parents before children) and what cfs quota + burst need
+  (burst is written after quota, so it is restored first).
+- A file is *owned* from its first write until it is restored; its original is recorded once, so it
+  is restored once to the value it had before we touched it, however many times we changed it.
+- We never clobber a change someone else made: a file whose current value is neither what we wrote
+  nor its original is left alone and reported as ``foreign`` (kubelet/systemd re-applied their own
+  value; fighting them is koordlet issue #1734).
+- :meth:`Journal.reconcile` (after a crash) restores originals, or with ``reown=True`` keeps the
+  entries so this run owns them and restores them later.
+- File I/O goes through :func:`actuators.cgroupfile.read_file` / ``write_file`` by default; pass
+  ``read``/``write`` callables to journal other kinds of files (e.g. resctrl schemata).
+
+Thread-safe (one lock); one journal directory per agent process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from actuators.base import ActionError, FileWrite, Plan
+from actuators.cgroupfile import (
+    CgroupFileError,
+    CgroupVanished,
+    ResourceUnavailable,
+    read_file,
+    same_value,
+    write_file,
+)
+
+DEFAULT_JOURNAL_DIR = Path("/var/lib/noisyneighbor/journal")
+JOURNAL_FILE = "journal.json"
+FORMAT_VERSION = 1
+
+log = logging.getLogger("noisyneighbor.actuators.journal")
+
+
+@dataclass
+class JournalEntry:
+    """One owned file."""
+
+    path: str
+    original: str
+    last_written: str | None  # read back after our last write; None while a write is in flight
+    pending: str | None  # the value being written (crash between journal and write)
+    seq: int  # order of our last write to it; undo goes in decreasing seq
+    action_id: str  # the action that last wrote it
+    kind: str = ""
+    first_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class AppliedWrite:
+    """One write as done: ``before`` is the value just before this action, ``after`` as read back."""
+
+    path: str
+    before: str
+    after: str
+
+
+@dataclass
+class RestoreReport:
+    restored: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)  # already held the original
+    vanished: list[str] = field(default_factory=list)  # cgroup gone: nothing to restore
+    foreign: list[str] = field(default_factory=list)  # someone else changed it since: left alone
+    failed: list[str] = field(default_factory=list)  # "path: reason"
+    reowned: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def summary(self) -> str:
+        parts = [f"{k}={len(v)}" for k, v in asdict(self).items() if v]
+        return " ".join(parts) or "nothing to restore"
+
+
+class JournalError(Exception):
+    """The journal itself cannot be read or written; one line."""
+
+
+ReadFn = Callable[[str], str]
+WriteFn = Callable[[str, str], None]
+
+
+class Journal:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] = DEFAULT_JOURNAL_DIR,
+        *,
+        read: ReadFn | None = None,
+        write: WriteFn | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self._read: ReadFn = read or read_file
+        self._write: WriteFn = write or write_file
+        self._lock = threading.RLock()
+        self._entries: dict[str, JournalEntry] = {}
+        self._seq = 0
+        # per action, what it wrote (in memory: after a crash only originals matter)
+        self._actions: dict[str, list[AppliedWrite]] = {}
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise JournalError(f"cannot create journal directory {self.directory}: {e.strerror or e}") from None
+        self._load()
+
+    @property
+    def file(self) -> Path:
+        return self.directory / JOURNAL_FILE
+
+    # -- persistence -------------------------------------------------------------------------
+    def _load(self) -> None:
+        try:
+            raw = self.file.read_text()
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise JournalError(f"cannot read journal {self.file}: {e.strerror or e}") from None
+        try:
+            doc = json.loads(raw)
+            if doc.get("version") != FORMAT_VERSION:
+                raise ValueError(f"unsupported version {doc.get('version')!r}")
+            entries = [JournalEntry(**e) for e in doc["entries"]]
+        except (ValueError, TypeError, KeyError) as e:
+            raise JournalError(f"journal {self.file} is corrupt ({e}); inspect it, then remove it") from None
+        self._entries = {e.path: e for e in entries}
+        self._seq = max((e.seq for e in entries), default=0)
+
+    def _save(self) -> None:
+        doc = {
+            "version": FORMAT_VERSION,
+            "pid": os.getpid(),
+            "saved_at": time.time(),
+            "entries": [asdict(e) for e in sorted(self._entries.values(), key=lambda e: e.seq)],
+        }
+        data = json.dumps(doc, indent=1, sort_keys=True).encode()
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".journal-", dir=self.directory)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.file)
+            dfd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as e:
+            with contextlib.suppress(OSError, UnboundLocalError):
+                os.unlink(tmp)
+            raise JournalError(f"cannot write journal {self.file}: {e.strerror or e}") from None
+
+    # -- queries -----------------------------------------------------------------------------
+    def owned(self) -> dict[str, JournalEntry]:
+        with self._lock:
+            return {p: JournalEntry(**asdict(e)) for p, e in self._entries.items()}
+
+    def original(self, path: str) -> str | None:
+        with self._lock:
+            e = self._entries.get(str(path))
+            return None if e is None else e.original
+
+    def action_writes(self, action_id: str) -> list[AppliedWrite]:
+        with self._lock:
+            return list(self._actions.get(action_id, []))
+
+    # -- changing files ----------------------------------------------------------------------
+    def apply(
+        self, action_id: str, writes: Iterable[FileWrite | tuple[str, str]], *, kind: str = ""
+    ) -> list[AppliedWrite]:
+        """Write all, in order, journaling each original first; on any failure roll back and raise ActionError."""
+        items = [(w.path, w.new) if isinstance(w, FileWrite) else (str(w[0]), w[1]) for w in writes]
+        with self._lock:
+            done: list[AppliedWrite] = []
+            try:
+                for path, new in items:
+                    done.append(self._write_one(action_id, kind, path, new))
+            except (CgroupFileError, JournalError, OSError) as e:
+                problems = self._undo(done)
+                extra = f"; rollback problems: {'; '.join(problems)}" if problems else ""
+                raise ActionError(f"{_one_line(e)} (rolled back {len(done)} earlier write(s){extra})") from None
+            self._actions.setdefault(action_id, []).extend(done)
+            return done
+
+    def _write_one(self, action_id: str, kind: str, path: str, new: str) -> AppliedWrite:
+        before = self._read(path).strip()
+        entry = self._entries.get(path)
+        self._seq += 1
+        if entry is None:
+            entry = JournalEntry(path, before, None, new, self._seq, action_id, kind)
+            self._entries[path] = entry
+        else:
+            entry.pending, entry.seq, entry.action_id = new, self._seq, action_id
+            entry.kind = kind or entry.kind
+        self._save()  # the original is on disk before the file changes
+        try:
+            self._write(path, new)
+        except BaseException:
+            if entry.last_written is None and same_value(self._read_quietly(path), entry.original):
+                del self._entries[path]  # never changed: not ours
+            else:
+                entry.pending = None
+            with contextlib.suppress(JournalError):
+                self._save()
+            raise
+        after = (self._read_quietly(path) or new).strip()
+        entry.last_written, entry.pending = after, None
+        self._save()
+        return AppliedWrite(path, before, after)
+
+    def _undo(self, done: Sequence[AppliedWrite]) -> list[str]:
+        """Restore each file in ``done`` to its pre-action value: reverse order of last write, once each."""
+        problems: list[str] = []
+        seen: set[str] = set()
+        for w in reversed(done):
+            if w.path in seen:
+                continue
+            seen.add(w.path)
+            # the earliest 'before' of this path within the action is the pre-action value
+            before = next(x.before for x in done if x.path == w.path)
+            try:
+                self._write(w.path, before)
+            except CgroupVanished:
+                pass
+            except CgroupFileError as e:
+                problems.append(_one_line(e))
+                continue
+            entry = self._entries.get(w.path)
+            if entry is not None and same_value(before, entry.original):
+                del self._entries[w.path]
+            elif entry is not None:
+                entry.last_written = (self._read_quietly(w.path) or before).strip()
+        with contextlib.suppress(JournalError):
+            self._save()
+        return problems
+
+    def revert(self, action_id: str) -> RestoreReport:
+        """Undo one action: its files back to the values they had before it (reverse order, once each).
+
+        A file changed since by someone else is left alone (``foreign``).
+        """
+        report = RestoreReport()
+        with self._lock:
+            done = self._actions.pop(action_id, [])
+            seen: set[str] = set()
+            for w in reversed(done):
+                if w.path in seen:
+                    continue
+                seen.add(w.path)
+                before = next(x.before for x in done if x.path == w.path)
+                entry = self._entries.get(w.path)
+                try:
+                    current = self._read_or_none(w.path)
+                except CgroupFileError as exc:
+                    report.failed.append(_one_line(exc))
+                    continue
+                if current is None:
+                    report.vanished.append(w.path)
+                    self._entries.pop(w.path, None)
+                    continue
+                ours = entry.last_written if entry is not None else w.after
+                if not same_value(current, ours):
+                    report.foreign.append(w.path)
+                    self._entries.pop(w.path, None)
+                    continue
+                try:
+                    self._write(w.path, before)
+                except CgroupVanished:
+                    report.vanished.append(w.path)
+                    self._entries.pop(w.path, None)
+                    continue
+                except CgroupFileError as e:
+                    report.failed.append(_one_line(e))
+                    continue
+                report.restored.append(w.path)
+                if entry is not None and same_value(before, entry.original):
+                    del self._entries[w.path]
+                elif entry is not None:
+                    entry.last_written = (self._read_quietly(w.path) or before).strip()
+            self._save()
+        return report
+
+    def restore_all(self) -> RestoreReport:
+        """Clean shutdown: every owned file back to its original, newest write first, once each."""
+        with self._lock:
+            report = self._restore_entries(list(self._entries.values()))
+            self._actions.clear()
+            return report
+
+    def reconcile(self, *, reown: bool = False) -> RestoreReport:
+        """At start: deal with what a previous (crashed) run left in the journal.
+
+        Default: restore the originals. ``reown=True``: keep the entries (this run now owns the files and
+        restores them at its own shutdown); only entries whose cgroup vanished are dropped.
+        """
+        with self._lock:
+            entries = list(self._entries.values())
+            if not reown:
+                report = self._restore_entries(entries)
+            else:
+                report = RestoreReport()
+                for e in entries:
+                    current = self._read_quietly(e.path)
+                    if current is None:
+                        report.vanished.append(e.path)
+                        del self._entries[e.path]
+                    else:
+                        e.last_written, e.pending = current.strip(), None
+                        report.reowned.append(e.path)
+                self._save()
+            if entries:
+                log.info("journal reconcile (%s): %s", "reown" if reown else "restore", report.summary())
+            return report
+
+    def _restore_entries(self, entries: list[JournalEntry]) -> RestoreReport:
+        report = RestoreReport()
+        for e in sorted(entries, key=lambda e: -e.seq):
+            try:
+                current = self._read_or_none(e.path)
+            except CgroupFileError as exc:
+                report.failed.append(_one_line(exc))
+                continue
+            if current is None:
+                report.vanished.append(e.path)
+                self._entries.pop(e.path, None)
+                continue
+            if same_value(current, e.original):
+                report.unchanged.append(e.path)
+                self._entries.pop(e.path, None)
+                continue
+            ours = [v for v in (e.last_written, e.pending) if v is not None]
+            if e.last_written is not None and not any(same_value(current, v) for v in ours):
+                report.foreign.append(e.path)
+                log.warning("not restoring %s: changed by someone else since (now %r, we wrote %r)",
+                            e.path, current.strip(), e.last_written)
+                self._entries.pop(e.path, None)
+                continue
+            try:
+                self._write(e.path, e.original)
+            except CgroupVanished:
+                report.vanished.append(e.path)
+                self._entries.pop(e.path, None)
+                continue
+            except CgroupFileError as exc:
+                report.failed.append(_one_line(exc))
+                continue  # kept: a later restore_all/reconcile tries again
+            report.restored.append(e.path)
+            self._entries.pop(e.path, None)
+        self._save()
+        return report
+
+    def _read_or_none(self, path: str) -> str | None:
+        # Gone (cgroup removed, or the file absent on this host) reads as None; other errors propagate.
+        try:
+            return self._read(path)
+        except (CgroupVanished, ResourceUnavailable):
+            return None
+
+
+    def _read_quietly(self, path: str) -> str | None:
+        try:
+            return self._read(path)
+        except CgroupFileError:
+            return None
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+class JournaledFileActuator:
+    """Base for actuators whose plans are file writes: ``apply``/``revert`` go through the journal.
+
+    Subclasses set ``kind`` and implement ``plan``. Each applied plan is one journal action, keyed by
+    the plan object (the manager keeps the plan alive while the action is active).
+    """
+
+    kind: object = ""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    def action_key(self, plan: Plan) -> str:
+        return f"{self.kind}:{id(plan):x}"
+
+    def apply(self, plan: Plan) -> None:
+        self.journal.apply(self.action_key(plan), plan.writes, kind=str(self.kind))
+
+    def revert(self, plan: Plan) -> None:
+        report = self.journal.revert(self.action_key(plan))
+        if report.failed:
+            raise ActionError(f"revert of {self.kind} incomplete: {'; '.join(report.failed)}")

@@ -1,0 +1,338 @@
+"""The actuator manager: the :class:`~detector.decisions.DecisionSink` that turns decisions into actions.
+
+For every decision: route it to the actuator of its kind, check the limits, plan, then either log
+the plan (dry-run) or apply it through the journal, and watch whether it helped.
+
+Limits (each refusal is an audit line with a one-line reason, never an exception to the caller):
+- a kind disabled in :class:`detector.policy.ActuatorPolicy` is refused;
+- only BE targets are suppressed/throttled; LS, LSR, LSE and SYSTEM are never touched, except by burst
+  (which only ever gives CPU: it is refused for LSR, LSE and BE, like koordlet);
+- at most ``max_changes_per_minute`` applied changes in any 60 s (``evictions_per_minute`` for evictions);
+- per target, ``cooldown_seconds`` between changes, no change while the previous one is still being
+  verified, and twice the cooldown after a revert, so an action that did not help is not retried at once
+  (together with the actuators' own dead bands this is the hysteresis that keeps things from flapping);
+- floors are the actuators' (minimum quota, minimum cpus).
+
+Verify/revert (PARTIES-style closed loop, which koordlet does not have): when a decision names a
+victim and a signal (lower is better), the baseline is the median of that signal over the last
+``verify_intervals`` observations before the change; after it, the next ``verify_intervals``
+observations are collected and their median compared. An improvement of at least
+``verify_min_improvement_percent`` keeps the action (VERIFIED); anything less reverts it (REVERTED,
+with both numbers in the audit line). Without a victim signal the action stays APPLIED.
+
+``close()`` restores every changed file (journal), so a clean shutdown leaves the node as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from actuators.base import ActionError, ActionRecord, ActionState, Actuator, Plan, Refused
+from actuators.cgroupfile import CgroupFileError
+from actuators.journal import Journal, JournalError
+from detector.cgroups import parse_cgroup_path
+from detector.decisions import ActionKind, Decision, SuppressAmount
+from detector.policy import ActuatorPolicy
+
+log = logging.getLogger("noisyneighbor.actuators")
+
+PROTECTED_QOS = frozenset({"LS", "LSR", "LSE", "SYSTEM"})
+NO_BURST_QOS = frozenset({"LSR", "LSE", "BE"})
+
+
+class ActuatorMetrics:
+    """Prometheus series of the manager, registered in the registry passed in."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.actions = Counter(
+            "noisyneighbor_actuator_actions", "Actions by kind and resulting state (planned = dry-run).",
+            ["kind", "state"], registry=registry)
+        self.reverts = Counter(
+            "noisyneighbor_actuator_reverts", "Actions reverted because the victim did not improve.", ["kind"],
+            registry=registry)
+        self.active = Gauge(
+            "noisyneighbor_actuator_active_actions", "Applied actions currently in effect.", ["kind"], registry=registry)
+        self.improvement = Gauge(
+            "noisyneighbor_actuator_last_improvement_percent",
+            "Victim signal improvement measured by the last verification.", ["kind"], registry=registry)
+        self.be_suppress_cores = Gauge(
+            "noisyneighbor_be_suppress_cpu_cores", "CPU cores BE is suppressed to (last plan).", ["policy"],
+            registry=registry)
+        self.journal_files = Gauge(
+            "noisyneighbor_actuator_journal_owned_files", "Files changed by actuators and not yet restored.",
+            registry=registry)
+
+
+@dataclass
+class _Verification:
+    key: str
+    baseline: float
+    needed: int
+    samples: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Active:
+    record: ActionRecord
+    actuator: Actuator
+    verification: _Verification | None
+
+
+class ActuatorManager:
+    """Implements ``submit`` / ``observe`` / ``close``; thread-safe."""
+
+    def __init__(
+        self,
+        actuators: Mapping[ActionKind, Actuator] | Iterable[Actuator],
+        journal: Journal,
+        policy: ActuatorPolicy | None = None,
+        *,
+        registry: CollectorRegistry | None = None,
+        audit_log: str | Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        reconcile: bool = True,
+        reown: bool = False,
+        keep_records: int = 1000,
+    ) -> None:
+        self.actuators: dict[ActionKind, Actuator] = (
+            dict(actuators) if isinstance(actuators, Mapping) else {a.kind: a for a in actuators})
+        self.journal = journal
+        self.policy = policy or ActuatorPolicy()
+        self.metrics = ActuatorMetrics(registry if registry is not None else CollectorRegistry())
+        self.audit_path = Path(audit_log) if audit_log else None
+        self._clock = clock
+        self._lock = threading.RLock()
+        self.records: deque[ActionRecord] = deque(maxlen=keep_records)
+        self.planned: deque[Plan] = deque(maxlen=keep_records)  # dry-run output, newest last
+        self._active: dict[tuple[str, str], _Active] = {}  # (kind, target cgroup) -> action in effect
+        self._last_change: dict[tuple[str, str], float] = {}
+        self._blocked_until: dict[tuple[str, str], float] = {}
+        self._changes: deque[tuple[float, str]] = deque()  # (time, kind) of applied changes
+        self._signals: dict[str, deque[float]] = {}
+        if reconcile:
+            report = journal.reconcile(reown=reown)
+            if report.restored or report.failed or report.reowned:
+                self._audit_raw({"event": "reconcile", "summary": report.summary(), "failed": report.failed})
+        self.metrics.journal_files.set(len(journal.owned()))
+
+    # -- DecisionSink -------------------------------------------------------------------------
+    def submit(self, decision: Decision) -> None:
+        with self._lock:
+            try:
+                self._submit(decision)
+            except Exception as e:  # a sink never raises into the detector loop
+                self._finish(ActionRecord(_new_id(), None, decision, ActionState.FAILED,
+                                          f"internal error: {_one_line(e)}"))
+                log.exception("actuator manager failed on a decision")
+
+    def observe(self, signals: Mapping[str, float], now: float) -> None:
+        with self._lock:
+            window = max(1, self.policy.verify_intervals)
+            for key, value in signals.items():
+                self._signals.setdefault(key, deque(maxlen=window)).append(float(value))
+            for target_key, active in list(self._active.items()):
+                v = active.verification
+                if v is None or v.key not in signals:
+                    continue
+                v.samples.append(float(signals[v.key]))
+                if len(v.samples) >= v.needed:
+                    self._judge(target_key, active, v)
+
+    def close(self) -> None:
+        with self._lock:
+            report = self.journal.restore_all()
+            for active in self._active.values():
+                active.record.state = ActionState.REVERTED
+                active.record.detail = "shutdown: originals restored"
+                self._audit(active.record)
+            self._active.clear()
+            self._refresh_gauges()
+            self._audit_raw({"event": "shutdown", "summary": report.summary(), "failed": report.failed})
+
+    # -- internals ----------------------------------------------------------------------------
+    def _submit(self, decision: Decision) -> None:
+        action_id = _new_id()
+        now = self._clock()
+        kind = ActionKind(decision.kind)
+        key = (str(kind), decision.target.cgroup.strip("/"))
+        actuator = self.actuators.get(kind)
+        try:
+            self._check_limits(decision, kind, key, actuator, now)
+            assert actuator is not None
+            plan = actuator.plan(decision)
+        except Refused as e:
+            self._finish(ActionRecord(action_id, None, decision, ActionState.REFUSED, _one_line(e)))
+            return
+        except (CgroupFileError, ValueError, OSError) as e:
+            self._finish(ActionRecord(action_id, None, decision, ActionState.REFUSED, f"cannot plan: {_one_line(e)}"))
+            return
+        self._note_plan(plan)
+        if self.policy.dry_run:
+            self.planned.append(plan)
+            self._finish(ActionRecord(action_id, plan, decision, ActionState.PLANNED, "dry-run: nothing written"))
+            return
+        try:
+            actuator.apply(plan)
+        except (ActionError, JournalError, CgroupFileError) as e:
+            self._finish(ActionRecord(action_id, plan, decision, ActionState.FAILED, _one_line(e)))
+            return
+        self._changes.append((now, str(kind)))
+        self._last_change[key] = now
+        previous = self._active.pop(key, None)
+        if previous is not None:
+            previous.record.detail = f"superseded by {action_id}"
+            self._audit(previous.record)
+        record = ActionRecord(action_id, plan, decision, ActionState.APPLIED, "")
+        self._active[key] = _Active(record, actuator, self._start_verification(decision))
+        if self._active[key].verification is None and decision.victim_signal:
+            record.detail = "no baseline for the victim signal yet: not verified"
+        self._finish(record)
+
+    def _check_limits(
+        self, decision: Decision, kind: ActionKind, key: tuple[str, str], actuator: Actuator | None, now: float
+    ) -> None:
+        if actuator is None:
+            raise Refused(f"no actuator for {kind}")
+        enabled = {
+            ActionKind.SUPPRESS: self.policy.suppress_enabled, ActionKind.EVICT: self.policy.evict_enabled,
+            ActionKind.BURST: self.policy.burst_enabled, ActionKind.RESCTRL: self.policy.resctrl_enabled,
+        }.get(kind, False)
+        if not enabled:
+            raise Refused(f"{kind} is disabled by policy")
+        qos = target_qos(decision)
+        if kind == ActionKind.BURST:
+            if qos in NO_BURST_QOS:
+                raise Refused(f"burst is not for {qos} targets ({decision.target.display})")
+        elif kind in (ActionKind.SUPPRESS, ActionKind.EVICT) and qos != "BE":
+            raise Refused(f"{kind} only touches BE targets; {decision.target.display} is {qos or 'of unknown QoS'}")
+        if key in self._active and self._active[key].verification is not None:
+            raise Refused(f"previous {kind} on {decision.target.display} is still being verified")
+        blocked = self._blocked_until.get(key, 0.0)
+        if now < blocked:
+            raise Refused(f"{decision.target.display} was reverted recently: blocked for {blocked - now:.0f} s more")
+        last = self._last_change.get(key)
+        if last is not None and now - last < self.policy.cooldown_seconds:
+            raise Refused(f"cooldown: last change to {decision.target.display} {now - last:.0f} s ago "
+                          f"(< {self.policy.cooldown_seconds:g} s)")
+        if self.policy.dry_run:
+            return  # dry-run changes nothing, so the rate limit does not apply
+        while self._changes and now - self._changes[0][0] >= 60.0:
+            self._changes.popleft()
+        if kind == ActionKind.EVICT:
+            n = sum(1 for _, k in self._changes if k == str(ActionKind.EVICT))
+            if n >= self.policy.evictions_per_minute:
+                raise Refused(f"rate limit: {n} evictions in the last minute")
+        if len(self._changes) >= self.policy.max_changes_per_minute:
+            raise Refused(f"rate limit: {len(self._changes)} changes in the last minute")
+
+    def _start_verification(self, decision: Decision) -> _Verification | None:
+        if decision.victim is None or not decision.victim_signal:
+            return None
+        key = f"{decision.victim.cgroup}:{decision.victim_signal}"
+        history = self._signals.get(key)
+        if not history:
+            return None
+        return _Verification(key, statistics.median(history), max(1, self.policy.verify_intervals))
+
+    def _judge(self, target_key: tuple[str, str], active: _Active, v: _Verification) -> None:
+        after = statistics.median(v.samples)
+        improvement = 100.0 * (v.baseline - after) / v.baseline if v.baseline > 0 else (0.0 if after >= 0 else 100.0)
+        kind = str(active.record.decision.kind)
+        self.metrics.improvement.labels(kind).set(improvement)
+        numbers = (f"{v.key}: baseline {v.baseline:.4g} -> {after:.4g} over {len(v.samples)} intervals "
+                   f"({improvement:+.1f} %, need {self.policy.verify_min_improvement_percent:g} %)")
+        active.verification = None
+        record = active.record
+        if improvement >= self.policy.verify_min_improvement_percent:
+            record.state, record.detail = ActionState.VERIFIED, f"victim improved: {numbers}"
+            self._finish(record)
+            return
+        try:
+            if record.plan is not None:
+                active.actuator.revert(record.plan)
+        except (ActionError, JournalError, CgroupFileError) as e:
+            record.state, record.detail = ActionState.FAILED, f"revert failed: {_one_line(e)}; {numbers}"
+            self._finish(record)
+            return
+        self._active.pop(target_key, None)
+        self._blocked_until[target_key] = self._clock() + 2 * self.policy.cooldown_seconds
+        self.metrics.reverts.labels(kind).inc()
+        record.state, record.detail = ActionState.REVERTED, f"did not help: {numbers}"
+        self._finish(record)
+
+    def _note_plan(self, plan: Plan) -> None:
+        amount = plan.decision.amount
+        if isinstance(amount, SuppressAmount):
+            cores = plan.details.get("cpu_cores", amount.cpu_cores if amount.cpu_cores is not None
+                                     else len(amount.cpus or ()))
+            policy = str(plan.details.get("policy", amount.policy))
+            self.metrics.be_suppress_cores.labels(policy).set(float(cores))
+
+    def _finish(self, record: ActionRecord) -> None:
+        self.records.append(record)
+        self.metrics.actions.labels(str(record.decision.kind), str(record.state)).inc()
+        self._refresh_gauges()
+        self._audit(record)
+
+    def _refresh_gauges(self) -> None:
+        for kind in ActionKind:
+            self.metrics.active.labels(str(kind)).set(sum(1 for k in self._active if k[0] == str(kind)))
+        self.metrics.journal_files.set(len(self.journal.owned()))
+
+    def _audit(self, record: ActionRecord) -> None:
+        d = record.decision
+        line = {
+            "event": "action", "action_id": record.action_id, "state": str(record.state), "kind": str(d.kind),
+            "target": d.target.cgroup, "target_display": d.target.display, "qos": d.target.qos,
+            "incident_id": d.incident_id, "reason": d.reason, "detail": record.detail,
+            "summary": record.plan.summary if record.plan else None,
+            "writes": [{"path": w.path, "old": w.old, "new": w.new} for w in record.plan.writes] if record.plan else [],
+            "details": dict(record.plan.details) if record.plan else {},
+        }
+        self._audit_raw(line)
+
+    def _audit_raw(self, line: dict) -> None:
+        line = {"ts": time.time(), **line}
+        text = json.dumps(line, sort_keys=True, default=str)
+        level = logging.WARNING if line.get("state") in ("failed",) else logging.INFO
+        log.log(level, "actuator %s", text)
+        if self.audit_path is not None:
+            try:
+                self.audit_path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.audit_path, "a", encoding="utf-8") as f:
+                    f.write(text + "\n")
+            except OSError as e:
+                log.warning("cannot write audit log %s: %s", self.audit_path, e.strerror or e)
+
+    # -- views --------------------------------------------------------------------------------
+    def active_records(self) -> list[ActionRecord]:
+        with self._lock:
+            return [a.record for a in self._active.values()]
+
+
+def target_qos(decision: Decision) -> str | None:
+    """The target's koordinator class; without one, a path in the besteffort QoS cgroup counts as BE."""
+    if decision.target.qos:
+        return decision.target.qos.upper()
+    if parse_cgroup_path(decision.target.cgroup).qos == "besteffort":
+        return "BE"
+    return None
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__

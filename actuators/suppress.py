@@ -1,0 +1,415 @@
+"""CPU suppress of best-effort cgroups: koordlet's formula and both of its policies, plus culprits first.
+
+koordlet (qosmanager ``cpusuppress``), every round::
+
+    be_allowed = capacity * threshold% - usage(non-BE pods) - usage(non-BE host apps)
+                 - max(node_used - pods - host_apps, node_reserved)
+
+- ``cfsQuota`` policy: the BE cgroup's quota = cores * period, at least 2000 µs; a change smaller than
+  1 % of node capacity is skipped (dead band); an increase is at most 10 % of node capacity per round.
+- ``cpuset`` policy: never below ``cpu_suppress_min_cpus``; grow by at most ceil(10 % of CPUs) per
+  round; LSE/reserved CPUs excluded; whole hyperthread-sibling groups first, spread across NUMA
+  nodes; written as the union of old and new sets top-down, then the new set bottom-up, on the
+  target and every cgroup below it (a v1 child's cpuset must stay inside its parent's).
+- Restore on disable: quota unlimited, cpuset back to all CPUs minus the excluded ones
+  (:meth:`SuppressActuator.restore_decision`); at shutdown the journal restores originals.
+
+Beyond koordlet: :func:`incident_suppress_decisions` caps the ranked culprit cgroups of an incident
+first, and only falls back to the whole BE tier for what they cannot cover.
+
+Inputs come from :class:`CpuUsageSampler` (``/proc/stat`` and per-cgroup cpuacct under the host root),
+so tests can fake them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from actuators.base import FileWrite, Plan, Refused
+from actuators.cgroupfile import CgroupFiles, CgroupVanished, Resource, format_cpu_list, parse_cpu_list
+from actuators.journal import Journal, JournaledFileActuator
+from detector.decisions import ActionKind, Decision, SuppressAmount, Target
+from detector.model import Incident
+from detector.policy import ResourceThresholdStrategy
+from probes.cpuacct import read_cgroup_cpu
+from probes.host import HostPaths, read_text_or_none
+
+MIN_QUOTA_US = 2000
+DEAD_BAND_FRACTION = 0.01  # of node capacity
+MAX_GROWTH_FRACTION = 0.10  # of node capacity (quota) or of the CPU count (cpuset), per round
+
+
+def normalize_policy(policy: str) -> str:
+    """"cfsQuota" / "cfs_quota" -> "cfsQuota"; "cpuset" -> "cpuset"."""
+    p = policy.replace("_", "").lower()
+    if p == "cfsquota":
+        return "cfsQuota"
+    if p == "cpuset":
+        return "cpuset"
+    raise ValueError(f"unknown CPU suppress policy {policy!r} (cpuset or cfsQuota)")
+
+
+# -- inputs -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SuppressInputs:
+    """CPU use over the last interval, in cores."""
+
+    capacity_cores: float
+    node_used_cores: float
+    pods_used_cores: float  # all pods, BE included
+    be_used_cores: float
+    host_apps_used_cores: float = 0.0  # non-BE host applications with their own cgroups
+    node_reserved_cores: float = 0.0
+
+    @property
+    def non_be_pods_cores(self) -> float:
+        return max(0.0, self.pods_used_cores - self.be_used_cores)
+
+    @property
+    def system_cores(self) -> float:
+        return max(self.node_used_cores - self.pods_used_cores - self.host_apps_used_cores, self.node_reserved_cores)
+
+
+def be_allowed_cores(inputs: SuppressInputs, threshold_percent: float) -> float:
+    """koordlet's formula; may be negative (then the floor applies)."""
+    return (inputs.capacity_cores * threshold_percent / 100.0 - inputs.non_be_pods_cores
+            - inputs.host_apps_used_cores - inputs.system_cores)
+
+
+def read_proc_stat_cpu(paths: HostPaths) -> tuple[int, int, int]:
+    """(busy ticks, total ticks, CPU count) from /proc/stat; guest time is already in user/nice."""
+    text = read_text_or_none(paths.proc / "stat")
+    if text is None:
+        raise FileNotFoundError(f"{paths.proc / 'stat'} is missing")
+    busy = total = ncpu = 0
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if fields[0] == "cpu":
+            values = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+            total = sum(values)
+            busy = total - values[3] - values[4]
+        elif fields[0].startswith("cpu") and fields[0][3:].isdigit():
+            ncpu += 1
+    return busy, total, ncpu
+
+
+class CpuUsageSampler:
+    """Node and cgroup CPU use between two calls of :meth:`sample`, as :class:`SuppressInputs`."""
+
+    def __init__(
+        self,
+        files: CgroupFiles,
+        pods_cgroup: str,
+        be_cgroups: Sequence[str],
+        host_app_cgroups: Sequence[str] = (),
+        node_reserved_cores: float = 0.0,
+    ) -> None:
+        self.files = files
+        self.pods_cgroup = pods_cgroup
+        self.be_cgroups = list(be_cgroups)
+        self.host_app_cgroups = list(host_app_cgroups)
+        self.node_reserved_cores = node_reserved_cores
+        self._prev: tuple[tuple[int, int, int], dict[str, int]] | None = None
+
+    def _usage_ns(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for cg in {self.pods_cgroup, *self.be_cgroups, *self.host_app_cgroups}:
+            stat = read_cgroup_cpu(self.files.layout, cg)
+            out[cg] = stat.usage_ns if stat is not None else 0
+        return out
+
+    def sample(self) -> SuppressInputs | None:
+        """None on the first call (no interval yet) or when the node counters did not move."""
+        node = read_proc_stat_cpu(self.files.paths)
+        usage = self._usage_ns()
+        prev, self._prev = self._prev, (node, usage)
+        if prev is None:
+            return None
+        (busy0, total0, _), usage0 = prev
+        busy1, total1, ncpu = node
+        if total1 <= total0 or ncpu == 0:
+            return None
+        # ticks summed over CPUs -> wall seconds of the interval = dticks / ncpu / USER_HZ; cores = ns / wall ns
+        wall_ns = (total1 - total0) / ncpu / _user_hz() * 1e9
+
+        def cores(names: Iterable[str]) -> float:
+            return sum(max(0, usage[n] - usage0.get(n, usage[n])) for n in names) / wall_ns
+
+        return SuppressInputs(
+            capacity_cores=float(ncpu),
+            node_used_cores=ncpu * (busy1 - busy0) / (total1 - total0),
+            pods_used_cores=cores([self.pods_cgroup]),
+            be_used_cores=cores(self.be_cgroups),
+            host_apps_used_cores=cores(self.host_app_cgroups),
+            node_reserved_cores=self.node_reserved_cores,
+        )
+
+
+def _user_hz() -> int:
+    return os.sysconf("SC_CLK_TCK")
+
+
+# -- CPU topology -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CpuTopology:
+    cpus: tuple[int, ...]  # online
+    siblings: dict[int, tuple[int, ...]]  # cpu -> its hyperthread group (itself included)
+    node_of: dict[int, int]  # cpu -> NUMA node (0 when unknown)
+
+    @classmethod
+    def read(cls, paths: HostPaths) -> CpuTopology:
+        base = paths.sys / "devices/system/cpu"
+        online_text = read_text_or_none(base / "online")
+        if online_text is None:
+            raise FileNotFoundError(f"{base / 'online'} is missing")
+        cpus = parse_cpu_list(online_text)
+        siblings: dict[int, tuple[int, ...]] = {}
+        for c in cpus:
+            text = read_text_or_none(base / f"cpu{c}/topology/thread_siblings_list")
+            group = parse_cpu_list(text) if text else (c,)
+            siblings[c] = tuple(x for x in group if x in cpus) or (c,)
+        node_of = dict.fromkeys(cpus, 0)
+        node_dir = paths.sys / "devices/system/node"
+        if node_dir.is_dir():
+            for d in sorted(node_dir.glob("node[0-9]*")):
+                text = read_text_or_none(d / "cpulist")
+                for c in parse_cpu_list(text) if text else ():
+                    if c in node_of:
+                        node_of[c] = int(d.name[4:])
+        return cls(cpus, siblings, node_of)
+
+    def pick(self, n: int, excluded: Iterable[int] = (), prefer: Iterable[int] = ()) -> tuple[int, ...]:
+        """``n`` CPUs: whole sibling groups first, round-robin over NUMA nodes; CPUs in ``prefer`` first
+        within that order so a shrinking set keeps what it had (fewer task migrations)."""
+        excluded_set, prefer_set = set(excluded), set(prefer)
+        usable = [c for c in self.cpus if c not in excluded_set]
+        groups_by_node: dict[int, list[tuple[int, ...]]] = {}
+        seen: set[int] = set()
+        for c in usable:
+            if c in seen:
+                continue
+            group = tuple(x for x in self.siblings.get(c, (c,)) if x in usable) or (c,)
+            seen.update(group)
+            groups_by_node.setdefault(self.node_of.get(c, 0), []).append(group)
+        for groups in groups_by_node.values():
+            # full groups before partial ones; groups already in use before new ones
+            groups.sort(key=lambda g: (-len(g), -len(prefer_set & set(g)), g))
+        chosen: list[int] = []
+        nodes = sorted(groups_by_node)
+        while len(chosen) < n and any(groups_by_node[k] for k in nodes):
+            for k in nodes:
+                if groups_by_node[k] and len(chosen) < n:
+                    group = groups_by_node[k].pop(0)
+                    chosen.extend(sorted(group, key=lambda x: (x not in prefer_set, x))[: n - len(chosen)])
+        return tuple(sorted(chosen))
+
+
+# -- the actuator -------------------------------------------------------------------------------
+
+
+class SuppressActuator(JournaledFileActuator):
+    kind = ActionKind.SUPPRESS
+
+    def __init__(
+        self,
+        files: CgroupFiles,
+        journal: Journal,
+        strategy: ResourceThresholdStrategy | None = None,
+        *,
+        excluded_cpus: Iterable[int] = (),
+        topology: CpuTopology | None = None,
+    ) -> None:
+        super().__init__(journal)
+        self.files = files
+        self.strategy = strategy or ResourceThresholdStrategy()
+        self.excluded_cpus = frozenset(excluded_cpus)
+        self._topology = topology
+
+    @property
+    def topology(self) -> CpuTopology:
+        if self._topology is None:
+            self._topology = CpuTopology.read(self.files.paths)
+        return self._topology
+
+    @property
+    def capacity_cores(self) -> float:
+        return float(len(self.topology.cpus))
+
+    def plan(self, decision: Decision) -> Plan:
+        amount = decision.amount
+        if not isinstance(amount, SuppressAmount):
+            raise Refused(f"suppress needs a SuppressAmount, got {type(amount).__name__}")
+        cgroup = decision.target.cgroup.strip("/")
+        try:
+            policy = normalize_policy(amount.policy)
+        except ValueError as e:
+            raise Refused(str(e)) from None
+        try:
+            if policy == "cfsQuota":
+                return self._plan_quota(decision, cgroup, amount)
+            return self._plan_cpuset(decision, cgroup, amount)
+        except CgroupVanished as e:
+            raise Refused(f"target is gone: {e}") from None
+
+    def _plan_quota(self, decision: Decision, cgroup: str, amount: SuppressAmount) -> Plan:
+        if amount.cpu_cores is None:
+            raise Refused("cfsQuota suppress needs cpu_cores")
+        current = self.files.read_cpu_max(cgroup)
+        period = current.period_us
+        capacity_us = self.capacity_cores * period
+        old_us = current.quota_us if current.quota_us is not None else capacity_us
+        wanted_us = max(MIN_QUOTA_US, round(amount.cpu_cores * period))
+        new_us = wanted_us
+        note = ""
+        if new_us > old_us:
+            step = MAX_GROWTH_FRACTION * capacity_us
+            if new_us - old_us > step:
+                new_us, note = round(old_us + step), " (growth capped at 10 % of capacity per round)"
+        if abs(new_us - old_us) < DEAD_BAND_FRACTION * capacity_us:
+            raise Refused(f"quota change {old_us / period:.2f} -> {new_us / period:.2f} cores is below 1 % of capacity")
+        if new_us >= capacity_us:
+            new_q: int | None = None  # the whole node: no limit, as when suppress is off
+        else:
+            new_q = int(new_us)
+        writes: list[FileWrite] = []
+        burst = self._burst_or_none(cgroup)
+        if burst is not None and new_q is not None and burst > new_q:
+            writes.append(self.files.burst_write(cgroup, new_q))  # the kernel refuses quota < burst
+        writes.extend(self.files.quota_writes(cgroup, new_q))
+        old_txt = "unlimited" if current.quota_us is None else f"{current.quota_us / period:.2f}"
+        new_cores = self.capacity_cores if new_q is None else new_q / period
+        return Plan(
+            decision,
+            f"suppress {decision.target.display}: cfs quota {old_txt} -> {new_cores:.2f} cores{note}",
+            tuple(writes),
+            details={"policy": "cfsQuota", "cpu_cores": new_cores, "quota_us": -1 if new_q is None else new_q,
+                     "period_us": period},
+        )
+
+    def _burst_or_none(self, cgroup: str) -> int | None:
+        if not self.files.exists(Resource.CPU_BURST, cgroup):
+            return None
+        return self.files.read_burst_us(cgroup)
+
+    def _plan_cpuset(self, decision: Decision, cgroup: str, amount: SuppressAmount) -> Plan:
+        topo = self.topology
+        usable = [c for c in topo.cpus if c not in self.excluded_cpus]
+        floor = max(1, int(self.strategy.cpu_suppress_min_cpus))
+        current = self.files.read_cpus(cgroup)
+        if amount.cpus:
+            wanted_n = len(amount.cpus)
+        elif amount.cpu_cores is not None:
+            wanted_n = math.ceil(max(0.0, amount.cpu_cores) - 1e-9)
+        else:
+            raise Refused("cpuset suppress needs cpu_cores or cpus")
+        n = min(len(usable), max(floor, wanted_n))
+        note = " (floor)" if n > wanted_n else ""
+        if n > len(current):
+            step = math.ceil(MAX_GROWTH_FRACTION * len(topo.cpus))
+            if n - len(current) > step:
+                n, note = len(current) + step, " (growth capped per round)"
+        if amount.cpus and len(amount.cpus) == n and not set(amount.cpus) & self.excluded_cpus:
+            new = tuple(sorted(amount.cpus))
+        else:
+            new = topo.pick(n, self.excluded_cpus, prefer=current)
+        if set(new) == set(current):
+            raise Refused(f"cpuset of {decision.target.display} is already {format_cpu_list(new)}")
+        writes = self.cpuset_writes(cgroup, new)
+        return Plan(
+            decision,
+            f"suppress {decision.target.display}: cpuset {format_cpu_list(current)} -> {format_cpu_list(new)}{note}",
+            tuple(writes),
+            details={"policy": "cpuset", "cpu_cores": float(len(new)), "cpus": format_cpu_list(new)},
+        )
+
+    def cpuset_writes(self, cgroup: str, new: Sequence[int]) -> list[FileWrite]:
+        """Union of old and new top-down, then new bottom-up, over the cgroup and everything below it."""
+        tree = self.files.descendants(Resource.CPUSET_CPUS, cgroup)
+        olds = {cg: self.files.read_cpus(cg) for cg in tree}
+        writes: list[FileWrite] = []
+        for cg in tree:
+            union = set(olds[cg]) | set(new)
+            if union != set(olds[cg]):
+                writes.append(FileWrite(str(self.files.path(Resource.CPUSET_CPUS, cg)), format_cpu_list(olds[cg]),
+                                        format_cpu_list(union)))
+        for cg in reversed(tree):
+            if set(new) != set(olds[cg]):
+                old = format_cpu_list(set(olds[cg]) | set(new))
+                writes.append(FileWrite(str(self.files.path(Resource.CPUSET_CPUS, cg)), old, format_cpu_list(new)))
+        return writes
+
+    def restore_decision(self, target: Target, policy: str) -> Decision:
+        """Suppress off (koordlet's restore): quota unlimited, or the cpuset back to all usable CPUs."""
+        usable = tuple(c for c in self.topology.cpus if c not in self.excluded_cpus)
+        amount = (SuppressAmount("cfs_quota", cpu_cores=self.capacity_cores) if normalize_policy(policy) == "cfsQuota"
+                  else SuppressAmount("cpuset", cpus=usable))
+        return Decision(ActionKind.SUPPRESS, target, amount, "suppress disabled: restore")
+
+
+# -- decisions ----------------------------------------------------------------------------------
+
+
+def threshold_suppress_decision(
+    inputs: SuppressInputs, strategy: ResourceThresholdStrategy, be_cgroup: str, display: str | None = None
+) -> Decision | None:
+    """koordlet's threshold policy for the whole BE tier; None when disabled."""
+    if not strategy.enable:
+        return None
+    allowed = be_allowed_cores(inputs, strategy.cpu_suppress_threshold_percent)
+    policy = normalize_policy(strategy.cpu_suppress_policy)
+    cores = max(allowed, MIN_QUOTA_US / 100_000 if policy == "cfsQuota" else float(strategy.cpu_suppress_min_cpus))
+    reason = (f"node {inputs.node_used_cores:.2f}/{inputs.capacity_cores:.0f} cores used, threshold "
+              f"{strategy.cpu_suppress_threshold_percent} %: BE allowed {allowed:.2f} cores (uses {inputs.be_used_cores:.2f})")
+    target = Target(be_cgroup, qos="BE", pod=display)
+    return Decision(ActionKind.SUPPRESS, target, SuppressAmount("cfs_quota" if policy == "cfsQuota" else "cpuset",
+                                                                cpu_cores=cores), reason)
+
+
+def incident_suppress_decisions(
+    incident: Incident,
+    inputs: SuppressInputs,
+    strategy: ResourceThresholdStrategy,
+    be_cgroup: str,
+    victim_signal: str | None = None,
+    min_cores: float = 0.1,
+) -> list[Decision]:
+    """Culprits first: cap the incident's BE culprits (highest score first) by the BE excess; whatever they
+    cannot cover falls back to the whole BE tier. Each decision names the incident and its victim."""
+    allowed = be_allowed_cores(inputs, strategy.cpu_suppress_threshold_percent)
+    excess = inputs.be_used_cores - max(0.0, allowed)
+    policy = "cfs_quota" if normalize_policy(strategy.cpu_suppress_policy) == "cfsQuota" else "cpuset"
+    signal = victim_signal or incident.signal
+    decisions: list[Decision] = []
+    for culprit in sorted(incident.culprits, key=lambda c: -c.score):
+        if excess <= 0:
+            break
+        if (culprit.target.qos or "").upper() != "BE" or culprit.cpu_cores <= min_cores:
+            continue
+        cut = min(excess, culprit.cpu_cores - min_cores)
+        cap = culprit.cpu_cores - cut
+        excess -= cut
+        decisions.append(Decision(
+            ActionKind.SUPPRESS, culprit.target, SuppressAmount(policy, cpu_cores=cap),
+            f"culprit of {incident.incident_id} (score {culprit.score:.2f}, {culprit.cpu_cores:.2f} cores): cap to {cap:.2f}",
+            incident_id=incident.incident_id, victim=incident.victim, victim_signal=signal))
+    if excess > 0:
+        tier = threshold_suppress_decision(inputs, strategy, be_cgroup)
+        if tier is not None:
+            decisions.append(Decision(tier.kind, tier.target, tier.amount, tier.reason + " (culprits did not cover it)",
+                                      incident_id=incident.incident_id, victim=incident.victim, victim_signal=signal))
+    return decisions
+
+
+def relative_cgroup(path: Path, files: CgroupFiles, resource: Resource = Resource.CPU_QUOTA) -> str:
+    """A host directory -> the cgroup path relative to the resource's hierarchy."""
+    return str(Path(path).relative_to(files.hierarchy(resource).mount))

@@ -1,0 +1,307 @@
+"""Cgroup file abstraction, journal, and the actuator manager (dry-run, limits, verify/revert)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from actuators.base import ActionError, FileWrite
+from actuators.cgroupfile import (
+    CgroupFiles,
+    CgroupVanished,
+    CgroupWriteError,
+    Resource,
+    format_cpu_list,
+    parse_cpu_list,
+    shares_to_weight,
+    weight_to_shares,
+)
+from actuators.journal import Journal
+from probes.cgroupfs import discover
+from probes.host import HostPaths
+from tests.helpers_actuators import fake_v1_host, fake_v2_host
+
+BE = "kubepods.slice/kubepods-besteffort.slice"
+
+
+# -- cgroupfile ---------------------------------------------------------------------------------
+
+
+def test_v2_formats_on_fake_host(tmp_path: Path) -> None:
+    paths = fake_v2_host(tmp_path, ["kubepods.slice", BE])
+    files = CgroupFiles(paths)
+    assert files.layout.mode == "v2"
+    assert files.path(Resource.CPU_QUOTA, BE).name == "cpu.max"
+    assert files.path(Resource.CPU_BURST, BE).name == "cpu.max.burst"
+    assert files.path(Resource.CPU_SHARES, BE).name == "cpu.weight"
+    assert files.path(Resource.TASKS, BE).name == "cgroup.threads"
+    assert files.read_cpu_max(BE).quota_us is None
+    [w] = files.quota_writes(BE, 50_000)
+    assert (w.old, w.new) == ("max 100000", "50000 100000")
+    Journal(tmp_path / "j").apply("a1", [w])
+    assert files.read_cpu_max(BE).cores == 0.5
+    [w] = files.quota_writes(BE, None)
+    assert w.new == "max 100000"
+    assert files.burst_write(BE, 20_000).new == "20000"
+    # cpu.weight written in v2 units from v1 shares, read back in shares
+    sw = files.shares_write(BE, 2)
+    assert sw.new == "1"
+    (tmp_path / "sys/fs/cgroup" / BE / "cpu.weight").write_text("39\n")
+    assert files.read_shares(BE) == weight_to_shares(39)
+    (tmp_path / "sys/fs/cgroup" / BE / "cgroup.threads").write_text("11\n12\n")
+    assert files.read_tasks(BE) == [11, 12]
+    assert files.kubepods_driver() == "systemd"
+    assert files.qos_cgroup("besteffort") == BE
+    assert files.qos_cgroup("guaranteed") == "kubepods.slice"
+
+
+def test_v1_formats_and_cgroupfs_driver(tmp_path: Path) -> None:
+    paths = fake_v1_host(tmp_path, ["kubepods", "kubepods/besteffort"])
+    files = CgroupFiles(paths)
+    assert files.kubepods_driver() == "cgroupfs"
+    be = files.qos_cgroup("besteffort")
+    assert be == "kubepods/besteffort"
+    assert files.path(Resource.CPU_QUOTA, be) == tmp_path / "sys/fs/cgroup/cpu/kubepods/besteffort/cpu.cfs_quota_us"
+    assert files.path(Resource.CPUSET_CPUS, be).parent == tmp_path / "sys/fs/cgroup/cpuset/kubepods/besteffort"
+    writes = files.quota_writes(be, 30_000, period_us=50_000)
+    assert [(Path(w.path).name, w.old, w.new) for w in writes] == [
+        ("cpu.cfs_period_us", "100000", "50000"), ("cpu.cfs_quota_us", "-1", "30000")]
+    assert files.read_shares(be) == 1024
+    assert files.descendants(Resource.CPUSET_CPUS, "kubepods") == ["kubepods", "kubepods/besteffort"]
+
+
+def test_kernel_share_weight_conversion() -> None:
+    # kernel: weight = DIV_ROUND_CLOSEST(shares * 100, 1024), clamped [1, 10000]
+    assert shares_to_weight(1024) == 100
+    assert shares_to_weight(2) == 1
+    assert shares_to_weight(262144) == 10000
+    assert shares_to_weight(512) == 50
+    assert weight_to_shares(100) == 1024
+    assert weight_to_shares(1) == 10
+    assert parse_cpu_list("0-2,5,7-8\n") == (0, 1, 2, 5, 7, 8)
+    assert format_cpu_list({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
+    assert parse_cpu_list("") == ()
+
+
+def test_vanished_cgroup_is_a_specific_one_line_error(tmp_path: Path) -> None:
+    files = CgroupFiles(fake_v2_host(tmp_path, ["gone"]))
+    target = tmp_path / "sys/fs/cgroup/gone"
+    for f in target.iterdir():
+        f.unlink()
+    target.rmdir()
+    with pytest.raises(CgroupVanished) as exc:
+        files.read_cpu_max("gone")
+    assert "\n" not in str(exc.value) and "gone" in str(exc.value)
+
+
+# -- journal ------------------------------------------------------------------------------------
+
+
+def test_journal_original_on_disk_before_write_and_restored_once(tmp_path: Path) -> None:
+    paths = fake_v2_host(tmp_path, [BE])
+    files = CgroupFiles(paths)
+    jdir = tmp_path / "journal"
+    seen_on_disk: list[dict] = []
+
+    def spying_write(path: str, value: str) -> None:
+        seen_on_disk.append(json.loads((jdir / "journal.json").read_text()))
+        Path(path).write_text(value)
+
+    journal = Journal(jdir, write=spying_write)
+    for quota in (80_000, 60_000, 40_000):
+        journal.apply(f"a{quota}", files.quota_writes(BE, quota))
+    # each write found the original already journaled
+    assert all(doc["entries"][0]["original"] == "max 100000" for doc in seen_on_disk)
+    assert len(journal.owned()) == 1
+    report = journal.restore_all()
+    assert report.restored == [str(files.path(Resource.CPU_QUOTA, BE))]
+    assert files.read_cpu_max(BE).quota_us is None
+    assert journal.owned() == {}
+    assert json.loads((jdir / "journal.json").read_text())["entries"] == []
+
+
+def test_journal_reconcile_after_crash_restores_and_reown_keeps(tmp_path: Path) -> None:
+    files = CgroupFiles(fake_v2_host(tmp_path, [BE]))
+    jdir = tmp_path / "journal"
+    Journal(jdir).apply("a1", [*files.quota_writes(BE, 50_000), files.burst_write(BE, 10_000)])
+    # "crash": a new Journal object reads the file left on disk
+    reowned = Journal(jdir).reconcile(reown=True)
+    assert len(reowned.reowned) == 2 and files.read_cpu_max(BE).quota_us == 50_000
+    report = Journal(jdir).reconcile()
+    assert sorted(report.restored) == sorted(str(files.path(r, BE)) for r in (Resource.CPU_QUOTA, Resource.CPU_BURST))
+    assert files.read_cpu_max(BE).quota_us is None and files.read_burst_us(BE) == 0
+
+
+def test_journal_leaves_foreign_changes_alone(tmp_path: Path) -> None:
+    files = CgroupFiles(fake_v2_host(tmp_path, [BE]))
+    journal = Journal(tmp_path / "j")
+    journal.apply("a1", files.quota_writes(BE, 50_000))
+    files.path(Resource.CPU_QUOTA, BE).write_text("70000 100000\n")  # kubelet re-applied its own value
+    report = journal.restore_all()
+    assert report.foreign and not report.restored
+    assert files.read_cpu_max(BE).quota_us == 70_000
+
+
+def test_journal_revert_goes_back_to_pre_action_value(tmp_path: Path) -> None:
+    files = CgroupFiles(fake_v2_host(tmp_path, [BE]))
+    journal = Journal(tmp_path / "j")
+    journal.apply("a1", files.quota_writes(BE, 80_000))
+    journal.apply("a2", files.quota_writes(BE, 40_000))
+    assert journal.revert("a2").restored
+    assert files.read_cpu_max(BE).quota_us == 80_000
+    assert journal.revert("a1").restored
+    assert files.read_cpu_max(BE).quota_us is None and journal.owned() == {}
+
+
+@pytest.mark.root
+def test_failed_multi_file_change_rolls_back_real_cgroup(make_cgroup, tmp_path: Path) -> None:
+    cg = make_cgroup("rollback", ("cpu", "cpuset"))
+    layout = discover(HostPaths())
+    files = CgroupFiles(HostPaths(), layout)
+    rel = str(cg.path("cpu").relative_to(layout.hierarchy_for("cpu").mount))
+    assert str(cg.path("cpuset").relative_to(layout.hierarchy_for("cpuset").mount)) == rel
+    before = {r: files.read_raw(r, rel) for r in (Resource.CPU_QUOTA, Resource.CPU_BURST, Resource.CPUSET_CPUS)}
+    journal = Journal(tmp_path / "j")
+    writes = [*files.quota_writes(rel, 50_000), files.burst_write(rel, 20_000),
+              FileWrite(str(files.path(Resource.CPUSET_CPUS, rel)), before[Resource.CPUSET_CPUS].strip(), "4096")]
+    with pytest.raises(ActionError) as exc:
+        journal.apply("bad", writes)
+    assert "rolled back 2" in str(exc.value) and "\n" not in str(exc.value)
+    assert {r: files.read_raw(r, rel) for r in before} == before
+    assert journal.owned() == {}
+    # the kernel rule that shapes the undo order: burst may not exceed quota
+    journal.apply("ok", [*files.quota_writes(rel, 50_000), files.burst_write(rel, 50_000)])
+    with pytest.raises(CgroupWriteError):
+        files.write_raw(Resource.CPU_QUOTA, rel, "30000")
+    assert journal.restore_all().ok
+    assert {r: files.read_raw(r, rel) for r in before} == before
+
+
+# -- manager ------------------------------------------------------------------------------------
+
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from actuators.base import ActionState  # noqa: E402
+from actuators.manager import ActuatorManager  # noqa: E402
+from actuators.suppress import SuppressActuator  # noqa: E402
+from detector.decisions import ActionKind, Decision, SuppressAmount, Target  # noqa: E402
+from detector.policy import ActuatorPolicy, ResourceThresholdStrategy  # noqa: E402
+from tests.helpers_actuators import fake_cpu_topology, tree_hashes  # noqa: E402
+
+LS = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podabc.slice"
+SIGNAL = "runq_p99_ns"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _manager(tmp_path: Path, **policy) -> tuple[ActuatorManager, CgroupFiles, CollectorRegistry, FakeClock]:
+    paths = fake_v2_host(tmp_path, ["kubepods.slice", BE, f"{BE}/pod1", "kubepods.slice/kubepods-burstable.slice", LS])
+    fake_cpu_topology(tmp_path, ["0", "1", "2", "3"], {0: "0-3"})
+    files = CgroupFiles(paths)
+    journal = Journal(tmp_path / "journal")
+    registry = CollectorRegistry()
+    clock = FakeClock()
+    pol = ActuatorPolicy(**{"dry_run": False, "cooldown_seconds": 5.0, **policy})
+    manager = ActuatorManager([SuppressActuator(files, journal, ResourceThresholdStrategy())], journal, pol,
+                              registry=registry, audit_log=tmp_path / "audit.jsonl", clock=clock)
+    return manager, files, registry, clock
+
+
+def _suppress(cores: float, cgroup: str = BE, qos: str | None = "BE", incident: str | None = "inc-1") -> Decision:
+    return Decision(ActionKind.SUPPRESS, Target(cgroup, qos=qos), SuppressAmount("cfs_quota", cpu_cores=cores),
+                    "test", incident_id=incident, victim=Target(LS, qos="LS"), victim_signal=SIGNAL)
+
+
+def _observe(manager: ActuatorManager, values: list[float]) -> None:
+    for v in values:
+        manager.observe({f"{LS}:{SIGNAL}": v}, 0.0)
+
+
+def test_dry_run_writes_nothing_and_exports_plan(tmp_path: Path) -> None:
+    manager, _, registry, _ = _manager(tmp_path, dry_run=True)
+    before = tree_hashes(tmp_path / "sys/fs/cgroup")
+    manager.submit(_suppress(1.0))
+    assert tree_hashes(tmp_path / "sys/fs/cgroup") == before
+    [record] = manager.records
+    assert record.state == ActionState.PLANNED and record.plan is not None
+    assert record.plan.writes[0].new == "100000 100000"
+    assert manager.planned[-1] is record.plan
+    assert registry.get_sample_value("noisyneighbor_actuator_actions_total", {"kind": "suppress", "state": "planned"}) == 1
+    assert registry.get_sample_value("noisyneighbor_be_suppress_cpu_cores", {"policy": "cfsQuota"}) == 1.0
+    assert not (tmp_path / "journal/journal.json").exists() or Journal(tmp_path / "journal").owned() == {}
+
+
+def test_verified_action_is_kept_and_unhelpful_one_reverted(tmp_path: Path) -> None:
+    manager, files, registry, clock = _manager(tmp_path, verify_intervals=3, verify_min_improvement_percent=10)
+    _observe(manager, [10e6, 11e6, 10e6])
+    manager.submit(_suppress(1.0))
+    assert manager.records[-1].state == ActionState.APPLIED
+    assert files.read_cpu_max(BE).quota_us == 100_000
+    _observe(manager, [5e6, 4e6, 6e6])  # halved: helped
+    rec = manager.records[-1]
+    assert rec.state == ActionState.VERIFIED and "baseline 1e+07 -> 5e+06" in rec.detail
+    assert files.read_cpu_max(BE).quota_us == 100_000
+
+    clock.t += 60
+    _observe(manager, [5e6, 5e6, 5e6])
+    manager.submit(_suppress(0.5))
+    assert files.read_cpu_max(BE).quota_us == 50_000
+    _observe(manager, [5e6, 4.9e6])
+    assert manager.records[-1].state == ActionState.APPLIED  # window not over yet
+    _observe(manager, [5.1e6])  # no real change: revert to the previous value, not the original
+    rec = manager.records[-1]
+    assert rec.state == ActionState.REVERTED and "did not help" in rec.detail
+    assert files.read_cpu_max(BE).quota_us == 100_000
+    assert registry.get_sample_value("noisyneighbor_actuator_reverts_total", {"kind": "suppress"}) == 1
+    # a reverted target is blocked for a while: no flapping
+    clock.t += 6
+    manager.submit(_suppress(0.5))
+    assert manager.records[-1].state == ActionState.REFUSED and "reverted recently" in manager.records[-1].detail
+    lines = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [x["state"] for x in lines if x.get("event") == "action"][-2:] == ["reverted", "refused"]
+    assert all(x["incident_id"] == "inc-1" for x in lines if x.get("event") == "action")
+    manager.close()
+    assert files.read_cpu_max(BE).quota_us is None
+
+
+def test_limits_protect_ls_rate_and_cooldown(tmp_path: Path) -> None:
+    manager, files, _, clock = _manager(tmp_path, max_changes_per_minute=2, cooldown_seconds=10)
+    for qos in ("LS", "LSR", "LSE", "SYSTEM", None):
+        manager.submit(_suppress(1.0, cgroup=LS, qos=qos))
+        assert manager.records[-1].state == ActionState.REFUSED, qos
+    assert files.read_cpu_max(LS).quota_us is None
+    # a path in the besteffort QoS cgroup counts as BE without a label
+    manager.submit(_suppress(1.0, qos=None, incident=None))
+    assert manager.records[-1].state == ActionState.APPLIED
+    clock.t += 3
+    manager.submit(_suppress(2.0, incident=None))
+    assert "cooldown" in manager.records[-1].detail
+    clock.t += 10
+    manager.submit(_suppress(1.3, cgroup=f"{BE}/pod1", incident=None))
+    assert manager.records[-1].state == ActionState.APPLIED
+    clock.t += 10
+    manager.submit(_suppress(1.2, incident=None))
+    assert "rate limit" in manager.records[-1].detail
+    clock.t += 61
+    manager.submit(_suppress(1.2, incident=None))
+    assert manager.records[-1].state == ActionState.APPLIED, manager.records[-1].detail
+    manager.close()
+    assert files.read_cpu_max(BE).quota_us is None and files.read_cpu_max(f"{BE}/pod1").quota_us is None
+
+
+def test_submit_never_raises_on_bad_input(tmp_path: Path) -> None:
+    manager, _, _, _ = _manager(tmp_path)
+    manager.submit(_suppress(1.0, cgroup="kubepods.slice/kubepods-besteffort.slice/missing"))
+    assert manager.records[-1].state == ActionState.REFUSED and "gone" in manager.records[-1].detail
+    manager.submit(Decision(ActionKind.SUPPRESS, Target(BE, qos="BE"), SuppressAmount("bogus", cpu_cores=1), "x"))
+    assert "unknown CPU suppress policy" in manager.records[-1].detail
+    manager.submit(Decision(ActionKind.BURST, Target(LS, qos="LS"), SuppressAmount("cfs_quota", 1.0), "x"))
+    assert manager.records[-1].state == ActionState.REFUSED  # no burst actuator wired here

@@ -1,0 +1,127 @@
+"""CPU burst: CFS burst on a real self-throttled LS cgroup, and koordlet's quota-scaling loop."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from actuators.base import ActionState, Refused
+from actuators.burst import BurstActuator, CfsQuotaBurstController
+from actuators.cgroupfile import CgroupFiles, Resource
+from actuators.journal import Journal
+from actuators.manager import ActuatorManager
+from detector.decisions import ActionKind, BurstAmount, Decision, Target
+from detector.policy import ActuatorPolicy, CpuBurstStrategy
+from probes.cgroupfs import discover
+from probes.host import HostPaths
+from tests.helpers_actuators import fake_v2_host
+
+# 30 ms of CPU every 300 ms: 0.1 cores on average, half of a 0.2-core quota, but each burst is more
+# than one 100 ms period's 20 ms quota, so without CFS burst it is throttled nearly every time. (Kept
+# small because the machine is shared: the burst must exceed the quota even when the task gets only a
+# fraction of a CPU.)
+BURSTY = """
+import time
+while True:
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < 0.03:
+        pass
+    time.sleep(0.3)
+"""
+
+
+def _decide(cgroup: str, qos: str = "LS", **amount) -> Decision:
+    return Decision(ActionKind.BURST, Target(cgroup, qos=qos), BurstAmount(**amount), "self_throttling", victim=None)
+
+
+def test_quota_scaling_plan_clamped_and_ordered(tmp_path: Path) -> None:
+    ls = "kubepods.slice/kubepods-burstable.slice/pod1"
+    files = CgroupFiles(fake_v2_host(tmp_path, ["kubepods.slice", "kubepods.slice/kubepods-burstable.slice", ls]))
+    files.path(Resource.CPU_QUOTA, ls).write_text("50000 100000\n")
+    journal = Journal(tmp_path / "j")
+    act = BurstActuator(files, journal, CpuBurstStrategy(policy="auto", cfs_quota_burst_percent=300))
+    plan = act.plan(_decide(ls, burst_us=None))
+    # burst = 0.5 cores * 1000 % * period = 500000 us, capped at the quota by the kernel's rule
+    assert [w.new for w in plan.writes] == ["50000"] and "capped" in plan.summary
+    act.apply(plan)
+    plan = act.plan(_decide(ls, quota_scale=5.0))  # clamped to 300 % of the base
+    assert [w.new for w in plan.writes] == ["150000 100000"]
+    act.apply(plan)
+    # back down to base: the burst (<= quota) must be lowered before the quota
+    act.apply(act.plan(_decide(ls, quota_scale=1.5, burst_us=70000)))
+    plan = act.plan(_decide(ls, quota_scale=1.0))
+    assert [(Path(w.path).name, w.new) for w in plan.writes] == [("cpu.max.burst", "50000"), ("cpu.max", "50000 100000")]
+    for qos in ("BE", "LSR", "LSE"):
+        with pytest.raises(Refused):
+            act.plan(_decide(ls, qos=qos, burst_us=1000))
+    with pytest.raises(Refused, match="policy"):
+        BurstActuator(files, journal, CpuBurstStrategy(policy="cpuBurstOnly")).plan(_decide(ls, quota_scale=2.0))
+    journal.restore_all()
+    assert files.read_cpu_max(ls).quota_us == 50_000 and files.read_burst_us(ls) == 0
+
+
+def test_token_bucket_and_share_pool_guard() -> None:
+    ctl = CfsQuotaBurstController(CpuBurstStrategy(policy="auto", cfs_quota_burst_percent=300,
+                                                   cfs_quota_burst_period_seconds=2, share_pool_threshold_percent=50))
+    t = Target("ls", qos="LS")
+
+    def step(usage: float, throttled: bool, pool: float = 10.0) -> float | None:
+        d = ctl.step(t, base_cores=1.0, usage_cores=usage, throttled=throttled, share_pool_usage_percent=pool,
+                     interval_s=1.0)
+        return None if d is None else d.amount.quota_scale
+
+    assert step(0.2, False) is None  # idle: fills the bucket (0.8 core-s)
+    assert step(0.2, False) is None  # 1.6
+    assert step(0.9, True) == pytest.approx(1.2)  # throttled with tokens: x1.2
+    assert step(0.9, True) == pytest.approx(1.44)
+    assert step(2.9, True) == pytest.approx(1.44 * 0.8)  # drained the bucket: x0.8
+    for _ in range(8):
+        step(0.0, False)
+    scales = [step(0.5, True) for _ in range(10)]
+    assert max(s for s in scales if s is not None) == pytest.approx(3.0)  # clamped at 300 %
+    assert step(0.5, True, pool=60.0) == 1.0  # share pool busy: reset to base
+
+
+@pytest.mark.root
+def test_cfs_burst_cuts_throttling_of_real_ls_cgroup(make_cgroup, tmp_path: Path) -> None:
+    ls = make_cgroup("ls", ("cpu", "cpuacct"))
+    ls.write("cpu", "cpu.cfs_quota_us", "20000")
+    layout = discover(HostPaths())
+    rel = str(ls.path("cpu").relative_to(layout.hierarchy_for("cpu").mount))
+    files = CgroupFiles(HostPaths(), layout)
+    if not files.exists(Resource.CPU_BURST, rel):
+        pytest.skip("kernel without CFS burst (cpu.cfs_burst_us)")
+    proc = subprocess.Popen([sys.executable, "-c", BURSTY], preexec_fn=ls.preexec)
+
+    def throttled_per_s(seconds: float) -> float:
+        def n() -> int:
+            stat = dict(line.split() for line in ls.read("cpu", "cpu.stat").splitlines())
+            return int(stat["nr_throttled"])
+        a, t0 = n(), time.monotonic()
+        time.sleep(seconds)
+        return (n() - a) / (time.monotonic() - t0)
+
+    journal = Journal(tmp_path / "j")
+    manager = ActuatorManager([BurstActuator(files, journal, CpuBurstStrategy(policy="cpuBurstOnly"))], journal,
+                              ActuatorPolicy(dry_run=False), registry=CollectorRegistry())
+    try:
+        time.sleep(0.5)
+        before = throttled_per_s(5.0)
+        manager.submit(_decide(rel))
+        rec = manager.records[-1]
+        assert rec.state == ActionState.APPLIED, rec.detail
+        assert files.read_burst_us(rel) == 20_000  # 0.2 cores * 1000 %, capped at the quota
+        after = throttled_per_s(5.0)
+        print(f"nr_throttled {before:.2f}/s -> {after:.2f}/s with cfs burst {files.read_burst_us(rel)} us")
+        assert before >= 0.3  # ~3 bursts/s; fewer get throttled when other tests leave it little CPU
+        assert after <= 0.3 * before
+    finally:
+        proc.kill()
+        proc.wait()
+        manager.close()
+    assert files.read_burst_us(rel) == 0 and files.read_cpu_max(rel).quota_us == 20_000
