@@ -1,0 +1,388 @@
+"""Grafana dashboards for noisyneighbor, generated from the exporter's metric name constants.
+
+    .venv/bin/python dashboards/generate.py          # (re)write dashboards/*.json
+    .venv/bin/python dashboards/generate.py --check  # exit 1 if the committed JSON is out of date
+
+Plain Python, no network, no Grafana SDK: the JSON is what Grafana 10/11 exports (schemaVersion 39),
+with the data source as a `${datasource}` variable so the files import into any Grafana. Metric names
+come from ``noisyneighbor.exporter``, so renaming a metric there changes the dashboards here, and
+tests/test_dashboards.py fails until the JSON is regenerated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from noisyneighbor import exporter as m
+
+OUT_DIR = Path(__file__).resolve().parent
+SCHEMA_VERSION = 39
+DS = {"type": "prometheus", "uid": "${datasource}"}
+RATE = "$__rate_interval"
+NODE = 'node="$node"'
+POD = 'node="$node", namespace="$namespace", pod="$pod"'
+VICTIM = 'node="$node", victim_namespace="$namespace", victim_pod="$pod"'
+NOT_OVERFLOW = f'{NODE}, cgroup!="{m.OVERFLOW_CGROUP}"'
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str = ""
+    instant: bool = False
+    heatmap: bool = False
+
+
+@dataclass
+class Panel:
+    title: str
+    queries: list[Query]
+    kind: str = "timeseries"  # timeseries | heatmap | table | stat
+    unit: str = "short"
+    width: int = 12
+    height: int = 8
+    description: str = ""
+    stack: bool = False
+
+
+@dataclass
+class Row:
+    title: str
+    panels: list[Panel] = field(default_factory=list)
+
+
+def _target(q: Query, ref: str) -> dict:
+    t = {"datasource": DS, "refId": ref, "expr": q.expr, "legendFormat": q.legend or "__auto", "range": not q.instant,
+         "instant": q.instant, "editorMode": "code"}
+    if q.heatmap:
+        t["format"] = "heatmap"
+        t["legendFormat"] = "{{le}}"
+    elif q.instant:
+        t["format"] = "table"
+    return t
+
+
+def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict:
+    out: dict = {
+        "id": pid,
+        "type": p.kind,
+        "title": p.title,
+        "description": p.description,
+        "datasource": DS,
+        "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
+        "targets": [_target(q, chr(ord("A") + i)) for i, q in enumerate(p.queries)],
+        "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
+    }
+    if p.kind == "timeseries":
+        out["fieldConfig"]["defaults"]["custom"] = {
+            "drawStyle": "line", "lineWidth": 1, "fillOpacity": 10 if p.stack else 0, "showPoints": "never",
+            "stacking": {"mode": "normal" if p.stack else "none", "group": "A"},
+        }
+        out["options"] = {"legend": {"displayMode": "table", "placement": "right", "calcs": ["mean", "max"]},
+                          "tooltip": {"mode": "multi", "sort": "desc"}}
+    elif p.kind == "heatmap":
+        out["options"] = {
+            "calculate": False, "cellGap": 1, "yAxis": {"unit": p.unit, "axisPlacement": "left"},
+            "color": {"mode": "scheme", "scheme": "Oranges", "exponent": 0.5, "steps": 64},
+            "rowsFrame": {"layout": "le"}, "tooltip": {"mode": "single", "yHistogram": True},
+            "filterValues": {"le": 1e-9},
+        }
+    elif p.kind == "table":
+        out["options"] = {"showHeader": True, "sortBy": [{"displayName": "Value", "desc": True}]}
+        out["transformations"] = [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]
+    elif p.kind == "stat":
+        out["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                          "colorMode": "value", "graphMode": "area"}
+    return out
+
+
+def _variables(with_pod: bool) -> list[dict]:
+    def query_var(name: str, label: str, query: str) -> dict:
+        return {
+            "name": name, "label": label, "type": "query", "datasource": DS,
+            "query": {"query": query, "refId": "StandardVariableQuery"}, "definition": query,
+            "refresh": 2, "sort": 1, "includeAll": False, "multi": False, "hide": 0, "current": {}, "options": [],
+            "regex": "",
+        }
+
+    out = [
+        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "refresh": 1,
+         "hide": 0, "current": {}, "options": [], "regex": ""},
+        query_var("node", "Node", f"label_values({m.EXPORTER_LAST_UPDATE}, node)"),
+    ]
+    if with_pod:
+        out.append(query_var("namespace", "Namespace", f'label_values({m.RUNQ_LATENCY}_count{{{NODE}, pod!=""}}, namespace)'))
+        out.append(query_var(
+            "pod", "Pod", f'label_values({m.RUNQ_LATENCY}_count{{{NODE}, namespace="$namespace", pod!=""}}, pod)'
+        ))
+    return out
+
+
+def dashboard(uid: str, title: str, description: str, rows: list[Row], with_pod: bool) -> dict:
+    panels: list[dict] = []
+    pid, y = 1, 0
+    for row in rows:
+        panels.append({"id": pid, "type": "row", "title": row.title, "collapsed": False,
+                       "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
+        pid, y = pid + 1, y + 1
+        x, row_height = 0, 0
+        for p in row.panels:
+            if x + p.width > 24:
+                x, y, row_height = 0, y + row_height, 0
+            panels.append(_panel_json(p, pid, x, y))
+            pid, x, row_height = pid + 1, x + p.width, max(row_height, p.height)
+        y += row_height
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["noisyneighbor"],
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "editable": True,
+        "graphTooltip": 1,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "",
+        "annotations": {"list": []},
+        "links": [{"title": "noisyneighbor", "type": "dashboards", "tags": ["noisyneighbor"], "asDropdown": True}],
+        "templating": {"list": _variables(with_pod)},
+        "panels": panels,
+    }
+
+
+def _p99(metric: str, selector: str, by: str, window: str = RATE) -> str:
+    return f"histogram_quantile(0.99, sum by ({by}, le) (rate({metric}_bucket{{{selector}}}[{window}])))"
+
+
+def _mean(metric: str, selector: str, by: str) -> str:
+    return (f"sum by ({by}) (rate({metric}_sum{{{selector}}}[{RATE}])) / "
+            f"sum by ({by}) (rate({metric}_count{{{selector}}}[{RATE}]))")
+
+
+def node_overview() -> dict:
+    rows = [
+        Row("Runqueue", [
+            Panel("Runqueue latency, all CPUs (heatmap)", [Query(
+                f"sum by (le) (increase({m.CPU_RUNQ_LATENCY}_bucket{{{NODE}}}[{RATE}]))", heatmap=True)],
+                kind="heatmap", unit="s", description="Waits between wakeup/preemption and running, from the "
+                "log2 histogram buckets (each bucket is a factor of 2)."),
+            Panel("Runqueue latency p99 per CPU", [Query(_p99(m.CPU_RUNQ_LATENCY, NODE, "cpu"), "cpu {{cpu}}")],
+                  unit="s"),
+            Panel("Top victims: runqueue p99 per cgroup (5m)", [Query(
+                f"topk(10, {_p99(m.RUNQ_LATENCY, NOT_OVERFLOW, 'namespace, pod, container, qos, cgroup', '5m')})",
+                instant=True)], kind="table", unit="s", width=24),
+        ]),
+        Row("Softirq", [
+            Panel("Softirq time share per CPU", [Query(
+                f"sum by (cpu) (rate({m.SOFTIRQ_RUNTIME}_sum{{{NODE}}}[{RATE}]))", "cpu {{cpu}}")],
+                unit="percentunit", stack=True, description="Seconds of softirq handling per second: the CPU "
+                "taken from whatever task was running there."),
+            Panel("Softirq time by vector", [Query(
+                f"sum by (vector) (rate({m.SOFTIRQ_RUNTIME}_sum{{{NODE}}}[{RATE}]))", "{{vector}}")],
+                unit="percentunit", stack=True),
+            Panel("Softirq delay p99 per CPU (raise to run)", [Query(_p99(m.SOFTIRQ_DELAY, NODE, "cpu"), "cpu {{cpu}}")],
+                  unit="s"),
+            Panel("Softirq run time p99 per CPU and vector", [Query(
+                _p99(m.SOFTIRQ_RUNTIME, NODE, "cpu, vector"), "cpu {{cpu}} {{vector}}")], unit="s"),
+        ]),
+        Row("Pressure and reclaim", [
+            Panel("Node pressure (PSI stall share)", [Query(
+                f"rate({m.PSI_STALL}{{{NODE}}}[{RATE}])", "{{resource}} {{kind}}")], unit="percentunit"),
+            Panel("Reclaim stall time on the node by kind", [Query(
+                f"sum by (kind) (rate({m.NODE_RECLAIM_LATENCY}_sum{{{NODE}}}[{RATE}]))", "{{kind}}")],
+                unit="percentunit", description="Seconds spent in reclaim per second, summed over the tasks "
+                "that stalled (softlimit passes are also inside direct ones)."),
+        ]),
+        Row("Incidents", [
+            Panel("Open incidents", [Query(f"sum by (victim_namespace, victim_pod, cause) ({m.INCIDENTS_OPEN}{{{NODE}}})",
+                                           instant=True)], kind="table"),
+            Panel("Top culprits (highest score in any open incident)", [Query(
+                f"topk(10, max by (culprit_namespace, culprit_pod, culprit_cgroup) ({m.CULPRIT_SCORE}{{{NODE}}}))",
+                instant=True)], kind="table", unit="percentunit"),
+            Panel("Incidents opened by cause", [Query(
+                f"sum by (cause) (increase({m.INCIDENTS}{{{NODE}}}[{RATE}]))", "{{cause}}")], stack=True),
+            Panel("Top CPU users", [Query(
+                f'topk(10, sum by (namespace, pod, qos) (rate({m.CGROUP_CPU_USAGE}{{{NODE}, pod!=""}}[{RATE}])))',
+                "{{namespace}}/{{pod}} {{qos}}")], unit="short", description="CPUs used per pod."),
+        ]),
+        Row("Agent health", [
+            Panel("Probe state", [Query(f'{m.PROBE_UP}{{{NODE}}} == 1', "{{probe}}: {{state}}", instant=True)],
+                  kind="table", width=8),
+            Panel("Probe drops per second", [Query(
+                f"sum by (probe, reason) (rate({m.PROBE_DROPS}{{{NODE}}}[{RATE}]))", "{{probe}} {{reason}}")], width=8),
+            Panel("Agent BPF CPU (needs kernel.bpf_stats_enabled=1)", [Query(
+                f"sum by (program) (rate({m.BPF_RUN_SECONDS}{{{NODE}}}[{RATE}]))", "{{program}}")],
+                unit="percentunit", width=8, stack=True),
+            Panel("Exporter cgroups", [Query(f"{m.EXPORTER_CGROUPS}{{{NODE}}}", "{{state}}")], width=12),
+            Panel("GPU utilisation", [Query(f"{m.GPU_UTILIZATION}{{{NODE}}}", "gpu {{gpu}} {{model}}")],
+                  unit="percentunit", width=12),
+        ]),
+    ]
+    return dashboard("nn-node-overview", "noisyneighbor / Node overview",
+                     "Where time goes on one node: runqueue, softirq, pressure, reclaim; who suffers and who causes it.",
+                     rows, with_pod=False)
+
+
+def pod_interference() -> dict:
+    rows = [
+        Row("Latency", [
+            Panel("Runqueue latency p99 / mean per container", [
+                Query(_p99(m.RUNQ_LATENCY, POD, "container"), "p99 {{container}}"),
+                Query(_mean(m.RUNQ_LATENCY, POD, "container"), "mean {{container}}"),
+            ], unit="s"),
+            Panel("Runqueue latency (heatmap)", [Query(
+                f"sum by (le) (increase({m.RUNQ_LATENCY}_bucket{{{POD}}}[{RATE}]))", heatmap=True)], kind="heatmap",
+                unit="s"),
+            Panel("Time waiting on the runqueue per second", [Query(
+                f"sum by (container) (rate({m.RUNQ_LATENCY}_sum{{{POD}}}[{RATE}]))", "{{container}}")],
+                unit="percentunit", description="Seconds its tasks spent runnable but not running, per second."),
+            Panel("Pressure (PSI stall share, v2 cgroup)", [Query(
+                f"max by (resource, kind) (rate({m.CGROUP_PSI_STALL}{{{POD}}}[{RATE}]))", "{{resource}} {{kind}}")],
+                unit="percentunit"),
+        ]),
+        Row("Who ran instead", [
+            Panel("Culprit score for this pod's incidents", [Query(
+                f"max by (culprit_namespace, culprit_pod, cause) ({m.CULPRIT_SCORE}{{{VICTIM}}})",
+                "{{culprit_namespace}}/{{culprit_pod}} ({{cause}})")], unit="percentunit"),
+            Panel("Open incidents of this pod", [Query(
+                f"sum by (cause) ({m.INCIDENTS_OPEN}{{{VICTIM}}})", "{{cause}}")], stack=True),
+            Panel("CPU of the busiest other pods on the node", [Query(
+                f'topk(5, sum by (namespace, pod, qos) (rate({m.CGROUP_CPU_USAGE}{{{NODE}, pod!="$pod", pod!=""}}[{RATE}])))',
+                "{{namespace}}/{{pod}} {{qos}}")], width=24),
+        ]),
+        Row("CPU and throttling", [
+            Panel("CPU used vs quota", [
+                Query(f"sum by (container) (rate({m.CGROUP_CPU_USAGE}{{{POD}}}[{RATE}]))", "used {{container}}"),
+                Query(f"{m.CGROUP_CPU_QUOTA}{{{POD}}}", "quota {{container}}"),
+            ]),
+            Panel("Throttled periods share", [Query(
+                f"sum by (container) (rate({m.CGROUP_CPU_THROTTLED_PERIODS}{{{POD}}}[{RATE}])) / "
+                f"sum by (container) (rate({m.CGROUP_CPU_PERIODS}{{{POD}}}[{RATE}]))", "{{container}}")],
+                unit="percentunit", description="A pod throttled by its own quota is not a neighbor's victim."),
+            Panel("Throttled time per second", [Query(
+                f"sum by (container) (rate({m.CGROUP_CPU_THROTTLED}{{{POD}}}[{RATE}]))", "{{container}}")],
+                unit="percentunit"),
+        ]),
+        Row("Memory reclaim", [
+            Panel("Reclaim stall time per second by kind", [Query(
+                f"sum by (kind) (rate({m.RECLAIM_LATENCY}_sum{{{POD}}}[{RATE}]))", "{{kind}}")], unit="percentunit"),
+            Panel("Reclaim pass p99 by kind", [Query(_p99(m.RECLAIM_LATENCY, POD, "kind"), "{{kind}}")], unit="s"),
+            Panel("Pages reclaimed per second", [Query(
+                f"sum by (kind) (rate({m.RECLAIM_PAGES}{{{POD}}}[{RATE}]))", "{{kind}}")]),
+            Panel("Memory usage vs limit", [
+                Query(f"sum by (container) ({m.CGROUP_MEMORY_USAGE}{{{POD}}})", "usage {{container}}"),
+                Query(f"min by (container) ({m.CGROUP_MEMORY_LIMIT}{{{POD}}})", "limit {{container}}"),
+            ], unit="bytes"),
+        ]),
+        Row("TCP connect", [
+            Panel("Connect latency p99 / mean", [
+                Query(_p99(m.CONNECT_LATENCY, POD, "container"), "p99 {{container}}"),
+                Query(_mean(m.CONNECT_LATENCY, POD, "container"), "mean {{container}}"),
+            ], unit="s", width=8),
+            Panel("Connects per second", [
+                Query(f"sum(rate({m.CONNECT_SUCCESSES}{{{POD}}}[{RATE}]))", "established"),
+                Query(f"sum(rate({m.CONNECT_FAILURES}{{{POD}}}[{RATE}]))", "failed"),
+            ], width=8),
+            Panel("SYN retransmits and errors per second", [
+                Query(f"sum(rate({m.CONNECT_SYN_RETRANSMITS}{{{POD}}}[{RATE}]))", "SYN retransmits"),
+                Query(f"sum by (reason) (rate({m.CONNECT_ERRORS}{{{POD}}}[{RATE}]))", "{{reason}}"),
+            ], width=8),
+        ]),
+    ]
+    return dashboard("nn-pod-interference", "noisyneighbor / Pod interference",
+                     "One pod: its latencies, who ran instead, its own throttling, reclaim and connects.",
+                     rows, with_pod=True)
+
+
+def actuators() -> dict:
+    be = f'{NODE}, qos="BE", pod=""'
+    rows = [
+        Row("Suppress (BestEffort CPU cap)", [
+            Panel("BestEffort quota vs use", [
+                Query(f"{m.CGROUP_CPU_QUOTA}{{{be}}}", "quota {{cgroup}}"),
+                Query(f"rate({m.CGROUP_CPU_USAGE}{{{be}}}[{RATE}])", "used {{cgroup}}"),
+            ], description="The BE QoS cgroup's cfs quota, which suppress lowers, next to what BE uses."),
+            Panel("Suppress caps in effect", [Query(f"{m.ACTION_SUPPRESS_CORES}{{{NODE}}}", "{{target_cgroup}} "
+                                                    "({{policy}})")]),
+            Panel("BestEffort throttled time per second", [Query(
+                f'sum(rate({m.CGROUP_CPU_THROTTLED}{{{NODE}, qos="BE"}}[{RATE}]))', "throttled")],
+                unit="percentunit"),
+        ]),
+        Row("Actions", [
+            Panel("Actions by kind and state (per interval)", [Query(
+                f"sum by (kind, state) (increase({m.ACTIONS}{{{NODE}}}[{RATE}]))", "{{kind}} {{state}}")], stack=True),
+            Panel("Evictions", [Query(
+                f'sum(increase({m.ACTIONS}{{{NODE}, kind="evict", state="applied"}}[1h]))', "evicted, last hour")],
+                kind="stat", width=6),
+            Panel("Reverts", [Query(f'sum(increase({m.ACTIONS}{{{NODE}, state="reverted"}}[1h]))', "reverted, last hour")],
+                  kind="stat", width=6),
+            Panel("CPU bursts in effect", [Query(
+                f'sum by (target_namespace, target_pod) ({m.ACTION_ACTIVE}{{{NODE}, kind="burst"}})',
+                "{{target_namespace}}/{{target_pod}}")], width=12),
+            Panel("Resctrl settings in effect", [Query(
+                f'sum by (target_cgroup) ({m.ACTION_ACTIVE}{{{NODE}, kind="resctrl"}})', "{{target_cgroup}}")], width=12),
+            Panel("Actions in effect", [Query(f"{m.ACTION_ACTIVE}{{{NODE}}}", instant=True)], kind="table", width=24),
+            Panel("Reverted (did not help) by kind", [Query(
+                f'sum by (kind) (increase({m.ACTIONS}{{{NODE}, state="reverted"}}[{RATE}]))', "{{kind}}")], width=12),
+            Panel("Refused and failed by kind", [Query(
+                f'sum by (kind, state) (increase({m.ACTIONS}{{{NODE}, state=~"refused|failed"}}[{RATE}]))',
+                "{{kind}} {{state}}")], width=12),
+        ]),
+    ]
+    return dashboard("nn-actuators", "noisyneighbor / Actuators",
+                     "What the agent changed on the node: suppress quota, evictions, bursts, resctrl, reverts.",
+                     rows, with_pod=False)
+
+
+DASHBOARDS = {
+    "node-overview.json": node_overview,
+    "pod-interference.json": pod_interference,
+    "actuators.json": actuators,
+}
+
+
+def render(dash: dict) -> str:
+    return json.dumps(dash, indent=2, ensure_ascii=False) + "\n"
+
+
+def build_all() -> dict[str, str]:
+    return {name: render(build()) for name, build in DASHBOARDS.items()}
+
+
+def iter_queries(dash: dict) -> Iterator[tuple[str, str]]:
+    """(panel title, expr) of every query of every panel."""
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            yield panel["title"], target["expr"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the files instead of writing them")
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help="directory for the JSON files")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, text in build_all().items():
+        path = args.out / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"out of date: {', '.join(stale)} (run dashboards/generate.py)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,639 @@
+"""Prometheus exporter: the latest NodeSnapshot, incidents and actions as metric families.
+
+The agent loop calls :meth:`Exporter.update` once per tick; that is where cgroup ids are resolved
+to pod labels, vanished cgroups drop out and the per-cgroup cap is applied. A scrape only renders
+the state the last update left (no BPF map reads, no filesystem walks), so it is cheap and every
+family in one scrape comes from the same tick.
+
+Everything the probes keep is cumulative, so it is published as it is: log2 histograms become real
+Prometheus histograms (slot k of ``probes.hist`` holds [2^(k-1), 2^k) µs, so its upper bound in
+seconds is the ``le`` of bucket k), BPF and /proc counters become ``_total`` counters and PSI
+``total`` becomes ``noisyneighbor_psi_stall_seconds_total``. Metric names are the constants below;
+``dashboards/generate.py`` imports them so dashboards and exporter cannot drift apart.
+
+Every series carries a ``node`` label (the exporter runs once per node, and a DaemonSet scrape's
+``instance`` is a pod IP that says nothing about the node).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from actuators.base import ActionRecord, ActionState
+from detector.cgroups import CgroupResolver, parse_cgroup_path
+from detector.decisions import ActionKind, SuppressAmount, Target
+from detector.model import Incident
+from probes.cgroupfs import CgroupLayout, Hierarchy, discover
+from probes.hist import HIST_SLOTS, LatencyHistogram, slot_bounds_us
+from probes.host import HostPaths
+from probes.snapshot import NodeSnapshot
+from probes.tcpconnect import ConnectStats
+
+log = logging.getLogger(__name__)
+
+# -- metric names (shared with dashboards/generate.py) ----------------------------------------------
+RUNQ_LATENCY = "noisyneighbor_runqueue_latency_seconds"
+CPU_RUNQ_LATENCY = "noisyneighbor_cpu_runqueue_latency_seconds"
+SOFTIRQ_DELAY = "noisyneighbor_softirq_delay_seconds"
+SOFTIRQ_RUNTIME = "noisyneighbor_softirq_runtime_seconds"
+SOFTIRQ_ENTRIES = "noisyneighbor_softirq_entries_total"
+RECLAIM_LATENCY = "noisyneighbor_reclaim_latency_seconds"
+RECLAIM_PAGES = "noisyneighbor_reclaim_pages_total"
+NODE_RECLAIM_LATENCY = "noisyneighbor_node_reclaim_latency_seconds"
+NODE_RECLAIM_PAGES = "noisyneighbor_node_reclaim_pages_total"
+NODE_ALLOCSTALLS = "noisyneighbor_node_allocstalls_total"
+CONNECT_LATENCY = "noisyneighbor_tcp_connect_latency_seconds"
+CONNECT_SUCCESSES = "noisyneighbor_tcp_connect_successes_total"
+CONNECT_FAILURES = "noisyneighbor_tcp_connect_failures_total"
+CONNECT_ERRORS = "noisyneighbor_tcp_connect_errors_total"
+CONNECT_SYN_RETRANSMITS = "noisyneighbor_tcp_connect_syn_retransmits_total"
+PSI_STALL = "noisyneighbor_psi_stall_seconds_total"
+PSI_AVG = "noisyneighbor_psi_stall_avg_ratio"
+CGROUP_PSI_STALL = "noisyneighbor_cgroup_psi_stall_seconds_total"
+CGROUP_PSI_AVG = "noisyneighbor_cgroup_psi_stall_avg_ratio"
+CGROUP_CPU_USAGE = "noisyneighbor_cgroup_cpu_usage_seconds_total"
+CGROUP_CPU_THROTTLED = "noisyneighbor_cgroup_cpu_throttled_seconds_total"
+CGROUP_CPU_PERIODS = "noisyneighbor_cgroup_cpu_periods_total"
+CGROUP_CPU_THROTTLED_PERIODS = "noisyneighbor_cgroup_cpu_throttled_periods_total"
+CGROUP_CPU_QUOTA = "noisyneighbor_cgroup_cpu_quota_cores"
+CGROUP_MEMORY_USAGE = "noisyneighbor_cgroup_memory_usage_bytes"
+CGROUP_MEMORY_LIMIT = "noisyneighbor_cgroup_memory_limit_bytes"
+NODE_CPU = "noisyneighbor_node_cpu_seconds_total"
+GPU_UTILIZATION = "noisyneighbor_gpu_utilization_ratio"
+GPU_MEMORY_USED = "noisyneighbor_gpu_memory_used_bytes"
+GPU_MEMORY_TOTAL = "noisyneighbor_gpu_memory_total_bytes"
+INCIDENTS_OPEN = "noisyneighbor_incidents_open"
+INCIDENTS = "noisyneighbor_incidents_total"
+INCIDENT_CONFIDENCE = "noisyneighbor_incident_confidence_ratio"
+CULPRIT_SCORE = "noisyneighbor_incident_culprit_score"
+ACTIONS = "noisyneighbor_actions_total"
+ACTION_ACTIVE = "noisyneighbor_action_active"
+ACTION_SUPPRESS_CORES = "noisyneighbor_action_suppress_cores"
+PROBE_UP = "noisyneighbor_probe_up"
+PROBE_DROPS = "noisyneighbor_probe_drops_total"
+BPF_RUN_SECONDS = "noisyneighbor_bpf_program_run_seconds_total"
+BPF_RUNS = "noisyneighbor_bpf_program_runs_total"
+EXPORTER_CGROUPS = "noisyneighbor_exporter_cgroups"
+EXPORTER_LAST_UPDATE = "noisyneighbor_exporter_last_update_timestamp_seconds"
+SNAPSHOT_ERRORS = "noisyneighbor_snapshot_errors"
+
+NODE_LABEL = "node"
+CGROUP_LABELS = ("namespace", "pod", "pod_uid", "container", "qos", "cgroup")
+VICTIM_LABELS = ("victim_namespace", "victim_pod", "victim_qos", "victim_cgroup")
+CULPRIT_LABELS = ("culprit_namespace", "culprit_pod", "culprit_qos", "culprit_cgroup")
+TARGET_LABELS = ("target_namespace", "target_pod", "target_cgroup")
+OVERFLOW_CGROUP = "_overflow"
+PROBE_STATES = ("on", "degraded", "off")
+PSI_WINDOWS = ("10", "60", "300")
+# The snapshot field each BPF probe fills, by the probe name its ProbeSpec (and ProbeStatus) uses.
+PROBE_FIELDS = {"runqlat": "runq", "softirq": "softirq", "reclaim": "reclaim", "tcpconnect": "tcp"}
+CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+# Kubernetes QoS -> Koordinator class, as koordlet maps pods without a koordinator.sh/qosClass label.
+KOORD_CLASS_OF_K8S_QOS = {"guaranteed": "LS", "burstable": "LS", "besteffort": "BE"}
+
+MetricType = Literal["counter", "gauge", "histogram"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricDef:
+    name: str
+    type: MetricType
+    help: str
+    labels: tuple[str, ...] = ()  # after `node` (and after CGROUP_LABELS when per_cgroup)
+    per_cgroup: bool = False
+
+    @property
+    def all_labels(self) -> tuple[str, ...]:
+        return (NODE_LABEL, *(CGROUP_LABELS if self.per_cgroup else ()), *self.labels)
+
+    @property
+    def sample_names(self) -> tuple[str, ...]:
+        """The names series appear under in Prometheus."""
+        if self.type == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
+        return (self.name,)
+
+
+_DEFS = (
+    MetricDef(RUNQ_LATENCY, "histogram", "Runqueue wait (wakeup or preemption to running) of the cgroup's tasks.",
+              per_cgroup=True),
+    MetricDef(CPU_RUNQ_LATENCY, "histogram", "Runqueue wait of all tasks, per CPU they waited on.", ("cpu",)),
+    MetricDef(SOFTIRQ_DELAY, "histogram", "Softirq raise to handler entry, per CPU and vector.", ("cpu", "vector")),
+    MetricDef(SOFTIRQ_RUNTIME, "histogram", "Softirq handler run time, per CPU and vector.", ("cpu", "vector")),
+    MetricDef(SOFTIRQ_ENTRIES, "counter", "Softirq handler runs (what /proc/softirqs counts).", ("cpu", "vector")),
+    MetricDef(RECLAIM_LATENCY, "histogram", "Reclaim passes the cgroup's tasks stalled in, by kind (direct, memcg, "
+              "softlimit; softlimit passes are also inside direct ones).", ("kind",), per_cgroup=True),
+    MetricDef(RECLAIM_PAGES, "counter", "Pages freed by the cgroup's reclaim passes, by kind.", ("kind",), per_cgroup=True),
+    MetricDef(NODE_RECLAIM_LATENCY, "histogram", "Reclaim passes on the node, by kind.", ("kind",)),
+    MetricDef(NODE_RECLAIM_PAGES, "counter", "Pages freed by reclaim passes on the node, by kind.", ("kind",)),
+    MetricDef(NODE_ALLOCSTALLS, "counter", "Global direct reclaim passes (/proc/vmstat allocstall_*), by zone.",
+              ("zone",)),
+    MetricDef(CONNECT_LATENCY, "histogram", "TCP connect() to ESTABLISHED of successful connects.", per_cgroup=True),
+    MetricDef(CONNECT_SUCCESSES, "counter", "TCP connects that reached ESTABLISHED.", per_cgroup=True),
+    MetricDef(CONNECT_FAILURES, "counter", "TCP connects that failed after sending a SYN (ActiveOpens - "
+              "successes - aborts).", per_cgroup=True),
+    MetricDef(CONNECT_ERRORS, "counter", "TCP connects that did not succeed, by reason (refused, timeout, aborted, "
+              "local_error; refused and timeout are also failures).", ("reason",), per_cgroup=True),
+    MetricDef(CONNECT_SYN_RETRANSMITS, "counter", "SYN retransmits of connecting sockets.", per_cgroup=True),
+    MetricDef(PSI_STALL, "counter", "Node pressure stall time (/proc/pressure total).", ("resource", "kind")),
+    MetricDef(PSI_AVG, "gauge", "Node pressure stall share over the kernel's 10/60/300 s windows (0..1).",
+              ("resource", "kind", "window")),
+    MetricDef(CGROUP_PSI_STALL, "counter", "Cgroup pressure stall time (v2 <resource>.pressure total).",
+              ("resource", "kind"), per_cgroup=True),
+    MetricDef(CGROUP_PSI_AVG, "gauge", "Cgroup pressure stall share over the kernel's 10/60/300 s windows (0..1).",
+              ("resource", "kind", "window"), per_cgroup=True),
+    MetricDef(CGROUP_CPU_USAGE, "counter", "CPU time used by the cgroup (hierarchical).", per_cgroup=True),
+    MetricDef(CGROUP_CPU_THROTTLED, "counter", "Time the cgroup's runqueues spent throttled by its CFS quota.",
+              per_cgroup=True),
+    MetricDef(CGROUP_CPU_PERIODS, "counter", "CFS bandwidth periods in which the cgroup was runnable.", per_cgroup=True),
+    MetricDef(CGROUP_CPU_THROTTLED_PERIODS, "counter", "CFS bandwidth periods in which the cgroup was throttled.",
+              per_cgroup=True),
+    MetricDef(CGROUP_CPU_QUOTA, "gauge", "CFS quota in CPUs (quota / period); absent when unlimited.", per_cgroup=True),
+    MetricDef(CGROUP_MEMORY_USAGE, "gauge", "Memory charged to the cgroup.", per_cgroup=True),
+    MetricDef(CGROUP_MEMORY_LIMIT, "gauge", "Memory limit of the cgroup; absent when unlimited.", per_cgroup=True),
+    MetricDef(NODE_CPU, "counter", "CPU time per CPU and mode (/proc/stat).", ("cpu", "mode")),
+    MetricDef(GPU_UTILIZATION, "gauge", "GPU busy share (NVML utilization.gpu / 100).", ("gpu", "uuid", "model")),
+    MetricDef(GPU_MEMORY_USED, "gauge", "GPU memory in use.", ("gpu", "uuid", "model")),
+    MetricDef(GPU_MEMORY_TOTAL, "gauge", "GPU memory size.", ("gpu", "uuid", "model")),
+    MetricDef(INCIDENTS_OPEN, "gauge", "Open incidents, by victim and cause.", (*VICTIM_LABELS, "cause")),
+    MetricDef(INCIDENTS, "counter", "Incidents opened since the exporter started, by cause.", ("cause",)),
+    MetricDef(INCIDENT_CONFIDENCE, "gauge", "Confidence (0..1) of each open incident's cause.",
+              (*VICTIM_LABELS, "cause")),
+    MetricDef(CULPRIT_SCORE, "gauge", "Culprit score (0..1) per open incident: who ran instead, correlation, "
+              "attribution combined.", (*VICTIM_LABELS, "cause", *CULPRIT_LABELS)),
+    MetricDef(ACTIONS, "counter", "Actuator actions entering each state (planned, applied, verified, reverted, "
+              "failed, refused), by kind.", ("kind", "state")),
+    MetricDef(ACTION_ACTIVE, "gauge", "Actions in effect now (applied or verified, not reverted), by target.",
+              ("kind", "state", *TARGET_LABELS)),
+    MetricDef(ACTION_SUPPRESS_CORES, "gauge", "CPU cap (cores) of each suppress action in effect.",
+              ("policy", *TARGET_LABELS)),
+    MetricDef(PROBE_UP, "gauge", "1 for the state each probe is in (on, degraded, off), 0 for the others.",
+              ("probe", "state")),
+    MetricDef(PROBE_DROPS, "counter", "Events a BPF probe could not record, by reason.", ("probe", "reason")),
+    MetricDef(BPF_RUN_SECONDS, "counter", "Kernel time in the agent's BPF programs (0 unless the "
+              "kernel.bpf_stats_enabled sysctl is 1).", ("program",)),
+    MetricDef(BPF_RUNS, "counter", "Runs of the agent's BPF programs (0 unless kernel.bpf_stats_enabled is 1).",
+              ("program",)),
+    MetricDef(EXPORTER_CGROUPS, "gauge", "Cgroups seen in the last update: exported with their own series, folded "
+              "into the cgroup=\"_overflow\" series by the cap, or dropped as unresolved (removed).", ("state",)),
+    MetricDef(EXPORTER_LAST_UPDATE, "gauge", "Wall time of the snapshot the metrics come from."),
+    MetricDef(SNAPSHOT_ERRORS, "gauge", "Problems met while collecting the last snapshot (see the agent log)."),
+)
+METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
+
+# le of each log2 slot in seconds: slot k holds [2^(k-1), 2^k) µs; values are truncated to whole µs by the
+# BPF side, so the slot's upper bound is the smallest le that contains all of them.
+BUCKET_LES = tuple(floatToGoString(slot_bounds_us(i)[1] / 1e6) for i in range(HIST_SLOTS))
+
+
+def histogram_buckets(hist: LatencyHistogram) -> list[tuple[str, float]]:
+    """Cumulative Prometheus buckets of a log2 histogram; +Inf is the exact count.
+
+    Slots and count are per-CPU values read one after the other, so a slot may run ahead of the count
+    by an event in flight: buckets are clipped to the count to stay monotonic.
+    """
+    out: list[tuple[str, float]] = []
+    seen = 0
+    for le, n in zip(BUCKET_LES, hist.slots, strict=True):
+        seen += n
+        out.append((le, float(min(seen, hist.count))))
+    out.append(("+Inf", float(hist.count)))
+    return out
+
+
+# -- labels ----------------------------------------------------------------------------------------
+
+
+class Labeler(Protocol):
+    """Maps what the probes report to the Target whose labels a cgroup's series carry.
+
+    None means "not a cgroup (any more)": its series are dropped for this update.
+    """
+
+    def target_for_id(self, cgroup_id: int, hierarchy: Hierarchy | None) -> Target | None: ...
+
+    def target_for_path(self, cgroup_path: str) -> Target | None: ...
+
+
+class ResolverLabeler:
+    """The default labeler: ids through :class:`CgroupResolver`, paths through ``parse_cgroup_path``.
+
+    Knows pod UIDs and QoS from the path alone; pod names and namespaces need pod metadata, which an
+    agent adds by wrapping this labeler.
+    """
+
+    def __init__(self, resolver: CgroupResolver) -> None:
+        self.resolver = resolver
+
+    def target_for_id(self, cgroup_id: int, hierarchy: Hierarchy | None) -> Target | None:
+        info = self.resolver.resolve(cgroup_id, hierarchy)
+        if info is None:
+            return None
+        # The resolver's index keeps a removed cgroup until its next walk; one lstat tells (and fixes
+        # the index), so a cgroup that is gone loses its series at this update, not at some later walk.
+        if self.resolver.id_of(info.path, hierarchy) != cgroup_id:
+            return None
+        return self.target_for_path(info.path)
+
+    def target_for_path(self, cgroup_path: str) -> Target | None:
+        ident = parse_cgroup_path(cgroup_path)
+        return Target(cgroup=ident.path, pod_uid=ident.pod_uid, qos=KOORD_CLASS_OF_K8S_QOS.get(ident.qos or ""))
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesKey:
+    """The cgroup labels of one cgroup's series (values in CGROUP_LABELS order)."""
+
+    namespace: str = ""
+    pod: str = ""
+    pod_uid: str = ""
+    container: str = ""
+    qos: str = ""
+    cgroup: str = ""
+
+    @classmethod
+    def of(cls, target: Target) -> SeriesKey:
+        container = parse_cgroup_path(target.cgroup).container_id or ""
+        return cls(
+            target.namespace or "", target.pod or "", target.pod_uid or "", container[:12], target.qos or "",
+            _cgroup_label(target.cgroup),
+        )
+
+    def values(self) -> tuple[str, ...]:
+        return (self.namespace, self.pod, self.pod_uid, self.container, self.qos, self.cgroup)
+
+
+OVERFLOW_KEY = SeriesKey(cgroup=OVERFLOW_CGROUP)
+
+
+def _cgroup_label(path: str) -> str:
+    return "/" + path.strip("/")
+
+
+def _target_values(target: Target) -> tuple[str, ...]:
+    return (target.namespace or "", target.pod or "", target.qos or "", _cgroup_label(target.cgroup))
+
+
+# -- state -----------------------------------------------------------------------------------------
+
+# metric name -> values of the metric's own labels -> value
+_Values = dict[str, dict[tuple[str, ...], float]]
+_Hists = dict[str, dict[tuple[str, ...], LatencyHistogram]]
+
+
+@dataclass
+class _SeriesData:
+    """What one label set (a cgroup, or the node) publishes."""
+
+    counters: _Values = field(default_factory=dict)
+    gauges: _Values = field(default_factory=dict)
+    hists: _Hists = field(default_factory=dict)
+
+    def add_counter(self, name: str, labels: tuple[str, ...], value: float) -> None:
+        series = self.counters.setdefault(name, {})
+        series[labels] = series.get(labels, 0.0) + value
+
+    def set_gauge(self, name: str, labels: tuple[str, ...], value: float) -> None:
+        self.gauges.setdefault(name, {})[labels] = value
+
+    def add_gauge(self, name: str, labels: tuple[str, ...], value: float) -> None:
+        series = self.gauges.setdefault(name, {})
+        series[labels] = series.get(labels, 0.0) + value
+
+    def max_gauge(self, name: str, labels: tuple[str, ...], value: float) -> None:
+        series = self.gauges.setdefault(name, {})
+        series[labels] = max(value, series.get(labels, value))
+
+    def add_hist(self, name: str, labels: tuple[str, ...], hist: LatencyHistogram) -> None:
+        series = self.hists.setdefault(name, {})
+        before = series.get(labels)
+        series[labels] = hist if before is None else LatencyHistogram.merge((before, hist))
+
+    def fold_into(self, other: _SeriesData) -> None:
+        """Add this cgroup's counters and histograms to `other` (the overflow series). Gauges (quota,
+        limits, PSI averages) do not add up and are left out."""
+        for name, series in self.counters.items():
+            for labels, value in series.items():
+                other.add_counter(name, labels, value)
+        for name, hists in self.hists.items():
+            for labels, hist in hists.items():
+                other.add_hist(name, labels, hist)
+
+
+@dataclass(frozen=True)
+class _State:
+    node: _SeriesData
+    cgroups: dict[SeriesKey, _SeriesData]
+
+
+@dataclass
+class _ActionSeen:
+    kind: str
+    state: ActionState
+    target: Target
+    suppress: SuppressAmount | None
+
+
+class Exporter:
+    """Holds the latest state; registers itself as a collector in `registry`.
+
+    `max_cgroups` caps the cgroups that get their own series; the rest are summed into
+    ``cgroup="_overflow"``. Cgroups that already had series keep them, so a burst of new cgroups
+    does not reshuffle which ones are visible.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        labeler: Labeler | None = None,
+        *,
+        paths: HostPaths | None = None,
+        layout: CgroupLayout | None = None,
+        node: str | None = None,
+        max_cgroups: int = 2000,
+        remember_ids: int = 10000,
+    ) -> None:
+        if max_cgroups < 1:
+            raise ValueError(f"max_cgroups must be at least 1, got {max_cgroups}")
+        self.paths = paths or HostPaths()
+        self.layout = layout or discover(self.paths)
+        self.labeler: Labeler = labeler or ResolverLabeler(CgroupResolver(self.paths, self.layout))
+        # The hierarchies whose ids key the BPF maps, chosen as probes.base.BpfProbe._key_by does.
+        self.cpu_hierarchy = self.layout.hierarchy_for("cpu") or self.layout.v2
+        self.memory_hierarchy = self.layout.hierarchy_for("memory") or self.layout.v2
+        self.node = node or socket.gethostname()
+        self.max_cgroups = max_cgroups
+        self.remember_ids = remember_ids
+        self._state = _State(_SeriesData(), {})
+        self._update_lock = threading.Lock()
+        self._exported: set[SeriesKey] = set()
+        self._incidents_seen: OrderedDict[str, None] = OrderedDict()
+        self._incident_counts: Counter[str] = Counter()
+        self._actions_seen: OrderedDict[str, _ActionSeen] = OrderedDict()
+        self._action_counts: Counter[tuple[str, str]] = Counter()
+        if registry is not None:
+            registry.register(self)
+
+    # -- update (agent loop) -------------------------------------------------------------------
+    def update(
+        self, snapshot: NodeSnapshot, incidents: Iterable[Incident] = (), actions: Iterable[ActionRecord] = ()
+    ) -> None:
+        """Take one tick. Never raises for odd input: what cannot be labelled is dropped and counted."""
+        with self._update_lock:
+            node = _SeriesData()
+            raw: dict[SeriesKey, _SeriesData] = {}
+            unresolved = self._cgroup_series(snapshot, raw)
+            self._node_series(snapshot, node)
+            self._incident_series(list(incidents), node)
+            self._action_series(list(actions), node)
+            cgroups, overflowed = self._apply_cap(raw)
+            node.set_gauge(EXPORTER_CGROUPS, ("exported",), float(len(cgroups) - (OVERFLOW_KEY in cgroups)))
+            node.set_gauge(EXPORTER_CGROUPS, ("overflow",), float(overflowed))
+            node.set_gauge(EXPORTER_CGROUPS, ("unresolved",), float(unresolved))
+            node.set_gauge(EXPORTER_LAST_UPDATE, (), float(snapshot.wall_s))
+            node.set_gauge(SNAPSHOT_ERRORS, (), float(len(snapshot.errors)))
+            self._state = _State(node, cgroups)  # one reference swap: a scrape sees one whole tick
+
+    def _key_for_id(self, cgroup_id: int, hierarchy: Hierarchy | None, cache: dict) -> SeriesKey | None:
+        cache_key = (cgroup_id, hierarchy.mount if hierarchy else None)
+        if cache_key not in cache:
+            try:
+                target = self.labeler.target_for_id(cgroup_id, hierarchy)
+            except Exception as e:  # a labeler bug must cost one cgroup's series, not the tick
+                log.debug("labeler failed on cgroup id %s: %s", cgroup_id, e)
+                target = None
+            cache[cache_key] = SeriesKey.of(target) if target is not None else None
+        return cache[cache_key]
+
+    def _key_for_path(self, path: str, cache: dict) -> SeriesKey | None:
+        if path not in cache:
+            try:
+                target = self.labeler.target_for_path(path)
+            except Exception as e:
+                log.debug("labeler failed on cgroup %s: %s", path, e)
+                target = None
+            cache[path] = SeriesKey.of(target) if target is not None else None
+        return cache[path]
+
+    def _cgroup_series(self, snap: NodeSnapshot, out: dict[SeriesKey, _SeriesData]) -> int:
+        """Fill `out` per cgroup; returns how many ids/paths could not be labelled."""
+        id_cache: dict = {}
+        path_cache: dict = {}
+        unresolved: set[object] = set()
+
+        def by_id(cgroup_id: int, hierarchy: Hierarchy | None) -> _SeriesData | None:
+            key = self._key_for_id(cgroup_id, hierarchy, id_cache)
+            if key is None:
+                unresolved.add((cgroup_id, hierarchy))
+                return None
+            return out.setdefault(key, _SeriesData())
+
+        def by_path(path: str) -> _SeriesData | None:
+            key = self._key_for_path(path, path_cache)
+            if key is None:
+                unresolved.add(path)
+                return None
+            return out.setdefault(key, _SeriesData())
+
+        if snap.runq is not None:
+            for cgroup_id, hist in snap.runq.per_cgroup.items():
+                if (data := by_id(cgroup_id, self.cpu_hierarchy)) is not None:
+                    data.add_hist(RUNQ_LATENCY, (), hist)
+        if snap.reclaim is not None:
+            for (cgroup_id, kind), stats in snap.reclaim.per_cgroup.items():
+                if (data := by_id(cgroup_id, self.memory_hierarchy)) is not None:
+                    data.add_hist(RECLAIM_LATENCY, (kind,), stats.latency)
+                    data.add_counter(RECLAIM_PAGES, (kind,), float(stats.nr_reclaimed))
+        if snap.tcp is not None:
+            for (cgroup_id, _netns), stats in snap.tcp.per_key.items():
+                if (data := by_id(cgroup_id, self.cpu_hierarchy)) is not None:
+                    _add_connect(data, stats)
+        for path, cpu in snap.cgroup_cpu.items():
+            if (data := by_path(path)) is not None:
+                data.add_counter(CGROUP_CPU_USAGE, (), cpu.usage_ns / 1e9)
+                data.add_counter(CGROUP_CPU_THROTTLED, (), cpu.throttled_ns / 1e9)
+                data.add_counter(CGROUP_CPU_PERIODS, (), float(cpu.nr_periods))
+                data.add_counter(CGROUP_CPU_THROTTLED_PERIODS, (), float(cpu.nr_throttled))
+                if cpu.quota_cores is not None:
+                    data.set_gauge(CGROUP_CPU_QUOTA, (), cpu.quota_cores)
+        for path, mem in snap.cgroup_mem.items():
+            if (data := by_path(path)) is not None:
+                if mem.usage_bytes is not None:
+                    data.set_gauge(CGROUP_MEMORY_USAGE, (), float(mem.usage_bytes))
+                if mem.limit_bytes is not None:
+                    data.set_gauge(CGROUP_MEMORY_LIMIT, (), float(mem.limit_bytes))
+        for path, readings in snap.cgroup_psi.items():
+            if (data := by_path(path)) is not None:
+                for reading in readings.values():
+                    _add_psi(data, reading, CGROUP_PSI_STALL, CGROUP_PSI_AVG)
+        return len(unresolved)
+
+    def _apply_cap(self, raw: dict[SeriesKey, _SeriesData]) -> tuple[dict[SeriesKey, _SeriesData], int]:
+        if len(raw) <= self.max_cgroups:
+            self._exported = set(raw)
+            return raw, 0
+        # Stable choice: cgroups that already have series first, then pods, then by path.
+        order = sorted(raw, key=lambda k: (k not in self._exported, not k.pod_uid, k.cgroup, k.values()))
+        kept = {k: raw[k] for k in order[: self.max_cgroups]}
+        overflow = _SeriesData()
+        for k in order[self.max_cgroups :]:
+            raw[k].fold_into(overflow)
+        self._exported = set(kept)
+        kept[OVERFLOW_KEY] = overflow
+        return kept, len(order) - self.max_cgroups
+
+    @staticmethod
+    def _node_series(snap: NodeSnapshot, node: _SeriesData) -> None:
+        if snap.runq is not None:
+            for cpu, hist in enumerate(snap.runq.per_cpu):
+                node.add_hist(CPU_RUNQ_LATENCY, (str(cpu),), hist)
+        if snap.softirq is not None:
+            for (cpu, vector), stats in snap.softirq.stats.items():
+                labels = (str(cpu), vector)
+                node.add_hist(SOFTIRQ_DELAY, labels, stats.delay)
+                node.add_hist(SOFTIRQ_RUNTIME, labels, stats.runtime)
+                node.add_counter(SOFTIRQ_ENTRIES, labels, float(stats.entries))
+        if snap.reclaim is not None:
+            for kind, stats in snap.reclaim.node.items():
+                node.add_hist(NODE_RECLAIM_LATENCY, (kind,), stats.latency)
+                node.add_counter(NODE_RECLAIM_PAGES, (kind,), float(stats.nr_reclaimed))
+        if snap.node_vmstat is not None:
+            for zone, passes in snap.node_vmstat.allocstall.items():
+                node.add_counter(NODE_ALLOCSTALLS, (zone,), float(passes))
+        if snap.node_psi is not None:
+            for reading in snap.node_psi.readings.values():
+                _add_psi(node, reading, PSI_STALL, PSI_AVG)
+        for cpu, times in snap.node_cpu_per_cpu.items():
+            for mode in CPU_MODES:
+                node.add_counter(NODE_CPU, (str(cpu), mode), getattr(times, f"{mode}_ns") / 1e9)
+        for gpu in snap.gpus:
+            labels = (str(gpu.index), gpu.uuid, gpu.name)
+            if gpu.utilization_gpu_percent is not None:
+                node.set_gauge(GPU_UTILIZATION, labels, gpu.utilization_gpu_percent / 100.0)
+            if gpu.memory_used_bytes is not None:
+                node.set_gauge(GPU_MEMORY_USED, labels, float(gpu.memory_used_bytes))
+            if gpu.memory_total_bytes is not None:
+                node.set_gauge(GPU_MEMORY_TOTAL, labels, float(gpu.memory_total_bytes))
+        for name, status in snap.probe_status.items():
+            for state in PROBE_STATES:
+                node.set_gauge(PROBE_UP, (name, state), 1.0 if status.state == state else 0.0)
+        for name, attr in PROBE_FIELDS.items():
+            probe_snap = getattr(snap, attr)
+            if probe_snap is None:
+                continue
+            for reason, count in probe_snap.drops.items():
+                node.add_counter(PROBE_DROPS, (name, reason), float(count))
+        for prog in snap.bpf_programs:
+            node.add_counter(BPF_RUN_SECONDS, (prog.name,), prog.run_time_ns / 1e9)
+            node.add_counter(BPF_RUNS, (prog.name,), float(prog.run_count))
+
+    def _incident_series(self, incidents: list[Incident], node: _SeriesData) -> None:
+        for inc in incidents:
+            if inc.incident_id not in self._incidents_seen:
+                self._incident_counts[str(inc.cause)] += 1
+            self._incidents_seen[inc.incident_id] = None
+            self._incidents_seen.move_to_end(inc.incident_id)
+            if not inc.open:
+                continue
+            victim = _target_values(inc.victim)
+            cause = str(inc.cause)
+            node.add_gauge(INCIDENTS_OPEN, (*victim, cause), 1.0)
+            node.set_gauge(INCIDENT_CONFIDENCE, (*victim, cause), inc.confidence)
+            for culprit in inc.culprits:
+                labels = (*victim, cause, *_target_values(culprit.target))
+                node.max_gauge(CULPRIT_SCORE, labels, culprit.score)
+        while len(self._incidents_seen) > self.remember_ids:
+            self._incidents_seen.popitem(last=False)
+        for cause, count in self._incident_counts.items():
+            node.add_counter(INCIDENTS, (cause,), float(count))
+
+    def _action_series(self, actions: list[ActionRecord], node: _SeriesData) -> None:
+        for record in actions:
+            kind = str(record.decision.kind)
+            seen = self._actions_seen.get(record.action_id)
+            if seen is None or seen.state != record.state:
+                self._action_counts[(kind, str(record.state))] += 1
+            amount = record.decision.amount
+            suppress = amount if isinstance(amount, SuppressAmount) else None
+            self._actions_seen[record.action_id] = _ActionSeen(kind, record.state, record.decision.target, suppress)
+            self._actions_seen.move_to_end(record.action_id)
+        while len(self._actions_seen) > self.remember_ids:
+            self._actions_seen.popitem(last=False)
+        for (kind, state), count in self._action_counts.items():
+            node.add_counter(ACTIONS, (kind, state), float(count))
+        for seen in self._actions_seen.values():
+            if seen.state not in (ActionState.APPLIED, ActionState.VERIFIED):
+                continue
+            target = (seen.target.namespace or "", seen.target.pod or "", _cgroup_label(seen.target.cgroup))
+            node.add_gauge(ACTION_ACTIVE, (seen.kind, str(seen.state), *target), 1.0)
+            if seen.kind == ActionKind.SUPPRESS and seen.suppress is not None and seen.suppress.cpu_cores is not None:
+                node.set_gauge(ACTION_SUPPRESS_CORES, (seen.suppress.policy, *target), seen.suppress.cpu_cores)
+
+    # -- scrape --------------------------------------------------------------------------------
+    def describe(self) -> list[Metric]:
+        return []  # families vary with the state; nothing to check for duplicates at registration
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state
+        node_label = (self.node,)
+        for d in _DEFS:
+            family = _new_family(d)
+            if d.per_cgroup:
+                for key, data in state.cgroups.items():
+                    _fill(family, d, (*node_label, *key.values()), data)
+            else:
+                _fill(family, d, node_label, state.node)
+            if family.samples:
+                yield family
+
+
+def _add_connect(data: _SeriesData, stats: ConnectStats) -> None:
+    data.add_hist(CONNECT_LATENCY, (), stats.latency)
+    data.add_counter(CONNECT_SUCCESSES, (), float(stats.successes))
+    data.add_counter(CONNECT_FAILURES, (), float(stats.failures))
+    data.add_counter(CONNECT_SYN_RETRANSMITS, (), float(stats.syn_retransmits))
+    for reason, count in (
+        ("refused", stats.refused), ("timeout", stats.timeouts), ("aborted", stats.aborts),
+        ("local_error", stats.local_errors),
+    ):
+        data.add_counter(CONNECT_ERRORS, (reason,), float(count))
+
+
+def _add_psi(data: _SeriesData, reading: object, stall_name: str, avg_name: str) -> None:
+    for kind in ("some", "full"):
+        line = getattr(reading, kind)
+        if line is None:
+            continue
+        resource = reading.resource  # type: ignore[attr-defined]
+        data.add_counter(stall_name, (resource, kind), line.total_us / 1e6)
+        for window, avg in zip(PSI_WINDOWS, (line.avg10, line.avg60, line.avg300), strict=True):
+            data.set_gauge(avg_name, (resource, kind, window), avg / 100.0)
+
+
+def _new_family(d: MetricDef) -> Metric:
+    labels = list(d.all_labels)
+    if d.type == "counter":
+        return CounterMetricFamily(d.name, d.help, labels=labels)
+    if d.type == "gauge":
+        return GaugeMetricFamily(d.name, d.help, labels=labels)
+    return HistogramMetricFamily(d.name, d.help, labels=labels)
+
+
+def _fill(family: Metric, d: MetricDef, prefix: tuple[str, ...], data: _SeriesData) -> None:
+    if d.type == "histogram":
+        for labels, hist in data.hists.get(d.name, {}).items():
+            family.add_metric([*prefix, *labels], histogram_buckets(hist), hist.sum_ns / 1e9)  # type: ignore[attr-defined]
+        return
+    source = data.counters if d.type == "counter" else data.gauges
+    for labels, value in source.get(d.name, {}).items():
+        family.add_metric([*prefix, *labels], value)  # type: ignore[attr-defined]

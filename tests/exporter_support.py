@@ -1,0 +1,159 @@
+"""Shared by test_exporter and test_dashboards: real probes -> NodeSnapshot -> Exporter -> HTTP scrape.
+
+The snapshot is built here from the probes and the /proc and cgroup readers (the agent's collector
+does the same in production); it reads files only for the test's own cgroups, at their path in each
+hierarchy (on this host the memory hierarchy puts our cgroups under a different parent than cpu).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import pytest
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.parser import text_string_to_metric_families
+
+from detector.cgroups import CgroupResolver
+from detector.decisions import Target
+from noisyneighbor.exporter import Exporter, Labeler, ResolverLabeler
+from noisyneighbor.sandbox import OwnedCgroup
+from probes.cgroupfs import CgroupLayout, Hierarchy, discover
+from probes.cpuacct import read_cgroup_cpu
+from probes.engine import ProbeError
+from probes.gpu import GpuDevice
+from probes.memstat import read_memstat, read_node_vmstat
+from probes.psi import read_cgroup_psi, read_node_psi
+from probes.reclaim import ReclaimProbe
+from probes.runqlat import RunqLatProbe
+from probes.snapshot import NodeSnapshot, parse_proc_stat
+from probes.softirq import SoftirqProbe
+from probes.tcpconnect import TcpConnectProbe
+
+CONTROLLERS = ("cpu", "cpuacct", "memory", "unified")
+
+
+def rel_path(cg: OwnedCgroup, controller: str, hierarchy: Hierarchy | None) -> str | None:
+    if hierarchy is None or controller not in cg.dirs:
+        return None
+    return "/" + str(cg.dirs[controller].relative_to(hierarchy.mount))
+
+
+class ProbeSet:
+    """The four BPF probes, loaded once; skips the test with the reason when one cannot load."""
+
+    def __init__(self) -> None:
+        self.layout: CgroupLayout = discover()
+        self.probes = {}
+        try:
+            self.probes["runqlat"] = RunqLatProbe(layout=self.layout)
+            self.probes["softirq"] = SoftirqProbe(layout=self.layout)
+            self.probes["reclaim"] = ReclaimProbe(layout=self.layout)
+            self.probes["tcpconnect"] = TcpConnectProbe(layout=self.layout)
+        except ProbeError as e:
+            self.close()
+            pytest.skip(f"a BPF probe cannot load on this kernel: {e}")
+
+    def snapshot(self, cgroups: Iterable[OwnedCgroup] = (), gpus: list[GpuDevice] | None = None) -> NodeSnapshot:
+        lay = self.layout
+        cpu_h, mem_h = lay.hierarchy_for("cpu") or lay.v2, lay.hierarchy_for("memory") or lay.v2
+        cgroup_cpu, cgroup_mem, cgroup_psi = {}, {}, {}
+        for cg in cgroups:
+            if (p := rel_path(cg, "cpu", cpu_h)) and (stat := read_cgroup_cpu(lay, p)) is not None:
+                cgroup_cpu[p] = stat
+            if (p := rel_path(cg, "memory", mem_h)) and (mem := read_memstat(lay, p)) is not None:
+                cgroup_mem[p] = mem
+            if (p := rel_path(cg, "unified", lay.v2)) and lay.v2 is not None:
+                psi = read_cgroup_psi(lay.v2.path_of(p))
+                if psi:
+                    cgroup_psi[p] = psi
+        with open("/proc/stat") as f:
+            node_cpu, per_cpu = parse_proc_stat(f.read())
+        p = self.probes
+        return NodeSnapshot(
+            monotonic_s=time.monotonic(), wall_s=time.time(),
+            runq=p["runqlat"].snapshot(), softirq=p["softirq"].snapshot(),
+            reclaim=p["reclaim"].snapshot(), tcp=p["tcpconnect"].snapshot(),
+            node_cpu=node_cpu, node_cpu_per_cpu=per_cpu, node_psi=read_node_psi(), node_vmstat=read_node_vmstat(),
+            cgroup_cpu=cgroup_cpu, cgroup_mem=cgroup_mem, cgroup_psi=cgroup_psi,
+            probe_status={name: probe.status for name, probe in p.items()},
+            bpf_programs=[s for probe in p.values() for s in probe.probe.program_stats()],
+            gpus=gpus or [],
+        )
+
+    def close(self) -> None:
+        for probe in self.probes.values():
+            probe.close()
+        self.probes.clear()
+
+
+@dataclass
+class PodLabeler:
+    """The default labeler plus pod names for the test's fake pod UIDs (what pod metadata adds)."""
+
+    inner: Labeler
+    pods: dict[str, tuple[str, str]] = field(default_factory=dict)  # uid -> (namespace, name)
+
+    def _named(self, target: Target | None) -> Target | None:
+        if target is None or target.pod_uid not in self.pods:
+            return target
+        namespace, pod = self.pods[target.pod_uid]
+        return Target(target.cgroup, target.pod_uid, namespace, pod, target.qos)
+
+    def target_for_id(self, cgroup_id: int, hierarchy: Hierarchy | None) -> Target | None:
+        return self._named(self.inner.target_for_id(cgroup_id, hierarchy))
+
+    def target_for_path(self, cgroup_path: str) -> Target | None:
+        return self._named(self.inner.target_for_path(cgroup_path))
+
+
+def pod_cgroup_name(qos: str) -> tuple[str, str]:
+    """(cgroup name below the test prefix, pod uid) laid out as kubelet's systemd driver does it."""
+    uid = str(uuid.uuid4())
+    slug = uid.replace("-", "_")
+    if qos == "guaranteed":
+        return f"kubepods.slice/kubepods-pod{slug}.slice", uid
+    return f"kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{slug}.slice", uid
+
+
+class Scraper:
+    """An Exporter on its own registry, served over HTTP on 127.0.0.1 (ephemeral port)."""
+
+    def __init__(self, exporter_kwargs: dict | None = None, labeler: Labeler | None = None) -> None:
+        self.registry = CollectorRegistry()
+        layout = discover()
+        self.labeler = PodLabeler(labeler or ResolverLabeler(CgroupResolver(layout=layout)))
+        self.exporter = Exporter(self.registry, self.labeler, layout=layout, **(exporter_kwargs or {}))
+        self.server, self.thread = start_http_server(0, addr="127.0.0.1", registry=self.registry)
+        self.port = self.server.server_port
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def scrape_text(self) -> str:
+        with urllib.request.urlopen(f"http://{self.target}/metrics", timeout=10) as resp:
+            return resp.read().decode()
+
+    def scrape(self) -> dict[tuple[str, frozenset], float]:
+        """{(sample name, labels): value} of one scrape."""
+        out = {}
+        for family in text_string_to_metric_families(self.scrape_text()):
+            for s in family.samples:
+                out[(s.name, frozenset(s.labels.items()))] = s.value
+        return out
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def samples(scrape: dict, name: str, **labels: str) -> dict[frozenset, float]:
+    """The samples named `name` whose labels include `labels`."""
+    want = set(labels.items())
+    return {lbls: v for (n, lbls), v in scrape.items() if n == name and want <= lbls}

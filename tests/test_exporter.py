@@ -1,0 +1,408 @@
+"""The exporter on real probes: every number a scrape shows is checked against the probe snapshot it
+came from and, where the kernel keeps the same count, against the kernel file read around it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from actuators.base import ActionRecord, ActionState
+from detector.decisions import ActionKind, Cause, Decision, SuppressAmount, Target
+from detector.model import Culprit, Incident
+from noisyneighbor import exporter as ex
+from noisyneighbor.exporter import Exporter, histogram_buckets
+from probes.cgroupfs import discover
+from probes.hist import HIST_SLOTS, LatencyHistogram
+from probes.snapshot import NodeSnapshot
+from probes.softirq import read_proc_softirqs
+from tests.conftest import require_tool
+from tests.exporter_support import CONTROLLERS, ProbeSet, Scraper, pod_cgroup_name, rel_path, samples
+
+# Needs CPU every 5 ms (1.5 ms of work): a sleeper alone would be favoured by wakeup preemption and
+# show no wait next to hogs (see shared/reference/detection.md).
+WORKER = r"""
+import sys, time
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.0015:
+        pass
+    time.sleep(0.005)
+"""
+# Connects `ok` times to a listening port and `refused` times to a closed one; prints what it did.
+CONNECTOR = r"""
+import socket, sys
+port, closed, ok, refused = map(int, sys.argv[1:5])
+done = fails = 0
+for _ in range(ok):
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        done += 1
+for _ in range(refused):
+    try:
+        socket.create_connection(("127.0.0.1", closed), timeout=5).close()
+    except ConnectionRefusedError:
+        fails += 1
+print(done, fails, flush=True)
+"""
+# Page cache through a memory-limited cgroup: clean pages are reclaimed at the limit (fdatasync keeps
+# dirty pages from piling up against it).
+PAGE_CACHE = r"""
+import os, sys
+path, size = sys.argv[1], int(sys.argv[2])
+chunk = b"\xa5" * (1 << 20)
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+for i in range(size >> 20):
+    os.write(fd, chunk)
+    if i % 8 == 7:
+        os.fdatasync(fd)
+os.close(fd)
+os.unlink(path)
+"""
+
+CPU = str((os.cpu_count() or 1) - 1)
+
+
+def _promtool_check(text: str) -> str:
+    promtool = require_tool("promtool")
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    return (res.stdout + res.stderr).strip() if res.returncode else ""
+
+
+def _read_psi_total(path: Path, kind: str = "some") -> float:
+    for line in path.read_text().splitlines():
+        if line.startswith(kind):
+            return int(line.rsplit("total=", 1)[1]) / 1e6
+    raise AssertionError(f"no {kind} line in {path}")
+
+
+@pytest.fixture(scope="module")
+def probes():
+    if os.geteuid() != 0:
+        pytest.skip("needs root: loads BPF programs")
+    ps = ProbeSet()
+    yield ps
+    ps.close()
+
+
+@pytest.fixture
+def scraper():
+    s = Scraper(exporter_kwargs={"node": "test-node"})
+    yield s
+    s.close()
+
+
+def _pod(make_cgroup, scraper: Scraper, qos: str, name: str):
+    cg_name, uid = pod_cgroup_name(qos)
+    cg = make_cgroup(cg_name, CONTROLLERS)
+    scraper.labeler.pods[uid] = ("nn-test", name)
+    return cg
+
+
+def _series(scrape: dict, name: str, **labels: str) -> float:
+    found = samples(scrape, name, **labels)
+    assert len(found) == 1, f"{name}{labels}: {len(found)} series: {sorted(map(sorted, found))[:5]}"
+    return next(iter(found.values()))
+
+
+@pytest.mark.root
+def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
+    stress = require_tool("stress-ng")
+    victim = _pod(make_cgroup, scraper, "guaranteed", "victim")
+    hog = _pod(make_cgroup, scraper, "besteffort", "hog")
+    hog.write("cpu", "cpu.shares", "2")
+    procs = [
+        subprocess.Popen(["taskset", "-c", CPU, stress, "--cpu", "2", "--cpu-method", "int64", "-t", "20", "--quiet"],
+                         preexec_fn=hog.preexec),
+        subprocess.Popen(["taskset", "-c", CPU, sys.executable, "-c", WORKER, "20"], preexec_fn=victim.preexec),
+    ]
+    try:
+        time.sleep(0.5)
+        layout = probes.layout
+        cpu_h = layout.hierarchy_for("cpu")
+        victim_cpu_path = rel_path(victim, "cpu", cpu_h)
+        softirq_proc0 = sum(read_proc_softirqs().values())
+        first = probes.snapshot([victim, hog])
+        softirq_proc1 = sum(read_proc_softirqs().values())
+        scraper.exporter.update(first)
+        scrape1 = scraper.scrape()
+        time.sleep(1.5)
+        usage_before = int((victim.path("cpuacct") / "cpuacct.usage").read_text())
+        psi_before = _read_psi_total(Path("/proc/pressure/cpu"))
+        cg_psi_file = victim.path("unified") / "cpu.pressure"
+        cg_psi_before = _read_psi_total(cg_psi_file)
+        softirq_proc2 = sum(read_proc_softirqs().values())
+        snap = probes.snapshot([victim, hog])
+        softirq_proc3 = sum(read_proc_softirqs().values())
+        usage_after = int((victim.path("cpuacct") / "cpuacct.usage").read_text())
+        psi_after = _read_psi_total(Path("/proc/pressure/cpu"))
+        cg_psi_after = _read_psi_total(cg_psi_file)
+        scraper.exporter.update(snap)
+        text = scraper.scrape_text()
+        scrape = scraper.scrape()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+    # Runqueue histogram of the victim: exactly the probe's numbers, as a cumulative histogram.
+    victim_id = os.stat(victim.path("cpu")).st_ino
+    hist = snap.runq.per_cgroup[victim_id]
+    assert hist.count > 50, "the victim barely ran: the test proves nothing"
+    labels = {"cgroup": victim_cpu_path, "pod": "victim", "namespace": "nn-test", "qos": "LS", "node": "test-node"}
+    assert _series(scrape, ex.RUNQ_LATENCY + "_count", **labels) == hist.count
+    assert _series(scrape, ex.RUNQ_LATENCY + "_sum", **labels) == hist.sum_ns / 1e9
+    buckets = samples(scrape, ex.RUNQ_LATENCY + "_bucket", **labels)
+    assert len(buckets) == HIST_SLOTS + 1
+    cumulative = 0
+    for slot, n in enumerate(hist.slots):
+        cumulative += n
+        le = ex.BUCKET_LES[slot]
+        assert _series(scrape, ex.RUNQ_LATENCY + "_bucket", le=le, **labels) == min(cumulative, hist.count)
+    assert float(ex.BUCKET_LES[10]) == 1024e-6  # slot 10 holds [512, 1024) µs
+    # The hog is BestEffort -> Koordinator class BE.
+    hog_count = _series(scrape, ex.RUNQ_LATENCY + "_count", pod="hog", qos="BE")
+    assert hog_count == snap.runq.per_cgroup[os.stat(hog.path("cpu")).st_ino].count
+
+    # Per-CPU runqueue histograms.
+    for cpu, h in enumerate(snap.runq.per_cpu):
+        assert _series(scrape, ex.CPU_RUNQ_LATENCY + "_count", cpu=str(cpu)) == h.count
+
+    # cgroup CPU usage against cpuacct.usage read around the snapshot.
+    usage = _series(scrape, ex.CGROUP_CPU_USAGE, **labels)
+    assert usage == snap.cgroup_cpu[victim_cpu_path].usage_ns / 1e9
+    assert usage_before / 1e9 <= usage <= usage_after / 1e9
+    assert _series(scrape, ex.CGROUP_CPU_PERIODS, **labels) == snap.cgroup_cpu[victim_cpu_path].nr_periods
+
+    # PSI counters against the pressure files read around the snapshot.
+    node_psi = _series(scrape, ex.PSI_STALL, resource="cpu", kind="some")
+    assert psi_before <= node_psi <= psi_after
+    avg10 = _series(scrape, ex.PSI_AVG, resource="cpu", kind="some", window="10")
+    assert avg10 == snap.node_psi.get("cpu").some.avg10 / 100
+    v2_path = rel_path(victim, "unified", probes.layout.v2)
+    cg_psi = _series(scrape, ex.CGROUP_PSI_STALL, cgroup=v2_path, resource="cpu", kind="some", pod="victim")
+    assert cg_psi_before <= cg_psi <= cg_psi_after
+    assert cg_psi > 0, "the victim waited behind the hogs: its v2 cgroup must show cpu pressure"
+
+    # Softirq entries: the exporter's increase between the two scrapes against /proc/softirqs' increase.
+    def entries(s: dict) -> float:
+        return sum(samples(s, ex.SOFTIRQ_ENTRIES).values())
+
+    grew = entries(scrape) - entries(scrape1)
+    assert softirq_proc2 - softirq_proc1 <= grew <= softirq_proc3 - softirq_proc0
+    cpu0_timer = snap.softirq.stats[(0, "TIMER")]
+    assert _series(scrape, ex.SOFTIRQ_RUNTIME + "_count", cpu="0", vector="TIMER") == cpu0_timer.runtime.count
+    assert _series(scrape, ex.SOFTIRQ_DELAY + "_sum", cpu="0", vector="TIMER") == cpu0_timer.delay.sum_ns / 1e9
+
+    # Agent health.
+    for name in ("runqlat", "softirq", "reclaim", "tcpconnect"):
+        state = snap.probe_status[name].state
+        assert _series(scrape, ex.PROBE_UP, probe=name, state=state) == 1
+        assert sum(samples(scrape, ex.PROBE_UP, probe=name).values()) == 1
+        assert samples(scrape, ex.PROBE_DROPS, probe=name), f"no drop counters for {name}"
+    programs = {p.name for p in snap.bpf_programs}
+    assert programs and all(samples(scrape, ex.BPF_RUNS, program=p) for p in programs)
+
+    problems = _promtool_check(text)
+    assert not problems, f"promtool check metrics:\n{problems}"
+
+
+@pytest.mark.root
+def test_connect_histogram_and_outcomes(probes, scraper, make_cgroup):
+    client = _pod(make_cgroup, scraper, "burstable", "client")
+    listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+    closed = socket.create_server(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now: connects are refused
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", CONNECTOR, str(listener.getsockname()[1]), str(closed_port), "40", "5"],
+            preexec_fn=client.preexec, capture_output=True, text=True, timeout=60, check=True,
+        )
+    finally:
+        listener.close()
+    done, refused = map(int, proc.stdout.split())
+    assert (done, refused) == (40, 5)
+    snap = probes.snapshot([client])
+    scraper.exporter.update(snap)
+    scrape = scraper.scrape()
+    client_id = os.stat(client.path("cpu")).st_ino
+    mine = [s for (cg, _), s in snap.tcp.per_key.items() if cg == client_id]
+    labels = {"pod": "client", "cgroup": rel_path(client, "cpu", probes.layout.hierarchy_for("cpu"))}
+    # Ground truth is the client's own count; the histogram holds successful connects only.
+    assert _series(scrape, ex.CONNECT_LATENCY + "_count", **labels) == done == sum(s.latency.count for s in mine)
+    assert _series(scrape, ex.CONNECT_LATENCY + "_sum", **labels) == sum(s.latency.sum_ns for s in mine) / 1e9
+    assert _series(scrape, ex.CONNECT_SUCCESSES, **labels) == done
+    assert _series(scrape, ex.CONNECT_FAILURES, **labels) == refused
+    assert _series(scrape, ex.CONNECT_ERRORS, reason="refused", **labels) == refused
+    assert _series(scrape, ex.CONNECT_SYN_RETRANSMITS, **labels) == 0
+
+
+@pytest.mark.root
+def test_reclaim_histogram_per_memory_cgroup(probes, scraper, make_cgroup, tmp_path):
+    limited = _pod(make_cgroup, scraper, "besteffort", "filler")
+    limit, size = 32 << 20, 160 << 20
+    mem_h = probes.layout.hierarchy_for("memory")
+    limited.write("memory", "memory.limit_in_bytes" if mem_h.version == 1 else "memory.max", str(limit))
+    subprocess.run([sys.executable, "-c", PAGE_CACHE, str(tmp_path / "fill"), str(size)],
+                   preexec_fn=limited.preexec, check=True, timeout=120)
+    snap = probes.snapshot([limited])
+    scraper.exporter.update(snap)
+    scrape = scraper.scrape()
+    stats = snap.reclaim.cgroup(os.stat(limited.path("memory")).st_ino, "memcg")
+    labels = {"pod": "filler", "cgroup": rel_path(limited, "memory", mem_h), "kind": "memcg"}
+    assert stats.count > 10, "the writer never hit its limit: the test proves nothing"
+    assert _series(scrape, ex.RECLAIM_LATENCY + "_count", **labels) == stats.count
+    assert _series(scrape, ex.RECLAIM_LATENCY + "_sum", **labels) == stats.latency.sum_ns / 1e9
+    pages = _series(scrape, ex.RECLAIM_PAGES, **labels)
+    assert pages == stats.nr_reclaimed
+    # Kernel side: everything above the limit had to be reclaimed (the file was written through it).
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert pages * page >= (size - limit) * 0.5
+    # Memory gauges come from the same cgroup's files.
+    assert _series(scrape, ex.CGROUP_MEMORY_LIMIT, pod="filler") == limit
+    node = _series(scrape, ex.NODE_RECLAIM_LATENCY + "_count", kind="memcg")
+    assert node == snap.reclaim.node["memcg"].count >= stats.count
+
+
+@pytest.mark.root
+def test_removed_cgroup_series_disappear(probes, scraper, make_cgroup):
+    gone = _pod(make_cgroup, scraper, "burstable", "shortlived")
+    subprocess.run(["taskset", "-c", CPU, sys.executable, "-c", WORKER, "0.3"], preexec_fn=gone.preexec, check=True)
+    scraper.exporter.update(probes.snapshot([gone]))
+    assert samples(scraper.scrape(), ex.RUNQ_LATENCY + "_count", pod="shortlived")
+    assert samples(scraper.scrape(), ex.CGROUP_CPU_USAGE, pod="shortlived")
+    gone_id = os.stat(gone.path("cpu")).st_ino
+    gone.remove()
+    snap = probes.snapshot([])
+    # The BPF map still holds the removed cgroup (forgetting it is the agent's job): the exporter must
+    # drop it by itself.
+    assert gone_id in snap.runq.per_cgroup
+    scraper.exporter.update(snap)
+    scrape = scraper.scrape()
+    assert not [k for k in scrape if ("pod", "shortlived") in k[1]]
+    assert _series(scrape, ex.EXPORTER_CGROUPS, state="unresolved") >= 1
+
+
+@pytest.mark.root
+def test_cap_folds_the_rest_into_overflow(probes, make_cgroup):
+    scraper = Scraper(exporter_kwargs={"max_cgroups": 2})
+    try:
+        cgs = [_pod(make_cgroup, scraper, "burstable", f"p{i}") for i in range(4)]
+        for cg in cgs:
+            subprocess.run([sys.executable, "-c", WORKER, "0.1"], preexec_fn=cg.preexec, check=True)
+        snap = probes.snapshot(cgs)
+        scraper.exporter.update(snap)
+        scrape = scraper.scrape()
+        counts = samples(scrape, ex.RUNQ_LATENCY + "_count")
+        cgroups = {dict(k)["cgroup"] for k in counts}
+        assert ex.OVERFLOW_CGROUP in cgroups and len(cgroups) == 3
+        # Nothing is lost: the overflow holds the sum of every resolvable cgroup not shown on its own.
+        labeler, h = scraper.exporter.labeler, scraper.exporter.cpu_hierarchy
+        resolvable = sum(hist.count for cg_id, hist in snap.runq.per_cgroup.items()
+                         if labeler.target_for_id(cg_id, h) is not None)
+        assert sum(counts.values()) == resolvable
+        distinct = len({labeler.target_for_id(i, h).cgroup for i in snap.runq.per_cgroup
+                        if labeler.target_for_id(i, h) is not None} | set(snap.cgroup_cpu) | set(snap.cgroup_mem)
+                       | set(snap.cgroup_psi))
+        assert _series(scrape, ex.EXPORTER_CGROUPS, state="overflow") == distinct - 2
+        # The same two keep their series at the next update.
+        scraper.exporter.update(probes.snapshot(cgs))
+        again = {dict(k)["cgroup"] for k in samples(scraper.scrape(), ex.RUNQ_LATENCY + "_count")}
+        assert again == cgroups
+        problems = _promtool_check(scraper.scrape_text())
+        assert not problems, problems
+    finally:
+        scraper.close()
+
+
+# -- no kernel needed --------------------------------------------------------------------------------
+
+
+def _exporter(**kw) -> tuple[Exporter, CollectorRegistry]:
+    registry = CollectorRegistry()
+    return Exporter(registry, node="n1", layout=discover(), **kw), registry
+
+
+def _scrape(registry: CollectorRegistry) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
+
+
+def test_buckets_are_cumulative_and_clipped_to_count():
+    slots = [0] * HIST_SLOTS
+    slots[0], slots[3], slots[5] = 2, 3, 4  # <1 µs, [4, 8) µs, [16, 32) µs
+    buckets = histogram_buckets(LatencyHistogram(tuple(slots), 12345, 8, 20000))
+    values = dict(buckets)
+    assert values["1e-06"] == 2 and values["8e-06"] == 5 and values["3.2e-05"] == 8  # 9 clipped to count 8
+    assert values["+Inf"] == 8 and list(values)[-1] == "+Inf" and len(buckets) == HIST_SLOTS + 1
+    assert [v for _, v in buckets] == sorted(v for _, v in buckets)
+
+
+def test_incidents_and_actions():
+    exp, registry = _exporter()
+    victim = Target("/kubepods.slice/kubepods-podA.slice", "a", "shop", "web", "LS")
+    hog = Target("/kubepods.slice/kubepods-besteffort.slice/x", "b", "batch", "crunch", "BE")
+    inc = Incident("i1", victim, Cause.NEIGHBOR_CPU, started_at=1.0, confidence=0.9, signal="runq_p99_ns",
+                   culprits=[Culprit(hog, 0.7)])
+    snap = NodeSnapshot(monotonic_s=1.0, wall_s=100.0)
+    decision = Decision(ActionKind.SUPPRESS, hog.__class__("/kubepods.slice/kubepods-besteffort.slice"),
+                        SuppressAmount("cfs_quota", cpu_cores=1.5), "test")
+    rec = ActionRecord("a1", None, decision, ActionState.APPLIED)
+    exp.update(snap, [inc], [rec])
+    exp.update(snap, [inc], [rec])  # the same incident and state again: counted once
+    s = _scrape(registry)
+    vl = {("victim_pod", "web"), ("victim_namespace", "shop"), ("victim_qos", "LS"), ("cause", "neighbor_cpu")}
+    assert [v for (n, k), v in s.items() if n == ex.INCIDENTS_OPEN and vl <= k] == [1.0]
+    assert [v for (n, k), v in s.items() if n == ex.INCIDENTS and ("cause", "neighbor_cpu") in k] == [1.0]
+    assert [v for (n, k), v in s.items() if n == ex.CULPRIT_SCORE and ("culprit_pod", "crunch") in k] == [0.7]
+    assert [v for (n, k), v in s.items() if n == ex.ACTIONS and {("kind", "suppress"), ("state", "applied")} <= k] == [1]
+    assert [v for (n, k), v in s.items() if n == ex.ACTION_SUPPRESS_CORES] == [1.5]
+    # Ended incident and reverted action: open gauges go, counters stay.
+    inc.ended_at = 5.0
+    rec.state = ActionState.REVERTED
+    exp.update(snap, [inc], [rec])
+    s = _scrape(registry)
+    assert not [n for (n, _) in s if n in (ex.INCIDENTS_OPEN, ex.CULPRIT_SCORE, ex.ACTION_ACTIVE, ex.ACTION_SUPPRESS_CORES)]
+    assert [v for (n, k), v in s.items() if n == ex.ACTIONS and ("state", "reverted") in k] == [1.0]
+    assert [v for (n, k), v in s.items() if n == ex.INCIDENTS] == [1.0]
+
+
+class _BrokenLabeler:
+    def target_for_id(self, cgroup_id, hierarchy):
+        raise RuntimeError("boom")
+
+    def target_for_path(self, cgroup_path):
+        raise RuntimeError("boom")
+
+
+def test_bad_input_degrades_without_traceback():
+    with pytest.raises(ValueError, match="max_cgroups"):
+        _exporter(max_cgroups=0)
+    registry = CollectorRegistry()
+    exp = Exporter(registry, _BrokenLabeler(), node="n1", layout=discover())
+    from probes.cpuacct import CgroupCpuStat
+
+    stat = CgroupCpuStat(1, 10**9, None, None, 0, 0, 0, None, None, None, None)
+    exp.update(NodeSnapshot(monotonic_s=0.0, wall_s=0.0, cgroup_cpu={"/a": stat}))
+    s = _scrape(registry)
+    assert s[(ex.EXPORTER_CGROUPS, frozenset({("node", "n1"), ("state", "unresolved")}))] == 1
+    assert not [n for (n, _) in s if n == ex.CGROUP_CPU_USAGE]
+    assert s[(ex.EXPORTER_LAST_UPDATE, frozenset({("node", "n1")}))] == 0
+
+
+def test_metric_names_have_units_and_one_definition():
+    for d in ex.METRICS.values():
+        assert d.name.startswith("noisyneighbor_")
+        assert (d.type == "counter") == d.name.endswith("_total"), d.name
+        if d.type == "histogram":
+            assert d.name.endswith("_seconds")
+    assert len(ex.METRICS) == len(ex._DEFS)
