@@ -102,7 +102,7 @@ class IncidentEngine:
         self.ticks = 0
         self._breach_ticks_needed = max(1, math.ceil(self.slo.breach_seconds / max(self.policy.interval_seconds, 1e-3)))
         self._log_path = self.policy.incident_log
-        self._targets: dict[str, Target] = {}  # workload key -> Target, as of the current tick
+        self.targets: dict[str, Target] = {}  # workload key -> Target, as of the latest tick
 
     # -- public ---------------------------------------------------------------------------------
     @property
@@ -128,7 +128,7 @@ class IncidentEngine:
             if row.memory_usage_bytes is not None:
                 values[(key, "memory_bytes")] = float(row.memory_usage_bytes)
         self.store.add(store_ts, values)
-        self._targets = {k: r.workload.target for k, r in signals.workloads.items()}
+        self.targets = {k: r.workload.target for k, r in signals.workloads.items()}
 
         touched: list[Incident] = []
         for key, row in signals.workloads.items():
@@ -328,7 +328,7 @@ class IncidentEngine:
         return 0.0 if s.empty or s.last is None or math.isnan(s.last) else round(float(s.last), 4)
 
     def _target(self, key: str) -> Target:
-        return self._targets.get(key) or Target(key)
+        return self.targets.get(key) or Target(key)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _open(self, key, row, state, breaches, signals, now) -> Incident:

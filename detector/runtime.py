@@ -42,6 +42,7 @@ class Detector:
         pods: Callable[[], Iterable[PodLike]] | None = None,
         sink: DecisionSink | None = None,
         on_incident: Iterable[Callable[[Incident, str], None]] = (),
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.policy = policy or Policy()
         self.paths = paths or HostPaths()
@@ -54,7 +55,7 @@ class Detector:
         )
         self.ids = IdMapper(self.resolver, self.index)
         self.builder = SignalBuilder(self.layout, self.ids)
-        self.engine = IncidentEngine(self.policy, sink=sink, on_incident=on_incident)
+        self.engine = IncidentEngine(self.policy, sink=sink, on_incident=on_incident, clock=clock)
         self.prev: NodeSnapshot | None = None
         self.last: NodeSignals | None = None
         self._pod_paths: list[str] = []
@@ -75,7 +76,7 @@ class Detector:
             ]
         keys = set(self._pod_paths)
         if self.last is not None:
-            keys.update(k for k in self.last.workloads if k.startswith("/") and k != "/")
+            keys.update(r.workload.target.cgroup for r in self.last.workloads.values() if r.workload.target.cgroup != "/")
         return sorted(keys)
 
     def _standalone(self, path: str) -> bool:

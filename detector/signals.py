@@ -155,10 +155,9 @@ class SignalBuilder:
         # -- CPU accounting -----------------------------------------------------------------------
         for path, c in cur.cgroup_cpu.items():
             p = prev.cgroup_cpu.get(path)
-            w = self.ids.index.workload_of(path)
-            if w.key != path or p is None:
+            if p is None or not self.ids.index.is_workload_root(path):
                 continue  # only the workload's own cgroup: it already sums its children
-            r = row(w)
+            r = row(self.ids.index.workload_of(path))
             r.cpu_cores = max(c.usage_ns - p.usage_ns, 0) / 1e9 / dt
             r.quota_cores = c.quota_cores
             periods = c.nr_periods - p.nr_periods
@@ -177,7 +176,7 @@ class SignalBuilder:
             for cpu, pairs in per_cpu_delay.items():
                 sirq_delay[cpu] = _merge_delta([a for a, _ in pairs], [b for _, b in pairs]).quantile_ns(0.99)
         for r in rows.values():
-            weights = self._cpu_weights(prev, cur, r.workload.key)
+            weights = self._cpu_weights(prev, cur, r.workload.target.cgroup)
             r.cpu_weights = weights
             r.softirq_ms_per_s = sum(w * sirq_ms.get(cpu, 0.0) for cpu, w in weights.items())
             r.softirq_delay_p99_ns = max((sirq_delay.get(cpu, 0.0) for cpu, w in weights.items() if w > 0.05), default=0.0)
@@ -190,7 +189,7 @@ class SignalBuilder:
                 d = s.latency.delta(ps.latency if ps else None)
                 if not d.count:
                     continue
-                w = self.ids.workload_of(cgid, self.mem_h)
+                w = self.ids.workload_of(cgid, self.mem_h, primary=False)
                 if w is None:
                     continue
                 r = row(w)
@@ -201,9 +200,8 @@ class SignalBuilder:
             nd = cur.reclaim.node_direct.latency.delta(prev.reclaim.node_direct.latency)
             node_direct = nd.sum_ns / 1e6 / dt
         for path, m in cur.cgroup_mem.items():
-            w = self.ids.index.workload_of(path)
-            if w.key == path:
-                r = row(w)
+            if self.ids.index.is_workload_root(path):
+                r = row(self.ids.index.workload_of(path))
                 r.memory_usage_bytes, r.memory_limit_bytes = m.usage_bytes, m.limit_bytes
 
         # -- TCP connect ----------------------------------------------------------------------------
@@ -230,10 +228,9 @@ class SignalBuilder:
 
         # -- PSI ------------------------------------------------------------------------------------
         for path, readings in cur.cgroup_psi.items():
-            w = self.ids.index.workload_of(path)
-            if w.key != path:
+            if not self.ids.index.is_workload_root(path):
                 continue
-            r = row(w)
+            r = row(self.ids.index.workload_of(path))
             before = prev.cgroup_psi.get(path, {})
             for resource, reading in readings.items():
                 if resource not in before:
@@ -277,39 +274,45 @@ class SignalBuilder:
         return {cpu: 1 / ncpu for cpu in (cur.node_cpu_per_cpu or {0: None})}
 
     def _who_ran_instead(self, prev: NodeSnapshot, cur: NodeSnapshot, rows: dict, row) -> None:
-        """Fill ran_instead_ns/preemptions from the runqlat victim x culprit matrix when the probe has it."""
-        matrix = getattr(cur.runq, "culprits", None)
-        if matrix is None:
+        """Fill ran_instead_ns/preemptions from the runqlat victim x culprit matrix when the probe has it.
+
+        The matrix is per leaf cgroup: two containers of one pod are foreign to each other there but
+        the same workload here, so a culprit in the victim's own workload counts as own wait.
+        """
+        if not getattr(cur.runq, "culprits_available", False):
             return
-        before = getattr(prev.runq, "culprits", None) or {}
-        for (victim_id, culprit_id), s in matrix.items():
-            ps = before.get((victim_id, culprit_id))
-            wait = s.wait_ns - (ps.wait_ns if ps else 0)
-            preempt = s.preemptions - (ps.preemptions if ps else 0)
-            if wait <= 0 and preempt <= 0:
+        prev_split = prev.runq.wait_split
+        for victim_id, split in cur.runq.wait_split.items():
+            victim = self.ids.workload_of(victim_id, self.cpu_h)
+            if victim is None:
+                continue
+            d = split.delta(prev_split.get(victim_id))
+            r = row(victim)
+            r.who_ran_instead_available = True
+            r.own_wait_ns += d.own_wait_ns
+            r.preempted_own += d.own_preemptions
+            if d.idle_wait_ns:
+                r.ran_instead_ns[IDLE] = r.ran_instead_ns.get(IDLE, 0.0) + d.idle_wait_ns
+            lost = d.unknown_wait_ns + d.migrated_wait_ns
+            if lost:
+                r.ran_instead_ns[UNKNOWN] = r.ran_instead_ns.get(UNKNOWN, 0.0) + lost
+        before = prev.runq.culprits
+        for (victim_id, culprit_id), stats in cur.runq.culprits.items():
+            d = stats.delta(before.get((victim_id, culprit_id)))
+            if not d.wait_ns and not d.preemptions:
                 continue
             victim = self.ids.workload_of(victim_id, self.cpu_h)
             if victim is None:
                 continue
             r = row(victim)
-            r.who_ran_instead_available = True
-            culprit_key = self._culprit_key(culprit_id)
-            if culprit_key == victim.key:
-                r.own_wait_ns += max(wait, 0)
-                r.preempted_own += max(preempt, 0)
+            culprit = self.ids.workload_of(culprit_id, self.cpu_h)
+            key = UNKNOWN if culprit is None else culprit.key
+            if key == victim.key:
+                r.own_wait_ns += d.wait_ns
+                r.preempted_own += d.preemptions
             else:
-                r.ran_instead_ns[culprit_key] = r.ran_instead_ns.get(culprit_key, 0.0) + max(wait, 0)
-                r.preempted_foreign += max(preempt, 0)
+                r.ran_instead_ns[key] = r.ran_instead_ns.get(key, 0.0) + d.wait_ns
+                r.preempted_foreign += d.preemptions
         for r in rows.values():
-            if r.runq_count and not r.who_ran_instead_available:
-                r.who_ran_instead_available = bool(matrix) or r.who_ran_instead_available
-
-    def _culprit_key(self, culprit_id: int) -> str:
-        from probes.runqlat import CULPRIT_IDLE, CULPRIT_UNKNOWN  # provided with the matrix
-
-        if culprit_id == CULPRIT_IDLE:
-            return IDLE
-        if culprit_id == CULPRIT_UNKNOWN:
-            return UNKNOWN
-        w = self.ids.workload_of(culprit_id, self.cpu_h)
-        return UNKNOWN if w is None else w.key
+            # Cgroups with no wait in the interval still have the signal available (zero shares).
+            r.who_ran_instead_available = True

@@ -37,7 +37,7 @@ def k8s_qos_to_class(qos: str | None) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    key: str  # the workload's cgroup path, "/a/b" (the same in every v1 hierarchy on Kubernetes nodes)
+    key: str  # "pod:<uid>" for pods (joins hierarchies), else the workload's cgroup path "/a/b"
     target: Target
 
     @property
@@ -47,6 +47,11 @@ class Workload:
     @property
     def latency_sensitive(self) -> bool:
         return self.target.qos in LATENCY_SENSITIVE
+
+
+def key_of(target: Target) -> str:
+    """The workload key of a Target (the store's entity name): pods by UID, everything else by path."""
+    return f"pod:{target.pod_uid}" if target.pod_uid else target.cgroup
 
 
 def _norm(path: str) -> str:
@@ -72,7 +77,8 @@ class WorkloadIndex:
         self.be_globs = tuple(be_globs)
         self._pods: dict[str, PodLike] = {}
         self._pods_sig: tuple = ()
-        self._cache: dict[str, Workload] = {}
+        self._cache: dict[tuple[str, bool], Workload] = {}
+        self._pod_workloads: dict[str, Workload] = {}  # "pod:<uid>" -> workload with its cpu-hierarchy target
 
     def refresh(self) -> None:
         pods = {p.uid: p for p in self._pods_fn()}
@@ -80,17 +86,29 @@ class WorkloadIndex:
         if sig != self._pods_sig:
             self._pods, self._pods_sig = pods, sig
             self._cache.clear()
+            self._pod_workloads.clear()
 
-    def workload_of(self, path: str) -> Workload:
+    def workload_of(self, path: str, primary: bool = True) -> Workload:
+        """The workload containing ``path``. ``primary``: the path is in the cpu hierarchy (the one
+        actuators write), so its pod path becomes the pod's Target.cgroup; paths from other
+        hierarchies (memory ids of reclaim) join the same pod by UID even where their prefixes differ."""
         path = _norm(path)
-        hit = self._cache.get(path)
+        hit = self._cache.get((path, primary))
         if hit is None:
-            hit = self._cache[path] = self._classify(path)
+            hit = self._cache[(path, primary)] = self._classify(path, primary)
             if len(self._cache) > 65536:  # paths of removed cgroups must not accumulate forever
                 self._cache.clear()
+        if hit.key.startswith("pod:"):  # the pod's target may have been refined since (primary path seen)
+            return self._pod_workloads.get(hit.key, hit)
         return hit
 
-    def _classify(self, path: str) -> Workload:
+    def is_workload_root(self, path: str) -> bool:
+        """Is ``path`` the workload's own cgroup (whose files already sum its children)?"""
+        path = _norm(path)
+        w = self.workload_of(path)
+        return w.target.cgroup == path or w.key == path
+
+    def _classify(self, path: str, primary: bool) -> Workload:
         ident = parse_cgroup_path(path)
         if ident.pod_uid is not None:
             parts = path.strip("/").split("/")
@@ -101,12 +119,19 @@ class WorkloadIndex:
                 if part.startswith(("pod", "kubepods-")) and any(u in part for u in uid_forms):
                     pod_path = "/" + "/".join(parts[: i + 1])
                     break
+            key = f"pod:{ident.pod_uid}"
+            known = self._pod_workloads.get(key)
+            if known is not None and (not primary or known.target.cgroup == pod_path):
+                return known
             pod = self._pods.get(ident.pod_uid)
             if pod is not None:
                 target = Target(pod_path, pod.uid, pod.namespace, pod.name, pod.qos_class)
             else:  # a pod the metadata does not (yet) know: the path still gives its k8s QoS
                 target = Target(pod_path, ident.pod_uid, None, None, k8s_qos_to_class(ident.qos))
-            return Workload(pod_path, target)
+            w = Workload(key, target)
+            if primary or known is None:
+                self._pod_workloads[key] = w
+            return w
         for globs, qos in ((self.ls_globs, "LS"), (self.be_globs, "BE")):
             for pattern in globs:
                 match = self._glob_prefix(path, pattern)
@@ -144,6 +169,6 @@ class IdMapper:
         info = self.resolver.resolve(cgroup_id, hierarchy)
         return None if info is None else info.path
 
-    def workload_of(self, cgroup_id: int, hierarchy: Hierarchy | None) -> Workload | None:
+    def workload_of(self, cgroup_id: int, hierarchy: Hierarchy | None, primary: bool = True) -> Workload | None:
         path = self.path_of(cgroup_id, hierarchy)
-        return None if path is None else self.index.workload_of(path)
+        return None if path is None else self.index.workload_of(path, primary)

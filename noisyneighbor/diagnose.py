@@ -15,9 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from detector.decisions import Cause, Decision, LoggingSink
+from detector.decisions import Cause, Decision, LoggingSink, Target
 from detector.model import Incident
 from detector.runtime import Detector
+from detector.workloads import key_of
 from probes.collect import NodeCollector
 
 ADVICE: dict[Cause, str] = {
@@ -97,7 +98,7 @@ def _top_workloads(detector: Detector, limit: int = 10) -> list[dict[str, Any]]:
         st = store.stats(key, "runq_p99_ns", window)
         if st.n == 0:
             continue
-        target = detector.index.workload_of(key).target
+        target = detector.engine.targets.get(key) or Target(key)
         cpu = store.stats(key, "cpu_cores", window)
         rows.append({
             "workload": target.display,
@@ -117,13 +118,13 @@ def _series(detector: Detector, incidents: list[Incident], duration_s: float) ->
     window = max(duration_s + 5, 10.0)
     for inc in incidents:
         plots: dict[str, list[tuple[float, float]]] = {}
-        victim = inc.victim.cgroup
+        victim = key_of(inc.victim)
         for sig in ("runq_p99_ns", "runq_wait_ms_per_s", "throttled_ratio", "softirq_ms_per_s", "reclaim_stall_ms_per_s"):
             s = store.window(victim, sig, window).dropna()
             if len(s) and float(s.abs().sum()) > 0:
                 plots[f"victim {sig}"] = [(float(t), float(v)) for t, v in s.items()]
         for c in inc.culprits[:3]:
-            s = store.window(c.target.cgroup, "cpu_cores", window).dropna()
+            s = store.window(key_of(c.target), "cpu_cores", window).dropna()
             if len(s):
                 plots[f"culprit {c.target.display} cpu_cores"] = [(float(t), float(v)) for t, v in s.items()]
         out[inc.incident_id] = plots

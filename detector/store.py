@@ -1,0 +1,500 @@
+"""The detector's short-term memory: per entity and signal, one float per tick, for the last few minutes.
+
+An *entity* is a string key (a pod UID, a cgroup path, ...); a *signal* is a string such as
+``runq_p99_ns``, ``runq_wait_share``, ``throttled_ratio``, ``cpu_cores``, ``reclaim_stall_ms_per_s``,
+``psi_cpu_some``, ``connect_p99_ns`` or ``softirq_delay_p99_ns``. Timestamps are monotonic seconds
+(ticks are ~1 s apart, but any spacing works). NaN means "missing" everywhere.
+
+API (the incident engine builds on exactly this)::
+
+    store = SignalStore(retention_s=300.0, max_entities=2000)
+    store.add(ts, {(entity, signal): value, ...})     # one tick, any subset; same ts again merges into that tick
+    store.window(entity, signal, seconds)             # pandas.Series of the present values, indexed by ts
+    store.stats(entity, signal, seconds)              # WindowStats(n, mean, median, p90, max, last, std, min)
+    store.stats_frame(signal, seconds)                # pandas.DataFrame of WindowStats columns, one row per entity
+    store.frame(signal, seconds, agg="mean")          # pandas.Series, one aggregated value per entity
+    store.correlation(ent_a, sig_a, ent_b, sig_b, seconds)  # Pearson over aligned ticks, or None
+    store.entities(); store.signals(); store.forget(entity); store.now
+
+Window semantics: a window of ``seconds`` holds the ticks with ``now - seconds < ts <= now`` where
+``now`` is the latest tick added (so at 1 Hz a 1 s window is the last tick, 10 s the last ten).
+Statistics ignore missing values; ``n`` counts the present ones, ``std`` is the population standard
+deviation (ddof=0, like ``numpy.std``), ``p90``/``median`` use numpy's default linear interpolation,
+``last`` is the most recent present value. An entity or signal with no data gives ``n == 0`` and NaN
+statistics rather than an error, because the engine asks about entities that may just have gone.
+
+Memory is bounded twice. By time: ticks older than ``retention_s`` are dropped (the tick ring holds
+``tick_capacity`` ticks, by default enough for ticks 0.8 s apart; if ticks come faster than that the
+oldest are dropped earlier), and an entity with no value for ``retention_s`` is forgotten. By entity
+count: at ``max_entities`` the least recently updated entity is dropped to make room.
+
+Why numpy rings and not a pandas frame on the hot path: at 500 entities x 8 signals at 1 Hz, appending
+to pandas objects and trimming them costs milliseconds per tick and fragments memory; here each signal
+is one preallocated ``(tick slot, entity row)`` float64 array, a tick writes one row of it, and pandas
+objects are built only when a query returns. Whole-window statistics for all entities are computed in
+one vectorised pass per (signal, seconds) and cached until the next ``add``, so the engine can call
+``stats()`` for every entity each tick at the cost of a dict lookup.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from itertools import compress, repeat
+from typing import Any, NoReturn
+
+import numpy as np
+import pandas as pd
+
+DEFAULT_RETENTION_S = 300.0
+DEFAULT_MAX_ENTITIES = 2000
+DEFAULT_MAX_SIGNALS = 64
+MIN_POINTS_FOR_CORRELATION = 5
+_INITIAL_ROWS = 64
+
+
+class StoreError(ValueError):
+    """Bad input to the store (a one-line message; nothing was applied)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    """Statistics of one entity's signal over a window; NaN fields when ``n == 0``."""
+
+    n: int
+    mean: float
+    median: float
+    p90: float
+    max: float
+    last: float
+    std: float
+    min: float
+
+    @property
+    def empty(self) -> bool:
+        return self.n == 0
+
+
+_EMPTY_STATS = WindowStats(0, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan)
+STAT_FIELDS = ("n", "mean", "median", "p90", "max", "last", "std", "min")
+FRAME_AGGS = (*STAT_FIELDS, "sum")
+
+
+class EntityIndex:
+    """Maps entity names to array rows, least recently updated first, with a hard cap.
+
+    Shared by the store and the baselines so both drop entities the same way. Rows are reused after
+    an entity is dropped; the owner clears the row's data through the ``on_free`` callback.
+    """
+
+    def __init__(self, max_entities: int) -> None:
+        if max_entities < 1:
+            raise StoreError(f"max_entities must be >= 1, got {max_entities}")
+        self.max_entities = max_entities
+        self.capacity = min(_INITIAL_ROWS, max_entities)
+        self._rows: OrderedDict[str, int] = OrderedDict()  # order = least recently touched first
+        self._free: list[int] = list(range(self.capacity - 1, -1, -1))
+        self.last_touch_ts = np.full(self.capacity, -np.inf)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __contains__(self, entity: object) -> bool:
+        return entity in self._rows
+
+    def names(self) -> list[str]:
+        return list(self._rows)
+
+    def row(self, entity: str) -> int | None:
+        return self._rows.get(entity)
+
+    def items(self) -> Iterable[tuple[str, int]]:
+        return self._rows.items()
+
+    def touch(self, entity: str, ts: float) -> tuple[int, int | None, str | None]:
+        """Row for ``entity`` (created if new), marked most recently used.
+
+        Returns (row, grown_to, evicted): ``grown_to`` is the new capacity when the arrays must grow,
+        ``evicted`` the entity dropped to make room; it owned ``row`` and its data must be cleared.
+        """
+        row = self._rows.get(entity)
+        if row is not None:
+            self._rows.move_to_end(entity)
+            self.last_touch_ts[row] = ts
+            return row, None, None
+        grown_to: int | None = None
+        evicted: str | None = None
+        if not self._free:
+            if self.capacity < self.max_entities:
+                grown_to = min(self.capacity * 2, self.max_entities)
+                self._free = list(range(grown_to - 1, self.capacity - 1, -1))
+                self.last_touch_ts = np.concatenate([self.last_touch_ts, np.full(grown_to - self.capacity, -np.inf)])
+                self.capacity = grown_to
+            else:
+                evicted, evicted_row = self._rows.popitem(last=False)
+                self._free.append(evicted_row)
+        row = self._free.pop()
+        self._rows[entity] = row
+        self.last_touch_ts[row] = ts
+        return row, grown_to, evicted
+
+    def remove(self, entity: str) -> int | None:
+        row = self._rows.pop(entity, None)
+        if row is not None:
+            self._free.append(row)
+            self.last_touch_ts[row] = -np.inf
+        return row
+
+    def expire(self, cutoff_ts: float) -> list[int]:
+        """Drop entities last touched at or before ``cutoff_ts``; returns their rows."""
+        freed: list[int] = []
+        while self._rows:
+            entity, row = next(iter(self._rows.items()))
+            if self.last_touch_ts[row] > cutoff_ts:
+                break
+            del self._rows[entity]
+            self._free.append(row)
+            self.last_touch_ts[row] = -np.inf
+            freed.append(row)
+        return freed
+
+
+def _raise_bad_item(values: Mapping) -> NoReturn:
+    """Name the first item of a tick that is not ``(str, str) -> finite float or NaN``."""
+    for key, raw in values.items():
+        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str) and isinstance(key[1], str)):
+            raise StoreError(f"tick key must be an (entity, signal) pair of strings, got {key!r}")
+        try:
+            v = float(raw)
+        except (TypeError, ValueError):
+            raise StoreError(f"value for {key!r} is not a number: {raw!r}") from None
+        if math.isinf(v):
+            raise StoreError(f"value for {key!r} is infinite")
+    raise StoreError("tick values are not all (entity, signal) -> float")
+
+
+def _check_seconds(seconds: float) -> float:
+    try:
+        s = float(seconds)
+    except (TypeError, ValueError):
+        raise StoreError(f"window seconds must be a number, got {seconds!r}") from None
+    if not s > 0:  # also rejects NaN
+        raise StoreError(f"window seconds must be > 0, got {seconds!r}")
+    return s
+
+
+def _column_stats(block: np.ndarray) -> dict[str, np.ndarray]:
+    """WindowStats fields for every column of ``block`` (ticks x entities, chronological, NaN = missing)."""
+    cols = block.shape[1]
+    if block.shape[0] == 0:
+        nan = np.full(cols, np.nan)
+        return {"n": np.zeros(cols, dtype=np.intp), "mean": nan, "median": nan, "p90": nan, "max": nan, "last": nan,
+                "std": nan, "min": nan, "sum": np.zeros(cols)}
+    valid = ~np.isnan(block)
+    n = valid.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        total = np.where(valid, block, 0.0).sum(axis=0)
+        mean = total / n
+        std = np.sqrt(np.where(valid, (block - mean) ** 2, 0.0).sum(axis=0) / n)
+    # np.sort puts NaN last, so each column's present values are its first n entries, ascending.
+    ordered = np.sort(block, axis=0)
+    idx_cols = np.arange(cols)
+    safe_top = np.maximum(n - 1, 0)
+
+    def quantile(q: float) -> np.ndarray:
+        # numpy's default "linear" method: position (n-1)*q between the two neighbouring order statistics.
+        pos = safe_top * q
+        lo = np.floor(pos).astype(np.intp)
+        hi = np.minimum(lo + 1, safe_top)
+        frac = pos - lo
+        a = ordered[lo, idx_cols]
+        b = ordered[hi, idx_cols]
+        return np.where(frac == 0, a, a + frac * (b - a))
+
+    empty = n == 0
+    last_pos = block.shape[0] - 1 - np.argmax(valid[::-1], axis=0)
+    last = block[last_pos, idx_cols]
+    median = quantile(0.5)
+    p90 = quantile(0.9)
+    vmax = ordered[safe_top, idx_cols]
+    vmin = ordered[0, idx_cols]
+    for arr in (median, p90, vmax, vmin, last):
+        arr[empty] = np.nan
+    return {"n": n, "mean": mean, "median": median, "p90": p90, "max": vmax, "last": last, "std": std, "min": vmin,
+            "sum": total}
+
+
+class SignalStore:
+    """Rolling per-(entity, signal) time series in preallocated numpy rings; see the module docstring."""
+
+    def __init__(
+        self,
+        retention_s: float = DEFAULT_RETENTION_S,
+        max_entities: int = DEFAULT_MAX_ENTITIES,
+        tick_capacity: int | None = None,
+        max_signals: int = DEFAULT_MAX_SIGNALS,
+    ) -> None:
+        if not isinstance(retention_s, int | float) or not 0 < retention_s < math.inf:
+            raise StoreError(f"retention_s must be a finite number > 0, got {retention_s!r}")
+        self.retention_s = float(retention_s)
+        # Default: room for ticks as close as 0.8 s over the whole retention, plus a little slack.
+        self.tick_capacity = tick_capacity if tick_capacity is not None else math.ceil(retention_s / 0.8) + 4
+        if self.tick_capacity < 2:
+            raise StoreError(f"tick_capacity must be >= 2, got {self.tick_capacity}")
+        self.max_signals = max_signals
+        self._index = EntityIndex(max_entities)
+        self._data: dict[str, np.ndarray] = {}  # signal -> (tick slot, entity row)
+        self._ts = np.full(self.tick_capacity, np.nan)  # ts per slot; NaN = slot holds no live tick
+        self._head = -1  # slot of the latest tick
+        self._live = 0  # number of live ticks, ending at _head
+        self._now = -math.inf
+        self._version = 0  # bumped by every change; queries cache per version
+        self._order_cache: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._stats_cache: dict[tuple[str, float], dict[str, Any]] = {}
+        self._stats_version = -1
+
+    # ---- writes -----------------------------------------------------------------------------
+
+    @property
+    def now(self) -> float:
+        """Timestamp of the latest tick (-inf before the first)."""
+        return self._now
+
+    @property
+    def max_entities(self) -> int:
+        return self._index.max_entities
+
+    def add(self, ts: float, values: Mapping[tuple[str, str], float]) -> None:
+        """Record one tick. ``ts`` must not go backwards; the same ``ts`` again merges into that tick.
+
+        The whole tick is validated before anything is written, so bad input changes nothing.
+        """
+        try:
+            t = float(ts)
+        except (TypeError, ValueError):
+            raise StoreError(f"tick timestamp must be a number, got {ts!r}") from None
+        if not math.isfinite(t):
+            raise StoreError(f"tick timestamp must be finite, got {ts!r}")
+        if t < self._now:
+            raise StoreError(f"tick timestamp went backwards: {t} < latest {self._now}")
+        if not isinstance(values, Mapping):
+            raise StoreError(f"tick values must be a mapping of (entity, signal) -> float, got {type(values).__name__}")
+        # Validation and grouping run at C speed (map/fromiter/numpy) because a tick carries thousands
+        # of values; on failure a slow pass names the first offending item.
+        keys = list(values)
+        if set(map(type, keys)) - {tuple} or set(map(len, keys)) - {2}:
+            _raise_bad_item(values)
+        entities = [k[0] for k in keys]
+        signals = [k[1] for k in keys]
+        if set(map(type, entities)) - {str} or set(map(type, signals)) - {str}:
+            _raise_bad_item(values)
+        try:
+            vals = np.fromiter(values.values(), dtype=np.float64, count=len(keys))
+        except (TypeError, ValueError):
+            _raise_bad_item(values)
+        present = ~np.isnan(vals)
+        if np.isinf(vals).any():
+            _raise_bad_item(values)
+        present_list = present.tolist()
+        signal_names = dict.fromkeys(compress(signals, present_list))
+        new_signals = [sig for sig in signal_names if sig not in self._data]
+        if len(self._data) + len(new_signals) > self.max_signals:
+            total = len(self._data) + len(new_signals)
+            raise StoreError(f"too many distinct signals: {total} > max_signals {self.max_signals}")
+
+        self._version += 1
+        if t > self._now:
+            self._advance(t)
+        for signal in new_signals:
+            self._data[signal] = np.full((self.tick_capacity, self._index.capacity), np.nan)
+        # One touch per entity with a present value, in first-seen order.
+        index = self._index
+        rows_this_tick: dict[str, int] = {}
+        for entity in dict.fromkeys(compress(entities, present_list)):
+            row, grown_to, evicted = index.touch(entity, t)
+            if grown_to is not None:
+                self._grow(grown_to)
+            elif evicted is not None:
+                # Only when one tick carries more than max_entities entities: the earliest lose.
+                rows_this_tick.pop(evicted, None)
+                self._clear_row(row)
+            rows_this_tick[entity] = row
+        rows = np.fromiter(map(rows_this_tick.get, entities, repeat(-1)), dtype=np.intp, count=len(keys))
+        signal_ids = {sig: i for i, sig in enumerate(signal_names)}
+        sig_idx = np.fromiter(map(signal_ids.get, signals, repeat(-1)), dtype=np.intp, count=len(keys))
+        write = present & (rows >= 0)
+        slot = self._head
+        for signal, i in signal_ids.items():
+            mask = write & (sig_idx == i)
+            self._data[signal][slot, rows[mask]] = vals[mask]
+
+    def forget(self, entity: str) -> bool:
+        """Drop everything about ``entity``; False when it was not stored."""
+        row = self._index.remove(entity)
+        if row is None:
+            return False
+        self._clear_row(row)
+        self._version += 1
+        return True
+
+    def _advance(self, t: float) -> None:
+        self._head = (self._head + 1) % self.tick_capacity
+        self._ts[self._head] = t
+        for arr in self._data.values():
+            arr[self._head, :] = np.nan
+        self._live = min(self._live + 1, self.tick_capacity)
+        self._now = t
+        cutoff = t - self.retention_s
+        # Drop ticks past retention from the old end of the ring (they stay allocated but unreachable).
+        while self._live > 1:
+            oldest = (self._head - self._live + 1) % self.tick_capacity
+            if self._ts[oldest] > cutoff:
+                break
+            self._ts[oldest] = np.nan
+            self._live -= 1
+        for row in self._index.expire(cutoff):
+            self._clear_row(row)
+
+    def _grow(self, capacity: int) -> None:
+        for signal, arr in self._data.items():
+            grown = np.full((self.tick_capacity, capacity), np.nan)
+            grown[:, : arr.shape[1]] = arr
+            self._data[signal] = grown
+
+    def _clear_row(self, row: int) -> None:
+        for arr in self._data.values():
+            arr[:, row] = np.nan
+
+    # ---- queries ----------------------------------------------------------------------------
+
+    def entities(self) -> list[str]:
+        """Stored entities, least recently updated first."""
+        return self._index.names()
+
+    def signals(self) -> list[str]:
+        return list(self._data)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def nbytes(self) -> int:
+        """Bytes held by the sample arrays (the bulk of the store's memory)."""
+        return int(sum(a.nbytes for a in self._data.values()) + self._ts.nbytes + self._index.last_touch_ts.nbytes)
+
+    def _chronological(self) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, ts) of the live ticks, oldest first."""
+        cached = self._order_cache
+        if cached is not None and cached[0] == self._version:
+            return cached[1], cached[2]
+        slots = (self._head - self._live + 1 + np.arange(self._live)) % self.tick_capacity
+        ts = self._ts[slots]
+        self._order_cache = (self._version, slots, ts)
+        return slots, ts
+
+    def _window_slots(self, seconds: float) -> tuple[np.ndarray, np.ndarray]:
+        s = _check_seconds(seconds)
+        slots, ts = self._chronological()
+        start = int(np.searchsorted(ts, self._now - s, side="right"))
+        return slots[start:], ts[start:]
+
+    def window(self, entity: str, signal: str, seconds: float) -> pd.Series:
+        """The present values of one series over the window, indexed by tick timestamp (oldest first)."""
+        slots, ts = self._window_slots(seconds)
+        row = self._index.row(entity)
+        arr = self._data.get(signal)
+        if row is None or arr is None or len(slots) == 0:
+            return pd.Series([], index=pd.Index([], dtype=float, name="ts"), dtype=float, name=signal)
+        vals = arr[slots, row]
+        keep = ~np.isnan(vals)
+        return pd.Series(vals[keep], index=pd.Index(ts[keep], name="ts"), name=signal)
+
+    def _all_stats(self, signal: str, seconds: float) -> dict[str, Any] | None:
+        s = _check_seconds(seconds)
+        if self._stats_version != self._version:
+            self._stats_cache.clear()
+            self._stats_version = self._version
+        key = (signal, s)
+        cached = self._stats_cache.get(key)
+        if cached is not None:
+            return cached
+        arr = self._data.get(signal)
+        if arr is None:
+            return None
+        slots, _ = self._window_slots(s)
+        cached = _column_stats(arr[slots, :])
+        self._stats_cache[key] = cached
+        return cached
+
+    def stats(self, entity: str, signal: str, seconds: float) -> WindowStats:
+        """Window statistics for one series (``n == 0`` when there is no data)."""
+        table = self._all_stats(signal, seconds)
+        row = self._index.row(entity)
+        if table is None or row is None:
+            return _EMPTY_STATS
+        per_row = table.get("_per_row")
+        if per_row is None:
+            # Python values for every row at once: far cheaper than numpy scalar reads per call when the
+            # engine asks for every entity each tick.
+            per_row = list(zip(*(table[f].tolist() for f in STAT_FIELDS), strict=True))
+            table["_per_row"] = per_row
+        values = per_row[row]
+        if values[0] == 0:
+            return _EMPTY_STATS
+        return WindowStats(*values)
+
+    def stats_frame(self, signal: str, seconds: float) -> pd.DataFrame:
+        """WindowStats for every entity with data in the window, one row per entity (index = entity)."""
+        table = self._all_stats(signal, seconds)
+        columns = list(STAT_FIELDS)
+        if table is None or len(self._index) == 0:
+            return pd.DataFrame(columns=columns, index=pd.Index([], name="entity"))
+        names, rows = self._named_rows(table["n"])
+        frame = pd.DataFrame({f: table[f][rows] for f in columns}, index=pd.Index(names, name="entity"))
+        return frame
+
+    def frame(self, signal: str, seconds: float, agg: str = "mean") -> pd.Series:
+        """One aggregate per entity with data in the window (``agg`` is a WindowStats field or "sum")."""
+        if agg not in FRAME_AGGS:
+            raise StoreError(f"unknown aggregate {agg!r}; use one of {', '.join(FRAME_AGGS)}")
+        table = self._all_stats(signal, seconds)
+        if table is None or len(self._index) == 0:
+            return pd.Series([], index=pd.Index([], name="entity"), dtype=float, name=signal)
+        names, rows = self._named_rows(table["n"])
+        return pd.Series(table[agg][rows], index=pd.Index(names, name="entity"), name=signal)
+
+    def _named_rows(self, counts: np.ndarray) -> tuple[list[str], np.ndarray]:
+        names: list[str] = []
+        rows: list[int] = []
+        for name, row in self._index.items():
+            if counts[row] > 0:
+                names.append(name)
+                rows.append(row)
+        return names, np.asarray(rows, dtype=np.intp)
+
+    def correlation(self, entity_a: str, signal_a: str, entity_b: str, signal_b: str, seconds: float) -> float | None:
+        """Pearson correlation over the ticks where both series are present; None with fewer than 5 such
+        ticks or when either side is constant (correlation is undefined, not zero)."""
+        slots, _ = self._window_slots(seconds)
+        row_a = self._index.row(entity_a)
+        row_b = self._index.row(entity_b)
+        arr_a = self._data.get(signal_a)
+        arr_b = self._data.get(signal_b)
+        if row_a is None or row_b is None or arr_a is None or arr_b is None or len(slots) < MIN_POINTS_FOR_CORRELATION:
+            return None
+        a = arr_a[slots, row_a]
+        b = arr_b[slots, row_b]
+        both = ~(np.isnan(a) | np.isnan(b))
+        if int(both.sum()) < MIN_POINTS_FOR_CORRELATION:
+            return None
+        a = a[both]
+        b = b[both]
+        if a.min() == a.max() or b.min() == b.max():
+            return None
+        da = a - a.mean()
+        db = b - b.mean()
+        denom = math.sqrt(float(np.dot(da, da)) * float(np.dot(db, db)))
+        if denom == 0.0:
+            return None
+        return max(-1.0, min(1.0, float(np.dot(da, db)) / denom))

@@ -1,0 +1,164 @@
+"""Interference scenarios on the real kernel: test cgroups laid out as pods, served by a fake kubelet.
+
+A scenario creates pod cgroups (kubepods tree under our nn-test prefix, so the resolver and the
+workload index see real pod paths), registers the same pods with FakeKube's kubelet ``/pods`` (so
+QoS classes come through the real KubeletPodSource), starts workloads pinned to CPUs inside them,
+and runs the real collector + detector loop, recording every tick. Everything is torn down by the
+``make_cgroup`` fixture and :meth:`Scenario.close`, even on failure.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from detector.model import Incident
+from detector.pods import KubeletPodSource
+from detector.policy import Policy
+from detector.runtime import Detector
+from noisyneighbor.sandbox import OwnedCgroup
+from probes.collect import NodeCollector
+from tests.fakekube import FakeKube, make_pod
+
+WORKLOADS = Path(__file__).parent / "workloads"
+LS_WORKER = WORKLOADS / "ls_worker.py"
+POD_CONTROLLERS = ("cpu", "cpuacct", "memory", "cpuset")
+
+
+@dataclass
+class PodCgroup:
+    name: str
+    uid: str
+    qos_class: str
+    cgroup: OwnedCgroup
+
+    @property
+    def path(self) -> str:
+        """The pod cgroup's path relative to the cpu hierarchy root (the workload key)."""
+        layout = self.cgroup.layout
+        h = layout.hierarchy_for("cpu")
+        return "/" + str(self.cgroup.dirs["cpu"].relative_to(h.mount))
+
+
+@dataclass
+class TickRecord:
+    t: float  # monotonic
+    changed: list[Incident]
+
+
+@dataclass
+class Scenario:
+    make_cgroup: Callable[..., OwnedCgroup]
+    policy: Policy = field(default_factory=Policy)
+    kube: FakeKube = field(default_factory=lambda: FakeKube(node_name="node-1"))
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    pods: list[PodCgroup] = field(default_factory=list)
+    ticks: list[TickRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.kube.start()
+        self.source = KubeletPodSource(self.kube.url, refresh_interval=0.5, timeout=2.0)
+        self.detector = Detector(self.policy, pods=self.source.pods, clock=time.monotonic)
+        self.collector = NodeCollector(cgroup_paths=self.detector.cgroup_paths).start()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- pods and workloads ---------------------------------------------------------------------
+    def pod(self, name: str, qos_class: str, shares: int | None = None, memory_limit: int | None = None,
+            cpu_quota_cores: float | None = None) -> PodCgroup:
+        uid = str(uuid.uuid4())
+        k8s = "besteffort" if qos_class == "BE" else "burstable"
+        cg = self.make_cgroup(
+            f"kubepods.slice/kubepods-{k8s}.slice/kubepods-{k8s}-pod{uid.replace('-', '_')}.slice",
+            controllers=POD_CONTROLLERS,
+        )
+        if shares is not None:
+            cg.write("cpu", "cpu.shares", str(shares))
+        if cpu_quota_cores is not None:
+            cg.write("cpu", "cpu.cfs_quota_us", str(int(cpu_quota_cores * 100_000)))
+        if memory_limit is not None:
+            cg.write("memory", "memory.limit_in_bytes", str(memory_limit))
+        requests = {} if qos_class == "BE" else {"cpu": "500m", "memory": "256Mi"}
+        self.kube.add_pod(make_pod(name, uid=uid, qos_class=qos_class, requests=requests))
+        pod = PodCgroup(name, uid, qos_class, cg)
+        self.pods.append(pod)
+        return pod
+
+    def spawn(self, pod: PodCgroup, argv: list[str], cpus: Iterable[int] | None = None, **kw) -> subprocess.Popen:
+        cpuset = set(cpus) if cpus is not None else None
+
+        def preexec() -> None:
+            pod.cgroup.preexec()
+            if cpuset is not None:
+                os.sched_setaffinity(0, cpuset)
+
+        proc = subprocess.Popen(argv, preexec_fn=preexec, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True, **kw)
+        self.procs.append(proc)
+        return proc
+
+    def ls_worker(self, pod: PodCgroup, cpus: Iterable[int], seconds: float, work_ms: float = 1.5,
+                  period_ms: float = 5.0) -> subprocess.Popen:
+        return self.spawn(pod, [sys.executable, str(LS_WORKER), "--work-ms", str(work_ms),
+                                "--period-ms", str(period_ms), "--seconds", str(seconds)], cpus)
+
+    def hog(self, pod: PodCgroup, cpus: Iterable[int], seconds: float) -> subprocess.Popen:
+        code = f"import time\nend=time.monotonic()+{seconds}\nwhile time.monotonic()<end: pass\n"
+        return self.spawn(pod, [sys.executable, "-c", code], cpus)
+
+    # -- the detector loop ----------------------------------------------------------------------
+    def run_for(self, seconds: float, interval: float = 1.0) -> None:
+        """Run collector + detector ticks in this thread for ``seconds``."""
+        end = time.monotonic() + seconds
+        next_at = time.monotonic()
+        while time.monotonic() < end:
+            next_at += interval
+            tick = self.detector.step(self.collector.collect())
+            if tick is not None:
+                self.ticks.append(TickRecord(time.monotonic(), list(tick.changed)))
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    def start_background(self, interval: float = 1.0) -> None:
+        def loop() -> None:
+            next_at = time.monotonic()
+            while not self._stop.is_set():
+                next_at += interval
+                tick = self.detector.step(self.collector.collect())
+                if tick is not None:
+                    self.ticks.append(TickRecord(time.monotonic(), list(tick.changed)))
+                self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def incidents(self) -> list[Incident]:
+        return self.detector.engine.all_incidents()
+
+    def incidents_for(self, pod: PodCgroup) -> list[Incident]:
+        return [i for i in self.incidents() if i.victim.cgroup == pod.path]
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.collector.close()
+        self.source.close()
+        self.kube.stop()
+
