@@ -72,6 +72,33 @@ static __always_inline __u64 nn_task_memcg_id(struct task_struct *t, bool v1_mem
 	return BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id);
 }
 
+/*
+ * The same ids through direct BTF pointer loads, for tp_btf programs and BTF-typed task pointers
+ * (bpf_get_current_task_btf(), tracepoint arguments): the verifier turns these into plain loads with
+ * an exception-table fixup, where each BPF_CORE_READ hop above is a bpf_probe_read_kernel() call
+ * (~20 ns each). Never call these from raw_tp programs: their pointers are untyped scalars.
+ */
+static __always_inline __u64 nn_btf_task_v1_cgroup_id(struct task_struct *t, int subsys_id)
+{
+	if (subsys_id < 0 || subsys_id >= CGROUP_SUBSYS_COUNT)
+		return 0;
+	return t->cgroups->subsys[subsys_id]->cgroup->kn->id;
+}
+
+static __always_inline __u64 nn_btf_task_cgroup_id(struct task_struct *t, bool v1_cpu)
+{
+	if (v1_cpu)
+		return nn_btf_task_v1_cgroup_id(t, bpf_core_enum_value(enum cgroup_subsys_id, cpu_cgrp_id));
+	return t->cgroups->dfl_cgrp->kn->id;
+}
+
+static __always_inline __u64 nn_btf_task_memcg_id(struct task_struct *t, bool v1_memory)
+{
+	if (v1_memory)
+		return nn_btf_task_v1_cgroup_id(t, bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id));
+	return t->cgroups->dfl_cgrp->kn->id;
+}
+
 /* floor(log2(v)) + 1 for v > 0, 0 for v == 0: slot k holds values in [2^(k-1), 2^k). */
 static __always_inline __u32 nn_log2_slot(__u64 v)
 {

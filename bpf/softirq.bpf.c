@@ -56,9 +56,9 @@ struct {
 } stalls SEC(".maps");
 
 /* A kernel thread named ksoftirqd/N (comm alone could be spoofed by a user task). */
-static __always_inline bool in_ksoftirqd(struct task_struct *t, const char *comm)
+static __always_inline bool in_ksoftirqd(unsigned int task_flags, const char *comm)
 {
-	if (!(BPF_CORE_READ(t, flags) & PF_KTHREAD))
+	if (!(task_flags & PF_KTHREAD))
 		return false;
 	return comm[0] == 'k' && comm[1] == 's' && comm[2] == 'o' && comm[3] == 'f' && comm[4] == 't' &&
 	       comm[5] == 'i' && comm[6] == 'r' && comm[7] == 'q' && comm[8] == 'd' && comm[9] == '/';
@@ -66,10 +66,27 @@ static __always_inline bool in_ksoftirqd(struct task_struct *t, const char *comm
 
 /* ---- shared bodies --------------------------------------------------------------------------- */
 
-static __always_inline void on_raise(__u32 vec)
+/*
+ * `btf` is a constant per program (the bodies are always inlined): the tp_btf programs read task
+ * fields with direct loads, the raw_tp ones with bpf_probe_read_kernel() (untyped pointers).
+ */
+static __always_inline __u64 current_cgroup_id(bool btf)
+{
+	if (btf)
+		return nn_btf_task_cgroup_id(bpf_get_current_task_btf(), v1_cpu_cgroup);
+	return nn_task_cgroup_id((struct task_struct *)bpf_get_current_task(), v1_cpu_cgroup);
+}
+
+static __always_inline unsigned int current_flags(bool btf)
+{
+	if (btf)
+		return bpf_get_current_task_btf()->flags;
+	return BPF_CORE_READ((struct task_struct *)bpf_get_current_task(), flags);
+}
+
+static __always_inline void on_raise(__u32 vec, bool btf)
 {
 	struct softirq_pending *p;
-	struct task_struct *t;
 	__u64 id;
 
 	if (vec >= NN_NR_SOFTIRQS)
@@ -80,12 +97,10 @@ static __always_inline void on_raise(__u32 vec)
 	p->raise_ns = bpf_ktime_get_ns();
 	if (!stall_threshold_ns)
 		return;
-	t = (struct task_struct *)bpf_get_current_task();
 	id = bpf_get_current_pid_tgid();
 	p->raise_pid = (__u32)id;
 	p->raise_tgid = id >> 32;
-	p->raise_cgroup_id = nn_task_cgroup_id(t, v1_cpu_cgroup);
-	bpf_get_current_comm(p->raise_comm, sizeof(p->raise_comm));
+	p->raise_task = bpf_get_current_task();
 }
 
 static __always_inline void on_entry(__u32 vec)
@@ -109,8 +124,7 @@ static __always_inline void on_entry(__u32 vec)
 	if (stall_threshold_ns && raised) {
 		p->run_raise_pid = p->raise_pid;
 		p->run_raise_tgid = p->raise_tgid;
-		p->run_raise_cgroup_id = p->raise_cgroup_id;
-		__builtin_memcpy(p->run_raise_comm, p->raise_comm, NN_COMM_LEN);
+		p->run_raise_task = p->raise_task;
 	}
 	p->raise_ns = 0;
 	p->run_raise_ns = raised;
@@ -119,12 +133,11 @@ static __always_inline void on_entry(__u32 vec)
 		nn_hist_add(&s->delay, now - raised);
 }
 
-static __always_inline void on_exit(__u32 vec)
+static __always_inline void on_exit(__u32 vec, bool btf)
 {
 	struct softirq_stall_event *e;
 	struct softirq_pending *p;
 	struct softirq_stats *s;
-	struct task_struct *t;
 	__u64 now, entered, runtime, delay;
 	__u64 id;
 
@@ -153,7 +166,6 @@ static __always_inline void on_exit(__u32 vec)
 		count_drop(NN_DROP_RINGBUF_FULL);
 		return;
 	}
-	t = (struct task_struct *)bpf_get_current_task();
 	id = bpf_get_current_pid_tgid();
 	e->ts_ns = now;
 	e->delay_ns = delay;
@@ -162,16 +174,26 @@ static __always_inline void on_exit(__u32 vec)
 	e->vec = vec;
 	e->entry_pid = (__u32)id;
 	e->entry_tgid = id >> 32;
-	e->entry_cgroup_id = nn_task_cgroup_id(t, v1_cpu_cgroup);
+	e->entry_cgroup_id = current_cgroup_id(btf);
 	bpf_get_current_comm(e->entry_comm, sizeof(e->entry_comm));
-	e->in_ksoftirqd = in_ksoftirqd(t, e->entry_comm);
+	e->in_ksoftirqd = in_ksoftirqd(current_flags(btf), e->entry_comm);
 	e->raise_seen = p->run_raise_ns != 0;
 	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
+	__builtin_memset(e->raise_comm, 0, NN_COMM_LEN);
 	if (e->raise_seen) {
+		struct task_struct *raiser = (struct task_struct *)p->run_raise_task;
+
 		e->raise_pid = p->run_raise_pid;
 		e->raise_tgid = p->run_raise_tgid;
-		e->raise_cgroup_id = p->run_raise_cgroup_id;
-		__builtin_memcpy(e->raise_comm, p->run_raise_comm, NN_COMM_LEN);
+		e->raise_cgroup_id = 0;
+		/*
+		 * The raiser may have exited and its task_struct been freed since the raise (probe reads
+		 * of it are safe either way): only a pid that still matches vouches for the address.
+		 */
+		if (BPF_CORE_READ(raiser, pid) == (int)p->run_raise_pid) {
+			e->raise_cgroup_id = nn_task_cgroup_id(raiser, v1_cpu_cgroup);
+			bpf_probe_read_kernel_str(e->raise_comm, NN_COMM_LEN, &raiser->comm);
+		}
 	} else {
 		e->raise_pid = 0;
 		e->raise_tgid = 0;
@@ -186,7 +208,7 @@ static __always_inline void on_exit(__u32 vec)
 SEC("tp_btf/softirq_raise")
 int BPF_PROG(softirq_raise_btf, unsigned int vec_nr)
 {
-	on_raise(vec_nr);
+	on_raise(vec_nr, true);
 	return 0;
 }
 
@@ -200,7 +222,7 @@ int BPF_PROG(softirq_entry_btf, unsigned int vec_nr)
 SEC("tp_btf/softirq_exit")
 int BPF_PROG(softirq_exit_btf, unsigned int vec_nr)
 {
-	on_exit(vec_nr);
+	on_exit(vec_nr, true);
 	return 0;
 }
 
@@ -209,7 +231,7 @@ int BPF_PROG(softirq_exit_btf, unsigned int vec_nr)
 SEC("raw_tp/softirq_raise")
 int BPF_PROG(softirq_raise_raw, unsigned int vec_nr)
 {
-	on_raise(vec_nr);
+	on_raise(vec_nr, false);
 	return 0;
 }
 
@@ -223,7 +245,7 @@ int BPF_PROG(softirq_entry_raw, unsigned int vec_nr)
 SEC("raw_tp/softirq_exit")
 int BPF_PROG(softirq_exit_raw, unsigned int vec_nr)
 {
-	on_exit(vec_nr);
+	on_exit(vec_nr, false);
 	return 0;
 }
 

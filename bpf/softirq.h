@@ -12,22 +12,23 @@
 
 /*
  * Per CPU, per vector: the raise waiting for its entry, and the run in progress. Hot path only,
- * never read by userspace.
+ * never read by userspace. Stall context is kept as the raising task's address and pid, not its
+ * cgroup and comm: those are read from the task only when a stall event is sent (rare), which keeps
+ * the pointer chase and the comm copy off the per-raise path. The pid read back then tells whether
+ * the address still holds that task.
  */
 struct softirq_pending {
 	__u64 raise_ns;        /* first raise of the still-pending vector; 0 if none seen */
-	__u64 raise_cgroup_id; /* current at that raise (only recorded when stall events are on) */
+	__u64 raise_task;      /* task_struct of current at that raise (only kept when stall events are on) */
 	__u32 raise_pid;
 	__u32 raise_tgid;
-	char raise_comm[NN_COMM_LEN];
 	/* The run in progress (softirq_entry → softirq_exit), copied at entry so a raise that
 	 * interrupts the handler cannot change what the exit reports. */
 	__u64 entry_ns;        /* 0 when no run is in progress */
 	__u64 run_raise_ns;    /* the raise this run consumed; 0 if it was not seen */
-	__u64 run_raise_cgroup_id;
+	__u64 run_raise_task;
 	__u32 run_raise_pid;
 	__u32 run_raise_tgid;
-	char run_raise_comm[NN_COMM_LEN];
 };
 
 /* Per CPU, per vector: cumulative since load. */
@@ -42,7 +43,8 @@ struct softirq_stall_event {
 	__u64 ts_ns;      /* bpf_ktime_get_ns() at softirq_exit */
 	__u64 delay_ns;   /* raise → entry; 0 when the raise was not seen */
 	__u64 runtime_ns; /* entry → exit */
-	__u64 raise_cgroup_id; /* cgroup of `current` at the raise (what ran when it became pending) */
+	__u64 raise_cgroup_id; /* cgroup of `current` at the raise (what ran when it became pending), read at
+				* the event; 0 if that task has exited since */
 	__u64 entry_cgroup_id; /* cgroup of `current` at entry/exit (whose context ran the softirq) */
 	__u32 cpu;
 	__u32 vec;
@@ -53,7 +55,7 @@ struct softirq_stall_event {
 	__u8 in_ksoftirqd; /* ran in this CPU's ksoftirqd thread */
 	__u8 raise_seen;   /* delay_ns and the raise_* fields are valid */
 	__u8 _pad[6];
-	char raise_comm[NN_COMM_LEN];
+	char raise_comm[NN_COMM_LEN]; /* read at the event, like raise_cgroup_id; empty if it has exited */
 	char entry_comm[NN_COMM_LEN];
 };
 

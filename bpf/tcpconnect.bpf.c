@@ -5,16 +5,23 @@
  *
  * Start: sock:inet_sock_set_state CLOSE → SYN_SENT, which runs inside connect() in the connecting
  * task's context: the task's pid, comm and cgroup and the socket's netns are stored in a bounded hash
- * keyed by the socket pointer (the source port may still be 0 then). End: SYN_SENT → ESTABLISHED
+ * keyed by the socket pointer (the source port may still be 0 then). Not socket local storage: its
+ * allocation per socket (and free at every socket's destruction) measured ~2x the hash's cost. End: SYN_SENT → ESTABLISHED
  * (usually in softirq, where `current` is unrelated: only the stored data is used) or → CLOSE (a
  * failure; sk_err tells refused/timeout from an application that closed the socket, and an unchanged
- * segs_out tells a connect that never sent its SYN, e.g. no free ephemeral port). tcp:tcp_destroy_sock
- * removes what is left; tcp:tcp_retransmit_skb on a socket in SYN_SENT counts a SYN retransmit.
+ * segs_out tells a connect that never sent its SYN, e.g. no free ephemeral port). Every socket leaves
+ * SYN_SENT through this tracepoint (tcp_set_state / inet_sk_set_state), so the end always removes
+ * the start; the loader attaches tcp:tcp_destroy_sock as a second cleanup only for raw_tp, and
+ * userspace sweeps entries older than any connect can last (probes/tcpconnect.py). On tp_btf that
+ * saves a program run on every socket destroyed. tcp:tcp_retransmit_skb on a socket in SYN_SENT
+ * counts a SYN retransmit.
  *
  * Hot path: inet_sock_set_state fires on every TCP state change and tcp_retransmit_skb on every
  * retransmit; both leave before any map access unless the transition / state is a connect's.
- * Aggregation goes to per-CPU maps. The start hash is shared (start and end run on different CPUs)
- * but is touched once per connect at each end only.
+ * Aggregation goes to per-CPU maps. The tp_btf programs read socket and task fields with direct BTF
+ * loads (a bpf_probe_read_kernel() call per hop is ~20 ns, and a connect reads a dozen fields); the
+ * raw_tp fallback, whose pointers are untyped, uses BPF_CORE_READ. The bodies take a constant `btf`
+ * flag and are always inlined, so each program keeps only its own kind of reads.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -84,53 +91,111 @@ struct {
 static const struct tcpconnect_stats zero_stats;
 static const struct tcpconnect_dest_stats zero_dest;
 
-static __always_inline bool is_tcp(const struct sock *sk)
+/* ---- socket fields: direct BTF loads (btf) or probe reads (raw_tp) ---------------------------- */
+
+static __always_inline bool is_tcp(const struct sock *sk, bool btf)
 {
+	if (btf)
+		return BPF_CORE_READ_BITFIELD(sk, sk_protocol) == IPPROTO_TCP;
 	return BPF_CORE_READ_BITFIELD_PROBED(sk, sk_protocol) == IPPROTO_TCP;
 }
 
-static __always_inline __u32 sk_netns(const struct sock *sk)
+static __always_inline __u32 sk_netns(const struct sock *sk, bool btf)
 {
+	if (btf)
+		return sk->__sk_common.skc_net.net->ns.inum;
 	return BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
 }
 
-static __always_inline __u32 sk_segs_out(const struct sock *sk)
+/* segs_out of a TCP socket; tp_btf goes through bpf_skc_to_tcp_sock() (a checked cast the verifier
+ * accepts), 0 if the socket is not a full TCP socket. */
+static __always_inline __u32 sk_segs_out(const struct sock *sk, bool btf)
 {
+	if (btf) {
+		struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+
+		return tp ? tp->segs_out : 0;
+	}
 	return BPF_CORE_READ((struct tcp_sock *)sk, segs_out);
+}
+
+static __always_inline __u16 sk_family(const struct sock *sk, bool btf)
+{
+	if (btf)
+		return sk->__sk_common.skc_family;
+	return BPF_CORE_READ(sk, __sk_common.skc_family);
+}
+
+static __always_inline int sk_error(const struct sock *sk, bool btf)
+{
+	if (btf)
+		return sk->sk_err;
+	return BPF_CORE_READ(sk, sk_err);
+}
+
+static __always_inline __u8 sk_state(const struct sock *sk, bool btf)
+{
+	if (btf)
+		return sk->__sk_common.skc_state;
+	return BPF_CORE_READ(sk, __sk_common.skc_state);
 }
 
 /* Addresses and ports of the socket; v4 addresses in the first 4 bytes, the rest zero. */
 static __always_inline void sk_addrs(const struct sock *sk, __u16 family, __u8 *saddr, __u8 *daddr,
-				     __u16 *sport, __u16 *dport)
+				     __u16 *sport, __u16 *dport, bool btf)
 {
-	if (family == AF_INET6) {
-		bpf_core_read(saddr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
-		bpf_core_read(daddr, 16, &sk->__sk_common.skc_v6_daddr);
+	__u16 inet_sport, num, dport_be;
+
+	if (btf) {
+		struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+
+		if (family == AF_INET6) {
+			__builtin_memcpy(saddr, &sk->__sk_common.skc_v6_rcv_saddr, 16);
+			__builtin_memcpy(daddr, &sk->__sk_common.skc_v6_daddr, 16);
+		} else {
+			__builtin_memcpy(saddr, &sk->__sk_common.skc_rcv_saddr, 4);
+			__builtin_memcpy(daddr, &sk->__sk_common.skc_daddr, 4);
+		}
+		inet_sport = tp ? tp->inet_conn.icsk_inet.inet_sport : 0;
+		num = sk->__sk_common.skc_num;
+		dport_be = sk->__sk_common.skc_dport;
 	} else {
-		bpf_core_read(saddr, 4, &sk->__sk_common.skc_rcv_saddr);
-		bpf_core_read(daddr, 4, &sk->__sk_common.skc_daddr);
+		if (family == AF_INET6) {
+			bpf_core_read(saddr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
+			bpf_core_read(daddr, 16, &sk->__sk_common.skc_v6_daddr);
+		} else {
+			bpf_core_read(saddr, 4, &sk->__sk_common.skc_rcv_saddr);
+			bpf_core_read(daddr, 4, &sk->__sk_common.skc_daddr);
+		}
+		inet_sport = BPF_CORE_READ((struct inet_sock *)sk, inet_sport);
+		num = BPF_CORE_READ(sk, __sk_common.skc_num);
+		dport_be = BPF_CORE_READ(sk, __sk_common.skc_dport);
 	}
 	/* inet_sport, not skc_num: a socket going to CLOSE has already given its port back (num = 0). */
-	*sport = bpf_ntohs(BPF_CORE_READ((struct inet_sock *)sk, inet_sport));
+	*sport = bpf_ntohs(inet_sport);
 	if (!*sport)
-		*sport = BPF_CORE_READ(sk, __sk_common.skc_num);
-	*dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+		*sport = num;
+	*dport = bpf_ntohs(dport_be);
 }
+
 
 /* ---- start: CLOSE → SYN_SENT, inside connect() ------------------------------------------------ */
 
-static __always_inline void connect_start(const struct sock *sk, struct task_struct *task)
+static __always_inline void connect_start(const struct sock *sk, bool btf)
 {
 	__u64 skp = (__u64)sk;
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct tcpconnect_start s = {};
 
 	s.ts_ns = bpf_ktime_get_ns();
-	s.cgroup_id = nn_task_cgroup_id(task, v1_cpu_cgroup);
-	s.netns = sk_netns(sk);
+	if (btf)
+		s.cgroup_id = nn_btf_task_cgroup_id(bpf_get_current_task_btf(), v1_cpu_cgroup);
+	else
+		s.cgroup_id = nn_task_cgroup_id((struct task_struct *)bpf_get_current_task(), v1_cpu_cgroup);
+	s.netns = sk_netns(sk, btf);
 	s.pid = pid_tgid >> 32;
 	s.tid = (__u32)pid_tgid;
-	s.segs_out = sk_segs_out(sk);
+	s.segs_out = sk_segs_out(sk, btf);
 	bpf_get_current_comm(&s.comm, sizeof(s.comm));
 	/* BPF_ANY: a socket that failed to connect may connect again; the old start is stale. */
 	if (bpf_map_update_elem(&inflight, &skp, &s, BPF_ANY))
@@ -152,7 +217,7 @@ static __always_inline struct tcpconnect_stats *stats_for(struct tcpconnect_key 
 	return st;
 }
 
-static __always_inline void connect_end(const struct sock *sk, int newstate)
+static __always_inline void connect_end(const struct sock *sk, int newstate, bool btf)
 {
 	__u64 skp = (__u64)sk;
 	struct tcpconnect_start *s = bpf_map_lookup_elem(&inflight, &skp);
@@ -172,8 +237,8 @@ static __always_inline void connect_end(const struct sock *sk, int newstate)
 	if (newstate == TCP_ESTABLISHED) {
 		outcome = TCPC_ESTABLISHED;
 	} else {
-		err = BPF_CORE_READ(sk, sk_err);
-		if (sk_segs_out(sk) == s->segs_out)
+		err = sk_error(sk, btf);
+		if (sk_segs_out(sk, btf) == s->segs_out)
 			outcome = TCPC_LOCAL_ERROR;
 		else if (err)
 			outcome = TCPC_FAILED;
@@ -207,8 +272,8 @@ static __always_inline void connect_end(const struct sock *sk, int newstate)
 
 	dkey.cgroup_id = s->cgroup_id;
 	dkey.netns = s->netns;
-	dkey.family = BPF_CORE_READ(sk, __sk_common.skc_family);
-	sk_addrs(sk, dkey.family, saddr, dkey.daddr, &sport, &dport);
+	dkey.family = sk_family(sk, btf);
+	sk_addrs(sk, dkey.family, saddr, dkey.daddr, &sport, &dport, btf);
 	dkey.dport = dport;
 	ds = bpf_map_lookup_elem(&dest_stats, &dkey);
 	if (!ds) {
@@ -256,28 +321,27 @@ static __always_inline void connect_end(const struct sock *sk, int newstate)
 	bpf_map_delete_elem(&inflight, &skp);
 }
 
-static __always_inline void on_state(const struct sock *sk, int oldstate, int newstate,
-				     struct task_struct *task)
+static __always_inline void on_state(const struct sock *sk, int oldstate, int newstate, bool btf)
 {
 	if (newstate == TCP_SYN_SENT) {
-		if (oldstate == TCP_CLOSE && is_tcp(sk))
-			connect_start(sk, task);
+		if (oldstate == TCP_CLOSE && is_tcp(sk, btf))
+			connect_start(sk, btf);
 		return;
 	}
 	if ((newstate == TCP_ESTABLISHED || newstate == TCP_CLOSE) &&
-	    (oldstate == TCP_SYN_SENT || oldstate == TCP_SYN_RECV) && is_tcp(sk))
-		connect_end(sk, newstate);
+	    (oldstate == TCP_SYN_SENT || oldstate == TCP_SYN_RECV) && is_tcp(sk, btf))
+		connect_end(sk, newstate, btf);
 }
 
 /* A SYN retransmit: the tracepoint fires for every retransmit, only SYN_SENT sockets matter. */
-static __always_inline void on_retransmit(const struct sock *sk, int err)
+static __always_inline void on_retransmit(const struct sock *sk, int err, bool btf)
 {
 	__u64 skp = (__u64)sk;
 	struct tcpconnect_start *s;
 	struct tcpconnect_key key = {};
 	struct tcpconnect_stats *st;
 
-	if (err || BPF_CORE_READ(sk, __sk_common.skc_state) != TCP_SYN_SENT)
+	if (err || sk_state(sk, btf) != TCP_SYN_SENT)
 		return;
 	s = bpf_map_lookup_elem(&inflight, &skp);
 	if (!s)
@@ -314,37 +378,32 @@ static __always_inline void on_destroy(const struct sock *sk)
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(tcpconnect_state_btf, const struct sock *sk, int oldstate, int newstate)
 {
-	on_state(sk, oldstate, newstate, bpf_get_current_task_btf());
+	on_state(sk, oldstate, newstate, true);
 	return 0;
 }
 
 SEC("tp_btf/tcp_retransmit_skb")
 int BPF_PROG(tcpconnect_retransmit_btf, const struct sock *sk, const struct sk_buff *skb)
 {
-	on_retransmit(sk, retransmit_err(ctx));
+	on_retransmit(sk, retransmit_err(ctx), true);
 	return 0;
 }
 
-SEC("tp_btf/tcp_destroy_sock")
-int BPF_PROG(tcpconnect_destroy_btf, struct sock *sk)
-{
-	on_destroy(sk);
-	return 0;
-}
+/* tp_btf has no destroy program: see the header comment. */
 
 /* ---- raw_tp fallback: untyped arguments ----------------------------------------------------- */
 
 SEC("raw_tp/inet_sock_set_state")
 int BPF_PROG(tcpconnect_state_raw, const struct sock *sk, int oldstate, int newstate)
 {
-	on_state(sk, oldstate, newstate, (struct task_struct *)bpf_get_current_task());
+	on_state(sk, oldstate, newstate, false);
 	return 0;
 }
 
 SEC("raw_tp/tcp_retransmit_skb")
 int BPF_PROG(tcpconnect_retransmit_raw, const struct sock *sk, const struct sk_buff *skb)
 {
-	on_retransmit(sk, retransmit_err(ctx));
+	on_retransmit(sk, retransmit_err(ctx), false);
 	return 0;
 }
 

@@ -277,3 +277,65 @@ def read_node_vmstat(paths: HostPaths | None = None) -> NodeVmstat | None:
     paths = paths or HostPaths()
     text = _read(paths.proc / "vmstat")
     return None if text is None else parse_vmstat(text)
+
+
+# -- the node's free memory against its watermarks ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """Free and reclaimable memory of the machine in pages, from the kernel's own zone counters.
+
+    Read from /proc/vmstat and /proc/zoneinfo, not /proc/meminfo: sandboxes and container runtimes
+    may rewrite meminfo (on the VM this was written on, meminfo says 24 GiB total while the zones
+    manage 5 GiB), but not the zone counters the allocator actually checks.
+    """
+
+    free_pages: int  # nr_free_pages
+    file_pages: int  # nr_active_file + nr_inactive_file: page cache on the LRU (clean or not)
+    wmark_min_pages: int  # sums over every zone: below min, allocations reclaim directly
+    wmark_low_pages: int  # below low, kswapd wakes
+    wmark_high_pages: int  # kswapd reclaims up to high
+    managed_pages: int  # pages the allocator manages now
+    present_pages: int  # pages present; much more than managed when the kernel initialises memory
+    # lazily (deferred struct page init grown on demand): zones then grow before they reclaim
+
+    @property
+    def not_yet_managed_pages(self) -> int:
+        """Present but not handed to the allocator (reserved memory, or deferred init still to come)."""
+        return max(self.present_pages - self.managed_pages, 0)
+
+    @property
+    def available_pages(self) -> int:
+        """What can be allocated without swapping, like the kernel's MemAvailable (si_mem_available):
+        free above the reserves plus the page cache that reclaim may drop (slab is left out)."""
+        return max(self.free_pages - self.wmark_high_pages + self.file_pages
+                   - min(self.file_pages // 2, self.wmark_low_pages), 0)
+
+
+def parse_zoneinfo_watermarks(text: str) -> dict[str, int]:
+    """{min, low, high, managed, present}: pages summed over every zone of every node in /proc/zoneinfo."""
+    sums = {"min": 0, "low": 0, "high": 0, "managed": 0, "present": 0}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0] in sums and fields[1].isdigit():
+            sums[fields[0]] += int(fields[1])
+    return sums
+
+
+def read_node_memory(paths: HostPaths | None = None) -> NodeMemory | None:
+    """The node's free memory and watermarks; None when /proc/vmstat or /proc/zoneinfo is unreadable."""
+    paths = paths or HostPaths()
+    vmstat, zoneinfo = _read(paths.proc / "vmstat"), _read(paths.proc / "zoneinfo")
+    if vmstat is None or zoneinfo is None:
+        return None
+    raw = parse_flat_keyed(vmstat)
+    if "nr_free_pages" not in raw:
+        return None
+    zones = parse_zoneinfo_watermarks(zoneinfo)
+    return NodeMemory(
+        free_pages=raw["nr_free_pages"],
+        file_pages=raw.get("nr_active_file", 0) + raw.get("nr_inactive_file", 0),
+        wmark_min_pages=zones["min"], wmark_low_pages=zones["low"], wmark_high_pages=zones["high"],
+        managed_pages=zones["managed"], present_pages=zones["present"],
+    )

@@ -29,18 +29,29 @@ from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSp
 from probes.hist import HIST_SLOTS, LatencyHistogram
 from probes.host import HostPaths
 
-SPEC = ProbeSpec(
+_STATE = Tracepoint("inet_sock_set_state", "tcpconnect_state_btf", "tcpconnect_state_raw")
+# Without it only syn_retransmits stay 0.
+_RETRANSMIT = Tracepoint("tcp_retransmit_skb", "tcpconnect_retransmit_btf", "tcpconnect_retransmit_raw", required=False)
+# Every connect's end removes its start from the in-flight hash (a socket always leaves SYN_SENT
+# through inet_sock_set_state). tp_btf runs no program per socket destroyed; the raw_tp fallback keeps
+# tcp_destroy_sock as a second cleanup (optional). Both rely on the sweep in snapshot() for the rest.
+SPEC_BTF = ProbeSpec(name="tcpconnect", object_file="tcpconnect.bpf.o", tracepoints=(_STATE, _RETRANSMIT))
+SPEC_RAW = ProbeSpec(
     name="tcpconnect",
     object_file="tcpconnect.bpf.o",
     tracepoints=(
-        Tracepoint("inet_sock_set_state", "tcpconnect_state_btf", "tcpconnect_state_raw"),
-        # Without it only syn_retransmits stay 0; without the cleanup, the in-flight map is still
-        # emptied by every connect's end, so both are optional.
-        Tracepoint("tcp_retransmit_skb", "tcpconnect_retransmit_btf", "tcpconnect_retransmit_raw", required=False),
-        Tracepoint("tcp_destroy_sock", "tcpconnect_destroy_btf", "tcpconnect_destroy_raw", required=False),
+        _STATE,
+        _RETRANSMIT,
+        Tracepoint("tcp_destroy_sock", "tcpconnect_destroy_raw", "tcpconnect_destroy_raw", required=False),
     ),
 )
+SPEC = SPEC_RAW  # every tracepoint the probe may use
 OUTCOMES = ("established", "failed", "aborted", "local_error")  # enum tcpconnect_outcome
+# An in-flight start older than this belongs to a socket that is gone without its end being seen:
+# far longer than any connect (127 SYN retries at the 120 s maximum RTO would be the extreme).
+STALE_START_NS = 3 * 3600 * 1_000_000_000
+SWEEP_EVERY_S = 60.0
+_START_TS = struct.Struct("<Q")  # struct tcpconnect_start begins with ts_ns
 
 # struct tcpconnect_stats: nn_hist (32 slots + sum, count, max) then 7 counters.
 _STATS_COUNTERS = ("successes", "failures", "refused", "timeouts", "aborts", "local_errors", "syn_retransmits")
@@ -210,12 +221,20 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
     ) -> None:
         self.v1_cpu = self._key_by("cpu", paths, layout)
         engine = engine or LibbpfEngine(self.paths)
-        self.probe: LoadedProbe = engine.open_probe(
-            SPEC,
-            rodata={"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns},
-            attach_mode=attach_mode,
-            map_sizes={"outliers": outlier_ring_bytes, "connect_stats": max_keys, "dest_stats": max_destinations},
-        )
+        rodata: dict[str, int | bool] = {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns}
+        sizes = {"outliers": outlier_ring_bytes, "connect_stats": max_keys, "dest_stats": max_destinations}
+        probe: LoadedProbe | None = None
+        if attach_mode in ("auto", "tp_btf"):
+            # The raw_tp start hash is not used by tp_btf: one entry instead of 64 Ki preallocated.
+            probe = engine.open_probe(SPEC_BTF, rodata=rodata, attach_mode=attach_mode, map_sizes=sizes)
+            if probe.status.attach_mode != "tp_btf":
+                probe.close()  # auto chose raw_tp on this kernel: load it with its cleanup program
+                probe = None
+        if probe is None:
+            probe = engine.open_probe(SPEC_RAW, rodata=rodata, attach_mode="raw_tp", map_sizes=sizes)
+        self.probe = probe
+        self.stale_starts_swept = 0
+        self._last_sweep = time.monotonic()
         if outlier_threshold_ns:
             self._watch_events("outliers", ConnectOutlier.decode)
 
@@ -237,7 +256,19 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         # A state change in softirq that interrupts this probe's program on the same CPU is skipped
         # by the kernel (recursion protection): it counts those per program; report them as drops.
         drops["recursion_misses"] = sum(s.recursion_misses for s in self.probe.program_stats())
-        return TcpConnectSnapshot(time.monotonic(), per_key, destinations, drops)
+        now = time.monotonic()
+        if now - self._last_sweep >= SWEEP_EVERY_S:
+            self.sweep_stale_starts()
+        return TcpConnectSnapshot(now, per_key, destinations, drops)
+
+    def sweep_stale_starts(self, max_age_ns: int = STALE_START_NS) -> int:
+        """Delete in-flight starts older than `max_age_ns` (sockets gone without an end); how many."""
+        self._last_sweep = time.monotonic()
+        cutoff = time.monotonic_ns() - max_age_ns
+        stale = [key for key, value in self.probe.map_items("inflight") if _START_TS.unpack_from(value)[0] < cutoff]  # type: ignore[arg-type]
+        swept = sum(1 for key in stale if self.probe.map_delete("inflight", key))
+        self.stale_starts_swept += swept
+        return swept
 
     def poll_outliers(self, timeout_ms: int = 0) -> list[ConnectOutlier]:
         return self._poll_events(timeout_ms)
