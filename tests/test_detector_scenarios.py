@@ -16,7 +16,6 @@ import pytest
 from detector.decisions import Cause
 from detector.policy import Policy, SloThresholds
 from tests.scenario_support import Scenario
-from tests.test_softirq import veth_pair as _veth_pair_fixture  # noqa: F401  (registers the veth_pair fixture)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -103,8 +102,7 @@ def test_c_memory_limited_pod_under_reclaim(scenario, tmp_path):
     assert any(e.signal == "reclaim_stall_ms_per_s" and "memcg" in e.note for e in inc.evidence), inc.to_dict()
 
 
-def test_d_net_rx_flood_on_the_victims_cpu(scenario, request):
-    veth_pair = request.getfixturevalue("_veth_pair_fixture")
+def test_d_net_rx_flood_on_the_victims_cpu(scenario, veth_pair):
     s = scenario(_policy(runq_p99_ms=50.0))
     ls = s.pod("web", "LS")
     be = s.pod("sender", "BE")

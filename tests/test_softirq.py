@@ -27,7 +27,6 @@ from probes.softirq import (
     read_proc_softirqs,
     summarize,
 )
-from tests.conftest import require_tool
 
 pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,33 +168,6 @@ def hold_bottom_halves(hold_ns: int) -> int:
 
 
 # ---- fixtures -----------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def veth_pair():
-    """Namespaces nn-test-<pid>-a/-b joined by a veth pair (10.211.0.1/30 ↔ 10.211.0.2/30), always removed."""
-    require_tool("ip")
-    pid = os.getpid()
-    ns_a, ns_b = f"nn-test-{pid}-a", f"nn-test-{pid}-b"
-    dev_a, dev_b = f"nnv{pid}a"[:15], f"nnv{pid}b"[:15]
-    created: list[str] = []
-
-    def ip(*args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-    try:
-        for ns in (ns_a, ns_b):
-            ip("netns", "add", ns)
-            created.append(ns)
-        ip("link", "add", dev_a, "netns", ns_a, "type", "veth", "peer", "name", dev_b, "netns", ns_b)
-        for ns, dev, addr in ((ns_a, dev_a, "10.211.0.1/30"), (ns_b, dev_b, "10.211.0.2/30")):
-            ip("-n", ns, "addr", "add", addr, "dev", dev)
-            ip("-n", ns, "link", "set", dev, "up")
-            ip("-n", ns, "link", "set", "lo", "up")
-        yield {"a": ns_a, "b": ns_b, "dev_a": dev_a, "dev_b": dev_b, "dst": "10.211.0.2"}
-    finally:
-        for ns in reversed(created):  # deleting a namespace removes its end of the veth pair
-            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True, timeout=10)
 
 
 _FLOOD = """
