@@ -1,0 +1,148 @@
+"""The incident engine's rules on constructed signals: hysteresis, cause order, culprits, decisions, log.
+
+The real-kernel scenarios are in test_detector_scenarios.py; here each rule is pinned on numbers
+chosen to sit on either side of it, so a change in the rules shows up as a precise failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from detector.decisions import ActionKind, Cause, LoggingSink, Target
+from detector.incidents import IncidentEngine
+from detector.policy import ActuatorPolicy, Policy, SloThresholds
+from detector.signals import IDLE, NodeSignals, WorkloadSignals
+from detector.workloads import Workload
+
+LS = Workload("pod:ls", Target("/kubepods/burstable/podls", "ls", "default", "web", "LS"))
+BE = Workload("pod:be", Target("/kubepods/besteffort/podbe", "be", "default", "batch", "BE"))
+LS2 = Workload("pod:ls2", Target("/kubepods/burstable/podls2", "ls2", "default", "api", "LS"))
+
+
+def row(w: Workload, **kw) -> WorkloadSignals:
+    base = dict(runq_count=200, runq_wait_ms_per_s=1.0, runq_p99_ns=100_000.0, cpu_cores=0.3,
+                throttled_ratio=0.0, throttled_ms_per_s=0.0, who_ran_instead_available=True, cpu_weights={1: 1.0})
+    base.update(kw)
+    return WorkloadSignals(w, 1.0, **base)
+
+
+def tick(*rows: WorkloadSignals) -> NodeSignals:
+    return NodeSignals(1.0, {r.workload.key: r for r in rows}, {}, {}, 0.0, 1.0, {})
+
+
+def contended(wait_ms: float = 300.0, be_share: float = 0.8) -> tuple[WorkloadSignals, WorkloadSignals]:
+    wait_ns = wait_ms * 1e6
+    victim = row(LS, runq_p99_ns=20e6, runq_wait_ms_per_s=wait_ms,
+                 ran_instead_ns={BE.key: be_share * wait_ns, LS2.key: 0.1 * wait_ns, IDLE: 0.05 * wait_ns})
+    return victim, row(BE, cpu_cores=1.0)
+
+
+def engine(tmp_path=None, **slo) -> IncidentEngine:
+    policy = Policy(slo=dataclasses.replace(SloThresholds(), **slo),
+                    incident_log=str(tmp_path / "incidents.jsonl") if tmp_path else None)
+    t = iter(range(10_000))
+    return IncidentEngine(policy, sink=LoggingSink(), clock=lambda: float(next(t)))
+
+
+def run(e: IncidentEngine, ticks: list[NodeSignals]) -> None:
+    for t in ticks:
+        e.step(t, ts=float(e.ticks))  # one simulated second per tick, continuing across calls
+
+
+def test_breach_must_last_breach_seconds_and_clear_windows_close_it(tmp_path):
+    e = engine(tmp_path, breach_seconds=2.0, clear_windows=3)
+    quiet = tick(row(LS), row(BE))
+    bad = tick(*contended())
+    run(e, [quiet, bad])
+    assert e.open_incidents == []  # one tick of breach is not enough
+    run(e, [bad])
+    assert len(e.open_incidents) == 1
+    run(e, [quiet, quiet])
+    assert len(e.open_incidents) == 1  # two clear windows of three
+    run(e, [quiet])
+    assert e.open_incidents == [] and len(e.closed) == 1
+    lines = [json.loads(x) for x in (tmp_path / "incidents.jsonl").read_text().splitlines()]
+    assert [x["event"] for x in lines] == ["opened", "closed"]
+    assert lines[0]["victim"]["pod"] == "web" and lines[0]["cause"] == "neighbor_cpu"
+
+
+def test_neighbor_cpu_ranks_who_ran_instead_and_suppresses_the_be_culprit():
+    e = engine(breach_seconds=1.0)
+    run(e, [tick(*contended(), row(LS2))])
+    (inc,) = e.open_incidents
+    assert inc.cause == Cause.NEIGHBOR_CPU
+    assert [c.target.pod for c in inc.culprits] == ["batch", "api"]  # idle is never a culprit
+    assert inc.culprits[0].who_ran_instead_share == 0.8
+    (decision,) = e.sink.decisions
+    assert decision.kind == ActionKind.SUPPRESS and decision.target.pod == "batch"
+    assert decision.incident_id == inc.incident_id and decision.victim.pod == "web"
+
+
+def test_ls_culprit_is_named_but_never_suppressed():
+    e = engine(breach_seconds=1.0)
+    wait_ns = 300e6
+    victim = row(LS, runq_p99_ns=20e6, runq_wait_ms_per_s=300.0, ran_instead_ns={LS2.key: 0.9 * wait_ns})
+    run(e, [tick(victim, row(LS2, cpu_cores=1.0))])
+    (inc,) = e.open_incidents
+    assert inc.culprits[0].target.pod == "api"
+    assert e.sink.decisions == []
+
+
+def test_self_throttling_is_never_blamed_on_a_neighbor():
+    e = engine(breach_seconds=1.0)
+    victim, be = contended(wait_ms=300.0, be_share=0.4)
+    victim.throttled_ms_per_s, victim.throttled_ratio = 250.0, 1.0  # its own quota explains most of the wait
+    run(e, [tick(victim, be)])
+    (inc,) = e.open_incidents
+    assert inc.cause == Cause.SELF_THROTTLING and inc.culprits == []
+    assert [d.kind for d in e.sink.decisions] == [ActionKind.BURST]
+    assert e.sink.decisions[0].target.pod == "web"
+
+
+def test_cause_order_reclaim_then_softirq_then_neighbor():
+    e = engine(breach_seconds=1.0)
+    victim, be = contended()
+    victim.reclaim_stall_ms_per_s, victim.reclaim_by_kind_ms_per_s = 80.0, {"memcg": 80.0}
+    run(e, [tick(victim, be)])
+    assert e.open_incidents[0].cause == Cause.RECLAIM
+    e = engine(breach_seconds=1.0)
+    victim, be = contended()
+    victim.softirq_ms_per_s = 300.0
+    run(e, [tick(victim, be)])
+    assert e.open_incidents[0].cause == Cause.SOFTIRQ
+
+
+def test_k_sigma_needs_a_baseline_and_half_the_slo():
+    e = engine(breach_seconds=1.0, min_baseline_samples=30, runq_p99_ms=5.0)
+    steady = [tick(row(LS, runq_p99_ns=100_000.0 + (i % 3) * 1000)) for i in range(40)]
+    run(e, steady)
+    # 1 ms is far above a 100 us baseline but under half the 5 ms SLO: no page for it.
+    run(e, [tick(row(LS, runq_p99_ns=1e6))])
+    assert e.open_incidents == []
+    # 3 ms: above half the SLO and many sigma over the baseline.
+    e.step(tick(row(LS, runq_p99_ns=3e6, ran_instead_ns={BE.key: 0.5e6}), row(BE)), ts=100.0)
+    (inc,) = e.open_incidents
+    assert inc.evidence[0].note == "k_sigma" and inc.evidence[0].baseline is not None
+
+
+def test_baseline_does_not_learn_while_an_incident_is_open():
+    e = engine(breach_seconds=1.0, clear_windows=100)
+    run(e, [tick(row(LS)) for _ in range(35)])
+    before = e.baselines.get(LS.key, "runq_p99_ns").ewma
+    run(e, [tick(*contended()) for _ in range(20)])
+    assert e.baselines.get(LS.key, "runq_p99_ns").ewma == before
+
+
+def test_no_actuators_means_decisions_are_only_logged():
+    policy = Policy(slo=dataclasses.replace(SloThresholds(), breach_seconds=1.0),
+                    actuators=dataclasses.replace(ActuatorPolicy(), suppress_enabled=False))
+    e = IncidentEngine(policy, sink=LoggingSink())
+    run(e, [tick(*contended())])
+    assert e.open_incidents and e.sink.decisions == []
+
+
+def test_vanished_victim_ends_its_incident():
+    e = engine(breach_seconds=1.0)
+    run(e, [tick(*contended()), tick(row(BE))])
+    assert e.open_incidents == [] and e.closed[0].evidence[-1].note == "victim gone"
