@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -15,10 +16,44 @@ log = logging.getLogger("noisyneighbor")
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """'30', '30s', '2m', '1.5h', '500ms' -> seconds (> 0)."""
+    raw = text.strip().lower()
+    for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
+        if raw.endswith(unit):
+            number, scale = raw[: -len(unit)], _DURATION_UNITS[unit]
+            break
+    else:
+        number, scale = raw, 1.0
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration (like 30, 30s, 2m): {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"duration must be > 0, got {text!r}")
+    return value
+
+
+def _probe_list(text: str) -> tuple[str, ...]:
+    from probes.collect import BPF_PROBES
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in BPF_PROBES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown probe(s) {', '.join(unknown) or '(none)'}; known: {', '.join(BPF_PROBES)}")
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +89,125 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="force a tracepoint flavour (sched_info: runqlat only; the other probes then use auto)",
     )
+    # Global options are also accepted after the subcommand (the DaemonSet passes --host-root there).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--host-root", metavar="DIR", default=argparse.SUPPRESS, help="host filesystem root")
+    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="more logging")
+    common.add_argument("--log-format", choices=("plain", "json"), default=argparse.SUPPRESS,
+                        help="log lines on stderr: plain text (default) or one JSON object per line")
+
+    agent = sub.add_parser(
+        "agent", parents=[common],
+        help="the node daemon: probes -> detector -> actuators, with /metrics, /healthz and /readyz",
+        description="Runs until SIGTERM/SIGINT, then restores every actuator change and exits 0. "
+        "A bad config is one line on stderr and exit 2, with nothing started or changed.",
+    )
+    agent.add_argument("--config", metavar="FILE", help="policy file (ours or a Koordinator slo-controller-config)")
+    agent.add_argument("--node-name", metavar="NAME", help="this node's name (default: policy, then $NODE_NAME)")
+    agent.add_argument("--listen", metavar="HOST:PORT", default="0.0.0.0:9717",
+                       help="HTTP address for /metrics, /healthz, /readyz (port 0: any free port)")
+    agent.add_argument("--dry-run", action=argparse.BooleanOptionalAction, default=None,
+                       help="plan and log actions without changing anything (default: the policy's actuators.dry_run)")
+    agent.add_argument("--journal-dir", metavar="DIR", default=None,
+                       help="where originals of changed files are kept until restored")
+    agent.add_argument("--audit-log", metavar="FILE", help="JSON lines, one per action state change")
+    agent.add_argument("--incident-log", metavar="FILE", help="JSON lines, one per incident opened/closed")
+    agent.add_argument("--interval", type=parse_duration, metavar="S", help="tick interval (default: the policy's)")
+    agent.add_argument("--probes", type=_probe_list, metavar="LIST", default=None,
+                       help="comma-separated BPF probes to load (default: all)")
+    agent.add_argument("--max-cgroups", type=int, default=2000, metavar="N",
+                       help="cgroups with their own metric series; the rest are summed into cgroup=\"_overflow\"")
+    agent.add_argument("--pods", choices=("auto", "kubelet", "apiserver", "standalone"), default=None,
+                       help="pod metadata source (default: the policy's)")
+    agent.add_argument("--act-only", action="append", default=[], metavar="GLOB",
+                       help="actuators only touch cgroups matching this path glob (repeatable; default: any)")
+
+    diag = sub.add_parser(
+        "diagnose", parents=[common],
+        help="watch for a while, then report victims, causes, culprits, evidence and advice (changes nothing)",
+        description="Runs the probes and the detector for --duration; suggested actions are printed, never applied.",
+    )
+    diag.add_argument("--duration", type=parse_duration, default=30.0, metavar="D", help="how long (30, 30s, 2m)")
+    diag.add_argument("--interval", type=parse_duration, default=1.0, metavar="S", help="tick interval")
+    diag.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    diag.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
+    diag.add_argument("--config", metavar="FILE", help="policy file (SLO thresholds, standalone globs)")
+    diag.add_argument("--pods", choices=("auto", "kubelet", "apiserver", "standalone"), default=None,
+                      help="pod metadata source (default: the policy's)")
+    diag.add_argument("--ls-cgroup", action="append", default=[], metavar="GLOB",
+                      help="cgroup path glob of a latency-sensitive workload (repeatable)")
+    diag.add_argument("--be-cgroup", action="append", default=[], metavar="GLOB",
+                      help="cgroup path glob of a best-effort workload (repeatable)")
+    diag.add_argument("--probes", type=_probe_list, metavar="LIST", default=None,
+                      help="comma-separated BPF probes to load (default: all)")
     return parser
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from noisyneighbor.agent import Agent, AgentConfig, AgentConfigError
+    from probes.collect import BPF_PROBES
+
+    config = AgentConfig(
+        config_path=args.config, node_name=args.node_name, host_root=getattr(args, "host_root", None),
+        listen=args.listen, dry_run=args.dry_run, audit_log=args.audit_log, incident_log=args.incident_log,
+        interval_s=args.interval, probes=args.probes or BPF_PROBES, max_cgroups=args.max_cgroups,
+        pod_source=args.pods, act_only=tuple(args.act_only),
+    )
+    if args.journal_dir:
+        config.journal_dir = args.journal_dir
+    try:
+        config.validate()
+    except AgentConfigError as e:
+        print(f"noisyneighbor: {e}", file=sys.stderr)
+        return 2
+    agent = Agent(config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.request_stop())
+    agent.start()  # PolicyError / JournalError / OSError go to main()'s one-line handlers
+    agent.run()  # returns after a signal; stop() has restored actuator changes
+    return 0
+
+
+def cmd_diagnose(args: argparse.Namespace, paths: HostPaths) -> int:
+    import dataclasses
+
+    from detector.cgroups import CgroupResolver
+    from detector.decisions import LoggingSink
+    from detector.pods import make_pod_source
+    from detector.policy import load_policy
+    from detector.runtime import Detector
+    from noisyneighbor.diagnose import render_html, render_text, run_diagnose
+    from probes.cgroupfs import discover
+    from probes.collect import BPF_PROBES, NodeCollector
+
+    policy = load_policy(args.config)
+    changes: dict = {"incident_log": None, "interval_seconds": args.interval}  # diagnose writes nothing
+    if args.pods:
+        changes["pod_source"] = args.pods
+    if args.ls_cgroup:
+        changes["ls_cgroups"] = (*policy.ls_cgroups, *args.ls_cgroup)
+    if args.be_cgroup:
+        changes["be_cgroups"] = (*policy.be_cgroups, *args.be_cgroup)
+    policy = dataclasses.replace(policy, **changes)
+    if args.html:
+        with open(args.html, "a", encoding="utf-8"):  # fail on an unwritable path now, not after the run
+            pass
+    layout = discover(paths)
+    source = make_pod_source(policy, paths)
+    detector = Detector(policy, paths, layout, CgroupResolver(paths, layout), pods=source.pods, sink=LoggingSink())
+    collector = NodeCollector(paths, layout, probes=args.probes or BPF_PROBES, cgroup_paths=detector.cgroup_paths)
+    try:
+        collector.start()
+        report = run_diagnose(detector, collector, args.duration, args.interval)
+    finally:
+        collector.close()
+        source.close()
+    if args.html:
+        with open(args.html, "w", encoding="utf-8") as f:
+            f.write(render_html(report))
+    sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n" if args.json else render_text(report))
+    sys.stdout.flush()
+    return 0
 
 
 def cmd_top(args: argparse.Namespace, paths: HostPaths) -> int:
@@ -88,18 +241,26 @@ def cmd_top(args: argparse.Namespace, paths: HostPaths) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    if args.verbose < 2:
-        logging.getLogger("probes.libbpf").setLevel(logging.INFO)
-    # SIGTERM ends the run like Ctrl-C, so probes are detached and cleanup runs.
+    _setup_logging(args)
+    # SIGTERM ends the run like Ctrl-C, so probes are detached and cleanup runs (the agent has its own).
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     paths = HostPaths.under(args.host_root) if args.host_root else HostPaths()
+    from actuators.journal import JournalError
+    from detector.policy import PolicyError
+
     try:
         if args.command == "top":
             return cmd_top(args, paths)
+        if args.command == "agent":
+            return cmd_agent(args)
+        if args.command == "diagnose":
+            return cmd_diagnose(args, paths)
     except KeyboardInterrupt:
         return 0
+    except (PolicyError, JournalError) as e:
+        # Bad configuration: nothing was started or changed (Agent.start closes what it opened).
+        print(f"noisyneighbor: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     except ProbeError as e:
         print(f"noisyneighbor: {e}", file=sys.stderr)
         return 1
@@ -111,6 +272,22 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     return 2
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    verbose = getattr(args, "verbose", 0) or 0
+    default = logging.INFO if args.command == "agent" else logging.WARNING
+    level = default - 10 * min(verbose, 2)
+    handler = logging.StreamHandler(sys.stderr)
+    if getattr(args, "log_format", "plain") == "json":
+        from noisyneighbor.agent import JsonLogFormatter
+
+        handler.setFormatter(JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+    if verbose < 2:
+        logging.getLogger("probes.libbpf").setLevel(max(level, logging.INFO))
 
 
 if __name__ == "__main__":

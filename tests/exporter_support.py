@@ -3,18 +3,27 @@
 The snapshot is built here from the probes and the /proc and cgroup readers (the agent's collector
 does the same in production); it reads files only for the test's own cgroups, at their path in each
 hierarchy (on this host the memory hierarchy puts our cgroups under a different parent than cpu).
+:class:`AgentProcess` runs the real ``noisyneighbor agent`` as a subprocess for the end-to-end tests.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -157,3 +166,97 @@ def samples(scrape: dict, name: str, **labels: str) -> dict[frozenset, float]:
     """The samples named `name` whose labels include `labels`."""
     want = set(labels.items())
     return {lbls: v for (n, lbls), v in scrape.items() if n == name and want <= lbls}
+
+
+# -- the real agent, as a subprocess -----------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cgroup_rel_path(cg: OwnedCgroup, controller: str = "cpu") -> str:
+    """The cgroup's path relative to its hierarchy root, no leading slash (what policy globs match)."""
+    h = cg.layout.hierarchy_for(controller)
+    return str(cg.dirs[controller].relative_to(h.mount))
+
+
+class AgentProcess:
+    """``noisyneighbor agent`` started with ``python -m noisyneighbor.cli`` on a free 127.0.0.1 port."""
+
+    def __init__(self, config: Path, tmp: Path, *extra: str, node: str = "nn-agent-test") -> None:
+        self.port = free_port()
+        self.journal = tmp / "journal"
+        self.audit_log = tmp / "audit.jsonl"
+        self.stderr_path = tmp / "agent.stderr"
+        self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "noisyneighbor.cli", "agent", "--config", str(config), "--node-name", node,
+             "--listen", f"127.0.0.1:{self.port}", "--journal-dir", str(self.journal),
+             "--audit-log", str(self.audit_log), *extra],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=self._stderr,
+        )
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def get(self, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://{self.target}{path}", timeout=timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def wait_ready(self, timeout: float = 60.0) -> dict:
+        """The /readyz body once it answers 200; fails with the agent's log tail otherwise."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"agent exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                code, body = self.get("/readyz", timeout=2)
+                last = (code, body[:300])
+                if code == 200:
+                    return json.loads(body)
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"agent not ready in {timeout:.0f} s (last {last}):\n{self.log_tail()}")
+
+    def scrape_text(self) -> str:
+        code, body = self.get("/metrics")
+        assert code == 200, code
+        return body.decode()
+
+    def audit(self) -> list[dict]:
+        try:
+            return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def log_tail(self, lines: int = 30) -> str:
+        self._stderr.flush()
+        return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait; the exit code (killed after `timeout`, then -9)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._stderr.close()
+        return self.proc.returncode
+
+
+def write_config(path: Path, doc: dict) -> Path:
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path

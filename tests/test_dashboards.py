@@ -1,5 +1,5 @@
 """Dashboards and alert rules: in sync with the exporter, unit-tested with promtool, and every query run
-by the real Prometheus against the exporter fed by real probes while test cgroups interfere."""
+by the real Prometheus against the real agent (probes, detector, actuators) while test cgroups interfere."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ import pytest
 import yaml
 
 from noisyneighbor import exporter as ex
-from probes.gpu import GpuCollector
+from probes.cgroupfs import discover
 from tests.conftest import require_tool
-from tests.exporter_support import CONTROLLERS, ProbeSet, Scraper
+from tests.exporter_support import CONTROLLERS, REPO, AgentProcess, write_config
+from tests.fakekube import FakeKube, make_pod
 from tests.prometheus_server import PrometheusServer
 
 DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards"
@@ -34,15 +35,15 @@ _spec.loader.exec_module(generate)
 METRIC_RE = re.compile(r"\bnoisyneighbor_[a-z0-9_]+")
 KNOWN_SAMPLES = {n: d.name for d in ex.METRICS.values() for n in d.sample_names}
 
-# Queries that may come back empty in the integration test, by the metric that makes them empty.
+# Queries that may come back empty in the integration test, by a selector in the query that cannot
+# match anything on this machine. Everything else must have data from the real agent.
 ALLOWED_EMPTY = {
-    ex.INCIDENTS_OPEN: "no detector wired into this test yet (the lead wires detector -> exporter): no incidents",
-    ex.INCIDENTS: "no detector wired: no incidents",
-    ex.INCIDENT_CONFIDENCE: "no detector wired: no incidents",
-    ex.CULPRIT_SCORE: "no detector wired: no culprits",
-    ex.ACTIONS: "no actuator manager wired: no actions",
-    ex.ACTION_ACTIVE: "no actuator manager wired: no actions",
-    ex.ACTION_SUPPRESS_CORES: "no actuator manager wired: no suppress actions",
+    'kind="resctrl"': "no resctrl here (no RDT CPU flags / resctrl not mounted): the resctrl actuator is off",
+    'kind="evict"': "no apiserver here: eviction needs the Kubernetes API, so the evict actuator is off",
+    'state=~"refused|failed"': "nothing in this scenario is refused or fails for certain (refusals here come only "
+    "from decisions on other work's cgroups outside --act-only, which may or may not happen)",
+    'state="reverted"': "applied actions are held for the whole run (verify_intervals above it) so that "
+    "'in effect' panels have data; the revert path is tested in test_actuator_framework",
 }
 GPU_METRICS = {ex.GPU_UTILIZATION, ex.GPU_MEMORY_USED, ex.GPU_MEMORY_TOTAL}
 
@@ -120,15 +121,7 @@ def test_alert_rules_pass_promtool_unit_tests(tmp_path):
 
 # -- integration -------------------------------------------------------------------------------------
 
-WORKER = r"""
-import sys, time
-end = time.monotonic() + float(sys.argv[1])
-while time.monotonic() < end:
-    t = time.perf_counter()
-    while time.perf_counter() - t < 0.0015:
-        pass
-    time.sleep(0.005)
-"""
+LS_WORKER = REPO / "tests" / "workloads" / "ls_worker.py"
 CONNECTOR = r"""
 import socket, sys, time
 port, closed, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
@@ -189,42 +182,59 @@ def _label_values(prom: PrometheusServer, definition: str, subst: dict[str, str]
 @pytest.mark.root
 @pytest.mark.slow
 def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgroup, tmp_path):
+    """The real agent (subprocess: probes, detector, enforcing actuators, exporter) scraped by Prometheus."""
     stress = require_tool("stress-ng")
     require_tool("prometheus")
-    cpu = str((os.cpu_count() or 1) - 1)
-    probes = ProbeSet()
-    gpu = GpuCollector()
-    scraper = Scraper(exporter_kwargs={"node": "nn-int"})
+    layout = discover()
+    if layout.hierarchy_for("cpu") is None or layout.hierarchy_for("cpu").version != 1:
+        pytest.skip("the test sets CFS quotas through cgroup v1 files")
+    cpu, other_cpu = str((os.cpu_count() or 1) - 1), "0"
     procs: list[subprocess.Popen] = []
     stop = threading.Event()
-    feeder: threading.Thread | None = None
+    agent: AgentProcess | None = None
+    kube = FakeKube(node_name="nn-int").start()
     listener = socket.create_server(("127.0.0.1", 0), backlog=512)
     closed = socket.create_server(("127.0.0.1", 0))
     closed_port = closed.getsockname()[1]
     closed.close()
     try:
-        # BestEffort QoS level with a CPU cap (what koordlet's suppress sets), a BE hog pod below it,
-        # and a guaranteed victim pod: one container that needs CPU and connects, one that fills page
-        # cache through a memory limit.
+        # BestEffort QoS level with a CPU cap (what koordlet's suppress sets) and a BE hog pod below it;
+        # LS victims: "web" (a worker that needs CPU and connects, and a container filling page cache
+        # through a memory limit) and "web-1" on the hog's CPU, "api" at its own small CFS quota.
         be = make_cgroup("kubepods.slice/kubepods-besteffort.slice", CONTROLLERS)
-        _set_quota(be, 50000)
-        hog_uid, victim_uid = str(uuid.uuid4()), str(uuid.uuid4())
+        _set_quota(be, 90000)  # capped, yet the hog still dominates its CPU: it is every victim's top culprit
+        hog_uid, victim_uid, victim2_uid, api_uid = (str(uuid.uuid4()) for _ in range(4))
         hog = make_cgroup(_container(f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod"
                                      f"{hog_uid.replace('-', '_')}.slice"), CONTROLLERS)
         victim_pod = f"kubepods.slice/kubepods-pod{victim_uid.replace('-', '_')}.slice"
         app = make_cgroup(_container(victim_pod), CONTROLLERS)
         _set_quota(app, 40000)
         filler = make_cgroup(_container(victim_pod), CONTROLLERS)
-        v1_memory = probes.layout.hierarchy_for("memory").version == 1
+        v1_memory = layout.hierarchy_for("memory").version == 1
         filler.write("memory", "memory.limit_in_bytes" if v1_memory else "memory.max", str(24 << 20))
-        scraper.labeler.pods.update({hog_uid: ("batch", "crunch"), victim_uid: ("shop", "web")})
-        cgroups = [be, hog, app, filler]
+        app2 = make_cgroup(_container(f"kubepods.slice/kubepods-pod{victim2_uid.replace('-', '_')}.slice"),
+                           CONTROLLERS)
+        api_pod = make_cgroup(f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+                              f"{api_uid.replace('-', '_')}.slice", CONTROLLERS)
+        _set_quota(api_pod, 10000)  # 0.1 core for a worker that needs 0.3: throttled at its own limit
+        api = make_cgroup(_container(f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+                                     f"{api_uid.replace('-', '_')}.slice"), CONTROLLERS)
+        kube.add_pod(make_pod("crunch", "batch", hog_uid, qos_class="BE", node_name="nn-int"))
+        kube.add_pod(make_pod("web", "shop", victim_uid, qos_class="LS", node_name="nn-int",
+                              requests={"cpu": "1", "memory": "256Mi"}, limits={"cpu": "1", "memory": "256Mi"}))
+        kube.add_pod(make_pod("web-1", "shop", victim2_uid, qos_class="LS", node_name="nn-int",
+                              requests={"cpu": "1", "memory": "256Mi"}, limits={"cpu": "1", "memory": "256Mi"}))
+        kube.add_pod(make_pod("api", "shop", api_uid, qos_class="LS", node_name="nn-int",
+                              requests={"cpu": "100m"}, limits={"cpu": "100m"}))
 
-        seconds = str(RUN_S + 30)
+        seconds = str(RUN_S + 60)
+        worker = [sys.executable, str(LS_WORKER), "--seconds", seconds]
         procs += [
             subprocess.Popen(["taskset", "-c", cpu, stress, "--cpu", "2", "--cpu-method", "int64", "-t", seconds,
                               "--quiet"], preexec_fn=hog.preexec),
-            subprocess.Popen(["taskset", "-c", cpu, sys.executable, "-c", WORKER, seconds], preexec_fn=app.preexec),
+            subprocess.Popen(["taskset", "-c", cpu, *worker], preexec_fn=app.preexec, stdout=subprocess.DEVNULL),
+            subprocess.Popen(["taskset", "-c", cpu, *worker], preexec_fn=app2.preexec, stdout=subprocess.DEVNULL),
+            subprocess.Popen(["taskset", "-c", other_cpu, *worker], preexec_fn=api.preexec, stdout=subprocess.DEVNULL),
             subprocess.Popen([sys.executable, "-c", CONNECTOR, str(listener.getsockname()[1]), str(closed_port),
                               seconds], preexec_fn=app.preexec),
             subprocess.Popen([sys.executable, "-c", FILLER, str(tmp_path / "fill"), seconds],
@@ -232,40 +242,74 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
         ]
         accepting = threading.Thread(target=_accept_forever, args=(listener, stop), daemon=True)
         accepting.start()
-
-        def feed() -> None:
-            while not stop.is_set():
-                scraper.exporter.update(probes.snapshot(cgroups, gpus=gpu.collect()))
-                stop.wait(1.0)
-
-        feeder = threading.Thread(target=feed, daemon=True)
-        feeder.start()
+        config = write_config(tmp_path / "config.yaml", {
+            "slo": {"runq_p99_ms": 1.0},
+            # Enforcing, and verification longer than the run: applied actions stay in effect while
+            # Prometheus looks (a later decision on the same target is refused while it is verified).
+            "actuators": {"dry_run": False, "verify_intervals": 10000, "cooldown_seconds": 0},
+            "kubernetes": {"pod_source": "kubelet", "kubelet_url": kube.url, "kubelet_token_file": None},
+            "resource-threshold-config": {"cpuSuppressPolicy": "cfsQuota"},
+            "cpu-burst-config": {"policy": "auto"},
+        })
+        # Enforcing on a shared node: the agent may only change the cgroups this test created.
+        agent = AgentProcess(config, tmp_path, "--incident-log", str(tmp_path / "incidents.jsonl"),
+                             "--act-only", f"{_cpu_rel(be)}/*", "--act-only", f"{_cpu_rel(api_pod)}", node="nn-int")
         rules = _write_rule_groups(tmp_path)
-        with PrometheusServer([scraper.target], rule_files=[rules]) as prom:
+        with PrometheusServer([agent.target], rule_files=[rules]) as prom:
+            agent.wait_ready()
             assert prom.wait_for(f'{ex.EXPORTER_LAST_UPDATE}{{node="nn-int"}}', timeout=20), prom.log_tail()
             time.sleep(RUN_S)
-            report = _run_all_queries(prom, gpu.status.state == "on")
+            report = _run_all_queries(prom, gpu_on=_agent_gpu_on(agent), memory_paths_differ=_memory_paths_differ(app))
             rule_health = prom.api("rules")
+            actions = [a for a in agent.audit() if a.get("event") == "action"]
     finally:
         stop.set()
+        rc = agent.terminate() if agent is not None else 0
         for p in procs:
             p.kill()
             p.wait()
-        if feeder is not None:
-            feeder.join(timeout=5)
         listener.close()
-        scraper.close()
-        probes.close()
-        gpu.close()
+        kube.stop()
 
     empty, allowed, checked = report
     print(f"\n{checked} queries run; allowed empty ({len(allowed)}):")
     for line in allowed:
         print("  ", line)
+    print("actions:", sorted({(a["kind"], a["state"], a["target_display"]) for a in actions}))
+    incidents = tmp_path / "incidents.jsonl"
+    for line in incidents.read_text().splitlines() if incidents.exists() else []:
+        inc = __import__("json").loads(line)
+        print("incident:", inc["event"], inc.get("victim", {}).get("display"), inc.get("cause"))
+    assert rc == 0, agent.log_tail()
     assert not empty, "queries without data:\n" + "\n".join(empty)
     for group in rule_health["groups"]:
         for rule in group["rules"]:
             assert rule["health"] == "ok", f"{rule['name']}: {rule.get('lastError')}"
+    # SIGTERM restored what the actuators changed.
+    assert be.read("cpu", "cpu.cfs_quota_us").strip() == "90000"
+    assert api_pod.read("cpu", "cpu.cfs_quota_us").strip() == "10000"
+    assert (hog.path("cpu").parent / "cpu.cfs_quota_us").read_text().strip() == "-1"  # the hog pod's cgroup
+
+
+def _cpu_rel(cg) -> str:
+    return str(cg.dirs["cpu"].relative_to(discover().hierarchy_for("cpu").mount))
+
+
+def _memory_paths_differ(cg) -> bool:
+    """Whether this test process sits in different cgroups in the cpu and memory hierarchies.
+
+    The collector reads a cgroup's files at one path in every hierarchy, as kubelet lays pods out. Our
+    test cgroups nest under this process's own cgroup in each hierarchy, so where those differ (a
+    sandbox that put us in memory:/some/where) the memory files of our pod cgroups are not found.
+    """
+    layout = discover()
+    cpu_rel = cg.dirs["cpu"].relative_to(layout.hierarchy_for("cpu").mount)
+    mem_rel = cg.dirs["memory"].relative_to(layout.hierarchy_for("memory").mount)
+    return cpu_rel != mem_rel
+
+
+def _agent_gpu_on(agent: AgentProcess) -> bool:
+    return (agent.wait_ready().get("gpu") or {}).get("state") == "on"
 
 
 def _accept_forever(listener: socket.socket, stop: threading.Event) -> None:
@@ -278,10 +322,15 @@ def _accept_forever(listener: socket.socket, stop: threading.Event) -> None:
             continue
 
 
-def _run_all_queries(prom: PrometheusServer, gpu_on: bool) -> tuple[list[str], list[str], int]:
-    allowed_empty = dict(ALLOWED_EMPTY)
+def _run_all_queries(prom: PrometheusServer, gpu_on: bool, memory_paths_differ: bool = False
+                     ) -> tuple[list[str], list[str], int]:
+    allowed_empty: dict[str, str] = {}
     if not gpu_on:
         allowed_empty.update({name: "no NVIDIA GPU / NVML on this machine" for name in GPU_METRICS})
+    if memory_paths_differ:
+        allowed_empty.update({name: "this test process is in another cgroup in the memory hierarchy than in cpu, "
+                              "so our pod cgroups' memory files are at other paths than the collector reads"
+                              for name in (ex.CGROUP_MEMORY_USAGE, ex.CGROUP_MEMORY_LIMIT)})
     empty: list[str] = []
     allowed: list[str] = []
     checked = 0
@@ -292,7 +341,8 @@ def _run_all_queries(prom: PrometheusServer, gpu_on: bool) -> tuple[list[str], l
         result = prom.query(expr)
         if _finite(result):
             return
-        reasons = sorted({allowed_empty[n] for n in _metrics_in(expr) if n in allowed_empty})
+        reasons = sorted({allowed_empty[n] for n in _metrics_in(expr) if n in allowed_empty}
+                         | {reason for selector, reason in ALLOWED_EMPTY.items() if selector in expr})
         if reasons:
             allowed.append(f"{where}: {'; '.join(reasons)}")
         else:

@@ -1,0 +1,209 @@
+"""`noisyneighbor agent` and `diagnose` as a user runs them: real subprocesses, real BPF, real cgroups.
+
+The agent is started with a temp policy and a free port; what it serves (/readyz, /healthz, /metrics)
+is checked against promtool and the kernel, and an enforcing run next to a real CPU hog must change
+the hog's CFS quota and put it back on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from noisyneighbor import exporter as ex
+from noisyneighbor.cli import build_parser, parse_duration
+from tests.conftest import require_tool
+from tests.exporter_support import REPO, AgentProcess, cgroup_rel_path, free_port, write_config
+
+LS_WORKER = REPO / "tests" / "workloads" / "ls_worker.py"
+HOG = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\nwhile time.monotonic() < end:\n    pass\n"
+STANDALONE = {"kubernetes": {"pod_source": "standalone"}}
+
+
+# -- pure --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, seconds", [("30", 30.0), ("30s", 30.0), ("2m", 120.0), ("1.5h", 5400.0),
+                                           ("500ms", 0.5), (" 5S ", 5.0)])
+def test_durations_accept_plain_seconds_and_units(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "abc", "0", "-3s", "5x", "inf", "nan"])
+def test_bad_durations_are_rejected_by_the_parser(text, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["diagnose", "--duration", text])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--duration" in err[-1], err
+
+
+def test_agent_flags_parse_after_the_subcommand():
+    args = build_parser().parse_args(["agent", "--host-root", "/host", "--no-dry-run", "--interval", "2s",
+                                      "--probes", "runqlat,softirq", "--log-format", "json"])
+    assert (args.host_root, args.dry_run, args.interval, args.probes, args.log_format) == \
+        ("/host", False, 2.0, ("runqlat", "softirq"), "json")
+    assert build_parser().parse_args(["agent"]).dry_run is None  # the policy decides
+
+
+# -- the agent process ---------------------------------------------------------------------------------
+
+
+def _families(text: str) -> dict[str, list]:
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+@pytest.mark.root
+def test_agent_is_ready_with_its_probes_on_and_serves_metrics_promtool_accepts(tmp_path):
+    promtool = require_tool("promtool")
+    config = write_config(tmp_path / "config.yaml", STANDALONE)
+    agent = AgentProcess(config, tmp_path, "--interval", "0.5", "--log-format", "json")
+    try:
+        ready = agent.wait_ready()
+        assert set(ready["probes"]) == {"runqlat", "softirq", "reclaim", "tcpconnect"}, ready
+        assert all(p["state"] == "on" for p in ready["probes"].values()), ready["probes"]
+        assert ready["actuators"]["mode"] == "dry-run", ready  # the default policy changes nothing
+        assert ready["pod_source"]["source"] == "standalone"
+        code, _ = agent.get("/healthz")
+        assert code == 200
+        assert agent.get("/nope")[0] == 404
+        time.sleep(1.5)  # a few more ticks, so counters have moved
+        text = agent.scrape_text()
+        check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+        fams = _families(text)
+        up = {(s.labels["probe"], s.labels["state"]): s.value for s in fams[ex.PROBE_UP]}
+        assert all(up[(p, "on")] == 1.0 for p in ready["probes"]), up
+        assert all(s.labels["node"] == "nn-agent-test" for s in fams[ex.PROBE_UP])
+        # BPF_ENABLE_STATS is held by the agent, so its programs' kernel time is real and non-zero.
+        run_s = sum(s.value for s in fams[ex.BPF_RUN_SECONDS.removesuffix("_total")])
+        assert run_s > 0, "BPF run-time stats are not enabled by the agent"
+        # /proc/stat ground truth: the exported node CPU time is what the kernel reports (USER_HZ ticks).
+        hz = os.sysconf("SC_CLK_TCK")
+        with open("/proc/stat") as f:
+            cpu0_user = int(next(line for line in f if line.startswith("cpu0 ")).split()[1]) / hz
+        exported = next(s.value for s in fams[ex.NODE_CPU.removesuffix("_total")]
+                        if s.labels["cpu"] == "0" and s.labels["mode"] == "user")
+        assert exported <= cpu0_user + 0.01 and exported >= cpu0_user - 5.0, (exported, cpu0_user)
+        # Log lines are JSON with --log-format json.
+        lines = [line for line in agent.log_tail(200).splitlines() if line.strip()]
+        assert lines and all(json.loads(line)["level"] for line in lines)
+    finally:
+        rc = agent.terminate()
+    assert rc == 0, agent.log_tail()
+    tail = agent.stderr_path.read_text()
+    assert "agent stopped" in tail
+    assert "Traceback" not in tail
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_enforcing_agent_suppresses_a_be_hog_and_sigterm_restores_its_quota(make_cgroup, tmp_path):
+    cpu = (os.cpu_count() or 1) - 1
+    ls = make_cgroup("nnls", ("cpu", "cpuacct"))
+    be = make_cgroup("nnbe", ("cpu", "cpuacct"))
+    be.write("cpu", "cpu.shares", "2048")  # as a busy BE pod next to a small LS one
+    quota_file = be.path("cpu") / "cpu.cfs_quota_us"
+    if not quota_file.exists():
+        pytest.skip("cgroup v2 cpu controller: this test reads the v1 quota file")
+    original = quota_file.read_text().strip()
+    config = write_config(tmp_path / "config.yaml", {
+        "slo": {"runq_p99_ms": 2.0},
+        # Long verification: the suppress must still be in effect when SIGTERM arrives.
+        "actuators": {"dry_run": False, "verify_intervals": 10000, "cooldown_seconds": 0},
+        "kubernetes": {"pod_source": "standalone"},
+        "standalone": {"ls_cgroups": [cgroup_rel_path(ls)], "be_cgroups": [cgroup_rel_path(be)]},
+        "resource-threshold-config": {"cpuSuppressPolicy": "cfsQuota"},
+    })
+    procs = [
+        subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, str(LS_WORKER), "--seconds", "90"],
+                         preexec_fn=ls.preexec, stdout=subprocess.DEVNULL),
+    ]
+    # Enforcing on a shared node: the agent may only change the cgroup this test created.
+    agent = AgentProcess(config, tmp_path, "--act-only", cgroup_rel_path(be))
+    applied: list[dict] = []
+    try:
+        assert agent.wait_ready()["actuators"]["mode"] == "enforcing"
+        procs.append(subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", HOG, "90"],
+                                      preexec_fn=be.preexec))
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline and not applied:
+            applied = [a for a in agent.audit() if a.get("event") == "action" and a["kind"] == "suppress"
+                       and a["state"] == "applied"]
+            time.sleep(0.5)
+        assert applied, f"no suppress applied; audit {agent.audit()}\n{agent.log_tail()}"
+        assert applied[0]["target"].strip("/") == cgroup_rel_path(be)
+        suppressed = quota_file.read_text().strip()
+        assert suppressed != original and int(suppressed) > 0, (original, suppressed)
+        assert {w["new"] for w in applied[0]["writes"]} >= {suppressed}
+        fams = _families(agent.scrape_text())
+        active = [s for s in fams[ex.ACTION_ACTIVE] if s.labels["kind"] == "suppress"]
+        assert active and active[0].value == 1.0 and active[0].labels["target_cgroup"].endswith("nnbe"), active
+        assert any(s.value >= 1 for s in fams[ex.INCIDENTS_OPEN]), "the incident is not exported"
+    finally:
+        rc = agent.terminate()
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert rc == 0, agent.log_tail()
+    assert quota_file.read_text().strip() == original, "SIGTERM did not restore the BE quota"
+    journal = json.loads((agent.journal / "journal.json").read_text()) if (agent.journal / "journal.json").exists() \
+        else {"entries": []}
+    assert journal["entries"] == [], journal
+    assert any(a.get("event") == "shutdown" for a in agent.audit())
+
+
+@pytest.mark.root
+def test_bad_config_is_one_line_exit_2_and_nothing_started(tmp_path):
+    config = write_config(tmp_path / "config.yaml", {"slo": {"runq_p99_ms": -1}, "actuators": {"dry_run": False}})
+    port = free_port()
+    journal = tmp_path / "journal"
+    res = subprocess.run(
+        [sys.executable, "-m", "noisyneighbor.cli", "agent", "--config", str(config), "--listen", f"127.0.0.1:{port}",
+         "--journal-dir", str(journal)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "runq_p99_ms" in lines[0] and str(config) in lines[0], res.stderr
+    assert not journal.exists(), "a bad config must not create the journal"
+    for args in (["--listen", "nowhere"], ["--interval", "0"], ["--config", str(tmp_path / "missing.yaml")]):
+        res = subprocess.run([sys.executable, "-m", "noisyneighbor.cli", "agent", "--journal-dir", str(journal), *args],
+                             cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2, (args, res.stderr)
+        # argparse's own errors come after its usage text; ours are one line. Either way the last line says why.
+        assert "Traceback" not in res.stderr and res.stderr.strip().splitlines()[-1].startswith(
+            ("noisyneighbor", "noisyneighbor agent: error")), res.stderr
+    assert not journal.exists()
+
+
+@pytest.mark.root
+def test_diagnose_prints_a_json_report_and_writes_html(tmp_path):
+    html = tmp_path / "report.html"
+    res = subprocess.run(
+        [sys.executable, "-m", "noisyneighbor.cli", "diagnose", "--duration", "5", "--interval", "1", "--json",
+         "--pods", "standalone", "--html", str(html)],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert {"started_at", "duration_s", "ticks", "probes", "incidents", "suggested_actions", "top_workloads"} <= set(report)
+    assert 4.5 <= report["duration_s"] <= 30 and report["ticks"] >= 3, report
+    assert all(": on" in line for line in report["probes"].values()), report["probes"]
+    # Something always waits on a runqueue on a busy node; the root cgroup at least is measured.
+    assert report["top_workloads"], report
+    page = html.read_text()
+    assert page.startswith("<!doctype html>") and "application/json" in page
+
+
+@pytest.mark.root
+def test_diagnose_refuses_an_unwritable_html_path_before_running(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "noisyneighbor.cli", "diagnose", "--duration", "30", "--html",
+         str(tmp_path / "no" / "such" / "dir" / "r.html")],
+        cwd=REPO, capture_output=True, text=True, timeout=20)
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
