@@ -59,6 +59,7 @@ class Detector:
         self.prev: NodeSnapshot | None = None
         self.last: NodeSignals | None = None
         self._pod_paths: list[str] = []
+        self._memory_pod_paths: list[str] = []
         self._pod_paths_at = -1e9
 
     @property
@@ -74,7 +75,15 @@ class Detector:
                 info.path for info in self.resolver.all(self.layout.hierarchy_for("cpu"))
                 if info.kind == "pod" or self._standalone(info.path)
             ]
-        keys = set(self._pod_paths)
+            # Where the memory hierarchy nests pods under another prefix (a sandbox; on a node the
+            # paths agree), its pod paths are listed too: each path is read where it exists.
+            memory = self.layout.hierarchy_for("memory")
+            if memory is not None and memory != self.layout.hierarchy_for("cpu"):
+                listed = set(self._pod_paths)
+                self._memory_pod_paths = [
+                    info.path for info in self.resolver.all(memory) if info.kind == "pod" and info.path not in listed
+                ]
+        keys = set(self._pod_paths) | set(self._memory_pod_paths)
         if self.last is not None:
             keys.update(r.workload.target.cgroup for r in self.last.workloads.values() if r.workload.target.cgroup != "/")
         return sorted(keys)

@@ -201,7 +201,7 @@ class SignalBuilder:
             node_direct = nd.sum_ns / 1e6 / dt
         for path, m in cur.cgroup_mem.items():
             if self.ids.index.is_workload_root(path):
-                r = row(self.ids.index.workload_of(path))
+                r = row(self.ids.index.workload_of(path, primary=False))
                 r.memory_usage_bytes, r.memory_limit_bytes = m.usage_bytes, m.limit_bytes
 
         # -- TCP connect ----------------------------------------------------------------------------

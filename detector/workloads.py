@@ -103,10 +103,12 @@ class WorkloadIndex:
         return hit
 
     def is_workload_root(self, path: str) -> bool:
-        """Is ``path`` the workload's own cgroup (whose files already sum its children)?"""
+        """Is ``path`` the workload's own cgroup (whose files already sum its children), in any hierarchy?"""
         path = _norm(path)
-        w = self.workload_of(path)
-        return w.target.cgroup == path or w.key == path
+        ident = parse_cgroup_path(path)
+        if ident.pod_uid is not None:
+            return ident.kind == "pod"
+        return self.workload_of(path).key == path
 
     def _classify(self, path: str, primary: bool) -> Workload:
         ident = parse_cgroup_path(path)
