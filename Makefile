@@ -32,9 +32,12 @@ test:
 lint:
 	.venv/bin/ruff check .
 
+# The interference scenario benchmark (bench/scenarios): one command, one report.
+#   make bench BENCH_ARGS="--quick" | BENCH_ARGS="--only cpu-neighbor --json /tmp/bench.json"
 bench:
 	@scripts/setup.sh bench
-	$(PY) bench/overhead.py
+	-@bench/bcc_env.sh
+	$(PY) -m bench.scenarios --markdown $(BENCH_ARGS)
 
 bpf: $(BPF_OBJ)
 

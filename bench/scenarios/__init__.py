@@ -1,0 +1,5 @@
+"""Interference scenario benchmark: test pods, a victim that measures itself, antagonists at a known onset,
+the detector detection-only then with actuators, and baselines (no agent, koordlet's threshold policy, bcc).
+
+    python -m bench.scenarios [--only NAME ...] [--repeat N] [--json PATH] [--markdown] [--quick]
+"""

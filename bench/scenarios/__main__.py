@@ -1,0 +1,191 @@
+"""python -m bench.scenarios: run the interference scenarios and print one report (see bench/scenarios/__init__.py)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+
+from bench.scenarios.catalog import SCENARIOS, by_name
+from bench.scenarios.metrics import (
+    ActionRecordLite,
+    IncidentRecord,
+    PassResult,
+    Score,
+    markdown_summary,
+    markdown_table,
+    score,
+    summarize,
+    to_json,
+)
+from bench.scenarios.peers import (
+    agent_startup_cost,
+    hist_p99_upper,
+    run_hackbench,
+    run_overhead,
+    softirq_usecs,
+    start_bcc_runqlat,
+    start_bcc_softirqs,
+)
+from bench.scenarios.runner import Ctx, Timing, run_pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.scenarios", description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="+", metavar="NAME", help=f"scenarios to run: {', '.join(s.name for s in SCENARIOS)}")
+    p.add_argument("--modes", default=None, help="comma list limiting the modes (none,detect,mitigate,koordlet)")
+    p.add_argument("--repeat", type=int, default=1, help="run every scenario N times")
+    p.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+    p.add_argument("--markdown", action="store_true", help="print the report as markdown (default: the same, plainer)")
+    p.add_argument("--quick", action="store_true", help="short windows, no bcc peers, no overhead section")
+    p.add_argument("--no-peers", action="store_true", help="skip the bcc tools")
+    p.add_argument("--no-overhead", action="store_true", help="skip bench/overhead.py, hackbench and startup cost")
+    p.add_argument("--overhead-rounds", type=int, default=3)
+    p.add_argument("--rescore", metavar="JSON", help="re-score and re-render a previous --json result (no run)")
+    return p
+
+
+def rescore(path: str) -> int:
+    """Score the recorded passes of an earlier run again (after a change of the scoring rules)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        known = {s.name: s for s in SCENARIOS}
+        scores = []
+        for p in data["passes"]:
+            result = PassResult(p["scenario"], p["mode"], p["baseline_s"], p["run_s"],
+                                incidents=[IncidentRecord(**{**i, "culprits": tuple(i["culprits"])}) for i in p["incidents"]],
+                                actions=[ActionRecordLite(**a) for a in p["actions"]],
+                                samples=[tuple(x) for x in p["samples"]], note=p.get("note", ""),
+                                skipped=p.get("skipped", ""),
+                                pods=p.get("pods") or ["web", "batch", "flood", "server"])
+            scores.append(score(known[p["scenario"]].truth, result))
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        print(f"error: cannot rescore {path}: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    meta = {**data["meta"], "command": data["meta"]["command"] + f" (rescored with --rescore {path})"}
+    print(render(scores, summarize(scores), data.get("peers", []), data.get("overhead", {}), meta))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.rescore:
+        return rescore(args.rescore)
+    if os.geteuid() != 0:
+        print("error: needs root (loads BPF programs, creates cgroups and network namespaces)", file=sys.stderr)
+        return 2
+    try:
+        specs = by_name(args.only)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.repeat < 1:
+        print("error: --repeat must be at least 1", file=sys.stderr)
+        return 2
+    modes_filter = set(args.modes.split(",")) if args.modes else None
+    timing = Timing.quick() if args.quick else Timing()
+    started = time.monotonic()
+    scores: list[Score] = []
+    passes: list[dict] = []
+    peers: list[dict] = []
+    interrupted = False
+    try:
+        for rep in range(args.repeat):
+            for spec in specs:
+                for mode in spec.modes:
+                    if modes_filter is not None and mode not in modes_filter:
+                        continue
+                    hook = None
+                    peer_runs: list = []
+                    if not (args.quick or args.no_peers) and mode == "detect" and rep == 0 and spec.name in (
+                            "cpu-neighbor", "softirq-netrx"):
+                        seconds = max(3, int(timing.run_s) - 8)  # bcc compiles for a few seconds first
+
+                        def hook(ctx: Ctx, onset: float, _name: str = spec.name, _s: int = seconds,
+                                 _runs: list = peer_runs) -> None:
+                            if _name == "cpu-neighbor":
+                                _runs.append(start_bcc_runqlat(ctx, onset, _s))
+                            else:
+                                _runs.append(start_bcc_softirqs(onset, _s))
+                    print(f"[{time.monotonic() - started:6.1f} s] {spec.name} / {mode} (run {rep + 1})", file=sys.stderr,
+                          flush=True)
+                    try:
+                        result, trace = run_pass(spec, mode, timing, during=hook)
+                    except (OSError, RuntimeError, ValueError) as e:
+                        result, trace = PassResult(spec.name, mode, timing.baseline_s, timing.run_s,
+                                                   skipped=f"skipped: {' '.join(str(e).split())[:160]}"), None
+                    s = score(spec.truth, result)
+                    scores.append(s)
+                    passes.append({"repeat": rep, **asdict(result), "score": asdict(s)})
+                    for run in peer_runs:
+                        if run.thread is not None:
+                            run.thread.join(timeout=90)
+                        peers.append(_peer_row(run, trace))
+    except KeyboardInterrupt:
+        interrupted = True
+        print("interrupted: every pass cleans up after itself; reporting what ran", file=sys.stderr)
+    overhead: dict = {}
+    if not (args.quick or args.no_overhead or interrupted):
+        print(f"[{time.monotonic() - started:6.1f} s] overhead", file=sys.stderr, flush=True)
+        overhead = {"startup": asdict(agent_startup_cost()),
+                    "overhead_py": run_overhead(args.overhead_rounds, "pipe"),
+                    "hackbench": run_hackbench(args.overhead_rounds)}
+    summary = summarize(scores)
+    meta = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": "python -m bench.scenarios " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "kernel": platform.release(), "cpus": os.cpu_count(), "elapsed_s": round(time.monotonic() - started, 1),
+            "timing": asdict(timing), "interrupted": interrupted}
+    report = render(scores, summary, peers, overhead, meta)
+    print(report)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(to_json(scores, summary, {"meta": meta, "peers": peers, "overhead": overhead, "passes": passes}))
+    return 130 if interrupted else 0
+
+
+def _peer_row(run, trace) -> dict:
+    row: dict = {"tool": run.tool, "argv": run.argv, "window_s": [round(run.started_s, 1), round(run.ended_s, 1)],
+                 "error": run.error}
+    ours = [t for t in (trace.ticks if trace else []) if run.ended_s - 8 <= t[0] <= run.ended_s]
+    if run.tool == "runqlat-bpfcc":
+        row["bcc_p99_us_bucket_upper"] = hist_p99_upper(run.output) if run.output else None
+        row["ours_runq_p99_ms_median_tick"] = _median([t[1] for t in ours])
+    else:
+        usecs = softirq_usecs(run.output) if run.output else None
+        seconds = int(run.argv[-2]) if len(run.argv) >= 2 else 0
+        row["bcc_net_rx_ms_per_s_all_cpus"] = round(usecs / 1000 / seconds, 2) if usecs and seconds else None
+        row["ours_softirq_ms_per_s_victim_cpu_median_tick"] = _median([t[2] for t in ours])
+    return row
+
+
+def _median(v: list[float]) -> float | None:
+    return round(sorted(v)[len(v) // 2], 3) if v else None
+
+
+def render(scores: list[Score], summary, peers: list[dict], overhead: dict, meta: dict) -> str:
+    out = [f"## Scenario benchmark ({meta['date']}, kernel {meta['kernel']}, {meta['cpus']} CPUs, "
+           f"{meta['elapsed_s']} s)", "", f"Command: `{meta['command']}`", "", markdown_table(scores), "",
+           markdown_summary(summary)]
+    if peers:
+        out += ["", "### bcc peers (same window, same run)", ""]
+        out += [f"- {json.dumps(p, sort_keys=True)}" for p in peers]
+    if overhead:
+        out += ["", "### Overhead", "", f"- agent startup and RSS: {json.dumps(overhead.get('startup'))}"]
+        ov = overhead.get("overhead_py", {})
+        if ov.get("markdown"):
+            out += ["", ov["markdown"]]
+        if ov.get("error"):
+            out += [f"- overhead.py error: {ov['error']}"]
+        hb = overhead.get("hackbench", {})
+        out += [f"- hackbench (none vs noisyneighbor top, alternated): {json.dumps({k: hb.get(k) for k in ('median_s', 'overhead_ratio', 'error') if k in hb})}"]  # noqa: E501
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

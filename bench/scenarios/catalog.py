@@ -1,0 +1,163 @@
+"""The scenarios: each with ground truth (victim, accepted causes, culprit) and an onset (the injection)."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+from bench.scenarios.metrics import Truth
+from bench.scenarios.runner import OTHER_CPU, VICTIM_CPU, Ctx, ScenarioSpec
+
+PY = sys.executable
+FLOODER = str(Path(__file__).with_name("antagonists.py"))
+
+
+def _hog(ctx: Ctx, pod: str, cpu: int) -> None:
+    ctx.spawn(ctx.pods[pod], [PY, FLOODER, "hog", "--seconds", str(ctx.lifetime_s)], (cpu,))
+
+
+# 1. CPU neighbour: a BE hog on the LS pod's CPU, BE cpu.shares 2048 as koordinator sets from batch-cpu requests.
+def _cpu_setup(ctx: Ctx) -> None:
+    ls = ctx.pod("web", "LS")
+    ctx.pod("batch", "BE", shares=2048)
+    ctx.start_victim(ls, "cpu", "--work-ms", "1.5", "--period-ms", "5")
+
+
+def _cpu_inject(ctx: Ctx) -> None:
+    _hog(ctx, "batch", VICTIM_CPU)
+
+
+# 2. Self-throttling: the LS pod gets a cfs quota below what its own work needs; no neighbour.
+def _throttle_setup(ctx: Ctx) -> None:
+    ls = ctx.pod("web", "LS")
+    ctx.start_victim(ls, "cpu", "--work-ms", "2", "--period-ms", "5")
+
+
+def _throttle_inject(ctx: Ctx) -> None:
+    ctx.pods["web"].cgroup.write("cpu", "cpu.cfs_quota_us", "25000")  # 0.25 cores for a 0.4-core worker
+
+
+# 3. Memcg reclaim: LS pod at its memory limit, page cache growing inside it; the victim allocates per request.
+def _reclaim_setup(ctx: Ctx) -> None:
+    ls = ctx.pod("web", "LS", memory_limit=192 * 1024 * 1024)
+    ctx.start_victim(ls, "cpu", "--work-ms", "1", "--period-ms", "5", "--alloc-kb", "512")
+
+
+def _reclaim_inject(ctx: Ctx) -> None:
+    fill = ctx.workdir / "fill"
+    ctx.spawn(ctx.pods["web"], [PY, FLOODER, "pagecache", "--file", str(fill), "--mb", "400",
+                                "--seconds", str(ctx.lifetime_s)], (OTHER_CPU,))
+
+
+# 4. Softirq: NET_RX flood over a veth between two test namespaces, steered (RPS, on our own veth) to the LS CPU.
+def _net_setup(ctx: Ctx, victim_mode: str = "tcp") -> None:
+    ls = ctx.pod("web", "LS")
+    ctx.pod("flood", "BE")
+    a = ctx.netns.add("a")
+    b = ctx.netns.add("b")
+    _, addr_b = ctx.netns.veth_pair(a, b)
+    ctx.state.update(ns_a=a, ns_b=b, addr_b=addr_b)
+    # RPS on the receiving veth in our own namespace: NET_RX for it runs on the victim's CPU.
+    ctx.spawn(ctx.pods["flood"], ["sh", "-c", f"echo {1 << VICTIM_CPU:x} > /sys/class/net/nnvb/queues/rx-0/rps_cpus"],
+              None, netns=b).wait(timeout=10)
+    ctx.start_victim(ls, victim_mode, "--work-ms", "0.5", "--period-ms", "5")
+
+
+def _net_inject(ctx: Ctx) -> None:
+    ctx.spawn(ctx.pods["flood"], [PY, FLOODER, "udpflood", "--dest", ctx.state["addr_b"], "--seconds",
+                                  str(ctx.lifetime_s)], (OTHER_CPU,), netns=ctx.state["ns_a"])
+
+
+# 5. Softirq starvation: an RT busy task (bounded) on the LS CPU starves ksoftirqd while NET_RX is steered there.
+def _rt_setup(ctx: Ctx) -> None:
+    _net_setup(ctx)
+    # RT_GROUP_SCHED: a cgroup needs its own RT budget, given top-down on the cgroups we created.
+    pod = ctx.pods["flood"].cgroup
+    leaf = pod.dirs["cpu"]
+    levels = [leaf, *[p for p in leaf.parents if p.name.startswith("nn-test") or _below_prefix(p)]]
+    for d in sorted({*levels}, key=lambda p: len(p.parts)):
+        (d / "cpu.rt_runtime_us").write_text("400000")
+    ctx.state["rt_dirs"] = levels
+
+
+def _below_prefix(p: Path) -> bool:
+    return any(part.startswith("nn-test-") for part in p.parts[:-1])
+
+
+def _rt_inject(ctx: Ctx) -> None:
+    _net_inject(ctx)
+    ctx.spawn(ctx.pods["flood"], [PY, FLOODER, "rtbusy", "--seconds", str(ctx.timing.run_s + 2)], (VICTIM_CPU,))
+
+
+def _rt_teardown(ctx: Ctx) -> None:
+    for d in sorted(ctx.state.get("rt_dirs", []), key=lambda p: -len(p.parts)):
+        if d.exists():
+            (d / "cpu.rt_runtime_us").write_text("0")
+
+
+# 6. Connect path: the LS client connects to a server whose accept queue is full (SYNs dropped), in a test netns.
+def _connect_setup(ctx: Ctx) -> None:
+    ls = ctx.pod("web", "LS")
+    ctx.pod("server", "BE")
+    ns = ctx.netns.add("c")
+    ctx.state["server"] = ctx.spawn(ctx.pods["server"], [PY, FLOODER, "server", "--port", "8080", "--seconds",
+                                                         str(ctx.lifetime_s)], (OTHER_CPU,), netns=ns)
+    ctx.start_victim(ls, "connect", "--port", "8080", "--period-ms", "20", "--timeout-s", "3", netns=ns)
+
+
+def _connect_inject(ctx: Ctx) -> None:
+    import signal
+    ctx.state["server"].send_signal(signal.SIGUSR1)  # the server stops accepting: the queue fills, SYNs drop
+
+
+# 7. Quiet node and busy-but-harmless.
+def _quiet_setup(ctx: Ctx) -> None:
+    ls = ctx.pod("web", "LS")
+    ctx.pod("batch", "BE", shares=2048)
+    ctx.start_victim(ls, "cpu", "--work-ms", "1.5", "--period-ms", "5")
+
+
+def _nothing(ctx: Ctx) -> None:
+    return None
+
+
+def _harmless_inject(ctx: Ctx) -> None:
+    _hog(ctx, "batch", OTHER_CPU)
+
+
+def _rt_allowed() -> bool:
+    return hasattr(resource, "RLIMIT_RTTIME")
+
+
+SCENARIOS: tuple[ScenarioSpec, ...] = (
+    ScenarioSpec("cpu-neighbor", "BE CPU hog (shares 2048) on the LS pod's CPU",
+                 Truth("web", ("neighbor_cpu",), "batch"), _cpu_setup, _cpu_inject,
+                 modes=("none", "detect", "mitigate", "koordlet")),
+    ScenarioSpec("self-throttle", "LS pod at its own cfs quota, no neighbour",
+                 Truth("web", ("self_throttling",), None), _throttle_setup, _throttle_inject),
+    ScenarioSpec("memcg-reclaim", "LS pod at its memory limit with page-cache growth",
+                 Truth("web", ("reclaim",), None), _reclaim_setup, _reclaim_inject, modes=("detect",),
+                 note="no memcg-reclaim actuator: detection only"),
+    ScenarioSpec("softirq-netrx", "UDP flood over veth, NET_RX steered (RPS) to the LS CPU",
+                 Truth("web", ("softirq",), "flood"), _net_setup, _net_inject),
+    ScenarioSpec("softirq-starve", "RT busy task (RLIMIT_RTTIME, self-bounded) on the LS CPU under NET_RX load",
+                 Truth("web", ("softirq", "neighbor_cpu"), "flood"), _rt_setup, _rt_inject, teardown=_rt_teardown,
+                 note="RT variant (seed's zombie-memcg case not run: see docs/benchmarks.md)"),
+    ScenarioSpec("connect-syndrop", "LS client vs a server whose accept queue is full (netns)",
+                 Truth("web", ("network_connect",), None), _connect_setup, _connect_inject, modes=("detect",),
+                 note="no connect actuator: detection only"),
+    ScenarioSpec("quiet", "LS alone with an idle BE pod", Truth(None), _quiet_setup, _nothing, modes=("detect",)),
+    ScenarioSpec("busy-harmless", "BE hog on the other CPU only", Truth(None), _quiet_setup, _harmless_inject,
+                 modes=("detect", "koordlet")),
+)
+
+
+def by_name(names: list[str] | None) -> list[ScenarioSpec]:
+    if not names:
+        return list(SCENARIOS)
+    known = {s.name: s for s in SCENARIOS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [known[n] for n in names]

@@ -1,0 +1,227 @@
+"""Scoring and reporting for the scenario benchmark: pure functions over plain records (unit-tested).
+
+Times are seconds relative to the scenario's onset (the moment the antagonist was injected); the
+victim's latency samples are (seconds since onset, latency ms).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+RECOVERY_FACTOR = 1.5  # "LS p99 back within 1.5x of the quiet baseline"
+RECOVERY_WINDOW_S = 10.0
+SETTLE_AFTER_MITIGATION_S = 2.0  # skip the first seconds after an action: the queue drains
+
+
+@dataclass(frozen=True)
+class Truth:
+    """Ground truth of a scenario. ``cause`` None means no incident should be opened."""
+
+    victim: str | None
+    causes: tuple[str, ...] = ()  # accepted causes, first is the canonical one
+    culprit: str | None = None  # pod name expected first in the culprit list; None: nobody is to blame
+
+    @property
+    def expects_incident(self) -> bool:
+        return bool(self.causes)
+
+
+@dataclass(frozen=True)
+class IncidentRecord:
+    victim: str  # pod name or cgroup path
+    cause: str
+    culprits: tuple[str, ...]
+    started_s: float  # relative to onset
+    ended_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ActionRecordLite:
+    at_s: float
+    kind: str
+    target: str
+    state: str
+    summary: str
+
+
+@dataclass
+class PassResult:
+    """One run of one scenario in one mode (none, detect, mitigate, koordlet)."""
+
+    scenario: str
+    mode: str
+    baseline_s: float
+    run_s: float
+    incidents: list[IncidentRecord] = field(default_factory=list)
+    actions: list[ActionRecordLite] = field(default_factory=list)
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (s since onset, latency ms)
+    note: str = ""
+    skipped: str = ""
+    pods: list[str] = field(default_factory=list)  # our pods; incidents on anything else (another test's cgroups) are ignored
+
+
+@dataclass
+class Score:
+    scenario: str
+    mode: str
+    expected: str  # canonical cause or "none"
+    detected: bool | None  # None: no incident expected (quiet scenarios)
+    cause: str  # what we said ("" when nothing)
+    cause_correct: bool | None
+    culprit_rank: int | None  # 1-based rank of the true culprit; None when not listed / not applicable
+    culprit_ok: bool | None  # rank 1 when there is a culprit; an empty list when nobody is to blame
+    time_to_detect_s: float | None
+    time_to_mitigate_s: float | None
+    p99_before_ms: float | None
+    p99_during_ms: float | None
+    p99_after_ms: float | None
+    recovered: bool | None  # after <= 1.5x before, within 10 s of the first action
+    false_incidents: int
+    actions: int
+    note: str = ""
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def window_p99(samples: Iterable[tuple[float, float]], start_s: float, end_s: float, min_samples: int = 20) -> float | None:
+    vals = [lat for t, lat in samples if start_s <= t < end_s]
+    return percentile(vals, 99.0) if len(vals) >= min_samples else None
+
+
+def load_samples(text: str, onset_ns: int) -> list[tuple[float, float]]:
+    """The victim's ``<monotonic ns> <latency ns>`` lines -> (s since onset, ms); a torn last line is dropped."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 2 or not parts[0].isdigit() or not parts[1].lstrip("-").isdigit():
+            continue
+        out.append(((int(parts[0]) - onset_ns) / 1e9, int(parts[1]) / 1e6))
+    return out
+
+
+def score(truth: Truth, result: PassResult) -> Score:
+    ours = [i for i in result.incidents if not result.pods or i.victim in result.pods]
+    matching = [i for i in ours if truth.victim is not None and i.victim == truth.victim and i.started_s >= 0]
+    false = [i for i in ours if i not in matching or not truth.expects_incident]
+    first = matching[0] if matching and truth.expects_incident else None
+    detected = (first is not None) if truth.expects_incident else None
+    cause_correct = (first.cause in truth.causes) if first is not None else (None if not truth.expects_incident else False)
+    rank: int | None = None
+    culprit_ok: bool | None = None
+    if first is not None:
+        if truth.culprit is not None:
+            rank = first.culprits.index(truth.culprit) + 1 if truth.culprit in first.culprits else None
+            culprit_ok = rank == 1
+        else:
+            culprit_ok = not first.culprits
+    applied = [a for a in result.actions if a.state in ("applied", "verified") and a.at_s >= 0]
+    ttm = applied[0].at_s if applied else None
+    before = window_p99(result.samples, -result.baseline_s, 0.0)
+    during_end = ttm if ttm is not None else result.run_s
+    during = window_p99(result.samples, 0.0, during_end)
+    after = None
+    recovered = None
+    if ttm is not None:
+        after = window_p99(result.samples, ttm + SETTLE_AFTER_MITIGATION_S, ttm + RECOVERY_WINDOW_S)
+        if after is not None and before is not None:
+            recovered = after <= RECOVERY_FACTOR * before
+    return Score(
+        scenario=result.scenario, mode=result.mode, expected=truth.causes[0] if truth.causes else "none",
+        detected=detected, cause=first.cause if first else (false[0].cause if false else ""),
+        cause_correct=cause_correct, culprit_rank=rank, culprit_ok=culprit_ok,
+        time_to_detect_s=round(first.started_s, 2) if first else None,
+        time_to_mitigate_s=round(ttm, 2) if ttm is not None else None,
+        p99_before_ms=_r(before), p99_during_ms=_r(during), p99_after_ms=_r(after), recovered=recovered,
+        false_incidents=len(false), actions=len(applied), note=result.skipped or result.note,
+    )
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 2)
+
+
+@dataclass
+class Summary:
+    scenarios: int
+    recall: float | None  # detected / scenarios that expect an incident
+    precision: float | None  # correct incidents / all incidents opened
+    cause_correct: float | None
+    culprit_first: float | None
+    false_incidents_quiet: int  # incidents in the scenarios that expect none
+    median_time_to_detect_s: float | None
+
+
+def summarize(scores: Sequence[Score]) -> Summary:
+    """Over the detection passes (detect mode), the ones that ran."""
+    rows = [s for s in scores if s.mode == "detect" and not s.note.startswith("skipped")]
+    expect = [s for s in rows if s.detected is not None]
+    detected = [s for s in expect if s.detected]
+    true_incidents = len(detected)
+    all_incidents = true_incidents + sum(s.false_incidents for s in rows)
+    with_culprit = [s for s in detected if s.culprit_ok is not None]
+    ttd = sorted(s.time_to_detect_s for s in detected if s.time_to_detect_s is not None)
+    return Summary(
+        scenarios=len(rows),
+        recall=_ratio(len(detected), len(expect)),
+        precision=_ratio(true_incidents, all_incidents),
+        cause_correct=_ratio(sum(1 for s in detected if s.cause_correct), len(detected)),
+        culprit_first=_ratio(sum(1 for s in with_culprit if s.culprit_ok), len(with_culprit)),
+        false_incidents_quiet=sum(s.false_incidents for s in rows if s.detected is None),
+        median_time_to_detect_s=ttd[len(ttd) // 2] if ttd else None,
+    )
+
+
+def _ratio(a: int, b: int) -> float | None:
+    return round(a / b, 3) if b else None
+
+
+COLUMNS = (
+    ("scenario", "scenario"), ("mode", "mode"), ("expected", "expected"), ("detected", "detected"),
+    ("cause", "cause said"), ("cause_correct", "cause ok"), ("culprit_rank", "culprit rank"),
+    ("time_to_detect_s", "detect s"), ("time_to_mitigate_s", "mitigate s"), ("p99_before_ms", "p99 before ms"),
+    ("p99_during_ms", "p99 during ms"), ("p99_after_ms", "p99 after ms"), ("recovered", "recovered"),
+    ("false_incidents", "false inc."), ("actions", "actions"), ("note", "note"),
+)
+
+
+def _cell(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v).replace("|", "/")
+
+
+def markdown_table(scores: Sequence[Score]) -> str:
+    head = "| " + " | ".join(title for _, title in COLUMNS) + " |"
+    sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
+    rows = ["| " + " | ".join(_cell(getattr(s, key)) for key, _ in COLUMNS) + " |" for s in scores]
+    return "\n".join([head, sep, *rows])
+
+
+def markdown_summary(summary: Summary) -> str:
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v * 100:.0f} %"
+
+    ttd = "-" if summary.median_time_to_detect_s is None else f"{summary.median_time_to_detect_s:.2f} s"
+    return (f"Detection passes: {summary.scenarios} scenarios; recall {pct(summary.recall)}, precision "
+            f"{pct(summary.precision)}, cause correct {pct(summary.cause_correct)}, culprit first "
+            f"{pct(summary.culprit_first)}, false incidents in quiet scenarios {summary.false_incidents_quiet}, "
+            f"median time to detect {ttd}.")
+
+
+def to_json(scores: Sequence[Score], summary: Summary, extra: dict | None = None) -> str:
+    return json.dumps({"summary": asdict(summary), "scores": [asdict(s) for s in scores], **(extra or {})},
+                      indent=2, sort_keys=True, default=str)

@@ -1,0 +1,331 @@
+"""One scenario pass: test pods, the detector (and optionally actuators) in-process, an antagonist at a known time.
+
+The wiring (collector -> detector -> sink) is :func:`attach_sink` over ``tests.scenario_support.Scenario``;
+when ``noisyneighbor.agent.Agent`` exists this is the one place to switch to it. Everything a pass
+creates (cgroups, processes, network namespaces, files, cgroup writes through the actuator journal) is
+undone in ``finally``, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from actuators.burst import BurstActuator
+from actuators.cgroupfile import CgroupFiles
+from actuators.journal import Journal
+from actuators.manager import ActuatorManager
+from actuators.suppress import CpuUsageSampler, SuppressActuator, threshold_suppress_decision
+from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples
+from detector.decisions import DecisionSink
+from detector.policy import Policy
+from noisyneighbor.sandbox import PREFIX, OwnedCgroup
+from probes.host import HostPaths
+from tests.scenario_support import PodCgroup, Scenario
+
+REPO = Path(__file__).resolve().parents[2]
+VICTIM_CPU = 1
+OTHER_CPU = 0
+MODES = ("none", "detect", "mitigate", "koordlet")
+
+
+@dataclass(frozen=True)
+class Timing:
+    baseline_s: float = 8.0
+    run_s: float = 14.0
+    interval_s: float = 1.0
+
+    @classmethod
+    def quick(cls) -> Timing:
+        return cls(baseline_s=4.0, run_s=7.0)
+
+
+def bench_policy(mode: str) -> Policy:
+    """The same policy for every scenario: project defaults, runq SLO 2 ms (as the detector tests), cfsQuota
+    suppress (the cpuset policy's 2-CPU floor is the whole of this 2-CPU node), cfs burst on."""
+    base = Policy()
+    return dataclasses.replace(
+        base,
+        slo=dataclasses.replace(base.slo, runq_p99_ms=2.0),
+        resource_threshold=dataclasses.replace(base.resource_threshold, cpu_suppress_policy="cfsQuota"),
+        cpu_burst=dataclasses.replace(base.cpu_burst, policy="auto"),
+        actuators=dataclasses.replace(base.actuators, dry_run=mode != "mitigate", cooldown_seconds=3.0,
+                                      max_changes_per_minute=12),
+    )
+
+
+def attach_sink(scenario: Scenario, sink: DecisionSink) -> None:
+    """Route the detector's decisions to ``sink`` (the agent does this wiring itself)."""
+    scenario.detector.engine.sink = sink
+
+
+class BenchCgroups:
+    """``make_cgroup`` for the benchmark: OwnedCgroups under nn-test-<pid>, all removed by :meth:`remove_all`."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.created: list[OwnedCgroup] = []
+
+    def make(self, name: str, controllers: tuple[str, ...] = ("cpu",)) -> OwnedCgroup:
+        cg = OwnedCgroup(f"{self.tag}-{name}", controllers).create()
+        self.created.append(cg)
+        return cg
+
+    def remove_all(self) -> None:
+        for cg in reversed(self.created):
+            try:
+                cg.remove()
+            except OSError as e:
+                print(f"warning: could not remove test cgroup {cg.name}: {e}", file=sys.stderr)
+        self.created.clear()
+
+
+class NetnsSet:
+    """Network namespaces named nn-test-<pid>-<suffix>; removed (with their veths) by :meth:`remove_all`."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def add(self, suffix: str) -> str:
+        name = f"{PREFIX}-{os.getpid()}-{suffix}"
+        subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+        self.names.append(name)
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, capture_output=True)
+        return name
+
+    def veth_pair(self, a: str, b: str, prefix: str = "10.231.0") -> tuple[str, str]:
+        """A veth between namespaces a and b; returns the two addresses (a's, b's)."""
+        subprocess.run(["ip", "-n", a, "link", "add", "nnva", "type", "veth", "peer", "name", "nnvb", "netns", b],
+                       check=True, capture_output=True)
+        for ns, dev, addr in ((a, "nnva", f"{prefix}.1/30"), (b, "nnvb", f"{prefix}.2/30")):
+            subprocess.run(["ip", "-n", ns, "addr", "add", addr, "dev", dev], check=True, capture_output=True)
+            subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True, capture_output=True)
+        return f"{prefix}.1", f"{prefix}.2"
+
+    def remove_all(self) -> None:
+        for name in reversed(self.names):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        self.names.clear()
+
+
+@dataclass
+class PodsOnly(Scenario):
+    """Pods and workloads without probes or detector: the no-agent baseline."""
+
+    def __post_init__(self) -> None:
+        self.kube.start()
+        self._stop = threading.Event()
+        self._thread = None
+
+    def close(self) -> None:
+        _stop_procs(self.procs)
+        self.kube.stop()
+
+
+def _stop_procs(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                if _own_group(p):  # a shell loop started with start_new_session: stop its children too
+                    os.killpg(p.pid, signal.SIGTERM)
+                else:
+                    p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL) if _own_group(p) else p.kill()
+            p.wait()
+
+
+def _own_group(p: subprocess.Popen) -> bool:
+    try:
+        return os.getpgid(p.pid) == p.pid
+    except ProcessLookupError:
+        return False
+
+
+@dataclass
+class Ctx:
+    """What a scenario's setup/inject functions get."""
+
+    scenario: Scenario
+    workdir: Path
+    netns: NetnsSet
+    timing: Timing
+    pods: dict[str, PodCgroup] = field(default_factory=dict)
+    victim_log: Path | None = None
+    victim: subprocess.Popen | None = None
+    state: dict = field(default_factory=dict)  # scenario-specific handles
+
+    @property
+    def lifetime_s(self) -> float:
+        return self.timing.baseline_s + self.timing.run_s + 10.0
+
+    def pod(self, name: str, qos: str, **kw) -> PodCgroup:
+        pod = self.scenario.pod(name, qos, **kw)
+        self.pods[name] = pod
+        return pod
+
+    def start_victim(self, pod: PodCgroup, mode: str, *args: str, cpus: tuple[int, ...] = (VICTIM_CPU,),
+                     netns: str | None = None) -> subprocess.Popen:
+        self.victim_log = self.workdir / "victim.log"
+        argv = [sys.executable, "-m", "bench.scenarios.victim", mode, "--out", str(self.victim_log),
+                "--seconds", str(self.lifetime_s), *args]
+        self.victim = self.spawn(pod, argv, cpus, netns=netns)
+        return self.victim
+
+    def spawn(self, pod: PodCgroup, argv: list[str], cpus: tuple[int, ...] | None, netns: str | None = None,
+              **kw) -> subprocess.Popen:
+        if netns is not None:
+            argv = ["ip", "netns", "exec", netns, *argv]
+        return self.scenario.spawn(pod, argv, cpus, cwd=str(REPO), **kw)
+
+
+@dataclass(frozen=True)
+class ScenarioSpec:
+    name: str
+    title: str
+    truth: Truth
+    setup: Callable[[Ctx], None]  # pods + victim (+ anything present from the start)
+    inject: Callable[[Ctx], None]  # the antagonist, at onset
+    modes: tuple[str, ...] = ("detect", "mitigate")
+    teardown: Callable[[Ctx], None] | None = None
+    note: str = ""
+
+
+@dataclass
+class PassTrace:
+    """Per tick, the victim's own signals as the detector saw them (for the bcc comparison)."""
+
+    ticks: list[tuple[float, float, float]] = field(default_factory=list)  # (s since onset, runq p99 ms, softirq ms/s)
+
+
+def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
+             during: Callable[[Ctx, float], None] | None = None) -> tuple[PassResult, PassTrace]:
+    """Run one scenario in one mode. ``during(ctx, onset_monotonic)`` is called right after the injection
+    (the bcc peers hook in there). Raises KeyboardInterrupt through, after cleaning up."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
+    policy = bench_policy(mode)
+    cgroups = BenchCgroups(f"{spec.name}-{mode}"[:40])
+    netns = NetnsSet()
+    workdir = Path(tempfile.mkdtemp(prefix=f"nn-bench-{spec.name}-", dir="/var/tmp"))
+    result = PassResult(spec.name, mode, timing.baseline_s, timing.run_s, note=spec.note)
+    trace = PassTrace()
+    scenario: Scenario | None = None
+    manager: ActuatorManager | None = None
+    ctx: Ctx | None = None
+    wall_minus_mono = time.time() - time.monotonic()
+    onset = onset_ns = None
+    try:
+        scenario = PodsOnly(cgroups.make, policy) if mode == "none" else Scenario(cgroups.make, policy)
+        ctx = Ctx(scenario, workdir, netns, timing)
+        spec.setup(ctx)
+        files = CgroupFiles(HostPaths())
+        sampler = None
+        if mode in ("mitigate", "koordlet"):
+            journal = Journal(workdir / "journal")
+            acts = [SuppressActuator(files, journal, policy.resource_threshold)]
+            if mode == "mitigate":
+                acts.append(BurstActuator(files, journal, policy.cpu_burst))
+            manager = ActuatorManager(acts, journal, dataclasses.replace(policy.actuators, dry_run=False),
+                                      audit_log=workdir / "audit.jsonl")
+            if mode == "mitigate":
+                attach_sink(scenario, manager)
+        if mode == "koordlet":
+            be = [p for p in ctx.pods.values() if p.qos_class == "BE"]
+            if not be:
+                raise RuntimeError("koordlet mode needs a BE pod")
+            be_tier = str(Path(be[0].path).parent)
+            sampler = CpuUsageSampler(files, pods_cgroup=str(Path(be_tier).parent), be_cgroups=[be_tier])
+            ctx.state["be_tier"] = be_tier
+
+        def loop(seconds: float, t0: float) -> None:
+            end = time.monotonic() + seconds
+            next_at = time.monotonic()
+            while time.monotonic() < end:
+                next_at += timing.interval_s
+                if mode != "none":
+                    tick = scenario.detector.step(scenario.collector.collect())
+                    victim = ctx.pods.get(spec.truth.victim or "")
+                    if tick is not None and victim is not None:
+                        # workloads are keyed by cgroup path or, for pods, by "pod:<uid>"
+                        rows = tick.signals.workloads
+                        row = rows.get(victim.path) or rows.get(f"pod:{victim.uid}")
+                        if row is not None:
+                            trace.ticks.append((time.monotonic() - t0, row.runq_p99_ns / 1e6 if row.runq_count else 0.0,
+                                                row.softirq_ms_per_s))
+                if sampler is not None and manager is not None:
+                    inputs = sampler.sample()
+                    if inputs is not None:
+                        d = threshold_suppress_decision(inputs, policy.resource_threshold, ctx.state["be_tier"])
+                        if d is not None:
+                            manager.submit(d)
+                time.sleep(max(0.0, next_at - time.monotonic()))
+
+        expected_onset = time.monotonic() + timing.baseline_s
+        loop(timing.baseline_s, expected_onset)
+        onset_ns = time.monotonic_ns()
+        onset = onset_ns / 1e9
+        spec.inject(ctx)
+        if during is not None:
+            during(ctx, onset)
+        loop(timing.run_s, onset)
+        result.pods = sorted(ctx.pods)
+        if mode != "none":
+            names = {p.path: name for name, p in ctx.pods.items()}
+            for inc in scenario.detector.engine.all_incidents():
+                result.incidents.append(IncidentRecord(
+                    victim=names.get(inc.victim.cgroup, inc.victim.cgroup), cause=str(inc.cause),
+                    culprits=tuple(names.get(c.target.cgroup, c.target.cgroup) for c in inc.culprits),
+                    started_s=round(inc.started_at - onset, 3),
+                    ended_s=None if inc.ended_at is None else round(inc.ended_at - onset, 3)))
+        if manager is not None:
+            names = {p.path.strip("/"): name for name, p in ctx.pods.items()}
+            for rec in list(manager.records):
+                target = rec.decision.target.cgroup.strip("/")
+                result.actions.append(ActionRecordLite(
+                    at_s=round(rec.at - wall_minus_mono - onset, 3), kind=str(rec.decision.kind),
+                    target=names.get(target, target), state=str(rec.state),
+                    summary=rec.plan.summary if rec.plan else rec.detail))
+    finally:
+        if ctx is not None and ctx.victim is not None and ctx.victim.poll() is None:
+            ctx.victim.send_signal(signal.SIGTERM)  # first, so its log is flushed before the rest stops
+            try:
+                ctx.victim.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                ctx.victim.kill()
+        if scenario is not None:
+            _stop_procs(scenario.procs)
+        if manager is not None:
+            manager.close()  # restores every cgroup file it changed, from the journal
+        if ctx is not None and spec.teardown is not None:
+            try:
+                spec.teardown(ctx)
+            except Exception as e:  # teardown must go on to the cgroups and namespaces
+                print(f"warning: {spec.name} teardown: {e}", file=sys.stderr)
+        if scenario is not None:
+            scenario.close()
+        netns.remove_all()
+        cgroups.remove_all()
+        if ctx is not None and ctx.victim_log is not None and ctx.victim_log.exists() and onset_ns is not None:
+            result.samples = load_samples(ctx.victim_log.read_text(), onset_ns)
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result, trace
+
+
+def truth_of(spec: ScenarioSpec) -> Truth:
+    return spec.truth

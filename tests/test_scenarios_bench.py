@@ -1,0 +1,125 @@
+"""The scenario benchmark: its scoring/report code on fixed records, and one short real scenario."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from bench.scenarios.metrics import (
+    ActionRecordLite,
+    IncidentRecord,
+    PassResult,
+    Truth,
+    load_samples,
+    markdown_table,
+    percentile,
+    score,
+    summarize,
+    to_json,
+)
+from bench.scenarios.peers import hist_p99_upper, softirq_usecs
+
+
+def _samples(before_ms: float, during_ms: float, after_ms: float, t_mit: float) -> list[tuple[float, float]]:
+    out = [(-5 + i * 0.01, before_ms) for i in range(500)]
+    out += [(i * 0.01, during_ms) for i in range(int(t_mit * 100))]
+    out += [(t_mit + i * 0.01, after_ms) for i in range(1000)]
+    return out
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([], 99) is None
+    assert percentile(list(range(1, 101)), 99) == 99
+    assert percentile([5.0], 50) == 5.0
+
+
+def test_load_samples_drops_torn_lines_and_rebases_on_onset():
+    text = "2000000000 1500000\n3000000000 2000000\n30000"
+    assert load_samples(text, onset_ns=2_000_000_000) == [(0.0, 1.5), (1.0, 2.0)]
+
+
+def test_score_of_a_detected_and_mitigated_neighbour():
+    truth = Truth("web", ("neighbor_cpu",), "batch")
+    r = PassResult("cpu", "mitigate", baseline_s=5, run_s=15,
+                   incidents=[IncidentRecord("web", "neighbor_cpu", ("batch", "/"), started_s=2.0)],
+                   actions=[ActionRecordLite(3.0, "suppress", "batch", "applied", "cap")],
+                   samples=_samples(2.0, 20.0, 2.5, 3.0))
+    s = score(truth, r)
+    assert (s.detected, s.cause_correct, s.culprit_rank, s.culprit_ok) == (True, True, 1, True)
+    assert s.time_to_detect_s == 2.0 and s.time_to_mitigate_s == 3.0
+    assert (s.p99_before_ms, s.p99_during_ms, s.p99_after_ms, s.recovered) == (2.0, 20.0, 2.5, True)
+    assert s.false_incidents == 0
+
+
+def test_score_counts_wrong_victims_and_pre_onset_incidents_as_false():
+    truth = Truth("web", ("neighbor_cpu",), "batch")
+    r = PassResult("cpu", "detect", 5, 10, incidents=[
+        IncidentRecord("web", "neighbor_cpu", ("/",), started_s=-1.0),
+        IncidentRecord("other", "softirq", (), started_s=1.0),
+        IncidentRecord("web", "softirq", ("/", "batch"), started_s=1.5),
+    ])
+    s = score(truth, r)
+    assert s.detected and not s.cause_correct and s.culprit_rank == 2 and s.culprit_ok is False
+    assert s.false_incidents == 2
+
+
+def test_quiet_scenario_and_summary():
+    quiet = score(Truth(None), PassResult("quiet", "detect", 5, 10, incidents=[
+        IncidentRecord("web", "neighbor_cpu", (), 2.0)]))
+    assert quiet.detected is None and quiet.false_incidents == 1
+    hit = score(Truth("web", ("self_throttling",), None), PassResult("t", "detect", 5, 10, incidents=[
+        IncidentRecord("web", "self_throttling", (), 1.0)]))
+    miss = score(Truth("web", ("reclaim",), None), PassResult("r", "detect", 5, 10))
+    assert hit.culprit_ok is True  # nobody to blame and nobody blamed
+    summary = summarize([quiet, hit, miss])
+    assert summary.recall == 0.5 and summary.precision == 0.5 and summary.false_incidents_quiet == 1
+    table = markdown_table([quiet, hit, miss])
+    assert table.count("\n") == 4 and "| quiet | detect | none | - |" in table
+    assert json.loads(to_json([hit], summary))["summary"]["recall"] == 0.5
+
+
+def test_bcc_output_parsers():
+    hist = """     usecs               : count     distribution
+         0 -> 1          : 90       |****************************************|
+         2 -> 3          : 9        |****                                    |
+         4 -> 7          : 1        |                                        |
+"""
+    assert hist_p99_upper(hist) == 3.0
+    assert hist_p99_upper("") is None
+    assert softirq_usecs("SOFTIRQ          TOTAL_usecs\nnet_rx                 12345\ntimer 10\n") == 12345.0
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_quick_cpu_neighbour_pass_runs_and_cleans_up():
+    """One short real pass: pods, victim, hog at onset, detector; everything removed afterwards."""
+    from bench.scenarios.catalog import by_name
+    from bench.scenarios.runner import Timing, run_pass
+    from noisyneighbor.sandbox import PREFIX
+
+    spec = by_name(["cpu-neighbor"])[0]
+    result, trace = run_pass(spec, "detect", Timing(baseline_s=3.0, run_s=5.0))
+    assert len(result.samples) > 100, "the victim logged no latency samples"
+    s = score(spec.truth, result)
+    assert s.p99_before_ms is not None and s.p99_during_ms is not None
+    # The victim does 1.5 ms of work per request: a p99 below that would be a broken measurement.
+    assert s.p99_before_ms >= 1.4
+    assert trace.ticks, "the detector never reported the victim's signals"
+    print(f"cpu-neighbor quick: {s}")
+    leftovers = [n for n in os.popen("ip netns list").read().split() if n.startswith(f"{PREFIX}-{os.getpid()}")]
+    assert leftovers == []
+    from probes.cgroupfs import discover, self_cgroups
+    from probes.host import HostPaths
+    layout = discover(HostPaths())
+    h = layout.hierarchy_for("cpu")
+    own = self_cgroups(HostPaths()).get("cpu", "/")
+    base = h.path_of(own) / f"{PREFIX}-{os.getpid()}"
+    assert not base.exists() or not any(base.iterdir()), f"test cgroups left behind: {list(base.iterdir())}"
+
+
+def test_incidents_on_other_tests_cgroups_are_not_ours_to_score():
+    r = PassResult("quiet", "detect", 5, 10, pods=["web", "batch"], incidents=[
+        IncidentRecord("/nn-test-1/kubepods.slice/other-pod", "psi_unknown", (), 2.0)])
+    assert score(Truth(None), r).false_incidents == 0
