@@ -40,4 +40,50 @@ struct runq_event {
 	char prev_comm[NN_COMM_LEN];
 };
 
+/*
+ * runqlat, sched_info flavour: per cgroup, the wait distribution and who ran while it waited.
+ * Every wait is split exactly: own + foreign + idle + unknown + migrated == hist.sum_ns.
+ */
+struct runq_cgroup_stats {
+	struct nn_hist hist;
+	__u64 own_wait_ns;      /* a task of the same cgroup ran on the CPU meanwhile */
+	__u64 foreign_wait_ns;  /* another cgroup ran (per culprit: the runq_culprits matrix) */
+	__u64 idle_wait_ns;     /* the idle task ran (wakeup latency of an idle CPU) */
+	__u64 unknown_wait_ns;  /* older than the per-CPU slice ring (or no bpf_loop in this kernel) */
+	__u64 migrated_wait_ns; /* waited on another CPU before the load balancer moved it */
+	__u64 own_preemptions;  /* switched out while runnable, for a task of the same cgroup */
+	__u64 foreign_preemptions; /* ... for a task of another cgroup (or idle) */
+};
+
+/* The victim x culprit matrix: who ran (culprit) while a task of `victim` waited. */
+struct runq_culprit_key {
+	__u64 victim_cgroup_id;
+	__u64 culprit_cgroup_id;
+};
+
+struct runq_culprit_stats {
+	__u64 wait_ns;     /* victim wait covered by the culprit's slices */
+	__u64 count;       /* culprit turns on the CPU (consecutive slices of it merged) inside victim waits */
+	__u64 preemptions; /* victim tasks switched out while runnable in favour of the culprit */
+};
+
+#define RUNQ_RING_SLOTS 64 /* power of 2: the finished slices each CPU remembers (consecutive ones of one cgroup merged) */
+
+/* One finished slice on a CPU: from `start` (rq clock) to the next slice's start. */
+struct runq_slice {
+	__u64 start;
+	__u64 cgroup_id; /* 0: the idle task */
+};
+
+/* Per CPU: the current slice and the ring of finished ones (only ever touched by that CPU). */
+struct runq_cpu_state {
+	__u64 slice_start;       /* rq clock at the last sched_switch: the current slice began */
+	__u64 cur_cgroup_id;     /* cgroup of the task switched in then: `prev`'s cgroup next time */
+	__u32 cur_pid;           /* its pid, to check that it is indeed `prev` */
+	__u32 head;              /* ring[(head - 1) % RUNQ_RING_SLOTS] is the newest finished slice */
+	__u64 culprit_drops;     /* matrix updates lost to a full runq_culprits map */
+	__u64 culprit_drop_ns;   /* the foreign wait those carried */
+	struct runq_slice ring[RUNQ_RING_SLOTS];
+};
+
 #endif /* NN_EVENTS_H */

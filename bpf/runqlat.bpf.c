@@ -18,6 +18,17 @@
  * - raw_tp (kernels without BTF-typed tracepoints): the same with a bounded pid hash, because raw
  *   task pointers cannot be passed to task storage.
  * Everywhere, aggregation goes to per-CPU maps: no event writes a map all CPUs contend on.
+ *
+ * Who ran instead (sched_info flavour only): each CPU remembers its last RUNQ_RING_SLOTS slices
+ * {start on the rq clock, cgroup of the task that ran} in a per-CPU ring written at every switch
+ * (consecutive slices of one cgroup share a slot).
+ * When `next` switches in after waiting [last_queued, now], the ring is walked backwards and the
+ * overlap of each slice is charged: to the victim's own cgroup, to idle, or to the foreign cgroup
+ * in the victim x culprit matrix (runq_culprits); what the ring does not reach is "unknown", what
+ * was waited on another CPU before a migration is "migrated". Own/idle/unknown/migrated and the
+ * foreign total live in the victim's cgroup_runq value that is updated anyway, so a switch between
+ * tasks of one cgroup (perf bench sched pipe) adds no map update. A `prev` switched out while
+ * runnable is counted as preempted by next's cgroup (own or foreign; foreign ones per culprit).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -26,6 +37,7 @@
 #include "nn_common.h"
 
 #define MAX_CGROUPS 16384
+#define MAX_CULPRIT_PAIRS 8192 /* the loader resizes it (map_sizes) before load */
 #define MAX_FALLBACK_TASKS 65536
 
 /* Set by the loader before load. */
@@ -53,13 +65,32 @@ struct {
 	__type(value, __u64);
 } fallback_queued_ns SEC(".maps");
 
-/* Per cgroup id: the wait distribution (per CPU; userspace sums the CPUs). */
+/*
+ * Per cgroup id: the wait distribution, and (sched_info flavour) the wait split by who ran meanwhile
+ * and the preemptions (per CPU; userspace sums the CPUs).
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, MAX_CGROUPS);
 	__type(key, __u64);
-	__type(value, struct nn_hist);
+	__type(value, struct runq_cgroup_stats);
 } cgroup_runq SEC(".maps");
+
+/* Victim x culprit: foreign wait and preemptions per pair (sched_info flavour). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, MAX_CULPRIT_PAIRS);
+	__type(key, struct runq_culprit_key);
+	__type(value, struct runq_culprit_stats);
+} runq_culprits SEC(".maps");
+
+/* Per CPU: the current slice and the ring of the last finished ones. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct runq_cpu_state);
+} runq_cpu SEC(".maps");
 
 /* Per CPU: the wait distribution of everything that ran there. */
 struct {
@@ -74,7 +105,8 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } outliers SEC(".maps");
 
-static const struct nn_hist zero_hist;
+static const struct runq_cgroup_stats zero_stats;
+static const struct runq_culprit_stats zero_culprit;
 
 /* ---- start-time storage: task storage (tp_btf) or pid hash (raw_tp) ---------------------- */
 
@@ -138,23 +170,28 @@ static __always_inline __u64 take_queued_hash(__u32 pid)
 
 /* ---- aggregation ----------------------------------------------------------------------------- */
 
-static __always_inline void account_cgroup(struct task_struct *prev, struct task_struct *next,
-					   __u64 cgid, __u64 wait_ns)
+static __always_inline struct runq_cgroup_stats *cgroup_stats(__u64 cgid)
+{
+	struct runq_cgroup_stats *s = bpf_map_lookup_elem(&cgroup_runq, &cgid);
+
+	if (s)
+		return s;
+	bpf_map_update_elem(&cgroup_runq, &cgid, &zero_stats, BPF_NOEXIST);
+	s = bpf_map_lookup_elem(&cgroup_runq, &cgid);
+	if (!s)
+		count_drop(NN_DROP_KEY_MAP_FULL);
+	return s;
+}
+
+#define PREV_CGID_UNREAD (~0ULL) /* account_cpu(): read prev's cgroup only if an outlier event needs it */
+
+/* The per-CPU distribution and the outlier event: everything after the per-cgroup update. */
+static __always_inline void account_cpu(struct task_struct *prev, struct task_struct *next,
+					__u64 cgid, __u64 prev_cgid, __u64 wait_ns)
 {
 	__u32 zero = 0;
 	struct nn_hist *h;
 
-	h = bpf_map_lookup_elem(&cgroup_runq, &cgid);
-	if (!h) {
-		bpf_map_update_elem(&cgroup_runq, &cgid, &zero_hist, BPF_NOEXIST);
-		h = bpf_map_lookup_elem(&cgroup_runq, &cgid);
-		if (!h) {
-			count_drop(NN_DROP_KEY_MAP_FULL);
-			goto per_cpu;
-		}
-	}
-	nn_hist_add(h, wait_ns);
-per_cpu:
 	h = bpf_map_lookup_elem(&cpu_runq, &zero);
 	if (h)
 		nn_hist_add(h, wait_ns);
@@ -169,7 +206,7 @@ per_cpu:
 		e->ts_ns = bpf_ktime_get_ns();
 		e->wait_ns = wait_ns;
 		e->cgroup_id = cgid;
-		e->prev_cgroup_id = nn_task_cgroup_id(prev, v1_cpu_cgroup);
+		e->prev_cgroup_id = prev_cgid != PREV_CGID_UNREAD ? prev_cgid : nn_task_cgroup_id(prev, v1_cpu_cgroup);
 		e->pid = BPF_CORE_READ(next, pid);
 		e->tgid = BPF_CORE_READ(next, tgid);
 		e->prev_pid = BPF_CORE_READ(prev, pid);
@@ -178,6 +215,16 @@ per_cpu:
 		BPF_CORE_READ_STR_INTO(&e->prev_comm, prev, comm);
 		bpf_ringbuf_submit(e, 0);
 	}
+}
+
+static __always_inline void account_cgroup(struct task_struct *prev, struct task_struct *next,
+					   __u64 cgid, __u64 wait_ns)
+{
+	struct runq_cgroup_stats *s = cgroup_stats(cgid);
+
+	if (s)
+		nn_hist_add(&s->hist, wait_ns);
+	account_cpu(prev, next, cgid, PREV_CGID_UNREAD, wait_ns);
 }
 
 static __always_inline void account(struct task_struct *prev, struct task_struct *next, __u64 wait_ns)
@@ -203,45 +250,254 @@ static __always_inline __u64 task_cgroup_id_btf(struct task_struct *t)
 
 /* ---- sched_info: the kernel's own enqueue stamps, one program -------------------------------- */
 
+/* task_struct.__state through a BTF pointer: a plain load, where nn_task_state() is a helper call. */
+static __always_inline unsigned int task_state_btf(struct task_struct *t)
+{
+	if (bpf_core_field_exists(t->__state))
+		return t->__state;
+	return ((struct task_struct___pre_5_14 *)t)->state;
+}
+
+/* Add to the victim x culprit matrix; a full map loses the update, counted. */
+static __always_inline void charge_culprit(struct runq_cpu_state *cpu, __u64 victim, __u64 culprit,
+					   __u64 wait_ns, __u64 turns, __u64 preemptions)
+{
+	struct runq_culprit_key key = { .victim_cgroup_id = victim, .culprit_cgroup_id = culprit };
+	struct runq_culprit_stats *c = bpf_map_lookup_elem(&runq_culprits, &key);
+
+	if (!c) {
+		bpf_map_update_elem(&runq_culprits, &key, &zero_culprit, BPF_NOEXIST);
+		c = bpf_map_lookup_elem(&runq_culprits, &key);
+		if (!c) {
+			count_drop(NN_DROP_KEY_MAP_FULL);
+			cpu->culprit_drops++;
+			cpu->culprit_drop_ns += wait_ns;
+			return;
+		}
+	}
+	c->wait_ns += wait_ns;
+	c->count += turns;
+	c->preemptions += preemptions;
+}
+
+/* The state of one ring walk (bpf_loop callback context, on the caller's stack). */
+struct slice_walk {
+	struct runq_cpu_state *cpu;
+	__u64 victim, queued;
+	__u64 end;            /* where the slice being charged ends: the newer one's start */
+	__u64 last_cgroup_id; /* the newer slice's cgroup: a change starts a new turn */
+	__u64 own, idle, foreign;
+	/* Two culprits accumulated over the walk: two cgroups taking turns cost two map updates. */
+	__u64 c0, n0, t0, c1, n1, t1;
+	__u32 head;
+};
+
+/* Charge the i-th newest finished slice's overlap with the wait. 1 stops the walk. */
+static long charge_slice(__u32 i, struct slice_walk *w)
+{
+	__u32 slot = (w->head - 1 - i) & (RUNQ_RING_SLOTS - 1);
+	__u64 start = w->cpu->ring[slot].start, cg = w->cpu->ring[slot].cgroup_id, lo, ns, turn;
+
+	if (!start || start >= w->end)
+		return 1; /* never written (just loaded) or not older: what is left is unknown */
+	lo = start > w->queued ? start : w->queued;
+	ns = w->end - lo;
+	turn = cg != w->last_cgroup_id;
+	w->last_cgroup_id = cg;
+	if (cg && cg != w->victim) {
+		w->foreign += ns;
+		if (cg == w->c0) {
+			w->n0 += ns;
+			w->t0 += turn;
+		} else if (cg == w->c1) {
+			w->n1 += ns;
+			w->t1 += turn;
+		} else {
+			if (w->c1)
+				charge_culprit(w->cpu, w->victim, w->c1, w->n1, w->t1, 0);
+			w->c1 = w->c0;
+			w->n1 = w->n0;
+			w->t1 = w->t0;
+			w->c0 = cg;
+			w->n0 = ns;
+			w->t0 = 1;
+		}
+	} else if (cg) {
+		w->own += ns;
+	} else {
+		w->idle += ns;
+	}
+	if (start <= w->queued)
+		return 1; /* reached the start of the wait */
+	w->end = start;
+	return 0;
+}
+
+/*
+ * Split a wait [queued, now] on this CPU that began before prev's slice, which is already closed
+ * into the ring (cpu->slice_start is now): walk the finished slices newest first. Slices are
+ * contiguous, so each one is charged up to where the newer one started and the parts add up to
+ * exactly the wait when the ring reaches back to `queued`; the rest is unknown. The walk is a
+ * bpf_loop(): the verifier checks the body once instead of once per slot. Not inlined, so the
+ * common case (attribute_wait) does not even pay for setting up the walk.
+ */
+static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct runq_cgroup_stats *s,
+					   __u64 victim, __u64 queued)
+{
+	struct slice_walk w = {};
+	__u64 pending, ns;
+
+	if (!cpu || !s)
+		return;
+	pending = cpu->slice_start - queued;
+	w.cpu = cpu;
+	w.victim = victim;
+	w.queued = queued;
+	w.end = cpu->slice_start;
+	w.last_cgroup_id = ~0ULL;
+	w.head = cpu->head;
+	/* Kernels before bpf_loop (5.17): a wait longer than the current slice is all unknown. */
+	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop))
+		bpf_loop(RUNQ_RING_SLOTS, charge_slice, &w, 0);
+	if (w.c0)
+		charge_culprit(cpu, victim, w.c0, w.n0, w.t0, 0);
+	if (w.c1)
+		charge_culprit(cpu, victim, w.c1, w.n1, w.t1, 0);
+	s->own_wait_ns += w.own;
+	s->idle_wait_ns += w.idle;
+	s->foreign_wait_ns += w.foreign;
+	ns = w.own + w.idle + w.foreign;
+	s->unknown_wait_ns += pending > ns ? pending - ns : 0;
+}
+
+/*
+ * Charge a wait of `pending` ns that ends now to who ran meanwhile. `prev_start` is when prev's
+ * slice began; the ring already holds it.
+ */
+static __always_inline void attribute_wait(struct runq_cpu_state *cpu, struct runq_cgroup_stats *s, __u64 victim,
+					   __u64 prev_cg, __u64 prev_start, __u64 queued, __u64 pending)
+{
+	/* The common case, and all of perf's pipe ping-pong: woken during prev's slice. */
+	if (prev_start && prev_start <= queued) {
+		if (prev_cg == victim)
+			s->own_wait_ns += pending;
+		else if (!prev_cg)
+			s->idle_wait_ns += pending;
+		else {
+			s->foreign_wait_ns += pending;
+			charge_culprit(cpu, victim, prev_cg, pending, 1, 0);
+		}
+		return;
+	}
+	attribute_long_wait(cpu, s, victim, queued);
+}
+
+/* `prev` leaves the CPU still runnable for a task of another cgroup (or idle). */
+static __always_inline void count_foreign_preemption(struct runq_cpu_state *cpu, __u64 prev_cg, __u64 next_cg)
+{
+	struct runq_cgroup_stats *s = cgroup_stats(prev_cg);
+
+	if (s)
+		s->foreign_preemptions++;
+	charge_culprit(cpu, prev_cg, next_cg, 0, 0, 1);
+}
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
+	__u32 zero = 0, prev_pid = prev->pid, next_pid = next->pid;
+	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
+	struct runq_cgroup_stats *s;
 	struct task_wait *w;
-	__u64 queued, run_delay, pending, wait_ns;
+	__u64 now, prev_start, queued, run_delay, pending = 0, migrated = 0, prev_cg = 0, next_cg = 0;
+	bool own_preemption;
 
-	if (!next->pid)
+	if (!cpu)
 		return 0;
-	queued = next->sched_info.last_queued;
-	if (!queued) {
+	/*
+	 * This CPU's rq clock, as sched_info_arrive() will read it: set_task_rq() points every task's
+	 * se.cfs_rq (the idle task's too) at a cfs_rq of its CPU whatever its class, and `prev` runs
+	 * here. (The per-CPU `runqueues` symbol would be simpler but needs CONFIG_KALLSYMS_ALL.)
+	 */
+	now = prev->se.cfs_rq->rq->clock;
+	/* prev is the task switched in last time on this CPU: its cgroup is known without a walk. */
+	if (prev_pid) {
+		if (cpu->cur_pid == prev_pid) {
+			prev_cg = cpu->cur_cgroup_id;
+		} else {
+			prev_cg = task_cgroup_id_btf(prev);
+			/* Keep the two loads apart: one load insn may not read both a map value and kernfs. */
+			barrier_var(prev_cg);
+		}
+	}
+	if (next_pid)
+		next_cg = task_cgroup_id_btf(next);
+
+	/*
+	 * Still runnable: preempted (even after setting a sleep state), rescheduled on the way back to
+	 * user space (preempt is false then: perf's pipe ping-pong does it at every other switch), or
+	 * yielding. The kernel counts these in nivcsw. One of the own cgroup is counted below in next's
+	 * value, which is updated anyway: no extra lookup.
+	 */
+	own_preemption = false;
+	if (prev_pid && (preempt || task_state_btf(prev) == TASK_RUNNING)) {
+		if (next_pid && next_cg == prev_cg)
+			own_preemption = true;
+		else
+			count_foreign_preemption(cpu, prev_cg, next_cg);
+	}
+
+	/*
+	 * Close prev's slice into the ring; next's begins. A slice of the same cgroup as the newest
+	 * finished one extends it instead (that one ends where the current slice starts), so tasks of
+	 * one cgroup taking turns use one slot and the ring reaches further back.
+	 */
+	prev_start = cpu->slice_start;
+	if (prev_start && (!cpu->head || cpu->ring[(cpu->head - 1) & (RUNQ_RING_SLOTS - 1)].cgroup_id != prev_cg)) {
+		struct runq_slice *slot = &cpu->ring[cpu->head & (RUNQ_RING_SLOTS - 1)];
+
+		slot->start = prev_start;
+		slot->cgroup_id = prev_cg;
+		cpu->head++;
+	}
+	cpu->slice_start = now;
+	cpu->cur_pid = next_pid;
+	cpu->cur_cgroup_id = next_cg;
+
+	if (next_pid) {
 		/*
 		 * No enqueue stamp (preempted after setting a sleep state): the kernel counts the arrival
 		 * (pcount) with no wait, and so do we, so event counts stay equal to timeslices.
 		 */
-		account_cgroup(prev, next, task_cgroup_id_btf(next), 0);
-		return 0;
+		queued = next->sched_info.last_queued;
+		if (queued) {
+			pending = now - queued;
+			if ((__s64)pending < 0)
+				pending = 0;
+			run_delay = next->sched_info.run_delay;
+			w = bpf_task_storage_get(&task_wait, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+			if (w) {
+				/* Wait accounted at a dequeue since it last ran (a queued task was migrated). */
+				if (w->seen_valid && run_delay > w->run_delay_seen)
+					migrated = run_delay - w->run_delay_seen;
+				/* sched_info_arrive() is about to add `pending` to run_delay. */
+				w->run_delay_seen = run_delay + pending;
+				w->seen_valid = 1;
+			} else {
+				count_drop(NN_DROP_TASK_STORAGE);
+			}
+		}
+		s = cgroup_stats(next_cg);
+		if (s) {
+			if (own_preemption)
+				s->own_preemptions++;
+			nn_hist_add(&s->hist, pending + migrated);
+			s->migrated_wait_ns += migrated;
+			if (pending)
+				attribute_wait(cpu, s, next_cg, prev_cg, prev_start, queued, pending);
+		}
+		account_cpu(prev, next, next_cg, prev_cg, pending + migrated);
 	}
-	/*
-	 * This CPU's rq clock, as sched_info_arrive() will read it: set_task_rq() points every task's
-	 * se.cfs_rq at a cfs_rq of its CPU whatever its class, and `next` runs here. (The per-CPU
-	 * `runqueues` symbol would be simpler but needs CONFIG_KALLSYMS_ALL.)
-	 */
-	pending = next->se.cfs_rq->rq->clock - queued;
-	if ((__s64)pending < 0)
-		pending = 0;
-	wait_ns = pending;
-	run_delay = next->sched_info.run_delay;
-	w = bpf_task_storage_get(&task_wait, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (w) {
-		/* Wait accounted at a dequeue since it last ran (a queued task was migrated). */
-		if (w->seen_valid && run_delay > w->run_delay_seen)
-			wait_ns += run_delay - w->run_delay_seen;
-		/* sched_info_arrive() is about to add `pending` to run_delay. */
-		w->run_delay_seen = run_delay + pending;
-		w->seen_valid = 1;
-	} else {
-		count_drop(NN_DROP_TASK_STORAGE);
-	}
-	account_cgroup(prev, next, task_cgroup_id_btf(next), wait_ns);
 	return 0;
 }
 

@@ -1,11 +1,17 @@
-"""Runqueue latency per cgroup and per CPU (decoder for bpf/runqlat.bpf.c)."""
+"""Runqueue latency per cgroup and per CPU, and who ran instead (decoder for bpf/runqlat.bpf.c).
+
+Who ran instead (sched_info flavour): every wait of a cgroup's tasks is split by what ran on the CPU
+meanwhile (own cgroup, idle, a foreign cgroup, unknown, or another CPU before a migration), and the
+foreign part is kept per (victim, culprit) pair with the culprit's turns and its preemptions of
+the victim. Counters are cumulative like the histograms: diff two snapshots (`top_culprits`).
+"""
 
 from __future__ import annotations
 
 import ctypes
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from probes.base import BpfProbe
@@ -20,7 +26,7 @@ from probes.engine import (
     Tracepoint,
     missing_btf_features,
 )
-from probes.hist import LatencyHistogram
+from probes.hist import NN_HIST_SIZE, LatencyHistogram
 from probes.host import HostPaths
 
 SPEC = ProbeSpec(
@@ -40,6 +46,19 @@ SCHED_INFO_SPEC = ProbeSpec(
     btf_needs=(("member", "task_struct.sched_info"), ("member", "cfs_rq.rq"), ("member", "rq.clock")),
 )
 Flavour = Literal["auto", "sched_info", "tp_btf", "raw_tp"]
+
+# Pseudo culprit ids (kernfs ids of real cgroups are never 0 or 2^64-1).
+CULPRIT_IDLE = 0  # the CPU's idle task ran: wakeup latency of an idle CPU
+CULPRIT_UNKNOWN = (1 << 64) - 1  # not attributable: older than the slice ring, waited on another CPU, or matrix full
+CulpritKind = Literal["foreign", "own", "idle", "unknown"]
+
+# struct runq_cgroup_stats after its nn_hist; struct runq_culprit_key / runq_culprit_stats;
+# the head of struct runq_cpu_state (bpf/nn_events.h).
+_SPLIT_TAIL = struct.Struct("<7Q")
+_CULPRIT_KEY = struct.Struct("<QQ")
+_CULPRIT_STATS = struct.Struct("<3Q")
+_CPU_STATE_HEAD = struct.Struct("<QQIIQQ")
+CGROUP_STATS_SIZE = NN_HIST_SIZE + _SPLIT_TAIL.size
 
 
 class _RunqEvent(ctypes.Structure):
@@ -82,6 +101,87 @@ class RunqOutlier:
 
 
 @dataclass(frozen=True)
+class WaitSplit:
+    """One cgroup's wait by who ran meanwhile; the five wait fields add up to its histogram's sum_ns."""
+
+    own_wait_ns: int = 0  # a task of the same cgroup ran
+    foreign_wait_ns: int = 0  # another cgroup ran (per culprit: RunqSnapshot.culprits)
+    idle_wait_ns: int = 0  # the idle task ran
+    unknown_wait_ns: int = 0  # older than the per-CPU ring of the last 64 cgroup turns (RUNQ_RING_SLOTS)
+    migrated_wait_ns: int = 0  # waited on another CPU before the load balancer moved the task
+    own_preemptions: int = 0  # its tasks switched out while runnable for a task of the same cgroup
+    foreign_preemptions: int = 0  # ... for a task of another cgroup
+
+    @property
+    def total_wait_ns(self) -> int:
+        return self.own_wait_ns + self.foreign_wait_ns + self.idle_wait_ns + self.unknown_wait_ns + self.migrated_wait_ns
+
+    @classmethod
+    def decode_percpu(cls, raws: list[bytes]) -> WaitSplit:
+        sums = [0] * (_SPLIT_TAIL.size // 8)  # seven u64 counters
+        for raw in raws:
+            for i, v in enumerate(_SPLIT_TAIL.unpack_from(raw, NN_HIST_SIZE)):
+                sums[i] += v
+        return cls(*sums)
+
+    def delta(self, earlier: WaitSplit | None) -> WaitSplit:
+        if earlier is None or _was_reset(self.total_wait_ns, earlier.total_wait_ns):
+            return self
+        return WaitSplit(*(max(a - b, 0) for a, b in zip(_fields(self), _fields(earlier), strict=True)))
+
+
+@dataclass(frozen=True)
+class CulpritStats:
+    """What one culprit cgroup did to one victim cgroup, cumulative."""
+
+    wait_ns: int = 0  # victim wait during the culprit's slices
+    count: int = 0  # culprit turns on the CPU (its consecutive slices merged) inside victim waits
+    preemptions: int = 0  # victim tasks switched out while runnable in favour of the culprit
+
+    @classmethod
+    def decode_percpu(cls, raws: list[bytes]) -> CulpritStats:
+        wait = count = preemptions = 0
+        for raw in raws:
+            w, c, p = _CULPRIT_STATS.unpack_from(raw)
+            wait, count, preemptions = wait + w, count + c, preemptions + p
+        return cls(wait, count, preemptions)
+
+    def __add__(self, other: CulpritStats) -> CulpritStats:
+        return CulpritStats(self.wait_ns + other.wait_ns, self.count + other.count, self.preemptions + other.preemptions)
+
+    def delta(self, earlier: CulpritStats | None) -> CulpritStats:
+        # Counters that went down were restarted (a probe reloaded): then the whole current value is new.
+        if earlier is None or _was_reset(self.wait_ns + self.count + self.preemptions,
+                                         earlier.wait_ns + earlier.count + earlier.preemptions):
+            return self
+        return CulpritStats(
+            max(self.wait_ns - earlier.wait_ns, 0), max(self.count - earlier.count, 0),
+            max(self.preemptions - earlier.preemptions, 0),
+        )
+
+
+def _fields(split: WaitSplit) -> tuple[int, ...]:
+    return (split.own_wait_ns, split.foreign_wait_ns, split.idle_wait_ns, split.unknown_wait_ns, split.migrated_wait_ns,
+            split.own_preemptions, split.foreign_preemptions)
+
+
+def _was_reset(current_total: int, earlier_total: int) -> bool:
+    return current_total < earlier_total
+
+
+@dataclass(frozen=True)
+class RankedCulprit:
+    """One entry of `top_culprits`: who ran while the victim waited in the interval."""
+
+    culprit_cgroup_id: int  # a cgroup id, the victim's own id (kind "own"), CULPRIT_IDLE or CULPRIT_UNKNOWN
+    kind: CulpritKind
+    wait_ns: int
+    share: float  # of the victim's whole wait in the interval
+    count: int  # culprit turns (foreign culprits only)
+    preemptions: int  # of the victim by this culprit (own: by its own tasks)
+
+
+@dataclass(frozen=True)
 class RunqSnapshot:
     """Cumulative counters since load; subtract two snapshots for an interval."""
 
@@ -89,6 +189,44 @@ class RunqSnapshot:
     per_cgroup: dict[int, LatencyHistogram]
     per_cpu: list[LatencyHistogram]
     drops: dict[str, int]
+    # Who ran instead: only the sched_info flavour fills these (culprits_available says so).
+    wait_split: dict[int, WaitSplit] = field(default_factory=dict)  # victim cgroup id -> split
+    culprits: dict[tuple[int, int], CulpritStats] = field(default_factory=dict)  # (victim, culprit) -> stats
+    culprit_drop_ns: int = 0  # foreign wait whose culprit was lost to a full matrix (in foreign_wait_ns)
+    culprits_available: bool = False
+
+
+def top_culprits(prev: RunqSnapshot | None, cur: RunqSnapshot, victim_cgroup_id: int, k: int = 5) -> list[RankedCulprit]:
+    """Who ran while `victim_cgroup_id` waited between two snapshots, the largest share first.
+
+    Foreign cgroups come from the matrix; the victim's own cgroup, idle and unknown (including
+    foreign wait whose pair did not fit in the matrix) from its wait split, so the shares of all
+    entries add up to 1. `prev=None` means since load. Empty when the flavour has no attribution.
+    """
+    split = cur.wait_split.get(victim_cgroup_id)
+    if split is None:
+        return []
+    d = split.delta(prev.wait_split.get(victim_cgroup_id) if prev else None)
+    total = d.total_wait_ns
+    foreign: dict[int, CulpritStats] = {}
+    for (victim, culprit), stats in cur.culprits.items():
+        if victim == victim_cgroup_id:
+            foreign[culprit] = stats.delta(prev.culprits.get((victim, culprit)) if prev else None)
+    lost = max(d.foreign_wait_ns - sum(c.wait_ns for c in foreign.values()), 0)
+    idle_preemptions = foreign.pop(CULPRIT_IDLE, CulpritStats()).preemptions  # preempted in favour of idle: rare
+    ranked = [
+        RankedCulprit(culprit, "foreign", c.wait_ns, c.wait_ns / total if total else 0.0, c.count, c.preemptions)
+        for culprit, c in foreign.items() if c.wait_ns or c.preemptions
+    ]
+    for culprit, kind, wait, preemptions in (
+        (victim_cgroup_id, "own", d.own_wait_ns, d.own_preemptions),
+        (CULPRIT_IDLE, "idle", d.idle_wait_ns, idle_preemptions),
+        (CULPRIT_UNKNOWN, "unknown", d.unknown_wait_ns + d.migrated_wait_ns + lost, 0),
+    ):
+        if wait or preemptions:
+            ranked.append(RankedCulprit(culprit, kind, wait, wait / total if total else 0.0, 0, preemptions))
+    ranked.sort(key=lambda r: (r.wait_ns, r.preemptions), reverse=True)
+    return ranked[:k]
 
 
 class RunqLatProbe(BpfProbe[RunqOutlier]):
@@ -101,12 +239,19 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         attach_mode: Flavour = "auto",
         outlier_ring_bytes: int = 256 * 1024,
         max_cgroups: int = 16384,
+        max_culprit_pairs: int = 8192,
     ) -> None:
+        """`max_culprit_pairs` bounds the (victim, culprit) matrix; pairs beyond it are counted in
+        drops["culprit_map_full"] and their wait in `culprit_drop_ns`."""
+        if max_culprit_pairs < 1 or max_cgroups < 1:
+            raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
+                             f"max_culprit_pairs={max_culprit_pairs})")
         self.v1_cpu = self._key_by("cpu", paths, layout)
         engine = engine or LibbpfEngine(self.paths)
+        sizes = {"outliers": outlier_ring_bytes, "cgroup_runq": max_cgroups, "runq_culprits": max_culprit_pairs}
         options = {
             "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns},
-            "map_sizes": {"outliers": outlier_ring_bytes, "cgroup_runq": max_cgroups},
+            "map_sizes": sizes,
         }
         self.probe: LoadedProbe
         sched_info_error = None
@@ -124,23 +269,76 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                 raise ProbeError(sched_info_error)
         if attach_mode != "sched_info" and (attach_mode != "auto" or sched_info_error):
             fallback: AttachMode = "auto" if attach_mode == "auto" else attach_mode
+            # The wakeup-based flavours do not fill the matrix: do not reserve memory for it.
+            options["map_sizes"] = {**sizes, "runq_culprits": 1}
             self.probe = engine.open_probe(SPEC, attach_mode=fallback, **options)
+        # Pairs forgotten by forget_quiet_pairs() while their cgroups live on: their totals so far,
+        # added back in snapshots so the matrix stays cumulative when a pair reappears.
+        self._culprit_base: dict[tuple[int, int], CulpritStats] = {}
+        self.culprits_available = self.probe.status.attach_mode == "sched_info"
+        self.culprits_unavailable_reason = None if self.culprits_available else (
+            f"who-ran-instead needs the sched_info flavour, this is {self.probe.status.attach_mode}"
+        )
         if outlier_threshold_ns:
             self._watch_events("outliers", RunqOutlier.decode)
 
     def snapshot(self) -> RunqSnapshot:
-        per_cgroup = {
-            struct.unpack("<Q", key)[0]: LatencyHistogram.decode_percpu(values)  # type: ignore[arg-type]
-            for key, values in self.probe.map_items("cgroup_runq")
-        }
+        per_cgroup: dict[int, LatencyHistogram] = {}
+        wait_split: dict[int, WaitSplit] = {}
+        for key, values in self.probe.map_items("cgroup_runq"):
+            cgroup_id = struct.unpack("<Q", key)[0]
+            per_cgroup[cgroup_id] = LatencyHistogram.decode_percpu(values)  # type: ignore[arg-type]
+            if self.culprits_available:
+                wait_split[cgroup_id] = WaitSplit.decode_percpu(values)  # type: ignore[arg-type]
         cpu_values = self.probe.map_lookup("cpu_runq", b"\0\0\0\0") or []
         per_cpu = [LatencyHistogram.decode(v) for v in cpu_values]  # type: ignore[union-attr]
         drops = self.read_drops()
-        return RunqSnapshot(time.monotonic(), per_cgroup, per_cpu, drops)
+        culprits: dict[tuple[int, int], CulpritStats] = {}
+        culprit_drops = culprit_drop_ns = 0
+        if self.culprits_available:
+            culprits = dict(self._culprit_base)
+            for key, values in self.probe.map_items("runq_culprits"):
+                pair: tuple[int, int] = _CULPRIT_KEY.unpack(key)  # type: ignore[assignment]
+                in_kernel = CulpritStats.decode_percpu(values)  # type: ignore[arg-type]
+                culprits[pair] = culprits[pair] + in_kernel if pair in culprits else in_kernel
+            for raw in self.probe.map_lookup("runq_cpu", b"\0\0\0\0") or []:
+                *_, n, ns = _CPU_STATE_HEAD.unpack_from(raw)  # type: ignore[arg-type]
+                culprit_drops, culprit_drop_ns = culprit_drops + n, culprit_drop_ns + ns
+            # Also in drops["key_map_full"] (the shared reason); this says which map was full.
+            drops["culprit_map_full"] = culprit_drops
+        return RunqSnapshot(
+            time.monotonic(), per_cgroup, per_cpu, drops, wait_split, culprits, culprit_drop_ns, self.culprits_available,
+        )
 
     def forget(self, cgroup_ids: list[int]) -> int:
-        """Drop removed cgroups from the kernel map so pod churn cannot fill it. Returns how many."""
-        return sum(self.probe.map_delete("cgroup_runq", struct.pack("<Q", cg)) for cg in cgroup_ids)
+        """Drop removed cgroups from the kernel maps (as victim or culprit) so pod churn cannot fill
+        them. Returns how many map entries went."""
+        gone = set(cgroup_ids)
+        removed = sum(self.probe.map_delete("cgroup_runq", struct.pack("<Q", cg)) for cg in gone)
+        self._culprit_base = {pair: c for pair, c in self._culprit_base.items() if not gone.intersection(pair)}
+        if self.culprits_available and gone:
+            stale = [key for key, _ in self.probe.map_items("runq_culprits") if gone.intersection(_CULPRIT_KEY.unpack(key))]
+            removed += sum(self.probe.map_delete("runq_culprits", key) for key in stale)
+        return removed
+
+    def forget_quiet_pairs(self, since: RunqSnapshot) -> int:
+        """Free the kernel entries of (victim, culprit) pairs that did not change since `since`, so
+        live but no longer interacting cgroups cannot keep the bounded matrix full. Their totals
+        move to this object, so snapshots stay cumulative if a pair comes back. Returns how many went.
+        (An update racing the delete, between reading a pair and deleting it, is lost: at most one
+        wait's worth per pair.)"""
+        if not self.culprits_available:
+            return 0
+        removed = 0
+        for key, values in list(self.probe.map_items("runq_culprits")):
+            pair: tuple[int, int] = _CULPRIT_KEY.unpack(key)  # type: ignore[assignment]
+            base = self._culprit_base.get(pair)
+            total = CulpritStats.decode_percpu(values)  # type: ignore[arg-type]
+            total = base + total if base else total
+            if since.culprits.get(pair) == total and self.probe.map_delete("runq_culprits", key):
+                self._culprit_base[pair] = total
+                removed += 1
+        return removed
 
     def poll_outliers(self, timeout_ms: int = 0) -> list[RunqOutlier]:
         return self._poll_events(timeout_ms)
