@@ -34,6 +34,7 @@ Thread-safe (one lock); one journal directory per agent process.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -398,6 +399,28 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
+class PlanKeys:
+    """Journal action keys for applied plans, unique per apply.
+
+    A key made from ``id(plan)`` alone is not unique: once a plan object is freed, a later plan can
+    get the same id and its revert would find the earlier action's writes (and restore the earlier
+    "before" values). So each apply takes a fresh key, remembered under the plan's id until revert.
+    """
+
+    def __init__(self, kind: object) -> None:
+        self.kind = kind
+        self._keys: dict[int, str] = {}
+        self._seq = itertools.count(1)
+
+    def for_apply(self, plan: Plan) -> str:
+        key = f"{self.kind}:{id(plan):x}:{next(self._seq)}"
+        self._keys[id(plan)] = key
+        return key
+
+    def for_revert(self, plan: Plan) -> str | None:
+        return self._keys.pop(id(plan), None)
+
+
 class JournaledFileActuator:
     """Base for actuators whose plans are file writes: ``apply``/``revert`` go through the journal.
 
@@ -409,14 +432,15 @@ class JournaledFileActuator:
 
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
-
-    def action_key(self, plan: Plan) -> str:
-        return f"{self.kind}:{id(plan):x}"
+        self._plan_keys = PlanKeys(self.kind)
 
     def apply(self, plan: Plan) -> None:
-        self.journal.apply(self.action_key(plan), plan.writes, kind=str(self.kind))
+        self.journal.apply(self._plan_keys.for_apply(plan), plan.writes, kind=str(self.kind))
 
     def revert(self, plan: Plan) -> None:
-        report = self.journal.revert(self.action_key(plan))
+        key = self._plan_keys.for_revert(plan)
+        if key is None:
+            raise ActionError(f"revert of {self.kind}: this plan was not applied by this actuator")
+        report = self.journal.revert(key)
         if report.failed:
             raise ActionError(f"revert of {self.kind} incomplete: {'; '.join(report.failed)}")

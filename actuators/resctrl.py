@@ -43,7 +43,7 @@ from actuators.cgroupfile import (
     read_file,
     write_file,
 )
-from actuators.journal import DEFAULT_JOURNAL_DIR, Journal, JournalError
+from actuators.journal import DEFAULT_JOURNAL_DIR, Journal, JournalError, PlanKeys
 from detector.decisions import ActionKind, Decision, ResctrlAmount, Target
 from detector.policy import ResourceQosStrategy
 from probes.host import VANISHED_ERRNOS, HostPaths, read_text_or_none
@@ -455,6 +455,7 @@ class ResctrlActuator:
         self.io = ResctrlFileIO(resctrl_root(self.paths), self.fs)
         # Built lazily so merely constructing the actuator (e.g. to print its status) creates no directory.
         self._journal = journal
+        self._plan_keys = PlanKeys(self.kind)
         self._journal_dir = Path(journal_dir) if journal_dir is not None else DEFAULT_JOURNAL_DIR / "resctrl"
         self.task_source = task_source if task_source is not None else cgroup_task_source(self.paths)
         self.root = resctrl_root(self.paths)
@@ -536,9 +537,6 @@ class ResctrlActuator:
             self._journal = Journal(self._journal_dir, read=self.io.read, write=self.io.write)
         return self._journal
 
-    def action_key(self, plan: Plan) -> str:
-        return f"{self.kind}:{id(plan):x}"
-
     def apply(self, plan: Plan) -> None:
         """Create missing groups, write the schemata lines through the journal, move the target's tasks.
 
@@ -547,7 +545,7 @@ class ResctrlActuator:
         any failure the tasks moved so far go back, created groups are removed, and
         :class:`ActionError` carries the kernel's ``last_cmd_status``.
         """
-        key = self.action_key(plan)
+        key = self._plan_keys.for_apply(plan)
         try:
             journal = self.journal  # before any mkdir: a journal that cannot be opened must change nothing
         except JournalError as e:
@@ -658,8 +656,8 @@ class ResctrlActuator:
     # -- revert --------------------------------------------------------------------------------
     def revert(self, plan: Plan) -> None:
         """Move moved tasks back, restore the schemata through the journal, remove groups apply created."""
-        key = self.action_key(plan)
-        state = self._applied.pop(key, None)
+        key = self._plan_keys.for_revert(plan)
+        state = self._applied.pop(key, None) if key is not None else None
         if state is None:
             raise ActionError("resctrl revert: this plan was not applied by this actuator (nothing recorded)")
         errors = self._move_back(state.moves)

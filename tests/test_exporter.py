@@ -195,7 +195,11 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
         return sum(samples(s, ex.SOFTIRQ_ENTRIES).values())
 
     grew = entries(scrape) - entries(scrape1)
-    assert softirq_proc2 - softirq_proc1 <= grew <= softirq_proc3 - softirq_proc0
+    # The per-CPU map and /proc/softirqs are read CPU by CPU, not atomically: a softirq entered while
+    # one of the two reads is half done lands on one side only (the "race at window edges" the
+    # acceptance allows), at most a couple per CPU and edge.
+    edge = 2 * os.cpu_count()
+    assert softirq_proc2 - softirq_proc1 - edge <= grew <= softirq_proc3 - softirq_proc0 + edge
     cpu0_timer = snap.softirq.stats[(0, "TIMER")]
     assert _series(scrape, ex.SOFTIRQ_RUNTIME + "_count", cpu="0", vector="TIMER") == cpu0_timer.runtime.count
     assert _series(scrape, ex.SOFTIRQ_DELAY + "_sum", cpu="0", vector="TIMER") == cpu0_timer.delay.sum_ns / 1e9

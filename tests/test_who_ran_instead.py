@@ -31,10 +31,12 @@ from probes.runqlat import (
 )
 from tests.conftest import require_tool
 
-# 1.5 ms of CPU time (not wall time: waiting must not count as work) every 5 ms, for at most 60 s.
+# 6 ms of CPU time (not wall time: waiting must not count as work) every 10 ms, for at most 60 s.
+# The work outlasts a scheduler slice (3 ms base on EEVDF), so the hogs preempt it in the middle of
+# its work even on a quiet machine: a shorter burst finishes inside its slice and is never preempted.
 VICTIM = """
 import time
-period, work, next_t, stop = 0.005, 0.0015, time.monotonic(), time.monotonic() + 60
+period, work, next_t, stop = 0.010, 0.006, time.monotonic(), time.monotonic() + 60
 while time.monotonic() < stop:
     end = time.thread_time() + work
     while time.thread_time() < end:
