@@ -67,7 +67,8 @@ class PhaseResult:
 
 
 class AgentUnderTest:
-    def __init__(self, workdir: Path, interval: float) -> None:
+    def __init__(self, workdir: Path, interval: float, scrape_interval: float = 15.0) -> None:
+        self.scrape_interval = scrape_interval
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -123,8 +124,8 @@ class AgentUnderTest:
     def measure(self, phase: str, window: float) -> PhaseResult:
         cpu0, bpf0, ticks0, t0 = self.cpu_seconds(), self.metrics()[0], self.health()["ticks"], time.monotonic()
         deadline = t0 + window
-        while time.monotonic() < deadline:  # scraped once a second, as a Prometheus at 1 s would
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        while time.monotonic() < deadline:  # scraped like Prometheus at the ServiceMonitor's interval
+            time.sleep(min(self.scrape_interval, max(0.0, deadline - time.monotonic())))
             self.metrics()
         elapsed = time.monotonic() - t0
         cpu1, (bpf1, exported), health = self.cpu_seconds(), self.metrics(), self.health()
@@ -150,12 +151,13 @@ def pod_name(qos: str) -> str:
     return f"kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{slug}.slice"
 
 
-def run(window: float, settle: float, interval: float, cgroups: int) -> tuple[list[PhaseResult], dict]:
+def run(window: float, settle: float, interval: float, cgroups: int,
+        scrape_interval: float = 15.0) -> tuple[list[PhaseResult], dict]:
     results: list[PhaseResult] = []
     procs: list[subprocess.Popen] = []
     owned: list[OwnedCgroup] = []
     with tempfile.TemporaryDirectory(prefix="nn-footprint-") as tmp:
-        agent = AgentUnderTest(Path(tmp), interval)
+        agent = AgentUnderTest(Path(tmp), interval, scrape_interval)
         try:
             agent.wait_ready()
             time.sleep(settle)
@@ -223,12 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=1.0, help="agent tick interval")
     p.add_argument("--cgroups", type=int, default=SYNTHETIC_CGROUPS, help="synthetic pod cgroups in the last phase")
     p.add_argument("--json", action="store_true", help="one JSON document instead of the table")
+    p.add_argument("--scrape-interval", type=float, default=15.0,
+                   help="seconds between /metrics scrapes (deploy/servicemonitor.yaml scrapes every 15 s)")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         print("agent_footprint: needs root (BPF probes, cgroups)", file=sys.stderr)
         return 2
     try:
-        results, meta = run(args.window, args.settle, args.interval, args.cgroups)
+        results, meta = run(args.window, args.settle, args.interval, args.cgroups, args.scrape_interval)
     except (RuntimeError, OSError) as e:
         print(f"agent_footprint: {e}", file=sys.stderr)
         return 1

@@ -294,13 +294,20 @@ class CgroupResolver:
         with self._lock:
             self._indexes.clear()
 
-    def all(self, hierarchy: Hierarchy | None = None) -> list[CgroupInfo]:
-        """Every cgroup in the current index of `hierarchy` (default: cpu), sorted by path."""
+    def all(self, hierarchy: Hierarchy | None = None, max_age: float | None = None) -> list[CgroupInfo]:
+        """Every cgroup in the index of `hierarchy` (default: cpu), sorted by path.
+
+        Lookups of unknown ids refresh the index, but a new cgroup with no task activity yet (a pod
+        just created) produces no ids; with `max_age` an index older than that is walked again first.
+        """
         h = self._hierarchy(hierarchy)
         if h is None:
             return []
         with self._lock:
-            return sorted(self._index(h).by_id.values(), key=lambda i: i.path)
+            index = self._index(h)
+            if max_age is not None and self._clock() - index.scanned_at >= max_age:
+                index = self._rescan(h)
+            return sorted(index.by_id.values(), key=lambda i: i.path)
 
     # -- internals --------------------------------------------------------------------------
     def _hierarchy(self, hierarchy: Hierarchy | None) -> Hierarchy | None:

@@ -72,7 +72,7 @@ class Detector:
         if now - self._pod_paths_at >= POD_LIST_INTERVAL_S:
             self._pod_paths_at = now
             self._pod_paths = [
-                info.path for info in self.resolver.all(self.layout.hierarchy_for("cpu"))
+                info.path for info in self.resolver.all(self.layout.hierarchy_for("cpu"), max_age=POD_LIST_INTERVAL_S)
                 if info.kind == "pod" or self._standalone(info.path)
             ]
             # Where the memory hierarchy nests pods under another prefix (a sandbox; on a node the
@@ -81,7 +81,8 @@ class Detector:
             if memory is not None and memory != self.layout.hierarchy_for("cpu"):
                 listed = set(self._pod_paths)
                 self._memory_pod_paths = [
-                    info.path for info in self.resolver.all(memory) if info.kind == "pod" and info.path not in listed
+                    info.path for info in self.resolver.all(memory, max_age=POD_LIST_INTERVAL_S)
+                    if info.kind == "pod" and info.path not in listed
                 ]
         keys = set(self._pod_paths) | set(self._memory_pod_paths)
         if self.last is not None:
