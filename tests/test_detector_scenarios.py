@@ -58,7 +58,8 @@ def test_a_be_cpu_hog_is_the_culprit(scenario):
     time_to_detect = inc.started_at - onset
     print(f"time to detect {time_to_detect:.2f} s; culprits "
           f"{[(c.target.display, c.score, c.who_ran_instead_share) for c in inc.culprits]}")
-    assert time_to_detect <= 3.0 + 1.0  # 3 s target plus one tick of scheduling slack on a shared box
+    # breach_seconds (2 s) of 1 s ticks after the first tick that contains the onset: ~2 s; the target is 3 s.
+    assert time_to_detect <= 3.0
 
 
 def test_b_self_throttling_blames_nobody(scenario):
