@@ -280,30 +280,9 @@ class Journal:
                 seen.add(w.path)
                 before = next(x.before for x in done if x.path == w.path)
                 entry = self._entries.get(w.path)
-                try:
-                    current = self._read_or_none(w.path)
-                except CgroupFileError as exc:
-                    report.failed.append(_one_line(exc))
-                    continue
-                if current is None:
-                    report.vanished.append(w.path)
-                    self._entries.pop(w.path, None)
-                    continue
                 ours = entry.last_written if entry is not None else w.after
-                if not same_value(current, ours):
-                    report.foreign.append(w.path)
-                    self._entries.pop(w.path, None)
+                if not self._put_back(w.path, before, [ours], report):
                     continue
-                try:
-                    self._write(w.path, before)
-                except CgroupVanished:
-                    report.vanished.append(w.path)
-                    self._entries.pop(w.path, None)
-                    continue
-                except CgroupFileError as e:
-                    report.failed.append(_one_line(e))
-                    continue
-                report.restored.append(w.path)
                 if entry is not None and same_value(before, entry.original):
                     del self._entries[w.path]
                 elif entry is not None:
@@ -346,39 +325,51 @@ class Journal:
     def _restore_entries(self, entries: list[JournalEntry]) -> RestoreReport:
         report = RestoreReport()
         for e in sorted(entries, key=lambda e: -e.seq):
-            try:
-                current = self._read_or_none(e.path)
-            except CgroupFileError as exc:
-                report.failed.append(_one_line(exc))
-                continue
-            if current is None:
-                report.vanished.append(e.path)
+            # Before our first write is recorded (last_written None) any current value may be ours.
+            ours = [v for v in (e.last_written, e.pending) if v is not None] if e.last_written is not None else []
+            if self._put_back(e.path, e.original, ours, report, unchanged_if_equal=True):
                 self._entries.pop(e.path, None)
-                continue
-            if same_value(current, e.original):
-                report.unchanged.append(e.path)
-                self._entries.pop(e.path, None)
-                continue
-            ours = [v for v in (e.last_written, e.pending) if v is not None]
-            if e.last_written is not None and not any(same_value(current, v) for v in ours):
-                report.foreign.append(e.path)
-                log.warning("not restoring %s: changed by someone else since (now %r, we wrote %r)",
-                            e.path, current.strip(), e.last_written)
-                self._entries.pop(e.path, None)
-                continue
-            try:
-                self._write(e.path, e.original)
-            except CgroupVanished:
-                report.vanished.append(e.path)
-                self._entries.pop(e.path, None)
-                continue
-            except CgroupFileError as exc:
-                report.failed.append(_one_line(exc))
-                continue  # kept: a later restore_all/reconcile tries again
-            report.restored.append(e.path)
-            self._entries.pop(e.path, None)
         self._save()
         return report
+
+    def _put_back(self, path: str, value: str, ours: list[str], report: RestoreReport,
+                  unchanged_if_equal: bool = False) -> bool:
+        """Write ``value`` back to ``path``; True when it was written (``report.restored``).
+
+        Not written, and said in ``report``: the file vanished (entry dropped), someone else changed
+        it since (its value is none of ``ours``; entry dropped, left alone), it already holds
+        ``value`` (with ``unchanged_if_equal``), or the read/write failed (entry kept, to retry).
+        """
+        try:
+            current = self._read_or_none(path)
+        except CgroupFileError as exc:
+            report.failed.append(_one_line(exc))
+            return False
+        if current is None:
+            report.vanished.append(path)
+            self._entries.pop(path, None)
+            return False
+        if unchanged_if_equal and same_value(current, value):
+            report.unchanged.append(path)
+            self._entries.pop(path, None)
+            return False
+        if ours and not any(same_value(current, v) for v in ours):
+            report.foreign.append(path)
+            log.warning("not restoring %s: changed by someone else since (now %r, we wrote %r)",
+                        path, current.strip(), ours[0])
+            self._entries.pop(path, None)
+            return False
+        try:
+            self._write(path, value)
+        except CgroupVanished:
+            report.vanished.append(path)
+            self._entries.pop(path, None)
+            return False
+        except CgroupFileError as e:
+            report.failed.append(_one_line(e))
+            return False  # entry kept: a later restore_all/reconcile tries again
+        report.restored.append(path)
+        return True
 
     def _read_or_none(self, path: str) -> str | None:
         # Gone (cgroup removed, or the file absent on this host) reads as None; other errors propagate.
