@@ -57,6 +57,7 @@ MIN_RUNQ_EVENTS = 20  # fewer switch-ins than this in a tick: a p99 means nothin
 SELF_THROTTLE_SHARE = 0.5  # throttled time explains at least this share of its runqueue wait
 NEIGHBOR_SHARE = 0.3  # foreign cgroups ran for at least this share of its wait
 CULPRIT_WINDOW_TICKS = 10  # who-ran-instead shares are summed over this many recent ticks
+CONNECT_WINDOW_TICKS = 5  # connect failures/retransmits/p99 are judged over this many recent ticks
 MAX_CULPRITS = 5
 MAX_CLOSED_KEPT = 1000
 
@@ -69,6 +70,10 @@ class _VictimState:
     recent_ran_instead: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     decided: tuple | None = None  # (cause, top culprit) the last decisions were made for
+    cpus: tuple[int, ...] = ()  # CPUs the victim ran on lately (weight > 5 %), for a cpuset suppress
+    # (failed connects, SYN retransmits, connect p99 ns) per recent tick: connect trouble is sparse
+    # (a client blocked 1-3 s in a SYN retry makes one event every few ticks), so it is judged over a window.
+    recent_connect: deque = field(default_factory=lambda: deque(maxlen=CONNECT_WINDOW_TICKS))
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,7 @@ class IncidentEngine:
         self._breach_ticks_needed = max(1, math.ceil(self.slo.breach_seconds / max(self.policy.interval_seconds, 1e-3)))
         self._log_path = self.policy.incident_log
         self.targets: dict[str, Target] = {}  # workload key -> Target, as of the latest tick
+        self._online_cpus: tuple[int, ...] = ()
 
     # -- public ---------------------------------------------------------------------------------
     @property
@@ -129,6 +135,7 @@ class IncidentEngine:
                 values[(key, "memory_bytes")] = float(row.memory_usage_bytes)
         self.store.add(store_ts, values)
         self.targets = {k: r.workload.target for k, r in signals.workloads.items()}
+        self._online_cpus = signals.online_cpus
 
         touched: list[Incident] = []
         for key, row in signals.workloads.items():
@@ -138,7 +145,11 @@ class IncidentEngine:
             total_wait_ns = row.runq_wait_ms_per_s * 1e6 * row.interval_s
             state.recent_ran_instead.append(dict(row.ran_instead_ns))
             state.recent_wait_ns.append(total_wait_ns)
-            breaches = self._breaches(key, row)
+            dt = row.interval_s
+            state.recent_connect.append((row.connect_failures_per_s * dt, row.syn_retransmits_per_s * dt,
+                                         row.connect_p99_ns if row.connects else 0.0))
+            breaches = self._breaches(key, row, state)
+            state.cpus = tuple(sorted(c for c, w in row.cpu_weights.items() if w > 0.05))
             learning = state.incident is None and not breaches
             for name in ("runq_p99_ns", "connect_p99_ns", "reclaim_stall_ms_per_s", "softirq_ms_per_s"):
                 v = values.get((key, name), math.nan)
@@ -176,7 +187,7 @@ class IncidentEngine:
                 self._close(state, now, note="agent stopped")
 
     # -- breach rules ---------------------------------------------------------------------------
-    def _breaches(self, key: str, row: WorkloadSignals) -> list[Breach]:
+    def _breaches(self, key: str, row: WorkloadSignals, state: _VictimState) -> list[Breach]:
         slo = self.slo
         out: list[Breach] = []
 
@@ -194,8 +205,10 @@ class IncidentEngine:
 
         if row.runq_count >= MIN_RUNQ_EVENTS:
             check("runq_p99_ns", row.runq_p99_ns, slo.runq_p99_ms * 1e6)
-        if row.connects:
-            check("connect_p99_ns", row.connect_p99_ns, slo.connect_p99_ms * 1e6)
+        window = list(state.recent_connect)
+        worst_connect_p99 = max((p for _, _, p in window), default=0.0)
+        if worst_connect_p99:
+            check("connect_p99_ns", worst_connect_p99, slo.connect_p99_ms * 1e6, sigma_ok=False)
         check("reclaim_stall_ms_per_s", row.reclaim_stall_ms_per_s, slo.reclaim_stall_ms_per_s, sigma_ok=False)
         sirq_limit = getattr(slo, "softirq_ms_per_s", DEFAULT_SOFTIRQ_MS_PER_S)
         check("softirq_ms_per_s", row.softirq_ms_per_s, sirq_limit, sigma_ok=False)
@@ -204,8 +217,13 @@ class IncidentEngine:
         check("psi_cpu_some", row.psi_cpu_some, slo.psi_cpu_some_percent, sigma_ok=False)
         check("psi_memory_some", row.psi_memory_some, slo.psi_memory_some_percent, sigma_ok=False)
         check("psi_io_some", row.psi_io_some, slo.psi_io_some_percent, sigma_ok=False)
-        if row.connect_failures_per_s > 0 and row.syn_retransmits_per_s > 0:
-            out.append(Breach("syn_retransmits_per_s", row.syn_retransmits_per_s, 0.0))
+        failed = sum(f for f, _, _ in window)
+        retransmits = sum(r for _, r, _ in window)
+        # SYNs dropped (each retransmit is a second or more added to a connect) and connects given up,
+        # or SYNs dropped again and again: the connect path is broken.
+        if retransmits >= 2 or (retransmits >= 1 and failed >= 1):
+            out.append(Breach("syn_retransmits_per_s", retransmits / (len(window) * row.interval_s), 0.0,
+                              rule=f"{failed:.0f} failed, {retransmits:.0f} SYN retransmits in {len(window)} ticks"))
         return out
 
     def _baseline_value(self, key: str, signal: str) -> float | None:
@@ -412,10 +430,8 @@ class IncidentEngine:
             ))
         elif inc.cause in (Cause.NEIGHBOR_CPU, Cause.SOFTIRQ) and top is not None and top.target.qos == "BE" \
                 and acts.suppress_enabled:
-            cores = max(0.1, round((top.cpu_cores or 1.0) * 0.5, 2))
-            policy = "cpuset" if self.policy.resource_threshold.cpu_suppress_policy == "cpuset" else "cfs_quota"
             decisions.append(Decision(
-                ActionKind.SUPPRESS, top.target, SuppressAmount(policy=policy, cpu_cores=cores),
+                ActionKind.SUPPRESS, top.target, self._suppress_amount(top, state),
                 reason=f"{top.target.display} ran {top.who_ran_instead_share:.0%} of {inc.victim.display}'s runqueue wait",
                 incident_id=inc.incident_id, victim=inc.victim, victim_signal=victim_signal,
             ))
@@ -428,6 +444,17 @@ class IncidentEngine:
         for d in decisions:
             inc.actions.append(f"{d.kind}:{d.target.display}")
             self.sink.submit(d)
+
+    def _suppress_amount(self, culprit: Culprit, state: _VictimState) -> SuppressAmount:
+        """cpuset policy: the culprit keeps every CPU but the victim's (isolation is what brings a p99
+        back: a cfs quota only shortens the culprit's bursts, during which the victim waits as before).
+        Where that would leave fewer CPUs than the floor, or the policy is cfsQuota: half its CPU use."""
+        rt = self.policy.resource_threshold
+        if rt.cpu_suppress_policy == "cpuset" and self._online_cpus and state.cpus:
+            others = tuple(c for c in self._online_cpus if c not in state.cpus)
+            if others and len(others) >= max(1, rt.cpu_suppress_min_cpus):
+                return SuppressAmount(policy="cpuset", cpus=others)
+        return SuppressAmount(policy="cfs_quota", cpu_cores=max(0.1, round((culprit.cpu_cores or 1.0) * 0.5, 2)))
 
     def signals_for_verify(self, signals: NodeSignals) -> dict[str, float]:
         """Victim signals for the actuators' verify/revert, keyed like DecisionSink.observe expects."""

@@ -60,7 +60,7 @@ class WorkloadSignals:
     # connect path
     connects: int = 0
     connect_p99_ns: float = 0.0
-    connect_failures_per_s: float = 0.0
+    connect_failures_per_s: float = 0.0  # refused, timed out, or abandoned by the application while connecting
     syn_retransmits_per_s: float = 0.0
     # PSI (percent of wall time, like avg10), when the cgroup has v2 pressure files
     psi_cpu_some: float | None = None
@@ -97,6 +97,7 @@ class NodeSignals:
     node_direct_reclaim_ms_per_s: float
     node_cpu_busy: float | None  # 0..ncpu cores busy
     node_psi: dict[str, float]  # "cpu_some" -> percent
+    online_cpus: tuple[int, ...] = ()
 
 
 def _merge_delta(cur: Iterable[LatencyHistogram], prev: Iterable[LatencyHistogram | None]) -> IntervalHistogram:
@@ -216,7 +217,9 @@ class SignalBuilder:
                 row(w)
                 a[0].append(s.latency)
                 a[1].append(ps.latency if ps else None)
-                a[2] += s.failures - (ps.failures if ps else 0)
+                # A connect the application gave up on (its own timeout: an abort in SYN_SENT) failed
+                # for the user just as a refused or timed-out one did.
+                a[2] += (s.failures + s.aborts) - ((ps.failures + ps.aborts) if ps else 0)
                 a[3] += s.syn_retransmits - (ps.syn_retransmits if ps else 0)
             for key, (curs, prevs, failures, retrans) in acc.items():
                 d = _merge_delta(curs, prevs)
@@ -257,7 +260,8 @@ class SignalBuilder:
         busy = None
         if cur.node_cpu is not None and prev.node_cpu is not None:
             busy = max(cur.node_cpu.busy_ns - prev.node_cpu.busy_ns, 0) / 1e9 / dt
-        return NodeSignals(dt, rows, dict(sirq_ms), sirq_delay, node_direct, busy, node_psi)
+        return NodeSignals(dt, rows, dict(sirq_ms), sirq_delay, node_direct, busy, node_psi,
+                           tuple(sorted(cur.node_cpu_per_cpu)))
 
     # -- helpers --------------------------------------------------------------------------------
     def _cpu_weights(self, prev: NodeSnapshot, cur: NodeSnapshot, key: str) -> dict[int, float]:

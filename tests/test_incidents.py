@@ -11,7 +11,7 @@ import json
 
 from detector.decisions import ActionKind, Cause, LoggingSink, Target
 from detector.incidents import IncidentEngine
-from detector.policy import ActuatorPolicy, Policy, SloThresholds
+from detector.policy import ActuatorPolicy, Policy, ResourceThresholdStrategy, SloThresholds
 from detector.signals import IDLE, NodeSignals, WorkloadSignals
 from detector.workloads import Workload
 
@@ -146,3 +146,36 @@ def test_vanished_victim_ends_its_incident():
     e = engine(breach_seconds=1.0)
     run(e, [tick(*contended()), tick(row(BE))])
     assert e.open_incidents == [] and e.closed[0].evidence[-1].note == "victim gone"
+
+
+def test_cpuset_suppress_moves_the_culprit_off_the_victims_cpus_unless_below_the_floor():
+    def decide(min_cpus: int):
+        policy = Policy(slo=dataclasses.replace(SloThresholds(), breach_seconds=1.0),
+                        resource_threshold=dataclasses.replace(
+                            ResourceThresholdStrategy(), cpu_suppress_policy="cpuset", cpu_suppress_min_cpus=min_cpus))
+        e = IncidentEngine(policy, sink=LoggingSink())
+        victim, be = contended()  # the victim ran on CPU 1 only
+        signals = tick(victim, be)
+        signals.online_cpus = (0, 1)
+        e.step(signals, ts=0.0)
+        (decision,) = e.sink.decisions
+        return decision.amount
+
+    isolated = decide(min_cpus=1)
+    assert isolated.policy == "cpuset" and isolated.cpus == (0,)
+    # The koordlet floor of 2 CPUs is the whole of a 2-CPU node: a quota is the only thing left.
+    capped = decide(min_cpus=2)
+    assert capped.policy == "cfs_quota" and capped.cpu_cores == 0.5
+
+
+def test_sparse_syn_drops_are_judged_over_a_window():
+    # A client blocked in SYN retries produces one retransmit every second or so and no completed
+    # connect: no single tick looks bad, the window does.
+    e = engine(breach_seconds=2.0)
+    quiet = row(LS)
+    dropped = row(LS, syn_retransmits_per_s=1.0)
+    run(e, [tick(quiet), tick(dropped), tick(quiet)])
+    assert e.open_incidents == []  # one retransmit: a lost SYN happens
+    run(e, [tick(dropped), tick(quiet)])
+    (inc,) = e.open_incidents
+    assert inc.cause == Cause.NETWORK_CONNECT and inc.signal == "syn_retransmits_per_s"

@@ -52,13 +52,21 @@ class Timing:
 
 
 def bench_policy(mode: str) -> Policy:
-    """The same policy for every scenario: project defaults, runq SLO 2 ms (as the detector tests), cfsQuota
-    suppress (the cpuset policy's 2-CPU floor is the whole of this 2-CPU node), cfs burst on."""
+    """The same policy for every scenario: project defaults, runq SLO 2 ms (as the detector tests), cfs burst on.
+
+    Suppress: our mitigate mode uses the cpuset policy (the culprit keeps every CPU but the victim's)
+    with a floor of 1 CPU, because koordlet's 2-CPU floor is the whole of this 2-CPU node; the
+    koordlet baseline keeps koordlet's rules, so on this node its only lever is the cfsQuota policy.
+    """
     base = Policy()
+    if mode == "koordlet":
+        suppress = dataclasses.replace(base.resource_threshold, cpu_suppress_policy="cfsQuota")
+    else:
+        suppress = dataclasses.replace(base.resource_threshold, cpu_suppress_policy="cpuset", cpu_suppress_min_cpus=1)
     return dataclasses.replace(
         base,
         slo=dataclasses.replace(base.slo, runq_p99_ms=2.0),
-        resource_threshold=dataclasses.replace(base.resource_threshold, cpu_suppress_policy="cfsQuota"),
+        resource_threshold=suppress,
         cpu_burst=dataclasses.replace(base.cpu_burst, policy="auto"),
         actuators=dataclasses.replace(base.actuators, dry_run=mode != "mitigate", cooldown_seconds=3.0,
                                       max_changes_per_minute=12),
