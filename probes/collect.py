@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from probes.cgroupfs import CgroupLayout, discover
@@ -27,6 +28,22 @@ from probes.tcpconnect import TcpConnectProbe
 log = logging.getLogger(__name__)
 
 BPF_PROBES = ("runqlat", "softirq", "reclaim", "tcpconnect")
+# A cgroup whose CPU usage did not move since the last tick keeps its CPU, memory, cpuset and
+# per-CPU readings for up to this long: on a node of mostly idle pods the per-tick cost is one small
+# read per cgroup instead of six. Memory can change without the cgroup running (reclaim by others),
+# hence the bound. PSI is always read: a task blocked on IO or memory stalls without using CPU, and
+# its counters are turned into rates over the tick, which a stale reading would distort.
+IDLE_REFRESH_S = 5.0
+
+
+@dataclass
+class _CgroupReading:
+    usage_text: str | None  # the change detector: cpuacct.usage (v1) or cpu.stat (v2) as read
+    read_at: float
+    cpu: Any = None
+    mem: Any = None
+    cpus: tuple[int, ...] | None = None
+    percpu: tuple[int, ...] | None = None
 
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:
@@ -65,6 +82,8 @@ class NodeCollector:
         self.options = probe_options or {}
         self.probes: dict[str, Any] = {}
         self.status: dict[str, ProbeStatus] = {}
+        self._readings: dict[str, _CgroupReading] = {}
+        self.idle_refresh_s = IDLE_REFRESH_S
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> NodeCollector:
@@ -120,30 +139,25 @@ class NodeCollector:
         node_cpu, per_cpu = parse_proc_stat(stat_text) if stat_text else (None, {})
         paths = sorted(set(self.cgroup_paths()))
         cgroup_cpu, cgroup_mem, cgroup_psi, cgroup_cpus, cgroup_percpu = {}, {}, {}, {}, {}
-        cpuset = self.layout.hierarchy_for("cpuset")
-        cpuacct = self.layout.v1.get("cpuacct")
+        now = time.monotonic()
+        readings: dict[str, _CgroupReading] = {}
         for path in paths:
-            # Each reader returns None for a cgroup removed mid-read: it simply drops out this tick.
-            if (cpu := read_cgroup_cpu(self.layout, path)) is not None:
-                cgroup_cpu[path] = cpu
-            if (mem := read_memstat(self.layout, path)) is not None:
-                cgroup_mem[path] = mem
+            r = self._read_cgroup(path, now, errors)
+            readings[path] = r
             if self.layout.v2 is not None:
                 psi = read_cgroup_psi(self.layout.v2.path_of(path))
                 if psi:
                     cgroup_psi[path] = psi
-            if cpuset is not None:
-                name = "cpuset.effective_cpus" if cpuset.version == 1 else "cpuset.cpus.effective"
-                text = read_text_or_none(cpuset.path_of(path) / name)
-                if text is not None:
-                    cgroup_cpus[path] = parse_cpu_list(text)
-            if cpuacct is not None:
-                text = read_text_or_none(cpuacct.path_of(path) / "cpuacct.usage_percpu")
-                if text is not None:
-                    try:
-                        cgroup_percpu[path] = tuple(int(x) for x in text.split())
-                    except ValueError:
-                        errors.append(f"{path}: malformed cpuacct.usage_percpu")
+            # Each reader returns None for a cgroup removed mid-read: it simply drops out this tick.
+            if r.cpu is not None:
+                cgroup_cpu[path] = r.cpu
+            if r.mem is not None:
+                cgroup_mem[path] = r.mem
+            if r.cpus is not None:
+                cgroup_cpus[path] = r.cpus
+            if r.percpu is not None:
+                cgroup_percpu[path] = r.percpu
+        self._readings = readings  # cgroups no longer listed are forgotten
         return NodeSnapshot(
             monotonic_s=time.monotonic(),
             wall_s=time.time(),
@@ -164,3 +178,37 @@ class NodeCollector:
             bpf_programs=bpf_programs,
             errors=errors,
         )
+
+    def _usage_text(self, path: str) -> str | None:
+        cpuacct = self.layout.v1.get("cpuacct")
+        if cpuacct is not None:
+            return read_text_or_none(cpuacct.path_of(path) / "cpuacct.usage")
+        cpu = self.layout.hierarchy_for("cpu")
+        if cpu is not None and cpu.version == 2:
+            return read_text_or_none(cpu.path_of(path) / "cpu.stat")
+        return None
+
+    def _read_cgroup(self, path: str, now: float, errors: list[str]) -> _CgroupReading:
+        usage = self._usage_text(path)
+        cached = self._readings.get(path)
+        if (usage is not None and cached is not None and cached.usage_text == usage
+                and now - cached.read_at < self.idle_refresh_s):
+            return cached
+        r = _CgroupReading(usage, now)
+        r.cpu = read_cgroup_cpu(self.layout, path)
+        r.mem = read_memstat(self.layout, path)
+        cpuset = self.layout.hierarchy_for("cpuset")
+        if cpuset is not None:
+            name = "cpuset.effective_cpus" if cpuset.version == 1 else "cpuset.cpus.effective"
+            text = read_text_or_none(cpuset.path_of(path) / name)
+            if text is not None:
+                r.cpus = parse_cpu_list(text)
+        cpuacct = self.layout.v1.get("cpuacct")
+        if cpuacct is not None:
+            text = read_text_or_none(cpuacct.path_of(path) / "cpuacct.usage_percpu")
+            if text is not None:
+                try:
+                    r.percpu = tuple(int(x) for x in text.split())
+                except ValueError:
+                    errors.append(f"{path}: malformed cpuacct.usage_percpu")
+        return r
