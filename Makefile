@@ -37,7 +37,7 @@ lint:
 bench:
 	@scripts/setup.sh bench
 	-@bench/bcc_env.sh
-	$(PY) -m bench.scenarios --markdown $(BENCH_ARGS)
+	$(PY) -m bench.scenarios --markdown --docs docs/benchmarks.md $(BENCH_ARGS)
 
 bpf: $(BPF_OBJ)
 

@@ -123,3 +123,16 @@ def test_incidents_on_other_tests_cgroups_are_not_ours_to_score():
     r = PassResult("quiet", "detect", 5, 10, pods=["web", "batch"], incidents=[
         IncidentRecord("/nn-test-1/kubepods.slice/other-pod", "psi_unknown", (), 2.0)])
     assert score(Truth(None), r).false_incidents == 0
+
+
+def test_docs_section_is_replaced_between_markers(tmp_path):
+    from bench.scenarios.__main__ import DOCS_BEGIN, DOCS_END, write_docs_section
+
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nintro\n")
+    write_docs_section(str(doc), "## run one\n| a |")
+    write_docs_section(str(doc), "## run two\n| b |")
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\nintro\n")
+    assert text.count(DOCS_BEGIN) == 1 and text.count(DOCS_END) == 1
+    assert "run two" in text and "run one" not in text

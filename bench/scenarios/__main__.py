@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-peers", action="store_true", help="skip the bcc tools")
     p.add_argument("--no-overhead", action="store_true", help="skip bench/overhead.py, hackbench and startup cost")
     p.add_argument("--overhead-rounds", type=int, default=3)
+    p.add_argument("--docs", metavar="PATH", help="also write the report into PATH (docs/benchmarks.md) between the "
+                   "bench.scenarios markers, replacing the previous run's report")
     p.add_argument("--rescore", metavar="JSON", help="re-score and re-render a previous --json result (no run)")
     return p
 
@@ -71,6 +73,30 @@ def rescore(path: str) -> int:
     meta = {**data["meta"], "command": data["meta"]["command"] + f" (rescored with --rescore {path})"}
     print(render(scores, summarize(scores), data.get("peers", []), data.get("overhead", {}), meta))
     return 0
+
+
+DOCS_BEGIN = "<!-- bench.scenarios:begin (written by `make bench`; edits inside are overwritten) -->"
+DOCS_END = "<!-- bench.scenarios:end -->"
+
+
+def write_docs_section(path: str, report: str) -> None:
+    """Put ``report`` between the markers in ``path`` (appended with the markers when they are absent)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        text = ""
+    block = f"{DOCS_BEGIN}\n{report.strip()}\n{DOCS_END}\n"
+    if DOCS_BEGIN in text and DOCS_END in text:
+        head, rest = text.split(DOCS_BEGIN, 1)
+        tail = rest.split(DOCS_END, 1)[1].lstrip("\n")
+        text = head + block + ("\n" + tail if tail else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             "timing": asdict(timing), "interrupted": interrupted}
     report = render(scores, summary, peers, overhead, meta)
     print(report)
+    if args.docs and not interrupted:
+        write_docs_section(args.docs, report)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             f.write(to_json(scores, summary, {"meta": meta, "peers": peers, "overhead": overhead, "passes": passes}))
