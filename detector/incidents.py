@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 # Defaults for knobs the policy file may not carry yet (getattr keeps older configs valid).
 DEFAULT_SOFTIRQ_MS_PER_S = 100.0  # softirq run time on its CPUs worth a tenth of a CPU
+SOFTIRQ_DELAY_MIN_MS_PER_S = 10.0  # softirq time on its CPUs below which a late softirq is not a breach
 MIN_RUNQ_EVENTS = 20  # fewer switch-ins than this in a tick: a p99 means nothing
 SELF_THROTTLE_SHARE = 0.5  # throttled time explains at least this share of its runqueue wait
 NEIGHBOR_SHARE = 0.3  # foreign cgroups ran for at least this share of its wait
@@ -212,7 +213,10 @@ class IncidentEngine:
         check("reclaim_stall_ms_per_s", row.reclaim_stall_ms_per_s, slo.reclaim_stall_ms_per_s, sigma_ok=False)
         sirq_limit = getattr(slo, "softirq_ms_per_s", DEFAULT_SOFTIRQ_MS_PER_S)
         check("softirq_ms_per_s", row.softirq_ms_per_s, sirq_limit, sigma_ok=False)
-        if row.softirq_delay_p99_ns and row.cpu_cores and row.cpu_cores > 0.05:
+        # A late softirq matters when there is softirq work to be late: a quiet CPU's occasional timer
+        # softirq deferred to ksoftirqd has a long raise->entry delay and steals nothing.
+        if row.softirq_delay_p99_ns and row.cpu_cores and row.cpu_cores > 0.05 \
+                and row.softirq_ms_per_s >= SOFTIRQ_DELAY_MIN_MS_PER_S:
             check("softirq_delay_p99_ns", row.softirq_delay_p99_ns, slo.softirq_delay_p99_ms * 1e6, sigma_ok=False)
         check("psi_cpu_some", row.psi_cpu_some, slo.psi_cpu_some_percent, sigma_ok=False)
         check("psi_memory_some", row.psi_memory_some, slo.psi_memory_some_percent, sigma_ok=False)

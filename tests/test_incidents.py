@@ -179,3 +179,13 @@ def test_sparse_syn_drops_are_judged_over_a_window():
     run(e, [tick(dropped), tick(quiet)])
     (inc,) = e.open_incidents
     assert inc.cause == Cause.NETWORK_CONNECT and inc.signal == "syn_retransmits_per_s"
+
+
+def test_a_late_softirq_on_a_quiet_cpu_is_not_an_incident():
+    e = engine(breach_seconds=1.0)
+    # 3 ms raise->entry p99 (over the 2 ms SLO) but 0.4 ms/s of softirq work: a deferred timer softirq.
+    run(e, [tick(row(LS, softirq_delay_p99_ns=3e6, softirq_ms_per_s=0.4))])
+    assert e.open_incidents == []
+    run(e, [tick(row(LS, softirq_delay_p99_ns=3e6, softirq_ms_per_s=40.0))])
+    (inc,) = e.open_incidents
+    assert inc.cause == Cause.SOFTIRQ and inc.signal == "softirq_delay_p99_ns"
