@@ -104,7 +104,12 @@ def test_wait_matches_schedstat_per_cgroup(two_contending_cgroups, flavour):
         probe_after = probe.snapshot()
         _signal_all(everyone, signal.SIGCONT)
 
-        assert probe_after.drops == dict.fromkeys(probe_after.drops, 0)
+        # Task storage can refuse a create when its per-CPU lock is busy (a storage call nested in
+        # another on the same CPU): counted, rare, and for any task on the node since the probe loaded;
+        # the accuracy checks below are what tell whether the test's own waits were lost.
+        drops = dict(probe_after.drops)
+        assert drops.pop("task_storage", 0) <= 10
+        assert drops == dict.fromkeys(drops, 0)
         for cg in (a, b):
             truth_wait = sum(truth_after[t][0] - truth_before[t][0] for t in tids[cg])
             truth_slices = sum(truth_after[t][1] - truth_before[t][1] for t in tids[cg])
