@@ -242,13 +242,7 @@ class Journal:
     def _undo(self, done: Sequence[AppliedWrite]) -> list[str]:
         """Restore each file in ``done`` to its pre-action value: reverse order of last write, once each."""
         problems: list[str] = []
-        seen: set[str] = set()
-        for w in reversed(done):
-            if w.path in seen:
-                continue
-            seen.add(w.path)
-            # the earliest 'before' of this path within the action is the pre-action value
-            before = next(x.before for x in done if x.path == w.path)
+        for w, before in _pre_action_values(done):
             try:
                 self._write(w.path, before)
             except CgroupVanished:
@@ -273,12 +267,7 @@ class Journal:
         report = RestoreReport()
         with self._lock:
             done = self._actions.pop(action_id, [])
-            seen: set[str] = set()
-            for w in reversed(done):
-                if w.path in seen:
-                    continue
-                seen.add(w.path)
-                before = next(x.before for x in done if x.path == w.path)
+            for w, before in _pre_action_values(done):
                 entry = self._entries.get(w.path)
                 ours = entry.last_written if entry is not None else w.after
                 if not self._put_back(w.path, before, [ours], report):
@@ -388,6 +377,18 @@ class Journal:
 
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
+
+
+def _pre_action_values(done: Sequence[AppliedWrite]) -> list[tuple[AppliedWrite, str]]:
+    """Each path of an action once, latest write first, with the value it had before the action
+    (the earliest ``before`` of that path within it): the order and values an undo writes."""
+    out: list[tuple[AppliedWrite, str]] = []
+    seen: set[str] = set()
+    for w in reversed(done):
+        if w.path not in seen:
+            seen.add(w.path)
+            out.append((w, next(x.before for x in done if x.path == w.path)))
+    return out
 
 
 class PlanKeys:

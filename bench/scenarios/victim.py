@@ -83,11 +83,7 @@ def run_cpu(args: argparse.Namespace, log: SampleLog, stop: Stop) -> None:
             m.close()
         end = time.monotonic_ns()
         log.add(end, end - due)
-        due += period
-        if due > end:
-            time.sleep((due - end) / 1e9)
-        else:
-            due = end  # overran: no catch-up burst
+        due = _pace(due, period, end)
 
 
 def run_tcp(args: argparse.Namespace, log: SampleLog, stop: Stop) -> None:
@@ -123,15 +119,20 @@ def run_tcp(args: argparse.Namespace, log: SampleLog, stop: Stop) -> None:
                 got += len(chunk)
             end = time.monotonic_ns()
             log.add(end, end - start)
-            due += period
-            if due > end:
-                time.sleep((due - end) / 1e9)
-            else:
-                due = end
+            due = _pace(due, period, end)
     finally:
         client.close()
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+def _pace(due: int, period: int, end: int) -> int:
+    """Sleep until the next request is due (ns); after an overrun start again from now, no catch-up burst."""
+    due += period
+    if due > end:
+        time.sleep((due - end) / 1e9)
+        return due
+    return end
 
 
 def run_connect(args: argparse.Namespace, log: SampleLog, stop: Stop) -> None:
@@ -146,11 +147,7 @@ def run_connect(args: argparse.Namespace, log: SampleLog, stop: Stop) -> None:
             pass  # a timeout is a sample of timeout length: the user saw it
         end = time.monotonic_ns()
         log.add(end, end - start)
-        due += period
-        if due > end:
-            time.sleep((due - end) / 1e9)
-        else:
-            due = end
+        due = _pace(due, period, end)
 
 
 def main(argv: list[str] | None = None) -> int:
