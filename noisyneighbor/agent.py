@@ -48,8 +48,9 @@ from detector.pods import make_pod_source
 from detector.policy import POD_SOURCES, Policy, load_policy
 from detector.runtime import POD_LIST_INTERVAL_S, Detector
 from noisyneighbor.exporter import Exporter, Labeler, ResolverLabeler
+from noisyneighbor.sections import DeadCgroups
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
-from probes.collect import BPF_PROBES, NodeCollector
+from probes.collect import BPF_PROBES, NodeCollector, cgroup_activity
 from probes.gpu import GpuCollector
 from probes.host import HostPaths
 from probes.snapshot import NodeSnapshot
@@ -227,6 +228,8 @@ class Agent:
         self._run_stats: Any = None
         self._journal: Journal | None = None
         self._resolver: CgroupResolver | None = None
+        self._prev_snapshot: NodeSnapshot | None = None
+        self._dead: dict[str, DeadCgroups] = {}
         self._extra_paths: list[str] = []
         self._extra_paths_at = -1e9
         self._server: ThreadingHTTPServer | None = None
@@ -356,6 +359,7 @@ class Agent:
                 return
             t0 = time.monotonic()
             snapshot = self.collector.collect()
+            self._forget_dead_cgroups(snapshot)
             if self.gpu is not None and self.gpu.status.state == "on":
                 snapshot = dataclasses.replace(snapshot, gpus=self.gpu.collect())
             self.detector.step(snapshot)
@@ -365,6 +369,23 @@ class Agent:
             self.stats.ticks += 1
             self.stats.last_tick_monotonic = now
             self.stats.last_tick_seconds = now - t0
+
+    def _forget_dead_cgroups(self, snapshot: NodeSnapshot) -> None:
+        """Pod churn must not fill the probes' bounded kernel maps: removed cgroups that stay idle are
+        deleted from them (the same DeadCgroups rule `top` uses)."""
+        prev, self._prev_snapshot = self._prev_snapshot, snapshot
+        if prev is None or self.collector is None or self._resolver is None:
+            return
+        fields = {"runqlat": "runq", "reclaim": "reclaim", "tcpconnect": "tcp"}
+        for name, probe in self.collector.probes.items():
+            if name not in fields:
+                continue
+            dead = self._dead.get(name)
+            if dead is None:
+                dead = self._dead[name] = DeadCgroups(probe.forget, self._resolver, probe.hierarchy)
+            before, now = getattr(prev, fields[name]), getattr(snapshot, fields[name])
+            if before is not None and now is not None:
+                dead.update(cgroup_activity(name, before), cgroup_activity(name, now))
 
     def _note_snapshot(self, snapshot: NodeSnapshot) -> None:
         for error in snapshot.errors:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from detector.cgroups import CgroupResolver
 from probes.cgroupfs import CgroupLayout, Hierarchy
+from probes.collect import cgroup_activity
 from probes.cpuacct import CgroupCpuStat, cpu_delta, read_cgroup_cpu
 from probes.engine import ProbeError, ProbeStatus
 from probes.host import HostPaths
@@ -308,7 +309,7 @@ class RunqSource(_ProbeSource):
         return build_interval(prev, cur, self.ctx.resolver, self.ctx.cgroup_filter, self.probe.hierarchy)
 
     def activity(self, snap: RunqSnapshot) -> dict[int, int]:
-        return {cg: hist.count for cg, hist in snap.per_cgroup.items()}
+        return cgroup_activity("runqlat", snap)
 
 
 # -- softirq -------------------------------------------------------------------------------------
@@ -393,10 +394,7 @@ class ReclaimSource(_ProbeSource):
         )
 
     def activity(self, snap: ReclaimSnapshot) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for (cgroup_id, _kind), stats in snap.per_cgroup.items():
-            out[cgroup_id] = out.get(cgroup_id, 0) + stats.count
-        return out
+        return cgroup_activity("reclaim", snap)
 
 
 # -- tcp -----------------------------------------------------------------------------------------
@@ -422,10 +420,7 @@ class TcpSource(_ProbeSource):
         return TcpSection(interval_s=dt, rows=rows, drops=dict(cur.drops))
 
     def activity(self, snap: TcpConnectSnapshot) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for (cgroup_id, _netns), stats in snap.per_key.items():
-            out[cgroup_id] = out.get(cgroup_id, 0) + stats.connects + stats.syn_retransmits
-        return out
+        return cgroup_activity("tcpconnect", snap)
 
 
 # -- psi + cpuacct -------------------------------------------------------------------------------

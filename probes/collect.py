@@ -46,6 +46,24 @@ class _CgroupReading:
     percpu: tuple[int, ...] | None = None
 
 
+def cgroup_activity(probe: str, snap: Any) -> dict[int, int]:
+    """Cumulative activity per cgroup id in one probe's snapshot: a number that grows while the
+    cgroup is active, so a cgroup whose number stands still is idle (used to forget removed cgroups
+    from the kernel maps). Probes with no per-cgroup map give {}."""
+    out: dict[int, int] = {}
+    if snap is None:
+        return out
+    if probe == "runqlat":
+        return {cg: hist.count for cg, hist in snap.per_cgroup.items()}
+    if probe == "reclaim":
+        for (cgroup_id, _kind), stats in snap.per_cgroup.items():
+            out[cgroup_id] = out.get(cgroup_id, 0) + stats.count
+    elif probe == "tcpconnect":
+        for (cgroup_id, _netns), stats in snap.per_key.items():
+            out[cgroup_id] = out.get(cgroup_id, 0) + stats.connects + stats.syn_retransmits
+    return out
+
+
 def parse_cpu_list(text: str) -> tuple[int, ...]:
     """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11); empty or malformed parts are skipped."""
     cpus: list[int] = []
@@ -115,9 +133,6 @@ class NodeCollector:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def probe(self, name: str) -> Any | None:
-        return self.probes.get(name)
 
     # -- one tick ---------------------------------------------------------------------------------
     def collect(self) -> NodeSnapshot:

@@ -207,3 +207,28 @@ def test_diagnose_refuses_an_unwritable_html_path_before_running(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=20)
     assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
 
+
+
+@pytest.mark.root
+def test_agent_forgets_removed_cgroups_from_the_kernel_maps(make_cgroup, tmp_path):
+    """Pod churn must not fill the bounded BPF maps: a removed, idle cgroup leaves the runqueue map."""
+    from noisyneighbor.agent import Agent, AgentConfig
+    from noisyneighbor.sections import FORGET_AFTER_INTERVALS
+
+    agent = Agent(AgentConfig(listen=None, journal_dir=str(tmp_path / "journal"), pod_source="standalone",
+                              dry_run=True, probes=("runqlat",)))
+    agent.start()
+    try:
+        cg = make_cgroup("churn")
+        cg_id = (cg.dirs["cpu"]).stat().st_ino
+        subprocess.run([sys.executable, "-c", "import time\nend=time.monotonic()+0.3\nwhile time.monotonic()<end: pass"],
+                       preexec_fn=cg.preexec, check=True)
+        agent.step()
+        probe = agent.collector.probes["runqlat"]
+        assert cg_id in probe.snapshot().per_cgroup  # its waits were recorded under its id
+        cg.remove()
+        for _ in range(FORGET_AFTER_INTERVALS + 2):
+            agent.step()
+        assert cg_id not in probe.snapshot().per_cgroup
+    finally:
+        agent.stop()
