@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from detector.workloads import IdMapper, Workload
@@ -124,6 +124,7 @@ class SignalBuilder:
     def build(self, prev: NodeSnapshot, cur: NodeSnapshot, extra_paths: Iterable[str] = ()) -> NodeSignals:
         dt = max(cur.monotonic_s - prev.monotonic_s, 1e-6)
         rows: dict[str, WorkloadSignals] = {}
+        matrix = False  # the runqlat flavour fills the victim x culprit matrix
 
         def row(w: Workload) -> WorkloadSignals:
             r = rows.get(w.key)
@@ -151,7 +152,7 @@ class SignalBuilder:
                 r.runq_wait_ms_per_s = d.sum_ns / 1e6 / dt
                 r.runq_p99_ns = d.quantile_ns(0.99)
                 r.runq_max_ns = d.max_ns
-            self._who_ran_instead(prev, cur, rows, row)
+            matrix = self._who_ran_instead(prev, cur, row)
 
         # -- CPU accounting -----------------------------------------------------------------------
         for path, c in cur.cgroup_cpu.items():
@@ -257,6 +258,8 @@ class SignalBuilder:
                     node_psi[f"{resource}_some"] = rate.some * 100
                 if rate.full is not None:
                     node_psi[f"{resource}_full"] = rate.full * 100
+        for r in rows.values():  # node-wide: rows with no wait this tick still have (zero) shares
+            r.who_ran_instead_available = matrix
         busy = None
         if cur.node_cpu is not None and prev.node_cpu is not None:
             busy = max(cur.node_cpu.busy_ns - prev.node_cpu.busy_ns, 0) / 1e9 / dt
@@ -277,14 +280,14 @@ class SignalBuilder:
         ncpu = len(cur.node_cpu_per_cpu) or 1
         return {cpu: 1 / ncpu for cpu in (cur.node_cpu_per_cpu or {0: None})}
 
-    def _who_ran_instead(self, prev: NodeSnapshot, cur: NodeSnapshot, rows: dict, row) -> None:
+    def _who_ran_instead(self, prev: NodeSnapshot, cur: NodeSnapshot, row: Callable[[Workload], WorkloadSignals]) -> bool:
         """Fill ran_instead_ns/preemptions from the runqlat victim x culprit matrix when the probe has it.
 
         The matrix is per leaf cgroup: two containers of one pod are foreign to each other there but
         the same workload here, so a culprit in the victim's own workload counts as own wait.
         """
         if not getattr(cur.runq, "culprits_available", False):
-            return
+            return False
         prev_split = prev.runq.wait_split
         for victim_id, split in cur.runq.wait_split.items():
             victim = self.ids.workload_of(victim_id, self.cpu_h)
@@ -292,7 +295,6 @@ class SignalBuilder:
                 continue
             d = split.delta(prev_split.get(victim_id))
             r = row(victim)
-            r.who_ran_instead_available = True
             r.own_wait_ns += d.own_wait_ns
             r.preempted_own += d.own_preemptions
             if d.idle_wait_ns:
@@ -317,6 +319,4 @@ class SignalBuilder:
             else:
                 r.ran_instead_ns[key] = r.ran_instead_ns.get(key, 0.0) + d.wait_ns
                 r.preempted_foreign += d.preemptions
-        for r in rows.values():
-            # Cgroups with no wait in the interval still have the signal available (zero shares).
-            r.who_ran_instead_available = True
+        return True

@@ -151,13 +151,6 @@ class WorkloadIndex:
                 return prefix
         return None
 
-    def workloads(self, paths: Iterable[str]) -> dict[str, Workload]:
-        out: dict[str, Workload] = {}
-        for p in paths:
-            w = self.workload_of(p)
-            out.setdefault(w.key, w)
-        return out
-
 
 class IdMapper:
     """BPF cgroup id (per hierarchy) -> workload, through the resolver; unknown ids map to None."""

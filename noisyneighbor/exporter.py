@@ -180,9 +180,9 @@ _DEFS = (
     MetricDef(PROBE_UP, "gauge", "1 for the state each probe is in (on, degraded, off), 0 for the others.",
               ("probe", "state")),
     MetricDef(PROBE_DROPS, "counter", "Events a BPF probe could not record, by reason.", ("probe", "reason")),
-    MetricDef(BPF_RUN_SECONDS, "counter", "Kernel time in the agent's BPF programs (0 unless the "
-              "kernel.bpf_stats_enabled sysctl is 1).", ("program",)),
-    MetricDef(BPF_RUNS, "counter", "Runs of the agent's BPF programs (0 unless kernel.bpf_stats_enabled is 1).",
+    MetricDef(BPF_RUN_SECONDS, "counter", "Kernel time in the agent's BPF programs (counted while the agent holds "
+              "BPF_ENABLE_STATS, no sysctl needed).", ("program",)),
+    MetricDef(BPF_RUNS, "counter", "Runs of the agent's BPF programs (counted while the agent holds BPF_ENABLE_STATS).",
               ("program",)),
     MetricDef(EXPORTER_CGROUPS, "gauge", "Cgroups seen in the last update: exported with their own series, folded "
               "into the cgroup=\"_overflow\" series by the cap, or dropped as unresolved (removed).", ("state",)),

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -68,8 +67,6 @@ class Scenario:
         self.source = KubeletPodSource(self.kube.url, refresh_interval=0.5, timeout=2.0)
         self.detector = Detector(self.policy, pods=self.source.pods, clock=time.monotonic)
         self.collector = NodeCollector(cgroup_paths=self.detector.cgroup_paths).start()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # -- pods and workloads ---------------------------------------------------------------------
     def pod(self, name: str, qos_class: str, shares: int | None = None, memory_limit: int | None = None,
@@ -126,19 +123,6 @@ class Scenario:
                 self.ticks.append(TickRecord(time.monotonic(), list(tick.changed)))
             time.sleep(max(0.0, next_at - time.monotonic()))
 
-    def start_background(self, interval: float = 1.0) -> None:
-        def loop() -> None:
-            next_at = time.monotonic()
-            while not self._stop.is_set():
-                next_at += interval
-                tick = self.detector.step(self.collector.collect())
-                if tick is not None:
-                    self.ticks.append(TickRecord(time.monotonic(), list(tick.changed)))
-                self._stop.wait(max(0.0, next_at - time.monotonic()))
-
-        self._thread = threading.Thread(target=loop, daemon=True)
-        self._thread.start()
-
     def incidents(self) -> list[Incident]:
         return self.detector.engine.all_incidents()
 
@@ -146,9 +130,6 @@ class Scenario:
         return [i for i in self.incidents() if i.victim.cgroup == pod.path]
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
