@@ -378,11 +378,12 @@ class Agent:
             return
         fields = {"runqlat": "runq", "reclaim": "reclaim", "tcpconnect": "tcp"}
         for name, probe in self.collector.probes.items():
-            if name not in fields:
+            forget = getattr(probe, "forget", None)
+            if name not in fields or forget is None:
                 continue
             dead = self._dead.get(name)
             if dead is None:
-                dead = self._dead[name] = DeadCgroups(probe.forget, self._resolver, probe.hierarchy)
+                dead = self._dead[name] = DeadCgroups(forget, self._resolver, probe.hierarchy)
             before, now = getattr(prev, fields[name]), getattr(snapshot, fields[name])
             if before is not None and now is not None:
                 dead.update(cgroup_activity(name, before), cgroup_activity(name, now))

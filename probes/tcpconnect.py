@@ -238,6 +238,16 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         if outlier_threshold_ns:
             self._watch_events("outliers", ConnectOutlier.decode)
 
+    def forget(self, cgroup_ids: list[int]) -> int:
+        """Drop removed cgroups' entries (every netns, every destination) so pod churn cannot fill
+        the per-cgroup maps. Returns how many entries went."""
+        gone = set(cgroup_ids)
+        removed = 0
+        for name, layout in (("connect_stats", _KEY), ("dest_stats", _DEST_KEY)):
+            keys = [key for key, _ in self.probe.map_items(name) if layout.unpack(key)[0] in gone]
+            removed += sum(self.probe.map_delete(name, key) for key in keys)
+        return removed
+
     def snapshot(self) -> TcpConnectSnapshot:
         per_key = {}
         for key, values in self.probe.map_items("connect_stats"):

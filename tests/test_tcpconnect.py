@@ -439,3 +439,22 @@ def test_no_free_source_port_is_a_local_error(netns, make_cgroup):
     assert (got["successes"], got["local_errors"], got["failures"], got["aborts"]) == (2, 1, 0, 0)
     assert (truth.active_opens, truth.attempt_fails) == (2, 0)
     assert [(e.outcome, e.dport) for e in events] == [("local_error", P_OK)]
+
+
+@pytest.mark.root
+def test_forget_drops_a_removed_cgroups_entries(make_cgroup):
+    """The agent forgets removed cgroups so pod churn cannot fill the bounded per-cgroup maps."""
+    cg = make_cgroup("forget")
+    cg_id = cg.dirs["cpu"].stat().st_ino
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        with TcpConnectProbe() as probe:
+            code = f"import socket\nfor _ in range(3): socket.create_connection(('127.0.0.1', {port})).close()"
+            subprocess.run([sys.executable, "-c", code], preexec_fn=cg.preexec, check=True, timeout=20)
+            assert any(k[0] == cg_id for k in probe.snapshot().per_key)
+            assert probe.forget([cg_id]) >= 1
+            snap = probe.snapshot()
+            assert not any(k[0] == cg_id for k in snap.per_key)
+            assert not any(d.cgroup_id == cg_id for d in snap.destinations)
