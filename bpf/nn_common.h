@@ -113,12 +113,30 @@ static __always_inline __u32 nn_log2_slot(__u64 v)
 	return v ? slot + 1 : 0;
 }
 
-static __always_inline void nn_hist_add(struct nn_hist *h, __u64 value_ns)
+/* The histogram slot of a value (ns): log2 of µs, the last slot holding everything above. */
+static __always_inline __u32 nn_hist_slot(__u64 value_ns)
 {
 	__u32 slot = nn_log2_slot(value_ns / 1000);
 
+	return slot < NN_HIST_SLOTS ? slot : NN_HIST_SLOTS - 1;
+}
+
+/* Add a value whose slot is known (one value going into two histograms computes it once). */
+static __always_inline void nn_hist_add_at(struct nn_hist *h, __u32 slot, __u64 value_ns)
+{
 	if (slot >= NN_HIST_SLOTS)
-		slot = NN_HIST_SLOTS - 1;
+		return;
+	h->slots[slot]++;
+	h->sum_ns += value_ns;
+	h->count++;
+	if (value_ns > h->max_ns)
+		h->max_ns = value_ns;
+}
+
+static __always_inline void nn_hist_add(struct nn_hist *h, __u64 value_ns)
+{
+	__u32 slot = nn_hist_slot(value_ns);
+
 	h->slots[slot]++;
 	h->sum_ns += value_ns;
 	h->count++;

@@ -53,6 +53,7 @@ struct runq_cgroup_stats {
 	__u64 migrated_wait_ns; /* waited on another CPU before the load balancer moved it */
 	__u64 own_preemptions;  /* switched out while runnable, for a task of the same cgroup */
 	__u64 foreign_preemptions; /* ... for a task of another cgroup (or idle) */
+	__u64 cgroup_id;        /* whose slot this CPU's copy is (0: unused; userspace zeroes freed slots) */
 };
 
 /* The victim x culprit matrix: who ran (culprit) while a task of `victim` waited. */
@@ -75,6 +76,14 @@ struct runq_slice {
 	__u64 cgroup_id; /* 0: the idle task */
 };
 
+#define RUNQ_SLOT_CACHE 16 /* power of 2: per-CPU cache of cgroup id -> cgroup_runq slot */
+
+/* A cached cgroup_slots entry (the slot's own cgroup_id is checked before use). */
+struct runq_slot_cache_entry {
+	__u64 cgroup_id;
+	__u64 slot;
+};
+
 /* Per CPU: the current slice and the ring of finished ones (only ever touched by that CPU). */
 struct runq_cpu_state {
 	__u64 slice_start;       /* rq clock at the last sched_switch: the current slice began */
@@ -84,6 +93,8 @@ struct runq_cpu_state {
 	__u64 culprit_drops;     /* matrix updates lost to a full runq_culprits map */
 	__u64 culprit_drop_ns;   /* the foreign wait those carried */
 	struct runq_slice ring[RUNQ_RING_SLOTS];
+	struct runq_slot_cache_entry slot_cache[RUNQ_SLOT_CACHE]; /* cgroup id -> cgroup_runq slot, direct-mapped */
+	struct nn_hist hist;     /* the wait distribution of everything that ran on this CPU */
 };
 
 #endif /* NN_EVENTS_H */

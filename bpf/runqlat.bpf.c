@@ -66,15 +66,34 @@ struct {
 } fallback_queued_ns SEC(".maps");
 
 /*
- * Per cgroup id: the wait distribution, and (sched_info flavour) the wait split by who ran meanwhile
- * and the preemptions (per CPU; userspace sums the CPUs).
+ * Per cgroup: the wait distribution, and (sched_info flavour) the wait split by who ran meanwhile
+ * and the preemptions (per CPU; userspace sums the CPUs). The statistics sit in a per-CPU array,
+ * one slot per cgroup: `cgroup_slots` says which, and each CPU caches the answer (runq_cpu_state
+ * slot_cache), so a switch costs an inlined array index where a per-CPU hash lookup cost ~60 ns.
+ * New cgroups take a slot freed before (a stack userspace pushes to when it forgets a removed cgroup,
+ * after zeroing the slot on every CPU), else the next never-used one.
  */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_CGROUPS);
 	__type(key, __u64);
+	__type(value, __u32);
+} cgroup_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK);
+	__uint(max_entries, MAX_CGROUPS);
+	__uint(value_size, sizeof(__u32));
+} free_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_CGROUPS);
+	__type(key, __u32);
 	__type(value, struct runq_cgroup_stats);
 } cgroup_runq SEC(".maps");
+
+__u64 slots_taken = 0; /* never-used slots handed out so far (the next one is this) */
 
 /* Victim x culprit: foreign wait and preemptions per pair (sched_info flavour). */
 struct {
@@ -92,20 +111,11 @@ struct {
 	__type(value, struct runq_cpu_state);
 } runq_cpu SEC(".maps");
 
-/* Per CPU: the wait distribution of everything that ran there. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct nn_hist);
-} cpu_runq SEC(".maps");
-
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024);
 } outliers SEC(".maps");
 
-static const struct runq_cgroup_stats zero_stats;
 static const struct runq_culprit_stats zero_culprit;
 
 /* ---- start-time storage: task storage (tp_btf) or pid hash (raw_tp) ---------------------- */
@@ -170,32 +180,78 @@ static __always_inline __u64 take_queued_hash(__u32 pid)
 
 /* ---- aggregation ----------------------------------------------------------------------------- */
 
-static __always_inline struct runq_cgroup_stats *cgroup_stats(__u64 cgid)
+/*
+ * The cgroup's slot from the index, taking a free one for a new cgroup, and remembered in this CPU's
+ * cache. A full index or an empty free stack loses the update, counted.
+ */
+static __noinline struct runq_cgroup_stats *cgroup_stats_slow(struct runq_cpu_state *cpu, __u64 cgid)
 {
-	struct runq_cgroup_stats *s = bpf_map_lookup_elem(&cgroup_runq, &cgid);
+	struct runq_slot_cache_entry *e;
+	struct runq_cgroup_stats *s;
+	__u32 *found, slot;
 
-	if (s)
-		return s;
-	bpf_map_update_elem(&cgroup_runq, &cgid, &zero_stats, BPF_NOEXIST);
-	s = bpf_map_lookup_elem(&cgroup_runq, &cgid);
-	if (!s)
+	if (!cpu || !cgid)
+		return NULL;
+	found = bpf_map_lookup_elem(&cgroup_slots, &cgid);
+	if (found) {
+		slot = *found;
+	} else {
+		if (bpf_map_pop_elem(&free_slots, &slot))
+			slot = __sync_fetch_and_add(&slots_taken, 1);
+		if (!bpf_map_lookup_elem(&cgroup_runq, &slot)) {
+			count_drop(NN_DROP_KEY_MAP_FULL); /* every slot is taken */
+			return NULL;
+		}
+		if (bpf_map_update_elem(&cgroup_slots, &cgid, &slot, BPF_NOEXIST)) {
+			/* Another CPU indexed it first (or the index is full): give the slot back. */
+			bpf_map_push_elem(&free_slots, &slot, 0);
+			found = bpf_map_lookup_elem(&cgroup_slots, &cgid);
+			if (!found) {
+				count_drop(NN_DROP_KEY_MAP_FULL);
+				return NULL;
+			}
+			slot = *found;
+		}
+	}
+	s = bpf_map_lookup_elem(&cgroup_runq, &slot);
+	if (!s) {
 		count_drop(NN_DROP_KEY_MAP_FULL);
+		return NULL;
+	}
+	/* First use of the slot on this CPU: userspace zeroed it on every CPU before freeing it. */
+	if (s->cgroup_id != cgid)
+		s->cgroup_id = cgid;
+	e = &cpu->slot_cache[cgid & (RUNQ_SLOT_CACHE - 1)];
+	e->cgroup_id = cgid;
+	e->slot = slot;
 	return s;
 }
 
-#define PREV_CGID_UNREAD (~0ULL) /* account_cpu(): read prev's cgroup only if an outlier event needs it */
-
-/* The per-CPU distribution and the outlier event: everything after the per-cgroup update. */
-static __always_inline void account_cpu(struct task_struct *prev, struct task_struct *next,
-					__u64 cgid, __u64 prev_cgid, __u64 wait_ns)
+/*
+ * This CPU's statistics of cgroup `cgid`. The slot's own cgroup_id is checked, so a slot that was
+ * freed (zeroed) and handed to another cgroup is never written for the old one from a stale cache.
+ */
+static __always_inline struct runq_cgroup_stats *cgroup_stats(struct runq_cpu_state *cpu, __u64 cgid)
 {
-	__u32 zero = 0;
-	struct nn_hist *h;
+	struct runq_slot_cache_entry *e = &cpu->slot_cache[cgid & (RUNQ_SLOT_CACHE - 1)];
+	struct runq_cgroup_stats *s;
+	__u32 slot;
 
-	h = bpf_map_lookup_elem(&cpu_runq, &zero);
-	if (h)
-		nn_hist_add(h, wait_ns);
+	if (e->cgroup_id == cgid && cgid) {
+		slot = e->slot;
+		s = bpf_map_lookup_elem(&cgroup_runq, &slot);
+		if (s && s->cgroup_id == cgid)
+			return s;
+	}
+	return cgroup_stats_slow(cpu, cgid);
+}
 
+#define PREV_CGID_UNREAD (~0ULL) /* report_outlier(): read prev's cgroup only if the event needs it */
+
+/* A wait above the outlier threshold goes to the ring buffer, with who ran right before it. */
+static __always_inline void report_outlier(struct task_struct *prev, struct task_struct *next,
+					   __u64 cgid, __u64 prev_cgid, __u64 wait_ns)
+{
 	if (outlier_threshold_ns && wait_ns >= outlier_threshold_ns) {
 		struct runq_event *e = bpf_ringbuf_reserve(&outliers, sizeof(*e), 0);
 
@@ -220,11 +276,20 @@ static __always_inline void account_cpu(struct task_struct *prev, struct task_st
 static __always_inline void account_cgroup(struct task_struct *prev, struct task_struct *next,
 					   __u64 cgid, __u64 wait_ns)
 {
-	struct runq_cgroup_stats *s = cgroup_stats(cgid);
+	__u32 zero = 0;
+	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
+	struct runq_cgroup_stats *s;
+	__u32 slot;
 
+	if (!cpu)
+		return;
+	s = cgroup_stats(cpu, cgid);
+	/* Both histograms at once: the slot is computed once, and is dead for the verifier after. */
+	slot = nn_hist_slot(wait_ns);
+	nn_hist_add_at(&cpu->hist, slot, wait_ns);
 	if (s)
-		nn_hist_add(&s->hist, wait_ns);
-	account_cpu(prev, next, cgid, PREV_CGID_UNREAD, wait_ns);
+		nn_hist_add_at(&s->hist, slot, wait_ns);
+	report_outlier(prev, next, cgid, PREV_CGID_UNREAD, wait_ns);
 }
 
 static __always_inline void account(struct task_struct *prev, struct task_struct *next, __u64 wait_ns)
@@ -395,7 +460,7 @@ static __always_inline void attribute_wait(struct runq_cpu_state *cpu, struct ru
 /* `prev` leaves the CPU still runnable for a task of another cgroup (or idle). */
 static __always_inline void count_foreign_preemption(struct runq_cpu_state *cpu, __u64 prev_cg, __u64 next_cg)
 {
-	struct runq_cgroup_stats *s = cgroup_stats(prev_cg);
+	struct runq_cgroup_stats *s = cgroup_stats(cpu, prev_cg);
 
 	if (s)
 		s->foreign_preemptions++;
@@ -410,6 +475,7 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 	struct runq_cgroup_stats *s;
 	struct task_wait *w;
 	__u64 now, prev_start, queued, run_delay, pending = 0, migrated = 0, prev_cg = 0, next_cg = 0;
+	__u32 slot;
 	bool own_preemption;
 
 	if (!cpu)
@@ -487,16 +553,19 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 				count_drop(NN_DROP_TASK_STORAGE);
 			}
 		}
-		s = cgroup_stats(next_cg);
+		s = cgroup_stats(cpu, next_cg);
+		slot = nn_hist_slot(pending + migrated);
+		nn_hist_add_at(&cpu->hist, slot, pending + migrated);
+		if (s)
+			nn_hist_add_at(&s->hist, slot, pending + migrated);
 		if (s) {
 			if (own_preemption)
 				s->own_preemptions++;
-			nn_hist_add(&s->hist, pending + migrated);
 			s->migrated_wait_ns += migrated;
 			if (pending)
 				attribute_wait(cpu, s, next_cg, prev_cg, prev_start, queued, pending);
 		}
-		account_cpu(prev, next, next_cg, prev_cg, pending + migrated);
+		report_outlier(prev, next, next_cg, prev_cg, pending + migrated);
 	}
 	return 0;
 }

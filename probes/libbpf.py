@@ -294,6 +294,12 @@ class BpfMap:
         if self._lib.lib.bpf_map_update_elem(self.fd, kbuf, vbuf, flags):
             raise BpfError(f"bpf_map_update_elem({self.name})", ctypes.get_errno())
 
+    def push(self, value: bytes) -> None:
+        """Add to a queue or stack map (they have no keys)."""
+        vbuf = ctypes.create_string_buffer(value, self.value_size)
+        if self._lib.lib.bpf_map_update_elem(self.fd, None, vbuf, BPF_ANY):
+            raise BpfError(f"bpf_map_update_elem({self.name})", ctypes.get_errno())
+
     def delete(self, key: bytes) -> bool:
         kbuf = ctypes.create_string_buffer(key, self.key_size)
         if self._lib.lib.bpf_map_delete_elem(self.fd, kbuf):

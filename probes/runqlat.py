@@ -52,13 +52,16 @@ CULPRIT_IDLE = 0  # the CPU's idle task ran: wakeup latency of an idle CPU
 CULPRIT_UNKNOWN = (1 << 64) - 1  # not attributable: older than the slice ring, waited on another CPU, or matrix full
 CulpritKind = Literal["foreign", "own", "idle", "unknown"]
 
-# struct runq_cgroup_stats after its nn_hist; struct runq_culprit_key / runq_culprit_stats;
-# the head of struct runq_cpu_state (bpf/nn_events.h).
+# struct runq_cgroup_stats after its nn_hist (then its slot's cgroup_id); struct runq_culprit_key /
+# runq_culprit_stats; the head of struct runq_cpu_state (bpf/nn_events.h).
 _SPLIT_TAIL = struct.Struct("<7Q")
+_SLOT_OWNER = struct.Struct("<Q")
+_SLOT = struct.Struct("<I")
 _CULPRIT_KEY = struct.Struct("<QQ")
 _CULPRIT_STATS = struct.Struct("<3Q")
 _CPU_STATE_HEAD = struct.Struct("<QQIIQQ")
-CGROUP_STATS_SIZE = NN_HIST_SIZE + _SPLIT_TAIL.size
+RUNQ_RING_SLOTS, RUNQ_SLOT_CACHE = 64, 16  # each entry 16 bytes, between the head and the histogram
+CGROUP_STATS_SIZE = NN_HIST_SIZE + _SPLIT_TAIL.size + _SLOT_OWNER.size
 
 
 class _RunqEvent(ctypes.Structure):
@@ -248,7 +251,8 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                              f"max_culprit_pairs={max_culprit_pairs})")
         self.v1_cpu = self._key_by("cpu", paths, layout)
         engine = engine or LibbpfEngine(self.paths)
-        sizes = {"outliers": outlier_ring_bytes, "cgroup_runq": max_cgroups, "runq_culprits": max_culprit_pairs}
+        sizes = {"outliers": outlier_ring_bytes, "cgroup_slots": max_cgroups, "free_slots": max_cgroups,
+                 "cgroup_runq": max_cgroups, "runq_culprits": max_culprit_pairs}
         options = {
             "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns},
             "map_sizes": sizes,
@@ -285,13 +289,13 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
     def snapshot(self) -> RunqSnapshot:
         per_cgroup: dict[int, LatencyHistogram] = {}
         wait_split: dict[int, WaitSplit] = {}
-        for key, values in self.probe.map_items("cgroup_runq"):
-            cgroup_id = struct.unpack("<Q", key)[0]
-            per_cgroup[cgroup_id] = LatencyHistogram.decode_percpu(values)  # type: ignore[arg-type]
+        for cgroup_id, values in self._cgroup_values():
+            per_cgroup[cgroup_id] = LatencyHistogram.decode_percpu(values)
             if self.culprits_available:
-                wait_split[cgroup_id] = WaitSplit.decode_percpu(values)  # type: ignore[arg-type]
-        cpu_values = self.probe.map_lookup("cpu_runq", b"\0\0\0\0") or []
-        per_cpu = [LatencyHistogram.decode(v) for v in cpu_values]  # type: ignore[union-attr]
+                wait_split[cgroup_id] = WaitSplit.decode_percpu(values)
+        cpu_states: list[bytes] = self.probe.map_lookup("runq_cpu", b"\0\0\0\0") or []  # type: ignore[assignment]
+        # The per-CPU histogram closes struct runq_cpu_state.
+        per_cpu = [LatencyHistogram.decode(raw[-NN_HIST_SIZE:]) for raw in cpu_states]
         drops = self.read_drops()
         culprits: dict[tuple[int, int], CulpritStats] = {}
         culprit_drops = culprit_drop_ns = 0
@@ -301,8 +305,8 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                 pair: tuple[int, int] = _CULPRIT_KEY.unpack(key)  # type: ignore[assignment]
                 in_kernel = CulpritStats.decode_percpu(values)  # type: ignore[arg-type]
                 culprits[pair] = culprits[pair] + in_kernel if pair in culprits else in_kernel
-            for raw in self.probe.map_lookup("runq_cpu", b"\0\0\0\0") or []:
-                *_, n, ns = _CPU_STATE_HEAD.unpack_from(raw)  # type: ignore[arg-type]
+            for raw in cpu_states:
+                *_, n, ns = _CPU_STATE_HEAD.unpack_from(raw)
                 culprit_drops, culprit_drop_ns = culprit_drops + n, culprit_drop_ns + ns
             # Also in drops["key_map_full"] (the shared reason); this says which map was full.
             drops["culprit_map_full"] = culprit_drops
@@ -310,11 +314,36 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             time.monotonic(), per_cgroup, per_cpu, drops, wait_split, culprits, culprit_drop_ns, self.culprits_available,
         )
 
+    def _cgroup_values(self) -> list[tuple[int, list[bytes]]]:
+        """Each indexed cgroup's per-CPU statistics from its slot. A CPU's copy still marked for
+        another cgroup (a slot freed and reused while a CPU was writing it) is left out."""
+        out = []
+        for key, slot in list(self.probe.map_items("cgroup_slots")):
+            cgroup_id = struct.unpack("<Q", key)[0]
+            values = self.probe.map_lookup("cgroup_runq", slot)  # type: ignore[arg-type]
+            if values:
+                owner_at = CGROUP_STATS_SIZE - _SLOT_OWNER.size
+                mine = [v for v in values if _SLOT_OWNER.unpack_from(v, owner_at)[0] in (0, cgroup_id)]  # type: ignore[arg-type]
+                out.append((cgroup_id, mine))
+        return out
+
+    def _free_slot(self, cgroup_id: int) -> bool:
+        """Unindex a cgroup, zero its slot on every CPU, then let the BPF side reuse it."""
+        key = struct.pack("<Q", cgroup_id)
+        slot = self.probe.map_lookup("cgroup_slots", key)
+        if slot is None or not self.probe.map_delete("cgroup_slots", key):
+            return False
+        cpus = len(self.probe.map_lookup("cgroup_runq", slot) or [])  # type: ignore[arg-type]
+        self.probe.map_update("cgroup_runq", slot, bytes(cpus * CGROUP_STATS_SIZE))  # type: ignore[arg-type]
+        self.probe.map_push("free_slots", slot)  # type: ignore[arg-type]
+        return True
+
     def forget(self, cgroup_ids: list[int]) -> int:
         """Drop removed cgroups from the kernel maps (as victim or culprit) so pod churn cannot fill
-        them. Returns how many map entries went."""
+        them. Returns how many map entries went. (Only for cgroups that are gone: a live one's
+        counters would start again from zero, less what a CPU wrote into the slot meanwhile.)"""
         gone = set(cgroup_ids)
-        removed = sum(self.probe.map_delete("cgroup_runq", struct.pack("<Q", cg)) for cg in gone)
+        removed = sum(self._free_slot(cg) for cg in gone)
         self._culprit_base = {pair: c for pair, c in self._culprit_base.items() if not gone.intersection(pair)}
         if self.culprits_available and gone:
             stale = [key for key, _ in self.probe.map_items("runq_culprits") if gone.intersection(_CULPRIT_KEY.unpack(key))]

@@ -199,3 +199,44 @@ def test_drops_are_counted_not_silent(two_contending_cgroups):
         print(f"received {received}, dropped {drops}")
         assert received > 0  # what fit in the ring arrived...
         assert drops > 0  # ...and the rest is counted
+
+
+def test_cgroup_slots_are_bounded_and_a_freed_slot_starts_from_zero(two_contending_cgroups):
+    """Per-cgroup statistics live in `max_cgroups` slots: more cgroups than slots lose updates
+    (counted), and a slot freed by forget() is zeroed before a new cgroup reuses it, so the new
+    cgroup's wait equals its own schedstat run_delay, none of the old one's."""
+    a, b = two_contending_cgroups
+    ia, ib = os.stat(a.path("cpu")).st_ino, os.stat(b.path("cpu")).st_ino
+    with RunqLatProbe(max_cgroups=2) as probe:
+        time.sleep(0.3)  # root (this test), a and b all switch in: one of them finds no slot
+        first = probe.snapshot()
+        assert len(first.per_cgroup) <= 2 and first.drops["key_map_full"] > 0, first.drops
+
+        _signal_all(_tids(b), signal.SIGSTOP)
+        _wait_stopped(_tids(b))
+        probe.forget(list(first.per_cgroup))  # start over with b stopped: root and a take the slots
+        time.sleep(0.5)
+        assert ia in probe.snapshot().per_cgroup
+        slot_a = probe.probe.map_lookup("cgroup_slots", ia.to_bytes(8, "little"))
+        assert slot_a is not None
+
+        _signal_all(_tids(a), signal.SIGSTOP)
+        _wait_stopped(_tids(a))
+        assert probe.snapshot().per_cgroup[ia].sum_ns > 1e8  # what b must not inherit
+        assert probe.forget([ia]) >= 1
+        assert all(v == bytes(len(v)) for v in probe.probe.map_lookup("cgroup_runq", slot_a))  # type: ignore[union-attr]
+
+        tids_b = _tids(b)
+        before = _schedstat(tids_b)
+        _signal_all(tids_b, signal.SIGCONT)
+        time.sleep(0.5)
+        _signal_all(tids_b, signal.SIGSTOP)
+        _wait_stopped(tids_b)
+        after = _schedstat(tids_b)
+        _signal_all(_tids(a) + tids_b, signal.SIGCONT)
+        got = probe.snapshot().per_cgroup[ib]
+        assert probe.probe.map_lookup("cgroup_slots", ib.to_bytes(8, "little")) == slot_a
+    truth = sum(after[t][0] - before[t][0] for t in tids_b)
+    print(f"b: probe {got.sum_ns / 1e6:.3f} ms, schedstat {truth / 1e6:.3f} ms")
+    assert truth > 1e8
+    assert abs(got.sum_ns - truth) <= 0.001 * truth + 1e6

@@ -387,8 +387,16 @@ def test_top_culprits_ranks_the_interval_and_handles_a_forgotten_pair():
 def test_map_layouts_match_the_object():
     """The Python decoders' struct sizes equal the map key/value sizes in the compiled object."""
     from probes.engine import OBJECT_DIR
+    from probes.hist import NN_HIST_SIZE
     from probes.libbpf import BpfObject, LibbpfMissing
-    from probes.runqlat import _CPU_STATE_HEAD, _CULPRIT_KEY, _CULPRIT_STATS, CGROUP_STATS_SIZE
+    from probes.runqlat import (
+        _CPU_STATE_HEAD,
+        _CULPRIT_KEY,
+        _CULPRIT_STATS,
+        CGROUP_STATS_SIZE,
+        RUNQ_RING_SLOTS,
+        RUNQ_SLOT_CACHE,
+    )
 
     try:
         obj = BpfObject(OBJECT_DIR / "runqlat.bpf.o")
@@ -398,6 +406,7 @@ def test_map_layouts_match_the_object():
         assert obj.map("cgroup_runq").value_size == CGROUP_STATS_SIZE
         assert obj.map("runq_culprits").key_size == _CULPRIT_KEY.size
         assert obj.map("runq_culprits").value_size == _CULPRIT_STATS.size
-        # struct runq_cpu_state: the decoded head, then RUNQ_RING_SLOTS slices of 16 bytes.
-        assert (obj.map("runq_cpu").value_size - _CPU_STATE_HEAD.size) % 16 == 0
-        assert obj.map("runq_cpu").value_size > _CPU_STATE_HEAD.size
+        # struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the CPU's histogram.
+        assert obj.map("runq_cpu").value_size == (
+            _CPU_STATE_HEAD.size + 16 * (RUNQ_RING_SLOTS + RUNQ_SLOT_CACHE) + NN_HIST_SIZE)
+        assert obj.map("cgroup_slots").key_size == 8 and obj.map("cgroup_slots").value_size == 4
