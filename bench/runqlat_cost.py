@@ -16,6 +16,7 @@ the total over `loops` is printed as well, and the least disturbed (minimum) rou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import statistics
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from noisyneighbor.sandbox import OwnedCgroup
-from probes.libbpf import BpfObject, RunTimeStats
+from probes.libbpf import BpfError, BpfObject, RunTimeStats
 from probes.runqlat import RunqLatProbe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,12 +79,15 @@ def pipe(loops: int, cgroups: tuple[OwnedCgroup, OwnedCgroup]) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def measure(obj_path: Path, v1_cpu: bool, loops: int, cgroups: tuple[OwnedCgroup, OwnedCgroup]) -> Run:
+def measure(obj_path: Path, v1_cpu: bool, pid_slots: int, loops: int, cgroups: tuple[OwnedCgroup, OwnedCgroup]) -> Run:
     with BpfObject(obj_path) as obj:
         for name in obj.program_names():
             if name != PROGRAM:
                 obj.set_autoload(name, False)
         obj.set_rodata({"v1_cpu_cgroup": v1_cpu})
+        with contextlib.suppress(BpfError):  # older objects kept the last run_delay in task storage only
+            obj.set_rodata({"pid_slots": pid_slots})
+            obj.map("task_run_delay").set_max_entries(pid_slots)
         obj.load()
         obj.attach(PROGRAM)
         ops = pipe(loops, cgroups)
@@ -99,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--object", type=Path, default=REPO / "probes/bpf_objects/runqlat.bpf.o")
     args = parser.parse_args(argv)
 
-    with RunqLatProbe() as probe:  # only to learn which cgroup hierarchy keys the maps on this host
-        v1_cpu = probe.v1_cpu
+    with RunqLatProbe() as probe:  # only to learn which cgroup hierarchy keys the maps, and pid_max
+        v1_cpu, pid_slots = probe.v1_cpu, probe.pid_slots
     with tempfile.TemporaryDirectory() as tmp:
         objects = {"current": args.object}
         if args.baseline_src:
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.rounds):
                 for placement, cgroups in (("same cgroup", (a, a)), ("foreign", (a, b))):
                     for name, path in objects.items():
-                        results.setdefault((name, placement), []).append(measure(path, v1_cpu, args.loops, cgroups))
+                        results.setdefault((name, placement), []).append(measure(path, v1_cpu, pid_slots, args.loops, cgroups))
         finally:
             stats_fd.close()
             b.remove()

@@ -13,7 +13,7 @@
  *   reads rq->clock - last_queued — no wakeup program, no clock call — which is by construction
  *   what /proc/<pid>/schedstat accounts. A queued task moved by the load balancer has the part of
  *   its wait before the move added to sched_info.run_delay at dequeue; we add run_delay's growth
- *   since the task's previous switch-in (one task-storage slot) so the wait stays whole.
+ *   since the task's previous switch-in (kept per pid in an array) so the wait stays whole.
  * - tp_btf: wakeup/wakeup_new → switch with the start time in task storage.
  * - raw_tp (kernels without BTF-typed tracepoints): the same with a bounded pid hash, because raw
  *   task pointers cannot be passed to task storage.
@@ -43,6 +43,7 @@
 /* Set by the loader before load. */
 const volatile bool v1_cpu_cgroup = false;     /* key by the v1 cpu controller's cgroup */
 const volatile __u64 outlier_threshold_ns = 0; /* 0: no outlier events */
+const volatile __u32 pid_slots = 0;            /* entries of task_run_delay: pids below use it */
 
 struct task_wait {
 	__u64 queued_ns;      /* tp_btf flavour: when it became runnable; 0 while running or sleeping */
@@ -57,6 +58,18 @@ struct {
 	__type(key, int);
 	__type(value, struct task_wait);
 } task_wait SEC(".maps");
+
+/*
+ * sched_info flavour: each task's sched_info.run_delay after its last switch-in, plus one (0: not
+ * seen since load), indexed by pid. An inlined array index where a task-storage get cost ~35 ns per
+ * switch; the loader sizes it to the pid space (8 bytes a pid, capped), larger pids use task_wait.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* the loader sets it (map_sizes) */
+	__type(key, __u32);
+	__type(value, __u64);
+} task_run_delay SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -476,7 +489,7 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 	struct task_wait *w;
 	__u64 now, prev_start, queued, run_delay, pending = 0, migrated = 0, prev_cg = 0, next_cg = 0;
 	__u32 slot;
-	bool own_preemption;
+	bool own_preemption, first_arrival;
 
 	if (!cpu)
 		return 0;
@@ -540,17 +553,37 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 			pending = now - queued;
 			if ((__s64)pending < 0)
 				pending = 0;
+			/*
+			 * Wait accounted at a dequeue since it last ran (a queued task was migrated): the
+			 * growth of run_delay since its last switch-in, to which sched_info_arrive() is about
+			 * to add `pending`. A task's first arrival (pcount 0) has all of its run_delay from
+			 * before a migration (fork zeroes sched_info), whatever an earlier owner of its pid
+			 * left in the array.
+			 */
 			run_delay = next->sched_info.run_delay;
-			w = bpf_task_storage_get(&task_wait, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-			if (w) {
-				/* Wait accounted at a dequeue since it last ran (a queued task was migrated). */
-				if (w->seen_valid && run_delay > w->run_delay_seen)
-					migrated = run_delay - w->run_delay_seen;
-				/* sched_info_arrive() is about to add `pending` to run_delay. */
-				w->run_delay_seen = run_delay + pending;
-				w->seen_valid = 1;
+			first_arrival = next->sched_info.pcount == 0;
+			if (next_pid < pid_slots) {
+				__u64 *seen = bpf_map_lookup_elem(&task_run_delay, &next_pid);
+
+				if (seen) {
+					if (first_arrival)
+						migrated = run_delay;
+					else if (*seen && run_delay + 1 > *seen)
+						migrated = run_delay + 1 - *seen;
+					*seen = run_delay + pending + 1;
+				}
 			} else {
-				count_drop(NN_DROP_TASK_STORAGE);
+				w = bpf_task_storage_get(&task_wait, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+				if (w) {
+					if (first_arrival)
+						migrated = run_delay;
+					else if (w->seen_valid && run_delay > w->run_delay_seen)
+						migrated = run_delay - w->run_delay_seen;
+					w->run_delay_seen = run_delay + pending;
+					w->seen_valid = 1;
+				} else {
+					count_drop(NN_DROP_TASK_STORAGE);
+				}
 			}
 		}
 		s = cgroup_stats(cpu, next_cg);

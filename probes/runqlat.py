@@ -232,6 +232,18 @@ def top_culprits(prev: RunqSnapshot | None, cur: RunqSnapshot, victim_cgroup_id:
     return ranked[:k]
 
 
+PID_MAX_LIMIT = 1 << 22  # the kernel's limit on 64-bit: pid_max can be raised up to it
+MAX_FALLBACK_TASKS = 65536  # the raw_tp flavour's pid -> enqueue time hash (bpf/runqlat.bpf.c)
+
+
+def _pid_max(paths: HostPaths) -> int:
+    """The host's pid_max (pids are below it); the kernel's limit if it cannot be read."""
+    try:
+        return int((paths.proc / "sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return PID_MAX_LIMIT
+
+
 class RunqLatProbe(BpfProbe[RunqOutlier]):
     def __init__(
         self,
@@ -243,18 +255,24 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         outlier_ring_bytes: int = 256 * 1024,
         max_cgroups: int = 16384,
         max_culprit_pairs: int = 8192,
+        max_pid_slots: int = PID_MAX_LIMIT,
     ) -> None:
         """`max_culprit_pairs` bounds the (victim, culprit) matrix; pairs beyond it are counted in
-        drops["culprit_map_full"] and their wait in `culprit_drop_ns`."""
+        drops["culprit_map_full"] and their wait in `culprit_drop_ns`. `max_pid_slots` caps the
+        pid-indexed array of the sched_info flavour (8 bytes a pid, sized to the host's pid_max):
+        tasks with larger pids are tracked in task storage instead, at ~35 ns more per switch."""
         if max_culprit_pairs < 1 or max_cgroups < 1:
             raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
                              f"max_culprit_pairs={max_culprit_pairs})")
         self.v1_cpu = self._key_by("cpu", paths, layout)
         engine = engine or LibbpfEngine(self.paths)
+        self.pid_slots = max(1, min(max_pid_slots, _pid_max(self.paths)))
         sizes = {"outliers": outlier_ring_bytes, "cgroup_slots": max_cgroups, "free_slots": max_cgroups,
-                 "cgroup_runq": max_cgroups, "runq_culprits": max_culprit_pairs}
+                 "cgroup_runq": max_cgroups, "runq_culprits": max_culprit_pairs,
+                 "task_run_delay": self.pid_slots, "fallback_queued_ns": 1}
         options = {
-            "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns},
+            "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns,
+                       "pid_slots": self.pid_slots},
             "map_sizes": sizes,
         }
         self.probe: LoadedProbe
@@ -273,8 +291,10 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                 raise ProbeError(sched_info_error)
         if attach_mode != "sched_info" and (attach_mode != "auto" or sched_info_error):
             fallback: AttachMode = "auto" if attach_mode == "auto" else attach_mode
-            # The wakeup-based flavours do not fill the matrix: do not reserve memory for it.
-            options["map_sizes"] = {**sizes, "runq_culprits": 1}
+            # The wakeup-based flavours do not fill the matrix or the pid array: no memory for them.
+            self.pid_slots = 1
+            options["map_sizes"] = {**sizes, "runq_culprits": 1, "task_run_delay": 1,
+                                    "fallback_queued_ns": MAX_FALLBACK_TASKS}
             self.probe = engine.open_probe(SPEC, attach_mode=fallback, **options)
         # Pairs forgotten by forget_quiet_pairs() while their cgroups live on: their totals so far,
         # added back in snapshots so the matrix stays cumulative when a pair reappears.

@@ -14,7 +14,7 @@ import pytest
 
 from noisyneighbor.sandbox import OwnedCgroup
 from probes.engine import ProbeError
-from probes.runqlat import RunqLatProbe
+from probes.runqlat import PID_MAX_LIMIT, RunqLatProbe
 from tests.conftest import require_tool
 
 PINGPONG = Path(__file__).parent / "workloads" / "pingpong.py"
@@ -240,3 +240,49 @@ def test_cgroup_slots_are_bounded_and_a_freed_slot_starts_from_zero(two_contendi
     print(f"b: probe {got.sum_ns / 1e6:.3f} ms, schedstat {truth / 1e6:.3f} ms")
     assert truth > 1e8
     assert abs(got.sum_ns - truth) <= 0.001 * truth + 1e6
+
+
+@pytest.mark.parametrize("pid_slots", ["array", "task_storage"])
+def test_wait_of_tasks_moved_while_queued_is_whole(make_cgroup, pid_slots):
+    """A queued task moved to another CPU has its wait so far added to run_delay at the dequeue; the
+    probe adds run_delay's growth since the task's last switch-in, kept in the pid-indexed array
+    (or, for pids past its end, in task storage), so the cgroup's wait equals schedstat's."""
+    stress = require_tool("stress-ng")
+    cg = make_cgroup("moved")
+    hogs = subprocess.Popen(["taskset", "-c", "1", stress, "--cpu", "3", "--cpu-method", "int64", "-t", "60", "--quiet"],
+                            preexec_fn=cg.preexec)
+    ino = os.stat(cg.path("cpu")).st_ino
+    try:
+        deadline = time.monotonic() + 10
+        while len(_tids(cg)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = [t for t in _tids(cg) if t != hogs.pid]
+        assert len(workers) == 3, _tids(cg)
+        _signal_all(workers, signal.SIGSTOP)
+        _wait_stopped(workers)
+        with RunqLatProbe(max_pid_slots=PID_MAX_LIMIT if pid_slots == "array" else 1) as probe:
+            assert all((t < probe.pid_slots) == (pid_slots == "array") for t in workers)
+            before, s0 = _schedstat(workers), probe.snapshot()
+            _signal_all(workers, signal.SIGCONT)
+            time.sleep(0.1)  # every worker switches in once: the probe has seen its run_delay
+            # All three on one CPU, then all on the other, every 5 ms: the queued ones are moved.
+            end = time.monotonic() + 2
+            flips = 0
+            while time.monotonic() < end:
+                for t in workers:
+                    os.sched_setaffinity(t, {flips % 2})
+                flips += 1
+                time.sleep(0.005)
+            _signal_all(workers, signal.SIGSTOP)
+            _wait_stopped(workers)
+            after, s1 = _schedstat(workers), probe.snapshot()
+        got = s1.per_cgroup[ino].delta(s0.per_cgroup.get(ino))
+        split = s1.wait_split[ino].delta(s0.wait_split.get(ino))
+    finally:
+        hogs.kill()
+        hogs.wait()
+    truth = sum(after[t][0] - before[t][0] for t in workers)
+    print(f"{flips} flips: probe {got.sum_ns / 1e6:.2f} ms (migrated {split.migrated_wait_ns / 1e6:.2f} ms), "
+          f"schedstat {truth / 1e6:.2f} ms")
+    assert split.migrated_wait_ns > 0.01 * truth
+    assert abs(got.sum_ns - truth) <= 0.002 * truth + 1e6
