@@ -492,7 +492,7 @@ def make_specs(args: argparse.Namespace) -> dict[str, ToolSpec]:
             f"a line matching {args.ours_ready!r}" if ours_re else "its first stdout line",
         ),
         ARM_BCC: ToolSpec(ARM_BCC, resolve_cmd(args.bcc_cmd), lambda ln: bool(bcc_re.search(ln)), f"{args.bcc_ready!r}"),
-        ARM_FLOOR: ToolSpec(ARM_FLOOR, resolve_cmd(DEFAULT_FLOOR_CMD), lambda ln: ln.startswith("attached"), "'attached'"),
+        ARM_FLOOR: ToolSpec(ARM_FLOOR, resolve_cmd(args.floor_cmd), lambda ln: ln.startswith("attached"), "'attached'"),
     }
 
 
@@ -950,6 +950,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ours-cmd", default=DEFAULT_OURS_CMD, help="the noisyneighbor arm's command")
     p.add_argument("--ours-ready", default="", help="regex a stdout line must match to be ready; empty = any line")
     p.add_argument("--bcc-cmd", default=DEFAULT_BCC_CMD, help="the bcc-runqlat arm's command")
+    p.add_argument("--floor-cmd", default=DEFAULT_FLOOR_CMD,
+                   help="the floor arm's command (add --all-probes for every tracepoint of the default probes)")
     p.add_argument("--bcc-ready", default=BCC_READY, help="regex of the bcc tool's readiness line")
     p.add_argument("--ready-timeout", type=float, default=60.0, help="seconds a tool has to get ready")
     p.add_argument("--stop-timeout", type=float, default=10.0, help="seconds after SIGTERM before SIGKILL")

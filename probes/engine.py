@@ -71,10 +71,14 @@ class ProbeStatus:
     reason: str = ""
     attach_mode: str | None = None
     attached: list[str] = field(default_factory=list)
+    # Per-CPU maps shrunk to fit the memory budget on this host: map name -> entries it holds.
+    capped_maps: dict[str, int] = field(default_factory=dict)
 
     def line(self) -> str:
         mode = f" ({self.attach_mode})" if self.attach_mode else ""
-        return f"{self.name}: {self.state}{mode}{': ' + self.reason if self.reason else ''}"
+        capped = "; ".join(f"{m} holds {n} entries (memory budget)" for m, n in self.capped_maps.items())
+        details = "; ".join(x for x in (self.reason, capped) if x)
+        return f"{self.name}: {self.state}{mode}{': ' + details if details else ''}"
 
 
 class LoadedProbe(Protocol):
@@ -143,12 +147,31 @@ class LibbpfProbe:
         self.status.state = "off"
 
 
+# Kernel memory one per-CPU map may take: entries x value size x possible CPUs. Without a cap, a
+# 16384-entry map of 344-byte values is 11 MiB on 2 CPUs but 361 MiB on 64 (charged to the agent's
+# memory cgroup): on hosts with many CPUs such maps hold fewer entries, and updates past them are
+# counted as drops.
+PERCPU_MAP_BUDGET_BYTES = 16 << 20
+
+
+def percpu_map_entries(wanted: int, value_size: int, cpus: int, budget_bytes: int = PERCPU_MAP_BUDGET_BYTES) -> int:
+    """How many entries of a per-CPU map fit the budget (at least 1, at most `wanted`)."""
+    per_entry = (value_size + 7) // 8 * 8 * max(cpus, 1)
+    return max(1, min(wanted, budget_bytes // per_entry))
+
+
 class LibbpfEngine:
     name = "libbpf"
 
-    def __init__(self, paths: HostPaths | None = None, object_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        paths: HostPaths | None = None,
+        object_dir: Path | None = None,
+        percpu_map_budget_bytes: int = PERCPU_MAP_BUDGET_BYTES,
+    ) -> None:
         self.paths = paths or HostPaths()
         self.object_dir = object_dir or Path(os.environ.get("NN_BPF_OBJECT_DIR", OBJECT_DIR))
+        self.percpu_map_budget_bytes = percpu_map_budget_bytes
 
     def open_probe(
         self,
@@ -203,6 +226,7 @@ class LibbpfEngine:
                 obj.set_rodata(rodata)
             for map_name, size in (map_sizes or {}).items():
                 obj.map(map_name).set_max_entries(size)
+            self._cap_percpu_maps(obj, status)
             obj.load()
             for tp in wanted:
                 prog = tp.btf_program if mode == "tp_btf" else tp.raw_program
@@ -218,6 +242,17 @@ class LibbpfEngine:
             raise ProbeError(f"{spec.name}: off: {e}") from None
         log.info("%s", status.line())
         return LibbpfProbe(obj, status)
+
+    def _cap_percpu_maps(self, obj: BpfObject, status: ProbeStatus) -> None:
+        for m in obj.maps():
+            if not m.percpu:
+                continue
+            fit = percpu_map_entries(m.max_entries, m.value_size, m.possible_cpus, self.percpu_map_budget_bytes)
+            if fit < m.max_entries:
+                log.info("%s: map %s holds %d entries, not %d: %d MiB per per-CPU map over %d CPUs",
+                         status.name, m.name, fit, m.max_entries, self.percpu_map_budget_bytes >> 20, m.possible_cpus)
+                m.set_max_entries(fit)
+                status.capped_maps[m.name] = fit
 
     def _exists(self, tracepoint: str, typed: dict[str, bool]) -> bool:
         """A tracepoint exists if it has a BTF typedef, or tracefs lists it (raw_tp-only kernels)."""

@@ -260,6 +260,10 @@ class BpfMap:
             raise BpfError(f"bpf_map__set_max_entries({self.name})", err)
 
     @property
+    def possible_cpus(self) -> int:
+        return self._lib.possible_cpus
+
+    @property
     def percpu(self) -> bool:
         return self.type in PERCPU_MAP_TYPES
 
@@ -436,6 +440,14 @@ class BpfObject:
 
     def map(self, name: str) -> BpfMap:
         return BpfMap(self, _check_ptr(self._lib.lib.bpf_object__find_map_by_name(self._obj, name.encode()), f"map {name}"))
+
+    def maps(self) -> list[BpfMap]:
+        """Every map of the object, internal ones (.rodata, .bss) included."""
+        out, m = [], self._lib.lib.bpf_object__next_map(self._obj, None)
+        while m:
+            out.append(BpfMap(self, m))
+            m = self._lib.lib.bpf_object__next_map(self._obj, m)
+        return out
 
     def set_rodata(self, values: dict[str, int | bool]) -> None:
         """Set `const volatile` globals before load (found by name in the object's BTF)."""

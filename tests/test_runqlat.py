@@ -286,3 +286,34 @@ def test_wait_of_tasks_moved_while_queued_is_whole(make_cgroup, pid_slots):
           f"schedstat {truth / 1e6:.2f} ms")
     assert split.migrated_wait_ns > 0.01 * truth
     assert abs(got.sum_ns - truth) <= 0.002 * truth + 1e6
+
+
+def test_percpu_map_entries_fit_the_budget():
+    from probes.engine import percpu_map_entries
+
+    # 16384 cgroups of 344 bytes: 11 MiB on 2 CPUs fits 16 MiB; on 64 CPUs only 762 entries do.
+    assert percpu_map_entries(16384, 344, 2, 16 << 20) == 16384
+    assert percpu_map_entries(16384, 344, 64, 16 << 20) == 762
+    assert percpu_map_entries(16384, 341, 64, 16 << 20) == 762  # values are 8-byte aligned per CPU
+    assert percpu_map_entries(10, 1 << 20, 64, 16 << 20) == 1  # never zero
+
+
+def test_per_cpu_maps_are_shrunk_to_the_memory_budget_and_still_work(two_contending_cgroups):
+    """Per-CPU maps cost entries x value x CPUs of kernel memory (hundreds of MiB on a 64-CPU node at
+    our defaults): the engine shrinks each to the budget, reports it, and the probe works within it."""
+    from probes.engine import LibbpfEngine, percpu_map_entries
+
+    a, b = two_contending_cgroups
+    budget = 64 << 10
+    with RunqLatProbe(engine=LibbpfEngine(percpu_map_budget_bytes=budget)) as probe:
+        maps = {m.name: m for m in probe.probe.obj.maps()}  # type: ignore[attr-defined]
+        cpus = maps["cgroup_runq"].possible_cpus
+        assert probe.status.capped_maps["cgroup_runq"] == percpu_map_entries(16384, 344, cpus, budget)
+        assert maps["cgroup_runq"].max_entries == probe.status.capped_maps["cgroup_runq"]
+        for m in maps.values():
+            if m.percpu:
+                assert m.max_entries * ((m.value_size + 7) // 8 * 8) * cpus <= budget, m.name
+        time.sleep(0.3)
+        snap = probe.snapshot()
+    assert {os.stat(cg.path("cpu")).st_ino for cg in (a, b)} <= set(snap.per_cgroup)
+    assert snap.drops["key_map_full"] == 0
