@@ -237,8 +237,8 @@ def test_ports_probes_and_resources() -> None:
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
-    assert c["resources"] == {"requests": {"cpu": "50m", "memory": "64Mi"},
-                              "limits": {"cpu": "500m", "memory": "256Mi"}}
+    assert c["resources"] == {"requests": {"cpu": "50m", "memory": "128Mi"},
+                              "limits": {"cpu": "500m", "memory": "384Mi"}}
     svc = the("Service")
     assert svc["spec"]["selector"].items() <= the("DaemonSet")["spec"]["template"]["metadata"]["labels"].items()
     assert svc["spec"]["ports"][0]["port"] == METRICS_PORT and svc["spec"]["ports"][0]["targetPort"] == "metrics"
