@@ -66,6 +66,7 @@ struct runq_culprit_stats {
 	__u64 wait_ns;     /* victim wait covered by the culprit's slices */
 	__u64 count;       /* culprit turns on the CPU (consecutive slices of it merged) inside victim waits */
 	__u64 preemptions; /* victim tasks switched out while runnable in favour of the culprit */
+	struct runq_culprit_key pair; /* whose slot this CPU's copy is (victim 0: unused) */
 };
 
 #define RUNQ_RING_SLOTS 64 /* power of 2: the finished slices each CPU remembers (consecutive ones of one cgroup merged) */
@@ -84,6 +85,14 @@ struct runq_slot_cache_entry {
 	__u64 slot;
 };
 
+#define RUNQ_PAIR_CACHE 16 /* power of 2: per-CPU cache of (victim, culprit) -> runq_culprits slot */
+
+/* A cached culprit_slots entry (the slot's own pair is checked before use). */
+struct runq_pair_cache_entry {
+	struct runq_culprit_key pair;
+	__u64 slot;
+};
+
 /* Per CPU: the current slice and the ring of finished ones (only ever touched by that CPU). */
 struct runq_cpu_state {
 	__u64 slice_start;       /* rq clock at the last sched_switch: the current slice began */
@@ -94,6 +103,7 @@ struct runq_cpu_state {
 	__u64 culprit_drop_ns;   /* the foreign wait those carried */
 	struct runq_slice ring[RUNQ_RING_SLOTS];
 	struct runq_slot_cache_entry slot_cache[RUNQ_SLOT_CACHE]; /* cgroup id -> cgroup_runq slot, direct-mapped */
+	struct runq_pair_cache_entry pair_cache[RUNQ_PAIR_CACHE]; /* (victim, culprit) -> runq_culprits slot */
 	struct nn_hist hist;     /* the wait distribution of everything that ran on this CPU */
 };
 

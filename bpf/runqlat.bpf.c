@@ -108,13 +108,32 @@ struct {
 
 __u64 slots_taken = 0; /* never-used slots handed out so far (the next one is this) */
 
-/* Victim x culprit: foreign wait and preemptions per pair (sched_info flavour). */
+/*
+ * Victim x culprit: foreign wait and preemptions per pair (sched_info flavour), in slots like the
+ * cgroups' (a pair index, a stack of freed slots, a counter of never-used ones, a per-CPU cache):
+ * while a best-effort pod keeps an LS pod waiting, every switch between them charges a pair.
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_CULPRIT_PAIRS);
 	__type(key, struct runq_culprit_key);
+	__type(value, __u32);
+} culprit_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK);
+	__uint(max_entries, MAX_CULPRIT_PAIRS);
+	__uint(value_size, sizeof(__u32));
+} free_culprit_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_CULPRIT_PAIRS);
+	__type(key, __u32);
 	__type(value, struct runq_culprit_stats);
 } runq_culprits SEC(".maps");
+
+__u64 culprit_slots_taken = 0; /* never-used pair slots handed out so far */
 
 /* Per CPU: the current slice and the ring of the last finished ones. */
 struct {
@@ -129,7 +148,6 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } outliers SEC(".maps");
 
-static const struct runq_culprit_stats zero_culprit;
 
 /* ---- start-time storage: task storage (tp_btf) or pid hash (raw_tp) ---------------------- */
 
@@ -336,22 +354,72 @@ static __always_inline unsigned int task_state_btf(struct task_struct *t)
 	return ((struct task_struct___pre_5_14 *)t)->state;
 }
 
-/* Add to the victim x culprit matrix; a full map loses the update, counted. */
+static __always_inline struct runq_pair_cache_entry *pair_cache_entry(struct runq_cpu_state *cpu, __u64 victim,
+								      __u64 culprit)
+{
+	return &cpu->pair_cache[(victim + culprit * 31) & (RUNQ_PAIR_CACHE - 1)];
+}
+
+/* The pair's slot from the index, taking a free one for a new pair, remembered in this CPU's cache. */
+static __noinline struct runq_culprit_stats *culprit_stats_slow(struct runq_cpu_state *cpu, __u64 victim,
+								__u64 culprit)
+{
+	struct runq_culprit_key key = { .victim_cgroup_id = victim, .culprit_cgroup_id = culprit };
+	struct runq_pair_cache_entry *e;
+	struct runq_culprit_stats *c;
+	__u32 *found, slot;
+
+	if (!cpu || !victim)
+		return NULL;
+	found = bpf_map_lookup_elem(&culprit_slots, &key);
+	if (found) {
+		slot = *found;
+	} else {
+		if (bpf_map_pop_elem(&free_culprit_slots, &slot))
+			slot = __sync_fetch_and_add(&culprit_slots_taken, 1);
+		if (!bpf_map_lookup_elem(&runq_culprits, &slot))
+			return NULL; /* every slot is taken */
+		if (bpf_map_update_elem(&culprit_slots, &key, &slot, BPF_NOEXIST)) {
+			bpf_map_push_elem(&free_culprit_slots, &slot, 0);
+			found = bpf_map_lookup_elem(&culprit_slots, &key);
+			if (!found)
+				return NULL;
+			slot = *found;
+		}
+	}
+	c = bpf_map_lookup_elem(&runq_culprits, &slot);
+	if (!c)
+		return NULL;
+	/* First use of the slot on this CPU: userspace zeroed it on every CPU before freeing it. */
+	if (c->pair.victim_cgroup_id != victim || c->pair.culprit_cgroup_id != culprit)
+		c->pair = key;
+	e = pair_cache_entry(cpu, victim, culprit);
+	e->pair = key;
+	e->slot = slot;
+	return c;
+}
+
+/* Add to the victim x culprit matrix; a full matrix loses the update, counted. */
 static __always_inline void charge_culprit(struct runq_cpu_state *cpu, __u64 victim, __u64 culprit,
 					   __u64 wait_ns, __u64 turns, __u64 preemptions)
 {
-	struct runq_culprit_key key = { .victim_cgroup_id = victim, .culprit_cgroup_id = culprit };
-	struct runq_culprit_stats *c = bpf_map_lookup_elem(&runq_culprits, &key);
+	struct runq_pair_cache_entry *e = pair_cache_entry(cpu, victim, culprit);
+	struct runq_culprit_stats *c = NULL;
+	__u32 slot;
 
+	if (e->pair.victim_cgroup_id == victim && e->pair.culprit_cgroup_id == culprit && victim) {
+		slot = e->slot;
+		c = bpf_map_lookup_elem(&runq_culprits, &slot);
+		if (c && (c->pair.victim_cgroup_id != victim || c->pair.culprit_cgroup_id != culprit))
+			c = NULL;
+	}
+	if (!c)
+		c = culprit_stats_slow(cpu, victim, culprit);
 	if (!c) {
-		bpf_map_update_elem(&runq_culprits, &key, &zero_culprit, BPF_NOEXIST);
-		c = bpf_map_lookup_elem(&runq_culprits, &key);
-		if (!c) {
-			count_drop(NN_DROP_KEY_MAP_FULL);
-			cpu->culprit_drops++;
-			cpu->culprit_drop_ns += wait_ns;
-			return;
-		}
+		count_drop(NN_DROP_KEY_MAP_FULL);
+		cpu->culprit_drops++;
+		cpu->culprit_drop_ns += wait_ns;
+		return;
 	}
 	c->wait_ns += wait_ns;
 	c->count += turns;

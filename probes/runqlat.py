@@ -60,8 +60,11 @@ _SLOT = struct.Struct("<I")
 _CULPRIT_KEY = struct.Struct("<QQ")
 _CULPRIT_STATS = struct.Struct("<3Q")
 _CPU_STATE_HEAD = struct.Struct("<QQIIQQ")
-RUNQ_RING_SLOTS, RUNQ_SLOT_CACHE = 64, 16  # each entry 16 bytes, between the head and the histogram
+# Between its head and its histogram: the slice ring and the cgroup slot cache (16-byte entries), the
+# pair slot cache (24-byte entries).
+RUNQ_RING_SLOTS, RUNQ_SLOT_CACHE, RUNQ_PAIR_CACHE = 64, 16, 16
 CGROUP_STATS_SIZE = NN_HIST_SIZE + _SPLIT_TAIL.size + _SLOT_OWNER.size
+CULPRIT_STATS_SIZE = _CULPRIT_STATS.size + _CULPRIT_KEY.size  # the counters, then the pair owning the slot
 
 
 class _RunqEvent(ctypes.Structure):
@@ -232,6 +235,38 @@ def top_culprits(prev: RunqSnapshot | None, cur: RunqSnapshot, victim_cgroup_id:
     return ranked[:k]
 
 
+class _Slots:
+    """Statistics kept in slots of a per-CPU array (bpf/runqlat.bpf.c): `index` maps a key to its
+    slot, each CPU's copy in `stats` ends with the key it belongs to (zeros: not used on that CPU),
+    and `free` is the stack of slots the BPF side may reuse."""
+
+    def __init__(self, probe: LoadedProbe, index: str, stats: str, free: str, value_size: int) -> None:
+        self.probe, self.index, self.stats, self.free_stack, self.value_size = probe, index, stats, free, value_size
+
+    def indexed_keys(self) -> list[bytes]:
+        return [key for key, _ in list(self.probe.map_items(self.index))]
+
+    def items(self) -> list[tuple[bytes, list[bytes]]]:
+        """(key, its per-CPU values). A CPU's copy still marked for another key (a slot freed and
+        reused while a CPU was writing it) is left out."""
+        out = []
+        for key, slot in list(self.probe.map_items(self.index)):
+            values: list[bytes] = self.probe.map_lookup(self.stats, slot) or []  # type: ignore[arg-type, assignment]
+            at, unused = self.value_size - len(key), bytes(len(key))
+            out.append((key, [v for v in values if v[at:] in (key, unused)]))
+        return out
+
+    def free(self, key: bytes) -> bool:
+        """Unindex a key, zero its slot on every CPU, then let the BPF side reuse the slot."""
+        slot = self.probe.map_lookup(self.index, key)
+        if slot is None or not self.probe.map_delete(self.index, key):
+            return False
+        cpus = len(self.probe.map_lookup(self.stats, slot) or [])  # type: ignore[arg-type]
+        self.probe.map_update(self.stats, slot, bytes(cpus * self.value_size))  # type: ignore[arg-type]
+        self.probe.map_push(self.free_stack, slot)  # type: ignore[arg-type]
+        return True
+
+
 PID_MAX_LIMIT = 1 << 22  # the kernel's limit on 64-bit: pid_max can be raised up to it
 MAX_FALLBACK_TASKS = 65536  # the raw_tp flavour's pid -> enqueue time hash (bpf/runqlat.bpf.c)
 
@@ -269,6 +304,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         self.pid_slots = max(1, min(max_pid_slots, _pid_max(self.paths)))
         sizes = {"outliers": outlier_ring_bytes, "cgroup_slots": max_cgroups, "free_slots": max_cgroups,
                  "cgroup_runq": max_cgroups, "runq_culprits": max_culprit_pairs,
+                 "culprit_slots": max_culprit_pairs, "free_culprit_slots": max_culprit_pairs,
                  "task_run_delay": self.pid_slots, "fallback_queued_ns": 1}
         options = {
             "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns,
@@ -293,12 +329,15 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             fallback: AttachMode = "auto" if attach_mode == "auto" else attach_mode
             # The wakeup-based flavours do not fill the matrix or the pid array: no memory for them.
             self.pid_slots = 1
-            options["map_sizes"] = {**sizes, "runq_culprits": 1, "task_run_delay": 1,
+            options["map_sizes"] = {**sizes, "runq_culprits": 1, "culprit_slots": 1, "free_culprit_slots": 1,
+                                    "task_run_delay": 1,
                                     "fallback_queued_ns": MAX_FALLBACK_TASKS}
             self.probe = engine.open_probe(SPEC, attach_mode=fallback, **options)
         # Pairs forgotten by forget_quiet_pairs() while their cgroups live on: their totals so far,
         # added back in snapshots so the matrix stays cumulative when a pair reappears.
         self._culprit_base: dict[tuple[int, int], CulpritStats] = {}
+        self._cgroups = _Slots(self.probe, "cgroup_slots", "cgroup_runq", "free_slots", CGROUP_STATS_SIZE)
+        self._pairs = _Slots(self.probe, "culprit_slots", "runq_culprits", "free_culprit_slots", CULPRIT_STATS_SIZE)
         self.culprits_available = self.probe.status.attach_mode == "sched_info"
         self.culprits_unavailable_reason = None if self.culprits_available else (
             f"who-ran-instead needs the sched_info flavour, this is {self.probe.status.attach_mode}"
@@ -309,7 +348,8 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
     def snapshot(self) -> RunqSnapshot:
         per_cgroup: dict[int, LatencyHistogram] = {}
         wait_split: dict[int, WaitSplit] = {}
-        for cgroup_id, values in self._cgroup_values():
+        for key, values in self._cgroups.items():
+            cgroup_id = _SLOT_OWNER.unpack(key)[0]
             per_cgroup[cgroup_id] = LatencyHistogram.decode_percpu(values)
             if self.culprits_available:
                 wait_split[cgroup_id] = WaitSplit.decode_percpu(values)
@@ -321,9 +361,9 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         culprit_drops = culprit_drop_ns = 0
         if self.culprits_available:
             culprits = dict(self._culprit_base)
-            for key, values in self.probe.map_items("runq_culprits"):
+            for key, values in self._pairs.items():
                 pair: tuple[int, int] = _CULPRIT_KEY.unpack(key)  # type: ignore[assignment]
-                in_kernel = CulpritStats.decode_percpu(values)  # type: ignore[arg-type]
+                in_kernel = CulpritStats.decode_percpu(values)
                 culprits[pair] = culprits[pair] + in_kernel if pair in culprits else in_kernel
             for raw in cpu_states:
                 *_, n, ns = _CPU_STATE_HEAD.unpack_from(raw)
@@ -334,40 +374,16 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             time.monotonic(), per_cgroup, per_cpu, drops, wait_split, culprits, culprit_drop_ns, self.culprits_available,
         )
 
-    def _cgroup_values(self) -> list[tuple[int, list[bytes]]]:
-        """Each indexed cgroup's per-CPU statistics from its slot. A CPU's copy still marked for
-        another cgroup (a slot freed and reused while a CPU was writing it) is left out."""
-        out = []
-        for key, slot in list(self.probe.map_items("cgroup_slots")):
-            cgroup_id = struct.unpack("<Q", key)[0]
-            values = self.probe.map_lookup("cgroup_runq", slot)  # type: ignore[arg-type]
-            if values:
-                owner_at = CGROUP_STATS_SIZE - _SLOT_OWNER.size
-                mine = [v for v in values if _SLOT_OWNER.unpack_from(v, owner_at)[0] in (0, cgroup_id)]  # type: ignore[arg-type]
-                out.append((cgroup_id, mine))
-        return out
-
-    def _free_slot(self, cgroup_id: int) -> bool:
-        """Unindex a cgroup, zero its slot on every CPU, then let the BPF side reuse it."""
-        key = struct.pack("<Q", cgroup_id)
-        slot = self.probe.map_lookup("cgroup_slots", key)
-        if slot is None or not self.probe.map_delete("cgroup_slots", key):
-            return False
-        cpus = len(self.probe.map_lookup("cgroup_runq", slot) or [])  # type: ignore[arg-type]
-        self.probe.map_update("cgroup_runq", slot, bytes(cpus * CGROUP_STATS_SIZE))  # type: ignore[arg-type]
-        self.probe.map_push("free_slots", slot)  # type: ignore[arg-type]
-        return True
-
     def forget(self, cgroup_ids: list[int]) -> int:
         """Drop removed cgroups from the kernel maps (as victim or culprit) so pod churn cannot fill
         them. Returns how many map entries went. (Only for cgroups that are gone: a live one's
         counters would start again from zero, less what a CPU wrote into the slot meanwhile.)"""
         gone = set(cgroup_ids)
-        removed = sum(self._free_slot(cg) for cg in gone)
+        removed = sum(self._cgroups.free(_SLOT_OWNER.pack(cg)) for cg in gone)
         self._culprit_base = {pair: c for pair, c in self._culprit_base.items() if not gone.intersection(pair)}
         if self.culprits_available and gone:
-            stale = [key for key, _ in self.probe.map_items("runq_culprits") if gone.intersection(_CULPRIT_KEY.unpack(key))]
-            removed += sum(self.probe.map_delete("runq_culprits", key) for key in stale)
+            stale = [key for key in self._pairs.indexed_keys() if gone.intersection(_CULPRIT_KEY.unpack(key))]
+            removed += sum(self._pairs.free(key) for key in stale)
         return removed
 
     def forget_quiet_pairs(self, since: RunqSnapshot) -> int:
@@ -379,12 +395,12 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         if not self.culprits_available:
             return 0
         removed = 0
-        for key, values in list(self.probe.map_items("runq_culprits")):
+        for key, values in self._pairs.items():
             pair: tuple[int, int] = _CULPRIT_KEY.unpack(key)  # type: ignore[assignment]
             base = self._culprit_base.get(pair)
-            total = CulpritStats.decode_percpu(values)  # type: ignore[arg-type]
+            total = CulpritStats.decode_percpu(values)
             total = base + total if base else total
-            if since.culprits.get(pair) == total and self.probe.map_delete("runq_culprits", key):
+            if since.culprits.get(pair) == total and self._pairs.free(key):
                 self._culprit_base[pair] = total
                 removed += 1
         return removed

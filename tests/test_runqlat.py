@@ -256,14 +256,15 @@ def test_wait_of_tasks_moved_while_queued_is_whole(make_cgroup, pid_slots):
         deadline = time.monotonic() + 10
         while len(_tids(cg)) < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
-        workers = [t for t in _tids(cg) if t != hogs.pid]
-        assert len(workers) == 3, _tids(cg)
-        _signal_all(workers, signal.SIGSTOP)
-        _wait_stopped(workers)
+        tasks = _tids(cg)  # stress-ng's parent too: it waits on CPU 1 when the hogs are there
+        workers = [t for t in tasks if t != hogs.pid]
+        assert len(workers) == 3, tasks
+        _signal_all(tasks, signal.SIGSTOP)
+        _wait_stopped(tasks)
         with RunqLatProbe(max_pid_slots=PID_MAX_LIMIT if pid_slots == "array" else 1) as probe:
             assert all((t < probe.pid_slots) == (pid_slots == "array") for t in workers)
-            before, s0 = _schedstat(workers), probe.snapshot()
-            _signal_all(workers, signal.SIGCONT)
+            before, s0 = _schedstat(tasks), probe.snapshot()
+            _signal_all(tasks, signal.SIGCONT)
             time.sleep(0.1)  # every worker switches in once: the probe has seen its run_delay
             # All three on one CPU, then all on the other, every 5 ms: the queued ones are moved.
             end = time.monotonic() + 2
@@ -273,15 +274,15 @@ def test_wait_of_tasks_moved_while_queued_is_whole(make_cgroup, pid_slots):
                     os.sched_setaffinity(t, {flips % 2})
                 flips += 1
                 time.sleep(0.005)
-            _signal_all(workers, signal.SIGSTOP)
-            _wait_stopped(workers)
-            after, s1 = _schedstat(workers), probe.snapshot()
+            _signal_all(tasks, signal.SIGSTOP)
+            _wait_stopped(tasks)
+            after, s1 = _schedstat(tasks), probe.snapshot()
         got = s1.per_cgroup[ino].delta(s0.per_cgroup.get(ino))
         split = s1.wait_split[ino].delta(s0.wait_split.get(ino))
     finally:
         hogs.kill()
         hogs.wait()
-    truth = sum(after[t][0] - before[t][0] for t in workers)
+    truth = sum(after[t][0] - before[t][0] for t in tasks)
     print(f"{flips} flips: probe {got.sum_ns / 1e6:.2f} ms (migrated {split.migrated_wait_ns / 1e6:.2f} ms), "
           f"schedstat {truth / 1e6:.2f} ms")
     assert split.migrated_wait_ns > 0.01 * truth

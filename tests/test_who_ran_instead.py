@@ -21,6 +21,7 @@ import pytest
 from noisyneighbor.sandbox import OwnedCgroup
 from probes.hist import LatencyHistogram
 from probes.runqlat import (
+    _CULPRIT_KEY,
     CULPRIT_IDLE,
     CULPRIT_UNKNOWN,
     CulpritStats,
@@ -324,7 +325,11 @@ def test_forgetting_quiet_pairs_keeps_the_matrix_cumulative(victim_and_hogs):
         time.sleep(0.5)
         _freeze(everyone)  # nobody runs: every pair of ours is quiet
         frozen = probe.snapshot()
+        slot = probe.probe.map_lookup("culprit_slots", _CULPRIT_KEY.pack(v, h))
         quiet = probe.forget_quiet_pairs(frozen)
+        # Its slot left the index zeroed on every CPU, ready for another pair.
+        assert probe.probe.map_lookup("culprit_slots", _CULPRIT_KEY.pack(v, h)) is None
+        assert all(raw == bytes(len(raw)) for raw in probe.probe.map_lookup("runq_culprits", slot))  # type: ignore[arg-type, union-attr]
         still = probe.snapshot()
         _thaw(everyone)
         time.sleep(0.5)
@@ -394,6 +399,8 @@ def test_map_layouts_match_the_object():
         _CULPRIT_KEY,
         _CULPRIT_STATS,
         CGROUP_STATS_SIZE,
+        CULPRIT_STATS_SIZE,
+        RUNQ_PAIR_CACHE,
         RUNQ_RING_SLOTS,
         RUNQ_SLOT_CACHE,
     )
@@ -404,9 +411,9 @@ def test_map_layouts_match_the_object():
         pytest.skip(f"no libbpf: {e}")
     with obj:
         assert obj.map("cgroup_runq").value_size == CGROUP_STATS_SIZE
-        assert obj.map("runq_culprits").key_size == _CULPRIT_KEY.size
-        assert obj.map("runq_culprits").value_size == _CULPRIT_STATS.size
+        assert obj.map("culprit_slots").key_size == _CULPRIT_KEY.size
+        assert obj.map("runq_culprits").value_size == CULPRIT_STATS_SIZE == _CULPRIT_STATS.size + _CULPRIT_KEY.size
         # struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the CPU's histogram.
         assert obj.map("runq_cpu").value_size == (
-            _CPU_STATE_HEAD.size + 16 * (RUNQ_RING_SLOTS + RUNQ_SLOT_CACHE) + NN_HIST_SIZE)
+            _CPU_STATE_HEAD.size + 16 * (RUNQ_RING_SLOTS + RUNQ_SLOT_CACHE) + 24 * RUNQ_PAIR_CACHE + NN_HIST_SIZE)
         assert obj.map("cgroup_slots").key_size == 8 and obj.map("cgroup_slots").value_size == 4
