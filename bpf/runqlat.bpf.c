@@ -212,37 +212,49 @@ static __always_inline __u64 take_queued_hash(__u32 pid)
 /* ---- aggregation ----------------------------------------------------------------------------- */
 
 /*
+ * A key's slot in a slotted per-CPU array (`stats`): from `index`, else a freed slot from
+ * `free_stack`, else the next never-used one (`taken`), indexed with BPF_NOEXIST: when another CPU
+ * indexed the key first, its slot wins and ours goes back. -1 when every slot is taken or the index
+ * is full. Always inlined: the verifier sees each caller's own maps.
+ */
+static __always_inline int slot_of(void *index, void *free_stack, __u64 *taken, void *stats, const void *key,
+				   __u32 *slot)
+{
+	__u32 *found = bpf_map_lookup_elem(index, key);
+
+	if (found) {
+		*slot = *found;
+		return 0;
+	}
+	if (bpf_map_pop_elem(free_stack, slot))
+		*slot = __sync_fetch_and_add(taken, 1);
+	if (!bpf_map_lookup_elem(stats, slot))
+		return -1;
+	if (bpf_map_update_elem(index, key, slot, BPF_NOEXIST)) {
+		bpf_map_push_elem(free_stack, slot, 0);
+		found = bpf_map_lookup_elem(index, key);
+		if (!found)
+			return -1;
+		*slot = *found;
+	}
+	return 0;
+}
+
+/*
  * The cgroup's slot from the index, taking a free one for a new cgroup, and remembered in this CPU's
- * cache. A full index or an empty free stack loses the update, counted.
+ * cache. A full index or no free slot loses the update, counted.
  */
 static __noinline struct runq_cgroup_stats *cgroup_stats_slow(struct runq_cpu_state *cpu, __u64 cgid)
 {
 	struct runq_slot_cache_entry *e;
 	struct runq_cgroup_stats *s;
-	__u32 *found, slot;
+	__u32 slot;
 
 	if (!cpu || !cgid)
 		return NULL;
-	found = bpf_map_lookup_elem(&cgroup_slots, &cgid);
-	if (found) {
-		slot = *found;
-	} else {
-		if (bpf_map_pop_elem(&free_slots, &slot))
-			slot = __sync_fetch_and_add(&slots_taken, 1);
-		if (!bpf_map_lookup_elem(&cgroup_runq, &slot)) {
-			count_drop(NN_DROP_KEY_MAP_FULL); /* every slot is taken */
-			return NULL;
-		}
-		if (bpf_map_update_elem(&cgroup_slots, &cgid, &slot, BPF_NOEXIST)) {
-			/* Another CPU indexed it first (or the index is full): give the slot back. */
-			bpf_map_push_elem(&free_slots, &slot, 0);
-			found = bpf_map_lookup_elem(&cgroup_slots, &cgid);
-			if (!found) {
-				count_drop(NN_DROP_KEY_MAP_FULL);
-				return NULL;
-			}
-			slot = *found;
-		}
+	if (slot_of(&cgroup_slots, &free_slots, &slots_taken, &cgroup_runq, &cgid, &slot)) {
+		count_drop(NN_DROP_KEY_MAP_FULL);
+		return NULL;
 	}
 	s = bpf_map_lookup_elem(&cgroup_runq, &slot);
 	if (!s) {
@@ -367,26 +379,12 @@ static __noinline struct runq_culprit_stats *culprit_stats_slow(struct runq_cpu_
 	struct runq_culprit_key key = { .victim_cgroup_id = victim, .culprit_cgroup_id = culprit };
 	struct runq_pair_cache_entry *e;
 	struct runq_culprit_stats *c;
-	__u32 *found, slot;
+	__u32 slot;
 
 	if (!cpu || !victim)
 		return NULL;
-	found = bpf_map_lookup_elem(&culprit_slots, &key);
-	if (found) {
-		slot = *found;
-	} else {
-		if (bpf_map_pop_elem(&free_culprit_slots, &slot))
-			slot = __sync_fetch_and_add(&culprit_slots_taken, 1);
-		if (!bpf_map_lookup_elem(&runq_culprits, &slot))
-			return NULL; /* every slot is taken */
-		if (bpf_map_update_elem(&culprit_slots, &key, &slot, BPF_NOEXIST)) {
-			bpf_map_push_elem(&free_culprit_slots, &slot, 0);
-			found = bpf_map_lookup_elem(&culprit_slots, &key);
-			if (!found)
-				return NULL;
-			slot = *found;
-		}
-	}
+	if (slot_of(&culprit_slots, &free_culprit_slots, &culprit_slots_taken, &runq_culprits, &key, &slot))
+		return NULL; /* counted by the caller */
 	c = bpf_map_lookup_elem(&runq_culprits, &slot);
 	if (!c)
 		return NULL;
