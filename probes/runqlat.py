@@ -56,7 +56,6 @@ CulpritKind = Literal["foreign", "own", "idle", "unknown"]
 # runq_culprit_stats; the head of struct runq_cpu_state (bpf/nn_events.h).
 _SPLIT_TAIL = struct.Struct("<7Q")
 _SLOT_OWNER = struct.Struct("<Q")
-_SLOT = struct.Struct("<I")
 _CULPRIT_KEY = struct.Struct("<QQ")
 _CULPRIT_STATS = struct.Struct("<3Q")
 _CPU_STATE_HEAD = struct.Struct("<QQIIQQ")
@@ -262,7 +261,8 @@ class _Slots:
         if slot is None or not self.probe.map_delete(self.index, key):
             return False
         cpus = len(self.probe.map_lookup(self.stats, slot) or [])  # type: ignore[arg-type]
-        self.probe.map_update(self.stats, slot, bytes(cpus * self.value_size))  # type: ignore[arg-type]
+        aligned = (self.value_size + 7) // 8 * 8  # each CPU's value starts 8-byte aligned
+        self.probe.map_update(self.stats, slot, bytes(cpus * aligned))  # type: ignore[arg-type]
         self.probe.map_push(self.free_stack, slot)  # type: ignore[arg-type]
         return True
 
