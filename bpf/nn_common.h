@@ -135,13 +135,7 @@ static __always_inline void nn_hist_add_at(struct nn_hist *h, __u32 slot, __u64 
 
 static __always_inline void nn_hist_add(struct nn_hist *h, __u64 value_ns)
 {
-	__u32 slot = nn_hist_slot(value_ns);
-
-	h->slots[slot]++;
-	h->sum_ns += value_ns;
-	h->count++;
-	if (value_ns > h->max_ns)
-		h->max_ns = value_ns;
+	nn_hist_add_at(h, nn_hist_slot(value_ns), value_ns);
 }
 
 #endif /* NN_COMMON_H */

@@ -47,7 +47,7 @@ const volatile __u32 pid_slots = 0;            /* entries of task_run_delay: pid
 
 struct task_wait {
 	__u64 queued_ns;      /* tp_btf flavour: when it became runnable; 0 while running or sleeping */
-	__u64 run_delay_seen; /* sched_info flavour: sched_info.run_delay after its last switch-in */
+	__u64 run_delay_seen; /* sched_info flavour, pids past task_run_delay: run_delay after its last switch-in */
 	__u64 seen_valid;     /* run_delay_seen is set (storage is created lazily) */
 };
 
@@ -340,21 +340,6 @@ static __always_inline void account(struct task_struct *prev, struct task_struct
 	account_cgroup(prev, next, nn_task_cgroup_id(next, v1_cpu_cgroup), wait_ns);
 }
 
-/*
- * The same cgroup id through direct BTF pointer walks: in tp_btf programs these compile to plain
- * loads, where BPF_CORE_READ costs one bpf_probe_read_kernel() call per hop (~100 ns for five).
- */
-static __always_inline __u64 task_cgroup_id_btf(struct task_struct *t)
-{
-	if (v1_cpu_cgroup) {
-		int cpu_id = bpf_core_enum_value(enum cgroup_subsys_id, cpu_cgrp_id);
-
-		if (cpu_id < 0 || cpu_id >= CGROUP_SUBSYS_COUNT)
-			return 0;
-		return t->cgroups->subsys[cpu_id]->cgroup->kn->id;
-	}
-	return t->cgroups->dfl_cgrp->kn->id;
-}
 
 /* ---- sched_info: the kernel's own enqueue stamps, one program -------------------------------- */
 
@@ -570,13 +555,13 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 		if (cpu->cur_pid == prev_pid) {
 			prev_cg = cpu->cur_cgroup_id;
 		} else {
-			prev_cg = task_cgroup_id_btf(prev);
+			prev_cg = nn_btf_task_cgroup_id(prev, v1_cpu_cgroup);
 			/* Keep the two loads apart: one load insn may not read both a map value and kernfs. */
 			barrier_var(prev_cg);
 		}
 	}
 	if (next_pid)
-		next_cg = task_cgroup_id_btf(next);
+		next_cg = nn_btf_task_cgroup_id(next, v1_cpu_cgroup);
 
 	/*
 	 * Still runnable: preempted (even after setting a sleep state), rescheduled on the way back to
@@ -707,7 +692,7 @@ int BPF_PROG(runqlat_switch_btf, bool preempt, struct task_struct *prev, struct 
 		return 0;
 	queued = take_queued_storage(next);
 	if (queued && now > queued)
-		account_cgroup(prev, next, task_cgroup_id_btf(next), now - queued);
+		account_cgroup(prev, next, nn_btf_task_cgroup_id(next, v1_cpu_cgroup), now - queued);
 	return 0;
 }
 
