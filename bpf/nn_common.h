@@ -99,6 +99,23 @@ static __always_inline __u64 nn_btf_task_memcg_id(struct task_struct *t, bool v1
 	return t->cgroups->dfl_cgrp->kn->id;
 }
 
+/*
+ * A task remembered by address (kept in a map at some earlier event) may have exited and its
+ * task_struct been freed and reused since. Probe reads of it are safe either way; only a pid that
+ * still matches vouches for the address. Copies its comm into `comm` (NN_COMM_LEN bytes, left empty
+ * when the pid no longer matches) and says whether it matched.
+ */
+static __always_inline bool nn_saved_task_comm(__u64 task_addr, __u32 pid, char *comm)
+{
+	struct task_struct *t = (struct task_struct *)task_addr;
+
+	__builtin_memset(comm, 0, NN_COMM_LEN);
+	if (!task_addr || BPF_CORE_READ(t, pid) != (int)pid)
+		return false;
+	bpf_probe_read_kernel_str(comm, NN_COMM_LEN, &t->comm);
+	return true;
+}
+
 /* floor(log2(v)) + 1 for v > 0, 0 for v == 0: slot k holds values in [2^(k-1), 2^k). */
 static __always_inline __u32 nn_log2_slot(__u64 v)
 {

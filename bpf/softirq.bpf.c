@@ -179,25 +179,15 @@ static __always_inline void on_exit(__u32 vec, bool btf)
 	e->in_ksoftirqd = in_ksoftirqd(current_flags(btf), e->entry_comm);
 	e->raise_seen = p->run_raise_ns != 0;
 	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
-	__builtin_memset(e->raise_comm, 0, NN_COMM_LEN);
+	e->raise_cgroup_id = 0;
 	if (e->raise_seen) {
-		struct task_struct *raiser = (struct task_struct *)p->run_raise_task;
-
 		e->raise_pid = p->run_raise_pid;
 		e->raise_tgid = p->run_raise_tgid;
-		e->raise_cgroup_id = 0;
-		/*
-		 * The raiser may have exited and its task_struct been freed since the raise (probe reads
-		 * of it are safe either way): only a pid that still matches vouches for the address.
-		 */
-		if (BPF_CORE_READ(raiser, pid) == (int)p->run_raise_pid) {
-			e->raise_cgroup_id = nn_task_cgroup_id(raiser, v1_cpu_cgroup);
-			bpf_probe_read_kernel_str(e->raise_comm, NN_COMM_LEN, &raiser->comm);
-		}
+		if (nn_saved_task_comm(p->run_raise_task, p->run_raise_pid, e->raise_comm))
+			e->raise_cgroup_id = nn_task_cgroup_id((struct task_struct *)p->run_raise_task, v1_cpu_cgroup);
 	} else {
 		e->raise_pid = 0;
 		e->raise_tgid = 0;
-		e->raise_cgroup_id = 0;
 		__builtin_memset(e->raise_comm, 0, NN_COMM_LEN);
 	}
 	bpf_ringbuf_submit(e, 0);

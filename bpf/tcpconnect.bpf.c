@@ -4,14 +4,20 @@
  * and the slowest destinations.
  *
  * Start: sock:inet_sock_set_state CLOSE → SYN_SENT, which runs inside connect() in the connecting
- * task's context: the task's pid, comm and cgroup and the socket's netns are stored in a bounded hash
- * keyed by the socket pointer (the source port may still be 0 then). Not socket local storage: its
- * allocation per socket (and free at every socket's destruction) measured ~2x the hash's cost. End: SYN_SENT → ESTABLISHED
+ * task's context: the task's pid, address and cgroup and the socket's netns are stored, keyed by the
+ * socket's address (the source port may still be 0 then). The store is a direct-mapped table of
+ * one-cache-line slots indexed by a hash of that address and claimed by compare-and-swap: no lock,
+ * no allocation, and the slab hands a freed socket's address to the next socket, so a connect loop
+ * keeps using the same few slots, in cache. A socket whose slot another in-flight connect holds
+ * goes to an overflow hash. (The hash alone cost ~400 ns more per connect, kernel-measured; socket
+ * local storage, with an allocation per socket and a free at every socket's destruction, measured
+ * ~2x the hash.) The task's comm is only read for an outlier event. End: SYN_SENT → ESTABLISHED
  * (usually in softirq, where `current` is unrelated: only the stored data is used) or → CLOSE (a
  * failure; sk_err tells refused/timeout from an application that closed the socket, and an unchanged
  * segs_out tells a connect that never sent its SYN, e.g. no free ephemeral port). Every socket leaves
  * SYN_SENT through this tracepoint (tcp_set_state / inet_sk_set_state), so the end always removes
- * the start; the loader attaches tcp:tcp_destroy_sock as a second cleanup only for raw_tp, and
+ * the start (a passive open's SYN_RECV → ESTABLISHED is told from a simultaneous open's without a
+ * lookup: its child socket has no struct socket until accept()); the loader attaches tcp:tcp_destroy_sock as a second cleanup only for raw_tp, and
  * userspace sweeps entries older than any connect can last (probes/tcpconnect.py). On tp_btf that
  * saves a program run on every socket destroyed. tcp:tcp_retransmit_skb on a socket in SYN_SENT
  * counts a SYN retransmit.
@@ -32,6 +38,7 @@
 #include "tcpconnect.h"
 
 #define MAX_INFLIGHT 65536
+#define INFLIGHT_SLOT_BITS 13 /* 8192 slots of 64 bytes */
 #define MAX_KEYS 16384
 #define MAX_DESTS 16384
 
@@ -49,13 +56,21 @@
 
 /* The ring buffer record is absent from the object's BTF: pin the layout probes/tcpconnect.py mirrors. */
 _Static_assert(sizeof(struct tcpconnect_event) == 104, "tcpconnect_event layout changed: update probes/tcpconnect.py");
-_Static_assert(sizeof(struct tcpconnect_start) == 56, "tcpconnect_start layout changed");
+_Static_assert(sizeof(struct tcpconnect_start) == 48, "tcpconnect_start layout changed");
+_Static_assert(sizeof(struct tcpconnect_slot) == 64, "a slot is one cache line");
 
 /* Set by the loader before load. */
 const volatile bool v1_cpu_cgroup = false;     /* key by the v1 cpu controller's cgroup */
 const volatile __u64 outlier_threshold_ns = 0; /* 0: no outlier events; else slow connects and all failures */
 
-/* Connects in progress, by socket pointer. */
+/* Connects in progress: the slots (see the top comment), and the overflow hash by socket address. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << INFLIGHT_SLOT_BITS);
+	__type(key, __u32);
+	__type(value, struct tcpconnect_slot);
+} inflight_slots SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_INFLIGHT);
@@ -133,6 +148,14 @@ static __always_inline int sk_error(const struct sock *sk, bool btf)
 	return BPF_CORE_READ(sk, sk_err);
 }
 
+/* A passive open's child socket has no struct socket until accept(); a connecting one has one. */
+static __always_inline bool sk_has_socket(const struct sock *sk, bool btf)
+{
+	if (btf)
+		return sk->sk_socket != NULL;
+	return BPF_CORE_READ(sk, sk_socket) != NULL;
+}
+
 static __always_inline __u8 sk_state(const struct sock *sk, bool btf)
 {
 	if (btf)
@@ -179,27 +202,92 @@ static __always_inline void sk_addrs(const struct sock *sk, __u16 family, __u8 *
 }
 
 
+/* ---- the in-flight table -------------------------------------------------------------------- */
+
+/*
+ * The socket's address as a plain number. A tp_btf argument is a trusted pointer, on which the
+ * verifier allows no arithmetic (the slot index hashes it) and which no atomic may store: one
+ * 8-byte probe read of a stack copy turns it into a scalar. raw_tp arguments are scalars already.
+ */
+static __always_inline __u64 sock_addr(const struct sock *sk, bool btf)
+{
+	__u64 ptr = (__u64)sk, addr = 0;
+
+	if (!btf)
+		return ptr;
+	bpf_probe_read_kernel(&addr, sizeof(addr), &ptr);
+	return addr;
+}
+
+static __always_inline struct tcpconnect_slot *slot_of(__u64 skp)
+{
+	/* Fibonacci hashing: socket addresses share their low bits (slab object alignment). */
+	__u32 idx = (__u32)((skp * 0x9E3779B97F4A7C15ULL) >> (64 - INFLIGHT_SLOT_BITS));
+
+	return bpf_map_lookup_elem(&inflight_slots, &idx);
+}
+
+static __always_inline void inflight_put(__u64 skp, const struct tcpconnect_start *s)
+{
+	struct tcpconnect_slot *slot = slot_of(skp);
+
+	if (slot) {
+		/* Held by this very socket: an earlier connect of it whose end was never seen (stale). */
+		__u64 holder = __sync_val_compare_and_swap(&slot->sk, 0, skp);
+
+		if (!holder || holder == skp) {
+			slot->start = *s;
+			return;
+		}
+	}
+	/* BPF_ANY: a socket that failed to connect may connect again; the old start is stale. */
+	if (bpf_map_update_elem(&inflight, &skp, s, BPF_ANY))
+		count_drop(NN_DROP_START_MAP_FULL);
+}
+
+/* The start of the socket's connect, and the slot holding it (NULL: it is in the overflow hash). */
+static __always_inline struct tcpconnect_start *inflight_get(__u64 skp, struct tcpconnect_slot **slotp)
+{
+	struct tcpconnect_slot *slot = slot_of(skp);
+
+	if (slot && slot->sk == skp) {
+		*slotp = slot;
+		return &slot->start;
+	}
+	*slotp = NULL;
+	return bpf_map_lookup_elem(&inflight, &skp);
+}
+
+static __always_inline void inflight_remove(__u64 skp, struct tcpconnect_slot *slot)
+{
+	if (!slot) {
+		bpf_map_delete_elem(&inflight, &skp);
+		return;
+	}
+	/* ts 0 = being filled, for the userspace sweep. The release is an atomic (a full barrier): every
+	 * read of the start above completes before another connect can claim the slot, on any arch. */
+	slot->start.ts_ns = 0;
+	__sync_val_compare_and_swap(&slot->sk, skp, 0);
+}
+
 /* ---- start: CLOSE → SYN_SENT, inside connect() ------------------------------------------------ */
 
 static __always_inline void connect_start(const struct sock *sk, bool btf)
 {
-	__u64 skp = (__u64)sk;
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct tcpconnect_start s = {};
 
 	s.ts_ns = bpf_ktime_get_ns();
+	s.task = bpf_get_current_task();
 	if (btf)
 		s.cgroup_id = nn_btf_task_cgroup_id(bpf_get_current_task_btf(), v1_cpu_cgroup);
 	else
-		s.cgroup_id = nn_task_cgroup_id((struct task_struct *)bpf_get_current_task(), v1_cpu_cgroup);
+		s.cgroup_id = nn_task_cgroup_id((struct task_struct *)s.task, v1_cpu_cgroup);
 	s.netns = sk_netns(sk, btf);
 	s.pid = pid_tgid >> 32;
 	s.tid = (__u32)pid_tgid;
 	s.segs_out = sk_segs_out(sk, btf);
-	bpf_get_current_comm(&s.comm, sizeof(s.comm));
-	/* BPF_ANY: a socket that failed to connect may connect again; the old start is stale. */
-	if (bpf_map_update_elem(&inflight, &skp, &s, BPF_ANY))
-		count_drop(NN_DROP_START_MAP_FULL);
+	inflight_put(sock_addr(sk, btf), &s);
 }
 
 /* ---- end: SYN_SENT (or SYN_RECV, simultaneous open) → ESTABLISHED / CLOSE --------------------- */
@@ -219,8 +307,9 @@ static __always_inline struct tcpconnect_stats *stats_for(struct tcpconnect_key 
 
 static __always_inline void connect_end(const struct sock *sk, int newstate, bool btf)
 {
-	__u64 skp = (__u64)sk;
-	struct tcpconnect_start *s = bpf_map_lookup_elem(&inflight, &skp);
+	__u64 skp = sock_addr(sk, btf);
+	struct tcpconnect_slot *slot;
+	struct tcpconnect_start *s = inflight_get(skp, &slot);
 	struct tcpconnect_key key = {};
 	struct tcpconnect_dest_key dkey = {};
 	struct tcpconnect_dest_stats *ds;
@@ -314,11 +403,11 @@ static __always_inline void connect_end(const struct sock *sk, int newstate, boo
 			e->__pad = 0;
 			__builtin_memcpy(e->saddr, saddr, sizeof(e->saddr));
 			__builtin_memcpy(e->daddr, dkey.daddr, sizeof(e->daddr));
-			__builtin_memcpy(e->comm, s->comm, sizeof(e->comm));
+			nn_saved_task_comm(s->task, s->tid, e->comm);
 			bpf_ringbuf_submit(e, 0);
 		}
 	}
-	bpf_map_delete_elem(&inflight, &skp);
+	inflight_remove(skp, slot);
 }
 
 static __always_inline void on_state(const struct sock *sk, int oldstate, int newstate, bool btf)
@@ -329,21 +418,21 @@ static __always_inline void on_state(const struct sock *sk, int oldstate, int ne
 		return;
 	}
 	if ((newstate == TCP_ESTABLISHED || newstate == TCP_CLOSE) &&
-	    (oldstate == TCP_SYN_SENT || oldstate == TCP_SYN_RECV) && is_tcp(sk, btf))
+	    (oldstate == TCP_SYN_SENT || (oldstate == TCP_SYN_RECV && sk_has_socket(sk, btf))) && is_tcp(sk, btf))
 		connect_end(sk, newstate, btf);
 }
 
 /* A SYN retransmit: the tracepoint fires for every retransmit, only SYN_SENT sockets matter. */
 static __always_inline void on_retransmit(const struct sock *sk, int err, bool btf)
 {
-	__u64 skp = (__u64)sk;
+	struct tcpconnect_slot *slot;
 	struct tcpconnect_start *s;
 	struct tcpconnect_key key = {};
 	struct tcpconnect_stats *st;
 
 	if (err || sk_state(sk, btf) != TCP_SYN_SENT)
 		return;
-	s = bpf_map_lookup_elem(&inflight, &skp);
+	s = inflight_get(sock_addr(sk, btf), &slot);
 	if (!s)
 		return;
 	__sync_fetch_and_add(&s->syn_retrans, 1);
@@ -366,11 +455,14 @@ static __always_inline int retransmit_err(unsigned long long *ctx)
 	return 0;
 }
 
+/* raw_tp only (scalar socket address). */
 static __always_inline void on_destroy(const struct sock *sk)
 {
+	struct tcpconnect_slot *slot;
 	__u64 skp = (__u64)sk;
 
-	bpf_map_delete_elem(&inflight, &skp);
+	if (inflight_get(skp, &slot))
+		inflight_remove(skp, slot);
 }
 
 /* ---- tp_btf: BTF-typed tracepoints --------------------------------------------------------- */

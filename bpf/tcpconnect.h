@@ -15,17 +15,28 @@ enum tcpconnect_outcome {
 	TCPC_LOCAL_ERROR = 3, /* SYN_SENT → CLOSE before any SYN left (e.g. no ephemeral port: EADDRNOTAVAIL) */
 };
 
-/* Start of a connect, keyed by the socket pointer (written in connect(), process context). */
+/* Start of a connect (written in connect(), process context). */
 struct tcpconnect_start {
-	__u64 ts_ns;       /* bpf_ktime_get_ns() at CLOSE → SYN_SENT */
+	__u64 ts_ns;       /* bpf_ktime_get_ns() at CLOSE → SYN_SENT; 0 while a slot is being filled */
 	__u64 cgroup_id;   /* the connecting task's cgroup (v1 cpu controller on v1/hybrid hosts) */
+	__u64 task;        /* its task_struct: comm is read from it only for an outlier event, and only
+			    * while its pid still matches `tid` (the task may have exited since) */
 	__u32 netns;       /* network namespace inode of the socket */
 	__u32 pid;         /* tgid of the connecting task */
 	__u32 tid;
 	__u32 segs_out;    /* tcp_sock.segs_out at the start: no change at the end = no SYN ever left */
 	__u32 syn_retrans; /* SYN retransmits of this connect so far */
 	__u32 __pad;
-	char comm[NN_COMM_LEN];
+};
+
+/*
+ * One slot of the direct-mapped in-flight table: owned by the socket whose address is in `sk`
+ * (0 = free), one cache line.
+ */
+struct tcpconnect_slot {
+	__u64 sk;
+	struct tcpconnect_start start;
+	__u64 __pad;
 };
 
 /* Aggregation key: one connecting cgroup in one network namespace. */

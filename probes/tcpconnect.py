@@ -32,7 +32,7 @@ from probes.host import HostPaths
 _STATE = Tracepoint("inet_sock_set_state", "tcpconnect_state_btf", "tcpconnect_state_raw")
 # Without it only syn_retransmits stay 0.
 _RETRANSMIT = Tracepoint("tcp_retransmit_skb", "tcpconnect_retransmit_btf", "tcpconnect_retransmit_raw", required=False)
-# Every connect's end removes its start from the in-flight hash (a socket always leaves SYN_SENT
+# Every connect's end removes its start from the in-flight table (a socket always leaves SYN_SENT
 # through inet_sock_set_state). tp_btf runs no program per socket destroyed; the raw_tp fallback keeps
 # tcp_destroy_sock as a second cleanup (optional). Both rely on the sweep in snapshot() for the rest.
 SPEC_BTF = ProbeSpec(name="tcpconnect", object_file="tcpconnect.bpf.o", tracepoints=(_STATE, _RETRANSMIT))
@@ -52,6 +52,8 @@ OUTCOMES = ("established", "failed", "aborted", "local_error")  # enum tcpconnec
 STALE_START_NS = 3 * 3600 * 1_000_000_000
 SWEEP_EVERY_S = 60.0
 _START_TS = struct.Struct("<Q")  # struct tcpconnect_start begins with ts_ns
+_SLOT_HEAD = struct.Struct("<QQ")  # struct tcpconnect_slot: sk, then the start's ts_ns
+SLOT_SIZE = 64
 
 # struct tcpconnect_stats: nn_hist (32 slots + sum, count, max) then 7 counters.
 _STATS_COUNTERS = ("successes", "failures", "refused", "timeouts", "aborts", "local_errors", "syn_retransmits")
@@ -91,6 +93,7 @@ STRUCT_SIZES = {
     "tcpconnect_dest_key": _DEST_KEY.size,
     "tcpconnect_dest_stats": _DEST_STATS.size,
     "tcpconnect_event": ctypes.sizeof(_ConnectEvent),
+    "tcpconnect_slot": SLOT_SIZE,
 }
 
 
@@ -225,7 +228,6 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         sizes = {"outliers": outlier_ring_bytes, "connect_stats": max_keys, "dest_stats": max_destinations}
         probe: LoadedProbe | None = None
         if attach_mode in ("auto", "tp_btf"):
-            # The raw_tp start hash is not used by tp_btf: one entry instead of 64 Ki preallocated.
             probe = engine.open_probe(SPEC_BTF, rodata=rodata, attach_mode=attach_mode, map_sizes=sizes)
             if probe.status.attach_mode != "tp_btf":
                 probe.close()  # auto chose raw_tp on this kernel: load it with its cleanup program
@@ -271,12 +273,29 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
             self.sweep_stale_starts()
         return TcpConnectSnapshot(now, per_key, destinations, drops)
 
+    def in_flight(self) -> int:
+        """Connect starts held now (slots and overflow hash): connects in progress, plus stale ones."""
+        held = sum(1 for _, value in self.probe.map_items("inflight_slots") if _SLOT_HEAD.unpack_from(value)[0])  # type: ignore[arg-type]
+        return held + sum(1 for _ in self.probe.map_items("inflight"))
+
     def sweep_stale_starts(self, max_age_ns: int = STALE_START_NS) -> int:
-        """Delete in-flight starts older than `max_age_ns` (sockets gone without an end); how many."""
+        """Free in-flight starts older than `max_age_ns` (sockets gone without an end); how many.
+
+        A slot is freed by writing it whole (userspace has no compare-and-swap): if, between the
+        read and the write, its stale socket's address came back as a new socket that connects
+        again, that one connect loses its start (its end then finds nothing: it is not counted).
+        A slot whose start is being filled (ts 0) is never taken for stale.
+        """
         self._last_sweep = time.monotonic()
         cutoff = time.monotonic_ns() - max_age_ns
+        swept = 0
+        for key, value in self.probe.map_items("inflight_slots"):
+            sk, ts = _SLOT_HEAD.unpack_from(value)  # type: ignore[arg-type]
+            if sk and 0 < ts < cutoff:
+                self.probe.map_update("inflight_slots", key, bytes(SLOT_SIZE))
+                swept += 1
         stale = [key for key, value in self.probe.map_items("inflight") if _START_TS.unpack_from(value)[0] < cutoff]  # type: ignore[arg-type]
-        swept = sum(1 for key in stale if self.probe.map_delete("inflight", key))
+        swept += sum(1 for key in stale if self.probe.map_delete("inflight", key))
         self.stale_starts_swept += swept
         return swept
 

@@ -17,6 +17,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 
@@ -26,6 +27,7 @@ from probes.engine import ProbeError
 from probes.hist import LatencyHistogram
 from probes.listenq import read_counters
 from probes.tcpconnect import (
+    SLOT_SIZE,
     STRUCT_SIZES,
     ConnectOutlier,
     ConnectStats,
@@ -220,9 +222,9 @@ def test_counts_latency_and_attribution_match_the_kernel(netns, make_cgroup):
         after = probe.snapshot()
         truth = read_counters(server).delta(truth_before)
         events = probe.poll_outliers(100)
-        # Every end removed its start from the in-flight hash (a connect of another process on this
-        # machine may be in flight right now): nothing is left for the stale-start sweep.
-        left = len(list(probe.probe.map_items("inflight")))
+        # Every end removed its start from the in-flight table, slots and overflow hash (a connect of
+        # another process on this machine may be in flight right now): nothing is left to sweep.
+        left = probe.in_flight()
         assert left <= 2, left
 
     # What the clients saw.
@@ -305,6 +307,58 @@ def test_raw_tp_fallback_counts_the_same(netns, make_cgroup):
     assert truth.active_opens == 20 and truth.attempt_fails == 8
 
 
+def _slot(sk: int, ts_ns: int) -> bytes:
+    """A struct tcpconnect_slot held by `sk` since `ts_ns` (the rest of the start zero)."""
+    return struct.pack("<QQ", sk, ts_ns).ljust(SLOT_SIZE, b"\0")
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("attach_mode", ["tp_btf", "raw_tp"])
+def test_held_slots_overflow_to_the_hash_and_stale_starts_are_swept(netns, make_cgroup, attach_mode):
+    """Every slot of the in-flight table held by another (fake, odd-addressed: no socket is) connect:
+    real connects, dropped-first-SYN ones included, go through the overflow hash and still count
+    exactly as the namespace's ActiveOpens / AttemptFails / TCPSynRetrans, and leave the holders
+    alone. Then the sweep frees old starts, in slots and in the hash, and keeps recent ones."""
+    ns = netns("ovf")
+    _drop_first_syn(ns, [P_DROP])
+    server = ns.start_server([P_OK, P_DROP])
+    netns_ino = os.stat(f"/proc/{server}/ns/net").st_ino
+    cg = make_cgroup("c")
+    key = (os.stat(cg.path("cpu")).st_ino, netns_ino)
+    with TcpConnectProbe(attach_mode=attach_mode) as probe:
+        assert probe.status.attach_mode == attach_mode
+        slots = [k for k, _ in probe.probe.map_items("inflight_slots")]
+        now = time.monotonic_ns()
+        for i, k in enumerate(slots):
+            probe.probe.map_update("inflight_slots", k, _slot(2 * i + 1, now))
+        truth_before = read_counters(server)
+        before = probe.snapshot()
+        res = _client_result(_run_client(ns, cg, [[[4, P_OK, 8], [6, P_OK, 8], [4, P_CLOSED, 4], [4, P_DROP, 2]]]))
+        after = probe.snapshot()
+        truth = read_counters(server).delta(truth_before)
+        assert Counter(o for *_, o, _dt in res["results"]) == {"ok": 18, "refused": 4}
+        held = {k: struct.unpack_from("<Q", v)[0] for k, v in probe.probe.map_items("inflight_slots")}
+        assert held == {k: 2 * i + 1 for i, k in enumerate(slots)}, "a connect took or freed a held slot"
+        assert probe.in_flight() <= len(slots) + 2  # the overflow hash is empty again (or nearly: other hosts' connects)
+
+        # Sweep: half the holders are 1 ns after boot (stale), so is one fake overflow entry.
+        for i, k in enumerate(slots[::2]):
+            probe.probe.map_update("inflight_slots", k, _slot(4 * i + 1, 1))
+        probe.probe.map_update("inflight", struct.pack("<Q", 0xDEAD1), struct.pack("<Q", 1).ljust(48, b"\0"))
+        probe.probe.map_update("inflight", struct.pack("<Q", 0xDEAD3), struct.pack("<Q", now).ljust(48, b"\0"))
+        assert probe.sweep_stale_starts(max_age_ns=60 * 10**9) == len(slots[::2]) + 1
+        held = {k: struct.unpack_from("<Q", v)[0] for k, v in probe.probe.map_items("inflight_slots")}
+        assert sum(1 for sk in held.values() if sk) == len(slots) - len(slots[::2])
+        assert all(held[k] == 0 for k in slots[::2])
+        assert probe.probe.map_lookup("inflight", struct.pack("<Q", 0xDEAD1)) is None
+        assert probe.probe.map_lookup("inflight", struct.pack("<Q", 0xDEAD3)) is not None
+    got = _delta(after.per_key[key], before.per_key.get(key))
+    print(f"probe {got}; kernel {truth}")
+    assert got == {"successes": 18, "failures": 4, "refused": 4, "timeouts": 0, "aborts": 0, "local_errors": 0,
+                   "syn_retransmits": 2}
+    assert truth.active_opens == 22 and truth.attempt_fails == 4 and truth.syn_retrans == 2
+
+
 @pytest.mark.root
 def test_timeout_and_application_abort_are_told_apart(netns, make_cgroup):
     """Every SYN to the port is dropped (nftables, inside the namespace; tcp_syn_retries=1 there so the
@@ -381,7 +435,7 @@ def test_struct_sizes_match_the_object_btf():
     # tcpconnect_event is only a ring buffer record, absent from the BTF: bpf/tcpconnect.bpf.c pins its size.
     sizes = dict(STRUCT_SIZES)
     assert sizes.pop("tcpconnect_event") == 104
-    for name, size in {**sizes, "tcpconnect_start": 56}.items():
+    for name, size in {**sizes, "tcpconnect_start": 48}.items():
         m = re.search(rf"STRUCT '{name}' size=(\d+)", dump)
         assert m and int(m.group(1)) == size, (name, m and m.group(0), size)
 
