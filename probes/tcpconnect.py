@@ -58,7 +58,8 @@ SLOT_SIZE = 64
 # struct tcpconnect_stats: nn_hist (32 slots + sum, count, max) then 7 counters.
 _STATS_COUNTERS = ("successes", "failures", "refused", "timeouts", "aborts", "local_errors", "syn_retransmits")
 _STATS = struct.Struct(f"<{HIST_SLOTS + 3}Q{len(_STATS_COUNTERS)}Q")
-_KEY = struct.Struct("<QII")  # struct tcpconnect_key
+_STATS_ALIGNED = (_STATS.size + 7) // 8 * 8  # one CPU's value in a per-CPU map
+_KEY = struct.Struct("<QII")  # struct tcpconnect_key (also a bucket's owner)
 _DEST_KEY = struct.Struct("<QIHH16s")  # struct tcpconnect_dest_key
 _DEST_STATS = struct.Struct("<4Q")  # struct tcpconnect_dest_stats
 
@@ -242,19 +243,38 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
 
     def forget(self, cgroup_ids: list[int]) -> int:
         """Drop removed cgroups' entries (every netns, every destination) so pod churn cannot fill
-        the per-cgroup maps. Returns how many entries went."""
+        the per-cgroup maps. Returns how many entries went.
+
+        A bucket is zeroed on every CPU, then released for another key. A connect of the removed
+        cgroup that ends between the two (started before the cgroup went, still in flight) is
+        counted for whichever key takes the bucket next: rare, and at most a few connects."""
         gone = set(cgroup_ids)
         removed = 0
+        for bucket, owner in list(self.probe.map_items("connect_bucket_owner")):
+            if _KEY.unpack(owner)[0] not in gone:  # type: ignore[arg-type]
+                continue
+            values = self.probe.map_lookup("connect_buckets", bucket)
+            if values is not None:  # absent past a capped map's end
+                self.probe.map_update("connect_buckets", bucket, bytes(len(values) * _STATS_ALIGNED))  # type: ignore[arg-type]
+            self.probe.map_update("connect_bucket_owner", bucket, bytes(_KEY.size))
+            removed += 1
         for name, layout in (("connect_stats", _KEY), ("dest_stats", _DEST_KEY)):
             keys = [key for key, _ in self.probe.map_items(name) if layout.unpack(key)[0] in gone]
             removed += sum(self.probe.map_delete(name, key) for key in keys)
         return removed
 
     def snapshot(self) -> TcpConnectSnapshot:
-        per_key = {}
+        # A key's counters: its bucket's (if it owns one) plus its hash entry's (if it has one).
+        raws: dict[tuple[int, int], list[bytes]] = {}
+        owners = {bucket: _KEY.unpack(owner)[:2] for bucket, owner in self.probe.map_items("connect_bucket_owner")}
+        for bucket, values in self.probe.map_items("connect_buckets"):
+            owner = owners.get(bucket)
+            if owner and owner[0] and owner[1]:  # netns 0: being claimed, nothing counted yet
+                raws.setdefault(owner, []).extend(values)  # type: ignore[arg-type]
         for key, values in self.probe.map_items("connect_stats"):
             cgroup_id, netns, _ = _KEY.unpack(key)
-            per_key[(cgroup_id, netns)] = ConnectStats.decode_percpu(values)  # type: ignore[arg-type]
+            raws.setdefault((cgroup_id, netns), []).extend(values)  # type: ignore[arg-type]
+        per_key = {key: ConnectStats.decode_percpu(values) for key, values in raws.items()}
         destinations = {}
         for key, values in self.probe.map_items("dest_stats"):
             cgroup_id, netns, family, dport, daddr = _DEST_KEY.unpack(key)

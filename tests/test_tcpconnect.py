@@ -315,10 +315,12 @@ def _slot(sk: int, ts_ns: int) -> bytes:
 @pytest.mark.root
 @pytest.mark.parametrize("attach_mode", ["tp_btf", "raw_tp"])
 def test_held_slots_overflow_to_the_hash_and_stale_starts_are_swept(netns, make_cgroup, attach_mode):
-    """Every slot of the in-flight table held by another (fake, odd-addressed: no socket is) connect:
-    real connects, dropped-first-SYN ones included, go through the overflow hash and still count
-    exactly as the namespace's ActiveOpens / AttemptFails / TCPSynRetrans, and leave the holders
-    alone. Then the sweep frees old starts, in slots and in the hash, and keeps recent ones."""
+    """Every slot of the in-flight table held by another (fake, odd-addressed: no socket is) connect,
+    and every (cgroup, netns) bucket owned by another (fake) key: real connects, dropped-first-SYN ones
+    included, go through the overflow hashes and still count exactly as the namespace's ActiveOpens /
+    AttemptFails / TCPSynRetrans, and leave the holders alone. With the buckets then released, more
+    connects of the same key claim one: the snapshot adds bucket and hash. Last, the sweep frees old
+    starts, in slots and in the hash, and keeps recent ones."""
     ns = netns("ovf")
     _drop_first_syn(ns, [P_DROP])
     server = ns.start_server([P_OK, P_DROP])
@@ -331,15 +333,28 @@ def test_held_slots_overflow_to_the_hash_and_stale_starts_are_swept(netns, make_
         now = time.monotonic_ns()
         for i, k in enumerate(slots):
             probe.probe.map_update("inflight_slots", k, _slot(2 * i + 1, now))
+        buckets = [k for k, _ in probe.probe.map_items("connect_bucket_owner")]
+        fake_owners = {k: struct.pack("<QII", (1 << 40) + i, 1, 0) for i, k in enumerate(buckets)}
+        for k, owner in fake_owners.items():
+            probe.probe.map_update("connect_bucket_owner", k, owner)
         truth_before = read_counters(server)
         before = probe.snapshot()
         res = _client_result(_run_client(ns, cg, [[[4, P_OK, 8], [6, P_OK, 8], [4, P_CLOSED, 4], [4, P_DROP, 2]]]))
-        after = probe.snapshot()
-        truth = read_counters(server).delta(truth_before)
         assert Counter(o for *_, o, _dt in res["results"]) == {"ok": 18, "refused": 4}
         held = {k: struct.unpack_from("<Q", v)[0] for k, v in probe.probe.map_items("inflight_slots")}
         assert held == {k: 2 * i + 1 for i, k in enumerate(slots)}, "a connect took or freed a held slot"
         assert probe.in_flight() <= len(slots) + 2  # the overflow hash is empty again (or nearly: other hosts' connects)
+        assert dict(probe.probe.map_items("connect_bucket_owner")) == fake_owners, "a connect took an owned bucket"
+        assert probe.probe.map_lookup("connect_stats", struct.pack("<QII", *key, 0)) is not None
+
+        for k in buckets:
+            probe.probe.map_update("connect_bucket_owner", k, bytes(16))
+        res2 = _client_result(_run_client(ns, cg, [[[4, P_OK, 3]]]))
+        assert Counter(o for *_, o, _dt in res2["results"]) == {"ok": 3}
+        owners = [struct.unpack("<QII", v)[:2] for _, v in probe.probe.map_items("connect_bucket_owner")]
+        assert key in owners, "the key did not claim its free bucket"
+        after = probe.snapshot()
+        truth = read_counters(server).delta(truth_before)
 
         # Sweep: half the holders are 1 ns after boot (stale), so is one fake overflow entry.
         for i, k in enumerate(slots[::2]):
@@ -354,9 +369,9 @@ def test_held_slots_overflow_to_the_hash_and_stale_starts_are_swept(netns, make_
         assert probe.probe.map_lookup("inflight", struct.pack("<Q", 0xDEAD3)) is not None
     got = _delta(after.per_key[key], before.per_key.get(key))
     print(f"probe {got}; kernel {truth}")
-    assert got == {"successes": 18, "failures": 4, "refused": 4, "timeouts": 0, "aborts": 0, "local_errors": 0,
+    assert got == {"successes": 21, "failures": 4, "refused": 4, "timeouts": 0, "aborts": 0, "local_errors": 0,
                    "syn_retransmits": 2}
-    assert truth.active_opens == 22 and truth.attempt_fails == 4 and truth.syn_retrans == 2
+    assert truth.active_opens == 25 and truth.attempt_fails == 4 and truth.syn_retrans == 2
 
 
 @pytest.mark.root
@@ -512,7 +527,15 @@ def test_forget_drops_a_removed_cgroups_entries(make_cgroup):
             code = f"import socket\nfor _ in range(3): socket.create_connection(('127.0.0.1', {port})).close()"
             subprocess.run([sys.executable, "-c", code], preexec_fn=cg.preexec, check=True, timeout=20)
             assert any(k[0] == cg_id for k in probe.snapshot().per_key)
+            owned = [b for b, o in probe.probe.map_items("connect_bucket_owner") if struct.unpack_from("<Q", o)[0] == cg_id]
+            # In a bucket, unless another key on this host owns the key's bucket (then in the hash).
+            assert owned or any(struct.unpack_from("<Q", k)[0] == cg_id for k, _ in probe.probe.map_items("connect_stats"))
+            for bucket in owned:
+                assert any(any(v) for v in probe.probe.map_lookup("connect_buckets", bucket))
             assert probe.forget([cg_id]) >= 1
+            for bucket in owned:  # released for the next key, and zeroed on every CPU first
+                assert probe.probe.map_lookup("connect_bucket_owner", bucket) == bytes(16)
+                assert not any(any(v) for v in probe.probe.map_lookup("connect_buckets", bucket))
             snap = probe.snapshot()
             assert not any(k[0] == cg_id for k in snap.per_key)
             assert not any(d.cgroup_id == cg_id for d in snap.destinations)
