@@ -40,7 +40,9 @@
 #define MAX_INFLIGHT 65536
 #define INFLIGHT_SLOT_BITS 13 /* 8192 slots of 64 bytes */
 #define MAX_KEYS 16384
-#define CONNECT_BUCKETS 512   /* direct-mapped (cgroup, netns) buckets, see stats_for() */
+#define CONNECT_BUCKETS 512   /* direct-mapped (cgroup, netns) buckets, see bucket_of() */
+#define DEST_BUCKETS 1024     /* and (cgroup, netns, destination) ones */
+#define GOLDEN64 0x9E3779B97F4A7C15ULL
 #define MAX_DESTS 16384
 
 #ifndef AF_INET
@@ -59,6 +61,8 @@
 _Static_assert(sizeof(struct tcpconnect_event) == 104, "tcpconnect_event layout changed: update probes/tcpconnect.py");
 _Static_assert(sizeof(struct tcpconnect_start) == 48, "tcpconnect_start layout changed");
 _Static_assert(sizeof(struct tcpconnect_slot) == 64, "a slot is one cache line");
+_Static_assert(sizeof(struct tcpconnect_key) == 16 && sizeof(struct tcpconnect_dest_key) == 32,
+	       "bucket_of() reads keys as u64 words: cgroup id, then the netns word");
 
 /* Set by the loader before load. */
 const volatile bool v1_cpu_cgroup = false;     /* key by the v1 cpu controller's cgroup */
@@ -86,6 +90,7 @@ struct {
  * is forgotten, after zeroing its counters), and a per-CPU hash for keys whose bucket another key
  * owns. A bucket costs two inlined array indexes where the hash lookup cost ~200 ns a connect,
  * kernel-measured (bucket array, element and value on three lines the connect path had evicted).
+ * The destinations below work the same way, with the LRU hash behind their buckets.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -111,8 +116,23 @@ struct {
 /*
  * Per (cgroup, netns, destination): count, latency sum and max. LRU: a node talks to an unbounded
  * set of destinations over its life; the least recently used one makes room (userspace sees its
- * counters restart and treats that as a new entry).
+ * counters restart and treats that as a new entry). Destinations that own a bucket (the first to
+ * take each; kept until their cgroup is forgotten) never reach the LRU hash.
  */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, DEST_BUCKETS);
+	__type(key, __u32);
+	__type(value, struct tcpconnect_dest_key);
+} dest_bucket_owner SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, DEST_BUCKETS);
+	__type(key, __u32);
+	__type(value, struct tcpconnect_dest_stats);
+} dest_buckets SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
 	__uint(max_entries, MAX_DESTS);
@@ -314,19 +334,45 @@ static __always_inline void connect_start(const struct sock *sk, bool btf)
 
 /* ---- end: SYN_SENT (or SYN_RECV, simultaneous open) → ESTABLISHED / CLOSE --------------------- */
 
+/*
+ * The bucket a key owns, claiming it if free; -1 if another key owns it (the caller uses its hash).
+ * `key` is `words` u64s: a cgroup id (never 0; 0 marks a free owner) first, then a word holding the
+ * netns (never 0). A free owner is claimed by compare-and-swap of the cgroup word; the other words
+ * follow, the second last by an atomic exchange (ordered after the rest on any arch), so a
+ * half-written owner matches no key and its users take the hash meanwhile.
+ */
+static __always_inline int bucket_of(void *owners, const __u64 *key, int words, __u32 buckets)
+{
+	__u64 h = 0, *owner;
+	__u32 idx;
+	int i;
+
+	for (i = 0; i < words; i++)
+		h = (h ^ key[i]) * GOLDEN64;
+	idx = (__u32)(h >> 32) & (buckets - 1);
+	owner = bpf_map_lookup_elem(owners, &idx);
+	if (!owner)
+		return -1;
+	if (!owner[0] && !__sync_val_compare_and_swap(&owner[0], 0, key[0])) {
+		for (i = 2; i < words; i++)
+			owner[i] = key[i];
+		__sync_lock_test_and_set(&owner[1], key[1]);
+	}
+	for (i = 0; i < words; i++)
+		if (owner[i] != key[i])
+			return -1;
+	return idx;
+}
+
 static __always_inline struct tcpconnect_stats *stats_for(struct tcpconnect_key *key)
 {
-	__u32 idx = (__u32)(((key->cgroup_id ^ ((__u64)key->netns << 32)) * 0x9E3779B97F4A7C15ULL) >> 32) &
-		    (CONNECT_BUCKETS - 1);
-	struct tcpconnect_key *owner = bpf_map_lookup_elem(&connect_bucket_owner, &idx);
+	int idx = bucket_of(&connect_bucket_owner, (const __u64 *)key, sizeof(*key) / 8, CONNECT_BUCKETS);
 	struct tcpconnect_stats *st;
 
-	if (owner && !owner->cgroup_id && !__sync_val_compare_and_swap(&owner->cgroup_id, 0, key->cgroup_id))
-		owner->netns = key->netns; /* claimed; until this store other users of the key take the hash */
-	if (owner && owner->cgroup_id == key->cgroup_id && owner->netns == key->netns) {
+	if (idx >= 0) {
 		st = bpf_map_lookup_elem(&connect_buckets, &idx);
 		if (st)
-			return st;
+			return st; /* else past a capped map's end */
 	}
 	st = bpf_map_lookup_elem(&connect_stats, key);
 	if (st)
@@ -348,6 +394,7 @@ static __always_inline void connect_end(const struct sock *sk, int newstate, boo
 	struct tcpconnect_dest_stats *ds;
 	struct tcpconnect_stats *st;
 	__u64 now, latency;
+	int bucket;
 	__u16 outcome, sport = 0, dport = 0;
 	__u8 saddr[16] = {};
 	int err = 0;
@@ -397,7 +444,10 @@ static __always_inline void connect_end(const struct sock *sk, int newstate, boo
 	dkey.family = sk_family(sk, btf);
 	sk_addrs(sk, dkey.family, saddr, dkey.daddr, &sport, &dport, btf);
 	dkey.dport = dport;
-	ds = bpf_map_lookup_elem(&dest_stats, &dkey);
+	bucket = bucket_of(&dest_bucket_owner, (const __u64 *)&dkey, sizeof(dkey) / 8, DEST_BUCKETS);
+	ds = bucket >= 0 ? bpf_map_lookup_elem(&dest_buckets, &bucket) : NULL;
+	if (!ds)
+		ds = bpf_map_lookup_elem(&dest_stats, &dkey);
 	if (!ds) {
 		bpf_map_update_elem(&dest_stats, &dkey, &zero_dest, BPF_NOEXIST);
 		ds = bpf_map_lookup_elem(&dest_stats, &dkey);

@@ -60,6 +60,7 @@ _STATS_COUNTERS = ("successes", "failures", "refused", "timeouts", "aborts", "lo
 _STATS = struct.Struct(f"<{HIST_SLOTS + 3}Q{len(_STATS_COUNTERS)}Q")
 _STATS_ALIGNED = (_STATS.size + 7) // 8 * 8  # one CPU's value in a per-CPU map
 _KEY = struct.Struct("<QII")  # struct tcpconnect_key (also a bucket's owner)
+_CGROUP_ID = struct.Struct("<Q")  # the first field of both keys (0: a free bucket)
 _DEST_KEY = struct.Struct("<QIHH16s")  # struct tcpconnect_dest_key
 _DEST_STATS = struct.Struct("<4Q")  # struct tcpconnect_dest_stats
 
@@ -250,14 +251,16 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         counted for whichever key takes the bucket next: rare, and at most a few connects."""
         gone = set(cgroup_ids)
         removed = 0
-        for bucket, owner in list(self.probe.map_items("connect_bucket_owner")):
-            if _KEY.unpack(owner)[0] not in gone:  # type: ignore[arg-type]
-                continue
-            values = self.probe.map_lookup("connect_buckets", bucket)
-            if values is not None:  # absent past a capped map's end
-                self.probe.map_update("connect_buckets", bucket, bytes(len(values) * _STATS_ALIGNED))  # type: ignore[arg-type]
-            self.probe.map_update("connect_bucket_owner", bucket, bytes(_KEY.size))
-            removed += 1
+        for owners, buckets, key_size, value_size in (("connect_bucket_owner", "connect_buckets", _KEY.size, _STATS_ALIGNED),
+                                                      ("dest_bucket_owner", "dest_buckets", _DEST_KEY.size, _DEST_STATS.size)):
+            for bucket, owner in list(self.probe.map_items(owners)):
+                if _CGROUP_ID.unpack_from(owner)[0] not in gone:  # type: ignore[arg-type]
+                    continue
+                values = self.probe.map_lookup(buckets, bucket)
+                if values is not None:  # absent past a capped map's end
+                    self.probe.map_update(buckets, bucket, bytes(len(values) * value_size))  # type: ignore[arg-type]
+                self.probe.map_update(owners, bucket, bytes(key_size))
+                removed += 1
         for name, layout in (("connect_stats", _KEY), ("dest_stats", _DEST_KEY)):
             keys = [key for key, _ in self.probe.map_items(name) if layout.unpack(key)[0] in gone]
             removed += sum(self.probe.map_delete(name, key) for key in keys)
@@ -275,11 +278,19 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
             cgroup_id, netns, _ = _KEY.unpack(key)
             raws.setdefault((cgroup_id, netns), []).extend(values)  # type: ignore[arg-type]
         per_key = {key: ConnectStats.decode_percpu(values) for key, values in raws.items()}
-        destinations = {}
+        dest_raws: dict[bytes, list[bytes]] = {}
+        dest_owners = dict(self.probe.map_items("dest_bucket_owner"))
+        for bucket, values in self.probe.map_items("dest_buckets"):
+            owner = dest_owners.get(bucket)
+            if owner and _DEST_KEY.unpack(owner)[1]:  # type: ignore[arg-type]  # netns 0: free or being claimed
+                dest_raws.setdefault(owner, []).extend(values)  # type: ignore[arg-type]
         for key, values in self.probe.map_items("dest_stats"):
+            dest_raws.setdefault(key, []).extend(values)  # type: ignore[arg-type]
+        destinations = {}
+        for key, values in dest_raws.items():
             cgroup_id, netns, family, dport, daddr = _DEST_KEY.unpack(key)
             count = sum_ns = max_ns = failures = 0
-            for v in values:  # type: ignore[union-attr]
+            for v in values:
                 c, s, m, f = _DEST_STATS.unpack(v)
                 count, sum_ns, max_ns, failures = count + c, sum_ns + s, max(max_ns, m), failures + f
             dk = DestKey(cgroup_id, netns, family, format_addr(family, daddr), dport)

@@ -337,6 +337,10 @@ def test_held_slots_overflow_to_the_hash_and_stale_starts_are_swept(netns, make_
         fake_owners = {k: struct.pack("<QII", (1 << 40) + i, 1, 0) for i, k in enumerate(buckets)}
         for k, owner in fake_owners.items():
             probe.probe.map_update("connect_bucket_owner", k, owner)
+        dest_buckets = [k for k, _ in probe.probe.map_items("dest_bucket_owner")]
+        fake_dests = {k: struct.pack("<QIHH16s", (1 << 40) + i, 1, 2, 9, b"\x0a") for i, k in enumerate(dest_buckets)}
+        for k, owner in fake_dests.items():
+            probe.probe.map_update("dest_bucket_owner", k, owner)
         truth_before = read_counters(server)
         before = probe.snapshot()
         res = _client_result(_run_client(ns, cg, [[[4, P_OK, 8], [6, P_OK, 8], [4, P_CLOSED, 4], [4, P_DROP, 2]]]))
@@ -345,14 +349,20 @@ def test_held_slots_overflow_to_the_hash_and_stale_starts_are_swept(netns, make_
         assert held == {k: 2 * i + 1 for i, k in enumerate(slots)}, "a connect took or freed a held slot"
         assert probe.in_flight() <= len(slots) + 2  # the overflow hash is empty again (or nearly: other hosts' connects)
         assert dict(probe.probe.map_items("connect_bucket_owner")) == fake_owners, "a connect took an owned bucket"
+        assert dict(probe.probe.map_items("dest_bucket_owner")) == fake_dests, "a connect took an owned bucket"
         assert probe.probe.map_lookup("connect_stats", struct.pack("<QII", *key, 0)) is not None
+        assert sum(1 for k, _ in probe.probe.map_items("dest_stats") if struct.unpack_from("<QI", k) == key) == 4
 
         for k in buckets:
             probe.probe.map_update("connect_bucket_owner", k, bytes(16))
+        for k in dest_buckets:
+            probe.probe.map_update("dest_bucket_owner", k, bytes(32))
         res2 = _client_result(_run_client(ns, cg, [[[4, P_OK, 3]]]))
         assert Counter(o for *_, o, _dt in res2["results"]) == {"ok": 3}
         owners = [struct.unpack("<QII", v)[:2] for _, v in probe.probe.map_items("connect_bucket_owner")]
         assert key in owners, "the key did not claim its free bucket"
+        dest_owners = [struct.unpack_from("<QIHH", v) for _, v in probe.probe.map_items("dest_bucket_owner")]
+        assert (*key, socket.AF_INET, P_OK) in dest_owners, "the destination did not claim its free bucket"
         after = probe.snapshot()
         truth = read_counters(server).delta(truth_before)
 
@@ -372,6 +382,11 @@ def test_held_slots_overflow_to_the_hash_and_stale_starts_are_swept(netns, make_
     assert got == {"successes": 21, "failures": 4, "refused": 4, "timeouts": 0, "aborts": 0, "local_errors": 0,
                    "syn_retransmits": 2}
     assert truth.active_opens == 25 and truth.attempt_fails == 4 and truth.syn_retrans == 2
+    # Destinations: 127.0.0.1:P_OK from the LRU hash (8) and its bucket (3), added up.
+    dests = {(d.family, d.daddr, d.dport): v for d, v in after.destinations.items() if (d.cgroup_id, d.netns) == key}
+    assert {k: (v.count, v.failures) for k, v in dests.items()} == {
+        (socket.AF_INET, "127.0.0.1", P_OK): (11, 0), (socket.AF_INET6, "::1", P_OK): (8, 0),
+        (socket.AF_INET, "127.0.0.1", P_CLOSED): (0, 4), (socket.AF_INET, "127.0.0.1", P_DROP): (2, 0)}
 
 
 @pytest.mark.root
@@ -532,10 +547,15 @@ def test_forget_drops_a_removed_cgroups_entries(make_cgroup):
             assert owned or any(struct.unpack_from("<Q", k)[0] == cg_id for k, _ in probe.probe.map_items("connect_stats"))
             for bucket in owned:
                 assert any(any(v) for v in probe.probe.map_lookup("connect_buckets", bucket))
+            dest_owned = [b for b, o in probe.probe.map_items("dest_bucket_owner") if struct.unpack_from("<Q", o)[0] == cg_id]
+            assert dest_owned or any(struct.unpack_from("<Q", k)[0] == cg_id for k, _ in probe.probe.map_items("dest_stats"))
             assert probe.forget([cg_id]) >= 1
             for bucket in owned:  # released for the next key, and zeroed on every CPU first
                 assert probe.probe.map_lookup("connect_bucket_owner", bucket) == bytes(16)
                 assert not any(any(v) for v in probe.probe.map_lookup("connect_buckets", bucket))
+            for bucket in dest_owned:
+                assert probe.probe.map_lookup("dest_bucket_owner", bucket) == bytes(32)
+                assert not any(any(v) for v in probe.probe.map_lookup("dest_buckets", bucket))
             snap = probe.snapshot()
             assert not any(k[0] == cg_id for k in snap.per_key)
             assert not any(d.cgroup_id == cg_id for d in snap.destinations)
