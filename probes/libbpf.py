@@ -317,16 +317,10 @@ class BpfMap:
         """All entries, read `batch` at a time with BPF_MAP_LOOKUP_BATCH (one syscall per batch).
 
         Hash maps change while they are read; the kernel's batch cursor keeps that consistent per
-        bucket. Falls back to get_next_key iteration where batching is not supported (EINVAL/ENOTSUPP).
-        Array maps are read with plain lookups (batching them brings nothing for our sizes).
+        bucket. Arrays are batched too (tcpconnect's bucket tables are read every snapshot: one
+        lookup per entry cost ~2 % of a core at 1 Hz). Falls back to one lookup per key where
+        batching is not supported (EINVAL/ENOTSUPP).
         """
-        if self.type in (BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_PERCPU_ARRAY):
-            for i in range(self.max_entries):
-                key = i.to_bytes(4, "little")
-                value = self.lookup(key)
-                if value is not None:
-                    yield key, value
-            return
         try:
             yield from self._items_batched(batch)
         except BpfError as e:

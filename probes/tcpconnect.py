@@ -20,7 +20,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from probes.base import BpfProbe
@@ -61,6 +61,7 @@ _STATS = struct.Struct(f"<{HIST_SLOTS + 3}Q{len(_STATS_COUNTERS)}Q")
 _STATS_ALIGNED = (_STATS.size + 7) // 8 * 8  # one CPU's value in a per-CPU map
 _KEY = struct.Struct("<QII")  # struct tcpconnect_key (also a bucket's owner)
 _CGROUP_ID = struct.Struct("<Q")  # the first field of both keys (0: a free bucket)
+_OWNER_NETNS = struct.Struct("<8xI")  # the netns of both keys, set last when a bucket is claimed
 _DEST_KEY = struct.Struct("<QIHH16s")  # struct tcpconnect_dest_key
 _DEST_STATS = struct.Struct("<4Q")  # struct tcpconnect_dest_stats
 
@@ -266,24 +267,28 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
             removed += sum(self.probe.map_delete(name, key) for key in keys)
         return removed
 
+    def _owned_buckets(self, owners: str, buckets: str) -> Iterator[tuple[bytes, list[bytes]]]:
+        """(owner key, its bucket's per-CPU values) for every owned bucket. Only those are read:
+        most buckets of a node are free. A netns word of 0 is a free owner or one being claimed
+        (nothing counted in it yet)."""
+        for bucket, owner in self.probe.map_items(owners):
+            if _OWNER_NETNS.unpack_from(owner)[0]:  # type: ignore[arg-type]
+                values = self.probe.map_lookup(buckets, bucket)
+                if values is not None:  # absent past a capped map's end
+                    yield owner, values  # type: ignore[misc]
+
     def snapshot(self) -> TcpConnectSnapshot:
         # A key's counters: its bucket's (if it owns one) plus its hash entry's (if it has one).
         raws: dict[tuple[int, int], list[bytes]] = {}
-        owners = {bucket: _KEY.unpack(owner)[:2] for bucket, owner in self.probe.map_items("connect_bucket_owner")}
-        for bucket, values in self.probe.map_items("connect_buckets"):
-            owner = owners.get(bucket)
-            if owner and owner[0] and owner[1]:  # netns 0: being claimed, nothing counted yet
-                raws.setdefault(owner, []).extend(values)  # type: ignore[arg-type]
+        for owner, values in self._owned_buckets("connect_bucket_owner", "connect_buckets"):
+            raws.setdefault(_KEY.unpack(owner)[:2], []).extend(values)
         for key, values in self.probe.map_items("connect_stats"):
             cgroup_id, netns, _ = _KEY.unpack(key)
             raws.setdefault((cgroup_id, netns), []).extend(values)  # type: ignore[arg-type]
         per_key = {key: ConnectStats.decode_percpu(values) for key, values in raws.items()}
         dest_raws: dict[bytes, list[bytes]] = {}
-        dest_owners = dict(self.probe.map_items("dest_bucket_owner"))
-        for bucket, values in self.probe.map_items("dest_buckets"):
-            owner = dest_owners.get(bucket)
-            if owner and _DEST_KEY.unpack(owner)[1]:  # type: ignore[arg-type]  # netns 0: free or being claimed
-                dest_raws.setdefault(owner, []).extend(values)  # type: ignore[arg-type]
+        for owner, values in self._owned_buckets("dest_bucket_owner", "dest_buckets"):
+            dest_raws.setdefault(owner, []).extend(values)
         for key, values in self.probe.map_items("dest_stats"):
             dest_raws.setdefault(key, []).extend(values)  # type: ignore[arg-type]
         destinations = {}

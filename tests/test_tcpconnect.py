@@ -389,6 +389,49 @@ def test_held_slots_overflow_to_the_hash_and_stale_starts_are_swept(netns, make_
         (socket.AF_INET, "127.0.0.1", P_CLOSED): (0, 4), (socket.AF_INET, "127.0.0.1", P_DROP): (2, 0)}
 
 
+# Two sockets that each connect to their own address (TCP simultaneous open: SYN_SENT -> SYN_RECV ->
+# ESTABLISHED), then three ordinary connects to the server.
+SELF_CONNECT = r"""
+import socket, sys
+for port in (7020, 7021):
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    s.connect(("127.0.0.1", port))
+    assert s.getsockname() == s.getpeername(), (s.getsockname(), s.getpeername())
+    s.close()
+for _ in range(3):
+    socket.create_connection(("127.0.0.1", int(sys.argv[1]))).close()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("attach_mode", ["tp_btf", "raw_tp"])
+def test_simultaneous_open_is_a_connect_and_passive_opens_are_not(netns, make_cgroup, attach_mode):
+    """A simultaneous open ends SYN_RECV -> ESTABLISHED like a passive open's child socket does; only
+    the former is a connect (the child has no struct socket yet, which is how the probe tells them
+    apart without a lookup). Counts equal the namespace's ActiveOpens, the server's accepts add none."""
+    ns = netns("simopen")
+    server = ns.start_server([P_OK])
+    netns_ino = os.stat(f"/proc/{server}/ns/net").st_ino
+    cg = make_cgroup("s")
+    key = (os.stat(cg.path("cpu")).st_ino, netns_ino)
+    with TcpConnectProbe(attach_mode=attach_mode) as probe:
+        truth_before = read_counters(server)
+        before = probe.snapshot()
+        p = ns.popen(sys.executable, "-c", SELF_CONNECT, str(P_OK), preexec_fn=cg.preexec)
+        assert _readline(p, 20) == "done"
+        p.wait(5)
+        after = probe.snapshot()
+        truth = read_counters(server).delta(truth_before)
+    got = _delta(after.per_key[key], before.per_key.get(key))
+    print(f"probe {got}; kernel {truth}")
+    assert truth.active_opens == 5
+    assert got["successes"] == 5 and got["failures"] == got["aborts"] == got["local_errors"] == 0
+    others = {k: v.connects for k, v in after.per_key.items() if k[1] == netns_ino and k != key}
+    assert not any(others.values()), f"the server's accepted sockets were counted as connects: {others}"
+
+
 @pytest.mark.root
 def test_timeout_and_application_abort_are_told_apart(netns, make_cgroup):
     """Every SYN to the port is dropped (nftables, inside the namespace; tcp_syn_retries=1 there so the
