@@ -17,9 +17,10 @@
  * segs_out tells a connect that never sent its SYN, e.g. no free ephemeral port). Every socket leaves
  * SYN_SENT through this tracepoint (tcp_set_state / inet_sk_set_state), so the end always removes
  * the start (a passive open's SYN_RECV → ESTABLISHED is told from a simultaneous open's without a
- * lookup: its child socket has no struct socket until accept()); the loader attaches tcp:tcp_destroy_sock as a second cleanup only for raw_tp, and
- * userspace sweeps entries older than any connect can last (probes/tcpconnect.py). On tp_btf that
- * saves a program run on every socket destroyed. tcp:tcp_retransmit_skb on a socket in SYN_SENT
+ * lookup: its child socket has no struct socket until accept()); the loader attaches
+ * tcp:tcp_destroy_sock as a second cleanup only for raw_tp, and userspace sweeps entries older than
+ * any connect can last (probes/tcpconnect.py). On tp_btf that saves a program run on every socket
+ * destroyed. tcp:tcp_retransmit_skb on a socket in SYN_SENT
  * counts a SYN retransmit.
  *
  * Hot path: inet_sock_set_state fires on every TCP state change and tcp_retransmit_skb on every
@@ -264,7 +265,7 @@ static __always_inline __u64 sock_addr(const struct sock *sk, bool btf)
 static __always_inline struct tcpconnect_slot *slot_of(__u64 skp)
 {
 	/* Fibonacci hashing: socket addresses share their low bits (slab object alignment). */
-	__u32 idx = (__u32)((skp * 0x9E3779B97F4A7C15ULL) >> (64 - INFLIGHT_SLOT_BITS));
+	__u32 idx = (__u32)((skp * GOLDEN64) >> (64 - INFLIGHT_SLOT_BITS));
 
 	return bpf_map_lookup_elem(&inflight_slots, &idx);
 }
@@ -320,11 +321,15 @@ static __always_inline void connect_start(const struct sock *sk, bool btf)
 	struct tcpconnect_start s = {};
 
 	s.ts_ns = bpf_ktime_get_ns();
-	s.task = bpf_get_current_task();
-	if (btf)
-		s.cgroup_id = nn_btf_task_cgroup_id(bpf_get_current_task_btf(), v1_cpu_cgroup);
-	else
+	if (btf) {
+		struct task_struct *t = bpf_get_current_task_btf();
+
+		s.task = (__u64)t;
+		s.cgroup_id = nn_btf_task_cgroup_id(t, v1_cpu_cgroup);
+	} else {
+		s.task = bpf_get_current_task();
 		s.cgroup_id = nn_task_cgroup_id((struct task_struct *)s.task, v1_cpu_cgroup);
+	}
 	s.netns = sk_netns(sk, btf);
 	s.pid = pid_tgid >> 32;
 	s.tid = (__u32)pid_tgid;
