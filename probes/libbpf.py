@@ -293,6 +293,7 @@ class BpfMap:
         return self._split(vbuf.raw)
 
     def update(self, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
+        """Set a value; a short `value` is padded with zeros (b"" zeroes the entry, every CPU's)."""
         kbuf = ctypes.create_string_buffer(key, self.key_size)
         vbuf = ctypes.create_string_buffer(value, max(len(value), self._stride))
         if self._lib.lib.bpf_map_update_elem(self.fd, kbuf, vbuf, flags):

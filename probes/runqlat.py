@@ -260,9 +260,7 @@ class _Slots:
         slot = self.probe.map_lookup(self.index, key)
         if slot is None or not self.probe.map_delete(self.index, key):
             return False
-        cpus = len(self.probe.map_lookup(self.stats, slot) or [])  # type: ignore[arg-type]
-        aligned = (self.value_size + 7) // 8 * 8  # each CPU's value starts 8-byte aligned
-        self.probe.map_update(self.stats, slot, bytes(cpus * aligned))  # type: ignore[arg-type]
+        self.probe.map_zero(self.stats, slot)  # type: ignore[arg-type]
         self.probe.map_push(self.free_stack, slot)  # type: ignore[arg-type]
         return True
 

@@ -58,7 +58,6 @@ SLOT_SIZE = 64
 # struct tcpconnect_stats: nn_hist (32 slots + sum, count, max) then 7 counters.
 _STATS_COUNTERS = ("successes", "failures", "refused", "timeouts", "aborts", "local_errors", "syn_retransmits")
 _STATS = struct.Struct(f"<{HIST_SLOTS + 3}Q{len(_STATS_COUNTERS)}Q")
-_STATS_ALIGNED = (_STATS.size + 7) // 8 * 8  # one CPU's value in a per-CPU map
 _KEY = struct.Struct("<QII")  # struct tcpconnect_key (also a bucket's owner)
 _CGROUP_ID = struct.Struct("<Q")  # the first field of both keys (0: a free bucket)
 _OWNER_NETNS = struct.Struct("<8xI")  # the netns of both keys, set last when a bucket is claimed
@@ -252,15 +251,13 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         counted for whichever key takes the bucket next: rare, and at most a few connects."""
         gone = set(cgroup_ids)
         removed = 0
-        for owners, buckets, key_size, value_size in (("connect_bucket_owner", "connect_buckets", _KEY.size, _STATS_ALIGNED),
-                                                      ("dest_bucket_owner", "dest_buckets", _DEST_KEY.size, _DEST_STATS.size)):
+        for owners, buckets in (("connect_bucket_owner", "connect_buckets"), ("dest_bucket_owner", "dest_buckets")):
             for bucket, owner in list(self.probe.map_items(owners)):
                 if _CGROUP_ID.unpack_from(owner)[0] not in gone:  # type: ignore[arg-type]
                     continue
-                values = self.probe.map_lookup(buckets, bucket)
-                if values is not None:  # absent past a capped map's end
-                    self.probe.map_update(buckets, bucket, bytes(len(values) * value_size))  # type: ignore[arg-type]
-                self.probe.map_update(owners, bucket, bytes(key_size))
+                if self.probe.map_lookup(buckets, bucket) is not None:  # absent past a capped map's end
+                    self.probe.map_zero(buckets, bucket)
+                self.probe.map_zero(owners, bucket)
                 removed += 1
         for name, layout in (("connect_stats", _KEY), ("dest_stats", _DEST_KEY)):
             keys = [key for key, _ in self.probe.map_items(name) if layout.unpack(key)[0] in gone]
@@ -328,7 +325,7 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         for key, value in self.probe.map_items("inflight_slots"):
             sk, ts = _SLOT_HEAD.unpack_from(value)  # type: ignore[arg-type]
             if sk and 0 < ts < cutoff:
-                self.probe.map_update("inflight_slots", key, bytes(SLOT_SIZE))
+                self.probe.map_zero("inflight_slots", key)
                 swept += 1
         stale = [key for key, value in self.probe.map_items("inflight") if _START_TS.unpack_from(value)[0] < cutoff]  # type: ignore[arg-type]
         swept += sum(1 for key in stale if self.probe.map_delete("inflight", key))
