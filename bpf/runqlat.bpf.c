@@ -44,6 +44,8 @@
 const volatile bool v1_cpu_cgroup = false;     /* key by the v1 cpu controller's cgroup */
 const volatile __u64 outlier_threshold_ns = 0; /* 0: no outlier events */
 const volatile __u32 pid_slots = 0;            /* entries of task_run_delay: pids below use it */
+/* tp_btf flavour: act as if every task-storage create were refused, so tests reach the pid-hash path. */
+const volatile bool refuse_task_storage = false;
 
 struct task_wait {
 	__u64 queued_ns;      /* tp_btf flavour: when it became runnable; 0 while running or sleeping */
@@ -71,12 +73,21 @@ struct {
 	__type(value, __u64);
 } task_run_delay SEC(".maps");
 
+/*
+ * Start times by pid: all of them in the raw_tp flavour; in the tp_btf flavour those of tasks whose
+ * storage could not be created (a create is refused while another storage call is in progress on
+ * this CPU, e.g. an interrupt's wakeup nested in ours, or when the allocator's per-CPU cache is dry),
+ * so their wait is not lost. `fallback_entries` counts what the hash holds: tp_btf switches look in it
+ * only while it holds something.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_FALLBACK_TASKS);
 	__type(key, __u32);
 	__type(value, __u64);
 } fallback_queued_ns SEC(".maps");
+
+__u64 fallback_entries = 0;
 
 /*
  * Per cgroup: the wait distribution, and (sched_info flavour) the wait split by who ran meanwhile
@@ -151,50 +162,20 @@ struct {
 
 /* ---- start-time storage: task storage (tp_btf) or pid hash (raw_tp) ---------------------- */
 
-static __always_inline void mark_queued_storage(struct task_struct *p, __u64 now, bool overwrite)
-{
-	struct task_wait *w = bpf_task_storage_get(&task_wait, p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-
-	if (!w) {
-		count_drop(NN_DROP_TASK_STORAGE);
-		return;
-	}
-	/* A wakeup of a task that is already queued (ttwu on a runnable task) keeps the older time. */
-	if (overwrite || !w->queued_ns)
-		w->queued_ns = now;
-}
-
-static __always_inline void clear_queued_storage(struct task_struct *p)
-{
-	struct task_wait *w = bpf_task_storage_get(&task_wait, p, 0, 0);
-
-	if (w)
-		w->queued_ns = 0;
-}
-
-static __always_inline __u64 take_queued_storage(struct task_struct *p)
-{
-	struct task_wait *w = bpf_task_storage_get(&task_wait, p, 0, 0);
-	__u64 t;
-
-	if (!w)
-		return 0;
-	t = w->queued_ns;
-	w->queued_ns = 0;
-	return t;
-}
-
-static __always_inline void mark_queued_hash(__u32 pid, __u64 now, bool overwrite)
+/* Keep a start in the pid hash; false when the hash is full (or busy on this CPU). */
+static __always_inline bool mark_queued_hash(__u32 pid, __u64 now, bool overwrite)
 {
 	__u64 *t = bpf_map_lookup_elem(&fallback_queued_ns, &pid);
 
 	if (t) {
 		if (overwrite || !*t)
 			*t = now;
-		return;
+		return true;
 	}
 	if (bpf_map_update_elem(&fallback_queued_ns, &pid, &now, BPF_NOEXIST))
-		count_drop(NN_DROP_START_MAP_FULL);
+		return false;
+	__sync_fetch_and_add(&fallback_entries, 1);
+	return true;
 }
 
 static __always_inline __u64 take_queued_hash(__u32 pid)
@@ -205,8 +186,63 @@ static __always_inline __u64 take_queued_hash(__u32 pid)
 	if (!t)
 		return 0;
 	v = *t;
-	bpf_map_delete_elem(&fallback_queued_ns, &pid);
+	if (!bpf_map_delete_elem(&fallback_queued_ns, &pid))
+		__sync_fetch_and_add(&fallback_entries, -1);
 	return v;
+}
+
+static __always_inline struct task_wait *task_wait_of(struct task_struct *p, __u64 flags)
+{
+	if (refuse_task_storage)
+		return NULL;
+	return bpf_task_storage_get(&task_wait, p, 0, flags);
+}
+
+static __always_inline void mark_queued_storage(struct task_struct *p, __u64 now, bool overwrite)
+{
+	struct task_wait *w = task_wait_of(p, BPF_LOCAL_STORAGE_GET_F_CREATE);
+
+	if (!w) {
+		/* No storage and none could be created: the pid hash keeps it; lost only if that fails too. */
+		if (!mark_queued_hash(p->pid, now, overwrite))
+			count_drop(NN_DROP_TASK_STORAGE);
+		return;
+	}
+	/* A wakeup of a task that is already queued (ttwu on a runnable task) keeps the older time. */
+	if (overwrite || !w->queued_ns)
+		w->queued_ns = now;
+}
+
+static __always_inline void clear_queued_storage(struct task_struct *p)
+{
+	struct task_wait *w = task_wait_of(p, 0);
+
+	if (w)
+		w->queued_ns = 0;
+	if (fallback_entries)
+		take_queued_hash(p->pid); /* a stale start must not outlive the sleep there either */
+}
+
+/*
+ * The start of next's wait, from its storage or (while the hash holds any) from the pid hash, which
+ * is emptied for the task either way: of two starts (a create refused at a wakeup, the storage
+ * created at a later one while still queued) the older is the wait's, as for a repeated wakeup.
+ */
+static __always_inline __u64 take_queued_storage(struct task_struct *p)
+{
+	struct task_wait *w = task_wait_of(p, 0);
+	__u64 t = 0, hashed;
+
+	if (w) {
+		t = w->queued_ns;
+		w->queued_ns = 0;
+	}
+	if (fallback_entries) {
+		hashed = take_queued_hash(p->pid);
+		if (hashed && (!t || hashed < t))
+			t = hashed;
+	}
+	return t;
 }
 
 /* ---- aggregation ----------------------------------------------------------------------------- */
@@ -703,8 +739,8 @@ int BPF_PROG(runqlat_wakeup_raw, struct task_struct *p)
 {
 	__u32 pid = BPF_CORE_READ(p, pid);
 
-	if (pid)
-		mark_queued_hash(pid, bpf_ktime_get_ns(), false);
+	if (pid && !mark_queued_hash(pid, bpf_ktime_get_ns(), false))
+		count_drop(NN_DROP_START_MAP_FULL);
 	return 0;
 }
 
@@ -713,8 +749,8 @@ int BPF_PROG(runqlat_wakeup_new_raw, struct task_struct *p)
 {
 	__u32 pid = BPF_CORE_READ(p, pid);
 
-	if (pid)
-		mark_queued_hash(pid, bpf_ktime_get_ns(), false);
+	if (pid && !mark_queued_hash(pid, bpf_ktime_get_ns(), false))
+		count_drop(NN_DROP_START_MAP_FULL);
 	return 0;
 }
 
@@ -727,10 +763,12 @@ int BPF_PROG(runqlat_switch_raw, bool preempt, struct task_struct *prev, struct 
 	__u64 queued;
 
 	if (prev_pid) {
-		if (preempt || nn_task_state(prev) == TASK_RUNNING)
-			mark_queued_hash(prev_pid, now, true);
-		else
-			bpf_map_delete_elem(&fallback_queued_ns, &prev_pid);
+		if (preempt || nn_task_state(prev) == TASK_RUNNING) {
+			if (!mark_queued_hash(prev_pid, now, true))
+				count_drop(NN_DROP_START_MAP_FULL);
+		} else {
+			take_queued_hash(prev_pid);
+		}
 	}
 	if (!next_pid)
 		return 0;

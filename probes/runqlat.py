@@ -289,11 +289,14 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         max_cgroups: int = 16384,
         max_culprit_pairs: int = 8192,
         max_pid_slots: int = PID_MAX_LIMIT,
+        refuse_task_storage: bool = False,
     ) -> None:
         """`max_culprit_pairs` bounds the (victim, culprit) matrix; pairs beyond it are counted in
         drops["culprit_map_full"] and their wait in `culprit_drop_ns`. `max_pid_slots` caps the
         pid-indexed array of the sched_info flavour (8 bytes a pid, sized to the host's pid_max):
-        tasks with larger pids are tracked in task storage instead, at ~35 ns more per switch."""
+        tasks with larger pids are tracked in task storage instead, at ~35 ns more per switch.
+        `refuse_task_storage` (for tests) makes the tp_btf flavour act as if every task-storage
+        create were refused, so all its start times take the pid-hash path that catches those."""
         if max_culprit_pairs < 1 or max_cgroups < 1:
             raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
                              f"max_culprit_pairs={max_culprit_pairs})")
@@ -306,7 +309,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                  "task_run_delay": self.pid_slots, "fallback_queued_ns": 1}
         options = {
             "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns,
-                       "pid_slots": self.pid_slots},
+                       "pid_slots": self.pid_slots, "refuse_task_storage": refuse_task_storage},
             "map_sizes": sizes,
         }
         self.probe: LoadedProbe
