@@ -178,6 +178,12 @@ static __always_inline bool mark_queued_hash(__u32 pid, __u64 now, bool overwrit
 	return true;
 }
 
+static __always_inline void drop_queued_hash(__u32 pid)
+{
+	if (!bpf_map_delete_elem(&fallback_queued_ns, &pid))
+		__sync_fetch_and_add(&fallback_entries, -1);
+}
+
 static __always_inline __u64 take_queued_hash(__u32 pid)
 {
 	__u64 *t = bpf_map_lookup_elem(&fallback_queued_ns, &pid);
@@ -186,8 +192,7 @@ static __always_inline __u64 take_queued_hash(__u32 pid)
 	if (!t)
 		return 0;
 	v = *t;
-	if (!bpf_map_delete_elem(&fallback_queued_ns, &pid))
-		__sync_fetch_and_add(&fallback_entries, -1);
+	drop_queued_hash(pid);
 	return v;
 }
 
@@ -220,7 +225,7 @@ static __always_inline void clear_queued_storage(struct task_struct *p)
 	if (w)
 		w->queued_ns = 0;
 	if (fallback_entries)
-		take_queued_hash(p->pid); /* a stale start must not outlive the sleep there either */
+		drop_queued_hash(p->pid); /* a stale start must not outlive the sleep there either */
 }
 
 /*
@@ -767,7 +772,7 @@ int BPF_PROG(runqlat_switch_raw, bool preempt, struct task_struct *prev, struct 
 			if (!mark_queued_hash(prev_pid, now, true))
 				count_drop(NN_DROP_START_MAP_FULL);
 		} else {
-			take_queued_hash(prev_pid);
+			drop_queued_hash(prev_pid); /* went to sleep: a stale start must not survive */
 		}
 	}
 	if (!next_pid)
