@@ -14,7 +14,8 @@
  *   what /proc/<pid>/schedstat accounts. A queued task moved by the load balancer has the part of
  *   its wait before the move added to sched_info.run_delay at dequeue; we add run_delay's growth
  *   since the task's previous switch-in (kept per pid in an array) so the wait stays whole.
- * - tp_btf: wakeup/wakeup_new → switch with the start time in task storage.
+ * - tp_btf: wakeup/wakeup_new → switch with the start time in task storage (in the pid hash for a
+ *   task whose storage cannot be created).
  * - raw_tp (kernels without BTF-typed tracepoints): the same with a bounded pid hash, because raw
  *   task pointers cannot be passed to task storage.
  * Everywhere, aggregation goes to per-CPU maps: no event writes a map all CPUs contend on.
