@@ -77,8 +77,8 @@ struct {
 /*
  * Start times by pid: all of them in the raw_tp flavour; in the tp_btf flavour those of tasks whose
  * storage could not be created (a create is refused while another storage call is in progress on
- * this CPU, e.g. an interrupt's wakeup nested in ours, or when the allocator's per-CPU cache is dry),
- * so their wait is not lost. `fallback_entries` counts what the hash holds: tp_btf switches look in it
+ * this CPU, e.g. an interrupt's wakeup nested in ours, and its atomic allocation may fail), so their
+ * wait is not lost. `fallback_entries` counts what the hash holds: tp_btf switches look in it
  * only while it holds something.
  */
 struct {

@@ -85,8 +85,8 @@ def two_contending_cgroups(make_cgroup):
 @pytest.mark.parametrize("flavour", ["sched_info", "tp_btf", "tp_btf-pid-hash"])
 def test_wait_matches_schedstat_per_cgroup(two_contending_cgroups, flavour):
     """tp_btf-pid-hash: task storage refuses every create, as it does now and then under load (a
-    storage call nested in another on one CPU, a dry allocator cache): the starts must go to the pid
-    hash and no wait may be lost (CI once lost two of ~600 before that fallback existed)."""
+    storage call nested in another on one CPU, a failed atomic allocation): the starts must go to the pid
+    hash and no wait may be lost (the tp_btf case once missed two of ~600 in a full run, before that fallback)."""
     a, b = two_contending_cgroups
     probe = RunqLatProbe(attach_mode=flavour.removesuffix("-pid-hash"), refuse_task_storage=flavour.endswith("-pid-hash"))
     try:
