@@ -107,9 +107,9 @@ def test_wait_matches_schedstat_per_cgroup(two_contending_cgroups, flavour):
         probe_after = probe.snapshot()
         _signal_all(everyone, signal.SIGCONT)
 
-        # A start is lost only when task storage refuses its create and the pid hash is busy too (both
-        # nested on one CPU): counted, rare, and for any task on the node since the probe loaded; the
-        # accuracy checks below are what tell whether the test's own waits were lost.
+        # A start is lost only when task storage refuses its create and the pid hash refuses it too
+        # (full, or busy with a call nested on one CPU): counted, rare, and for any task on the node
+        # since the probe loaded; the accuracy checks below tell whether the test's own waits were lost.
         drops = dict(probe_after.drops)
         assert drops.pop("task_storage", 0) <= 10
         assert drops == dict.fromkeys(drops, 0)
