@@ -3,8 +3,9 @@
 One overhead run gives, per workload and arm, the median over rounds of (arm / the same round's
 `none`). On a noisy VM a 5 % target needs to know how far that median could move: this resamples the
 paired rounds (with replacement, fixed seed) and prints the 95 % interval of the median loss, and,
-when the run had the `floor` arm, the median of noisyneighbor / floor paired by round (the share of
-the loss that is the probes' own work rather than the empty programs' dispatch).
+when the run had the `floor` arm, the median of each other arm / floor paired by round (the share of
+the loss that is the probes' own work rather than the empty programs' dispatch; a variant run in the
+bcc slot, see bench/variant_objects.py, is read the same way).
 
     .venv/bin/python -m bench.overhead_ci /tmp/overhead.json [more.json ...]
 """
@@ -51,9 +52,10 @@ def interval(ratios: Sequence[float], resamples: int = RESAMPLES, seed: int = 1)
     return (1 - statistics.median(ratios)) * 100, (1 - hi) * 100, (1 - lo) * 100
 
 
-def analyse(data: dict[str, Any]) -> tuple[list[ArmInterval], dict[str, float]]:
-    """Intervals per (workload, arm), and per workload the paired noisyneighbor / floor median."""
-    out, vs_floor = [], {}
+def analyse(data: dict[str, Any]) -> tuple[list[ArmInterval], dict[tuple[str, str], float]]:
+    """Intervals per (workload, arm), and per (workload, arm) the paired arm / floor median."""
+    out: list[ArmInterval] = []
+    vs_floor: dict[tuple[str, str], float] = {}
     for wl in data["workloads"]:
         for arm in data["arms"]:
             if arm == "none":
@@ -61,9 +63,9 @@ def analyse(data: dict[str, Any]) -> tuple[list[ArmInterval], dict[str, float]]:
             ratios = paired(data["runs"], wl, arm, "none")
             if ratios:
                 out.append(ArmInterval(wl, arm, len(ratios), *interval(ratios)))
-        ours_floor = paired(data["runs"], wl, "noisyneighbor", "floor")
-        if ours_floor:
-            vs_floor[wl] = statistics.median(ours_floor)
+            over_floor = paired(data["runs"], wl, arm, "floor") if arm != "floor" else []
+            if over_floor:
+                vs_floor[(wl, arm)] = statistics.median(over_floor)
     return out, vs_floor
 
 
@@ -82,8 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in rows:
             print(f"  {r.workload} {r.arm}: loss {r.loss_pct:.1f} %, 95 % interval {r.low_pct:.1f}-{r.high_pct:.1f} % "
                   f"({r.rounds} rounds)")
-        for wl, ratio in vs_floor.items():
-            print(f"  {wl}: noisyneighbor / floor, paired by round: {ratio:.3f}")
+        for (wl, arm), ratio in vs_floor.items():
+            print(f"  {wl}: {arm} / floor, paired by round: {ratio:.3f}")
     return 0
 
 

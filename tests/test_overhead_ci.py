@@ -30,14 +30,22 @@ def test_interval_brackets_the_median_and_is_exact_without_spread():
     assert interval(ratios, seed=1) == interval(ratios, seed=1)  # reproducible from the JSON
 
 
-def test_analyse_reports_every_arm_and_ours_over_floor():
+def test_analyse_reports_every_arm_and_each_over_floor():
     rows = []
     for r in range(5):
-        rows += [(r, "none", 100.0), (r, "floor", 98.0), (r, "noisyneighbor", 95.0)]
-    data = {"workloads": ["pipe"], "arms": ["none", "floor", "noisyneighbor"], "runs": _runs(rows)}
+        rows += [(r, "none", 100.0), (r, "floor", 98.0), (r, "noisyneighbor", 95.0), (r, "bcc-runqlat", 97.0)]
+    data = {"workloads": ["pipe"], "arms": ["none", "floor", "noisyneighbor", "bcc-runqlat"], "runs": _runs(rows)}
     intervals, vs_floor = analyse(data)
-    assert {(i.arm, round(i.loss_pct, 6)) for i in intervals} == {("floor", 2.0), ("noisyneighbor", 5.0)}
-    assert vs_floor == {"pipe": pytest.approx(95 / 98)}
+    assert {(i.arm, round(i.loss_pct, 6)) for i in intervals} == {
+        ("floor", 2.0), ("noisyneighbor", 5.0), ("bcc-runqlat", 3.0)}
+    assert vs_floor == {("pipe", "noisyneighbor"): pytest.approx(95 / 98),
+                        ("pipe", "bcc-runqlat"): pytest.approx(97 / 98)}
+
+
+def test_no_floor_arm_means_no_ratio_over_floor():
+    rows = [(r, arm, tp) for r in range(3) for arm, tp in (("none", 100.0), ("noisyneighbor", 95.0))]
+    _, vs_floor = analyse({"workloads": ["pipe"], "arms": ["none", "noisyneighbor"], "runs": _runs(rows)})
+    assert vs_floor == {}
 
 
 def test_not_an_overhead_json_is_one_line_and_exit_2(tmp_path, capsys):
