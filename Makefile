@@ -10,6 +10,8 @@ VMLINUX := bpf/.output/vmlinux.h
 CLANG ?= clang
 BPF_CFLAGS := -g -O2 -target bpf -D__TARGET_ARCH_$(ARCH) -Wall -Wno-unused-function \
 	-I bpf/.output -I bpf -I /usr/include/$(shell uname -m)-linux-gnu
+# Extra flags for bench variants only (bench/variant_objects.py); the agent's objects never have any.
+BPF_EXTRA_CFLAGS ?=
 PY := .venv/bin/python
 
 .PHONY: all setup run test lint bpf bench clean
@@ -53,7 +55,7 @@ $(VMLINUX):
 
 $(BPF_OUT)/%.bpf.o: bpf/%.bpf.c $(BPF_HDR) $(VMLINUX)
 	@mkdir -p $(@D)
-	$(CLANG) $(BPF_CFLAGS) -c $< -o $@.tmp && mv $@.tmp $@
+	$(CLANG) $(BPF_CFLAGS) $(BPF_EXTRA_CFLAGS) -c $< -o $@.tmp && mv $@.tmp $@
 
 clean:
 	rm -rf bpf/.output $(BPF_OUT)

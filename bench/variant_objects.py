@@ -19,7 +19,6 @@ floor. The bench may use a compiler; the agent never does.
 from __future__ import annotations
 
 import argparse
-import platform
 import shutil
 import subprocess
 import sys
@@ -28,21 +27,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BUILT = REPO / "probes/bpf_objects"
 VARIANTS = {"cpu_hist_only": "NN_BENCH_CPU_HIST_ONLY"}
+SWAPPED = "runqlat.bpf.o"
 
 
 def build(out_dir: Path, variant: str) -> Path:
-    """Copy the built objects into `out_dir` and rebuild runqlat there with the variant's macro."""
+    """Copy the built objects but runqlat into `out_dir`; the Makefile's own rule builds runqlat there
+    with the variant's macro (same flags as the agent's objects)."""
+    out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / SWAPPED).unlink(missing_ok=True)  # make would take an older copy as up to date
     for obj in BUILT.glob("*.bpf.o"):
-        shutil.copy2(obj, out_dir / obj.name)
-    arch = {"x86_64": "x86", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
-    # The Makefile's BPF_CFLAGS, plus the macro.
+        if obj.name != SWAPPED:
+            shutil.copy2(obj, out_dir / obj.name)
     subprocess.run(
-        ["clang", "-g", "-O2", "-target", "bpf", f"-D__TARGET_ARCH_{arch}", "-Wall", "-Wno-unused-function",
-         f"-D{VARIANTS[variant]}", "-I", str(REPO / "bpf/.output"), "-I", str(REPO / "bpf"),
-         "-I", f"/usr/include/{platform.machine()}-linux-gnu",
-         "-c", str(REPO / "bpf/runqlat.bpf.c"), "-o", str(out_dir / "runqlat.bpf.o")],
-        check=True,
+        ["make", "-s", "-C", str(REPO), f"BPF_OUT={out_dir}", f"BPF_EXTRA_CFLAGS=-D{VARIANTS[variant]}",
+         str(out_dir / SWAPPED)],
+        check=True, stdout=subprocess.DEVNULL,
     )
     return out_dir
 

@@ -28,6 +28,7 @@ def _waits(probe: RunqLatProbe) -> tuple[int, dict]:
 
 def test_cpu_hist_only_variant_counts_switches_but_no_cgroup(tmp_path):
     require_tool("clang")
+    require_tool("make")
     out = build(tmp_path / "objs", "cpu_hist_only")
     with RunqLatProbe(engine=LibbpfEngine(object_dir=out)) as variant:
         per_cpu, per_cgroup = _waits(variant)
