@@ -20,8 +20,7 @@
  * lookup: its child socket has no struct socket until accept()); the loader attaches
  * tcp:tcp_destroy_sock as a second cleanup only for raw_tp, and userspace sweeps entries older than
  * any connect can last (probes/tcpconnect.py). On tp_btf that saves a program run on every socket
- * destroyed. tcp:tcp_retransmit_skb on a socket in SYN_SENT
- * counts a SYN retransmit.
+ * destroyed. tcp:tcp_retransmit_skb on a socket in SYN_SENT counts a SYN retransmit.
  *
  * Hot path: inet_sock_set_state fires on every TCP state change and tcp_retransmit_skb on every
  * retransmit; both leave before any map access unless the transition / state is a connect's.

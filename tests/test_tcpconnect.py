@@ -354,9 +354,9 @@ def test_held_slots_overflow_to_the_hash_and_stale_starts_are_swept(netns, make_
         assert sum(1 for k, _ in probe.probe.map_items("dest_stats") if struct.unpack_from("<QI", k) == key) == 4
 
         for k in buckets:
-            probe.probe.map_update("connect_bucket_owner", k, bytes(16))
+            probe.probe.map_zero("connect_bucket_owner", k)
         for k in dest_buckets:
-            probe.probe.map_update("dest_bucket_owner", k, bytes(32))
+            probe.probe.map_zero("dest_bucket_owner", k)
         res2 = _client_result(_run_client(ns, cg, [[[4, P_OK, 3]]]))
         assert Counter(o for *_, o, _dt in res2["results"]) == {"ok": 3}
         owners = [struct.unpack("<QII", v)[:2] for _, v in probe.probe.map_items("connect_bucket_owner")]
