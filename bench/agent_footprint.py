@@ -1,30 +1,39 @@
 #!/usr/bin/env python3
-"""Footprint of the real `noisyneighbor agent` process: RSS and CPU at idle, under interference, with 500 cgroups.
+"""Footprint of the real `noisyneighbor agent` at node scale: CPU, memory, series and map entries vs pods.
 
-The agent runs as a subprocess (all four BPF probes, dry-run actuators, standalone pod source, its
-HTTP server scraped once per window like Prometheus would). Three phases, each measured over
-``--window`` seconds after a settle time:
+The agent runs as a subprocess, as deployed: all four BPF probes, the detector, dry-run actuators, the
+exporter and its HTTP server scraped like Prometheus would, and the **kubelet** pod source pointed at
+a kubelet-shaped ``/pods`` endpoint on loopback (``tests/fakekube.py``). Pods are real: each one is a
+pod cgroup plus one container cgroup (``kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid>
+.slice/cri-containerd-<id>.scope``, cpu/cpuacct/cpuset/memory, under our ``nn-test-<pid>`` prefix)
+holding one task. Most tasks sleep; ``--busy`` of them wake every 100 ms for ~2 ms of CPU, so the node
+is not a museum. Two thirds of the pods are Burstable (100m request), a third BestEffort.
 
-1. ``idle``: nothing of ours running (the machine's own load, and other work on a shared box, still is);
-2. ``scenario``: owned test cgroups laid out as pods: one LS pod running ``tests/workloads/ls_worker.py``
-   and one BE pod running two CPU hogs on the same CPU, so the detector has incidents to handle;
-3. ``500 cgroups``: the scenario stopped and 500 empty owned cgroups named like BestEffort pods
-   (``kubepods-besteffort-pod<uid>.slice`` under the ``nn-test-<pid>`` prefix), which the agent lists as
-   pods and reads every tick. They are removed afterwards (also on failure or Ctrl-C).
+Steps, each measured over ``--window`` seconds after ``--settle`` seconds:
 
-Measured from ``/proc/<pid>``: CPU = (utime + stime) delta / window, in % of one core (all threads);
-``VmRSS`` at the end of the window and ``VmHWM`` (peak RSS so far). The BPF programs' own kernel time
-runs in whatever task hits the tracepoint, not in the agent, so it is shown apart, from the agent's
-``noisyneighbor_bpf_program_run_seconds_total``. Targets: RSS <= 128 MiB with 500 cgroups, CPU <= 2 %
-of a core at idle.
+1. ``0``, ``100``, ``300`` pods (the pod count grows between steps);
+2. ``churn``: at 300 pods, ``--churn-pods`` pods replaced every ``--churn-every`` seconds for
+   ``--churn`` seconds (measured over the whole churn);
+3. ``after churn``: churn stopped, measured once the pod source's vanish grace (60 s) and a few ticks
+   have passed: series, RSS and map entries must be back to the 300-pod steady values;
+4. ``1000`` pods.
 
-    sudo .venv/bin/python -m bench.agent_footprint                 # 20 s windows
-    sudo .venv/bin/python -m bench.agent_footprint --window 30 --json
+Measured from ``/proc/<pid>``: CPU = (utime + stime) delta / window in % of one core (all threads);
+``VmRSS`` at the end of the window and ``VmHWM`` (peak so far). ``series`` = sample lines of one
+``/metrics`` scrape; ``map entries`` = the agent's own ``noisyneighbor_bpf_map_entries`` (entries in
+the probes' per-cgroup kernel maps). The BPF programs' kernel time runs in whatever task hits the
+tracepoint, not in the agent, so it is shown apart (``bpf % core``). Every cgroup and task is removed
+afterwards, also on failure or Ctrl-C.
+
+    sudo .venv/bin/python -m bench.agent_footprint                       # ~11 min
+    sudo .venv/bin/python -m bench.agent_footprint --quick               # ~3 min, 60 s churn
+    sudo .venv/bin/python -m bench.agent_footprint --steps 0,300 --no-churn --profile /tmp/agent.svg
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -37,6 +46,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -45,45 +55,137 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from noisyneighbor.sandbox import OwnedCgroup, cleanup_prefix  # noqa: E402
+from tests.fakekube import FakeKube, container_id_for, make_pod  # noqa: E402
 
-RSS_TARGET_MIB = 128.0
-IDLE_CPU_TARGET_PERCENT = 2.0
-SYNTHETIC_CGROUPS = 500
-CONTROLLERS = ("cpu", "cpuacct", "memory")
-HOG = "import time, sys\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
+CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
+# Targets of the node-scale issue, % of one core by pod count, and RSS at 300 pods.
+CPU_TARGETS = {100: 1.0, 300: 3.0, 1000: 8.0}
+CHURN_CPU_TARGET = 4.0
+RSS_TARGET_MIB = 100.0
+AFTER_CHURN_TOLERANCE = 0.05
+VANISH_GRACE_S = 60.0  # detector/pods.py _CachingSource default
+# A busy pod: ~2 ms of CPU every 100 ms, forever (killed with its cgroup).
+BUSY = "import time\nwhile True:\n    end = time.perf_counter() + 0.002\n    while time.perf_counter() < end:\n        pass\n" \
+       "    time.sleep(0.1)\n"
 
 
 @dataclass
-class PhaseResult:
-    phase: str
+class StepResult:
+    step: str
+    pods: int
     window_s: float
     cpu_percent: float  # of one core, agent process (all threads)
     rss_mib: float
     hwm_mib: float
     bpf_cpu_percent: float  # kernel time in the agent's BPF programs, % of one core
     ticks: int  # agent ticks completed in the window
-    exported_cgroups: int  # cgroups with their own series at the end of the window
-    open_incidents: int
+    series: int  # sample lines in one /metrics scrape at the end of the window
+    map_entries: int  # entries in the probes' per-cgroup kernel maps
+    exported_cgroups: int
+
+
+@dataclass
+class Pod:
+    uid: str
+    name: str
+    pod_cgroup: OwnedCgroup
+    container_cgroup: OwnedCgroup
+    proc: subprocess.Popen
+
+
+class PodFleet:
+    """Pods as the kubelet would make them: cgroups, one task each, and an entry in the fake kubelet's /pods."""
+
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube
+        self.pods: deque[Pod] = deque()
+        self._made = 0
+
+    def add(self, busy: bool = False) -> Pod:
+        self._made += 1
+        uid = str(uuid.uuid4())
+        qos = "besteffort" if self._made % 3 == 0 else "burstable"
+        name = f"bench-{self._made}"
+        pod_path = f"kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{uid.replace('-', '_')}.slice"
+        pod_cg = OwnedCgroup(pod_path, CONTROLLERS).create()
+        ctr = OwnedCgroup(f"{pod_path}/cri-containerd-{container_id_for(uid, 'main')}.scope", CONTROLLERS)
+        try:
+            ctr.create()
+            argv = [sys.executable, "-c", BUSY] if busy else ["sleep", "1000000"]
+            proc = subprocess.Popen(argv, preexec_fn=ctr.preexec, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except BaseException:
+            ctr.remove()
+            pod_cg.remove()
+            raise
+        requests = {} if qos == "besteffort" else {"cpu": "100m", "memory": "64Mi"}
+        self.kube.add_pod(make_pod(name, uid=uid, requests=requests))
+        pod = Pod(uid, name, pod_cg, ctr, proc)
+        self.pods.append(pod)
+        return pod
+
+    def grow_to(self, n: int, busy: int) -> None:
+        while len(self.pods) < n:
+            self.add(busy=len(self.pods) < busy)
+
+    def remove_oldest_idle(self) -> None:
+        """Remove the oldest sleeping pod (busy ones stay, so activity is the same through churn)."""
+        for pod in self.pods:
+            if pod.proc.args[0] == "sleep":
+                self.pods.remove(pod)
+                self._remove(pod)
+                return
+
+    def _remove(self, pod: Pod) -> None:
+        self.kube.remove_pod("default", pod.name)
+        with contextlib.suppress(ProcessLookupError):
+            pod.proc.kill()
+        pod.proc.wait()
+        pod.container_cgroup.remove()
+        pod.pod_cgroup.remove()
+
+    def close(self) -> None:
+        while self.pods:
+            self._remove(self.pods.pop())
+
+
+class Churner:
+    """Called about once a second: replaces ``pods`` idle pods every ``every`` seconds (catching up if late)."""
+
+    def __init__(self, fleet: PodFleet, pods: int, every: float) -> None:
+        self.fleet, self.pods, self.every = fleet, pods, every
+        self.next_at = time.monotonic()
+        self.replaced = 0
+
+    def __call__(self) -> None:
+        while time.monotonic() >= self.next_at:
+            for _ in range(self.pods):
+                self.fleet.remove_oldest_idle()
+                self.fleet.add()
+                self.replaced += 1
+            self.next_at += self.every
 
 
 class AgentUnderTest:
-    def __init__(self, workdir: Path, interval: float, scrape_interval: float = 15.0) -> None:
+    def __init__(self, workdir: Path, interval: float, kubelet_url: str, scrape_interval: float = 15.0) -> None:
         self.scrape_interval = scrape_interval
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         config = workdir / "config.yaml"
-        config.write_text("kubernetes: {pod_source: standalone}\n")
+        config.write_text(
+            "kubernetes:\n  pod_source: kubelet\n"
+            f"  kubelet_url: {kubelet_url}\n  kubelet_token_file: null\n  kubelet_ca_file: null\n"
+        )
         self.log = open(workdir / "agent.log", "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "noisyneighbor.cli", "agent", "--config", str(config), "--dry-run",
              "--listen", f"127.0.0.1:{self.port}", "--journal-dir", str(workdir / "journal"),
-             "--interval", str(interval), "--node-name", "bench"],
+             "--interval", str(interval), "--node-name", "node-1"],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=self.log,
         )
 
     def get(self, path: str) -> bytes:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as resp:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as resp:
             return resp.read()
 
     def wait_ready(self, timeout: float = 90.0) -> None:
@@ -104,13 +206,17 @@ class AgentUnderTest:
         except urllib.error.HTTPError as e:
             return json.loads(e.read())
 
-    def metrics(self) -> tuple[float, int]:
-        """(BPF run seconds summed over programs, exported cgroups) from one scrape."""
+    def scrape(self) -> dict[str, float]:
+        """BPF run seconds, series, map entries and exported cgroups from one scrape."""
         text = self.get("/metrics").decode()
         run = sum(float(m.group(1)) for m in re.finditer(
             r"^noisyneighbor_bpf_program_run_seconds_total\{[^}]*\} (\S+)$", text, re.M))
+        entries = sum(float(m.group(1)) for m in re.finditer(
+            r"^noisyneighbor_bpf_map_entries\{[^}]*\} (\S+)$", text, re.M))
         exported = re.search(r'^noisyneighbor_exporter_cgroups\{[^}]*state="exported"[^}]*\} (\S+)$', text, re.M)
-        return run, int(float(exported.group(1))) if exported else 0
+        series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+        return {"bpf_run_s": run, "series": series, "map_entries": entries,
+                "exported": float(exported.group(1)) if exported else 0.0}
 
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -121,18 +227,25 @@ class AgentUnderTest:
         kib = {k: int(v.split()[0]) for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(.+)$", status, re.M)}
         return kib["VmRSS"] / 1024, kib["VmHWM"] / 1024
 
-    def measure(self, phase: str, window: float) -> PhaseResult:
-        cpu0, bpf0, ticks0, t0 = self.cpu_seconds(), self.metrics()[0], self.health()["ticks"], time.monotonic()
+    def measure(self, step: str, pods: int, window: float, during: object = None) -> StepResult:
+        """CPU over ``window`` s while ``during()`` (if given) is called about once a second."""
+        cpu0, bpf0, ticks0, t0 = self.cpu_seconds(), self.scrape()["bpf_run_s"], self.health()["ticks"], time.monotonic()
         deadline = t0 + window
-        while time.monotonic() < deadline:  # scraped like Prometheus at the ServiceMonitor's interval
-            time.sleep(min(self.scrape_interval, max(0.0, deadline - time.monotonic())))
-            self.metrics()
+        next_scrape = t0 + self.scrape_interval
+        while (now := time.monotonic()) < deadline:
+            if callable(during):
+                during()
+            if now >= next_scrape:  # scraped like Prometheus at the ServiceMonitor's interval
+                self.scrape()
+                next_scrape += self.scrape_interval
+            time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))
         elapsed = time.monotonic() - t0
-        cpu1, (bpf1, exported), health = self.cpu_seconds(), self.metrics(), self.health()
+        cpu1, scrape, health = self.cpu_seconds(), self.scrape(), self.health()
         rss, hwm = self.memory_mib()
-        return PhaseResult(phase, round(elapsed, 1), round(100 * (cpu1 - cpu0) / elapsed, 2), round(rss, 1),
-                           round(hwm, 1), round(100 * (bpf1 - bpf0) / elapsed, 3), health["ticks"] - ticks0, exported,
-                           health.get("open_incidents", 0))
+        return StepResult(step, pods, round(elapsed, 1), round(100 * (cpu1 - cpu0) / elapsed, 2), round(rss, 1),
+                          round(hwm, 1), round(100 * (scrape["bpf_run_s"] - bpf0) / elapsed, 3),
+                          health["ticks"] - ticks0, int(scrape["series"]), int(scrape["map_entries"]),
+                          int(scrape["exported"]))
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -146,103 +259,144 @@ class AgentUnderTest:
         return self.proc.returncode
 
 
-def pod_name(qos: str) -> str:
-    slug = str(uuid.uuid4()).replace("-", "_")
-    return f"kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{slug}.slice"
+class Profiler:
+    """py-spy on the agent for one step (optional: ``pip install py-spy``)."""
+
+    def __init__(self, pid: int, out: str, seconds: float) -> None:
+        exe = Path(sys.executable).parent / "py-spy"
+        fmt = ["--format", "raw"] if out.endswith(".txt") else []  # collapsed stacks, for scripts
+        self.proc = subprocess.Popen([str(exe if exe.exists() else "py-spy"), "record", "-p", str(pid), "-o", out,
+                                      "-d", str(int(seconds)), "-r", "50", "--nonblocking", *fmt],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def wait(self) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
 
 
-def run(window: float, settle: float, interval: float, cgroups: int,
-        scrape_interval: float = 15.0) -> tuple[list[PhaseResult], dict]:
-    results: list[PhaseResult] = []
-    procs: list[subprocess.Popen] = []
-    owned: list[OwnedCgroup] = []
-    with tempfile.TemporaryDirectory(prefix="nn-footprint-") as tmp:
-        agent = AgentUnderTest(Path(tmp), interval, scrape_interval)
+def run(args: argparse.Namespace) -> tuple[list[StepResult], dict]:
+    results: list[StepResult] = []
+    steps = [int(s) for s in args.steps.split(",") if s.strip()]
+    with tempfile.TemporaryDirectory(prefix="nn-footprint-") as tmp, FakeKube(node_name="node-1") as kube:
+        fleet = PodFleet(kube)
+        agent = AgentUnderTest(Path(tmp), args.interval, kube.url, args.scrape_interval)
         try:
             agent.wait_ready()
-            time.sleep(settle)
-            results.append(agent.measure("idle", window))
-
-            cpu = str((os.cpu_count() or 1) - 1)
-            ls = OwnedCgroup(pod_name("burstable"), CONTROLLERS).create()
-            be = OwnedCgroup(pod_name("besteffort"), CONTROLLERS).create()
-            owned += [ls, be]
-            seconds = str(window + settle + 10)
-            procs.append(subprocess.Popen(["taskset", "-c", cpu, sys.executable, str(REPO / "tests/workloads/ls_worker.py"),
-                                           "--seconds", seconds], preexec_fn=ls.preexec, stdout=subprocess.DEVNULL))
-            for _ in range(2):
-                procs.append(subprocess.Popen(["taskset", "-c", cpu, sys.executable, "-c", HOG, seconds],
-                                              preexec_fn=be.preexec))
-            time.sleep(settle)
-            results.append(agent.measure("scenario", window))
-            for p in procs:
-                p.kill()
-                p.wait()
-            procs.clear()
-
-            for _ in range(cgroups):
-                owned.append(OwnedCgroup(pod_name("besteffort"), CONTROLLERS).create())
-            time.sleep(settle + 6)  # the pod cgroup list is refreshed every 5 s
-            results.append(agent.measure(f"{cgroups} cgroups", window))
+            for n in steps:
+                fleet.grow_to(n, args.busy)
+                time.sleep(args.settle + (6 if n else 0))  # kubelet poll and pod-cgroup listing: every 5 s
+                profiler = None
+                if args.profile and n == max(steps):
+                    profiler = Profiler(agent.proc.pid, args.profile, args.window)
+                results.append(agent.measure(str(n), n, args.window))
+                if profiler is not None:
+                    profiler.wait()
+                print(render_row(results[-1]), file=sys.stderr, flush=True)
+                if n == args.churn_at and args.churn > 0:
+                    churn = Churner(fleet, args.churn_pods, args.churn_every)
+                    results.append(agent.measure("churn", n, args.churn, during=churn))
+                    print(render_row(results[-1]), file=sys.stderr, flush=True)
+                    time.sleep(VANISH_GRACE_S + 3 * args.interval + 5)
+                    results.append(agent.measure("after churn", n, args.window))
+                    print(render_row(results[-1]), file=sys.stderr, flush=True)
         finally:
-            for p in procs:
-                p.kill()
-                p.wait()
             rc = agent.stop()
-            for cg in reversed(owned):
-                cg.remove()
+            fleet.close()
             cleanup_prefix()
-    meta = {"exit_code": rc, "cpus": os.cpu_count(), "kernel": os.uname().release, "interval_s": interval,
-            "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
+    meta = {"exit_code": rc, "cpus": os.cpu_count(), "kernel": os.uname().release, "interval_s": args.interval,
+            "busy_pods": args.busy, "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+            "commit": _git_commit()}
     return results, meta
 
 
-def render(results: list[PhaseResult], meta: dict) -> str:
-    head = f"{'phase':<14} {'window s':>8} {'cpu % core':>10} {'rss MiB':>8} {'hwm MiB':>8} {'bpf % core':>10} " \
-           f"{'ticks':>6} {'cgroups':>8} {'incidents':>9}"
-    lines = [head, "-" * len(head)]
-    for r in results:
-        lines.append(f"{r.phase:<14} {r.window_s:>8.1f} {r.cpu_percent:>10.2f} {r.rss_mib:>8.1f} {r.hwm_mib:>8.1f} "
-                     f"{r.bpf_cpu_percent:>10.3f} {r.ticks:>6} {r.exported_cgroups:>8} {r.open_incidents:>9}")
-    idle = next(r for r in results if r.phase == "idle")
-    big = results[-1]
-    lines += [
-        "",
-        f"target CPU <= {IDLE_CPU_TARGET_PERCENT:g} % of a core at idle: {idle.cpu_percent:.2f} % -> "
-        f"{'PASS' if idle.cpu_percent <= IDLE_CPU_TARGET_PERCENT else 'FAIL'}",
-        f"target RSS <= {RSS_TARGET_MIB:g} MiB with {big.phase}: peak {big.hwm_mib:.1f} MiB -> "
-        f"{'PASS' if big.hwm_mib <= RSS_TARGET_MIB else 'FAIL'}",
-        f"agent exit code after SIGTERM: {meta['exit_code']}; {meta['cpus']} CPUs, kernel {meta['kernel']}, "
-        f"interval {meta['interval_s']:g} s, load avg (1 min) at end {meta['load_avg_1m_at_end']}",
-    ]
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=False).stdout.strip()
+    except OSError:
+        return "?"
+
+
+HEADER = (f"{'step':<12} {'pods':>5} {'window s':>8} {'cpu % core':>10} {'rss MiB':>8} {'hwm MiB':>8} "
+          f"{'bpf % core':>10} {'ticks':>6} {'series':>7} {'map ent.':>8} {'cgroups':>8}")
+
+
+def render_row(r: StepResult) -> str:
+    return (f"{r.step:<12} {r.pods:>5} {r.window_s:>8.1f} {r.cpu_percent:>10.2f} {r.rss_mib:>8.1f} {r.hwm_mib:>8.1f} "
+            f"{r.bpf_cpu_percent:>10.3f} {r.ticks:>6} {r.series:>7} {r.map_entries:>8} {r.exported_cgroups:>8}")
+
+
+def verdicts(results: list[StepResult]) -> list[str]:
+    lines = []
+    by_step = {r.step: r for r in results}
+    for pods, target in CPU_TARGETS.items():
+        r = by_step.get(str(pods))
+        if r is not None:
+            lines.append(f"target CPU <= {target:g} % at {pods} pods: {r.cpu_percent:.2f} % -> "
+                         f"{'PASS' if r.cpu_percent <= target else 'FAIL'}")
+    steady, churn, after = by_step.get("300"), by_step.get("churn"), by_step.get("after churn")
+    if steady is not None:
+        lines.append(f"target RSS <= {RSS_TARGET_MIB:g} MiB at 300 pods: {steady.rss_mib:.1f} MiB -> "
+                     f"{'PASS' if steady.rss_mib <= RSS_TARGET_MIB else 'FAIL'}")
+    if churn is not None:
+        lines.append(f"target CPU <= {CHURN_CPU_TARGET:g} % during churn: {churn.cpu_percent:.2f} % -> "
+                     f"{'PASS' if churn.cpu_percent <= CHURN_CPU_TARGET else 'FAIL'}")
+    if steady is not None and after is not None:
+        for what in ("series", "rss_mib", "map_entries"):
+            a, b = getattr(steady, what), getattr(after, what)
+            ratio = b / a if a else (1.0 if not b else float("inf"))
+            ok = ratio <= 1 + AFTER_CHURN_TOLERANCE or abs(b - a) <= 2
+            lines.append(f"after churn vs steady, {what}: {a} -> {b} ({ratio:.3f}x) -> {'PASS' if ok else 'FAIL'}")
+    counted = [r for r in results if r.step.isdigit()]
+    if len(counted) >= 2:
+        lo, hi = counted[0], counted[-1]
+        slope = (hi.cpu_percent - lo.cpu_percent) / max(1, hi.pods - lo.pods) * 100
+        lines.append(f"growth: {slope:.3f} % of a core per 100 pods ({lo.pods} -> {hi.pods} pods)")
+    return lines
+
+
+def render(results: list[StepResult], meta: dict) -> str:
+    lines = [HEADER, "-" * len(HEADER), *(render_row(r) for r in results), "", *verdicts(results)]
+    lines.append(f"agent exit code after SIGTERM: {meta['exit_code']}; {meta['cpus']} CPUs, kernel {meta['kernel']}, "
+                 f"interval {meta['interval_s']:g} s, {meta['busy_pods']} busy pods, commit {meta['commit']}, "
+                 f"load avg (1 min) at end {meta['load_avg_1m_at_end']}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--window", type=float, default=20.0, help="seconds measured per phase")
-    p.add_argument("--settle", type=float, default=5.0, help="seconds between a phase change and its window")
+    p.add_argument("--steps", default="0,100,300,1000", help="pod counts measured, in order")
+    p.add_argument("--window", type=float, default=30.0, help="seconds measured per step")
+    p.add_argument("--settle", type=float, default=10.0, help="seconds between a step change and its window")
     p.add_argument("--interval", type=float, default=1.0, help="agent tick interval")
-    p.add_argument("--cgroups", type=int, default=SYNTHETIC_CGROUPS, help="synthetic pod cgroups in the last phase")
+    p.add_argument("--busy", type=int, default=3, help="pods whose task wakes every 100 ms (of every step's pods)")
+    p.add_argument("--churn", type=float, default=300.0, help="seconds of churn after the --churn-at step (0: none)")
+    p.add_argument("--churn-at", type=int, default=300)
+    p.add_argument("--churn-pods", type=int, default=5, help="pods replaced each --churn-every seconds")
+    p.add_argument("--churn-every", type=float, default=2.0)
+    p.add_argument("--no-churn", dest="churn", action="store_const", const=0.0)
+    p.add_argument("--quick", action="store_true", help="15 s windows, 60 s churn")
+    p.add_argument("--profile",
+                   help="py-spy profile of the agent in the largest step: flame graph (.svg) or collapsed stacks (.txt)")
     p.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     p.add_argument("--scrape-interval", type=float, default=15.0,
-                   help="seconds between /metrics scrapes (deploy/servicemonitor.yaml scrapes every 15 s)")
+                   help="seconds between /metrics scrapes (the ServiceMonitor scrapes every 15 s)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.window, args.settle, args.churn = 15.0, 6.0, min(args.churn, 60.0)
     if os.geteuid() != 0:
         print("agent_footprint: needs root (BPF probes, cgroups)", file=sys.stderr)
         return 2
     try:
-        results, meta = run(args.window, args.settle, args.interval, args.cgroups, args.scrape_interval)
+        results, meta = run(args)
     except (RuntimeError, OSError) as e:
         print(f"agent_footprint: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"phases": [asdict(r) for r in results], **meta,
-                          "targets": {"idle_cpu_percent": IDLE_CPU_TARGET_PERCENT, "rss_mib": RSS_TARGET_MIB}}, indent=2))
+        print(json.dumps({"steps": [asdict(r) for r in results], **meta, "verdicts": verdicts(results)}, indent=2))
     else:
         print(render(results, meta))
-    idle = next(r for r in results if r.phase == "idle")
-    return 0 if idle.cpu_percent <= IDLE_CPU_TARGET_PERCENT and results[-1].hwm_mib <= RSS_TARGET_MIB else 3
+    return 3 if any(line.endswith("FAIL") for line in verdicts(results)) else 0
 
 
 if __name__ == "__main__":
