@@ -1,8 +1,12 @@
 """The per-tick collector: every probe and kernel file read once into a :class:`NodeSnapshot`.
 
-It knows nothing of pods: the caller says which cgroup paths to read files for (``cgroup_paths``),
-usually the pods' and containers' cgroups plus anything the BPF maps saw. A probe that cannot load
-is reported ``off`` with its one-line reason and the rest carry on (degraded, never dead).
+It knows nothing of pods: the caller says which cgroup paths to watch (``cgroup_paths``), usually the
+pods' and containers' cgroups plus anything the BPF maps saw, and which of them need their PSI read
+every tick (``psi_paths``: the latency-sensitive ones). Which watched cgroups' files are actually read
+in a tick follows activity (:mod:`probes.cgroupwatch`): the probes' per-cgroup counts say who moved;
+the snapshot carries every watched cgroup's last readings and ``changed_paths`` names those read now.
+A probe that cannot load is reported ``off`` with its one-line reason and the rest carry on
+(degraded, never dead).
 """
 
 from __future__ import annotations
@@ -10,15 +14,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from probes.cgroupfs import CgroupLayout, discover
-from probes.cpuacct import read_cgroup_cpu
+from probes.cgroupwatch import CgroupWatch, changed_ids
 from probes.engine import ProbeError, ProbeStatus
 from probes.host import HostPaths, read_text_or_none
-from probes.memstat import read_memstat, read_node_vmstat
-from probes.psi import read_cgroup_psi, read_node_psi
+from probes.memstat import read_node_vmstat
+from probes.psi import read_node_psi
 from probes.reclaim import ReclaimProbe
 from probes.runqlat import RunqLatProbe
 from probes.snapshot import NodeSnapshot, parse_proc_stat
@@ -28,28 +31,12 @@ from probes.tcpconnect import TcpConnectProbe
 log = logging.getLogger(__name__)
 
 BPF_PROBES = ("runqlat", "softirq", "reclaim", "tcpconnect")
-# A cgroup whose CPU usage did not move since the last tick keeps its CPU, memory, cpuset and
-# per-CPU readings for up to this long: on a node of mostly idle pods the per-tick cost is one small
-# read per cgroup instead of six. Memory can change without the cgroup running (reclaim by others),
-# hence the bound. PSI is always read: a task blocked on IO or memory stalls without using CPU, and
-# its counters are turned into rates over the tick, which a stale reading would distort.
-IDLE_REFRESH_S = 5.0
-
-
-@dataclass
-class _CgroupReading:
-    usage_text: str | None  # the change detector: cpuacct.usage (v1) or cpu.stat (v2) as read
-    read_at: float
-    cpu: Any = None
-    mem: Any = None
-    cpus: tuple[int, ...] | None = None
-    percpu: tuple[int, ...] | None = None
 
 
 def cgroup_activity(probe: str, snap: Any) -> dict[int, int]:
     """Cumulative activity per cgroup id in one probe's snapshot: a number that grows while the
-    cgroup is active, so a cgroup whose number stands still is idle (used to forget removed cgroups
-    from the kernel maps). Probes with no per-cgroup map give {}."""
+    cgroup is active, so a cgroup whose number stands still is idle (which cgroups to read this
+    tick; which removed cgroups to forget from the kernel maps). Probes with no per-cgroup map give {}."""
     out: dict[int, int] = {}
     if snap is None:
         return out
@@ -64,21 +51,6 @@ def cgroup_activity(probe: str, snap: Any) -> dict[int, int]:
     return out
 
 
-def parse_cpu_list(text: str) -> tuple[int, ...]:
-    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11); empty or malformed parts are skipped."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            cpus.extend(range(int(lo), int(hi or lo) + 1))
-        except ValueError:
-            continue
-    return tuple(cpus)
-
-
 class NodeCollector:
     """Opens the chosen BPF probes and reads everything into one NodeSnapshot per ``collect()``."""
 
@@ -89,6 +61,7 @@ class NodeCollector:
         probes: Iterable[str] = BPF_PROBES,
         cgroup_paths: Callable[[], Iterable[str]] | None = None,
         probe_options: dict[str, dict[str, Any]] | None = None,
+        psi_paths: Callable[[], Iterable[str]] | None = None,
     ) -> None:
         self.paths = paths or HostPaths()
         self.layout = layout or discover(self.paths)
@@ -97,11 +70,12 @@ class NodeCollector:
         if unknown:
             raise ValueError(f"unknown probe(s) {', '.join(sorted(unknown))}; known: {', '.join(BPF_PROBES)}")
         self.cgroup_paths = cgroup_paths or (lambda: ())
+        self.psi_paths = psi_paths or (lambda: ())
         self.options = probe_options or {}
         self.probes: dict[str, Any] = {}
         self.status: dict[str, ProbeStatus] = {}
-        self._readings: dict[str, _CgroupReading] = {}
-        self.idle_refresh_s = IDLE_REFRESH_S
+        self.watch = CgroupWatch(self.layout)
+        self._activity: dict[str, dict[int, int]] = {}  # probe -> id -> count, as of the last tick
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> NodeCollector:
@@ -152,27 +126,10 @@ class NodeCollector:
 
         stat_text = read_text_or_none(self.paths.proc / "stat")
         node_cpu, per_cpu = parse_proc_stat(stat_text) if stat_text else (None, {})
-        paths = sorted(set(self.cgroup_paths()))
-        cgroup_cpu, cgroup_mem, cgroup_psi, cgroup_cpus, cgroup_percpu = {}, {}, {}, {}, {}
-        now = time.monotonic()
-        readings: dict[str, _CgroupReading] = {}
-        for path in paths:
-            r = self._read_cgroup(path, now, errors)
-            readings[path] = r
-            if self.layout.v2 is not None:
-                psi = read_cgroup_psi(self.layout.v2.path_of(path))
-                if psi:
-                    cgroup_psi[path] = psi
-            # Each reader returns None for a cgroup removed mid-read: it simply drops out this tick.
-            if r.cpu is not None:
-                cgroup_cpu[path] = r.cpu
-            if r.mem is not None:
-                cgroup_mem[path] = r.mem
-            if r.cpus is not None:
-                cgroup_cpus[path] = r.cpus
-            if r.percpu is not None:
-                cgroup_percpu[path] = r.percpu
-        self._readings = readings  # cgroups no longer listed are forgotten
+        watch = self.watch
+        watch.set_listed(self.cgroup_paths())
+        active, reclaiming = self._active_paths(snaps)
+        changed = watch.tick(active, reclaiming, self.psi_paths(), errors)
         return NodeSnapshot(
             monotonic_s=time.monotonic(),
             wall_s=time.time(),
@@ -184,46 +141,32 @@ class NodeCollector:
             node_cpu_per_cpu=per_cpu,
             node_psi=read_node_psi(self.paths),
             node_vmstat=read_node_vmstat(self.paths),
-            cgroup_cpu=cgroup_cpu,
-            cgroup_mem=cgroup_mem,
-            cgroup_psi=cgroup_psi,
-            cgroup_cpus=cgroup_cpus,
-            cgroup_cpu_percpu=cgroup_percpu,
+            # Copies (C-speed): the watch updates its dicts in place next tick.
+            cgroup_cpu=dict(watch.cpu),
+            cgroup_mem=dict(watch.mem),
+            cgroup_psi=dict(watch.psi),
+            cgroup_psi_read_s=dict(watch.psi_read_s),
+            cgroup_cpus=dict(watch.cpus),
+            cgroup_cpu_percpu=dict(watch.percpu),
+            changed_paths=frozenset(changed),
             probe_status=dict(self.status),
             bpf_programs=bpf_programs,
             errors=errors,
         )
 
-    def _usage_text(self, path: str) -> str | None:
-        cpuacct = self.layout.v1.get("cpuacct")
-        if cpuacct is not None:
-            return read_text_or_none(cpuacct.path_of(path) / "cpuacct.usage")
-        cpu = self.layout.hierarchy_for("cpu")
-        if cpu is not None and cpu.version == 2:
-            return read_text_or_none(cpu.path_of(path) / "cpu.stat")
-        return None
-
-    def _read_cgroup(self, path: str, now: float, errors: list[str]) -> _CgroupReading:
-        usage = self._usage_text(path)
-        cached = self._readings.get(path)
-        if (usage is not None and cached is not None and cached.usage_text == usage
-                and now - cached.read_at < self.idle_refresh_s):
-            return cached
-        r = _CgroupReading(usage, now)
-        r.cpu = read_cgroup_cpu(self.layout, path)
-        r.mem = read_memstat(self.layout, path)
-        cpuset = self.layout.hierarchy_for("cpuset")
-        if cpuset is not None:
-            name = "cpuset.effective_cpus" if cpuset.version == 1 else "cpuset.cpus.effective"
-            text = read_text_or_none(cpuset.path_of(path) / name)
-            if text is not None:
-                r.cpus = parse_cpu_list(text)
-        cpuacct = self.layout.v1.get("cpuacct")
-        if cpuacct is not None:
-            text = read_text_or_none(cpuacct.path_of(path) / "cpuacct.usage_percpu")
-            if text is not None:
-                try:
-                    r.percpu = tuple(int(x) for x in text.split())
-                except ValueError:
-                    errors.append(f"{path}: malformed cpuacct.usage_percpu")
-        return r
+    def _active_paths(self, snaps: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """Listed cgroups a probe saw this tick (count moved since the last tick), and those reclaiming."""
+        active: list[str] = []
+        reclaiming: list[str] = []
+        for name, snap in snaps.items():
+            now = cgroup_activity(name, snap)
+            if not now and name not in self._activity:
+                continue
+            hierarchy = getattr(self.probes.get(name), "hierarchy", None)
+            out = reclaiming if name == "reclaim" else active
+            for cgid in changed_ids(self._activity.get(name), now):
+                path = self.watch.path_of_id(cgid, hierarchy)
+                if path is not None:
+                    out.append(path)
+            self._activity[name] = now
+        return active, reclaiming

@@ -87,10 +87,16 @@ class NodeSnapshot:
     cgroup_cpu: dict[str, CgroupCpuStat] = field(default_factory=dict)  # cpu-hierarchy path ->
     cgroup_mem: dict[str, MemStat] = field(default_factory=dict)  # memory-hierarchy path ->
     cgroup_psi: dict[str, dict[str, PsiReading]] = field(default_factory=dict)  # v2 path -> resource ->
+    # When each cgroup's PSI was read (monotonic s): cgroups not read every tick need their own interval.
+    # Absent: read at ``monotonic_s``.
+    cgroup_psi_read_s: dict[str, float] = field(default_factory=dict)
     cgroup_cpus: dict[str, tuple[int, ...]] = field(default_factory=dict)  # cpuset-hierarchy path -> effective CPUs
     # v1 cpuacct.usage_percpu (ns per CPU): where a cgroup actually ran, for joining per-CPU softirq
     # time to it. v2 has no per-CPU usage: consumers fall back to the effective cpuset.
     cgroup_cpu_percpu: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # The cgroups whose readings above were taken this tick; the others carry their last readings
+    # (idle: nothing moved). None: every reading is new (a collector that reads everything each tick).
+    changed_paths: frozenset[str] | None = None
     gpus: list[GpuDevice] = field(default_factory=list)
     # the agent's own health
     probe_status: dict[str, ProbeStatus] = field(default_factory=dict)

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from probes.collect import NodeCollector, parse_cpu_list
+from probes.cgroupwatch import parse_cpu_list
+from probes.collect import NodeCollector
 
 pytestmark = pytest.mark.root
 
@@ -32,21 +33,69 @@ def test_idle_cgroup_keeps_its_reading_and_a_busy_one_is_read_again(make_cgroup)
                            preexec_fn=busy.preexec)
     try:
         with NodeCollector(probes=(), cgroup_paths=lambda: paths) as c:
-            first = c.collect()
+            c.collect()  # first sight: both read, and read again next tick to see whether they move
+            time.sleep(0.3)
+            first = c.collect()  # the spinner's usage moved: it is followed; the idle one is not
             time.sleep(0.3)
             second = c.collect()
             # The idle cgroup's reading is the same object (not re-read); the busy one moved on.
             assert second.cgroup_cpu[paths[0]] is first.cgroup_cpu[paths[0]]
             assert second.cgroup_cpu[paths[1]].usage_ns > first.cgroup_cpu[paths[1]].usage_ns
+            assert second.changed_paths == {paths[1]}
             assert second.cgroup_cpus[paths[0]] == tuple(range(len(second.node_cpu_per_cpu)))
-            # Past the refresh bound an idle cgroup is read again, and shows the same numbers.
-            c.idle_refresh_s = 0.0
-            third = c.collect()
+            # On its turn of the slow wheel an idle cgroup is read again, and shows the same numbers.
+            for _ in range(c.watch.slow_refresh_ticks):
+                third = c.collect()
+                if paths[0] in third.changed_paths:
+                    break
             assert third.cgroup_cpu[paths[0]] is not first.cgroup_cpu[paths[0]]
             assert third.cgroup_cpu[paths[0]].usage_ns == first.cgroup_cpu[paths[0]].usage_ns
             # A cgroup that disappears drops out of the next snapshot.
             idle.remove()
-            assert paths[0] not in c.collect().cgroup_cpu
+            paths.pop(0)
+            assert _rel(idle) not in c.collect().cgroup_cpu
     finally:
         hog.kill()
         hog.wait()
+
+
+WAKER = "import sys, time\nfor line in sys.stdin:\n    end = time.monotonic() + 0.02\n    while time.monotonic() < end:\n" \
+        "        pass\n"
+
+
+def test_idle_pod_files_are_not_read_each_tick_and_a_woken_one_is_read_next_tick(make_cgroup):
+    """The kernel says who moved: runqlat's per-cgroup count. A sleeping pod costs no file read per tick;
+    the tick after its task wakes up, its files are read again."""
+    sleeper = make_cgroup("sleeper", controllers=("cpu", "cpuacct", "cpuset", "memory"))
+    waker = make_cgroup("waker", controllers=("cpu", "cpuacct", "cpuset", "memory"))
+    paths = [_rel(sleeper), _rel(waker)]
+    procs = [subprocess.Popen(["sleep", "60"], preexec_fn=sleeper.preexec),
+             subprocess.Popen([sys.executable, "-c", WAKER], preexec_fn=waker.preexec, stdin=subprocess.PIPE, text=True)]
+    try:
+        time.sleep(0.5)  # the interpreter has started and blocks on stdin
+        with NodeCollector(probes=("runqlat",), cgroup_paths=lambda: paths) as c:
+            watch = c.watch
+            watch.slow_refresh_ticks = 10_000  # no wheel turn inside the test: only activity reads
+            watch._wheel = [set() for _ in range(watch.slow_refresh_ticks)]
+            c.collect()  # first sight: both read in full
+            c.collect()  # and once more: neither moved, so neither is followed
+            reads = {p: watch.watched[p].reads for p in paths}
+            for _ in range(5):
+                time.sleep(0.1)
+                snap = c.collect()
+                assert not snap.changed_paths & set(paths)
+            assert {p: watch.watched[p].reads for p in paths} == reads  # idle: not one read in 5 ticks
+            procs[1].stdin.write("wake\n")
+            procs[1].stdin.flush()
+            time.sleep(0.3)
+            snap = c.collect()
+            assert paths[1] in snap.changed_paths, "the woken pod is read the tick after its wakeup"
+            assert watch.watched[paths[1]].reads == reads[paths[1]] + 1
+            assert paths[0] not in snap.changed_paths
+            assert watch.watched[paths[0]].reads == reads[paths[0]]
+            # Ground truth: the usage the collector read is the kernel's, and it moved with the work.
+            assert snap.cgroup_cpu[paths[1]].usage_ns == int(waker.read("cpuacct", "cpuacct.usage"))
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -1,0 +1,278 @@
+"""Which cgroups' files to read this tick: the cost follows what happened, not how many cgroups exist.
+
+A node with 300 pods has ~900 pod, container and QoS cgroups, and almost all of them are idle almost
+all the time. Reading a dozen files of each one every tick cost the agent a quarter of a core. The
+kernel already says who moved: the BPF probes key their maps by cgroup, and a task cannot use CPU,
+allocate or connect without first being woken, which runqlat counts. So a cgroup is read when
+
+- it is new (first sight: everything);
+- a probe's per-cgroup count moved for it or for one of its descendants (a pod sums its containers);
+- its CPU usage moved at its last read (a lone spinner never waits, so it is followed while it runs);
+- it is on the every-tick PSI list (latency-sensitive pods: their stalls are the victim signal, and a
+  task blocked on IO accumulates stall time without waking);
+- its turn comes on the slow wheel: every cgroup once per ``slow_refresh_ticks``, spread evenly over
+  the ticks, for what moves without activity (page cache reclaimed by others, a cpuset changed).
+
+Memory (``memory.stat``) is read on first sight, on the wheel, every tick while a probe saw the cgroup
+reclaim, and at most every ``memory_refresh_ticks`` while it is active. Unread cgroups keep their last
+readings; ``changed`` says which were read this tick, so consumers do per-cgroup work only for those.
+Cgroup ids are the directories' inode numbers (what the BPF side reports), taken once per new path.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from probes.cgroupfs import CgroupLayout, Hierarchy
+from probes.cpuacct import CgroupCpuStat, read_cgroup_cpu
+from probes.memstat import MemStat, read_memstat
+from probes.psi import RESOURCES, PsiReading, read_pressure_file
+
+SLOW_REFRESH_TICKS = 30  # every cgroup is read at least this often (ticks), activity or not
+MEMORY_REFRESH_TICKS = 5  # memory.stat of an active cgroup that is not reclaiming: at most this often
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11); empty or malformed parts are skipped."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        try:
+            cpus.extend(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            continue
+    return tuple(cpus)
+
+
+def _read_small(path: str) -> str | None:
+    """One pseudo-file; None when it is absent or vanished (cheaper than pathlib: one open, one read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 65536).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _Watched:
+    """One listed cgroup: its file names (built once) and when it was last read."""
+
+    path: str
+    slot: int
+    cpuset_file: str | None
+    percpu_file: str | None
+    psi_dir: str | None  # the v2 directory holding its pressure files, when it has them
+    last_memory_tick: int = -1_000_000
+    reads: int = 0  # times its files were read (tests and benches count them)
+
+
+class CgroupWatch:
+    """The readings of every listed cgroup, kept current at a cost that follows activity."""
+
+    def __init__(self, layout: CgroupLayout, slow_refresh_ticks: int = SLOW_REFRESH_TICKS,
+                 memory_refresh_ticks: int = MEMORY_REFRESH_TICKS) -> None:
+        self.layout = layout
+        self.slow_refresh_ticks = max(1, slow_refresh_ticks)
+        self.memory_refresh_ticks = max(1, memory_refresh_ticks)
+        self.cpu_h = layout.hierarchy_for("cpu")
+        self.mem_h = layout.hierarchy_for("memory")
+        self.cpuset_h = layout.hierarchy_for("cpuset")
+        self.cpuacct_h = layout.v1.get("cpuacct")
+        self.v2 = layout.v2
+        # Hierarchies whose ids BPF maps may report, to map an id back to a listed path.
+        self._id_hierarchies = [h for h in {self.cpu_h, self.mem_h, layout.cpu} if h is not None]
+        self.watched: dict[str, _Watched] = {}
+        self._wheel: list[set[str]] = [set() for _ in range(self.slow_refresh_ticks)]
+        self._next_slot = 0
+        self._unread: set[str] = set()  # listed, not read yet
+        self._listed_last: object = None
+        self._moving: set[str] = set()  # CPU usage moved at the last read: read again next tick
+        self._path_of_id: dict[tuple[str, int], str] = {}
+        self._ids_of_path: dict[str, list[tuple[str, int]]] = {}
+        self.tick_count = 0
+        # Readings (listed cgroups only), updated in place for the cgroups read.
+        self.cpu: dict[str, CgroupCpuStat] = {}
+        self.mem: dict[str, MemStat] = {}
+        self.psi: dict[str, dict[str, PsiReading]] = {}
+        self.psi_read_s: dict[str, float] = {}  # monotonic time of each PSI reading (rates need their own interval)
+        self.cpus: dict[str, tuple[int, ...]] = {}
+        self.percpu: dict[str, tuple[int, ...]] = {}
+        self.files_read = 0  # pseudo-files opened, for tests and benches (a counter, never reset)
+
+    # -- listing -----------------------------------------------------------------------------
+    def set_listed(self, paths: Iterable[str]) -> None:
+        """The cgroups to watch; new ones are read in full at the next tick, gone ones forgotten.
+
+        Callers that hand the same (immutable) collection again cost one identity check.
+        """
+        if isinstance(paths, frozenset) and paths is self._listed_last:
+            return
+        self._listed_last = paths
+        listed = paths if isinstance(paths, (set, frozenset)) else set(paths)
+        for path in self.watched.keys() - listed:
+            self._drop(path)
+        for path in listed - self.watched.keys():
+            self._add(path)
+
+    def _add(self, path: str) -> None:
+        slot = self._next_slot
+        self._next_slot = (slot + 1) % self.slow_refresh_ticks
+        cpuset = None
+        if self.cpuset_h is not None:
+            name = "cpuset.effective_cpus" if self.cpuset_h.version == 1 else "cpuset.cpus.effective"
+            cpuset = str(self.cpuset_h.path_of(path) / name)
+        percpu = str(self.cpuacct_h.path_of(path) / "cpuacct.usage_percpu") if self.cpuacct_h is not None else None
+        w = _Watched(path, slot, cpuset, percpu, self._psi_dir(path))
+        self.watched[path] = w
+        self._wheel[slot].add(path)
+        self._unread.add(path)
+        ids = []
+        for h in self._id_hierarchies:
+            try:
+                ino = os.stat(h.path_of(path)).st_ino
+            except OSError:
+                continue
+            key = (str(h.mount), ino)
+            self._path_of_id[key] = path
+            ids.append(key)
+        self._ids_of_path[path] = ids
+
+    def _drop(self, path: str) -> None:
+        w = self.watched.pop(path)
+        self._wheel[w.slot].discard(path)
+        self._unread.discard(path)
+        self._moving.discard(path)
+        for key in self._ids_of_path.pop(path, ()):
+            if self._path_of_id.get(key) == path:
+                del self._path_of_id[key]
+        for readings in (self.cpu, self.mem, self.psi, self.psi_read_s, self.cpus, self.percpu):
+            readings.pop(path, None)
+
+    def _psi_dir(self, path: str) -> str | None:
+        if self.v2 is None:
+            return None
+        d = self.v2.path_of(path)
+        return str(d) if os.path.exists(d / "cpu.pressure") else None
+
+    # -- activity ----------------------------------------------------------------------------
+    def path_of_id(self, cgroup_id: int, hierarchy: Hierarchy | None) -> str | None:
+        if hierarchy is None:
+            return None
+        return self._path_of_id.get((str(hierarchy.mount), cgroup_id))
+
+    def with_ancestors(self, paths: Iterable[str]) -> set[str]:
+        """The listed cgroups among ``paths`` and all their listed ancestors (they sum their children)."""
+        out: set[str] = set()
+        for path in paths:
+            p = path
+            while p and p not in out:
+                if p in self.watched:
+                    out.add(p)
+                parent = p.rpartition("/")[0]
+                if parent == p:
+                    break
+                p = parent
+        return out
+
+    # -- one tick ----------------------------------------------------------------------------
+    def tick(self, active: Iterable[str] = (), reclaiming: Iterable[str] = (),
+             psi_every_tick: Iterable[str] = (), errors: list[str] | None = None) -> set[str]:
+        """Read what is due; returns the cgroups read (their readings replaced) this tick."""
+        t = self.tick_count = self.tick_count + 1
+        active_set = self.with_ancestors(active)
+        reclaim_set = self.with_ancestors(reclaiming)
+        due_full = self._wheel[t % self.slow_refresh_ticks] | self._unread
+        self._unread = set()
+        due_cpu = (active_set | reclaim_set | self._moving) - due_full
+        due_psi = {p for p in psi_every_tick if p in self.watched} - due_full - due_cpu
+        changed: set[str] = set()
+        for path in due_full:
+            self._read(self.watched[path], t, full=True, memory=True, errors=errors)
+            changed.add(path)
+        for path in due_cpu:
+            w = self.watched[path]
+            memory = path in reclaim_set or t - w.last_memory_tick >= self.memory_refresh_ticks
+            self._read(w, t, full=False, memory=memory, errors=errors)
+            changed.add(path)
+        for path in due_psi:
+            if self._read_psi(self.watched[path]):
+                changed.add(path)
+        return changed
+
+    def _read(self, w: _Watched, t: int, *, full: bool, memory: bool, errors: list[str] | None) -> None:
+        path = w.path
+        w.reads += 1
+        before = self.cpu.get(path)
+        cpu = read_cgroup_cpu(self.layout, path)
+        self.files_read += 5
+        moving = False
+        if cpu is None:
+            self.cpu.pop(path, None)
+        else:
+            self.cpu[path] = cpu
+            # First sight counts as moving: one more read tells whether it runs without ever waking.
+            moving = before is None or before.usage_ns != cpu.usage_ns
+        if moving:
+            self._moving.add(path)
+        else:
+            self._moving.discard(path)
+        if memory:
+            mem = read_memstat(self.layout, path)
+            self.files_read += 5
+            w.last_memory_tick = t
+            if mem is None:
+                self.mem.pop(path, None)
+            else:
+                self.mem[path] = mem
+        if full:
+            if w.cpuset_file is not None:
+                text = _read_small(w.cpuset_file)
+                self.files_read += 1
+                if text is not None:
+                    self.cpus[path] = parse_cpu_list(text)
+            w.psi_dir = self._psi_dir(path)
+        if w.percpu_file is not None and (full or moving):
+            text = _read_small(w.percpu_file)
+            self.files_read += 1
+            if text is not None:
+                try:
+                    self.percpu[path] = tuple(int(x) for x in text.split())
+                except ValueError:
+                    if errors is not None:
+                        errors.append(f"{path}: malformed cpuacct.usage_percpu")
+        self._read_psi(w)
+
+    def _read_psi(self, w: _Watched) -> bool:
+        if w.psi_dir is None:
+            return False
+        readings: dict[str, PsiReading] = {}
+        for resource in RESOURCES:
+            reading = read_pressure_file(os.path.join(w.psi_dir, f"{resource}.pressure"), resource)
+            self.files_read += 1
+            if reading is not None:
+                readings[resource] = reading
+        if readings:
+            self.psi[w.path] = readings
+            self.psi_read_s[w.path] = time.monotonic()
+        else:
+            self.psi.pop(w.path, None)
+            self.psi_read_s.pop(w.path, None)
+        return True
+
+
+def changed_ids(before: Mapping[int, int] | None, now: Mapping[int, int]) -> list[int]:
+    """Ids whose activity count differs from ``before`` (all of them when there is no before)."""
+    if before is None:
+        return list(now)
+    return [cgid for cgid, n in now.items() if before.get(cgid) != n]
