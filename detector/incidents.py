@@ -172,13 +172,25 @@ class IncidentEngine:
             elif inc is not None and state.clear_ticks >= self.slo.clear_windows:
                 self._close(state, now)
                 touched.append(inc)
-        # Victims that vanished (pod deleted) end their incidents and free their state.
+        present = signals.workloads.keys() if signals.present is None else signals.present
         for key in [k for k in self.victims if k not in signals.workloads]:
-            state = self.victims.pop(key)
-            if state.incident is not None:
-                inc = state.incident
-                self._close(state, now, note="victim gone")
-                touched.append(inc)
+            state = self.victims[key]
+            if key not in present:
+                # Vanished (pod deleted): its incident ends and its state is freed.
+                del self.victims[key]
+                if state.incident is not None:
+                    inc = state.incident
+                    self._close(state, now, note="victim gone")
+                    touched.append(inc)
+                continue
+            # Idle this tick (no row: none of its inputs moved): a clean tick, nothing to learn.
+            if state.breach_ticks or state.incident is not None:
+                state.breach_ticks = 0
+                state.clear_ticks += 1
+                if state.incident is not None and state.clear_ticks >= self.slo.clear_windows:
+                    inc = state.incident
+                    self._close(state, now)
+                    touched.append(inc)
         return touched
 
     def close(self) -> None:

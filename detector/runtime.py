@@ -24,6 +24,10 @@ from probes.snapshot import NodeSnapshot
 
 # Pod cgroups are listed from the resolver's index at most this often (a walk of the hierarchy).
 POD_LIST_INTERVAL_S = 5.0
+# Without a change in the pod list, pod cgroups are listed again (a walk) at least this often.
+POD_LIST_MAX_AGE_S = 30.0
+# A non-pod workload the probes saw stays listed this long after it was last active.
+SEEN_WORKLOAD_TTL_S = 300.0
 
 
 @dataclass
@@ -61,18 +65,34 @@ class Detector:
         self._pod_paths: list[str] = []
         self._memory_pod_paths: list[str] = []
         self._pod_paths_at = -1e9
+        # Workloads the probes saw that are not pods (a systemd service, say): listed while they
+        # exist, so an idle one keeps its readings instead of being dropped and read anew.
+        self._seen_paths: dict[str, float] = {}
+        self._listed_pods_version = -1
+        self._listed: frozenset[str] = frozenset()
+        self._psi_paths: frozenset[str] = frozenset()
 
     @property
     def sink(self) -> DecisionSink:
         return self.engine.sink
 
-    def cgroup_paths(self) -> list[str]:
-        """Cgroups whose files the collector should read: known workloads and every pod cgroup."""
+    def cgroup_paths(self) -> frozenset[str]:
+        """Cgroups whose files the collector should watch: every pod cgroup and the workloads seen.
+
+        The same object is returned until the pod list is refreshed or a new workload is seen, so
+        the collector's per-tick listing work is one identity check.
+        """
         now = time.monotonic()
-        if now - self._pod_paths_at >= POD_LIST_INTERVAL_S:
+        changed = False
+        age = now - self._pod_paths_at
+        # Walking the hierarchy costs in proportion to the cgroups on the node: done when the pod list
+        # changed (a new pod's cgroups appear with it), and at a slow pace otherwise.
+        pods_changed = self.index.pods_version != self._listed_pods_version
+        if age >= POD_LIST_MAX_AGE_S or (pods_changed and age >= POD_LIST_INTERVAL_S):
             self._pod_paths_at = now
+            self._listed_pods_version = self.index.pods_version
             self._pod_paths = [
-                info.path for info in self.resolver.all(self.layout.hierarchy_for("cpu"), max_age=POD_LIST_INTERVAL_S)
+                info.path for info in self.resolver.all(self.layout.hierarchy_for("cpu"), max_age=0.0)
                 if info.kind == "pod" or self._standalone(info.path)
             ]
             # Where the memory hierarchy nests pods under another prefix (a sandbox; on a node the
@@ -81,13 +101,26 @@ class Detector:
             if memory is not None and memory != self.layout.hierarchy_for("cpu"):
                 listed = set(self._pod_paths)
                 self._memory_pod_paths = [
-                    info.path for info in self.resolver.all(memory, max_age=POD_LIST_INTERVAL_S)
+                    info.path for info in self.resolver.all(memory, max_age=0.0)
                     if info.kind == "pod" and info.path not in listed
                 ]
-        keys = set(self._pod_paths) | set(self._memory_pod_paths)
+            self._seen_paths = {p: t for p, t in self._seen_paths.items() if now - t < SEEN_WORKLOAD_TTL_S}
+            self._psi_paths = frozenset(p for p in self._pod_paths if self.index.workload_of(p).latency_sensitive)
+            changed = True
         if self.last is not None:
-            keys.update(r.workload.target.cgroup for r in self.last.workloads.values() if r.workload.target.cgroup != "/")
-        return sorted(keys)
+            for r in self.last.workloads.values():
+                path = r.workload.target.cgroup
+                if path != "/" and path not in self._listed:
+                    changed = True
+                if path != "/":
+                    self._seen_paths[path] = now
+        if changed:
+            self._listed = frozenset((*self._pod_paths, *self._memory_pod_paths, *self._seen_paths))
+        return self._listed
+
+    def psi_paths(self) -> frozenset[str]:
+        """Latency-sensitive workload roots: the collector reads their PSI every tick (victim signals)."""
+        return self._psi_paths
 
     def _standalone(self, path: str) -> bool:
         w = self.index.workload_of(path)

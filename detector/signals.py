@@ -98,6 +98,9 @@ class NodeSignals:
     node_cpu_busy: float | None  # 0..ncpu cores busy
     node_psi: dict[str, float]  # "cpu_some" -> percent
     online_cpus: tuple[int, ...] = ()
+    # Every workload that exists, active or not (``workloads`` holds rows only for those whose inputs
+    # moved this tick). None: ``workloads`` holds every one.
+    present: frozenset[str] | None = None
 
 
 def _merge_delta(cur: Iterable[LatencyHistogram], prev: Iterable[LatencyHistogram | None]) -> IntervalHistogram:
@@ -120,6 +123,7 @@ class SignalBuilder:
         self.ids = ids
         self.cpu_h = layout.hierarchy_for("cpu")
         self.mem_h = layout.hierarchy_for("memory")
+        self._present_of: tuple[object, frozenset[str]] | None = None  # (the listed paths, their workload keys)
 
     def build(self, prev: NodeSnapshot, cur: NodeSnapshot, extra_paths: Iterable[str] = ()) -> NodeSignals:
         dt = max(cur.monotonic_s - prev.monotonic_s, 1e-6)
@@ -132,13 +136,23 @@ class SignalBuilder:
                 r = rows[w.key] = WorkloadSignals(w, dt)
             return r
 
-        for path in extra_paths:
-            row(self.ids.index.workload_of(path))
+        # Which cgroups' file readings are new this tick. A collector that follows activity names them
+        # (idle cgroups keep their last readings, and get no row: nothing happened to them); without
+        # that, every reading is new and every listed workload gets a row, as before.
+        changed = cur.changed_paths
+        if changed is None:
+            for path in extra_paths:
+                row(self.ids.index.workload_of(path))
+            changed = cur.cgroup_cpu.keys() | cur.cgroup_mem.keys() | cur.cgroup_psi.keys()
 
         # -- runqueue -------------------------------------------------------------------------
         if cur.runq is not None and prev.runq is not None:
             groups: dict[str, list[int]] = defaultdict(list)
-            for cgid in cur.runq.per_cgroup:
+            before_runq = prev.runq.per_cgroup
+            for cgid, hist in cur.runq.per_cgroup.items():
+                ph = before_runq.get(cgid)
+                if ph is not None and ph.count == hist.count:
+                    continue  # no wait ended in this cgroup this tick
                 w = self.ids.workload_of(cgid, self.cpu_h)
                 if w is not None:
                     groups[w.key].append(cgid)
@@ -155,9 +169,9 @@ class SignalBuilder:
             matrix = self._who_ran_instead(prev, cur, row)
 
         # -- CPU accounting -----------------------------------------------------------------------
-        for path, c in cur.cgroup_cpu.items():
-            p = prev.cgroup_cpu.get(path)
-            if p is None or not self.ids.index.is_workload_root(path):
+        for path in changed:
+            c, p = cur.cgroup_cpu.get(path), prev.cgroup_cpu.get(path)
+            if c is None or p is None or not self.ids.index.is_workload_root(path):
                 continue  # only the workload's own cgroup: it already sums its children
             r = row(self.ids.index.workload_of(path))
             r.cpu_cores = max(c.usage_ns - p.usage_ns, 0) / 1e9 / dt
@@ -201,8 +215,9 @@ class SignalBuilder:
                 r.reclaim_pages_per_s += max(s.nr_reclaimed - (ps.nr_reclaimed if ps else 0), 0) / dt
             nd = cur.reclaim.node_direct.latency.delta(prev.reclaim.node_direct.latency)
             node_direct = nd.sum_ns / 1e6 / dt
-        for path, m in cur.cgroup_mem.items():
-            if self.ids.index.is_workload_root(path):
+        for path in changed:
+            m = cur.cgroup_mem.get(path)
+            if m is not None and self.ids.index.is_workload_root(path):
                 r = row(self.ids.index.workload_of(path, primary=False))
                 r.memory_usage_bytes, r.memory_limit_bytes = m.usage_bytes, m.limit_bytes
 
@@ -210,10 +225,12 @@ class SignalBuilder:
         if cur.tcp is not None and prev.tcp is not None:
             acc: dict[str, list] = defaultdict(lambda: [[], [], 0, 0])
             for key, s in cur.tcp.per_key.items():
+                ps = prev.tcp.per_key.get(key)
+                if ps == s:
+                    continue  # nothing connected from it this tick
                 w = self.ids.workload_of(key[0], self.cpu_h)
                 if w is None:
                     continue
-                ps = prev.tcp.per_key.get(key)
                 a = acc[w.key]
                 row(w)
                 a[0].append(s.latency)
@@ -231,15 +248,22 @@ class SignalBuilder:
                 r.syn_retransmits_per_s = max(retrans, 0) / dt
 
         # -- PSI ------------------------------------------------------------------------------------
-        for path, readings in cur.cgroup_psi.items():
-            if not self.ids.index.is_workload_root(path):
+        for path in changed:
+            readings = cur.cgroup_psi.get(path)
+            if readings is None or not self.ids.index.is_workload_root(path):
+                continue
+            before = prev.cgroup_psi.get(path, {})
+            if before is readings:
+                continue  # not read again since the last tick
+            # Its own interval: a cgroup whose PSI is not read every tick has stalls from several ticks.
+            psi_dt = cur.cgroup_psi_read_s.get(path, cur.monotonic_s) - prev.cgroup_psi_read_s.get(path, prev.monotonic_s)
+            if psi_dt <= 0:
                 continue
             r = row(self.ids.index.workload_of(path))
-            before = prev.cgroup_psi.get(path, {})
             for resource, reading in readings.items():
                 if resource not in before:
                     continue
-                rate = psi_rate(before[resource], reading, dt)
+                rate = psi_rate(before[resource], reading, psi_dt)
                 if resource == "cpu":
                     r.psi_cpu_some = None if rate.some is None else rate.some * 100
                 elif resource == "memory":
@@ -263,8 +287,17 @@ class SignalBuilder:
         busy = None
         if cur.node_cpu is not None and prev.node_cpu is not None:
             busy = max(cur.node_cpu.busy_ns - prev.node_cpu.busy_ns, 0) / 1e9 / dt
+        present = None
+        if cur.changed_paths is not None:
+            present = self._present(extra_paths) | rows.keys()
         return NodeSignals(dt, rows, dict(sirq_ms), sirq_delay, node_direct, busy, node_psi,
-                           tuple(sorted(cur.node_cpu_per_cpu)))
+                           tuple(sorted(cur.node_cpu_per_cpu)), present)
+
+    def _present(self, listed: Iterable[str]) -> frozenset[str]:
+        """Workload keys of the listed cgroups, computed again only when the list itself changes."""
+        if self._present_of is None or self._present_of[0] is not listed:
+            self._present_of = (listed, frozenset(self.ids.index.workload_of(p).key for p in listed))
+        return self._present_of[1]
 
     # -- helpers --------------------------------------------------------------------------------
     def _cpu_weights(self, prev: NodeSnapshot, cur: NodeSnapshot, key: str) -> dict[int, float]:
@@ -290,10 +323,13 @@ class SignalBuilder:
             return False
         prev_split = prev.runq.wait_split
         for victim_id, split in cur.runq.wait_split.items():
+            before_split = prev_split.get(victim_id)
+            if before_split == split:
+                continue
             victim = self.ids.workload_of(victim_id, self.cpu_h)
             if victim is None:
                 continue
-            d = split.delta(prev_split.get(victim_id))
+            d = split.delta(before_split)
             r = row(victim)
             r.own_wait_ns += d.own_wait_ns
             r.preempted_own += d.own_preemptions
@@ -304,7 +340,10 @@ class SignalBuilder:
                 r.ran_instead_ns[UNKNOWN] = r.ran_instead_ns.get(UNKNOWN, 0.0) + lost
         before = prev.runq.culprits
         for (victim_id, culprit_id), stats in cur.runq.culprits.items():
-            d = stats.delta(before.get((victim_id, culprit_id)))
+            was = before.get((victim_id, culprit_id))
+            if was == stats:
+                continue
+            d = stats.delta(was)
             if not d.wait_ns and not d.preemptions:
                 continue
             victim = self.ids.workload_of(victim_id, self.cpu_h)

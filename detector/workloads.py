@@ -77,14 +77,21 @@ class WorkloadIndex:
         self.be_globs = tuple(be_globs)
         self._pods: dict[str, PodLike] = {}
         self._pods_sig: tuple = ()
+        self.pods_version = 0  # bumped whenever the pod list (uids, classes, names) changes
         self._cache: dict[tuple[str, bool], Workload] = {}
         self._pod_workloads: dict[str, Workload] = {}  # "pod:<uid>" -> workload with its cpu-hierarchy target
 
     def refresh(self) -> None:
-        pods = {p.uid: p for p in self._pods_fn()}
+        listed = self._pods_fn()
+        if isinstance(listed, list) and len(listed) == len(self._pods) \
+                and all(self._pods.get(p.uid) is p for p in listed):
+            return  # the same pod objects as last time (sources hand out a new object per change)
+        pods = {p.uid: p for p in listed}
         sig = tuple(sorted((uid, p.qos_class, p.name, p.namespace) for uid, p in pods.items()))
+        self._pods = pods
         if sig != self._pods_sig:
-            self._pods, self._pods_sig = pods, sig
+            self._pods_sig = sig
+            self.pods_version += 1
             self._cache.clear()
             self._pod_workloads.clear()
 

@@ -195,7 +195,8 @@ def cmd_diagnose(args: argparse.Namespace, paths: HostPaths) -> int:
     layout = discover(paths)
     source = make_pod_source(policy, paths)
     detector = Detector(policy, paths, layout, CgroupResolver(paths, layout), pods=source.pods, sink=LoggingSink())
-    collector = NodeCollector(paths, layout, probes=args.probes or BPF_PROBES, cgroup_paths=detector.cgroup_paths)
+    collector = NodeCollector(paths, layout, probes=args.probes or BPF_PROBES, cgroup_paths=detector.cgroup_paths,
+                              psi_paths=detector.psi_paths)
     try:
         collector.start()
         report = run_diagnose(detector, collector, args.duration, args.interval)

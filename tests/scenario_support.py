@@ -66,7 +66,8 @@ class Scenario:
         self.kube.start()
         self.source = KubeletPodSource(self.kube.url, refresh_interval=0.5, timeout=2.0)
         self.detector = Detector(self.policy, pods=self.source.pods, clock=time.monotonic)
-        self.collector = NodeCollector(cgroup_paths=self.detector.cgroup_paths).start()
+        self.collector = NodeCollector(cgroup_paths=self.detector.cgroup_paths,
+                                       psi_paths=self.detector.psi_paths).start()
 
     # -- pods and workloads ---------------------------------------------------------------------
     def pod(self, name: str, qos_class: str, shares: int | None = None, memory_limit: int | None = None,
