@@ -338,6 +338,8 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         # added back in snapshots so the matrix stays cumulative when a pair reappears.
         self._culprit_base: dict[tuple[int, int], CulpritStats] = {}
         self._cgroups = _Slots(self.probe, "cgroup_slots", "cgroup_runq", "free_slots", CGROUP_STATS_SIZE)
+        # slot key -> (its raw per-CPU values, decoded histogram, decoded wait split) at the last snapshot
+        self._decoded: dict[bytes, tuple[tuple[bytes, ...], LatencyHistogram, WaitSplit | None]] = {}
         self._pairs = _Slots(self.probe, "culprit_slots", "runq_culprits", "free_culprit_slots", CULPRIT_STATS_SIZE)
         self.culprits_available = self.probe.status.attach_mode == "sched_info"
         self.culprits_unavailable_reason = None if self.culprits_available else (
@@ -349,11 +351,22 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
     def snapshot(self) -> RunqSnapshot:
         per_cgroup: dict[int, LatencyHistogram] = {}
         wait_split: dict[int, WaitSplit] = {}
+        # Most cgroups did nothing since the last snapshot: their raw per-CPU values are the same bytes,
+        # so their decoded objects are reused (decoding is the expensive part, not the comparison).
+        before, decoded = self._decoded, {}
         for key, values in self._cgroups.items():
             cgroup_id = _SLOT_OWNER.unpack(key)[0]
-            per_cgroup[cgroup_id] = LatencyHistogram.decode_percpu(values)
-            if self.culprits_available:
-                wait_split[cgroup_id] = WaitSplit.decode_percpu(values)
+            raw = tuple(values)
+            hit = before.get(key)
+            if hit is None or hit[0] != raw:
+                hist = LatencyHistogram.decode_percpu(values)
+                split = WaitSplit.decode_percpu(values) if self.culprits_available else None
+                hit = (raw, hist, split)
+            decoded[key] = hit
+            per_cgroup[cgroup_id] = hit[1]
+            if hit[2] is not None:
+                wait_split[cgroup_id] = hit[2]
+        self._decoded = decoded
         cpu_states: list[bytes] = self.probe.map_lookup("runq_cpu", b"\0\0\0\0") or []  # type: ignore[assignment]
         # The per-CPU histogram closes struct runq_cpu_state.
         per_cpu = [LatencyHistogram.decode(raw[-NN_HIST_SIZE:]) for raw in cpu_states]
