@@ -46,8 +46,8 @@ from detector.decisions import Decision, Target
 from detector.model import Incident
 from detector.pods import make_pod_source
 from detector.policy import POD_SOURCES, Policy, load_policy
-from detector.runtime import POD_LIST_INTERVAL_S, Detector
-from noisyneighbor.exporter import Exporter, Labeler, ResolverLabeler
+from detector.runtime import Detector
+from noisyneighbor.exporter import Exporter, Labeler, ResolverLabeler, render_text
 from noisyneighbor.sections import DeadCgroups
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.collect import BPF_PROBES, NodeCollector, cgroup_activity
@@ -231,7 +231,8 @@ class Agent:
         self._prev_snapshot: NodeSnapshot | None = None
         self._dead: dict[str, DeadCgroups] = {}
         self._extra_paths: list[str] = []
-        self._extra_paths_at = -1e9
+        self._listed_from: frozenset[str] | None = None
+        self._listed: frozenset[str] = frozenset()
         self._server: ThreadingHTTPServer | None = None
         self._server_thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -292,13 +293,15 @@ class Agent:
         self.detector = Detector(policy, self.paths, self.layout, resolver, pods=self.pod_source.pods,
                                  sink=self.manager, on_incident=hooks)
         labeler = PodMetadataLabeler(ResolverLabeler(resolver), self.pod_source.get, self._qos_of_path)
-        self.exporter = Exporter(self.registry, labeler, paths=self.paths, layout=self.layout,
+        # Not in self.registry: /metrics writes the exporter's series directly (render_text) and
+        # adds the registry's (actuator metrics); OpenMetrics scrapes get both through one registry.
+        self.exporter = Exporter(None, labeler, paths=self.paths, layout=self.layout,
                                  node=policy.node_name or os.environ.get("NODE_NAME") or None,
                                  max_cgroups=self.config.max_cgroups)
         self._run_stats = _enable_bpf_stats()
         self._resolver = resolver
         self.collector = NodeCollector(self.paths, self.layout, probes=self.config.probes,
-                                       cgroup_paths=self._cgroup_paths).start()
+                                       cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths).start()
         if self.config.gpu:
             self.gpu = GpuCollector(self.paths)
         if self.config.listen is not None:
@@ -325,7 +328,7 @@ class Agent:
             actuators = [ScopedActuator(a, self.config.act_only) for a in actuators]
         return actuators
 
-    def _cgroup_paths(self) -> list[str]:
+    def _cgroup_paths(self) -> frozenset[str]:
         """The detector's cgroups (workloads and pods) plus the QoS-level and container cgroups.
 
         The detector needs only workload roots; the exporter also publishes the BestEffort QoS level
@@ -333,13 +336,16 @@ class Agent:
         and memory panels). Listed from the resolver's index, refreshed like the detector's pod list.
         """
         assert self.detector is not None
-        now = time.monotonic()
-        if now - self._extra_paths_at >= POD_LIST_INTERVAL_S:
-            self._extra_paths_at = now
+        workloads = self.detector.cgroup_paths()
+        if workloads is not self._listed_from:
+            # The detector listed pods again (from a fresh walk): the resolver's index has their containers.
             hierarchy = self.layout.hierarchy_for("cpu") if self.layout is not None else None
             self._extra_paths = [info.path for info in self._resolver.all(hierarchy)
                                  if info.kind in ("kubepods", "qos", "container")]
-        return sorted({*self.detector.cgroup_paths(), *self._extra_paths})
+            # The same frozenset until either list changes: the collector then skips its listing work.
+            self._listed_from = workloads
+            self._listed = frozenset((*workloads, *self._extra_paths))
+        return self._listed
 
     def _qos_of_path(self, cgroup: str) -> str | None:
         if self.detector is None:
@@ -490,6 +496,18 @@ class Agent:
         }
 
     # -- HTTP -------------------------------------------------------------------------------------
+    def metrics(self, accept: str = "") -> tuple[bytes, str]:
+        """(body, content type) of a /metrics scrape: the exporter's series and the registry's."""
+        encoder, content_type = choose_encoder(accept)
+        if self.exporter is None:
+            return encoder(self.registry), content_type
+        if content_type.startswith("text/plain"):
+            return render_text(self.exporter) + encoder(self.registry), content_type
+        both = CollectorRegistry(auto_describe=False)
+        both.register(self.exporter)
+        both.register(_RegistryCollector(self.registry))
+        return encoder(both), content_type
+
     def _serve(self, host: str, port: int) -> None:
         agent = self
 
@@ -498,8 +516,7 @@ class Agent:
                 path = self.path.split("?", 1)[0]
                 try:
                     if path == "/metrics":
-                        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                        self._send(200, encoder(agent.registry), content_type)
+                        self._send(200, *agent.metrics(self.headers.get("Accept", "")))
                     elif path in ("/healthz", "/readyz"):
                         health = agent.health()
                         ok = health["live"] if path == "/healthz" else health["ready"]
@@ -536,6 +553,16 @@ class Agent:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _RegistryCollector:
+    """A registry's families as one collector (to scrape two registries as one)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterable[Any]:
+        return self.registry.collect()
 
 
 class _DualStackServer(ThreadingHTTPServer):

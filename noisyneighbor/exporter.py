@@ -83,6 +83,7 @@ PROBE_UP = "noisyneighbor_probe_up"
 PROBE_DROPS = "noisyneighbor_probe_drops_total"
 BPF_RUN_SECONDS = "noisyneighbor_bpf_program_run_seconds_total"
 BPF_RUNS = "noisyneighbor_bpf_program_runs_total"
+BPF_MAP_ENTRIES = "noisyneighbor_bpf_map_entries"
 EXPORTER_CGROUPS = "noisyneighbor_exporter_cgroups"
 EXPORTER_LAST_UPDATE = "noisyneighbor_exporter_last_update_timestamp_seconds"
 SNAPSHOT_ERRORS = "noisyneighbor_snapshot_errors"
@@ -184,6 +185,8 @@ _DEFS = (
               "BPF_ENABLE_STATS, no sysctl needed).", ("program",)),
     MetricDef(BPF_RUNS, "counter", "Runs of the agent's BPF programs (counted while the agent holds BPF_ENABLE_STATS).",
               ("program",)),
+    MetricDef(BPF_MAP_ENTRIES, "gauge", "Entries in each probe's per-cgroup kernel maps (bounded; entries of removed "
+              "cgroups are deleted once they stay idle).", ("probe",)),
     MetricDef(EXPORTER_CGROUPS, "gauge", "Cgroups seen in the last update: exported with their own series, folded "
               "into the cgroup=\"_overflow\" series by the cap, or dropped as unresolved (removed).", ("state",)),
     MetricDef(EXPORTER_LAST_UPDATE, "gauge", "Wall time of the snapshot the metrics come from."),
@@ -374,7 +377,8 @@ class Exporter:
         self.node = node or socket.gethostname()
         self.max_cgroups = max_cgroups
         self.remember_ids = remember_ids
-        self._state = _State(_SeriesData(), {})
+        self._pending: tuple[NodeSnapshot, _SeriesData] | None = None  # the latest tick, not built yet
+        self._built: _State | None = None
         self._update_lock = threading.Lock()
         self._exported: set[SeriesKey] = set()
         self._incidents_seen: OrderedDict[str, None] = OrderedDict()
@@ -388,21 +392,38 @@ class Exporter:
     def update(
         self, snapshot: NodeSnapshot, incidents: Iterable[Incident] = (), actions: Iterable[ActionRecord] = ()
     ) -> None:
-        """Take one tick. Never raises for odd input: what cannot be labelled is dropped and counted."""
+        """Take one tick. Never raises for odd input: what cannot be labelled is dropped and counted.
+
+        Only the bookkeeping that must see every tick (incident and action counts) happens here; the
+        series are built from the latest tick when they are scraped (every 15 s, not every second),
+        so an agent ticking at 1 Hz does no per-cgroup exporter work between scrapes.
+        """
         with self._update_lock:
             node = _SeriesData()
-            raw: dict[SeriesKey, _SeriesData] = {}
-            unresolved = self._cgroup_series(snapshot, raw)
-            self._node_series(snapshot, node)
             self._incident_series(list(incidents), node)
             self._action_series(list(actions), node)
-            cgroups, overflowed = self._apply_cap(raw)
-            node.set_gauge(EXPORTER_CGROUPS, ("exported",), float(len(cgroups) - (OVERFLOW_KEY in cgroups)))
-            node.set_gauge(EXPORTER_CGROUPS, ("overflow",), float(overflowed))
-            node.set_gauge(EXPORTER_CGROUPS, ("unresolved",), float(unresolved))
-            node.set_gauge(EXPORTER_LAST_UPDATE, (), float(snapshot.wall_s))
-            node.set_gauge(SNAPSHOT_ERRORS, (), float(len(snapshot.errors)))
-            self._state = _State(node, cgroups)  # one reference swap: a scrape sees one whole tick
+            self._pending = (snapshot, node)
+            self._built = None
+
+    def state(self) -> _State:
+        """The series of the latest tick, built on the first call after it (a scrape)."""
+        with self._update_lock:
+            if self._built is None and self._pending is not None:
+                self._built = self._build(*self._pending)
+            return self._built if self._built is not None else _State(_SeriesData(), {})
+
+    def _build(self, snapshot: NodeSnapshot, tick_node: _SeriesData) -> _State:
+        node = _SeriesData(dict(tick_node.counters), dict(tick_node.gauges), dict(tick_node.hists))
+        raw: dict[SeriesKey, _SeriesData] = {}
+        unresolved = self._cgroup_series(snapshot, raw)
+        self._node_series(snapshot, node)
+        cgroups, overflowed = self._apply_cap(raw)
+        node.set_gauge(EXPORTER_CGROUPS, ("exported",), float(len(cgroups) - (OVERFLOW_KEY in cgroups)))
+        node.set_gauge(EXPORTER_CGROUPS, ("overflow",), float(overflowed))
+        node.set_gauge(EXPORTER_CGROUPS, ("unresolved",), float(unresolved))
+        node.set_gauge(EXPORTER_LAST_UPDATE, (), float(snapshot.wall_s))
+        node.set_gauge(SNAPSHOT_ERRORS, (), float(len(snapshot.errors)))
+        return _State(node, cgroups)
 
     def _key_for_id(self, cgroup_id: int, hierarchy: Hierarchy | None, cache: dict) -> SeriesKey | None:
         cache_key = (cgroup_id, hierarchy.mount if hierarchy else None)
@@ -533,6 +554,11 @@ class Exporter:
                 continue
             for reason, count in probe_snap.drops.items():
                 node.add_counter(PROBE_DROPS, (name, reason), float(count))
+        for name, entries in (("runqlat", None if snap.runq is None else len(snap.runq.per_cgroup)),
+                              ("reclaim", None if snap.reclaim is None else len(snap.reclaim.per_cgroup)),
+                              ("tcpconnect", None if snap.tcp is None else len(snap.tcp.per_key))):
+            if entries is not None:
+                node.set_gauge(BPF_MAP_ENTRIES, (name,), float(entries))
         for prog in snap.bpf_programs:
             node.add_counter(BPF_RUN_SECONDS, (prog.name,), prog.run_time_ns / 1e9)
             node.add_counter(BPF_RUNS, (prog.name,), float(prog.run_count))
@@ -584,7 +610,7 @@ class Exporter:
         return []  # families vary with the state; nothing to check for duplicates at registration
 
     def collect(self) -> Iterator[Metric]:
-        state = self._state
+        state = self.state()
         node_label = (self.node,)
         for d in _DEFS:
             family = _new_family(d)
@@ -595,6 +621,50 @@ class Exporter:
                 _fill(family, d, node_label, state.node)
             if family.samples:
                 yield family
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _label_text(names: tuple[str, ...], values: Iterable[str]) -> str:
+    return ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True))
+
+
+def render_text(exporter: Exporter) -> bytes:
+    """The exporter's series in the Prometheus text format (0.0.4), written directly.
+
+    What ``generate_latest`` prints for :meth:`Exporter.collect`, at a fraction of its cost: it
+    validates and escapes every label name of every sample; here each cgroup's label text is made
+    once per scrape and the rest is string joins. A scrape of 300 pods is ~10k samples.
+    """
+    state = exporter.state()
+    out: list[str] = []
+    node_prefix = f'{NODE_LABEL}="{_escape(exporter.node)}"'
+    cgroup_prefixes = [(f"{node_prefix},{_label_text(CGROUP_LABELS, key.values())}", data)
+                       for key, data in state.cgroups.items()]
+    for d in _DEFS:
+        lines: list[str] = []
+        sources = cgroup_prefixes if d.per_cgroup else [(node_prefix, state.node)]
+        for prefix, data in sources:
+            if d.type == "histogram":
+                for labels, hist in data.hists.get(d.name, {}).items():
+                    head = f"{prefix},{_label_text(d.labels, labels)}" if labels else prefix
+                    for le, count in histogram_buckets(hist):
+                        lines.append(f'{d.name}_bucket{{{head},le="{le}"}} {floatToGoString(count)}')
+                    lines.append(f"{d.name}_count{{{head}}} {floatToGoString(hist.count)}")
+                    lines.append(f"{d.name}_sum{{{head}}} {floatToGoString(hist.sum_ns / 1e9)}")
+                continue
+            source = data.counters if d.type == "counter" else data.gauges
+            for labels, value in source.get(d.name, {}).items():
+                head = f"{prefix},{_label_text(d.labels, labels)}" if labels else prefix
+                lines.append(f"{d.name}{{{head}}} {floatToGoString(value)}")
+        if lines:
+            help_text = d.help.replace("\\", "\\\\").replace("\n", "\\n")
+            out.append(f"# HELP {d.name} {help_text}\n# TYPE {d.name} {d.type}\n")
+            out.append("\n".join(lines))
+            out.append("\n")
+    return "".join(out).encode()
 
 
 def _add_connect(data: _SeriesData, stats: ConnectStats) -> None:

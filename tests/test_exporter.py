@@ -410,3 +410,27 @@ def test_metric_names_have_units_and_one_definition():
         if d.type == "histogram":
             assert d.name.endswith("_seconds")
     assert len(ex.METRICS) == len(ex._DEFS)
+
+
+@pytest.mark.root
+def test_direct_text_rendering_equals_prometheus_client(probes, scraper, make_cgroup):
+    """The agent serves render_text() (generate_latest validates every label of every sample, the
+    largest part of a scrape's cost): it must say exactly what generate_latest says, sample for sample."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    pod = _pod(make_cgroup, scraper, "burstable", 'we"ird\\name')
+    subprocess.run(["taskset", "-c", CPU, sys.executable, "-c", WORKER, "0.2"], preexec_fn=pod.preexec, check=True)
+    victim = Target("/kubepods.slice/kubepods-podA.slice", "a", "shop", "web", "LS")
+    inc = Incident("i1", victim, Cause.NEIGHBOR_CPU, started_at=1.0, confidence=0.9, signal="runq_p99_ns",
+                   culprits=[Culprit(Target("/x", "b", "batch", "crunch", "BE"), 0.7)])
+    scraper.exporter.update(probes.snapshot([pod]), [inc])
+
+    def parsed(text: str) -> dict:
+        families = list(text_string_to_metric_families(text))
+        return {(f.name, f.type, f.documentation): sorted((s.name, sorted(s.labels.items()), s.value) for s in f.samples)
+                for f in families}
+
+    ours = parsed(ex.render_text(scraper.exporter).decode())
+    theirs = parsed(generate_latest(scraper.registry).decode())
+    assert ours == theirs
+    assert any(name == ex.RUNQ_LATENCY for name, _, _ in ours)  # per-cgroup histograms were in it
