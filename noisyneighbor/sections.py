@@ -123,14 +123,20 @@ class DeadCgroups:
                 self.idle[cgroup_id] = self.idle.get(cgroup_id, 0) + 1
             else:
                 self.idle.pop(cgroup_id, None)
-        stale = [
-            cg for cg, n in self.idle.items() if n >= self.after and self.resolver.resolve(cg, self.hierarchy) is None
-        ]
+        # Checked when an id has been idle `after` intervals, then every 10 x `after`: one lstat each
+        # (the resolver's index keeps a removed cgroup until its next walk, which may be far off).
+        stale = [cg for cg, n in self.idle.items() if n >= self.after and n % (10 * self.after) in (0, self.after)
+                 and not self._exists(cg)]
         if stale:
             self.forget(stale)
             for cg in stale:
                 del self.idle[cg]
         return stale
+
+
+    def _exists(self, cgroup_id: int) -> bool:
+        info = self.resolver.resolve(cgroup_id, self.hierarchy)
+        return info is not None and self.resolver.id_of(info.path, self.hierarchy) == cgroup_id
 
 
 def _forgetter(probe: Any, resolver: CgroupResolver) -> DeadCgroups | None:

@@ -191,6 +191,10 @@ class _NamingResolver:
         self.hierarchies.add(hierarchy)
         return _Info(f"/cg/{cgroup_id}") if cgroup_id in self.alive else None
 
+    def id_of(self, path, hierarchy=None):
+        cgroup_id = int(path.rsplit("/", 1)[1])
+        return cgroup_id if cgroup_id in self.alive else None
+
 
 def test_dead_cgroups_are_forgotten_after_idle_intervals():
     forgotten: list[int] = []
