@@ -110,6 +110,7 @@ class IncidentEngine:
         self._log_path = self.policy.incident_log
         self.targets: dict[str, Target] = {}  # workload key -> Target, as of the latest tick
         self._online_cpus: tuple[int, ...] = ()
+        self._forgot_for: frozenset[str] | None = None  # the workload list the last forgetting was done for
 
     # -- public ---------------------------------------------------------------------------------
     @property
@@ -173,6 +174,16 @@ class IncidentEngine:
                 self._close(state, now)
                 touched.append(inc)
         present = signals.workloads.keys() if signals.present is None else signals.present
+        if signals.present is not None and signals.present is not self._forgot_for:
+            # The workload list changed: what is gone leaves the store and the baselines now, not when
+            # its samples age out (pod churn must leave nothing behind).
+            self._forgot_for = signals.present
+            for entity in self.store.entities():
+                if entity not in present:
+                    self.store.forget(entity)
+            for entity in self.baselines.entities():
+                if entity not in present:
+                    self.baselines.forget(entity)
         for key in [k for k in self.victims if k not in signals.workloads]:
             state = self.victims[key]
             if key not in present:

@@ -69,6 +69,7 @@ class Detector:
         # exist, so an idle one keeps its readings instead of being dropped and read anew.
         self._seen_paths: dict[str, float] = {}
         self._listed_pods_version = -1
+        self._pod_set: frozenset[str] = frozenset()
         self._listed: frozenset[str] = frozenset()
         self._psi_paths: frozenset[str] = frozenset()
 
@@ -104,16 +105,20 @@ class Detector:
                     info.path for info in self.resolver.all(memory, max_age=0.0)
                     if info.kind == "pod" and info.path not in listed
                 ]
-            self._seen_paths = {p: t for p, t in self._seen_paths.items() if now - t < SEEN_WORKLOAD_TTL_S}
+            cpu = self.layout.hierarchy_for("cpu")
+            self._seen_paths = {p: t for p, t in self._seen_paths.items()
+                                if now - t < SEEN_WORKLOAD_TTL_S and self.resolver.id_of(p, cpu) is not None}
+            self._pod_set = frozenset(self._pod_paths)
             self._psi_paths = frozenset(p for p in self._pod_paths if self.index.workload_of(p).latency_sensitive)
             changed = True
         if self.last is not None:
             for r in self.last.workloads.values():
                 path = r.workload.target.cgroup
-                if path != "/" and path not in self._listed:
+                if path == "/" or path in self._pod_set:
+                    continue  # pods are listed (and unlisted) with the pod list
+                if path not in self._listed:
                     changed = True
-                if path != "/":
-                    self._seen_paths[path] = now
+                self._seen_paths[path] = now
         if changed:
             self._listed = frozenset((*self._pod_paths, *self._memory_pod_paths, *self._seen_paths))
         return self._listed
@@ -132,7 +137,9 @@ class Detector:
         prev, self.prev = self.prev, snapshot
         if prev is None:
             return None
-        signals = self.builder.build(prev, snapshot, extra_paths=self._pod_paths)
+        # The listed cgroups (pods and the non-pod workloads seen lately): every workload that exists.
+        signals = self.builder.build(prev, snapshot, extra_paths=self._listed if snapshot.changed_paths is not None
+                                     else self._pod_paths)
         self.last = signals
         changed = self.engine.step(signals, ts=snapshot.monotonic_s)
         self.engine.sink.observe(self.engine.signals_for_verify(signals), snapshot.monotonic_s)

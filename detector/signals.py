@@ -140,6 +140,7 @@ class SignalBuilder:
         # (idle cgroups keep their last readings, and get no row: nothing happened to them); without
         # that, every reading is new and every listed workload gets a row, as before.
         changed = cur.changed_paths
+        incremental = changed is not None
         if changed is None:
             for path in extra_paths:
                 row(self.ids.index.workload_of(path))
@@ -173,7 +174,10 @@ class SignalBuilder:
             c, p = cur.cgroup_cpu.get(path), prev.cgroup_cpu.get(path)
             if c is None or p is None or not self.ids.index.is_workload_root(path):
                 continue  # only the workload's own cgroup: it already sums its children
-            r = row(self.ids.index.workload_of(path))
+            w = self.ids.index.workload_of(path)
+            if incremental and w.key not in rows and c.usage_ns == p.usage_ns and c.nr_periods == p.nr_periods:
+                continue  # read again (its turn on the wheel) but it did not run: no row, no fake zeros
+            r = row(w)
             r.cpu_cores = max(c.usage_ns - p.usage_ns, 0) / 1e9 / dt
             r.quota_cores = c.quota_cores
             periods = c.nr_periods - p.nr_periods
@@ -218,7 +222,11 @@ class SignalBuilder:
         for path in changed:
             m = cur.cgroup_mem.get(path)
             if m is not None and self.ids.index.is_workload_root(path):
-                r = row(self.ids.index.workload_of(path, primary=False))
+                w = self.ids.index.workload_of(path, primary=False)
+                before = prev.cgroup_mem.get(path)
+                if incremental and w.key not in rows and before is not None and before.usage_bytes == m.usage_bytes:
+                    continue
+                r = row(w)
                 r.memory_usage_bytes, r.memory_limit_bytes = m.usage_bytes, m.limit_bytes
 
         # -- TCP connect ----------------------------------------------------------------------------
@@ -287,17 +295,21 @@ class SignalBuilder:
         busy = None
         if cur.node_cpu is not None and prev.node_cpu is not None:
             busy = max(cur.node_cpu.busy_ns - prev.node_cpu.busy_ns, 0) / 1e9 / dt
-        present = None
-        if cur.changed_paths is not None:
-            present = self._present(extra_paths) | rows.keys()
+        present = self._present(extra_paths, rows.keys()) if incremental else None
         return NodeSignals(dt, rows, dict(sirq_ms), sirq_delay, node_direct, busy, node_psi,
                            tuple(sorted(cur.node_cpu_per_cpu)), present)
 
-    def _present(self, listed: Iterable[str]) -> frozenset[str]:
-        """Workload keys of the listed cgroups, computed again only when the list itself changes."""
+    def _present(self, listed: Iterable[str], active: Iterable[str]) -> frozenset[str]:
+        """Workload keys of the listed cgroups and of every workload with a row since the list was
+        made; the same object until either grows, so consumers can tell a change by identity."""
         if self._present_of is None or self._present_of[0] is not listed:
             self._present_of = (listed, frozenset(self.ids.index.workload_of(p).key for p in listed))
-        return self._present_of[1]
+        known = self._present_of[1]
+        new = [k for k in active if k not in known]
+        if new:
+            known = known | frozenset(new)
+            self._present_of = (listed, known)
+        return known
 
     # -- helpers --------------------------------------------------------------------------------
     def _cpu_weights(self, prev: NodeSnapshot, cur: NodeSnapshot, key: str) -> dict[int, float]:
