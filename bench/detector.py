@@ -62,7 +62,7 @@ class SizeResult:
     cpu_ms_per_tick_p95: float
     cpu_ms_per_tick_max: float
     core_percent_at_1hz: float
-    rss_before_feed_mib: float  # after imports and setup: the interpreter, numpy, pandas
+    rss_before_feed_mib: float  # after imports and setup: the interpreter and numpy
     rss_peak_mib: float  # ru_maxrss of the child process
     tracemalloc_peak_mib: float  # peak of Python-level allocations during an identical pass
     store_array_mib: float
@@ -297,7 +297,7 @@ def _feed(n: int, ticks: int, use_engine: bool, trace: bool) -> tuple[list[float
 
 def run_size(n: int, ticks: int, use_engine: bool) -> SizeResult:
     """One size, in this process (the parent runs it in a child for a clean ru_maxrss)."""
-    import pandas  # noqa: F401  # imported before the baseline RSS so it is not counted as the detector's
+    import numpy  # noqa: F401  # imported before the baseline RSS so it is not counted as the detector's
 
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     per_tick, had_gen2, path, state = _feed(n, ticks, use_engine, trace=False)
@@ -372,7 +372,7 @@ def _text(results: list[SizeResult], note: str) -> str:
         )
         lines.append(
             f"RSS {r.rss_peak_mib:.1f} MiB peak (process; {r.rss_before_feed_mib:.1f} MiB before feeding:"
-            f" interpreter + numpy + pandas), tracemalloc peak {r.tracemalloc_peak_mib:.2f} MiB,"
+            f" interpreter + numpy), tracemalloc peak {r.tracemalloc_peak_mib:.2f} MiB,"
             f" store arrays {r.store_array_mib:.2f} MiB"
         )
         if r.incidents_opened is not None:

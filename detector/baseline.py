@@ -4,7 +4,7 @@ API (the incident engine builds on exactly this)::
 
     baselines = Baselines(alpha=2/61, min_samples=30, max_entities=2000)
     baselines.score(entity, signal, value)            # (value - ewma) / max(robust sigma, floor), or None
-    baselines.scores(signal, {entity: value, ...})    # the same for many entities: pandas.Series (NaN = no score)
+    baselines.scores(signal, {entity: value, ...})    # the same for many entities: {entity: score} (NaN = no score)
     baselines.outlier(entity, signal, value, k=3.0)   # Caelus rule |x - ewma| > k*sigma with >= 11 samples, or None
     baselines.update_tick({(entity, signal): value, ...}, frozen={entities with an open incident})
     baselines.update(entity, signal, value, learning=True)
@@ -45,7 +45,6 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from detector.store import DEFAULT_MAX_ENTITIES, DEFAULT_MAX_SIGNALS, EntityIndex, StoreError
 
@@ -315,28 +314,28 @@ class Baselines:
             return None
         return (v - base.ewma) / max(base.mad_sigma, self.floor(signal, base.ewma))
 
-    def scores(self, signal: str, values: Mapping[str, float] | pd.Series) -> pd.Series:
+    def scores(self, signal: str, values: Mapping[str, float]) -> dict[str, float]:
         """``score`` for many entities of one signal at once (NaN where there is no score)."""
-        series = values if isinstance(values, pd.Series) else pd.Series(values, dtype=float)
+        entities = list(values)
         state = self._signals.get(signal)
-        out = np.full(len(series), np.nan)
-        if state is not None and len(series):
+        out = np.full(len(entities), np.nan)
+        if state is not None and entities:
             positions: list[int] = []
             rows: list[int] = []
-            for pos, entity in enumerate(series.index):
+            for pos, entity in enumerate(entities):
                 row = self._index.row(entity)
                 if row is not None:
                     positions.append(pos)
                     rows.append(row)
             if rows:
                 r = np.asarray(rows, dtype=np.intp)
-                x = series.to_numpy(dtype=float)[positions]
+                x = np.fromiter(values.values(), dtype=float, count=len(entities))[positions]
                 ewma = state.ewma[r]
                 spread = self._floored(signal, ewma, state.mean_abs_dev[r] * MEAN_ABS_DEV_TO_SIGMA)
                 got = (x - ewma) / spread
                 got[state.n[r] < self.min_samples] = np.nan
                 out[positions] = got
-        return pd.Series(out, index=series.index, name=signal)
+        return dict(zip(entities, out.tolist(), strict=True))
 
     def outlier(
         self, entity: str, signal: str, value: float, k: float = CAELUS_K, min_samples: int = CAELUS_MIN_SAMPLES

@@ -356,9 +356,9 @@ class IncidentEngine:
         for ck in signals.workloads:
             if ck == key:
                 continue
-            w = self.store.window(ck, "memory_bytes", 60.0).dropna()
-            if len(w) >= 2 and w.iloc[-1] > w.iloc[0]:
-                growth[ck] = float(w.iloc[-1] - w.iloc[0])
+            w = self.store.window(ck, "memory_bytes", 60.0).values
+            if len(w) >= 2 and w[-1] > w[0]:
+                growth[ck] = float(w[-1] - w[0])
         total = sum(growth.values())
         culprits = [
             Culprit(self._target(ck), round(g / total, 4), attribution=round(g / total, 4),

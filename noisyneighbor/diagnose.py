@@ -120,13 +120,13 @@ def _series(detector: Detector, incidents: list[Incident], duration_s: float) ->
         plots: dict[str, list[tuple[float, float]]] = {}
         victim = key_of(inc.victim)
         for sig in ("runq_p99_ns", "runq_wait_ms_per_s", "throttled_ratio", "softirq_ms_per_s", "reclaim_stall_ms_per_s"):
-            s = store.window(victim, sig, window).dropna()
-            if len(s) and float(s.abs().sum()) > 0:
-                plots[f"victim {sig}"] = [(float(t), float(v)) for t, v in s.items()]
+            s = store.window(victim, sig, window)
+            if len(s) and float(abs(s.values).sum()) > 0:
+                plots[f"victim {sig}"] = s.items()
         for c in inc.culprits[:3]:
-            s = store.window(key_of(c.target), "cpu_cores", window).dropna()
+            s = store.window(key_of(c.target), "cpu_cores", window)
             if len(s):
-                plots[f"culprit {c.target.display} cpu_cores"] = [(float(t), float(v)) for t, v in s.items()]
+                plots[f"culprit {c.target.display} cpu_cores"] = s.items()
         out[inc.incident_id] = plots
     return out
 
