@@ -84,7 +84,8 @@ class ProbeStatus:
 class LoadedProbe(Protocol):
     status: ProbeStatus
 
-    def map_items(self, name: str) -> Iterator[tuple[bytes, bytes | list[bytes]]]: ...
+    def map_items(self, name: str, split: bool = True) -> Iterator[tuple[bytes, bytes | list[bytes]]]: ...
+    def map_split(self, name: str, raw: bytes) -> bytes | list[bytes]: ...
     def map_lookup(self, name: str, key: bytes) -> bytes | list[bytes] | None: ...
     def map_delete(self, name: str, key: bytes) -> bool: ...
     def map_update(self, name: str, key: bytes, value: bytes) -> None: ...
@@ -121,8 +122,11 @@ class LibbpfProbe:
             m = self._maps[name] = self.obj.map(name)
         return m
 
-    def map_items(self, name: str) -> Iterator[tuple[bytes, bytes | list[bytes]]]:
-        return self._map(name).items()
+    def map_items(self, name: str, split: bool = True) -> Iterator[tuple[bytes, bytes | list[bytes]]]:
+        return self._map(name).items(split=split)
+
+    def map_split(self, name: str, raw: bytes) -> bytes | list[bytes]:
+        return self._map(name).split(raw)
 
     def map_lookup(self, name: str, key: bytes) -> bytes | list[bytes] | None:
         return self._map(name).lookup(key)

@@ -274,7 +274,8 @@ class BpfMap:
             return ((self.value_size + 7) // 8 * 8) * self._lib.possible_cpus
         return self.value_size
 
-    def _split(self, raw: bytes) -> bytes | list[bytes]:
+    def split(self, raw: bytes) -> bytes | list[bytes]:
+        """A value as read (per-CPU maps: every CPU's, 8-byte aligned) -> bytes, or one bytes per CPU."""
         if not self.percpu:
             return raw
         aligned = (self.value_size + 7) // 8 * 8
@@ -290,7 +291,7 @@ class BpfMap:
             if e == errno.ENOENT:
                 return None
             raise BpfError(f"bpf_map_lookup_elem({self.name})", e)
-        return self._split(vbuf.raw)
+        return self.split(vbuf.raw)
 
     def update(self, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
         """Set a value; a short `value` is padded with zeros (b"" zeroes the entry, every CPU's)."""
@@ -314,22 +315,25 @@ class BpfMap:
             raise BpfError(f"bpf_map_delete_elem({self.name})", e)
         return True
 
-    def items(self, batch: int = 256) -> Iterator[tuple[bytes, bytes | list[bytes]]]:
+    def items(self, batch: int = 256, split: bool = True) -> Iterator[tuple[bytes, bytes | list[bytes]]]:
         """All entries, read `batch` at a time with BPF_MAP_LOOKUP_BATCH (one syscall per batch).
 
         Hash maps change while they are read; the kernel's batch cursor keeps that consistent per
         bucket. Arrays are batched too (tcpconnect's bucket tables are read every snapshot: one
         lookup per entry cost ~2 % of a core at 1 Hz). Falls back to one lookup per key where
-        batching is not supported (EINVAL/ENOTSUPP).
+        batching is not supported (EINVAL/ENOTSUPP). ``split=False`` gives per-CPU values as read (one
+        bytes for all CPUs, see :meth:`split`): comparing those with an earlier read is cheap.
         """
         try:
-            yield from self._items_batched(batch)
+            yield from self._items_batched(batch, split)
         except BpfError as e:
             if e.errno not in (errno.EINVAL, errno.ENOTSUP, 524):  # 524: kernel ENOTSUPP
                 raise
-            yield from self._items_iter()
+            for key, value in self._items_iter():
+                yield key, value if split or not self.percpu else b"".join(
+                    v.ljust((self.value_size + 7) // 8 * 8, b"\0") for v in value)
 
-    def _items_batched(self, batch: int) -> Iterator[tuple[bytes, bytes | list[bytes]]]:
+    def _items_batched(self, batch: int, split: bool = True) -> Iterator[tuple[bytes, bytes | list[bytes]]]:
         L = self._lib.lib
         stride = self._stride
         keys = ctypes.create_string_buffer(self.key_size * batch)
@@ -350,10 +354,8 @@ class BpfMap:
                 raise BpfError(f"bpf_map_lookup_batch({self.name})", e)
             raw_keys, raw_values = keys.raw, values.raw
             for i in range(count.value):
-                yield (
-                    raw_keys[i * self.key_size : (i + 1) * self.key_size],
-                    self._split(raw_values[i * stride : (i + 1) * stride]),
-                )
+                raw = raw_values[i * stride : (i + 1) * stride]
+                yield raw_keys[i * self.key_size : (i + 1) * self.key_size], self.split(raw) if split else raw
             if err:  # ENOENT: that was the last batch
                 return
             ctypes.memmove(in_batch, out_batch, len(out_batch))

@@ -245,15 +245,33 @@ class _Slots:
     def indexed_keys(self) -> list[bytes]:
         return [key for key, _ in list(self.probe.map_items(self.index))]
 
-    def items(self) -> list[tuple[bytes, list[bytes]]]:
-        """(key, its per-CPU values). A CPU's copy still marked for another key (a slot freed and
+    def raw_items(self) -> list[tuple[bytes, bytes]]:
+        """(key, its slot's per-CPU values as read: one bytes, see :meth:`values`).
+
+        Slots are handed out low first (freed ones reused before new ones), so the used ones are a
+        prefix of the array: it is read in batches up to the highest slot in use, one syscall per 256
+        slots instead of one per key."""
+        slot_of = {key: int.from_bytes(slot, "little") for key, slot in self.probe.map_items(self.index)}  # type: ignore[arg-type]
+        if not slot_of:
+            return []
+        need = max(slot_of.values()) + 1
+        raw_of: dict[int, bytes] = {}
+        for index, raw in self.probe.map_items(self.stats, split=False):
+            i = int.from_bytes(index, "little")
+            if i >= need:
+                break
+            raw_of[i] = raw  # type: ignore[assignment]
+        return [(key, raw_of[slot]) for key, slot in slot_of.items() if slot in raw_of]
+
+    def values(self, key: bytes, raw: bytes) -> list[bytes]:
+        """The key's per-CPU values. A CPU's copy still marked for another key (a slot freed and
         reused while a CPU was writing it) is left out."""
-        out = []
-        for key, slot in list(self.probe.map_items(self.index)):
-            values: list[bytes] = self.probe.map_lookup(self.stats, slot) or []  # type: ignore[arg-type, assignment]
-            at, unused = self.value_size - len(key), bytes(len(key))
-            out.append((key, [v for v in values if v[at:] in (key, unused)]))
-        return out
+        at, unused = self.value_size - len(key), bytes(len(key))
+        return [v for v in self.probe.map_split(self.stats, raw) if v[at:] in (key, unused)]  # type: ignore[union-attr]
+
+    def items(self) -> list[tuple[bytes, list[bytes]]]:
+        """(key, its per-CPU values), see :meth:`values`."""
+        return [(key, self.values(key, raw)) for key, raw in self.raw_items()]
 
     def free(self, key: bytes) -> bool:
         """Unindex a key, zero its slot on every CPU, then let the BPF side reuse the slot."""
@@ -339,7 +357,8 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         self._culprit_base: dict[tuple[int, int], CulpritStats] = {}
         self._cgroups = _Slots(self.probe, "cgroup_slots", "cgroup_runq", "free_slots", CGROUP_STATS_SIZE)
         # slot key -> (its raw per-CPU values, decoded histogram, decoded wait split) at the last snapshot
-        self._decoded: dict[bytes, tuple[tuple[bytes, ...], LatencyHistogram, WaitSplit | None]] = {}
+        self._decoded: dict[bytes, tuple[bytes, LatencyHistogram, WaitSplit | None]] = {}
+        self._pairs_decoded: dict[bytes, tuple[bytes, CulpritStats]] = {}
         self._pairs = _Slots(self.probe, "culprit_slots", "runq_culprits", "free_culprit_slots", CULPRIT_STATS_SIZE)
         self.culprits_available = self.probe.status.attach_mode == "sched_info"
         self.culprits_unavailable_reason = None if self.culprits_available else (
@@ -354,11 +373,11 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         # Most cgroups did nothing since the last snapshot: their raw per-CPU values are the same bytes,
         # so their decoded objects are reused (decoding is the expensive part, not the comparison).
         before, decoded = self._decoded, {}
-        for key, values in self._cgroups.items():
+        for key, raw in self._cgroups.raw_items():
             cgroup_id = _SLOT_OWNER.unpack(key)[0]
-            raw = tuple(values)
             hit = before.get(key)
             if hit is None or hit[0] != raw:
+                values = self._cgroups.values(key, raw)
                 hist = LatencyHistogram.decode_percpu(values)
                 split = WaitSplit.decode_percpu(values) if self.culprits_available else None
                 hit = (raw, hist, split)
@@ -375,10 +394,16 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         culprit_drops = culprit_drop_ns = 0
         if self.culprits_available:
             culprits = dict(self._culprit_base)
-            for key, values in self._pairs.items():
+            before_pairs, pairs_decoded = self._pairs_decoded, {}
+            for key, raw in self._pairs.raw_items():
                 pair: tuple[int, int] = _CULPRIT_KEY.unpack(key)  # type: ignore[assignment]
-                in_kernel = CulpritStats.decode_percpu(values)
+                hit_pair = before_pairs.get(key)
+                if hit_pair is None or hit_pair[0] != raw:
+                    hit_pair = (raw, CulpritStats.decode_percpu(self._pairs.values(key, raw)))
+                pairs_decoded[key] = hit_pair
+                in_kernel = hit_pair[1]
                 culprits[pair] = culprits[pair] + in_kernel if pair in culprits else in_kernel
+            self._pairs_decoded = pairs_decoded
             for raw in cpu_states:
                 *_, n, ns = _CPU_STATE_HEAD.unpack_from(raw)
                 culprit_drops, culprit_drop_ns = culprit_drops + n, culprit_drop_ns + ns
