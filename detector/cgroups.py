@@ -319,7 +319,8 @@ class CgroupResolver:
 
     def _rescan(self, h: Hierarchy, asked: set[int] | None = None) -> _Index:
         """Walk `h` again. `asked`: ids requested before this walk; those it misses are dead."""
-        by_id = self._walk(h)
+        before = self._indexes.get(h.mount)
+        by_id = self._walk(h, before.by_id if before is not None else {})
         index = _Index(
             by_id=by_id, by_path={i.path: i.id for i in by_id.values()}, scanned_at=self._clock()
         )
@@ -330,11 +331,13 @@ class CgroupResolver:
         self._indexes[h.mount] = index
         return index
 
-    def _walk(self, h: Hierarchy) -> dict[int, CgroupInfo]:
+    def _walk(self, h: Hierarchy, known: dict[int, CgroupInfo]) -> dict[int, CgroupInfo]:
         """Every cgroup directory under the hierarchy's mount, keyed by inode number.
 
         Iterative (no recursion limit), follows no symlinks, and skips whatever vanishes or cannot
-        be read while it walks: cgroups come and go all the time on a busy node.
+        be read while it walks: cgroups come and go all the time on a busy node. A walk costs one
+        readdir per cgroup: inode numbers come with the directory entries (kernfs reports the node
+        id there), and a cgroup already ``known`` at the same path keeps its parsed info.
         """
         found: dict[int, CgroupInfo] = {}
         try:
@@ -356,11 +359,13 @@ class CgroupResolver:
                 try:
                     if not entry.is_dir(follow_symlinks=False):
                         continue
-                    ino = entry.stat(follow_symlinks=False).st_ino
+                    ino = entry.inode()
                 except OSError:
                     continue
                 child = f"{rel}/{entry.name}"
-                found[ino] = _make_info(child, ino, h, Path(entry.path))
+                info = known.get(ino)
+                found[ino] = info if info is not None and info.path == child else \
+                    _make_info(child, ino, h, Path(entry.path))
                 stack.append((entry.path, child))
         return found
 

@@ -277,7 +277,8 @@ class Agent:
         policy = self.policy
         assert policy is not None
         self.layout = discover(self.paths)
-        resolver = CgroupResolver(self.paths, self.layout)
+        # Unknown ids (a cgroup newer than the last walk) walk the hierarchy again at most every 5 s.
+        resolver = CgroupResolver(self.paths, self.layout, rescan_interval=5.0)
         self.pod_source = make_pod_source(policy, self.paths)
         starter = getattr(self.pod_source, "start", None)
         if callable(starter):

@@ -263,9 +263,9 @@ def test_rescans_are_rate_limited(v2_host: tuple[HostPaths, Path], monkeypatch: 
     walks: list[Path] = []
     real_walk = CgroupResolver._walk
 
-    def counting_walk(self: CgroupResolver, h):  # type: ignore[no-untyped-def]
+    def counting_walk(self: CgroupResolver, h, known):  # type: ignore[no-untyped-def]
         walks.append(h.mount)
-        return real_walk(self, h)
+        return real_walk(self, h, known)
 
     monkeypatch.setattr(CgroupResolver, "_walk", counting_walk)
     clock = FakeClock()
