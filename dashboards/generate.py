@@ -215,7 +215,7 @@ def node_overview() -> dict:
                 "{{namespace}}/{{pod}} {{qos}}")], unit="short", description="CPUs used per pod."),
         ]),
         Row("Agent health", [
-            Panel("Probe state", [Query(f'{m.PROBE_UP}{{{NODE}}} == 1', "{{probe}}: {{state}}", instant=True)],
+            Panel("Probe state", [Query(f'{m.PROBE_STATE}{{{NODE}}} == 1', "{{probe}}: {{state}}", instant=True)],
                   kind="table", width=8),
             Panel("Probe drops per second", [Query(
                 f"sum by (probe, reason) (rate({m.PROBE_DROPS}{{{NODE}}}[{RATE}]))", "{{probe}} {{reason}}")], width=8),

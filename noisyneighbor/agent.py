@@ -84,6 +84,8 @@ class AgentConfig:
     interval_s: float | None = None
     probes: tuple[str, ...] = BPF_PROBES
     max_cgroups: int = 2000
+    max_bucket_seconds: float = 10.0  # runqueue histograms: the last finite bucket's bound
+    extra_node_series: bool = False  # PSI averages and /proc/stat per CPU: node_exporter has them
     pod_source: str | None = None  # auto | kubelet | apiserver | standalone
     ls_cgroups: tuple[str, ...] = ()  # added to the policy's standalone globs
     be_cgroups: tuple[str, ...] = ()
@@ -101,6 +103,8 @@ class AgentConfig:
             raise AgentConfigError(f"interval must be between 0.01 and 3600 s, got {self.interval_s:g}")
         if self.max_cgroups < 1:
             raise AgentConfigError(f"max cgroups must be at least 1, got {self.max_cgroups}")
+        if not self.max_bucket_seconds > 0:
+            raise AgentConfigError(f"bucket max must be positive, got {self.max_bucket_seconds:g} s")
         if self.pod_source is not None and self.pod_source not in POD_SOURCES:
             raise AgentConfigError(f"pod source must be one of {', '.join(POD_SOURCES)}, got {self.pod_source!r}")
         if self.listen is not None:
@@ -298,7 +302,10 @@ class Agent:
         # adds the registry's (actuator metrics); OpenMetrics scrapes get both through one registry.
         self.exporter = Exporter(None, labeler, paths=self.paths, layout=self.layout,
                                  node=policy.node_name or os.environ.get("NODE_NAME") or None,
-                                 max_cgroups=self.config.max_cgroups)
+                                 max_cgroups=self.config.max_cgroups,
+                                 max_bucket_seconds=self.config.max_bucket_seconds,
+                                 extra_node_series=self.config.extra_node_series,
+                                 container_name=self._container_name)
         self._run_stats = _enable_bpf_stats()
         self._resolver = resolver
         self.collector = NodeCollector(self.paths, self.layout, probes=self.config.probes,
@@ -347,6 +354,11 @@ class Agent:
             self._listed_from = workloads
             self._listed = frozenset((*workloads, *self._extra_paths))
         return self._listed
+
+    def _container_name(self, pod_uid: str, container_id: str) -> str | None:
+        pod = self.pod_source.get(pod_uid) if self.pod_source is not None else None
+        container = pod.container(container_id) if pod is not None else None
+        return container.name if container is not None else None
 
     def _qos_of_path(self, cgroup: str) -> str | None:
         if self.detector is None:

@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated BPF probes to load (default: all)")
     agent.add_argument("--max-cgroups", type=int, default=2000, metavar="N",
                        help="cgroups with their own metric series; the rest are summed into cgroup=\"_overflow\"")
+    agent.add_argument("--bucket-max", type=parse_duration, default=10.0, metavar="S",
+                       help="runqueue histograms: the last bucket's bound (default 10 s: 24 buckets, then +Inf)")
+    agent.add_argument("--extra-node-series", action="store_true",
+                       help="also export PSI averages and /proc/stat per CPU and mode (node_exporter has both)")
     agent.add_argument("--pods", choices=("auto", "kubelet", "apiserver", "standalone"), default=None,
                        help="pod metadata source (default: the policy's)")
     agent.add_argument("--act-only", action="append", default=[], metavar="GLOB",
@@ -151,7 +155,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         config_path=args.config, node_name=args.node_name, host_root=getattr(args, "host_root", None),
         listen=args.listen, dry_run=args.dry_run, audit_log=args.audit_log, incident_log=args.incident_log,
         interval_s=args.interval, probes=args.probes or BPF_PROBES, max_cgroups=args.max_cgroups,
-        pod_source=args.pods, act_only=tuple(args.act_only),
+        pod_source=args.pods, act_only=tuple(args.act_only), max_bucket_seconds=args.bucket_max,
+        extra_node_series=args.extra_node_series,
     )
     if args.journal_dir:
         config.journal_dir = args.journal_dir

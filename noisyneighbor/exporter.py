@@ -1,9 +1,15 @@
 """Prometheus exporter: the latest NodeSnapshot, incidents and actions as metric families.
 
-The agent loop calls :meth:`Exporter.update` once per tick; that is where cgroup ids are resolved
-to pod labels, vanished cgroups drop out and the per-cgroup cap is applied. A scrape only renders
-the state the last update left (no BPF map reads, no filesystem walks), so it is cheap and every
-family in one scrape comes from the same tick.
+The agent loop calls :meth:`Exporter.update` once per tick and only keeps that tick; the series
+are built from it when they are scraped (every 15 s, not every tick): that is where cgroup ids are
+resolved to pod labels, vanished cgroups drop out and the per-cgroup cap is applied. Every family in
+one scrape comes from the same tick.
+
+Series budget (an idle pod: a pod cgroup and one container cgroup): the container's runqueue
+histogram (24 buckets up to ``max_bucket_seconds`` ~8.4 s, +Inf, sum, count: 27), CPU counters and
+memory gauges of both cgroups (12), and on v2 nodes the pod's PSI totals (6). PSI averages and the
+node's per-CPU /proc/stat counters (node_exporter has both; ``rate()`` of the totals gives the
+averages) are only exported with ``extra_node_series``.
 
 Everything the probes keep is cumulative, so it is published as it is: log2 histograms become real
 Prometheus histograms (slot k of ``probes.hist`` holds [2^(k-1), 2^k) µs, so its upper bound in
@@ -21,7 +27,7 @@ import logging
 import socket
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -80,6 +86,7 @@ ACTIONS = "noisyneighbor_actions_total"
 ACTION_ACTIVE = "noisyneighbor_action_active"
 ACTION_SUPPRESS_CORES = "noisyneighbor_action_suppress_cores"
 PROBE_UP = "noisyneighbor_probe_up"
+PROBE_STATE = "noisyneighbor_probe_state"
 PROBE_DROPS = "noisyneighbor_probe_drops_total"
 BPF_RUN_SECONDS = "noisyneighbor_bpf_program_run_seconds_total"
 BPF_RUNS = "noisyneighbor_bpf_program_runs_total"
@@ -89,7 +96,9 @@ EXPORTER_LAST_UPDATE = "noisyneighbor_exporter_last_update_timestamp_seconds"
 SNAPSHOT_ERRORS = "noisyneighbor_snapshot_errors"
 
 NODE_LABEL = "node"
-CGROUP_LABELS = ("namespace", "pod", "pod_uid", "container", "qos", "cgroup")
+# `container` is the container's name (as cAdvisor and kube-state-metrics have it, so series join on
+# namespace/pod/container); `container_id` the runtime's id, first 12 hex digits.
+CGROUP_LABELS = ("namespace", "pod", "pod_uid", "container", "container_id", "qos", "cgroup")
 VICTIM_LABELS = ("victim_namespace", "victim_pod", "victim_qos", "victim_cgroup")
 CULPRIT_LABELS = ("culprit_namespace", "culprit_pod", "culprit_qos", "culprit_cgroup")
 TARGET_LABELS = ("target_namespace", "target_pod", "target_cgroup")
@@ -178,7 +187,8 @@ _DEFS = (
               ("kind", "state", *TARGET_LABELS)),
     MetricDef(ACTION_SUPPRESS_CORES, "gauge", "CPU cap (cores) of each suppress action in effect.",
               ("policy", *TARGET_LABELS)),
-    MetricDef(PROBE_UP, "gauge", "1 for the state each probe is in (on, degraded, off), 0 for the others.",
+    MetricDef(PROBE_UP, "gauge", "1 while the probe collects (on or degraded), 0 when it is off.", ("probe",)),
+    MetricDef(PROBE_STATE, "gauge", "The state each probe is in (on, degraded, off): one series per probe, always 1.",
               ("probe", "state")),
     MetricDef(PROBE_DROPS, "counter", "Events a BPF probe could not record, by reason.", ("probe", "reason")),
     MetricDef(BPF_RUN_SECONDS, "counter", "Kernel time in the agent's BPF programs (counted while the agent holds "
@@ -199,15 +209,29 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
 BUCKET_LES = tuple(floatToGoString(slot_bounds_us(i)[1] / 1e6) for i in range(HIST_SLOTS))
 
 
-def histogram_buckets(hist: LatencyHistogram) -> list[tuple[str, float]]:
+# Runqueue waits above this are counted in +Inf only: 24 finite buckets (the last le 8.39 s) instead of 32.
+DEFAULT_MAX_BUCKET_SECONDS = 10.0
+
+
+def top_slot_for(max_bucket_seconds: float) -> int:
+    """The last histogram slot with its own bucket: the highest whose upper bound is <= the limit."""
+    top = 0
+    for slot in range(HIST_SLOTS):
+        if slot_bounds_us(slot)[1] / 1e6 <= max_bucket_seconds:
+            top = slot
+    return top
+
+
+def histogram_buckets(hist: LatencyHistogram, top_slot: int = HIST_SLOTS - 1) -> list[tuple[str, float]]:
     """Cumulative Prometheus buckets of a log2 histogram; +Inf is the exact count.
 
     Slots and count are per-CPU values read one after the other, so a slot may run ahead of the count
-    by an event in flight: buckets are clipped to the count to stay monotonic.
+    by an event in flight: buckets are clipped to the count to stay monotonic. Slots above
+    ``top_slot`` have no bucket of their own (their events are in +Inf).
     """
     out: list[tuple[str, float]] = []
     seen = 0
-    for le, n in zip(BUCKET_LES, hist.slots, strict=True):
+    for le, n in zip(BUCKET_LES[: top_slot + 1], hist.slots, strict=False):
         seen += n
         out.append((le, float(min(seen, hist.count))))
     out.append(("+Inf", float(hist.count)))
@@ -261,19 +285,24 @@ class SeriesKey:
     pod: str = ""
     pod_uid: str = ""
     container: str = ""
+    container_id: str = ""
     qos: str = ""
     cgroup: str = ""
 
     @classmethod
-    def of(cls, target: Target) -> SeriesKey:
-        container = parse_cgroup_path(target.cgroup).container_id or ""
+    def of(cls, target: Target, container_name: Callable[[str, str], str | None] | None = None) -> SeriesKey:
+        """``container_name(pod_uid, container_id)``: the container's name from pod metadata, if known."""
+        container_id = parse_cgroup_path(target.cgroup).container_id or ""
+        name = ""
+        if container_id and target.pod_uid and container_name is not None:
+            name = container_name(target.pod_uid, container_id) or ""
         return cls(
-            target.namespace or "", target.pod or "", target.pod_uid or "", container[:12], target.qos or "",
-            _cgroup_label(target.cgroup),
+            target.namespace or "", target.pod or "", target.pod_uid or "", name, container_id[:12],
+            target.qos or "", _cgroup_label(target.cgroup),
         )
 
     def values(self) -> tuple[str, ...]:
-        return (self.namespace, self.pod, self.pod_uid, self.container, self.qos, self.cgroup)
+        return (self.namespace, self.pod, self.pod_uid, self.container, self.container_id, self.qos, self.cgroup)
 
 
 OVERFLOW_KEY = SeriesKey(cgroup=OVERFLOW_CGROUP)
@@ -365,9 +394,19 @@ class Exporter:
         node: str | None = None,
         max_cgroups: int = 2000,
         remember_ids: int = 10000,
+        max_bucket_seconds: float = DEFAULT_MAX_BUCKET_SECONDS,
+        extra_node_series: bool = False,
+        container_name: Callable[[str, str], str | None] | None = None,
     ) -> None:
+        """``extra_node_series``: also PSI averages (node and cgroups) and /proc/stat per CPU and mode,
+        which node_exporter already has; ``container_name(pod_uid, container_id)`` names containers."""
         if max_cgroups < 1:
             raise ValueError(f"max_cgroups must be at least 1, got {max_cgroups}")
+        if not max_bucket_seconds > 0:
+            raise ValueError(f"max_bucket_seconds must be positive, got {max_bucket_seconds}")
+        self.top_slot = top_slot_for(max_bucket_seconds)
+        self.extra_node_series = extra_node_series
+        self.container_name = container_name
         self.paths = paths or HostPaths()
         self.layout = layout or discover(self.paths)
         self.labeler: Labeler = labeler or ResolverLabeler(CgroupResolver(self.paths, self.layout))
@@ -433,7 +472,7 @@ class Exporter:
             except Exception as e:  # a labeler bug must cost one cgroup's series, not the tick
                 log.debug("labeler failed on cgroup id %s: %s", cgroup_id, e)
                 target = None
-            cache[cache_key] = SeriesKey.of(target) if target is not None else None
+            cache[cache_key] = SeriesKey.of(target, self.container_name) if target is not None else None
         return cache[cache_key]
 
     def _key_for_path(self, path: str, cache: dict) -> SeriesKey | None:
@@ -443,7 +482,7 @@ class Exporter:
             except Exception as e:
                 log.debug("labeler failed on cgroup %s: %s", path, e)
                 target = None
-            cache[path] = SeriesKey.of(target) if target is not None else None
+            cache[path] = SeriesKey.of(target, self.container_name) if target is not None else None
         return cache[path]
 
     def _cgroup_series(self, snap: NodeSnapshot, out: dict[SeriesKey, _SeriesData]) -> int:
@@ -493,10 +532,13 @@ class Exporter:
                     data.set_gauge(CGROUP_MEMORY_USAGE, (), float(mem.usage_bytes))
                 if mem.limit_bytes is not None:
                     data.set_gauge(CGROUP_MEMORY_LIMIT, (), float(mem.limit_bytes))
+        avg = CGROUP_PSI_AVG if self.extra_node_series else None
         for path, readings in snap.cgroup_psi.items():
+            if parse_cgroup_path(path).kind == "container" and not self.extra_node_series:
+                continue  # a pod's PSI is the victim signal; its containers' would double the series
             if (data := by_path(path)) is not None:
                 for reading in readings.values():
-                    _add_psi(data, reading, CGROUP_PSI_STALL, CGROUP_PSI_AVG)
+                    _add_psi(data, reading, CGROUP_PSI_STALL, avg)
         return len(unresolved)
 
     def _apply_cap(self, raw: dict[SeriesKey, _SeriesData]) -> tuple[dict[SeriesKey, _SeriesData], int]:
@@ -513,8 +555,7 @@ class Exporter:
         kept[OVERFLOW_KEY] = overflow
         return kept, len(order) - self.max_cgroups
 
-    @staticmethod
-    def _node_series(snap: NodeSnapshot, node: _SeriesData) -> None:
+    def _node_series(self, snap: NodeSnapshot, node: _SeriesData) -> None:
         if snap.runq is not None:
             for cpu, hist in enumerate(snap.runq.per_cpu):
                 node.add_hist(CPU_RUNQ_LATENCY, (str(cpu),), hist)
@@ -533,8 +574,8 @@ class Exporter:
                 node.add_counter(NODE_ALLOCSTALLS, (zone,), float(passes))
         if snap.node_psi is not None:
             for reading in snap.node_psi.readings.values():
-                _add_psi(node, reading, PSI_STALL, PSI_AVG)
-        for cpu, times in snap.node_cpu_per_cpu.items():
+                _add_psi(node, reading, PSI_STALL, PSI_AVG if self.extra_node_series else None)
+        for cpu, times in snap.node_cpu_per_cpu.items() if self.extra_node_series else ():
             for mode in CPU_MODES:
                 node.add_counter(NODE_CPU, (str(cpu), mode), getattr(times, f"{mode}_ns") / 1e9)
         for gpu in snap.gpus:
@@ -546,8 +587,8 @@ class Exporter:
             if gpu.memory_total_bytes is not None:
                 node.set_gauge(GPU_MEMORY_TOTAL, labels, float(gpu.memory_total_bytes))
         for name, status in snap.probe_status.items():
-            for state in PROBE_STATES:
-                node.set_gauge(PROBE_UP, (name, state), 1.0 if status.state == state else 0.0)
+            node.set_gauge(PROBE_UP, (name,), 0.0 if status.state == "off" else 1.0)
+            node.set_gauge(PROBE_STATE, (name, status.state), 1.0)
         for name, attr in PROBE_FIELDS.items():
             probe_snap = getattr(snap, attr)
             if probe_snap is None:
@@ -616,9 +657,9 @@ class Exporter:
             family = _new_family(d)
             if d.per_cgroup:
                 for key, data in state.cgroups.items():
-                    _fill(family, d, (*node_label, *key.values()), data)
+                    _fill(family, d, (*node_label, *key.values()), data, self.top_slot)
             else:
-                _fill(family, d, node_label, state.node)
+                _fill(family, d, node_label, state.node, self.top_slot)
             if family.samples:
                 yield family
 
@@ -650,7 +691,7 @@ def render_text(exporter: Exporter) -> bytes:
             if d.type == "histogram":
                 for labels, hist in data.hists.get(d.name, {}).items():
                     head = f"{prefix},{_label_text(d.labels, labels)}" if labels else prefix
-                    for le, count in histogram_buckets(hist):
+                    for le, count in histogram_buckets(hist, exporter.top_slot):
                         lines.append(f'{d.name}_bucket{{{head},le="{le}"}} {floatToGoString(count)}')
                     lines.append(f"{d.name}_count{{{head}}} {floatToGoString(hist.count)}")
                     lines.append(f"{d.name}_sum{{{head}}} {floatToGoString(hist.sum_ns / 1e9)}")
@@ -679,13 +720,15 @@ def _add_connect(data: _SeriesData, stats: ConnectStats) -> None:
         data.add_counter(CONNECT_ERRORS, (reason,), float(count))
 
 
-def _add_psi(data: _SeriesData, reading: object, stall_name: str, avg_name: str) -> None:
+def _add_psi(data: _SeriesData, reading: object, stall_name: str, avg_name: str | None) -> None:
     for kind in ("some", "full"):
         line = getattr(reading, kind)
         if line is None:
             continue
         resource = reading.resource  # type: ignore[attr-defined]
         data.add_counter(stall_name, (resource, kind), line.total_us / 1e6)
+        if avg_name is None:
+            continue
         for window, avg in zip(PSI_WINDOWS, (line.avg10, line.avg60, line.avg300), strict=True):
             data.set_gauge(avg_name, (resource, kind, window), avg / 100.0)
 
@@ -699,10 +742,10 @@ def _new_family(d: MetricDef) -> Metric:
     return HistogramMetricFamily(d.name, d.help, labels=labels)
 
 
-def _fill(family: Metric, d: MetricDef, prefix: tuple[str, ...], data: _SeriesData) -> None:
+def _fill(family: Metric, d: MetricDef, prefix: tuple[str, ...], data: _SeriesData, top_slot: int) -> None:
     if d.type == "histogram":
         for labels, hist in data.hists.get(d.name, {}).items():
-            family.add_metric([*prefix, *labels], histogram_buckets(hist), hist.sum_ns / 1e9)  # type: ignore[attr-defined]
+            family.add_metric([*prefix, *labels], histogram_buckets(hist, top_slot), hist.sum_ns / 1e9)  # type: ignore[attr-defined]
         return
     source = data.counters if d.type == "counter" else data.gauges
     for labels, value in source.get(d.name, {}).items():

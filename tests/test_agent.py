@@ -63,7 +63,7 @@ def _families(text: str) -> dict[str, list]:
 def test_agent_is_ready_with_its_probes_on_and_serves_metrics_promtool_accepts(tmp_path):
     promtool = require_tool("promtool")
     config = write_config(tmp_path / "config.yaml", STANDALONE)
-    agent = AgentProcess(config, tmp_path, "--interval", "0.5", "--log-format", "json")
+    agent = AgentProcess(config, tmp_path, "--interval", "0.5", "--log-format", "json", "--extra-node-series")
     try:
         ready = agent.wait_ready()
         assert set(ready["probes"]) == {"runqlat", "softirq", "reclaim", "tcpconnect"}, ready
@@ -78,8 +78,9 @@ def test_agent_is_ready_with_its_probes_on_and_serves_metrics_promtool_accepts(t
         check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
         assert check.returncode == 0, check.stdout + check.stderr
         fams = _families(text)
-        up = {(s.labels["probe"], s.labels["state"]): s.value for s in fams[ex.PROBE_UP]}
-        assert all(up[(p, "on")] == 1.0 for p in ready["probes"]), up
+        up = {s.labels["probe"]: s.value for s in fams[ex.PROBE_UP]}
+        states = {s.labels["probe"]: s.labels["state"] for s in fams[ex.PROBE_STATE]}
+        assert all(up[p] == 1.0 and states[p] == "on" for p in ready["probes"]), (up, states)
         assert all(s.labels["node"] == "nn-agent-test" for s in fams[ex.PROBE_UP])
         # BPF_ENABLE_STATS is held by the agent, so its programs' kernel time is real and non-zero.
         run_s = sum(s.value for s in fams[ex.BPF_RUN_SECONDS.removesuffix("_total")])

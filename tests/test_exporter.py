@@ -159,9 +159,10 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     assert _series(scrape, ex.RUNQ_LATENCY + "_count", **labels) == hist.count
     assert _series(scrape, ex.RUNQ_LATENCY + "_sum", **labels) == hist.sum_ns / 1e9
     buckets = samples(scrape, ex.RUNQ_LATENCY + "_bucket", **labels)
-    assert len(buckets) == HIST_SLOTS + 1
+    top = scraper.exporter.top_slot  # the default range ends near 10 s: 24 buckets, then +Inf
+    assert len(buckets) == top + 2 and float(ex.BUCKET_LES[top]) <= 10.0 < float(ex.BUCKET_LES[top + 1])
     cumulative = 0
-    for slot, n in enumerate(hist.slots):
+    for slot, n in enumerate(hist.slots[: top + 1]):
         cumulative += n
         le = ex.BUCKET_LES[slot]
         assert _series(scrape, ex.RUNQ_LATENCY + "_bucket", le=le, **labels) == min(cumulative, hist.count)
@@ -183,8 +184,7 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     # PSI counters against the pressure files read around the snapshot.
     node_psi = _series(scrape, ex.PSI_STALL, resource="cpu", kind="some")
     assert psi_before <= node_psi <= psi_after
-    avg10 = _series(scrape, ex.PSI_AVG, resource="cpu", kind="some", window="10")
-    assert avg10 == snap.node_psi.get("cpu").some.avg10 / 100
+    assert not samples(scrape, ex.PSI_AVG) and not samples(scrape, ex.CGROUP_PSI_AVG)  # opt-in (rate of totals)
     v2_path = rel_path(victim, "unified", probes.layout.v2)
     cg_psi = _series(scrape, ex.CGROUP_PSI_STALL, cgroup=v2_path, resource="cpu", kind="some", pod="victim")
     assert cg_psi_before <= cg_psi <= cg_psi_after
@@ -207,8 +207,9 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     # Agent health.
     for name in ("runqlat", "softirq", "reclaim", "tcpconnect"):
         state = snap.probe_status[name].state
-        assert _series(scrape, ex.PROBE_UP, probe=name, state=state) == 1
-        assert sum(samples(scrape, ex.PROBE_UP, probe=name).values()) == 1
+        assert _series(scrape, ex.PROBE_STATE, probe=name, state=state) == 1
+        assert len(samples(scrape, ex.PROBE_STATE, probe=name)) == 1  # one series per probe: its state
+        assert _series(scrape, ex.PROBE_UP, probe=name) == (0.0 if state == "off" else 1.0)
         assert samples(scrape, ex.PROBE_DROPS, probe=name), f"no drop counters for {name}"
     programs = {p.name for p in snap.bpf_programs}
     assert programs and all(samples(scrape, ex.BPF_RUNS, program=p) for p in programs)
@@ -434,3 +435,27 @@ def test_direct_text_rendering_equals_prometheus_client(probes, scraper, make_cg
     theirs = parsed(generate_latest(scraper.registry).decode())
     assert ours == theirs
     assert any(name == ex.RUNQ_LATENCY for name, _, _ in ours)  # per-cgroup histograms were in it
+
+
+def test_extra_node_series_and_short_histograms_are_settings():
+    """PSI averages and /proc/stat per CPU (node_exporter has both) only when asked; the bucket range is set."""
+    from probes.psi import NodePsi, PsiLine, PsiReading
+    from probes.snapshot import CpuTimes
+
+    line = PsiLine(1.5, 2.5, 3.5, 1_000_000)
+    snap = NodeSnapshot(monotonic_s=1.0, wall_s=100.0, node_psi=NodePsi({"cpu": PsiReading("cpu", line, None)}, {}),
+                        node_cpu_per_cpu={0: CpuTimes(*(i * 10_000_000 for i in range(8)))})
+    lean, lean_registry = _exporter()
+    full, full_registry = _exporter(extra_node_series=True, max_bucket_seconds=1.0)
+    for exp in (lean, full):
+        exp.update(snap)
+    lean_scrape, full_scrape = _scrape(lean_registry), _scrape(full_registry)
+    assert any(name == ex.PSI_STALL for name, _ in lean_scrape)  # totals always
+    assert not any(name in (ex.PSI_AVG, ex.NODE_CPU) for name, _ in lean_scrape)
+    assert full_scrape[(ex.PSI_AVG, frozenset({("node", "n1"), ("resource", "cpu"), ("kind", "some"),
+                                               ("window", "10")}))] == 0.015
+    assert full_scrape[(ex.NODE_CPU, frozenset({("node", "n1"), ("cpu", "0"), ("mode", "nice")}))] == 0.01
+    assert float(ex.BUCKET_LES[full.top_slot]) <= 1.0 < float(ex.BUCKET_LES[full.top_slot + 1])
+    hist = LatencyHistogram(tuple([1] * HIST_SLOTS), 10, HIST_SLOTS, 5)
+    assert len(histogram_buckets(hist, full.top_slot)) == full.top_slot + 2
+    assert histogram_buckets(hist, full.top_slot)[-1] == ("+Inf", float(HIST_SLOTS))
