@@ -108,7 +108,9 @@ class IncidentEngine:
         self.ticks = 0
         self._breach_ticks_needed = max(1, math.ceil(self.slo.breach_seconds / max(self.policy.interval_seconds, 1e-3)))
         self._log_path = self.policy.incident_log
-        self.targets: dict[str, Target] = {}  # workload key -> Target, as of the latest tick
+        # workload key -> Target as last seen: rows come only for workloads that moved, and a culprit
+        # idle this tick is still named by its cgroup (forgotten with the workload when it goes)
+        self.targets: dict[str, Target] = {}
         self._online_cpus: tuple[int, ...] = ()
         self._forgot_for: frozenset[str] | None = None  # the workload list the last forgetting was done for
 
@@ -136,7 +138,10 @@ class IncidentEngine:
             if row.memory_usage_bytes is not None:
                 values[(key, "memory_bytes")] = float(row.memory_usage_bytes)
         self.store.add(store_ts, values)
-        self.targets = {k: r.workload.target for k, r in signals.workloads.items()}
+        if signals.present is None:
+            self.targets = {k: r.workload.target for k, r in signals.workloads.items()}
+        else:
+            self.targets.update((k, r.workload.target) for k, r in signals.workloads.items())
         self._online_cpus = signals.online_cpus
 
         touched: list[Incident] = []
@@ -184,6 +189,7 @@ class IncidentEngine:
             for entity in self.baselines.entities():
                 if entity not in present:
                     self.baselines.forget(entity)
+            self.targets = {k: t for k, t in self.targets.items() if k in present}
         for key in [k for k in self.victims if k not in signals.workloads]:
             state = self.victims[key]
             if key not in present:

@@ -71,6 +71,7 @@ class Detector:
         self._listed_pods_version = -1
         self._pod_set: frozenset[str] = frozenset()
         self._listed: frozenset[str] = frozenset()
+        self._listed_cpu: frozenset[str] = frozenset()  # the same, less the memory-hierarchy-only pod paths
         self._psi_paths: frozenset[str] = frozenset()
 
     @property
@@ -120,7 +121,8 @@ class Detector:
                     changed = True
                 self._seen_paths[path] = now
         if changed:
-            self._listed = frozenset((*self._pod_paths, *self._memory_pod_paths, *self._seen_paths))
+            self._listed_cpu = frozenset((*self._pod_paths, *self._seen_paths))
+            self._listed = self._listed_cpu | frozenset(self._memory_pod_paths)
         return self._listed
 
     def psi_paths(self) -> frozenset[str]:
@@ -138,8 +140,8 @@ class Detector:
         if prev is None:
             return None
         # The listed cgroups (pods and the non-pod workloads seen lately): every workload that exists.
-        signals = self.builder.build(prev, snapshot, extra_paths=self._listed if snapshot.changed_paths is not None
-                                     else self._pod_paths)
+        signals = self.builder.build(prev, snapshot, extra_paths=self._listed_cpu
+                                     if snapshot.changed_paths is not None else self._pod_paths)
         self.last = signals
         changed = self.engine.step(signals, ts=snapshot.monotonic_s)
         self.engine.sink.observe(self.engine.signals_for_verify(signals), snapshot.monotonic_s)

@@ -123,7 +123,8 @@ class SignalBuilder:
         self.ids = ids
         self.cpu_h = layout.hierarchy_for("cpu")
         self.mem_h = layout.hierarchy_for("memory")
-        self._present_of: tuple[object, frozenset[str]] | None = None  # (the listed paths, their workload keys)
+        # (the listed paths, the pod list version, their workload keys and those of unlisted rows since)
+        self._present_of: tuple[object, int, frozenset[str]] | None = None
 
     def build(self, prev: NodeSnapshot, cur: NodeSnapshot, extra_paths: Iterable[str] = ()) -> NodeSignals:
         dt = max(cur.monotonic_s - prev.monotonic_s, 1e-6)
@@ -141,6 +142,9 @@ class SignalBuilder:
         # that, every reading is new and every listed workload gets a row, as before.
         changed = cur.changed_paths
         incremental = changed is not None
+        # Workload keys of every listed cgroup. Asked first: it names each pod by its cpu-hierarchy
+        # path, so a row a memory path (reclaim, memory.stat) opens below gets the pod's real target.
+        listed_keys = self._present(extra_paths) if incremental else frozenset()
         if changed is None:
             for path in extra_paths:
                 row(self.ids.index.workload_of(path))
@@ -295,21 +299,24 @@ class SignalBuilder:
         busy = None
         if cur.node_cpu is not None and prev.node_cpu is not None:
             busy = max(cur.node_cpu.busy_ns - prev.node_cpu.busy_ns, 0) / 1e9 / dt
-        present = self._present(extra_paths, rows.keys()) if incremental else None
+        present = None
+        if incremental:
+            new = [k for k in rows if k not in listed_keys]
+            if new:  # a workload with a row that is not listed (the root, a service): present too
+                listed_keys = listed_keys | frozenset(new)
+                self._present_of = (self._present_of[0], self._present_of[1], listed_keys)  # type: ignore[index]
+            present = listed_keys
         return NodeSignals(dt, rows, dict(sirq_ms), sirq_delay, node_direct, busy, node_psi,
                            tuple(sorted(cur.node_cpu_per_cpu)), present)
 
-    def _present(self, listed: Iterable[str], active: Iterable[str]) -> frozenset[str]:
-        """Workload keys of the listed cgroups and of every workload with a row since the list was
-        made; the same object until either grows, so consumers can tell a change by identity."""
-        if self._present_of is None or self._present_of[0] is not listed:
-            self._present_of = (listed, frozenset(self.ids.index.workload_of(p).key for p in listed))
-        known = self._present_of[1]
-        new = [k for k in active if k not in known]
-        if new:
-            known = known | frozenset(new)
-            self._present_of = (listed, known)
-        return known
+    def _present(self, listed: Iterable[str]) -> frozenset[str]:
+        """Workload keys of the listed (cpu-hierarchy) cgroups and of every workload with a row since
+        the list was made; the same object until either changes, so consumers can tell by identity.
+        Made again when the list or the pod metadata changes (which drops the index's pod targets)."""
+        version = self.ids.index.pods_version
+        if self._present_of is None or self._present_of[0] is not listed or self._present_of[1] != version:
+            self._present_of = (listed, version, frozenset(self.ids.index.workload_of(p).key for p in listed))
+        return self._present_of[2]
 
     # -- helpers --------------------------------------------------------------------------------
     def _cpu_weights(self, prev: NodeSnapshot, cur: NodeSnapshot, key: str) -> dict[int, float]:
