@@ -11,14 +11,18 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from detector.decisions import Cause, Decision, LoggingSink, Target
+from detector.decisions import Cause, Decision, LoggingSink, SuppressAmount, Target
 from detector.model import Incident
 from detector.runtime import Detector
 from detector.workloads import key_of
+from noisyneighbor.output import SCHEMA_VERSION, iso_utc
 from probes.collect import NodeCollector
 
 ADVICE: dict[Cause, str] = {
@@ -41,19 +45,55 @@ class DiagnoseReport:
     decisions: list[Decision]
     top_workloads: list[dict[str, Any]]
     series: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
+    # Incidents the window ended in the middle of: the detector closes them on the way out, but the
+    # contention was still going on, so the report must not read as if it had recovered.
+    still_open: set[str] = field(default_factory=set)
+    host: str = field(default_factory=lambda: os.uname().nodename)
+    kernel: str = field(default_factory=lambda: os.uname().release)
+
+    @property
+    def ended_at(self) -> float:
+        return self.started_at + self.duration_s
+
+    def is_still_open(self, inc: Incident) -> bool:
+        return inc.open or inc.incident_id in self.still_open
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "started_at": self.started_at,
+            "schema_version": SCHEMA_VERSION,
+            "host": self.host,
+            "kernel": self.kernel,
+            "started_at": iso_utc(self.started_at),
+            "ended_at": iso_utc(self.ended_at),
             "duration_s": round(self.duration_s, 3),
             "ticks": self.ticks,
             "probes": self.probes,
-            "incidents": [
-                {**i.to_dict(), "advice": ADVICE[i.cause]} for i in self.incidents
+            "incidents": [self._incident_dict(i) for i in self.incidents],
+            "suggested_actions": [
+                {**d.to_dict(), "created_at": iso_utc(d.created_at)} for d in self.decisions
             ],
-            "suggested_actions": [d.to_dict() for d in self.decisions],
             "top_workloads": self.top_workloads,
         }
+
+    def _incident_dict(self, inc: Incident) -> dict[str, Any]:
+        d = inc.to_dict()
+        still_open = self.is_still_open(inc)
+        d.update(
+            started_at=iso_utc(inc.started_at),
+            updated_at=iso_utc(inc.updated_at or None),
+            ended_at=None if still_open else iso_utc(inc.ended_at),
+            still_open=still_open,
+            culprits=[c for c, obj in zip(d["culprits"], inc.culprits, strict=True) if not _is_root(obj.target)],
+            evidence=[e for e, obj in zip(d["evidence"], inc.evidence, strict=True)
+                      if not (still_open and obj.signal == "closed")],
+            advice=ADVICE[inc.cause],
+        )
+        return d
+
+
+def _is_root(target: Target) -> bool:
+    """The root cgroup is everyone at once (host processes, kthreads): never a culprit a human can act on."""
+    return target.cgroup in ("", "/") and not target.pod
 
 
 def run_diagnose(
@@ -62,8 +102,12 @@ def run_diagnose(
     duration_s: float,
     interval_s: float = 1.0,
     sleep=time.sleep,
+    progress: Callable[[float, float, int], None] | None = None,
 ) -> DiagnoseReport:
-    """Collect and detect for ``duration_s``; the collector must be started."""
+    """Collect and detect for ``duration_s``; the collector must be started.
+
+    ``progress(elapsed_s, duration_s, incidents_so_far)`` is called after every tick (the CLI draws
+    it on a terminal only)."""
     started = time.time()
     t0 = time.monotonic()
     ticks = 0
@@ -74,6 +118,9 @@ def run_diagnose(
         next_at += interval_s
         if detector.step(collector.collect()) is not None:
             ticks += 1
+        if progress is not None:
+            progress(time.monotonic() - t0, duration_s, len(detector.engine.all_incidents()))
+    still_open = {i.incident_id for i in detector.engine.open_incidents}
     detector.close()
     incidents = sorted(detector.engine.all_incidents(), key=lambda i: i.started_at)
     sink = detector.sink
@@ -87,6 +134,7 @@ def run_diagnose(
         decisions=decisions,
         top_workloads=_top_workloads(detector),
         series=_series(detector, incidents, duration_s),
+        still_open=still_open,
     )
 
 
@@ -138,51 +186,112 @@ def _ts(t: float | None) -> str:
     return "-" if t is None else time.strftime("%H:%M:%S", time.localtime(t))
 
 
+def _num(value: float | None, fmt: str = "{:.2f}", missing: str = "-") -> str:
+    """A number for humans: never Python's None or nan."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return missing
+    return fmt.format(value)
+
+
+def _note(text: str) -> str:
+    """Detector notes are built with f-strings, so an unset value arrives as the word None: say what it means."""
+    text = re.sub(r"\bquota None\b", "no CPU quota", text)
+    return re.sub(r"\bNone\b", "n/a", text)
+
+
+def state_line(report: DiagnoseReport, inc: Incident) -> str:
+    if report.is_still_open(inc):
+        return f"still open at the end of the window ({_ts(report.ended_at)})"
+    return f"closed {_ts(inc.ended_at)}"
+
+
+def culprits_of(inc: Incident) -> list:
+    return [c for c in inc.culprits if not _is_root(c.target)]
+
+
+def evidence_of(report: DiagnoseReport, inc: Incident) -> list:
+    """The numbers behind the incident; the "closed" marker only when it really closed."""
+    return [e for e in inc.evidence if not (e.signal == "closed" and report.is_still_open(inc))]
+
+
+def describe_amount(d: Decision) -> str:
+    """What the action would set, in the units an operator types."""
+    a = d.amount
+    if isinstance(a, SuppressAmount):
+        if a.policy == "cpuset" and a.cpus:
+            return f"to CPUs {_cpu_list(a.cpus)} (cpuset)"
+        if a.cpu_cores is not None:
+            return f"to {a.cpu_cores:.2f} CPU cores (CFS quota)"
+        return f"({a.policy})"
+    parts = [f"{k.replace('_', ' ')} {v}" for k, v in vars_of(a).items() if v not in (None, 0, 0.0, "")]
+    return f"({', '.join(parts)})" if parts else ""
+
+
+def vars_of(amount: Any) -> dict[str, Any]:
+    return {name: getattr(amount, name) for name in amount.__dataclass_fields__}
+
+
+def _cpu_list(cpus: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5) -> '0-2,5', the kernel's cpulist format."""
+    out: list[str] = []
+    for c in sorted(cpus):
+        if out and out[-1].split("-")[-1] == str(c - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)
+
+
 def render_text(report: DiagnoseReport) -> str:
     lines = [
-        f"noisyneighbor diagnose: {report.duration_s:.0f} s, {report.ticks} intervals, "
-        f"{len(report.incidents)} incident(s)",
+        f"noisyneighbor diagnose on {report.host} (kernel {report.kernel}): "
+        f"{_ts(report.started_at)} to {_ts(report.ended_at)}, {report.duration_s:.0f} s, "
+        f"{report.ticks} intervals, {len(report.incidents)} incident(s)",
         "probes: " + "; ".join(report.probes.values()),
         "",
     ]
     if not report.incidents:
         lines.append("No interference incidents: no latency-sensitive workload broke its SLO.")
     for inc in report.incidents:
-        state = "open" if inc.open else f"ended {_ts(inc.ended_at)}"
         lines.append(
             f"INCIDENT {inc.incident_id}  victim {inc.victim.display} ({inc.victim.qos or '?'})  "
-            f"cause {inc.cause}  confidence {inc.confidence:.2f}  started {_ts(inc.started_at)}  {state}"
+            f"cause {inc.cause}  confidence {inc.confidence:.2f}  started {_ts(inc.started_at)}  "
+            f"{state_line(report, inc)}"
         )
-        if inc.culprits:
+        culprits = culprits_of(inc)
+        if culprits:
             lines.append("  culprits (ranked):")
-            for rank, c in enumerate(inc.culprits, 1):
+            for rank, c in enumerate(culprits, 1):
                 lines.append(
                     f"    {rank}. {c.target.display} ({c.target.qos or '?'})  score {c.score:.2f}  "
                     f"ran during {c.who_ran_instead_share:.0%} of the victim's wait  "
-                    f"cpu {c.cpu_cores:.2f} cores  correlation {c.correlation:+.2f}"
+                    f"cpu {_num(c.cpu_cores)} cores  correlation {c.correlation:+.2f}"
                 )
         else:
             lines.append("  culprits: none (not a neighbour's doing)" if inc.cause == Cause.SELF_THROTTLING
                          else "  culprits: none attributed")
         lines.append("  evidence:")
-        for e in inc.evidence:
+        for e in evidence_of(report, inc):
+            if e.signal == "closed":
+                lines.append(f"    closed: {_note(e.note)}")
+                continue
             bound = f" (threshold {e.threshold:g})" if e.threshold is not None else ""
             base = f" (baseline {e.baseline:g})" if e.baseline is not None else ""
-            note = f"  [{e.note}]" if e.note else ""
-            lines.append(f"    {e.signal} = {e.value:.4g} over {e.window_s:.0f} s{bound}{base}{note}")
+            note = f"  [{_note(e.note)}]" if e.note else ""
+            lines.append(f"    {e.signal} = {_num(e.value, '{:.4g}')} over {e.window_s:.0f} s{bound}{base}{note}")
         lines.append(f"  advice: {ADVICE[inc.cause]}")
         lines.append("")
     if report.decisions:
         lines.append("Suggested actions (not applied by diagnose):")
         for d in report.decisions:
-            lines.append(f"  - {d.kind} {d.target.display}: {d.reason}")
+            lines.append(f"  - {d.kind} {d.target.display} {describe_amount(d)}: {d.reason}".replace("  :", ":"))
         lines.append("")
     if report.top_workloads:
         lines.append("Workloads by worst runqueue p99 (ms):")
         for r in report.top_workloads:
             lines.append(
                 f"  {r['runq_p99_ms_max']:9.3f} max {r['runq_p99_ms_median']:9.3f} median  "
-                f"{r['workload']} ({r['qos'] or '-'})  cpu {r['cpu_cores_mean']}"
+                f"{r['workload']} ({r['qos'] or '-'})  cpu {_num(r['cpu_cores_mean'], '{:.3f}')}"
             )
     return "\n".join(lines).rstrip() + "\n"
 
@@ -224,6 +333,14 @@ def render_html(report: DiagnoseReport) -> str:
         parts.append(f"<h2>{esc(inc.incident_id)}: {esc(inc.victim.display)} — {esc(str(inc.cause))}</h2>")
         for name, points in report.series.get(inc.incident_id, {}).items():
             parts.append(f"<h3>{esc(name)}</h3>{_svg(points)}")
-    parts.append(f"<script type='application/json' id='report'>{esc(json.dumps(report.to_dict(), default=str))}</script>")
+    parts.append(f"<script type='application/json' id='report'>{embed_json(report.to_dict())}</script>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def embed_json(data: Any) -> str:
+    """JSON for a <script type="application/json"> block: not HTML-escaped (the block is raw text, so
+    &quot; would stay in the JSON), but no '<', '>' or '&' either, so a string holding "</script>"
+    cannot end the block. The \\u escapes decode to the same characters in any JSON parser."""
+    text = json.dumps(data, default=str)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

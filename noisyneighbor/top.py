@@ -30,6 +30,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.live import Live
 
+from noisyneighbor.output import SCHEMA_VERSION, now_iso
 from noisyneighbor.sections import (
     RUNQ_SORT_KEYS,
     SOURCE_ORDER,
@@ -38,7 +39,6 @@ from noisyneighbor.sections import (
     VIEWS,
     Context,
     Source,
-    now_iso,
     open_source,
     sort_rows,
     sources_for,
@@ -98,7 +98,7 @@ def collect(sources: Sequence[Source]) -> Frame:
 def frame_record(frame: Frame, sort_key: str = "wait", limit: int | None = None) -> dict:
     """The JSON interval record. runq keeps its historical top-level keys (cgroups, cpus, drops);
     every other view whose probe is on adds one key holding its section."""
-    record: dict[str, Any] = {"ts": frame.ts, "interval_s": frame.interval_s}
+    record: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "ts": frame.ts, "interval_s": frame.interval_s}
     runq = frame.sections.get("runq")
     if runq is not None:
         record["cgroups"] = [asdict(r) for r in sort_rows(runq.cgroups, sort_key)][: limit or None]
@@ -160,7 +160,7 @@ def run_top(
     statuses = {s.name: s.status for s in sources}
     probes = {name: asdict(status) for name, status in statuses.items()}
     if as_json and not once:
-        out.write(json.dumps({"type": "status", "probes": probes}) + "\n")
+        out.write(json.dumps({"schema_version": SCHEMA_VERSION, "type": "status", "ts": now_iso(), "probes": probes}) + "\n")
         out.flush()
     for source in sources:
         source.start()
