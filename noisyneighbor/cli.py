@@ -191,7 +191,8 @@ def cmd_diagnose(args: argparse.Namespace, paths: HostPaths) -> int:
     from detector.pods import make_pod_source
     from detector.policy import load_policy
     from detector.runtime import Detector
-    from noisyneighbor.diagnose import render_html, render_text, run_diagnose
+    from noisyneighbor.diagnose import render_text, run_diagnose
+    from noisyneighbor.report_html import render_html
     from probes.cgroupfs import discover
     from probes.collect import BPF_PROBES, NodeCollector
 
@@ -217,7 +218,7 @@ def cmd_diagnose(args: argparse.Namespace, paths: HostPaths) -> int:
         if collector.status and all(st.state == "off" for st in collector.status.values()):
             raise ProbeError("no probe could start: " + "; ".join(st.line() for st in collector.status.values()))
         report = run_diagnose(detector, collector, args.duration, args.interval,
-                              progress=progress.update if progress else None)
+                              progress=progress.update if progress else None, pods=source.pods)
     finally:
         if progress:
             progress.clear()

@@ -8,7 +8,6 @@ command only prints: it never changes the node). ``--json`` gives the same as on
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
@@ -48,6 +47,7 @@ class DiagnoseReport:
     # Incidents the window ended in the middle of: the detector closes them on the way out, but the
     # contention was still going on, so the report must not read as if it had recovered.
     still_open: set[str] = field(default_factory=set)
+    cpu_requests: dict[str, float] = field(default_factory=dict)  # pod display -> CPU request (cores)
     host: str = field(default_factory=lambda: os.uname().nodename)
     kernel: str = field(default_factory=lambda: os.uname().release)
 
@@ -73,6 +73,7 @@ class DiagnoseReport:
                 {**d.to_dict(), "created_at": iso_utc(d.created_at)} for d in self.decisions
             ],
             "top_workloads": self.top_workloads,
+            "cpu_requests": self.cpu_requests,
         }
 
     def _incident_dict(self, inc: Incident) -> dict[str, Any]:
@@ -103,6 +104,7 @@ def run_diagnose(
     interval_s: float = 1.0,
     sleep=time.sleep,
     progress: Callable[[float, float, int], None] | None = None,
+    pods: Callable[[], Any] | None = None,
 ) -> DiagnoseReport:
     """Collect and detect for ``duration_s``; the collector must be started.
 
@@ -135,6 +137,7 @@ def run_diagnose(
         top_workloads=_top_workloads(detector),
         series=_series(detector, incidents, duration_s),
         still_open=still_open,
+        cpu_requests=_cpu_requests(incidents, pods),
     )
 
 
@@ -160,40 +163,62 @@ def _top_workloads(detector: Detector, limit: int = 10) -> list[dict[str, Any]]:
     return rows[:limit]
 
 
+VICTIM_SIGNALS = ("runq_p99_ns", "runq_wait_ms_per_s", "throttled_ratio", "softirq_ms_per_s", "reclaim_stall_ms_per_s")
+
+
 def _series(detector: Detector, incidents: list[Incident], duration_s: float) -> dict:
+    """Per incident: ``victim:<signal>`` and ``culprit:<display>`` (CPU cores) as (wall time, raw value).
+
+    The store is indexed by monotonic time; the report's axes use the wall clock the text prints, so
+    every point is shifted by the (current) wall-minus-monotonic offset."""
     store = detector.engine.store
+    to_wall = time.time() - time.monotonic()
     out: dict[str, dict[str, list[tuple[float, float]]]] = {}
     window = max(duration_s + 5, 10.0)
     for inc in incidents:
         plots: dict[str, list[tuple[float, float]]] = {}
         victim = key_of(inc.victim)
-        for sig in ("runq_p99_ns", "runq_wait_ms_per_s", "throttled_ratio", "softirq_ms_per_s", "reclaim_stall_ms_per_s"):
+        for sig in VICTIM_SIGNALS:
             s = store.window(victim, sig, window).dropna()
             if len(s) and float(s.abs().sum()) > 0:
-                plots[f"victim {sig}"] = [(float(t), float(v)) for t, v in s.items()]
-        for c in inc.culprits[:3]:
+                plots[f"victim:{sig}"] = [(float(t) + to_wall, float(v)) for t, v in s.items()]
+        for c in [c for c in inc.culprits if not _is_root(c.target)][:3]:
             s = store.window(key_of(c.target), "cpu_cores", window).dropna()
             if len(s):
-                plots[f"culprit {c.target.display} cpu_cores"] = [(float(t), float(v)) for t, v in s.items()]
+                plots[f"culprit:{c.target.display}"] = [(float(t) + to_wall, float(v)) for t, v in s.items()]
         out[inc.incident_id] = plots
+    return out
+
+
+def _cpu_requests(incidents: list[Incident], pods: Callable[[], Any] | None) -> dict[str, float]:
+    """Pod display name -> CPU request in cores, for the victims and culprits that are pods with one."""
+    if pods is None:
+        return {}
+    by_uid = {p.uid: p for p in pods()}
+    out: dict[str, float] = {}
+    for inc in incidents:
+        for target in (inc.victim, *(c.target for c in inc.culprits)):
+            pod = by_uid.get(target.pod_uid or "")
+            if pod is not None and pod.cpu_request_cores:
+                out[target.display] = float(pod.cpu_request_cores)
     return out
 
 
 # -- rendering ---------------------------------------------------------------------------------
 
 
-def _ts(t: float | None) -> str:
+def clock_time(t: float | None) -> str:
     return "-" if t is None else time.strftime("%H:%M:%S", time.localtime(t))
 
 
-def _num(value: float | None, fmt: str = "{:.2f}", missing: str = "-") -> str:
+def fmt_num(value: float | None, fmt: str = "{:.2f}", missing: str = "-") -> str:
     """A number for humans: never Python's None or nan."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return missing
     return fmt.format(value)
 
 
-def _note(text: str) -> str:
+def note_text(text: str) -> str:
     """Detector notes are built with f-strings, so an unset value arrives as the word None: say what it means."""
     text = re.sub(r"\bquota None\b", "no CPU quota", text)
     return re.sub(r"\bNone\b", "n/a", text)
@@ -201,8 +226,13 @@ def _note(text: str) -> str:
 
 def state_line(report: DiagnoseReport, inc: Incident) -> str:
     if report.is_still_open(inc):
-        return f"still open at the end of the window ({_ts(report.ended_at)})"
-    return f"closed {_ts(inc.ended_at)}"
+        return f"still open at the end of the window ({clock_time(report.ended_at)})"
+    return f"closed {clock_time(inc.ended_at)}"
+
+
+def request_note(report: DiagnoseReport, target: Target) -> str:
+    request = report.cpu_requests.get(target.display)
+    return f" (request {request:.2f})" if request else " (no request)" if target.pod_uid else ""
 
 
 def culprits_of(inc: Incident) -> list:
@@ -245,7 +275,7 @@ def _cpu_list(cpus: tuple[int, ...]) -> str:
 def render_text(report: DiagnoseReport) -> str:
     lines = [
         f"noisyneighbor diagnose on {report.host} (kernel {report.kernel}): "
-        f"{_ts(report.started_at)} to {_ts(report.ended_at)}, {report.duration_s:.0f} s, "
+        f"{clock_time(report.started_at)} to {clock_time(report.ended_at)}, {report.duration_s:.0f} s, "
         f"{report.ticks} intervals, {len(report.incidents)} incident(s)",
         "probes: " + "; ".join(report.probes.values()),
         "",
@@ -255,7 +285,7 @@ def render_text(report: DiagnoseReport) -> str:
     for inc in report.incidents:
         lines.append(
             f"INCIDENT {inc.incident_id}  victim {inc.victim.display} ({inc.victim.qos or '?'})  "
-            f"cause {inc.cause}  confidence {inc.confidence:.2f}  started {_ts(inc.started_at)}  "
+            f"cause {inc.cause}  confidence {inc.confidence:.2f}  started {clock_time(inc.started_at)}  "
             f"{state_line(report, inc)}"
         )
         culprits = culprits_of(inc)
@@ -265,7 +295,7 @@ def render_text(report: DiagnoseReport) -> str:
                 lines.append(
                     f"    {rank}. {c.target.display} ({c.target.qos or '?'})  score {c.score:.2f}  "
                     f"ran during {c.who_ran_instead_share:.0%} of the victim's wait  "
-                    f"cpu {_num(c.cpu_cores)} cores  correlation {c.correlation:+.2f}"
+                    f"cpu {fmt_num(c.cpu_cores)} cores{request_note(report, c.target)}  correlation {c.correlation:+.2f}"
                 )
         else:
             lines.append("  culprits: none (not a neighbour's doing)" if inc.cause == Cause.SELF_THROTTLING
@@ -273,12 +303,12 @@ def render_text(report: DiagnoseReport) -> str:
         lines.append("  evidence:")
         for e in evidence_of(report, inc):
             if e.signal == "closed":
-                lines.append(f"    closed: {_note(e.note)}")
+                lines.append(f"    closed: {note_text(e.note)}")
                 continue
             bound = f" (threshold {e.threshold:g})" if e.threshold is not None else ""
             base = f" (baseline {e.baseline:g})" if e.baseline is not None else ""
-            note = f"  [{_note(e.note)}]" if e.note else ""
-            lines.append(f"    {e.signal} = {_num(e.value, '{:.4g}')} over {e.window_s:.0f} s{bound}{base}{note}")
+            note = f"  [{note_text(e.note)}]" if e.note else ""
+            lines.append(f"    {e.signal} = {fmt_num(e.value, '{:.4g}')} over {e.window_s:.0f} s{bound}{base}{note}")
         lines.append(f"  advice: {ADVICE[inc.cause]}")
         lines.append("")
     if report.decisions:
@@ -291,51 +321,9 @@ def render_text(report: DiagnoseReport) -> str:
         for r in report.top_workloads:
             lines.append(
                 f"  {r['runq_p99_ms_max']:9.3f} max {r['runq_p99_ms_median']:9.3f} median  "
-                f"{r['workload']} ({r['qos'] or '-'})  cpu {_num(r['cpu_cores_mean'], '{:.3f}')}"
+                f"{r['workload']} ({r['qos'] or '-'})  cpu {fmt_num(r['cpu_cores_mean'], '{:.3f}')}"
             )
     return "\n".join(lines).rstrip() + "\n"
-
-
-def _svg(points: list[tuple[float, float]], width: int = 640, height: int = 140) -> str:
-    if not points:
-        return ""
-    t0 = points[0][0]
-    xs = [t - t0 for t, _ in points]
-    ys = [v for _, v in points]
-    xmax = max(max(xs), 1e-9)
-    ymin, ymax = min(0.0, min(ys)), max(ys) or 1.0
-    span = (ymax - ymin) or 1.0
-
-    def px(x: float, y: float) -> str:
-        return f"{40 + x / xmax * (width - 50):.1f},{height - 20 - (y - ymin) / span * (height - 30):.1f}"
-
-    path = " ".join(px(x, y) for x, y in zip(xs, ys, strict=True))
-    return (
-        f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
-        f'<rect x="40" y="10" width="{width - 50}" height="{height - 30}" fill="none" stroke="#ccc"/>'
-        f'<polyline fill="none" stroke="#c0392b" stroke-width="1.5" points="{path}"/>'
-        f'<text x="2" y="16" font-size="10">{ymax:.3g}</text><text x="2" y="{height - 20}" font-size="10">{ymin:.3g}</text>'
-        f'<text x="40" y="{height - 4}" font-size="10">0 s</text>'
-        f'<text x="{width - 40}" y="{height - 4}" font-size="10">{xmax:.0f} s</text></svg>'
-    )
-
-
-def render_html(report: DiagnoseReport) -> str:
-    esc = html.escape
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>noisyneighbor diagnose</title>",
-        "<style>body{font-family:sans-serif;margin:2em}pre{background:#f6f6f6;padding:1em}"
-        "h2{border-bottom:1px solid #ddd}</style></head><body>",
-        "<h1>noisyneighbor diagnose</h1>",
-        f"<pre>{esc(render_text(report))}</pre>",
-    ]
-    for inc in report.incidents:
-        parts.append(f"<h2>{esc(inc.incident_id)}: {esc(inc.victim.display)} — {esc(str(inc.cause))}</h2>")
-        for name, points in report.series.get(inc.incident_id, {}).items():
-            parts.append(f"<h3>{esc(name)}</h3>{_svg(points)}")
-    parts.append(f"<script type='application/json' id='report'>{embed_json(report.to_dict())}</script>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
 
 
 def embed_json(data: Any) -> str:

@@ -21,8 +21,9 @@ import pytest
 from detector.decisions import ActionKind, Cause, Decision, SuppressAmount, Target
 from detector.model import Culprit, Evidence, Incident
 from noisyneighbor.cli import build_parser
-from noisyneighbor.diagnose import DiagnoseReport, render_html, render_text
+from noisyneighbor.diagnose import DiagnoseReport, render_text
 from noisyneighbor.output import SCHEMA_VERSION, package_version
+from noisyneighbor.report_html import render_html
 from tests.exporter_support import REPO, cgroup_rel_path, write_config
 
 CLI = [sys.executable, "-m", "noisyneighbor.cli"]
@@ -172,8 +173,9 @@ def _report(still_open: bool = True) -> DiagnoseReport:
         incidents=[inc], decisions=[decision],
         top_workloads=[{"workload": "shop/api", "cgroup": "/kubepods/pod-a", "qos": "LS", "runq_p99_ms_max": 9.5,
                         "runq_p99_ms_median": 4.0, "cpu_cores_mean": None}],
-        series={"inc-1": {"victim runq_p99_ns": [(t0 + i, 1e6 * i) for i in range(30)],
-                          "culprit batch/hog cpu_cores": [(t0 + i, 1.6) for i in range(30)]}},
+        series={"inc-1": {"victim:runq_p99_ns": [(t0 + i, 1e6 * (i % 12)) for i in range(30)],
+                          "victim:throttled_ratio": [(t0 + i, 0.0) for i in range(30)],
+                          "culprit:batch/hog": [(t0 + i, 1.6 if i >= 3 else 0.1) for i in range(30)]}},
         still_open={"inc-1"} if still_open else set(),
     )
 
@@ -238,3 +240,22 @@ def test_report_json_times_are_iso_utc():
     assert doc["schema_version"] == SCHEMA_VERSION
     assert all(_is_iso_utc(doc[k]) for k in ("started_at", "ended_at"))
     assert _is_iso_utc(doc["incidents"][0]["started_at"]) and _is_iso_utc(doc["suggested_actions"][0]["created_at"])
+
+
+def test_html_report_reads_like_an_incident_summary():
+    """Header, a card per incident, and plots in human units on the wall clock with the SLO line, the
+    incident window shaded and the victim against its top culprit on one chart."""
+    report = _report()
+    page = render_html(report)
+    for field in (f"<dd>{report.host}</dd>", f"<dd>{report.kernel}</dd>", "runqlat: on (tp_btf)",
+                  time.strftime("%H:%M:%S", time.localtime(report.started_at))):
+        assert field in page, field
+    assert page.count("<section class='card") == 2  # the incident and the workloads table
+    assert "still open at the end of the window" in page
+    assert "Run-queue wait p99 of shop/api" in page and "vs CPU of batch/hog" in page  # one chart, two axes
+    assert "SLO 5 ms" in page  # 5e6 ns threshold shown in ms
+    assert "incident window" in page and "fill-opacity" in page
+    assert "9.5 ms" in page and "e+0" not in page  # human units, no exponent notation
+    ticks = re.findall(r'text-anchor="middle">(\d\d:\d\d:\d\d)</text>', page)
+    assert ticks and all(datetime.strptime(t, "%H:%M:%S") for t in ticks)
+    assert "suppress batch/hog to CPUs 1-3 (cpuset)" in page
