@@ -155,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="comma-separated BPF probes to load (default: all)")
     diag.add_argument("--fail-on-incident", action="store_true",
                       help="exit 3 when the window had at least one incident (for scripts and CI)")
+
+    completion = sub.add_parser(
+        "completion", help="print a shell completion script (bash, or zsh through bashcompinit)",
+        description="bash: source <(noisyneighbor completion bash); zsh: source <(noisyneighbor completion zsh)",
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))
     return parser
 
 
@@ -277,8 +283,20 @@ def cmd_top(args: argparse.Namespace, paths: HostPaths) -> int:
             source.close()
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from noisyneighbor.completion import bash_script
+
+    script = bash_script(build_parser())
+    if args.shell == "zsh":  # zsh runs bash completion functions through bashcompinit
+        script = "autoload -U +X bashcompinit && bashcompinit\n" + script
+    sys.stdout.write(script)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "completion":
+        return cmd_completion(args)
     _setup_logging(args)
     # SIGTERM ends the run like Ctrl-C, so probes are detached and cleanup runs (the agent has its own).
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
