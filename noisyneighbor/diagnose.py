@@ -191,7 +191,7 @@ def _series(detector: Detector, incidents: list[Incident], duration_s: float) ->
 
 
 def _cpu_requests(incidents: list[Incident], pods: Callable[[], Any] | None) -> dict[str, float]:
-    """Pod display name -> CPU request in cores, for the victims and culprits that are pods with one."""
+    """Pod display name -> CPU request in cores (0: none), for the victims and culprits the pod source knows."""
     if pods is None:
         return {}
     by_uid = {p.uid: p for p in pods()}
@@ -199,8 +199,8 @@ def _cpu_requests(incidents: list[Incident], pods: Callable[[], Any] | None) -> 
     for inc in incidents:
         for target in (inc.victim, *(c.target for c in inc.culprits)):
             pod = by_uid.get(target.pod_uid or "")
-            if pod is not None and pod.cpu_request_cores:
-                out[target.display] = float(pod.cpu_request_cores)
+            if pod is not None:
+                out[target.display] = float(pod.cpu_request_cores or 0.0)
     return out
 
 
@@ -230,9 +230,15 @@ def state_line(report: DiagnoseReport, inc: Incident) -> str:
     return f"closed {clock_time(inc.ended_at)}"
 
 
-def request_note(report: DiagnoseReport, target: Target) -> str:
+def request_text(report: DiagnoseReport, target: Target) -> str:
+    """'1.50', 'none' (a pod without a CPU request) or '?' (not a pod the source knows)."""
     request = report.cpu_requests.get(target.display)
-    return f" (request {request:.2f})" if request else " (no request)" if target.pod_uid else ""
+    return "?" if request is None else f"{request:.2f}" if request > 0 else "none"
+
+
+def request_note(report: DiagnoseReport, target: Target) -> str:
+    text = request_text(report, target)
+    return "" if text == "?" else f" (request {text})"
 
 
 def culprits_of(inc: Incident) -> list:

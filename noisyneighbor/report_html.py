@@ -26,6 +26,7 @@ from noisyneighbor.diagnose import (
     evidence_of,
     fmt_num,
     note_text,
+    request_text,
     state_line,
 )
 from noisyneighbor.svgchart import PALETTE, Chart, Line, render
@@ -128,7 +129,7 @@ def _header(report: DiagnoseReport) -> str:
 def _card(report: DiagnoseReport, inc: Incident) -> str:
     still_open = report.is_still_open(inc)
     victim = inc.victim
-    request = report.cpu_requests.get(victim.display)
+    request = report.cpu_requests.get(victim.display)  # None: not a pod the source knows; 0: no request
     out = [
         f"<section class='card{'' if still_open else ' closed'}' id='{escape(inc.incident_id)}'>",
         f"<h2>{escape(victim.display)} <span class='muted'>({escape(victim.qos or 'unknown class')})</span> "
@@ -143,11 +144,10 @@ def _card(report: DiagnoseReport, inc: Incident) -> str:
                    "<th class='num'>wait share</th><th class='num'>CPU cores</th>"
                    "<th class='num'>request</th><th class='num'>score</th></tr>")
         for rank, c in enumerate(culprits, 1):
-            req = report.cpu_requests.get(c.target.display)
             out.append(
                 f"<tr><td>{rank}</td><td>{escape(c.target.display)}</td><td>{escape(c.target.qos or '-')}</td>"
                 f"<td class='num'>{c.who_ran_instead_share:.0%}</td><td class='num'>{fmt_num(c.cpu_cores)}</td>"
-                f"<td class='num'>{fmt_num(req) if req else 'none'}</td><td class='num'>{c.score:.2f}</td></tr>"
+                f"<td class='num'>{request_text(report, c.target)}</td><td class='num'>{c.score:.2f}</td></tr>"
             )
         out.append("</table>")
     else:

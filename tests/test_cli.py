@@ -259,3 +259,14 @@ def test_html_report_reads_like_an_incident_summary():
     ticks = re.findall(r'text-anchor="middle">(\d\d:\d\d:\d\d)</text>', page)
     assert ticks and all(datetime.strptime(t, "%H:%M:%S") for t in ticks)
     assert "suppress batch/hog to CPUs 1-3 (cpuset)" in page
+
+
+def test_culprit_cpu_is_shown_against_its_request():
+    report = _report()
+    report.cpu_requests = {"batch/hog": 0.0}  # a BestEffort pod the source knows: no request
+    assert re.search(r"cpu 1\.60 cores \(request none\)", render_text(report)), render_text(report)
+    report.cpu_requests = {"batch/hog": 0.5}
+    assert "cpu 1.60 cores (request 0.50)" in render_text(report)
+    assert "<td class='num'>0.50</td>" in render_html(report)
+    report.cpu_requests = {}  # not known to the pod source: no claim either way
+    assert "request" not in render_text(report).split("culprits (ranked):")[1].split("evidence:")[0]
