@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from typing import TextIO
 
 from probes.engine import ProbeError
 from probes.host import HostPaths
@@ -180,7 +181,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         config.validate()
     except AgentConfigError as e:
         print(f"noisyneighbor: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     agent = Agent(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.request_stop())
@@ -227,7 +228,7 @@ def cmd_diagnose(args: argparse.Namespace, paths: HostPaths) -> int:
                               progress=progress.update if progress else None, pods=source.pods)
     finally:
         if progress:
-            progress.clear()
+            progress.close()
         collector.close()
         source.close()
     if args.html:
@@ -239,10 +240,18 @@ def cmd_diagnose(args: argparse.Namespace, paths: HostPaths) -> int:
 
 
 class _TerminalProgress:
-    """One self-overwriting status line on a terminal; the report itself goes to stdout untouched."""
+    """One self-overwriting status line on a terminal; the report itself goes to stdout untouched.
+    Log lines (incident opened, ...) share the terminal: the line is cleared before each one is
+    written, and the next update draws it again below."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream: TextIO) -> None:
         self._stream = stream
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(self._clear_before_log)
+
+    def _clear_before_log(self, record: logging.LogRecord) -> bool:
+        self.clear()
+        return True
 
     def update(self, elapsed_s: float, duration_s: float, incidents: int) -> None:
         self._stream.write(f"\r\x1b[Kdiagnose: {min(elapsed_s, duration_s):.0f}/{duration_s:.0f} s, "
@@ -252,6 +261,11 @@ class _TerminalProgress:
     def clear(self) -> None:
         self._stream.write("\r\x1b[K")
         self._stream.flush()
+
+    def close(self) -> None:
+        self.clear()
+        for handler in logging.getLogger().handlers:
+            handler.removeFilter(self._clear_before_log)
 
 
 def cmd_top(args: argparse.Namespace, paths: HostPaths) -> int:
@@ -312,23 +326,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "diagnose":
             return cmd_diagnose(args, paths)
     except KeyboardInterrupt:
-        return 0
+        return EXIT_OK
     except (PolicyError, JournalError) as e:
         # Bad configuration: nothing was started or changed (Agent.start closes what it opened).
         print(f"noisyneighbor: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except ProbeError as e:
         print(f"noisyneighbor: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     except BrokenPipeError:
         # `noisyneighbor top --json | head`: the reader left; not an error. Before OSError, its base
         # class, or that clause takes it. stdout goes to /dev/null so the exit-time flush is quiet.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return EXIT_OK
     except (OSError, ValueError) as e:
         print(f"noisyneighbor: {e}", file=sys.stderr)
-        return 1
-    return 2
+        return EXIT_FAILED
+    return EXIT_USAGE
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
