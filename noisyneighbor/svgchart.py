@@ -82,7 +82,7 @@ def clock(t: float) -> str:
 
 
 def render(chart: Chart, width: int = 760, height: int = 240) -> str:
-    left_pad, right_pad = 56, 56 if chart.right else 16
+    left_pad, right_pad = 56, 56 if chart.right else 28  # room for half a clock label at the right edge
     top_pad, bottom_pad = 12, 28
     plot_w, plot_h = width - left_pad - right_pad, height - top_pad - bottom_pad
     all_t = [t for line in [*chart.lines, *([chart.right] if chart.right else [])] for t, _ in line.points]
@@ -122,7 +122,9 @@ def render(chart: Chart, width: int = 760, height: int = 240) -> str:
     out.append(f'<text x="4" y="{top_pad + 8}" font-size="10" fill="#555">{escape(chart.unit)}</text>')
     for t in time_ticks(t0, t1):
         out.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top_pad + plot_h}" y2="{top_pad + plot_h + 4}" stroke="#888"/>')
-        out.append(f'<text x="{x(t):.1f}" y="{height - 10}" font-size="10" text-anchor="middle">{clock(t)}</text>')
+        # A label near the right edge ends at its tick instead of being centred past the picture.
+        anchor = "end" if x(t) > width - 28 else "middle"
+        out.append(f'<text x="{x(t):.1f}" y="{height - 10}" font-size="10" text-anchor="{anchor}">{clock(t)}</text>')
     out.append(f'<rect x="{left_pad}" y="{top_pad}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#bbb"/>')
     if chart.threshold is not None:
         ty = y(chart.threshold)

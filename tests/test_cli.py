@@ -270,3 +270,13 @@ def test_culprit_cpu_is_shown_against_its_request():
     assert "<td class='num'>0.50</td>" in render_html(report)
     report.cpu_requests = {}  # not known to the pod source: no claim either way
     assert "request" not in render_text(report).split("culprits (ranked):")[1].split("evidence:")[0]
+
+
+def test_chart_axes_use_round_values_and_clock_aligned_times():
+    from noisyneighbor.svgchart import fmt_value, nice_ticks, time_ticks
+
+    assert nice_ticks(0, 7.21) == [0, 2, 4, 6, 8]
+    assert nice_ticks(0, 0.034) == [0, 0.01, 0.02, 0.03, 0.04]
+    assert [fmt_value(v) for v in (0, 0.25, 2.5, 40, 12000)] == ["0", "0.25", "2.5", "40", "12,000"]
+    ticks = time_ticks(1_790_000_003.2, 1_790_000_063.2)
+    assert all(t % 10 == 0 for t in ticks) and ticks[0] >= 1_790_000_003.2 and ticks[-1] <= 1_790_000_063.2
