@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -126,8 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         pod = kubectl.agent_pod(args.node, args.namespace, args.selector)
         if args.command == "top":
             command = ["noisyneighbor", "top", "--host-root", HOST_ROOT, *remote_args]
-            return kubectl.exec(args.namespace, pod, args.container, command,
-                                stdin=sys.stdin.isatty(), tty=sys.stdout.isatty())
+            tty = sys.stdout.isatty()
+            if tty:  # the container has no TERM: pass ours, so the live view draws for this terminal
+                command = ["env", f"TERM={os.environ.get('TERM') or 'xterm'}", *command]
+            return kubectl.exec(args.namespace, pod, args.container, command, stdin=sys.stdin.isatty(), tty=tty)
         return _diagnose(kubectl, args, pod, remote_args, html)
     except PluginError as e:
         print(f"kubectl noisyneighbor: {e}", file=sys.stderr)

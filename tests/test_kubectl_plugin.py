@@ -125,3 +125,30 @@ def test_unreachable_cluster_is_one_line(tmp_path: Path):
     res = _plugin(kubeconfig, "top", "node-1")
     assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert res.stderr.startswith("kubectl noisyneighbor: cannot list pods:") and "Traceback" not in res.stderr
+
+
+def test_top_on_a_terminal_asks_for_a_tty_and_stdin_and_passes_term(cluster):
+    import pty
+
+    kube, kubeconfig = cluster
+    kube.exec_handler = lambda ns, pod, container, command: (b"LIVE VIEW\r\n", b"", 0)
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([str(PLUGIN), "--kubeconfig", str(kubeconfig), "top", "node-1"], stdin=follower,
+                            stdout=follower, stderr=subprocess.PIPE, env=dict(os.environ, TERM="xterm-256color"))
+    os.close(follower)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert b"LIVE VIEW" in screen
+    [(_, pod, _, command, query)] = kube.execs
+    assert pod == "noisyneighbor-aaaaa"
+    assert command == ["env", "TERM=xterm-256color", "noisyneighbor", "top", "--host-root", "/host"]
+    assert query["tty"] == ["true"] and query["stdin"] == ["true"]
