@@ -24,6 +24,7 @@ from noisyneighbor.cli import build_parser
 from noisyneighbor.diagnose import DiagnoseReport, render_text
 from noisyneighbor.output import SCHEMA_VERSION, package_version
 from noisyneighbor.report_html import render_html
+from tests.conftest import require_tool
 from tests.exporter_support import REPO, cgroup_rel_path, write_config
 
 CLI = [sys.executable, "-m", "noisyneighbor.cli"]
@@ -280,3 +281,18 @@ def test_chart_axes_use_round_values_and_clock_aligned_times():
     assert [fmt_value(v) for v in (0, 0.25, 2.5, 40, 12000)] == ["0", "0.25", "2.5", "40", "12,000"]
     ticks = time_ticks(1_790_000_003.2, 1_790_000_063.2)
     assert all(t % 10 == 0 for t in ticks) and ticks[0] >= 1_790_000_003.2 and ticks[-1] <= 1_790_000_063.2
+
+
+def test_html_report_renders_in_headless_chromium(tmp_path):
+    """scripts/report-in-browser.py on a report page: Chromium's JSON.parse reads the embedded report,
+    nothing is wider than the window, and a screenshot is written. Skipped without Debian's chromium."""
+    require_tool("chromium")
+    page, shot = tmp_path / "report.html", tmp_path / "report.png"
+    page.write_text(render_html(_report()), encoding="utf-8")
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "report-in-browser.py"), "--html", str(page),
+                          "--screenshot", str(shot), "--height", "1600"], capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads(res.stdout)
+    assert result["ok"] and result["schema_version"] == SCHEMA_VERSION and result["incidents"] == 1
+    assert result["svgs"] >= 2 and not result["overflow"]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
