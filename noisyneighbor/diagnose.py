@@ -34,6 +34,40 @@ ADVICE: dict[Cause, str] = {
 }
 
 
+@dataclass(frozen=True)
+class SignalUnit:
+    """How a signal reads to a human: its name and the unit its raw value is shown in."""
+
+    label: str  # what a human calls it
+    unit: str
+    scale: float  # raw value x scale = value in unit
+
+
+SIGNALS: dict[str, SignalUnit] = {
+    "runq_p99_ns": SignalUnit("Run-queue wait p99", "ms", 1e-6),
+    "runq_wait_ms_per_s": SignalUnit("Run-queue wait per second", "ms/s", 1.0),
+    "throttled_ratio": SignalUnit("Periods throttled at its CPU limit", "%", 100.0),
+    "throttled_ms_per_s": SignalUnit("Time throttled at its CPU limit", "ms/s", 1.0),
+    "softirq_ms_per_s": SignalUnit("Softirq time on its CPUs", "ms/s", 1.0),
+    "softirq_delay_p99_ns": SignalUnit("Softirq delay p99", "ms", 1e-6),
+    "reclaim_stall_ms_per_s": SignalUnit("Memory reclaim stall", "ms/s", 1.0),
+    "connect_p99_ns": SignalUnit("TCP connect p99", "ms", 1e-6),
+    "psi_cpu_some": SignalUnit("CPU pressure (some)", "%", 1.0),
+    "psi_memory_some": SignalUnit("Memory pressure (some)", "%", 1.0),
+    "psi_io_some": SignalUnit("IO pressure (some)", "%", 1.0),
+    "who_ran_instead_foreign_share": SignalUnit("Wait spent behind other cgroups", "%", 100.0),
+    "connect_failures_per_s": SignalUnit("Failed connects", "/s", 1.0),
+    "syn_retransmits_per_s": SignalUnit("SYN retransmits", "/s", 1.0),
+}
+
+def human_value(signal: str, value: float) -> str:
+    """'59.9 ms' for runq_p99_ns=5.99e7; a signal without a known unit keeps its raw number."""
+    unit = SIGNALS.get(signal)
+    if unit is None:
+        return f"{value:.4g}"
+    return f"{value * unit.scale:.3g} {unit.unit}".replace(" %", "%")
+
+
 @dataclass
 class DiagnoseReport:
     started_at: float
@@ -311,10 +345,12 @@ def render_text(report: DiagnoseReport) -> str:
             if e.signal == "closed":
                 lines.append(f"    closed: {note_text(e.note)}")
                 continue
-            bound = f" (threshold {e.threshold:g})" if e.threshold is not None else ""
-            base = f" (baseline {e.baseline:g})" if e.baseline is not None else ""
+            bound = f" (threshold {human_value(e.signal, e.threshold)})" if e.threshold is not None else ""
+            base = f" (baseline {human_value(e.signal, e.baseline)})" if e.baseline is not None else ""
             note = f"  [{note_text(e.note)}]" if e.note else ""
-            lines.append(f"    {e.signal} = {fmt_num(e.value, '{:.4g}')} over {e.window_s:.0f} s{bound}{base}{note}")
+            label = SIGNALS[e.signal].label if e.signal in SIGNALS else e.signal
+            value = fmt_num(e.value, "{}") if math.isnan(e.value) else human_value(e.signal, e.value)
+            lines.append(f"    {label} = {value} over {e.window_s:.0f} s{bound}{base}{note}")
         lines.append(f"  advice: {ADVICE[inc.cause]}")
         lines.append("")
     if report.decisions:

@@ -11,14 +11,15 @@ report's JSON is embedded as ``<script type="application/json" id="report">`` fo
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from html import escape
 
 from detector.decisions import Cause
 from detector.model import Incident
 from noisyneighbor.diagnose import (
     ADVICE,
+    SIGNALS,
     DiagnoseReport,
+    SignalUnit,
     clock_time,
     culprits_of,
     describe_amount,
@@ -31,30 +32,6 @@ from noisyneighbor.diagnose import (
 )
 from noisyneighbor.svgchart import PALETTE, Chart, Line, render
 
-
-@dataclass(frozen=True)
-class SignalUnit:
-    label: str  # what a human calls it
-    unit: str
-    scale: float  # raw value x scale = value in unit
-
-
-SIGNALS: dict[str, SignalUnit] = {
-    "runq_p99_ns": SignalUnit("Run-queue wait p99", "ms", 1e-6),
-    "runq_wait_ms_per_s": SignalUnit("Run-queue wait per second", "ms/s", 1.0),
-    "throttled_ratio": SignalUnit("Periods throttled at its CPU limit", "%", 100.0),
-    "throttled_ms_per_s": SignalUnit("Time throttled at its CPU limit", "ms/s", 1.0),
-    "softirq_ms_per_s": SignalUnit("Softirq time on its CPUs", "ms/s", 1.0),
-    "softirq_delay_p99_ns": SignalUnit("Softirq delay p99", "ms", 1e-6),
-    "reclaim_stall_ms_per_s": SignalUnit("Memory reclaim stall", "ms/s", 1.0),
-    "connect_p99_ns": SignalUnit("TCP connect p99", "ms", 1e-6),
-    "psi_cpu_some": SignalUnit("CPU pressure (some)", "%", 1.0),
-    "psi_memory_some": SignalUnit("Memory pressure (some)", "%", 1.0),
-    "psi_io_some": SignalUnit("IO pressure (some)", "%", 1.0),
-    "who_ran_instead_foreign_share": SignalUnit("Wait spent behind other cgroups", "%", 100.0),
-    "connect_failures_per_s": SignalUnit("Failed connects", "/s", 1.0),
-    "syn_retransmits_per_s": SignalUnit("SYN retransmits", "/s", 1.0),
-}
 CAUSES: dict[Cause, str] = {
     Cause.NEIGHBOR_CPU: "neighbours' CPU use",
     Cause.SELF_THROTTLING: "its own CPU limit (self-throttling)",
