@@ -84,6 +84,12 @@ class StepResult:
     exported_cgroups: int
 
 
+def pod_name(qos: str, uid: str | None = None) -> str:
+    """A pod cgroup's path as the kubelet's systemd driver lays it out (below our prefix)."""
+    slug = (uid or str(uuid.uuid4())).replace("-", "_")
+    return f"kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{slug}.slice"
+
+
 @dataclass
 class Pod:
     uid: str
@@ -106,7 +112,7 @@ class PodFleet:
         uid = str(uuid.uuid4())
         qos = "besteffort" if self._made % 3 == 0 else "burstable"
         name = f"bench-{self._made}"
-        pod_path = f"kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{uid.replace('-', '_')}.slice"
+        pod_path = pod_name(qos, uid)
         pod_cg = OwnedCgroup(pod_path, CONTROLLERS).create()
         ctr = OwnedCgroup(f"{pod_path}/cri-containerd-{container_id_for(uid, 'main')}.scope", CONTROLLERS)
         try:
@@ -166,7 +172,9 @@ class Churner:
 
 
 class AgentUnderTest:
-    def __init__(self, workdir: Path, interval: float, kubelet_url: str, scrape_interval: float = 15.0) -> None:
+    def __init__(self, workdir: Path, interval: float, kubelet_url: str | None = None,
+                 scrape_interval: float = 15.0) -> None:
+        """``kubelet_url``: the kubelet pod source there; None: the standalone pod source."""
         self.scrape_interval = scrape_interval
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -175,6 +183,7 @@ class AgentUnderTest:
         config.write_text(
             "kubernetes:\n  pod_source: kubelet\n"
             f"  kubelet_url: {kubelet_url}\n  kubelet_token_file: null\n  kubelet_ca_file: null\n"
+            if kubelet_url else "kubernetes: {pod_source: standalone}\n"
         )
         self.log = open(workdir / "agent.log", "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(

@@ -441,12 +441,14 @@ class KubeletPodSource(_CachingSource):
         self._stop = threading.Event()
 
     @classmethod
-    def from_policy(cls, policy: Policy, **kwargs: Any) -> KubeletPodSource:
+    def from_policy(cls, policy: Policy, environ: Mapping[str, str] | None = None, **kwargs: Any) -> KubeletPodSource:
+        """Raises ValueError (one line) when the URL names an environment variable that is not set."""
+        url = expand_kubelet_url(policy.kubelet_url, os.environ if environ is None else environ)
         if policy.kubelet_read_only_port:
-            host = urllib.parse.urlsplit(policy.kubelet_url).hostname or "127.0.0.1"
-            return cls(f"http://{host}:{policy.kubelet_read_only_port}", **kwargs)
+            host = urllib.parse.urlsplit(url).hostname or "127.0.0.1"
+            return cls(f"http://{_url_host(host)}:{policy.kubelet_read_only_port}", **kwargs)
         return cls(
-            policy.kubelet_url, token_file=policy.kubelet_token_file, ca_file=policy.kubelet_ca_file,
+            url, token_file=policy.kubelet_token_file, ca_file=policy.kubelet_ca_file,
             insecure_skip_verify=policy.kubelet_insecure_skip_verify, **kwargs,
         )
 
@@ -812,29 +814,77 @@ class StandalonePodSource(_CachingSource):
         )
 
 
-def make_pod_source(policy: Policy, paths: HostPaths | None = None) -> _CachingSource:
+_ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
+
+
+def expand_kubelet_url(url: str, environ: Mapping[str, str]) -> str:
+    """``https://${HOST_IP:-127.0.0.1}:10250`` -> the node's address from the environment.
+
+    In a pod, 127.0.0.1 is the pod's own loopback, not the node's: the DaemonSet puts the node IP in
+    ``HOST_IP`` (downward API ``status.hostIP``) and the URL names it. An IPv6 address gets the
+    brackets a URL needs. ``${NAME}`` without a default and unset is a ValueError (one line)."""
+
+    def value(m: re.Match[str]) -> str:
+        name, default = m.group("name"), m.group("default")
+        got = environ.get(name) or default
+        if got is None:
+            raise ValueError(f"kubelet_url {url}: environment variable {name} is not set "
+                             "(the DaemonSet sets HOST_IP from status.hostIP)")
+        return _url_host(got)
+
+    return _ENV_REF.sub(value, url)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def make_pod_source(policy: Policy, paths: HostPaths | None = None,
+                    environ: Mapping[str, str] | None = None) -> _CachingSource:
     """The source the policy asks for; ``auto``: kubelet if it answers, else apiserver in a cluster,
-    else standalone. Never raises on an unreachable kubelet: that is a stale status, not an error."""
+    else standalone. Never raises on an unreachable kubelet: that is a stale status, not an error.
+    ``auto`` logs one line saying which source it chose and why (the others' reasons included), so
+    a silent fallback from the kubelet to the apiserver shows in the agent's log."""
+    env = os.environ if environ is None else environ
     mode = policy.pod_source
     if mode == "standalone":
         return StandalonePodSource.from_policy(policy, paths)
     if mode == "kubelet":
-        return KubeletPodSource.from_policy(policy)
-    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-    node = policy.node_name or os.environ.get("NODE_NAME")
+        return KubeletPodSource.from_policy(policy, env)
+    in_cluster = bool(env.get("KUBERNETES_SERVICE_HOST"))
+    node = policy.node_name or env.get("NODE_NAME")
     if mode == "apiserver":
         if not node:
             raise ValueError("pod_source apiserver needs kubernetes.node_name (or the NODE_NAME environment variable)")
         return ApiserverPodSource.in_cluster(node).start()
-    kubelet_possible = policy.kubelet_read_only_port or (policy.kubelet_token_file and Path(policy.kubelet_token_file).exists())
-    if kubelet_possible:
-        kubelet = KubeletPodSource.from_policy(policy)
-        if kubelet.refresh():
-            return kubelet
-        log.warning("kubelet not usable (%s); trying the apiserver", kubelet.status.reason)
+    why_not_kubelet = _try_kubelet(policy, env)
+    if isinstance(why_not_kubelet, KubeletPodSource):
+        kubelet = why_not_kubelet
+        log.info("pod source auto: chose kubelet %s (it answered with %d pods)", kubelet.url, len(kubelet.pods()))
+        return kubelet
     if in_cluster and node:
+        log.warning("pod source auto: chose apiserver (pods of node %s): kubelet not usable: %s", node, why_not_kubelet)
         return ApiserverPodSource.in_cluster(node).start()
+    why_not_apiserver = "not in a cluster (no KUBERNETES_SERVICE_HOST)" if not in_cluster else \
+        "no node name (kubernetes.node_name or NODE_NAME)"
+    log.info("pod source auto: chose standalone (cgroup globs): kubelet not usable: %s; apiserver: %s",
+             why_not_kubelet, why_not_apiserver)
     return StandalonePodSource.from_policy(policy, paths)
+
+
+def _try_kubelet(policy: Policy, env: Mapping[str, str]) -> KubeletPodSource | str:
+    """The kubelet source when it answers now, else the one-line reason it is not usable."""
+    if not policy.kubelet_read_only_port and not (policy.kubelet_token_file and Path(policy.kubelet_token_file).exists()):
+        return f"no token file {policy.kubelet_token_file} and no read-only port"
+    try:
+        kubelet = KubeletPodSource.from_policy(policy, env)
+    except ValueError as e:
+        return str(e)
+    if kubelet.refresh():
+        return kubelet
+    reason = kubelet.status.reason
+    kubelet.close()
+    return reason
 
 
 # --------------------------------------------------------------------------------------------

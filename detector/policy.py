@@ -2,7 +2,7 @@
 
 Two input shapes are accepted, YAML or JSON (JSON is YAML, so one parser reads both):
 
-1. Our own format (see ``deploy/config.yaml``)::
+1. Our own format (see ``deploy/base/config.yaml``)::
 
        interval_seconds: 1.0
        incident_log: /var/log/noisyneighbor/incidents.jsonl
@@ -176,7 +176,9 @@ class Policy:
     node_name: str | None = None
     interval_seconds: float = 1.0
     pod_source: str = "auto"  # auto | kubelet | apiserver | standalone
-    kubelet_url: str = "https://127.0.0.1:10250"
+    # ${HOST_IP}: the node's IP (DaemonSet env from status.hostIP); in a pod 127.0.0.1 is the pod's own
+    # loopback. The default applies outside a pod (a systemd agent on the node). See detector.pods.
+    kubelet_url: str = "https://${HOST_IP:-127.0.0.1}:10250"
     kubelet_token_file: str | None = f"{_SA_DIR}/token"
     kubelet_ca_file: str | None = f"{_SA_DIR}/ca.crt"
     kubelet_insecure_skip_verify: bool = False

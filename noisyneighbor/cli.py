@@ -8,11 +8,19 @@ import logging
 import os
 import signal
 import sys
+from typing import TextIO
 
 from probes.engine import ProbeError
 from probes.host import HostPaths
 
 log = logging.getLogger("noisyneighbor")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCIDENTS = 0, 1, 2, 3
+EXIT_CODES = """exit codes:
+  0  done (diagnose: no incident, or incidents without --fail-on-incident; top: quit or reader left the pipe)
+  1  could not run: no probe could start, or a file/host error (one line on stderr)
+  2  bad usage or configuration (one line on stderr; nothing was started or changed)
+  3  diagnose --fail-on-incident: at least one incident in the window"""
 
 
 def _positive_float(text: str) -> float:
@@ -57,18 +65,28 @@ def _probe_list(text: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from noisyneighbor.output import package_version
     from noisyneighbor.top import SORT_KEYS, VIEW_CHOICES
 
     parser = argparse.ArgumentParser(
         prog="noisyneighbor",
         description="eBPF interference detector for Kubernetes nodes: who steals time from whom, and why.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--host-root", metavar="DIR", help="host filesystem root (e.g. /host in a container)")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: libbpf too)")
     sub = parser.add_subparsers(dest="command", required=True)
+    # Global options are also accepted after every subcommand (the DaemonSet and the kubectl plugin
+    # pass --host-root there).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--host-root", metavar="DIR", default=argparse.SUPPRESS, help="host filesystem root")
+    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="more logging")
+    common.add_argument("--log-format", choices=("plain", "json"), default=argparse.SUPPRESS,
+                        help="log lines on stderr: plain text (default) or one JSON object per line")
 
     top = sub.add_parser(
-        "top",
+        "top", parents=[common],
         help="live interference per cgroup / pod / CPU: runqueue, softirq, reclaim, TCP connects, pressure",
         description="One view per probe. On a terminal every probe is loaded and keys switch views "
         "(r runq, s softirq, c reclaim, t tcp, p psi, a all); piped or --json, only the probes of --view load.",
@@ -89,12 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="force a tracepoint flavour (sched_info: runqlat only; the other probes then use auto)",
     )
-    # Global options are also accepted after the subcommand (the DaemonSet passes --host-root there).
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--host-root", metavar="DIR", default=argparse.SUPPRESS, help="host filesystem root")
-    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="more logging")
-    common.add_argument("--log-format", choices=("plain", "json"), default=argparse.SUPPRESS,
-                        help="log lines on stderr: plain text (default) or one JSON object per line")
 
     agent = sub.add_parser(
         "agent", parents=[common],
@@ -129,7 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     diag = sub.add_parser(
         "diagnose", parents=[common],
         help="watch for a while, then report victims, causes, culprits, evidence and advice (changes nothing)",
-        description="Runs the probes and the detector for --duration; suggested actions are printed, never applied.",
+        description="Runs the probes and the detector for --duration; suggested actions are printed, never applied. "
+        "On a terminal, progress (elapsed / duration, incidents so far) is shown on stderr; piped, nothing extra.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     diag.add_argument("--duration", type=parse_duration, default=30.0, metavar="D", help="how long (30, 30s, 2m)")
     diag.add_argument("--interval", type=parse_duration, default=1.0, metavar="S", help="tick interval")
@@ -144,6 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="cgroup path glob of a best-effort workload (repeatable)")
     diag.add_argument("--probes", type=_probe_list, metavar="LIST", default=None,
                       help="comma-separated BPF probes to load (default: all)")
+    diag.add_argument("--fail-on-incident", action="store_true",
+                      help="exit 3 when the window had at least one incident (for scripts and CI)")
+
+    completion = sub.add_parser(
+        "completion", help="print a shell completion script (bash, or zsh through bashcompinit)",
+        description="bash: source <(noisyneighbor completion bash); zsh: source <(noisyneighbor completion zsh)",
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))
     return parser
 
 
@@ -164,7 +186,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         config.validate()
     except AgentConfigError as e:
         print(f"noisyneighbor: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     agent = Agent(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.request_stop())
@@ -181,7 +203,8 @@ def cmd_diagnose(args: argparse.Namespace, paths: HostPaths) -> int:
     from detector.pods import make_pod_source
     from detector.policy import load_policy
     from detector.runtime import Detector
-    from noisyneighbor.diagnose import render_html, render_text, run_diagnose
+    from noisyneighbor.diagnose import render_text, run_diagnose
+    from noisyneighbor.report_html import render_html
     from probes.cgroupfs import discover
     from probes.collect import BPF_PROBES, NodeCollector
 
@@ -202,10 +225,16 @@ def cmd_diagnose(args: argparse.Namespace, paths: HostPaths) -> int:
     detector = Detector(policy, paths, layout, CgroupResolver(paths, layout), pods=source.pods, sink=LoggingSink())
     collector = NodeCollector(paths, layout, probes=args.probes or BPF_PROBES, cgroup_paths=detector.cgroup_paths,
                               psi_paths=detector.psi_paths)
+    progress = _TerminalProgress(sys.stderr) if sys.stderr.isatty() else None
     try:
         collector.start()
-        report = run_diagnose(detector, collector, args.duration, args.interval)
+        if collector.status and all(st.state == "off" for st in collector.status.values()):
+            raise ProbeError("no probe could start: " + "; ".join(st.line() for st in collector.status.values()))
+        report = run_diagnose(detector, collector, args.duration, args.interval,
+                              progress=progress.update if progress else None, pods=source.pods)
     finally:
+        if progress:
+            progress.close()
         collector.close()
         source.close()
     if args.html:
@@ -213,7 +242,36 @@ def cmd_diagnose(args: argparse.Namespace, paths: HostPaths) -> int:
             f.write(render_html(report))
     sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n" if args.json else render_text(report))
     sys.stdout.flush()
-    return 0
+    return EXIT_INCIDENTS if args.fail_on_incident and report.incidents else EXIT_OK
+
+
+class _TerminalProgress:
+    """One self-overwriting status line on a terminal; the report itself goes to stdout untouched.
+    Log lines (incident opened, ...) share the terminal: the line is cleared before each one is
+    written, and the next update draws it again below."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(self._clear_before_log)
+
+    def _clear_before_log(self, record: logging.LogRecord) -> bool:
+        self.clear()
+        return True
+
+    def update(self, elapsed_s: float, duration_s: float, incidents: int) -> None:
+        self._stream.write(f"\r\x1b[Kdiagnose: {min(elapsed_s, duration_s):.0f}/{duration_s:.0f} s, "
+                           f"{incidents} incident(s) so far")
+        self._stream.flush()
+
+    def clear(self) -> None:
+        self._stream.write("\r\x1b[K")
+        self._stream.flush()
+
+    def close(self) -> None:
+        self.clear()
+        for handler in logging.getLogger().handlers:
+            handler.removeFilter(self._clear_before_log)
 
 
 def cmd_top(args: argparse.Namespace, paths: HostPaths) -> int:
@@ -245,8 +303,20 @@ def cmd_top(args: argparse.Namespace, paths: HostPaths) -> int:
             source.close()
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from noisyneighbor.completion import bash_script
+
+    script = bash_script(build_parser())
+    if args.shell == "zsh":  # zsh runs bash completion functions through bashcompinit
+        script = "autoload -U +X bashcompinit && bashcompinit\n" + script
+    sys.stdout.write(script)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "completion":
+        return cmd_completion(args)
     _setup_logging(args)
     # SIGTERM ends the run like Ctrl-C, so probes are detached and cleanup runs (the agent has its own).
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -262,22 +332,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "diagnose":
             return cmd_diagnose(args, paths)
     except KeyboardInterrupt:
-        return 0
+        return EXIT_OK
     except (PolicyError, JournalError) as e:
         # Bad configuration: nothing was started or changed (Agent.start closes what it opened).
         print(f"noisyneighbor: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except ProbeError as e:
         print(f"noisyneighbor: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
+    except BrokenPipeError:
+        # `noisyneighbor top --json | head`: the reader left; not an error. Before OSError, its base
+        # class, or that clause takes it. stdout goes to /dev/null so the exit-time flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except (OSError, ValueError) as e:
         print(f"noisyneighbor: {e}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:
-        # `noisyneighbor top --json | head`: the reader left; not an error.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    return 2
+        return EXIT_FAILED
+    return EXIT_USAGE
 
 
 def _setup_logging(args: argparse.Namespace) -> None:

@@ -8,17 +8,20 @@ command only prints: it never changes the node). ``--json`` gives the same as on
 
 from __future__ import annotations
 
-import html
 import json
 import math
+import os
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from detector.decisions import Cause, Decision, LoggingSink, Target
+from detector.decisions import Cause, Decision, LoggingSink, SuppressAmount, Target
 from detector.model import Incident
 from detector.runtime import Detector
 from detector.workloads import key_of
+from noisyneighbor.output import SCHEMA_VERSION, iso_utc
 from probes.collect import NodeCollector
 
 ADVICE: dict[Cause, str] = {
@@ -31,6 +34,40 @@ ADVICE: dict[Cause, str] = {
 }
 
 
+@dataclass(frozen=True)
+class SignalUnit:
+    """How a signal reads to a human: its name and the unit its raw value is shown in."""
+
+    label: str  # what a human calls it
+    unit: str
+    scale: float  # raw value x scale = value in unit
+
+
+SIGNALS: dict[str, SignalUnit] = {
+    "runq_p99_ns": SignalUnit("Run-queue wait p99", "ms", 1e-6),
+    "runq_wait_ms_per_s": SignalUnit("Run-queue wait per second", "ms/s", 1.0),
+    "throttled_ratio": SignalUnit("Periods throttled at its CPU limit", "%", 100.0),
+    "throttled_ms_per_s": SignalUnit("Time throttled at its CPU limit", "ms/s", 1.0),
+    "softirq_ms_per_s": SignalUnit("Softirq time on its CPUs", "ms/s", 1.0),
+    "softirq_delay_p99_ns": SignalUnit("Softirq delay p99", "ms", 1e-6),
+    "reclaim_stall_ms_per_s": SignalUnit("Memory reclaim stall", "ms/s", 1.0),
+    "connect_p99_ns": SignalUnit("TCP connect p99", "ms", 1e-6),
+    "psi_cpu_some": SignalUnit("CPU pressure (some)", "%", 1.0),
+    "psi_memory_some": SignalUnit("Memory pressure (some)", "%", 1.0),
+    "psi_io_some": SignalUnit("IO pressure (some)", "%", 1.0),
+    "who_ran_instead_foreign_share": SignalUnit("Wait spent behind other cgroups", "%", 100.0),
+    "connect_failures_per_s": SignalUnit("Failed connects", "/s", 1.0),
+    "syn_retransmits_per_s": SignalUnit("SYN retransmits", "/s", 1.0),
+}
+
+def human_value(signal: str, value: float) -> str:
+    """'59.9 ms' for runq_p99_ns=5.99e7; a signal without a known unit keeps its raw number."""
+    unit = SIGNALS.get(signal)
+    if unit is None:
+        return f"{value:.4g}"
+    return f"{value * unit.scale:.3g} {unit.unit}".replace(" %", "%")
+
+
 @dataclass
 class DiagnoseReport:
     started_at: float
@@ -41,19 +78,57 @@ class DiagnoseReport:
     decisions: list[Decision]
     top_workloads: list[dict[str, Any]]
     series: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
+    # Incidents the window ended in the middle of: the detector closes them on the way out, but the
+    # contention was still going on, so the report must not read as if it had recovered.
+    still_open: set[str] = field(default_factory=set)
+    cpu_requests: dict[str, float] = field(default_factory=dict)  # pod display -> CPU request (cores)
+    host: str = field(default_factory=lambda: os.uname().nodename)
+    kernel: str = field(default_factory=lambda: os.uname().release)
+
+    @property
+    def ended_at(self) -> float:
+        return self.started_at + self.duration_s
+
+    def is_still_open(self, inc: Incident) -> bool:
+        return inc.open or inc.incident_id in self.still_open
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "started_at": self.started_at,
+            "schema_version": SCHEMA_VERSION,
+            "host": self.host,
+            "kernel": self.kernel,
+            "started_at": iso_utc(self.started_at),
+            "ended_at": iso_utc(self.ended_at),
             "duration_s": round(self.duration_s, 3),
             "ticks": self.ticks,
             "probes": self.probes,
-            "incidents": [
-                {**i.to_dict(), "advice": ADVICE[i.cause]} for i in self.incidents
+            "incidents": [self._incident_dict(i) for i in self.incidents],
+            "suggested_actions": [
+                {**d.to_dict(), "created_at": iso_utc(d.created_at)} for d in self.decisions
             ],
-            "suggested_actions": [d.to_dict() for d in self.decisions],
             "top_workloads": self.top_workloads,
+            "cpu_requests": self.cpu_requests,
         }
+
+    def _incident_dict(self, inc: Incident) -> dict[str, Any]:
+        d = inc.to_dict()
+        still_open = self.is_still_open(inc)
+        d.update(
+            started_at=iso_utc(inc.started_at),
+            updated_at=iso_utc(inc.updated_at or None),
+            ended_at=None if still_open else iso_utc(inc.ended_at),
+            still_open=still_open,
+            culprits=[c for c, obj in zip(d["culprits"], inc.culprits, strict=True) if not _is_root(obj.target)],
+            evidence=[e for e, obj in zip(d["evidence"], inc.evidence, strict=True)
+                      if not (still_open and obj.signal == "closed")],
+            advice=ADVICE[inc.cause],
+        )
+        return d
+
+
+def _is_root(target: Target) -> bool:
+    """The root cgroup is everyone at once (host processes, kthreads): never a culprit a human can act on."""
+    return target.cgroup in ("", "/") and not target.pod
 
 
 def run_diagnose(
@@ -62,8 +137,13 @@ def run_diagnose(
     duration_s: float,
     interval_s: float = 1.0,
     sleep=time.sleep,
+    progress: Callable[[float, float, int], None] | None = None,
+    pods: Callable[[], Any] | None = None,
 ) -> DiagnoseReport:
-    """Collect and detect for ``duration_s``; the collector must be started."""
+    """Collect and detect for ``duration_s``; the collector must be started.
+
+    ``progress(elapsed_s, duration_s, incidents_so_far)`` is called after every tick (the CLI draws
+    it on a terminal only)."""
     started = time.time()
     t0 = time.monotonic()
     ticks = 0
@@ -74,6 +154,9 @@ def run_diagnose(
         next_at += interval_s
         if detector.step(collector.collect()) is not None:
             ticks += 1
+        if progress is not None:
+            progress(time.monotonic() - t0, duration_s, len(detector.engine.all_incidents()))
+    still_open = {i.incident_id for i in detector.engine.open_incidents}
     detector.close()
     incidents = sorted(detector.engine.all_incidents(), key=lambda i: i.started_at)
     sink = detector.sink
@@ -87,6 +170,8 @@ def run_diagnose(
         decisions=decisions,
         top_workloads=_top_workloads(detector),
         series=_series(detector, incidents, duration_s),
+        still_open=still_open,
+        cpu_requests=_cpu_requests(incidents, pods),
     )
 
 
@@ -112,118 +197,180 @@ def _top_workloads(detector: Detector, limit: int = 10) -> list[dict[str, Any]]:
     return rows[:limit]
 
 
+VICTIM_SIGNALS = ("runq_p99_ns", "runq_wait_ms_per_s", "throttled_ratio", "softirq_ms_per_s", "reclaim_stall_ms_per_s")
+
+
 def _series(detector: Detector, incidents: list[Incident], duration_s: float) -> dict:
+    """Per incident: ``victim:<signal>`` and ``culprit:<display>`` (CPU cores) as (wall time, raw value).
+
+    The store is indexed by monotonic time; the report's axes use the wall clock the text prints, so
+    every point is shifted by the (current) wall-minus-monotonic offset."""
     store = detector.engine.store
+    to_wall = time.time() - time.monotonic()
     out: dict[str, dict[str, list[tuple[float, float]]]] = {}
     window = max(duration_s + 5, 10.0)
     for inc in incidents:
         plots: dict[str, list[tuple[float, float]]] = {}
         victim = key_of(inc.victim)
-        for sig in ("runq_p99_ns", "runq_wait_ms_per_s", "throttled_ratio", "softirq_ms_per_s", "reclaim_stall_ms_per_s"):
+        for sig in VICTIM_SIGNALS:
             s = store.window(victim, sig, window)
             if len(s) and float(abs(s.values).sum()) > 0:
-                plots[f"victim {sig}"] = s.items()
-        for c in inc.culprits[:3]:
+                plots[f"victim:{sig}"] = [(t + to_wall, v) for t, v in s.items()]
+        for c in [c for c in inc.culprits if not _is_root(c.target)][:3]:
             s = store.window(key_of(c.target), "cpu_cores", window)
             if len(s):
-                plots[f"culprit {c.target.display} cpu_cores"] = s.items()
+                plots[f"culprit:{c.target.display}"] = [(t + to_wall, v) for t, v in s.items()]
         out[inc.incident_id] = plots
+    return out
+
+
+def _cpu_requests(incidents: list[Incident], pods: Callable[[], Any] | None) -> dict[str, float]:
+    """Pod display name -> CPU request in cores (0: none), for the victims and culprits the pod source knows."""
+    if pods is None:
+        return {}
+    by_uid = {p.uid: p for p in pods()}
+    out: dict[str, float] = {}
+    for inc in incidents:
+        for target in (inc.victim, *(c.target for c in inc.culprits)):
+            pod = by_uid.get(target.pod_uid or "")
+            if pod is not None:
+                out[target.display] = float(pod.cpu_request_cores or 0.0)
     return out
 
 
 # -- rendering ---------------------------------------------------------------------------------
 
 
-def _ts(t: float | None) -> str:
+def clock_time(t: float | None) -> str:
     return "-" if t is None else time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def fmt_num(value: float | None, fmt: str = "{:.2f}", missing: str = "-") -> str:
+    """A number for humans: never Python's None or nan."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return missing
+    return fmt.format(value)
+
+
+def note_text(text: str) -> str:
+    """Detector notes are built with f-strings, so an unset value arrives as the word None: say what it means."""
+    text = re.sub(r"\bquota None\b", "no CPU quota", text)
+    return re.sub(r"\bNone\b", "n/a", text)
+
+
+def state_line(report: DiagnoseReport, inc: Incident) -> str:
+    if report.is_still_open(inc):
+        return f"still open at the end of the window ({clock_time(report.ended_at)})"
+    return f"closed {clock_time(inc.ended_at)}"
+
+
+def request_text(report: DiagnoseReport, target: Target) -> str:
+    """'1.50', 'none' (a pod without a CPU request) or '?' (not a pod the source knows)."""
+    request = report.cpu_requests.get(target.display)
+    return "?" if request is None else f"{request:.2f}" if request > 0 else "none"
+
+
+def request_note(report: DiagnoseReport, target: Target) -> str:
+    text = request_text(report, target)
+    return "" if text == "?" else f" (request {text})"
+
+
+def culprits_of(inc: Incident) -> list:
+    return [c for c in inc.culprits if not _is_root(c.target)]
+
+
+def evidence_of(report: DiagnoseReport, inc: Incident) -> list:
+    """The numbers behind the incident; the "closed" marker only when it really closed."""
+    return [e for e in inc.evidence if not (e.signal == "closed" and report.is_still_open(inc))]
+
+
+def describe_amount(d: Decision) -> str:
+    """What the action would set, in the units an operator types."""
+    a = d.amount
+    if isinstance(a, SuppressAmount):
+        if a.policy == "cpuset" and a.cpus:
+            return f"to CPUs {_cpu_list(a.cpus)} (cpuset)"
+        if a.cpu_cores is not None:
+            return f"to {a.cpu_cores:.2f} CPU cores (CFS quota)"
+        return f"({a.policy})"
+    parts = [f"{k.replace('_', ' ')} {v}" for k, v in vars_of(a).items() if v not in (None, 0, 0.0, "")]
+    return f"({', '.join(parts)})" if parts else ""
+
+
+def vars_of(amount: Any) -> dict[str, Any]:
+    return {name: getattr(amount, name) for name in amount.__dataclass_fields__}
+
+
+def _cpu_list(cpus: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5) -> '0-2,5', the kernel's cpulist format."""
+    out: list[str] = []
+    for c in sorted(cpus):
+        if out and out[-1].split("-")[-1] == str(c - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)
 
 
 def render_text(report: DiagnoseReport) -> str:
     lines = [
-        f"noisyneighbor diagnose: {report.duration_s:.0f} s, {report.ticks} intervals, "
-        f"{len(report.incidents)} incident(s)",
+        f"noisyneighbor diagnose on {report.host} (kernel {report.kernel}): "
+        f"{clock_time(report.started_at)} to {clock_time(report.ended_at)}, {report.duration_s:.0f} s, "
+        f"{report.ticks} intervals, {len(report.incidents)} incident(s)",
         "probes: " + "; ".join(report.probes.values()),
         "",
     ]
     if not report.incidents:
         lines.append("No interference incidents: no latency-sensitive workload broke its SLO.")
     for inc in report.incidents:
-        state = "open" if inc.open else f"ended {_ts(inc.ended_at)}"
         lines.append(
             f"INCIDENT {inc.incident_id}  victim {inc.victim.display} ({inc.victim.qos or '?'})  "
-            f"cause {inc.cause}  confidence {inc.confidence:.2f}  started {_ts(inc.started_at)}  {state}"
+            f"cause {inc.cause}  confidence {inc.confidence:.2f}  started {clock_time(inc.started_at)}  "
+            f"{state_line(report, inc)}"
         )
-        if inc.culprits:
+        culprits = culprits_of(inc)
+        if culprits:
             lines.append("  culprits (ranked):")
-            for rank, c in enumerate(inc.culprits, 1):
+            for rank, c in enumerate(culprits, 1):
                 lines.append(
                     f"    {rank}. {c.target.display} ({c.target.qos or '?'})  score {c.score:.2f}  "
                     f"ran during {c.who_ran_instead_share:.0%} of the victim's wait  "
-                    f"cpu {c.cpu_cores:.2f} cores  correlation {c.correlation:+.2f}"
+                    f"cpu {fmt_num(c.cpu_cores)} cores{request_note(report, c.target)}  correlation {c.correlation:+.2f}"
                 )
         else:
             lines.append("  culprits: none (not a neighbour's doing)" if inc.cause == Cause.SELF_THROTTLING
                          else "  culprits: none attributed")
         lines.append("  evidence:")
-        for e in inc.evidence:
-            bound = f" (threshold {e.threshold:g})" if e.threshold is not None else ""
-            base = f" (baseline {e.baseline:g})" if e.baseline is not None else ""
-            note = f"  [{e.note}]" if e.note else ""
-            lines.append(f"    {e.signal} = {e.value:.4g} over {e.window_s:.0f} s{bound}{base}{note}")
+        for e in evidence_of(report, inc):
+            if e.signal == "closed":
+                lines.append(f"    closed: {note_text(e.note)}")
+                continue
+            bound = f" (threshold {human_value(e.signal, e.threshold)})" if e.threshold is not None else ""
+            base = f" (baseline {human_value(e.signal, e.baseline)})" if e.baseline is not None else ""
+            note = f"  [{note_text(e.note)}]" if e.note else ""
+            label = SIGNALS[e.signal].label if e.signal in SIGNALS else e.signal
+            value = fmt_num(e.value, "{}") if math.isnan(e.value) else human_value(e.signal, e.value)
+            lines.append(f"    {label} = {value} over {e.window_s:.0f} s{bound}{base}{note}")
         lines.append(f"  advice: {ADVICE[inc.cause]}")
         lines.append("")
     if report.decisions:
         lines.append("Suggested actions (not applied by diagnose):")
         for d in report.decisions:
-            lines.append(f"  - {d.kind} {d.target.display}: {d.reason}")
+            lines.append(f"  - {d.kind} {d.target.display} {describe_amount(d)}: {d.reason}".replace("  :", ":"))
         lines.append("")
     if report.top_workloads:
         lines.append("Workloads by worst runqueue p99 (ms):")
         for r in report.top_workloads:
             lines.append(
                 f"  {r['runq_p99_ms_max']:9.3f} max {r['runq_p99_ms_median']:9.3f} median  "
-                f"{r['workload']} ({r['qos'] or '-'})  cpu {r['cpu_cores_mean']}"
+                f"{r['workload']} ({r['qos'] or '-'})  cpu {fmt_num(r['cpu_cores_mean'], '{:.3f}')}"
             )
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _svg(points: list[tuple[float, float]], width: int = 640, height: int = 140) -> str:
-    if not points:
-        return ""
-    t0 = points[0][0]
-    xs = [t - t0 for t, _ in points]
-    ys = [v for _, v in points]
-    xmax = max(max(xs), 1e-9)
-    ymin, ymax = min(0.0, min(ys)), max(ys) or 1.0
-    span = (ymax - ymin) or 1.0
-
-    def px(x: float, y: float) -> str:
-        return f"{40 + x / xmax * (width - 50):.1f},{height - 20 - (y - ymin) / span * (height - 30):.1f}"
-
-    path = " ".join(px(x, y) for x, y in zip(xs, ys, strict=True))
-    return (
-        f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
-        f'<rect x="40" y="10" width="{width - 50}" height="{height - 30}" fill="none" stroke="#ccc"/>'
-        f'<polyline fill="none" stroke="#c0392b" stroke-width="1.5" points="{path}"/>'
-        f'<text x="2" y="16" font-size="10">{ymax:.3g}</text><text x="2" y="{height - 20}" font-size="10">{ymin:.3g}</text>'
-        f'<text x="40" y="{height - 4}" font-size="10">0 s</text>'
-        f'<text x="{width - 40}" y="{height - 4}" font-size="10">{xmax:.0f} s</text></svg>'
-    )
-
-
-def render_html(report: DiagnoseReport) -> str:
-    esc = html.escape
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>noisyneighbor diagnose</title>",
-        "<style>body{font-family:sans-serif;margin:2em}pre{background:#f6f6f6;padding:1em}"
-        "h2{border-bottom:1px solid #ddd}</style></head><body>",
-        "<h1>noisyneighbor diagnose</h1>",
-        f"<pre>{esc(render_text(report))}</pre>",
-    ]
-    for inc in report.incidents:
-        parts.append(f"<h2>{esc(inc.incident_id)}: {esc(inc.victim.display)} — {esc(str(inc.cause))}</h2>")
-        for name, points in report.series.get(inc.incident_id, {}).items():
-            parts.append(f"<h3>{esc(name)}</h3>{_svg(points)}")
-    parts.append(f"<script type='application/json' id='report'>{esc(json.dumps(report.to_dict(), default=str))}</script>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+def embed_json(data: Any) -> str:
+    """JSON for a <script type="application/json"> block: not HTML-escaped (the block is raw text, so
+    &quot; would stay in the JSON), but no '<', '>' or '&' either, so a string holding "</script>"
+    cannot end the block. The \\u escapes decode to the same characters in any JSON parser."""
+    text = json.dumps(data, default=str)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

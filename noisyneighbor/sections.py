@@ -14,10 +14,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from detector.cgroups import CgroupResolver
+from noisyneighbor.output import now_iso
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.collect import cgroup_activity
 from probes.cpuacct import CgroupCpuStat, cpu_delta, read_cgroup_cpu
@@ -70,10 +70,6 @@ TOP_DESTINATIONS = 3
 def sources_for(views: Iterable[str]) -> list[str]:
     wanted = {name for view in views for name in VIEW_SOURCES[view]}
     return [name for name in SOURCE_ORDER if name in wanted]
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def in_subtree(path: str, root: str | None) -> bool:

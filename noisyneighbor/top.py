@@ -27,9 +27,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
+from rich.text import Text
 
+from noisyneighbor.output import SCHEMA_VERSION, now_iso
 from noisyneighbor.sections import (
     RUNQ_SORT_KEYS,
     SOURCE_ORDER,
@@ -38,7 +40,6 @@ from noisyneighbor.sections import (
     VIEWS,
     Context,
     Source,
-    now_iso,
     open_source,
     sort_rows,
     sources_for,
@@ -47,6 +48,9 @@ from noisyneighbor.views import SORT_HOTKEYS, VIEW_HOTKEYS, render_frame
 
 SORT_KEYS = RUNQ_SORT_KEYS
 VIEW_CHOICES = (*VIEWS, "all")
+# The live view's first frame comes after this (or the interval, if shorter): rates are per second
+# whatever the span, and a first screen a full interval late reads as a hang.
+FIRST_FRAME_S = 0.5
 
 
 def views_of(view: str) -> list[str]:
@@ -98,7 +102,7 @@ def collect(sources: Sequence[Source]) -> Frame:
 def frame_record(frame: Frame, sort_key: str = "wait", limit: int | None = None) -> dict:
     """The JSON interval record. runq keeps its historical top-level keys (cgroups, cpus, drops);
     every other view whose probe is on adds one key holding its section."""
-    record: dict[str, Any] = {"ts": frame.ts, "interval_s": frame.interval_s}
+    record: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "ts": frame.ts, "interval_s": frame.interval_s}
     runq = frame.sections.get("runq")
     if runq is not None:
         record["cgroups"] = [asdict(r) for r in sort_rows(runq.cgroups, sort_key)][: limit or None]
@@ -160,7 +164,7 @@ def run_top(
     statuses = {s.name: s.status for s in sources}
     probes = {name: asdict(status) for name, status in statuses.items()}
     if as_json and not once:
-        out.write(json.dumps({"type": "status", "probes": probes}) + "\n")
+        out.write(json.dumps({"schema_version": SCHEMA_VERSION, "type": "status", "ts": now_iso(), "probes": probes}) + "\n")
         out.flush()
     for source in sources:
         source.start()
@@ -180,8 +184,12 @@ def run_top(
                     refresh=True,
                 )
 
-        with _cbreak(sys.stdin) as keys, Live(console=console, auto_refresh=False, screen=False) as live:
-            deadline = time.monotonic() + interval_s
+        # screen=True: the alternate screen, so the table neither scrolls the terminal nor stays under the prompt.
+        with _cbreak(sys.stdin) as keys, Live(console=console, auto_refresh=False, screen=True) as live:
+            # Something at once: the probes' states and that the first interval is being measured.
+            live.update(Group(render_frame(now_iso(), {}, shown_views, statuses, keys=True),
+                              Text("measuring the first interval…", style="dim")), refresh=True)
+            deadline = time.monotonic() + min(interval_s, FIRST_FRAME_S)
             while count is None or shown < count:
                 key = _read_key(deadline - time.monotonic()) if keys else time.sleep(max(deadline - time.monotonic(), 0))
                 if key in ("q", "Q"):

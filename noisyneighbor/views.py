@@ -104,6 +104,13 @@ def _dim(text: str) -> Text:
     return Text(text, style="dim")
 
 
+def _table(columns: Sequence[Column], rows: Sequence[Any], limit: int | None, sorted_by: str | None,
+           nothing: str) -> list[RenderableType]:
+    """The table, and when it has no row a line saying so: an idle probe is not a broken one."""
+    table = make_table(columns, rows, limit, sorted_by)
+    return [table] if rows else [table, _dim(f"nothing this interval: {nothing}")]
+
+
 def _drops(drops: dict[str, int]) -> str:
     return f"drops: {sum(drops.values())}"
 
@@ -129,7 +136,7 @@ RUNQ_COLUMNS = (
 def render_runq(section: Interval, limit: int | None, sort_key: str) -> list[RenderableType]:
     cpus = "  ".join(f"cpu{c.cpu}: {c.wait_ms_per_s:.1f}ms/s p99 {fmt_us(c.p99_us)}" for c in section.cpus)
     return [
-        make_table(RUNQ_COLUMNS, sort_rows(section.cgroups, sort_key), limit, sort_key),
+        *_table(RUNQ_COLUMNS, sort_rows(section.cgroups, sort_key), limit, sort_key, "no task waited on a runqueue"),
         _dim(f"{cpus}   {_drops(section.drops)}"),
     ]
 
@@ -156,7 +163,8 @@ def render_softirq(section: SoftirqSection, limit: int | None, sort_key: str) ->
             f" run {fmt_us(s['runtime_ns'] / 1e3)}, raised under {s['raise_comm'] or '-'} in {s['raise_cgroup']},"
             f" ran in {where}"
         )
-    return [make_table(SOFTIRQ_COLUMNS, section.rows, limit, "runtime"), _dim(f"{footer}   {_drops(section.drops)}")]
+    return [*_table(SOFTIRQ_COLUMNS, section.rows, limit, "runtime", "no softirq ran"),
+            _dim(f"{footer}   {_drops(section.drops)}")]
 
 
 RECLAIM_COLUMNS = (
@@ -181,7 +189,8 @@ def render_reclaim(section: ReclaimSection, limit: int | None, sort_key: str) ->
     others = "".join(f", {kind} {row['count']} passes" for kind, row in section.node.items() if kind != "direct")
     vmstat = "?" if section.allocstall is None else f"+{section.allocstall}"
     footer = f"{node}{others}   /proc/vmstat allocstall: {vmstat}"
-    return [make_table(RECLAIM_COLUMNS, section.rows, limit, "stall"), _dim(f"{footer}   {_drops(section.drops)}")]
+    return [*_table(RECLAIM_COLUMNS, section.rows, limit, "stall", "no memory reclaim in any cgroup"),
+            _dim(f"{footer}   {_drops(section.drops)}")]
 
 
 def _destinations(row: dict) -> str:
@@ -207,7 +216,7 @@ TCP_COLUMNS = (
 
 def render_tcp(section: TcpSection, limit: int | None, sort_key: str) -> list[RenderableType]:
     return [
-        make_table(TCP_COLUMNS, section.rows, limit, "worst"),
+        *_table(TCP_COLUMNS, section.rows, limit, "worst", "no TCP connect"),
         _dim(f"sorted by failures + SYN retransmits, then p99; latency of successful connects   {_drops(section.drops)}"),
     ]
 

@@ -8,9 +8,11 @@ profile="${1:-run}"
 
 # Packages the agent needs to build its BPF objects and to run.
 pkgs=(clang llvm libbpf-dev bpftool make python3-venv)
-# Tests create real workloads, network namespaces and firewall rules.
+# Tests create real workloads, network namespaces and firewall rules; kubectl renders deploy/ with its
+# built-in kustomize (tests/test_deploy.py); chromium opens the diagnose HTML report headless
+# (scripts/report-in-browser.py, tests/test_cli.py).
 if [[ "$profile" == test || "$profile" == bench ]]; then
-  pkgs+=(stress-ng rt-tests iproute2 linux-perf nftables iptables prometheus)
+  pkgs+=(stress-ng rt-tests iproute2 linux-perf nftables iptables prometheus kubectl chromium)
 fi
 # The benchmark compares against bcc's tools, which compile against kernel headers.
 if [[ "$profile" == bench ]]; then

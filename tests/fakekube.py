@@ -22,7 +22,13 @@ Paths served (all need ``Authorization: Bearer <token>`` when ``token`` is set, 
   ``watch=true``: a chunked stream of ``{"type": ADDED|MODIFIED|DELETED|ERROR, "object": ...}`` lines
   starting after ``resourceVersion``; a version older than the retained history gets an ERROR 410
   event ("Expired"). The stream ends after ``timeoutSeconds`` or when :meth:`close_watches` is called.
-- ``GET /api/v1/namespaces/{ns}/pods/{name}``, ``GET /api/v1/nodes/{name}``.
+- Discovery (``GET /api``, ``/apis``, ``/api/v1``), enough for kubectl.
+- ``GET /api/v1/namespaces/{ns}/pods`` (``fieldSelector=spec.nodeName=`` and equality
+  ``labelSelector`` honoured), ``GET /api/v1/namespaces/{ns}/pods/{name}``, ``GET /api/v1/nodes/{name}``.
+- ``GET|POST /api/v1/namespaces/{ns}/pods/{name}/exec`` over a WebSocket (``v5``/``v4.channel.k8s.io``,
+  what kubectl speaks): the answer comes from :attr:`exec_handler` ``(namespace, pod, container,
+  command) -> (stdout, stderr, exit_code)``, sent as channel 1/2 frames and a channel 3 Status, as
+  the kubelet's stream does. ``kube.execs`` lists (namespace, pod, container, command, query).
 - ``POST /api/v1/namespaces/{ns}/pods/{name}/eviction`` (policy/v1 Eviction). By default 201, then
   the pod gets a ``deletionTimestamp`` (a MODIFIED event) and is deleted ``eviction_delete_delay``
   seconds later (a DELETED event). :meth:`set_eviction_response` makes a pod answer 429 (PDB-style
@@ -42,6 +48,7 @@ restart the listener on the same port (connection refused in between).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import hashlib
@@ -53,6 +60,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -241,6 +249,9 @@ class FakeKube:
         self.requests: list[RecordedRequest] = []
         self.events: list[dict[str, Any]] = []
         self.evictions: list[tuple[str, str, Any, int]] = []
+        self.execs: list[tuple[str, str, str, list[str], dict[str, list[str]]]] = []
+        self.exec_handler: Callable[[str, str, str, list[str]], tuple[bytes, bytes, int]] = \
+            lambda ns, pod, container, command: (b"", b"", 0)
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         self._eviction_responses: dict[tuple[str, str], tuple[int, str | None]] = {}
         self._failures: list[_Failure] = []
@@ -609,6 +620,28 @@ def _make_handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                     listing["items"] = []
                 self._send_json(200, listing)
                 return
+            # Discovery, as kubectl asks it before any request (unaggregated JSON: kubectl falls back to it).
+            if method == "GET" and parts == ["api"]:
+                self._send_json(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+                    {"clientCIDR": "0.0.0.0/0", "serverAddress": f"127.0.0.1:{kube.port}"}]})
+                return
+            if method == "GET" and parts == ["apis"]:
+                self._send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+                return
+            if method == "GET" and parts == ["api", "v1"]:
+                self._send_json(200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                    {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod", "shortNames": ["po"],
+                     "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]},
+                    {"name": "pods/exec", "singularName": "", "namespaced": True, "kind": "PodExecOptions",
+                     "verbs": ["create", "get"]},
+                    {"name": "pods/eviction", "singularName": "", "namespaced": True, "group": "policy",
+                     "version": "v1", "kind": "Eviction", "verbs": ["create"]},
+                    {"name": "nodes", "singularName": "node", "namespaced": False, "kind": "Node",
+                     "verbs": ["get", "list", "watch"]},
+                    {"name": "events", "singularName": "event", "namespaced": True, "kind": "Event",
+                     "verbs": ["create", "get", "list", "patch"]},
+                ]})
+                return
             if method == "GET" and parts == ["api", "v1", "pods"]:
                 node = _node_from_selector(query)
                 if query.get("watch", ["false"])[0] in ("true", "1"):
@@ -631,6 +664,16 @@ def _make_handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
             if len(parts) >= 5 and parts[:3] == ["api", "v1", "namespaces"]:
                 ns = parts[3]
                 rest = parts[4:]
+                if rest == ["pods"] and method == "GET":
+                    listing = kube._pod_list(_node_from_selector(query))
+                    wanted = _labels_from_selector(query)
+                    listing["items"] = [p for p in listing["items"] if p["metadata"]["namespace"] == ns
+                                        and wanted.items() <= (p["metadata"].get("labels") or {}).items()]
+                    self._send_json(200, listing)
+                    return
+                if rest[0] == "pods" and len(rest) == 3 and rest[2] == "exec" and method in ("GET", "POST"):
+                    self._exec(ns, rest[1], query)
+                    return
                 if rest[0] == "pods" and len(rest) == 2 and method == "GET":
                     pod = kube.get_pod(ns, rest[1])
                     if pod is None:
@@ -665,6 +708,42 @@ def _make_handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                     self._send_json(code, obj)
                     return
             self._send_json(404, _status(404, "NotFound", f"the server could not find the requested resource ({path})"))
+
+        def _exec(self, ns: str, name: str, query: dict[str, list[str]]) -> None:
+            pod = kube.get_pod(ns, name)
+            if pod is None:
+                self._send_json(404, _status(404, "NotFound", f'pods "{name}" not found'))
+                return
+            offered = [p.strip() for p in (self.headers.get("Sec-WebSocket-Protocol") or "").split(",")]
+            protocol = next((p for p in ("v5.channel.k8s.io", "v4.channel.k8s.io") if p in offered), None)
+            key = self.headers.get("Sec-WebSocket-Key")
+            if self.headers.get("Upgrade", "").lower() != "websocket" or key is None or protocol is None:
+                self._send_json(400, _status(400, "BadRequest", "exec needs a websocket upgrade (v4/v5.channel.k8s.io)"))
+                return
+            container = query.get("container", [pod["spec"]["containers"][0]["name"]])[0]
+            command = query.get("command", [])
+            with kube._cond:
+                kube.execs.append((ns, name, container, list(command), query))
+            stdout, stderr, code = kube.exec_handler(ns, name, container, list(command))
+            accept = base64.b64encode(hashlib.sha1((key + _WS_GUID).encode()).digest()).decode()
+            self.send_response(101, "Switching Protocols")
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Sec-WebSocket-Accept", accept)
+            self.send_header("Sec-WebSocket-Protocol", protocol)
+            self.end_headers()
+            status = {"metadata": {}, "status": "Success"} if code == 0 else {
+                "metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+                "message": f"command terminated with non-zero exit code: exit status {code}",
+                "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
+            with contextlib.suppress(OSError):
+                for channel, data in ((1, stdout), (2, stderr)):
+                    for i in range(0, len(data), 32768):
+                        self.wfile.write(_ws_frame(0x2, bytes([channel]) + data[i:i + 32768]))
+                self.wfile.write(_ws_frame(0x2, b"\x03" + json.dumps(status).encode()))
+                self.wfile.write(_ws_frame(0x8, (1000).to_bytes(2, "big")))
+                self.wfile.flush()
+            self.close_connection = True
 
         def _chunk(self, obj: Any) -> None:
             data = (json.dumps(obj) + "\n").encode()
@@ -750,6 +829,33 @@ def _make_handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
 
     return Handler
+
+
+_WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+
+def _ws_frame(opcode: int, payload: bytes) -> bytes:
+    """One unmasked server-to-client WebSocket frame (RFC 6455)."""
+    n = len(payload)
+    head = bytes([0x80 | opcode])
+    if n < 126:
+        head += bytes([n])
+    elif n < 1 << 16:
+        head += bytes([126]) + n.to_bytes(2, "big")
+    else:
+        head += bytes([127]) + n.to_bytes(8, "big")
+    return head + payload
+
+
+def _labels_from_selector(query: dict[str, list[str]]) -> dict[str, str]:
+    """Equality terms of a labelSelector (``a=b,c==d``); set-based terms are not needed by callers."""
+    out: dict[str, str] = {}
+    for sel in query.get("labelSelector", []):
+        for term in sel.split(","):
+            key, _, value = term.partition("=")
+            if key:
+                out[key.strip()] = value.lstrip("=").strip()
+    return out
 
 
 def _node_from_selector(query: dict[str, list[str]]) -> str | None:

@@ -119,6 +119,24 @@ def test_alert_rules_pass_promtool_unit_tests(tmp_path):
     assert tested == {r["alert"] for r in _alert_rules()}, "every alert has a unit test"
 
 
+def test_every_alert_has_a_runbook_section():
+    runbooks = (REPO / "docs" / "runbooks.md").read_text()
+    anchors = {h.strip().lower() for h in re.findall(r"^## (\S+)\s*$", runbooks, re.M)}
+    for rule in _alert_rules():
+        url = rule["annotations"].get("runbook_url", "")
+        assert url == f"docs/runbooks.md#{rule['alert'].lower()}", (rule["alert"], url)
+        assert url.split("#", 1)[1] in anchors, f"{rule['alert']}: no section in docs/runbooks.md"
+
+
+def test_availability_alerts_cover_a_dead_and_an_unready_agent():
+    """An agent that cannot be scraped exports nothing: those alerts must read what Prometheus and
+    kube-state-metrics know, not the agent's own series."""
+    by_name = {r["alert"]: r for r in _alert_rules()}
+    assert re.search(r'\bup\{job="noisyneighbor"\} == 0', by_name["NoisyNeighborAgentDown"]["expr"])
+    assert not METRIC_RE.findall(by_name["NoisyNeighborAgentDown"]["expr"])
+    assert "kube_daemonset_status_number_ready" in by_name["NoisyNeighborAgentNotReady"]["expr"]
+
+
 # -- integration -------------------------------------------------------------------------------------
 
 LS_WORKER = REPO / "tests" / "workloads" / "ls_worker.py"

@@ -1,16 +1,20 @@
-"""deploy/: the Kubernetes manifests validate against a current API schema and say what the agent needs.
+"""deploy/: every kustomize rendering validates against a current API schema and says what the agent needs.
 
-Core kinds are validated by kubernetes-validate against the newest Kubernetes schema it ships, in strict
-mode (unknown fields are errors). kubernetes-validate has no schemas for CRDs (ServiceMonitor) or for
-kustomize's Kustomization, so those are checked here against the fields we use.
+Each overlay (and the base) is rendered by a real kustomize (`kubectl kustomize`); the core kinds are
+validated by kubernetes-validate against the newest Kubernetes schema it ships, in strict mode
+(unknown fields are errors). kubernetes-validate has no schemas for CRDs (ServiceMonitor,
+PrometheusRule), so those are checked here against the fields we use, and the rule groups by promtool
+in tests/test_dashboards.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
+import functools
+import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +23,17 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conftest import require_tool
+
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is in the dev extra: pip install -e '.[dev]'"
 )
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
-NOT_MANIFESTS = {"config.yaml", "kustomization.yaml"}
+BASE = DEPLOY / "base"
+OVERLAYS = sorted(p.parent.relative_to(DEPLOY).as_posix() for p in DEPLOY.glob("overlays/*/kustomization.yaml"))
+RENDERINGS = [".", "base", *OVERLAYS]
 AGENT_LABELS = {"app.kubernetes.io/name": "noisyneighbor", "app.kubernetes.io/component": "agent"}
 METRICS_PORT = 9717
 EXPECTED_ARGS = [
@@ -37,42 +45,44 @@ EXPECTED_ARGS = [
     "--dry-run",
     "--journal-dir", "/var/lib/noisyneighbor/journal",
 ]
+# API groups of the kinds the base may hold: core, RBAC, apps. Anything else needs a CRD or an operator.
+BUILTIN_GROUPS = {"v1", "rbac.authorization.k8s.io/v1", "apps/v1"}
 
 
-def manifest_files() -> list[Path]:
-    return sorted(p for p in DEPLOY.glob("*.yaml") if p.name not in NOT_MANIFESTS)
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    kubectl = require_tool("kubectl")
+    res = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return [d for d in yaml.safe_load_all(res.stdout) if d is not None]
 
 
-def load_docs(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+@functools.cache
+def _rendered(name: str) -> tuple[dict[str, Any], ...]:
+    return tuple(kustomize(DEPLOY / name))
+
+
+def rendered(name: str = "base") -> list[dict[str, Any]]:
+    return copy.deepcopy(list(_rendered(name)))
 
 
 def all_docs() -> list[dict[str, Any]]:
-    return [d for p in manifest_files() for d in load_docs(p)]
+    return rendered("base")
 
 
-def the(kind: str) -> dict[str, Any]:
-    found = [d for d in all_docs() if d["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+def the(kind: str, name: str = "base") -> dict[str, Any]:
+    found = [d for d in rendered(name) if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind} in {name}, found {len(found)}"
     return found[0]
 
 
-def agent_container() -> dict[str, Any]:
-    containers = the("DaemonSet")["spec"]["template"]["spec"]["containers"]
+def agent_container(name: str = "base") -> dict[str, Any]:
+    containers = the("DaemonSet", name)["spec"]["template"]["spec"]["containers"]
     assert [c["name"] for c in containers] == ["agent"]
     return containers[0]
 
 
 def configmap_name() -> str:
-    """The ConfigMap's name: from configmap.yaml, or what deploy/generate.py will write there."""
-    if (DEPLOY / "configmap.yaml").exists():
-        return the("ConfigMap")["metadata"]["name"]
-    spec = importlib.util.spec_from_file_location("nn_deploy_generate", DEPLOY / "generate.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module.ConfigMapSpec().name
+    return the("ConfigMap")["metadata"]["name"]
 
 
 def k8s_version() -> str:
@@ -81,17 +91,38 @@ def k8s_version() -> str:
 
 # ---- schema validation -------------------------------------------------------------------------------
 
-CRD_KINDS = {"ServiceMonitor"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 
-@pytest.mark.parametrize("path", manifest_files(), ids=lambda p: p.name)
-def test_manifest_validates_against_current_kubernetes(path: Path) -> None:
-    docs = load_docs(path)
-    assert docs, f"{path.name} is empty"
+@pytest.mark.parametrize("name", RENDERINGS)
+def test_rendering_validates_against_current_kubernetes(name: str) -> None:
+    docs = rendered(name)
+    assert docs, f"{name} renders nothing"
     for doc in docs:
         if doc["kind"] in CRD_KINDS:
-            continue  # no CRD schemas in kubernetes-validate: see test_servicemonitor_structure
+            continue  # no CRD schemas in kubernetes-validate: see the structure tests below
         kubernetes_validate.validate(doc, k8s_version(), strict=True)
+
+
+def test_base_holds_no_operator_resource() -> None:
+    """`kubectl apply -k deploy/` must work on a cluster without the Prometheus Operator's CRDs."""
+    for name in (".", "base"):
+        kinds = {(d["apiVersion"], d["kind"]) for d in rendered(name)}
+        assert {v for v, _ in kinds} <= BUILTIN_GROUPS, kinds
+        assert {k for _, k in kinds} == {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                                         "ConfigMap", "DaemonSet", "Service"}
+
+
+def test_overlays_add_the_monitoring_components() -> None:
+    kinds = {name: sorted(d["kind"] for d in rendered(name) if d["kind"] not in
+                          {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "DaemonSet"})
+             for name in OVERLAYS}
+    assert kinds == {
+        "overlays/kube-prometheus-stack": ["ConfigMap", "ConfigMap", "ConfigMap", "ConfigMap", "PrometheusRule",
+                                           "ServiceMonitor"],
+        "overlays/no-resctrl": ["ConfigMap"],
+        "overlays/prometheus-operator": ["ConfigMap", "PrometheusRule", "ServiceMonitor"],
+    }
 
 
 def test_validator_rejects_a_broken_daemonset() -> None:
@@ -116,10 +147,11 @@ ENDPOINT_FIELDS = {"port", "path", "scheme", "interval", "scrapeTimeout", "honor
                    "metricRelabelings", "targetPort", "bearerTokenSecret", "tlsConfig"}
 
 
-def test_servicemonitor_structure() -> None:
+@pytest.mark.parametrize("overlay", ["overlays/prometheus-operator", "overlays/kube-prometheus-stack"])
+def test_servicemonitor_structure(overlay: str) -> None:
     """ServiceMonitor (monitoring.coreos.com/v1) against the CRD's fields we use; kubernetes-validate has no CRDs."""
-    sm = the("ServiceMonitor")
-    svc = the("Service")
+    sm = the("ServiceMonitor", overlay)
+    svc = the("Service", overlay)
     assert sm["apiVersion"] == "monitoring.coreos.com/v1"
     assert set(sm) == {"apiVersion", "kind", "metadata", "spec"}
     assert sm["metadata"]["namespace"] == svc["metadata"]["namespace"]
@@ -139,6 +171,59 @@ def test_servicemonitor_structure() -> None:
             assert DURATION.match(ep[key]), f"{key}={ep[key]!r} is not a Prometheus duration"
 
 
+def test_kube_prometheus_stack_overlay_sets_the_release_label() -> None:
+    """kube-prometheus-stack's Prometheus selects ServiceMonitors and PrometheusRules by `release`."""
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        labels = the(kind, "overlays/kube-prometheus-stack")["metadata"]["labels"]
+        assert labels["release"] == "kube-prometheus-stack" and labels["app.kubernetes.io/name"] == "noisyneighbor"
+        assert "release" not in the(kind, "overlays/prometheus-operator")["metadata"]["labels"]
+
+
+def test_prometheusrule_is_the_alerts_file_in_the_agent_namespace() -> None:
+    rule = the("PrometheusRule", "overlays/prometheus-operator")
+    source = yaml.safe_load((REPO / "dashboards" / "alerts.yaml").read_text())
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and set(rule) == {"apiVersion", "kind", "metadata", "spec"}
+    assert rule["metadata"]["namespace"] == the("Namespace")["metadata"]["name"]
+    assert rule["spec"] == source["spec"]
+    for group in rule["spec"]["groups"]:
+        for r in group["rules"]:
+            assert set(r) <= {"alert", "expr", "for", "labels", "annotations", "record"}, r
+
+
+def test_grafana_dashboard_configmaps_carry_every_dashboard_for_the_sidecar() -> None:
+    maps = [d for d in rendered("overlays/kube-prometheus-stack")
+            if d["kind"] == "ConfigMap" and d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    sources = {p.name: p.read_text() for p in (REPO / "dashboards").glob("*.json")}
+    assert sources, "no dashboards in dashboards/"
+    data = {k: v for cm in maps for k, v in cm["data"].items()}
+    assert data == sources
+    for cm in maps:
+        assert cm["metadata"]["namespace"] == "noisyneighbor"
+        assert not re.search(r"-[a-z0-9]{10}$", cm["metadata"]["name"]), "hash suffix: stale copies would duplicate"
+        for text in cm["data"].values():
+            assert json.loads(text)["uid"]
+    # kubectl apply keeps the whole object in an annotation limited to 256 KiB; ConfigMaps to 1 MiB.
+    assert max(len(json.dumps(cm)) for cm in maps) < 200_000
+
+
+def test_generated_component_files_are_in_sync() -> None:
+    r = _generate("--check")
+    assert r.returncode == 0, r.stderr
+
+
+def test_generate_check_names_a_stale_copy(tmp_path: Path) -> None:
+    tree = tmp_path / "repo"
+    shutil.copytree(DEPLOY, tree / "deploy")
+    shutil.copytree(REPO / "dashboards", tree / "dashboards")
+    (tree / "dashboards" / "alerts.yaml").write_text((tree / "dashboards" / "alerts.yaml").read_text() + "# changed\n")
+    script = tree / "deploy" / "generate.py"
+    stale = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=60)
+    assert stale.returncode == 1 and "components/prometheusrule/alerts.yaml" in stale.stderr, stale.stderr
+    assert len(stale.stderr.strip().splitlines()) == 1
+    assert subprocess.run([sys.executable, str(script)], timeout=60).returncode == 0
+    assert subprocess.run([sys.executable, str(script), "--check"], timeout=60).returncode == 0
+
+
 # ---- what the agent needs ------------------------------------------------------------------------------
 
 def test_rbac_grants_exactly_what_the_agent_uses() -> None:
@@ -154,6 +239,9 @@ def test_rbac_grants_exactly_what_the_agent_uses() -> None:
         ("", "pods/eviction"): {"create"},
         ("", "events"): {"create", "patch"},
         ("", "nodes"): {"get"},
+        # The kubelet's GET /pods: nodes/proxy, or nodes/pods on kubelets with fine-grained authorization.
+        ("", "nodes/proxy"): {"get"},
+        ("", "nodes/pods"): {"get"},
     }
     binding = the("ClusterRoleBinding")
     sa = the("ServiceAccount")
@@ -215,6 +303,8 @@ def test_container_args_match_the_agent_flags() -> None:
     assert c["args"] == EXPECTED_ARGS
     node_env = next(e for e in c["env"] if e["name"] == "NODE_NAME")
     assert node_env["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    host_ip = next(e for e in c["env"] if e["name"] == "HOST_IP")
+    assert host_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
     journal = c["args"][c["args"].index("--journal-dir") + 1]
     assert any(journal.startswith(m["mountPath"] + "/") for m in c["volumeMounts"]), "journal not on a volume"
 
@@ -253,79 +343,46 @@ def test_namespaces_are_consistent() -> None:
 
 # ---- kustomize ---------------------------------------------------------------------------------------------
 
-def test_kustomization_lists_every_manifest() -> None:
-    """kustomize's own schema is not in kubernetes-validate: check the fields and the file list here."""
-    k = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
-    assert k["apiVersion"] == "kustomize.config.k8s.io/v1beta1" and k["kind"] == "Kustomization"
-    assert set(k) <= {"apiVersion", "kind", "resources", "images", "namespace", "labels", "patches"}
-    # configmap.yaml may not be generated yet (deploy/config.yaml pending): it is listed all the same.
-    assert sorted(k["resources"]) == sorted({p.name for p in manifest_files()} | {"configmap.yaml"})
-    image = agent_container()["image"].split(":")[0]
-    assert [i["name"] for i in k["images"]] == [image]
-
-
 def test_no_resctrl_overlay_removes_only_the_resctrl_mount() -> None:
-    overlay = DEPLOY / "overlays" / "no-resctrl"
-    k = yaml.safe_load((overlay / "kustomization.yaml").read_text())
-    assert k["resources"] == ["../../"]
-    patch = yaml.safe_load((overlay / k["patches"][0]["path"]).read_text())
-    ds = the("DaemonSet")
-    assert (patch["kind"], patch["metadata"]) == (ds["kind"], ds["metadata"] | {"labels": None}) or (
-        patch["metadata"]["name"] == ds["metadata"]["name"]
-        and patch["metadata"]["namespace"] == ds["metadata"]["namespace"]
-    )
-    spec = patch["spec"]["template"]["spec"]
-    deleted_mounts = [m["mountPath"] for m in spec["containers"][0]["volumeMounts"] if m.get("$patch") == "delete"]
-    deleted_volumes = [v["name"] for v in spec["volumes"] if v.get("$patch") == "delete"]
-    pod = ds["spec"]["template"]["spec"]
-    by_path = {m["mountPath"]: m["name"] for m in agent_container()["volumeMounts"]}
-    assert deleted_mounts == ["/host/sys/fs/resctrl"]
-    assert deleted_volumes == [by_path["/host/sys/fs/resctrl"]]
-    assert deleted_volumes[0] in {v["name"] for v in pod["volumes"]}
-    assert spec["containers"][0]["name"] == agent_container()["name"]
+    base, overlay = the("DaemonSet"), the("DaemonSet", "overlays/no-resctrl")
+    base_pod, pod = base["spec"]["template"]["spec"], overlay["spec"]["template"]["spec"]
+    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert {m["mountPath"] for m in base_pod["containers"][0]["volumeMounts"]} - mounts == {"/host/sys/fs/resctrl"}
+    assert {v["name"] for v in base_pod["volumes"]} - {v["name"] for v in pod["volumes"]} == {"host-resctrl"}
+    base_pod["containers"][0]["volumeMounts"] = pod["containers"][0]["volumeMounts"]
+    base_pod["volumes"] = pod["volumes"]
+    assert base == overlay
 
 
-# ---- the ConfigMap and deploy/config.yaml --------------------------------------------------------------------
+# ---- the ConfigMap and deploy/base/config.yaml --------------------------------------------------------------
 
 def _generate(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(DEPLOY / "generate.py"), *args],
                           capture_output=True, text=True, timeout=60)
 
 
-def test_configmap_in_sync_with_config() -> None:
-    config = DEPLOY / "config.yaml"
-    if not config.exists():
-        pytest.skip("deploy/config.yaml does not exist yet (written by the config work): nothing to compare")
-    r = _generate("--check")
-    assert r.returncode == 0, r.stderr
+def test_configmap_holds_the_config_verbatim_under_a_content_hash() -> None:
     cm = the("ConfigMap")
-    assert cm["data"] == {"config.yaml": config.read_text()}
+    assert cm["data"] == {"config.yaml": (BASE / "config.yaml").read_text()}
+    assert re.fullmatch(r"noisyneighbor-config-[a-z0-9]{10}", cm["metadata"]["name"]), cm["metadata"]["name"]
+    assert cm["metadata"]["namespace"] == "noisyneighbor"
 
 
-def test_generate_round_trips_odd_config_text(tmp_path: Path) -> None:
-    """Whatever the config looks like (comments, indentation, blank lines, no final newline), it goes in verbatim."""
-    texts = ["# c\nkey: 1\n", "  indented: true\n", "no_newline: 1", "a: 1\n\n\n", "x: 'sp  '   \n",
-             "k: |\n  multi\n\n  line\n", "\n\nlead: 1\n"]
-    for i, text in enumerate(texts):
-        config, out = tmp_path / f"c{i}.yaml", tmp_path / f"cm{i}.yaml"
-        config.write_text(text)
-        r = _generate("--config", str(config), "--out", str(out))
-        assert r.returncode == 0, r.stderr
-        cm = yaml.safe_load(out.read_text())
-        assert cm["data"]["config.yaml"] == text
-        kubernetes_validate.validate(cm, k8s_version(), strict=True)
-        assert _generate("--config", str(config), "--out", str(out), "--check").returncode == 0
-        config.write_text("changed: 1\n")
-        stale = _generate("--config", str(config), "--out", str(out), "--check")
-        assert stale.returncode == 1 and "out of date" in stale.stderr
+def test_a_config_change_rolls_the_daemonset(tmp_path: Path) -> None:
+    """The DaemonSet's pod template names the hashed ConfigMap, so a new config is a new template."""
+    tree = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, tree)
+    before = kustomize(tree / "base")
+    config = tree / "base" / "config.yaml"
+    config.write_text(config.read_text().replace("runq_p99_ms: 5.0", "runq_p99_ms: 4.0"))
+    after = kustomize(tree / "base")
 
+    def pod_template_and_cm(docs: list[dict[str, Any]]) -> tuple[dict, str]:
+        ds = next(d for d in docs if d["kind"] == "DaemonSet")
+        cm = next(d for d in docs if d["kind"] == "ConfigMap")
+        volume = next(v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "config")
+        assert volume["configMap"]["name"] == cm["metadata"]["name"]
+        return ds["spec"]["template"], cm["metadata"]["name"]
 
-def test_generate_bad_input_is_a_one_line_error(tmp_path: Path) -> None:
-    out = tmp_path / "cm.yaml"
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("a: [1\n")
-    for config in (bad, tmp_path / "missing.yaml"):
-        r = _generate("--config", str(config), "--out", str(out))
-        assert r.returncode == 2
-        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
-        assert not out.exists(), "a half-written ConfigMap"
+    (t_before, cm_before), (t_after, cm_after) = pod_template_and_cm(before), pod_template_and_cm(after)
+    assert cm_before != cm_after and t_before != t_after

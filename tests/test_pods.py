@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -314,3 +315,69 @@ def test_index_maps_nested_kubepods_paths_to_pods():
     t = index.target_for("kubepods/besteffort/pod00000000-0000-0000-0000-000000000000")
     assert (t.pod, t.qos) == (None, "BE")
     assert index.target_for("system.slice/sshd.service").qos is None
+
+
+# -- reaching the node's kubelet from a pod, and what `auto` says it chose ---------------------------
+
+
+def test_kubelet_url_takes_the_node_ip_from_the_environment():
+    from detector.pods import expand_kubelet_url
+    from detector.policy import Policy
+
+    default = Policy().kubelet_url
+    assert expand_kubelet_url(default, {"HOST_IP": "10.1.2.3"}) == "https://10.1.2.3:10250"
+    assert expand_kubelet_url(default, {"HOST_IP": "fd00::7"}) == "https://[fd00::7]:10250"
+    assert expand_kubelet_url(default, {}) == "https://127.0.0.1:10250"  # outside a pod: the node's loopback
+    with pytest.raises(ValueError, match="HOST_IP is not set") as e:
+        expand_kubelet_url("https://${HOST_IP}:10250", {})
+    assert "\n" not in str(e.value)
+
+
+def _auto_policy(kube: FakeKube, token_file: str, **kw):
+    from detector.policy import Policy
+
+    return Policy(pod_source="auto", kubelet_url=f"https://${{HOST_IP}}:{kube.port}", kubelet_token_file=token_file,
+                  kubelet_ca_file=kube.ca_file, **kw)
+
+
+def test_auto_reaches_the_kubelet_at_host_ip_and_says_so_once(token_file: str, caplog):
+    from detector.pods import make_pod_source
+
+    with FakeKube(token="s3cret", tls=True) as kube:
+        kube.add_pod(make_pod("a", uid=UID_A))
+        caplog.set_level("INFO", logger="noisyneighbor.pods")
+        src = make_pod_source(_auto_policy(kube, token_file), environ={"HOST_IP": "127.0.0.1"})
+        try:
+            assert isinstance(src, KubeletPodSource) and [p.uid for p in src.pods()] == [UID_A]
+            assert kube.requests_to("/pods")[-1].headers["Authorization"] == "Bearer s3cret"
+        finally:
+            src.close()
+    lines = [r.getMessage() for r in caplog.records if "pod source auto" in r.getMessage()]
+    assert lines == [f"pod source auto: chose kubelet https://127.0.0.1:{kube.port}/pods (it answered with 1 pods)"]
+
+
+def test_auto_says_why_it_did_not_use_the_kubelet(token_file: str, caplog):
+    """A kubelet whose serving cert the configured CA does not sign: the token is never sent, and the one
+    line names the TLS failure (not in a cluster here, so standalone is what is left)."""
+    from detector.pods import make_pod_source
+
+    with FakeKube(token="s3cret", tls=True) as kube:
+        caplog.set_level("INFO", logger="noisyneighbor.pods")
+        policy = dataclasses.replace(_auto_policy(kube, token_file), kubelet_ca_file=None)  # system CAs only
+        src = make_pod_source(policy, environ={"HOST_IP": "127.0.0.1"})
+        try:
+            assert isinstance(src, StandalonePodSource)
+            assert kube.requests_to("/pods") == []
+        finally:
+            src.close()
+        lines = [r.getMessage() for r in caplog.records if "pod source auto" in r.getMessage()]
+        assert len(lines) == 1, lines
+        assert lines[0].startswith("pod source auto: chose standalone") and "TLS verification failed" in lines[0]
+        assert "not in a cluster" in lines[0]
+
+        # HOST_IP missing where the URL needs it: said in the same one line, not a traceback.
+        caplog.clear()
+        src = make_pod_source(_auto_policy(kube, token_file), environ={})
+        src.close()
+        lines = [r.getMessage() for r in caplog.records if "pod source auto" in r.getMessage()]
+        assert len(lines) == 1 and "HOST_IP is not set" in lines[0], lines

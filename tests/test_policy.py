@@ -56,7 +56,7 @@ def test_defaults_match_koordlet():
 
 
 def test_deploy_config_is_the_documented_default():
-    assert load_policy(REPO / "deploy/config.yaml") == Policy()
+    assert load_policy(REPO / "deploy/base/config.yaml") == Policy()
 
 
 def test_empty_file_is_defaults(tmp_path: Path):

@@ -481,3 +481,42 @@ def test_a_probe_that_cannot_load_does_not_stop_the_others(tmp_path):
 
     alone = _top("--view", "softirq", "--once", env=env, check=False)
     assert alone.returncode == 1 and alone.stderr.count("\n") == 1 and "softirq: off" in alone.stderr
+
+
+def test_idle_views_say_nothing_happened_instead_of_an_empty_table():
+    statuses = {"reclaim": ProbeStatus("reclaim", "on", attach_mode="tp_btf"),
+                "tcpconnect": ProbeStatus("tcpconnect", "on", attach_mode="tp_btf")}
+    sections = {"reclaim": ReclaimSection(1.0, [], {}, 0, 0.0, {}), "tcp": TcpSection(1.0, [], {})}
+    out = io.StringIO()
+    Console(file=out, width=160).print(render_frame("2026-01-01T00:00:00+00:00", sections, ["reclaim", "tcp"], statuses))
+    text = out.getvalue()
+    assert "nothing this interval: no memory reclaim in any cgroup" in text
+    assert "nothing this interval: no TCP connect" in text
+
+
+@pytest.mark.root
+def test_live_top_uses_the_alternate_screen_and_draws_before_the_first_interval():
+    """On a terminal: the alternate screen (the prompt comes back untouched) and a first screen with
+    the probes' states before any interval is measured."""
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([*CLI, "top", "--count", "1", "--interval", "1"], stdin=follower, stdout=follower,
+                            stderr=subprocess.PIPE, env=dict(os.environ, COLUMNS="160", LINES="50", TERM="xterm"))
+    os.close(follower)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    text = screen.decode(errors="replace")
+    assert "\x1b[?1049h" in text and "\x1b[?1049l" in text  # entered and left the alternate screen
+    first = text.index("measuring the first interval")
+    assert "CGROUP / POD" in text[first:], "no interval frame after the first screen"
+    assert "CGROUP / POD" not in text[:first]
