@@ -6,8 +6,9 @@ resolved to pod labels, vanished cgroups drop out and the per-cgroup cap is appl
 one scrape comes from the same tick.
 
 Series budget (an idle pod: a pod cgroup and one container cgroup): the container's runqueue
-histogram (24 buckets up to ``max_bucket_seconds`` ~8.4 s, +Inf, sum, count: 27), CPU counters and
-memory gauges of both cgroups (12), and on v2 nodes the pod's PSI totals (6). PSI averages and the
+histogram (24 buckets up to ``max_bucket_seconds`` ~8.4 s, +Inf, sum, count: 27), CPU usage and memory
+usage of both cgroups (4; the CFS bandwidth counters and limits only where a quota or limit is set),
+and on v2 nodes the pod's PSI totals (6). PSI averages and the
 node's per-CPU /proc/stat counters (node_exporter has both; ``rate()`` of the totals gives the
 averages) are only exported with ``extra_node_series``.
 
@@ -521,9 +522,10 @@ class Exporter:
         for path, cpu in snap.cgroup_cpu.items():
             if (data := by_path(path)) is not None:
                 data.add_counter(CGROUP_CPU_USAGE, (), cpu.usage_ns / 1e9)
-                data.add_counter(CGROUP_CPU_THROTTLED, (), cpu.throttled_ns / 1e9)
-                data.add_counter(CGROUP_CPU_PERIODS, (), float(cpu.nr_periods))
-                data.add_counter(CGROUP_CPU_THROTTLED_PERIODS, (), float(cpu.nr_throttled))
+                if cpu.quota_cores is not None or cpu.nr_periods:  # bandwidth counters mean nothing without a quota
+                    data.add_counter(CGROUP_CPU_THROTTLED, (), cpu.throttled_ns / 1e9)
+                    data.add_counter(CGROUP_CPU_PERIODS, (), float(cpu.nr_periods))
+                    data.add_counter(CGROUP_CPU_THROTTLED_PERIODS, (), float(cpu.nr_throttled))
                 if cpu.quota_cores is not None:
                     data.set_gauge(CGROUP_CPU_QUOTA, (), cpu.quota_cores)
         for path, mem in snap.cgroup_mem.items():

@@ -179,7 +179,9 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     usage = _series(scrape, ex.CGROUP_CPU_USAGE, **labels)
     assert usage == snap.cgroup_cpu[victim_cpu_path].usage_ns / 1e9
     assert usage_before / 1e9 <= usage <= usage_after / 1e9
-    assert _series(scrape, ex.CGROUP_CPU_PERIODS, **labels) == snap.cgroup_cpu[victim_cpu_path].nr_periods
+    # No quota on the victim: no CFS bandwidth counters (they would read 0 for ever).
+    assert snap.cgroup_cpu[victim_cpu_path].quota_cores is None
+    assert not samples(scrape, ex.CGROUP_CPU_PERIODS, **labels)
 
     # PSI counters against the pressure files read around the snapshot.
     node_psi = _series(scrape, ex.PSI_STALL, resource="cpu", kind="some")
