@@ -35,6 +35,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.agent_footprint import CONTROLLERS, AgentUnderTest, pod_name  # noqa: E402
+from detector.runtime import POD_LIST_MAX_AGE_S  # noqa: E402
 from noisyneighbor.sandbox import OwnedCgroup, cleanup_prefix  # noqa: E402
 
 BUDGET_PER_IDLE_POD = 30
@@ -74,7 +75,9 @@ def run(pods: int, interval: float, settle: float) -> dict:
                     cg = OwnedCgroup(pod_name("besteffort"), CONTROLLERS).create()
                     owned[kind].append(cg)
                     sleepers.append(subprocess.Popen(command, preexec_fn=cg.preexec))
-            time.sleep(settle + 6)  # the pod cgroup list is refreshed every 5 s
+            # Idle cgroups that no pod source names are found by the walk of the hierarchy, which runs
+            # when the pod list changes and otherwise every POD_LIST_MAX_AGE_S.
+            time.sleep(settle + POD_LIST_MAX_AGE_S + 1)
             text = agent.get("/metrics").decode()
         finally:
             for p in sleepers:
