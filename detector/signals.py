@@ -228,8 +228,8 @@ class SignalBuilder:
             if m is not None and self.ids.index.is_workload_root(path):
                 w = self.ids.index.workload_of(path, primary=False)
                 before = prev.cgroup_mem.get(path)
-                if incremental and w.key not in rows and before is not None and before.usage_bytes == m.usage_bytes:
-                    continue
+                if incremental and w.key not in rows and (before is None or before.usage_bytes == m.usage_bytes):
+                    continue  # first sight or no change: nothing happened to it (no row, no store entity)
                 r = row(w)
                 r.memory_usage_bytes, r.memory_limit_bytes = m.usage_bytes, m.limit_bytes
 
