@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.cpuacct import CgroupCpuStat, read_cgroup_cpu
@@ -73,7 +73,10 @@ class _Watched:
     cpuset_file: str | None
     percpu_file: str | None
     psi_dir: str | None  # the v2 directory holding its pressure files, when it has them
+    usage_file: str | None = None  # cpuacct.usage (v1) or cpu.stat (v2): did it run since its last turn?
+    memory_usage_file: str | None = None  # memory.usage_in_bytes (v1) or memory.current (v2)
     last_memory_tick: int = -1_000_000
+    turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at its last wheel turn
     reads: int = 0  # times its files were read (tests and benches count them)
 
 
@@ -134,6 +137,13 @@ class CgroupWatch:
             cpuset = str(self.cpuset_h.path_of(path) / name)
         percpu = str(self.cpuacct_h.path_of(path) / "cpuacct.usage_percpu") if self.cpuacct_h is not None else None
         w = _Watched(path, slot, cpuset, percpu, self._psi_dir(path))
+        if self.cpuacct_h is not None:
+            w.usage_file = str(self.cpuacct_h.path_of(path) / "cpuacct.usage")
+        elif self.cpu_h is not None and self.cpu_h.version == 2:
+            w.usage_file = str(self.cpu_h.path_of(path) / "cpu.stat")
+        if self.mem_h is not None:
+            name = "memory.usage_in_bytes" if self.mem_h.version == 1 else "memory.current"
+            w.memory_usage_file = str(self.mem_h.path_of(path) / name)
         self.watched[path] = w
         self._wheel[slot].add(path)
         self._unread.add(path)
@@ -198,8 +208,8 @@ class CgroupWatch:
         due_psi = {p for p in psi_every_tick if p in self.watched} - due_full - due_cpu
         changed: set[str] = set()
         for path in due_full:
-            self._read(self.watched[path], t, full=True, memory=True, errors=errors)
-            changed.add(path)
+            if self._read(self.watched[path], t, full=True, memory=True, errors=errors):
+                changed.add(path)
         for path in due_cpu:
             w = self.watched[path]
             memory = path in reclaim_set or t - w.last_memory_tick >= self.memory_refresh_ticks
@@ -210,24 +220,40 @@ class CgroupWatch:
                 changed.add(path)
         return changed
 
-    def _read(self, w: _Watched, t: int, *, full: bool, memory: bool, errors: list[str] | None) -> None:
+    def _unchanged(self, w: _Watched, file: str | None, kind: str) -> bool:
+        """On a wheel turn of a cgroup read before: is its usage file the same text as at its last turn?
+        (Then the other files of that kind are not read: an idle cgroup's turn costs a few small reads.)"""
+        if file is None:
+            return False
+        text = _read_small(file)
+        self.files_read += 1
+        same = text is not None and w.turn_text.get(kind) == text
+        w.turn_text[kind] = text
+        return same
+
+    def _read(self, w: _Watched, t: int, *, full: bool, memory: bool, errors: list[str] | None) -> bool:
+        """Read what is due of one cgroup; False when a wheel turn found nothing changed (nothing replaced)."""
         path = w.path
         w.reads += 1
-        before = self.cpu.get(path)
-        cpu = read_cgroup_cpu(self.layout, path)
-        self.files_read += 5
         moving = False
-        if cpu is None:
-            self.cpu.pop(path, None)
-        else:
-            self.cpu[path] = cpu
-            # First sight counts as moving: one more read tells whether it runs without ever waking.
-            moving = before is None or before.usage_ns != cpu.usage_ns
+        replaced = False
+        if not (full and path in self.cpu and self._unchanged(w, w.usage_file, "cpu")):
+            replaced = True
+            before = self.cpu.get(path)
+            cpu = read_cgroup_cpu(self.layout, path)
+            self.files_read += 5
+            if cpu is None:
+                self.cpu.pop(path, None)
+            else:
+                self.cpu[path] = cpu
+                # First sight counts as moving: one more read tells whether it runs without ever waking.
+                moving = before is None or before.usage_ns != cpu.usage_ns
         if moving:
             self._moving.add(path)
         else:
             self._moving.discard(path)
-        if memory:
+        if memory and not (full and path in self.mem and self._unchanged(w, w.memory_usage_file, "memory")):
+            replaced = True
             mem = read_memstat(self.layout, path)
             self.files_read += 5
             w.last_memory_tick = t
@@ -242,7 +268,7 @@ class CgroupWatch:
                 if text is not None:
                     self.cpus[path] = parse_cpu_list(text)
             w.psi_dir = self._psi_dir(path)
-        if w.percpu_file is not None and (full or moving):
+        if w.percpu_file is not None and moving:  # where it ran moves only when it runs (and at first sight)
             text = _read_small(w.percpu_file)
             self.files_read += 1
             if text is not None:
@@ -251,7 +277,7 @@ class CgroupWatch:
                 except ValueError:
                     if errors is not None:
                         errors.append(f"{path}: malformed cpuacct.usage_percpu")
-        self._read_psi(w)
+        return self._read_psi(w) or replaced
 
     def _read_psi(self, w: _Watched) -> bool:
         if w.psi_dir is None:
