@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CI command (.ci/run: setup, lint, the whole suite) on a busy machine, as CI machines are:
-# stress-ng keeps the last CPU busy and a second process does file IO for the whole run. A test that
+# stress-ng keeps CPU 0 busy and a second process does file IO for the whole run. A test that
 # only passes on an idle machine fails here instead of on someone's landing.
 #
 #   scripts/ci-under-load.sh            # one run
@@ -32,7 +32,9 @@ if [[ -z "$stress" ]]; then
 fi
 
 ncpu=$(nproc)
-busy_cpu=$((ncpu - 1))  # "the other CPU": the tests' own pinned workloads use the last one too
+# "The other CPU": the tests pin their own contention to the last CPU (taskset -c $((nproc - 1))),
+# so the background spinner takes CPU 0, where it competes with the test runner and the agent.
+busy_cpu=0
 io_dir=""
 load_pids=()
 ci_pid=""
@@ -71,7 +73,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 start_load() {
-	# CPU: one spinner pinned to the last CPU. IO: write, fsync and re-read files in io_dir.
+	# CPU: one spinner pinned to CPU 0. IO: write, fsync and re-read files in io_dir.
 	io_dir=$(mktemp -d /var/tmp/nn-ci-load.XXXXXX)  # on disk, not tmpfs: real block IO
 	"$stress" --cpu 1 --cpu-method int64 --taskset "$busy_cpu" --timeout 0 --quiet &
 	load_pids+=("$!")
