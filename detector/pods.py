@@ -670,7 +670,8 @@ class ApiserverPodSource(_CachingSource):
             if code != 410:
                 self._failed(f"apiserver watch error {code}: {obj.get('message') if isinstance(obj, Mapping) else obj}")
             return False  # 410 Expired (normal after compaction) or any other error: relist
-        rv = ((obj or {}).get("metadata") or {}).get("resourceVersion") if isinstance(obj, Mapping) else None
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None  # metadata may be anything
         if kind == "BOOKMARK":
             self._rv = str(rv) if rv else self._rv
             return True

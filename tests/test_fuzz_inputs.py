@@ -390,6 +390,17 @@ def test_regression_policy_key_with_line_breaks_still_gives_one_line() -> None:
             raise AssertionError(f"accepted {text!r}")
 
 
+def test_regression_watch_event_with_metadata_not_an_object_is_skipped() -> None:
+    source = ApiserverPodSource(None, "node-1")
+    try:
+        for meta in (True, [], "x", 3):
+            assert source._apply(json.dumps({"type": "ADDED", "object": {"metadata": meta}})) is True
+            assert source._apply(json.dumps({"type": "BOOKMARK", "object": {"metadata": meta}})) is True
+        assert source.pods() == []
+    finally:
+        source.close()
+
+
 def test_regression_proc_stat_line_with_a_non_ascii_digit_is_skipped() -> None:
     total, per_cpu = parse_proc_stat("cpu 1 2 3 4 5 6 7 8\ncpu\u00b2 1 2 3 4 5 6 7 8\ncpu0 1 2 3 4 5 6 7 8\n")
     assert total is not None and list(per_cpu) == [0]
