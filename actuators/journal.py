@@ -103,6 +103,21 @@ class RestoreReport:
         return " ".join(parts) or "nothing to restore"
 
 
+def _check_entry(e: JournalEntry) -> None:
+    """Field types as written by _save(): an entry that is not is corrupt (restore would trip on it)."""
+    str_fields = {"path": e.path, "original": e.original, "action_id": e.action_id, "kind": e.kind}
+    for name, value in str_fields.items():
+        if not isinstance(value, str):
+            raise TypeError(f"entry {name} is {type(value).__name__}, not a string")
+    for name, value in (("last_written", e.last_written), ("pending", e.pending)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"entry {name} is {type(value).__name__}, not a string or null")
+    if not isinstance(e.seq, int) or isinstance(e.seq, bool):
+        raise TypeError(f"entry seq is {type(e.seq).__name__}, not an integer")
+    if not isinstance(e.first_at, int | float) or isinstance(e.first_at, bool):
+        raise TypeError(f"entry first_at is {type(e.first_at).__name__}, not a number")
+
+
 class JournalError(Exception):
     """The journal itself cannot be read or written; one line."""
 
@@ -147,9 +162,13 @@ class Journal:
             raise JournalError(f"cannot read journal {self.file}: {e.strerror or e}") from None
         try:
             doc = json.loads(raw)
+            if not isinstance(doc, dict):
+                raise ValueError(f"top level is {type(doc).__name__}, not an object")
             if doc.get("version") != FORMAT_VERSION:
                 raise ValueError(f"unsupported version {doc.get('version')!r}")
             entries = [JournalEntry(**e) for e in doc["entries"]]
+            for e in entries:
+                _check_entry(e)
         except (ValueError, TypeError, KeyError) as e:
             raise JournalError(f"journal {self.file} is corrupt ({e}); inspect it, then remove it") from None
         self._entries = {e.path: e for e in entries}

@@ -207,6 +207,17 @@ def _k8s_qos_from_spec(containers: list[Any]) -> str:
 
 def pod_from_dict(obj: Any) -> PodInfo:
     """A :class:`PodInfo` from a v1 Pod as JSON (camelCase); raises :class:`PodParseError`."""
+    try:
+        return _pod_from_dict(obj)
+    except PodParseError:
+        raise
+    except (TypeError, AttributeError, ValueError, ArithmeticError) as e:
+        # A field of the wrong type deep inside (labels as a list, ownerReferences as a bool...):
+        # the pod is skipped with one line, the rest of the list and the tick go on.
+        raise PodParseError(f"malformed pod: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+
+
+def _pod_from_dict(obj: Any) -> PodInfo:
     if not isinstance(obj, Mapping):
         raise PodParseError(f"pod is not an object but {type(obj).__name__}")
     meta = obj.get("metadata")
@@ -661,7 +672,8 @@ class ApiserverPodSource(_CachingSource):
             if code != 410:
                 self._failed(f"apiserver watch error {code}: {obj.get('message') if isinstance(obj, Mapping) else obj}")
             return False  # 410 Expired (normal after compaction) or any other error: relist
-        rv = ((obj or {}).get("metadata") or {}).get("resourceVersion") if isinstance(obj, Mapping) else None
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None  # metadata may be anything
         if kind == "BOOKMARK":
             self._rv = str(rv) if rv else self._rv
             return True

@@ -51,6 +51,11 @@ import yaml
 class PolicyError(ValueError):
     """Bad policy input. ``str(exc)`` is one line naming the file, the key path and the problem."""
 
+    def __init__(self, message: str) -> None:
+        # Keys and values come from the file and may hold line breaks (a YAML key "\n\n" is legal):
+        # unprintable characters are escaped here, so the message stays one line whatever the input.
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in message))
+
 
 # --------------------------------------------------------------------------------------------
 # Records

@@ -65,7 +65,7 @@ def parse_proc_stat(text: str) -> tuple[CpuTimes | None, dict[int, CpuTimes]]:
         times = CpuTimes(*nums)
         if parts[0] == "cpu":
             total = times
-        elif parts[0][3:].isdigit():
+        elif parts[0][3:].isascii() and parts[0][3:].isdigit():  # "cpu²".isdigit() too, but int() refuses it
             per_cpu[int(parts[0][3:])] = times
     return total, per_cpu
 

@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 
 import pytest
 
 from noisyneighbor.sandbox import OwnedCgroup, cleanup_prefix
+
+
+def _term_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A TERM (a cancelled CI job, scripts/ci-under-load.sh stopped) ends the session the way Ctrl-C
+    # does, so fixture teardown still removes the owned test cgroups; Python's default for TERM is
+    # to die on the spot and leave them behind.
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _term_as_interrupt)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

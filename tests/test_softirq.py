@@ -27,6 +27,7 @@ from probes.softirq import (
     read_proc_softirqs,
     summarize,
 )
+from tests.ground_truth import SOFTIRQ_ENTRY_LOSS
 
 pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,16 +59,17 @@ def _loopback_udp(packets: int, seconds: float) -> int:
         tx.close()
 
 
-def _bracket_check(p1, truth1, p2, p3, truth2, p4, keys, rel=0.001, slack=3):
+def _bracket_check(p1, truth1, p2, p3, truth2, p4, keys):
     """Reads were p1, truth1, p2 … p3, truth2, p4: the kernel's count over [truth1, truth2] must lie
-    between the probe's over [p2, p3] and over [p1, p4], give or take 0.1 % and a few in-flight runs."""
+    between the probe's over [p2, p3] and over [p1, p4], but for a run in flight at a read (the
+    kernel counts it just before the probe does; one per CPU and vector) and, on the low side, the
+    share of runs the probe misses (tests/ground_truth.py)."""
     bad = []
     for k in keys:
         truth = truth2[k] - truth1[k]
         low = p3.stats[k].entries - p2.stats[k].entries
         high = p4.stats[k].entries - p1.stats[k].entries
-        tol = max(slack, rel * truth)
-        if not low - tol <= truth <= high + tol:
+        if not low - 1 <= truth <= high + 1 + SOFTIRQ_ENTRY_LOSS * truth:
             bad.append((k, low, truth, high))
     return bad
 
@@ -206,7 +208,8 @@ def _flood(ns: str, dst: str, packets: int, seconds: float) -> tuple[int, float]
 
 @pytest.mark.parametrize("attach_mode", ["tp_btf", "raw_tp"])
 def test_entry_counts_match_proc_softirqs(attach_mode):
-    """For every CPU and vector, the probe's entries over a window equal /proc/softirqs' (within 0.1 %)."""
+    """For every CPU and vector, the probe's entries over a window equal /proc/softirqs', but for runs in
+    flight at a read and the few the probe misses (tests/ground_truth.py)."""
     with SoftirqProbe(attach_mode=attach_mode, stall_threshold_ns=0) as probe:
         assert probe.status.attach_mode == attach_mode
         p1 = probe.snapshot()

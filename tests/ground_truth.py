@@ -1,0 +1,24 @@
+"""What a probe counter may differ by from the kernel's own counter read at another instant.
+
+Counters are read one at a time (a per-CPU map CPU by CPU, a /proc file line by line), so the
+bounds here come from what can happen between two reads of the same counter, never from a
+"close enough" constant.
+"""
+
+from __future__ import annotations
+
+# The softirq probe's BPF program misses a small share of the runs /proc/softirqs counts. Measured
+# on this machine (kernel 6.18, 2 CPUs, tp_btf and raw_tp alike): over one window perf's count of
+# irq:softirq_entry equalled /proc/softirqs exactly (850 and 6596 on the two CPUs) while the probe
+# counted 13 fewer on CPU 0; in 60 windows of 2 s, idle and under stress-ng --cpu 2 --hdd 1, the
+# probe was 0.2-3.0 % short (worst 21 of 696), all of it TIMER, SCHED and RCU runs, with no
+# recursion misses recorded for the program. Cause not found (issue 15's report); the tests allow
+# this share on the low side only: the probe never counts more than the kernel.
+SOFTIRQ_ENTRY_LOSS = 0.05
+
+
+def softirq_in_flight(ncpu: int) -> int:
+    """Runs counted by the kernel but not yet by the probe at one instant: the kernel bumps
+    /proc/softirqs right before the softirq_entry tracepoint, and softirqs do not nest, so at most
+    one per CPU sits between the two."""
+    return ncpu
