@@ -35,8 +35,12 @@ SLOW_REFRESH_TICKS = 30  # every cgroup is read at least this often (ticks), act
 MEMORY_REFRESH_TICKS = 5  # memory.stat of an active cgroup that is not reclaiming: at most this often
 
 
+MAX_CPUS = 8192  # the kernel's largest NR_CPUS: a list naming CPUs past it is not the kernel's
+
+
 def parse_cpu_list(text: str) -> tuple[int, ...]:
-    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11); empty or malformed parts are skipped."""
+    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11); empty or malformed parts (and CPUs past MAX_CPUS,
+    which would build a huge tuple from a garbage '0-100000000') are skipped."""
     cpus: list[int] = []
     for part in text.strip().split(","):
         part = part.strip()
@@ -44,9 +48,11 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
             continue
         lo, _, hi = part.partition("-")
         try:
-            cpus.extend(range(int(lo), int(hi or lo) + 1))
+            first, last = int(lo), int(hi or lo)
         except ValueError:
             continue
+        if 0 <= first <= last < MAX_CPUS:
+            cpus.extend(range(first, last + 1))
     return tuple(cpus)
 
 

@@ -23,6 +23,8 @@ def test_parse_cpu_list():
     assert parse_cpu_list("0-3,8,10-11\n") == (0, 1, 2, 3, 8, 10, 11)
     assert parse_cpu_list("") == ()
     assert parse_cpu_list("1,x,3") == (1, 3)
+    assert parse_cpu_list("0-100000000,2") == (2,)  # garbage, not a huge tuple
+    assert parse_cpu_list("3-1,-1,5") == (5,)
 
 
 def test_idle_cgroup_keeps_its_reading_and_a_busy_one_is_read_again(make_cgroup):
