@@ -25,7 +25,7 @@ the probes' per-cgroup kernel maps). The BPF programs' kernel time runs in whate
 tracepoint, not in the agent, so it is shown apart (``bpf % core``). Every cgroup and task is removed
 afterwards, also on failure or Ctrl-C.
 
-    sudo .venv/bin/python -m bench.agent_footprint                       # ~11 min
+    sudo .venv/bin/python -m bench.agent_footprint                       # ~13 min
     sudo .venv/bin/python -m bench.agent_footprint --quick               # ~3 min, 60 s churn
     sudo .venv/bin/python -m bench.agent_footprint --steps 0,300 --no-churn --profile /tmp/agent.svg
 """
@@ -376,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", default="0,100,300,1000", help="pod counts measured, in order")
     p.add_argument("--window", type=float, default=30.0, help="seconds measured per step")
-    p.add_argument("--settle", type=float, default=10.0, help="seconds between a step change and its window")
+    p.add_argument("--settle", type=float, default=35.0,
+                   help="seconds between a step change and its window (past one 30-tick wheel turn: steady state)")
     p.add_argument("--interval", type=float, default=1.0, help="agent tick interval")
     p.add_argument("--busy", type=int, default=3, help="pods whose task wakes every 100 ms (of every step's pods)")
     p.add_argument("--churn", type=float, default=300.0, help="seconds of churn after the --churn-at step (0: none)")
