@@ -82,6 +82,8 @@ class StepResult:
     series: int  # sample lines in one /metrics scrape at the end of the window
     map_entries: int  # entries in the probes' per-cgroup kernel maps
     exported_cgroups: int
+    rss_mid_mib: float = 0.0  # VmRSS half way through the window (a leak keeps growing; a plateau does not)
+    removed_pod_series: int = 0  # series still labelled with a pod removed before the window ended
 
 
 def pod_name(qos: str, uid: str | None = None) -> str:
@@ -105,6 +107,7 @@ class PodFleet:
     def __init__(self, kube: FakeKube) -> None:
         self.kube = kube
         self.pods: deque[Pod] = deque()
+        self.removed_uids: set[str] = set()
         self._made = 0
 
     def add(self, busy: bool = False) -> Pod:
@@ -142,6 +145,7 @@ class PodFleet:
                 return
 
     def _remove(self, pod: Pod) -> None:
+        self.removed_uids.add(pod.uid)
         self.kube.remove_pod("default", pod.name)
         with contextlib.suppress(ProcessLookupError):
             pod.proc.kill()
@@ -215,7 +219,7 @@ class AgentUnderTest:
         except urllib.error.HTTPError as e:
             return json.loads(e.read())
 
-    def scrape(self) -> dict[str, float]:
+    def scrape(self) -> dict:
         """BPF run seconds, series, map entries and exported cgroups from one scrape."""
         text = self.get("/metrics").decode()
         run = sum(float(m.group(1)) for m in re.finditer(
@@ -224,7 +228,10 @@ class AgentUnderTest:
             r"^noisyneighbor_bpf_map_entries\{[^}]*\} (\S+)$", text, re.M))
         exported = re.search(r'^noisyneighbor_exporter_cgroups\{[^}]*state="exported"[^}]*\} (\S+)$', text, re.M)
         series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
-        return {"bpf_run_s": run, "series": series, "map_entries": entries,
+        uids: dict[str, int] = {}
+        for uid in re.findall(r'pod_uid="([^"]+)"', text):
+            uids[uid] = uids.get(uid, 0) + 1
+        return {"bpf_run_s": run, "series": series, "map_entries": entries, "uids": uids,
                 "exported": float(exported.group(1)) if exported else 0.0}
 
     def cpu_seconds(self) -> float:
@@ -236,12 +243,17 @@ class AgentUnderTest:
         kib = {k: int(v.split()[0]) for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(.+)$", status, re.M)}
         return kib["VmRSS"] / 1024, kib["VmHWM"] / 1024
 
-    def measure(self, step: str, pods: int, window: float, during: object = None) -> StepResult:
-        """CPU over ``window`` s while ``during()`` (if given) is called about once a second."""
+    def measure(self, step: str, pods: int, window: float, during: object = None,
+                removed_uids: set[str] | None = None) -> StepResult:
+        """CPU over ``window`` s while ``during()`` (if given) is called about once a second; counts the
+        series still labelled with one of ``removed_uids``."""
         cpu0, bpf0, ticks0, t0 = self.cpu_seconds(), self.scrape()["bpf_run_s"], self.health()["ticks"], time.monotonic()
         deadline = t0 + window
         next_scrape = t0 + self.scrape_interval
+        rss_mid = None
         while (now := time.monotonic()) < deadline:
+            if rss_mid is None and now >= t0 + window / 2:
+                rss_mid = self.memory_mib()[0]
             if callable(during):
                 during()
             if now >= next_scrape:  # scraped like Prometheus at the ServiceMonitor's interval
@@ -251,10 +263,11 @@ class AgentUnderTest:
         elapsed = time.monotonic() - t0
         cpu1, scrape, health = self.cpu_seconds(), self.scrape(), self.health()
         rss, hwm = self.memory_mib()
+        removed = sum(scrape["uids"].get(uid, 0) for uid in removed_uids) if removed_uids else 0
         return StepResult(step, pods, round(elapsed, 1), round(100 * (cpu1 - cpu0) / elapsed, 2), round(rss, 1),
                           round(hwm, 1), round(100 * (scrape["bpf_run_s"] - bpf0) / elapsed, 3),
                           health["ticks"] - ticks0, int(scrape["series"]), int(scrape["map_entries"]),
-                          int(scrape["exported"]))
+                          int(scrape["exported"]), round(rss_mid if rss_mid is not None else rss, 1), removed)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -306,7 +319,7 @@ def run(args: argparse.Namespace) -> tuple[list[StepResult], dict]:
                     results.append(agent.measure("churn", n, args.churn, during=churn))
                     print(render_row(results[-1]), file=sys.stderr, flush=True)
                     time.sleep(VANISH_GRACE_S + 3 * args.interval + 5)
-                    results.append(agent.measure("after churn", n, args.window))
+                    results.append(agent.measure("after churn", n, args.window, removed_uids=fleet.removed_uids))
                     print(render_row(results[-1]), file=sys.stderr, flush=True)
         finally:
             rc = agent.stop()
@@ -351,11 +364,19 @@ def verdicts(results: list[StepResult]) -> list[str]:
         lines.append(f"target CPU <= {CHURN_CPU_TARGET:g} % during churn: {churn.cpu_percent:.2f} % -> "
                      f"{'PASS' if churn.cpu_percent <= CHURN_CPU_TARGET else 'FAIL'}")
     if steady is not None and after is not None:
-        for what in ("series", "rss_mib", "map_entries"):
-            a, b = getattr(steady, what), getattr(after, what)
-            ratio = b / a if a else (1.0 if not b else float("inf"))
-            ok = ratio <= 1 + AFTER_CHURN_TOLERANCE or abs(b - a) <= 2
-            lines.append(f"after churn vs steady, {what}: {a} -> {b} ({ratio:.3f}x) -> {'PASS' if ok else 'FAIL'}")
+        # Churn must leave nothing behind: no series of a removed pod, RSS within 5 % of steady, and no
+        # growth in the second half of the churn (a leak keeps growing; an allocator plateau does not).
+        lines.append(f"after churn, series of removed pods: {after.removed_pod_series} -> "
+                     f"{'PASS' if after.removed_pod_series == 0 else 'FAIL'}")
+        ratio = after.rss_mib / steady.rss_mib if steady.rss_mib else float("inf")
+        lines.append(f"after churn vs steady, rss_mib: {steady.rss_mib} -> {after.rss_mib} ({ratio:.3f}x) -> "
+                     f"{'PASS' if ratio <= 1 + AFTER_CHURN_TOLERANCE else 'FAIL'}")
+        for what in ("series", "map_entries"):  # informational: churned-in pods differ in what they did
+            lines.append(f"after churn vs steady, {what}: {getattr(steady, what)} -> {getattr(after, what)}")
+    if churn is not None:
+        grew = churn.rss_mib / churn.rss_mid_mib if churn.rss_mid_mib else float("inf")
+        lines.append(f"RSS in the second half of the churn: {churn.rss_mid_mib} -> {churn.rss_mib} MiB ({grew:.3f}x) "
+                     f"-> {'PASS' if grew <= 1.02 else 'FAIL'}")
     counted = [r for r in results if r.step.isdigit()]
     if len(counted) >= 2:
         lo, hi = counted[0], counted[-1]
