@@ -42,7 +42,7 @@ from detector.policy import (
     ResourceThresholdStrategy,
     parse_policy,
 )
-from probes.collect import parse_cpu_list
+from probes.cgroupwatch import parse_cpu_list
 from probes.cpuacct import parse_cpu_max, parse_keyed_counters
 from probes.host import HostPaths
 from probes.listenq import _parse_proc_pairs
