@@ -104,7 +104,6 @@ VICTIM_LABELS = ("victim_namespace", "victim_pod", "victim_qos", "victim_cgroup"
 CULPRIT_LABELS = ("culprit_namespace", "culprit_pod", "culprit_qos", "culprit_cgroup")
 TARGET_LABELS = ("target_namespace", "target_pod", "target_cgroup")
 OVERFLOW_CGROUP = "_overflow"
-PROBE_STATES = ("on", "degraded", "off")
 PSI_WINDOWS = ("10", "60", "300")
 # The snapshot field each BPF probe fills, by the probe name its ProbeSpec (and ProbeStatus) uses.
 PROBE_FIELDS = {"runqlat": "runq", "softirq": "softirq", "reclaim": "reclaim", "tcpconnect": "tcp"}

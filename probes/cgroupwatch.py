@@ -117,7 +117,6 @@ class CgroupWatch:
         self.psi_read_s: dict[str, float] = {}  # monotonic time of each PSI reading (rates need their own interval)
         self.cpus: dict[str, tuple[int, ...]] = {}
         self.percpu: dict[str, tuple[int, ...]] = {}
-        self.files_read = 0  # pseudo-files opened, for tests and benches (a counter, never reset)
 
     # -- listing -----------------------------------------------------------------------------
     def set_listed(self, paths: Iterable[str]) -> None:
@@ -232,7 +231,6 @@ class CgroupWatch:
         if file is None:
             return False
         text = _read_small(file)
-        self.files_read += 1
         same = text is not None and w.turn_text.get(kind) == text
         w.turn_text[kind] = text
         return same
@@ -247,7 +245,6 @@ class CgroupWatch:
             replaced = True
             before = self.cpu.get(path)
             cpu = read_cgroup_cpu(self.layout, path)
-            self.files_read += 5
             if cpu is None:
                 self.cpu.pop(path, None)
             else:
@@ -261,7 +258,6 @@ class CgroupWatch:
         if memory and not (full and path in self.mem and self._unchanged(w, w.memory_usage_file, "memory")):
             replaced = True
             mem = read_memstat(self.layout, path)
-            self.files_read += 5
             w.last_memory_tick = t
             if mem is None:
                 self.mem.pop(path, None)
@@ -270,13 +266,11 @@ class CgroupWatch:
         if full:
             if w.cpuset_file is not None:
                 text = _read_small(w.cpuset_file)
-                self.files_read += 1
                 if text is not None:
                     self.cpus[path] = parse_cpu_list(text)
             w.psi_dir = self._psi_dir(path)
         if w.percpu_file is not None and moving:  # where it ran moves only when it runs (and at first sight)
             text = _read_small(w.percpu_file)
-            self.files_read += 1
             if text is not None:
                 try:
                     self.percpu[path] = tuple(int(x) for x in text.split())
@@ -291,7 +285,6 @@ class CgroupWatch:
         readings: dict[str, PsiReading] = {}
         for resource in RESOURCES:
             reading = read_pressure_file(os.path.join(w.psi_dir, f"{resource}.pressure"), resource)
-            self.files_read += 1
             if reading is not None:
                 readings[resource] = reading
         if readings:
