@@ -50,7 +50,7 @@ from detector.runtime import Detector
 from noisyneighbor.exporter import Exporter, Labeler, ResolverLabeler, render_text
 from noisyneighbor.sections import DeadCgroups
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
-from probes.collect import BPF_PROBES, NodeCollector, cgroup_activity
+from probes.collect import BPF_PROBES, NodeCollector
 from probes.gpu import GpuCollector
 from probes.host import HostPaths
 from probes.snapshot import NodeSnapshot
@@ -232,7 +232,6 @@ class Agent:
         self._run_stats: Any = None
         self._journal: Journal | None = None
         self._resolver: CgroupResolver | None = None
-        self._prev_snapshot: NodeSnapshot | None = None
         self._dead: dict[str, DeadCgroups] = {}
         self._extra_paths: list[str] = []
         self._listed_from: frozenset[str] | None = None
@@ -378,7 +377,7 @@ class Agent:
                 return
             t0 = time.monotonic()
             snapshot = self.collector.collect()
-            self._forget_dead_cgroups(snapshot)
+            self._forget_dead_cgroups()
             if self.gpu is not None and self.gpu.status.state == "on":
                 snapshot = dataclasses.replace(snapshot, gpus=self.gpu.collect())
             self.detector.step(snapshot)
@@ -389,23 +388,21 @@ class Agent:
             self.stats.last_tick_monotonic = now
             self.stats.last_tick_seconds = now - t0
 
-    def _forget_dead_cgroups(self, snapshot: NodeSnapshot) -> None:
+    def _forget_dead_cgroups(self) -> None:
         """Pod churn must not fill the probes' bounded kernel maps: removed cgroups that stay idle are
-        deleted from them (the same DeadCgroups rule `top` uses)."""
-        prev, self._prev_snapshot = self._prev_snapshot, snapshot
-        if prev is None or self.collector is None or self._resolver is None:
+        deleted from them (the same DeadCgroups rule `top` uses), from the per-cgroup activity the
+        collector already worked out this tick."""
+        if self.collector is None or self._resolver is None:
             return
-        fields = {"runqlat": "runq", "reclaim": "reclaim", "tcpconnect": "tcp"}
-        for name, probe in self.collector.probes.items():
+        for name, (before, now) in self.collector.activity_change.items():
+            probe = self.collector.probes.get(name)
             forget = getattr(probe, "forget", None)
-            if name not in fields or forget is None:
+            if forget is None:
                 continue
             dead = self._dead.get(name)
             if dead is None:
                 dead = self._dead[name] = DeadCgroups(forget, self._resolver, probe.hierarchy)
-            before, now = getattr(prev, fields[name]), getattr(snapshot, fields[name])
-            if before is not None and now is not None:
-                dead.update(cgroup_activity(name, before), cgroup_activity(name, now))
+            dead.update(before, now)
 
     def _note_snapshot(self, snapshot: NodeSnapshot) -> None:
         for error in snapshot.errors:

@@ -76,6 +76,8 @@ class NodeCollector:
         self.status: dict[str, ProbeStatus] = {}
         self.watch = CgroupWatch(self.layout)
         self._activity: dict[str, dict[int, int]] = {}  # probe -> id -> count, as of the last tick
+        # probe -> (activity the tick before, activity this tick), for whoever forgets removed cgroups
+        self.activity_change: dict[str, tuple[dict[int, int], dict[int, int]]] = {}
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> NodeCollector:
@@ -158,15 +160,19 @@ class NodeCollector:
         """Listed cgroups a probe saw this tick (count moved since the last tick), and those reclaiming."""
         active: list[str] = []
         reclaiming: list[str] = []
+        self.activity_change = {}  # this tick's only: a probe whose snapshot failed has none
         for name, snap in snaps.items():
             now = cgroup_activity(name, snap)
             if not now and name not in self._activity:
                 continue
             hierarchy = getattr(self.probes.get(name), "hierarchy", None)
             out = reclaiming if name == "reclaim" else active
-            for cgid in changed_ids(self._activity.get(name), now):
+            before = self._activity.get(name)
+            for cgid in changed_ids(before, now):
                 path = self.watch.path_of_id(cgid, hierarchy)
                 if path is not None:
                     out.append(path)
+            if before is not None:
+                self.activity_change[name] = (before, now)
             self._activity[name] = now
         return active, reclaiming
