@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -54,6 +55,21 @@ def make_cgroup(request: pytest.FixtureRequest):
     yield factory
     for cg in reversed(created):
         cg.remove()
+
+
+def read_terminal(leader: int, timeout: float = 120.0) -> bytes:
+    """Everything written to a pty until the child closes it (EIO or EOF), or ``timeout`` seconds."""
+    out = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
 
 
 def require_tool(name: str) -> str:

@@ -24,7 +24,7 @@ from noisyneighbor.cli import build_parser
 from noisyneighbor.diagnose import DiagnoseReport, render_text
 from noisyneighbor.output import SCHEMA_VERSION, package_version
 from noisyneighbor.report_html import render_html
-from tests.conftest import require_tool
+from tests.conftest import read_terminal, require_tool
 from tests.exporter_support import REPO, cgroup_rel_path, write_config
 
 CLI = [sys.executable, "-m", "noisyneighbor.cli"]
@@ -113,16 +113,7 @@ def test_diagnose_fail_on_incident_exits_3_with_progress_only_on_a_terminal(make
         leader, follower = pty.openpty()
         proc = subprocess.Popen([*CLI, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=follower, text=True)
         os.close(follower)
-        terminal = b""
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                chunk = os.read(leader, 4096)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            terminal += chunk
+        terminal = read_terminal(leader)
         stdout = proc.communicate(timeout=30)[0]
         os.close(leader)
         assert proc.returncode == 3, (proc.returncode, terminal.decode(errors="replace"))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import require_tool
+from tests.conftest import read_terminal, require_tool
 from tests.fakekube import FakeKube, make_pod
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,15 +136,7 @@ def test_top_on_a_terminal_asks_for_a_tty_and_stdin_and_passes_term(cluster):
     proc = subprocess.Popen([str(PLUGIN), "--kubeconfig", str(kubeconfig), "top", "node-1"], stdin=follower,
                             stdout=follower, stderr=subprocess.PIPE, env=dict(os.environ, TERM="xterm-256color"))
     os.close(follower)
-    screen = b""
-    while True:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        screen += chunk
+    screen = read_terminal(leader)
     os.close(leader)
     assert proc.wait(timeout=60) == 0, proc.stderr.read()
     assert b"LIVE VIEW" in screen

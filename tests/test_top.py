@@ -41,7 +41,7 @@ from probes.host import HostPaths
 from probes.reclaim import ReclaimSnapshot, ReclaimStats
 from probes.runqlat import RunqSnapshot
 from probes.softirq import SoftirqStall
-from tests.conftest import require_tool
+from tests.conftest import read_terminal, require_tool
 
 CLI = [sys.executable, "-m", "noisyneighbor.cli"]
 
@@ -504,15 +504,7 @@ def test_live_top_uses_the_alternate_screen_and_draws_before_the_first_interval(
     proc = subprocess.Popen([*CLI, "top", "--count", "1", "--interval", "1"], stdin=follower, stdout=follower,
                             stderr=subprocess.PIPE, env=dict(os.environ, COLUMNS="160", LINES="50", TERM="xterm"))
     os.close(follower)
-    screen = b""
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        screen += chunk
+    screen = read_terminal(leader)
     os.close(leader)
     assert proc.wait(timeout=60) == 0, proc.stderr.read()
     text = screen.decode(errors="replace")
