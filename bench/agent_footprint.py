@@ -284,11 +284,11 @@ class AgentUnderTest:
 class Profiler:
     """py-spy on the agent for one step (optional: ``pip install py-spy``)."""
 
-    def __init__(self, pid: int, out: str, seconds: float) -> None:
+    def __init__(self, pid: int, out: str, seconds: float, rate: int = 50) -> None:
         exe = Path(sys.executable).parent / "py-spy"
         fmt = ["--format", "raw"] if out.endswith(".txt") else []  # collapsed stacks, for scripts
         self.proc = subprocess.Popen([str(exe if exe.exists() else "py-spy"), "record", "-p", str(pid), "-o", out,
-                                      "-d", str(int(seconds)), "-r", "50", "--nonblocking", *fmt],
+                                      "-d", str(int(seconds)), "-r", str(rate), "--nonblocking", *fmt],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def wait(self) -> None:
@@ -309,7 +309,7 @@ def run(args: argparse.Namespace) -> tuple[list[StepResult], dict]:
                 time.sleep(args.settle + (6 if n else 0))  # kubelet poll and pod-cgroup listing: every 5 s
                 profiler = None
                 if args.profile and n == max(steps):
-                    profiler = Profiler(agent.proc.pid, args.profile, args.window)
+                    profiler = Profiler(agent.proc.pid, args.profile, args.window, args.profile_rate)
                 results.append(agent.measure(str(n), n, args.window))
                 if profiler is not None:
                     profiler.wait()
@@ -409,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="15 s windows, 60 s churn")
     p.add_argument("--profile",
                    help="py-spy profile of the agent in the largest step: flame graph (.svg) or collapsed stacks (.txt)")
+    p.add_argument("--profile-rate", type=int, default=50,
+                   help="py-spy samples per second (50 for the numbers, 500 to find hot spots)")
     p.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     p.add_argument("--scrape-interval", type=float, default=15.0,
                    help="seconds between /metrics scrapes (the ServiceMonitor scrapes every 15 s)")

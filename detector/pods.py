@@ -436,6 +436,7 @@ class KubeletPodSource(_CachingSource):
         self.refresh_interval = refresh_interval
         self.empty_confirmations = empty_confirmations
         self._empty_seen = 0
+        self._last_body: bytes | None = None  # the last body parsed into the current list
         self._last_attempt: float | None = None
         self._ssl: ssl.SSLContext | None = None
         self._ssl_error: str | None = None
@@ -494,6 +495,12 @@ class KubeletPodSource(_CachingSource):
         except Exception as e:  # any failure leaves the last good list in place
             self._failed(f"kubelet {self.url} unreachable: {_describe_error(e)}")
             return False
+        if body == self._last_body and self._ok:
+            # The kubelet serves the same bytes while nothing about its pods changed: parsing them
+            # again (the agent's largest cost between pod changes) would give the same list.
+            with self._lock:
+                self._succeeded()
+            return True
         try:
             doc = json.loads(body)
             pods = pods_from_list(doc)
@@ -512,6 +519,7 @@ class KubeletPodSource(_CachingSource):
                     return False
             self._empty_seen = 0
             self._replace_all(pods)
+            self._last_body = body
         return True
 
     def _fetch(self) -> bytes:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from probes.cgroupfs import CgroupLayout, Hierarchy
-from probes.cpuacct import CgroupCpuStat, read_cgroup_cpu
+from probes.cpuacct import CgroupCpuReader, CgroupCpuStat
 from probes.memstat import MemStat, read_memstat
 from probes.psi import RESOURCES, PsiReading, read_pressure_file
 
@@ -82,6 +82,8 @@ class _Watched:
     usage_file: str | None = None  # cpuacct.usage (v1) or cpu.stat (v2): did it run since its last turn?
     memory_usage_file: str | None = None  # memory.usage_in_bytes (v1) or memory.current (v2)
     last_memory_tick: int = -1_000_000
+    cpu_reader: CgroupCpuReader | None = None
+    last_limits_tick: int = -1_000_000
     turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at its last wheel turn
     reads: int = 0  # times its files were read (tests and benches count them)
 
@@ -141,7 +143,7 @@ class CgroupWatch:
             name = "cpuset.effective_cpus" if self.cpuset_h.version == 1 else "cpuset.cpus.effective"
             cpuset = str(self.cpuset_h.path_of(path) / name)
         percpu = str(self.cpuacct_h.path_of(path) / "cpuacct.usage_percpu") if self.cpuacct_h is not None else None
-        w = _Watched(path, slot, cpuset, percpu, self._psi_dir(path))
+        w = _Watched(path, slot, cpuset, percpu, self._psi_dir(path), cpu_reader=CgroupCpuReader(self.layout, path))
         if self.cpuacct_h is not None:
             w.usage_file = str(self.cpuacct_h.path_of(path) / "cpuacct.usage")
         elif self.cpu_h is not None and self.cpu_h.version == 2:
@@ -244,7 +246,12 @@ class CgroupWatch:
         if not (full and path in self.cpu and self._unchanged(w, w.usage_file, "cpu")):
             replaced = True
             before = self.cpu.get(path)
-            cpu = read_cgroup_cpu(self.layout, path)
+            # Quota and period: on wheel turns, and every few ticks while it runs (an actuator or a
+            # resize changes them; nothing else does).
+            limits = full or t - w.last_limits_tick >= self.memory_refresh_ticks
+            if limits:
+                w.last_limits_tick = t
+            cpu = w.cpu_reader.read(limits=limits) if w.cpu_reader is not None else None
             if cpu is None:
                 self.cpu.pop(path, None)
             else:

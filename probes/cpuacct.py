@@ -324,3 +324,130 @@ def _optional_rate(before: int | None, after: int | None, elapsed_ns: float) -> 
     if before is None or after is None or after < before:
         return None
     return (after - before) / elapsed_ns
+
+
+# -- the per-tick reader ------------------------------------------------------------------------
+
+
+def _read_str(path: str) -> str | None:
+    """One pseudo-file by a prebuilt path: one open, one read (pathlib's path building and text
+    wrappers cost more than the read itself on the per-tick path); None when absent or vanished."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 65536).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+class CgroupCpuReader:
+    """One cgroup's CPU accounting, read often and cheaply: file paths built once, and the limit
+    files (quota, period) only when asked (``limits=True``: first read, wheel turns, now and then
+    while it runs), since only an actuator or a resize changes them. ``cpu.stat`` (v1) is read only
+    while a quota is set: without one nothing is throttled and its counters stand still.
+    Same results as :func:`read_cgroup_cpu` with fresh limits."""
+
+    def __init__(self, layout: CgroupLayout, cgroup_path: str, clock_ticks: int | None = None) -> None:
+        dirs = locate_cpu_stat_dirs(layout, cgroup_path)
+        self.version = dirs.cgroup_version if dirs is not None else 0
+        self.ticks = clock_ticks or os.sysconf("SC_CLK_TCK")
+        cpu = str(dirs.cpu_dir) if dirs is not None and dirs.cpu_dir is not None else None
+        acct = str(dirs.cpuacct_dir) if dirs is not None and dirs.cpuacct_dir is not None else None
+        self.cpu_dir = cpu
+        self.usage_file = f"{acct}/cpuacct.usage" if acct else None
+        self.acct_file = f"{acct}/cpuacct.stat" if acct else None
+        self.stat_file = f"{cpu}/cpu.stat" if cpu else None
+        self.quota_file = f"{cpu}/cpu.cfs_quota_us" if cpu and self.version == 1 else None
+        self.period_file = f"{cpu}/cpu.cfs_period_us" if cpu and self.version == 1 else None
+        self.max_file = f"{cpu}/cpu.max" if cpu and self.version == 2 else None
+        self.quota_us: int | None = None
+        self.period_us: int | None = None
+        self.bandwidth = False  # v1: the cpu controller has CFS bandwidth files
+        self._limits_read = False
+
+    def read(self, limits: bool = False) -> CgroupCpuStat | None:
+        if self.version == 2:
+            return self._read_v2(limits or not self._limits_read)
+        if self.version == 1:
+            return self._read_v1(limits or not self._limits_read)
+        return None
+
+    def _read_v1(self, limits: bool) -> CgroupCpuStat | None:
+        if self.usage_file is None or self.acct_file is None:
+            return None
+        usage_text = _read_str(self.usage_file)
+        acct_text = _read_str(self.acct_file)
+        usage = None if usage_text is None else _parse_int(usage_text)
+        if usage is None or acct_text is None:
+            return None
+        acct = parse_keyed_counters(acct_text)
+        if limits and self.quota_file is not None and self.period_file is not None:
+            quota_text, period_text = _read_str(self.quota_file), _read_str(self.period_file)
+            quota = None if quota_text is None else _parse_int(quota_text)
+            period = None if period_text is None else _parse_int(period_text)
+            if quota is None or period is None:
+                if self.cpu_dir is not None and not os.path.isdir(self.cpu_dir):
+                    return None  # vanished
+                self.bandwidth, self.quota_us, self.period_us = False, None, None  # CONFIG_CFS_BANDWIDTH=n
+            else:
+                self.bandwidth, self.quota_us, self.period_us = True, (None if quota < 0 else quota), period
+            self._limits_read = True
+        stat: dict[str, int] = {}
+        if self.bandwidth and self.quota_us is not None and self.stat_file is not None:
+            stat_text = _read_str(self.stat_file)
+            if stat_text is None:
+                return None  # vanished since the limits were read
+            stat = parse_keyed_counters(stat_text)
+        user, system = acct.get("user"), acct.get("system")
+        return CgroupCpuStat(
+            cgroup_version=1,
+            usage_ns=usage,
+            user_ns=None if user is None else user * NS_PER_S // self.ticks,
+            system_ns=None if system is None else system * NS_PER_S // self.ticks,
+            nr_periods=stat.get("nr_periods", 0),
+            nr_throttled=stat.get("nr_throttled", 0),
+            throttled_ns=stat.get("throttled_time", 0),
+            nr_bursts=stat.get("nr_bursts"),
+            burst_ns=stat.get("burst_time"),
+            quota_us=self.quota_us,
+            period_us=self.period_us,
+        )
+
+    def _read_v2(self, limits: bool) -> CgroupCpuStat | None:
+        if self.stat_file is None:
+            return None
+        text = _read_str(self.stat_file)
+        stat = None if text is None else parse_keyed_counters(text)
+        if stat is None or "usage_usec" not in stat:
+            return None
+        if limits and self.max_file is not None:
+            cpu_max = _read_str(self.max_file)
+            if cpu_max is not None:
+                parsed = parse_cpu_max(cpu_max)
+                if parsed is None:
+                    return None  # guessing "unlimited" would hide a throttled cgroup
+                self.quota_us, self.period_us = parsed
+            elif self.cpu_dir is not None and not os.path.isdir(self.cpu_dir):
+                return None  # vanished between the two reads
+            else:
+                self.quota_us = self.period_us = None  # the root: no cpu.max
+            self._limits_read = True
+        user, system = stat.get("user_usec"), stat.get("system_usec")
+        bursts, burst = stat.get("nr_bursts"), stat.get("burst_usec")
+        return CgroupCpuStat(
+            cgroup_version=2,
+            usage_ns=stat["usage_usec"] * NS_PER_US,
+            user_ns=None if user is None else user * NS_PER_US,
+            system_ns=None if system is None else system * NS_PER_US,
+            nr_periods=stat.get("nr_periods", 0),
+            nr_throttled=stat.get("nr_throttled", 0),
+            throttled_ns=stat.get("throttled_usec", 0) * NS_PER_US,
+            nr_bursts=bursts,
+            burst_ns=None if burst is None else burst * NS_PER_US,
+            quota_us=self.quota_us,
+            period_us=self.period_us,
+        )

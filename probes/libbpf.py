@@ -333,6 +333,47 @@ class BpfMap:
                 yield key, value if split or not self.percpu else b"".join(
                     v.ljust((self.value_size + 7) // 8 * 8, b"\0") for v in value)
 
+    def array_values(self, batch: int = 1024) -> bytes:
+        """Every value of an array map, in index order, as one bytes (``value_size`` each): a table
+        scanned every tick is read with one syscall per ``batch`` entries and no Python per entry.
+        Per-CPU arrays are not for this (use :meth:`items`)."""
+        if self.percpu:
+            raise BpfError(f"array_values({self.name}): per-CPU map", errno.EINVAL)
+        chunks: list[bytes] = []
+        stride = self.value_size
+        try:
+            for_batches = self._raw_batches(batch)
+            for count, raw_values in for_batches:
+                chunks.append(raw_values[: count * stride])
+        except BpfError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOTSUP, 524):
+                raise
+            chunks = [value for _, value in self._items_iter()]  # type: ignore[misc]
+        return b"".join(chunks)
+
+    def _raw_batches(self, batch: int) -> Iterator[tuple[int, bytes]]:
+        """(count, values buffer) per BPF_MAP_LOOKUP_BATCH call, keys dropped."""
+        L = self._lib.lib
+        keys = ctypes.create_string_buffer(self.key_size * batch)
+        values = ctypes.create_string_buffer(self._stride * batch)
+        in_batch = ctypes.create_string_buffer(max(self.key_size, 8))
+        out_batch = ctypes.create_string_buffer(max(self.key_size, 8))
+        opts = _BatchOpts(ctypes.sizeof(_BatchOpts), 0, 0)
+        first = True
+        while True:
+            count = ctypes.c_uint32(batch)
+            err = L.bpf_map_lookup_batch(
+                self.fd, None if first else in_batch, out_batch, keys, values, ctypes.byref(count), ctypes.byref(opts)
+            )
+            e = ctypes.get_errno() if err else 0
+            if err and e != errno.ENOENT:
+                raise BpfError(f"bpf_map_lookup_batch({self.name})", e)
+            yield count.value, values.raw
+            if err:  # ENOENT: that was the last batch
+                return
+            ctypes.memmove(in_batch, out_batch, len(out_batch))
+            first = False
+
     def _items_batched(self, batch: int, split: bool = True) -> Iterator[tuple[bytes, bytes | list[bytes]]]:
         L = self._lib.lib
         stride = self._stride

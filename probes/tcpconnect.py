@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from probes.base import BpfProbe
 from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
@@ -212,6 +214,14 @@ class TcpConnectSnapshot:
     drops: dict[str, int]
 
 
+def _nonzero_u32(blob: bytes, record_size: int, offset: int) -> list[int]:
+    """Indexes of the records (``record_size`` bytes each) whose u32 at ``offset`` is not zero."""
+    if not blob or record_size <= 0 or record_size % 4 or offset % 4:
+        return []
+    words = np.frombuffer(blob, dtype="<u4", count=len(blob) // 4)
+    return [int(i) for i in np.flatnonzero(words[offset // 4 :: record_size // 4])]
+
+
 class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
     def __init__(
         self,
@@ -267,12 +277,17 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
     def _owned_buckets(self, owners: str, buckets: str) -> Iterator[tuple[bytes, list[bytes]]]:
         """(owner key, its bucket's per-CPU values) for every owned bucket. Only those are read:
         most buckets of a node are free. A netns word of 0 is a free owner or one being claimed
-        (nothing counted in it yet)."""
-        for bucket, owner in self.probe.map_items(owners):
-            if _OWNER_NETNS.unpack_from(owner)[0]:  # type: ignore[arg-type]
-                values = self.probe.map_lookup(buckets, bucket)
-                if values is not None:  # absent past a capped map's end
-                    yield owner, values  # type: ignore[misc]
+        (nothing counted in it yet). The owner table is read as one blob and scanned without a
+        Python step per bucket: it is read every tick, and almost all of it is free."""
+        size = _KEY.size if owners == "connect_bucket_owner" else _DEST_KEY.size
+        blob = self.probe.map_array_values(owners)
+        if len(blob) % size:
+            raise OSError(errno.EINVAL, f"{owners}: {len(blob)} bytes is not a whole number of {size}-byte owners")
+        for index in _nonzero_u32(blob, size, _OWNER_NETNS.size - 4):
+            owner = blob[index * size : (index + 1) * size]
+            values = self.probe.map_lookup(buckets, index.to_bytes(4, "little"))
+            if values is not None:  # absent past a capped map's end
+                yield owner, values  # type: ignore[misc]
 
     def snapshot(self) -> TcpConnectSnapshot:
         # A key's counters: its bucket's (if it owns one) plus its hash entry's (if it has one).

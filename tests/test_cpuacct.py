@@ -15,6 +15,7 @@ import pytest
 from noisyneighbor.sandbox import OwnedCgroup
 from probes.cgroupfs import discover
 from probes.cpuacct import (
+    CgroupCpuReader,
     CgroupCpuStat,
     cpu_delta,
     cpu_stat_unavailable_reason,
@@ -77,6 +78,14 @@ def v1_host(root: Path, combined: bool) -> HostPaths:
     return HostPaths.under(root)
 
 
+def _lean_read(layout, path: str) -> CgroupCpuStat | None:
+    """The agent's per-tick reader, fresh (so it reads the limit files too): same results as read_cgroup_cpu."""
+    return CgroupCpuReader(layout, path).read(limits=True)
+
+
+BOTH_READERS = pytest.mark.parametrize("read_cpu", [read_cgroup_cpu, _lean_read], ids=["read_cgroup_cpu", "lean"])
+
+
 # -- parsing ------------------------------------------------------------------------------------
 
 
@@ -105,9 +114,10 @@ def test_parse_cpu_max(text: str, expected: tuple[int | None, int] | None) -> No
 # -- v2 -----------------------------------------------------------------------------------------
 
 
-def test_v2_pod_cgroup(tmp_path: Path) -> None:
+@BOTH_READERS
+def test_v2_pod_cgroup(read_cpu, tmp_path: Path) -> None:
     layout = discover(v2_host(tmp_path))
-    stat = read_cgroup_cpu(layout, POD)
+    stat = read_cpu(layout, POD)
     assert stat == CgroupCpuStat(
         cgroup_version=2,
         usage_ns=76841942_000,
@@ -125,43 +135,46 @@ def test_v2_pod_cgroup(tmp_path: Path) -> None:
     assert cpu_stat_unavailable_reason(layout, POD) is None
 
 
-def test_v2_unlimited_and_root_without_bandwidth(tmp_path: Path) -> None:
+@BOTH_READERS
+def test_v2_unlimited_and_root_without_bandwidth(read_cpu, tmp_path: Path) -> None:
     paths = v2_host(tmp_path)
     write(paths.cgroup_root / POD.lstrip("/") / "cpu.max", "max 100000\n")
     layout = discover(paths)
-    stat = read_cgroup_cpu(layout, POD)
+    stat = read_cpu(layout, POD)
     assert stat is not None and stat.quota_us is None and stat.period_us == 100000 and stat.quota_cores is None
     # The root (or any cgroup without the cpu controller) has no cpu.max and no throttling counters.
-    root = read_cgroup_cpu(layout, "/")
+    root = read_cpu(layout, "/")
     assert root is not None
     assert (root.usage_ns, root.nr_periods, root.nr_throttled, root.throttled_ns) == (900_000, 0, 0, 0)
     assert (root.quota_us, root.period_us, root.nr_bursts, root.burst_ns) == (None, None, None, None)
 
 
-def test_v2_bad_files_give_none_and_a_reason(tmp_path: Path) -> None:
+@BOTH_READERS
+def test_v2_bad_files_give_none_and_a_reason(read_cpu, tmp_path: Path) -> None:
     paths = v2_host(tmp_path)
     layout = discover(paths)
     pod = paths.cgroup_root / POD.lstrip("/")
     write(pod / "cpu.max", "garbage\n")
-    assert read_cgroup_cpu(layout, POD) is None
+    assert read_cpu(layout, POD) is None
     assert "malformed" in (cpu_stat_unavailable_reason(layout, POD) or "")
     write(pod / "cpu.max", "max 100000\n")
     write(pod / "cpu.stat", "nr_periods 3\n")
-    assert read_cgroup_cpu(layout, POD) is None
+    assert read_cpu(layout, POD) is None
     assert "usage_usec" in (cpu_stat_unavailable_reason(layout, POD) or "")
 
 
 # -- v1 -----------------------------------------------------------------------------------------
 
 
+@BOTH_READERS
 @pytest.mark.parametrize("combined", [False, True], ids=["separate", "cpu,cpuacct"])
-def test_v1_layouts(tmp_path: Path, combined: bool) -> None:
+def test_v1_layouts(read_cpu, tmp_path: Path, combined: bool) -> None:
     layout = discover(v1_host(tmp_path, combined))
     assert layout.mode == "hybrid"
     dirs = locate_cpu_stat_dirs(layout, POD)
     assert dirs is not None and dirs.cgroup_version == 1
     assert (dirs.cpu_dir == dirs.cpuacct_dir) is combined
-    stat = read_cgroup_cpu(layout, POD)
+    stat = read_cpu(layout, POD)
     assert stat == CgroupCpuStat(
         cgroup_version=1,
         usage_ns=87844036314,
@@ -190,50 +203,55 @@ def test_v1_tick_conversion_and_unlimited_quota(tmp_path: Path) -> None:
     assert stat.nr_bursts is None and stat.burst_ns is None
 
 
-def test_v1_without_cfs_bandwidth_files(tmp_path: Path) -> None:
+@BOTH_READERS
+def test_v1_without_cfs_bandwidth_files(read_cpu, tmp_path: Path) -> None:
     layout = discover(v1_host(tmp_path, combined=False))
     d = layout.v1["cpu"].path_of(POD)
     for name in ("cpu.stat", "cpu.cfs_quota_us", "cpu.cfs_period_us"):
         (d / name).unlink()  # CONFIG_CFS_BANDWIDTH=n: the directory exists, the files do not
-    stat = read_cgroup_cpu(layout, POD)
+    stat = read_cpu(layout, POD)
     assert stat is not None and stat.usage_ns == 87844036314
     assert (stat.nr_periods, stat.nr_throttled, stat.quota_us, stat.period_us) == (0, 0, None, None)
 
 
+@BOTH_READERS
 @pytest.mark.parametrize("combined", [False, True], ids=["separate", "cpu,cpuacct"])
-def test_vanished_cgroup_is_none(tmp_path: Path, combined: bool) -> None:
+def test_vanished_cgroup_is_none(read_cpu, tmp_path: Path, combined: bool) -> None:
     layout = discover(v1_host(tmp_path, combined))
-    assert read_cgroup_cpu(layout, "/kubepods.slice/gone") is None
+    assert read_cpu(layout, "/kubepods.slice/gone") is None
     assert "does not exist" in (cpu_stat_unavailable_reason(layout, "/kubepods.slice/gone") or "")
 
 
-def test_v1_cgroup_removed_from_one_hierarchy_mid_read(tmp_path: Path) -> None:
+@BOTH_READERS
+def test_v1_cgroup_removed_from_one_hierarchy_mid_read(read_cpu, tmp_path: Path) -> None:
     # The cpu directory went away after cpuacct was read: no half-filled sample.
     layout = discover(v1_host(tmp_path, combined=False))
     cpu_dir = layout.v1["cpu"].path_of(POD)
     for f in cpu_dir.iterdir():
         f.unlink()
     cpu_dir.rmdir()
-    assert read_cgroup_cpu(layout, POD) is None
+    assert read_cpu(layout, POD) is None
     assert "does not exist" in (cpu_stat_unavailable_reason(layout, POD) or "")
 
 
-def test_v1_garbage_usage_and_missing_cpuacct(tmp_path: Path) -> None:
+@BOTH_READERS
+def test_v1_garbage_usage_and_missing_cpuacct(read_cpu, tmp_path: Path) -> None:
     layout = discover(v1_host(tmp_path, combined=False))
     write(layout.v1["cpuacct"].path_of(POD) / "cpuacct.usage", "12abc\n")
-    assert read_cgroup_cpu(layout, POD) is None
+    assert read_cpu(layout, POD) is None
     assert "not an integer" in (cpu_stat_unavailable_reason(layout, POD) or "")
 
     no_acct = tmp_path / "noacct"
     (no_acct / "sys/fs/cgroup/cpu").mkdir(parents=True)
     layout = discover(HostPaths.under(no_acct))
-    assert read_cgroup_cpu(layout, "/") is None
+    assert read_cpu(layout, "/") is None
     assert "cpuacct" in (cpu_stat_unavailable_reason(layout, "/") or "")
 
 
-def test_v2_vanished_cgroup_is_none(tmp_path: Path) -> None:
+@BOTH_READERS
+def test_v2_vanished_cgroup_is_none(read_cpu, tmp_path: Path) -> None:
     layout = discover(v2_host(tmp_path))
-    assert read_cgroup_cpu(layout, "/kubepods.slice/gone") is None
+    assert read_cpu(layout, "/kubepods.slice/gone") is None
 
 
 # -- deltas -------------------------------------------------------------------------------------
@@ -336,3 +354,23 @@ def test_real_quota_throttles_and_usage_matches_schedstat(make_cgroup) -> None:
     assert delta.quota_utilisation == pytest.approx(1.0, rel=0.25)
     # Every on-CPU nanosecond of the process was charged to the cgroup (it joined before exec).
     assert after.usage_ns - before.usage_ns == pytest.approx(on_cpu_ns, rel=0.05)
+
+
+def test_lean_reader_reads_limits_only_when_asked(tmp_path: Path) -> None:
+    """Quota and period come from the first read and from reads with limits=True; cpu.stat (v1) is
+    read only while a quota is set."""
+    paths = v1_host(tmp_path, combined=True)
+    layout = discover(paths)
+    d = tmp_path / "sys/fs/cgroup/cpu,cpuacct" / POD.lstrip("/")
+    reader = CgroupCpuReader(layout, POD)
+    first = reader.read()
+    assert first is not None and first.quota_us == 20000 and first.nr_throttled == 10
+    write(d / "cpu.cfs_quota_us", "-1\n")
+    assert reader.read().quota_us == 20000  # not re-read without limits=True
+    unlimited = reader.read(limits=True)
+    assert unlimited is not None and unlimited.quota_us is None and unlimited.period_us == 100000
+    (d / "cpu.stat").unlink()  # no quota: cpu.stat is not needed, so its absence is not a vanished cgroup
+    still = reader.read()
+    assert still is not None and still.usage_ns == 87844036314 and still.nr_throttled == 0
+    write(d / "cpu.cfs_quota_us", "50000\n")
+    assert reader.read(limits=True) is None  # a quota, but cpu.stat is gone: vanished mid-read

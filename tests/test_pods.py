@@ -381,3 +381,21 @@ def test_auto_says_why_it_did_not_use_the_kubelet(token_file: str, caplog):
         src.close()
         lines = [r.getMessage() for r in caplog.records if "pod source auto" in r.getMessage()]
         assert len(lines) == 1 and "HOST_IP is not set" in lines[0], lines
+
+
+def test_kubelet_same_body_is_not_parsed_again(monkeypatch):
+    """An unchanged /pods body keeps the parsed list (parsing it every 5 s was the idle agent's largest
+    cost), and a changed body is parsed: the new pod shows up at the next refresh."""
+    import detector.pods as pods_module
+
+    parsed = []
+    real = pods_module.pods_from_list
+    monkeypatch.setattr(pods_module, "pods_from_list", lambda doc: parsed.append(1) or real(doc))
+    with FakeKube() as kube:
+        kube.add_pod(make_pod("a", uid=UID_A))
+        src = KubeletPodSource(kube.url, refresh_interval=0)
+        assert src.refresh() and src.refresh() and src.refresh()
+        assert len(parsed) == 1 and [p.name for p in src.pods()] == ["a"] and src.status.ok
+        kube.add_pod(make_pod("b", uid=UID_B))
+        assert src.refresh()
+        assert len(parsed) == 2 and sorted(p.name for p in src.pods()) == ["a", "b"]
