@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.cpuacct import CgroupCpuReader, CgroupCpuStat
-from probes.memstat import MemStat, read_memstat
+from probes.host import read_small
+from probes.memstat import MemStat, MemStatReader
 from probes.psi import RESOURCES, PsiReading, read_pressure_file
 
 SLOW_REFRESH_TICKS = 30  # every cgroup is read at least this often (ticks), activity or not
@@ -56,20 +57,6 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
     return tuple(cpus)
 
 
-def _read_small(path: str) -> str | None:
-    """One pseudo-file; None when it is absent or vanished (cheaper than pathlib: one open, one read)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 65536).decode("utf-8", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 @dataclass
 class _Watched:
     """One listed cgroup: its file names (built once) and when it was last read."""
@@ -83,6 +70,8 @@ class _Watched:
     memory_usage_file: str | None = None  # memory.usage_in_bytes (v1) or memory.current (v2)
     last_memory_tick: int = -1_000_000
     cpu_reader: CgroupCpuReader | None = None
+    mem_reader: MemStatReader | None = None
+    psi_probe_file: str | None = None  # the v2 cpu.pressure whose presence says it has PSI files
     last_limits_tick: int = -1_000_000
     turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at its last wheel turn
     reads: int = 0  # times its files were read (tests and benches count them)
@@ -143,7 +132,10 @@ class CgroupWatch:
             name = "cpuset.effective_cpus" if self.cpuset_h.version == 1 else "cpuset.cpus.effective"
             cpuset = str(self.cpuset_h.path_of(path) / name)
         percpu = str(self.cpuacct_h.path_of(path) / "cpuacct.usage_percpu") if self.cpuacct_h is not None else None
-        w = _Watched(path, slot, cpuset, percpu, self._psi_dir(path), cpu_reader=CgroupCpuReader(self.layout, path))
+        w = _Watched(path, slot, cpuset, percpu, None, cpu_reader=CgroupCpuReader(self.layout, path),
+                     mem_reader=MemStatReader(self.layout, path) if self.mem_h is not None else None,
+                     psi_probe_file=f"{self.v2.path_of(path)}/cpu.pressure" if self.v2 is not None else None)
+        w.psi_dir = self._psi_dir(w)
         if self.cpuacct_h is not None:
             w.usage_file = str(self.cpuacct_h.path_of(path) / "cpuacct.usage")
         elif self.cpu_h is not None and self.cpu_h.version == 2:
@@ -176,11 +168,11 @@ class CgroupWatch:
         for readings in (self.cpu, self.mem, self.psi, self.psi_read_s, self.cpus, self.percpu):
             readings.pop(path, None)
 
-    def _psi_dir(self, path: str) -> str | None:
-        if self.v2 is None:
+    @staticmethod
+    def _psi_dir(w: _Watched) -> str | None:
+        if w.psi_probe_file is None or not os.path.exists(w.psi_probe_file):
             return None
-        d = self.v2.path_of(path)
-        return str(d) if os.path.exists(d / "cpu.pressure") else None
+        return os.path.dirname(w.psi_probe_file)
 
     # -- activity ----------------------------------------------------------------------------
     def path_of_id(self, cgroup_id: int, hierarchy: Hierarchy | None) -> str | None:
@@ -232,7 +224,7 @@ class CgroupWatch:
         (Then the other files of that kind are not read: an idle cgroup's turn costs a few small reads.)"""
         if file is None:
             return False
-        text = _read_small(file)
+        text = read_small(file)
         same = text is not None and w.turn_text.get(kind) == text
         w.turn_text[kind] = text
         return same
@@ -264,7 +256,7 @@ class CgroupWatch:
             self._moving.discard(path)
         if memory and not (full and path in self.mem and self._unchanged(w, w.memory_usage_file, "memory")):
             replaced = True
-            mem = read_memstat(self.layout, path)
+            mem = w.mem_reader.read() if w.mem_reader is not None else None
             w.last_memory_tick = t
             if mem is None:
                 self.mem.pop(path, None)
@@ -272,12 +264,12 @@ class CgroupWatch:
                 self.mem[path] = mem
         if full:
             if w.cpuset_file is not None:
-                text = _read_small(w.cpuset_file)
+                text = read_small(w.cpuset_file)
                 if text is not None:
                     self.cpus[path] = parse_cpu_list(text)
-            w.psi_dir = self._psi_dir(path)
+            w.psi_dir = self._psi_dir(w)
         if w.percpu_file is not None and moving:  # where it ran moves only when it runs (and at first sight)
-            text = _read_small(w.percpu_file)
+            text = read_small(w.percpu_file)
             if text is not None:
                 try:
                     self.percpu[path] = tuple(int(x) for x in text.split())

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from probes.cgroupfs import CgroupLayout
-from probes.host import read_text_or_none
+from probes.host import read_small, read_text_or_none
 
 NS_PER_US = 1_000
 NS_PER_S = 1_000_000_000
@@ -329,21 +329,6 @@ def _optional_rate(before: int | None, after: int | None, elapsed_ns: float) -> 
 # -- the per-tick reader ------------------------------------------------------------------------
 
 
-def _read_str(path: str) -> str | None:
-    """One pseudo-file by a prebuilt path: one open, one read (pathlib's path building and text
-    wrappers cost more than the read itself on the per-tick path); None when absent or vanished."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 65536).decode("ascii", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 class CgroupCpuReader:
     """One cgroup's CPU accounting, read often and cheaply: file paths built once, and the limit
     files (quota, period) only when asked (``limits=True``: first read, wheel turns, now and then
@@ -379,14 +364,14 @@ class CgroupCpuReader:
     def _read_v1(self, limits: bool) -> CgroupCpuStat | None:
         if self.usage_file is None or self.acct_file is None:
             return None
-        usage_text = _read_str(self.usage_file)
-        acct_text = _read_str(self.acct_file)
+        usage_text = read_small(self.usage_file)
+        acct_text = read_small(self.acct_file)
         usage = None if usage_text is None else _parse_int(usage_text)
         if usage is None or acct_text is None:
             return None
         acct = parse_keyed_counters(acct_text)
         if limits and self.quota_file is not None and self.period_file is not None:
-            quota_text, period_text = _read_str(self.quota_file), _read_str(self.period_file)
+            quota_text, period_text = read_small(self.quota_file), read_small(self.period_file)
             quota = None if quota_text is None else _parse_int(quota_text)
             period = None if period_text is None else _parse_int(period_text)
             if quota is None or period is None:
@@ -398,7 +383,7 @@ class CgroupCpuReader:
             self._limits_read = True
         stat: dict[str, int] = {}
         if self.bandwidth and self.quota_us is not None and self.stat_file is not None:
-            stat_text = _read_str(self.stat_file)
+            stat_text = read_small(self.stat_file)
             if stat_text is None:
                 return None  # vanished since the limits were read
             stat = parse_keyed_counters(stat_text)
@@ -420,12 +405,12 @@ class CgroupCpuReader:
     def _read_v2(self, limits: bool) -> CgroupCpuStat | None:
         if self.stat_file is None:
             return None
-        text = _read_str(self.stat_file)
+        text = read_small(self.stat_file)
         stat = None if text is None else parse_keyed_counters(text)
         if stat is None or "usage_usec" not in stat:
             return None
         if limits and self.max_file is not None:
-            cpu_max = _read_str(self.max_file)
+            cpu_max = read_small(self.max_file)
             if cpu_max is not None:
                 parsed = parse_cpu_max(cpu_max)
                 if parsed is None:

@@ -46,3 +46,22 @@ def read_text_or_none(path: str | os.PathLike[str]) -> str | None:
         if e.errno in VANISHED_ERRNOS:
             return None
         raise
+
+
+def read_small(path: str) -> str | None:
+    """A small pseudo-file by a prebuilt string path, for the per-tick readers: one open, one read
+    (pathlib's path objects and text wrappers cost more than the read itself there). None when it
+    is absent, vanished or unreadable: the callers count all of those as "not there now"."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        chunks = [os.read(fd, 65536)]
+        while len(chunks[-1]) == 65536:  # kernfs hands a file out whole when the buffer is larger
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -24,11 +24,12 @@ Cgroup-limit reclaim is *not* in allocstall or pgsteal_direct, but it is in pgst
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from probes.cgroupfs import CgroupLayout
-from probes.host import HostPaths, read_text_or_none
+from probes.host import HostPaths, read_small, read_text_or_none
 
 # v1 prints PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 with 4 KiB pages) for "no limit".
 V1_UNLIMITED_AT = 1 << 62
@@ -339,3 +340,30 @@ def read_node_memory(paths: HostPaths | None = None) -> NodeMemory | None:
         wmark_min_pages=zones["min"], wmark_low_pages=zones["low"], wmark_high_pages=zones["high"],
         managed_pages=zones["managed"], present_pages=zones["present"],
     )
+
+
+class MemStatReader:
+    """One cgroup's memory accounting, read often: the file paths are built once (the per-tick cost
+    was mostly pathlib), the results are those of :func:`read_memstat`."""
+
+    V1_FILES = ("memory.usage_in_bytes", "memory.limit_in_bytes", "memory.failcnt", "memory.oom_control")
+    V2_FILES = ("memory.events", "memory.current", "memory.max")
+
+    def __init__(self, layout: CgroupLayout, cgroup_path: str) -> None:
+        hierarchy = layout.hierarchy_for("memory")
+        self.version = hierarchy.version if hierarchy is not None else 0
+        self.dir = str(hierarchy.path_of(cgroup_path)) if hierarchy is not None else ""
+        self.stat_file = f"{self.dir}/memory.stat"
+        self.files = [f"{self.dir}/{name}" for name in (self.V1_FILES if self.version == 1 else self.V2_FILES)]
+
+    def read(self) -> MemStat | None:
+        if not self.version:
+            return None
+        stat = read_small(self.stat_file)
+        if stat is None:
+            return None
+        files = [read_small(f) for f in self.files]
+        required = files[:3] if self.version == 1 else files  # v1: oom_control may be absent
+        if any(t is None for t in required) and not os.path.isdir(self.dir):
+            return None  # removed between the reads
+        return parse_v1(stat, *files) if self.version == 1 else parse_v2(stat, *files)

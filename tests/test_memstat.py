@@ -10,6 +10,8 @@ import pytest
 from probes.cgroupfs import discover
 from probes.host import HostPaths
 from probes.memstat import (
+    MemStat,
+    MemStatReader,
     parse_flat_keyed,
     parse_v1,
     parse_v2,
@@ -189,6 +191,14 @@ def v1_host(root: Path) -> HostPaths:
 # -- parsing ------------------------------------------------------------------------------------
 
 
+def _lean_read(layout, path: str) -> MemStat | None:
+    """The agent's per-tick reader (paths built once): same results as read_memstat."""
+    return MemStatReader(layout, path).read()
+
+
+BOTH_READERS = pytest.mark.parametrize("read_mem", [read_memstat, _lean_read], ids=["read_memstat", "lean"])
+
+
 def test_parse_flat_keyed_skips_garbage() -> None:
     assert parse_flat_keyed("anon 1\nbroken\nfile x\n\na b c\noom 2\n") == {"anon": 1, "oom": 2}
 
@@ -202,9 +212,10 @@ def test_formats_are_not_confused() -> None:
 # -- v2 -----------------------------------------------------------------------------------------
 
 
-def test_v2_cgroup(tmp_path: Path) -> None:
+@BOTH_READERS
+def test_v2_cgroup(read_mem, tmp_path: Path) -> None:
     layout = discover(v2_host(tmp_path))
-    m = read_memstat(layout, POD)
+    m = read_mem(layout, POD)
     assert m is not None and m.cgroup_version == 2
     assert (m.usage_bytes, m.limit_bytes) == (161480704, 268435456)
     assert (m.anon_bytes, m.file_bytes) == (104857600, 52428800)
@@ -218,43 +229,47 @@ def test_v2_cgroup(tmp_path: Path) -> None:
     assert m.stat["pgrefill"] == 12 and m.events["high"] == 42
 
 
-def test_v2_unlimited_root_and_old_kernel_events(tmp_path: Path) -> None:
+@BOTH_READERS
+def test_v2_unlimited_root_and_old_kernel_events(read_mem, tmp_path: Path) -> None:
     paths = v2_host(tmp_path)
     d = paths.cgroup_root / POD.lstrip("/")
     write(d / "memory.max", "max\n")
     write(d / "memory.events", "low 0\nhigh 0\nmax 3\noom 0\noom_kill 0\n")  # before oom_group_kill (5.16)
     layout = discover(paths)
-    m = read_memstat(layout, POD)
+    m = read_mem(layout, POD)
     assert m is not None and m.limit_bytes is None and m.events_max == 3 and m.events_oom_group_kill is None
-    root = read_memstat(layout, "/")
+    root = read_mem(layout, "/")
     assert root is not None and root.pgsteal == 182784
     assert (root.usage_bytes, root.limit_bytes, root.events_max) == (None, None, None)
 
 
-def test_v2_vanished_cgroup_is_none(tmp_path: Path) -> None:
+@BOTH_READERS
+def test_v2_vanished_cgroup_is_none(read_mem, tmp_path: Path) -> None:
     paths = v2_host(tmp_path)
     layout = discover(paths)
     d = paths.cgroup_root / POD.lstrip("/")
     (d / "memory.stat").unlink()  # the cgroup went away between listing and reading
-    assert read_memstat(layout, POD) is None
+    assert read_mem(layout, POD) is None
     shutil.rmtree(d)
-    assert read_memstat(layout, POD) is None
+    assert read_mem(layout, POD) is None
     assert read_v2_memstat(d) is None
-    assert read_memstat(layout, "/no/such/cgroup") is None
+    assert read_mem(layout, "/no/such/cgroup") is None
 
 
-def test_v2_without_memory_controller(tmp_path: Path) -> None:
+@BOTH_READERS
+def test_v2_without_memory_controller(read_mem, tmp_path: Path) -> None:
     write(tmp_path / "sys/fs/cgroup/cgroup.controllers", "cpu io\n")
     # Pure v2 hosts give the v2 hierarchy for every controller; without memory.stat the answer is None.
-    assert read_memstat(discover(HostPaths.under(tmp_path)), "/") is None
+    assert read_mem(discover(HostPaths.under(tmp_path)), "/") is None
 
 
 # -- v1 -----------------------------------------------------------------------------------------
 
 
-def test_v1_cgroup_prefers_hierarchical_totals(tmp_path: Path) -> None:
+@BOTH_READERS
+def test_v1_cgroup_prefers_hierarchical_totals(read_mem, tmp_path: Path) -> None:
     layout = discover(v1_host(tmp_path))
-    m = read_memstat(layout, POD)
+    m = read_mem(layout, POD)
     assert m is not None and m.cgroup_version == 1
     assert (m.usage_bytes, m.limit_bytes, m.failcnt) == (69000000, 64 << 20, 584)
     assert (m.anon_bytes, m.file_bytes) == (9000000, 60000000)  # total_rss, total_cache
@@ -274,11 +289,12 @@ def test_v1_unlimited_and_local_only_keys(tmp_path: Path) -> None:
     assert (m.file_bytes, m.pgpgout, m.workingset_refault_file) == (56651776, 2367, 131079)
 
 
-def test_v1_vanished_cgroup_is_none(tmp_path: Path) -> None:
+@BOTH_READERS
+def test_v1_vanished_cgroup_is_none(read_mem, tmp_path: Path) -> None:
     paths = v1_host(tmp_path)
     d = paths.cgroup_root / "memory" / POD.lstrip("/")
     shutil.rmtree(d)
-    assert read_memstat(discover(paths), POD) is None
+    assert read_mem(discover(paths), POD) is None
 
 
 # -- node ---------------------------------------------------------------------------------------
