@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.cpuacct import CgroupCpuReader, CgroupCpuStat
-from probes.host import read_small
+from probes.host import HotFiles, read_small
 from probes.memstat import MemStat, MemStatReader
 from probes.psi import RESOURCES, PsiReading, read_pressure_file
 
@@ -101,6 +101,7 @@ class CgroupWatch:
         self._path_of_id: dict[tuple[str, int], str] = {}
         self._ids_of_path: dict[str, list[tuple[str, int]]] = {}
         self.tick_count = 0
+        self.hot = HotFiles()  # files of cgroups read tick after tick (active ones), kept open
         # Readings (listed cgroups only), updated in place for the cgroups read.
         self.cpu: dict[str, CgroupCpuStat] = {}
         self.mem: dict[str, MemStat] = {}
@@ -157,8 +158,14 @@ class CgroupWatch:
             ids.append(key)
         self._ids_of_path[path] = ids
 
+    def close(self) -> None:
+        self.hot.close()
+
     def _drop(self, path: str) -> None:
         w = self.watched.pop(path)
+        # An open file pins a removed cgroup in the kernel: close this one's now.
+        self.hot.close([*(w.cpu_reader.files() if w.cpu_reader else ()), *(w.mem_reader.files() if w.mem_reader else ()),
+                        *((w.percpu_file,) if w.percpu_file else ())])
         self._wheel[w.slot].discard(path)
         self._unread.discard(path)
         self._moving.discard(path)
@@ -233,6 +240,9 @@ class CgroupWatch:
         """Read what is due of one cgroup; False when a wheel turn found nothing changed (nothing replaced)."""
         path = w.path
         w.reads += 1
+        # Wheel turns come once per cgroup per turn of the wheel: plain reads. A cgroup read outside
+        # its turn is active, and likely read again next tick: its files stay open.
+        read = read_small if full else self.hot.read
         moving = False
         replaced = False
         if not (full and path in self.cpu and self._unchanged(w, w.usage_file, "cpu")):
@@ -243,7 +253,7 @@ class CgroupWatch:
             limits = full or t - w.last_limits_tick >= self.memory_refresh_ticks
             if limits:
                 w.last_limits_tick = t
-            cpu = w.cpu_reader.read(limits=limits) if w.cpu_reader is not None else None
+            cpu = w.cpu_reader.read(limits, read) if w.cpu_reader is not None else None
             if cpu is None:
                 self.cpu.pop(path, None)
             else:
@@ -256,7 +266,7 @@ class CgroupWatch:
             self._moving.discard(path)
         if memory and not (full and path in self.mem and self._unchanged(w, w.memory_usage_file, "memory")):
             replaced = True
-            mem = w.mem_reader.read() if w.mem_reader is not None else None
+            mem = w.mem_reader.read(read) if w.mem_reader is not None else None
             w.last_memory_tick = t
             if mem is None:
                 self.mem.pop(path, None)
@@ -269,7 +279,7 @@ class CgroupWatch:
                     self.cpus[path] = parse_cpu_list(text)
             w.psi_dir = self._psi_dir(w)
         if w.percpu_file is not None and moving:  # where it ran moves only when it runs (and at first sight)
-            text = read_small(w.percpu_file)
+            text = read(w.percpu_file)
             if text is not None:
                 try:
                     self.percpu[path] = tuple(int(x) for x in text.split())

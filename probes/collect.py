@@ -106,6 +106,7 @@ class NodeCollector:
         for probe in self.probes.values():
             probe.close()
         self.probes.clear()
+        self.watch.close()
 
     def __enter__(self) -> NodeCollector:
         return self.start()

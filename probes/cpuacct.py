@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from probes.cgroupfs import CgroupLayout
-from probes.host import read_small, read_text_or_none
+from probes.host import ReadText, read_small, read_text_or_none
 
 NS_PER_US = 1_000
 NS_PER_S = 1_000_000_000
@@ -354,14 +354,20 @@ class CgroupCpuReader:
         self.bandwidth = False  # v1: the cpu controller has CFS bandwidth files
         self._limits_read = False
 
-    def read(self, limits: bool = False) -> CgroupCpuStat | None:
+    def files(self) -> list[str]:
+        """Every file it may read (to close them where they are kept open)."""
+        return [f for f in (self.usage_file, self.acct_file, self.stat_file, self.quota_file, self.period_file,
+                            self.max_file) if f is not None]
+
+    def read(self, limits: bool = False, read_small: ReadText = read_small) -> CgroupCpuStat | None:
+        """``read_small``: how to read one file (HotFiles.read keeps hot ones open)."""
         if self.version == 2:
-            return self._read_v2(limits or not self._limits_read)
+            return self._read_v2(limits or not self._limits_read, read_small)
         if self.version == 1:
-            return self._read_v1(limits or not self._limits_read)
+            return self._read_v1(limits or not self._limits_read, read_small)
         return None
 
-    def _read_v1(self, limits: bool) -> CgroupCpuStat | None:
+    def _read_v1(self, limits: bool, read_small: ReadText) -> CgroupCpuStat | None:
         if self.usage_file is None or self.acct_file is None:
             return None
         usage_text = read_small(self.usage_file)
@@ -402,7 +408,7 @@ class CgroupCpuReader:
             period_us=self.period_us,
         )
 
-    def _read_v2(self, limits: bool) -> CgroupCpuStat | None:
+    def _read_v2(self, limits: bool, read_small: ReadText) -> CgroupCpuStat | None:
         if self.stat_file is None:
             return None
         text = read_small(self.stat_file)

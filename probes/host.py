@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,3 +66,52 @@ def read_small(path: str) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+ReadText = Callable[[str], str | None]  # read_small, or HotFiles.read
+
+
+class HotFiles:
+    """Pseudo-files re-read every tick, kept open and re-read with ``pread(fd, 0)``: kernfs makes the
+    text anew at offset 0, and an open + close per read costs more than the read. Bounded (least
+    recently used closed first): an open cgroup file pins its cgroup in the kernel after removal,
+    so owners must also :meth:`close` the files of a cgroup they stop watching."""
+
+    def __init__(self, max_open: int = 256) -> None:
+        self.max_open = max_open
+        self._fds: dict[str, int] = {}  # insertion order = least recently used first
+
+    def read(self, path: str) -> str | None:
+        fd = self._fds.pop(path, None)
+        for attempt in (0, 1):
+            if fd is None:
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    return None
+            try:
+                data = os.pread(fd, 65536, 0)
+            except OSError:  # ENODEV: the cgroup was removed (perhaps made again under the same name)
+                os.close(fd)
+                fd = None
+                if attempt:
+                    return None
+                continue
+            if len(data) == 65536:  # too large to keep: read it whole the ordinary way
+                os.close(fd)
+                return read_small(path)
+            self._fds[path] = fd
+            if len(self._fds) > self.max_open:
+                os.close(self._fds.pop(next(iter(self._fds))))
+            return data.decode("utf-8", "replace")
+        return None
+
+    def close(self, paths: Iterable[str] | None = None) -> None:
+        """Close these files (all when None)."""
+        for path in list(self._fds) if paths is None else paths:
+            fd = self._fds.pop(path, None)
+            if fd is not None:
+                os.close(fd)
+
+    def __len__(self) -> int:
+        return len(self._fds)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from probes.cgroupfs import CgroupLayout
-from probes.host import HostPaths, read_small, read_text_or_none
+from probes.host import HostPaths, ReadText, read_small, read_text_or_none
 
 # v1 prints PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 with 4 KiB pages) for "no limit".
 V1_UNLIMITED_AT = 1 << 62
@@ -354,15 +354,19 @@ class MemStatReader:
         self.version = hierarchy.version if hierarchy is not None else 0
         self.dir = str(hierarchy.path_of(cgroup_path)) if hierarchy is not None else ""
         self.stat_file = f"{self.dir}/memory.stat"
-        self.files = [f"{self.dir}/{name}" for name in (self.V1_FILES if self.version == 1 else self.V2_FILES)]
+        self.other_files = [f"{self.dir}/{name}" for name in (self.V1_FILES if self.version == 1 else self.V2_FILES)]
 
-    def read(self) -> MemStat | None:
+    def files(self) -> list[str]:
+        return [self.stat_file, *self.other_files] if self.version else []
+
+    def read(self, read_small: ReadText = read_small) -> MemStat | None:
+        """``read_small``: how to read one file (HotFiles.read keeps hot ones open)."""
         if not self.version:
             return None
         stat = read_small(self.stat_file)
         if stat is None:
             return None
-        files = [read_small(f) for f in self.files]
+        files = [read_small(f) for f in self.other_files]
         required = files[:3] if self.version == 1 else files  # v1: oom_control may be absent
         if any(t is None for t in required) and not os.path.isdir(self.dir):
             return None  # removed between the reads

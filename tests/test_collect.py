@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -101,3 +102,37 @@ def test_idle_pod_files_are_not_read_each_tick_and_a_woken_one_is_read_next_tick
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_followed_cgroups_files_stay_open_and_close_when_it_goes(make_cgroup):
+    """Files of a cgroup read tick after tick are kept open and re-read at offset 0 (kernfs makes the
+    text anew), giving the kernel's current numbers; when the cgroup is removed they are closed, since
+    an open file would pin the removed cgroup in the kernel."""
+    busy = make_cgroup("hot", controllers=("cpu", "cpuacct", "cpuset", "memory"))
+    paths = [_rel(busy)]
+    fds_before = len(os.listdir("/proc/self/fd"))
+    hog = subprocess.Popen([sys.executable, "-c", "import time\nend=time.monotonic()+1.5\nwhile time.monotonic()<end: pass"],
+                           preexec_fn=busy.preexec)
+    try:
+        with NodeCollector(probes=(), cgroup_paths=lambda: paths) as c:
+            usages = []
+            for _ in range(4):
+                time.sleep(0.2)
+                usages.append(c.collect().cgroup_cpu[paths[0]].usage_ns)
+            assert usages == sorted(usages) and usages[-1] > usages[0], usages  # re-read, not a stale text
+            usage_file = c.watch.watched[paths[0]].cpu_reader.usage_file
+            assert usage_file in c.watch.hot._fds, "a followed cgroup's usage file is kept open"
+            hog.wait(timeout=30)
+            time.sleep(0.1)
+            c.collect()  # read once more at rest: the kernel's final number
+            kernel = int(busy.read("cpuacct", "cpuacct.usage"))
+            assert c.collect().cgroup_cpu[paths[0]].usage_ns == kernel
+            busy.remove()
+            assert c.watch.hot.read(usage_file) is None  # removed: ENODEV on the open file, nothing to reopen
+            paths.clear()
+            c.collect()
+            assert not c.watch.hot._fds, "a removed cgroup's files are closed"
+        assert len(os.listdir("/proc/self/fd")) <= fds_before
+    finally:
+        hog.kill()
+        hog.wait()
