@@ -170,6 +170,26 @@ class EntityIndex:
             self.last_touch_ts[row] = -np.inf
         return row
 
+    def shrink(self) -> np.ndarray | None:
+        """Halve the capacity while at most 3/8 of it is used (so a shrunk index is at most 3/4 full
+        and the next growth is far off: no flapping). The kept entities get rows 0..n-1 in their
+        order; returns their old rows in that order (the owner moves its columns: ``arr[:, old]``),
+        or None when nothing shrank. Without it the arrays keep the size of the largest crowd ever
+        seen: after pod churn, twice the memory for the same pods."""
+        capacity = self.capacity
+        while capacity > _INITIAL_ROWS and len(self._rows) * 8 <= capacity * 3:
+            capacity //= 2
+        if capacity == self.capacity:
+            return None
+        old_rows = np.fromiter(self._rows.values(), dtype=np.intp, count=len(self._rows))
+        touched = self.last_touch_ts[old_rows]
+        self._rows = OrderedDict((entity, i) for i, entity in enumerate(self._rows))
+        self.capacity = capacity
+        self._free = list(range(capacity - 1, len(self._rows) - 1, -1))
+        self.last_touch_ts = np.full(capacity, -np.inf)
+        self.last_touch_ts[: len(old_rows)] = touched
+        return old_rows
+
     def expire(self, cutoff_ts: float) -> list[int]:
         """Drop entities last touched at or before ``cutoff_ts``; returns their rows."""
         freed: list[int] = []
@@ -360,7 +380,18 @@ class SignalStore:
             return False
         self._clear_row(row)
         self._version += 1
+        self._shrink()
         return True
+
+    def _shrink(self) -> None:
+        old_rows = self._index.shrink()
+        if old_rows is None:
+            return
+        self._version += 1
+        for signal, arr in self._data.items():
+            moved = np.full((self.tick_capacity, self._index.capacity), np.nan)
+            moved[:, : len(old_rows)] = arr[:, old_rows]
+            self._data[signal] = moved
 
     def _advance(self, t: float) -> None:
         self._head = (self._head + 1) % self.tick_capacity
@@ -377,8 +408,11 @@ class SignalStore:
                 break
             self._ts[oldest] = np.nan
             self._live -= 1
-        for row in self._index.expire(cutoff):
+        expired = self._index.expire(cutoff)
+        for row in expired:
             self._clear_row(row)
+        if expired:
+            self._shrink()
 
     def _grow(self, capacity: int) -> None:
         for signal, arr in self._data.items():

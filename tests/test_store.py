@@ -328,3 +328,24 @@ def test_empty_tick_advances_time() -> None:
     assert store.now == 3.0
     assert store.stats("e", "s", 1).n == 0
     assert store.stats("e", "s", 10).n == 1
+
+
+def test_churn_leaves_the_arrays_at_the_size_the_live_entities_need() -> None:
+    """A crowd that came and went (pod churn) must not keep the arrays at its size: once few enough
+    entities are left, the store shrinks, and the remaining entities keep every value they had."""
+    store = SignalStore(retention_s=60)
+    steady = [f"pod-{i}" for i in range(40)]
+    for t in range(10):
+        store.add(float(t), {(e, "cpu"): float(t * 100 + i) for i, e in enumerate(steady)})
+    steady_bytes = store.nbytes()
+    before = {e: store.stats(e, "cpu", 30) for e in steady}
+    crowd = [f"churned-{i}" for i in range(300)]
+    store.add(10.0, {(e, "cpu"): 1.0 for e in crowd})  # the crowd arrives ...
+    assert store.nbytes() > 4 * steady_bytes
+    for e in crowd:  # ... and goes
+        store.forget(e)
+    assert store.nbytes() == steady_bytes
+    assert {e: store.stats(e, "cpu", 30) for e in steady} == before
+    assert store.frame("cpu", 30, "last") == {e: float(900 + i) for i, e in enumerate(steady)}
+    store.add(11.0, {("new", "cpu"): 5.0})  # a row freed by the shrink is usable
+    assert store.stats("new", "cpu", 30).last == 5.0 and len(store) == 41
