@@ -49,6 +49,8 @@ log = logging.getLogger("noisyneighbor.actuators")
 
 PROTECTED_QOS = frozenset({"LS", "LSR", "LSE", "SYSTEM"})
 NO_BURST_QOS = frozenset({"LSR", "LSE", "BE"})
+SIGNAL_PRUNE_EVERY = 60  # observe() calls between looks for victim histories nobody feeds any more
+SIGNAL_HISTORY_IDLE_OBSERVES = 300  # ...and how many calls without a value make one forgotten
 
 
 class ActuatorMetrics:
@@ -120,6 +122,8 @@ class ActuatorManager:
         self._blocked_until: dict[tuple[str, str], float] = {}
         self._changes: deque[tuple[float, str]] = deque()  # (time, kind) of applied changes
         self._signals: dict[str, deque[float]] = {}
+        self._signal_seen: dict[str, int] = {}  # key -> the observe() call that last carried it
+        self._observed = 0
         if reconcile:
             report = journal.reconcile(reown=reown)
             if report.restored or report.failed or report.reowned:
@@ -139,8 +143,12 @@ class ActuatorManager:
     def observe(self, signals: Mapping[str, float], now: float) -> None:
         with self._lock:
             window = max(1, self.policy.verify_intervals)
+            self._observed += 1
             for key, value in signals.items():
                 self._signals.setdefault(key, deque(maxlen=window)).append(float(value))
+                self._signal_seen[key] = self._observed
+            if self._observed % SIGNAL_PRUNE_EVERY == 0:
+                self._prune_signals()
             for target_key, active in list(self._active.items()):
                 v = active.verification
                 if v is None or v.key not in signals:
@@ -235,6 +243,15 @@ class ActuatorManager:
                 raise Refused(f"rate limit: {n} evictions in the last minute")
         if len(self._changes) >= self.policy.max_changes_per_minute:
             raise Refused(f"rate limit: {len(self._changes)} changes in the last minute")
+
+    def _prune_signals(self) -> None:
+        """Forget the history of keys no tick has carried for a while: removed pods' victims would
+        otherwise stay here forever, one deque each, and pod churn would grow the agent without end.
+        (A victim quiet that long has no "before" worth comparing with anyway.)"""
+        horizon = self._observed - SIGNAL_HISTORY_IDLE_OBSERVES
+        for key in [k for k, seen in self._signal_seen.items() if seen < horizon]:
+            del self._signal_seen[key]
+            self._signals.pop(key, None)
 
     def _start_verification(self, decision: Decision) -> _Verification | None:
         if decision.victim is None or not decision.victim_signal:

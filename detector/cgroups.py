@@ -110,7 +110,7 @@ def parse_cgroup_path(path: str) -> CgroupIdentity:
     return _parse_cached(path)
 
 
-@functools.lru_cache(maxsize=32768)
+@functools.lru_cache(maxsize=4096)
 def _parse_cached(path: str) -> CgroupIdentity:
     # Cached because a rescan re-parses every path on the host and nearly all of them are the same
     # as last time; identities are immutable, so sharing them is safe.

@@ -305,3 +305,19 @@ def test_submit_never_raises_on_bad_input(tmp_path: Path) -> None:
     assert "unknown CPU suppress policy" in manager.records[-1].detail
     manager.submit(Decision(ActionKind.BURST, Target(LS, qos="LS"), SuppressAmount("cfs_quota", 1.0), "x"))
     assert manager.records[-1].state == ActionState.REFUSED  # no burst actuator wired here
+
+
+def test_victim_histories_of_removed_pods_are_forgotten(tmp_path: Path) -> None:
+    """Pod churn must not grow the manager: a victim key no tick carries any more is dropped (after
+    SIGNAL_HISTORY_IDLE_OBSERVES calls), one still fed keeps its history and still verifies."""
+    from actuators.manager import SIGNAL_HISTORY_IDLE_OBSERVES, SIGNAL_PRUNE_EVERY
+
+    manager, _, _, _ = _manager(tmp_path)
+    for i in range(200):  # 200 pods come, are victims for a tick, and go
+        manager.observe({f"/kubepods.slice/pod{i}:{SIGNAL}": 1e6}, 0.0)
+    for _ in range(SIGNAL_HISTORY_IDLE_OBSERVES + 2 * SIGNAL_PRUNE_EVERY):
+        _observe(manager, [10e6])
+    assert set(manager._signals) == {f"{LS}:{SIGNAL}"}
+    manager.submit(_suppress(1.0))
+    assert manager.records[-1].state == ActionState.APPLIED
+    assert [a.verification is not None for a in manager._active.values()] == [True]  # its "before" is known
