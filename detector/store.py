@@ -54,6 +54,13 @@ DEFAULT_MAX_ENTITIES = 2000
 DEFAULT_MAX_SIGNALS = 64
 MIN_POINTS_FOR_CORRELATION = 5
 _INITIAL_ROWS = 64
+_ROW_STEP = 64  # capacities are multiples of this
+
+
+def _rows_for(entities: int) -> int:
+    """The capacity for this many entities: 25 % headroom, in steps of _ROW_STEP."""
+    return max(_INITIAL_ROWS, -(-(entities * 5 // 4 + 1) // _ROW_STEP) * _ROW_STEP)
+
 
 
 class StoreError(ValueError):
@@ -151,7 +158,7 @@ class EntityIndex:
         evicted: str | None = None
         if not self._free:
             if self.capacity < self.max_entities:
-                grown_to = min(self.capacity * 2, self.max_entities)
+                grown_to = min(max(_rows_for(len(self._rows) + 1), self.capacity + _ROW_STEP), self.max_entities)
                 self._free = list(range(grown_to - 1, self.capacity - 1, -1))
                 self.last_touch_ts = np.concatenate([self.last_touch_ts, np.full(grown_to - self.capacity, -np.inf)])
                 self.capacity = grown_to
@@ -171,14 +178,14 @@ class EntityIndex:
         return row
 
     def shrink(self) -> np.ndarray | None:
-        """Halve the capacity while at most 3/8 of it is used (so a shrunk index is at most 3/4 full
-        and the next growth is far off: no flapping). The kept entities get rows 0..n-1 in their
-        order; returns their old rows in that order (the owner moves its columns: ``arr[:, old]``),
-        or None when nothing shrank. Without it the arrays keep the size of the largest crowd ever
-        seen: after pod churn, twice the memory for the same pods."""
-        capacity = self.capacity
-        while capacity > _INITIAL_ROWS and len(self._rows) * 8 <= capacity * 3:
-            capacity //= 2
+        """Fit the capacity to the entities left once at most 60 % of it is used (to 80 % full, so
+        the next growth is far off: no flapping). The kept entities get rows 0..n-1 in their order;
+        returns their old rows in that order (the owner moves its columns: ``arr[:, old]``), or None
+        when nothing shrank. Without it the arrays keep the size of the largest crowd ever seen:
+        after pod churn, more memory for the same pods."""
+        if self.capacity <= _INITIAL_ROWS or len(self._rows) * 5 > self.capacity * 3:
+            return None
+        capacity = min(_rows_for(len(self._rows)), self.capacity)
         if capacity == self.capacity:
             return None
         old_rows = np.fromiter(self._rows.values(), dtype=np.intp, count=len(self._rows))
