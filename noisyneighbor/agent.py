@@ -394,7 +394,7 @@ class Agent:
         collector already worked out this tick."""
         if self.collector is None or self._resolver is None:
             return
-        for name, (before, now) in self.collector.activity_change.items():
+        for name, (before, now, changed) in self.collector.activity_change.items():
             probe = self.collector.probes.get(name)
             forget = getattr(probe, "forget", None)
             if forget is None:
@@ -402,7 +402,7 @@ class Agent:
             dead = self._dead.get(name)
             if dead is None:
                 dead = self._dead[name] = DeadCgroups(forget, self._resolver, probe.hierarchy)
-            dead.update(before, now)
+            dead.update(before, now, changed)
 
     def _note_snapshot(self, snapshot: NodeSnapshot) -> None:
         for error in snapshot.errors:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -100,7 +100,9 @@ class DeadCgroups:
     """Forgets cgroup ids in a probe's kernel map once they stop resolving and stay idle.
 
     `update` gets each id's cumulative activity count (any number that grows while the cgroup is
-    active) from two consecutive snapshots.
+    active) from two consecutive snapshots. The work per call follows what changed, not how many ids
+    the map holds: an id is looked at when its count moves and when a check of it falls due (after
+    `after` idle intervals, then every 10 x `after`), from a schedule keyed by interval.
     """
 
     def __init__(
@@ -108,27 +110,45 @@ class DeadCgroups:
         after: int = FORGET_AFTER_INTERVALS,
     ) -> None:
         self.forget, self.resolver, self.hierarchy, self.after = forget, resolver, hierarchy, after
-        self.idle: dict[int, int] = {}
+        self.interval = 0
+        self.quiet_since: dict[int, int] = {}  # id -> the interval its count last moved (or first seen)
+        self._due: dict[int, list[int]] = {}  # interval -> ids whose idleness is checked then
 
-    def update(self, prev: dict[int, int], cur: dict[int, int]) -> list[int]:
-        for cgroup_id in list(self.idle):
-            if cgroup_id not in cur:
-                del self.idle[cgroup_id]
-        for cgroup_id, count in cur.items():
-            if prev.get(cgroup_id) == count:
-                self.idle[cgroup_id] = self.idle.get(cgroup_id, 0) + 1
+    def update(self, prev: Mapping[int, int], cur: Mapping[int, int], changed: Iterable[int] | None = None) -> list[int]:
+        """``changed``: the ids whose count differs between ``prev`` and ``cur``, when the caller knows
+        them already (the collector does); else worked out here."""
+        self.interval = k = self.interval + 1
+        if changed is None:
+            changed = [cg for cg, n in cur.items() if prev.get(cg) != n]
+        for cgroup_id in changed:
+            self._quiet(cgroup_id, k)
+        if k == 1:  # the first call: ids already unchanged between the two snapshots are idle once
+            for cgroup_id in cur:
+                if cgroup_id not in self.quiet_since:
+                    self._quiet(cgroup_id, 0)
+        stale: list[int] = []
+        for cgroup_id in self._due.pop(k, ()):
+            since = self.quiet_since.get(cgroup_id)
+            if since is None or cgroup_id not in cur:
+                self.quiet_since.pop(cgroup_id, None)  # the probe dropped it itself
+                continue
+            idle = k - since
+            if idle < self.after or (idle - self.after) % (10 * self.after):
+                continue  # moved since this check was scheduled: a later one is due
+            # One lstat (the resolver's index keeps a removed cgroup until its next walk).
+            if self._exists(cgroup_id):
+                self._due.setdefault(k + 10 * self.after, []).append(cgroup_id)
             else:
-                self.idle.pop(cgroup_id, None)
-        # Checked when an id has been idle `after` intervals, then every 10 x `after`: one lstat each
-        # (the resolver's index keeps a removed cgroup until its next walk, which may be far off).
-        stale = [cg for cg, n in self.idle.items() if n >= self.after and n % (10 * self.after) in (0, self.after)
-                 and not self._exists(cg)]
+                stale.append(cgroup_id)
         if stale:
             self.forget(stale)
-            for cg in stale:
-                del self.idle[cg]
+            for cgroup_id in stale:
+                del self.quiet_since[cgroup_id]
         return stale
 
+    def _quiet(self, cgroup_id: int, since: int) -> None:
+        self.quiet_since[cgroup_id] = since
+        self._due.setdefault(since + self.after, []).append(cgroup_id)
 
     def _exists(self, cgroup_id: int) -> bool:
         info = self.resolver.resolve(cgroup_id, self.hierarchy)

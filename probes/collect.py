@@ -77,8 +77,9 @@ class NodeCollector:
         self.status: dict[str, ProbeStatus] = {}
         self.watch = CgroupWatch(self.layout)
         self._activity: dict[str, dict[int, int]] = {}  # probe -> id -> count, as of the last tick
-        # probe -> (activity the tick before, activity this tick), for whoever forgets removed cgroups
-        self.activity_change: dict[str, tuple[dict[int, int], dict[int, int]]] = {}
+        # probe -> (activity the tick before, activity this tick, ids whose activity moved), for whoever
+        # forgets removed cgroups
+        self.activity_change: dict[str, tuple[dict[int, int], dict[int, int], list[int]]] = {}
         self._program_stats: list[ProgramStats] = []  # the kernel's run counts, as of the last refresh
         self._ticks = 0
 
@@ -177,11 +178,12 @@ class NodeCollector:
             hierarchy = getattr(self.probes.get(name), "hierarchy", None)
             out = reclaiming if name == "reclaim" else active
             before = self._activity.get(name)
-            for cgid in changed_ids(before, now):
+            changed = changed_ids(before, now)
+            for cgid in changed:
                 path = self.watch.path_of_id(cgid, hierarchy)
                 if path is not None:
                     out.append(path)
             if before is not None:
-                self.activity_change[name] = (before, now)
+                self.activity_change[name] = (before, now, changed)
             self._activity[name] = now
         return active, reclaiming

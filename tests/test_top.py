@@ -201,7 +201,7 @@ def test_dead_cgroups_are_forgotten_after_idle_intervals():
     dead = DeadCgroups(lambda ids: forgotten.extend(ids) or len(ids), _NamingResolver({1}), "h", after=2)
     assert dead.update({1: 5, 2: 5, 3: 1}, {1: 5, 2: 5, 3: 2}) == []  # idle once; 3 active
     assert dead.update({1: 5, 2: 5, 3: 2}, {1: 5, 2: 5, 3: 2}) == [2]  # 1 resolves (alive), 3 idle once only
-    assert forgotten == [2] and 2 not in dead.idle
+    assert forgotten == [2] and 2 not in dead.quiet_since
 
 
 def _reclaim_snap(t: float, counts: dict[int, int]) -> ReclaimSnapshot:
@@ -512,3 +512,39 @@ def test_live_top_uses_the_alternate_screen_and_draws_before_the_first_interval(
     first = text.index("measuring the first interval")
     assert "CGROUP / POD" in text[first:], "no interval frame after the first screen"
     assert "CGROUP / POD" not in text[:first]
+
+
+class _CountingDict(dict):
+    """Counts walks over its entries (items / iteration)."""
+
+    walks = 0
+
+    def items(self):
+        _CountingDict.walks += 1
+        return super().items()
+
+    def __iter__(self):
+        _CountingDict.walks += 1
+        return super().__iter__()
+
+
+def test_dead_cgroups_work_follows_what_changed_not_the_map_size():
+    """With the changed ids given (the collector has them), an update never walks the map: a node with
+    1,000 idle cgroups in it costs the checks that fall due, one per id per 10 x `after` intervals."""
+    resolver = _NamingResolver(set(range(1000)) - {7})
+    forgotten: list[int] = []
+    dead = DeadCgroups(lambda ids: forgotten.extend(ids) or len(ids), resolver, "h", after=2)
+    counts = _CountingDict({cg: 1 for cg in range(1000)})
+    dead.update({}, counts, changed=list(counts))  # first sight of all of them
+    _CountingDict.walks = 0
+    calls = []
+    original = resolver.resolve
+    resolver.resolve = lambda cg, h=None: calls.append(cg) or original(cg, h)
+    assert dead.update(counts, counts, changed=[]) == []
+    assert dead.update(counts, counts, changed=[]) == [7]  # idle twice, and gone
+    assert len(calls) == 1000  # each checked once when its check fell due
+    calls.clear()
+    for _ in range(19):  # no check falls due before 10 x after intervals later
+        assert dead.update(counts, counts, changed=[5]) == []
+    assert calls == [] and _CountingDict.walks == 0 and forgotten == [7]
+    assert dead.update(counts, counts, changed=[]) == [] and len(calls) == 998  # the re-check; 5 moved
