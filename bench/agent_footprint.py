@@ -47,7 +47,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,6 +84,7 @@ class StepResult:
     exported_cgroups: int
     rss_mid_mib: float = 0.0  # VmRSS half way through the window (a leak keeps growing; a plateau does not)
     removed_pod_series: int = 0  # series still labelled with a pod removed before the window ended
+    series_by_metric: dict[str, int] = field(default_factory=dict)  # to say which metric grew, if one did
 
 
 def pod_name(qos: str, uid: str | None = None) -> str:
@@ -227,11 +228,16 @@ class AgentUnderTest:
         entries = sum(float(m.group(1)) for m in re.finditer(
             r"^noisyneighbor_bpf_map_entries\{[^}]*\} (\S+)$", text, re.M))
         exported = re.search(r'^noisyneighbor_exporter_cgroups\{[^}]*state="exported"[^}]*\} (\S+)$', text, re.M)
-        series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+        by_metric: dict[str, int] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name = re.split(r"[{ ]", line, maxsplit=1)[0]
+                by_metric[name] = by_metric.get(name, 0) + 1
+        series = sum(by_metric.values())
         uids: dict[str, int] = {}
         for uid in re.findall(r'pod_uid="([^"]+)"', text):
             uids[uid] = uids.get(uid, 0) + 1
-        return {"bpf_run_s": run, "series": series, "map_entries": entries, "uids": uids,
+        return {"bpf_run_s": run, "series": series, "map_entries": entries, "uids": uids, "by_metric": by_metric,
                 "exported": float(exported.group(1)) if exported else 0.0}
 
     def cpu_seconds(self) -> float:
@@ -267,7 +273,8 @@ class AgentUnderTest:
         return StepResult(step, pods, round(elapsed, 1), round(100 * (cpu1 - cpu0) / elapsed, 2), round(rss, 1),
                           round(hwm, 1), round(100 * (scrape["bpf_run_s"] - bpf0) / elapsed, 3),
                           health["ticks"] - ticks0, int(scrape["series"]), int(scrape["map_entries"]),
-                          int(scrape["exported"]), round(rss_mid if rss_mid is not None else rss, 1), removed)
+                          int(scrape["exported"]), round(rss_mid if rss_mid is not None else rss, 1), removed,
+                          scrape["by_metric"])
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -371,8 +378,14 @@ def verdicts(results: list[StepResult]) -> list[str]:
         ratio = after.rss_mib / steady.rss_mib if steady.rss_mib else float("inf")
         lines.append(f"after churn vs steady, rss_mib: {steady.rss_mib} -> {after.rss_mib} ({ratio:.3f}x) -> "
                      f"{'PASS' if ratio <= 1 + AFTER_CHURN_TOLERANCE else 'FAIL'}")
-        for what in ("series", "map_entries"):  # informational: churned-in pods differ in what they did
-            lines.append(f"after churn vs steady, {what}: {getattr(steady, what)} -> {getattr(after, what)}")
+        for what in ("series", "map_entries"):
+            before, now = getattr(steady, what), getattr(after, what)
+            ok = now <= before * (1 + AFTER_CHURN_TOLERANCE)
+            lines.append(f"after churn vs steady, {what}: {before} -> {now} -> {'PASS' if ok else 'FAIL'}")
+            if what == "series" and not ok:  # say which metrics grew
+                grew = sorted(((after.series_by_metric.get(m, 0) - steady.series_by_metric.get(m, 0), m)
+                               for m in after.series_by_metric), reverse=True)[:5]
+                lines.append("  grew most: " + ", ".join(f"{m} +{d}" for d, m in grew if d > 0))
     if churn is not None:
         grew = churn.rss_mib / churn.rss_mid_mib if churn.rss_mid_mib else float("inf")
         lines.append(f"RSS in the second half of the churn: {churn.rss_mid_mib} -> {churn.rss_mib} MiB ({grew:.3f}x) "
