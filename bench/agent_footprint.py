@@ -85,6 +85,8 @@ class StepResult:
     rss_mid_mib: float = 0.0  # VmRSS half way through the window (a leak keeps growing; a plateau does not)
     removed_pod_series: int = 0  # series still labelled with a pod removed before the window ended
     series_by_metric: dict[str, int] = field(default_factory=dict)  # to say which metric grew, if one did
+    fleet_pods_with_runq: int = 0  # of this bench's pods, those with run-queue series (their task waited)
+    other_runq_cgroups: int = 0  # run-queue series of cgroups that are not this bench's pods (the machine's own)
 
 
 def pod_name(qos: str, uid: str | None = None) -> str:
@@ -237,8 +239,9 @@ class AgentUnderTest:
         uids: dict[str, int] = {}
         for uid in re.findall(r'pod_uid="([^"]+)"', text):
             uids[uid] = uids.get(uid, 0) + 1
+        runq_uids = set(re.findall(r'^noisyneighbor_runqueue_latency_seconds_count\{[^}]*pod_uid="([^"]+)"', text, re.M))
         return {"bpf_run_s": run, "series": series, "map_entries": entries, "uids": uids, "by_metric": by_metric,
-                "exported": float(exported.group(1)) if exported else 0.0}
+                "runq_uids": runq_uids, "exported": float(exported.group(1)) if exported else 0.0}
 
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -250,7 +253,7 @@ class AgentUnderTest:
         return kib["VmRSS"] / 1024, kib["VmHWM"] / 1024
 
     def measure(self, step: str, pods: int, window: float, during: object = None,
-                removed_uids: set[str] | None = None) -> StepResult:
+                removed_uids: set[str] | None = None, fleet: PodFleet | None = None) -> StepResult:
         """CPU over ``window`` s while ``during()`` (if given) is called about once a second; counts the
         series still labelled with one of ``removed_uids``."""
         cpu0, bpf0, ticks0, t0 = self.cpu_seconds(), self.scrape()["bpf_run_s"], self.health()["ticks"], time.monotonic()
@@ -270,11 +273,14 @@ class AgentUnderTest:
         cpu1, scrape, health = self.cpu_seconds(), self.scrape(), self.health()
         rss, hwm = self.memory_mib()
         removed = sum(scrape["uids"].get(uid, 0) for uid in removed_uids) if removed_uids else 0
+        fleet_uids = {pod.uid for pod in fleet.pods} if fleet is not None else set()
+        runq_fleet = len(scrape["runq_uids"] & fleet_uids)
+        runq_all = scrape["by_metric"].get("noisyneighbor_runqueue_latency_seconds_count", 0)
         return StepResult(step, pods, round(elapsed, 1), round(100 * (cpu1 - cpu0) / elapsed, 2), round(rss, 1),
                           round(hwm, 1), round(100 * (scrape["bpf_run_s"] - bpf0) / elapsed, 3),
                           health["ticks"] - ticks0, int(scrape["series"]), int(scrape["map_entries"]),
                           int(scrape["exported"]), round(rss_mid if rss_mid is not None else rss, 1), removed,
-                          scrape["by_metric"])
+                          scrape["by_metric"], runq_fleet, runq_all - runq_fleet)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -317,16 +323,16 @@ def run(args: argparse.Namespace) -> tuple[list[StepResult], dict]:
                 profiler = None
                 if args.profile and n == max(steps):
                     profiler = Profiler(agent.proc.pid, args.profile, args.window, args.profile_rate)
-                results.append(agent.measure(str(n), n, args.window))
+                results.append(agent.measure(str(n), n, args.window, fleet=fleet))
                 if profiler is not None:
                     profiler.wait()
                 print(render_row(results[-1]), file=sys.stderr, flush=True)
                 if n == args.churn_at and args.churn > 0:
                     churn = Churner(fleet, args.churn_pods, args.churn_every)
-                    results.append(agent.measure("churn", n, args.churn, during=churn))
+                    results.append(agent.measure("churn", n, args.churn, during=churn, fleet=fleet))
                     print(render_row(results[-1]), file=sys.stderr, flush=True)
                     time.sleep(VANISH_GRACE_S + 3 * args.interval + 5)
-                    results.append(agent.measure("after churn", n, args.window, removed_uids=fleet.removed_uids))
+                    results.append(agent.measure("after churn", n, args.window, removed_uids=fleet.removed_uids, fleet=fleet))
                     print(render_row(results[-1]), file=sys.stderr, flush=True)
         finally:
             rc = agent.stop()
@@ -382,7 +388,10 @@ def verdicts(results: list[StepResult]) -> list[str]:
             before, now = getattr(steady, what), getattr(after, what)
             ok = now <= before * (1 + AFTER_CHURN_TOLERANCE)
             lines.append(f"after churn vs steady, {what}: {before} -> {now} -> {'PASS' if ok else 'FAIL'}")
-            if what == "series" and not ok:  # say which metrics grew
+            if what == "series" and not ok:  # say which metrics grew, and whose run-queue series they are
+                lines.append(f"  run-queue series: this bench's pods {steady.fleet_pods_with_runq} -> "
+                             f"{after.fleet_pods_with_runq}, the machine's other cgroups {steady.other_runq_cgroups} -> "
+                             f"{after.other_runq_cgroups}")
                 grew = sorted(((after.series_by_metric.get(m, 0) - steady.series_by_metric.get(m, 0), m)
                                for m in after.series_by_metric), reverse=True)[:5]
                 lines.append("  grew most: " + ", ".join(f"{m} +{d}" for d, m in grew if d > 0))
