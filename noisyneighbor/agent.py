@@ -48,6 +48,7 @@ from detector.pods import make_pod_source
 from detector.policy import POD_SOURCES, Policy, load_policy
 from detector.runtime import Detector
 from noisyneighbor.exporter import Exporter, Labeler, ResolverLabeler, render_text
+from noisyneighbor.output import SCHEMA_VERSION, iso_utc
 from noisyneighbor.sections import DeadCgroups
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.collect import BPF_PROBES, NodeCollector
@@ -294,8 +295,12 @@ class Agent:
         )
         self.events = _event_poster(policy)
         hooks = [self._post_event] if self.events is not None else []
-        self.detector = Detector(policy, self.paths, self.layout, resolver, pods=self.pod_source.pods,
-                                 sink=self.manager, on_incident=hooks)
+        if policy.incident_log:
+            hooks.append(IncidentLog(policy.incident_log).write)
+        # The agent writes the incident log itself (IncidentLog: the CLI's JSON conventions), so the
+        # engine's own epoch-stamped writer is off.
+        self.detector = Detector(dataclasses.replace(policy, incident_log=None), self.paths, self.layout, resolver,
+                                 pods=self.pod_source.pods, sink=self.manager, on_incident=hooks)
         labeler = PodMetadataLabeler(ResolverLabeler(resolver), self.pod_source.get, self._qos_of_path)
         # Not in self.registry: /metrics writes the exporter's series directly (render_text) and
         # adds the registry's (actuator metrics); OpenMetrics scrapes get both through one registry.
@@ -485,6 +490,7 @@ class Agent:
         pods = self.pod_source.status if self.pod_source is not None else None
         acts = self.policy.actuators if self.policy is not None else None
         return {
+            "schema_version": SCHEMA_VERSION,
             "live": bool(live and not self._stopped),
             "ready": bool(ready),
             "ticks": self.stats.ticks,
@@ -563,6 +569,35 @@ class Agent:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class IncidentLog:
+    """The agent's incident log: one JSON line per incident opened or closed, in the shape and time
+    format of every other JSON the CLI writes (``schema_version``; ISO 8601 UTC times, ``ended_at``
+    null while open), so one parser reads the log, ``diagnose --json`` and ``top --json``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @staticmethod
+    def record(inc: Incident, event: str) -> dict[str, Any]:
+        d = inc.to_dict()
+        d.update(
+            started_at=iso_utc(inc.started_at),
+            updated_at=iso_utc(inc.updated_at or None),
+            ended_at=iso_utc(inc.ended_at),
+        )
+        return {"schema_version": SCHEMA_VERSION, "event": event, **d}
+
+    def write(self, inc: Incident, event: str) -> None:
+        if event == "updated":  # every tick of an open incident: the log keeps the transitions
+            return
+        try:
+            line = json.dumps(self.record(inc, event), sort_keys=True, default=str)
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError as e:
+            log.error("incident log %s: %s", self.path, e.strerror or e)
 
 
 class _RegistryCollector:
