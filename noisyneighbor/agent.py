@@ -43,6 +43,7 @@ from actuators.resctrl import KernelResctrlFs, ResctrlActuator, ResctrlFileIO, r
 from actuators.suppress import SuppressActuator
 from detector.cgroups import CgroupResolver
 from detector.decisions import Decision, Target
+from detector.listen_join import ListenJoin
 from detector.model import Incident
 from detector.pods import make_pod_source
 from detector.policy import POD_SOURCES, Policy, load_policy
@@ -54,7 +55,9 @@ from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.collect import BPF_PROBES, NodeCollector
 from probes.gpu import GpuCollector
 from probes.host import HostPaths
+from probes.listenq import ListenReport, ListenWatch
 from probes.snapshot import NodeSnapshot
+from probes.tcpconnect import TcpConnectSnapshot
 
 log = logging.getLogger("noisyneighbor.agent")
 
@@ -239,6 +242,11 @@ class Agent:
         self._listed: frozenset[str] = frozenset()
         self._server: ThreadingHTTPServer | None = None
         self._server_thread: threading.Thread | None = None
+        self.listen_watch: ListenWatch | None = None
+        self.listen_join: ListenJoin | None = None
+        self._listen_report: ListenReport | None = None
+        self._listen_errors: set[str] = set()
+        self._prev_tcp: TcpConnectSnapshot | None = None
         self._stop = threading.Event()
         self._stopped = False
         self._lock = threading.Lock()  # one tick at a time; stop waits for the running tick
@@ -316,6 +324,12 @@ class Agent:
                                        cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths).start()
         if self.config.gpu:
             self.gpu = GpuCollector(self.paths)
+        # Listen queues (probes/listenq.py): read on connect trouble or on a slow cadence, joined to the
+        # connect incidents of the clients (detector/listen_join.py) and exported per pod.
+        self.listen_watch = ListenWatch(str(self.paths.proc), self._cgroup_dir)
+        self.listen_join = ListenJoin(self._workload_of_id, self._target_of_owner,
+                                      slow_ns=policy.slo.connect_p99_ms * 1e6)
+        self.detector.engine.listen_join = self.listen_join
         if self.config.listen is not None:
             self._serve(*parse_listen(self.config.listen))
 
@@ -385,6 +399,7 @@ class Agent:
             self._forget_dead_cgroups()
             if self.gpu is not None and self.gpu.status.state == "on":
                 snapshot = dataclasses.replace(snapshot, gpus=self.gpu.collect())
+            snapshot = self._listen_queues(snapshot)
             self.detector.step(snapshot)
             self.exporter.update(snapshot, self.incidents(), self.actions())
             self._note_snapshot(snapshot)
@@ -408,6 +423,43 @@ class Agent:
             if dead is None:
                 dead = self._dead[name] = DeadCgroups(forget, self._resolver, probe.hierarchy)
             dead.update(before, now)
+
+    def _listen_queues(self, snapshot: NodeSnapshot) -> NodeSnapshot:
+        """Read the pods' listen queues when this tick's connects had trouble (failed, SYN retransmitted,
+        slow) or the slow cadence is due; every snapshot carries the last read."""
+        if self.listen_watch is None or self.listen_join is None or self.detector is None:
+            return snapshot
+        trouble = self.listen_join.observe_tcp(self._prev_tcp, snapshot.tcp)
+        self._prev_tcp = snapshot.tcp
+        reason = self.listen_watch.due(trouble)
+        if reason is not None:
+            index = self.detector.index
+            owners = [p for p in self.detector.cgroup_paths() if p != "/" and index.is_workload_root(p)]
+            report = self.listen_watch.read(owners, reason)
+            for error in report.errors:
+                if error not in self._listen_errors:  # once each (a missing capability would repeat every read)
+                    self._listen_errors.add(error)
+                    log.warning("%s", error)
+            self._listen_report = report
+            self.listen_join.observe_report(report)
+        if self._listen_report is None:
+            return snapshot
+        return dataclasses.replace(snapshot, listen=self._listen_report)
+
+    def _cgroup_dir(self, path: str):
+        hierarchy = self.layout.hierarchy_for("cpu") if self.layout is not None else None
+        return hierarchy.path_of(path) if hierarchy is not None else None
+
+    def _workload_of_id(self, cgroup_id: int) -> str | None:
+        """The workload key of a tcpconnect cgroup id (keyed like runqlat: the cpu hierarchy)."""
+        if self.detector is None:
+            return None
+        w = self.detector.ids.workload_of(cgroup_id, self.detector.builder.cpu_h)
+        return w.key if w is not None else None
+
+    def _target_of_owner(self, path: str) -> Target:
+        assert self.detector is not None
+        return self.detector.index.workload_of(path).target
 
     def _note_snapshot(self, snapshot: NodeSnapshot) -> None:
         for error in snapshot.errors:
@@ -509,6 +561,12 @@ class Agent:
                 "journal": str(self.manager.journal.directory),
             },
             "open_incidents": len(self.detector.engine.open_incidents) if self.detector is not None else 0,
+            "listen_queues": None if self.listen_watch is None else {
+                "reads": self.listen_watch.reads,
+                "last_reason": self._listen_report.reason if self._listen_report else None,
+                "namespaces": len(self._listen_report.namespaces) if self._listen_report else 0,
+                "errors": sorted(self._listen_errors)[-5:],
+            },
         }
 
     # -- HTTP -------------------------------------------------------------------------------------
