@@ -73,7 +73,8 @@ class ListenJoin:
                       ((ps.failures + ps.aborts + ps.syn_retransmits) if ps else 0)
                 slow = sum(s.latency.delta(ps.latency if ps else None).slots[slow_slot:])
                 trouble = trouble or bad > 0 or slow > 0
-            for dest, d in cur.destinations.items():
+            # The destination table (up to 16k entries) is walked only in a tick with trouble.
+            for dest, d in (cur.destinations.items() if trouble else ()):
                 pd = prev.destinations.get(dest)
                 if pd == d:
                     continue

@@ -437,9 +437,10 @@ class Agent:
             owners = [p for p in self.detector.cgroup_paths() if p != "/" and index.is_workload_root(p)]
             report = self.listen_watch.read(owners, reason)
             for error in report.errors:
-                if error not in self._listen_errors:  # once each (a missing capability would repeat every read)
-                    self._listen_errors.add(error)
-                    log.warning("%s", error)
+                reason = error.split(" (netns ", 1)[0]
+                if reason not in self._listen_errors:  # once per reason: a missing capability fails every netns
+                    self._listen_errors.add(reason)
+                    log.warning("%s (the first; each reason is logged once)", error)
             self._listen_report = report
             self.listen_join.observe_report(report)
         if self._listen_report is None:

@@ -8,7 +8,8 @@ one scrape comes from the same tick.
 Series budget (an idle pod: a pod cgroup and one container cgroup): the container's runqueue
 histogram (24 buckets up to ``max_bucket_seconds`` ~8.4 s, +Inf, sum, count: 27), CPU usage and memory
 usage of both cgroups (4; the CFS bandwidth counters and limits only where a quota or limit is set),
-and on v2 nodes the pod's PSI totals (6). PSI averages and the
+and on v2 nodes the pod's PSI totals (6). A pod with a listener in a namespace of its own adds its
+fullest listener's fill (1), and its namespace's ListenOverflows once non-zero (1). PSI averages and the
 node's per-CPU /proc/stat counters (node_exporter has both; ``rate()`` of the totals gives the
 averages) are only exported with ``extra_node_series``.
 

@@ -355,7 +355,7 @@ class ListenReport:
     monotonic_s: float
     reason: str  # "connect trouble" | "cadence"
     namespaces: dict[int, NetnsReading]  # netns inode ->
-    errors: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()  # "listenq: <reason> (netns <inode>, pid <pid>)"
 
     def by_owner(self) -> dict[str, NetnsReading]:
         """Owners with a namespace of their own (not the node's, not shared) -> its reading."""
@@ -440,7 +440,7 @@ class ListenWatch:
             try:
                 snap = read_netns(pid, self.proc)
             except OSError as e:
-                errors.append(f"listenq: netns {ino} (pid {pid}): {e.strerror or e}")
+                errors.append(f"listenq: {e.strerror or e} (netns {ino}, pid {pid})")
                 continue
             if snap is None or snap.netns != ino:
                 continue  # the task left or exited between the stat and the read: next read

@@ -230,8 +230,8 @@ def test_reads_follow_connect_trouble_or_the_slow_cadence():
 
 
 def _reading(netns: int, listeners: list[ListenSocket], owners=("/srv",), shared=False, addrs=(), delta=None,
-             socket_owners=None) -> NetnsReading:
-    snap = ListenQueueSnapshot(1, netns, 100.0, listeners, TcpCounters(0, 0, 0, 0, 7, 7, 0))
+             socket_owners=None, overflows=7) -> NetnsReading:
+    snap = ListenQueueSnapshot(1, netns, 100.0, listeners, TcpCounters(0, 0, 0, 0, overflows, overflows, 0))
     return NetnsReading(snap, owners, shared, frozenset(addrs), delta, socket_owners or {})
 
 
@@ -278,3 +278,40 @@ def test_join_names_full_servers_only_for_clients_that_failed_to_reach_them():
     # Destinations are forgotten after the window; an old report names nobody.
     join.observe_tcp(_tcp(2, 1, 2), _tcp(2, 1, 2), now=100.0 + join.window_s + 1)
     assert join.servers_for("/client", now=102.0) == ([], [])
+
+
+class _PathLabeler:
+    def target_for_id(self, cgroup_id, hierarchy):
+        return None
+
+    def target_for_path(self, cgroup_path):
+        return Target(cgroup_path, qos="LS")
+
+
+def test_exported_per_pod_only_what_a_pod_owns():
+    """Own namespace: fill and (once non-zero) ListenOverflows. Shared (hostNetwork, or the node's): the
+    namespace's counters belong to no pod; a listener's fill goes to the pod found holding it, if any."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
+    from probes.cgroupfs import discover
+    from probes.snapshot import NodeSnapshot
+
+    half = ListenSocket(2, "0.0.0.0", 8080, 1, 2, 21)
+    report = ListenReport(1.0, "cadence", {
+        6: _reading(6, [FULL, half], owners=("/srv",)),  # own namespace, 7 overflows so far
+        7: _reading(7, [half], owners=("/quiet",), overflows=0),
+        1: _reading(1, [FULL, ListenSocket(2, "0.0.0.0", 22, 0, 128, 31)], owners=("/hostnet-a", "/hostnet-b"),
+                    shared=True, socket_owners={11: "/hostnet-b"}),
+    })
+    registry = CollectorRegistry()
+    ex.Exporter(registry, _PathLabeler(), node="n1", layout=discover()).update(
+        NodeSnapshot(monotonic_s=1.0, wall_s=1.0, listen=report))
+    samples = {(s.name, s.labels["cgroup"]): s.value
+               for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples
+               if f.name in (ex.LISTEN_QUEUE_FILL, ex.LISTEN_OVERFLOWS.removesuffix("_total"))}
+    assert samples == {
+        (ex.LISTEN_QUEUE_FILL, "/srv"): 1.5, (ex.LISTEN_OVERFLOWS, "/srv"): 7.0,
+        (ex.LISTEN_QUEUE_FILL, "/quiet"): 0.5,  # never overflowed: no counter yet
+        (ex.LISTEN_QUEUE_FILL, "/hostnet-b"): 1.5,
+    }
