@@ -309,9 +309,12 @@ def pids_of(cgroup_dir: Path) -> list[int]:
     return out
 
 
-def socket_owner(inode: int, pids: list[int], proc: str = "/proc") -> int | None:
-    """The first of `pids` holding socket inode `inode` open (a scan of their /proc/<pid>/fd links)."""
-    want = f"socket:[{inode}]"
+def socket_owners(inodes: set[int], pids: list[int], proc: str = "/proc") -> dict[int, int]:
+    """Socket inode -> the first of `pids` holding it open (one pass over their /proc/<pid>/fd links,
+    stopping once every inode is found). A pid whose fds cannot be read (another uid: the directory
+    is 0500, see docs/runbooks.md) is skipped."""
+    want = {f"socket:[{i}]": i for i in inodes}
+    found: dict[int, int] = {}
     for pid in pids:
         fd_dir = f"{proc}/{pid}/fd"
         try:
@@ -319,10 +322,20 @@ def socket_owner(inode: int, pids: list[int], proc: str = "/proc") -> int | None
         except OSError:
             continue
         for name in names:
-            with contextlib.suppress(OSError):
-                if os.readlink(f"{fd_dir}/{name}") == want:
-                    return pid
-    return None
+            try:
+                inode = want.get(os.readlink(f"{fd_dir}/{name}"))
+            except OSError:
+                continue
+            if inode is not None and inode not in found:
+                found[inode] = pid
+                if len(found) == len(want):
+                    return found
+    return found
+
+
+def socket_owner(inode: int, pids: list[int], proc: str = "/proc") -> int | None:
+    """The first of `pids` holding socket inode `inode` open."""
+    return socket_owners({inode}, pids, proc).get(inode)
 
 
 @dataclass(frozen=True)
@@ -335,7 +348,7 @@ class NetnsReading:
     local_addrs: frozenset[str]
     # ListenOverflows since the previous read of this namespace (None: first read of it)
     overflows_delta: int | None
-    # socket inode -> owner, for listeners of a shared namespace that were full or overflowing
+    # socket inode -> owner, for the full listeners of a shared namespace whose holder was found
     socket_owners: dict[int, str]
 
     @property
@@ -448,17 +461,20 @@ class ListenWatch:
             shared = ino == node_ns or len(own) > 1
             before = self._overflows.get(ino)
             delta = None if before is None else snap.counters.listen_overflows - before
-            socket_owners: dict[int, str] = {}
-            if shared and (snap.full or delta):
-                wanted = [s for s in snap.listeners if s.full or (delta and s.queue_len)]
+            owners_of: dict[int, str] = {}
+            # Only full listeners are looked for (a walk of the owners' open files): they are what the
+            # join names and what the metrics of a shared namespace can attribute.
+            wanted = {s.inode for s in snap.full}
+            if shared and wanted:
                 for owner in own:
                     directory = self.cgroup_dir(owner)
                     pids = pids_of(directory) if directory is not None else []
-                    for s in wanted:
-                        if s.inode not in socket_owners and socket_owner(s.inode, pids, self.proc) is not None:
-                            socket_owners[s.inode] = owner
+                    for inode in socket_owners(wanted - owners_of.keys(), pids, self.proc):
+                        owners_of[inode] = owner
+                    if len(owners_of) == len(wanted):
+                        break
             namespaces[ino] = NetnsReading(snap, own, shared, read_local_addrs(pid, self.proc), delta,
-                                           socket_owners)
+                                           owners_of)
         self._overflows = {ino: r.snapshot.counters.listen_overflows for ino, r in namespaces.items()}
         now = time.monotonic()
         self.last_read_s = now
