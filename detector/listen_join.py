@@ -22,6 +22,7 @@ whose every SYN is dropped and that never gives up is only joined once one of it
 from __future__ import annotations
 
 import ipaddress
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from detector.model import Culprit, Evidence
 from probes.hist import HIST_SLOTS, slot_bounds_us
 from probes.listenq import ListenReport, ListenSocket, NetnsReading
 from probes.tcpconnect import TcpConnectSnapshot
+
+log = logging.getLogger(__name__)
 
 WINDOW_S = 60.0  # a client's failed/slow destinations are remembered this long
 REPORT_MAX_AGE_S = 90.0  # an older listen report names nobody (a cadence read is every 30 s)
@@ -105,8 +108,15 @@ class ListenJoin:
 
     # -- for the incident engine ------------------------------------------------------------------
     def servers_for(self, victim_key: str, now: float | None = None) -> tuple[list[Culprit], list[Evidence]]:
-        """The servers whose full or overflowing listeners the victim's troubled connects went to."""
-        now = time.monotonic() if now is None else now
+        """The servers whose full or overflowing listeners the victim's troubled connects went to.
+        Never raises (it runs inside the incident engine): a failure names nobody and is logged."""
+        try:
+            return self._servers_for(victim_key, time.monotonic() if now is None else now)
+        except Exception as e:
+            log.error("listen join for %s failed: %s: %s", victim_key, type(e).__name__, e)
+            return [], []
+
+    def _servers_for(self, victim_key: str, now: float) -> tuple[list[Culprit], list[Evidence]]:
         report, dests = self.report, self.recent.get(victim_key)
         if report is None or not dests or now - report.monotonic_s > REPORT_MAX_AGE_S:
             return [], []

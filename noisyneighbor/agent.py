@@ -429,20 +429,26 @@ class Agent:
         slow) or the slow cadence is due; every snapshot carries the last read."""
         if self.listen_watch is None or self.listen_join is None or self.detector is None:
             return snapshot
-        trouble = self.listen_join.observe_tcp(self._prev_tcp, snapshot.tcp)
-        self._prev_tcp = snapshot.tcp
-        reason = self.listen_watch.due(trouble)
-        if reason is not None:
-            index = self.detector.index
-            owners = [p for p in self.detector.cgroup_paths() if p != "/" and index.is_workload_root(p)]
-            report = self.listen_watch.read(owners, reason)
-            for error in report.errors:
-                reason = error.split(" (netns ", 1)[0]
-                if reason not in self._listen_errors:  # once per reason: a missing capability fails every netns
-                    self._listen_errors.add(reason)
-                    log.warning("%s (the first; each reason is logged once)", error)
-            self._listen_report = report
-            self.listen_join.observe_report(report)
+        errors: list[str] = []
+        try:
+            trouble = self.listen_join.observe_tcp(self._prev_tcp, snapshot.tcp)
+            self._prev_tcp = snapshot.tcp
+            reason = self.listen_watch.due(trouble)
+            if reason is not None:
+                index = self.detector.index
+                owners = [p for p in self.detector.cgroup_paths() if p != "/" and index.is_workload_root(p)]
+                report = self.listen_watch.read(owners, reason)
+                errors = list(report.errors)
+                self._listen_report = report
+                self.listen_join.observe_report(report)
+        except Exception as e:  # listen queues are extra evidence: never worth the tick's detection
+            self._prev_tcp = snapshot.tcp
+            errors = [f"listenq: {type(e).__name__}: {_one_line(e)}"]
+        for error in errors:
+            why = error.split(" (netns ", 1)[0]
+            if why not in self._listen_errors:  # once per reason: a missing capability fails every netns
+                self._listen_errors.add(why)
+                log.warning("%s (the first; each reason is logged once)", error)
         if self._listen_report is None:
             return snapshot
         return dataclasses.replace(snapshot, listen=self._listen_report)

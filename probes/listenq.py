@@ -452,8 +452,9 @@ class ListenWatch:
         for ino, pid in pid_of.items():
             try:
                 snap = read_netns(pid, self.proc)
-            except OSError as e:
-                errors.append(f"listenq: {e.strerror or e} (netns {ino}, pid {pid})")
+            except Exception as e:  # one namespace (EPERM, a netlink parse error) must not stop the others
+                why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+                errors.append(f"listenq: {why} (netns {ino}, pid {pid})")
                 continue
             if snap is None or snap.netns != ino:
                 continue  # the task left or exited between the stat and the read: next read

@@ -315,3 +315,24 @@ def test_exported_per_pod_only_what_a_pod_owns():
         (ex.LISTEN_QUEUE_FILL, "/quiet"): 0.5,  # never overflowed: no counter yet
         (ex.LISTEN_QUEUE_FILL, "/hostnet-b"): 1.5,
     }
+
+
+def test_a_namespace_that_cannot_be_read_is_an_error_line_not_a_failed_read(tmp_path, monkeypatch):
+    """Without SYS_ADMIN setns fails with EPERM: the read goes on (other namespaces, the next read) and
+    says why once per namespace; the owner's cgroup is found through its cgroup.procs."""
+    import probes.listenq as lq
+
+    (tmp_path / "pod" / "ctr").mkdir(parents=True)
+    (tmp_path / "pod" / "cgroup.procs").write_text("")
+    (tmp_path / "pod" / "ctr" / "cgroup.procs").write_text(f"{os.getpid()}\n")
+
+    def denied(pid, proc="/proc"):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(lq, "read_netns", denied)
+    watch = ListenWatch("/proc", lambda owner: tmp_path / owner.strip("/"))
+    report = watch.read(["/pod", "/gone"], "cadence")
+    ino = os.stat("/proc/self/ns/net").st_ino
+    assert report.namespaces == {}
+    assert report.errors == (f"listenq: Operation not permitted (netns {ino}, pid {os.getpid()})",)
+    assert watch.reads == 1 and watch.due(False, now=watch.last_read_s) is None  # the next read waits its turn
