@@ -126,7 +126,8 @@ class ListenJoin:
         for reading in report.namespaces.values():
             overflowing = bool(reading.overflows_delta)
             for listener in reading.snapshot.listeners:
-                if not (listener.full or overflowing):
+                # Full now (dumped in this read), or in a namespace that dropped connections since the read before.
+                if not ((listener.full and reading.dumped) or overflowing):
                     continue
                 matched = [(dest, how) for dest in dests if (how := _match(dest, listener, reading, local))]
                 if not matched:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import os
 import socket
@@ -350,6 +351,9 @@ class NetnsReading:
     overflows_delta: int | None
     # socket inode -> owner, for the full listeners of a shared namespace whose holder was found
     socket_owners: dict[int, str]
+    # The listeners were dumped in this read (else they are the last dump's, snapshot.monotonic_s old:
+    # nothing overflowed since, so no listener was full for a SYN in between); counters are always new.
+    dumped: bool = True
 
     @property
     def netns(self) -> int:
@@ -380,6 +384,10 @@ CADENCE_S = 30.0
 # With connect trouble in every tick, no more often than this: the cost of a read grows with the
 # namespaces on the node, and a listener that stays full is still full 5 s later.
 TROUBLE_SPACING_S = 5.0
+# A read takes each namespace's counters (~0.2 ms); the sock_diag dump of its listeners (~1.5 ms, most
+# of it pyroute2) only when ListenOverflows moved since the last read — a full accept queue counts every
+# SYN it drops there — or on first sight, and otherwise this often (for the fill metric).
+DUMP_MAX_AGE_S = 120.0
 
 
 class ListenWatch:
@@ -387,17 +395,22 @@ class ListenWatch:
 
     Owners are cgroup paths (the caller's workloads: pod cgroups); knowing nothing of pods, this maps
     each owner to its namespace through a task of its cgroup (``/proc/<pid>/ns/net``), cached per owner
-    and checked (one stat) when used. One read covers each distinct namespace once.
+    and checked (one stat) when used. One read covers each distinct namespace once: its TCP counters
+    always, its listeners (sock_diag, the costly part) only when it overflowed since (DUMP_MAX_AGE_S).
     """
 
     def __init__(self, proc: str, cgroup_dir, cadence_s: float = CADENCE_S,
-                 trouble_spacing_s: float = TROUBLE_SPACING_S) -> None:
+                 trouble_spacing_s: float = TROUBLE_SPACING_S, dump_max_age_s: float = DUMP_MAX_AGE_S) -> None:
         self.proc = proc
         self.cgroup_dir = cgroup_dir  # owner path -> Path of its cgroup directory (or None)
         self.cadence_s = cadence_s
         self.trouble_spacing_s = trouble_spacing_s
         self._owner_ns: dict[str, tuple[int, int]] = {}  # owner -> (pid, netns inode)
         self._overflows: dict[int, int] = {}  # netns inode -> ListenOverflows at its last read
+        # netns inode -> (last dump, its local addresses, owners of its full listeners)
+        self._dumps: dict[int, tuple[ListenQueueSnapshot, frozenset[str], dict[int, str]]] = {}
+        self.dump_max_age_s = dump_max_age_s
+        self.dumps = 0  # namespaces whose listeners were dumped (sock_diag), all reads together
         self.last_read_s: float | None = None
         self.reads = 0
 
@@ -430,6 +443,41 @@ class ListenWatch:
         self._owner_ns[owner] = found
         return found
 
+    def _read_one(self, ino: int, pid: int, own: tuple[str, ...], shared: bool, now: float) -> NetnsReading | None:
+        """One namespace: its counters (two small /proc files), and its listeners over sock_diag only
+        when something overflowed since the last read, on first sight, or every DUMP_MAX_AGE_S."""
+        counters = read_counters(pid, self.proc)
+        if counters is None:
+            return None  # the task exited since the stat: next read
+        before = self._overflows.get(ino)
+        delta = None if before is None else counters.listen_overflows - before
+        last = self._dumps.get(ino)
+        if last is not None and not delta and now - last[0].monotonic_s < self.dump_max_age_s \
+                and last[0].pid == pid:
+            snap, addrs, owners_of = dataclasses.replace(last[0], counters=counters), last[1], last[2]
+            return NetnsReading(snap, own, shared, addrs, delta, owners_of, dumped=False)
+        snap = read_netns(pid, self.proc)
+        if snap is None or snap.netns != ino:
+            return None  # the task left or exited between the stat and the read: next read
+        if before is not None:
+            delta = snap.counters.listen_overflows - before
+        owners_of: dict[int, str] = {}
+        # Only full listeners are looked for (a walk of the owners' open files): they are what the
+        # join names and what the metrics of a shared namespace can attribute.
+        wanted = {s.inode for s in snap.full}
+        if shared and wanted:
+            for owner in own:
+                directory = self.cgroup_dir(owner)
+                pids = pids_of(directory) if directory is not None else []
+                for inode in socket_owners(wanted - owners_of.keys(), pids, self.proc):
+                    owners_of[inode] = owner
+                if len(owners_of) == len(wanted):
+                    break
+        addrs = read_local_addrs(pid, self.proc)
+        self._dumps[ino] = (snap, addrs, owners_of)
+        self.dumps += 1
+        return NetnsReading(snap, own, shared, addrs, delta, owners_of)
+
     def read(self, owners, reason: str = "asked") -> ListenReport:
         owners = list(owners)
         errors: list[str] = []
@@ -449,33 +497,18 @@ class ListenWatch:
         except OSError:
             node_ns = None
         namespaces: dict[int, NetnsReading] = {}
+        started = time.monotonic()
         for ino, pid in pid_of.items():
+            own = tuple(sorted(members[ino]))
             try:
-                snap = read_netns(pid, self.proc)
+                reading = self._read_one(ino, pid, own, shared=ino == node_ns or len(own) > 1, now=started)
             except Exception as e:  # one namespace (EPERM, a netlink parse error) must not stop the others
                 why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
                 errors.append(f"listenq: {why} (netns {ino}, pid {pid})")
                 continue
-            if snap is None or snap.netns != ino:
-                continue  # the task left or exited between the stat and the read: next read
-            own = tuple(sorted(members[ino]))
-            shared = ino == node_ns or len(own) > 1
-            before = self._overflows.get(ino)
-            delta = None if before is None else snap.counters.listen_overflows - before
-            owners_of: dict[int, str] = {}
-            # Only full listeners are looked for (a walk of the owners' open files): they are what the
-            # join names and what the metrics of a shared namespace can attribute.
-            wanted = {s.inode for s in snap.full}
-            if shared and wanted:
-                for owner in own:
-                    directory = self.cgroup_dir(owner)
-                    pids = pids_of(directory) if directory is not None else []
-                    for inode in socket_owners(wanted - owners_of.keys(), pids, self.proc):
-                        owners_of[inode] = owner
-                    if len(owners_of) == len(wanted):
-                        break
-            namespaces[ino] = NetnsReading(snap, own, shared, read_local_addrs(pid, self.proc), delta,
-                                           owners_of)
+            if reading is not None:
+                namespaces[ino] = reading
+        self._dumps = {ino: d for ino, d in self._dumps.items() if ino in namespaces}
         self._overflows = {ino: r.snapshot.counters.listen_overflows for ino, r in namespaces.items()}
         now = time.monotonic()
         self.last_read_s = now

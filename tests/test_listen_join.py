@@ -336,3 +336,40 @@ def test_a_namespace_that_cannot_be_read_is_an_error_line_not_a_failed_read(tmp_
     assert report.namespaces == {}
     assert report.errors == (f"listenq: Operation not permitted (netns {ino}, pid {os.getpid()})",)
     assert watch.reads == 1 and watch.due(False, now=watch.last_read_s) is None  # the next read waits its turn
+
+
+@pytest.mark.root
+def test_listeners_are_dumped_on_first_sight_and_when_the_namespace_overflowed(tmp_path):
+    """The costly sock_diag dump follows the kernel's ListenOverflows: none while nothing overflows
+    (counters are still read), one as soon as the namespace's count moved."""
+    ns = OwnedNetns("lqd").create()
+    try:
+        server = ns.popen(sys.executable, "-c", SERVER, str(PORT), "1", "60")
+        line = _readline(server, 20)
+        assert line.startswith("ready"), line
+        server_pid = int(line.split()[1])
+        (tmp_path / "pod").mkdir()
+        (tmp_path / "pod" / "cgroup.procs").write_text(f"{server_pid}\n")
+        watch = ListenWatch("/proc", lambda owner: tmp_path / owner.strip("/"), dump_max_age_s=1e9)
+        ino = os.stat(f"/proc/{server_pid}/ns/net").st_ino
+
+        first = watch.read(["/pod"]).namespaces[ino]
+        assert first.dumped and first.overflows_delta is None and watch.dumps == 1
+        quiet = watch.read(["/pod"]).namespaces[ino]  # nobody connects in this namespace
+        assert not quiet.dumped and quiet.overflows_delta == 0 and watch.dumps == 1
+        assert quiet.snapshot.counters.listen_overflows == _netstat(server_pid)["ListenOverflows"]
+
+        clients = ns.popen(sys.executable, "-c", CLIENT, "127.0.0.1", str(PORT), "60")
+        assert _readline(clients, 20) == "started"
+        deadline = time.monotonic() + 60  # a fail-safe (the clients live 60 s), not a timing bound
+        while _netstat(server_pid)["ListenOverflows"] == quiet.snapshot.counters.listen_overflows:
+            assert time.monotonic() < deadline, "the kernel never dropped a SYN"
+            time.sleep(0.1)  # until the kernel has dropped a SYN (backlog 1: the third client's)
+        kernel = _netstat(server_pid)["ListenOverflows"]
+        after = watch.read(["/pod"]).namespaces[ino]
+        assert after.dumped and watch.dumps == 2
+        assert after.overflows_delta >= kernel - quiet.snapshot.counters.listen_overflows > 0
+        (listener,) = [s for s in after.snapshot.listeners if s.port == PORT]
+        assert listener.full and (listener.queue_len, listener.backlog_max) == _ss_listener(ns.name, PORT)
+    finally:
+        ns.remove()
