@@ -113,6 +113,7 @@ class IncidentEngine:
         self.targets: dict[str, Target] = {}
         self._online_cpus: tuple[int, ...] = ()
         self._forgot_for: frozenset[str] | None = None  # the workload list the last forgetting was done for
+        self.listen_join = None  # a detector.listen_join.ListenJoin when listen queues are read (the agent)
 
     # -- public ---------------------------------------------------------------------------------
     @property
@@ -315,7 +316,9 @@ class IncidentEngine:
         if names & {"connect_p99_ns", "syn_retransmits_per_s"}:
             evidence.append(Evidence("connect_failures_per_s", row.connect_failures_per_s, dt))
             evidence.append(Evidence("syn_retransmits_per_s", row.syn_retransmits_per_s, dt))
-            return Cause.NETWORK_CONNECT, 0.7, [], evidence
+            # The servers whose full accept queues the connects went to (detector/listen_join.py).
+            servers, more = self.listen_join.servers_for(key) if self.listen_join is not None else ([], [])
+            return Cause.NETWORK_CONNECT, 0.7, servers, evidence + more
         return Cause.PSI_UNKNOWN, 0.3, [], evidence
 
     @staticmethod

@@ -43,17 +43,21 @@ from actuators.resctrl import KernelResctrlFs, ResctrlActuator, ResctrlFileIO, r
 from actuators.suppress import SuppressActuator
 from detector.cgroups import CgroupResolver
 from detector.decisions import Decision, Target
+from detector.listen_join import ListenJoin
 from detector.model import Incident
 from detector.pods import make_pod_source
 from detector.policy import POD_SOURCES, Policy, load_policy
 from detector.runtime import Detector
 from noisyneighbor.exporter import Exporter, Labeler, ResolverLabeler, render_text
+from noisyneighbor.output import SCHEMA_VERSION, iso_utc
 from noisyneighbor.sections import DeadCgroups
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.collect import BPF_PROBES, NodeCollector
 from probes.gpu import GpuCollector
 from probes.host import HostPaths
+from probes.listenq import ListenReport, ListenWatch
 from probes.snapshot import NodeSnapshot
+from probes.tcpconnect import TcpConnectSnapshot
 
 log = logging.getLogger("noisyneighbor.agent")
 
@@ -238,6 +242,11 @@ class Agent:
         self._listed: frozenset[str] = frozenset()
         self._server: ThreadingHTTPServer | None = None
         self._server_thread: threading.Thread | None = None
+        self.listen_watch: ListenWatch | None = None
+        self.listen_join: ListenJoin | None = None
+        self._listen_report: ListenReport | None = None
+        self._listen_errors: set[str] = set()
+        self._prev_tcp: TcpConnectSnapshot | None = None
         self._stop = threading.Event()
         self._stopped = False
         self._lock = threading.Lock()  # one tick at a time; stop waits for the running tick
@@ -294,8 +303,12 @@ class Agent:
         )
         self.events = _event_poster(policy)
         hooks = [self._post_event] if self.events is not None else []
-        self.detector = Detector(policy, self.paths, self.layout, resolver, pods=self.pod_source.pods,
-                                 sink=self.manager, on_incident=hooks)
+        if policy.incident_log:
+            hooks.append(IncidentLog(policy.incident_log).write)
+        # The agent writes the incident log itself (IncidentLog: the CLI's JSON conventions), so the
+        # engine's own epoch-stamped writer is off.
+        self.detector = Detector(dataclasses.replace(policy, incident_log=None), self.paths, self.layout, resolver,
+                                 pods=self.pod_source.pods, sink=self.manager, on_incident=hooks)
         labeler = PodMetadataLabeler(ResolverLabeler(resolver), self.pod_source.get, self._qos_of_path)
         # Not in self.registry: /metrics writes the exporter's series directly (render_text) and
         # adds the registry's (actuator metrics); OpenMetrics scrapes get both through one registry.
@@ -311,6 +324,12 @@ class Agent:
                                        cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths).start()
         if self.config.gpu:
             self.gpu = GpuCollector(self.paths)
+        # Listen queues (probes/listenq.py): read on connect trouble or on a slow cadence, joined to the
+        # connect incidents of the clients (detector/listen_join.py) and exported per pod.
+        self.listen_watch = ListenWatch(str(self.paths.proc), self._cgroup_dir)
+        self.listen_join = ListenJoin(self._workload_of_id, self._target_of_owner,
+                                      slow_ns=policy.slo.connect_p99_ms * 1e6)
+        self.detector.engine.listen_join = self.listen_join
         if self.config.listen is not None:
             self._serve(*parse_listen(self.config.listen))
 
@@ -380,6 +399,7 @@ class Agent:
             self._forget_dead_cgroups()
             if self.gpu is not None and self.gpu.status.state == "on":
                 snapshot = dataclasses.replace(snapshot, gpus=self.gpu.collect())
+            snapshot = self._listen_queues(snapshot)
             self.detector.step(snapshot)
             self.exporter.update(snapshot, self.incidents(), self.actions())
             self._note_snapshot(snapshot)
@@ -403,6 +423,50 @@ class Agent:
             if dead is None:
                 dead = self._dead[name] = DeadCgroups(forget, self._resolver, probe.hierarchy)
             dead.update(before, now, changed)
+
+    def _listen_queues(self, snapshot: NodeSnapshot) -> NodeSnapshot:
+        """Read the pods' listen queues when this tick's connects had trouble (failed, SYN retransmitted,
+        slow) or the slow cadence is due; every snapshot carries the last read."""
+        if self.listen_watch is None or self.listen_join is None or self.detector is None:
+            return snapshot
+        errors: list[str] = []
+        try:
+            trouble = self.listen_join.observe_tcp(self._prev_tcp, snapshot.tcp)
+            self._prev_tcp = snapshot.tcp
+            reason = self.listen_watch.due(trouble)
+            if reason is not None:
+                index = self.detector.index
+                owners = [p for p in self.detector.cgroup_paths() if p != "/" and index.is_workload_root(p)]
+                report = self.listen_watch.read(owners, reason)
+                errors = list(report.errors)
+                self._listen_report = report
+                self.listen_join.observe_report(report)
+        except Exception as e:  # listen queues are extra evidence: never worth the tick's detection
+            self._prev_tcp = snapshot.tcp
+            errors = [f"listenq: {type(e).__name__}: {_one_line(e)}"]
+        for error in errors:
+            why = error.split(" (netns ", 1)[0]
+            if why not in self._listen_errors:  # once per reason: a missing capability fails every netns
+                self._listen_errors.add(why)
+                log.warning("%s (the first; each reason is logged once)", error)
+        if self._listen_report is None:
+            return snapshot
+        return dataclasses.replace(snapshot, listen=self._listen_report)
+
+    def _cgroup_dir(self, path: str):
+        hierarchy = self.layout.hierarchy_for("cpu") if self.layout is not None else None
+        return hierarchy.path_of(path) if hierarchy is not None else None
+
+    def _workload_of_id(self, cgroup_id: int) -> str | None:
+        """The workload key of a tcpconnect cgroup id (keyed like runqlat: the cpu hierarchy)."""
+        if self.detector is None:
+            return None
+        w = self.detector.ids.workload_of(cgroup_id, self.detector.builder.cpu_h)
+        return w.key if w is not None else None
+
+    def _target_of_owner(self, path: str) -> Target:
+        assert self.detector is not None
+        return self.detector.index.workload_of(path).target
 
     def _note_snapshot(self, snapshot: NodeSnapshot) -> None:
         for error in snapshot.errors:
@@ -485,6 +549,7 @@ class Agent:
         pods = self.pod_source.status if self.pod_source is not None else None
         acts = self.policy.actuators if self.policy is not None else None
         return {
+            "schema_version": SCHEMA_VERSION,
             "live": bool(live and not self._stopped),
             "ready": bool(ready),
             "ticks": self.stats.ticks,
@@ -503,6 +568,12 @@ class Agent:
                 "journal": str(self.manager.journal.directory),
             },
             "open_incidents": len(self.detector.engine.open_incidents) if self.detector is not None else 0,
+            "listen_queues": None if self.listen_watch is None else {
+                "reads": self.listen_watch.reads,
+                "last_reason": self._listen_report.reason if self._listen_report else None,
+                "namespaces": len(self._listen_report.namespaces) if self._listen_report else 0,
+                "errors": sorted(self._listen_errors)[-5:],
+            },
         }
 
     # -- HTTP -------------------------------------------------------------------------------------
@@ -563,6 +634,35 @@ class Agent:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class IncidentLog:
+    """The agent's incident log: one JSON line per incident opened or closed, in the shape and time
+    format of every other JSON the CLI writes (``schema_version``; ISO 8601 UTC times, ``ended_at``
+    null while open), so one parser reads the log, ``diagnose --json`` and ``top --json``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @staticmethod
+    def record(inc: Incident, event: str) -> dict[str, Any]:
+        d = inc.to_dict()
+        d.update(
+            started_at=iso_utc(inc.started_at),
+            updated_at=iso_utc(inc.updated_at or None),
+            ended_at=iso_utc(inc.ended_at),
+        )
+        return {"schema_version": SCHEMA_VERSION, "event": event, **d}
+
+    def write(self, inc: Incident, event: str) -> None:
+        if event == "updated":  # every tick of an open incident: the log keeps the transitions
+            return
+        try:
+            line = json.dumps(self.record(inc, event), sort_keys=True, default=str)
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError as e:
+            log.error("incident log %s: %s", self.path, e.strerror or e)
 
 
 class _RegistryCollector:

@@ -8,7 +8,8 @@ one scrape comes from the same tick.
 Series budget (an idle pod: a pod cgroup and one container cgroup): the container's runqueue
 histogram (24 buckets up to ``max_bucket_seconds`` ~8.4 s, +Inf, sum, count: 27), CPU usage and memory
 usage of both cgroups (4; the CFS bandwidth counters and limits only where a quota or limit is set),
-and on v2 nodes the pod's PSI totals (6). PSI averages and the
+and on v2 nodes the pod's PSI totals (6). A pod with a listener in a namespace of its own adds its
+fullest listener's fill (1), and its namespace's ListenOverflows once non-zero (1). PSI averages and the
 node's per-CPU /proc/stat counters (node_exporter has both; ``rate()`` of the totals gives the
 averages) are only exported with ``extra_node_series``.
 
@@ -64,6 +65,8 @@ CONNECT_SUCCESSES = "noisyneighbor_tcp_connect_successes_total"
 CONNECT_FAILURES = "noisyneighbor_tcp_connect_failures_total"
 CONNECT_ERRORS = "noisyneighbor_tcp_connect_errors_total"
 CONNECT_SYN_RETRANSMITS = "noisyneighbor_tcp_connect_syn_retransmits_total"
+LISTEN_OVERFLOWS = "noisyneighbor_listen_overflows_total"
+LISTEN_QUEUE_FILL = "noisyneighbor_listen_queue_fill_ratio"
 PSI_STALL = "noisyneighbor_psi_stall_seconds_total"
 PSI_AVG = "noisyneighbor_psi_stall_avg_ratio"
 CGROUP_PSI_STALL = "noisyneighbor_cgroup_psi_stall_seconds_total"
@@ -155,6 +158,12 @@ _DEFS = (
     MetricDef(CONNECT_ERRORS, "counter", "TCP connects that did not succeed, by reason (refused, timeout, aborted, "
               "local_error; refused and timeout are also failures).", ("reason",), per_cgroup=True),
     MetricDef(CONNECT_SYN_RETRANSMITS, "counter", "SYN retransmits of connecting sockets.", per_cgroup=True),
+    MetricDef(LISTEN_OVERFLOWS, "counter", "TcpExt ListenOverflows of the pod's own network namespace (SYNs and "
+              "handshake ACKs dropped because an accept queue was full), at the last listen-queue read (on "
+              "connect trouble, else every 30 s); from its first overflow.", per_cgroup=True),
+    MetricDef(LISTEN_QUEUE_FILL, "gauge", "The pod's fullest listener at the last listen-queue read: connections "
+              "waiting for accept() / listen() backlog (above 1: full, new connections are dropped); pods with "
+              "a listener only.", per_cgroup=True),
     MetricDef(PSI_STALL, "counter", "Node pressure stall time (/proc/pressure total).", ("resource", "kind")),
     MetricDef(PSI_AVG, "gauge", "Node pressure stall share over the kernel's 10/60/300 s windows (0..1).",
               ("resource", "kind", "window")),
@@ -518,6 +527,8 @@ class Exporter:
             for (cgroup_id, _netns), stats in snap.tcp.per_key.items():
                 if (data := by_id(cgroup_id, self.cpu_hierarchy)) is not None:
                     _add_connect(data, stats)
+        if snap.listen is not None:
+            self._listen_series(snap, by_path)
         for path, cpu in snap.cgroup_cpu.items():
             if (data := by_path(path)) is not None:
                 data.add_counter(CGROUP_CPU_USAGE, (), cpu.usage_ns / 1e9)
@@ -541,6 +552,26 @@ class Exporter:
                 for reading in readings.values():
                     _add_psi(data, reading, CGROUP_PSI_STALL, avg)
         return len(unresolved)
+
+    @staticmethod
+    def _listen_series(snap: NodeSnapshot, by_path: Callable[[str], _SeriesData | None]) -> None:
+        """Per pod: its fullest listener, and its namespace's ListenOverflows. A namespace shared with the
+        node or other pods (hostNetwork) has counters no pod owns: only listeners whose owner was found
+        (their socket among a pod's open files) are published there."""
+        assert snap.listen is not None
+        for reading in snap.listen.namespaces.values():
+            fills: dict[str, float] = {}
+            for listener in reading.snapshot.listeners:
+                owner = reading.owner_of(listener)
+                if owner is not None:
+                    fills[owner] = max(fills.get(owner, 0.0), listener.fill)
+            overflows = reading.snapshot.counters.listen_overflows
+            if not reading.shared and reading.owners and overflows \
+                    and (data := by_path(reading.owners[0])) is not None:
+                data.add_counter(LISTEN_OVERFLOWS, (), float(overflows))
+            for owner, fill in fills.items():
+                if (data := by_path(owner)) is not None:
+                    data.max_gauge(LISTEN_QUEUE_FILL, (), fill)
 
     def _apply_cap(self, raw: dict[SeriesKey, _SeriesData]) -> tuple[dict[SeriesKey, _SeriesData], int]:
         if len(raw) <= self.max_cgroups:

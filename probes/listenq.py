@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import os
 import socket
@@ -245,3 +246,271 @@ def read_namespaces(pids: list[int], proc: str = "/proc") -> dict[int, ListenQue
         if snap is not None:
             seen[snap.netns] = snap
     return seen
+
+
+def read_local_addrs(pid: int, proc: str = "/proc") -> frozenset[str]:
+    """The addresses local to <pid>'s network namespace (IPv4 from net/fib_trie's `/32 host LOCAL`
+    entries, IPv6 from net/if_inet6), read from /proc without entering the namespace; empty if gone."""
+    out: set[str] = set()
+    try:
+        trie = Path(f"{proc}/{pid}/net/fib_trie").read_text()
+    except OSError:
+        return frozenset()
+    last = ""
+    for line in trie.splitlines():
+        text = line.strip()
+        if text.startswith("|-- "):
+            last = text[4:]
+        elif text.startswith("/32 host LOCAL") and last:
+            out.add(last)
+    with contextlib.suppress(OSError):
+        for line in Path(f"{proc}/{pid}/net/if_inet6").read_text().splitlines():
+            raw = line.split()[0] if line.split() else ""
+            if len(raw) == 32:
+                with contextlib.suppress(ValueError):
+                    out.add(socket.inet_ntop(socket.AF_INET6, bytes.fromhex(raw)))
+    return frozenset(out)
+
+
+# ---- owners: which cgroup's tasks live in which network namespace --------------------------------
+
+# A cgroup subtree is searched this deep for a task (pod -> container -> maybe a nested cgroup).
+_MAX_DEPTH = 3
+
+
+def first_pid(cgroup_dir: Path) -> int | None:
+    """A task of the cgroup or of one of its descendants (breadth first), or None if it has none."""
+    level = [cgroup_dir]
+    for _ in range(_MAX_DEPTH + 1):
+        below: list[Path] = []
+        for d in level:
+            try:
+                for tok in (d / "cgroup.procs").read_text().split():
+                    return int(tok)
+                below.extend(Path(e.path) for e in os.scandir(d) if e.is_dir(follow_symlinks=False))
+            except (OSError, ValueError):
+                continue
+        level = below
+    return None
+
+
+def pids_of(cgroup_dir: Path) -> list[int]:
+    """Every task of the cgroup and its descendants (for finding a socket's owner; bounded depth)."""
+    out: list[int] = []
+    level = [cgroup_dir]
+    for _ in range(_MAX_DEPTH + 1):
+        below: list[Path] = []
+        for d in level:
+            try:
+                out.extend(int(t) for t in (d / "cgroup.procs").read_text().split())
+                below.extend(Path(e.path) for e in os.scandir(d) if e.is_dir(follow_symlinks=False))
+            except (OSError, ValueError):
+                continue
+        level = below
+    return out
+
+
+def socket_owners(inodes: set[int], pids: list[int], proc: str = "/proc") -> dict[int, int]:
+    """Socket inode -> the first of `pids` holding it open (one pass over their /proc/<pid>/fd links,
+    stopping once every inode is found). A pid whose fds cannot be read (another uid: the directory
+    is 0500, see docs/runbooks.md) is skipped."""
+    want = {f"socket:[{i}]": i for i in inodes}
+    found: dict[int, int] = {}
+    for pid in pids:
+        fd_dir = f"{proc}/{pid}/fd"
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                inode = want.get(os.readlink(f"{fd_dir}/{name}"))
+            except OSError:
+                continue
+            if inode is not None and inode not in found:
+                found[inode] = pid
+                if len(found) == len(want):
+                    return found
+    return found
+
+
+def socket_owner(inode: int, pids: list[int], proc: str = "/proc") -> int | None:
+    """The first of `pids` holding socket inode `inode` open."""
+    return socket_owners({inode}, pids, proc).get(inode)
+
+
+@dataclass(frozen=True)
+class NetnsReading:
+    """One namespace in a :class:`ListenReport`: its listeners and counters, who lives in it."""
+
+    snapshot: ListenQueueSnapshot
+    owners: tuple[str, ...]  # owner cgroup paths whose tasks are in this namespace
+    shared: bool  # the node's own namespace, or several owners: a listener's owner needs its fd
+    local_addrs: frozenset[str]
+    # ListenOverflows since the previous read of this namespace (None: first read of it)
+    overflows_delta: int | None
+    # socket inode -> owner, for the full listeners of a shared namespace whose holder was found
+    socket_owners: dict[int, str]
+    # The listeners were dumped in this read (else they are the last dump's, snapshot.monotonic_s old:
+    # nothing overflowed since, so no listener was full for a SYN in between); counters are always new.
+    dumped: bool = True
+
+    @property
+    def netns(self) -> int:
+        return self.snapshot.netns
+
+    def owner_of(self, listener: ListenSocket) -> str | None:
+        if not self.shared:
+            return self.owners[0] if self.owners else None
+        return self.socket_owners.get(listener.inode)
+
+
+@dataclass(frozen=True)
+class ListenReport:
+    """One read of the owners' listen queues (see :class:`ListenWatch`)."""
+
+    monotonic_s: float
+    reason: str  # "connect trouble" | "cadence"
+    namespaces: dict[int, NetnsReading]  # netns inode ->
+    errors: tuple[str, ...] = ()  # "listenq: <reason> (netns <inode>, pid <pid>)"
+
+    def by_owner(self) -> dict[str, NetnsReading]:
+        """Owners with a namespace of their own (not the node's, not shared) -> its reading."""
+        return {r.owners[0]: r for r in self.namespaces.values() if not r.shared and r.owners}
+
+
+# Without connect trouble, listen queues are read this often (a slow census for the metrics).
+CADENCE_S = 30.0
+# With connect trouble in every tick, no more often than this: the cost of a read grows with the
+# namespaces on the node, and a listener that stays full is still full 5 s later.
+TROUBLE_SPACING_S = 5.0
+# A read takes each namespace's counters (~0.2 ms); the sock_diag dump of its listeners (~1.5 ms, most
+# of it pyroute2) only when ListenOverflows moved since the last read — a full accept queue counts every
+# SYN it drops there — or on first sight, and otherwise this often (for the fill metric).
+DUMP_MAX_AGE_S = 120.0
+
+
+class ListenWatch:
+    """Reads the listen queues of the owners' network namespaces when asked to and it is due.
+
+    Owners are cgroup paths (the caller's workloads: pod cgroups); knowing nothing of pods, this maps
+    each owner to its namespace through a task of its cgroup (``/proc/<pid>/ns/net``), cached per owner
+    and checked (one stat) when used. One read covers each distinct namespace once: its TCP counters
+    always, its listeners (sock_diag, the costly part) only when it overflowed since (DUMP_MAX_AGE_S).
+    """
+
+    def __init__(self, proc: str, cgroup_dir, cadence_s: float = CADENCE_S,
+                 trouble_spacing_s: float = TROUBLE_SPACING_S, dump_max_age_s: float = DUMP_MAX_AGE_S) -> None:
+        self.proc = proc
+        self.cgroup_dir = cgroup_dir  # owner path -> Path of its cgroup directory (or None)
+        self.cadence_s = cadence_s
+        self.trouble_spacing_s = trouble_spacing_s
+        self._owner_ns: dict[str, tuple[int, int]] = {}  # owner -> (pid, netns inode)
+        self._overflows: dict[int, int] = {}  # netns inode -> ListenOverflows at its last read
+        # netns inode -> (last dump, its local addresses, owners of its full listeners)
+        self._dumps: dict[int, tuple[ListenQueueSnapshot, frozenset[str], dict[int, str]]] = {}
+        self.dump_max_age_s = dump_max_age_s
+        self.dumps = 0  # namespaces whose listeners were dumped (sock_diag), all reads together
+        self.last_read_s: float | None = None
+        self.reads = 0
+
+    def due(self, trouble: bool, now: float | None = None) -> str | None:
+        """Why a read is due now ("connect trouble", "cadence"), or None."""
+        now = time.monotonic() if now is None else now
+        since = None if self.last_read_s is None else now - self.last_read_s
+        if trouble and (since is None or since >= self.trouble_spacing_s):
+            return "connect trouble"
+        if since is None or since >= self.cadence_s:
+            return "cadence"
+        return None
+
+    def _netns_of(self, owner: str) -> tuple[int, int] | None:
+        cached = self._owner_ns.get(owner)
+        if cached is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(f"{self.proc}/{cached[0]}/ns/net").st_ino == cached[1]:
+                    return cached
+        directory = self.cgroup_dir(owner)
+        pid = first_pid(directory) if directory is not None else None
+        if pid is None:
+            self._owner_ns.pop(owner, None)
+            return None
+        try:
+            found = (pid, os.stat(f"{self.proc}/{pid}/ns/net").st_ino)
+        except OSError:
+            self._owner_ns.pop(owner, None)
+            return None
+        self._owner_ns[owner] = found
+        return found
+
+    def _read_one(self, ino: int, pid: int, own: tuple[str, ...], shared: bool, now: float) -> NetnsReading | None:
+        """One namespace: its counters (two small /proc files), and its listeners over sock_diag only
+        when something overflowed since the last read, on first sight, or every DUMP_MAX_AGE_S."""
+        counters = read_counters(pid, self.proc)
+        if counters is None:
+            return None  # the task exited since the stat: next read
+        before = self._overflows.get(ino)
+        delta = None if before is None else counters.listen_overflows - before
+        last = self._dumps.get(ino)
+        if last is not None and not delta and now - last[0].monotonic_s < self.dump_max_age_s \
+                and last[0].pid == pid:
+            snap, addrs, owners_of = dataclasses.replace(last[0], counters=counters), last[1], last[2]
+            return NetnsReading(snap, own, shared, addrs, delta, owners_of, dumped=False)
+        snap = read_netns(pid, self.proc)
+        if snap is None or snap.netns != ino:
+            return None  # the task left or exited between the stat and the read: next read
+        if before is not None:
+            delta = snap.counters.listen_overflows - before
+        owners_of: dict[int, str] = {}
+        # Only full listeners are looked for (a walk of the owners' open files): they are what the
+        # join names and what the metrics of a shared namespace can attribute.
+        wanted = {s.inode for s in snap.full}
+        if shared and wanted:
+            for owner in own:
+                directory = self.cgroup_dir(owner)
+                pids = pids_of(directory) if directory is not None else []
+                for inode in socket_owners(wanted - owners_of.keys(), pids, self.proc):
+                    owners_of[inode] = owner
+                if len(owners_of) == len(wanted):
+                    break
+        addrs = read_local_addrs(pid, self.proc)
+        self._dumps[ino] = (snap, addrs, owners_of)
+        self.dumps += 1
+        return NetnsReading(snap, own, shared, addrs, delta, owners_of)
+
+    def read(self, owners, reason: str = "asked") -> ListenReport:
+        owners = list(owners)
+        errors: list[str] = []
+        members: dict[int, list[str]] = {}
+        pid_of: dict[int, int] = {}
+        for owner in owners:
+            found = self._netns_of(owner)
+            if found is None:
+                continue
+            pid, ino = found
+            members.setdefault(ino, []).append(owner)
+            pid_of.setdefault(ino, pid)
+        for gone in set(self._owner_ns) - set(owners):
+            del self._owner_ns[gone]
+        try:
+            node_ns = os.stat(f"{self.proc}/1/ns/net").st_ino
+        except OSError:
+            node_ns = None
+        namespaces: dict[int, NetnsReading] = {}
+        started = time.monotonic()
+        for ino, pid in pid_of.items():
+            own = tuple(sorted(members[ino]))
+            try:
+                reading = self._read_one(ino, pid, own, shared=ino == node_ns or len(own) > 1, now=started)
+            except Exception as e:  # one namespace (EPERM, a netlink parse error) must not stop the others
+                why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+                errors.append(f"listenq: {why} (netns {ino}, pid {pid})")
+                continue
+            if reading is not None:
+                namespaces[ino] = reading
+        self._dumps = {ino: d for ino, d in self._dumps.items() if ino in namespaces}
+        self._overflows = {ino: r.snapshot.counters.listen_overflows for ino, r in namespaces.items()}
+        now = time.monotonic()
+        self.last_read_s = now
+        self.reads += 1
+        return ListenReport(now, reason, namespaces, tuple(errors))

@@ -15,6 +15,7 @@ from probes.cpuacct import CgroupCpuStat
 from probes.engine import ProbeStatus
 from probes.gpu import GpuDevice
 from probes.libbpf import ProgramStats
+from probes.listenq import ListenReport
 from probes.memstat import MemStat, NodeVmstat
 from probes.psi import NodePsi, PsiReading
 from probes.reclaim import ReclaimSnapshot
@@ -98,6 +99,9 @@ class NodeSnapshot:
     # (idle: nothing moved). None: every reading is new (a collector that reads everything each tick).
     changed_paths: frozenset[str] | None = None
     gpus: list[GpuDevice] = field(default_factory=list)
+    # The last read of the pods' listen queues (probes.listenq.ListenWatch: read on connect trouble or every
+    # 30 s, so it may be older than this tick; see its monotonic_s). None: never read.
+    listen: ListenReport | None = None
     # the agent's own health
     probe_status: dict[str, ProbeStatus] = field(default_factory=dict)
     bpf_programs: list[ProgramStats] = field(default_factory=list)

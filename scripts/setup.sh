@@ -10,9 +10,10 @@ profile="${1:-run}"
 pkgs=(clang llvm libbpf-dev bpftool make python3-venv)
 # Tests create real workloads, network namespaces and firewall rules; kubectl renders deploy/ with its
 # built-in kustomize (tests/test_deploy.py); chromium opens the diagnose HTML report headless
-# (scripts/report-in-browser.py, tests/test_cli.py).
+# (scripts/report-in-browser.py, tests/test_cli.py). Its screenshot needs a font: chromium depends on none,
+# and fonts-dejavu-core arrives only as the first of fontconfig-config's alternatives, so it is named here.
 if [[ "$profile" == test || "$profile" == bench ]]; then
-  pkgs+=(stress-ng rt-tests iproute2 linux-perf nftables iptables prometheus kubectl chromium)
+  pkgs+=(stress-ng rt-tests iproute2 linux-perf nftables iptables prometheus kubectl chromium fonts-dejavu-core)
 fi
 # The benchmark compares against bcc's tools, which compile against kernel headers.
 if [[ "$profile" == bench ]]; then

@@ -12,12 +12,17 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from detector.decisions import Cause, Target
+from detector.model import Culprit, Evidence, Incident
 from noisyneighbor import exporter as ex
+from noisyneighbor.agent import IncidentLog
 from noisyneighbor.cli import build_parser, parse_duration
+from noisyneighbor.output import SCHEMA_VERSION
 from tests.conftest import require_tool
 from tests.exporter_support import REPO, AgentProcess, cgroup_rel_path, free_port, write_config
 
@@ -52,6 +57,29 @@ def test_agent_flags_parse_after_the_subcommand():
     assert build_parser().parse_args(["agent"]).dry_run is None  # the policy decides
 
 
+def _is_iso_utc(text: str) -> bool:
+    return datetime.fromisoformat(text).utcoffset().total_seconds() == 0
+
+
+def test_incident_log_lines_carry_schema_version_and_iso_utc_times(tmp_path):
+    """The agent's incident log uses the CLI's JSON conventions: schema_version, ISO 8601 UTC times."""
+    inc = Incident("nn-1", Target("/kubepods/pod1", "u1", "ns", "web", "LS"), Cause.NETWORK_CONNECT,
+                   started_at=1_790_000_000.0, confidence=0.7, signal="syn_retransmits_per_s",
+                   culprits=[Culprit(Target("/kubepods/pod2", "u2", "ns", "db", "LS"), 1.0)],
+                   evidence=[Evidence("syn_retransmits_per_s", 2.0, 1.0)], updated_at=1_790_000_001.0)
+    log = IncidentLog(str(tmp_path / "incidents.jsonl"))
+    log.write(inc, "opened")
+    log.write(inc, "updated")  # not a transition: not logged
+    inc.ended_at = inc.updated_at = 1_790_000_030.0
+    log.write(inc, "closed")
+    opened, closed = (json.loads(line) for line in (tmp_path / "incidents.jsonl").read_text().splitlines())
+    for r in (opened, closed):
+        assert r["schema_version"] == SCHEMA_VERSION and _is_iso_utc(r["started_at"]) and _is_iso_utc(r["updated_at"])
+        assert r["victim"]["display"] == "ns/web" and r["culprits"][0]["target"]["display"] == "ns/db"
+    assert (opened["event"], opened["ended_at"], opened["started_at"]) == ("opened", None, "2026-09-21T14:13:20+00:00")
+    assert closed["event"] == "closed" and _is_iso_utc(closed["ended_at"])
+
+
 # -- the agent process ---------------------------------------------------------------------------------
 
 
@@ -70,8 +98,9 @@ def test_agent_is_ready_with_its_probes_on_and_serves_metrics_promtool_accepts(t
         assert all(p["state"] == "on" for p in ready["probes"].values()), ready["probes"]
         assert ready["actuators"]["mode"] == "dry-run", ready  # the default policy changes nothing
         assert ready["pod_source"]["source"] == "standalone"
-        code, _ = agent.get("/healthz")
+        code, body = agent.get("/healthz")
         assert code == 200
+        assert json.loads(body)["schema_version"] == SCHEMA_VERSION and ready["schema_version"] == SCHEMA_VERSION
         assert agent.get("/nope")[0] == 404
         time.sleep(1.5)  # a few more ticks, so counters have moved
         text = agent.scrape_text()

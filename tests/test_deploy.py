@@ -258,8 +258,8 @@ def test_daemonset_security_context() -> None:
     assert sc["privileged"] is False
     assert sc["readOnlyRootFilesystem"] is True
     assert sc["capabilities"]["drop"] == ["ALL"]
-    # SYS_PTRACE: opening /proc/<pid>/ns/net of another uid's process (see the comment in daemonset.yaml).
-    assert set(sc["capabilities"]["add"]) == {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE", "SYS_RESOURCE"}
+    # Each one's use is in the comment in daemonset.yaml and checked by tests/test_capabilities.py.
+    assert set(sc["capabilities"]["add"]) == {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"}
     assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
     assert pod["hostPID"] is True
     assert not pod.get("hostNetwork") and not pod.get("hostIPC")
