@@ -115,3 +115,35 @@ def test_own_namespace_without_setns():
         assert snap.counters.active_opens >= 0
     finally:
         srv.close()
+
+
+def test_every_listener_of_our_namespace_matches_ss():
+    """The raw inet_diag dump against iproute2's ss: the same LISTEN sockets (v4 and v6), with the same
+    accept queue (Recv-Q) and backlog (Send-Q)."""
+    servers = [socket.create_server(("127.0.0.1", 0), backlog=5),
+               socket.create_server(("::1", 0), family=socket.AF_INET6, backlog=9)]
+    waiting = socket.create_connection(servers[0].getsockname()[:2])  # one in the accept queue
+    try:
+        snap = read_netns(os.getpid())
+        assert snap is not None
+        ours = {(s.addr, s.port, s.queue_len, s.backlog_max) for s in snap.listeners}
+        out = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True, check=True).stdout
+        from_ss = set()
+        for line in out.splitlines():
+            _state, recv_q, send_q, local, *_ = line.split()
+            addr, _, port = local.rpartition(":")
+            addr = addr.strip("[]").split("%")[0]
+            from_ss.add((addr if addr != "*" else "::", int(port), int(recv_q), int(send_q)))
+        mine = {(s.getsockname()[0], s.getsockname()[1]) for s in servers}
+        assert {x for x in ours if x[:2] in mine} == {("127.0.0.1", servers[0].getsockname()[1], 1, 5),
+                                                     ("::1", servers[1].getsockname()[1], 0, 9)}
+        assert {x for x in from_ss if x[:2] in mine} == {x for x in ours if x[:2] in mine}
+        # Other tests' listeners may come and go, and their queues move, between the two reads: compare
+        # the backlog of those present in both.
+        stable = {x[:2] for x in ours} & {x[:2] for x in from_ss}
+        assert mine <= stable
+        assert {(*x[:2], x[3]) for x in ours if x[:2] in stable} == {(*x[:2], x[3]) for x in from_ss if x[:2] in stable}
+    finally:
+        waiting.close()
+        for s in servers:
+            s.close()
