@@ -133,7 +133,7 @@ def test_tasks_outnumbering_the_cpuset_are_self_contention(scenario):
     incidents = s.incidents_for(ls)
     assert incidents, "four busy tasks on one CPU wait behind each other: the pod breaches its runqueue SLO"
     for inc in incidents:
-        assert inc.cause == Cause.SELF_CONTENTION, inc.to_dict()
+        assert str(inc.cause) == "self_contention", inc.to_dict()
         assert inc.culprits == [], inc.to_dict()
         own = [e for e in inc.evidence if e.signal == "who_ran_instead_own_share"]
         assert own and own[0].value >= 0.5, inc.to_dict()
@@ -184,7 +184,7 @@ def test_the_neighbour_above_its_request_ranks_first(scenario):
     assert ranked.index(above.path) < ranked.index(within.path), inc.to_dict()
     top = inc.culprits[ranked.index(above.path)]
     second = inc.culprits[ranked.index(within.path)]
-    assert top.above_request is True and top.cpu_request_cores == pytest.approx(0.1), inc.to_dict()
+    assert getattr(top, "above_request", None) is True and top.cpu_request_cores == pytest.approx(0.1), inc.to_dict()
     assert second.above_request is False and second.cpu_request_cores == pytest.approx(2.0), inc.to_dict()
     assert "busy within its request" in second.note, inc.to_dict()
     assert all(c.target.cgroup != "/" and c.score > 0 for c in inc.culprits), inc.to_dict()
