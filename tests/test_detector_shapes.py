@@ -15,15 +15,13 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
 from detector.decisions import Cause
 from detector.policy import Policy, load_policy
 from detector.runtime import Detector
-from tests.fakekube import container_id_for, make_pod
-from tests.scenario_support import POD_CONTROLLERS, PodCgroup, Scenario
+from tests.scenario_support import PodCgroup, Scenario
 from tests.test_detector_scenarios import VICTIM_CPU, _policy
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -49,41 +47,8 @@ def scenario(make_cgroup):
     os.sched_setaffinity(0, affinity)
 
 
-def k8s_pod(s, name: str, qos_class: str, containers: list[dict], shares: int | None = None,
-            cpuset: str | None = None, pod_quota_cores: float | None = None) -> tuple[PodCgroup, dict[str, PodCgroup]]:
-    """A pod cgroup with one cgroup per container, limits as the kubelet sets them (a container's CFS
-    quota from its own CPU limit; the pod's only when asked), and the same pod served by FakeKube."""
-    uid = str(uuid.uuid4())
-    k8s = "besteffort" if qos_class == "BE" else "burstable"
-    pod_rel = f"kubepods.slice/kubepods-{k8s}.slice/kubepods-{k8s}-pod{uid.replace('-', '_')}.slice"
-    pod_cg = s.make_cgroup(pod_rel, controllers=POD_CONTROLLERS)
-    if shares is not None:
-        # The pod's weight counts against its siblings only: the levels above it, up to and with our
-        # nn-test-<pid> prefix (all created by this process), get it too, so against the other tasks
-        # on the machine (other test runs) the pod weighs what its request says.
-        d = pod_cg.dirs["cpu"]
-        while True:
-            (d / "cpu.shares").write_text(str(shares))
-            if d.name == pod_cg.prefix:
-                break
-            d = d.parent
-    if cpuset is not None:
-        pod_cg.write("cpuset", "cpuset.cpus", cpuset)
-    if pod_quota_cores is not None:
-        pod_cg.write("cpu", "cpu.cfs_quota_us", str(int(pod_quota_cores * 100_000)))
-    by_name: dict[str, PodCgroup] = {}
-    for c in containers:
-        cid = container_id_for(uid, c["name"])
-        cg = s.make_cgroup(f"{pod_rel}/cri-containerd-{cid}.scope", controllers=POD_CONTROLLERS)
-        limit = (c.get("limits") or {}).get("cpu")
-        if limit is not None:
-            cores = int(limit[:-1]) / 1000 if limit.endswith("m") else float(limit)
-            cg.write("cpu", "cpu.cfs_quota_us", str(int(cores * 100_000)))
-        by_name[c["name"]] = PodCgroup(f"{name}/{c['name']}", uid, qos_class, cg)
-    s.kube.add_pod(make_pod(name, uid=uid, qos_class=qos_class, containers=containers))
-    pod = PodCgroup(name, uid, qos_class, pod_cg)
-    s.pods.append(pod)
-    return pod, by_name
+def k8s_pod(s: Scenario, *args, **kw) -> tuple[PodCgroup, dict[str, PodCgroup]]:
+    return s.k8s_pod(*args, **kw)
 
 
 def hogs(s, where: PodCgroup, n: int, cpus: list[int], seconds: float) -> None:
