@@ -96,8 +96,9 @@ class Detector:
             self._pod_paths_at = now
             self._listed_pods_version = self.index.pods_version
             # Pods and their containers: a CPU limit lives on each container (the kubelet puts one on
-            # the pod only when every container has one), so the collector reads the containers' CPU
-            # accounting too, when they are active or on the slow wheel (probes.cgroupwatch).
+            # the pod only when every container has one), so containers are listed too. The collector
+            # reads a listed cgroup only when it is active or its turn on the slow wheel comes
+            # (probes.cgroupwatch); the agent lists containers for the exporter anyway.
             infos = self.resolver.all(self.layout.hierarchy_for("cpu"), max_age=0.0)
             self._pod_paths = [info.path for info in infos if info.kind == "pod" or self._standalone(info.path)]
             self._container_paths = [info.path for info in infos if info.kind == "container"]

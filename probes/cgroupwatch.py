@@ -13,10 +13,6 @@ allocate or connect without first being woken, which runqlat counts. So a cgroup
 - its turn comes on the slow wheel: every cgroup once per ``slow_refresh_ticks``, spread evenly over
   the ticks, for what moves without activity (page cache reclaimed by others, a cpuset changed).
 
-A listed cgroup below another listed one (a pod's container) is read for CPU accounting only, on the
-same triggers (its own activity, its usage moving, its wheel turn): its ancestor already has the
-memory, PSI and cpuset readings, and what the child adds is its own quota and throttling.
-
 Memory (``memory.stat``) is read on first sight, on the wheel, every tick while a probe saw the cgroup
 reclaim, and at most every ``memory_refresh_ticks`` while it is active. Unread cgroups keep their last
 readings; ``changed`` says which were read this tick, so consumers do per-cgroup work only for those.
@@ -88,7 +84,6 @@ class _Watched:
     last_memory_tick: int = -1_000_000
     turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at its last wheel turn
     reads: int = 0  # times its files were read (tests and benches count them)
-    cpu_only: bool = False  # below another listed cgroup: CPU accounting only (see the module docstring)
 
 
 class CgroupWatch:
@@ -136,9 +131,9 @@ class CgroupWatch:
         for path in self.watched.keys() - listed:
             self._drop(path)
         for path in listed - self.watched.keys():
-            self._add(path, cpu_only=_below_any(path, listed))
+            self._add(path)
 
-    def _add(self, path: str, cpu_only: bool = False) -> None:
+    def _add(self, path: str) -> None:
         slot = self._next_slot
         self._next_slot = (slot + 1) % self.slow_refresh_ticks
         cpuset = None
@@ -147,13 +142,11 @@ class CgroupWatch:
             cpuset = str(self.cpuset_h.path_of(path) / name)
         percpu = str(self.cpuacct_h.path_of(path) / "cpuacct.usage_percpu") if self.cpuacct_h is not None else None
         w = _Watched(path, slot, cpuset, percpu, self._psi_dir(path))
-        if cpu_only:
-            w.cpu_only, w.cpuset_file, w.percpu_file, w.psi_dir = True, None, None, None
         if self.cpuacct_h is not None:
             w.usage_file = str(self.cpuacct_h.path_of(path) / "cpuacct.usage")
         elif self.cpu_h is not None and self.cpu_h.version == 2:
             w.usage_file = str(self.cpu_h.path_of(path) / "cpu.stat")
-        if self.mem_h is not None and not cpu_only:
+        if self.mem_h is not None:
             name = "memory.usage_in_bytes" if self.mem_h.version == 1 else "memory.current"
             w.memory_usage_file = str(self.mem_h.path_of(path) / name)
         self.watched[path] = w
@@ -246,7 +239,6 @@ class CgroupWatch:
         """Read what is due of one cgroup; False when a wheel turn found nothing changed (nothing replaced)."""
         path = w.path
         w.reads += 1
-        memory = memory and not w.cpu_only
         moving = False
         replaced = False
         if not (full and path in self.cpu and self._unchanged(w, w.usage_file, "cpu")):
@@ -276,7 +268,7 @@ class CgroupWatch:
                 text = _read_small(w.cpuset_file)
                 if text is not None:
                     self.cpus[path] = parse_cpu_list(text)
-            w.psi_dir = None if w.cpu_only else self._psi_dir(path)
+            w.psi_dir = self._psi_dir(path)
         if w.percpu_file is not None and moving:  # where it ran moves only when it runs (and at first sight)
             text = _read_small(w.percpu_file)
             if text is not None:
@@ -302,16 +294,6 @@ class CgroupWatch:
             self.psi.pop(w.path, None)
             self.psi_read_s.pop(w.path, None)
         return True
-
-
-def _below_any(path: str, listed: frozenset[str] | set[str]) -> bool:
-    """Is some proper ancestor of ``path`` in ``listed``?"""
-    p = path.rpartition("/")[0]
-    while p:
-        if p in listed:
-            return True
-        p = p.rpartition("/")[0]
-    return False
 
 
 def changed_ids(before: Mapping[int, int] | None, now: Mapping[int, int]) -> list[int]:
