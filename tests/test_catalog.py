@@ -147,3 +147,22 @@ def test_exporter_labels_breached_signals_by_their_catalog_name():
     exp.update(NodeSnapshot(monotonic_s=1.0, wall_s=100.0), [inc], [])
     got = {dict(k)["signal"]: v for (n, k), v in _scrape(registry).items() if n == ex.INCIDENT_SLO_RATIO}
     assert got == {"softirq_ms_per_s": 1.5}
+
+
+def test_diagnose_text_names_the_cause_advice_and_request_judgement():
+    from noisyneighbor.diagnose import ADVICE, DiagnoseReport, render_text
+
+    assert set(ADVICE) == set(Cause)
+    victim = Target("/kubepods.slice/v", "v", "shop", "web", "LS")
+    within = Culprit(Target("/kubepods.slice/b", "b", "batch", "crunch", "BE"), 0.4, cpu_cores=0.5,
+                     cpu_request_cores=2.0, above_request=False, note="busy within its request (0.50 of 2.00 cores)")
+    incs = [
+        Incident("i1", victim, Cause.SELF_CONTENTION, 1.0, 0.8, "runq_p99_ns",
+                 evidence=[Evidence("who_ran_instead_own_share", 0.8, 10.0, threshold=0.5)]),
+        Incident("i2", victim, Cause.NEIGHBOR_CPU, 1.0, 0.6, "runq_p99_ns", culprits=[within]),
+    ]
+    text = render_text(DiagnoseReport(0.0, 10.0, 10, {}, incs, [], []))
+    assert "cause self_contention" in text and "Wait spent behind its own threads = 80%" in text
+    assert "culprits: none (not a neighbour's doing)" in text
+    assert "busy within its request (0.50 of 2.00 cores)" in text
+    assert ADVICE[Cause.SELF_CONTENTION] in text
