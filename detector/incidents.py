@@ -410,12 +410,12 @@ class IncidentEngine:
         cause, confidence, culprits, evidence = self._diagnose(key, row, state, breaches, signals)
         # A cause seen with more confidence replaces the first guess; evidence is the latest window.
         if cause != inc.cause and confidence <= inc.confidence:
-            cause = inc.cause
+            pass  # the first cause stands, with its culprits: another rule's culprits are not its own
         else:
             inc.confidence = round(confidence, 3)
-        inc.cause = cause
-        if culprits or cause != Cause.NEIGHBOR_CPU:
-            inc.culprits = culprits
+            inc.cause = cause
+            if culprits or cause != Cause.NEIGHBOR_CPU:
+                inc.culprits = culprits
         inc.evidence = evidence
         inc.updated_at = now
         self._emit(inc, "updated")
