@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from detector.catalog import NOISE_FLOORS
 from detector.store import DEFAULT_MAX_ENTITIES, DEFAULT_MAX_SIGNALS, EntityIndex, StoreError
 
 DEFAULT_ALPHA = 2.0 / (60 + 1)  # EWMA span of 60 samples: about a minute at 1 Hz
@@ -57,20 +58,8 @@ CAELUS_K = 3.0
 CAELUS_MIN_SAMPLES = 11
 MEAN_ABS_DEV_TO_SIGMA = math.sqrt(math.pi / 2.0)
 
-# Smallest spread worth calling noise, per signal, in the signal's unit.
-DEFAULT_SIGMA_FLOORS: dict[str, float] = {
-    "runq_p99_ns": 5_000.0,  # 5 us
-    "runq_wait_share": 0.005,
-    "throttled_ratio": 0.01,
-    "cpu_cores": 0.02,
-    "reclaim_stall_ms_per_s": 0.5,
-    "psi_cpu_some": 0.5,  # PSI avg, percent
-    "connect_p99_ns": 20_000.0,  # 20 us
-    "softirq_delay_p99_ns": 5_000.0,
-    "softirq_ms_per_s": 1.0,
-    "psi_memory_some": 0.5,
-    "psi_io_some": 0.5,
-}
+# Smallest spread worth calling noise, per signal, in the signal's unit: the catalog's noise floors.
+DEFAULT_SIGMA_FLOORS: dict[str, float] = dict(NOISE_FLOORS)
 
 
 class BaselineError(StoreError):

@@ -30,9 +30,11 @@ import time
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from detector import causes
 from detector.baseline import Baselines
+from detector.catalog import BASELINE_SIGNALS, SIGNALS
 from detector.decisions import (
     ActionKind,
     BurstAmount,
@@ -48,15 +50,13 @@ from detector.model import Culprit, Evidence, Incident
 from detector.policy import Policy
 from detector.signals import IDLE, UNKNOWN, NodeSignals, WorkloadSignals
 from detector.store import SignalStore
+from detector.workloads import key_of
 
 log = logging.getLogger(__name__)
 
-# Defaults for knobs the policy file may not carry yet (getattr keeps older configs valid).
-DEFAULT_SOFTIRQ_MS_PER_S = 100.0  # softirq run time on its CPUs worth a tenth of a CPU
 SOFTIRQ_DELAY_MIN_MS_PER_S = 10.0  # softirq time on its CPUs below which a late softirq is not a breach
 MIN_RUNQ_EVENTS = 20  # fewer switch-ins than this in a tick: a p99 means nothing
-SELF_THROTTLE_SHARE = 0.5  # throttled time explains at least this share of its runqueue wait
-NEIGHBOR_SHARE = 0.3  # foreign cgroups ran for at least this share of its wait
+CULPRIT_MIN_SCORE = 0.0  # a culprit must score above this (a zero score blames nobody)
 CULPRIT_WINDOW_TICKS = 10  # who-ran-instead shares are summed over this many recent ticks
 CONNECT_WINDOW_TICKS = 5  # connect failures/retransmits/p99 are judged over this many recent ticks
 MAX_CULPRITS = 5
@@ -70,6 +70,7 @@ class _VictimState:
     incident: Incident | None = None
     recent_ran_instead: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    recent_own_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     decided: tuple | None = None  # (cause, top culprit) the last decisions were made for
     cpus: tuple[int, ...] = ()  # CPUs the victim ran on lately (weight > 5 %), for a cpuset suppress
     # (failed connects, SYN retransmits, connect p99 ns) per recent tick: connect trouble is sparse
@@ -95,8 +96,10 @@ class IncidentEngine:
         baselines: Baselines | None = None,
         on_incident: Iterable[Callable[[Incident, str], None]] = (),
         clock: Callable[[], float] = time.time,
+        cpu_request: Callable[[str], float | None] = lambda key: None,
     ) -> None:
         self.policy = policy or Policy()
+        self.cpu_request = cpu_request  # workload key -> its CPU request in cores (None: unknown)
         self.slo = self.policy.slo
         self.sink = sink or LoggingSink()
         self.store = store or SignalStore()
@@ -153,13 +156,14 @@ class IncidentEngine:
             total_wait_ns = row.runq_wait_ms_per_s * 1e6 * row.interval_s
             state.recent_ran_instead.append(dict(row.ran_instead_ns))
             state.recent_wait_ns.append(total_wait_ns)
+            state.recent_own_wait_ns.append(row.own_wait_ns)
             dt = row.interval_s
             state.recent_connect.append((row.connect_failures_per_s * dt, row.syn_retransmits_per_s * dt,
                                          row.connect_p99_ns if row.connects else 0.0))
             breaches = self._breaches(key, row, state)
             state.cpus = tuple(sorted(c for c, w in row.cpu_weights.items() if w > 0.05))
             learning = state.incident is None and not breaches
-            for name in ("runq_p99_ns", "connect_p99_ns", "reclaim_stall_ms_per_s", "softirq_ms_per_s"):
+            for name in BASELINE_SIGNALS:
                 v = values.get((key, name), math.nan)
                 if not math.isnan(v):
                     self.baselines.update(key, name, v, learning=learning)
@@ -222,35 +226,36 @@ class IncidentEngine:
         slo = self.slo
         out: list[Breach] = []
 
-        def check(signal: str, value: float | None, threshold: float, sigma_ok: bool = True) -> None:
-            if value is None or math.isnan(value):
+        def check(name: str, value: float | None) -> None:
+            sig = SIGNALS[name]
+            threshold = sig.threshold(slo)
+            if value is None or math.isnan(value) or threshold is None:
                 return
             if value > threshold:
-                out.append(Breach(signal, value, threshold, self._baseline_value(key, signal)))
+                out.append(Breach(name, value, threshold, self._baseline_value(key, name)))
                 return
-            if not sigma_ok or value < threshold / 2:
+            if not sig.k_sigma or value < threshold / 2:
                 return
-            score = self.baselines.score(key, signal, value)
+            score = self.baselines.score(key, name, value)
             if score is not None and score > slo.k_sigma:
-                out.append(Breach(signal, value, threshold, self._baseline_value(key, signal), rule="k_sigma"))
+                out.append(Breach(name, value, threshold, self._baseline_value(key, name), rule="k_sigma"))
 
         if row.runq_count >= MIN_RUNQ_EVENTS:
-            check("runq_p99_ns", row.runq_p99_ns, slo.runq_p99_ms * 1e6)
+            check("runq_p99_ns", row.runq_p99_ns)
         window = list(state.recent_connect)
         worst_connect_p99 = max((p for _, _, p in window), default=0.0)
         if worst_connect_p99:
-            check("connect_p99_ns", worst_connect_p99, slo.connect_p99_ms * 1e6, sigma_ok=False)
-        check("reclaim_stall_ms_per_s", row.reclaim_stall_ms_per_s, slo.reclaim_stall_ms_per_s, sigma_ok=False)
-        sirq_limit = getattr(slo, "softirq_ms_per_s", DEFAULT_SOFTIRQ_MS_PER_S)
-        check("softirq_ms_per_s", row.softirq_ms_per_s, sirq_limit, sigma_ok=False)
+            check("connect_p99_ns", worst_connect_p99)
+        check("reclaim_stall_ms_per_s", row.reclaim_stall_ms_per_s)
+        check("softirq_ms_per_s", row.softirq_ms_per_s)
         # A late softirq matters when there is softirq work to be late: a quiet CPU's occasional timer
         # softirq deferred to ksoftirqd has a long raise->entry delay and steals nothing.
         if row.softirq_delay_p99_ns and row.cpu_cores and row.cpu_cores > 0.05 \
                 and row.softirq_ms_per_s >= SOFTIRQ_DELAY_MIN_MS_PER_S:
-            check("softirq_delay_p99_ns", row.softirq_delay_p99_ns, slo.softirq_delay_p99_ms * 1e6, sigma_ok=False)
-        check("psi_cpu_some", row.psi_cpu_some, slo.psi_cpu_some_percent, sigma_ok=False)
-        check("psi_memory_some", row.psi_memory_some, slo.psi_memory_some_percent, sigma_ok=False)
-        check("psi_io_some", row.psi_io_some, slo.psi_io_some_percent, sigma_ok=False)
+            check("softirq_delay_p99_ns", row.softirq_delay_p99_ns)
+        check("psi_cpu_some", row.psi_cpu_some)
+        check("psi_memory_some", row.psi_memory_some)
+        check("psi_io_some", row.psi_io_some)
         failed = sum(f for f, _, _ in window)
         retransmits = sum(r for _, r, _ in window)
         # SYNs dropped (each retransmit is a second or more added to a connect) and connects given up,
@@ -268,58 +273,41 @@ class IncidentEngine:
     def _diagnose(
         self, key: str, row: WorkloadSignals, state: _VictimState, breaches: list[Breach], signals: NodeSignals
     ) -> tuple[Cause, float, list[Culprit], list[Evidence]]:
-        names = {b.signal for b in breaches}
+        """The cause rules (``detector.causes``) in order; the evidence is the breaches, the victim's
+        context (wait, throttling, softirq, reclaim) and what the deciding rule used."""
         dt = row.interval_s
+        ran, total_wait = self._recent_ran_instead(state)
+        foreign = {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)}
+        ctx = causes.CauseContext(
+            key=key, row=row, signals=signals, slo=self.slo, breached={b.signal for b in breaches},
+            foreign=foreign, own_wait_ns=sum(state.recent_own_wait_ns), total_wait_ns=total_wait,
+            window_s=dt * len(state.recent_wait_ns), cpu_culprits=self._cpu_culprits,
+            correlation_culprits=self._correlation_culprits, reclaim_culprits=self._reclaim_culprits,
+            connect_servers=self._connect_servers,
+        )
+        verdict = causes.decide(ctx)
         evidence = [
             Evidence(b.signal, b.value, dt, threshold=b.threshold, baseline=b.baseline, note=b.rule) for b in breaches
         ]
-        wait_ms = row.runq_wait_ms_per_s
-        throttle_share = 0.0
-        if row.throttled_ms_per_s is not None and wait_ms > 0.5:
-            throttle_share = min(1.0, row.throttled_ms_per_s / wait_ms)
-        elif row.throttled_ratio is not None and row.throttled_ratio >= 0.5:
-            throttle_share = row.throttled_ratio
-        ran, total_wait = self._recent_ran_instead(state)
-        foreign = {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)}
-        foreign_share = sum(foreign.values()) / total_wait if total_wait > 0 else 0.0
-        evidence.append(Evidence("runq_wait_ms_per_s", wait_ms, dt))
+        context = [Evidence("runq_wait_ms_per_s", row.runq_wait_ms_per_s, dt)]
         if row.throttled_ms_per_s is not None:
-            evidence.append(Evidence("throttled_ms_per_s", row.throttled_ms_per_s, dt,
-                                     note=f"throttled ratio {row.throttled_ratio or 0:.2f}, quota {row.quota_cores}"))
+            quota = "no quota" if row.quota_cores is None else f"quota {row.quota_cores:.2f} cores"
+            context.append(Evidence("throttled_ms_per_s", row.throttled_ms_per_s, dt,
+                                    note=f"throttled ratio {row.throttled_ratio or 0:.2f}, {quota}"))
         if row.who_ran_instead_available:
-            evidence.append(Evidence("who_ran_instead_foreign_share", foreign_share, dt * len(state.recent_wait_ns)))
+            context.append(Evidence("who_ran_instead_foreign_share", ctx.foreign_share, ctx.window_s))
         if row.softirq_ms_per_s:
-            evidence.append(Evidence("softirq_ms_per_s", row.softirq_ms_per_s, dt, note=f"on CPUs {sorted(row.cpu_weights)}"))
+            context.append(Evidence("softirq_ms_per_s", row.softirq_ms_per_s, dt, note=f"on CPUs {sorted(row.cpu_weights)}"))
         if row.reclaim_stall_ms_per_s:
-            evidence.append(Evidence("reclaim_stall_ms_per_s", row.reclaim_stall_ms_per_s, dt,
-                                     note=", ".join(f"{k} {v:.1f}" for k, v in sorted(row.reclaim_by_kind_ms_per_s.items()))))
-        runq_breach = bool(names & {"runq_p99_ns", "psi_cpu_some"})
-        sirq_limit = getattr(self.slo, "softirq_ms_per_s", DEFAULT_SOFTIRQ_MS_PER_S)
+            context.append(Evidence("reclaim_stall_ms_per_s", row.reclaim_stall_ms_per_s, dt,
+                                    note=", ".join(f"{k} {v:.1f}" for k, v in sorted(row.reclaim_by_kind_ms_per_s.items()))))
+        used = {e.signal for e in verdict.evidence}
+        evidence += [e for e in context if e.signal not in used] + list(verdict.evidence)
+        return verdict.cause, verdict.confidence, verdict.culprits, evidence
 
-        # Self-throttling first: a pod at its own quota looks like a victim of whoever ran next.
-        if runq_breach and throttle_share >= SELF_THROTTLE_SHARE:
-            return Cause.SELF_THROTTLING, throttle_share, [], evidence
-        if names & {"reclaim_stall_ms_per_s", "psi_memory_some"} and row.reclaim_stall_ms_per_s > 0:
-            confidence = min(1.0, row.reclaim_stall_ms_per_s / (2 * self.slo.reclaim_stall_ms_per_s))
-            culprits = self._reclaim_culprits(key, row, signals)
-            return Cause.RECLAIM, confidence, culprits, evidence
-        if names & {"softirq_ms_per_s", "softirq_delay_p99_ns"} or (runq_breach and row.softirq_ms_per_s >= sirq_limit):
-            confidence = min(1.0, row.softirq_ms_per_s / (2 * sirq_limit))
-            return Cause.SOFTIRQ, confidence, self._cpu_culprits(key, foreign, total_wait), evidence
-        if runq_breach and (foreign_share >= NEIGHBOR_SHARE or not row.who_ran_instead_available):
-            culprits = self._cpu_culprits(key, foreign, total_wait)
-            if not row.who_ran_instead_available:
-                culprits = self._correlation_culprits(key, signals)
-            if culprits:
-                confidence = foreign_share if row.who_ran_instead_available else 0.5 * culprits[0].score
-                return Cause.NEIGHBOR_CPU, min(1.0, confidence), culprits, evidence
-        if names & {"connect_p99_ns", "syn_retransmits_per_s"}:
-            evidence.append(Evidence("connect_failures_per_s", row.connect_failures_per_s, dt))
-            evidence.append(Evidence("syn_retransmits_per_s", row.syn_retransmits_per_s, dt))
-            # The servers whose full accept queues the connects went to (detector/listen_join.py).
-            servers, more = self.listen_join.servers_for(key) if self.listen_join is not None else ([], [])
-            return Cause.NETWORK_CONNECT, 0.7, servers, evidence + more
-        return Cause.PSI_UNKNOWN, 0.3, [], evidence
+    def _connect_servers(self, key: str) -> tuple[list[Culprit], list[Evidence]]:
+        """The servers whose full accept queues a victim's connects went to (detector/listen_join.py)."""
+        return self.listen_join.servers_for(key) if self.listen_join is not None else ([], [])
 
     @staticmethod
     def _recent_ran_instead(state: _VictimState) -> tuple[dict[str, float], float]:
@@ -338,10 +326,10 @@ class IncidentEngine:
             share = ns / total_wait
             corr = self.store.correlation(ck, "cpu_cores", key, "runq_p99_ns", 60.0)
             score = 0.8 * (ns / foreign_total) + 0.2 * max(corr or 0.0, 0.0)
-            culprits.append(Culprit(self._target(ck), round(score, 4), who_ran_instead_share=round(share, 4),
-                                    correlation=round(corr or 0.0, 4), cpu_cores=self._last(ck, "cpu_cores")))
-        culprits.sort(key=lambda c: (-c.score, c.target.cgroup))
-        return culprits[:MAX_CULPRITS]
+            culprits.append(self._judged(Culprit(
+                self._target(ck), round(score, 4), who_ran_instead_share=round(share, 4),
+                correlation=round(corr or 0.0, 4), cpu_cores=self._last(ck, "cpu_cores"))))
+        return self._ranked(culprits)
 
     def _correlation_culprits(self, key: str, signals: NodeSignals) -> list[Culprit]:
         """No who-ran-instead matrix (tp_btf/raw_tp flavours): CPI2-style, suspects' CPU use vs victim latency."""
@@ -353,9 +341,27 @@ class IncidentEngine:
                 continue
             corr = self.store.correlation(ck, "cpu_cores", key, "runq_p99_ns", 60.0) or 0.0
             score = min(1.0, row.cpu_cores) * (0.5 + 0.5 * max(corr, 0.0))
-            culprits.append(Culprit(self._target(ck), round(score, 4), correlation=round(corr, 4), cpu_cores=row.cpu_cores))
-        culprits.sort(key=lambda c: (-c.score, c.target.cgroup))
-        return culprits[:MAX_CULPRITS]
+            culprits.append(self._judged(Culprit(self._target(ck), round(score, 4), correlation=round(corr, 4),
+                                                 cpu_cores=round(row.cpu_cores, 4))))
+        return self._ranked(culprits)
+
+    def _judged(self, c: Culprit) -> Culprit:
+        """The culprit with its CPU request and whether it used more than that (pods with a spec)."""
+        request = self.cpu_request(key_of(c.target))
+        if request is None:
+            return c
+        above = c.cpu_cores > request
+        note = f"above its request ({c.cpu_cores:.2f} of {request:.2f} cores)" if above \
+            else f"busy within its request ({c.cpu_cores:.2f} of {request:.2f} cores)"
+        return replace(c, cpu_request_cores=round(request, 4), above_request=above, note=note)
+
+    @staticmethod
+    def _ranked(culprits: list[Culprit]) -> list[Culprit]:
+        """Culprits above their request (or whose request is unknown) first, each group by score; the
+        root cgroup (kernel threads, the node itself) and zero scores are never culprits."""
+        kept = [c for c in culprits if c.target.cgroup != "/" and c.score > CULPRIT_MIN_SCORE]
+        kept.sort(key=lambda c: (c.above_request is False, -c.score, c.target.cgroup))
+        return kept[:MAX_CULPRITS]
 
     def _reclaim_culprits(self, key: str, row: WorkloadSignals, signals: NodeSignals) -> list[Culprit]:
         """Global reclaim: whoever grew its memory most over the last minute; memcg reclaim is the pod's own."""
@@ -374,8 +380,9 @@ class IncidentEngine:
                     cpu_cores=self._last(ck, "cpu_cores"))
             for ck, g in growth.items()
         ]
-        culprits.sort(key=lambda c: (-c.score, c.target.cgroup))
-        return culprits[:MAX_CULPRITS]
+        kept = [c for c in culprits if c.target.cgroup != "/" and c.score > CULPRIT_MIN_SCORE]
+        kept.sort(key=lambda c: (-c.score, c.target.cgroup))
+        return kept[:MAX_CULPRITS]
 
     def _last(self, entity: str, signal: str) -> float:
         s = self.store.stats(entity, signal, 10.0)
@@ -409,12 +416,12 @@ class IncidentEngine:
         cause, confidence, culprits, evidence = self._diagnose(key, row, state, breaches, signals)
         # A cause seen with more confidence replaces the first guess; evidence is the latest window.
         if cause != inc.cause and confidence <= inc.confidence:
-            cause = inc.cause
+            pass  # the first cause stands, with its culprits: another rule's culprits are not its own
         else:
             inc.confidence = round(confidence, 3)
-        inc.cause = cause
-        if culprits or cause != Cause.NEIGHBOR_CPU:
-            inc.culprits = culprits
+            inc.cause = cause
+            if culprits or cause != Cause.NEIGHBOR_CPU:
+                inc.culprits = culprits
         inc.evidence = evidence
         inc.updated_at = now
         self._emit(inc, "updated")

@@ -31,6 +31,9 @@ class Culprit:
     correlation: float = 0.0  # CPI2-style: suspect CPU use vs victim latency over the window
     attribution: float = 0.0  # reclaim/softirq attribution share where the cause has one
     cpu_cores: float = 0.0  # its CPU use over the window
+    cpu_request_cores: float | None = None  # its CPU request (pods; None: unknown, e.g. standalone)
+    above_request: bool | None = None  # uses more CPU than it requested (None: request unknown)
+    note: str = ""  # e.g. "busy within its request"
 
 
 @dataclass

@@ -59,10 +59,12 @@ class Detector:
         )
         self.ids = IdMapper(self.resolver, self.index)
         self.builder = SignalBuilder(self.layout, self.ids)
-        self.engine = IncidentEngine(self.policy, sink=sink, on_incident=on_incident, clock=clock)
+        self.engine = IncidentEngine(self.policy, sink=sink, on_incident=on_incident, clock=clock,
+                                     cpu_request=self.index.cpu_request_of)
         self.prev: NodeSnapshot | None = None
         self.last: NodeSignals | None = None
         self._pod_paths: list[str] = []
+        self._container_paths: list[str] = []
         self._memory_pod_paths: list[str] = []
         self._pod_paths_at = -1e9
         # Workloads the probes saw that are not pods (a systemd service, say): listed while they
@@ -93,10 +95,13 @@ class Detector:
         if age >= POD_LIST_MAX_AGE_S or (pods_changed and age >= POD_LIST_INTERVAL_S):
             self._pod_paths_at = now
             self._listed_pods_version = self.index.pods_version
-            self._pod_paths = [
-                info.path for info in self.resolver.all(self.layout.hierarchy_for("cpu"), max_age=0.0)
-                if info.kind == "pod" or self._standalone(info.path)
-            ]
+            # Pods and their containers: a CPU limit lives on each container (the kubelet puts one on
+            # the pod only when every container has one), so containers are listed too. The collector
+            # reads a listed cgroup only when it is active or its turn on the slow wheel comes
+            # (probes.cgroupwatch); the agent lists containers for the exporter anyway.
+            infos = self.resolver.all(self.layout.hierarchy_for("cpu"), max_age=0.0)
+            self._pod_paths = [info.path for info in infos if info.kind == "pod" or self._standalone(info.path)]
+            self._container_paths = [info.path for info in infos if info.kind == "container"]
             # Where the memory hierarchy nests pods under another prefix (a sandbox; on a node the
             # paths agree), its pod paths are listed too: each path is read where it exists.
             memory = self.layout.hierarchy_for("memory")
@@ -121,7 +126,7 @@ class Detector:
                     changed = True
                 self._seen_paths[path] = now
         if changed:
-            self._listed_cpu = frozenset((*self._pod_paths, *self._seen_paths))
+            self._listed_cpu = frozenset((*self._pod_paths, *self._container_paths, *self._seen_paths))
             self._listed = self._listed_cpu | frozenset(self._memory_pod_paths)
         return self._listed
 

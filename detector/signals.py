@@ -27,6 +27,19 @@ IDLE = "<idle>"
 UNKNOWN = "<unknown>"
 
 
+@dataclass(frozen=True, slots=True)
+class ContainerCpu:
+    """One container cgroup of a pod over the interval: its CPU use and its own CFS bandwidth."""
+
+    name: str  # the container's name in the pod spec (its short id when the metadata has none)
+    path: str
+    cpu_cores: float
+    quota_cores: float | None  # None: no limit on this container
+    throttled_ratio: float  # Δnr_throttled / Δnr_periods (0 without periods)
+    throttled_ms_per_s: float
+    limit_cores: float | None = None  # the spec's limit, when the pod source gave one
+
+
 @dataclass
 class WorkloadSignals:
     workload: Workload
@@ -47,6 +60,8 @@ class WorkloadSignals:
     quota_cores: float | None = None
     throttled_ratio: float | None = None  # Δnr_throttled / Δnr_periods
     throttled_ms_per_s: float | None = None
+    containers: dict[str, ContainerCpu] = field(default_factory=dict)  # container cgroup path -> its CPU
+    cpus_allowed: int | None = None  # CPUs in its effective cpuset, when read
     # softirq on the CPUs it ran on
     softirq_ms_per_s: float = 0.0  # weighted softirq run time on its CPUs
     softirq_delay_p99_ns: float = 0.0  # worst CPU's raise->entry p99 among its CPUs (weight > 5 %)
@@ -187,6 +202,23 @@ class SignalBuilder:
             periods = c.nr_periods - p.nr_periods
             r.throttled_ratio = (c.nr_throttled - p.nr_throttled) / periods if periods > 0 else 0.0
             r.throttled_ms_per_s = max(c.throttled_ns - p.throttled_ns, 0) / 1e6 / dt
+            cpus = cur.cgroup_cpus.get(path)
+            r.cpus_allowed = len(cpus) if cpus else None
+        # Containers of a pod: their own quota and throttling (a limit set on one container only shows
+        # there, not on the pod). Read when they moved; attached to the pod's row.
+        for path in changed:
+            c, p = cur.cgroup_cpu.get(path), prev.cgroup_cpu.get(path)
+            if c is None or p is None or (c.usage_ns == p.usage_ns and c.nr_periods == p.nr_periods):
+                continue
+            named = self.ids.index.container_of(path)
+            if named is None:
+                continue
+            periods = c.nr_periods - p.nr_periods
+            r = row(self.ids.index.workload_of(path))
+            r.containers[path] = ContainerCpu(
+                named[0], path, max(c.usage_ns - p.usage_ns, 0) / 1e9 / dt, c.quota_cores,
+                (c.nr_throttled - p.nr_throttled) / periods if periods > 0 else 0.0,
+                max(c.throttled_ns - p.throttled_ns, 0) / 1e6 / dt, named[1])
 
         # -- softirq per CPU, then joined through where each workload ran ---------------------------
         sirq_ms: dict[int, float] = defaultdict(float)

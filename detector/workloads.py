@@ -109,6 +109,30 @@ class WorkloadIndex:
             return self._pod_workloads.get(hit.key, hit)
         return hit
 
+    def cpu_request_of(self, key: str) -> float | None:
+        """A pod workload's CPU request in cores (cpu plus koordinator batch-cpu; 0 for a pod that
+        requests none), None when unknown: not a pod, or no pod spec (standalone entities)."""
+        if not key.startswith("pod:"):
+            return None
+        pod = self._pods.get(key[4:])
+        if pod is None or not getattr(pod, "containers", ()):
+            return None
+        request = getattr(pod, "cpu_request_cores", None)
+        return None if request is None else float(request)
+
+    def container_of(self, path: str) -> tuple[str, float | None] | None:
+        """(container name, its CPU limit in cores) for a container cgroup path, from the pod's spec;
+        the short container id when the metadata does not name it; None when not a container."""
+        ident = parse_cgroup_path(_norm(path))
+        if ident.kind != "container" or ident.pod_uid is None or ident.container_id is None:
+            return None
+        pod = self._pods.get(ident.pod_uid)
+        find = getattr(pod, "container", None)
+        c = find(ident.container_id) if find is not None else None
+        if c is None:
+            return ident.container_id[:12], None
+        return c.name, c.cpu_limit_cores
+
     def is_workload_root(self, path: str) -> bool:
         """Is ``path`` the workload's own cgroup (whose files already sum its children), in any hierarchy?"""
         path = _norm(path)

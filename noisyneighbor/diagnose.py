@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from detector.catalog import SIGNALS as CATALOG
 from detector.decisions import Cause, Decision, LoggingSink, SuppressAmount, Target
 from detector.model import Incident
 from detector.runtime import Detector
@@ -26,7 +27,10 @@ from probes.collect import NodeCollector
 
 ADVICE: dict[Cause, str] = {
     Cause.NEIGHBOR_CPU: "suppress or move the top culprit (BE CPU quota / cpuset), or give the victim dedicated CPUs",
-    Cause.SELF_THROTTLING: "the victim hits its own CPU limit: raise the limit or enable CPU burst; no neighbour is at fault",
+    Cause.SELF_THROTTLING: "the victim hits its own CPU limit (the container named in the evidence, when one): "
+                           "raise that limit or enable CPU burst; no neighbour is at fault",
+    Cause.SELF_CONTENTION: "the victim's own threads outnumber the CPUs it may use (its cpuset or quota): give it more "
+                           "CPUs, or run fewer busy threads (size thread pools to its CPUs); no neighbour is at fault",
     Cause.SOFTIRQ: "softirq work lands on the victim's CPUs: steer IRQs/RPS away from them or move the traffic source",
     Cause.RECLAIM: "the victim stalls in memory reclaim: raise its memory limit, or evict the BE pod growing its memory",
     Cause.NETWORK_CONNECT: "connects stall (SYN drops/retransmits): check the server's accept backlog and ListenOverflows",
@@ -43,22 +47,9 @@ class SignalUnit:
     scale: float  # raw value x scale = value in unit
 
 
-SIGNALS: dict[str, SignalUnit] = {
-    "runq_p99_ns": SignalUnit("Run-queue wait p99", "ms", 1e-6),
-    "runq_wait_ms_per_s": SignalUnit("Run-queue wait per second", "ms/s", 1.0),
-    "throttled_ratio": SignalUnit("Periods throttled at its CPU limit", "%", 100.0),
-    "throttled_ms_per_s": SignalUnit("Time throttled at its CPU limit", "ms/s", 1.0),
-    "softirq_ms_per_s": SignalUnit("Softirq time on its CPUs", "ms/s", 1.0),
-    "softirq_delay_p99_ns": SignalUnit("Softirq delay p99", "ms", 1e-6),
-    "reclaim_stall_ms_per_s": SignalUnit("Memory reclaim stall", "ms/s", 1.0),
-    "connect_p99_ns": SignalUnit("TCP connect p99", "ms", 1e-6),
-    "psi_cpu_some": SignalUnit("CPU pressure (some)", "%", 1.0),
-    "psi_memory_some": SignalUnit("Memory pressure (some)", "%", 1.0),
-    "psi_io_some": SignalUnit("IO pressure (some)", "%", 1.0),
-    "who_ran_instead_foreign_share": SignalUnit("Wait spent behind other cgroups", "%", 100.0),
-    "connect_failures_per_s": SignalUnit("Failed connects", "/s", 1.0),
-    "syn_retransmits_per_s": SignalUnit("SYN retransmits", "/s", 1.0),
-}
+# From the signal catalog (detector.catalog): one label and unit per signal, everywhere.
+SIGNALS: dict[str, SignalUnit] = {s.name: SignalUnit(s.label, s.unit, s.scale) for s in CATALOG.values()}
+
 
 def human_value(signal: str, value: float) -> str:
     """'59.9 ms' for runq_p99_ns=5.99e7; a signal without a known unit keeps its raw number."""
@@ -198,6 +189,7 @@ def _top_workloads(detector: Detector, limit: int = 10) -> list[dict[str, Any]]:
 
 
 VICTIM_SIGNALS = ("runq_p99_ns", "runq_wait_ms_per_s", "throttled_ratio", "softirq_ms_per_s", "reclaim_stall_ms_per_s")
+assert set(VICTIM_SIGNALS) <= CATALOG.keys()
 
 
 def _series(detector: Detector, incidents: list[Incident], duration_s: float) -> dict:
@@ -336,10 +328,11 @@ def render_text(report: DiagnoseReport) -> str:
                     f"    {rank}. {c.target.display} ({c.target.qos or '?'})  score {c.score:.2f}  "
                     f"ran during {c.who_ran_instead_share:.0%} of the victim's wait  "
                     f"cpu {fmt_num(c.cpu_cores)} cores{request_note(report, c.target)}  correlation {c.correlation:+.2f}"
+                    + (f"  {c.note}" if c.note else "")
                 )
         else:
-            lines.append("  culprits: none (not a neighbour's doing)" if inc.cause == Cause.SELF_THROTTLING
-                         else "  culprits: none attributed")
+            lines.append("  culprits: none (not a neighbour's doing)"
+                         if inc.cause in (Cause.SELF_THROTTLING, Cause.SELF_CONTENTION) else "  culprits: none attributed")
         lines.append("  evidence:")
         for e in evidence_of(report, inc):
             if e.signal == "closed":

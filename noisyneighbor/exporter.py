@@ -38,6 +38,7 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from actuators.base import ActionRecord, ActionState
+from detector.catalog import SLO_SIGNALS
 from detector.cgroups import CgroupResolver, parse_cgroup_path
 from detector.decisions import ActionKind, SuppressAmount, Target
 from detector.model import Incident
@@ -86,6 +87,8 @@ INCIDENTS_OPEN = "noisyneighbor_incidents_open"
 INCIDENTS = "noisyneighbor_incidents_total"
 INCIDENT_CONFIDENCE = "noisyneighbor_incident_confidence_ratio"
 CULPRIT_SCORE = "noisyneighbor_incident_culprit_score"
+INCIDENT_SLO_RATIO = "noisyneighbor_incident_slo_ratio"
+SLO_SIGNAL_NAMES = frozenset(s.name for s in SLO_SIGNALS)
 ACTIONS = "noisyneighbor_actions_total"
 ACTION_ACTIVE = "noisyneighbor_action_active"
 ACTION_SUPPRESS_CORES = "noisyneighbor_action_suppress_cores"
@@ -188,6 +191,9 @@ _DEFS = (
     MetricDef(INCIDENTS, "counter", "Incidents opened since the exporter started, by cause.", ("cause",)),
     MetricDef(INCIDENT_CONFIDENCE, "gauge", "Confidence (0..1) of each open incident's cause.",
               (*VICTIM_LABELS, "cause")),
+    MetricDef(INCIDENT_SLO_RATIO, "gauge", "Per open incident, each breached signal's value over its SLO (>1: above "
+              "it); signal is a name from the detector's signal catalog (detector/catalog.py).",
+              (*VICTIM_LABELS, "cause", "signal")),
     MetricDef(CULPRIT_SCORE, "gauge", "Culprit score (0..1) per open incident: who ran instead, correlation, "
               "attribution combined.", (*VICTIM_LABELS, "cause", *CULPRIT_LABELS)),
     MetricDef(ACTIONS, "counter", "Actuator actions entering each state (planned, applied, verified, reverted, "
@@ -648,6 +654,9 @@ class Exporter:
             cause = str(inc.cause)
             node.add_gauge(INCIDENTS_OPEN, (*victim, cause), 1.0)
             node.set_gauge(INCIDENT_CONFIDENCE, (*victim, cause), inc.confidence)
+            for e in inc.evidence:  # the breaches: catalogued SLO signals compared with their bound
+                if e.signal in SLO_SIGNAL_NAMES and e.threshold and e.threshold > 0:
+                    node.max_gauge(INCIDENT_SLO_RATIO, (*victim, cause, e.signal), e.value / e.threshold)
             for culprit in inc.culprits:
                 labels = (*victim, cause, *_target_values(culprit.target))
                 node.max_gauge(CULPRIT_SCORE, labels, culprit.score)

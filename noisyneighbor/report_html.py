@@ -35,6 +35,7 @@ from noisyneighbor.svgchart import PALETTE, Chart, Line, render
 CAUSES: dict[Cause, str] = {
     Cause.NEIGHBOR_CPU: "neighbours' CPU use",
     Cause.SELF_THROTTLING: "its own CPU limit (self-throttling)",
+    Cause.SELF_CONTENTION: "its own threads outnumbering the CPUs it may use (self-contention)",
     Cause.SOFTIRQ: "softirq work on its CPUs",
     Cause.RECLAIM: "memory reclaim",
     Cause.NETWORK_CONNECT: "the TCP connect path",
@@ -128,8 +129,10 @@ def _card(report: DiagnoseReport, inc: Incident) -> str:
             )
         out.append("</table>")
     else:
-        out.append("<p>No culprit: " + ("the victim is held back by its own CPU limit, not by a neighbour."
-                                         if inc.cause == Cause.SELF_THROTTLING else "none could be attributed.") + "</p>")
+        out.append("<p>No culprit: " + {
+            Cause.SELF_THROTTLING: "the victim is held back by its own CPU limit, not by a neighbour.",
+            Cause.SELF_CONTENTION: "the victim waits behind its own threads, not behind a neighbour.",
+        }.get(inc.cause, "none could be attributed.") + "</p>")
     out.append("<h3>Evidence</h3><table><tr><th>signal</th><th class='num'>value</th><th class='num'>threshold</th>"
                "<th class='num'>over</th><th>note</th></tr>")
     for e in evidence_of(report, inc):

@@ -25,7 +25,7 @@ from detector.policy import Policy
 from detector.runtime import Detector
 from noisyneighbor.sandbox import OwnedCgroup
 from probes.collect import NodeCollector
-from tests.fakekube import FakeKube, make_pod
+from tests.fakekube import FakeKube, container_id_for, make_pod
 
 WORKLOADS = Path(__file__).parent / "workloads"
 LS_WORKER = WORKLOADS / "ls_worker.py"
@@ -89,6 +89,44 @@ class Scenario:
         pod = PodCgroup(name, uid, qos_class, cg)
         self.pods.append(pod)
         return pod
+
+    def k8s_pod(self, name: str, qos_class: str, containers: list[dict], shares: int | None = None,
+                cpuset: str | None = None, pod_quota_cores: float | None = None,
+                ) -> tuple[PodCgroup, dict[str, PodCgroup]]:
+        """A pod laid out as the kubelet does: a pod cgroup with one ``cri-containerd-<id>.scope`` per
+        container, each container's CFS quota from its own CPU limit (the pod's only when asked: the
+        kubelet sets it when every container has a limit), and the same pod (``containers`` as
+        :func:`make_pod` takes them) served by FakeKube. ``shares`` is written on the pod and on every
+        level above it up to our nn-test prefix (all created by this process), so the pod weighs what
+        its request says against the machine's other tasks, not only against its siblings."""
+        uid = str(uuid.uuid4())
+        k8s = "besteffort" if qos_class == "BE" else "burstable"
+        pod_rel = f"kubepods.slice/kubepods-{k8s}.slice/kubepods-{k8s}-pod{uid.replace('-', '_')}.slice"
+        pod_cg = self.make_cgroup(pod_rel, controllers=POD_CONTROLLERS)
+        if shares is not None:
+            d = pod_cg.dirs["cpu"]
+            while True:
+                (d / "cpu.shares").write_text(str(shares))
+                if d.name == pod_cg.prefix:
+                    break
+                d = d.parent
+        if cpuset is not None:
+            pod_cg.write("cpuset", "cpuset.cpus", cpuset)
+        if pod_quota_cores is not None:
+            pod_cg.write("cpu", "cpu.cfs_quota_us", str(int(pod_quota_cores * 100_000)))
+        by_name: dict[str, PodCgroup] = {}
+        for c in containers:
+            cg = self.make_cgroup(f"{pod_rel}/cri-containerd-{container_id_for(uid, c['name'])}.scope",
+                                  controllers=POD_CONTROLLERS)
+            limit = (c.get("limits") or {}).get("cpu")
+            if limit is not None:
+                cores = int(limit[:-1]) / 1000 if limit.endswith("m") else float(limit)
+                cg.write("cpu", "cpu.cfs_quota_us", str(int(cores * 100_000)))
+            by_name[c["name"]] = PodCgroup(f"{name}/{c['name']}", uid, qos_class, cg)
+        self.kube.add_pod(make_pod(name, uid=uid, qos_class=qos_class, containers=containers))
+        pod = PodCgroup(name, uid, qos_class, pod_cg)
+        self.pods.append(pod)
+        return pod, by_name
 
     def spawn(self, pod: PodCgroup, argv: list[str], cpus: Iterable[int] | None = None, **kw) -> subprocess.Popen:
         cpuset = set(cpus) if cpus is not None else None

@@ -126,6 +126,65 @@ def _harmless_inject(ctx: Ctx) -> None:
     _hog(ctx, "batch", OTHER_CPU)
 
 
+# The new shapes' pods weigh this much (cpu.shares up to our prefix): on a machine other work shares,
+# the pods of a scenario compete with each other, not with whatever else runs on the victim's CPU.
+LS_SHARES = 4096
+
+
+# 8. A multi-container pod with one limited container (the pod cgroup has no quota): the victim runs
+#    in that container and its limit drops below what it needs; the sidecar has no limit.
+def _container_limit_setup(ctx: Ctx) -> None:
+    web, containers = ctx.scenario.k8s_pod("web", "LS", [
+        {"name": "main", "requests": {"cpu": "250m"}, "limits": {"cpu": "250m"}},
+        {"name": "sidecar", "requests": {"cpu": "100m"}},
+    ], shares=LS_SHARES)
+    containers["main"].cgroup.write("cpu", "cpu.cfs_quota_us", "-1")  # the limit comes at onset
+    ctx.pods["web"] = web
+    ctx.state["containers"] = containers
+    ctx.spawn(containers["sidecar"], [PY, "-c", f"import time; time.sleep({ctx.lifetime_s})"], (VICTIM_CPU,))
+    ctx.start_victim(containers["main"], "cpu", "--work-ms", "2", "--period-ms", "5")
+
+
+def _container_limit_inject(ctx: Ctx) -> None:
+    ctx.state["containers"]["main"].cgroup.write("cpu", "cpu.cfs_quota_us", "25000")  # 0.25 cores for 0.4
+
+
+# 9. More busy tasks than CPUs: the LS pod's cpuset is one CPU, its large request gives it the CPU
+#    against everything else, and at onset it starts four busy tasks of its own.
+def _contention_setup(ctx: Ctx) -> None:
+    web, containers = ctx.scenario.k8s_pod("web", "LS", [{"name": "main", "requests": {"cpu": "8"}}],
+                                           shares=8192, cpuset=str(VICTIM_CPU))
+    ctx.pods["web"] = web
+    ctx.state["containers"] = containers
+    ctx.start_victim(containers["main"], "cpu", "--work-ms", "1.5", "--period-ms", "5")
+
+
+def _contention_inject(ctx: Ctx) -> None:
+    for _ in range(4):
+        ctx.spawn(ctx.state["containers"]["main"], [PY, FLOODER, "hog", "--seconds", str(ctx.lifetime_s)],
+                  (VICTIM_CPU,))
+
+
+# 10. Two BE neighbours, equal weight and equal CPU on the LS CPU: one within its (batch) CPU request,
+#     one far above it. The one above is the culprit to name first.
+def _requests_setup(ctx: Ctx) -> None:
+    web, containers = ctx.scenario.k8s_pod("web", "LS", [{"name": "main", "requests": {"cpu": "500m"}}],
+                                           shares=LS_SHARES)
+    ctx.pods["web"] = web
+    for name, milli in (("within", "2000"), ("above", "100")):
+        pod, cs = ctx.scenario.k8s_pod(name, "BE", [{"name": "job", "requests": {"kubernetes.io/batch-cpu": milli},
+                                                      "limits": {"kubernetes.io/batch-cpu": milli}}],
+                                        shares=LS_SHARES)
+        ctx.pods[name] = pod
+        ctx.state[name] = cs["job"]
+    ctx.start_victim(containers["main"], "cpu", "--work-ms", "1.5", "--period-ms", "5")
+
+
+def _requests_inject(ctx: Ctx) -> None:
+    for name in ("within", "above"):
+        ctx.spawn(ctx.state[name], [PY, FLOODER, "hog", "--seconds", str(ctx.lifetime_s)], (VICTIM_CPU,))
+
+
 def _rt_allowed() -> bool:
     return hasattr(resource, "RLIMIT_RTTIME")
 
@@ -147,6 +206,14 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
     ScenarioSpec("connect-syndrop", "LS client vs a server whose accept queue is full (netns)",
                  Truth("web", ("network_connect",), None), _connect_setup, _connect_inject, modes=("detect",),
                  note="no connect actuator: detection only"),
+    ScenarioSpec("container-limit", "two-container LS pod, its main container at its own limit, pod unlimited",
+                 Truth("web", ("self_throttling",), None), _container_limit_setup, _container_limit_inject,
+                 modes=("detect",), note="detection only: the burst actuator acts on the pod cgroup"),
+    ScenarioSpec("self-contention", "LS pod with 4 busy tasks more than its 1-CPU cpuset holds",
+                 Truth("web", ("self_contention",), None), _contention_setup, _contention_inject,
+                 modes=("detect",), note="no actuator: the pod's own sizing"),
+    ScenarioSpec("request-neighbors", "two BE hogs on the LS CPU, equal CPU: one within its request, one above",
+                 Truth("web", ("neighbor_cpu",), "above"), _requests_setup, _requests_inject, modes=("detect",)),
     ScenarioSpec("quiet", "LS alone with an idle BE pod", Truth(None), _quiet_setup, _nothing, modes=("detect",)),
     ScenarioSpec("busy-harmless", "BE hog on the other CPU only", Truth(None), _quiet_setup, _harmless_inject,
                  modes=("detect", "koordlet")),

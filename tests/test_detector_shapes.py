@@ -1,0 +1,204 @@
+"""Pod shapes the first scenarios did not use (issue 16), on the real kernel with kubelet-served pod JSON.
+
+- a pod with two containers, only one of them limited (the pod cgroup has no quota), at its limit;
+- a pod whose busy tasks outnumber its cpuset (with, and without, a quota it is throttled at);
+- two BE neighbours using the same CPU on the victim's CPU, one within its request, one above it;
+- the softirq SLO taken from a config file.
+
+Pods are laid out as the kubelet does (systemd driver: ``kubepods-<qos>-pod<uid>.slice`` with
+``cri-containerd-<id>.scope`` containers below), under the nn-test prefix, and served by FakeKube.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from detector.decisions import Cause
+from detector.incidents import MAX_CULPRITS
+from detector.policy import Policy, load_policy
+from detector.runtime import Detector
+from tests.scenario_support import PodCgroup, Scenario
+from tests.test_detector_scenarios import VICTIM_CPU, _policy
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+@pytest.fixture
+def scenario(make_cgroup):
+    # As in test_detector_scenarios: the harness (collector and detector, in this process) is kept
+    # off the victim's CPU, where it would be a real neighbour.
+    affinity = os.sched_getaffinity(0)
+    if len(affinity) > 1:
+        os.sched_setaffinity(0, affinity - {VICTIM_CPU})
+    made: list[Scenario] = []
+
+    def factory(policy: Policy | None = None) -> Scenario:
+        s = Scenario(make_cgroup, policy or _policy())
+        made.append(s)
+        return s
+
+    yield factory
+    for s in made:
+        s.close()
+    os.sched_setaffinity(0, affinity)
+
+
+def k8s_pod(s: Scenario, *args, **kw) -> tuple[PodCgroup, dict[str, PodCgroup]]:
+    return s.k8s_pod(*args, **kw)
+
+
+def hogs(s, where: PodCgroup, n: int, cpus: list[int], seconds: float) -> None:
+    for _ in range(n):
+        s.hog(where, cpus, seconds)
+
+
+def no_suppress(s, victim: PodCgroup) -> None:
+    """No suppress decision for this victim (the detector sees the whole node: other test runs'
+    pod-shaped cgroups have their own incidents and decisions)."""
+    decisions = [d for d in s.detector.sink.decisions if d.victim is not None and d.victim.cgroup == victim.path]
+    assert all(d.kind != "suppress" for d in decisions), [d.to_dict() for d in decisions]
+
+
+def test_container_at_its_limit_in_an_unlimited_pod_is_self_throttling(scenario):
+    s = scenario(_policy(runq_p99_ms=2.0))
+    ls, containers = k8s_pod(s, "api", "LS", [
+        {"name": "main", "requests": {"cpu": "200m"}, "limits": {"cpu": "200m"}},
+        {"name": "sidecar", "requests": {"cpu": "100m"}},  # no limit: the pod cgroup gets no quota
+    ], shares=4096)  # weight enough that other work on the machine does not keep it below its limit
+    assert ls.cgroup.read("cpu", "cpu.cfs_quota_us").strip() == "-1"
+    k8s_pod(s, "batch", "BE", [{"name": "job"}])  # an idle neighbour: present, never guilty
+    s.ls_worker(containers["main"], [VICTIM_CPU], seconds=25)  # wants 0.3 cores, its container may use 0.2
+    s.spawn(containers["sidecar"], [sys.executable, "-c", "import time; time.sleep(25)"], [VICTIM_CPU])
+    s.run_for(10)
+    incidents = s.incidents_for(ls)
+    assert incidents, "a container at its own limit shows runqueue wait for its pod"
+    for inc in incidents:
+        assert inc.cause == Cause.SELF_THROTTLING, inc.to_dict()
+        assert inc.culprits == [], inc.to_dict()
+    named = [e for inc in incidents for e in inc.evidence if e.signal == "container_throttled_ratio"]
+    assert named and all("container main " in e.note for e in named), [i.to_dict() for i in incidents]
+    assert not any("sidecar" in e.note for e in named)
+    assert all("None" not in e.note for inc in incidents for e in inc.evidence), [i.to_dict() for i in incidents]
+    no_suppress(s, ls)
+
+
+def test_tasks_outnumbering_the_cpuset_are_self_contention(scenario):
+    s = scenario(_policy(runq_p99_ms=2.0))
+    # A pod given one CPU (its cpuset) and a large request (cpu.shares as the kubelet derives them
+    # from 16 cores: other work on the machine takes little of that CPU), running four busy tasks:
+    # each waits behind the other three.
+    ls, containers = k8s_pod(s, "render", "LS", [{"name": "main", "requests": {"cpu": "16"}}],
+                             shares=16384, cpuset=str(VICTIM_CPU))
+    k8s_pod(s, "batch", "BE", [{"name": "job"}])  # an idle neighbour
+    hogs(s, containers["main"], 4, [VICTIM_CPU], seconds=25)
+    s.run_for(10)
+    incidents = s.incidents_for(ls)
+    assert incidents, "four busy tasks on one CPU wait behind each other: the pod breaches its runqueue SLO"
+    for inc in incidents:
+        assert str(inc.cause) == "self_contention", inc.to_dict()
+        assert inc.culprits == [], inc.to_dict()
+        own = [e for e in inc.evidence if e.signal == "who_ran_instead_own_share"]
+        assert own and own[0].value >= 0.5, inc.to_dict()
+    no_suppress(s, ls)
+
+
+def test_throttled_in_most_periods_with_its_own_wait_is_self_throttling(scenario):
+    s = scenario(_policy(runq_p99_ms=2.0))
+    # Eight busy tasks on one CPU under a 0.6-core quota (on the pod and its one container, as the
+    # kubelet sets a pod whose every container has a limit): throttled in nearly every period, and
+    # most of the wait is behind its own tasks, so throttled time is a small part of the wait. Its
+    # weight (16 cores' shares) lets it reach its quota whatever else runs on that CPU.
+    ls, containers = k8s_pod(s, "encoder", "LS", [{"name": "main", "requests": {"cpu": "16"}, "limits": {"cpu": "600m"}}],
+                             shares=16384, cpuset=str(VICTIM_CPU), pod_quota_cores=0.6)
+    hogs(s, containers["main"], 8, [VICTIM_CPU], seconds=25)
+    s.run_for(10)
+    incidents = s.incidents_for(ls)
+    assert incidents, "eight busy tasks under a quota on one CPU breach the runqueue SLO"
+    for inc in incidents:
+        assert inc.cause == Cause.SELF_THROTTLING, inc.to_dict()
+        assert inc.culprits == [], inc.to_dict()
+    no_suppress(s, ls)
+
+
+def test_the_neighbour_above_its_request_ranks_first(scenario):
+    s = scenario(_policy(runq_p99_ms=2.0))
+    ls, ls_containers = k8s_pod(s, "web", "LS", [{"name": "main", "requests": {"cpu": "500m"}}])
+    # Two BE pods with the same cpu.shares spinning on the victim's CPU: the same CPU use. One asked
+    # for two batch cores (it is within its request), the other for a tenth of one. Their weight
+    # (8192, up to our prefix) keeps other test runs' tasks on that CPU from crowding them out.
+    within, within_c = k8s_pod(s, "within", "BE", [
+        {"name": "job", "requests": {"kubernetes.io/batch-cpu": "2000"}, "limits": {"kubernetes.io/batch-cpu": "2000"}}],
+        shares=8192)
+    above, above_c = k8s_pod(s, "above", "BE", [
+        {"name": "job", "requests": {"kubernetes.io/batch-cpu": "100"}, "limits": {"kubernetes.io/batch-cpu": "100"}}],
+        shares=8192)
+    s.ls_worker(ls_containers["main"], [VICTIM_CPU], seconds=30)
+    s.run_for(4)
+    s.hog(within_c["job"], [VICTIM_CPU], seconds=25)
+    s.hog(above_c["job"], [VICTIM_CPU], seconds=25)
+    s.run_for(10)
+    incidents = [i for i in s.incidents_for(ls) if i.cause == Cause.NEIGHBOR_CPU]
+    assert incidents, [i.to_dict() for i in s.incidents_for(ls)]
+    inc = incidents[-1]
+    # Other test runs' pod-shaped cgroups may run on that CPU too (real neighbours, their requests
+    # unknown, so ranked with those above theirs): the order that matters is between our two.
+    ranked = [c.target.cgroup for c in inc.culprits]
+    assert above.path in ranked, inc.to_dict()
+    top = inc.culprits[ranked.index(above.path)]
+    assert getattr(top, "above_request", None) is True and top.cpu_request_cores == pytest.approx(0.1), inc.to_dict()
+    assert "above its request" in top.note, inc.to_dict()
+    if within.path in ranked:
+        assert ranked.index(above.path) < ranked.index(within.path), inc.to_dict()
+        second = inc.culprits[ranked.index(within.path)]
+        assert second.above_request is False and second.cpu_request_cores == pytest.approx(2.0), inc.to_dict()
+        assert "busy within its request" in second.note, inc.to_dict()
+    else:  # crowded out of the list by enough neighbours above (or without) a request: the same rule
+        assert len(ranked) == MAX_CULPRITS and all(c.above_request is not False for c in inc.culprits), inc.to_dict()
+    assert all(c.target.cgroup != "/" and c.score > 0 for c in inc.culprits), inc.to_dict()
+    suppressed = [d.target.cgroup for d in s.detector.sink.decisions
+                  if d.kind == "suppress" and d.victim is not None and d.victim.cgroup == ls.path]
+    assert suppressed and within.path not in suppressed, suppressed
+
+
+def test_the_softirq_slo_from_a_config_decides_when_a_softirq_incident_opens(scenario, veth_pair, tmp_path):
+    # Two detectors read the same snapshots; only the softirq SLO differs, set in their config files.
+    # Softirq time on a CPU cannot reach 1000 ms/s, so the second never opens a softirq incident.
+    def config(softirq_ms_per_s: float):
+        path = tmp_path / f"config-{softirq_ms_per_s:g}.yaml"
+        path.write_text(f"slo:\n  runq_p99_ms: 1000\n  softirq_delay_p99_ms: 1000\n"
+                        f"  softirq_ms_per_s: {softirq_ms_per_s}\n")
+        return load_policy(path)
+
+    low, high = config(5.0), config(1000.0)
+    assert (low.slo.softirq_ms_per_s, high.slo.softirq_ms_per_s) == (5.0, 1000.0)
+    s = scenario(low)
+    other = Detector(high, pods=s.source.pods, clock=time.monotonic)
+    ls, ls_containers = k8s_pod(s, "web", "LS", [{"name": "main", "requests": {"cpu": "500m"}}])
+    _, be_containers = k8s_pod(s, "sender", "BE", [{"name": "job"}])
+    subprocess.run(["ip", "netns", "exec", veth_pair["b"], "sh", "-c",
+                    f"echo {1 << VICTIM_CPU:x} > /sys/class/net/{veth_pair['dev_b']}/queues/rx-0/rps_cpus"],
+                   check=True, timeout=10)
+    s.ls_worker(ls_containers["main"], [VICTIM_CPU], seconds=30)
+    flood = ("import socket, sys, time\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+             "end = time.monotonic() + float(sys.argv[2])\n"
+             "while time.monotonic() < end:\n    s.sendto(b'x' * 64, (sys.argv[1], 9))\n")
+    s.spawn(be_containers["job"], ["ip", "netns", "exec", veth_pair["a"], sys.executable, "-c", flood,
+                                   veth_pair["dst"], "15"], [1 - VICTIM_CPU])
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        other.cgroup_paths()
+        snap = s.collector.collect()
+        s.detector.step(snap)
+        other.step(snap)
+        time.sleep(1.0)
+    opened = [i for i in s.incidents_for(ls) if i.signal == "softirq_ms_per_s"]
+    assert opened, [i.to_dict() for i in s.incidents()]
+    breach = next(e for e in opened[0].evidence if e.signal == "softirq_ms_per_s")
+    assert breach.threshold == 5.0 and breach.value > 5.0, opened[0].to_dict()
+    assert not [i for i in other.engine.all_incidents()
+                if i.victim.cgroup == ls.path and i.signal == "softirq_ms_per_s"]
