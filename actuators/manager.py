@@ -42,7 +42,7 @@ from actuators.base import ActionError, ActionRecord, ActionState, Actuator, Pla
 from actuators.cgroupfile import CgroupFileError
 from actuators.journal import Journal, JournalError
 from detector.cgroups import parse_cgroup_path
-from detector.decisions import ActionKind, Decision, SuppressAmount
+from detector.decisions import ActionKind, BurstAmount, Decision, SuppressAmount
 from detector.policy import ActuatorPolicy
 
 log = logging.getLogger("noisyneighbor.actuators")
@@ -87,6 +87,7 @@ class _Active:
     record: ActionRecord
     actuator: Actuator
     verification: _Verification | None
+    chain: list[Plan] = field(default_factory=list)  # earlier steps of a closed loop (follow-ups), oldest first
 
 
 class ActuatorManager:
@@ -148,6 +149,21 @@ class ActuatorManager:
                 v.samples.append(float(signals[v.key]))
                 if len(v.samples) >= v.needed:
                     self._judge(target_key, active, v)
+            self._follow(now)
+
+    def _follow(self, now: float) -> None:
+        """One step of every actuator's closed loop (the burst loop): its decisions are follow-ups."""
+        for actuator in list(self.actuators.values()):
+            loop = getattr(actuator, "loop", None)
+            if loop is None or not getattr(loop, "tracked", None):
+                continue
+            try:
+                decisions = loop.step()
+            except Exception:  # a loop that fails must not stop verification or the detector
+                log.exception("actuator loop of %s failed", actuator.kind)
+                continue
+            for d in decisions:
+                self.submit(d)
 
     def close(self) -> None:
         with self._lock:
@@ -167,10 +183,17 @@ class ActuatorManager:
         kind = ActionKind(decision.kind)
         key = (str(kind), decision.target.cgroup.strip("/"))
         actuator = self.actuators.get(kind)
+        previous_active = self._active.get(key)
+        if decision.follow_up and previous_active is not None and _back_to_base(decision) \
+                and actuator is not None and not self.policy.dry_run:
+            self._end_chain(key, previous_active, decision.reason)
+            return
         try:
             self._check_limits(decision, kind, key, actuator, now)
             assert actuator is not None
             plan = actuator.plan(decision)
+            if decision.follow_up and not self.policy.dry_run and not _gives_back(plan, previous_active):
+                self._check_rate(kind, now)
         except Refused as e:
             self._finish(ActionRecord(action_id, None, decision, ActionState.REFUSED, _one_line(e)))
             return
@@ -194,10 +217,37 @@ class ActuatorManager:
             previous.record.detail = f"superseded by {action_id}"
             self._audit(previous.record)
         record = ActionRecord(action_id, plan, decision, ActionState.APPLIED, "")
-        self._active[key] = _Active(record, actuator, self._start_verification(decision))
-        if self._active[key].verification is None and decision.victim_signal:
+        if decision.follow_up and previous is not None:
+            # one action in steps: the first step's baseline and samples judge the whole loop, and a
+            # revert undoes every step
+            self._active[key] = _Active(record, actuator, previous.verification,
+                                        [*previous.chain, *([previous.record.plan] if previous.record.plan else [])])
+        else:
+            self._active[key] = _Active(record, actuator, self._start_verification(decision))
+            loop = getattr(actuator, "loop", None)
+            scale = plan.details.get("scale")
+            if loop is not None and isinstance(scale, (int, float)) and getattr(decision.amount, "quota_scale", None):
+                loop.track(decision, float(scale))
+        if self._active[key].verification is None and decision.victim_signal and not decision.follow_up:
             record.detail = "no baseline for the victim signal yet: not verified"
         self._finish(record)
+
+    def _end_chain(self, key: tuple[str, str], active: _Active, why: str) -> None:
+        """A loop's step back to the base: undo every step through the journal (originals back exactly)."""
+        try:
+            self._revert_all(active)
+        except (ActionError, JournalError, CgroupFileError) as e:
+            active.record.state, active.record.detail = ActionState.FAILED, f"revert failed: {_one_line(e)}; {why}"
+            self._finish(active.record)
+            return
+        self._active.pop(key, None)
+        active.record.state, active.record.detail = ActionState.REVERTED, why
+        self._finish(active.record)
+
+    @staticmethod
+    def _revert_all(active: _Active) -> None:
+        for plan in reversed([*active.chain, *([active.record.plan] if active.record.plan else [])]):
+            active.actuator.revert(plan)
 
     def _check_limits(
         self, decision: Decision, kind: ActionKind, key: tuple[str, str], actuator: Actuator | None, now: float
@@ -214,19 +264,30 @@ class ActuatorManager:
         if kind == ActionKind.BURST:
             if qos in NO_BURST_QOS:
                 raise Refused(f"burst is not for {qos} targets ({decision.target.display})")
+            loop = getattr(actuator, "loop", None)
+            verdict = loop.verdict(decision.target.cgroup) if loop is not None else None
+            if verdict and not decision.follow_up:
+                raise Refused(f"{decision.target.display}: {verdict}")
         elif kind in (ActionKind.SUPPRESS, ActionKind.EVICT) and qos != "BE":
             raise Refused(f"{kind} only touches BE targets; {decision.target.display} is {qos or 'of unknown QoS'}")
-        if key in self._active and self._active[key].verification is not None:
-            raise Refused(f"previous {kind} on {decision.target.display} is still being verified")
         blocked = self._blocked_until.get(key, 0.0)
         if now < blocked:
             raise Refused(f"{decision.target.display} was reverted recently: blocked for {blocked - now:.0f} s more")
+        if decision.follow_up:
+            if kind != ActionKind.BURST:
+                raise Refused(f"follow-up steps are for the burst loop only, not {kind}")
+            return  # the loop's own pace; the rate limit is checked once the plan says which way it goes
+        if key in self._active and self._active[key].verification is not None:
+            raise Refused(f"previous {kind} on {decision.target.display} is still being verified")
         last = self._last_change.get(key)
         if last is not None and now - last < self.policy.cooldown_seconds:
             raise Refused(f"cooldown: last change to {decision.target.display} {now - last:.0f} s ago "
                           f"(< {self.policy.cooldown_seconds:g} s)")
         if self.policy.dry_run:
             return  # dry-run changes nothing, so the rate limit does not apply
+        self._check_rate(kind, now)
+
+    def _check_rate(self, kind: ActionKind, now: float) -> None:
         while self._changes and now - self._changes[0][0] >= 60.0:
             self._changes.popleft()
         if kind == ActionKind.EVICT:
@@ -259,13 +320,15 @@ class ActuatorManager:
             self._finish(record)
             return
         try:
-            if record.plan is not None:
-                active.actuator.revert(record.plan)
+            self._revert_all(active)
         except (ActionError, JournalError, CgroupFileError) as e:
             record.state, record.detail = ActionState.FAILED, f"revert failed: {_one_line(e)}; {numbers}"
             self._finish(record)
             return
         self._active.pop(target_key, None)
+        loop = getattr(active.actuator, "loop", None)
+        if loop is not None:
+            loop.forget(target_key[1])
         self._blocked_until[target_key] = self._clock() + 2 * self.policy.cooldown_seconds
         self.metrics.reverts.labels(kind).inc()
         record.state, record.detail = ActionState.REVERTED, f"did not help: {numbers}"
@@ -319,6 +382,20 @@ class ActuatorManager:
     def active_records(self) -> list[ActionRecord]:
         with self._lock:
             return [a.record for a in self._active.values()]
+
+
+def _back_to_base(decision: Decision) -> bool:
+    amount = decision.amount
+    return isinstance(amount, BurstAmount) and amount.burst_us is None and amount.quota_scale is not None \
+        and amount.quota_scale <= 1.0 + 1e-9
+
+
+def _gives_back(plan: Plan, previous: _Active | None) -> bool:
+    """A follow-up step that lowers the quota gives CPU back: never held up by the rate limit."""
+    if previous is None or previous.record.plan is None:
+        return False
+    new, old = plan.details.get("quota_us"), previous.record.plan.details.get("quota_us")
+    return isinstance(new, (int, float)) and isinstance(old, (int, float)) and new < old
 
 
 def target_qos(decision: Decision) -> str | None:

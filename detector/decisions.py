@@ -105,6 +105,10 @@ class Decision:
     victim: Target | None = None  # whose signal verify/revert watches
     victim_signal: str | None = None  # e.g. "runq_p99_ns"; lower is better
     created_at: float = field(default_factory=time.time)
+    # A step of a closed loop already acting on this target for this incident (the burst loop's next
+    # quota scale): the manager lets it through the per-target cooldown and carries the first step's
+    # verification over, so the loop moves at tick pace while the action is judged as one.
+    follow_up: bool = False
 
     def to_dict(self) -> dict:
         d = asdict(self)
