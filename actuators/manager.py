@@ -121,6 +121,8 @@ class ActuatorManager:
         self._blocked_until: dict[tuple[str, str], float] = {}
         self._changes: deque[tuple[float, str]] = deque()  # (time, kind) of applied changes
         self._signals: dict[str, deque[float]] = {}
+        # called with every finished record (the mitigation planner copies reverts/refusals into incidents)
+        self.on_record: list[Callable[[ActionRecord], None]] = []
         if reconcile:
             report = journal.reconcile(reown=reown)
             if report.restored or report.failed or report.reowned:
@@ -154,7 +156,7 @@ class ActuatorManager:
     def _follow(self, now: float) -> None:
         """One step of every actuator's closed loop (the burst loop): its decisions are follow-ups."""
         for actuator in list(self.actuators.values()):
-            loop = getattr(actuator, "loop", None)
+            loop = _loop_of(actuator)
             if loop is None or not getattr(loop, "tracked", None):
                 continue
             try:
@@ -224,7 +226,7 @@ class ActuatorManager:
                                         [*previous.chain, *([previous.record.plan] if previous.record.plan else [])])
         else:
             self._active[key] = _Active(record, actuator, self._start_verification(decision))
-            loop = getattr(actuator, "loop", None)
+            loop = _loop_of(actuator)
             scale = plan.details.get("scale")
             if loop is not None and isinstance(scale, (int, float)) and getattr(decision.amount, "quota_scale", None):
                 loop.track(decision, float(scale))
@@ -264,7 +266,7 @@ class ActuatorManager:
         if kind == ActionKind.BURST:
             if qos in NO_BURST_QOS:
                 raise Refused(f"burst is not for {qos} targets ({decision.target.display})")
-            loop = getattr(actuator, "loop", None)
+            loop = _loop_of(actuator)
             verdict = loop.verdict(decision.target.cgroup) if loop is not None else None
             if verdict and not decision.follow_up:
                 raise Refused(f"{decision.target.display}: {verdict}")
@@ -326,7 +328,7 @@ class ActuatorManager:
             self._finish(record)
             return
         self._active.pop(target_key, None)
-        loop = getattr(active.actuator, "loop", None)
+        loop = _loop_of(active.actuator)
         if loop is not None:
             loop.forget(target_key[1])
         self._blocked_until[target_key] = self._clock() + 2 * self.policy.cooldown_seconds
@@ -344,6 +346,11 @@ class ActuatorManager:
 
     def _finish(self, record: ActionRecord) -> None:
         self.records.append(record)
+        for hook in self.on_record:
+            try:
+                hook(record)
+            except Exception:  # a broken hook must not stop the manager
+                log.exception("actuator record hook failed")
         self.metrics.actions.labels(str(record.decision.kind), str(record.state)).inc()
         self._refresh_gauges()
         self._audit(record)
@@ -382,6 +389,14 @@ class ActuatorManager:
     def active_records(self) -> list[ActionRecord]:
         with self._lock:
             return [a.record for a in self._active.values()]
+
+
+def _loop_of(actuator: object) -> object | None:
+    """An actuator's closed loop, also through a wrapper (the agent's --act-only ScopedActuator)."""
+    loop = getattr(actuator, "loop", None)
+    if loop is None and hasattr(actuator, "inner"):
+        loop = getattr(actuator.inner, "loop", None)
+    return loop
 
 
 def _back_to_base(decision: Decision) -> bool:

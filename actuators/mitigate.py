@@ -1,0 +1,176 @@
+"""Mitigation the incident engine's own rule (one decision per incident, the top culprit) does not reach.
+
+:class:`MitigationPlanner` is an ``on_incident`` hook of the detector's engine (no change to the
+engine): on every tick of an open incident it may add decisions, through the same sink (the
+actuator manager: limits, journal, verify/revert), and it writes what it concluded into the
+incident's evidence, so the incident says why something was or was not done.
+
+- **softirq from a pod's traffic**: per-pod packet rates of each pod's *own* network namespace
+  (``/proc/<pid>/net/dev`` of one of its tasks; host-network pods are skipped, their counters are the
+  node's). A BE pod carrying most of the packets is quota-suppressed (it sends less); anything else
+  is advice only (IRQ/RPS placement), never a change to node IRQ settings.
+- **notes from the manager**: a reverted or refused action (e.g. the burst loop's "steadily above its
+  limit") is copied into its incident's evidence.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from actuators.base import ActionRecord, ActionState
+from actuators.cgroupfile import CgroupFileError, CgroupFiles, Resource
+from detector.decisions import Cause, DecisionSink, PodTraffic, Target, softirq_traffic_decision
+from detector.model import Evidence, Incident
+from detector.policy import ActuatorPolicy
+from probes.cpuacct import read_cgroup_cpu
+
+log = logging.getLogger("noisyneighbor.mitigate")
+
+
+def netdev_packets(text: str) -> int:
+    """rx + tx packets of every interface but lo, from a /proc/<pid>/net/dev text."""
+    total = 0
+    for line in text.splitlines()[2:]:
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if name.strip() == "lo" or len(fields) < 10:
+            continue
+        try:
+            total += int(fields[1]) + int(fields[9])
+        except ValueError:
+            continue
+    return total
+
+
+class NetnsTrafficSampler:
+    """Packets/s and CPU of each candidate pod, between two calls of :meth:`sample`."""
+
+    def __init__(self, files: CgroupFiles, clock: Callable[[], float] = time.monotonic,
+                 min_interval_s: float = 0.5) -> None:
+        self.files = files
+        self.proc = Path(files.paths.proc)
+        self._clock = clock
+        self.min_interval_s = min_interval_s
+        self._prev: dict[str, tuple[float, int, int]] = {}  # cgroup -> (t, packets, usage ns)
+        self._last: tuple[float, list[PodTraffic]] | None = None
+
+    def _host_netns(self) -> int | None:
+        try:
+            return os.stat(self.proc / "1/ns/net").st_ino
+        except OSError:
+            return None
+
+    def _one(self, cgroup: str) -> tuple[int | None, int, bool] | None:
+        """(netns packets or None, usage ns, host network) of a pod cgroup; None when it is gone."""
+        try:
+            tree = self.files.descendants(Resource.CPU_QUOTA, cgroup)
+            pids = [p for cg in tree for p in self.files.read_procs(cg)]
+        except (CgroupFileError, OSError):
+            return None
+        st = read_cgroup_cpu(self.files.layout, "/" + cgroup)
+        usage = st.usage_ns if st is not None else 0
+        host = self._host_netns()
+        for pid in pids:
+            try:
+                ino = os.stat(self.proc / f"{pid}/ns/net").st_ino
+                text = (self.proc / f"{pid}/net/dev").read_text()
+            except OSError:
+                continue  # exited: try the next task
+            return netdev_packets(text), usage, host is not None and ino == host
+        return None, usage, False
+
+    def sample(self, targets: Iterable[Target]) -> list[PodTraffic]:
+        """Rates since the previous call; calls closer than ``min_interval_s`` (several incidents in
+        one tick) get the previous answer instead of a rate over a few milliseconds."""
+        now = self._clock()
+        if self._last is not None and now - self._last[0] < self.min_interval_s:
+            return list(self._last[1])
+        out: list[PodTraffic] = []
+        for t in targets:
+            cg = t.cgroup.strip("/")
+            got = self._one(cg)
+            if got is None:
+                self._prev.pop(cg, None)
+                continue
+            packets, usage, host = got
+            prev = self._prev.get(cg)
+            if packets is not None:
+                self._prev[cg] = (now, packets, usage)
+            if prev is None or packets is None or now <= prev[0]:
+                continue
+            dt = now - prev[0]
+            out.append(PodTraffic(t, max(0, packets - prev[1]) / dt, max(0, usage - prev[2]) / 1e9 / dt, host))
+        self._last = (now, out)
+        return out
+
+
+class MitigationPlanner:
+    """``on_incident`` hook: extra decisions per cause, and the incident's notes (see the module doc)."""
+
+    def __init__(
+        self,
+        sink: DecisionSink,
+        candidates: Callable[[], Iterable[Target]],
+        sampler: NetnsTrafficSampler | None = None,
+        policy: ActuatorPolicy | None = None,
+    ) -> None:
+        self.sink = sink
+        self.candidates = candidates
+        self.sampler = sampler
+        self.policy = policy or ActuatorPolicy()
+        self._acted: set[str] = set()
+        self._notes: dict[str, list[str]] = {}
+
+    def note(self, incident_id: str | None, text: str) -> None:
+        if incident_id is None:
+            return
+        notes = self._notes.setdefault(incident_id, [])
+        if text not in notes:
+            notes.append(text)
+
+    def notes(self, incident_id: str) -> list[str]:
+        return list(self._notes.get(incident_id, ()))
+
+    def note_record(self, record: ActionRecord) -> None:
+        """Manager hook: a reverted or refused action is said in its incident."""
+        if record.state in (ActionState.REVERTED, ActionState.REFUSED) and record.detail:
+            self.note(record.decision.incident_id, f"{record.decision.kind} {record.decision.target.display} "
+                                                   f"{record.state}: {record.detail}")
+
+    def __call__(self, inc: Incident, what: str) -> None:
+        try:
+            if inc.open and inc.cause == Cause.SOFTIRQ:
+                self._softirq(inc)
+        except Exception:  # a hook must never stop detection
+            log.exception("mitigation planner failed on %s", inc.incident_id)
+        self._annotate(inc)
+        if what == "closed":
+            self._acted.discard(inc.incident_id)
+            self._notes.pop(inc.incident_id, None)
+
+    def _softirq(self, inc: Incident) -> None:
+        if self.sampler is None:
+            return
+        candidates = list(self.candidates())
+        if inc.victim.cgroup.strip("/") not in {t.cgroup.strip("/") for t in candidates}:
+            return  # a victim that is not a known pod: nothing here to weigh its traffic against
+        traffic = self.sampler.sample(candidates)
+        if inc.incident_id in self._acted or not traffic:
+            return
+        decision, why = softirq_traffic_decision(inc.victim, inc.incident_id, traffic)
+        self.note(inc.incident_id, why)
+        if decision is None or not self.policy.suppress_enabled:
+            return
+        self._acted.add(inc.incident_id)
+        inc.actions.append(f"{decision.kind}:{decision.target.display}")
+        self.sink.submit(decision)
+
+    def _annotate(self, inc: Incident) -> None:
+        have = {e.note for e in inc.evidence if e.signal == "mitigation"}
+        for text in self._notes.get(inc.incident_id, ()):
+            if text not in have:
+                inc.evidence.append(Evidence("mitigation", 0.0, 0.0, note=text))
