@@ -9,6 +9,11 @@ incident's evidence, so the incident says why something was or was not done.
   (``/proc/<pid>/net/dev`` of one of its tasks; host-network pods are skipped, their counters are the
   node's). A BE pod carrying most of the packets is quota-suppressed (it sends less); anything else
   is advice only (IRQ/RPS placement), never a change to node IRQ settings.
+- **neighbor_cpu escalation**: the engine isolates the culprit (cpuset). When the manager reverts that
+  because the victim did not improve, the next rung is a cfs quota down to the culprit's CPU request
+  (koordinator batch-cpu included) if it runs above it, and after that, with ``evict_enabled``,
+  eviction (Eviction API, PDBs respected by the evict actuator). Each rung waits out the manager's
+  block after a revert; each is said in the incident.
 - **notes from the manager**: a reverted or refused action (e.g. the burst loop's "steadily above its
   limit") is copied into its incident's evidence.
 """
@@ -19,11 +24,22 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from actuators.base import ActionRecord, ActionState
 from actuators.cgroupfile import CgroupFileError, CgroupFiles, Resource
-from detector.decisions import Cause, DecisionSink, PodTraffic, Target, softirq_traffic_decision
+from detector.decisions import (
+    ActionKind,
+    Cause,
+    Decision,
+    DecisionSink,
+    EvictAmount,
+    PodTraffic,
+    SuppressAmount,
+    Target,
+    softirq_traffic_decision,
+)
 from detector.model import Evidence, Incident
 from detector.policy import ActuatorPolicy
 from probes.cpuacct import read_cgroup_cpu
@@ -108,6 +124,13 @@ class NetnsTrafficSampler:
         return out
 
 
+@dataclass
+class _Rung:
+    target: Target
+    next: str  # "quota" (to the request) | "evict" | "done"
+    not_before: float
+
+
 class MitigationPlanner:
     """``on_incident`` hook: extra decisions per cause, and the incident's notes (see the module doc)."""
 
@@ -117,13 +140,19 @@ class MitigationPlanner:
         candidates: Callable[[], Iterable[Target]],
         sampler: NetnsTrafficSampler | None = None,
         policy: ActuatorPolicy | None = None,
+        *,
+        request_of: Callable[[Target], float | None] = lambda target: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sink = sink
         self.candidates = candidates
         self.sampler = sampler
         self.policy = policy or ActuatorPolicy()
+        self.request_of = request_of
+        self._clock = clock
         self._acted: set[str] = set()
         self._notes: dict[str, list[str]] = {}
+        self._ladder: dict[str, _Rung] = {}
 
     def note(self, incident_id: str | None, text: str) -> None:
         if incident_id is None:
@@ -136,21 +165,68 @@ class MitigationPlanner:
         return list(self._notes.get(incident_id, ()))
 
     def note_record(self, record: ActionRecord) -> None:
-        """Manager hook: a reverted or refused action is said in its incident."""
+        """Manager hook: a reverted or refused action is said in its incident; a suppress that did not
+        help moves its incident's escalation ladder one rung on."""
+        d = record.decision
         if record.state in (ActionState.REVERTED, ActionState.REFUSED) and record.detail:
-            self.note(record.decision.incident_id, f"{record.decision.kind} {record.decision.target.display} "
-                                                   f"{record.state}: {record.detail}")
+            self.note(d.incident_id, f"{d.kind} {d.target.display} {record.state}: {record.detail}")
+        if d.incident_id is None or (d.target.qos or "").upper() != "BE":
+            return
+        if d.kind == ActionKind.SUPPRESS and record.state == ActionState.VERIFIED:
+            self._ladder[d.incident_id] = _Rung(d.target, "done", 0.0)
+        elif d.kind == ActionKind.SUPPRESS and record.state == ActionState.REVERTED \
+                and record.detail.startswith("did not help"):
+            was_quota = isinstance(d.amount, SuppressAmount) and d.amount.policy == "cfs_quota"
+            wait = 2 * self.policy.cooldown_seconds + 0.5  # the manager blocks the target that long after a revert
+            self._ladder[d.incident_id] = _Rung(d.target, "evict" if was_quota else "quota", self._clock() + wait)
 
     def __call__(self, inc: Incident, what: str) -> None:
         try:
             if inc.open and inc.cause == Cause.SOFTIRQ:
                 self._softirq(inc)
+            if inc.open and inc.incident_id in self._ladder:
+                self._escalate(inc)
         except Exception:  # a hook must never stop detection
             log.exception("mitigation planner failed on %s", inc.incident_id)
         self._annotate(inc)
         if what == "closed":
             self._acted.discard(inc.incident_id)
             self._notes.pop(inc.incident_id, None)
+            self._ladder.pop(inc.incident_id, None)
+
+    def _escalate(self, inc: Incident) -> None:
+        rung = self._ladder[inc.incident_id]
+        if rung.next == "done" or self._clock() < rung.not_before:
+            return
+        target = rung.target
+        cpu = next((c.cpu_cores for c in inc.culprits if c.target.cgroup == target.cgroup), 0.0)
+        if rung.next == "quota":
+            request = self.request_of(target)
+            if request and cpu > request * 1.1:
+                rung.next = "waiting"  # note_record moves it on (verified: done; reverted: evict)
+                self.note(inc.incident_id, f"isolation did not help: {target.display} uses {cpu:.2f} cores, "
+                                           f"above its {request:.2f}-core request: quota to its request")
+                self._submit(inc, Decision(
+                    ActionKind.SUPPRESS, target, SuppressAmount("cfs_quota", cpu_cores=max(0.1, request)),
+                    f"{target.display} above its request ({cpu:.2f} > {request:.2f} cores) after isolation did not "
+                    f"help: cfs quota to its request", incident_id=inc.incident_id, victim=inc.victim,
+                    victim_signal="runq_p99_ns"))
+                return
+            rung.next = "evict"
+        if rung.next == "evict":
+            rung.next = "done"
+            if not self.policy.evict_enabled:
+                self.note(inc.incident_id, f"suppressing {target.display} did not help; eviction is disabled by "
+                                           f"policy (evict_enabled): nothing more is done")
+                return
+            self._submit(inc, Decision(
+                ActionKind.EVICT, target, EvictAmount(reason="interference", release_cpu_cores=cpu),
+                f"suppressing {target.display} did not help {inc.victim.display} within the verify window: evict",
+                incident_id=inc.incident_id, victim=inc.victim, victim_signal="runq_p99_ns"))
+
+    def _submit(self, inc: Incident, decision: Decision) -> None:
+        inc.actions.append(f"{decision.kind}:{decision.target.display}")
+        self.sink.submit(decision)
 
     def _softirq(self, inc: Incident) -> None:
         if self.sampler is None:
@@ -166,8 +242,7 @@ class MitigationPlanner:
         if decision is None or not self.policy.suppress_enabled:
             return
         self._acted.add(inc.incident_id)
-        inc.actions.append(f"{decision.kind}:{decision.target.display}")
-        self.sink.submit(decision)
+        self._submit(inc, decision)
 
     def _annotate(self, inc: Incident) -> None:
         have = {e.note for e in inc.evidence if e.signal == "mitigation"}

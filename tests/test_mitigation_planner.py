@@ -208,3 +208,72 @@ def test_real_flood_from_a_be_pod_netns_is_found_and_quota_suppressed(make_cgrou
         for ns in reversed(made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     assert files.read_cpu_max(be_rel).quota_us is None and not journal.owned()
+
+
+def _record(d: Decision, state: ActionState, detail: str) -> ActionRecord:
+    return ActionRecord("a", None, d, state, detail)
+
+
+def _neighbor(culprit_cores: float = 1.0) -> Incident:
+    from detector.model import Culprit
+
+    inc = _incident(Cause.NEIGHBOR_CPU)
+    inc.culprits = [Culprit(FLOOD, 0.9, who_ran_instead_share=0.8, cpu_cores=culprit_cores)]
+    return inc
+
+
+def test_neighbor_escalation_isolation_then_quota_to_request_then_evict() -> None:
+    now = [100.0]
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False, evict_enabled=True,
+                                                                         cooldown_seconds=3.0),
+                                request_of=lambda t: 0.5 if t == FLOOD else None, clock=lambda: now[0])
+    inc = _neighbor()
+    cpuset = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "engine", incident_id="inc-1")
+    planner(inc, "opened")
+    assert sink.decisions == []  # the engine's isolation goes first
+    planner.note_record(_record(cpuset, ActionState.REVERTED, "did not help: runq_p99_ns 5 -> 5"))
+    planner(inc, "updated")
+    assert sink.decisions == []  # the manager still blocks the target after the revert
+    now[0] += 7.0
+    planner(inc, "updated")
+    quota = sink.decisions[-1]
+    assert quota.kind == ActionKind.SUPPRESS and quota.amount == SuppressAmount("cfs_quota", cpu_cores=0.5)
+    planner(inc, "updated")
+    assert len(sink.decisions) == 1  # waits for the verdict on the quota
+    planner.note_record(_record(quota, ActionState.REVERTED, "did not help: runq_p99_ns 5 -> 5"))
+    now[0] += 7.0
+    planner(inc, "updated")
+    evict = sink.decisions[-1]
+    assert evict.kind == ActionKind.EVICT and evict.target == FLOOD and evict.incident_id == "inc-1"
+    planner(inc, "updated")
+    assert len(sink.decisions) == 2
+
+
+def test_neighbor_escalation_stops_when_it_helped_or_eviction_is_off() -> None:
+    now = [0.0]
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False, evict_enabled=False),
+                                request_of=lambda t: None, clock=lambda: now[0])
+    cpuset = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "engine", incident_id="inc-1")
+    inc = _neighbor()
+    planner.note_record(_record(cpuset, ActionState.VERIFIED, "victim improved"))
+    now[0] += 100
+    planner(inc, "updated")
+    assert sink.decisions == []
+    inc2 = _neighbor()
+    inc2.incident_id = "inc-2"
+    planner.note_record(_record(Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "e",
+                                         incident_id="inc-2"), ActionState.REVERTED, "did not help: x"))
+    now[0] += 100
+    planner(inc2, "updated")  # no request known: straight to eviction, which policy forbids
+    assert sink.decisions == []
+    assert any("eviction is disabled" in e.note for e in inc2.evidence)
+    # a non-BE target never enters the ladder
+    ls = Decision(ActionKind.SUPPRESS, API, SuppressAmount("cpuset", cpus=(0,)), "e", incident_id="inc-3")
+    planner.note_record(_record(ls, ActionState.REVERTED, "did not help: x"))
+    inc3 = _neighbor()
+    inc3.incident_id = "inc-3"
+    now[0] += 100
+    planner(inc3, "updated")
+    assert sink.decisions == []
