@@ -9,6 +9,10 @@ incident's evidence, so the incident says why something was or was not done.
   (``/proc/<pid>/net/dev`` of one of its tasks; host-network pods are skipped, their counters are the
   node's). A BE pod carrying most of the packets is quota-suppressed (it sends less); anything else
   is advice only (IRQ/RPS placement), never a change to node IRQ settings.
+- **RT tasks on the victim's CPUs** (softirq starvation: a SCHED_FIFO/RR task keeps ksoftirqd and the
+  victim off the CPU): BE pods with a real-time task allowed on the victim's CPUs are ranked by their
+  RT tasks' CPU time and moved off those CPUs (cpuset; a cfs quota does not bound RT tasks). A non-BE
+  pod with RT tasks is named in the incident, never touched.
 - **neighbor_cpu escalation**: the engine isolates the culprit (cpuset). When the manager reverts that
   because the victim did not improve, the next rung is a cfs quota down to the culprit's CPU request
   (koordinator batch-cpu included) if it runs above it, and after that, with ``evict_enabled``,
@@ -45,6 +49,40 @@ from detector.policy import ActuatorPolicy
 from probes.cpuacct import read_cgroup_cpu
 
 log = logging.getLogger("noisyneighbor.mitigate")
+
+
+SCHED_FIFO, SCHED_RR = 1, 2
+
+
+def parse_cpu_ranges(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def task_sched(proc: Path, pid: int) -> tuple[int, float, set[int]] | None:
+    """(scheduling policy, CPU seconds, allowed CPUs) of a task; None when it is gone."""
+    try:
+        stat = (proc / f"{pid}/stat").read_text()
+        status = (proc / f"{pid}/status").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    # fields[0] is field 3 (state): utime 14, stime 15, policy 41
+    try:
+        policy = int(fields[38])
+        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError):
+        return None
+    allowed: set[int] = set()
+    for line in status.splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            allowed = parse_cpu_ranges(line.split(":", 1)[1])
+    return policy, cpu_s, allowed
 
 
 def netdev_packets(text: str) -> int:
@@ -172,6 +210,8 @@ class MitigationPlanner:
             self.note(d.incident_id, f"{d.kind} {d.target.display} {record.state}: {record.detail}")
         if d.incident_id is None or (d.target.qos or "").upper() != "BE":
             return
+        if record.state == ActionState.REFUSED and "own traffic" in d.reason:
+            self._acted.discard(d.incident_id)  # e.g. the RT isolation of the same pod is still verified: retry
         if d.kind == ActionKind.SUPPRESS and record.state == ActionState.VERIFIED:
             self._ladder[d.incident_id] = _Rung(d.target, "done", 0.0)
         elif d.kind == ActionKind.SUPPRESS and record.state == ActionState.REVERTED \
@@ -191,6 +231,7 @@ class MitigationPlanner:
         self._annotate(inc)
         if what == "closed":
             self._acted.discard(inc.incident_id)
+            self._acted.discard(f"rt:{inc.incident_id}")
             self._notes.pop(inc.incident_id, None)
             self._ladder.pop(inc.incident_id, None)
 
@@ -228,10 +269,74 @@ class MitigationPlanner:
         inc.actions.append(f"{decision.kind}:{decision.target.display}")
         self.sink.submit(decision)
 
+    def _pids(self, target: Target) -> list[int]:
+        assert self.sampler is not None
+        files = self.sampler.files
+        try:
+            return [p for cg in files.descendants(Resource.CPU_QUOTA, target.cgroup.strip("/"))
+                    for p in files.read_procs(cg)]
+        except (CgroupFileError, OSError):
+            return []
+
+    def _rt(self, inc: Incident, candidates: list[Target]) -> bool:
+        """Rank pods with RT tasks allowed on the victim's CPUs; move the top BE one off them. True if acted."""
+        proc = getattr(self.sampler, "proc", None)
+        if proc is None or getattr(self.sampler, "files", None) is None:
+            return False  # a sampler without a host view (tests' fakes): no RT ranking
+        victim_cpus: set[int] = set()
+        for pid in self._pids(inc.victim):
+            got = task_sched(proc, pid)
+            if got is not None:
+                victim_cpus |= got[2]
+        if not victim_cpus:
+            return False
+        ranked: list[tuple[float, Target]] = []
+        for t in candidates:
+            if t.cgroup.strip("/") == inc.victim.cgroup.strip("/"):
+                continue
+            rt_s = 0.0
+            for pid in self._pids(t):
+                got = task_sched(proc, pid)
+                if got is not None and got[0] in (SCHED_FIFO, SCHED_RR) and got[2] & victim_cpus:
+                    rt_s += got[1] + 1e-3
+            if rt_s > 0:
+                ranked.append((rt_s, t))
+        if not ranked:
+            return False
+        ranked.sort(key=lambda x: -x[0])
+        self.note(inc.incident_id, "real-time tasks on the victim's CPUs " + sorted(victim_cpus).__str__() + ": "
+                  + ", ".join(f"{t.display} ({t.qos or '?'}, {s:.1f} CPU s)" for s, t in ranked))
+        top = next((t for _, t in ranked if (t.qos or "").upper() == "BE"), None)
+        if top is None:
+            self.note(inc.incident_id, "no BE pod among them: not touched (advice: lower their RT priority or budget)")
+            return False
+        others = tuple(c for c in self.online_cpus() if c not in victim_cpus)
+        if not others:
+            return False
+        self._submit(inc, Decision(
+            ActionKind.SUPPRESS, top, SuppressAmount("cpuset", cpus=others),
+            f"{top.display} runs real-time tasks on {inc.victim.display}'s CPUs (softirq starvation): "
+            f"move it to CPUs {','.join(map(str, others))}", incident_id=inc.incident_id, victim=inc.victim,
+            victim_signal="runq_p99_ns"))
+        return True
+
+    def online_cpus(self) -> list[int]:
+        assert self.sampler is not None
+        try:
+            text = (Path(self.sampler.files.paths.sys) / "devices/system/cpu/online").read_text()
+        except OSError:
+            return []
+        return sorted(parse_cpu_ranges(text))
+
     def _softirq(self, inc: Incident) -> None:
         if self.sampler is None:
             return
         candidates = list(self.candidates())
+        if inc.victim.cgroup.strip("/") in {t.cgroup.strip("/") for t in candidates} \
+                and f"rt:{inc.incident_id}" not in self._acted:
+            self._acted.add(f"rt:{inc.incident_id}")  # once per incident, whatever came of it
+            if self._rt(inc, candidates):
+                return
         if inc.victim.cgroup.strip("/") not in {t.cgroup.strip("/") for t in candidates}:
             return  # a victim that is not a known pod: nothing here to weigh its traffic against
         traffic = self.sampler.sample(candidates)

@@ -277,3 +277,49 @@ def test_neighbor_escalation_stops_when_it_helped_or_eviction_is_off() -> None:
     now[0] += 100
     planner(inc3, "updated")
     assert sink.decisions == []
+
+
+def _fake_task(proc: Path, pid: int, policy: int, cpus: str, ticks: int = 500) -> None:
+    fields = ["S"] + ["0"] * 50
+    fields[11], fields[12], fields[38] = str(ticks), "0", str(policy)
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / f"{pid}/stat").write_text(f"{pid} (busy task) " + " ".join(fields) + "\n")
+    (proc / f"{pid}/status").write_text(f"Name:\tbusy\nCpus_allowed_list:\t{cpus}\n")
+
+
+def test_rt_task_of_a_be_pod_on_the_victims_cpu_is_ranked_and_moved_off_it(tmp_path: Path) -> None:
+    from tests.helpers_actuators import fake_v1_host
+
+    web, flood, api = (t.cgroup.strip("/") for t in (VICTIM, FLOOD, API))
+    paths = fake_v1_host(tmp_path, ["kubepods.slice", "kubepods.slice/kubepods-burstable.slice",
+                                    "kubepods.slice/kubepods-besteffort.slice", web, flood, api], cpus="0-1")
+    (tmp_path / "sys/devices/system/cpu").mkdir(parents=True)
+    (tmp_path / "sys/devices/system/cpu/online").write_text("0-1\n")
+    cg = tmp_path / "sys/fs/cgroup/cpu"
+    (cg / web / "cgroup.procs").write_text("10\n")
+    (cg / flood / "cgroup.procs").write_text("20\n21\n")
+    (cg / api / "cgroup.procs").write_text("30\n")
+    proc = tmp_path / "proc"
+    _fake_task(proc, 10, 0, "1")  # the victim, pinned to CPU 1
+    _fake_task(proc, 20, 0, "0")  # the flood sender (SCHED_OTHER)
+    _fake_task(proc, 21, 1, "1")  # SCHED_FIFO on the victim's CPU
+    _fake_task(proc, 30, 2, "0-1", ticks=900)  # an LS pod's SCHED_RR task, also allowed there, more CPU
+    files = CgroupFiles(paths)
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [VICTIM, FLOOD, API], NetnsTrafficSampler(files))
+    inc = _incident()
+    planner(inc, "opened")
+    assert len(sink.decisions) == 1
+    d = sink.decisions[0]
+    assert d.target == FLOOD and d.amount == SuppressAmount("cpuset", cpus=(0,)) and d.incident_id == "inc-1"
+    ranking = next(e.note for e in inc.evidence if "real-time" in e.note)
+    assert ranking.index("api") < ranking.index("flood")  # ranked by RT CPU time: the LS pod first ...
+    planner(inc, "updated")  # ... but never touched; and one RT move per incident
+    assert all(x.target != API for x in sink.decisions)
+    # only a non-BE pod has RT tasks: said, nothing done
+    (cg / flood / "cgroup.procs").write_text("20\n")
+    sink2 = LoggingSink()
+    inc2 = _incident()
+    MitigationPlanner(sink2, lambda: [VICTIM, FLOOD, API], NetnsTrafficSampler(files))(inc2, "opened")
+    assert sink2.decisions == []
+    assert any("no BE pod among them" in e.note for e in inc2.evidence)
