@@ -259,6 +259,7 @@ class ActuatorManager:
         enabled = {
             ActionKind.SUPPRESS: self.policy.suppress_enabled, ActionKind.EVICT: self.policy.evict_enabled,
             ActionKind.BURST: self.policy.burst_enabled, ActionKind.RESCTRL: self.policy.resctrl_enabled,
+            ActionKind.MEMORY_SUPPRESS: self.policy.suppress_enabled,
         }.get(kind, False)
         if not enabled:
             raise Refused(f"{kind} is disabled by policy")
@@ -270,7 +271,7 @@ class ActuatorManager:
             verdict = loop.verdict(decision.target.cgroup) if loop is not None else None
             if verdict and not decision.follow_up:
                 raise Refused(f"{decision.target.display}: {verdict}")
-        elif kind in (ActionKind.SUPPRESS, ActionKind.EVICT) and qos != "BE":
+        elif kind in (ActionKind.SUPPRESS, ActionKind.EVICT, ActionKind.MEMORY_SUPPRESS) and qos != "BE":
             raise Refused(f"{kind} only touches BE targets; {decision.target.display} is {qos or 'of unknown QoS'}")
         blocked = self._blocked_until.get(key, 0.0)
         if now < blocked:

@@ -13,6 +13,9 @@ incident's evidence, so the incident says why something was or was not done.
   victim off the CPU): BE pods with a real-time task allowed on the victim's CPUs are ranked by their
   RT tasks' CPU time and moved off those CPUs (cpuset; a cfs quota does not bound RT tasks). A non-BE
   pod with RT tasks is named in the incident, never touched.
+- **reclaim**: global (direct) reclaim with a BE pod that grew most (the engine's culprit) -> that pod's
+  memory is capped near its usage (``memory_suppress``; the engine itself evicts when
+  ``evict_enabled``); memcg reclaim at the victim's own limit -> advice only, no neighbour is blamed.
 - **neighbor_cpu escalation**: the engine isolates the culprit (cpuset). When the manager reverts that
   because the victim did not improve, the next rung is a cfs quota down to the culprit's CPU request
   (koordinator batch-cpu included) if it runs above it, and after that, with ``evict_enabled``,
@@ -39,6 +42,7 @@ from detector.decisions import (
     Decision,
     DecisionSink,
     EvictAmount,
+    MemorySuppressAmount,
     PodTraffic,
     SuppressAmount,
     Target,
@@ -224,6 +228,8 @@ class MitigationPlanner:
         try:
             if inc.open and inc.cause == Cause.SOFTIRQ:
                 self._softirq(inc)
+            if inc.open and inc.cause == Cause.RECLAIM:
+                self._reclaim(inc)
             if inc.open and inc.incident_id in self._ladder:
                 self._escalate(inc)
         except Exception:  # a hook must never stop detection
@@ -234,6 +240,30 @@ class MitigationPlanner:
             self._acted.discard(f"rt:{inc.incident_id}")
             self._notes.pop(inc.incident_id, None)
             self._ladder.pop(inc.incident_id, None)
+
+    def _reclaim(self, inc: Incident) -> None:
+        key = f"mem:{inc.incident_id}"
+        if key in self._acted:
+            return
+        if not inc.culprits:
+            self._acted.add(key)
+            self.note(inc.incident_id, f"{inc.victim.display} reclaims at its own memory limit (memcg reclaim): "
+                                       f"no neighbour action; advice: raise its memory limit")
+            return
+        top = next((c for c in inc.culprits if (c.target.qos or "").upper() == "BE"), None)
+        if top is None:
+            self._acted.add(key)
+            self.note(inc.incident_id, f"global reclaim; the pods that grew are not BE "
+                                       f"({', '.join(c.target.display for c in inc.culprits[:3])}): not touched")
+            return
+        if self.policy.evict_enabled:
+            return  # the engine evicts the top BE culprit itself
+        self._acted.add(key)
+        self._submit(inc, Decision(
+            ActionKind.MEMORY_SUPPRESS, top.target, MemorySuppressAmount(),
+            f"{top.target.display} grew most ({top.attribution:.0%} of the growth) while {inc.victim.display} "
+            f"stalled in global reclaim: cap its memory at its usage", incident_id=inc.incident_id,
+            victim=inc.victim, victim_signal="reclaim_stall_ms_per_s"))
 
     def _escalate(self, inc: Incident) -> None:
         rung = self._ladder[inc.incident_id]

@@ -26,6 +26,7 @@ class ActionKind(StrEnum):
     EVICT = "evict"  # Kubernetes Eviction API on a pod
     BURST = "burst"  # cfs burst / quota scaling for a throttled LS pod
     RESCTRL = "resctrl"  # L3 CAT / MBA for a QoS group
+    MEMORY_SUPPRESS = "memory_suppress"  # lower a BE pod's memory limit/high toward its usage
 
 
 class Cause(StrEnum):
@@ -92,7 +93,16 @@ class ResctrlAmount:
     mba_percent: int = 100
 
 
-Amount = SuppressAmount | EvictAmount | BurstAmount | ResctrlAmount
+@dataclass(frozen=True, slots=True)
+class MemorySuppressAmount:
+    """Cap a BE cgroup's memory at ``usage * (1 + headroom)`` (v1 limit_in_bytes, v2 memory.high), never
+    below ``floor_bytes``: its growth stops driving global reclaim, which then hits it first."""
+
+    headroom: float = 0.0
+    floor_bytes: int = 64 * 1024 * 1024
+
+
+Amount = SuppressAmount | EvictAmount | BurstAmount | ResctrlAmount | MemorySuppressAmount
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from actuators.burst import BurstActuator
 from actuators.cgroupfile import CgroupFiles
 from actuators.journal import Journal
 from actuators.manager import ActuatorManager
+from actuators.memory import MemorySuppressActuator
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import CpuUsageSampler, SuppressActuator, threshold_suppress_decision
 from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples
@@ -273,6 +274,7 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
             acts = [SuppressActuator(files, journal, policy.resource_threshold)]
             if mode == "mitigate":
                 acts.append(BurstActuator(files, journal, policy.cpu_burst))
+                acts.append(MemorySuppressActuator(files, journal))
             # Act only on this pass's own cgroups: the detector sees every pod-shaped cgroup on the node,
             # other test suites' too, and the bench must never write to a cgroup it did not create.
             acts = [ScopedActuator(a, own_scope(ctx)) for a in acts]
