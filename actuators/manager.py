@@ -47,6 +47,9 @@ from detector.policy import ActuatorPolicy
 
 log = logging.getLogger("noisyneighbor.actuators")
 
+# "Recovered": the victim's signal at or below this share of its value before the action (the manager knows
+# no quiet baseline; the bench judges recovery against one, 1.5x its quiet p99).
+RECOVERY_SHARE = 0.5
 PROTECTED_QOS = frozenset({"LS", "LSR", "LSE", "SYSTEM"})
 NO_BURST_QOS = frozenset({"LSR", "LSE", "BE"})
 
@@ -80,6 +83,7 @@ class _Verification:
     baseline: float
     needed: int
     samples: list[float] = field(default_factory=list)
+    applied_at: float = 0.0  # manager clock
 
 
 @dataclass
@@ -144,6 +148,8 @@ class ActuatorManager:
             window = max(1, self.policy.verify_intervals)
             for key, value in signals.items():
                 self._signals.setdefault(key, deque(maxlen=window)).append(float(value))
+            for active in self._active.values():
+                self._note_effect(active, signals)
             for target_key, active in list(self._active.items()):
                 v = active.verification
                 if v is None or v.key not in signals:
@@ -152,6 +158,21 @@ class ActuatorManager:
                 if len(v.samples) >= v.needed:
                     self._judge(target_key, active, v)
             self._follow(now)
+
+    def _note_effect(self, active: _Active, signals: Mapping[str, float]) -> None:
+        d = active.record.decision
+        if d.victim is None or not d.victim_signal:
+            return
+        key = f"{d.victim.cgroup}:{d.victim_signal}"
+        if key not in signals:
+            return
+        eff = active.record.effect
+        value = float(signals[key])
+        eff["latest"] = value
+        before = eff.get("before_action")
+        bar = None if before is None else before * RECOVERY_SHARE
+        if bar is not None and "action_to_recovery_s" not in eff and value <= bar and "applied_at" in eff:
+            eff["action_to_recovery_s"] = round(self._clock() - eff["applied_at"], 3)
 
     def _follow(self, now: float) -> None:
         """One step of every actuator's closed loop (the burst loop): its decisions are follow-ups."""
@@ -224,8 +245,13 @@ class ActuatorManager:
             # revert undoes every step
             self._active[key] = _Active(record, actuator, previous.verification,
                                         [*previous.chain, *([previous.record.plan] if previous.record.plan else [])])
+            record.effect.update(previous.record.effect)
         else:
             self._active[key] = _Active(record, actuator, self._start_verification(decision))
+            v = self._active[key].verification
+            record.effect.update({"applied_at": now,
+                                  "decision_to_action_s": round(max(0.0, time.time() - decision.created_at), 3),
+                                  **({"before_action": v.baseline} if v is not None else {})})
             loop = _loop_of(actuator)
             scale = plan.details.get("scale")
             if loop is not None and isinstance(scale, (int, float)) and getattr(decision.amount, "quota_scale", None):
@@ -318,6 +344,7 @@ class ActuatorManager:
                    f"({improvement:+.1f} %, need {self.policy.verify_min_improvement_percent:g} %)")
         active.verification = None
         record = active.record
+        record.effect.update({"after_action": after, "improvement_percent": round(improvement, 1)})
         if improvement >= self.policy.verify_min_improvement_percent:
             record.state, record.detail = ActionState.VERIFIED, f"victim improved: {numbers}"
             self._finish(record)
@@ -370,6 +397,7 @@ class ActuatorManager:
             "summary": record.plan.summary if record.plan else None,
             "writes": [{"path": w.path, "old": w.old, "new": w.new} for w in record.plan.writes] if record.plan else [],
             "details": dict(record.plan.details) if record.plan else {},
+            "effect": {k: v for k, v in record.effect.items() if k != "applied_at"},
         }
         self._audit_raw(line)
 
