@@ -339,10 +339,9 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                     at_s=round(rec.at - wall_minus_mono - onset, 3), kind=str(rec.decision.kind),
                     target=names.get(target, target), state=str(rec.state),
                     summary=rec.plan.summary if rec.plan else rec.detail))
-            verdicts = sorted({r.detail.split(":")[0] for r in manager.records
-                               if "no neighbour action" in r.detail or "burst cannot help" in r.detail})
-            if verdicts:
-                result.note = "; ".join([*([result.note] if result.note else []), *verdicts])
+            if any("steadily above its limit" in r.detail for r in manager.records):
+                verdict = "burst cannot help: steadily above its limit, no neighbour action"
+                result.note = "; ".join([*([result.note] if result.note else []), verdict])
     finally:
         if ctx is not None and ctx.victim is not None and ctx.victim.poll() is None:
             ctx.victim.send_signal(signal.SIGTERM)  # first, so its log is flushed before the rest stops
