@@ -196,10 +196,15 @@ class MitigationPlanner:
         self._notes: dict[str, list[str]] = {}
         self._ladder: dict[str, _Rung] = {}
 
-    def note(self, incident_id: str | None, text: str) -> None:
+    def note(self, incident_id: str | None, text: str, key: str | None = None) -> None:
+        """Add a note to an incident; a note with the same ``key`` replaces the earlier one (a retried
+        step's refusals are one line, the latest, not one per tick)."""
         if incident_id is None:
             return
         notes = self._notes.setdefault(incident_id, [])
+        if key is not None:
+            notes[:] = [n for n in notes if not n.startswith(key)]
+            text = f"{key}{text}"
         if text not in notes:
             notes.append(text)
 
@@ -211,7 +216,7 @@ class MitigationPlanner:
         help moves its incident's escalation ladder one rung on."""
         d = record.decision
         if record.state in (ActionState.REVERTED, ActionState.REFUSED) and record.detail:
-            self.note(d.incident_id, f"{d.kind} {d.target.display} {record.state}: {record.detail}")
+            self.note(d.incident_id, record.detail, key=f"{d.kind} {d.target.display} {record.state}: ")
         if d.incident_id is None or (d.target.qos or "").upper() != "BE":
             return
         if record.state == ActionState.REFUSED and "own traffic" in d.reason:
@@ -380,7 +385,8 @@ class MitigationPlanner:
         self._submit(inc, decision)
 
     def _annotate(self, inc: Incident) -> None:
-        have = {e.note for e in inc.evidence if e.signal == "mitigation"}
-        for text in self._notes.get(inc.incident_id, ()):
-            if text not in have:
-                inc.evidence.append(Evidence("mitigation", 0.0, 0.0, note=text))
+        notes = self._notes.get(inc.incident_id, [])
+        if not notes and not any(e.signal == "mitigation" for e in inc.evidence):
+            return
+        inc.evidence[:] = [e for e in inc.evidence if e.signal != "mitigation"]
+        inc.evidence.extend(Evidence("mitigation", 0.0, 0.0, note=text) for text in notes)
