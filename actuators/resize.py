@@ -50,11 +50,17 @@ def _parse(path: str) -> tuple[str, str, str]:
 class ResizeIO:
     """Journal I/O: ``k8s-resize://`` paths through the API server, anything else as a file."""
 
-    def __init__(self, api_client: object, timeout_s: float = 10.0) -> None:
+    def __init__(self, api_client: object, timeout_s: float = 10.0, *,
+                 inner_read: Callable[[str], str] | None = None,
+                 inner_write: Callable[[str, str], None] | None = None) -> None:
+        """``inner_read``/``inner_write``: the I/O for every other path (the agent's resctrl-aware file I/O),
+        so one journal keeps cgroup, resctrl and resize entries."""
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
         self.timeout_s = timeout_s
+        self._inner_read = inner_read or read_file
+        self._inner_write = inner_write or write_file
 
     def pod(self, namespace: str, name: str) -> dict:
         from kubernetes.client.exceptions import ApiException
@@ -70,7 +76,7 @@ class ResizeIO:
     def read(self, path: str | object) -> str:
         path = str(path)
         if not path.startswith(PREFIX):
-            return read_file(path)
+            return self._inner_read(path)
         ns, name, container = _parse(path)
         for c in self.pod(ns, name)["spec"]["containers"]:
             if c["name"] == container:
@@ -80,7 +86,7 @@ class ResizeIO:
     def write(self, path: str | object, value: str) -> None:
         path = str(path)
         if not path.startswith(PREFIX):
-            write_file(path, value)
+            self._inner_write(path, value)
             return
         from kubernetes.client.exceptions import ApiException
 
