@@ -48,7 +48,7 @@ from detector.decisions import (
     Target,
     softirq_traffic_decision,
 )
-from detector.model import Evidence, Incident
+from detector.model import Culprit, Evidence, Incident
 from detector.policy import ActuatorPolicy
 from probes.cpuacct import read_cgroup_cpu
 
@@ -313,8 +313,10 @@ class MitigationPlanner:
         except (CgroupFileError, OSError):
             return []
 
-    def _rt(self, inc: Incident, candidates: list[Target]) -> bool:
-        """Rank pods with RT tasks allowed on the victim's CPUs; move the top BE one off them. True if acted."""
+    def _rt(self, inc: Incident, candidates: list[Target], act: bool = True) -> bool:
+        """Rank pods with RT tasks allowed on the victim's CPUs (every tick: the top BE one is put first in
+        the incident's culprits, as the engine's who-ran-instead ranking can miss it); with ``act``, move it
+        off those CPUs. True if a decision was submitted."""
         proc = getattr(self.sampler, "proc", None)
         if proc is None or getattr(self.sampler, "files", None) is None:
             return False  # a sampler without a host view (tests' fakes): no RT ranking
@@ -339,11 +341,15 @@ class MitigationPlanner:
         if not ranked:
             return False
         ranked.sort(key=lambda x: -x[0])
-        self.note(inc.incident_id, "real-time tasks on the victim's CPUs " + sorted(victim_cpus).__str__() + ": "
-                  + ", ".join(f"{t.display} ({t.qos or '?'}, {s:.1f} CPU s)" for s, t in ranked))
+        self.note(inc.incident_id, ", ".join(f"{t.display} ({t.qos or '?'}, {s:.1f} CPU s)" for s, t in ranked),
+                  key=f"real-time tasks on the victim's CPUs {sorted(victim_cpus)}: ")
         top = next((t for _, t in ranked if (t.qos or "").upper() == "BE"), None)
         if top is None:
             self.note(inc.incident_id, "no BE pod among them: not touched (advice: lower their RT priority or budget)")
+            return False
+        total = sum(x for x, _ in ranked)
+        self._rank_first(inc, top, next(x for x, t in ranked if t is top) / total)
+        if not act:
             return False
         others = tuple(c for c in self.online_cpus() if c not in victim_cpus)
         if not others:
@@ -354,6 +360,17 @@ class MitigationPlanner:
             f"move it to CPUs {','.join(map(str, others))}", incident_id=inc.incident_id, victim=inc.victim,
             victim_signal="runq_p99_ns"))
         return True
+
+    @staticmethod
+    def _rank_first(inc: Incident, target: Target, share: float) -> None:
+        if inc.culprits and inc.culprits[0].target.cgroup == target.cgroup:
+            return
+        old = next((c for c in inc.culprits if c.target.cgroup == target.cgroup), None)
+        rest = [c for c in inc.culprits if c.target.cgroup != target.cgroup]
+        top = max([1.0, *(c.score for c in rest)])
+        inc.culprits = [Culprit(target, round(top, 4), who_ran_instead_share=old.who_ran_instead_share if old else 0.0,
+                                correlation=old.correlation if old else 0.0, attribution=round(share, 4),
+                                cpu_cores=old.cpu_cores if old else 0.0), *rest]
 
     def online_cpus(self) -> list[int]:
         assert self.sampler is not None
@@ -367,10 +384,10 @@ class MitigationPlanner:
         if self.sampler is None:
             return
         candidates = list(self.candidates())
-        if inc.victim.cgroup.strip("/") in {t.cgroup.strip("/") for t in candidates} \
-                and f"rt:{inc.incident_id}" not in self._acted:
-            self._acted.add(f"rt:{inc.incident_id}")  # once per incident, whatever came of it
-            if self._rt(inc, candidates):
+        if inc.victim.cgroup.strip("/") in {t.cgroup.strip("/") for t in candidates}:
+            first = f"rt:{inc.incident_id}" not in self._acted
+            self._acted.add(f"rt:{inc.incident_id}")  # one RT move per incident, whatever came of it
+            if self._rt(inc, candidates, act=first):
                 return
         if inc.victim.cgroup.strip("/") not in {t.cgroup.strip("/") for t in candidates}:
             return  # a victim that is not a known pod: nothing here to weigh its traffic against

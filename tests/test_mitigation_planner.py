@@ -317,8 +317,12 @@ def test_rt_task_of_a_be_pod_on_the_victims_cpu_is_ranked_and_moved_off_it(tmp_p
     assert d.target == FLOOD and d.amount == SuppressAmount("cpuset", cpus=(0,)) and d.incident_id == "inc-1"
     ranking = next(e.note for e in inc.evidence if "real-time" in e.note)
     assert ranking.index("api") < ranking.index("flood")  # ranked by RT CPU time: the LS pod first ...
+    assert inc.culprits[0].target == FLOOD  # ... and the BE one put first in the incident's culprits
+    inc.culprits = []  # the engine's next update replaces the culprits: the RT pod is put first again
     planner(inc, "updated")  # ... but never touched; and one RT move per incident
-    assert all(x.target != API for x in sink.decisions)
+    assert all(x.target != API for x in sink.decisions) and len(sink.decisions) == 1
+    assert inc.culprits[0].target == FLOOD
+    assert len([e for e in inc.evidence if "real-time" in e.note]) == 1
     # only a non-BE pod has RT tasks: said, nothing done
     (cg / flood / "cgroup.procs").write_text("20\n")
     sink2 = LoggingSink()
