@@ -49,6 +49,7 @@ from detector.decisions import (
     softirq_traffic_decision,
 )
 from detector.model import Culprit, Evidence, Incident
+from detector.pods import PodInfo
 from detector.policy import ActuatorPolicy
 from probes.cpuacct import read_cgroup_cpu
 
@@ -102,6 +103,21 @@ def netdev_packets(text: str) -> int:
         except ValueError:
             continue
     return total
+
+
+def requests_from(pods: Callable[[], Iterable[PodInfo]]) -> Callable[[Target], float | None]:
+    """``request_of`` for the planner from a pod source: a target's CPU request (cpu + koordinator
+    batch-cpu, PodInfo.cpu_request_cores) by pod uid; None when unknown or zero."""
+
+    def request_of(target: Target) -> float | None:
+        if not target.pod_uid:
+            return None
+        for p in pods():
+            if p.uid == target.pod_uid:
+                return p.cpu_request_cores or None
+        return None
+
+    return request_of
 
 
 class NetnsTrafficSampler:

@@ -330,3 +330,16 @@ def test_rt_task_of_a_be_pod_on_the_victims_cpu_is_ranked_and_moved_off_it(tmp_p
     MitigationPlanner(sink2, lambda: [VICTIM, FLOOD, API], NetnsTrafficSampler(files))(inc2, "opened")
     assert sink2.decisions == []
     assert any("no BE pod among them" in e.note for e in inc2.evidence)
+
+
+def test_requests_from_a_pod_source_include_batch_cpu() -> None:
+    from actuators.mitigate import requests_from
+    from detector.pods import pod_from_dict
+    from tests.fakekube import make_pod
+
+    uid = "7d1b7f0e-0000-4000-8000-00000000000a"
+    pods = [pod_from_dict(make_pod("batch", uid=uid, qos_class="BE", requests={"cpu": "250m"}))]
+    request_of = requests_from(lambda: pods)
+    assert request_of(Target("/x", pod_uid=uid, qos="BE")) == pytest.approx(0.25)
+    assert request_of(Target("/x", pod_uid="other", qos="BE")) is None
+    assert request_of(Target("/x", qos="BE")) is None
