@@ -346,7 +346,9 @@ class QuotaBurstLoop:
                 out.append(self._follow(tr, 1.0, why))
                 self.forget(cg)
                 continue
-            d = self.controller.step(tr.decision.target, base_cores=base_cores, usage_cores=usage_cores,
+            # the controller's state is keyed by the stripped path, as track()/forget() key it
+            d = self.controller.step(dataclasses.replace(tr.decision.target, cgroup=cg), base_cores=base_cores,
+                                     usage_cores=usage_cores,
                                      throttled=ratio >= THROTTLED_RATIO, share_pool_usage_percent=pool, interval_s=dt)
             if d is not None and isinstance(d.amount, BurstAmount) and d.amount.quota_scale is not None:
                 out.append(self._follow(tr, d.amount.quota_scale,

@@ -83,7 +83,6 @@ class _Verification:
     baseline: float
     needed: int
     samples: list[float] = field(default_factory=list)
-    applied_at: float = 0.0  # manager clock
 
 
 @dataclass

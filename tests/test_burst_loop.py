@@ -130,7 +130,7 @@ def test_loop_scales_to_what_the_pod_needs_then_stops_when_share_pool_busy(make_
     try:
         time.sleep(0.5)
         assert _throttled_ratio(pod, 1.5) >= 0.5
-        manager.submit(_ls(rel))  # what the detector asks for on a self_throttling incident
+        manager.submit(_ls("/" + rel))  # what the detector asks for on a self_throttling incident (its path style)
         assert manager.records[-1].state == ActionState.APPLIED, manager.records[-1].detail
         assert files.read_cpu_max(rel).quota_us == 12_000  # the one step that used to be all there was
         _drive(manager, 11.0)
@@ -138,6 +138,9 @@ def test_loop_scales_to_what_the_pod_needs_then_stops_when_share_pool_busy(make_
         after = _throttled_ratio(pod, 2.0)
         print(f"quota 0.10 -> {quota / 1e5:.2f} cores, throttled {after:.0%}; steps: "
               + "; ".join(r.plan.summary for r in manager.records if r.plan))
+        # every step moved the quota: no step asked for what was already there (a state-key mismatch did)
+        assert not [r for r in manager.records if r.state == ActionState.REFUSED], \
+            [r.detail for r in manager.records if r.state == ActionState.REFUSED]
         assert quota >= 30_000  # well past the one x1.2 step, towards the need (x4), within the x8 cap
         assert quota <= 80_000
         assert after <= 0.25

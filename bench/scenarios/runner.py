@@ -338,7 +338,8 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                 result.actions.append(ActionRecordLite(
                     at_s=round(rec.at - wall_minus_mono - onset, 3), kind=str(rec.decision.kind),
                     target=names.get(target, target), state=str(rec.state),
-                    summary=rec.plan.summary if rec.plan else rec.detail))
+                    summary=(f"{rec.plan.summary} | {rec.detail}" if rec.plan and rec.detail else
+                             rec.plan.summary if rec.plan else rec.detail)))
             if any("steadily above its limit" in r.detail for r in manager.records):
                 verdict = "burst cannot help: steadily above its limit, no neighbour action"
                 result.note = "; ".join([*([result.note] if result.note else []), verdict])
