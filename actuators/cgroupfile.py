@@ -75,6 +75,8 @@ class Resource(StrEnum):
     CPUSET_MEMS = "cpuset_mems"
     TASKS = "tasks"
     PROCS = "procs"
+    MEMORY_LIMIT = "memory_limit"  # v1 hard limit; v2 memory.high (throttle + reclaim, no OOM kill)
+    MEMORY_USAGE = "memory_usage"
 
 
 # resource -> (controller, v1 file, v2 file)
@@ -87,6 +89,8 @@ _FILES: dict[Resource, tuple[str, str, str]] = {
     Resource.CPUSET_MEMS: ("cpuset", "cpuset.mems", "cpuset.mems"),
     Resource.TASKS: ("cpu", "tasks", "cgroup.threads"),
     Resource.PROCS: ("cpu", "cgroup.procs", "cgroup.procs"),
+    Resource.MEMORY_LIMIT: ("memory", "memory.limit_in_bytes", "memory.high"),
+    Resource.MEMORY_USAGE: ("memory", "memory.usage_in_bytes", "memory.current"),
 }
 
 

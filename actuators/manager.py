@@ -42,11 +42,14 @@ from actuators.base import ActionError, ActionRecord, ActionState, Actuator, Pla
 from actuators.cgroupfile import CgroupFileError
 from actuators.journal import Journal, JournalError
 from detector.cgroups import parse_cgroup_path
-from detector.decisions import ActionKind, Decision, SuppressAmount
+from detector.decisions import ActionKind, BurstAmount, Decision, SuppressAmount
 from detector.policy import ActuatorPolicy
 
 log = logging.getLogger("noisyneighbor.actuators")
 
+# "Recovered": the victim's signal at or below this share of its value before the action (the manager knows
+# no quiet baseline; the bench judges recovery against one, 1.5x its quiet p99).
+RECOVERY_SHARE = 0.5
 PROTECTED_QOS = frozenset({"LS", "LSR", "LSE", "SYSTEM"})
 NO_BURST_QOS = frozenset({"LSR", "LSE", "BE"})
 SIGNAL_PRUNE_EVERY = 60  # observe() calls between looks for victim histories nobody feeds any more
@@ -89,6 +92,7 @@ class _Active:
     record: ActionRecord
     actuator: Actuator
     verification: _Verification | None
+    chain: list[Plan] = field(default_factory=list)  # earlier steps of a closed loop (follow-ups), oldest first
 
 
 class ActuatorManager:
@@ -124,6 +128,8 @@ class ActuatorManager:
         self._signals: dict[str, deque[float]] = {}
         self._signal_seen: dict[str, int] = {}  # key -> the observe() call that last carried it
         self._observed = 0
+        # called with every finished record (the mitigation planner copies reverts/refusals into incidents)
+        self.on_record: list[Callable[[ActionRecord], None]] = []
         if reconcile:
             report = journal.reconcile(reown=reown)
             if report.restored or report.failed or report.reowned:
@@ -149,6 +155,8 @@ class ActuatorManager:
                 self._signal_seen[key] = self._observed
             if self._observed % SIGNAL_PRUNE_EVERY == 0:
                 self._prune_signals()
+            for active in self._active.values():
+                self._note_effect(active, signals)
             for target_key, active in list(self._active.items()):
                 v = active.verification
                 if v is None or v.key not in signals:
@@ -156,6 +164,36 @@ class ActuatorManager:
                 v.samples.append(float(signals[v.key]))
                 if len(v.samples) >= v.needed:
                     self._judge(target_key, active, v)
+            self._follow(now)
+
+    def _note_effect(self, active: _Active, signals: Mapping[str, float]) -> None:
+        d = active.record.decision
+        if d.victim is None or not d.victim_signal:
+            return
+        key = f"{d.victim.cgroup}:{d.victim_signal}"
+        if key not in signals:
+            return
+        eff = active.record.effect
+        value = float(signals[key])
+        eff["latest"] = value
+        before = eff.get("before_action")
+        bar = None if before is None else before * RECOVERY_SHARE
+        if bar is not None and "action_to_recovery_s" not in eff and value <= bar and "applied_at" in eff:
+            eff["action_to_recovery_s"] = round(self._clock() - eff["applied_at"], 3)
+
+    def _follow(self, now: float) -> None:
+        """One step of every actuator's closed loop (the burst loop): its decisions are follow-ups."""
+        for actuator in list(self.actuators.values()):
+            loop = _loop_of(actuator)
+            if loop is None or not getattr(loop, "tracked", None):
+                continue
+            try:
+                decisions = loop.step()
+            except Exception:  # a loop that fails must not stop verification or the detector
+                log.exception("actuator loop of %s failed", actuator.kind)
+                continue
+            for d in decisions:
+                self.submit(d)
 
     def close(self) -> None:
         with self._lock:
@@ -175,10 +213,17 @@ class ActuatorManager:
         kind = ActionKind(decision.kind)
         key = (str(kind), decision.target.cgroup.strip("/"))
         actuator = self.actuators.get(kind)
+        previous_active = self._active.get(key)
+        if decision.follow_up and previous_active is not None and _back_to_base(decision) \
+                and actuator is not None and not self.policy.dry_run:
+            self._end_chain(key, previous_active, decision.reason)
+            return
         try:
             self._check_limits(decision, kind, key, actuator, now)
             assert actuator is not None
             plan = actuator.plan(decision)
+            if decision.follow_up and not self.policy.dry_run and not _gives_back(plan, previous_active):
+                self._check_rate(kind, now)
         except Refused as e:
             self._finish(ActionRecord(action_id, None, decision, ActionState.REFUSED, _one_line(e)))
             return
@@ -202,10 +247,42 @@ class ActuatorManager:
             previous.record.detail = f"superseded by {action_id}"
             self._audit(previous.record)
         record = ActionRecord(action_id, plan, decision, ActionState.APPLIED, "")
-        self._active[key] = _Active(record, actuator, self._start_verification(decision))
-        if self._active[key].verification is None and decision.victim_signal:
+        if decision.follow_up and previous is not None:
+            # one action in steps: the first step's baseline and samples judge the whole loop, and a
+            # revert undoes every step
+            self._active[key] = _Active(record, actuator, previous.verification,
+                                        [*previous.chain, *([previous.record.plan] if previous.record.plan else [])])
+            record.effect.update(previous.record.effect)
+        else:
+            self._active[key] = _Active(record, actuator, self._start_verification(decision))
+            v = self._active[key].verification
+            record.effect.update({"applied_at": now,
+                                  "decision_to_action_s": round(max(0.0, time.time() - decision.created_at), 3),
+                                  **({"before_action": v.baseline} if v is not None else {})})
+            loop = _loop_of(actuator)
+            scale = plan.details.get("scale")
+            if loop is not None and isinstance(scale, (int, float)) and getattr(decision.amount, "quota_scale", None):
+                loop.track(decision, float(scale))
+        if self._active[key].verification is None and decision.victim_signal and not decision.follow_up:
             record.detail = "no baseline for the victim signal yet: not verified"
         self._finish(record)
+
+    def _end_chain(self, key: tuple[str, str], active: _Active, why: str) -> None:
+        """A loop's step back to the base: undo every step through the journal (originals back exactly)."""
+        try:
+            self._revert_all(active)
+        except (ActionError, JournalError, CgroupFileError) as e:
+            active.record.state, active.record.detail = ActionState.FAILED, f"revert failed: {_one_line(e)}; {why}"
+            self._finish(active.record)
+            return
+        self._active.pop(key, None)
+        active.record.state, active.record.detail = ActionState.REVERTED, why
+        self._finish(active.record)
+
+    @staticmethod
+    def _revert_all(active: _Active) -> None:
+        for plan in reversed([*active.chain, *([active.record.plan] if active.record.plan else [])]):
+            active.actuator.revert(plan)
 
     def _check_limits(
         self, decision: Decision, kind: ActionKind, key: tuple[str, str], actuator: Actuator | None, now: float
@@ -215,6 +292,7 @@ class ActuatorManager:
         enabled = {
             ActionKind.SUPPRESS: self.policy.suppress_enabled, ActionKind.EVICT: self.policy.evict_enabled,
             ActionKind.BURST: self.policy.burst_enabled, ActionKind.RESCTRL: self.policy.resctrl_enabled,
+            ActionKind.MEMORY_SUPPRESS: self.policy.suppress_enabled,
         }.get(kind, False)
         if not enabled:
             raise Refused(f"{kind} is disabled by policy")
@@ -222,19 +300,30 @@ class ActuatorManager:
         if kind == ActionKind.BURST:
             if qos in NO_BURST_QOS:
                 raise Refused(f"burst is not for {qos} targets ({decision.target.display})")
-        elif kind in (ActionKind.SUPPRESS, ActionKind.EVICT) and qos != "BE":
+            loop = _loop_of(actuator)
+            verdict = loop.verdict(decision.target.cgroup) if loop is not None else None
+            if verdict and not decision.follow_up:
+                raise Refused(f"{decision.target.display}: {verdict}")
+        elif kind in (ActionKind.SUPPRESS, ActionKind.EVICT, ActionKind.MEMORY_SUPPRESS) and qos != "BE":
             raise Refused(f"{kind} only touches BE targets; {decision.target.display} is {qos or 'of unknown QoS'}")
-        if key in self._active and self._active[key].verification is not None:
-            raise Refused(f"previous {kind} on {decision.target.display} is still being verified")
         blocked = self._blocked_until.get(key, 0.0)
         if now < blocked:
             raise Refused(f"{decision.target.display} was reverted recently: blocked for {blocked - now:.0f} s more")
+        if decision.follow_up:
+            if kind != ActionKind.BURST:
+                raise Refused(f"follow-up steps are for the burst loop only, not {kind}")
+            return  # the loop's own pace; the rate limit is checked once the plan says which way it goes
+        if key in self._active and self._active[key].verification is not None:
+            raise Refused(f"previous {kind} on {decision.target.display} is still being verified")
         last = self._last_change.get(key)
         if last is not None and now - last < self.policy.cooldown_seconds:
             raise Refused(f"cooldown: last change to {decision.target.display} {now - last:.0f} s ago "
                           f"(< {self.policy.cooldown_seconds:g} s)")
         if self.policy.dry_run:
             return  # dry-run changes nothing, so the rate limit does not apply
+        self._check_rate(kind, now)
+
+    def _check_rate(self, kind: ActionKind, now: float) -> None:
         while self._changes and now - self._changes[0][0] >= 60.0:
             self._changes.popleft()
         if kind == ActionKind.EVICT:
@@ -271,18 +360,21 @@ class ActuatorManager:
                    f"({improvement:+.1f} %, need {self.policy.verify_min_improvement_percent:g} %)")
         active.verification = None
         record = active.record
+        record.effect.update({"after_action": after, "improvement_percent": round(improvement, 1)})
         if improvement >= self.policy.verify_min_improvement_percent:
             record.state, record.detail = ActionState.VERIFIED, f"victim improved: {numbers}"
             self._finish(record)
             return
         try:
-            if record.plan is not None:
-                active.actuator.revert(record.plan)
+            self._revert_all(active)
         except (ActionError, JournalError, CgroupFileError) as e:
             record.state, record.detail = ActionState.FAILED, f"revert failed: {_one_line(e)}; {numbers}"
             self._finish(record)
             return
         self._active.pop(target_key, None)
+        loop = _loop_of(active.actuator)
+        if loop is not None:
+            loop.forget(target_key[1])
         self._blocked_until[target_key] = self._clock() + 2 * self.policy.cooldown_seconds
         self.metrics.reverts.labels(kind).inc()
         record.state, record.detail = ActionState.REVERTED, f"did not help: {numbers}"
@@ -298,6 +390,11 @@ class ActuatorManager:
 
     def _finish(self, record: ActionRecord) -> None:
         self.records.append(record)
+        for hook in self.on_record:
+            try:
+                hook(record)
+            except Exception:  # a broken hook must not stop the manager
+                log.exception("actuator record hook failed")
         self.metrics.actions.labels(str(record.decision.kind), str(record.state)).inc()
         self._refresh_gauges()
         self._audit(record)
@@ -316,6 +413,7 @@ class ActuatorManager:
             "summary": record.plan.summary if record.plan else None,
             "writes": [{"path": w.path, "old": w.old, "new": w.new} for w in record.plan.writes] if record.plan else [],
             "details": dict(record.plan.details) if record.plan else {},
+            "effect": {k: v for k, v in record.effect.items() if k != "applied_at"},
         }
         self._audit_raw(line)
 
@@ -336,6 +434,28 @@ class ActuatorManager:
     def active_records(self) -> list[ActionRecord]:
         with self._lock:
             return [a.record for a in self._active.values()]
+
+
+def _loop_of(actuator: object) -> object | None:
+    """An actuator's closed loop, also through a wrapper (the agent's --act-only ScopedActuator)."""
+    loop = getattr(actuator, "loop", None)
+    if loop is None and hasattr(actuator, "inner"):
+        loop = getattr(actuator.inner, "loop", None)
+    return loop
+
+
+def _back_to_base(decision: Decision) -> bool:
+    amount = decision.amount
+    return isinstance(amount, BurstAmount) and amount.burst_us is None and amount.quota_scale is not None \
+        and amount.quota_scale <= 1.0 + 1e-9
+
+
+def _gives_back(plan: Plan, previous: _Active | None) -> bool:
+    """A follow-up step that lowers the quota gives CPU back: never held up by the rate limit."""
+    if previous is None or previous.record.plan is None:
+        return False
+    new, old = plan.details.get("quota_us"), previous.record.plan.details.get("quota_us")
+    return isinstance(new, (int, float)) and isinstance(old, (int, float)) and new < old
 
 
 def target_qos(decision: Decision) -> str | None:

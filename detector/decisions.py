@@ -26,6 +26,7 @@ class ActionKind(StrEnum):
     EVICT = "evict"  # Kubernetes Eviction API on a pod
     BURST = "burst"  # cfs burst / quota scaling for a throttled LS pod
     RESCTRL = "resctrl"  # L3 CAT / MBA for a QoS group
+    MEMORY_SUPPRESS = "memory_suppress"  # lower a BE pod's memory limit/high toward its usage
 
 
 class Cause(StrEnum):
@@ -93,7 +94,16 @@ class ResctrlAmount:
     mba_percent: int = 100
 
 
-Amount = SuppressAmount | EvictAmount | BurstAmount | ResctrlAmount
+@dataclass(frozen=True, slots=True)
+class MemorySuppressAmount:
+    """Cap a BE cgroup's memory at ``usage * (1 + headroom)`` (v1 limit_in_bytes, v2 memory.high), never
+    below ``floor_bytes``: its growth stops driving global reclaim, which then hits it first."""
+
+    headroom: float = 0.0
+    floor_bytes: int = 64 * 1024 * 1024
+
+
+Amount = SuppressAmount | EvictAmount | BurstAmount | ResctrlAmount | MemorySuppressAmount
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +116,10 @@ class Decision:
     victim: Target | None = None  # whose signal verify/revert watches
     victim_signal: str | None = None  # e.g. "runq_p99_ns"; lower is better
     created_at: float = field(default_factory=time.time)
+    # A step of a closed loop already acting on this target for this incident (the burst loop's next
+    # quota scale): the manager lets it through the per-target cooldown and carries the first step's
+    # verification over, so the loop moves at tick pace while the action is judged as one.
+    follow_up: bool = False
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -145,3 +159,52 @@ class LoggingSink:
 
     def close(self) -> None:
         return None
+
+
+# -- mitigation choices the engine's one-decision-per-incident rule does not make (issue 19) ----------
+
+SOFTIRQ_TRAFFIC_MIN_PPS = 2000.0  # below this a pod's packets are not what keeps a CPU in NET_RX
+SOFTIRQ_TRAFFIC_SHARE = 0.5  # the pod's netns must carry at least this share of the pods' packets
+
+
+@dataclass(frozen=True, slots=True)
+class PodTraffic:
+    """Packets per second through a pod's own network namespace (all its interfaces but lo)."""
+
+    target: Target
+    packets_per_s: float
+    cpu_cores: float = 0.0
+    host_network: bool = False  # the pod shares the node's netns: its counters are the node's, not its own
+
+
+def softirq_traffic_decision(
+    victim: Target, incident_id: str | None, traffic: list[PodTraffic], *, min_cores: float = 0.1,
+    victim_signal: str = "runq_p99_ns",
+) -> tuple[Decision | None, str]:
+    """Softirq on the victim's CPUs: when one pod's own traffic carries most of the packets, suppress it.
+
+    Returns (decision or None, one line saying why). Only a BE pod is ever named in a decision; a non-BE
+    source, a host-network pod (its counters are the node's) or traffic nobody dominates gives advice
+    only: the node's IRQ/RPS placement (move it off the victim's CPUs), never a change to it.
+    A cfs quota, not a cpuset: the packets are processed on the CPU the steering picks, wherever the
+    sender runs, so only sending less (less CPU for the sender) takes NET_RX off the victim's CPU.
+    """
+    own = [t for t in traffic if not t.host_network and t.target.cgroup != victim.cgroup]
+    total = sum(t.packets_per_s for t in own)
+    if not own or total <= 0:
+        return None, "no pod's own traffic seen: NET_RX comes from the node's devices; advice: move IRQ/RPS " \
+                     "steering off the victim's CPUs (the agent never changes node IRQ settings)"
+    top = max(own, key=lambda t: t.packets_per_s)
+    share = top.packets_per_s / total
+    if top.packets_per_s < SOFTIRQ_TRAFFIC_MIN_PPS or share < SOFTIRQ_TRAFFIC_SHARE:
+        return None, (f"no dominant pod traffic (top {top.target.display} {top.packets_per_s:.0f} pkt/s, "
+                      f"{share:.0%} of pods'): advice: move IRQ/RPS steering off the victim's CPUs")
+    if (top.target.qos or "").upper() != "BE":
+        return None, (f"{top.target.display} sends {top.packets_per_s:.0f} pkt/s ({share:.0%}) but is "
+                      f"{top.target.qos or 'of unknown QoS'}: not touched; advice: rate-limit it or move IRQ/RPS "
+                      f"steering off the victim's CPUs")
+    cap = round(max(min_cores, 0.2 * top.cpu_cores), 2)
+    reason = (f"{top.target.display}'s own traffic, {top.packets_per_s:.0f} pkt/s ({share:.0%} of the pods'), keeps "
+              f"NET_RX on {victim.display}'s CPUs: cfs quota {top.cpu_cores:.2f} -> {cap:.2f} cores (sends less)")
+    return Decision(ActionKind.SUPPRESS, top.target, SuppressAmount("cfs_quota", cpu_cores=cap), reason,
+                    incident_id=incident_id, victim=victim, victim_signal=victim_signal), reason

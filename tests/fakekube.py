@@ -249,6 +249,7 @@ class FakeKube:
         self.requests: list[RecordedRequest] = []
         self.events: list[dict[str, Any]] = []
         self.evictions: list[tuple[str, str, Any, int]] = []
+        self.resizes: list[tuple[str, str, Any]] = []  # (namespace, name, patch body) of pods/resize PATCHes
         self.execs: list[tuple[str, str, str, list[str], dict[str, list[str]]]] = []
         self.exec_handler: Callable[[str, str, str, list[str]], tuple[bytes, bytes, int]] = \
             lambda ns, pod, container, command: (b"", b"", 0)
@@ -490,6 +491,34 @@ class FakeKube:
                 timer.start()
             return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
+    def _resize(self, namespace: str, name: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """PATCH pods/{name}/resize (in-place pod resize, strategic merge on containers by name).
+
+        As the apiserver: only the values of resources a container already has may change (adding or
+        dropping a request/limit would change the pod's QoS class, which is immutable: 422).
+        """
+        with self._cond:
+            pod = self._pods.get((namespace, name))
+            if pod is None:
+                return 404, _status(404, "NotFound", f'pods "{name}" not found')
+            self.resizes.append((namespace, name, copy.deepcopy(body)))
+            new = copy.deepcopy(pod)
+            by_name = {c["name"]: c for c in new["spec"]["containers"]}
+            for pc in ((body or {}).get("spec") or {}).get("containers") or []:
+                c = by_name.get(pc.get("name"))
+                if c is None:
+                    return 422, _status(422, "Invalid", f'container "{pc.get("name")}" not found')
+                for kind, values in (pc.get("resources") or {}).items():
+                    have = (c.get("resources") or {}).get(kind) or {}
+                    for res, value in (values or {}).items():
+                        if res not in have or value is None:
+                            return 422, _status(422, "Invalid", "Pod QoS is immutable: resize may only change "
+                                                                 f"existing {kind} ({res} on {c['name']})")
+                        have[res] = value
+            self._pods[(namespace, name)] = new
+            self._emit("MODIFIED", new)
+            return 200, copy.deepcopy(new)
+
     def _store_event(self, namespace: str, body: Any) -> tuple[int, dict[str, Any]]:
         if not isinstance(body, dict) or body.get("kind", "Event") != "Event":
             return 400, _status(400, "BadRequest", "body is not an Event")
@@ -683,6 +712,10 @@ def _make_handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                     return
                 if rest[0] == "pods" and len(rest) == 3 and rest[2] == "eviction" and method == "POST":
                     code, obj = kube._evict(ns, rest[1], body)
+                    self._send_json(code, obj)
+                    return
+                if rest[0] == "pods" and len(rest) == 3 and rest[2] == "resize" and method == "PATCH":
+                    code, obj = kube._resize(ns, rest[1], body)
                     self._send_json(code, obj)
                     return
                 if rest[0] == "events" and len(rest) == 1 and method == "POST":

@@ -219,6 +219,11 @@ SCENARIOS: tuple[ScenarioSpec, ...] = (
                  modes=("detect", "koordlet")),
 )
 
+# issue 19's mitigation scenarios live in their own module (appended here, one line to merge)
+from bench.scenarios.catalog_mitigate import MITIGATION_SCENARIOS  # noqa: E402
+
+SCENARIOS = SCENARIOS + MITIGATION_SCENARIOS
+
 
 def by_name(names: list[str] | None) -> list[ScenarioSpec]:
     if not names:

