@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from detector.cgroups import CgroupResolver
-from detector.decisions import DecisionSink
+from detector.decisions import DecisionSink, Target
 from detector.incidents import IncidentEngine
 from detector.model import Incident
 from detector.policy import Policy
@@ -129,6 +129,11 @@ class Detector:
             self._listed_cpu = frozenset((*self._pod_paths, *self._container_paths, *self._seen_paths))
             self._listed = self._listed_cpu | frozenset(self._memory_pod_paths)
         return self._listed
+
+    def pod_targets(self) -> list[Target]:
+        """The node's pods as actuator targets (as of the last listing): candidates for the mitigation
+        planner's traffic and RT attribution."""
+        return [self.index.workload_of(path).target for path in self._pod_paths]
 
     def psi_paths(self) -> frozenset[str]:
         """Latency-sensitive workload roots: the collector reads their PSI every tick (victim signals)."""

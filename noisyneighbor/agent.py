@@ -39,6 +39,8 @@ from actuators.burst import BurstActuator
 from actuators.cgroupfile import CgroupFiles
 from actuators.journal import DEFAULT_JOURNAL_DIR, Journal
 from actuators.manager import ActuatorManager
+from actuators.memory import MemorySuppressActuator
+from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler, requests_from
 from actuators.resctrl import KernelResctrlFs, ResctrlActuator, ResctrlFileIO, resctrl_root
 from actuators.suppress import SuppressActuator
 from detector.cgroups import CgroupResolver
@@ -231,6 +233,7 @@ class Agent:
         self.manager: ActuatorManager | None = None
         self.exporter: Exporter | None = None
         self.gpu: GpuCollector | None = None
+        self.planner: MitigationPlanner | None = None
         self.events: Any = None
         self.stats = TickStats()
         self._run_stats: Any = None
@@ -330,6 +333,14 @@ class Agent:
         self.listen_join = ListenJoin(self._workload_of_id, self._target_of_owner,
                                       slow_ns=policy.slo.connect_p99_ms * 1e6)
         self.detector.engine.listen_join = self.listen_join
+        # Per-cause mitigation beyond the engine's one decision (actuators/mitigate.py): softirq from a
+        # pod's traffic, RT tasks starving the victim's CPUs, BE-driven reclaim, the neighbour escalation;
+        # through the same manager, so dry-run, --act-only, the journal and verify/revert hold.
+        self.planner = MitigationPlanner(
+            self.manager, self.detector.pod_targets, NetnsTrafficSampler(CgroupFiles(self.paths, self.layout)),
+            policy.actuators, request_of=requests_from(self.pod_source.pods))
+        self.detector.engine.on_incident.append(self.planner)
+        self.manager.on_record.append(self.planner.note_record)
         if self.config.listen is not None:
             self._serve(*parse_listen(self.config.listen))
 
@@ -343,6 +354,7 @@ class Agent:
         actuators: list[Actuator] = [
             SuppressActuator(files, self._journal, policy.resource_threshold),
             BurstActuator(files, self._journal, policy.cpu_burst),
+            MemorySuppressActuator(files, self._journal),
         ]
         if policy.actuators.resctrl_enabled:
             actuators.append(ResctrlActuator(self.paths, journal=self._journal))

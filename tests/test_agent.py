@@ -323,3 +323,26 @@ def test_removed_pod_leaves_no_series_store_rows_baselines_or_map_entries(make_c
             assert pod_path not in " ".join(agent.collector.watch.watched)
         finally:
             agent.stop()
+
+
+@pytest.mark.root
+def test_the_agent_runs_the_mitigation_planner_and_memory_suppress(tmp_path):
+    """Issue 19's per-cause mitigation runs in the agent, not only in the bench: the planner is an
+    incident hook that hears back from the manager, the memory suppress actuator is there, and the
+    planner's candidates are the node's pods."""
+    from detector.decisions import ActionKind
+    from noisyneighbor.agent import Agent, AgentConfig
+
+    config = write_config(tmp_path / "config.yaml", {"kubernetes": {"pod_source": "standalone"}})
+    agent = Agent(AgentConfig(config_path=str(config), listen=None, journal_dir=str(tmp_path / "journal"),
+                              probes=("runqlat",), gpu=False))
+    agent.start()
+    try:
+        agent.step()
+        assert agent.planner in agent.detector.engine.on_incident
+        assert agent.planner.note_record in agent.manager.on_record
+        assert ActionKind.MEMORY_SUPPRESS in agent.manager.actuators
+        assert agent.manager.policy.dry_run  # the default: the planner's decisions are plans only
+        assert isinstance(agent.detector.pod_targets(), list)
+    finally:
+        agent.stop()
