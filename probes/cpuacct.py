@@ -125,6 +125,11 @@ def read_v2_cpu_stat(cgroup_dir: Path) -> CgroupCpuStat | None:
         quota_us, period_us = parsed
     elif not cgroup_dir.is_dir():
         return None  # vanished between the two reads
+    return _v2_stat(stat, quota_us, period_us)
+
+
+def _v2_stat(stat: dict[str, int], quota_us: int | None, period_us: int | None) -> CgroupCpuStat:
+    """A v2 cpu.stat (with usage_usec) and the cgroup's cpu.max as a CgroupCpuStat."""
     user, system = stat.get("user_usec"), stat.get("system_usec")
     bursts, burst = stat.get("nr_bursts"), stat.get("burst_usec")
     return CgroupCpuStat(
@@ -173,7 +178,12 @@ def read_v1_cpu_stat(
             stat = cpu_stat
             quota_us = None if quota < 0 else quota
             period_us = period
-    bursts, burst = stat.get("nr_bursts"), stat.get("burst_time")
+    return _v1_stat(usage, user, system, ticks, stat, quota_us, period_us)
+
+
+def _v1_stat(usage: int, user: int | None, system: int | None, ticks: int, stat: dict[str, int],
+             quota_us: int | None, period_us: int | None) -> CgroupCpuStat:
+    """v1 cpuacct numbers (user/system in USER_HZ ticks), cpu.stat and the limits as a CgroupCpuStat."""
     return CgroupCpuStat(
         cgroup_version=1,
         usage_ns=usage,
@@ -182,8 +192,8 @@ def read_v1_cpu_stat(
         nr_periods=stat.get("nr_periods", 0),
         nr_throttled=stat.get("nr_throttled", 0),
         throttled_ns=stat.get("throttled_time", 0),
-        nr_bursts=bursts,
-        burst_ns=burst,
+        nr_bursts=stat.get("nr_bursts"),
+        burst_ns=stat.get("burst_time"),
         quota_us=quota_us,
         period_us=period_us,
     )
@@ -393,20 +403,7 @@ class CgroupCpuReader:
             if stat_text is None:
                 return None  # vanished since the limits were read
             stat = parse_keyed_counters(stat_text)
-        user, system = acct.get("user"), acct.get("system")
-        return CgroupCpuStat(
-            cgroup_version=1,
-            usage_ns=usage,
-            user_ns=None if user is None else user * NS_PER_S // self.ticks,
-            system_ns=None if system is None else system * NS_PER_S // self.ticks,
-            nr_periods=stat.get("nr_periods", 0),
-            nr_throttled=stat.get("nr_throttled", 0),
-            throttled_ns=stat.get("throttled_time", 0),
-            nr_bursts=stat.get("nr_bursts"),
-            burst_ns=stat.get("burst_time"),
-            quota_us=self.quota_us,
-            period_us=self.period_us,
-        )
+        return _v1_stat(usage, acct.get("user"), acct.get("system"), self.ticks, stat, self.quota_us, self.period_us)
 
     def _read_v2(self, limits: bool, read_small: ReadText) -> CgroupCpuStat | None:
         if self.stat_file is None:
@@ -427,18 +424,4 @@ class CgroupCpuReader:
             else:
                 self.quota_us = self.period_us = None  # the root: no cpu.max
             self._limits_read = True
-        user, system = stat.get("user_usec"), stat.get("system_usec")
-        bursts, burst = stat.get("nr_bursts"), stat.get("burst_usec")
-        return CgroupCpuStat(
-            cgroup_version=2,
-            usage_ns=stat["usage_usec"] * NS_PER_US,
-            user_ns=None if user is None else user * NS_PER_US,
-            system_ns=None if system is None else system * NS_PER_US,
-            nr_periods=stat.get("nr_periods", 0),
-            nr_throttled=stat.get("nr_throttled", 0),
-            throttled_ns=stat.get("throttled_usec", 0) * NS_PER_US,
-            nr_bursts=bursts,
-            burst_ns=None if burst is None else burst * NS_PER_US,
-            quota_us=self.quota_us,
-            period_us=self.period_us,
-        )
+        return _v2_stat(stat, self.quota_us, self.period_us)
