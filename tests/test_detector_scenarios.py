@@ -59,21 +59,26 @@ def test_a_be_cpu_hog_is_the_culprit(scenario):
     ls = s.pod("web", "LS")
     be = s.pod("batch", "BE", shares=2048)
     s.ls_worker(ls, [VICTIM_CPU], seconds=40)
-    s.run_for(6)  # quiet warm-up: no incident while the victim runs alone
-    assert s.incidents_for(ls) == [], [i.to_dict() for i in s.incidents_for(ls)]
+    s.run_for(6)  # warm-up: the victim runs alone among the scenario's pods
+    _only_others_blamed(s, s.views())
     onset = time.monotonic()
     s.hog(be, [VICTIM_CPU], seconds=30)
     s.run_for(8)
-    incidents = s.incidents_for(ls)
-    assert incidents, "no incident for the LS pod next to a BE CPU hog"
-    inc = incidents[0]
-    assert inc.cause == Cause.NEIGHBOR_CPU, inc.to_dict()
-    assert inc.culprits and inc.culprits[0].target.cgroup == be.path, inc.to_dict()
-    time_to_detect = inc.started_at - onset
-    print(f"time to detect {time_to_detect:.2f} s; culprits "
-          f"{[(c.target.display, c.score, c.who_ran_instead_share) for c in inc.culprits]}")
+    assert s.incidents_for(ls), "no incident for the LS pod next to a BE CPU hog"
+    # The first tick whose incident for the LS pod names the hog first: a new incident (cause
+    # neighbor_cpu), or one the node's other work opened before the onset, now updated with the hog
+    # on top (the detector keeps an incident's first cause unless a later one is more confident).
+    after = s.views(ls, after=onset)
+    named = [v for v in after if v.culprits[:1] == (be.path,)
+             and (v.cause == Cause.NEIGHBOR_CPU or v.started_at < onset)]
+    assert named, [v.brief() for v in after]
+    time_to_detect = named[0].updated_at - onset
+    print(f"time to detect {time_to_detect:.2f} s; {named[0].brief()}")
     # breach_seconds (2 s) of 1 s ticks after the first tick that contains the onset: ~2 s; the target is 3 s.
     assert time_to_detect <= 3.0
+    # Once named, the hog stays the culprit while it runs (nothing else of the scenario competes).
+    later = s.views(ls, after=onset + 4.0)
+    assert later and all(v.culprits[:1] == (be.path,) for v in later), [v.brief() for v in later]
 
 
 def test_b_self_throttling_blames_nobody(scenario):
