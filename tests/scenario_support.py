@@ -8,14 +8,13 @@ and runs the real collector + detector loop, recording every tick. Everything is
 
 The node is shared: other work (other test runs, CI load) runs on the victim's CPU too, and the
 detector is right to see it. So the scenario's pods get a CPU weight at the root far above any other
-task's or cgroup's there (:data:`SHIELD_SHARES`: the interference a scenario builds dominates its
-CPU), and a scenario judges only incidents of its own pods, telling apart what its own pods did from
+task's or cgroup's there (``tests.conftest.shield``: the interference a scenario builds dominates
+its CPU), and a scenario judges only incidents of its own pods, telling apart what its own pods did from
 what the rest of the node did (:meth:`Scenario.explained_by_others`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -33,16 +32,12 @@ from detector.policy import Policy
 from detector.runtime import Detector
 from noisyneighbor.sandbox import OwnedCgroup
 from probes.collect import NodeCollector
+from tests.conftest import shield
 from tests.fakekube import FakeKube, make_pod
 
 WORKLOADS = Path(__file__).parent / "workloads"
 LS_WORKER = WORKLOADS / "ls_worker.py"
 POD_CONTROLLERS = ("cpu", "cpuacct", "memory", "cpuset")
-# cpu.shares of this process's nn-test-<pid> directory (ours) while a scenario runs: 16 times a nice-0
-# task's, so a CPU hog in a scenario pod gets ~16/17 of its CPU against one other task or cgroup
-# there, not half, and stays the victim's main neighbour as the scenario means it to be.
-SHIELD_SHARES = 16384
-
 
 @dataclass
 class PodCgroup:
@@ -96,7 +91,7 @@ class Scenario:
     procs: list[subprocess.Popen] = field(default_factory=list)
     pods: list[PodCgroup] = field(default_factory=list)
     ticks: list[TickRecord] = field(default_factory=list)
-    _shielded: tuple[Path, str] | None = None  # (the weight file written, its old value)
+    _unshield: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self.kube.start()
@@ -128,17 +123,10 @@ class Scenario:
         return pod
 
     def _shield(self, cg: OwnedCgroup) -> None:
-        """Give this process's nn-test-<pid> directory (created by us, the scenario pods' top level
-        below this process's own cgroup) SHIELD_SHARES of CPU weight; restored by close()."""
-        if self._shielded is not None:
-            return
-        top = cg.path("cpu")
-        while top.name != cg.prefix:
-            top = top.parent
-        shares, weight = top / "cpu.shares", top / "cpu.weight"
-        path, value = (shares, str(SHIELD_SHARES)) if shares.exists() else (weight, str(SHIELD_SHARES * 100 // 1024))
-        self._shielded = (path, path.read_text().strip())
-        path.write_text(value)
+        """The scenario's pods first on their CPUs against the rest of the node (conftest.shield);
+        undone by close()."""
+        if self._unshield is None:
+            self._unshield = shield(cg)
 
     def spawn(self, pod: PodCgroup, argv: list[str], cpus: Iterable[int] | None = None, **kw) -> subprocess.Popen:
         cpuset = set(cpus) if cpus is not None else None
@@ -212,9 +200,6 @@ class Scenario:
         self.collector.close()
         self.source.close()
         self.kube.stop()
-        if self._shielded is not None:
-            path, old = self._shielded
-            with contextlib.suppress(OSError):  # gone already when the last pod's cgroup removed it
-                path.write_text(old)
-            self._shielded = None
-
+        if self._unshield is not None:
+            self._unshield()
+            self._unshield = None
