@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,7 +188,8 @@ def cgroup_rel_path(cg: OwnedCgroup, controller: str = "cpu") -> str:
 class AgentProcess:
     """``noisyneighbor agent`` started with ``python -m noisyneighbor.cli`` on a free 127.0.0.1 port."""
 
-    def __init__(self, config: Path, tmp: Path, *extra: str, node: str = "nn-agent-test") -> None:
+    def __init__(self, config: Path, tmp: Path, *extra: str, node: str = "nn-agent-test",
+                 preexec_fn: Callable[[], None] | None = None) -> None:
         self.port = free_port()
         self.journal = tmp / "journal"
         self.audit_log = tmp / "audit.jsonl"
@@ -198,7 +199,7 @@ class AgentProcess:
             [sys.executable, "-m", "noisyneighbor.cli", "agent", "--config", str(config), "--node-name", node,
              "--listen", f"127.0.0.1:{self.port}", "--journal-dir", str(self.journal),
              "--audit-log", str(self.audit_log), *extra],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=self._stderr,
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=self._stderr, preexec_fn=preexec_fn,
         )
 
     @property

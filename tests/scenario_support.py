@@ -5,6 +5,12 @@ workload index see real pod paths), registers the same pods with FakeKube's kube
 QoS classes come through the real KubeletPodSource), starts workloads pinned to CPUs inside them,
 and runs the real collector + detector loop, recording every tick. Everything is torn down by the
 ``make_cgroup`` fixture and :meth:`Scenario.close`, even on failure.
+
+The node is shared: other work (other test runs, CI load) runs on the victim's CPU too, and the
+detector is right to see it. So the scenario's pods get a CPU weight at the root far above any other
+task's or cgroup's there (``tests.conftest.shield``: the interference a scenario builds dominates
+its CPU), and a scenario judges only incidents of its own pods, telling apart what its own pods did from
+what the rest of the node did (:meth:`Scenario.explained_by_others`).
 """
 
 from __future__ import annotations
@@ -19,18 +25,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from detector.decisions import Cause
 from detector.model import Incident
 from detector.pods import KubeletPodSource
 from detector.policy import Policy
 from detector.runtime import Detector
 from noisyneighbor.sandbox import OwnedCgroup
 from probes.collect import NodeCollector
+from tests.conftest import shield
 from tests.fakekube import FakeKube, container_id_for, make_pod
 
 WORKLOADS = Path(__file__).parent / "workloads"
 LS_WORKER = WORKLOADS / "ls_worker.py"
 POD_CONTROLLERS = ("cpu", "cpuacct", "memory", "cpuset")
-
 
 @dataclass
 class PodCgroup:
@@ -47,10 +54,33 @@ class PodCgroup:
         return "/" + str(self.cgroup.dirs["cpu"].relative_to(h.mount))
 
 
+@dataclass(frozen=True)
+class IncidentView:
+    """An open incident as it stood after one tick (the Incident object itself changes later)."""
+
+    incident_id: str
+    victim: str
+    cause: Cause
+    culprits: tuple[str, ...]  # cgroup paths, highest score first
+    started_at: float
+    updated_at: float  # the detector's clock at the tick that last opened or updated it
+    evidence: dict[str, float]  # signal -> value, the latest window's
+
+    @classmethod
+    def of(cls, inc: Incident) -> IncidentView:
+        return cls(inc.incident_id, inc.victim.cgroup, inc.cause, tuple(c.target.cgroup for c in inc.culprits),
+                   inc.started_at, inc.updated_at, {e.signal: e.value for e in inc.evidence})
+
+    def brief(self) -> str:
+        """For assertion messages: cause and culprits by their last path component."""
+        return f"{self.cause} @{self.updated_at:.1f} [{', '.join(c.rsplit('/', 1)[-1][-40:] for c in self.culprits)}]"
+
+
 @dataclass
 class TickRecord:
     t: float  # monotonic
     changed: list[Incident]
+    open: list[IncidentView] = field(default_factory=list)  # the open incidents of the scenario's pods
 
 
 @dataclass
@@ -61,6 +91,7 @@ class Scenario:
     procs: list[subprocess.Popen] = field(default_factory=list)
     pods: list[PodCgroup] = field(default_factory=list)
     ticks: list[TickRecord] = field(default_factory=list)
+    _unshield: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self.kube.start()
@@ -88,6 +119,7 @@ class Scenario:
         self.kube.add_pod(make_pod(name, uid=uid, qos_class=qos_class, requests=requests))
         pod = PodCgroup(name, uid, qos_class, cg)
         self.pods.append(pod)
+        self._shield(cg)
         return pod
 
     def k8s_pod(self, name: str, qos_class: str, containers: list[dict], shares: int | None = None,
@@ -126,7 +158,14 @@ class Scenario:
         self.kube.add_pod(make_pod(name, uid=uid, qos_class=qos_class, containers=containers))
         pod = PodCgroup(name, uid, qos_class, pod_cg)
         self.pods.append(pod)
+        self._shield(pod_cg)
         return pod, by_name
+
+    def _shield(self, cg: OwnedCgroup) -> None:
+        """The scenario's pods first on their CPUs against the rest of the node (conftest.shield);
+        undone by close()."""
+        if self._unshield is None:
+            self._unshield = shield(cg)
 
     def spawn(self, pod: PodCgroup, argv: list[str], cpus: Iterable[int] | None = None, **kw) -> subprocess.Popen:
         cpuset = set(cpus) if cpus is not None else None
@@ -159,7 +198,8 @@ class Scenario:
             next_at += interval
             tick = self.detector.step(self.collector.collect())
             if tick is not None:
-                self.ticks.append(TickRecord(time.monotonic(), list(tick.changed)))
+                views = [IncidentView.of(i) for i in self.detector.engine.open_incidents if self.own(i.victim.cgroup)]
+                self.ticks.append(TickRecord(time.monotonic(), list(tick.changed), views))
             time.sleep(max(0.0, next_at - time.monotonic()))
 
     def incidents(self) -> list[Incident]:
@@ -167,6 +207,24 @@ class Scenario:
 
     def incidents_for(self, pod: PodCgroup) -> list[Incident]:
         return [i for i in self.incidents() if i.victim.cgroup == pod.path]
+
+    def own(self, cgroup: str) -> bool:
+        """Whether a cgroup path is one of this scenario's pods (or below one)."""
+        return any(cgroup == p.path or cgroup.startswith(p.path + "/") for p in self.pods)
+
+    def views(self, pod: PodCgroup | None = None, after: float | None = None) -> list[IncidentView]:
+        """Every tick's view of the open incidents of `pod` (default: of every pod of the scenario),
+        in tick order; `after`: only ticks that ended after that monotonic time."""
+        return [v for r in self.ticks if after is None or r.t > after
+                for v in r.open if pod is None or v.victim == pod.path]
+
+    def explained_by_others(self, view: IncidentView) -> bool:
+        """The incident blames the node's other work, none of the scenario's pods: CPU neighbours
+        that are all outside the scenario, or softirq work on the victim's CPUs (no scenario pod
+        makes any). What the rest of a shared node does is not the scenario's ground truth."""
+        if any(self.own(c) for c in view.culprits):
+            return False
+        return (view.cause == Cause.NEIGHBOR_CPU and bool(view.culprits)) or view.cause == Cause.SOFTIRQ
 
     def close(self) -> None:
         for p in self.procs:
@@ -181,4 +239,6 @@ class Scenario:
         self.collector.close()
         self.source.close()
         self.kube.stop()
-
+        if self._unshield is not None:
+            self._unshield()
+            self._unshield = None

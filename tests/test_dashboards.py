@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ import yaml
 
 from noisyneighbor import exporter as ex
 from probes.cgroupfs import discover
-from tests.conftest import require_tool
+from tests.conftest import require_tool, shield
 from tests.exporter_support import CONTROLLERS, REPO, AgentProcess, write_config
 from tests.fakekube import FakeKube, make_pod
 from tests.prometheus_server import PrometheusServer
@@ -210,6 +211,7 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
     procs: list[subprocess.Popen] = []
     stop = threading.Event()
     agent: AgentProcess | None = None
+    unshield: Callable[[], None] | None = None
     kube = FakeKube(node_name="nn-int").start()
     listener = socket.create_server(("127.0.0.1", 0), backlog=512)
     closed = socket.create_server(("127.0.0.1", 0))
@@ -220,6 +222,13 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
         # LS victims: "web" (a worker that needs CPU and connects, and a container filling page cache
         # through a memory limit) and "web-1" on the hog's CPU, "api" at its own small CFS quota.
         be = make_cgroup("kubepods.slice/kubepods-besteffort.slice", CONTROLLERS)
+        # Our pods first on both CPUs against the rest of the node (CI load spins on CPU 0, where
+        # "api" runs; other test runs use CPU 1): otherwise the node's other work, not the hog or
+        # api's own quota, explains the victims' wait, and no action is decided (actions panels empty).
+        # The agent goes below the same directory, in a cgroup of its own, as a node daemon in its
+        # own pod would: left at the root it would get 1/17 of the hog's CPU and miss its scrapes.
+        unshield = shield(be)
+        agent_cg = make_cgroup("agent")
         _set_quota(be, 90000)  # capped, yet the hog still dominates its CPU: it is every victim's top culprit
         hog_uid, victim_uid, victim2_uid, api_uid = (str(uuid.uuid4()) for _ in range(4))
         hog = make_cgroup(_container(f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod"
@@ -273,7 +282,8 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
         })
         # Enforcing on a shared node: the agent may only change the cgroups this test created.
         agent = AgentProcess(config, tmp_path, "--incident-log", str(tmp_path / "incidents.jsonl"),
-                             "--act-only", f"{_cpu_rel(be)}/*", "--act-only", f"{_cpu_rel(api_pod)}", node="nn-int")
+                             "--act-only", f"{_cpu_rel(be)}/*", "--act-only", f"{_cpu_rel(api_pod)}", node="nn-int",
+                             preexec_fn=agent_cg.preexec)
         rules = _write_rule_groups(tmp_path)
         with PrometheusServer([agent.target], rule_files=[rules]) as prom:
             agent.wait_ready()
@@ -290,6 +300,8 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
             p.wait()
         listener.close()
         kube.stop()
+        if unshield is not None:
+            unshield()
 
     empty, allowed, checked = report
     print(f"\n{checked} queries run; allowed empty ({len(allowed)}):")
@@ -299,7 +311,8 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
     incidents = tmp_path / "incidents.jsonl"
     for line in incidents.read_text().splitlines() if incidents.exists() else []:
         inc = __import__("json").loads(line)
-        print("incident:", inc["event"], inc.get("victim", {}).get("display"), inc.get("cause"))
+        print("incident:", inc["event"], inc.get("victim", {}).get("display"), inc.get("cause"),
+              [c.get("target", {}).get("display") for c in inc.get("culprits") or []][:3])
     assert rc == 0, agent.log_tail()
     assert not empty, "queries without data:\n" + "\n".join(empty)
     for group in rule_health["groups"]:

@@ -29,7 +29,7 @@ from detector.policy import ResourceThresholdStrategy
 from probes.cgroupfs import discover
 from probes.cpuacct import read_cgroup_cpu
 from probes.host import HostPaths
-from tests.conftest import require_tool
+from tests.conftest import require_tool, shield
 from tests.helpers_actuators import fake_cpu_topology, fake_v1_host, tree_hashes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,6 +156,9 @@ def test_cfs_quota_suppress_caps_be_and_helps_ls(make_cgroup, hog, tmp_path: Pat
     from probes.runqlat import RunqLatProbe
 
     ls = make_cgroup("ls", ("cpu", "cpuacct"))
+    # The hog and the LS worker first on their CPU against the rest of the node (other test runs, CI
+    # load): otherwise the hog gets ~0.2 cores there and the test has no BE usage to cap.
+    unshield = shield(ls)
     worker = subprocess.Popen(["taskset", "-c", LAST_CPU, sys.executable, str(LS_WORKER), "--work-ms", "1.5",
                                "--period-ms", "5", "--seconds", "60"], preexec_fn=ls.preexec, stdout=subprocess.DEVNULL)
     be_rel, ls_ino, be_ino = _rel(hog), os.stat(ls.path("cpu")).st_ino, os.stat(hog.path("cpu")).st_ino
@@ -202,6 +205,7 @@ def test_cfs_quota_suppress_caps_be_and_helps_ls(make_cgroup, hog, tmp_path: Pat
         audit = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
         assert [a["state"] for a in audit if a.get("event") == "action"] == ["applied", "reverted"]
     finally:
+        unshield()
         worker.kill()
         worker.wait()
 
