@@ -282,6 +282,8 @@ class LibbpfEngine:
             raise ProbeError(f"{spec.name}: off: {e}") from None
 
         mode = attach_mode
+        if mode == "tp_btf" and not kernel_btf:  # e.g. runqlat's sched_info flavour: it falls back
+            raise ProbeError(f"{spec.name}: off: tp_btf needs the kernel's own BTF ({self.paths.btf_vmlinux} absent)")
         if mode == "auto":
             # One mode per probe: the two variants keep their state in different maps.
             mode = "tp_btf" if all(typed[tp.name] for tp in spec.tracepoints if tp.required) else "raw_tp"

@@ -126,13 +126,16 @@ def test_the_kernels_own_btf_file_as_custom_path_loads(monkeypatch):
         assert probe.status.state == "on", probe.status.line()
 
 
-def test_a_kernel_without_btf_loads_with_a_btf_file(tmp_path):
-    """The 'kernel has no BTF' check accepts a BTF file; such a kernel cannot attach tp_btf, so raw_tp."""
-    no_kernel_btf = HostPaths(sys=tmp_path)
+@pytest.mark.parametrize("name", sorted(PROBES))
+def test_a_kernel_without_btf_loads_with_a_btf_file(tmp_path, name):
+    """The 'kernel has no BTF' check accepts a BTF file; such a kernel cannot attach tp_btf, so every
+    probe takes its raw_tp flavour (runqlat's sched_info one is refused and it falls back)."""
+    _, probe_class, _ = PROBES[name]
+    no_kernel_btf = HostPaths(sys=tmp_path)  # no kernel/btf/vmlinux (and no tracefs: attach decides)
     with pytest.raises(ProbeError, match=r"no BTF.*--btf FILE"):
-        softirq.SoftirqProbe(engine=LibbpfEngine(paths=no_kernel_btf))
+        probe_class(engine=LibbpfEngine(paths=no_kernel_btf))
     engine = LibbpfEngine(paths=no_kernel_btf, btf_path=VMLINUX_BTF)
-    with softirq.SoftirqProbe(engine=engine) as probe:
+    with probe_class(engine=engine) as probe:
         assert probe.status.state in ("on", "degraded") and probe.status.attach_mode == "raw_tp", probe.status.line()
 
 
