@@ -36,6 +36,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "nn_common.h"
+#include "runqlat.h"
 
 #define MAX_CGROUPS 16384
 #define MAX_CULPRIT_PAIRS 8192 /* the loader resizes it (map_sizes) before load */
@@ -47,13 +48,6 @@ const volatile __u64 outlier_threshold_ns = 0; /* 0: no outlier events */
 const volatile __u32 pid_slots = 0;            /* entries of task_run_delay: pids below use it */
 /* tp_btf flavour: act as if every task-storage create were refused, so tests reach the pid-hash path. */
 const volatile bool refuse_task_storage = false;
-
-struct task_wait {
-	__u64 queued_ns;      /* tp_btf flavour: when it became runnable; 0 while running or sleeping */
-	__u64 run_delay_seen; /* sched_info flavour, pids past task_run_delay: run_delay after its last switch-in */
-	__u64 seen_valid;     /* run_delay_seen is set (storage is created lazily) */
-};
-
 
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);

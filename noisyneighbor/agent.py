@@ -55,6 +55,7 @@ from noisyneighbor.output import SCHEMA_VERSION, iso_utc
 from noisyneighbor.sections import DeadCgroups
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.collect import BPF_PROBES, NodeCollector
+from probes.engine import check_btf_file, use_btf_file
 from probes.gpu import GpuCollector
 from probes.host import HostPaths
 from probes.listenq import ListenReport, ListenWatch
@@ -100,6 +101,7 @@ class AgentConfig:
     # slash); empty: no restriction. Tests and benches use it so an enforcing agent on a shared node
     # can only change cgroups they created.
     act_only: tuple[str, ...] = ()
+    btf: str | None = None  # BTF of this kernel when it has no /sys/kernel/btf/vmlinux (--btf)
 
     def validate(self) -> None:
         unknown = set(self.probes) - set(BPF_PROBES)
@@ -115,6 +117,11 @@ class AgentConfig:
             raise AgentConfigError(f"pod source must be one of {', '.join(POD_SOURCES)}, got {self.pod_source!r}")
         if self.listen is not None:
             parse_listen(self.listen)
+        if self.btf is not None:
+            try:
+                check_btf_file(self.btf)
+            except ValueError as e:
+                raise AgentConfigError(str(e)) from None
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -323,6 +330,7 @@ class Agent:
                                  container_name=self._container_name)
         self._run_stats = _enable_bpf_stats()
         self._resolver = resolver
+        use_btf_file(self.config.btf)  # process-wide: the probes' engines relocate against it
         self.collector = NodeCollector(self.paths, self.layout, probes=self.config.probes,
                                        cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths).start()
         if self.config.gpu:

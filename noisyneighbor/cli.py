@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import TextIO
 
-from probes.engine import ProbeError
+from probes.engine import ProbeError, use_btf_file
 from probes.host import HostPaths
 
 log = logging.getLogger("noisyneighbor")
@@ -75,12 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--host-root", metavar="DIR", help="host filesystem root (e.g. /host in a container)")
+    parser.add_argument("--btf", metavar="FILE", help="BTF of this kernel, for kernels without /sys/kernel/btf/vmlinux")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: libbpf too)")
     sub = parser.add_subparsers(dest="command", required=True)
     # Global options are also accepted after every subcommand (the DaemonSet and the kubectl plugin
     # pass --host-root there).
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--host-root", metavar="DIR", default=argparse.SUPPRESS, help="host filesystem root")
+    common.add_argument("--btf", metavar="FILE", default=argparse.SUPPRESS, help="BTF of this kernel (no vmlinux BTF)")
     common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="more logging")
     common.add_argument("--log-format", choices=("plain", "json"), default=argparse.SUPPRESS,
                         help="log lines on stderr: plain text (default) or one JSON object per line")
@@ -178,7 +180,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         listen=args.listen, dry_run=args.dry_run, audit_log=args.audit_log, incident_log=args.incident_log,
         interval_s=args.interval, probes=args.probes or BPF_PROBES, max_cgroups=args.max_cgroups,
         pod_source=args.pods, act_only=tuple(args.act_only), max_bucket_seconds=args.bucket_max,
-        extra_node_series=args.extra_node_series,
+        extra_node_series=args.extra_node_series, btf=getattr(args, "btf", None),
     )
     if args.journal_dir:
         config.journal_dir = args.journal_dir
@@ -321,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM ends the run like Ctrl-C, so probes are detached and cleanup runs (the agent has its own).
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     paths = HostPaths.under(args.host_root) if args.host_root else HostPaths()
+    try:
+        use_btf_file(getattr(args, "btf", None))  # every probe engine of this run relocates against it
+    except ValueError as e:
+        print(f"noisyneighbor: {e}", file=sys.stderr)
+        return EXIT_USAGE
     from actuators.journal import JournalError
     from detector.policy import PolicyError
 

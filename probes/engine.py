@@ -7,9 +7,11 @@ decoding stays apart from how the programs got into the kernel.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
-from collections.abc import Callable, Iterator
+import struct
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -20,6 +22,10 @@ from probes.libbpf import BpfError, BpfObject, LibbpfMissing, ProgramStats, Ring
 log = logging.getLogger(__name__)
 
 OBJECT_DIR = Path(__file__).parent / "bpf_objects"
+# A BTF file describing the running kernel, for kernels without /sys/kernel/btf/vmlinux (`--btf FILE`:
+# made by `bpftool gen min_core_btf`, or from BTFHub). Process-wide like NN_BPF_OBJECT_DIR: every
+# engine and feature check reads it (see use_btf_file).
+BTF_FILE_ENV = "NN_BTF_FILE"
 AttachMode = Literal["auto", "tp_btf", "raw_tp"]
 # Kernel features a probe flavour may need beyond its tracepoints (checked in vmlinux BTF).
 BtfNeed = tuple[str, str]  # ("var", name) or ("member", "struct.member")
@@ -27,6 +33,62 @@ BtfNeed = tuple[str, str]  # ("var", name) or ("member", "struct.member")
 
 class ProbeError(RuntimeError):
     """A probe cannot run here. The message is one line: what is missing and what is off."""
+
+
+def btf_file() -> Path | None:
+    """The BTF file given with --btf (or $NN_BTF_FILE); None: the kernel's own."""
+    path = os.environ.get(BTF_FILE_ENV)
+    return Path(path) if path else None
+
+
+def check_btf_file(path: str | os.PathLike[str]) -> None:
+    """Raise ValueError (one line) unless libbpf can parse `path` as BTF."""
+    try:
+        with VmlinuxBtf(path):
+            pass
+    except BpfError as e:
+        raise ValueError(f"--btf {path}: {e.strerror}") from None
+    except LibbpfMissing as e:
+        raise ValueError(f"--btf {path}: {e}") from None
+
+
+def use_btf_file(path: str | os.PathLike[str] | None) -> None:
+    """Make every engine of this process relocate against `path` (checked first; None: no change)."""
+    if path is None:
+        return
+    check_btf_file(path)
+    os.environ[BTF_FILE_ENV] = os.fspath(Path(path).resolve())
+
+
+# What a probe's Python decodes, per map: (key layout, value layout), each a struct.Struct, a ctypes
+# type or a size in bytes (None: not decoded). The engine checks them against the object's BTF
+# before load, so a C struct that changed without its decoder refuses to load, naming the map.
+Layout = struct.Struct | int | type
+MapLayouts = Mapping[str, tuple[Layout | None, Layout | None]]
+
+
+def layout_size(layout: Layout) -> int:
+    if isinstance(layout, struct.Struct):
+        return layout.size
+    if isinstance(layout, int):
+        return layout
+    return ctypes.sizeof(layout)
+
+
+def layout_mismatches(obj: BpfObject, layouts: MapLayouts) -> list[str]:
+    """One line per declared map whose key or value size is not the object's (empty: all match)."""
+    found = {m.name: m for m in obj.maps()}
+    problems = []
+    for name, (key, value) in layouts.items():
+        m = found.get(name)
+        if m is None:
+            problems.append(f"map {name} is decoded but {obj.path.name} has no such map")
+            continue
+        for what, layout, actual in (("key", key, m.key_size), ("value", value, m.value_size)):
+            if layout is not None and layout_size(layout) != actual:
+                problems.append(f"map {name} {what}: the decoder reads {layout_size(layout)} bytes, "
+                                f"the object's BTF says {actual}")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -46,11 +108,11 @@ class ProbeSpec:
 
 
 def missing_btf_features(spec: ProbeSpec) -> list[str]:
-    """What of `spec.btf_needs` this kernel's BTF lacks (empty: the spec can load)."""
+    """What of `spec.btf_needs` this kernel's BTF (or the --btf file) lacks (empty: the spec can load)."""
     if not spec.btf_needs:
         return []
     try:
-        with VmlinuxBtf() as btf:
+        with VmlinuxBtf(btf_file()) as btf:
             missing = []
             for kind, name in spec.btf_needs:
                 if kind == "var" and not btf.has_var(name):
@@ -106,6 +168,7 @@ class Engine(Protocol):
         rodata: dict[str, int | bool] | None = None,
         attach_mode: AttachMode = "auto",
         map_sizes: dict[str, int] | None = None,
+        layouts: MapLayouts | None = None,
     ) -> LoadedProbe: ...
 
 
@@ -182,10 +245,13 @@ class LibbpfEngine:
         paths: HostPaths | None = None,
         object_dir: Path | None = None,
         percpu_map_budget_bytes: int = PERCPU_MAP_BUDGET_BYTES,
+        btf_path: str | os.PathLike[str] | None = None,
     ) -> None:
+        """`btf_path`: relocate against this BTF file (default: --btf / $NN_BTF_FILE, else the kernel's)."""
         self.paths = paths or HostPaths()
         self.object_dir = object_dir or Path(os.environ.get("NN_BPF_OBJECT_DIR", OBJECT_DIR))
         self.percpu_map_budget_bytes = percpu_map_budget_bytes
+        self.btf_path = Path(btf_path) if btf_path is not None else btf_file()
 
     def open_probe(
         self,
@@ -193,23 +259,31 @@ class LibbpfEngine:
         rodata: dict[str, int | bool] | None = None,
         attach_mode: AttachMode = "auto",
         map_sizes: dict[str, int] | None = None,
+        layouts: MapLayouts | None = None,
     ) -> LibbpfProbe:
-        """Load and attach. `map_sizes` overrides max_entries (ring buffers: bytes, power of 2)."""
+        """Load and attach. `map_sizes` overrides max_entries (ring buffers: bytes, power of 2);
+        `layouts` is what the probe decodes (checked against the object before load)."""
         path = self.object_dir / spec.object_file
         if not path.is_file():
             raise ProbeError(f"{spec.name}: off: BPF object {path} missing (build it with `make bpf`)")
-        if not self.paths.btf_vmlinux.exists():
+        kernel_btf = self.paths.btf_vmlinux.exists()
+        if not kernel_btf and self.btf_path is None:
             raise ProbeError(
                 f"{spec.name}: off: kernel has no BTF ({self.paths.btf_vmlinux} absent); "
-                "CO-RE probes need CONFIG_DEBUG_INFO_BTF"
+                "CO-RE probes need CONFIG_DEBUG_INFO_BTF or a BTF file for this kernel (--btf FILE)"
             )
         try:
-            with VmlinuxBtf() as btf:
-                typed = {tp.name: btf.has_btf_tracepoint(tp.name) for tp in spec.tracepoints}
-        except (BpfError, LibbpfMissing) as e:
+            with VmlinuxBtf(self.btf_path) as btf:
+                # Without its own BTF the kernel cannot attach tp_btf programs, whatever the file says.
+                typed = {tp.name: kernel_btf and btf.has_btf_tracepoint(tp.name) for tp in spec.tracepoints}
+        except BpfError as e:
+            raise ProbeError(f"{spec.name}: off: {e.strerror if self.btf_path else e}") from None
+        except LibbpfMissing as e:
             raise ProbeError(f"{spec.name}: off: {e}") from None
 
         mode = attach_mode
+        if mode == "tp_btf" and not kernel_btf:  # e.g. runqlat's sched_info flavour: it falls back
+            raise ProbeError(f"{spec.name}: off: tp_btf needs the kernel's own BTF ({self.paths.btf_vmlinux} absent)")
         if mode == "auto":
             # One mode per probe: the two variants keep their state in different maps.
             mode = "tp_btf" if all(typed[tp.name] for tp in spec.tracepoints if tp.required) else "raw_tp"
@@ -218,9 +292,14 @@ class LibbpfEngine:
             raise ProbeError(f"{spec.name}: off: kernel lacks tracepoint(s) {', '.join(missing_required)}")
 
         try:
-            obj = BpfObject(path)
+            obj = BpfObject(path, btf_custom_path=self.btf_path)
         except (BpfError, LibbpfMissing) as e:
             raise ProbeError(f"{spec.name}: off: {e}") from None
+        mismatches = layout_mismatches(obj, layouts or {})
+        if mismatches:
+            obj.close()
+            raise ProbeError(f"{spec.name}: off: {'; '.join(mismatches)} (rebuild with `make bpf`, or the "
+                             "decoder does not follow bpf/*.h)")
         status = ProbeStatus(spec.name, "on", attach_mode=mode)
         try:
             # Only the chosen flavour's programs load; every other program in the object stays off.

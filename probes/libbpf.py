@@ -66,6 +66,21 @@ class _BatchOpts(ctypes.Structure):
     _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
 
 
+class _OpenOpts(ctypes.Structure):
+    """The head of struct bpf_object_open_opts up to btf_custom_path (libbpf >= 0.5); `sz` says
+    where it ends, so libbpf treats the later fields as unset."""
+
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("object_name", ctypes.c_char_p),
+        ("relaxed_maps", ctypes.c_bool),
+        ("pin_root_path", ctypes.c_char_p),
+        ("_attach_prog_fd", ctypes.c_uint32),  # removed field, kept as a stub by libbpf
+        ("kconfig", ctypes.c_char_p),
+        ("btf_custom_path", ctypes.c_char_p),
+    ]
+
+
 _PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 RINGBUF_SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 
@@ -122,6 +137,7 @@ class Libbpf:
         _sig(L, "libbpf_num_possible_cpus", i)
         _sig(L, "libbpf_set_print", vp, _PRINT_FN)
         _sig(L, "btf__load_vmlinux_btf", vp)
+        _sig(L, "btf__parse", vp, cp, vp)
         _sig(L, "btf__free", None, vp)
         _sig(L, "btf__find_by_name_kind", i, vp, cp, u32)
         _sig(L, "btf__type_by_id", ctypes.POINTER(_BtfType), vp, u32)
@@ -178,13 +194,25 @@ def _check_ptr(ptr: int | None, call: str) -> int:
 
 
 class VmlinuxBtf:
-    """The running kernel's BTF, for feature probes (does tracepoint X have a BTF-typed form?)."""
+    """The running kernel's BTF, for feature probes (does tracepoint X have a BTF-typed form?).
 
-    def __init__(self) -> None:
+    `path`: a BTF file describing the kernel instead (raw BTF or an ELF with a .BTF section, e.g.
+    from `bpftool gen min_core_btf` or BTFHub), for kernels without /sys/kernel/btf/vmlinux."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self._lib = libbpf()
-        self._btf = self._lib.lib.btf__load_vmlinux_btf()
+        if path is None:
+            self._btf = self._lib.lib.btf__load_vmlinux_btf()
+            if not self._btf:
+                raise BpfError("btf__load_vmlinux_btf", ctypes.get_errno(), "kernel without BTF?")
+            return
+        if not os.path.isfile(path):
+            raise BpfError("btf__parse", errno.ENOENT, f"BTF file {path} missing")
+        self._btf = self._lib.lib.btf__parse(os.fsencode(path), None)
         if not self._btf:
-            raise BpfError("btf__load_vmlinux_btf", ctypes.get_errno(), "kernel without BTF?")
+            err = ctypes.get_errno() or errno.EINVAL
+            # libbpf's own codes (4000+: LIBBPF_ERRNO__FORMAT ...) have no strerror text.
+            raise BpfError("btf__parse", errno.EINVAL if err >= 4000 else err, f"{path} is not a BTF file")
 
     def has_btf_tracepoint(self, tracepoint: str) -> bool:
         """tp_btf needs the `btf_trace_<name>` typedef the kernel emits for each raw tracepoint."""
@@ -450,12 +478,18 @@ class RingBuffer:
 class BpfObject:
     """One `.bpf.o`: open → configure (rodata, autoload, map sizes) → load → attach → read → close."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], btf_custom_path: str | os.PathLike[str] | None = None) -> None:
+        """`btf_custom_path`: CO-RE relocations against this BTF file, not /sys/kernel/btf/vmlinux."""
         self._lib = libbpf()
         self.path = Path(path)
         if not self.path.is_file():
             raise BpfError("bpf_object__open_file", errno.ENOENT, f"{self.path} missing: run `make bpf`")
-        ptr = self._lib.lib.bpf_object__open_file(str(self.path).encode(), None)
+        opts = None
+        if btf_custom_path is not None:
+            # Kept on self: libbpf copies the string at open, but the options must live until then.
+            self._open_opts = _OpenOpts(sz=ctypes.sizeof(_OpenOpts), btf_custom_path=os.fsencode(btf_custom_path))
+            opts = ctypes.byref(self._open_opts)
+        ptr = self._lib.lib.bpf_object__open_file(str(self.path).encode(), opts)
         self._obj = _check_ptr(ptr, f"bpf_object__open_file({self.path.name})")
         self._links: dict[str, int] = {}
         self.loaded = False

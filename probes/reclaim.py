@@ -58,6 +58,8 @@ KINDS = ("direct", "memcg", "softlimit")  # enum nn_reclaim_kind
 _KEY = struct.Struct("<QII")  # struct reclaim_key
 _STATS_TAIL = struct.Struct("<QQ")  # struct reclaim_stats after the nn_hist: nr_reclaimed, no_progress
 STATS_SIZE = NN_HIST_SIZE + _STATS_TAIL.size
+# What this module decodes, per map: (key, value), checked against the object's BTF at load (engine).
+MAP_LAYOUTS = {"cgroup_reclaim": (_KEY, STATS_SIZE), "node_reclaim": (4, STATS_SIZE), "drops": (4, 8)}
 
 
 class _ReclaimEvent(ctypes.Structure):
@@ -219,6 +221,7 @@ class ReclaimProbe(BpfProbe["ReclaimStall"]):
             rodata={"v1_memory_cgroup": self.v1_memory, "stall_threshold_ns": stall_threshold_ns},
             attach_mode=attach_mode,
             map_sizes={"stalls": stall_ring_bytes, "cgroup_reclaim": max_keys},
+            layouts=MAP_LAYOUTS,
         )
         if stall_threshold_ns:
             self._watch_events("stalls", ReclaimStall.decode)

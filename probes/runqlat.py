@@ -53,7 +53,7 @@ CULPRIT_UNKNOWN = (1 << 64) - 1  # not attributable: older than the slice ring, 
 CulpritKind = Literal["foreign", "own", "idle", "unknown"]
 
 # struct runq_cgroup_stats after its nn_hist (then its slot's cgroup_id); struct runq_culprit_key /
-# runq_culprit_stats; the head of struct runq_cpu_state (bpf/nn_events.h).
+# runq_culprit_stats; the head of struct runq_cpu_state (bpf/runqlat.h).
 _SPLIT_TAIL = struct.Struct("<7Q")
 _SLOT_OWNER = struct.Struct("<Q")
 _CULPRIT_KEY = struct.Struct("<QQ")
@@ -64,6 +64,19 @@ _CPU_STATE_HEAD = struct.Struct("<QQIIQQ")
 RUNQ_RING_SLOTS, RUNQ_SLOT_CACHE, RUNQ_PAIR_CACHE = 64, 16, 16
 CGROUP_STATS_SIZE = NN_HIST_SIZE + _SPLIT_TAIL.size + _SLOT_OWNER.size
 CULPRIT_STATS_SIZE = _CULPRIT_STATS.size + _CULPRIT_KEY.size  # the counters, then the pair owning the slot
+# struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the pair cache, the CPU's histogram.
+CPU_STATE_SIZE = _CPU_STATE_HEAD.size + 16 * (RUNQ_RING_SLOTS + RUNQ_SLOT_CACHE) + 24 * RUNQ_PAIR_CACHE + NN_HIST_SIZE
+# What this module decodes, per map: (key, value), checked against the object's BTF at load (engine).
+MAP_LAYOUTS = {
+    "cgroup_slots": (_SLOT_OWNER, 4),  # cgroup id -> u32 slot
+    "free_slots": (None, 4),
+    "cgroup_runq": (4, CGROUP_STATS_SIZE),
+    "culprit_slots": (_CULPRIT_KEY, 4),
+    "free_culprit_slots": (None, 4),
+    "runq_culprits": (4, CULPRIT_STATS_SIZE),
+    "runq_cpu": (4, CPU_STATE_SIZE),
+    "drops": (4, 8),  # probes/base.py
+}
 
 
 class _RunqEvent(ctypes.Structure):
@@ -329,6 +342,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns,
                        "pid_slots": self.pid_slots, "refuse_task_storage": refuse_task_storage},
             "map_sizes": sizes,
+            "layouts": MAP_LAYOUTS,
         }
         self.probe: LoadedProbe
         sched_info_error = None

@@ -36,6 +36,8 @@ VECTORS = ("HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "S
 DEFAULT_STALL_THRESHOLD_NS = 10_000_000
 
 _STATS = struct.Struct(f"<{NN_HIST_SIZE}s{NN_HIST_SIZE}sQ")  # struct softirq_stats
+# What this module decodes, per map: (key, value), checked against the object's BTF at load (engine).
+MAP_LAYOUTS = {"stats": (4, _STATS), "drops": (4, 8)}
 
 
 class _StallEvent(ctypes.Structure):  # struct softirq_stall_event
@@ -145,6 +147,7 @@ class SoftirqProbe(BpfProbe["SoftirqStall"]):
             rodata={"v1_cpu_cgroup": self.v1_cpu, "stall_threshold_ns": stall_threshold_ns},
             attach_mode=attach_mode,
             map_sizes={"stalls": stall_ring_bytes},
+            layouts=MAP_LAYOUTS,
         )
         if stall_threshold_ns:
             self._watch_events("stalls", SoftirqStall.decode)

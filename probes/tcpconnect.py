@@ -65,6 +65,19 @@ _CGROUP_ID = struct.Struct("<Q")  # the first field of both keys (0: a free buck
 _OWNER_NETNS = struct.Struct("<8xI")  # the netns of both keys, set last when a bucket is claimed
 _DEST_KEY = struct.Struct("<QIHH16s")  # struct tcpconnect_dest_key
 _DEST_STATS = struct.Struct("<4Q")  # struct tcpconnect_dest_stats
+START_SIZE = 48  # struct tcpconnect_start (only its ts_ns is read)
+# What this module decodes, per map: (key, value), checked against the object's BTF at load (engine).
+MAP_LAYOUTS = {
+    "inflight_slots": (4, SLOT_SIZE),
+    "inflight": (8, START_SIZE),  # socket address -> start
+    "connect_bucket_owner": (4, _KEY),
+    "connect_buckets": (4, _STATS),
+    "connect_stats": (_KEY, _STATS),
+    "dest_bucket_owner": (4, _DEST_KEY),
+    "dest_buckets": (4, _DEST_STATS),
+    "dest_stats": (_DEST_KEY, _DEST_STATS),
+    "drops": (4, 8),  # probes/base.py
+}
 
 
 class _ConnectEvent(ctypes.Structure):
@@ -240,12 +253,13 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         sizes = {"outliers": outlier_ring_bytes, "connect_stats": max_keys, "dest_stats": max_destinations}
         probe: LoadedProbe | None = None
         if attach_mode in ("auto", "tp_btf"):
-            probe = engine.open_probe(SPEC_BTF, rodata=rodata, attach_mode=attach_mode, map_sizes=sizes)
+            probe = engine.open_probe(SPEC_BTF, rodata=rodata, attach_mode=attach_mode, map_sizes=sizes,
+                                      layouts=MAP_LAYOUTS)
             if probe.status.attach_mode != "tp_btf":
                 probe.close()  # auto chose raw_tp on this kernel: load it with its cleanup program
                 probe = None
         if probe is None:
-            probe = engine.open_probe(SPEC_RAW, rodata=rodata, attach_mode="raw_tp", map_sizes=sizes)
+            probe = engine.open_probe(SPEC_RAW, rodata=rodata, attach_mode="raw_tp", map_sizes=sizes, layouts=MAP_LAYOUTS)
         self.probe = probe
         self.stale_starts_swept = 0
         self._last_sweep = time.monotonic()

@@ -1,0 +1,99 @@
+/*
+ * runqlat: map value and event layouts shared between bpf/runqlat.bpf.c and probes/runqlat.py
+ * (which mirrors them with struct/ctypes and declares the map sizes it decodes: MAP_LAYOUTS, checked
+ * against the object's BTF at load). Fixed-width types only, every struct padded to 8 bytes.
+ */
+#ifndef NN_RUNQLAT_H
+#define NN_RUNQLAT_H
+
+#include "nn_events.h"
+
+/* Per task (task storage): never read by userspace. */
+struct task_wait {
+	__u64 queued_ns;      /* tp_btf flavour: when it became runnable; 0 while running or sleeping */
+	__u64 run_delay_seen; /* sched_info flavour, pids past task_run_delay: run_delay after its last switch-in */
+	__u64 seen_valid;     /* run_delay_seen is set (storage is created lazily) */
+};
+
+/* runqlat: one runqueue wait above the outlier threshold. */
+struct runq_event {
+	__u64 ts_ns;      /* bpf_ktime_get_ns() at switch-in */
+	__u64 wait_ns;    /* runnable → running */
+	__u64 cgroup_id;  /* the waiting task's cgroup */
+	__u64 prev_cgroup_id; /* the cgroup of the task that ran right before it on this CPU */
+	__u32 pid;        /* thread id */
+	__u32 tgid;
+	__u32 prev_pid;
+	__u32 cpu;
+	char comm[NN_COMM_LEN];
+	char prev_comm[NN_COMM_LEN];
+};
+
+/*
+ * runqlat, sched_info flavour: per cgroup, the wait distribution and who ran while it waited.
+ * Every wait is split exactly: own + foreign + idle + unknown + migrated == hist.sum_ns.
+ */
+struct runq_cgroup_stats {
+	struct nn_hist hist;
+	__u64 own_wait_ns;      /* a task of the same cgroup ran on the CPU meanwhile */
+	__u64 foreign_wait_ns;  /* another cgroup ran (per culprit: the runq_culprits matrix) */
+	__u64 idle_wait_ns;     /* the idle task ran (wakeup latency of an idle CPU) */
+	__u64 unknown_wait_ns;  /* older than the per-CPU slice ring (or no bpf_loop in this kernel) */
+	__u64 migrated_wait_ns; /* waited on another CPU before the load balancer moved it */
+	__u64 own_preemptions;  /* switched out while runnable, for a task of the same cgroup */
+	__u64 foreign_preemptions; /* ... for a task of another cgroup (or idle) */
+	__u64 cgroup_id;        /* whose slot this CPU's copy is (0: unused; userspace zeroes freed slots) */
+};
+
+/* The victim x culprit matrix: who ran (culprit) while a task of `victim` waited. */
+struct runq_culprit_key {
+	__u64 victim_cgroup_id;
+	__u64 culprit_cgroup_id;
+};
+
+struct runq_culprit_stats {
+	__u64 wait_ns;     /* victim wait covered by the culprit's slices */
+	__u64 count;       /* culprit turns on the CPU (consecutive slices of it merged) inside victim waits */
+	__u64 preemptions; /* victim tasks switched out while runnable in favour of the culprit */
+	struct runq_culprit_key pair; /* whose slot this CPU's copy is (victim 0: unused) */
+};
+
+#define RUNQ_RING_SLOTS 64 /* power of 2: the finished slices each CPU remembers (consecutive ones of one cgroup merged) */
+
+/* One finished slice on a CPU: from `start` (rq clock) to the next slice's start. */
+struct runq_slice {
+	__u64 start;
+	__u64 cgroup_id; /* 0: the idle task */
+};
+
+#define RUNQ_SLOT_CACHE 16 /* power of 2: per-CPU cache of cgroup id -> cgroup_runq slot */
+
+/* A cached cgroup_slots entry (the slot's own cgroup_id is checked before use). */
+struct runq_slot_cache_entry {
+	__u64 cgroup_id;
+	__u64 slot;
+};
+
+#define RUNQ_PAIR_CACHE 16 /* power of 2: per-CPU cache of (victim, culprit) -> runq_culprits slot */
+
+/* A cached culprit_slots entry (the slot's own pair is checked before use). */
+struct runq_pair_cache_entry {
+	struct runq_culprit_key pair;
+	__u64 slot;
+};
+
+/* Per CPU: the current slice and the ring of finished ones (only ever touched by that CPU). */
+struct runq_cpu_state {
+	__u64 slice_start;       /* rq clock at the last sched_switch: the current slice began */
+	__u64 cur_cgroup_id;     /* cgroup of the task switched in then: `prev`'s cgroup next time */
+	__u32 cur_pid;           /* its pid, to check that it is indeed `prev` */
+	__u32 head;              /* ring[(head - 1) % RUNQ_RING_SLOTS] is the newest finished slice */
+	__u64 culprit_drops;     /* matrix updates lost to a full runq_culprits map */
+	__u64 culprit_drop_ns;   /* the foreign wait those carried */
+	struct runq_slice ring[RUNQ_RING_SLOTS];
+	struct runq_slot_cache_entry slot_cache[RUNQ_SLOT_CACHE]; /* cgroup id -> cgroup_runq slot, direct-mapped */
+	struct runq_pair_cache_entry pair_cache[RUNQ_PAIR_CACHE]; /* (victim, culprit) -> runq_culprits slot */
+	struct nn_hist hist;     /* the wait distribution of everything that ran on this CPU */
+};
+
+#endif /* NN_RUNQLAT_H */
