@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -242,3 +242,27 @@ class Scenario:
         if self._unshield is not None:
             self._unshield()
             self._unshield = None
+
+
+def scenario_harness(make_cgroup: Callable[..., OwnedCgroup], victim_cpu: int,
+                     default_policy: Callable[[], Policy]) -> Iterator[Callable[..., Scenario]]:
+    """Body of the ``scenario`` fixtures: a factory of Scenarios, closed at teardown, with this process
+    (collector and detector run in it, in the root cgroup) kept off the victim's CPU, where it would
+    be a real neighbour and the detector would name it (seen in full runs, where this process is
+    larger and its ticks longer)."""
+    affinity = os.sched_getaffinity(0)
+    if len(affinity) > 1:
+        os.sched_setaffinity(0, affinity - {victim_cpu})
+    made: list[Scenario] = []
+
+    def factory(policy: Policy | None = None) -> Scenario:
+        s = Scenario(make_cgroup, policy or default_policy())
+        made.append(s)
+        return s
+
+    try:
+        yield factory
+    finally:
+        for s in made:
+            s.close()
+        os.sched_setaffinity(0, affinity)

@@ -13,10 +13,11 @@ import time
 
 import pytest
 
+from detector.causes import SELF_THROTTLE_SHARE
 from detector.decisions import Cause
-from detector.incidents import CULPRIT_WINDOW_TICKS, SELF_THROTTLE_SHARE
+from detector.incidents import CULPRIT_WINDOW_TICKS
 from detector.policy import Policy, SloThresholds
-from tests.scenario_support import IncidentView, Scenario
+from tests.scenario_support import IncidentView, Scenario, scenario_harness
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -29,23 +30,7 @@ def _policy(**slo) -> Policy:
 
 @pytest.fixture
 def scenario(make_cgroup):
-    # The harness (collector and detector run in this process, in the root cgroup) is kept off the
-    # victim's CPU: there it would be a real neighbour, and the detector names it (seen in full
-    # runs, where this process is larger and its ticks longer).
-    affinity = os.sched_getaffinity(0)
-    if len(affinity) > 1:
-        os.sched_setaffinity(0, affinity - {VICTIM_CPU})
-    made: list[Scenario] = []
-
-    def factory(policy: Policy | None = None) -> Scenario:
-        s = Scenario(make_cgroup, policy or _policy())
-        made.append(s)
-        return s
-
-    yield factory
-    for s in made:
-        s.close()
-    os.sched_setaffinity(0, affinity)
+    yield from scenario_harness(make_cgroup, VICTIM_CPU, _policy)
 
 
 def _only_others_blamed(s: Scenario, views: list[IncidentView]) -> None:

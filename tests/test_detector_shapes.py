@@ -11,7 +11,6 @@ Pods are laid out as the kubelet does (systemd driver: ``kubepods-<qos>-pod<uid>
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -20,9 +19,9 @@ import pytest
 
 from detector.decisions import Cause
 from detector.incidents import MAX_CULPRITS
-from detector.policy import Policy, load_policy
+from detector.policy import load_policy
 from detector.runtime import Detector
-from tests.scenario_support import PodCgroup, Scenario
+from tests.scenario_support import PodCgroup, Scenario, scenario_harness
 from tests.test_detector_scenarios import VICTIM_CPU, _policy
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -30,22 +29,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 @pytest.fixture
 def scenario(make_cgroup):
-    # As in test_detector_scenarios: the harness (collector and detector, in this process) is kept
-    # off the victim's CPU, where it would be a real neighbour.
-    affinity = os.sched_getaffinity(0)
-    if len(affinity) > 1:
-        os.sched_setaffinity(0, affinity - {VICTIM_CPU})
-    made: list[Scenario] = []
-
-    def factory(policy: Policy | None = None) -> Scenario:
-        s = Scenario(make_cgroup, policy or _policy())
-        made.append(s)
-        return s
-
-    yield factory
-    for s in made:
-        s.close()
-    os.sched_setaffinity(0, affinity)
+    yield from scenario_harness(make_cgroup, VICTIM_CPU, _policy)
 
 
 def k8s_pod(s: Scenario, *args, **kw) -> tuple[PodCgroup, dict[str, PodCgroup]]:
