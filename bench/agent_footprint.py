@@ -65,6 +65,7 @@ RSS_TARGET_MIB = 100.0
 AFTER_CHURN_TOLERANCE = 0.05
 VANISH_GRACE_S = 60.0  # detector/pods.py _CachingSource default
 # A busy pod: ~2 ms of CPU every 100 ms, forever (killed with its cgroup).
+SLEEPER = "sleep 0.05; exec sleep 1000000"
 BUSY = "import time\nwhile True:\n    end = time.perf_counter() + 0.002\n    while time.perf_counter() < end:\n        pass\n" \
        "    time.sleep(0.1)\n"
 
@@ -85,6 +86,8 @@ class StepResult:
     rss_mid_mib: float = 0.0  # VmRSS half way through the window (a leak keeps growing; a plateau does not)
     removed_pod_series: int = 0  # series still labelled with a pod removed before the window ended
     series_by_metric: dict[str, int] = field(default_factory=dict)  # to say which metric grew, if one did
+    failed_ticks: int = 0  # ticks that raised in the window (the agent logs each)
+    last_error: str = ""
     fleet_pods_with_runq: int = 0  # of this bench's pods, those with run-queue series (their task waited)
     other_runq_cgroups: int = 0  # run-queue series of cgroups that are not this bench's pods (the machine's own)
 
@@ -123,7 +126,9 @@ class PodFleet:
         ctr = OwnedCgroup(f"{pod_path}/cri-containerd-{container_id_for(uid, 'main')}.scope", CONTROLLERS)
         try:
             ctr.create()
-            argv = [sys.executable, "-c", BUSY] if busy else ["sleep", "1000000"]
+            # A sleeping pod's task wakes once after it is in its cgroup (as every real container's
+            # processes do while starting), so every pod, steady or churned in, has run-queue series.
+            argv = [sys.executable, "-c", BUSY] if busy else ["sh", "-c", SLEEPER]
             proc = subprocess.Popen(argv, preexec_fn=ctr.preexec, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except BaseException:
             ctr.remove()
@@ -142,7 +147,7 @@ class PodFleet:
     def remove_oldest_idle(self) -> None:
         """Remove the oldest sleeping pod (busy ones stay, so activity is the same through churn)."""
         for pod in self.pods:
-            if pod.proc.args[0] == "sleep":
+            if pod.proc.args[0] == "sh":
                 self.pods.remove(pod)
                 self._remove(pod)
                 return
@@ -256,7 +261,8 @@ class AgentUnderTest:
                 removed_uids: set[str] | None = None, fleet: PodFleet | None = None) -> StepResult:
         """CPU over ``window`` s while ``during()`` (if given) is called about once a second; counts the
         series still labelled with one of ``removed_uids``."""
-        cpu0, bpf0, ticks0, t0 = self.cpu_seconds(), self.scrape()["bpf_run_s"], self.health()["ticks"], time.monotonic()
+        health0 = self.health()
+        cpu0, bpf0, ticks0, t0 = self.cpu_seconds(), self.scrape()["bpf_run_s"], health0["ticks"], time.monotonic()
         deadline = t0 + window
         next_scrape = t0 + self.scrape_interval
         rss_mid = None
@@ -280,7 +286,8 @@ class AgentUnderTest:
                           round(hwm, 1), round(100 * (scrape["bpf_run_s"] - bpf0) / elapsed, 3),
                           health["ticks"] - ticks0, int(scrape["series"]), int(scrape["map_entries"]),
                           int(scrape["exported"]), round(rss_mid if rss_mid is not None else rss, 1), removed,
-                          scrape["by_metric"], runq_fleet, runq_all - runq_fleet)
+                          scrape["by_metric"], health.get("failed_ticks", 0) - health0.get("failed_ticks", 0),
+                          health.get("last_error", ""), runq_fleet, runq_all - runq_fleet)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -399,6 +406,10 @@ def verdicts(results: list[StepResult]) -> list[str]:
         grew = churn.rss_mib / churn.rss_mid_mib if churn.rss_mid_mib else float("inf")
         lines.append(f"RSS in the second half of the churn: {churn.rss_mid_mib} -> {churn.rss_mib} MiB ({grew:.3f}x) "
                      f"-> {'PASS' if grew <= 1.02 else 'FAIL'}")
+    failed = sum(r.failed_ticks for r in results)
+    last_error = next((r.last_error for r in reversed(results) if r.last_error), "?")
+    lines.append(f"failed agent ticks: {failed}" + (f" (last: {last_error})" if failed else "")
+                 + f" -> {'PASS' if not failed else 'FAIL'}")
     counted = [r for r in results if r.step.isdigit()]
     if len(counted) >= 2:
         lo, hi = counted[0], counted[-1]

@@ -112,7 +112,9 @@ class DeadCgroups:
         self.forget, self.resolver, self.hierarchy, self.after = forget, resolver, hierarchy, after
         self.interval = 0
         self.quiet_since: dict[int, int] = {}  # id -> the interval its count last moved (or first seen)
-        self._due: dict[int, list[int]] = {}  # interval -> ids whose idleness is checked then
+        # interval -> ids whose idleness is checked then (a set: an id re-checked on its 10 x `after` turn
+        # that also went quiet again `after` intervals before it is due twice in the same interval)
+        self._due: dict[int, set[int]] = {}
 
     def update(self, prev: Mapping[int, int], cur: Mapping[int, int], changed: Iterable[int] | None = None) -> list[int]:
         """``changed``: the ids whose count differs between ``prev`` and ``cur``, when the caller knows
@@ -137,7 +139,7 @@ class DeadCgroups:
                 continue  # moved since this check was scheduled: a later one is due
             # One lstat (the resolver's index keeps a removed cgroup until its next walk).
             if self._exists(cgroup_id):
-                self._due.setdefault(k + 10 * self.after, []).append(cgroup_id)
+                self._due.setdefault(k + 10 * self.after, set()).add(cgroup_id)
             else:
                 stale.append(cgroup_id)
         if stale:
@@ -148,7 +150,7 @@ class DeadCgroups:
 
     def _quiet(self, cgroup_id: int, since: int) -> None:
         self.quiet_since[cgroup_id] = since
-        self._due.setdefault(since + self.after, []).append(cgroup_id)
+        self._due.setdefault(since + self.after, set()).add(cgroup_id)
 
     def _exists(self, cgroup_id: int) -> bool:
         info = self.resolver.resolve(cgroup_id, self.hierarchy)

@@ -551,3 +551,22 @@ def test_dead_cgroups_work_follows_what_changed_not_the_map_size():
         assert dead.update(counts, counts, changed=[5]) == []
     assert calls == [] and _CountingDict.walks == 0 and forgotten == [7]
     assert dead.update(counts, counts, changed=[]) == [] and len(calls) == 998  # the re-check; 5 moved
+
+
+def test_dead_cgroups_checked_twice_in_one_interval_are_forgotten_once():
+    """An id whose 10 x `after` re-check falls in the same interval as the check after it went quiet
+    again was due twice there; gone by then, it must be forgotten once, not raise (seen as a failed
+    agent tick, KeyError, in the churn bench)."""
+    resolver = _NamingResolver({1})
+    forgotten: list[int] = []
+    dead = DeadCgroups(lambda ids: forgotten.extend(ids) or len(ids), resolver, "h", after=2)
+    counts = {1: 1}
+    dead.update({}, counts, changed=[1])  # interval 1: seen; checked at 3, re-checked at 23
+    for k in range(2, 21):
+        assert dead.update(counts, counts, changed=[]) == []
+    counts = {1: 2}
+    assert dead.update({1: 1}, counts, changed=[1]) == []  # interval 21: moved; checked at 23 as well
+    resolver.alive.clear()  # the cgroup is removed
+    assert dead.update(counts, counts, changed=[]) == []  # 22
+    assert dead.update(counts, counts, changed=[]) == [1]  # 23: due twice, forgotten once
+    assert forgotten == [1]
