@@ -562,7 +562,7 @@ def test_dead_cgroups_checked_twice_in_one_interval_are_forgotten_once():
     dead = DeadCgroups(lambda ids: forgotten.extend(ids) or len(ids), resolver, "h", after=2)
     counts = {1: 1}
     dead.update({}, counts, changed=[1])  # interval 1: seen; checked at 3, re-checked at 23
-    for k in range(2, 21):
+    for _interval in range(2, 21):
         assert dead.update(counts, counts, changed=[]) == []
     counts = {1: 2}
     assert dead.update({1: 1}, counts, changed=[1]) == []  # interval 21: moved; checked at 23 as well
