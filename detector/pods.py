@@ -44,6 +44,7 @@ from typing import Any, Protocol
 from detector.cgroups import parse_cgroup_path
 from detector.decisions import Target
 from detector.policy import Policy
+from detector.quantity import parse_quantity
 from probes.cgroupfs import CgroupLayout, discover
 from probes.host import HostPaths
 
@@ -155,11 +156,9 @@ def _quantity(raw: Any) -> Decimal | None:
     """A Kubernetes quantity ("500m", "1Gi", "2", "1e3") or None when absent or not a quantity."""
     if raw is None:
         return None
-    from kubernetes.utils import parse_quantity  # import here: standalone mode needs no kubernetes
-
     try:
         return parse_quantity(raw)
-    except (ValueError, TypeError, ArithmeticError):
+    except ValueError:
         return None
 
 
