@@ -90,6 +90,7 @@ class StepResult:
     last_error: str = ""
     fleet_pods_with_runq: int = 0  # of this bench's pods, those with run-queue series (their task waited)
     other_runq_cgroups: int = 0  # run-queue series of cgroups that are not this bench's pods (the machine's own)
+    rss_split_mib: dict[str, float] = field(default_factory=dict)  # heap / arenas / other anonymous / files
 
 
 def pod_name(qos: str, uid: str | None = None) -> str:
@@ -257,6 +258,22 @@ class AgentUnderTest:
         kib = {k: int(v.split()[0]) for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(.+)$", status, re.M)}
         return kib["VmRSS"] / 1024, kib["VmHWM"] / 1024
 
+    def rss_split_mib(self) -> dict[str, float]:
+        """Where the RSS is (smaps): glibc's heap, Python's object arenas (anonymous 1 MiB maps),
+        other anonymous maps (large buffers: numpy arrays, big strings, BPF map mmaps) and files."""
+        split = {"heap": 0, "arenas": 0, "other_anon": 0, "files": 0}
+        kind = "files"
+        for line in Path(f"/proc/{self.proc.pid}/smaps").read_text().splitlines():
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                name = head[5] if len(head) > 5 else ""
+                kind = "heap" if name == "[heap]" else "files" if name.startswith("/") else \
+                    "arenas" if not name and hi - lo == 1 << 20 else "other_anon"
+            elif head and head[0] == "Rss:":
+                split[kind] += int(head[1])
+        return {k: round(v / 1024, 1) for k, v in split.items()}
+
     def measure(self, step: str, pods: int, window: float, during: object = None,
                 removed_uids: set[str] | None = None, fleet: PodFleet | None = None) -> StepResult:
         """CPU over ``window`` s while ``during()`` (if given) is called about once a second; counts the
@@ -287,7 +304,7 @@ class AgentUnderTest:
                           health["ticks"] - ticks0, int(scrape["series"]), int(scrape["map_entries"]),
                           int(scrape["exported"]), round(rss_mid if rss_mid is not None else rss, 1), removed,
                           scrape["by_metric"], health.get("failed_ticks", 0) - health0.get("failed_ticks", 0),
-                          health.get("last_error", ""), runq_fleet, runq_all - runq_fleet)
+                          health.get("last_error", ""), runq_fleet, runq_all - runq_fleet, self.rss_split_mib())
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -391,6 +408,9 @@ def verdicts(results: list[StepResult]) -> list[str]:
         ratio = after.rss_mib / steady.rss_mib if steady.rss_mib else float("inf")
         lines.append(f"after churn vs steady, rss_mib: {steady.rss_mib} -> {after.rss_mib} ({ratio:.3f}x) -> "
                      f"{'PASS' if ratio <= 1 + AFTER_CHURN_TOLERANCE else 'FAIL'}")
+        if steady.rss_split_mib and after.rss_split_mib:
+            lines.append("  RSS by kind (MiB, steady -> after churn): " + ", ".join(
+                f"{k} {steady.rss_split_mib.get(k, 0)} -> {v}" for k, v in after.rss_split_mib.items()))
         for what in ("series", "map_entries"):
             before, now = getattr(steady, what), getattr(after, what)
             ok = now <= before * (1 + AFTER_CHURN_TOLERANCE)
