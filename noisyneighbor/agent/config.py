@@ -10,6 +10,7 @@ from actuators.journal import DEFAULT_JOURNAL_DIR
 from detector.policy import POD_SOURCES, Policy, load_policy
 from probes.collect import BPF_PROBES
 from probes.engine import check_btf_file
+from probes.registry import NAMES
 
 DEFAULT_LISTEN = "0.0.0.0:9717"
 # /healthz turns 503 when no tick completed for this many intervals (a stuck loop, not a slow one).
@@ -51,9 +52,9 @@ class AgentConfig:
     btf: str | None = None  # BTF of this kernel when it has no /sys/kernel/btf/vmlinux (--btf)
 
     def validate(self) -> None:
-        unknown = set(self.probes) - set(BPF_PROBES)
+        unknown = set(self.probes) - set(NAMES)
         if unknown:
-            raise AgentConfigError(f"unknown probe(s) {', '.join(sorted(unknown))}; known: {', '.join(BPF_PROBES)}")
+            raise AgentConfigError(f"unknown probe(s) {', '.join(sorted(unknown))}; known: {', '.join(NAMES)}")
         if self.interval_s is not None and not 0.01 <= self.interval_s <= 3600:
             raise AgentConfigError(f"interval must be between 0.01 and 3600 s, got {self.interval_s:g}")
         if self.max_cgroups < 1:
