@@ -116,8 +116,11 @@ class NodeCollector:
         if self._ticks % PROGRAM_STATS_EVERY_TICKS == 0:
             self._program_stats = []
             for probe in self.probes.values():
+                loaded = getattr(probe, "probe", None)  # a plugin that is not a BPF probe has no programs
+                if loaded is None:
+                    continue
                 try:
-                    self._program_stats.extend(probe.probe.program_stats())
+                    self._program_stats.extend(loaded.program_stats())
                 except OSError as e:
                     errors.append(f"program stats: {e}")
         self._ticks += 1
