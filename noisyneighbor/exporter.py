@@ -649,7 +649,7 @@ class Exporter:
             for reason, count in getattr(probe_snap, "drops", {}).items():
                 node.add_counter(PROBE_DROPS, (name, reason), float(count))
         for plugin in PLUGINS:
-            probe_snap = getattr(snap, plugin.snapshot_field)
+            probe_snap = snap.probe(plugin.name)
             if probe_snap is not None and plugin.map_entries is not None:
                 node.set_gauge(BPF_MAP_ENTRIES, (plugin.name,), float(plugin.map_entries(probe_snap)))
         for prog in snap.bpf_programs:
