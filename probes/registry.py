@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from probes import reclaim, runqlat, softirq, tcpconnect
+from probes import gpu_pods, reclaim, runqlat, softirq, tcpconnect
 from probes.plugin import ENGINE_ATTACH_MODES, MetricSpec, ProbePlugin
 
 __all__ = ["BY_NAME", "DEFAULT_NAMES", "ENGINE_ATTACH_MODES", "NAMES", "PLUGINS", "MetricSpec", "ProbePlugin", "plugin"]
@@ -94,6 +94,7 @@ PLUGINS: tuple[ProbePlugin, ...] = (
         top_view="tcp",
         top_options={"outlier_threshold_ns": 0},
     ),
+    gpu_pods.PLUGIN,
 )
 
 BY_NAME: dict[str, ProbePlugin] = {p.name: p for p in PLUGINS}
