@@ -170,7 +170,9 @@ class Journal:
             for e in entries:
                 _check_entry(e)
         except (ValueError, TypeError, KeyError) as e:
-            raise JournalError(f"journal {self.file} is corrupt ({e}); inspect it, then remove it") from None
+            # The reason may quote the file (a key with a newline in it): one line, whatever it holds.
+            reason = " ".join(str(e).split())
+            raise JournalError(f"journal {self.file} is corrupt ({reason}); inspect it, then remove it") from None
         self._entries = {e.path: e for e in entries}
         self._seq = max((e.seq for e in entries), default=0)
 

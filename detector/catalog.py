@@ -75,6 +75,7 @@ _ALL: tuple[Signal, ...] = (
     Signal("cpu_cores", "CPU used", "cores", noise_floor=0.02),
     Signal("who_ran_instead_foreign_share", "Wait spent behind other cgroups", "%", 100.0),
     Signal("who_ran_instead_own_share", "Wait spent behind its own threads", "%", 100.0),
+    Signal("who_ran_instead_node_share", "Wait spent behind the node's processes outside pods", "%", 100.0),
     Signal("runnable_per_cpu", "Its threads per CPU it may use", "x"),
     Signal("container_throttled_ratio", "Periods a container was throttled at its limit", "%", 100.0),
 )

@@ -24,6 +24,7 @@ SELF_THROTTLE_SHARE = 0.5  # throttled time explains at least this share of its 
 SELF_THROTTLE_RATIO = 0.9  # ... it was throttled in at least this share of its CFS periods
 FOREIGN_MINORITY = 0.5  # ... and other cgroups ran for less than this share of its wait
 SELF_CONTENTION_SHARE = 0.5  # its own threads ran for at least this share of its wait
+ROOT_CGROUP = "/"  # the workload key of the node's processes outside any pod
 NEIGHBOR_SHARE = 0.3  # foreign cgroups ran for at least this share of its wait
 
 
@@ -164,6 +165,15 @@ def neighbor_cpu(ctx: CauseContext) -> Verdict | None:
             return None
         culprits = ctx.cpu_culprits(ctx.key, ctx.foreign, ctx.total_wait_ns)
         confidence = ctx.foreign_share
+        node_share = ctx.foreign.get(ROOT_CGROUP, 0.0) / ctx.total_wait_ns if ctx.total_wait_ns > 0 else 0.0
+        if not culprits and node_share >= NEIGHBOR_SHARE:
+            # The node's own processes (the root cgroup: system daemons, kernel threads) ran instead.
+            # The cause is known; there is no pod to blame or act on, so no culprit.
+            return Verdict(Cause.NEIGHBOR_CPU, min(1.0, confidence), [], [
+                Evidence("who_ran_instead_foreign_share", round(ctx.foreign_share, 4), ctx.window_s,
+                         threshold=NEIGHBOR_SHARE),
+                Evidence("who_ran_instead_node_share", round(node_share, 4), ctx.window_s,
+                         note="the node's own processes outside pods (root cgroup) ran on its CPUs")])
     else:
         culprits = ctx.correlation_culprits(ctx.key, ctx.signals)
         confidence = 0.5 * culprits[0].score if culprits else 0.0

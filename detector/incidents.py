@@ -71,7 +71,7 @@ class _VictimState:
     recent_ran_instead: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_own_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
-    decided: tuple | None = None  # (cause, top culprit) the last decisions were made for
+    decided: tuple | None = None  # (cause, top culprit, within its request) the last decisions were made for
     cpus: tuple[int, ...] = ()  # CPUs the victim ran on lately (weight > 5 %), for a cpuset suppress
     # (failed connects, SYN retransmits, connect p99 ns) per recent tick: connect trouble is sparse
     # (a client blocked 1-3 s in a SYN retry makes one event every few ticks), so it is judged over a window.
@@ -458,7 +458,8 @@ class IncidentEngine:
     # -- decisions ------------------------------------------------------------------------------
     def _decide(self, inc: Incident, state: _VictimState) -> None:
         top = inc.culprits[0] if inc.culprits else None
-        key = (inc.cause, top.target.cgroup if top else None)
+        # Decided again when the top culprit changes, or goes past its request (then it may be suppressed).
+        key = (inc.cause, top.target.cgroup if top else None, top is not None and top.above_request is False)
         if key == state.decided:
             return
         state.decided = key
@@ -472,7 +473,10 @@ class IncidentEngine:
                 incident_id=inc.incident_id, victim=inc.victim, victim_signal=victim_signal,
             ))
         elif inc.cause in (Cause.NEIGHBOR_CPU, Cause.SOFTIRQ) and top is not None and top.target.qos == "BE" \
-                and acts.suppress_enabled:
+                and top.above_request is not False and acts.suppress_enabled:
+            # A BE pod busy within its own request is using what it was promised: never suppressed. The
+            # ranking puts those above their request first, so a top within its request means none is
+            # above it yet (seen the tick a hog starts: its CPU use not measured past its request yet).
             decisions.append(Decision(
                 ActionKind.SUPPRESS, top.target, self._suppress_amount(top, state),
                 reason=f"{top.target.display} ran {top.who_ran_instead_share:.0%} of {inc.victim.display}'s runqueue wait",

@@ -224,7 +224,8 @@ class Scenario:
         makes any). What the rest of a shared node does is not the scenario's ground truth."""
         if any(self.own(c) for c in view.culprits):
             return False
-        return (view.cause == Cause.NEIGHBOR_CPU and bool(view.culprits)) or view.cause == Cause.SOFTIRQ
+        # NEIGHBOR_CPU with no culprit: the node's own processes (root cgroup) ran instead.
+        return view.cause in (Cause.NEIGHBOR_CPU, Cause.SOFTIRQ)
 
     def close(self) -> None:
         for p in self.procs:

@@ -107,6 +107,22 @@ def test_self_contention_when_its_own_threads_fill_its_cpus():
         < causes.RULES.index(causes.neighbor_cpu)
 
 
+def test_the_nodes_own_processes_are_a_neighbour_without_a_culprit():
+    """Seen under CI load: the victim waited behind processes in the root cgroup (the load generator,
+    system daemons), which are never culprits. The cause is still the CPU neighbour, not 'unknown'."""
+    row = _row(runq_wait_ms_per_s=300.0, throttled_ms_per_s=0.0, throttled_ratio=0.0, cpu_cores=0.3)
+    ctx = _ctx(row, own=0.01e9, foreign={"/": 0.9e9})
+    ctx.cpu_culprits = lambda k, f, t: [Culprit(Target(c), 0.5) for c in f if c != "/"]  # the root is never one
+    v = causes.decide(ctx)
+    assert v.cause == Cause.NEIGHBOR_CPU and v.culprits == []
+    node = [e for e in v.evidence if e.signal == "who_ran_instead_node_share"]
+    assert len(node) == 1 and node[0].value == 0.9 and "outside pods" in node[0].note
+    # A little root time with no pod culprit is not enough to name a neighbour.
+    ctx = _ctx(row, own=0.01e9, foreign={"/": 0.1e9})
+    ctx.cpu_culprits = lambda k, f, t: []
+    assert causes.decide(ctx).cause == Cause.PSI_UNKNOWN
+
+
 def test_every_rule_is_one_function_and_the_fallback_always_holds():
     row = _row(runq_count=0)
     assert causes.decide(_ctx(row, breached=("psi_io_some",))).cause == Cause.PSI_UNKNOWN

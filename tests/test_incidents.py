@@ -79,6 +79,28 @@ def test_neighbor_cpu_ranks_who_ran_instead_and_suppresses_the_be_culprit():
     assert decision.incident_id == inc.incident_id and decision.victim.pod == "web"
 
 
+def test_a_be_culprit_within_its_request_is_named_but_not_suppressed_until_one_above_ranks_first():
+    """Seen under CI load: the tick a BE hog starts, its CPU use is not yet measured past its request,
+    so the busy neighbour within its request ranked first and was suppressed."""
+    requests = {BE.key: 2.0}
+    policy = Policy(slo=dataclasses.replace(SloThresholds(), breach_seconds=1.0))
+    t = iter(range(10_000))
+    e = IncidentEngine(policy, sink=LoggingSink(), clock=lambda: float(next(t)), cpu_request=requests.get)
+    run(e, [tick(*contended(), row(LS2))])  # batch: 1.0 core of its 2.0
+    (inc,) = e.open_incidents
+    assert [(c.target.pod, c.above_request) for c in inc.culprits] == [("api", None), ("batch", False)]
+    assert e.sink.decisions == []
+    requests[LS2.key] = 2.0  # now the only culprit that may rank first is within its request too
+    run(e, [tick(*contended(), row(LS2))])
+    (inc,) = e.open_incidents
+    assert inc.culprits[0].target.pod == "batch" and inc.culprits[0].above_request is False
+    assert e.sink.decisions == []
+    requests[BE.key] = 0.5  # now above its request: it ranks first as such and is suppressed
+    run(e, [tick(*contended(), row(LS2))])
+    (decision,) = e.sink.decisions
+    assert decision.kind == ActionKind.SUPPRESS and decision.target.pod == "batch"
+
+
 def test_ls_culprit_is_named_but_never_suppressed():
     e = engine(breach_seconds=1.0)
     wait_ns = 300e6

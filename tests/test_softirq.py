@@ -27,7 +27,7 @@ from probes.softirq import (
     read_proc_softirqs,
     summarize,
 )
-from tests.ground_truth import SOFTIRQ_ENTRY_LOSS
+from tests.ground_truth import softirq_missed_allowance
 
 pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +69,7 @@ def _bracket_check(p1, truth1, p2, p3, truth2, p4, keys):
         truth = truth2[k] - truth1[k]
         low = p3.stats[k].entries - p2.stats[k].entries
         high = p4.stats[k].entries - p1.stats[k].entries
-        if not low - 1 <= truth <= high + 1 + SOFTIRQ_ENTRY_LOSS * truth:
+        if not low - 1 <= truth <= high + 1 + softirq_missed_allowance(truth):
             bad.append((k, low, truth, high))
     return bad
 

@@ -236,7 +236,8 @@ def test_counts_latency_and_attribution_match_the_kernel(netns, make_cgroup):
     assert Counter(o for *_, o, _dt in rb["results"]) == {"ok": 7, "refused": 3}
 
     # The probe vs the kernel, for this namespace.
-    assert after.drops == dict.fromkeys(after.drops, 0)
+    lost = {k: v for k, v in after.drops.items() if k != "recursion_misses"}
+    assert lost == dict.fromkeys(lost, 0)
     mine = {k: v for k, v in after.per_key.items() if k[1] == netns_ino}
     assert set(mine) == {(ino[a], netns_ino), (ino[b], netns_ino)}, f"connects charged elsewhere: {mine.keys()}"
     got = {cg: _delta(after.per_key[(ino[cg], netns_ino)], before.per_key.get((ino[cg], netns_ino))) for cg in (a, b)}
@@ -245,11 +246,13 @@ def test_counts_latency_and_attribution_match_the_kernel(netns, make_cgroup):
                 "timeouts": 0, "aborts": 0, "local_errors": 0, "syn_retransmits": n_slow}
     expect_b = {"successes": 7, "failures": 3, "refused": 3, "timeouts": 0, "aborts": 0, "local_errors": 0,
                 "syn_retransmits": 0}
-    print(f"probe a {got[a]}, b {got[b]}; kernel {truth}")
-    assert got[a] == expect_a
-    assert got[b] == expect_b
-    assert truth.active_opens == sum(g["successes"] + g["failures"] + g["aborts"] for g in got.values())
-    assert truth.attempt_fails == sum(g["failures"] for g in got.values())
+    misses = _misses(before, after)
+    print(f"probe a {got[a]}, b {got[b]}; kernel {truth}; skipped runs {misses}")
+    _assert_counts(got[a], expect_a, misses)
+    _assert_counts(got[b], expect_b, misses)
+    counted = sum(g["successes"] + g["failures"] + g["aborts"] for g in got.values())
+    assert 0 <= truth.active_opens - counted <= misses
+    assert 0 <= truth.attempt_fails - sum(g["failures"] for g in got.values()) <= misses
     assert truth.syn_retrans == sum(g["syn_retransmits"] for g in got.values())
 
     # Latency: the dropped-first-SYN connects took the initial RTO.
@@ -288,6 +291,22 @@ def _delta(now: ConnectStats, before: ConnectStats | None) -> dict[str, int]:
     return {n: getattr(now, n) - (getattr(before, n) if before else 0) for n in names}
 
 
+def _misses(before: TcpConnectSnapshot, after: TcpConnectSnapshot) -> int:
+    """Runs of the probe's programs the kernel skipped between two snapshots (recursion protection:
+    a state change in a softirq that interrupts one of the probe's programs on the same CPU). Each
+    skip loses at most one start, end or retransmit. Measured here (20,000 loopback connects in a
+    namespace, both CPUs busy with the connects): 154-160 of ~200,000 state-change runs skipped, in
+    both attach modes; a skipped start loses its connect's end and its SYN retransmits with it."""
+    return after.drops["recursion_misses"] - before.drops["recursion_misses"]
+
+
+def _assert_counts(got: dict[str, int], expect: dict[str, int], misses: int) -> None:
+    """The probe's counts equal the kernel's, short by at most the runs the kernel skipped (never over)."""
+    assert set(got) == set(expect)
+    short = {n: expect[n] - got[n] for n in expect}
+    assert all(0 <= d <= misses for d in short.values()), f"probe {got} vs kernel {expect}: {misses} skipped runs"
+
+
 @pytest.mark.root
 def test_raw_tp_fallback_counts_the_same(netns, make_cgroup):
     ns = netns("raw")
@@ -303,7 +322,8 @@ def test_raw_tp_fallback_counts_the_same(netns, make_cgroup):
         after = probe.snapshot()
         truth = read_counters(server).delta(truth_before)
     got = _delta(after.per_key[key], before.per_key.get(key))
-    assert got["successes"] == 12 and got["failures"] == got["refused"] == 8
+    _assert_counts(got, {"successes": 12, "failures": 8, "refused": 8, "timeouts": 0, "aborts": 0, "local_errors": 0,
+                         "syn_retransmits": 0}, _misses(before, after))
     assert truth.active_opens == 20 and truth.attempt_fails == 8
 
 
@@ -378,9 +398,9 @@ def test_held_slots_overflow_to_the_hash_and_stale_starts_are_swept(netns, make_
         assert probe.probe.map_lookup("inflight", struct.pack("<Q", 0xDEAD1)) is None
         assert probe.probe.map_lookup("inflight", struct.pack("<Q", 0xDEAD3)) is not None
     got = _delta(after.per_key[key], before.per_key.get(key))
-    print(f"probe {got}; kernel {truth}")
-    assert got == {"successes": 21, "failures": 4, "refused": 4, "timeouts": 0, "aborts": 0, "local_errors": 0,
-                   "syn_retransmits": 2}
+    print(f"probe {got}; kernel {truth}; drops before {before.drops} after {after.drops}")
+    _assert_counts(got, {"successes": 21, "failures": 4, "refused": 4, "timeouts": 0, "aborts": 0, "local_errors": 0,
+                         "syn_retransmits": 2}, _misses(before, after))
     assert truth.active_opens == 25 and truth.attempt_fails == 4 and truth.syn_retrans == 2
     # Destinations: 127.0.0.1:P_OK from the LRU hash (8) and its bucket (3), added up.
     dests = {(d.family, d.daddr, d.dport): v for d, v in after.destinations.items() if (d.cgroup_id, d.netns) == key}
@@ -463,14 +483,16 @@ def test_timeout_and_application_abort_are_told_apart(netns, make_cgroup):
     assert all("Connection timed out" in r[2] and 2.5 < r[3] < 4 for r in rw["results"]), rw
     got = {cg: _delta(after.per_key[key[cg]], before.per_key.get(key[cg])) for cg in (quitter, waiter)}
     print(f"probe quitter {got[quitter]}, waiter {got[waiter]}; kernel {truth}")
-    assert got[quitter] == {"successes": 0, "failures": 0, "refused": 0, "timeouts": 0, "aborts": 4,
-                            "local_errors": 0, "syn_retransmits": 0}
+    misses = _misses(before, after)
+    _assert_counts(got[quitter], {"successes": 0, "failures": 0, "refused": 0, "timeouts": 0, "aborts": 4,
+                                  "local_errors": 0, "syn_retransmits": 0}, misses)
     # How many SYN retransmits fit before the kernel gives up depends on timer rounding: compare
     # with the kernel's own count, not with a number.
     retrans = got[waiter].pop("syn_retransmits")
-    assert got[waiter] == {"successes": 0, "failures": 2, "refused": 0, "timeouts": 2, "aborts": 0, "local_errors": 0}
+    _assert_counts(got[waiter], {"successes": 0, "failures": 2, "refused": 0, "timeouts": 2, "aborts": 0,
+                                 "local_errors": 0}, misses)
     assert (truth.active_opens, truth.attempt_fails) == (6, 2)
-    assert retrans == truth.syn_retrans >= 2
+    assert truth.syn_retrans >= 2 and 0 <= truth.syn_retrans - retrans <= misses
     assert sorted(e.outcome for e in events if e.pid == rq["pid"]) == ["aborted"] * 4
     timed_out = [e for e in events if e.pid == rw["pid"]]
     assert [(e.outcome, e.error_name) for e in timed_out] == [("failed", "ETIMEDOUT")] * 2

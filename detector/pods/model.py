@@ -10,6 +10,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from detector.quantity import parse_quantity
+
 log = logging.getLogger("noisyneighbor.pods")
 
 
@@ -119,11 +121,9 @@ def _quantity(raw: Any) -> Decimal | None:
     """A Kubernetes quantity ("500m", "1Gi", "2", "1e3") or None when absent or not a quantity."""
     if raw is None:
         return None
-    from kubernetes.utils import parse_quantity  # import here: standalone mode needs no kubernetes
-
     try:
         return parse_quantity(raw)
-    except (ValueError, TypeError, ArithmeticError):
+    except ValueError:
         return None
 
 
