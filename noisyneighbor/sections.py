@@ -35,12 +35,10 @@ from probes.psi import (
     read_node_psi,
 )
 from probes.reclaim import ReclaimSnapshot
-from probes.reclaim import summarize as summarize_reclaim
 from probes.reclaim import summarize_node as summarize_reclaim_node
 from probes.registry import BY_NAME, ENGINE_ATTACH_MODES, PLUGINS
 from probes.runqlat import RunqSnapshot
 from probes.softirq import SoftirqSnapshot
-from probes.softirq import summarize as summarize_softirq
 from probes.tcpconnect import TcpConnectSnapshot
 from probes.tcpconnect import summarize as summarize_tcp
 
@@ -358,7 +356,7 @@ class SoftirqSource(_ProbeSource):
 
     def section(self, prev: SoftirqSnapshot, cur: SoftirqSnapshot, sections: dict[str, Any]) -> SoftirqSection:
         dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-        rows = summarize_softirq(prev, cur)
+        rows = BY_NAME[self.name].delta(prev, cur)  # the plugin's interval: probes.softirq.summarize
         for r in rows:
             r["entries_per_s"] = r["entries"] / dt
             r["runtime_ms_per_s"] = r["runtime_s_per_s"] * 1e3
@@ -402,7 +400,7 @@ class ReclaimSource(_ProbeSource):
     def section(self, prev: ReclaimSnapshot, cur: ReclaimSnapshot, sections: dict[str, Any]) -> ReclaimSection:
         dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
         rows = []
-        for r in summarize_reclaim(prev, cur):
+        for r in BY_NAME[self.name].delta(prev, cur):  # the plugin's interval: probes.reclaim.summarize
             names = self.name_of(r["cgroup_id"])
             names["cgroup_kind"] = names.pop("kind")  # "kind" is the reclaim kind here
             if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
