@@ -9,7 +9,8 @@ the exporter metrics it fills and its view in ``noisyneighbor top``.
 
 The collector (``probes.collect``), the exporter, ``top`` (``noisyneighbor.sections``), the agent's
 and the CLI's probe lists and the benches loop over :data:`PLUGINS` instead of naming probes. Adding a
-probe is its BPF C and header, its module, its test and one line in :data:`PLUGINS` (docs/architecture.md).
+probe is its BPF C and header, its module, its test and one entry in :data:`PLUGINS`, with its import
+(docs/architecture.md).
 
 Signals and metrics are names (strings): ``probes/`` imports nothing from ``detector/`` or
 ``noisyneighbor/``; ``detector.catalog.check_plugin_signals`` and the exporter's tests check the
