@@ -13,7 +13,7 @@ probe is its BPF C and header, its module, its test and one entry in :data:`PLUG
 (docs/architecture.md).
 
 Signals and metrics are names (strings): ``probes/`` imports nothing from ``detector/`` or
-``noisyneighbor/``; ``detector.catalog.check_plugin_signals`` and the exporter's tests check the
+``noisyneighbor/``; ``detector.catalog.check_plugin_signals`` and tests/test_registry.py check the
 names against the signal catalog and the exporter's metric definitions.
 """
 
