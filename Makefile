@@ -10,8 +10,9 @@ VMLINUX := bpf/.output/vmlinux.h
 CLANG ?= clang
 BPF_CFLAGS := -g -O2 -target bpf -D__TARGET_ARCH_$(ARCH) -Wall -Wno-unused-function \
 	-I bpf/.output -I bpf -I /usr/include/$(shell uname -m)-linux-gnu
-# Extra flags for bench variants only (bench/variant_objects.py); the agent's objects never have any.
-BPF_EXTRA_CFLAGS ?=
+# Bench-only BPF sources (bench/bpf/): built for bench/variant_objects.py, never shipped.
+BENCH_BPF_SRC := $(wildcard bench/bpf/*.bpf.c)
+BENCH_BPF_OUT ?= bench/.output
 PY := .venv/bin/python
 
 .PHONY: all setup run test lint bpf bench clean
@@ -55,10 +56,18 @@ $(VMLINUX):
 
 $(BPF_OUT)/%.bpf.o: bpf/%.bpf.c $(BPF_HDR) $(VMLINUX)
 	@mkdir -p $(@D)
-	$(CLANG) $(BPF_CFLAGS) $(BPF_EXTRA_CFLAGS) -c $< -o $@.tmp && mv $@.tmp $@
+	$(CLANG) $(BPF_CFLAGS) -c $< -o $@.tmp && mv $@.tmp $@
+
+.PHONY: bench-bpf
+bench-bpf: $(patsubst bench/bpf/%.bpf.c,$(BENCH_BPF_OUT)/%.bpf.o,$(BENCH_BPF_SRC))
+
+# A bench variant includes the shipped source it varies (bpf/ is on the include path).
+$(BENCH_BPF_OUT)/%.bpf.o: bench/bpf/%.bpf.c $(BPF_SRC) $(BPF_HDR) $(VMLINUX)
+	@mkdir -p $(@D)
+	$(CLANG) $(BPF_CFLAGS) -c $< -o $@.tmp && mv $@.tmp $@
 
 clean:
-	rm -rf bpf/.output $(BPF_OUT)
+	rm -rf bpf/.output $(BPF_OUT) $(BENCH_BPF_OUT)
 
 # Probe overhead: nothing vs noisyneighbor vs bcc's runqlat, alternating arms (bench/overhead.py --help).
 # bcc_env.sh gives bcc kernel headers; if it fails, that arm is reported unavailable.

@@ -30,6 +30,10 @@ API (all cgroup paths are relative to the hierarchy root, e.g. ``kubepods.slice/
 - ``kubepods_driver()`` -> "systemd" | "cgroupfs" | None and ``qos_cgroup("besteffort")`` ->
   ``kubepods.slice/kubepods-besteffort.slice`` or ``kubepods/besteffort``, detected by which root exists.
 
+The files the probes read too (``cpu.max`` / CFS quota and period, ``cpuset.cpus``) are declared once
+in :mod:`probes.cgroupfiles` with their parsers; a malformed value is the parser's one-line message
+behind the file's path, the same words a probe's reason gives for it.
+
 Errors are one line: :class:`CgroupVanished` when the cgroup is gone, :class:`ResourceUnavailable`
 when the host has no such file (no controller, kernel without CFS burst), :class:`CgroupWriteError`
 when the kernel refuses a value (EINVAL, ERANGE, EBUSY), all subclasses of :class:`CgroupFileError`.
@@ -39,11 +43,11 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 from actuators.base import FileWrite
+from probes.cgroupfiles import CPU_MAX, CPUSET_CPUS, CgroupFileParseError, CpuMax, format_cpu_list, parse_cpu_list
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.host import VANISHED_ERRNOS, HostPaths
 
@@ -79,31 +83,19 @@ class Resource(StrEnum):
     MEMORY_USAGE = "memory_usage"
 
 
-# resource -> (controller, v1 file, v2 file)
+# resource -> (controller, v1 file, v2 file); the files the probes read too come from probes.cgroupfiles.
 _FILES: dict[Resource, tuple[str, str, str]] = {
-    Resource.CPU_QUOTA: ("cpu", "cpu.cfs_quota_us", "cpu.max"),
-    Resource.CPU_PERIOD: ("cpu", "cpu.cfs_period_us", "cpu.max"),
+    Resource.CPU_QUOTA: (CPU_MAX.controller, CPU_MAX.v1_names[0], CPU_MAX.v2_name),
+    Resource.CPU_PERIOD: (CPU_MAX.controller, CPU_MAX.v1_names[1], CPU_MAX.v2_name),
     Resource.CPU_BURST: ("cpu", "cpu.cfs_burst_us", "cpu.max.burst"),
     Resource.CPU_SHARES: ("cpu", "cpu.shares", "cpu.weight"),
-    Resource.CPUSET_CPUS: ("cpuset", "cpuset.cpus", "cpuset.cpus"),
+    Resource.CPUSET_CPUS: (CPUSET_CPUS.controller, CPUSET_CPUS.v1_names[0], CPUSET_CPUS.v2_name),
     Resource.CPUSET_MEMS: ("cpuset", "cpuset.mems", "cpuset.mems"),
     Resource.TASKS: ("cpu", "tasks", "cgroup.threads"),
     Resource.PROCS: ("cpu", "cgroup.procs", "cgroup.procs"),
     Resource.MEMORY_LIMIT: ("memory", "memory.limit_in_bytes", "memory.high"),
     Resource.MEMORY_USAGE: ("memory", "memory.usage_in_bytes", "memory.current"),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class CpuMax:
-    """CFS bandwidth of one cgroup: ``quota_us`` None means unlimited."""
-
-    quota_us: int | None
-    period_us: int
-
-    @property
-    def cores(self) -> float | None:
-        return None if self.quota_us is None else self.quota_us / self.period_us
 
 
 # -- kernel conversions -------------------------------------------------------------------------
@@ -116,38 +108,6 @@ def shares_to_weight(shares: int) -> int:
 
 def weight_to_shares(weight: int) -> int:
     return min(262_144, max(2, (weight * 1024 + 50) // 100))
-
-
-def parse_cpu_list(text: str) -> tuple[int, ...]:
-    """Kernel cpu list ("0-3,8,10-11", may be empty) -> sorted tuple; ValueError if malformed."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            a, b = int(lo), int(hi)
-            if b < a:
-                raise ValueError(f"bad cpu range {part!r}")
-            cpus.update(range(a, b + 1))
-        else:
-            cpus.add(int(part))
-    return tuple(sorted(cpus))
-
-
-def format_cpu_list(cpus: tuple[int, ...] | list[int] | set[int] | frozenset[int]) -> str:
-    """Sorted, ranges collapsed, the way the kernel prints it ("0-2,5")."""
-    ordered = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def same_value(a: str | None, b: str | None) -> bool:
@@ -263,18 +223,13 @@ class CgroupFiles:
 
     # -- typed reads --------------------------------------------------------------------------
     def read_cpu_max(self, cgroup: str) -> CpuMax:
-        if self.version(Resource.CPU_QUOTA) == 2:
-            text = self.read_raw(Resource.CPU_QUOTA, cgroup)
-            fields = text.split()
-            try:
-                if len(fields) != 2:
-                    raise ValueError
-                return CpuMax(None if fields[0] == "max" else int(fields[0]), int(fields[1]))
-            except ValueError:
-                raise CgroupFileError(f"{self.path(Resource.CPU_QUOTA, cgroup)}: malformed {text.strip()!r}") from None
-        quota = self._read_int(Resource.CPU_QUOTA, cgroup)
-        period = self._read_int(Resource.CPU_PERIOD, cgroup)
-        return CpuMax(None if quota < 0 else quota, period)
+        version = self.version(Resource.CPU_QUOTA)
+        resources = (Resource.CPU_QUOTA,) if version == 2 else (Resource.CPU_QUOTA, Resource.CPU_PERIOD)
+        texts = [self.read_raw(r, cgroup) for r in resources]
+        try:
+            return CPU_MAX.parse(version, *texts)
+        except CgroupFileParseError as e:
+            raise CgroupFileError(f"{self.path(Resource.CPU_QUOTA, cgroup)}: {e}") from None
 
     def read_burst_us(self, cgroup: str) -> int:
         return self._read_int(Resource.CPU_BURST, cgroup)
@@ -305,9 +260,9 @@ class CgroupFiles:
     def _read_list(self, resource: Resource, cgroup: str) -> tuple[int, ...]:
         text = self.read_raw(resource, cgroup)
         try:
-            return parse_cpu_list(text)
-        except ValueError:
-            raise CgroupFileError(f"{self.path(resource, cgroup)}: malformed list ({text.strip()[:40]!r})") from None
+            return parse_cpu_list(text)  # cpuset.cpus and cpuset.mems share the kernel's list format
+        except CgroupFileParseError as e:
+            raise CgroupFileError(f"{self.path(resource, cgroup)}: {e}") from None
 
     # -- planned writes (nothing written here) -------------------------------------------------
     def quota_writes(self, cgroup: str, quota_us: int | None, period_us: int | None = None) -> list[FileWrite]:

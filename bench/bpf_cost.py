@@ -37,9 +37,11 @@ from bench.floor import build as build_floor
 from bench.overhead import WorkloadError, run_connect
 from probes.base import BpfProbe
 from probes.libbpf import BpfObject, ProgramStats, RunTimeStats
+from probes.registry import PLUGINS, plugin
 from probes.runqlat import RunqLatProbe
 
-PROBES = ("softirq", "reclaim", "tcpconnect", "runqlat")
+# Every BPF probe in the registry (runqlat last, as the arms always ran).
+PROBES = tuple(sorted((p.name for p in PLUGINS if p.specs), key=lambda name: name == "runqlat"))
 WORKLOADS = ("pipe", "connect")
 ARM_TOGETHER = "together"
 
@@ -62,22 +64,11 @@ def report(name: str, stats: list[ProgramStats], loops: int) -> str:
 
 
 def open_probe(name: str, attach_mode: str) -> BpfProbe[Any]:
-    """One probe configured as `noisyneighbor top` configures it (noisyneighbor/sections.py)."""
-    if name == "softirq":
-        from probes.softirq import SoftirqProbe
-
-        return SoftirqProbe(attach_mode=attach_mode)  # type: ignore[arg-type]
-    if name == "reclaim":
-        from probes.reclaim import ReclaimProbe
-
-        return ReclaimProbe(attach_mode=attach_mode, stall_threshold_ns=0)  # type: ignore[arg-type]
-    if name == "tcpconnect":
-        from probes.tcpconnect import TcpConnectProbe
-
-        return TcpConnectProbe(attach_mode=attach_mode, outlier_threshold_ns=0)  # type: ignore[arg-type]
-    if name == "runqlat":
-        return RunqLatProbe(attach_mode=attach_mode)  # type: ignore[arg-type]
-    raise ValueError(f"unknown probe {name!r} (one of {', '.join(PROBES)})")
+    """One probe configured as `noisyneighbor top` configures it (its plugin's top_options)."""
+    if name not in PROBES:
+        raise ValueError(f"unknown probe {name!r} (one of {', '.join(PROBES)})")
+    found = plugin(name)
+    return found.open(attach_mode=attach_mode, **found.top_options)
 
 
 @dataclass(frozen=True)

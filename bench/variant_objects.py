@@ -13,7 +13,8 @@ for the variant):
 
 `--cpu-hist-only`: runqlat's sched_switch program keeps only this CPU's wait histogram (no cgroup,
 no attribution, no migrated waits): what any wait probe on sched_switch pays above the empty-program
-floor. The bench may use a compiler; the agent never does.
+floor. Its source is bench/bpf/runqlat_cpu_hist_only.bpf.c (the shipped bpf/runqlat.bpf.c holds only
+what ships). The bench may use a compiler; the agent never does.
 """
 
 from __future__ import annotations
@@ -26,24 +27,25 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BUILT = REPO / "probes/bpf_objects"
-VARIANTS = {"cpu_hist_only": "NN_BENCH_CPU_HIST_ONLY"}
+VARIANTS = {"cpu_hist_only": "runqlat_cpu_hist_only.bpf.o"}  # variant -> its object (bench/bpf/ source)
 SWAPPED = "runqlat.bpf.o"
 
 
 def build(out_dir: Path, variant: str) -> Path:
-    """Copy the built objects but runqlat into `out_dir`; the Makefile's own rule builds runqlat there
-    with the variant's macro (same flags as the agent's objects)."""
+    """Copy the built objects but runqlat into `out_dir`; the Makefile's bench rule builds the variant
+    (same flags as the agent's objects) and it takes runqlat's name there."""
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / SWAPPED).unlink(missing_ok=True)  # make would take an older copy as up to date
     for obj in BUILT.glob("*.bpf.o"):
         if obj.name != SWAPPED:
             shutil.copy2(obj, out_dir / obj.name)
+    build_dir = out_dir / ".variant-build"
     subprocess.run(
-        ["make", "-s", "-C", str(REPO), f"BPF_OUT={out_dir}", f"BPF_EXTRA_CFLAGS=-D{VARIANTS[variant]}",
-         str(out_dir / SWAPPED)],
+        ["make", "-s", "-C", str(REPO), f"BENCH_BPF_OUT={build_dir}", str(build_dir / VARIANTS[variant])],
         check=True, stdout=subprocess.DEVNULL,
     )
+    shutil.copy2(build_dir / VARIANTS[variant], out_dir / SWAPPED)
+    shutil.rmtree(build_dir)
     return out_dir
 
 

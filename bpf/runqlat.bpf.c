@@ -580,22 +580,6 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 
 	if (!cpu)
 		return 0;
-#ifdef NN_BENCH_CPU_HIST_ONLY
-	/*
-	 * Never built by the Makefile: bench/variant_objects.py builds it to measure the least a wait
-	 * probe on sched_switch does (this CPU's histogram, no cgroup, no attribution), so the bench
-	 * can split what the full program costs above the empty-program floor.
-	 */
-	if (next_pid) {
-		queued = next->sched_info.last_queued;
-		if (queued) {
-			now = prev->se.cfs_rq->rq->clock;
-			pending = now > queued ? now - queued : 0;
-		}
-		nn_hist_add(&cpu->hist, pending);
-	}
-	return 0;
-#endif
 	/*
 	 * This CPU's rq clock, as sched_info_arrive() will read it: set_task_rq() points every task's
 	 * se.cfs_rq (the idle task's too) at a cfs_rq of its CPU whatever its class, and `prev` runs

@@ -15,7 +15,9 @@ when this module is imported (:func:`check_catalog`), so a typo fails every impo
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from detector.policy import SloThresholds
 
@@ -100,6 +102,15 @@ def check_catalog(signals: tuple[Signal, ...] = _ALL, slo_cls: type = SloThresho
             raise CatalogError(f"signal {s.name!r}: SLO field {s.slo_field!r} is not a SloThresholds field")
         if s.k_sigma and not s.baseline:
             raise CatalogError(f"signal {s.name!r}: the k-sigma rule needs a baseline")
+
+
+def check_plugin_signals(plugins: Iterable[Any]) -> None:
+    """Every signal a probe plugin (``probes.registry``) says it feeds is catalogued: the probes name
+    signals as strings (they do not import the detector), so a typo there fails here, at start-up."""
+    for plugin in plugins:
+        unknown = [name for name in plugin.signals if name not in SIGNALS]
+        if unknown:
+            raise CatalogError(f"probe {plugin.name!r} feeds signal(s) not in the catalog: {', '.join(unknown)}")
 
 
 def signal(name: str) -> Signal:

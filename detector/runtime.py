@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from detector.catalog import check_plugin_signals
 from detector.cgroups import CgroupResolver
 from detector.decisions import DecisionSink, Target
 from detector.incidents import IncidentEngine
@@ -20,6 +21,7 @@ from detector.signals import NodeSignals, SignalBuilder
 from detector.workloads import IdMapper, PodLike, WorkloadIndex
 from probes.cgroupfs import CgroupLayout
 from probes.host import HostPaths
+from probes.registry import PLUGINS
 from probes.snapshot import NodeSnapshot
 
 # Pod cgroups are listed from the resolver's index at most this often (a walk of the hierarchy).
@@ -48,6 +50,7 @@ class Detector:
         on_incident: Iterable[Callable[[Incident, str], None]] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
+        check_plugin_signals(PLUGINS)  # the probes name the signals they feed; the catalog must know them
         self.policy = policy or Policy()
         self.paths = paths or HostPaths()
         self.resolver = resolver or CgroupResolver(self.paths, layout)

@@ -55,12 +55,12 @@ def parse_duration(text: str) -> float:
 
 
 def _probe_list(text: str) -> tuple[str, ...]:
-    from probes.collect import BPF_PROBES
+    from probes.registry import NAMES
 
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    unknown = [n for n in names if n not in BPF_PROBES]
+    unknown = [n for n in names if n not in NAMES]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown probe(s) {', '.join(unknown) or '(none)'}; known: {', '.join(BPF_PROBES)}")
+        raise argparse.ArgumentTypeError(f"unknown probe(s) {', '.join(unknown) or '(none)'}; known: {', '.join(NAMES)}")
     return names
 
 

@@ -45,6 +45,7 @@ from detector.model import Incident
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.hist import HIST_SLOTS, LatencyHistogram, slot_bounds_us
 from probes.host import HostPaths
+from probes.registry import PLUGINS
 from probes.snapshot import NodeSnapshot
 from probes.tcpconnect import ConnectStats
 
@@ -112,7 +113,7 @@ TARGET_LABELS = ("target_namespace", "target_pod", "target_cgroup")
 OVERFLOW_CGROUP = "_overflow"
 PSI_WINDOWS = ("10", "60", "300")
 # The snapshot field each BPF probe fills, by the probe name its ProbeSpec (and ProbeStatus) uses.
-PROBE_FIELDS = {"runqlat": "runq", "softirq": "softirq", "reclaim": "reclaim", "tcpconnect": "tcp"}
+PROBE_FIELDS = {plugin.name: plugin.snapshot_field for plugin in PLUGINS}
 CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 # Kubernetes QoS -> Koordinator class, as koordlet maps pods without a koordinator.sh/qosClass label.
 KOORD_CLASS_OF_K8S_QOS = {"guaranteed": "LS", "burstable": "LS", "besteffort": "BE"}
@@ -217,6 +218,10 @@ _DEFS = (
     MetricDef(EXPORTER_LAST_UPDATE, "gauge", "Wall time of the snapshot the metrics come from."),
     MetricDef(SNAPSHOT_ERRORS, "gauge", "Problems met while collecting the last snapshot (see the agent log)."),
 )
+# Metrics a probe plugin defines itself (probes.registry), per cgroup, after the exporter's own.
+_DEFS = (*_DEFS, *(MetricDef(spec.name, spec.type, spec.help, per_cgroup=True)  # type: ignore[arg-type]
+                   for plugin in PLUGINS for spec in plugin.metric_specs))
+_SERIES_PLUGINS = tuple(plugin for plugin in PLUGINS if plugin.cgroup_series is not None)
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
 
 # le of each log2 slot in seconds: slot k holds [2^(k-1), 2^k) µs; values are truncated to whole µs by the
@@ -533,6 +538,16 @@ class Exporter:
             for (cgroup_id, _netns), stats in snap.tcp.per_key.items():
                 if (data := by_id(cgroup_id, self.cpu_hierarchy)) is not None:
                     _add_connect(data, stats)
+        for plugin in _SERIES_PLUGINS:
+            probe_snap = snap.probe(plugin.name)
+            if probe_snap is None:
+                continue
+            for metric, path, value in plugin.cgroup_series(probe_snap):  # type: ignore[misc]
+                if (data := by_path(path)) is not None:
+                    if METRICS[metric].type == "counter":
+                        data.add_counter(metric, (), value)
+                    else:
+                        data.set_gauge(metric, (), value)
         if snap.listen is not None:
             self._listen_series(snap, by_path)
         for path, cpu in snap.cgroup_cpu.items():
@@ -627,17 +642,16 @@ class Exporter:
         for name, status in snap.probe_status.items():
             node.set_gauge(PROBE_UP, (name,), 0.0 if status.state == "off" else 1.0)
             node.set_gauge(PROBE_STATE, (name, status.state), 1.0)
-        for name, attr in PROBE_FIELDS.items():
-            probe_snap = getattr(snap, attr)
+        for name in PROBE_FIELDS:
+            probe_snap = snap.probe(name)
             if probe_snap is None:
                 continue
-            for reason, count in probe_snap.drops.items():
+            for reason, count in getattr(probe_snap, "drops", {}).items():
                 node.add_counter(PROBE_DROPS, (name, reason), float(count))
-        for name, entries in (("runqlat", None if snap.runq is None else len(snap.runq.per_cgroup)),
-                              ("reclaim", None if snap.reclaim is None else len(snap.reclaim.per_cgroup)),
-                              ("tcpconnect", None if snap.tcp is None else len(snap.tcp.per_key))):
-            if entries is not None:
-                node.set_gauge(BPF_MAP_ENTRIES, (name,), float(entries))
+        for plugin in PLUGINS:
+            probe_snap = snap.probe(plugin.name)
+            if probe_snap is not None and plugin.map_entries is not None:
+                node.set_gauge(BPF_MAP_ENTRIES, (plugin.name,), float(plugin.map_entries(probe_snap)))
         for prog in snap.bpf_programs:
             node.add_counter(BPF_RUN_SECONDS, (prog.name,), prog.run_time_ns / 1e9)
             node.add_counter(BPF_RUNS, (prog.name,), float(prog.run_count))

@@ -34,30 +34,28 @@ from probes.psi import (
     read_cgroup_psi,
     read_node_psi,
 )
-from probes.reclaim import ReclaimProbe, ReclaimSnapshot
-from probes.reclaim import summarize as summarize_reclaim
+from probes.reclaim import ReclaimSnapshot
 from probes.reclaim import summarize_node as summarize_reclaim_node
-from probes.runqlat import RunqLatProbe, RunqSnapshot
-from probes.softirq import SoftirqProbe, SoftirqSnapshot
-from probes.softirq import summarize as summarize_softirq
-from probes.tcpconnect import TcpConnectProbe, TcpConnectSnapshot
+from probes.registry import BY_NAME, ENGINE_ATTACH_MODES, PLUGINS
+from probes.runqlat import RunqSnapshot
+from probes.softirq import SoftirqSnapshot
+from probes.tcpconnect import TcpConnectSnapshot
 from probes.tcpconnect import summarize as summarize_tcp
 
 log = logging.getLogger(__name__)
 
-VIEWS = ("runq", "softirq", "reclaim", "tcp", "psi")
+# One view per registered probe that has one (probes.registry), then psi.
+_VIEW_PLUGINS = tuple(p for p in PLUGINS if p.top_view is not None)
+VIEWS = (*(p.top_view for p in _VIEW_PLUGINS), "psi")
 # The sources each view needs. The first is the view's own; psi also lists the cgroups runqlat saw
 # (for their CPU usage, throttling and per-cgroup PSI), and shows node PSI without it.
 VIEW_SOURCES: dict[str, tuple[str, ...]] = {
-    "runq": ("runqlat",),
-    "softirq": ("softirq",),
-    "reclaim": ("reclaim",),
-    "tcp": ("tcpconnect",),
+    **{p.top_view: (p.name,) for p in _VIEW_PLUGINS},
     "psi": ("psi", "runqlat"),
 }
 SOURCE_VIEW = {sources[0]: view for view, sources in VIEW_SOURCES.items()}
 # Collection order: psi reads the runq section of the same interval.
-SOURCE_ORDER = ("runqlat", "softirq", "reclaim", "tcpconnect", "psi")
+SOURCE_ORDER = (*(p.name for p in _VIEW_PLUGINS), "psi")
 
 # A cgroup id that no longer resolves and had no activity for this many intervals is dropped from the
 # probe's kernel map, so dead cgroups do not fill it on a node with pod churn.
@@ -333,7 +331,7 @@ class RunqSource(_ProbeSource):
         return build_interval(prev, cur, self.ctx.resolver, self.ctx.cgroup_filter, self.probe.hierarchy)
 
     def activity(self, snap: RunqSnapshot) -> dict[int, int]:
-        return cgroup_activity("runqlat", snap)
+        return cgroup_activity(self.name, snap)
 
 
 # -- softirq -------------------------------------------------------------------------------------
@@ -358,7 +356,7 @@ class SoftirqSource(_ProbeSource):
 
     def section(self, prev: SoftirqSnapshot, cur: SoftirqSnapshot, sections: dict[str, Any]) -> SoftirqSection:
         dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-        rows = summarize_softirq(prev, cur)
+        rows = BY_NAME[self.name].delta(prev, cur)  # the plugin's interval: probes.softirq.summarize
         for r in rows:
             r["entries_per_s"] = r["entries"] / dt
             r["runtime_ms_per_s"] = r["runtime_s_per_s"] * 1e3
@@ -402,7 +400,7 @@ class ReclaimSource(_ProbeSource):
     def section(self, prev: ReclaimSnapshot, cur: ReclaimSnapshot, sections: dict[str, Any]) -> ReclaimSection:
         dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
         rows = []
-        for r in summarize_reclaim(prev, cur):
+        for r in BY_NAME[self.name].delta(prev, cur):  # the plugin's interval: probes.reclaim.summarize
             names = self.name_of(r["cgroup_id"])
             names["cgroup_kind"] = names.pop("kind")  # "kind" is the reclaim kind here
             if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
@@ -418,7 +416,7 @@ class ReclaimSource(_ProbeSource):
         )
 
     def activity(self, snap: ReclaimSnapshot) -> dict[int, int]:
-        return cgroup_activity("reclaim", snap)
+        return cgroup_activity(self.name, snap)
 
 
 # -- tcp -----------------------------------------------------------------------------------------
@@ -444,7 +442,7 @@ class TcpSource(_ProbeSource):
         return TcpSection(interval_s=dt, rows=rows, drops=dict(cur.drops))
 
     def activity(self, snap: TcpConnectSnapshot) -> dict[int, int]:
-        return cgroup_activity("tcpconnect", snap)
+        return cgroup_activity(self.name, snap)
 
 
 # -- psi + cpuacct -------------------------------------------------------------------------------
@@ -607,28 +605,28 @@ class PsiSource:
 def open_source(name: str, ctx: Context, attach_mode: str = "auto") -> Source:
     """Load one source; a probe that cannot run here comes back as an OffSource with the reason.
 
-    `attach_mode` values other than the engine's (auto, tp_btf, raw_tp) are runqlat flavours: the
-    other probes then pick their own.
+    `attach_mode` values other than the engine's (auto, tp_btf, raw_tp) are one probe's own flavours
+    (runqlat's sched_info): the other probes then pick their own. A probe is opened with the options
+    its plugin gives `top` (probes.registry) and shown through its view's source class here.
     """
-    common_mode = attach_mode if attach_mode in ("auto", "tp_btf", "raw_tp") else "auto"
+    if name == "psi":
+        return PsiSource(ctx)
+    plugin = BY_NAME.get(name)
+    source_class = PROBE_SOURCES.get(name)
+    if plugin is None or source_class is None:
+        raise ValueError(f"unknown source {name!r}")
+    mode = attach_mode if attach_mode in ENGINE_ATTACH_MODES or attach_mode in plugin.flavours else "auto"
     try:
-        if name == "psi":
-            return PsiSource(ctx)
-        if name == "runqlat":
-            return RunqSource(RunqLatProbe(paths=ctx.paths, layout=ctx.layout, attach_mode=attach_mode), ctx)
-        if name == "softirq":
-            return SoftirqSource(SoftirqProbe(paths=ctx.paths, layout=ctx.layout, attach_mode=common_mode), ctx)
-        if name == "reclaim":
-            # Threshold 0: no stall ring buffer; top shows the histograms only.
-            return ReclaimSource(
-                ReclaimProbe(paths=ctx.paths, layout=ctx.layout, attach_mode=common_mode, stall_threshold_ns=0), ctx
-            )
-        if name == "tcpconnect":
-            return TcpSource(
-                TcpConnectProbe(paths=ctx.paths, layout=ctx.layout, attach_mode=common_mode, outlier_threshold_ns=0),
-                ctx,
-            )
+        return source_class(plugin.open(paths=ctx.paths, layout=ctx.layout, attach_mode=mode, **plugin.top_options), ctx)
     except ProbeError as e:
         log.info("%s", e)  # shown in its view and the status record, not as a warning
         return OffSource(name, e)
-    raise ValueError(f"unknown source {name!r}")
+
+
+# The view of each probe in the registry that has one: its section's source class.
+PROBE_SOURCES: dict[str, type[_ProbeSource]] = {
+    RunqSource.name: RunqSource,
+    SoftirqSource.name: SoftirqSource,
+    ReclaimSource.name: ReclaimSource,
+    TcpSource.name: TcpSource,
+}

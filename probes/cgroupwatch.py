@@ -21,11 +21,13 @@ Cgroup ids are the directories' inode numbers (what the BPF side reports), taken
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from probes.cgroupfiles import CPUSET_EFFECTIVE_CPUS, CgroupFileParseError
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.cpuacct import CgroupCpuReader, CgroupCpuStat
 from probes.host import HotFiles, read_small
@@ -34,27 +36,6 @@ from probes.psi import RESOURCES, PsiReading, read_pressure_file
 
 SLOW_REFRESH_TICKS = 30  # every cgroup is read at least this often (ticks), activity or not
 MEMORY_REFRESH_TICKS = 5  # memory.stat of an active cgroup that is not reclaiming: at most this often
-
-
-MAX_CPUS = 8192  # the kernel's largest NR_CPUS: a list naming CPUs past it is not the kernel's
-
-
-def parse_cpu_list(text: str) -> tuple[int, ...]:
-    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11); empty or malformed parts (and CPUs past MAX_CPUS,
-    which would build a huge tuple from a garbage '0-100000000') are skipped."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            first, last = int(lo), int(hi or lo)
-        except ValueError:
-            continue
-        if 0 <= first <= last < MAX_CPUS:
-            cpus.extend(range(first, last + 1))
-    return tuple(cpus)
 
 
 @dataclass
@@ -130,7 +111,7 @@ class CgroupWatch:
         self._next_slot = (slot + 1) % self.slow_refresh_ticks
         cpuset = None
         if self.cpuset_h is not None:
-            name = "cpuset.effective_cpus" if self.cpuset_h.version == 1 else "cpuset.cpus.effective"
+            (name,) = CPUSET_EFFECTIVE_CPUS.names(self.cpuset_h.version)
             cpuset = str(self.cpuset_h.path_of(path) / name)
         percpu = str(self.cpuacct_h.path_of(path) / "cpuacct.usage_percpu") if self.cpuacct_h is not None else None
         w = _Watched(path, slot, cpuset, percpu, None, cpu_reader=CgroupCpuReader(self.layout, path),
@@ -276,7 +257,8 @@ class CgroupWatch:
             if w.cpuset_file is not None:
                 text = read_small(w.cpuset_file)
                 if text is not None:
-                    self.cpus[path] = parse_cpu_list(text)
+                    with contextlib.suppress(CgroupFileParseError):  # a value we cannot trust is skipped
+                        self.cpus[path] = CPUSET_EFFECTIVE_CPUS.parse(self.cpuset_h.version, text)
             w.psi_dir = self._psi_dir(w)
         if w.percpu_file is not None and moving:  # where it ran moves only when it runs (and at first sight)
             text = read(w.percpu_file)

@@ -22,34 +22,27 @@ from probes.engine import ProbeError, ProbeStatus, ProgramStats
 from probes.host import HostPaths, read_text_or_none
 from probes.memstat import read_node_vmstat
 from probes.psi import read_node_psi
-from probes.reclaim import ReclaimProbe
-from probes.runqlat import RunqLatProbe
+from probes.registry import BY_NAME, DEFAULT_NAMES, NAMES, PLUGINS
 from probes.snapshot import NodeSnapshot, parse_proc_stat
-from probes.softirq import SoftirqProbe
-from probes.tcpconnect import TcpConnectProbe
 
 log = logging.getLogger(__name__)
 
-BPF_PROBES = ("runqlat", "softirq", "reclaim", "tcpconnect")
+BPF_PROBES = DEFAULT_NAMES  # the registry's probes loaded by default, in collection order
+# Probes whose snapshot has a NodeSnapshot attribute of its own, and the others (NodeSnapshot.plugins).
+FIELD_PLUGINS = tuple(p for p in PLUGINS if p.snapshot_field is not None)
+OTHER_PLUGINS = tuple(p for p in PLUGINS if p.snapshot_field is None)
 PROGRAM_STATS_EVERY_TICKS = 5  # BPF programs' run counts (kernel.bpf_stats_enabled) are this stale at most
 
 
 def cgroup_activity(probe: str, snap: Any) -> dict[int, int]:
     """Cumulative activity per cgroup id in one probe's snapshot: a number that grows while the
     cgroup is active, so a cgroup whose number stands still is idle (which cgroups to read this
-    tick; which removed cgroups to forget from the kernel maps). Probes with no per-cgroup map give {}."""
-    out: dict[int, int] = {}
+    tick; which removed cgroups to forget from the kernel maps). Probes with no per-cgroup map give {}.
+    Each plugin in probes.registry says how its snapshot counts."""
     if snap is None:
-        return out
-    if probe == "runqlat":
-        return {cg: hist.count for cg, hist in snap.per_cgroup.items()}
-    if probe == "reclaim":
-        for (cgroup_id, _kind), stats in snap.per_cgroup.items():
-            out[cgroup_id] = out.get(cgroup_id, 0) + stats.count
-    elif probe == "tcpconnect":
-        for (cgroup_id, _netns), stats in snap.per_key.items():
-            out[cgroup_id] = out.get(cgroup_id, 0) + stats.connects + stats.syn_retransmits
-    return out
+        return {}
+    activity = BY_NAME[probe].activity
+    return {} if activity is None else activity(snap)
 
 
 class NodeCollector:
@@ -67,9 +60,9 @@ class NodeCollector:
         self.paths = paths or HostPaths()
         self.layout = layout or discover(self.paths)
         self.wanted = tuple(probes)
-        unknown = set(self.wanted) - set(BPF_PROBES)
+        unknown = set(self.wanted) - set(NAMES)
         if unknown:
-            raise ValueError(f"unknown probe(s) {', '.join(sorted(unknown))}; known: {', '.join(BPF_PROBES)}")
+            raise ValueError(f"unknown probe(s) {', '.join(sorted(unknown))}; known: {', '.join(NAMES)}")
         self.cgroup_paths = cgroup_paths or (lambda: ())
         self.psi_paths = psi_paths or (lambda: ())
         self.options = probe_options or {}
@@ -85,15 +78,9 @@ class NodeCollector:
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> NodeCollector:
-        factories = {
-            "runqlat": RunqLatProbe,
-            "softirq": SoftirqProbe,
-            "reclaim": ReclaimProbe,
-            "tcpconnect": TcpConnectProbe,
-        }
         for name in self.wanted:
             try:
-                probe = factories[name](paths=self.paths, layout=self.layout, **self.options.get(name, {}))
+                probe = BY_NAME[name].open(paths=self.paths, layout=self.layout, **self.options.get(name, {}))
             except ProbeError as e:
                 reason = str(e).removeprefix(f"{name}: ")
                 self.status[name] = ProbeStatus(name, "off", reason=reason)
@@ -129,8 +116,11 @@ class NodeCollector:
         if self._ticks % PROGRAM_STATS_EVERY_TICKS == 0:
             self._program_stats = []
             for probe in self.probes.values():
+                loaded = getattr(probe, "probe", None)  # a plugin that is not a BPF probe has no programs
+                if loaded is None:
+                    continue
                 try:
-                    self._program_stats.extend(probe.probe.program_stats())
+                    self._program_stats.extend(loaded.program_stats())
                 except OSError as e:
                     errors.append(f"program stats: {e}")
         self._ticks += 1
@@ -145,10 +135,8 @@ class NodeCollector:
         return NodeSnapshot(
             monotonic_s=time.monotonic(),
             wall_s=time.time(),
-            runq=snaps.get("runqlat"),
-            softirq=snaps.get("softirq"),
-            reclaim=snaps.get("reclaim"),
-            tcp=snaps.get("tcpconnect"),
+            **{plugin.snapshot_field: snaps.get(plugin.name) for plugin in FIELD_PLUGINS},
+            plugins={plugin.name: snaps[plugin.name] for plugin in OTHER_PLUGINS if plugin.name in snaps},
             node_cpu=node_cpu,
             node_cpu_per_cpu=per_cpu,
             node_psi=read_node_psi(self.paths),
@@ -176,7 +164,7 @@ class NodeCollector:
             if not now and name not in self._activity:
                 continue
             hierarchy = getattr(self.probes.get(name), "hierarchy", None)
-            out = reclaiming if name == "reclaim" else active
+            out = reclaiming if BY_NAME[name].activity_is_reclaim else active
             before = self._activity.get(name)
             changed = changed_ids(before, now)
             for cgid in changed:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from probes.cgroupfiles import CPU_MAX, CgroupFileParseError, CpuMax
 from probes.cgroupfs import CgroupLayout
 from probes.host import ReadText, read_small, read_text_or_none
 
@@ -69,18 +70,24 @@ def parse_keyed_counters(text: str) -> dict[str, int]:
 
 
 def parse_cpu_max(text: str) -> tuple[int | None, int] | None:
-    """`cpu.max` -> (quota_us or None for "max", period_us); None if malformed."""
-    fields = text.split()
-    if len(fields) != 2:
+    """`cpu.max` -> (quota_us or None for "max", period_us); None if malformed (a reader skips it).
+
+    The one parser is probes.cgroupfiles.CPU_MAX's, which the actuators use too."""
+    try:
+        parsed = CPU_MAX.parse_v2(text)
+    except CgroupFileParseError:
+        return None
+    return parsed.quota_us, parsed.period_us
+
+
+def _v1_limits(quota_text: str | None, period_text: str | None) -> CpuMax | None:
+    """v1 CFS quota and period through CPU_MAX's parser; None when either is missing or malformed."""
+    if quota_text is None or period_text is None:
         return None
     try:
-        period = int(fields[1])
-        quota = None if fields[0] == "max" else int(fields[0])
-    except ValueError:
+        return CPU_MAX.parse_v1(quota_text, period_text)
+    except CgroupFileParseError:
         return None
-    if period <= 0 or (quota is not None and quota <= 0):
-        return None
-    return quota, period
 
 
 def _parse_int(text: str) -> int | None:
@@ -168,16 +175,15 @@ def read_v1_cpu_stat(
     period_us: int | None = None
     if cpu_dir is not None:
         cpu_stat = _read_counters(cpu_dir / "cpu.stat")
-        quota = _read_int(cpu_dir / "cpu.cfs_quota_us")
-        period = _read_int(cpu_dir / "cpu.cfs_period_us")
-        if cpu_stat is None or quota is None or period is None:
+        quota_name, period_name = CPU_MAX.v1_names
+        limits = _v1_limits(_read(cpu_dir / quota_name), _read(cpu_dir / period_name))
+        if cpu_stat is None or limits is None:
             if not cpu_dir.is_dir():
                 return None
             # The directory is there but the bandwidth files are not: CONFIG_CFS_BANDWIDTH=n.
         else:
             stat = cpu_stat
-            quota_us = None if quota < 0 else quota
-            period_us = period
+            quota_us, period_us = limits.quota_us, limits.period_us
     return _v1_stat(usage, user, system, ticks, stat, quota_us, period_us)
 
 
@@ -253,9 +259,7 @@ def cpu_stat_unavailable_reason(layout: CgroupLayout, cgroup_path: str) -> str |
     if dirs.cgroup_version == 2 and dirs.cpu_dir is not None:
         problem = _file_problem(
             dirs.cpu_dir / "cpu.stat", lambda t: "usage_usec" in parse_keyed_counters(t), "no usage_usec line"
-        ) or _file_problem(
-            dirs.cpu_dir / "cpu.max", lambda t: parse_cpu_max(t) is not None, "malformed", optional=True
-        )
+        ) or _parse_problem(dirs.cpu_dir / "cpu.max", CPU_MAX.parse_v2)
     elif dirs.cpuacct_dir is not None:
         problem = _file_problem(
             dirs.cpuacct_dir / "cpuacct.usage", lambda t: _parse_int(t) is not None, "not an integer"
@@ -280,6 +284,21 @@ def _file_problem(
         return None if optional else f"{path} absent"
     if not valid(text):
         return f"{path}: {complaint} ({text.strip()[:40]!r})"
+    return None
+
+
+def _parse_problem(path: Path, parse: Callable[[str], object]) -> str | None:
+    """The parser's own one-line complaint about an optional file: what an actuator reading it says."""
+    try:
+        text = read_text_or_none(path)
+    except OSError as e:
+        return f"{path}: {e.strerror or e}"
+    if text is None:
+        return None
+    try:
+        parse(text)
+    except CgroupFileParseError as e:
+        return f"{path}: {e}"
     return None
 
 
@@ -356,9 +375,9 @@ class CgroupCpuReader:
         self.usage_file = f"{acct}/cpuacct.usage" if acct else None
         self.acct_file = f"{acct}/cpuacct.stat" if acct else None
         self.stat_file = f"{cpu}/cpu.stat" if cpu else None
-        self.quota_file = f"{cpu}/cpu.cfs_quota_us" if cpu and self.version == 1 else None
-        self.period_file = f"{cpu}/cpu.cfs_period_us" if cpu and self.version == 1 else None
-        self.max_file = f"{cpu}/cpu.max" if cpu and self.version == 2 else None
+        self.quota_file = f"{cpu}/{CPU_MAX.v1_names[0]}" if cpu and self.version == 1 else None
+        self.period_file = f"{cpu}/{CPU_MAX.v1_names[1]}" if cpu and self.version == 1 else None
+        self.max_file = f"{cpu}/{CPU_MAX.v2_name}" if cpu and self.version == 2 else None
         self.quota_us: int | None = None
         self.period_us: int | None = None
         self.bandwidth = False  # v1: the cpu controller has CFS bandwidth files
@@ -387,15 +406,13 @@ class CgroupCpuReader:
             return None
         acct = parse_keyed_counters(acct_text)
         if limits and self.quota_file is not None and self.period_file is not None:
-            quota_text, period_text = read_small(self.quota_file), read_small(self.period_file)
-            quota = None if quota_text is None else _parse_int(quota_text)
-            period = None if period_text is None else _parse_int(period_text)
-            if quota is None or period is None:
+            limits_v1 = _v1_limits(read_small(self.quota_file), read_small(self.period_file))
+            if limits_v1 is None:
                 if self.cpu_dir is not None and not os.path.isdir(self.cpu_dir):
                     return None  # vanished
                 self.bandwidth, self.quota_us, self.period_us = False, None, None  # CONFIG_CFS_BANDWIDTH=n
             else:
-                self.bandwidth, self.quota_us, self.period_us = True, (None if quota < 0 else quota), period
+                self.bandwidth, self.quota_us, self.period_us = True, limits_v1.quota_us, limits_v1.period_us
             self._limits_read = True
         stat: dict[str, int] = {}
         if self.bandwidth and self.quota_us is not None and self.stat_file is not None:

@@ -10,6 +10,7 @@ A probe that is off or degraded leaves its field None and says why in ``probe_st
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from probes.cpuacct import CgroupCpuStat
 from probes.engine import ProbeStatus
@@ -19,6 +20,7 @@ from probes.listenq import ListenReport
 from probes.memstat import MemStat, NodeVmstat
 from probes.psi import NodePsi, PsiReading
 from probes.reclaim import ReclaimSnapshot
+from probes.registry import BY_NAME, PLUGINS
 from probes.runqlat import RunqSnapshot
 from probes.softirq import SoftirqSnapshot
 from probes.tcpconnect import TcpConnectSnapshot
@@ -102,7 +104,22 @@ class NodeSnapshot:
     # The last read of the pods' listen queues (probes.listenq.ListenWatch: read on connect trouble or every
     # 30 s, so it may be older than this tick; see its monotonic_s). None: never read.
     listen: ListenReport | None = None
+    # Snapshots of registered probes without a field of their own (probes.registry: snapshot_field None),
+    # by probe name; read any probe's through probe(name).
+    plugins: dict[str, Any] = field(default_factory=dict)
     # the agent's own health
     probe_status: dict[str, ProbeStatus] = field(default_factory=dict)
     bpf_programs: list[ProgramStats] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # one-line problems met while collecting this tick
+
+    def probe(self, name: str) -> Any:
+        """A registered probe's snapshot by its name, None while it is off: the snapshot as a mapping
+        of plugin snapshots (the four first probes keep their attributes, ``snap.runq`` and so on)."""
+        found = BY_NAME.get(name)
+        if found is None or found.snapshot_field is None:
+            return self.plugins.get(name)
+        return getattr(self, found.snapshot_field)
+
+    def probe_snapshots(self) -> dict[str, Any]:
+        """Every registered probe's snapshot by name (None while it is off), in registry order."""
+        return {p.name: self.probe(p.name) for p in PLUGINS}

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from probes.cgroupwatch import parse_cpu_list
+from probes.cgroupfiles import CgroupFileParseError, parse_cpu_list
 from probes.collect import NodeCollector
 
 pytestmark = pytest.mark.root
@@ -23,9 +23,10 @@ def _rel(cg, controller: str = "cpu") -> str:
 def test_parse_cpu_list():
     assert parse_cpu_list("0-3,8,10-11\n") == (0, 1, 2, 3, 8, 10, 11)
     assert parse_cpu_list("") == ()
-    assert parse_cpu_list("1,x,3") == (1, 3)
-    assert parse_cpu_list("0-100000000,2") == (2,)  # garbage, not a huge tuple
-    assert parse_cpu_list("3-1,-1,5") == (5,)
+    # Malformed lists are refused whole (the collector then skips the value), never half-read.
+    for bad in ("1,x,3", "0-100000000,2", "3-1,-1,5"):  # the second: garbage, not a huge tuple
+        with pytest.raises(CgroupFileParseError):
+            parse_cpu_list(bad)
 
 
 def test_idle_cgroup_keeps_its_reading_and_a_busy_one_is_read_again(make_cgroup):

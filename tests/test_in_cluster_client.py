@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # that first use fails: the poster logs it and counts a failure, the agent goes on.
 CHILD = r"""
 import logging, sys
-from noisyneighbor import agent
+from noisyneighbor.agent import wiring as agent  # where the in-cluster client is wired
 from detector.policy import Policy
 from tests.test_kube_events import _incident
 

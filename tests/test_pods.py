@@ -386,7 +386,7 @@ def test_auto_says_why_it_did_not_use_the_kubelet(token_file: str, caplog):
 def test_kubelet_same_body_is_not_parsed_again(monkeypatch):
     """An unchanged /pods body keeps the parsed list (parsing it every 5 s was the idle agent's largest
     cost), and a changed body is parsed: the new pod shows up at the next refresh."""
-    import detector.pods as pods_module
+    import detector.pods.kubelet as pods_module  # where the kubelet source calls the parser
 
     parsed = []
     real = pods_module.pods_from_list

@@ -1,61 +1,52 @@
-"""`noisyneighbor agent`: the per-node daemon. Probes -> detector -> actuators, exported over HTTP.
-
-One tick (``Agent.step``): the collector reads every probe and cgroup file into a NodeSnapshot, the
-detector turns it into signals and incidents (decisions go to the actuator manager, which plans them
-in dry-run or applies them through the journal), the exporter takes the snapshot, incidents and action
-records, and incidents are posted as Kubernetes Events when in a cluster. ``run`` repeats that at the
-interval; one failing tick is logged on one line and the loop goes on.
-
-HTTP (one small threaded server on ``--listen``; port 0 picks a free port, see ``Agent.address``):
-``/metrics`` (the Prometheus registry), ``/healthz`` (200 while the loop ticks, 503 once no tick has
-completed for 3 intervals) and ``/readyz`` (200 once the first tick is done and at least one probe is
-on; the JSON body lists each probe's state and reason, the pod source status and the actuator mode).
-
-``stop`` is graceful and idempotent: the manager restores every file an actuator changed (journal),
-probes are detached, the server stops. A policy that does not load raises before anything is started.
-"""
+"""The agent's loop: start-up wiring, one tick (``Agent.step``) at the interval, health, graceful stop."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fnmatch
-import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 
-from actuators.base import ActionRecord, Actuator, Plan, Refused
+from actuators.base import ActionRecord, Actuator
 from actuators.burst import BurstActuator
 from actuators.cgroupfile import CgroupFiles
-from actuators.journal import DEFAULT_JOURNAL_DIR, Journal
+from actuators.journal import Journal
 from actuators.manager import ActuatorManager
 from actuators.memory import MemorySuppressActuator
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler, requests_from
 from actuators.resctrl import KernelResctrlFs, ResctrlActuator, ResctrlFileIO, resctrl_root
 from actuators.suppress import SuppressActuator
 from detector.cgroups import CgroupResolver
-from detector.decisions import Decision, Target
+from detector.decisions import Target
 from detector.listen_join import ListenJoin
 from detector.model import Incident
 from detector.pods import make_pod_source
-from detector.policy import POD_SOURCES, Policy, load_policy
+from detector.policy import Policy
 from detector.runtime import Detector
-from noisyneighbor.exporter import Exporter, Labeler, ResolverLabeler, render_text
-from noisyneighbor.output import SCHEMA_VERSION, iso_utc
+from noisyneighbor.agent.config import STALE_INTERVALS, AgentConfig, parse_listen, policy_for
+from noisyneighbor.agent.http_server import metrics_body, start_http_server
+from noisyneighbor.agent.incident_log import IncidentLog
+from noisyneighbor.agent.logs import _one_line
+from noisyneighbor.agent.wiring import (
+    PodMetadataLabeler,
+    ScopedActuator,
+    _enable_bpf_stats,
+    _event_poster,
+    _evict_actuator,
+)
+from noisyneighbor.exporter import Exporter, ResolverLabeler
+from noisyneighbor.output import SCHEMA_VERSION
 from noisyneighbor.sections import DeadCgroups
-from probes.cgroupfs import CgroupLayout, Hierarchy, discover
-from probes.collect import BPF_PROBES, NodeCollector
-from probes.engine import check_btf_file, use_btf_file
+from probes.cgroupfs import CgroupLayout, discover
+from probes.collect import NodeCollector
+from probes.engine import use_btf_file
 from probes.gpu import GpuCollector
 from probes.host import HostPaths
 from probes.listenq import ListenReport, ListenWatch
@@ -63,147 +54,6 @@ from probes.snapshot import NodeSnapshot
 from probes.tcpconnect import TcpConnectSnapshot
 
 log = logging.getLogger("noisyneighbor.agent")
-
-DEFAULT_LISTEN = "0.0.0.0:9717"
-# /healthz turns 503 when no tick completed for this many intervals (a stuck loop, not a slow one).
-STALE_INTERVALS = 3
-
-
-class AgentConfigError(ValueError):
-    """A bad agent setting (flag or config); ``str(exc)`` is one line. Raised before anything starts."""
-
-
-@dataclass
-class AgentConfig:
-    """What the command line (or an in-process driver such as the scenario bench) sets.
-
-    ``None`` means "what the policy file says" for the fields the policy also has.
-    """
-
-    config_path: str | None = None
-    node_name: str | None = None
-    host_root: str | None = None
-    listen: str | None = DEFAULT_LISTEN  # None: no HTTP server (in-process use)
-    dry_run: bool | None = None
-    journal_dir: str = str(DEFAULT_JOURNAL_DIR)
-    audit_log: str | None = None
-    incident_log: str | None = None
-    interval_s: float | None = None
-    probes: tuple[str, ...] = BPF_PROBES
-    max_cgroups: int = 2000
-    max_bucket_seconds: float = 10.0  # runqueue histograms: the last finite bucket's bound
-    extra_node_series: bool = False  # PSI averages and /proc/stat per CPU: node_exporter has them
-    pod_source: str | None = None  # auto | kubelet | apiserver | standalone
-    ls_cgroups: tuple[str, ...] = ()  # added to the policy's standalone globs
-    be_cgroups: tuple[str, ...] = ()
-    gpu: bool = True
-    # Actuators only touch cgroups matching one of these globs (fnmatch on the path without leading
-    # slash); empty: no restriction. Tests and benches use it so an enforcing agent on a shared node
-    # can only change cgroups they created.
-    act_only: tuple[str, ...] = ()
-    btf: str | None = None  # BTF of this kernel when it has no /sys/kernel/btf/vmlinux (--btf)
-
-    def validate(self) -> None:
-        unknown = set(self.probes) - set(BPF_PROBES)
-        if unknown:
-            raise AgentConfigError(f"unknown probe(s) {', '.join(sorted(unknown))}; known: {', '.join(BPF_PROBES)}")
-        if self.interval_s is not None and not 0.01 <= self.interval_s <= 3600:
-            raise AgentConfigError(f"interval must be between 0.01 and 3600 s, got {self.interval_s:g}")
-        if self.max_cgroups < 1:
-            raise AgentConfigError(f"max cgroups must be at least 1, got {self.max_cgroups}")
-        if not self.max_bucket_seconds > 0:
-            raise AgentConfigError(f"bucket max must be positive, got {self.max_bucket_seconds:g} s")
-        if self.pod_source is not None and self.pod_source not in POD_SOURCES:
-            raise AgentConfigError(f"pod source must be one of {', '.join(POD_SOURCES)}, got {self.pod_source!r}")
-        if self.listen is not None:
-            parse_listen(self.listen)
-        if self.btf is not None:
-            try:
-                check_btf_file(self.btf)
-            except ValueError as e:
-                raise AgentConfigError(str(e)) from None
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """'0.0.0.0:9717' / ':9717' / '[::1]:0' -> (host, port)."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise AgentConfigError(f"listen address must be HOST:PORT, got {text!r}")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port_text)
-
-
-def policy_for(config: AgentConfig, policy: Policy | None = None) -> Policy:
-    """The policy file (or ``policy``) with the command line's overrides applied."""
-    base = policy if policy is not None else load_policy(config.config_path)
-    changes: dict[str, Any] = {}
-    if config.node_name:
-        changes["node_name"] = config.node_name
-    if config.interval_s is not None:
-        changes["interval_seconds"] = config.interval_s
-    if config.incident_log is not None:
-        changes["incident_log"] = config.incident_log
-    if config.pod_source is not None:
-        changes["pod_source"] = config.pod_source
-    if config.ls_cgroups:
-        changes["ls_cgroups"] = (*base.ls_cgroups, *config.ls_cgroups)
-    if config.be_cgroups:
-        changes["be_cgroups"] = (*base.be_cgroups, *config.be_cgroups)
-    if config.dry_run is not None:
-        changes["actuators"] = dataclasses.replace(base.actuators, dry_run=config.dry_run)
-    return dataclasses.replace(base, **changes) if changes else base
-
-
-@dataclass
-class PodMetadataLabeler:
-    """The exporter's default labels plus what pod metadata adds: pod name, namespace and QoS class.
-
-    Series stay per cgroup (a container's cgroup keeps its own series); only the labels are filled in.
-    Standalone workloads get their QoS class from the policy's globs through the detector's index.
-    """
-
-    inner: Labeler
-    pod_of: Callable[[str], Any]  # pod uid -> PodInfo | None
-    qos_of_path: Callable[[str], str | None] = lambda path: None
-
-    def _named(self, target: Target | None) -> Target | None:
-        if target is None:
-            return None
-        pod = self.pod_of(target.pod_uid) if target.pod_uid else None
-        if pod is not None:
-            return Target(target.cgroup, target.pod_uid, pod.namespace or None, pod.name, pod.qos_class or target.qos)
-        if target.qos is None:
-            qos = self.qos_of_path(target.cgroup)
-            if qos:
-                return Target(target.cgroup, target.pod_uid, target.namespace, target.pod, qos)
-        return target
-
-    def target_for_id(self, cgroup_id: int, hierarchy: Hierarchy | None) -> Target | None:
-        return self._named(self.inner.target_for_id(cgroup_id, hierarchy))
-
-    def target_for_path(self, cgroup_path: str) -> Target | None:
-        return self._named(self.inner.target_for_path(cgroup_path))
-
-
-class ScopedActuator:
-    """An actuator that refuses (one line, audited by the manager) targets outside a set of cgroup globs."""
-
-    def __init__(self, inner: Actuator, globs: Iterable[str]) -> None:
-        self.inner = inner
-        self.kind = inner.kind
-        self.globs = tuple(g.strip("/") for g in globs)
-
-    def plan(self, decision: Decision) -> Plan:
-        cgroup = decision.target.cgroup.strip("/")
-        if not any(fnmatch.fnmatchcase(cgroup, g) for g in self.globs):
-            raise Refused(f"{decision.target.display} is outside the agent's --act-only scope")
-        return self.inner.plan(decision)
-
-    def apply(self, plan: Plan) -> None:
-        self.inner.apply(plan)
-
-    def revert(self, plan: Plan) -> None:
-        self.inner.revert(plan)
 
 
 @dataclass
@@ -599,55 +449,10 @@ class Agent:
     # -- HTTP -------------------------------------------------------------------------------------
     def metrics(self, accept: str = "") -> tuple[bytes, str]:
         """(body, content type) of a /metrics scrape: the exporter's series and the registry's."""
-        encoder, content_type = choose_encoder(accept)
-        if self.exporter is None:
-            return encoder(self.registry), content_type
-        if content_type.startswith("text/plain"):
-            return render_text(self.exporter) + encoder(self.registry), content_type
-        both = CollectorRegistry(auto_describe=False)
-        both.register(self.exporter)
-        both.register(_RegistryCollector(self.registry))
-        return encoder(both), content_type
+        return metrics_body(self.exporter, self.registry, accept)
 
     def _serve(self, host: str, port: int) -> None:
-        agent = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                try:
-                    if path == "/metrics":
-                        self._send(200, *agent.metrics(self.headers.get("Accept", "")))
-                    elif path in ("/healthz", "/readyz"):
-                        health = agent.health()
-                        ok = health["live"] if path == "/healthz" else health["ready"]
-                        body = json.dumps(health, sort_keys=True).encode() + b"\n"
-                        self._send(200 if ok else 503, body, "application/json")
-                    else:
-                        self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
-                except Exception as e:  # a scrape must never take the server down
-                    log.error("HTTP %s failed: %s", path, _one_line(e))
-                    with contextlib.suppress(Exception):
-                        self._send(500, f"{_one_line(e)}\n".encode(), "text/plain")
-
-            def _send(self, code: int, body: bytes, content_type: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:  # scrapes are not worth a log line
-                return None
-
-        server_class = _DualStackServer if ":" in host else ThreadingHTTPServer
-        try:
-            self._server = server_class((host, port), Handler)
-        except OSError as e:
-            raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-        self._server.daemon_threads = True
-        self._server_thread = threading.Thread(target=self._server.serve_forever, name="agent-http", daemon=True)
-        self._server_thread.start()
+        self._server, self._server_thread = start_http_server(self, host, port)
 
     def _shutdown_server(self) -> None:
         if self._server is not None:
@@ -656,130 +461,3 @@ class Agent:
             self._server = None
 
 
-class IncidentLog:
-    """The agent's incident log: one JSON line per incident opened or closed, in the shape and time
-    format of every other JSON the CLI writes (``schema_version``; ISO 8601 UTC times, ``ended_at``
-    null while open), so one parser reads the log, ``diagnose --json`` and ``top --json``."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    @staticmethod
-    def record(inc: Incident, event: str) -> dict[str, Any]:
-        d = inc.to_dict()
-        d.update(
-            started_at=iso_utc(inc.started_at),
-            updated_at=iso_utc(inc.updated_at or None),
-            ended_at=iso_utc(inc.ended_at),
-        )
-        return {"schema_version": SCHEMA_VERSION, "event": event, **d}
-
-    def write(self, inc: Incident, event: str) -> None:
-        if event == "updated":  # every tick of an open incident: the log keeps the transitions
-            return
-        try:
-            line = json.dumps(self.record(inc, event), sort_keys=True, default=str)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
-        except OSError as e:
-            log.error("incident log %s: %s", self.path, e.strerror or e)
-
-
-class _RegistryCollector:
-    """A registry's families as one collector (to scrape two registries as one)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-
-    def collect(self) -> Iterable[Any]:
-        return self.registry.collect()
-
-
-class _DualStackServer(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
-
-
-# -- optional Kubernetes parts ---------------------------------------------------------------------
-
-
-SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-
-
-class _InClusterClient:
-    """The in-cluster ApiClient, built at its first use (the first Event or eviction): importing the
-    generated client costs ~19 MiB of RSS, a fifth of the agent at 300 pods, and a node without
-    incidents never calls the apiserver. A config that fails then fails that call (logged by it)."""
-
-    def __init__(self) -> None:
-        self._client: Any = None
-
-    def __getattr__(self, name: str) -> Any:
-        if self._client is None:
-            from kubernetes import client, config
-
-            config.load_incluster_config()
-            self._client = client.ApiClient()
-        return getattr(self._client, name)
-
-
-def _in_cluster_client() -> Any | None:
-    # What load_incluster_config() needs, checked now without importing it: the service host and
-    # the service account's token.
-    if not os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return None
-    if not os.path.exists(SERVICE_ACCOUNT_TOKEN):
-        log.warning("in-cluster Kubernetes client unavailable: no service account token at %s", SERVICE_ACCOUNT_TOKEN)
-        return None
-    return _InClusterClient()
-
-
-def _event_poster(policy: Policy) -> Any | None:
-    api = _in_cluster_client()
-    if api is None:
-        return None
-    from detector.kube_events import IncidentEventPoster
-
-    return IncidentEventPoster(api, node_name=policy.node_name or os.environ.get("NODE_NAME"))
-
-
-def _evict_actuator(policy: Policy, pod_source: Any) -> Actuator | None:
-    api = _in_cluster_client()
-    if api is None:
-        log.warning("eviction is enabled but there is no in-cluster apiserver access: evict actuator off")
-        return None
-    from actuators.evict import EvictActuator
-
-    return EvictActuator(api, pod_source.pods, policy=policy.actuators)
-
-
-def _enable_bpf_stats() -> Any | None:
-    """Hold BPF_ENABLE_STATS so the run-time metrics are real; without it they stay 0 (logged once)."""
-    from probes.libbpf import RunTimeStats
-
-    try:
-        return RunTimeStats()
-    except (OSError, RuntimeError) as e:
-        log.warning("BPF run-time stats unavailable (%s): bpf_program_run_seconds stays 0", _one_line(e))
-        return None
-
-
-# -- logging ------------------------------------------------------------------------------------------
-
-
-class JsonLogFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg (and exc when there is one)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            line["exc"] = _one_line(record.exc_info[1]) if record.exc_info[1] else ""
-        return json.dumps(line, default=str)
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__

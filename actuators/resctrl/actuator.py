@@ -1,27 +1,4 @@
-"""Resctrl (Intel RDT / AMD PQoS) actuator: L3 cache ways and memory bandwidth per QoS group.
-
-Koordlet's layout: one control group per QoS class (``LSR``, ``LS``, ``BE``) directly under the
-resctrl mount, each with a ``schemata`` holding ``L3:<dom>=<hex mask>;...`` and ``MB:<dom>=<n>;...``
-lines, and the pods' task ids written into its ``tasks`` file.
-
-Everything goes through two injectable seams so tests can use a temp dir that behaves like the
-kernel: :class:`HostPaths` (where ``/proc`` and ``/sys/fs/resctrl`` are) and :class:`ResctrlFs`
-(every read, write, mkdir and rmdir). A temp dir accepts any write, so the fake ``ResctrlFs`` in
-``tests/fake_resctrl.py`` validates like the kernel does and fills ``info/last_cmd_status``.
-
-Kernel facts this module relies on (fs/resctrl/ctrlmondata.c):
-- a schemata write must end in a newline; all lines of one write are validated before any is
-  applied, so one write is atomic, but writes to several lines or groups are not: ``apply`` writes
-  one line per write (so the failing line is known) through :class:`actuators.journal.Journal`
-  (originals on disk before the first write, rollback of the lines already written) and removes the
-  groups it created;
-- after any failed command, ``info/last_cmd_status`` holds the reason (or ``ok`` when the kernel
-  gave none, e.g. an unknown domain id);
-- ``tasks`` takes one id per write here (the kernel also accepts a comma list but stops at the
-  first failure with the earlier ids moved, which is harder to account for); a task that exited
-  gives ESRCH;
-- removing a group moves its tasks back to the default group.
-"""
+"""The resctrl actuator: applies schemata and moves the pods' tasks into the QoS groups, journalled."""
 
 from __future__ import annotations
 
@@ -32,354 +9,28 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from actuators.base import ActionError, FileWrite, Plan, Refused
 from actuators.cgroupfile import (
     CgroupFileError,
-    CgroupVanished,
-    CgroupWriteError,
-    ResourceUnavailable,
-    read_file,
-    write_file,
 )
 from actuators.journal import DEFAULT_JOURNAL_DIR, Journal, JournalError, PlanKeys
+from actuators.resctrl.fs import KernelResctrlFs, ResctrlFileIO, ResctrlFs, _one_line
+from actuators.resctrl.schemata import (
+    MONITOR_FILES,
+    QOS_GROUPS,
+    ResctrlInfo,
+    format_line,
+    l3_mask,
+    mb_value,
+    parse_schemata,
+    read_info,
+)
+from actuators.resctrl.support import ResctrlSupport, detect_support, resctrl_root
 from detector.decisions import ActionKind, Decision, ResctrlAmount, Target
-from detector.policy import ResourceQosStrategy
 from probes.host import VANISHED_ERRNOS, HostPaths, read_text_or_none
 
-log = logging.getLogger(__name__)
-
-QOS_GROUPS = ("LSR", "LS", "BE")
-AMD_MB_UNLIMITED = 2048  # AMD MBA takes absolute units; 2048 means "no limit"
-INTEL_MB_MAX = 100
-MONITOR_FILES = ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes")
-
-
-# -- support detection ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CpuRdtFlags:
-    vendor: str  # "intel" | "amd" | "other" | "unknown"
-    cat_l3: bool = False
-    mba: bool = False
-    cqm_llc: bool = False
-    cqm_mbm_total: bool = False
-    cqm_mbm_local: bool = False
-
-
-def parse_cpuinfo(text: str) -> CpuRdtFlags:
-    """Vendor and RDT flags from the first processor block of ``/proc/cpuinfo``."""
-    vendor_id = ""
-    flags: set[str] = set()
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep:
-            continue
-        key = key.strip()
-        if key == "vendor_id" and not vendor_id:
-            vendor_id = value.strip()
-        elif key == "flags" and not flags:
-            flags = set(value.split())
-        if vendor_id and flags:
-            break
-    vendor = {"GenuineIntel": "intel", "AuthenticAMD": "amd", "HygonGenuine": "amd"}.get(
-        vendor_id, "other" if vendor_id else "unknown")
-    return CpuRdtFlags(
-        vendor=vendor,
-        cat_l3="cat_l3" in flags,
-        mba="mba" in flags,
-        cqm_llc="cqm_llc" in flags,
-        cqm_mbm_total="cqm_mbm_total" in flags,
-        cqm_mbm_local="cqm_mbm_local" in flags,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class ResctrlSupport:
-    cpu: CpuRdtFlags
-    mounted: bool
-    root: Path  # where the resctrl filesystem is (or would be) on this host root
-    reason: str = ""  # why it is unavailable; empty when available
-
-    @property
-    def available(self) -> bool:
-        return not self.reason
-
-    @property
-    def monitoring(self) -> bool:
-        return self.available and (self.cpu.cqm_llc or self.cpu.cqm_mbm_total or self.cpu.cqm_mbm_local)
-
-    @property
-    def status(self) -> str:
-        if self.reason:
-            return f"resctrl unavailable: {self.reason}"
-        parts = [p for p, ok in (("L3 CAT", self.cpu.cat_l3), ("MBA", self.cpu.mba),
-                                 ("LLC occupancy", self.cpu.cqm_llc),
-                                 ("MBM total", self.cpu.cqm_mbm_total), ("MBM local", self.cpu.cqm_mbm_local)) if ok]
-        return f"resctrl available at {self.root} ({self.cpu.vendor}): {', '.join(parts)}"
-
-
-def resctrl_root(paths: HostPaths) -> Path:
-    return paths.sys / "fs/resctrl"
-
-
-def detect_support(paths: HostPaths | None = None) -> ResctrlSupport:
-    """Is resctrl usable here? Needs a CPU flag (``cat_l3`` or ``mba``) and a mounted resctrl fs."""
-    paths = paths or HostPaths()
-    root = resctrl_root(paths)
-    try:
-        cpuinfo = (paths.proc / "cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        return ResctrlSupport(CpuRdtFlags("unknown"), False, root, f"cannot read {paths.proc / 'cpuinfo'}: {e.strerror}")
-    cpu = parse_cpuinfo(cpuinfo)
-    mounts = read_text_or_none(paths.proc / "mounts") or ""
-    mounted = any(len(f) > 2 and f[2] == "resctrl" for f in (line.split() for line in mounts.splitlines()))
-    if not (cpu.cat_l3 or cpu.mba):
-        reason = f"the CPU ({cpu.vendor}) has neither cat_l3 nor mba in /proc/cpuinfo flags"
-    elif not mounted:
-        reason = "resctrl is not mounted (no resctrl entry in /proc/mounts; mount -t resctrl resctrl /sys/fs/resctrl)"
-    elif not (root / "info").is_dir():
-        reason = f"resctrl is mounted but {root}/info does not exist (host root mismatch?)"
-    else:
-        reason = ""
-    return ResctrlSupport(cpu, mounted, root, reason)
-
-
-# -- the filesystem seam ----------------------------------------------------------------------
-
-
-class ResctrlFs(Protocol):
-    """Every access to the resctrl filesystem. Errors are ``OSError`` with the kernel's errno."""
-
-    def read(self, path: Path) -> str: ...
-
-    def write(self, path: Path, data: str) -> None: ...
-
-    def mkdir(self, path: Path) -> None: ...
-
-    def rmdir(self, path: Path) -> None: ...
-
-
-class KernelResctrlFs:
-    """The real filesystem: one ``write(2)`` per call, because resctrl parses each write on its own."""
-
-    def read(self, path: Path) -> str:
-        return Path(path).read_text(encoding="utf-8", errors="replace")
-
-    def write(self, path: Path, data: str) -> None:
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.write(fd, data.encode())
-        finally:
-            os.close(fd)
-
-    def mkdir(self, path: Path) -> None:
-        os.mkdir(path)
-
-    def rmdir(self, path: Path) -> None:
-        os.rmdir(path)
-
-
-class ResctrlFileIO:
-    """``read``/``write`` callables for :class:`actuators.journal.Journal` that understand resctrl files.
-
-    Paths under the resctrl root go through the :class:`ResctrlFs` (so a fake kernel validates them);
-    a schemata value gets the trailing newline the kernel requires (the journal keeps values
-    stripped); a refusal becomes a one-line :class:`CgroupWriteError` carrying ``last_cmd_status``.
-    Other paths go to :func:`actuators.cgroupfile.read_file` / ``write_file``, so one agent journal
-    built with these callables serves cgroup files and resctrl alike.
-    """
-
-    def __init__(self, root: Path, fs: ResctrlFs) -> None:
-        self.root = Path(root)
-        self.fs = fs
-
-    def _ours(self, path: Path) -> bool:
-        return path == self.root or self.root in path.parents
-
-    def last_cmd_status(self) -> str:
-        try:
-            return _one_line(self.fs.read(self.root / "info/last_cmd_status"))
-        except OSError:
-            return "unknown"
-
-    def read(self, path: str) -> str:
-        p = Path(path)
-        if not self._ours(p):
-            return read_file(p)
-        try:
-            return self.fs.read(p)
-        except OSError as e:
-            raise self._classify(e, p, f"read {p}") from None
-
-    def write(self, path: str, value: str) -> None:
-        p = Path(path)
-        if not self._ours(p):
-            write_file(p, value)
-            return
-        data = value if value.endswith("\n") else value + "\n"
-        try:
-            self.fs.write(p, data)
-        except OSError as e:
-            raise self._classify(e, p, f"write {value.strip()!r} to {p}") from None
-
-    def mkdir(self, path: Path) -> None:
-        try:
-            self.fs.mkdir(path)
-        except OSError as e:
-            raise self._classify(e, path, f"mkdir {path}") from None
-
-    def _classify(self, e: OSError, path: Path, what: str) -> CgroupFileError:
-        reason = e.strerror or str(e)
-        if e.errno in VANISHED_ERRNOS and e.errno != errno.ESRCH:
-            if not path.parent.is_dir():
-                return CgroupVanished(f"resctrl group {path.parent} is gone ({what}: {reason})")
-            return ResourceUnavailable(f"{path} does not exist ({what}: {reason})")
-        return CgroupWriteError(f"resctrl {what}: {reason} (last_cmd_status: {self.last_cmd_status()})")
-
-
-# -- info, schemata, masks --------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class L3Info:
-    cbm_mask: int
-    min_cbm_bits: int
-    num_closids: int
-    shareable_bits: int
-
-    @property
-    def ways(self) -> int:
-        return self.cbm_mask.bit_count()
-
-
-@dataclass(frozen=True, slots=True)
-class MbInfo:
-    bandwidth_gran: int
-    min_bandwidth: int
-    num_closids: int
-    delay_linear: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ResctrlInfo:
-    l3: L3Info | None
-    mb: MbInfo | None
-    vendor: str
-
-    @property
-    def max_groups(self) -> int:
-        """Control groups the hardware allows, the default group included (the smallest closid count)."""
-        counts = [r.num_closids for r in (self.l3, self.mb) if r is not None]
-        return min(counts) if counts else 0
-
-
-def _read_int(fs: ResctrlFs, path: Path, base: int = 10) -> int:
-    text = fs.read(path).strip()
-    try:
-        return int(text, base)
-    except ValueError:
-        raise ActionError(f"resctrl: unexpected content {text[:40]!r} in {path}") from None
-
-
-def read_info(root: Path, vendor: str, fs: ResctrlFs | None = None) -> ResctrlInfo:
-    fs = fs or KernelResctrlFs()
-    info = root / "info"
-    l3 = mb = None
-    if (info / "L3").is_dir():
-        l3 = L3Info(
-            cbm_mask=_read_int(fs, info / "L3/cbm_mask", 16),
-            min_cbm_bits=_read_int(fs, info / "L3/min_cbm_bits"),
-            num_closids=_read_int(fs, info / "L3/num_closids"),
-            shareable_bits=_read_int(fs, info / "L3/shareable_bits", 16),
-        )
-    if (info / "MB").is_dir():
-        mb = MbInfo(
-            bandwidth_gran=_read_int(fs, info / "MB/bandwidth_gran"),
-            min_bandwidth=_read_int(fs, info / "MB/min_bandwidth"),
-            num_closids=_read_int(fs, info / "MB/num_closids"),
-            delay_linear=_read_int(fs, info / "MB/delay_linear") == 1,
-        )
-    if l3 is None and mb is None:
-        raise ActionError(f"resctrl: neither {info}/L3 nor {info}/MB exists (CDP on, or no allocation support)")
-    return ResctrlInfo(l3, mb, vendor)
-
-
-def parse_schemata(text: str) -> dict[str, dict[int, str]]:
-    """``{"L3": {0: "7ff", 1: "7ff"}, "MB": {0: "100", ...}}``; the kernel pads names and values."""
-    result: dict[str, dict[int, str]] = {}
-    for line in text.splitlines():
-        name, sep, rest = line.partition(":")
-        if not sep or not name.strip():
-            continue
-        domains: dict[int, str] = {}
-        for item in rest.split(";"):
-            dom, eq, value = item.partition("=")
-            if eq and dom.strip().isdigit():
-                domains[int(dom)] = value.strip()
-        result[name.strip()] = domains
-    return result
-
-
-def format_line(resource: str, values: dict[int, str]) -> str:
-    return f"{resource}:" + ";".join(f"{dom}={values[dom]}" for dom in sorted(values))
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def l3_mask(l3: L3Info, start_percent: int, end_percent: int) -> int:
-    """Ways [ceil(ways*start%), ceil(ways*end%)) of ``cbm_mask``, contiguous, at least ``min_cbm_bits``.
-
-    Koordlet's formula; when rounding leaves fewer than ``min_cbm_bits`` (or no) ways, the range is
-    widened upwards first, then downwards, so the group still gets a mask the kernel accepts.
-    """
-    if not 0 <= start_percent < end_percent <= 100:
-        raise Refused(f"resctrl: L3 range {start_percent}%..{end_percent}% is not 0 <= start < end <= 100")
-    ways = l3.ways
-    low_bit = (l3.cbm_mask & -l3.cbm_mask).bit_length() - 1
-    if ways == 0 or ((l3.cbm_mask >> low_bit) + 1) & (l3.cbm_mask >> low_bit):
-        raise ActionError(f"resctrl: cbm_mask {l3.cbm_mask:x} is not a contiguous run of ways")
-    start = _ceil_div(ways * start_percent, 100)
-    end = _ceil_div(ways * end_percent, 100)
-    need = max(1, l3.min_cbm_bits)
-    if end - start < need:
-        end = min(ways, start + need)
-        start = max(0, end - need)
-    return ((1 << end) - (1 << start)) << low_bit
-
-
-def mb_value(info: ResctrlInfo, percent: int) -> int:
-    """The MB schemata value for ``percent`` of the bandwidth.
-
-    Intel: a percent rounded up to ``bandwidth_gran``, at least ``min_bandwidth``, at most 100.
-    AMD: absolute units where 2048 is unlimited; we map ``percent`` to that share of 2048 (rounded
-    up), so 100 % stays unlimited.
-    """
-    if info.mb is None:
-        raise Refused("resctrl: this host has no MBA (no info/MB)")
-    if not 1 <= percent <= 100:
-        raise Refused(f"resctrl: MBA {percent}% is not within 1..100")
-    mb = info.mb
-    if info.vendor == "amd":
-        value = AMD_MB_UNLIMITED if percent == 100 else _ceil_div(AMD_MB_UNLIMITED * percent, 100)
-        return min(AMD_MB_UNLIMITED, max(value, mb.min_bandwidth, 1))
-    gran = max(1, mb.bandwidth_gran)
-    return min(INTEL_MB_MAX, max(_ceil_div(percent, gran) * gran, mb.min_bandwidth))
-
-
-def qos_strategy_decisions(strategy: ResourceQosStrategy) -> list[Decision]:
-    """One RESCTRL decision per enabled class of a koordinator ``resource-qos-config`` (for :meth:`plan_groups`)."""
-    decisions = []
-    for group, qos in (("LSR", strategy.lsr), ("LS", strategy.ls), ("BE", strategy.be)):
-        if qos.enable:
-            amount = ResctrlAmount(group, qos.cat_range_start_percent, qos.cat_range_end_percent, qos.mba_percent)
-            decisions.append(Decision(ActionKind.RESCTRL, Target(cgroup="", qos=group), amount,
-                                      reason=f"resource-qos-config resctrlQOS for {group}"))
-    return decisions
+log = logging.getLogger("actuators.resctrl")  # the name it had as one module
 
 
 # -- tasks and monitoring ---------------------------------------------------------------------
@@ -431,10 +82,6 @@ class _Applied:
 
 
 # -- the actuator -----------------------------------------------------------------------------
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 class ResctrlActuator:

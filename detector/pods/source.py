@@ -1,0 +1,143 @@
+"""What every pod source shares: the :class:`PodSource` interface, its :class:`SourceStatus`, and the
+last-good-list bookkeeping (:class:`_CachingSource`) that keeps pods resolvable through a stale source."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from detector.pods.model import (
+    PodInfo,
+)
+
+log = logging.getLogger("noisyneighbor.pods")
+
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    source: str  # "kubelet", "apiserver", "standalone"
+    ok: bool
+    reason: str = ""  # one line; empty when ok
+    last_success: float | None = None  # time.time() of the last good list
+    pods: int = 0
+
+    @property
+    def stale(self) -> bool:
+        return not self.ok
+
+    def __str__(self) -> str:
+        return f"{self.source}: ok ({self.pods} pods)" if self.ok else f"{self.source}: stale: {self.reason}"
+
+
+class PodSource(Protocol):
+    name: str
+
+    def pods(self) -> list[PodInfo]:
+        """The last good list (never raises)."""
+
+    def get(self, uid: str) -> PodInfo | None:
+        """A pod by uid, also one that vanished less than the grace period ago."""
+
+    @property
+    def status(self) -> SourceStatus: ...
+
+    def close(self) -> None: ...
+
+
+class _CachingSource:
+    """Last-good-list bookkeeping shared by every source."""
+
+    name = "pods"
+
+    def __init__(self, vanish_grace_seconds: float = 60.0, clock: Callable[[], float] = time.time) -> None:
+        self.vanish_grace_seconds = vanish_grace_seconds
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._pods: dict[str, PodInfo] = {}
+        self._gone: dict[str, tuple[PodInfo, float]] = {}
+        self._ok = False
+        self._reason = "no pod list yet"
+        self._last_success: float | None = None
+
+    def pods(self) -> list[PodInfo]:
+        with self._lock:
+            return list(self._pods.values())
+
+    def get(self, uid: str) -> PodInfo | None:
+        with self._lock:
+            pod = self._pods.get(uid)
+            if pod is not None:
+                return pod
+            gone = self._gone.get(uid)
+            if gone is not None and self._clock() - gone[1] <= self.vanish_grace_seconds:
+                return gone[0]
+            return None
+
+    @property
+    def status(self) -> SourceStatus:
+        with self._lock:
+            return SourceStatus(self.name, self._ok, "" if self._ok else self._reason, self._last_success, len(self._pods))
+
+    def close(self) -> None:
+        return None
+
+    # -- for subclasses ---------------------------------------------------------------------
+    def _replace_all(self, pods: Iterable[PodInfo]) -> None:
+        with self._lock:
+            new = {p.uid: p for p in pods}
+            now = self._clock()
+            for uid, old in self._pods.items():
+                if uid not in new:
+                    self._gone[uid] = (old, now)
+            for uid in new:
+                self._gone.pop(uid, None)
+            self._pods = new
+            self._succeeded()
+
+    def _upsert(self, pod: PodInfo) -> None:
+        with self._lock:
+            self._pods[pod.uid] = pod
+            self._gone.pop(pod.uid, None)
+
+    def _remove(self, uid: str) -> None:
+        with self._lock:
+            old = self._pods.pop(uid, None)
+            if old is not None:
+                self._gone[uid] = (old, self._clock())
+
+    def _succeeded(self) -> None:
+        now = self._clock()
+        self._ok, self._reason, self._last_success = True, "", now
+        self._gone = {u: g for u, g in self._gone.items() if now - g[1] <= self.vanish_grace_seconds}
+
+    def _failed(self, reason: str) -> None:
+        with self._lock:
+            reason = " ".join(reason.split())  # one line, whatever the exception text was
+            if self._ok or reason != self._reason:
+                log.warning("%s pod source stale: %s", self.name, reason)
+            self._ok, self._reason = False, reason
+
+
+def _describe_error(e: BaseException) -> str:
+    if isinstance(e, urllib.error.HTTPError):
+        return f"HTTP {e.code} {e.reason}"
+    if isinstance(e, urllib.error.URLError):
+        inner = e.reason
+        if isinstance(inner, ssl.SSLCertVerificationError):
+            return f"TLS verification failed: {inner.verify_message}"
+        if isinstance(inner, OSError) and inner.strerror:
+            return inner.strerror.lower()
+        return str(inner)
+    if isinstance(e, ConnectionError | TimeoutError | OSError):
+        return (e.strerror or type(e).__name__).lower() if isinstance(e, OSError) and e.strerror else type(e).__name__
+    return f"{type(e).__name__}: {e}"
+

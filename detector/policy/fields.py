@@ -1,0 +1,169 @@
+"""Typed, range-checked dataclass fields from a parsed mapping: key matching that ignores case, ``_``
+and ``-``, coercion to the field's type, and the one-line error naming the key path."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from detector.policy.schema import (
+    _CHOICE_ALIASES,
+    _CHOICES,
+    _PERCENT,
+    _RANGES,
+    PolicyError,
+    SloThresholds,
+    _Range,
+)
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    source: str
+    node_labels: dict[str, str]
+
+    def error(self, keypath: str, what: str) -> PolicyError:
+        return PolicyError(f"{self.source}: {keypath or 'top level'}: {what}")
+
+
+def _norm(key: str) -> str:
+    return re.sub(r"[_\-]", "", key).lower()
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.capitalize() for p in rest)
+
+
+def _join(keypath: str, key: str) -> str:
+    return f"{keypath}.{key}" if keypath else key
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if mark is not None:
+        return f"line {mark.line + 1} column {mark.column + 1}: {problem}"
+    return " ".join(str(problem).split())
+
+def _build(cls: type, value: Any, keypath: str, ctx: _Ctx, base: Any = None, ignored: set[str] = frozenset()) -> Any:
+    """A dataclass from a mapping, over ``base`` (default: the class defaults)."""
+    base = base if base is not None else cls()
+    if value is None:
+        return base
+    if not isinstance(value, Mapping):
+        raise ctx.error(keypath, f"expected a mapping, got {_type_name(value)}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    by_norm = {_norm(n): n for n in names}
+    changes: dict[str, Any] = {}
+    for raw_key, v in value.items():
+        kp = _join(keypath, str(raw_key))
+        name = by_norm.get(_norm(str(raw_key)))
+        if name is None:
+            if _norm(str(raw_key)) in ignored:
+                continue
+            raise ctx.error(kp, _unknown(str(raw_key), names))
+        changes[name] = _coerce(v, hints[name], kp, ctx)
+        _check_value(cls, name, changes[name], kp, ctx)
+    return dataclasses.replace(base, **changes)
+
+
+def _unknown(key: str, names: list[str]) -> str:
+    # Suggest in the spelling the user writes in: camelCase keys get camelCase suggestions.
+    camel = "_" not in key and "-" not in key and key != key.lower()
+    shown = {(_camel(n) if camel else n): n for n in names}
+    close = difflib.get_close_matches(key, list(shown), n=1, cutoff=0.6)
+    if not close:
+        close = difflib.get_close_matches(_norm(key), [_norm(n) for n in names], n=1, cutoff=0.6)
+        close = [next(s for s in shown if _norm(s) == close[0])] if close else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown key{hint}"
+
+
+def _coerce(value: Any, hint: Any, keypath: str, ctx: _Ctx) -> Any:
+    """Check ``value`` against a field's type; returns the value in the field's Python type."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], keypath, ctx)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ctx.error(keypath, f"expected true or false, got {_show(value)}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ctx.error(keypath, f"expected an integer, got {_show(value)}")
+    if hint is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ctx.error(keypath, f"expected a number, got {_show(value)}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ctx.error(keypath, f"expected a string, got {_show(value)}")
+    if origin is tuple:  # tuple[str, ...]: a list of strings (a single string is a list of one)
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ctx.error(keypath, f"expected a list of strings, got {_show(value)}")
+        return tuple(value)
+    raise ctx.error(keypath, f"unsupported type {hint}")  # pragma: no cover - a bug in this module
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        s = value if len(value) <= 40 else value[:37] + "..."
+        return f"{_type_name(value)} {s!r}"
+    if isinstance(value, bool | int | float):
+        return f"{_type_name(value)} {json.dumps(value)}"
+    return _type_name(value)
+
+
+def _ranges_of(cls: type) -> dict[str, _Range]:
+    if cls is SloThresholds:
+        from detector.catalog import slo_ranges  # the catalog imports this module: read it late
+
+        return {**_RANGES[cls], **slo_ranges()}
+    return _RANGES.get(cls, {})
+
+
+def _check_value(cls: type, name: str, value: Any, keypath: str, ctx: _Ctx) -> None:
+    if value is None:
+        return
+    bounds = _ranges_of(cls).get(name)
+    if bounds is not None:
+        lo, hi = bounds
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            if bounds == _PERCENT:
+                raise ctx.error(keypath, f"must be a percent in 0..100, got {value:g}")
+            if hi is None:
+                raise ctx.error(keypath, f"must be >= {lo:g}, got {value:g}")
+            raise ctx.error(keypath, f"must be in {lo:g}..{hi:g}, got {value:g}")
+    choices = _CHOICES.get(cls, {}).get(name)
+    if choices is not None and value not in choices and _CHOICE_ALIASES.get(value) not in choices:
+        raise ctx.error(keypath, f"must be one of {', '.join(choices)}, got {value!r}")
+
+
