@@ -65,7 +65,11 @@ RSS_TARGET_MIB = 100.0
 AFTER_CHURN_TOLERANCE = 0.05
 VANISH_GRACE_S = 60.0  # detector/pods.py _CachingSource default
 # A busy pod: ~2 ms of CPU every 100 ms, forever (killed with its cgroup).
-SLEEPER = "sleep 0.05; exec sleep 1000000"
+# A sleeping pod: its shell wakes after 50 ms (as a container's processes do while starting), then
+# every 30 s (a timer, a health check). Waking once only was not enough for every pod to have
+# run-queue series: whether that one wait was seen varied between runs (177 to 300 of 300 pods), so
+# "after churn vs steady" compared populations of different shapes. 10 wakeups/s at 300 pods.
+SLEEPER = "sleep 0.05; while :; do sleep 30; done"
 BUSY = "import time\nwhile True:\n    end = time.perf_counter() + 0.002\n    while time.perf_counter() < end:\n        pass\n" \
        "    time.sleep(0.1)\n"
 
@@ -127,8 +131,8 @@ class PodFleet:
         ctr = OwnedCgroup(f"{pod_path}/cri-containerd-{container_id_for(uid, 'main')}.scope", CONTROLLERS)
         try:
             ctr.create()
-            # A sleeping pod's task wakes once after it is in its cgroup (as every real container's
-            # processes do while starting), so every pod, steady or churned in, has run-queue series.
+            # A sleeping pod's task wakes soon after it is in its cgroup and then every 30 s (SLEEPER),
+            # so every pod, steady or churned in, has run-queue series by the end of its settle.
             argv = [sys.executable, "-c", BUSY] if busy else ["sh", "-c", SLEEPER]
             proc = subprocess.Popen(argv, preexec_fn=ctr.preexec, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except BaseException:

@@ -40,6 +40,7 @@ from noisyneighbor.agent.wiring import (
     _enable_bpf_stats,
     _event_poster,
     _evict_actuator,
+    _fix_large_allocations_to_mmap,
 )
 from noisyneighbor.exporter import Exporter, ResolverLabeler
 from noisyneighbor.output import SCHEMA_VERSION
@@ -179,6 +180,7 @@ class Agent:
                                  extra_node_series=self.config.extra_node_series,
                                  container_name=self._container_name)
         self._run_stats = _enable_bpf_stats()
+        _fix_large_allocations_to_mmap()
         self._resolver = resolver
         use_btf_file(self.config.btf)  # process-wide: the probes' engines relocate against it
         self.collector = NodeCollector(self.paths, self.layout, probes=self.config.probes,
