@@ -16,6 +16,7 @@ from noisyneighbor.sandbox import OwnedCgroup
 from probes.engine import ProbeError
 from probes.runqlat import PID_MAX_LIMIT, RunqLatProbe
 from tests.conftest import require_tool
+from tests.ground_truth import SCHED_SWITCH_LOSS, missed_allowance
 
 PINGPONG = Path(__file__).parent / "workloads" / "pingpong.py"
 pytestmark = pytest.mark.root
@@ -111,6 +112,8 @@ def test_wait_matches_schedstat_per_cgroup(two_contending_cgroups, flavour):
         # (full, or busy with a call nested on one CPU): counted, rare, and for any task on the node
         # since the probe loaded; the accuracy checks below tell whether the test's own waits were lost.
         drops = dict(probe_after.drops)
+        misses = {st.name: st.recursion_misses for st in probe.probe.program_stats()}
+        print(f"drops before {probe_before.drops} after {probe_after.drops}; recursion misses {misses}")
         assert drops.pop("task_storage", 0) <= 10
         assert drops == dict.fromkeys(drops, 0)
         for cg in (a, b):
@@ -120,9 +123,13 @@ def test_wait_matches_schedstat_per_cgroup(two_contending_cgroups, flavour):
             print(f"{cg.name}: probe wait {got.sum_ns / 1e6:.1f} ms in {got.count} waits; "
                   f"schedstat run_delay {truth_wait / 1e6:.1f} ms in {truth_slices} timeslices")
             assert truth_wait > 1e9, "the workload did not contend: the test proves nothing"
-            assert abs(got.sum_ns - truth_wait) <= 0.02 * truth_wait
-            assert got.count >= 0.99 * truth_slices
+            # A missed switch loses one wait (tests/ground_truth.py): the count may be short by the
+            # allowance, and the sum by those waits, each at most the longest wait seen.
+            missed = max(0, truth_slices - got.count)
+            assert missed <= missed_allowance(truth_slices, SCHED_SWITCH_LOSS)
             assert got.count <= 1.01 * truth_slices
+            assert got.sum_ns <= 1.02 * truth_wait
+            assert truth_wait - got.sum_ns <= 0.02 * truth_wait + missed * got.max_ns
     finally:
         probe.close()
 
