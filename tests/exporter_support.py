@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -200,6 +201,9 @@ class AgentProcess:
              "--listen", f"127.0.0.1:{self.port}", "--journal-dir", str(self.journal),
              "--audit-log", str(self.audit_log), *extra],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=self._stderr, preexec_fn=preexec_fn,
+            # faulthandler: an agent that never gets ready is sent SIGABRT and prints where each of
+            # its threads is (wait_ready), instead of an empty log.
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
         )
 
     @property
@@ -228,7 +232,13 @@ class AgentProcess:
             except OSError:
                 pass
             time.sleep(0.3)
-        raise AssertionError(f"agent not ready in {timeout:.0f} s (last {last}):\n{self.log_tail()}")
+        stacks = ""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGABRT)  # faulthandler prints every thread's stack, then it dies
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
+            stacks = " (its stacks at SIGABRT are at the end of the log)"
+        raise AssertionError(f"agent not ready in {timeout:.0f} s (last {last}){stacks}:\n{self.log_tail(80)}")
 
     def scrape_text(self) -> str:
         code, body = self.get("/metrics")
