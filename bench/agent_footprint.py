@@ -66,10 +66,17 @@ AFTER_CHURN_TOLERANCE = 0.05
 VANISH_GRACE_S = 60.0  # detector/pods.py _CachingSource default
 # A busy pod: ~2 ms of CPU every 100 ms, forever (killed with its cgroup).
 # A sleeping pod: its shell wakes after 50 ms (as a container's processes do while starting), then
-# every 30 s (a timer, a health check). Waking once only was not enough for every pod to have
-# run-queue series: whether that one wait was seen varied between runs (177 to 300 of 300 pods), so
-# "after churn vs steady" compared populations of different shapes. 10 wakeups/s at 300 pods.
-SLEEPER = "sleep 0.05; while :; do sleep 30; done"
+# every --wake-every seconds (a timer, a health check; 0: never again, the issue's first definition).
+# Waking once only was not enough for every pod to have run-queue series: whether that one wait was
+# seen varied between runs (177 to 300 of 300 pods), so "after churn vs steady" compared populations
+# of different shapes. At the default 30 s: 10 wakeups/s at 300 pods.
+DEFAULT_WAKE_EVERY_S = 30
+
+
+def sleeper(wake_every_s: float) -> str:
+    if wake_every_s <= 0:
+        return "sleep 0.05; exec sleep 1000000"
+    return f"sleep 0.05; while :; do sleep {wake_every_s:g}; done"
 BUSY = "import time\nwhile True:\n    end = time.perf_counter() + 0.002\n    while time.perf_counter() < end:\n        pass\n" \
        "    time.sleep(0.1)\n"
 
@@ -115,8 +122,9 @@ class Pod:
 class PodFleet:
     """Pods as the kubelet would make them: cgroups, one task each, and an entry in the fake kubelet's /pods."""
 
-    def __init__(self, kube: FakeKube) -> None:
+    def __init__(self, kube: FakeKube, wake_every_s: float = DEFAULT_WAKE_EVERY_S) -> None:
         self.kube = kube
+        self.sleeper = sleeper(wake_every_s)
         self.pods: deque[Pod] = deque()
         self.removed_uids: set[str] = set()
         self._made = 0
@@ -131,9 +139,9 @@ class PodFleet:
         ctr = OwnedCgroup(f"{pod_path}/cri-containerd-{container_id_for(uid, 'main')}.scope", CONTROLLERS)
         try:
             ctr.create()
-            # A sleeping pod's task wakes soon after it is in its cgroup and then every 30 s (SLEEPER),
+            # A sleeping pod's task wakes soon after it is in its cgroup and then every --wake-every s,
             # so every pod, steady or churned in, has run-queue series by the end of its settle.
-            argv = [sys.executable, "-c", BUSY] if busy else ["sh", "-c", SLEEPER]
+            argv = [sys.executable, "-c", BUSY] if busy else ["sh", "-c", self.sleeper]
             proc = subprocess.Popen(argv, preexec_fn=ctr.preexec, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except BaseException:
             ctr.remove()
@@ -341,7 +349,7 @@ def run(args: argparse.Namespace) -> tuple[list[StepResult], dict]:
     results: list[StepResult] = []
     steps = [int(s) for s in args.steps.split(",") if s.strip()]
     with tempfile.TemporaryDirectory(prefix="nn-footprint-") as tmp, FakeKube(node_name="node-1") as kube:
-        fleet = PodFleet(kube)
+        fleet = PodFleet(kube, args.wake_every)
         agent = AgentUnderTest(Path(tmp), args.interval, kube.url, args.scrape_interval)
         try:
             agent.wait_ready()
@@ -367,7 +375,7 @@ def run(args: argparse.Namespace) -> tuple[list[StepResult], dict]:
             fleet.close()
             cleanup_prefix()
     meta = {"exit_code": rc, "cpus": os.cpu_count(), "kernel": os.uname().release, "interval_s": args.interval,
-            "busy_pods": args.busy, "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+            "busy_pods": args.busy, "wake_every_s": args.wake_every, "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
             "commit": _git_commit()}
     return results, meta
 
@@ -445,7 +453,8 @@ def verdicts(results: list[StepResult]) -> list[str]:
 def render(results: list[StepResult], meta: dict) -> str:
     lines = [HEADER, "-" * len(HEADER), *(render_row(r) for r in results), "", *verdicts(results)]
     lines.append(f"agent exit code after SIGTERM: {meta['exit_code']}; {meta['cpus']} CPUs, kernel {meta['kernel']}, "
-                 f"interval {meta['interval_s']:g} s, {meta['busy_pods']} busy pods, commit {meta['commit']}, "
+                 f"interval {meta['interval_s']:g} s, {meta['busy_pods']} busy pods, "
+                 f"sleeping pods wake every {meta.get('wake_every_s', '?')} s, commit {meta['commit']}, "
                  f"load avg (1 min) at end {meta['load_avg_1m_at_end']}")
     return "\n".join(lines)
 
@@ -458,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds between a step change and its window (past one 30-tick wheel turn: steady state)")
     p.add_argument("--interval", type=float, default=1.0, help="agent tick interval")
     p.add_argument("--busy", type=int, default=3, help="pods whose task wakes every 100 ms (of every step's pods)")
+    p.add_argument("--wake-every", type=float, default=DEFAULT_WAKE_EVERY_S,
+                   help="seconds between a sleeping pod's wakeups (0: it wakes once, after it starts)")
     p.add_argument("--churn", type=float, default=300.0, help="seconds of churn after the --churn-at step (0: none)")
     p.add_argument("--churn-at", type=int, default=300)
     p.add_argument("--churn-pods", type=int, default=5, help="pods replaced each --churn-every seconds")
