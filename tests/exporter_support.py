@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -186,11 +186,25 @@ def cgroup_rel_path(cg: OwnedCgroup, controller: str = "cpu") -> str:
     return str(cg.dirs[controller].relative_to(h.mount))
 
 
+def _proc_state(pid: int) -> str:
+    """Where a process is stuck, as the kernel sees it: state, wait channel, kernel stack, command."""
+    parts = []
+    for name in ("stat", "wchan", "stack", "cmdline"):
+        try:
+            text = Path(f"/proc/{pid}/{name}").read_text(errors="replace")
+        except OSError as e:
+            text = f"<{e.strerror}>"
+        if name == "stat":
+            text = text.rsplit(")", 1)[-1].split()[0]
+        parts.append(f"{name}: {' '.join(text.replace(chr(0), ' ').split())[:400]}")
+    return "; ".join(parts)
+
+
 class AgentProcess:
     """``noisyneighbor agent`` started with ``python -m noisyneighbor.cli`` on a free 127.0.0.1 port."""
 
     def __init__(self, config: Path, tmp: Path, *extra: str, node: str = "nn-agent-test",
-                 preexec_fn: Callable[[], None] | None = None) -> None:
+                 cgroup: OwnedCgroup | None = None) -> None:
         self.port = free_port()
         self.journal = tmp / "journal"
         self.audit_log = tmp / "audit.jsonl"
@@ -200,11 +214,17 @@ class AgentProcess:
             [sys.executable, "-m", "noisyneighbor.cli", "agent", "--config", str(config), "--node-name", node,
              "--listen", f"127.0.0.1:{self.port}", "--journal-dir", str(self.journal),
              "--audit-log", str(self.audit_log), *extra],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=self._stderr, preexec_fn=preexec_fn,
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=self._stderr,
             # faulthandler: an agent that never gets ready is sent SIGABRT and prints where each of
             # its threads is (wait_ready), instead of an empty log.
             env={**os.environ, "PYTHONFAULTHANDLER": "1"},
         )
+        if cgroup is not None:
+            # Moved by this process right after the spawn, not by a preexec_fn: Python code between fork
+            # and exec in a process with threads (the test's fake kubelet, Prometheus) can deadlock on
+            # a lock another thread held at the fork. CI under load saw an agent that never started
+            # (nothing logged in 60 s, not even faulthandler's stacks at SIGABRT).
+            cgroup.add_pid(self.proc.pid)
 
     @property
     def target(self) -> str:
@@ -234,10 +254,11 @@ class AgentProcess:
             time.sleep(0.3)
         stacks = ""
         if self.proc.poll() is None:
+            stacks = f" (process: {_proc_state(self.proc.pid)})"
             os.kill(self.proc.pid, signal.SIGABRT)  # faulthandler prints every thread's stack, then it dies
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
-            stacks = " (its stacks at SIGABRT are at the end of the log)"
+            stacks += " (its Python stacks at SIGABRT, if it got that far, are at the end of the log)"
         raise AssertionError(f"agent not ready in {timeout:.0f} s (last {last}){stacks}:\n{self.log_tail(80)}")
 
     def scrape_text(self) -> str:

@@ -283,7 +283,7 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
         # Enforcing on a shared node: the agent may only change the cgroups this test created.
         agent = AgentProcess(config, tmp_path, "--incident-log", str(tmp_path / "incidents.jsonl"),
                              "--act-only", f"{_cpu_rel(be)}/*", "--act-only", f"{_cpu_rel(api_pod)}", node="nn-int",
-                             preexec_fn=agent_cg.preexec)
+                             cgroup=agent_cg)
         rules = _write_rule_groups(tmp_path)
         with PrometheusServer([agent.target], rule_files=[rules]) as prom:
             agent.wait_ready()
