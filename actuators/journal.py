@@ -327,7 +327,8 @@ class Journal:
                     else:
                         e.last_written, e.pending = current.strip(), None
                         report.reowned.append(e.path)
-                self._save()
+                if entries:
+                    self._save()
             if entries:
                 log.info("journal reconcile (%s): %s", "reown" if reown else "restore", report.summary())
             return report
@@ -339,7 +340,11 @@ class Journal:
             ours = [v for v in (e.last_written, e.pending) if v is not None] if e.last_written is not None else []
             if self._put_back(e.path, e.original, ours, report, unchanged_if_equal=True):
                 self._entries.pop(e.path, None)
-        self._save()
+        # Nothing to restore, nothing to write: the agent reconciles an empty journal at every start,
+        # and an fsync on a disk saturated by other IO took over 60 s (CI under load: the agent was not
+        # ready in time, stuck in fsync), for a file that records nothing.
+        if entries:
+            self._save()
         return report
 
     def _put_back(self, path: str, value: str, ours: list[str], report: RestoreReport,

@@ -321,3 +321,15 @@ def test_victim_histories_of_removed_pods_are_forgotten(tmp_path: Path) -> None:
     manager.submit(_suppress(1.0))
     assert manager.records[-1].state == ActionState.APPLIED
     assert [a.verification is not None for a in manager._active.values()] == [True]  # its "before" is known
+
+
+def test_reconciling_an_empty_journal_writes_nothing(tmp_path: Path) -> None:
+    """Every agent start reconciles its journal; with nothing in it there is nothing to make durable.
+    CI under load caught the agent stuck for over 60 s in the fsync of that empty write (disk busy)."""
+    journal = Journal(tmp_path / "journal")
+    for reown in (False, True):
+        report = journal.reconcile(reown=reown)
+        assert report.summary() is not None
+        assert not journal.file.exists() and list(journal.directory.iterdir()) == []
+    journal.restore_all()
+    assert not journal.file.exists()
