@@ -273,7 +273,8 @@ class AgentProcess:
             return []
 
     def log_tail(self, lines: int = 30) -> str:
-        self._stderr.flush()
+        if not self._stderr.closed:  # closed by terminate(): the file is complete then
+            self._stderr.flush()
         return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-lines:])
 
     def terminate(self, timeout: float = 30.0) -> int:

@@ -313,7 +313,7 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
         inc = __import__("json").loads(line)
         print("incident:", inc["event"], inc.get("victim", {}).get("display"), inc.get("cause"),
               [c.get("target", {}).get("display") for c in inc.get("culprits") or []][:3])
-    assert rc == 0, agent.log_tail()
+    assert rc == 0, f"agent exit code {rc} after SIGTERM:\n{agent.log_tail()}"
     assert not empty, "queries without data:\n" + "\n".join(empty)
     for group in rule_health["groups"]:
         for rule in group["rules"]:
