@@ -333,3 +333,22 @@ def test_reconciling_an_empty_journal_writes_nothing(tmp_path: Path) -> None:
         assert not journal.file.exists() and list(journal.directory.iterdir()) == []
     journal.restore_all()
     assert not journal.file.exists()
+
+
+def test_the_journal_is_fsynced_while_it_holds_entries_not_once_it_is_empty(tmp_path: Path, monkeypatch) -> None:
+    """Durable before each write (an fsync of the file and of its directory); the empty journal a full
+    restore leaves is written without them (losing it in a crash only brings back entries whose files
+    hold their originals already)."""
+    import actuators.journal as journal_module
+
+    synced: list[int] = []
+    real_fsync = journal_module.os.fsync
+    monkeypatch.setattr(journal_module.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    paths = fake_v2_host(tmp_path, [BE])
+    files = CgroupFiles(paths)
+    journal = Journal(tmp_path / "journal")
+    journal.apply("a1", files.quota_writes(BE, 50_000))
+    assert len(synced) >= 2  # the original on disk (file and directory) before the cgroup file changed
+    synced.clear()
+    journal.restore_all()
+    assert synced == [] and json.loads(journal.file.read_text())["entries"] == []
