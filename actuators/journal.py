@@ -176,7 +176,16 @@ class Journal:
         self._entries = {e.path: e for e in entries}
         self._seq = max((e.seq for e in entries), default=0)
 
-    def _save(self) -> None:
+    def _save(self, *, sync_directory: bool = True) -> None:
+        """Put the entries on disk: a temp file, fsynced, renamed over the journal.
+
+        ``sync_directory=False`` leaves the rename itself to the next commit of the filesystem: after a
+        crash the journal is then the previous version or this one, both complete. Apply uses it for the
+        state after its writes: the version before them (made durable first) already restores them.
+        """
+        if not self._entries:
+            self._remove_file()
+            return
         doc = {
             "version": FORMAT_VERSION,
             "pid": os.getpid(),
@@ -184,21 +193,15 @@ class Journal:
             "entries": [asdict(e) for e in sorted(self._entries.values(), key=lambda e: e.seq)],
         }
         data = json.dumps(doc, indent=1, sort_keys=True).encode()
-        # An empty journal need not be durable: if it is lost in a crash, the entries before it come
-        # back, and the next start reconciles files that already hold their originals (left alone).
-        # Skipping its fsyncs keeps a full restore (every shutdown) off a disk saturated by other IO,
-        # where they took longer than a pod's stop grace (CI under load).
-        durable = bool(self._entries)
         try:
             fd, tmp = tempfile.mkstemp(prefix=".journal-", dir=self.directory)
             try:
                 os.write(fd, data)
-                if durable:
-                    os.fsync(fd)
+                os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, self.file)
-            if durable:
+            if sync_directory:
                 dfd = os.open(self.directory, os.O_RDONLY)
                 try:
                     os.fsync(dfd)
@@ -208,6 +211,19 @@ class Journal:
             with contextlib.suppress(OSError, UnboundLocalError):
                 os.unlink(tmp)
             raise JournalError(f"cannot write journal {self.file}: {e.strerror or e}") from None
+
+    def _remove_file(self) -> None:
+        """An empty journal is no file. Removing it needs no fsync: if a crash undoes the unlink, the
+        entries before it come back and the next start finds their files at their originals already
+        (left alone). Writing an empty file instead would need fsyncs that, on a disk saturated by other
+        IO, took longer than a pod's stop grace (CI under load), or risk a zero-length file after a
+        crash, which the next start would refuse as corrupt."""
+        try:
+            self.file.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise JournalError(f"cannot remove empty journal {self.file}: {e.strerror or e}") from None
 
     # -- queries -----------------------------------------------------------------------------
     def owned(self) -> dict[str, JournalEntry]:
@@ -227,31 +243,68 @@ class Journal:
     def apply(
         self, action_id: str, writes: Iterable[FileWrite | tuple[str, str]], *, kind: str = ""
     ) -> list[AppliedWrite]:
-        """Write all, in order, journaling each original first; on any failure roll back and raise ActionError."""
+        """Write all, in order, journaling each original first; on any failure roll back and raise ActionError.
+
+        The journal goes to disk twice per action, not twice per file: once durably before the first
+        write (every original and intended value), once after the last (what was written, without the
+        directory fsync). On a disk saturated by other IO each durable save is a wait on the
+        filesystem's commit, and a tick that acts waits for it.
+        """
         items = [(w.path, w.new) if isinstance(w, FileWrite) else (str(w[0]), w[1]) for w in writes]
         with self._lock:
+            try:
+                fresh = self._record_intent(action_id, kind, items)
+            except (CgroupFileError, JournalError, OSError) as e:
+                raise ActionError(f"{_one_line(e)} (nothing written)") from None
             done: list[AppliedWrite] = []
             try:
                 for path, new in items:
-                    done.append(self._write_one(action_id, kind, path, new))
+                    done.append(self._write_one(path, new))
             except (CgroupFileError, JournalError, OSError) as e:
+                self._forget_unwritten(fresh, {w.path for w in done})
                 problems = self._undo(done)
                 extra = f"; rollback problems: {'; '.join(problems)}" if problems else ""
                 raise ActionError(f"{_one_line(e)} (rolled back {len(done)} earlier write(s){extra})") from None
+            with contextlib.suppress(JournalError):  # the durable intent already restores these writes
+                self._save(sync_directory=False)
             self._actions.setdefault(action_id, []).extend(done)
             return done
 
-    def _write_one(self, action_id: str, kind: str, path: str, new: str) -> AppliedWrite:
+    def _record_intent(self, action_id: str, kind: str, items: list[tuple[str, str]]) -> set[str]:
+        """Journal (durably) the original of every file the action will write, before any is written.
+
+        Returns the paths this action owns for the first time. On failure nothing stays journaled for
+        them and the error propagates."""
+        fresh: set[str] = set()
+        try:
+            for path, new in items:
+                self._seq += 1
+                entry = self._entries.get(path)
+                if entry is None:
+                    self._entries[path] = JournalEntry(path, self._read(path).strip(), None, new, self._seq,
+                                                       action_id, kind)
+                    fresh.add(path)
+                else:
+                    entry.pending, entry.seq, entry.action_id = new, self._seq, action_id
+                    entry.kind = kind or entry.kind
+            self._save()  # the originals are on disk before any file changes
+        except BaseException:
+            self._forget_unwritten(fresh, set())
+            raise
+        return fresh
+
+    def _forget_unwritten(self, fresh: set[str], written: set[str]) -> None:
+        """Drop the intent for files the action did not get to: new entries go, older ones lose pending."""
+        for path in fresh - written:
+            self._entries.pop(path, None)
+        for path, entry in self._entries.items():
+            if path not in written:
+                entry.pending = None
+
+    def _write_one(self, path: str, new: str) -> AppliedWrite:
         before = self._read(path).strip()
-        entry = self._entries.get(path)
-        self._seq += 1
-        if entry is None:
-            entry = JournalEntry(path, before, None, new, self._seq, action_id, kind)
-            self._entries[path] = entry
-        else:
-            entry.pending, entry.seq, entry.action_id = new, self._seq, action_id
-            entry.kind = kind or entry.kind
-        self._save()  # the original is on disk before the file changes
+        entry = self._entries[path]  # journaled by _record_intent
+        entry.pending = new
         try:
             self._write(path, new)
         except BaseException:
@@ -259,12 +312,9 @@ class Journal:
                 del self._entries[path]  # never changed: not ours
             else:
                 entry.pending = None
-            with contextlib.suppress(JournalError):
-                self._save()
             raise
         after = (self._read_quietly(path) or new).strip()
         entry.last_written, entry.pending = after, None
-        self._save()
         return AppliedWrite(path, before, after)
 
     def _undo(self, done: Sequence[AppliedWrite]) -> list[str]:
@@ -347,9 +397,7 @@ class Journal:
             ours = [v for v in (e.last_written, e.pending) if v is not None] if e.last_written is not None else []
             if self._put_back(e.path, e.original, ours, report, unchanged_if_equal=True):
                 self._entries.pop(e.path, None)
-        # Nothing to restore, nothing to write: the agent reconciles an empty journal at every start,
-        # and an fsync on a disk saturated by other IO took over 60 s (CI under load: the agent was not
-        # ready in time, stuck in fsync), for a file that records nothing.
+        # Nothing to restore, nothing to save: the agent reconciles an empty journal at every start.
         if entries:
             self._save()
         return report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -119,7 +120,7 @@ def test_journal_original_on_disk_before_write_and_restored_once(tmp_path: Path)
     assert report.restored == [str(files.path(Resource.CPU_QUOTA, BE))]
     assert files.read_cpu_max(BE).quota_us is None
     assert journal.owned() == {}
-    assert json.loads((jdir / "journal.json").read_text())["entries"] == []
+    assert not (jdir / "journal.json").exists()  # an empty journal is no file
 
 
 def test_journal_reconcile_after_crash_restores_and_reown_keeps(tmp_path: Path) -> None:
@@ -336,19 +337,34 @@ def test_reconciling_an_empty_journal_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_the_journal_is_fsynced_while_it_holds_entries_not_once_it_is_empty(tmp_path: Path, monkeypatch) -> None:
-    """Durable before each write (an fsync of the file and of its directory); the empty journal a full
-    restore leaves is written without them (losing it in a crash only brings back entries whose files
-    hold their originals already)."""
+    """Durable before an action's first write (an fsync of the file and of its directory), once per action
+    however many files it writes; the state after the writes is fsynced without its directory; the empty
+    journal a full restore leaves is no file, removed without an fsync (losing the removal in a crash only
+    brings back entries whose files hold their originals already)."""
     import actuators.journal as journal_module
 
-    synced: list[int] = []
+    synced: list[str] = []
     real_fsync = journal_module.os.fsync
-    monkeypatch.setattr(journal_module.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+
+    def spying_fsync(fd: int) -> None:
+        synced.append("dir" if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(journal_module.os, "fsync", spying_fsync)
     paths = fake_v2_host(tmp_path, [BE])
     files = CgroupFiles(paths)
     journal = Journal(tmp_path / "journal")
-    journal.apply("a1", files.quota_writes(BE, 50_000))
-    assert len(synced) >= 2  # the original on disk (file and directory) before the cgroup file changed
+    order: list[str] = []
+    journal._write = lambda path, value: (order.append(f"write after {len(synced)} fsyncs"),
+                                          Path(path).write_text(value))
+    writes = [*files.quota_writes(BE, 50_000), *files.quota_writes(BE, 40_000)]
+    assert len(writes) >= 2
+    journal.apply("a1", writes)
+    # the original (file and directory) on disk before the first cgroup write; nothing between writes
+    assert order[0] == "write after 2 fsyncs" and set(order) == {order[0]}
+    assert synced == ["file", "dir", "file"]
     synced.clear()
     journal.restore_all()
-    assert synced == [] and json.loads(journal.file.read_text())["entries"] == []
+    assert synced == [] and not journal.file.exists()
+
+
