@@ -261,6 +261,20 @@ class ProgramStats:
     recursion_misses: int
 
 
+MAX_KEPT_BATCH_BYTES = 256 * 1024  # a map's batch buffers larger than this are not kept between reads
+
+
+@dataclass
+class _BatchBuffers:
+    """A map's buffers for BPF_MAP_LOOKUP_BATCH: ``batch`` keys and values, and the two cursors."""
+
+    batch: int
+    keys: ctypes.Array[ctypes.c_char]
+    values: ctypes.Array[ctypes.c_char]
+    in_batch: ctypes.Array[ctypes.c_char]
+    out_batch: ctypes.Array[ctypes.c_char]
+
+
 class BpfMap:
     def __init__(self, obj: BpfObject, ptr: int) -> None:
         self._lib = obj._lib
@@ -270,6 +284,27 @@ class BpfMap:
         self.type: int = L.bpf_map__type(ptr)
         self.key_size: int = L.bpf_map__key_size(ptr)
         self.value_size: int = L.bpf_map__value_size(ptr)
+        # Batch-read buffers, kept between reads: maps are read every tick, and allocating (and zeroing)
+        # a batch of per-CPU values each time cost more than the syscall that fills it. None while a
+        # read holds them (a nested read of the same map allocates its own).
+        self._batch_buffers: _BatchBuffers | None = None
+
+    def _take_buffers(self, batch: int) -> _BatchBuffers:
+        """Buffers for ``batch`` entries (capped at the map's size: most maps are small)."""
+        batch = max(1, min(batch, self.max_entries or batch))
+        cached, self._batch_buffers = self._batch_buffers, None
+        if cached is not None and cached.batch == batch:
+            return cached
+        cursor = max(self.key_size, 8)  # the batch cursor is opaque; hash maps need a bucket index
+        return _BatchBuffers(batch, ctypes.create_string_buffer(self.key_size * batch),
+                             ctypes.create_string_buffer(self._stride * batch),
+                             ctypes.create_string_buffer(cursor), ctypes.create_string_buffer(cursor))
+
+    def _give_back(self, buffers: _BatchBuffers) -> None:
+        # Per-CPU values grow with the node's CPUs: a batch of them on a large node is megabytes that
+        # would stay resident for every map. Those are allocated per read, as before.
+        if len(buffers.values) <= MAX_KEPT_BATCH_BYTES:
+            self._batch_buffers = buffers
 
     @property
     def fd(self) -> int:
@@ -368,67 +403,67 @@ class BpfMap:
         if self.percpu:
             raise BpfError(f"array_values({self.name}): per-CPU map", errno.EINVAL)
         chunks: list[bytes] = []
-        stride = self.value_size
         try:
-            for_batches = self._raw_batches(batch)
-            for count, raw_values in for_batches:
-                chunks.append(raw_values[: count * stride])
+            for _, raw_values in self._raw_batches(batch):
+                chunks.append(raw_values)
         except BpfError as e:
             if e.errno not in (errno.EINVAL, errno.ENOTSUP, 524):
                 raise
             chunks = [value for _, value in self._items_iter()]  # type: ignore[misc]
         return b"".join(chunks)
 
+    def array_prefix(self, n: int, batch: int = 256) -> bytes:
+        """The first ``n`` values of an array map (per-CPU arrays: every CPU's, 8-byte aligned, as
+        :meth:`items` with ``split=False``) as one bytes: a table whose used part is a prefix is read
+        with one syscall per ``batch`` entries and no Python per entry."""
+        if n <= 0:
+            return b""
+        chunks: list[bytes] = []
+        got = 0
+        for count, raw_values in self._raw_batches(min(batch, n)):
+            chunks.append(raw_values)
+            got += count
+            if got >= n:
+                break
+        return b"".join(chunks)[: n * self._stride]
+
     def _raw_batches(self, batch: int) -> Iterator[tuple[int, bytes]]:
-        """(count, values buffer) per BPF_MAP_LOOKUP_BATCH call, keys dropped."""
+        """(count, the values read) per BPF_MAP_LOOKUP_BATCH call, keys dropped."""
+        for count, _, values in self._batches(batch):
+            yield count, values
+
+    def _batches(self, batch: int) -> Iterator[tuple[int, bytes, bytes]]:
+        """(count, keys, values) per BPF_MAP_LOOKUP_BATCH call: only the ``count`` entries filled are
+        copied out of the (reused) buffers."""
         L = self._lib.lib
-        keys = ctypes.create_string_buffer(self.key_size * batch)
-        values = ctypes.create_string_buffer(self._stride * batch)
-        in_batch = ctypes.create_string_buffer(max(self.key_size, 8))
-        out_batch = ctypes.create_string_buffer(max(self.key_size, 8))
-        opts = _BatchOpts(ctypes.sizeof(_BatchOpts), 0, 0)
-        first = True
-        while True:
-            count = ctypes.c_uint32(batch)
-            err = L.bpf_map_lookup_batch(
-                self.fd, None if first else in_batch, out_batch, keys, values, ctypes.byref(count), ctypes.byref(opts)
-            )
-            e = ctypes.get_errno() if err else 0
-            if err and e != errno.ENOENT:
-                raise BpfError(f"bpf_map_lookup_batch({self.name})", e)
-            yield count.value, values.raw
-            if err:  # ENOENT: that was the last batch
-                return
-            ctypes.memmove(in_batch, out_batch, len(out_batch))
-            first = False
+        b = self._take_buffers(batch)
+        try:
+            opts = _BatchOpts(ctypes.sizeof(_BatchOpts), 0, 0)
+            key_size, stride, fd = self.key_size, self._stride, self.fd
+            first = True
+            while True:
+                count = ctypes.c_uint32(b.batch)
+                err = L.bpf_map_lookup_batch(
+                    fd, None if first else b.in_batch, b.out_batch, b.keys, b.values, ctypes.byref(count),
+                    ctypes.byref(opts))
+                e = ctypes.get_errno() if err else 0
+                if err and e != errno.ENOENT:
+                    raise BpfError(f"bpf_map_lookup_batch({self.name})", e)
+                n = count.value
+                yield n, ctypes.string_at(b.keys, n * key_size), ctypes.string_at(b.values, n * stride)
+                if err:  # ENOENT: that was the last batch
+                    return
+                ctypes.memmove(b.in_batch, b.out_batch, len(b.out_batch))
+                first = False
+        finally:
+            self._give_back(b)
 
     def _items_batched(self, batch: int, split: bool = True) -> Iterator[tuple[bytes, bytes | list[bytes]]]:
-        L = self._lib.lib
-        stride = self._stride
-        keys = ctypes.create_string_buffer(self.key_size * batch)
-        values = ctypes.create_string_buffer(stride * batch)
-        # The batch cursor is opaque; for hash maps the kernel needs room for one bucket index.
-        in_batch = ctypes.create_string_buffer(max(self.key_size, 8))
-        out_batch = ctypes.create_string_buffer(max(self.key_size, 8))
-        opts = _BatchOpts(ctypes.sizeof(_BatchOpts), 0, 0)
-        first = True
-        fd = self.fd
-        while True:
-            count = ctypes.c_uint32(batch)
-            err = L.bpf_map_lookup_batch(
-                fd, None if first else in_batch, out_batch, keys, values, ctypes.byref(count), ctypes.byref(opts)
-            )
-            e = ctypes.get_errno() if err else 0
-            if err and e != errno.ENOENT:
-                raise BpfError(f"bpf_map_lookup_batch({self.name})", e)
-            raw_keys, raw_values = keys.raw, values.raw
-            for i in range(count.value):
+        stride, key_size = self._stride, self.key_size
+        for count, raw_keys, raw_values in self._batches(batch):
+            for i in range(count):
                 raw = raw_values[i * stride : (i + 1) * stride]
-                yield raw_keys[i * self.key_size : (i + 1) * self.key_size], self.split(raw) if split else raw
-            if err:  # ENOENT: that was the last batch
-                return
-            ctypes.memmove(in_batch, out_batch, len(out_batch))
-            first = False
+                yield raw_keys[i * key_size : (i + 1) * key_size], self.split(raw) if split else raw
 
     def _items_iter(self) -> Iterator[tuple[bytes, bytes | list[bytes]]]:
         L = self._lib.lib

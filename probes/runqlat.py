@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from probes.base import BpfProbe
 from probes.cgroupfs import CgroupLayout
 from probes.engine import (
@@ -247,13 +249,87 @@ def top_culprits(prev: RunqSnapshot | None, cur: RunqSnapshot, victim_cgroup_id:
     return ranked[:k]
 
 
+SLOT_READ_AHEAD = 64  # slots read past the highest one in use: new keys take the next never-used slots
+
+
+@dataclass(frozen=True)
+class SlotChange:
+    """A slot whose values changed since the last read: the key it held then and holds now (None: free)."""
+
+    slot: int
+    old_key: bytes | None
+    key: bytes | None
+    raw: bytes  # its per-CPU values as read (see _Slots.values)
+
+
 class _Slots:
     """Statistics kept in slots of a per-CPU array (bpf/runqlat.bpf.c): `index` maps a key to its
     slot, each CPU's copy in `stats` ends with the key it belongs to (zeros: not used on that CPU),
     and `free` is the stack of slots the BPF side may reuse."""
 
-    def __init__(self, probe: LoadedProbe, index: str, stats: str, free: str, value_size: int) -> None:
+    def __init__(self, probe: LoadedProbe, index: str, stats: str, free: str, value_size: int,
+                 key_size: int) -> None:
         self.probe, self.index, self.stats, self.free_stack, self.value_size = probe, index, stats, free, value_size
+        self.key_size = key_size
+        self._stride = 0  # bytes of one slot as read: every CPU's copy, 8-byte aligned
+        self._rows = np.zeros((0, 0), dtype="<u8")  # the used slots at the last read_changed
+        self._key_of: dict[int, bytes] = {}  # slot -> the key owning it at the last read_changed
+
+    def _copy_layout(self) -> tuple[int, int]:
+        """(bytes per slot as read, bytes per CPU copy): the CPU count from one lookup of slot 0."""
+        if not self._stride:
+            copies = self.probe.map_lookup(self.stats, bytes(4))
+            cpus = len(copies) if isinstance(copies, list) and copies else 1
+            aligned = (self.value_size + 7) // 8 * 8
+            self._stride = aligned * cpus
+        return self._stride, (self.value_size + 7) // 8 * 8
+
+    def read_changed(self) -> list[SlotChange]:
+        """The slots whose values changed since the last call (all used ones at the first).
+
+        The used slots are a prefix of the array (see :meth:`raw_items`); it is read in batches as
+        one bytes and compared with the last read as a matrix, so a tick costs Python work only for
+        the slots that changed, not one step per cgroup the node has. A slot's key comes from its
+        CPU copies' owner field; the index is read only when those disagree (a slot freed and reused
+        while a CPU was writing it)."""
+        stride, aligned = self._copy_layout()
+        words = stride // 8
+        n = len(self._rows) + SLOT_READ_AHEAD
+        while True:
+            blob = self.probe.map_array_prefix(self.stats, n)
+            got = len(blob) // stride
+            rows = np.frombuffer(blob, dtype="<u8", count=got * words).reshape(got, words)
+            in_use = np.flatnonzero(rows.any(axis=1))
+            used = int(in_use[-1]) + 1 if len(in_use) else 0
+            if got < n or used + SLOT_READ_AHEAD // 2 <= got:  # the array's end, or room past the last used
+                break
+            n *= 2
+        rows, prev = rows[:used], self._rows
+        if prev.shape[1] != words:  # the first read
+            prev = np.zeros((0, words), dtype="<u8")
+        common = min(len(prev), used)
+        slots = np.flatnonzero((rows[:common] != prev[:common]).any(axis=1)).tolist()
+        slots += [common + int(i) for i in np.flatnonzero(rows[common:].any(axis=1))]  # newly used
+        slots += [used + int(i) for i in np.flatnonzero(prev[used:].any(axis=1))]  # freed at the end
+        self._rows = rows
+        changes: list[SlotChange] = []
+        by_index: dict[int, bytes] | None = None
+        tail = self.value_size - self.key_size
+        unused = bytes(self.key_size)
+        for slot in slots:
+            raw = blob[slot * stride : (slot + 1) * stride] if slot < used else b""
+            owners = {raw[at + tail : at + self.value_size] for at in range(0, len(raw), aligned)} - {unused}
+            if len(owners) > 1:
+                if by_index is None:
+                    by_index = {int.from_bytes(v, "little"): k for k, v in self.probe.map_items(self.index)}  # type: ignore[arg-type]
+                key = by_index.get(slot)
+            else:
+                key = owners.pop() if owners else None
+            old = self._key_of.pop(slot, None)
+            if key is not None:
+                self._key_of[slot] = key
+            changes.append(SlotChange(slot, old, key, raw))
+        return changes
 
     def indexed_keys(self) -> list[bytes]:
         return [key for key, _ in list(self.probe.map_items(self.index))]
@@ -369,11 +445,16 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         # Pairs forgotten by forget_quiet_pairs() while their cgroups live on: their totals so far,
         # added back in snapshots so the matrix stays cumulative when a pair reappears.
         self._culprit_base: dict[tuple[int, int], CulpritStats] = {}
-        self._cgroups = _Slots(self.probe, "cgroup_slots", "cgroup_runq", "free_slots", CGROUP_STATS_SIZE)
-        # slot key -> (its raw per-CPU values, decoded histogram, decoded wait split) at the last snapshot
-        self._decoded: dict[bytes, tuple[bytes, LatencyHistogram, WaitSplit | None]] = {}
-        self._pairs_decoded: dict[bytes, tuple[bytes, CulpritStats]] = {}
-        self._pairs = _Slots(self.probe, "culprit_slots", "runq_culprits", "free_culprit_slots", CULPRIT_STATS_SIZE)
+        self._cgroups = _Slots(self.probe, "cgroup_slots", "cgroup_runq", "free_slots", CGROUP_STATS_SIZE,
+                               _SLOT_OWNER.size)
+        self._pairs = _Slots(self.probe, "culprit_slots", "runq_culprits", "free_culprit_slots", CULPRIT_STATS_SIZE,
+                             _CULPRIT_KEY.size)
+        # What the kernel maps held at the last snapshot, decoded; only the slots that changed since are
+        # decoded again (most cgroups did nothing). Snapshots get copies.
+        self._per_cgroup: dict[int, LatencyHistogram] = {}
+        self._wait_split: dict[int, WaitSplit] = {}
+        self._pairs_in_kernel: dict[tuple[int, int], CulpritStats] = {}
+        self._culprit_totals: dict[tuple[int, int], CulpritStats] = {}  # in the kernel + _culprit_base
         self.culprits_available = self.probe.status.attach_mode == "sched_info"
         self.culprits_unavailable_reason = None if self.culprits_available else (
             f"who-ran-instead needs the sched_info flavour, this is {self.probe.status.attach_mode}"
@@ -382,50 +463,50 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             self._watch_events("outliers", RunqOutlier.decode)
 
     def snapshot(self) -> RunqSnapshot:
-        per_cgroup: dict[int, LatencyHistogram] = {}
-        wait_split: dict[int, WaitSplit] = {}
-        # Most cgroups did nothing since the last snapshot: their raw per-CPU values are the same bytes,
-        # so their decoded objects are reused (decoding is the expensive part, not the comparison).
-        before, decoded = self._decoded, {}
-        for key, raw in self._cgroups.raw_items():
-            cgroup_id = _SLOT_OWNER.unpack(key)[0]
-            hit = before.get(key)
-            if hit is None or hit[0] != raw:
-                values = self._cgroups.values(key, raw)
-                hist = LatencyHistogram.decode_percpu(values)
-                split = WaitSplit.decode_percpu(values) if self.culprits_available else None
-                hit = (raw, hist, split)
-            decoded[key] = hit
-            per_cgroup[cgroup_id] = hit[1]
-            if hit[2] is not None:
-                wait_split[cgroup_id] = hit[2]
-        self._decoded = decoded
+        for change in self._cgroups.read_changed():
+            if change.old_key is not None and change.old_key != change.key:
+                gone = _SLOT_OWNER.unpack(change.old_key)[0]
+                self._per_cgroup.pop(gone, None)
+                self._wait_split.pop(gone, None)
+            if change.key is not None:
+                cgroup_id = _SLOT_OWNER.unpack(change.key)[0]
+                values = self._cgroups.values(change.key, change.raw)
+                self._per_cgroup[cgroup_id] = LatencyHistogram.decode_percpu(values)
+                if self.culprits_available:
+                    self._wait_split[cgroup_id] = WaitSplit.decode_percpu(values)
         cpu_states: list[bytes] = self.probe.map_lookup("runq_cpu", b"\0\0\0\0") or []  # type: ignore[assignment]
         # The per-CPU histogram closes struct runq_cpu_state.
         per_cpu = [LatencyHistogram.decode(raw[-NN_HIST_SIZE:]) for raw in cpu_states]
         drops = self.read_drops()
-        culprits: dict[tuple[int, int], CulpritStats] = {}
         culprit_drops = culprit_drop_ns = 0
         if self.culprits_available:
-            culprits = dict(self._culprit_base)
-            before_pairs, pairs_decoded = self._pairs_decoded, {}
-            for key, raw in self._pairs.raw_items():
-                pair: tuple[int, int] = _CULPRIT_KEY.unpack(key)  # type: ignore[assignment]
-                hit_pair = before_pairs.get(key)
-                if hit_pair is None or hit_pair[0] != raw:
-                    hit_pair = (raw, CulpritStats.decode_percpu(self._pairs.values(key, raw)))
-                pairs_decoded[key] = hit_pair
-                in_kernel = hit_pair[1]
-                culprits[pair] = culprits[pair] + in_kernel if pair in culprits else in_kernel
-            self._pairs_decoded = pairs_decoded
+            for change in self._pairs.read_changed():
+                if change.old_key is not None and change.old_key != change.key:
+                    old_pair: tuple[int, int] = _CULPRIT_KEY.unpack(change.old_key)  # type: ignore[assignment]
+                    self._pairs_in_kernel.pop(old_pair, None)
+                    self._total_of(old_pair)
+                if change.key is not None:
+                    pair: tuple[int, int] = _CULPRIT_KEY.unpack(change.key)  # type: ignore[assignment]
+                    self._pairs_in_kernel[pair] = CulpritStats.decode_percpu(self._pairs.values(change.key, change.raw))
+                    self._total_of(pair)
             for raw in cpu_states:
                 *_, n, ns = _CPU_STATE_HEAD.unpack_from(raw)
                 culprit_drops, culprit_drop_ns = culprit_drops + n, culprit_drop_ns + ns
             # Also in drops["key_map_full"] (the shared reason); this says which map was full.
             drops["culprit_map_full"] = culprit_drops
         return RunqSnapshot(
-            time.monotonic(), per_cgroup, per_cpu, drops, wait_split, culprits, culprit_drop_ns, self.culprits_available,
+            time.monotonic(), dict(self._per_cgroup), per_cpu, drops, dict(self._wait_split),
+            dict(self._culprit_totals), culprit_drop_ns, self.culprits_available,
         )
+
+    def _total_of(self, pair: tuple[int, int]) -> None:
+        """A pair's cumulative total: what the kernel holds plus what was forgotten while it lived on."""
+        in_kernel, base = self._pairs_in_kernel.get(pair), self._culprit_base.get(pair)
+        total = in_kernel + base if in_kernel is not None and base is not None else in_kernel or base
+        if total is None:
+            self._culprit_totals.pop(pair, None)
+        else:
+            self._culprit_totals[pair] = total
 
     def forget(self, cgroup_ids: list[int]) -> int:
         """Drop removed cgroups from the kernel maps (as victim or culprit) so pod churn cannot fill
@@ -434,6 +515,8 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         gone = set(cgroup_ids)
         removed = sum(self._cgroups.free(_SLOT_OWNER.pack(cg)) for cg in gone)
         self._culprit_base = {pair: c for pair, c in self._culprit_base.items() if not gone.intersection(pair)}
+        for pair in [p for p in self._culprit_totals if gone.intersection(p) and p not in self._pairs_in_kernel]:
+            del self._culprit_totals[pair]
         if self.culprits_available and gone:
             stale = [key for key in self._pairs.indexed_keys() if gone.intersection(_CULPRIT_KEY.unpack(key))]
             removed += sum(self._pairs.free(key) for key in stale)

@@ -1,0 +1,94 @@
+"""The runqlat snapshot reads its slotted per-CPU arrays as one block and decodes only the slots that
+changed: a tick's Python work follows what ran, not how many cgroups the node has."""
+
+from __future__ import annotations
+
+import struct
+
+from probes.runqlat import SLOT_READ_AHEAD, _Slots
+
+VALUE = 24  # two counters, then the owner key (8 bytes), like struct runq_cgroup_stats' tail
+CPUS = 2
+KEY = struct.Struct("<Q")
+
+
+class FakeSlotMaps:
+    """A slotted per-CPU array and its index, as the kernel would hand them out."""
+
+    def __init__(self, entries: int = 4096) -> None:
+        self.copies = [[bytes(VALUE)] * CPUS for _ in range(entries)]
+        self.index: dict[bytes, int] = {}
+        self.prefix_reads: list[int] = []
+        self.index_reads = 0
+
+    def put(self, slot: int, cpu: int, key: int, count: int) -> None:
+        self.copies[slot][cpu] = struct.pack("<QQ", count, count * 10) + KEY.pack(key)
+        self.index[KEY.pack(key)] = slot
+
+    def map_array_prefix(self, name: str, n: int) -> bytes:
+        self.prefix_reads.append(n)
+        return b"".join(b"".join(c) for c in self.copies[:n])
+
+    def map_lookup(self, name: str, key: bytes) -> list[bytes]:
+        return list(self.copies[int.from_bytes(key, "little")])
+
+    def map_items(self, name: str, split: bool = True):
+        self.index_reads += 1
+        return [(k, v.to_bytes(4, "little")) for k, v in self.index.items()]
+
+    def map_split(self, name: str, raw: bytes) -> list[bytes]:
+        return [raw[i * VALUE:(i + 1) * VALUE] for i in range(CPUS)]
+
+
+def _slots(maps: FakeSlotMaps) -> _Slots:
+    return _Slots(maps, "index", "stats", "free", VALUE, KEY.size)  # type: ignore[arg-type]
+
+
+def test_only_changed_slots_come_back_and_an_idle_tick_has_none() -> None:
+    maps = FakeSlotMaps()
+    for slot in range(300):
+        maps.put(slot, slot % CPUS, 1000 + slot, 1)
+    slots = _slots(maps)
+    first = slots.read_changed()
+    assert [c.slot for c in first] == list(range(300))
+    assert all(c.old_key is None and c.key == KEY.pack(1000 + c.slot) for c in first)
+    assert slots.read_changed() == []  # nothing ran: nothing to decode
+    maps.put(7, 1, 1007, 5)  # one cgroup's task waited on the other CPU
+    (change,) = slots.read_changed()
+    assert (change.slot, change.old_key, change.key) == (7, KEY.pack(1007), KEY.pack(1007))
+    assert slots.values(change.key, change.raw) == [bytes(VALUE), maps.copies[7][1]]
+    assert maps.index_reads == 0  # keys came from the slots' own owner fields
+
+
+def test_freed_reused_and_new_slots_past_the_read_ahead() -> None:
+    maps = FakeSlotMaps()
+    for slot in range(10):
+        maps.put(slot, 0, 500 + slot, 1)
+    slots = _slots(maps)
+    slots.read_changed()
+    # userspace freed slot 3 (zeroed on every CPU); the last slot in use was freed too
+    maps.copies[3] = [bytes(VALUE)] * CPUS
+    maps.copies[9] = [bytes(VALUE)] * CPUS
+    changes = {c.slot: c for c in slots.read_changed()}
+    assert {s: (c.old_key, c.key) for s, c in changes.items()} == {3: (KEY.pack(503), None), 9: (KEY.pack(509), None)}
+    # a new cgroup reuses slot 3, and many new ones take never-used slots far past the read-ahead
+    maps.put(3, 1, 900, 2)
+    for slot in range(9, 9 + 2 * SLOT_READ_AHEAD):
+        maps.put(slot, 0, 10_000 + slot, 1)
+    changes = {c.slot: c for c in slots.read_changed()}
+    assert (changes[3].old_key, changes[3].key) == (None, KEY.pack(900))
+    assert set(changes) == {3, *range(9, 9 + 2 * SLOT_READ_AHEAD)}
+    assert slots.read_changed() == []
+
+
+def test_a_slot_whose_cpu_copies_disagree_takes_its_key_from_the_index() -> None:
+    """A slot freed and reused while a CPU was still writing it: one copy names the old owner."""
+    maps = FakeSlotMaps()
+    maps.put(0, 0, 41, 1)
+    slots = _slots(maps)
+    slots.read_changed()
+    maps.put(0, 1, 42, 3)  # the new owner, indexed at slot 0; CPU 0's copy still says 41
+    del maps.index[KEY.pack(41)]
+    (change,) = slots.read_changed()
+    assert maps.index_reads == 1 and change.key == KEY.pack(42) and change.old_key == KEY.pack(41)
+    assert slots.values(change.key, change.raw) == [maps.copies[0][1]]  # the stale copy is left out
