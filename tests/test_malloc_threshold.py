@@ -40,3 +40,33 @@ def _where(mode: str) -> str:
 def test_a_buffer_below_the_largest_freed_one_stays_mmapped_once_the_threshold_is_fixed() -> None:
     assert _where("dynamic") == "heap"  # glibc's default behaviour: why the agent fixes it
     assert _where("fixed") == "mapped"
+
+
+# Fill the heap with 4 KiB blocks (above pymalloc's 512 B: glibc's), keep a block allocated after them so
+# the heap's top cannot shrink, free the rest: their pages stay resident until a trim gives them back.
+TRIM_CHILD = r"""
+import os, sys
+from noisyneighbor.agent.wiring import FreeMemoryReturner
+
+def rss_kib():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+clock = [0.0]
+trimmer = FreeMemoryReturner(every_s=60, clock=lambda: clock[0])
+blocks = [bytearray(4096) for _ in range(20000)]  # ~80 MiB in the heap
+pin = bytearray(4096)
+del blocks
+before = rss_kib()
+clock[0] = 59.0
+assert not trimmer.maybe_trim()  # not yet due
+clock[0] = 60.0
+assert trimmer.maybe_trim() and trimmer.trims == 1
+print(before - rss_kib())
+"""
+
+
+def test_free_heap_pages_are_given_back_once_due() -> None:
+    out = subprocess.run([sys.executable, "-c", TRIM_CHILD], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, check=True)
+    released_kib = int(out.stdout.strip())
+    assert released_kib > 40 * 1024, f"trim gave back {released_kib} KiB of ~80 MiB freed"

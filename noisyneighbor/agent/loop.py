@@ -35,6 +35,7 @@ from noisyneighbor.agent.http_server import metrics_body, start_http_server
 from noisyneighbor.agent.incident_log import IncidentLog
 from noisyneighbor.agent.logs import _one_line
 from noisyneighbor.agent.wiring import (
+    FreeMemoryReturner,
     PodMetadataLabeler,
     ScopedActuator,
     _enable_bpf_stats,
@@ -181,6 +182,7 @@ class Agent:
                                  container_name=self._container_name)
         self._run_stats = _enable_bpf_stats()
         _fix_large_allocations_to_mmap()
+        self._free_memory = FreeMemoryReturner()
         self._resolver = resolver
         use_btf_file(self.config.btf)  # process-wide: the probes' engines relocate against it
         self.collector = NodeCollector(self.paths, self.layout, probes=self.config.probes,
@@ -275,6 +277,7 @@ class Agent:
             self.detector.step(snapshot)
             self.exporter.update(snapshot, self.incidents(), self.actions())
             self._note_snapshot(snapshot)
+            self._free_memory.maybe_trim()
             now = time.monotonic()
             self.stats.ticks += 1
             self.stats.last_tick_monotonic = now
