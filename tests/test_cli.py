@@ -253,6 +253,33 @@ def test_html_report_reads_like_an_incident_summary():
     assert "suppress batch/hog to CPUs 1-3 (cpuset)" in page
 
 
+def test_html_report_charts_have_legends_round_axes_human_headings_and_a_dated_header():
+    """The rest of issue 17's list for the page as a browser shows it: a legend on every chart, a y axis
+    with more than its min and max, headings in words (never a signal's code name outside the embedded
+    JSON), and the date of the window in the header, not only clock times."""
+    report = _report()
+    page = render_html(report)
+    visible = page.split("<script type='application/json'")[0]
+    day = time.strftime("%Y-%m-%d", time.localtime(report.started_at))
+    assert re.search(rf"<dt>window</dt><dd>{day} \d\d:\d\d:\d\d to \d\d:\d\d:\d\d", visible), visible[:2000]
+    figures = re.findall(r"<figure>(.*?)</figure>", visible, re.S)
+    assert figures
+    for fig in figures:
+        legend = re.search(r'<div class="legend">(.*?)</div>', fig, re.S)
+        assert legend and "class=\"key\"" in legend.group(1), fig[:300]
+        y_labels = re.findall(r'text-anchor="end">([\d.,]+)</text>', fig)
+        assert len(y_labels) >= 3, y_labels  # round ticks with grid lines, not only min and max
+    headline = figures[0]
+    legend = re.search(r'<div class="legend">(.*?)</div>', headline, re.S).group(1)
+    for key in ("run-queue wait p99", "batch/hog CPU", "SLO", "incident window"):
+        assert key in legend, (key, legend)
+    for code in ("runq_p99_ns", "throttled_ratio", "cpu_cores"):
+        assert code not in visible, code
+    # The evidence row names the breached signal in words, with its value and threshold in ms.
+    assert re.search(r"<td>Run-queue wait p99</td><td class='num'><b>9.5 ms</b></td><td class='num'>5 ms</td>",
+                     visible), visible
+
+
 def test_culprit_cpu_is_shown_against_its_request():
     report = _report()
     report.cpu_requests = {"batch/hog": 0.0}  # a BestEffort pod the source knows: no request
