@@ -119,6 +119,11 @@ def test_diagnose_fail_on_incident_exits_3_with_progress_only_on_a_terminal(make
         assert proc.returncode == 3, (proc.returncode, terminal.decode(errors="replace"))
         report = json.loads(stdout)
         assert report["incidents"] and report["schema_version"] == SCHEMA_VERSION
+        # The worker is still throttled when the 8 s window ends: its incident reads "still open", not
+        # closed by the detector's shutdown ("agent stopped"), in the real run and not only in a fixture.
+        ongoing = [i for i in report["incidents"] if i["still_open"]]
+        assert ongoing and all(i["ended_at"] is None for i in ongoing), report["incidents"]
+        assert not [e for i in ongoing for e in i["evidence"] if e["signal"] == "closed"], ongoing
         assert re.search(rb"diagnose: \d+/8 s, [1-9]\d* incident\(s\) so far", terminal), terminal
         # Piped: the same run says nothing extra on stderr beyond log lines, and no progress at all.
         piped = _run(*args, timeout=120)
