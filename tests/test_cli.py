@@ -285,6 +285,21 @@ def test_html_report_charts_have_legends_round_axes_human_headings_and_a_dated_h
                      visible), visible
 
 
+def test_incident_card_says_cause_culprit_share_and_advice_in_words():
+    """The card of issue 17's list: victim and cause in a sentence, each culprit's share of the victim's
+    wait, and the advice; the text report carries the same share."""
+    from html import escape
+
+    from noisyneighbor.diagnose import ADVICE
+
+    report = _report()
+    page = render_html(report)
+    assert re.search(r"<h2>shop/api .*suffers from neighbours&#x27; CPU use</h2>", page), page[:3000]
+    assert "<th class='num'>wait share</th>" in page and "<td class='num'>70%</td>" in page
+    assert escape(ADVICE[Cause.NEIGHBOR_CPU]) in page
+    assert "ran during 70% of the victim's wait" in render_text(report)
+
+
 def test_culprit_cpu_is_shown_against_its_request():
     report = _report()
     report.cpu_requests = {"batch/hog": 0.0}  # a BestEffort pod the source knows: no request
