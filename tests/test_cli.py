@@ -126,9 +126,17 @@ def test_diagnose_fail_on_incident_exits_3_with_progress_only_on_a_terminal(make
         assert not [e for i in ongoing for e in i["evidence"] if e["signal"] == "closed"], ongoing
         assert re.search(rb"diagnose: \d+/8 s, [1-9]\d* incident\(s\) so far", terminal), terminal
         # Piped: the same run says nothing extra on stderr beyond log lines, and no progress at all.
-        piped = _run(*args, timeout=120)
+        html = tmp_path / "report.html"
+        piped = _run(*args, "--html", str(html), timeout=120)
         assert piped.returncode == 3, piped.stderr
         assert "so far" not in piped.stderr and "\r" not in piped.stderr
+        # The real run's plots sit on the clock-time axis of the window (the store's monotonic times
+        # shifted to the wall clock): every point of every line inside the picture.
+        page = html.read_text(encoding="utf-8")
+        lines = re.findall(r'<polyline [^>]*points="([^"]*)"', page)
+        assert lines, page[:3000]
+        xs = [float(p.split(",")[0]) for pts in lines for p in pts.split()]
+        assert xs and all(0 <= x <= 760 for x in xs), (min(xs), max(xs))
     finally:
         worker.kill()
         worker.wait()
