@@ -185,6 +185,14 @@ def _report(still_open: bool = True) -> DiagnoseReport:
     )
 
 
+def test_text_report_header_names_host_kernel_window_and_probes():
+    report = _report()
+    head = render_text(report).splitlines()[:2]
+    start, end = (time.strftime("%H:%M:%S", time.localtime(t)) for t in (report.started_at, report.ended_at))
+    assert f"on {report.host} (kernel {report.kernel})" in head[0] and f"{start} to {end}" in head[0], head
+    assert head[1] == "probes: runqlat: on (tp_btf)", head
+
+
 def test_text_report_never_prints_python_none():
     text = render_text(_report())
     assert not re.search(r"\bNone\b", text), text
