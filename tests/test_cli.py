@@ -77,6 +77,18 @@ def test_top_json_into_a_reader_that_leaves_exits_0_quietly():
 
 
 @pytest.mark.root
+def test_top_plain_tables_into_a_reader_that_leaves_exit_0_quietly():
+    """`noisyneighbor top | head`: the plain tables go through rich, whose own broken-pipe handling
+    exits 1; the reader leaving is no error here either."""
+    cmd = " ".join([*CLI, "top", "--view", "all", "--interval", "0.2"]) + " | head -n 1"
+    res = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == "", res.stderr
+    assert res.stdout.startswith("noisyneighbor top — "), res.stdout
+
+
+@pytest.mark.root
 def test_top_json_records_carry_schema_version_and_iso_utc_times():
     res = _run("top", "--json", "--interval", "0.3", "--count", "1", timeout=60)
     assert res.returncode == 0, res.stderr
