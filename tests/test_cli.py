@@ -214,6 +214,9 @@ def test_text_report_never_ranks_the_root_cgroup_as_a_culprit():
     text = render_text(_report())
     assert "batch/hog" in text
     assert not re.search(r"^\s+\d+\. / ", text, re.M), text
+    # Nor the JSON report (and so the HTML's embedded copy): the same ranking without the root.
+    culprits = _report().to_dict()["incidents"][0]["culprits"]
+    assert [c["target"]["cgroup"] for c in culprits] == ["/kubepods/besteffort/pod-b"], culprits
 
 
 def test_text_report_shows_the_suppress_amount():
