@@ -16,6 +16,7 @@ selected views' own probes could start.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -51,6 +52,16 @@ VIEW_CHOICES = (*VIEWS, "all")
 # The live view's first frame comes after this (or the interval, if shorter): rates are per second
 # whatever the span, and a first screen a full interval late reads as a hang.
 FIRST_FRAME_S = 0.5
+
+
+class _Console(Console):
+    """rich's Console, except when the reader leaves the pipe (`noisyneighbor top | head`): rich exits 1
+    there (SystemExit from on_broken_pipe); raised as BrokenPipeError instead, the CLI's handler for it
+    makes that the quiet exit 0 the JSON output already has."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more goes to the closed pipe on the way out
+        raise BrokenPipeError(errno.EPIPE, "the reader left the pipe")
 
 
 def views_of(view: str) -> list[str]:
@@ -170,7 +181,7 @@ def run_top(
         source.start()
     shown_views = views_of(view)
     shown = 0
-    console = Console(file=out)
+    console = _Console(file=out)
 
     if is_live(out, as_json, once):
         frame: Frame | None = None

@@ -301,7 +301,11 @@ def test_removed_pod_leaves_no_series_store_rows_baselines_or_map_entries(make_c
                                preexec_fn=ctr.preexec, check=True)
                 agent.step()
                 time.sleep(0.3)
-            assert f'pod_uid="{uid}"' in ex.render_text(agent.exporter).decode()
+            text = ex.render_text(agent.exporter).decode()
+            assert f'pod_uid="{uid}"' in text
+            # The container's series carry its name from the kubelet's pod list (the join key of cAdvisor
+            # and kube-state-metrics), the runtime's id apart.
+            assert f'container="main",container_id="{container_id_for(uid, "main")[:12]}"' in text, text
             engine = agent.detector.engine
             assert any(uid in e for e in engine.store.entities())
             assert ctr_id in agent.collector.probes["runqlat"].snapshot().per_cgroup

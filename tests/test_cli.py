@@ -77,6 +77,18 @@ def test_top_json_into_a_reader_that_leaves_exits_0_quietly():
 
 
 @pytest.mark.root
+def test_top_plain_tables_into_a_reader_that_leaves_exit_0_quietly():
+    """`noisyneighbor top | head`: the plain tables go through rich, whose own broken-pipe handling
+    exits 1; the reader leaving is no error here either."""
+    cmd = " ".join([*CLI, "top", "--view", "all", "--interval", "0.2"]) + " | head -n 1"
+    res = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == "", res.stderr
+    assert res.stdout.startswith("noisyneighbor top — "), res.stdout
+
+
+@pytest.mark.root
 def test_top_json_records_carry_schema_version_and_iso_utc_times():
     res = _run("top", "--json", "--interval", "0.3", "--count", "1", timeout=60)
     assert res.returncode == 0, res.stderr
@@ -119,11 +131,24 @@ def test_diagnose_fail_on_incident_exits_3_with_progress_only_on_a_terminal(make
         assert proc.returncode == 3, (proc.returncode, terminal.decode(errors="replace"))
         report = json.loads(stdout)
         assert report["incidents"] and report["schema_version"] == SCHEMA_VERSION
+        # The worker is still throttled when the 8 s window ends: its incident reads "still open", not
+        # closed by the detector's shutdown ("agent stopped"), in the real run and not only in a fixture.
+        ongoing = [i for i in report["incidents"] if i["still_open"]]
+        assert ongoing and all(i["ended_at"] is None for i in ongoing), report["incidents"]
+        assert not [e for i in ongoing for e in i["evidence"] if e["signal"] == "closed"], ongoing
         assert re.search(rb"diagnose: \d+/8 s, [1-9]\d* incident\(s\) so far", terminal), terminal
         # Piped: the same run says nothing extra on stderr beyond log lines, and no progress at all.
-        piped = _run(*args, timeout=120)
+        html = tmp_path / "report.html"
+        piped = _run(*args, "--html", str(html), timeout=120)
         assert piped.returncode == 3, piped.stderr
         assert "so far" not in piped.stderr and "\r" not in piped.stderr
+        # The real run's plots sit on the clock-time axis of the window (the store's monotonic times
+        # shifted to the wall clock): every point of every line inside the picture.
+        page = html.read_text(encoding="utf-8")
+        lines = re.findall(r'<polyline [^>]*points="([^"]*)"', page)
+        assert lines, page[:3000]
+        xs = [float(p.split(",")[0]) for pts in lines for p in pts.split()]
+        assert xs and all(0 <= x <= 760 for x in xs), (min(xs), max(xs))
     finally:
         worker.kill()
         worker.wait()
@@ -172,6 +197,14 @@ def _report(still_open: bool = True) -> DiagnoseReport:
     )
 
 
+def test_text_report_header_names_host_kernel_window_and_probes():
+    report = _report()
+    head = render_text(report).splitlines()[:2]
+    start, end = (time.strftime("%H:%M:%S", time.localtime(t)) for t in (report.started_at, report.ended_at))
+    assert f"on {report.host} (kernel {report.kernel})" in head[0] and f"{start} to {end}" in head[0], head
+    assert head[1] == "probes: runqlat: on (tp_btf)", head
+
+
 def test_text_report_never_prints_python_none():
     text = render_text(_report())
     assert not re.search(r"\bNone\b", text), text
@@ -181,6 +214,9 @@ def test_text_report_never_ranks_the_root_cgroup_as_a_culprit():
     text = render_text(_report())
     assert "batch/hog" in text
     assert not re.search(r"^\s+\d+\. / ", text, re.M), text
+    # Nor the JSON report (and so the HTML's embedded copy): the same ranking without the root.
+    culprits = _report().to_dict()["incidents"][0]["culprits"]
+    assert [c["target"]["cgroup"] for c in culprits] == ["/kubepods/besteffort/pod-b"], culprits
 
 
 def test_text_report_shows_the_suppress_amount():
@@ -251,6 +287,48 @@ def test_html_report_reads_like_an_incident_summary():
     ticks = re.findall(r'text-anchor="middle">(\d\d:\d\d:\d\d)</text>', page)
     assert ticks and all(datetime.strptime(t, "%H:%M:%S") for t in ticks)
     assert "suppress batch/hog to CPUs 1-3 (cpuset)" in page
+
+
+def test_html_report_charts_have_legends_round_axes_human_headings_and_a_dated_header():
+    """The rest of issue 17's list for the page as a browser shows it: a legend on every chart, a y axis
+    with more than its min and max, headings in words (never a signal's code name outside the embedded
+    JSON), and the date of the window in the header, not only clock times."""
+    report = _report()
+    page = render_html(report)
+    visible = page.split("<script type='application/json'")[0]
+    day = time.strftime("%Y-%m-%d", time.localtime(report.started_at))
+    assert re.search(rf"<dt>window</dt><dd>{day} \d\d:\d\d:\d\d to \d\d:\d\d:\d\d", visible), visible[:2000]
+    figures = re.findall(r"<figure>(.*?)</figure>", visible, re.S)
+    assert figures
+    for fig in figures:
+        legend = re.search(r'<div class="legend">(.*?)</div>', fig, re.S)
+        assert legend and "class=\"key\"" in legend.group(1), fig[:300]
+        y_labels = re.findall(r'text-anchor="end">([\d.,]+)</text>', fig)
+        assert len(y_labels) >= 3, y_labels  # round ticks with grid lines, not only min and max
+    headline = figures[0]
+    legend = re.search(r'<div class="legend">(.*?)</div>', headline, re.S).group(1)
+    for key in ("run-queue wait p99", "batch/hog CPU", "SLO", "incident window"):
+        assert key in legend, (key, legend)
+    for code in ("runq_p99_ns", "throttled_ratio", "cpu_cores"):
+        assert code not in visible, code
+    # The evidence row names the breached signal in words, with its value and threshold in ms.
+    assert re.search(r"<td>Run-queue wait p99</td><td class='num'><b>9.5 ms</b></td><td class='num'>5 ms</td>",
+                     visible), visible
+
+
+def test_incident_card_says_cause_culprit_share_and_advice_in_words():
+    """The card of issue 17's list: victim and cause in a sentence, each culprit's share of the victim's
+    wait, and the advice; the text report carries the same share."""
+    from html import escape
+
+    from noisyneighbor.diagnose import ADVICE
+
+    report = _report()
+    page = render_html(report)
+    assert re.search(r"<h2>shop/api .*suffers from neighbours&#x27; CPU use</h2>", page), page[:3000]
+    assert "<th class='num'>wait share</th>" in page and "<td class='num'>70%</td>" in page
+    assert escape(ADVICE[Cause.NEIGHBOR_CPU]) in page
+    assert "ran during 70% of the victim's wait" in render_text(report)
 
 
 def test_culprit_cpu_is_shown_against_its_request():

@@ -139,7 +139,9 @@ def test_validator_rejects_a_broken_daemonset() -> None:
 
 def test_schema_version_is_current() -> None:
     major, minor = (int(x) for x in k8s_version().split(".")[:2])
-    assert (major, minor) >= (1, 31), f"kubernetes-validate only knows up to {k8s_version()}: upgrade it"
+    # Issue 17's acceptance: validated against Kubernetes 1.33 or newer (the oldest release still
+    # supported upstream when it was written); an older kubernetes-validate would pass stale schemas.
+    assert (major, minor) >= (1, 33), f"kubernetes-validate only knows up to {k8s_version()}: upgrade it"
 
 
 DURATION = re.compile(r"^(\d+(ms|s|m|h))+$")

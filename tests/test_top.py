@@ -517,6 +517,42 @@ def test_live_top_uses_the_alternate_screen_and_draws_before_the_first_interval(
     assert "CGROUP / POD" not in text[:first]
 
 
+@pytest.mark.root
+def test_live_top_draws_its_first_interval_long_before_a_slow_interval_ends():
+    """Issue 17: the first numbers came a whole interval after start (~2 s at the default of the time).
+    With --interval 6, the first interval frame must follow the first screen well inside 6 s: top
+    measures a short first interval (rates are per second whatever the span)."""
+    import pty
+    import time
+
+    interval_s = 6.0
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([*CLI, "top", "--count", "1", "--interval", str(interval_s)], stdin=follower,
+                            stdout=follower, stderr=subprocess.PIPE,
+                            env=dict(os.environ, COLUMNS="160", LINES="50", TERM="xterm"))
+    os.close(follower)
+    screen, first_screen_at, frame_at = b"", None, None
+    deadline = time.monotonic() + 120
+    while frame_at is None and time.monotonic() < deadline:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: top closed the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+        now = time.monotonic()
+        if first_screen_at is None and b"measuring the first interval" in screen:
+            first_screen_at = now
+        if first_screen_at is not None and b"CGROUP / POD" in screen.split(b"measuring the first interval", 1)[1]:
+            frame_at = now
+    read_terminal(leader, timeout=30)  # drain until top exits, so it never blocks on a full pty
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert first_screen_at is not None and frame_at is not None, screen.decode(errors="replace")[-2000:]
+    assert frame_at - first_screen_at < interval_s / 2, frame_at - first_screen_at
+
+
 class _CountingDict(dict):
     """Counts walks over its entries (items / iteration)."""
 

@@ -1,0 +1,69 @@
+"""Labels and health series that let the exporter's metrics join the rest of a monitoring stack (issue 17).
+
+cAdvisor and kube-state-metrics key containers by namespace/pod/container with `container` the
+container's *name*; a probe that is off must read 0 in `noisyneighbor_probe_up` (alerts and
+dashboards compare it with 1). Both are checked on the exporter alone, with a stub labeler and
+snapshot: no probes, no root.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from detector.decisions import Target
+from noisyneighbor import exporter as ex
+from noisyneighbor.exporter import Exporter
+from probes.cgroupfs import discover
+from probes.cpuacct import CgroupCpuStat
+from probes.engine import ProbeStatus
+from probes.snapshot import NodeSnapshot
+
+UID = "0a1b2c3d-0000-4000-8000-00000000000c"
+CID = "c0ffee" * 10 + "abcd"  # 64 hex digits, as containerd names it
+POD_CGROUP = f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID.replace('-', '_')}.slice"
+CONTAINER_CGROUP = f"{POD_CGROUP}/cri-containerd-{CID}.scope"
+
+
+class _PodLabeler:
+    """Every path is the test pod, as the resolver and pod metadata would name it."""
+
+    def target_for_id(self, cgroup_id, hierarchy):
+        return None
+
+    def target_for_path(self, cgroup_path: str) -> Target:
+        return Target(cgroup_path, pod_uid=UID, namespace="shop", pod="web-7d9f", qos="BE")
+
+
+def _scrape(registry: CollectorRegistry) -> list:
+    return [s for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples]
+
+
+def test_container_label_is_the_container_name_and_the_id_is_apart():
+    names = {(UID, CID): "nginx"}
+    registry = CollectorRegistry()
+    exp = Exporter(registry, _PodLabeler(), node="n1", layout=discover(),
+                   container_name=lambda uid, cid: names.get((uid, cid)))
+    stat = CgroupCpuStat(1, 10**9, None, None, 0, 0, 0, None, None, None, None)
+    exp.update(NodeSnapshot(monotonic_s=1.0, wall_s=100.0, cgroup_cpu={CONTAINER_CGROUP: stat, POD_CGROUP: stat}))
+    usage = {s.labels["cgroup"]: s.labels for s in _scrape(registry) if s.name == ex.CGROUP_CPU_USAGE}
+    container = next(labels for cgroup, labels in usage.items() if "cri-containerd" in cgroup)
+    assert (container["namespace"], container["pod"], container["container"]) == ("shop", "web-7d9f", "nginx")
+    assert container["container_id"] == CID[:12]
+    pod = next(labels for cgroup, labels in usage.items() if "cri-containerd" not in cgroup)
+    assert pod["container"] == "" and pod["container_id"] == ""  # the pod cgroup is no container
+
+
+def test_probe_up_reads_0_for_an_off_probe_and_its_state_is_a_label_of_its_own_series():
+    registry = CollectorRegistry()
+    exp = Exporter(registry, _PodLabeler(), node="n1", layout=discover())
+    status = {"runqlat": ProbeStatus("runqlat", "on", attach_mode="tp_btf"),
+              "softirq": ProbeStatus("softirq", "off", reason="BPF object missing"),
+              "reclaim": ProbeStatus("reclaim", "degraded", reason="raw_tp only")}
+    exp.update(NodeSnapshot(monotonic_s=1.0, wall_s=100.0, probe_status=status))
+    samples = _scrape(registry)
+    up = {s.labels["probe"]: s.value for s in samples if s.name == ex.PROBE_UP}
+    assert up == {"runqlat": 1.0, "softirq": 0.0, "reclaim": 1.0}
+    assert all("state" not in s.labels for s in samples if s.name == ex.PROBE_UP)
+    state = {s.labels["probe"]: (s.labels["state"], s.value) for s in samples if s.name == ex.PROBE_STATE}
+    assert state == {"runqlat": ("on", 1.0), "softirq": ("off", 1.0), "reclaim": ("degraded", 1.0)}
