@@ -2,8 +2,9 @@
 """Metric series the real agent exports per idle pod, against the budget (issue 17: <= 30 per idle pod).
 
 Starts `noisyneighbor agent` (all probes, dry-run, standalone pod source) as in bench.agent_footprint,
-creates ``--pods`` owned cgroups named like BestEffort pods of two kinds, waits for the agent to list
-them, scrapes ``/metrics`` once and counts the series whose ``cgroup`` label is one of those pods:
+creates ``--pods`` owned BestEffort pods of two kinds, each shaped as the kubelet makes them (a pod cgroup
+and one container cgroup holding the process), waits for the agent to list them, scrapes ``/metrics``
+once and counts the series whose ``cgroup`` label is a pod's cgroup or its container's:
 
 - ``sleeping``: one process that never wakes (a pause container and nothing else);
 - ``waking``: one process that wakes once a second (an idle service: a health check, a timer), so
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -42,7 +44,8 @@ BUDGET_PER_IDLE_POD = 30
 
 
 def count_series(text: str, cgroups: set[str]) -> tuple[dict[str, Counter], int]:
-    """(pod cgroup -> Counter of series per family, node-level series without a cgroup label)."""
+    """(pod cgroup name -> Counter of series per family of it and its containers, node-level series
+    without a cgroup label)."""
     per_pod: dict[str, Counter] = {cg: Counter() for cg in cgroups}
     node_level = 0
     for family in text_string_to_metric_families(text):
@@ -51,7 +54,7 @@ def count_series(text: str, cgroups: set[str]) -> tuple[dict[str, Counter], int]
             if cg is None:
                 node_level += 1
                 continue
-            key = next((c for c in cgroups if cg.rstrip("/").endswith(c)), None)
+            key = next((c for c in cgroups if f"/{c}" in f"{cg}/"), None)  # the pod or a cgroup below it
             if key is not None:
                 per_pod[key][family.name] += 1
     return per_pod, node_level
@@ -65,6 +68,7 @@ KINDS = {
 
 def run(pods: int, interval: float, settle: float) -> dict:
     owned: dict[str, list[OwnedCgroup]] = {kind: [] for kind in KINDS}
+    containers: list[OwnedCgroup] = []
     sleepers: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="nn-series-") as tmp:
         agent = AgentUnderTest(Path(tmp), interval)
@@ -72,9 +76,12 @@ def run(pods: int, interval: float, settle: float) -> dict:
             agent.wait_ready()
             for kind, command in KINDS.items():
                 for _ in range(pods):
-                    cg = OwnedCgroup(pod_name("besteffort"), CONTROLLERS).create()
-                    owned[kind].append(cg)
-                    sleepers.append(subprocess.Popen(command, preexec_fn=cg.preexec))
+                    pod = OwnedCgroup(pod_name("besteffort"), CONTROLLERS).create()
+                    owned[kind].append(pod)
+                    container = OwnedCgroup(f"{pod.name}/cri-containerd-{uuid.uuid4().hex}{uuid.uuid4().hex}.scope",
+                                            CONTROLLERS).create()
+                    containers.append(container)
+                    sleepers.append(subprocess.Popen(command, preexec_fn=container.preexec))
             # Idle cgroups that no pod source names are found by the walk of the hierarchy, which runs
             # when the pod list changes and otherwise every POD_LIST_MAX_AGE_S.
             time.sleep(settle + POD_LIST_MAX_AGE_S + 1)
@@ -84,7 +91,7 @@ def run(pods: int, interval: float, settle: float) -> dict:
                 p.kill()
                 p.wait()
             agent.stop()
-            for cg in reversed([c for cgs in owned.values() for c in cgs]):
+            for cg in reversed([*[c for cgs in owned.values() for c in cgs], *containers]):
                 cg.remove()
             cleanup_prefix()
     result: dict = {"pods_per_kind": pods, "budget": BUDGET_PER_IDLE_POD, "kinds": {}}

@@ -33,11 +33,11 @@ def _positive_float(text: str) -> float:
     return value
 
 
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_UNITS = {"us": 1e-6, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def parse_duration(text: str) -> float:
-    """'30', '30s', '2m', '1.5h', '500ms' -> seconds (> 0)."""
+    """'30', '30s', '2m', '1.5h', '500ms', '100us' -> seconds (> 0)."""
     raw = text.strip().lower()
     for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
         if raw.endswith(unit):
@@ -132,7 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--max-cgroups", type=int, default=2000, metavar="N",
                        help="cgroups with their own metric series; the rest are summed into cgroup=\"_overflow\"")
     agent.add_argument("--bucket-max", type=parse_duration, default=10.0, metavar="S",
-                       help="runqueue histograms: the last bucket's bound (default 10 s: 24 buckets, then +Inf)")
+                       help="runqueue histograms: the last bucket's bound (default 10 s: le 8.39 s, then +Inf)")
+    agent.add_argument("--bucket-min", type=parse_duration, default=100e-6, metavar="S",
+                       help="runqueue histograms: the first bucket's bound, waits below it share that bucket "
+                            "(default 100us: le 128 us; 17 buckets with the default max)")
     agent.add_argument("--extra-node-series", action="store_true",
                        help="also export PSI averages and /proc/stat per CPU and mode (node_exporter has both)")
     agent.add_argument("--pods", choices=("auto", "kubelet", "apiserver", "standalone"), default=None,
@@ -180,6 +183,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         listen=args.listen, dry_run=args.dry_run, audit_log=args.audit_log, incident_log=args.incident_log,
         interval_s=args.interval, probes=args.probes or BPF_PROBES, max_cgroups=args.max_cgroups,
         pod_source=args.pods, act_only=tuple(args.act_only), max_bucket_seconds=args.bucket_max,
+        min_bucket_seconds=args.bucket_min,
         extra_node_series=args.extra_node_series, btf=getattr(args, "btf", None),
     )
     if args.journal_dir:

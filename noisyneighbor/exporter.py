@@ -6,7 +6,8 @@ resolved to pod labels, vanished cgroups drop out and the per-cgroup cap is appl
 one scrape comes from the same tick.
 
 Series budget (an idle pod: a pod cgroup and one container cgroup): the container's runqueue
-histogram (24 buckets up to ``max_bucket_seconds`` ~8.4 s, +Inf, sum, count: 27), CPU usage and memory
+histogram (17 buckets from ``min_bucket_seconds`` ~128 µs to ``max_bucket_seconds`` ~8.4 s, +Inf, sum,
+count: 20), CPU usage and memory
 usage of both cgroups (4; the CFS bandwidth counters and limits only where a quota or limit is set),
 and on v2 nodes the pod's PSI totals (6). A pod with a listener in a namespace of its own adds its
 fullest listener's fill (1), and its namespace's ListenOverflows once non-zero (1). PSI averages and the
@@ -229,8 +230,11 @@ METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
 BUCKET_LES = tuple(floatToGoString(slot_bounds_us(i)[1] / 1e6) for i in range(HIST_SLOTS))
 
 
-# Runqueue waits above this are counted in +Inf only: 24 finite buckets (the last le 8.39 s) instead of 32.
+# Runqueue waits above this are counted in +Inf only: the last finite bucket's le is 8.39 s, not 2147 s.
 DEFAULT_MAX_BUCKET_SECONDS = 10.0
+# Waits below this share the first bucket (le 128 µs): an SLO on run-queue latency is in milliseconds, and
+# seven more buckets per cgroup (1 µs .. 64 µs) would cost 7 series per pod (budget: 30 an idle pod).
+DEFAULT_MIN_BUCKET_SECONDS = 100e-6
 
 
 def top_slot_for(max_bucket_seconds: float) -> int:
@@ -242,18 +246,28 @@ def top_slot_for(max_bucket_seconds: float) -> int:
     return top
 
 
-def histogram_buckets(hist: LatencyHistogram, top_slot: int = HIST_SLOTS - 1) -> list[tuple[str, float]]:
+def bottom_slot_for(min_bucket_seconds: float) -> int:
+    """The first histogram slot with its own bucket: the lowest whose upper bound is >= the limit."""
+    for slot in range(HIST_SLOTS):
+        if slot_bounds_us(slot)[1] / 1e6 >= min_bucket_seconds:
+            return slot
+    return HIST_SLOTS - 1
+
+
+def histogram_buckets(hist: LatencyHistogram, top_slot: int = HIST_SLOTS - 1,
+                      bottom_slot: int = 0) -> list[tuple[str, float]]:
     """Cumulative Prometheus buckets of a log2 histogram; +Inf is the exact count.
 
     Slots and count are per-CPU values read one after the other, so a slot may run ahead of the count
     by an event in flight: buckets are clipped to the count to stay monotonic. Slots above
-    ``top_slot`` have no bucket of their own (their events are in +Inf).
+    ``top_slot`` have no bucket of their own (their events are in +Inf); slots below ``bottom_slot``
+    are counted in its bucket (buckets are cumulative: nothing is lost but the resolution below it).
     """
     out: list[tuple[str, float]] = []
-    seen = 0
-    for le, n in zip(BUCKET_LES[: top_slot + 1], hist.slots, strict=False):
-        seen += n
-        out.append((le, float(min(seen, hist.count))))
+    seen = sum(hist.slots[:bottom_slot])
+    for slot in range(bottom_slot, min(top_slot + 1, len(hist.slots))):
+        seen += hist.slots[slot]
+        out.append((BUCKET_LES[slot], float(min(seen, hist.count))))
     out.append(("+Inf", float(hist.count)))
     return out
 
@@ -415,6 +429,7 @@ class Exporter:
         max_cgroups: int = 2000,
         remember_ids: int = 10000,
         max_bucket_seconds: float = DEFAULT_MAX_BUCKET_SECONDS,
+        min_bucket_seconds: float = DEFAULT_MIN_BUCKET_SECONDS,
         extra_node_series: bool = False,
         container_name: Callable[[str, str], str | None] | None = None,
     ) -> None:
@@ -424,7 +439,10 @@ class Exporter:
             raise ValueError(f"max_cgroups must be at least 1, got {max_cgroups}")
         if not max_bucket_seconds > 0:
             raise ValueError(f"max_bucket_seconds must be positive, got {max_bucket_seconds}")
+        if not 0 <= min_bucket_seconds < max_bucket_seconds:
+            raise ValueError(f"min_bucket_seconds must be >= 0 and below max_bucket_seconds, got {min_bucket_seconds}")
         self.top_slot = top_slot_for(max_bucket_seconds)
+        self.bottom_slot = min(bottom_slot_for(min_bucket_seconds), self.top_slot)
         self.extra_node_series = extra_node_series
         self.container_name = container_name
         self.paths = paths or HostPaths()
@@ -712,9 +730,9 @@ class Exporter:
             family = _new_family(d)
             if d.per_cgroup:
                 for key, data in state.cgroups.items():
-                    _fill(family, d, (*node_label, *key.values()), data, self.top_slot)
+                    _fill(family, d, (*node_label, *key.values()), data, self.top_slot, self.bottom_slot)
             else:
-                _fill(family, d, node_label, state.node, self.top_slot)
+                _fill(family, d, node_label, state.node, self.top_slot, self.bottom_slot)
             if family.samples:
                 yield family
 
@@ -746,7 +764,7 @@ def render_text(exporter: Exporter) -> bytes:
             if d.type == "histogram":
                 for labels, hist in data.hists.get(d.name, {}).items():
                     head = f"{prefix},{_label_text(d.labels, labels)}" if labels else prefix
-                    for le, count in histogram_buckets(hist, exporter.top_slot):
+                    for le, count in histogram_buckets(hist, exporter.top_slot, exporter.bottom_slot):
                         lines.append(f'{d.name}_bucket{{{head},le="{le}"}} {floatToGoString(count)}')
                     lines.append(f"{d.name}_count{{{head}}} {floatToGoString(hist.count)}")
                     lines.append(f"{d.name}_sum{{{head}}} {floatToGoString(hist.sum_ns / 1e9)}")
@@ -797,10 +815,11 @@ def _new_family(d: MetricDef) -> Metric:
     return HistogramMetricFamily(d.name, d.help, labels=labels)
 
 
-def _fill(family: Metric, d: MetricDef, prefix: tuple[str, ...], data: _SeriesData, top_slot: int) -> None:
+def _fill(family: Metric, d: MetricDef, prefix: tuple[str, ...], data: _SeriesData, top_slot: int,
+          bottom_slot: int) -> None:
     if d.type == "histogram":
         for labels, hist in data.hists.get(d.name, {}).items():
-            family.add_metric([*prefix, *labels], histogram_buckets(hist, top_slot), hist.sum_ns / 1e9)  # type: ignore[attr-defined]
+            family.add_metric([*prefix, *labels], histogram_buckets(hist, top_slot, bottom_slot), hist.sum_ns / 1e9)  # type: ignore[attr-defined]
         return
     source = data.counters if d.type == "counter" else data.gauges
     for labels, value in source.get(d.name, {}).items():

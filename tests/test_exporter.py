@@ -160,10 +160,13 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     assert _series(scrape, ex.RUNQ_LATENCY + "_count", **labels) == hist.count
     assert _series(scrape, ex.RUNQ_LATENCY + "_sum", **labels) == hist.sum_ns / 1e9
     buckets = samples(scrape, ex.RUNQ_LATENCY + "_bucket", **labels)
-    top = scraper.exporter.top_slot  # the default range ends near 10 s: 24 buckets, then +Inf
-    assert len(buckets) == top + 2 and float(ex.BUCKET_LES[top]) <= 10.0 < float(ex.BUCKET_LES[top + 1])
-    cumulative = 0
-    for slot, n in enumerate(hist.slots[: top + 1]):
+    # The default range: from le 128 µs (waits below share it) to le 8.39 s, then +Inf.
+    top, bottom = scraper.exporter.top_slot, scraper.exporter.bottom_slot
+    assert len(buckets) == top - bottom + 2 and float(ex.BUCKET_LES[top]) <= 10.0 < float(ex.BUCKET_LES[top + 1])
+    assert float(ex.BUCKET_LES[bottom]) == 128e-6
+    assert not samples(scrape, ex.RUNQ_LATENCY + "_bucket", le=ex.BUCKET_LES[bottom - 1], **labels)
+    cumulative = sum(hist.slots[:bottom])
+    for slot, n in enumerate(hist.slots[bottom : top + 1], start=bottom):
         cumulative += n
         le = ex.BUCKET_LES[slot]
         assert _series(scrape, ex.RUNQ_LATENCY + "_bucket", le=le, **labels) == min(cumulative, hist.count)
@@ -480,3 +483,9 @@ def test_extra_node_series_and_short_histograms_are_settings():
     hist = LatencyHistogram(tuple([1] * HIST_SLOTS), 10, HIST_SLOTS, 5)
     assert len(histogram_buckets(hist, full.top_slot)) == full.top_slot + 2
     assert histogram_buckets(hist, full.top_slot)[-1] == ("+Inf", float(HIST_SLOTS))
+    # The low end: slots below the first bucket are counted in it (buckets are cumulative).
+    low, _ = _exporter(min_bucket_seconds=1e-3)
+    assert float(ex.BUCKET_LES[low.bottom_slot]) == 1024e-6
+    buckets = histogram_buckets(hist, low.top_slot, low.bottom_slot)
+    assert buckets[0] == (ex.BUCKET_LES[low.bottom_slot], float(low.bottom_slot + 1))
+    assert len(buckets) == low.top_slot - low.bottom_slot + 2 and buckets[-1] == ("+Inf", float(HIST_SLOTS))

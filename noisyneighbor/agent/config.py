@@ -40,6 +40,7 @@ class AgentConfig:
     probes: tuple[str, ...] = BPF_PROBES
     max_cgroups: int = 2000
     max_bucket_seconds: float = 10.0  # runqueue histograms: the last finite bucket's bound
+    min_bucket_seconds: float = 100e-6  # and the first's (waits below it share that bucket)
     extra_node_series: bool = False  # PSI averages and /proc/stat per CPU: node_exporter has them
     pod_source: str | None = None  # auto | kubelet | apiserver | standalone
     ls_cgroups: tuple[str, ...] = ()  # added to the policy's standalone globs
@@ -61,6 +62,9 @@ class AgentConfig:
             raise AgentConfigError(f"max cgroups must be at least 1, got {self.max_cgroups}")
         if not self.max_bucket_seconds > 0:
             raise AgentConfigError(f"bucket max must be positive, got {self.max_bucket_seconds:g} s")
+        if not 0 < self.min_bucket_seconds < self.max_bucket_seconds:
+            raise AgentConfigError(f"bucket min must be above 0 and below the bucket max, got "
+                                   f"{self.min_bucket_seconds:g} s")
         if self.pod_source is not None and self.pod_source not in POD_SOURCES:
             raise AgentConfigError(f"pod source must be one of {', '.join(POD_SOURCES)}, got {self.pod_source!r}")
         if self.listen is not None:

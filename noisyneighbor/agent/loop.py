@@ -178,6 +178,7 @@ class Agent:
                                  node=policy.node_name or os.environ.get("NODE_NAME") or None,
                                  max_cgroups=self.config.max_cgroups,
                                  max_bucket_seconds=self.config.max_bucket_seconds,
+                                 min_bucket_seconds=self.config.min_bucket_seconds,
                                  extra_node_series=self.config.extra_node_series,
                                  container_name=self._container_name)
         self._run_stats = _enable_bpf_stats()
