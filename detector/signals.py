@@ -373,9 +373,11 @@ class SignalBuilder:
         if not getattr(cur.runq, "culprits_available", False):
             return False
         prev_split = prev.runq.wait_split
+        # The probe hands the same objects again for what did not change: identity first, so an idle
+        # cgroup or pair costs a dict lookup per tick, not a comparison of every field.
         for victim_id, split in cur.runq.wait_split.items():
             before_split = prev_split.get(victim_id)
-            if before_split == split:
+            if before_split is split or before_split == split:
                 continue
             victim = self.ids.workload_of(victim_id, self.cpu_h)
             if victim is None:
@@ -392,7 +394,7 @@ class SignalBuilder:
         before = prev.runq.culprits
         for (victim_id, culprit_id), stats in cur.runq.culprits.items():
             was = before.get((victim_id, culprit_id))
-            if was == stats:
+            if was is stats or was == stats:
                 continue
             d = stats.delta(was)
             if not d.wait_ns and not d.preemptions:
