@@ -44,7 +44,10 @@ API = Target("/kubepods.slice/kubepods-burstable.slice/api", qos="LS", pod="api"
 def test_be_pod_carrying_the_traffic_is_quota_suppressed() -> None:
     d, why = softirq_traffic_decision(VICTIM, "inc-1", [PodTraffic(FLOOD, 90_000, 1.0), PodTraffic(API, 500, 0.1)])
     assert d is not None and d.kind == ActionKind.SUPPRESS and d.target == FLOOD
-    assert isinstance(d.amount, SuppressAmount) and d.amount.policy == "cfs_quota" and d.amount.cpu_cores == 0.2
+    # sends at most the harmless rate: 1 core x 2000 / 90000 pkt/s = 0.022 cores
+    assert isinstance(d.amount, SuppressAmount) and d.amount.policy == "cfs_quota" and d.amount.cpu_cores == 0.02
+    d, _ = softirq_traffic_decision(VICTIM, "inc-1", [PodTraffic(FLOOD, 9_000, 2.0)])
+    assert d is not None and d.amount.cpu_cores == 0.44  # 2 cores x 2000 / 9000
     assert d.victim == VICTIM and d.incident_id == "inc-1" and "pkt/s" in why
 
 
