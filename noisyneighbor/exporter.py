@@ -442,6 +442,8 @@ class Exporter:
         if not 0 <= min_bucket_seconds < max_bucket_seconds:
             raise ValueError(f"min_bucket_seconds must be >= 0 and below max_bucket_seconds, got {min_bucket_seconds}")
         self.top_slot = top_slot_for(max_bucket_seconds)
+        # render_text's histogram lines of the last scrape, by (metric, label text): (histogram, text)
+        self.hist_text: dict[tuple[str, str], tuple[LatencyHistogram, str]] = {}
         self.bottom_slot = min(bottom_slot_for(min_bucket_seconds), self.top_slot)
         self.extra_node_series = extra_node_series
         self.container_name = container_name
@@ -754,6 +756,10 @@ def render_text(exporter: Exporter) -> bytes:
     """
     state = exporter.state()
     out: list[str] = []
+    # A histogram's lines are most of a scrape, and most cgroups' histograms did not change since the
+    # last one (the probe hands the same object again): their text is reused. Only this scrape's
+    # histograms are kept for the next, so removed cgroups leave nothing behind.
+    last_text, hist_text = exporter.hist_text, {}
     node_prefix = f'{NODE_LABEL}="{_escape(exporter.node)}"'
     cgroup_prefixes = [(f"{node_prefix},{_label_text(CGROUP_LABELS, key.values())}", data)
                        for key, data in state.cgroups.items()]
@@ -764,10 +770,17 @@ def render_text(exporter: Exporter) -> bytes:
             if d.type == "histogram":
                 for labels, hist in data.hists.get(d.name, {}).items():
                     head = f"{prefix},{_label_text(d.labels, labels)}" if labels else prefix
-                    for le, count in histogram_buckets(hist, exporter.top_slot, exporter.bottom_slot):
-                        lines.append(f'{d.name}_bucket{{{head},le="{le}"}} {floatToGoString(count)}')
-                    lines.append(f"{d.name}_count{{{head}}} {floatToGoString(hist.count)}")
-                    lines.append(f"{d.name}_sum{{{head}}} {floatToGoString(hist.sum_ns / 1e9)}")
+                    cached = last_text.get((d.name, head))
+                    if cached is not None and cached[0] is hist:
+                        text = cached[1]
+                    else:
+                        text = "\n".join([
+                            *(f'{d.name}_bucket{{{head},le="{le}"}} {floatToGoString(count)}'
+                              for le, count in histogram_buckets(hist, exporter.top_slot, exporter.bottom_slot)),
+                            f"{d.name}_count{{{head}}} {floatToGoString(hist.count)}",
+                            f"{d.name}_sum{{{head}}} {floatToGoString(hist.sum_ns / 1e9)}"])
+                    hist_text[(d.name, head)] = (hist, text)
+                    lines.append(text)
                 continue
             source = data.counters if d.type == "counter" else data.gauges
             for labels, value in source.get(d.name, {}).items():
@@ -778,6 +791,7 @@ def render_text(exporter: Exporter) -> bytes:
             out.append(f"# HELP {d.name} {help_text}\n# TYPE {d.name} {d.type}\n")
             out.append("\n".join(lines))
             out.append("\n")
+    exporter.hist_text = hist_text
     return "".join(out).encode()
 
 

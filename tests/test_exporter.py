@@ -489,3 +489,31 @@ def test_extra_node_series_and_short_histograms_are_settings():
     buckets = histogram_buckets(hist, low.top_slot, low.bottom_slot)
     assert buckets[0] == (ex.BUCKET_LES[low.bottom_slot], float(low.bottom_slot + 1))
     assert len(buckets) == low.top_slot - low.bottom_slot + 2 and buckets[-1] == ("+Inf", float(HIST_SLOTS))
+
+
+def test_unchanged_histograms_are_not_rendered_again(monkeypatch) -> None:
+    """A scrape renders only the histograms that changed since the last one (the probes hand the same
+    objects again for what did not change); the text is the same either way."""
+    from probes.runqlat import RunqSnapshot
+
+    h0, h1 = (LatencyHistogram(tuple([i + 1] * HIST_SLOTS), 1000 * (i + 1), HIST_SLOTS * (i + 1), 5) for i in range(2))
+
+    def snap(per_cpu: list) -> NodeSnapshot:
+        return NodeSnapshot(monotonic_s=1.0, wall_s=100.0, runq=RunqSnapshot(1.0, {}, per_cpu, {}, {}, {}, 0, False))
+
+    exporter, _ = _exporter()
+    rendered: list[LatencyHistogram] = []
+    real = ex.histogram_buckets
+    monkeypatch.setattr(ex, "histogram_buckets", lambda hist, *a: (rendered.append(hist), real(hist, *a))[1])
+    exporter.update(snap([h0, h1]))
+    first = ex.render_text(exporter)
+    assert rendered == [h0, h1]
+    exporter.update(snap([h0, h1]))  # a new tick, nothing moved
+    rendered.clear()
+    assert ex.render_text(exporter) == first and rendered == []
+    h1_moved = LatencyHistogram(tuple([3] * HIST_SLOTS), 3000, 3 * HIST_SLOTS, 5)
+    exporter.update(snap([h0, h1_moved]))
+    rendered.clear()
+    text = ex.render_text(exporter).decode()
+    assert rendered == [h1_moved] and f"{ex.CPU_RUNQ_LATENCY}_count" in text
+    assert len(exporter.hist_text) == 2  # only this scrape's histograms are kept
