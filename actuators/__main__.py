@@ -7,7 +7,8 @@
 
 ``apply-*`` prints one JSON line (the action record) when applied, then waits; SIGTERM/SIGINT restore
 the originals (manager.close) and exit 0. After ``kill -9``, ``reconcile`` restores from the journal.
-Errors are one line on stderr with exit code 2.
+Errors are one line on stderr with exit code 2. Every JSON line printed carries ``schema_version``, like
+every JSON the project writes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import threading
 from actuators.burst import BurstActuator
 from actuators.cgroupfile import CgroupFileError, CgroupFiles
 from actuators.journal import DEFAULT_JOURNAL_DIR, Journal, JournalError
-from actuators.manager import ActuatorManager
+from actuators.manager import AUDIT_SCHEMA_VERSION, ActuatorManager
 from actuators.suppress import SuppressActuator, normalize_policy
 from detector.decisions import ActionKind, BurstAmount, Decision, SuppressAmount, Target
 from detector.policy import ActuatorPolicy, CpuBurstStrategy, ResourceThresholdStrategy
@@ -66,7 +67,8 @@ def _run(args: argparse.Namespace) -> int:
     journal = Journal(args.journal)
     if args.command == "reconcile":
         report = journal.reconcile(reown=args.reown)
-        print(json.dumps({"reconcile": report.summary(), "restored": report.restored, "failed": report.failed}))
+        print(json.dumps({"schema_version": AUDIT_SCHEMA_VERSION, "reconcile": report.summary(),
+                          "restored": report.restored, "failed": report.failed}))
         return 0 if report.ok else 1
     paths = HostPaths.under(args.host_root) if args.host_root else HostPaths()
     files = CgroupFiles(paths)
@@ -89,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     manager.submit(decision)
     record = manager.records[-1]
-    print(json.dumps({"state": str(record.state), "detail": record.detail,
+    print(json.dumps({"schema_version": AUDIT_SCHEMA_VERSION, "state": str(record.state), "detail": record.detail,
                       "summary": record.plan.summary if record.plan else None,
                       "details": dict(record.plan.details) if record.plan else {},
                       "writes": [[w.path, w.old, w.new] for w in record.plan.writes] if record.plan else []}),

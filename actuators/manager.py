@@ -34,6 +34,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -54,6 +55,16 @@ PROTECTED_QOS = frozenset({"LS", "LSR", "LSE", "SYSTEM"})
 NO_BURST_QOS = frozenset({"LSR", "LSE", "BE"})
 SIGNAL_PRUNE_EVERY = 60  # observe() calls between looks for victim histories nobody feeds any more
 SIGNAL_HISTORY_IDLE_OBSERVES = 300  # ...and how many calls without a value make one forgotten
+
+# The audit log follows the CLI's JSON conventions (noisyneighbor/output.py: SCHEMA_VERSION, iso_utc), spelled
+# out here because actuators/ does not import noisyneighbor/ (docs/architecture.md); tests/test_actuator_framework
+# checks that the two stay the same.
+AUDIT_SCHEMA_VERSION = 1
+
+
+def audit_time(t: float) -> str:
+    """Epoch seconds -> '2026-11-23T20:35:07+00:00', the format of every time in the project's JSON."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
 class ActuatorMetrics:
@@ -418,7 +429,7 @@ class ActuatorManager:
         self._audit_raw(line)
 
     def _audit_raw(self, line: dict) -> None:
-        line = {"ts": time.time(), **line}
+        line = {"schema_version": AUDIT_SCHEMA_VERSION, "ts": audit_time(time.time()), **line}
         text = json.dumps(line, sort_keys=True, default=str)
         level = logging.WARNING if line.get("state") in ("failed",) else logging.INFO
         log.log(level, "actuator %s", text)

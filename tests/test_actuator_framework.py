@@ -368,3 +368,64 @@ def test_the_journal_is_fsynced_while_it_holds_entries_not_once_it_is_empty(tmp_
     assert synced == [] and not journal.file.exists()
 
 
+
+
+# -- JSON conventions of the audit log and `python -m actuators` ----------------------------------
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from datetime import datetime  # noqa: E402
+
+from actuators.manager import AUDIT_SCHEMA_VERSION, audit_time  # noqa: E402
+from noisyneighbor.output import SCHEMA_VERSION, iso_utc  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cli_time(text: str) -> bool:
+    """ISO 8601 UTC exactly as `top`/`diagnose`/the incident log print it (noisyneighbor.output.iso_utc)."""
+    return iso_utc(datetime.fromisoformat(text).timestamp()) == text
+
+
+def test_audit_conventions_are_the_clis():
+    # actuators/ keeps its own copy (it does not import noisyneighbor/): both must say the same.
+    assert AUDIT_SCHEMA_VERSION == SCHEMA_VERSION
+    for t in (0.0, 1_790_000_000.0, 1_790_000_000.999, 2_000_000_000.5):
+        assert audit_time(t) == iso_utc(t)
+
+
+def test_audit_lines_carry_schema_version_and_iso_utc_ts(tmp_path: Path) -> None:
+    manager, _, _, _ = _manager(tmp_path)
+    manager.submit(_suppress(1.0))
+    manager.submit(_suppress(1.0, cgroup=LS, qos="LS"))  # refused: an audit line too
+    manager.close()  # the shutdown line (_audit_raw without a record)
+    lines = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [x.get("state", x["event"]) for x in lines] == ["applied", "refused", "reverted", "shutdown"], lines
+    for x in lines:
+        assert x["schema_version"] == SCHEMA_VERSION and _cli_time(x["ts"]), x
+
+
+def _actuators_cli(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "actuators", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_actuators_cli_json_carries_schema_version(tmp_path: Path) -> None:
+    """`python -m actuators`: the record line of apply-* and the reconcile summary, on a fake host."""
+    fake_v2_host(tmp_path / "host", ["kubepods.slice", BE])
+    fake_cpu_topology(tmp_path / "host", ["0", "1", "2", "3"], {0: "0-3"})
+    p = _actuators_cli("apply-suppress", "--host-root", str(tmp_path / "host"), "--cgroup", BE, "--cores", "1",
+                       "--journal", str(tmp_path / "j"), "--dry-run")
+    try:
+        line = p.stdout.readline()
+        assert line, p.stderr.read() if p.poll() is not None else "no output"
+        out = json.loads(line)
+        assert out["schema_version"] == SCHEMA_VERSION and out["state"] == "planned", out
+    finally:
+        p.terminate()
+        assert p.wait(timeout=20) == 0, p.stderr.read()
+    r = subprocess.run([sys.executable, "-m", "actuators", "reconcile", "--journal", str(tmp_path / "j")], cwd=REPO,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["schema_version"] == SCHEMA_VERSION and "reconcile" in out, out

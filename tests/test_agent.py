@@ -8,6 +8,7 @@ the hog's CFS quota and put it back on SIGTERM.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -20,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from detector.decisions import Cause, Target
 from detector.model import Culprit, Evidence, Incident
 from noisyneighbor import exporter as ex
-from noisyneighbor.agent import IncidentLog
+from noisyneighbor.agent import IncidentLog, JsonLogFormatter
 from noisyneighbor.cli import build_parser, parse_duration
-from noisyneighbor.output import SCHEMA_VERSION
+from noisyneighbor.output import SCHEMA_VERSION, iso_utc
 from tests.conftest import require_tool
 from tests.exporter_support import REPO, AgentProcess, cgroup_rel_path, free_port, write_config
 
@@ -80,6 +81,16 @@ def test_incident_log_lines_carry_schema_version_and_iso_utc_times(tmp_path):
     assert closed["event"] == "closed" and _is_iso_utc(closed["ended_at"])
 
 
+def test_json_log_lines_carry_schema_version_and_iso_utc_ts():
+    """--log-format json (agent, top, diagnose): the same conventions as the other JSON, ts as `top` prints it."""
+    record = logging.LogRecord("noisyneighbor.agent", logging.WARNING, __file__, 1, "probe %s off", ("tcp",), None)
+    record.created = 1_790_000_000.25
+    line = json.loads(JsonLogFormatter().format(record))
+    assert line == {"schema_version": SCHEMA_VERSION, "ts": "2026-09-21T14:13:20+00:00", "level": "warning",
+                    "logger": "noisyneighbor.agent", "msg": "probe tcp off"}
+    assert line["ts"] == iso_utc(record.created)
+
+
 # -- the agent process ---------------------------------------------------------------------------------
 
 
@@ -124,6 +135,8 @@ def test_agent_is_ready_with_its_probes_on_and_serves_metrics_promtool_accepts(t
         # Log lines are JSON with --log-format json.
         lines = [line for line in agent.log_tail(200).splitlines() if line.strip()]
         assert lines and all(json.loads(line)["level"] for line in lines)
+        assert all(json.loads(line)["schema_version"] == SCHEMA_VERSION and _is_iso_utc(json.loads(line)["ts"])
+                   for line in lines)
     finally:
         rc = agent.terminate()
     assert rc == 0, agent.log_tail()

@@ -6,13 +6,19 @@ import json
 import logging
 from typing import Any
 
+from noisyneighbor.output import SCHEMA_VERSION, iso_utc
+
 
 class JsonLogFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg (and exc when there is one)."""
+    """One JSON object per line: schema_version, ts, level, logger, msg (and exc when there is one).
+
+    ``ts`` is ISO 8601 UTC like every other JSON the project writes (noisyneighbor.output).
+    """
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "ts": round(record.created, 3),
+            "schema_version": SCHEMA_VERSION,
+            "ts": iso_utc(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
