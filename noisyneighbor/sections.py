@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from detector.cgroups import CgroupResolver
+from detector.cgroups import CgroupResolver, parse_cgroup_path
 from noisyneighbor.output import now_iso
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.collect import cgroup_activity
@@ -24,6 +24,7 @@ from probes.cpuacct import CgroupCpuStat, cpu_delta, read_cgroup_cpu
 from probes.engine import ProbeError, ProbeStatus
 from probes.host import HostPaths
 from probes.memstat import read_node_vmstat
+from probes.plugin import TopTable
 from probes.psi import (
     RESOURCES,
     NodePsi,
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 # One view per registered probe that has one (probes.registry), then psi.
 _VIEW_PLUGINS = tuple(p for p in PLUGINS if p.top_view is not None)
 VIEWS = (*(p.top_view for p in _VIEW_PLUGINS), "psi")
+# What `--view all` shows: the views of the probes loaded by default, and psi. A probe loaded only when
+# asked for (gpu) is shown only when its view is asked for, as the agent loads it only with --probes.
+ALL_VIEWS = (*(p.top_view for p in _VIEW_PLUGINS if p.default), "psi")
 # The sources each view needs. The first is the view's own; psi also lists the cgroups runqlat saw
 # (for their CPU usage, throttling and per-cgroup PSI), and shows node PSI without it.
 VIEW_SOURCES: dict[str, tuple[str, ...]] = {
@@ -445,6 +449,50 @@ class TcpSource(_ProbeSource):
         return cgroup_activity(self.name, snap)
 
 
+# -- a plugin's declared table (ProbePlugin.top_table) -----------------------------------------------
+
+
+@dataclass
+class TableSection:
+    """The section of a view a plugin declares as a table: its rows, named, in the plugin's order."""
+
+    view: str
+    interval_s: float
+    rows: list[dict]
+    drops: dict[str, int]
+
+
+def name_path(path: str) -> dict[str, Any]:
+    """The naming fields of a row keyed by cgroup path (no id to resolve): what the path itself says."""
+    info = parse_cgroup_path(path)
+    return {"cgroup": path, "name": info.display or info.path, "kind": info.kind, "pod_uid": info.pod_uid,
+            "container_id": info.container_id, "qos": info.qos}
+
+
+class TableSource(_ProbeSource):
+    """Any plugin with a ``top_table``: its ``delta`` between two snapshots, made rows by the plugin and
+    named here (by path, or by id in the probe's hierarchy)."""
+
+    def __init__(self, probe: Any, ctx: Context) -> None:
+        super().__init__(probe, ctx)
+        self.name = probe.status.name
+        self.plugin = BY_NAME[self.name]
+        self.table: TopTable = self.plugin.top_table  # type: ignore[assignment]
+
+    def section(self, prev: Any, cur: Any, sections: dict[str, Any]) -> TableSection:
+        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+        rows = []
+        for r in self.table.rows(self.plugin.delta(prev, cur)):  # type: ignore[misc]
+            names = name_path(r["cgroup"]) if "cgroup" in r else self.name_of(r["cgroup_id"])
+            if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
+                rows.append({**r, **names})
+        return TableSection(view=self.plugin.top_view or self.name, interval_s=dt, rows=rows,
+                            drops=dict(getattr(cur, "drops", {})))
+
+    def activity(self, snap: Any) -> dict[int, int]:
+        return cgroup_activity(self.name, snap)
+
+
 # -- psi + cpuacct -------------------------------------------------------------------------------
 
 
@@ -629,4 +677,6 @@ PROBE_SOURCES: dict[str, type[_ProbeSource]] = {
     SoftirqSource.name: SoftirqSource,
     ReclaimSource.name: ReclaimSource,
     TcpSource.name: TcpSource,
+    # the others declare their view as a table (ProbePlugin.top_table): one source class serves them all
+    **{p.name: TableSource for p in PLUGINS if p.top_table is not None},
 }

@@ -2,7 +2,7 @@
 
 Views: runq (runqueue latency per cgroup), softirq (per CPU and vector), reclaim (per memory
 cgroup), tcp (connects per cgroup and netns), psi (node and cgroup pressure, CPU throttling), or all
-of them. Reads only: the probes measure, `sections` turns their snapshots into interval rows, the
+of them; gpu (GPU memory per cgroup, a plugin's declared table) only when asked for. Reads only: the probes measure, `sections` turns their snapshots into interval rows, the
 resolver names cgroups, `views` renders. Output adapts to where it goes: a live, resizable table on a
 terminal (keys switch views); plain text tables when piped; JSON lines with `--json` (first a status
 record listing every probe's state, then one record per interval).
@@ -33,6 +33,7 @@ from rich.text import Text
 
 from noisyneighbor.output import SCHEMA_VERSION, now_iso
 from noisyneighbor.sections import (
+    ALL_VIEWS,
     RUNQ_SORT_KEYS,
     SOURCE_ORDER,
     SOURCE_VIEW,
@@ -54,7 +55,7 @@ FIRST_FRAME_S = 0.5
 
 
 def views_of(view: str) -> list[str]:
-    return list(VIEWS) if view == "all" else [view]
+    return list(ALL_VIEWS) if view == "all" else [view]
 
 
 def is_live(out: TextIO, as_json: bool, once: bool) -> bool:
