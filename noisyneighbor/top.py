@@ -2,10 +2,11 @@
 
 Views: runq (runqueue latency per cgroup), softirq (per CPU and vector), reclaim (per memory
 cgroup), tcp (connects per cgroup and netns), psi (node and cgroup pressure, CPU throttling), or all
-of them; gpu (GPU memory per cgroup, a plugin's declared table) only when asked for. Reads only: the probes measure, `sections` turns their snapshots into interval rows, the
-resolver names cgroups, `views` renders. Output adapts to where it goes: a live, resizable table on a
-terminal (keys switch views); plain text tables when piped; JSON lines with `--json` (first a status
-record listing every probe's state, then one record per interval).
+of them; gpu (GPU memory per cgroup, a plugin's declared table) only when asked for. Reads only:
+the probes measure, `sections` turns their snapshots into interval rows, the resolver names
+cgroups, `views` renders. Output adapts to where it goes: a live, resizable table on a terminal
+(keys switch views); plain text tables when piped; JSON lines with `--json` (first a status record
+listing every probe's state, then one record per interval).
 
 Which probes load: when piped (plain or JSON) only those the selected view(s) need; on a terminal
 all of them, so that a key can switch to any view without a restart. A probe that cannot load does
