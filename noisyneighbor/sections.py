@@ -36,10 +36,13 @@ from probes.psi import (
     read_node_psi,
 )
 from probes.reclaim import ReclaimSnapshot
-from probes.reclaim import summarize_node as summarize_reclaim_node
+from probes.reclaim import node_rows as reclaim_node_rows
+from probes.reclaim import rows as reclaim_rows
 from probes.registry import BY_NAME, ENGINE_ATTACH_MODES, PLUGINS
 from probes.runqlat import RunqSnapshot
+from probes.runqlat import delta as runq_delta
 from probes.softirq import SoftirqSnapshot
+from probes.softirq import rows as softirq_rows
 from probes.tcpconnect import TcpConnectSnapshot
 from probes.tcpconnect import summarize as summarize_tcp
 
@@ -294,9 +297,9 @@ def build_interval(
     hierarchy: Hierarchy | None = None,
 ) -> Interval:
     dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+    interval = runq_delta(prev, cur)  # the plugin's interval, as the agent's detector reads it
     rows: list[CgroupRow] = []
-    for cgroup_id, hist in cur.per_cgroup.items():
-        d = hist.delta(prev.per_cgroup.get(cgroup_id))
+    for cgroup_id, d in interval.per_cgroup.items():
         if not d.count:
             continue
         names = identify(resolver, cgroup_id, hierarchy)
@@ -315,11 +318,7 @@ def build_interval(
                 max_exact=d.exact_max_ns is not None,
             )
         )
-    cpus = []
-    for cpu, hist in enumerate(cur.per_cpu):
-        earlier = prev.per_cpu[cpu] if cpu < len(prev.per_cpu) else None
-        d = hist.delta(earlier)
-        cpus.append(CpuRow(cpu, d.count, d.sum_ns / 1e6 / dt, d.quantile_ns(0.99) / 1e3))
+    cpus = [CpuRow(cpu, d.count, d.sum_ns / 1e6 / dt, d.quantile_ns(0.99) / 1e3) for cpu, d in enumerate(interval.per_cpu)]
     return Interval(now_iso(), dt, rows, cpus, dict(cur.drops))
 
 
@@ -360,7 +359,7 @@ class SoftirqSource(_ProbeSource):
 
     def section(self, prev: SoftirqSnapshot, cur: SoftirqSnapshot, sections: dict[str, Any]) -> SoftirqSection:
         dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-        rows = BY_NAME[self.name].delta(prev, cur)  # the plugin's interval: probes.softirq.summarize
+        rows = softirq_rows(BY_NAME[self.name].delta(prev, cur))  # the plugin's interval (probes.softirq.delta)
         for r in rows:
             r["entries_per_s"] = r["entries"] / dt
             r["runtime_ms_per_s"] = r["runtime_s_per_s"] * 1e3
@@ -403,8 +402,9 @@ class ReclaimSource(_ProbeSource):
 
     def section(self, prev: ReclaimSnapshot, cur: ReclaimSnapshot, sections: dict[str, Any]) -> ReclaimSection:
         dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+        interval = BY_NAME[self.name].delta(prev, cur)  # the plugin's interval (probes.reclaim.delta)
         rows = []
-        for r in BY_NAME[self.name].delta(prev, cur):  # the plugin's interval: probes.reclaim.summarize
+        for r in reclaim_rows(interval):
             names = self.name_of(r["cgroup_id"])
             names["cgroup_kind"] = names.pop("kind")  # "kind" is the reclaim kind here
             if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
@@ -415,7 +415,7 @@ class ReclaimSource(_ProbeSource):
             allocstall = max(vmstat.allocstall_total - self.vmstat.allocstall_total, 0)
         self.vmstat = vmstat
         return ReclaimSection(
-            interval_s=dt, rows=rows, node=summarize_reclaim_node(prev, cur), allocstall=allocstall,
+            interval_s=dt, rows=rows, node=reclaim_node_rows(interval), allocstall=allocstall,
             allocstall_per_s=None if allocstall is None else allocstall / dt, drops=dict(cur.drops),
         )
 
