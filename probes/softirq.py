@@ -200,7 +200,7 @@ class SoftirqDelta:
 @dataclass(frozen=True)
 class SoftirqInterval:
     """Two snapshots' difference (the plugin's ``delta``): every CPU x vector the probe has (a few per CPU,
-    no per-cgroup map), sorted by CPU then vector number. Raw counts: readers divide by their interval."""
+    no per-cgroup map), in the snapshot's order. Raw counts: readers divide by their interval."""
 
     interval_s: float  # 0 when there is no earlier snapshot
     stats: dict[tuple[int, str], SoftirqDelta]
@@ -209,7 +209,7 @@ class SoftirqInterval:
 def delta(prev: SoftirqSnapshot | None, cur: SoftirqSnapshot) -> SoftirqInterval:
     """The interval prev → cur (prev None: since load)."""
     stats: dict[tuple[int, str], SoftirqDelta] = {}
-    for (cpu, vector), s in sorted(cur.stats.items(), key=lambda kv: (kv[0][0], VECTORS.index(kv[0][1]))):
+    for (cpu, vector), s in cur.stats.items():
         before = prev.stats.get((cpu, vector)) if prev else None
         stats[(cpu, vector)] = SoftirqDelta(
             s.entries - (before.entries if before else 0),
@@ -233,7 +233,7 @@ def rows(interval: SoftirqInterval, include_idle: bool = False) -> list[dict]:
     interval are left out unless `include_idle`. Sorted by CPU, then vector number.
     """
     out = []
-    for (cpu, vector), d in interval.stats.items():
+    for (cpu, vector), d in sorted(interval.stats.items(), key=lambda kv: (kv[0][0], VECTORS.index(kv[0][1]))):
         delay, runtime = d.delay, d.runtime
         if not include_idle and d.entries <= 0 and not runtime.count:
             continue
