@@ -65,7 +65,9 @@ class ProbePlugin:
     # to read this tick, which removed cgroups to forget from the kernel map. None: no per-cgroup map.
     activity: Callable[[Any], dict[int, int]] | None = None
     activity_is_reclaim: bool = False  # its activity means memory reclaim (the watch reads memory.stat then)
-    # The interval between two snapshots (prev None: since load), in the probe's own terms.
+    # The interval between two snapshots (prev None: since load), in the probe's own terms: the one
+    # interval layer, read by `top` (its rows) and by the agent's detector (detector/signals.py). Holds
+    # only what moved, so its cost follows the active cgroups.
     delta: Callable[[Any, Any], Any] | None = None
     # Entries in its per-cgroup kernel map (the bpf_map_entries gauge). None: nothing per cgroup.
     map_entries: Callable[[Any], int] | None = None
