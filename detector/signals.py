@@ -1,9 +1,11 @@
 """Per-workload signals for one interval: two cumulative NodeSnapshots in, one row per workload out.
 
 Everything the incident engine reasons with is computed here, in one place, with the units in the
-field names. BPF readings are keyed by cgroup id in their probe's hierarchy (runqlat, tcpconnect
-and softirq by the cpu hierarchy; reclaim by the memory hierarchy) and joined to workloads through
-the resolver; cgroup-file readings are keyed by path.
+field names. A BPF probe's interval is its plugin's ``delta(prev, cur)`` (probes.registry: the layer
+``top`` reads too), which holds only what moved; here it is joined to workloads. BPF readings are
+keyed by cgroup id in their probe's hierarchy (runqlat, tcpconnect and softirq by the cpu hierarchy;
+reclaim by the memory hierarchy) and joined to workloads through the resolver; cgroup-file readings
+are keyed by path.
 
 Softirq time is charged to CPUs, never to ``current``: a workload's softirq *exposure* is the
 softirq run time of each CPU weighted by the share of the workload's own CPU time spent on that CPU
@@ -16,12 +18,18 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from detector.workloads import IdMapper, Workload
 from probes.cgroupfs import CgroupLayout
-from probes.hist import IntervalHistogram, LatencyHistogram
+from probes.hist import HIST_SLOTS, IntervalHistogram
 from probes.psi import psi_rate
+from probes.reclaim import ReclaimInterval
+from probes.registry import BY_NAME
+from probes.runqlat import RunqInterval
 from probes.snapshot import NodeSnapshot
+from probes.softirq import SoftirqInterval
+from probes.tcpconnect import TcpConnectInterval
 
 IDLE = "<idle>"
 UNKNOWN = "<unknown>"
@@ -118,18 +126,27 @@ class NodeSignals:
     present: frozenset[str] | None = None
 
 
-def _merge_delta(cur: Iterable[LatencyHistogram], prev: Iterable[LatencyHistogram | None]) -> IntervalHistogram:
-    slots = [0] * 32
+def _merge(intervals: Iterable[IntervalHistogram]) -> IntervalHistogram:
+    """Several keys' interval histograms as one (a workload's cgroups, a CPU's vectors)."""
+    slots = [0] * HIST_SLOTS
     total = count = 0
     exact_max: int | None = None
-    for c, p in zip(cur, prev, strict=True):
-        d = c.delta(p)
+    for d in intervals:
         slots = [a + b for a, b in zip(slots, d.slots, strict=False)]
         total += d.sum_ns
         count += d.count
         if d.exact_max_ns is not None:
             exact_max = max(exact_max or 0, d.exact_max_ns)
     return IntervalHistogram(tuple(slots), total, count, exact_max)
+
+
+def probe_delta(name: str, prev: NodeSnapshot, cur: NodeSnapshot) -> Any:
+    """A probe's interval between two node snapshots through its plugin's ``delta`` (the layer ``top``
+    reads too), None unless it has a snapshot in both."""
+    before, now = prev.probe(name), cur.probe(name)
+    if before is None or now is None:
+        return None
+    return BY_NAME[name].delta(before, now)
 
 
 class SignalBuilder:
@@ -165,28 +182,23 @@ class SignalBuilder:
                 row(self.ids.index.workload_of(path))
             changed = cur.cgroup_cpu.keys() | cur.cgroup_mem.keys() | cur.cgroup_psi.keys()
 
-        # -- runqueue -------------------------------------------------------------------------
-        if cur.runq is not None and prev.runq is not None:
-            groups: dict[str, list[int]] = defaultdict(list)
-            before_runq = prev.runq.per_cgroup
-            for cgid, hist in cur.runq.per_cgroup.items():
-                ph = before_runq.get(cgid)
-                if ph is not None and ph.count == hist.count:
-                    continue  # no wait ended in this cgroup this tick
+        # -- runqueue (the runqlat plugin's interval: only cgroups in which a wait ended) ------------
+        runq: RunqInterval | None = probe_delta("runqlat", prev, cur)
+        if runq is not None:
+            groups: dict[str, list[IntervalHistogram]] = defaultdict(list)
+            for cgid, waited in runq.per_cgroup.items():
                 w = self.ids.workload_of(cgid, self.cpu_h)
                 if w is not None:
-                    groups[w.key].append(cgid)
+                    groups[w.key].append(waited)
                     row(w)
-            for key, cgids in groups.items():
-                d = _merge_delta(
-                    (cur.runq.per_cgroup[i] for i in cgids), (prev.runq.per_cgroup.get(i) for i in cgids)
-                )
+            for key, hists in groups.items():
+                d = _merge(hists)
                 r = rows[key]
                 r.runq_count = d.count
                 r.runq_wait_ms_per_s = d.sum_ns / 1e6 / dt
                 r.runq_p99_ns = d.quantile_ns(0.99)
                 r.runq_max_ns = d.max_ns
-            matrix = self._who_ran_instead(prev, cur, row)
+            matrix = self._who_ran_instead(runq, row)
 
         # -- CPU accounting -----------------------------------------------------------------------
         for path in changed:
@@ -223,14 +235,14 @@ class SignalBuilder:
         # -- softirq per CPU, then joined through where each workload ran ---------------------------
         sirq_ms: dict[int, float] = defaultdict(float)
         sirq_delay: dict[int, float] = {}
-        if cur.softirq is not None and prev.softirq is not None:
-            per_cpu_delay: dict[int, list[tuple[LatencyHistogram, LatencyHistogram | None]]] = defaultdict(list)
-            for (cpu, vec), s in cur.softirq.stats.items():
-                ps = prev.softirq.stats.get((cpu, vec))
-                sirq_ms[cpu] += s.runtime.delta(ps.runtime if ps else None).sum_ns / 1e6 / dt
-                per_cpu_delay[cpu].append((s.delay, ps.delay if ps else None))
-            for cpu, pairs in per_cpu_delay.items():
-                sirq_delay[cpu] = _merge_delta([a for a, _ in pairs], [b for _, b in pairs]).quantile_ns(0.99)
+        sirq: SoftirqInterval | None = probe_delta("softirq", prev, cur)
+        if sirq is not None:
+            per_cpu_delay: dict[int, list[IntervalHistogram]] = defaultdict(list)
+            for (cpu, _vec), d in sirq.stats.items():
+                sirq_ms[cpu] += d.runtime.sum_ns / 1e6 / dt
+                per_cpu_delay[cpu].append(d.delay)
+            for cpu, delays in per_cpu_delay.items():
+                sirq_delay[cpu] = _merge(delays).quantile_ns(0.99)
         for r in rows.values():
             weights = self._cpu_weights(prev, cur, r.workload.target.cgroup)
             r.cpu_weights = weights
@@ -239,22 +251,18 @@ class SignalBuilder:
 
         # -- reclaim (memory hierarchy ids) ---------------------------------------------------------
         node_direct = 0.0
-        if cur.reclaim is not None and prev.reclaim is not None:
-            for (cgid, kind), s in cur.reclaim.per_cgroup.items():
-                ps = prev.reclaim.per_cgroup.get((cgid, kind))
-                d = s.latency.delta(ps.latency if ps else None)
-                if not d.count:
-                    continue
+        reclaim: ReclaimInterval | None = probe_delta("reclaim", prev, cur)
+        if reclaim is not None:  # only the (memcg id, kind) keys that reclaimed
+            for (cgid, kind), rd in reclaim.per_cgroup.items():
                 w = self.ids.workload_of(cgid, self.mem_h, primary=False)
                 if w is None:
                     continue
                 r = row(w)
-                ms = d.sum_ns / 1e6 / dt
+                ms = rd.latency.sum_ns / 1e6 / dt
                 r.reclaim_stall_ms_per_s += ms
                 r.reclaim_by_kind_ms_per_s[kind] = r.reclaim_by_kind_ms_per_s.get(kind, 0.0) + ms
-                r.reclaim_pages_per_s += max(s.nr_reclaimed - (ps.nr_reclaimed if ps else 0), 0) / dt
-            nd = cur.reclaim.node_direct.latency.delta(prev.reclaim.node_direct.latency)
-            node_direct = nd.sum_ns / 1e6 / dt
+                r.reclaim_pages_per_s += rd.pages / dt
+            node_direct = reclaim.node_direct.latency.sum_ns / 1e6 / dt
         for path in changed:
             m = cur.cgroup_mem.get(path)
             if m is not None and self.ids.index.is_workload_root(path):
@@ -266,25 +274,22 @@ class SignalBuilder:
                 r.memory_usage_bytes, r.memory_limit_bytes = m.usage_bytes, m.limit_bytes
 
         # -- TCP connect ----------------------------------------------------------------------------
-        if cur.tcp is not None and prev.tcp is not None:
-            acc: dict[str, list] = defaultdict(lambda: [[], [], 0, 0])
-            for key, s in cur.tcp.per_key.items():
-                ps = prev.tcp.per_key.get(key)
-                if ps == s:
-                    continue  # nothing connected from it this tick
+        tcp: TcpConnectInterval | None = probe_delta("tcpconnect", prev, cur)
+        if tcp is not None:  # only the (cgroup, netns) keys whose counters changed
+            acc: dict[str, list] = defaultdict(lambda: [[], 0, 0])
+            for key, cd in tcp.per_key.items():
                 w = self.ids.workload_of(key[0], self.cpu_h)
                 if w is None:
                     continue
                 a = acc[w.key]
                 row(w)
-                a[0].append(s.latency)
-                a[1].append(ps.latency if ps else None)
+                a[0].append(cd.latency)
                 # A connect the application gave up on (its own timeout: an abort in SYN_SENT) failed
                 # for the user just as a refused or timed-out one did.
-                a[2] += (s.failures + s.aborts) - ((ps.failures + ps.aborts) if ps else 0)
-                a[3] += s.syn_retransmits - (ps.syn_retransmits if ps else 0)
-            for key, (curs, prevs, failures, retrans) in acc.items():
-                d = _merge_delta(curs, prevs)
+                a[1] += cd.failures + cd.aborts
+                a[2] += cd.syn_retransmits
+            for key, (hists, failures, retrans) in acc.items():
+                d = _merge(hists)
                 r = rows[key]
                 r.connects = d.count
                 r.connect_p99_ns = d.quantile_ns(0.99)
@@ -364,25 +369,19 @@ class SignalBuilder:
         ncpu = len(cur.node_cpu_per_cpu) or 1
         return {cpu: 1 / ncpu for cpu in (cur.node_cpu_per_cpu or {0: None})}
 
-    def _who_ran_instead(self, prev: NodeSnapshot, cur: NodeSnapshot, row: Callable[[Workload], WorkloadSignals]) -> bool:
-        """Fill ran_instead_ns/preemptions from the runqlat victim x culprit matrix when the probe has it.
+    def _who_ran_instead(self, runq: RunqInterval, row: Callable[[Workload], WorkloadSignals]) -> bool:
+        """Fill ran_instead_ns/preemptions from the runqlat victim x culprit matrix when the probe has it
+        (the plugin's interval holds the victims and pairs that moved).
 
         The matrix is per leaf cgroup: two containers of one pod are foreign to each other there but
         the same workload here, so a culprit in the victim's own workload counts as own wait.
         """
-        if not getattr(cur.runq, "culprits_available", False):
+        if not runq.culprits_available:
             return False
-        prev_split = prev.runq.wait_split
-        # The probe hands the same objects again for what did not change: identity first, so an idle
-        # cgroup or pair costs a dict lookup per tick, not a comparison of every field.
-        for victim_id, split in cur.runq.wait_split.items():
-            before_split = prev_split.get(victim_id)
-            if before_split is split or before_split == split:
-                continue
+        for victim_id, d in runq.wait_split.items():
             victim = self.ids.workload_of(victim_id, self.cpu_h)
             if victim is None:
                 continue
-            d = split.delta(before_split)
             r = row(victim)
             r.own_wait_ns += d.own_wait_ns
             r.preempted_own += d.own_preemptions
@@ -391,13 +390,8 @@ class SignalBuilder:
             lost = d.unknown_wait_ns + d.migrated_wait_ns
             if lost:
                 r.ran_instead_ns[UNKNOWN] = r.ran_instead_ns.get(UNKNOWN, 0.0) + lost
-        before = prev.runq.culprits
-        for (victim_id, culprit_id), stats in cur.runq.culprits.items():
-            was = before.get((victim_id, culprit_id))
-            if was is stats or was == stats:
-                continue
-            d = stats.delta(was)
-            if not d.wait_ns and not d.preemptions:
+        for (victim_id, culprit_id), pair in runq.culprits.items():
+            if not pair.wait_ns and not pair.preemptions:
                 continue
             victim = self.ids.workload_of(victim_id, self.cpu_h)
             if victim is None:
@@ -406,9 +400,9 @@ class SignalBuilder:
             culprit = self.ids.workload_of(culprit_id, self.cpu_h)
             key = UNKNOWN if culprit is None else culprit.key
             if key == victim.key:
-                r.own_wait_ns += d.wait_ns
-                r.preempted_own += d.preemptions
+                r.own_wait_ns += pair.wait_ns
+                r.preempted_own += pair.preemptions
             else:
-                r.ran_instead_ns[key] = r.ran_instead_ns.get(key, 0.0) + d.wait_ns
-                r.preempted_foreign += d.preemptions
+                r.ran_instead_ns[key] = r.ran_instead_ns.get(key, 0.0) + pair.wait_ns
+                r.preempted_foreign += pair.preemptions
         return True

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from detector.cgroups import CgroupResolver
+from detector.cgroups import CgroupResolver, parse_cgroup_path
 from noisyneighbor.output import now_iso
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.collect import cgroup_activity
@@ -24,6 +24,7 @@ from probes.cpuacct import CgroupCpuStat, cpu_delta, read_cgroup_cpu
 from probes.engine import ProbeError, ProbeStatus
 from probes.host import HostPaths
 from probes.memstat import read_node_vmstat
+from probes.plugin import TopTable
 from probes.psi import (
     RESOURCES,
     NodePsi,
@@ -35,10 +36,13 @@ from probes.psi import (
     read_node_psi,
 )
 from probes.reclaim import ReclaimSnapshot
-from probes.reclaim import summarize_node as summarize_reclaim_node
+from probes.reclaim import node_rows as reclaim_node_rows
+from probes.reclaim import rows as reclaim_rows
 from probes.registry import BY_NAME, ENGINE_ATTACH_MODES, PLUGINS
 from probes.runqlat import RunqSnapshot
+from probes.runqlat import delta as runq_delta
 from probes.softirq import SoftirqSnapshot
+from probes.softirq import rows as softirq_rows
 from probes.tcpconnect import TcpConnectSnapshot
 from probes.tcpconnect import summarize as summarize_tcp
 
@@ -47,6 +51,9 @@ log = logging.getLogger(__name__)
 # One view per registered probe that has one (probes.registry), then psi.
 _VIEW_PLUGINS = tuple(p for p in PLUGINS if p.top_view is not None)
 VIEWS = (*(p.top_view for p in _VIEW_PLUGINS), "psi")
+# What `--view all` shows: the views of the probes loaded by default, and psi. A probe loaded only when
+# asked for (gpu) is shown only when its view is asked for, as the agent loads it only with --probes.
+ALL_VIEWS = (*(p.top_view for p in _VIEW_PLUGINS if p.default), "psi")
 # The sources each view needs. The first is the view's own; psi also lists the cgroups runqlat saw
 # (for their CPU usage, throttling and per-cgroup PSI), and shows node PSI without it.
 VIEW_SOURCES: dict[str, tuple[str, ...]] = {
@@ -290,9 +297,9 @@ def build_interval(
     hierarchy: Hierarchy | None = None,
 ) -> Interval:
     dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+    interval = runq_delta(prev, cur)  # the plugin's interval, as the agent's detector reads it
     rows: list[CgroupRow] = []
-    for cgroup_id, hist in cur.per_cgroup.items():
-        d = hist.delta(prev.per_cgroup.get(cgroup_id))
+    for cgroup_id, d in interval.per_cgroup.items():
         if not d.count:
             continue
         names = identify(resolver, cgroup_id, hierarchy)
@@ -311,11 +318,7 @@ def build_interval(
                 max_exact=d.exact_max_ns is not None,
             )
         )
-    cpus = []
-    for cpu, hist in enumerate(cur.per_cpu):
-        earlier = prev.per_cpu[cpu] if cpu < len(prev.per_cpu) else None
-        d = hist.delta(earlier)
-        cpus.append(CpuRow(cpu, d.count, d.sum_ns / 1e6 / dt, d.quantile_ns(0.99) / 1e3))
+    cpus = [CpuRow(cpu, d.count, d.sum_ns / 1e6 / dt, d.quantile_ns(0.99) / 1e3) for cpu, d in enumerate(interval.per_cpu)]
     return Interval(now_iso(), dt, rows, cpus, dict(cur.drops))
 
 
@@ -356,7 +359,7 @@ class SoftirqSource(_ProbeSource):
 
     def section(self, prev: SoftirqSnapshot, cur: SoftirqSnapshot, sections: dict[str, Any]) -> SoftirqSection:
         dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-        rows = BY_NAME[self.name].delta(prev, cur)  # the plugin's interval: probes.softirq.summarize
+        rows = softirq_rows(BY_NAME[self.name].delta(prev, cur))  # the plugin's interval (probes.softirq.delta)
         for r in rows:
             r["entries_per_s"] = r["entries"] / dt
             r["runtime_ms_per_s"] = r["runtime_s_per_s"] * 1e3
@@ -399,8 +402,9 @@ class ReclaimSource(_ProbeSource):
 
     def section(self, prev: ReclaimSnapshot, cur: ReclaimSnapshot, sections: dict[str, Any]) -> ReclaimSection:
         dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+        interval = BY_NAME[self.name].delta(prev, cur)  # the plugin's interval (probes.reclaim.delta)
         rows = []
-        for r in BY_NAME[self.name].delta(prev, cur):  # the plugin's interval: probes.reclaim.summarize
+        for r in reclaim_rows(interval):
             names = self.name_of(r["cgroup_id"])
             names["cgroup_kind"] = names.pop("kind")  # "kind" is the reclaim kind here
             if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
@@ -411,7 +415,7 @@ class ReclaimSource(_ProbeSource):
             allocstall = max(vmstat.allocstall_total - self.vmstat.allocstall_total, 0)
         self.vmstat = vmstat
         return ReclaimSection(
-            interval_s=dt, rows=rows, node=summarize_reclaim_node(prev, cur), allocstall=allocstall,
+            interval_s=dt, rows=rows, node=reclaim_node_rows(interval), allocstall=allocstall,
             allocstall_per_s=None if allocstall is None else allocstall / dt, drops=dict(cur.drops),
         )
 
@@ -442,6 +446,50 @@ class TcpSource(_ProbeSource):
         return TcpSection(interval_s=dt, rows=rows, drops=dict(cur.drops))
 
     def activity(self, snap: TcpConnectSnapshot) -> dict[int, int]:
+        return cgroup_activity(self.name, snap)
+
+
+# -- a plugin's declared table (ProbePlugin.top_table) -----------------------------------------------
+
+
+@dataclass
+class TableSection:
+    """The section of a view a plugin declares as a table: its rows, named, in the plugin's order."""
+
+    view: str
+    interval_s: float
+    rows: list[dict]
+    drops: dict[str, int]
+
+
+def name_path(path: str) -> dict[str, Any]:
+    """The naming fields of a row keyed by cgroup path (no id to resolve): what the path itself says."""
+    info = parse_cgroup_path(path)
+    return {"cgroup": path, "name": info.display or info.path, "kind": info.kind, "pod_uid": info.pod_uid,
+            "container_id": info.container_id, "qos": info.qos}
+
+
+class TableSource(_ProbeSource):
+    """Any plugin with a ``top_table``: its ``delta`` between two snapshots, made rows by the plugin and
+    named here (by path, or by id in the probe's hierarchy)."""
+
+    def __init__(self, probe: Any, ctx: Context) -> None:
+        super().__init__(probe, ctx)
+        self.name = probe.status.name
+        self.plugin = BY_NAME[self.name]
+        self.table: TopTable = self.plugin.top_table  # type: ignore[assignment]
+
+    def section(self, prev: Any, cur: Any, sections: dict[str, Any]) -> TableSection:
+        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+        rows = []
+        for r in self.table.rows(self.plugin.delta(prev, cur)):  # type: ignore[misc]
+            names = name_path(r["cgroup"]) if "cgroup" in r else self.name_of(r["cgroup_id"])
+            if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
+                rows.append({**r, **names})
+        return TableSection(view=self.plugin.top_view or self.name, interval_s=dt, rows=rows,
+                            drops=dict(getattr(cur, "drops", {})))
+
+    def activity(self, snap: Any) -> dict[int, int]:
         return cgroup_activity(self.name, snap)
 
 
@@ -629,4 +677,6 @@ PROBE_SOURCES: dict[str, type[_ProbeSource]] = {
     SoftirqSource.name: SoftirqSource,
     ReclaimSource.name: ReclaimSource,
     TcpSource.name: TcpSource,
+    # the others declare their view as a table (ProbePlugin.top_table): one source class serves them all
+    **{p.name: TableSource for p in PLUGINS if p.top_table is not None},
 }

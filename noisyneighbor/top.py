@@ -2,10 +2,11 @@
 
 Views: runq (runqueue latency per cgroup), softirq (per CPU and vector), reclaim (per memory
 cgroup), tcp (connects per cgroup and netns), psi (node and cgroup pressure, CPU throttling), or all
-of them. Reads only: the probes measure, `sections` turns their snapshots into interval rows, the
-resolver names cgroups, `views` renders. Output adapts to where it goes: a live, resizable table on a
-terminal (keys switch views); plain text tables when piped; JSON lines with `--json` (first a status
-record listing every probe's state, then one record per interval).
+of them; gpu (GPU memory per cgroup, a plugin's declared table) only when asked for. Reads only:
+the probes measure, `sections` turns their snapshots into interval rows, the resolver names
+cgroups, `views` renders. Output adapts to where it goes: a live, resizable table on a terminal
+(keys switch views); plain text tables when piped; JSON lines with `--json` (first a status record
+listing every probe's state, then one record per interval).
 
 Which probes load: when piped (plain or JSON) only those the selected view(s) need; on a terminal
 all of them, so that a key can switch to any view without a restart. A probe that cannot load does
@@ -34,6 +35,7 @@ from rich.text import Text
 
 from noisyneighbor.output import SCHEMA_VERSION, now_iso
 from noisyneighbor.sections import (
+    ALL_VIEWS,
     RUNQ_SORT_KEYS,
     SOURCE_ORDER,
     SOURCE_VIEW,
@@ -65,7 +67,7 @@ class _Console(Console):
 
 
 def views_of(view: str) -> list[str]:
-    return list(VIEWS) if view == "all" else [view]
+    return list(ALL_VIEWS) if view == "all" else [view]
 
 
 def is_live(out: TextIO, as_json: bool, once: bool) -> bool:

@@ -21,10 +21,16 @@ from noisyneighbor.sections import (
     PsiSection,
     ReclaimSection,
     SoftirqSection,
+    TableSection,
     TcpSection,
     sort_rows,
 )
 from probes.engine import ProbeStatus
+from probes.plugin import TopColumn, TopTable
+from probes.registry import PLUGINS
+
+# Plugins whose view is a declared table (ProbePlugin.top_table): view -> its table.
+_TABLES: dict[str, TopTable] = {p.top_view: p.top_table for p in PLUGINS if p.top_view and p.top_table}
 
 VIEW_TITLES = {
     "runq": "runqueue latency per cgroup",
@@ -32,12 +38,24 @@ VIEW_TITLES = {
     "reclaim": "memory reclaim per memory cgroup",
     "tcp": "TCP connects per cgroup and netns",
     "psi": "pressure (PSI) and CPU throttling",
+    **{view: table.title for view, table in _TABLES.items()},
 }
 # Interactive keys. Views by letter; runq's sort keys stay what they were.
-VIEW_HOTKEYS = {"r": "runq", "s": "softirq", "c": "reclaim", "t": "tcp", "p": "psi", "a": "all"}
+_TABLE_HOTKEYS = {table.hotkey: view for view, table in _TABLES.items() if table.hotkey}
+VIEW_HOTKEYS = {"r": "runq", "s": "softirq", "c": "reclaim", "t": "tcp", "p": "psi", **_TABLE_HOTKEYS, "a": "all"}
 SORT_HOTKEYS = {"w": "wait", "9": "p99", "5": "p50", "m": "max", "e": "events", "n": "name"}
+
+
+def _hint(key: str, view: str) -> str:
+    """`[g]pu`: the view's name with its key bracketed (or the key before it when the name lacks it)."""
+    i = view.find(key)
+    return f"{view[:i]}[{key}]{view[i + 1:]}" if i >= 0 else f"[{key}] {view}"
+
+
 KEYS_HINT = (
-    "views: [r]unq [s]oftirq re[c]laim [t]cp [p]si [a]ll   runq sort: [w]ait [9]9 [5]0 [m]ax [e]vents [n]ame   [q]uit"
+    "views: [r]unq [s]oftirq re[c]laim [t]cp [p]si "
+    + "".join(f"{_hint(key, view)} " for key, view in _TABLE_HOTKEYS.items())
+    + "[a]ll   runq sort: [w]ait [9]9 [5]0 [m]ax [e]vents [n]ame   [q]uit"
 )
 
 
@@ -274,12 +292,51 @@ def render_psi(section: PsiSection, limit: int | None, sort_key: str) -> list[Re
     return parts
 
 
+def fmt_bytes(value: float | None) -> str:
+    """Bytes in binary units: `512.0MiB`, `3.50GiB`."""
+    if value is None:
+        return "-"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= size:
+            return f"{value / size:.2f}{unit}" if unit == "GiB" else f"{value / size:.1f}{unit}"
+    return f"{value:.0f}B"
+
+
+# How a declared table's column shows its value (TopColumn.unit).
+_UNIT_CELLS: dict[str, Callable[[Any], str]] = {
+    "text": lambda v: "-" if v is None or v == "" else str(v),
+    "count": lambda v: "-" if v is None else f"{v:.0f}",
+    "rate": fmt_rate,
+    "bytes": fmt_bytes,
+    "ms": fmt_ms,
+    "us": fmt_us,
+    "pct": fmt_pct,
+}
+
+
+def _table_column(c: TopColumn) -> Column:
+    cell = _UNIT_CELLS[c.unit]
+    return Column(c.title, lambda r: cell(r.get(c.key)), c.key if c.sorted_by else None, left=c.unit == "text")
+
+
+def table_renderer(table: TopTable) -> Callable[[TableSection, int | None, str], list[RenderableType]]:
+    """The renderer of a plugin's declared table: the cgroup's name and QoS, then its columns."""
+    columns = (NAME, QOS, *(_table_column(c) for c in table.columns))
+    sorted_by = next((c.key for c in table.columns if c.sorted_by), None)
+
+    def render(section: TableSection, limit: int | None, sort_key: str) -> list[RenderableType]:
+        return [*_table(columns, section.rows, limit, sorted_by, table.nothing), _dim(_drops(section.drops))]
+
+    return render
+
+
 RENDERERS: dict[str, Callable[[Any, int | None, str], list[RenderableType]]] = {
     "runq": render_runq,
     "softirq": render_softirq,
     "reclaim": render_reclaim,
     "tcp": render_tcp,
     "psi": render_psi,
+    **{view: table_renderer(table) for view, table in _TABLES.items()},
 }
 
 

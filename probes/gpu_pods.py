@@ -22,7 +22,7 @@ from typing import Any
 from probes.engine import ProbeError, ProbeStatus
 from probes.gpu import GpuCollector, GpuDevice, GpuProcess
 from probes.host import HostPaths
-from probes.plugin import MetricSpec, ProbePlugin
+from probes.plugin import MetricSpec, ProbePlugin, TopColumn, TopTable
 
 NAME = "gpu"
 CGROUP_GPU_MEMORY = "noisyneighbor_cgroup_gpu_memory_used_bytes"
@@ -110,6 +110,27 @@ def cgroup_series(snap: GpuPodsSnapshot) -> Iterator[tuple[str, str, float]]:
         yield CGROUP_GPU_PROCESSES, path, float(use.processes)
 
 
+def top_rows(interval: dict[str, GpuCgroupUse]) -> list[dict[str, Any]]:
+    """The ``top`` rows of one interval (its ``delta``): a cgroup per row, most GPU memory first."""
+    rows = [{"cgroup": path, "memory_bytes": use.memory_bytes, "processes": use.processes,
+             "devices": ",".join(map(str, use.devices))} for path, use in interval.items()]
+    rows.sort(key=lambda r: (-r["memory_bytes"], -r["processes"], r["cgroup"]))
+    return rows
+
+
+TOP_TABLE = TopTable(
+    title="GPU memory per cgroup",
+    columns=(
+        TopColumn("GPU MEMORY", "memory_bytes", "bytes", sorted_by=True),
+        TopColumn("PROCESSES", "processes", "count"),
+        TopColumn("GPUS", "devices"),
+    ),
+    rows=top_rows,
+    nothing="no process holds GPU memory",
+    hotkey="g",
+)
+
+
 PLUGIN = ProbePlugin(
     name=NAME, default=False, snapshot_field=None, specs=(), factory=GpuPodsProbe, delta=delta,
     metrics=(CGROUP_GPU_MEMORY, CGROUP_GPU_PROCESSES),
@@ -118,4 +139,6 @@ PLUGIN = ProbePlugin(
         MetricSpec(CGROUP_GPU_PROCESSES, "gauge", "The cgroup's processes running on a GPU (NVML; per GPU)."),
     ),
     cgroup_series=cgroup_series,
+    top_view="gpu",
+    top_table=TOP_TABLE,
 )

@@ -25,6 +25,31 @@ class MetricSpec:
     help: str
 
 
+@dataclass(frozen=True, slots=True)
+class TopColumn:
+    """One column of a plugin's ``top`` table, as data: ``probes/`` knows nothing of rendering, the view
+    (noisyneighbor/views.py) formats the row's ``key`` by ``unit``."""
+
+    title: str
+    key: str  # the row's key holding the value
+    unit: str = "text"  # "text", "count", "rate" (per s), "bytes", "ms", "us", "pct"
+    sorted_by: bool = False  # the rows come sorted by it, highest first (the view marks it ▼)
+
+
+@dataclass(frozen=True)
+class TopTable:
+    """A plugin's ``top`` view declared as one table, so a new probe gets a view without a section class
+    or a renderer of its own. ``rows`` turns the plugin's ``delta(prev, cur)`` into JSON-able rows, each
+    naming its cgroup by ``cgroup`` (a path in the probe's hierarchy, named by the path's pod and
+    container) or ``cgroup_id`` (resolved like the BPF probes' rows), sorted as they should show."""
+
+    title: str  # after the view's name in its heading, e.g. "GPU memory per cgroup"
+    columns: tuple[TopColumn, ...]
+    rows: Callable[[Any], list[dict[str, Any]]]
+    nothing: str  # what did not happen when there is no row ("no process on a GPU")
+    hotkey: str | None = None  # the live view's key for it
+
+
 @dataclass(frozen=True)
 class ProbePlugin:
     """One probe as the rest of the code sees it."""
@@ -40,7 +65,9 @@ class ProbePlugin:
     # to read this tick, which removed cgroups to forget from the kernel map. None: no per-cgroup map.
     activity: Callable[[Any], dict[int, int]] | None = None
     activity_is_reclaim: bool = False  # its activity means memory reclaim (the watch reads memory.stat then)
-    # The interval between two snapshots (prev None: since load), in the probe's own terms.
+    # The interval between two snapshots (prev None: since load), in the probe's own terms: the one
+    # interval layer, read by `top` (its rows) and by the agent's detector (detector/signals.py). Holds
+    # only what moved, so its cost follows the active cgroups.
     delta: Callable[[Any, Any], Any] | None = None
     # Entries in its per-cgroup kernel map (the bpf_map_entries gauge). None: nothing per cgroup.
     map_entries: Callable[[Any], int] | None = None
@@ -52,6 +79,9 @@ class ProbePlugin:
     cgroup_series: Callable[[Any], Iterable[tuple[str, str, float]]] | None = None
     flavours: tuple[str, ...] = ()  # its own attach modes beyond the engine's (auto, tp_btf, raw_tp)
     top_view: str | None = None  # its view in `noisyneighbor top` (--view)
+    # That view as a declared table (rows from ``delta``); None: a hand-written section in
+    # noisyneighbor/sections.py and renderer in noisyneighbor/views.py (the first four probes).
+    top_table: TopTable | None = None
     top_options: Mapping[str, Any] = field(default_factory=dict)  # options `top` opens it with
 
     def open(self, **kwargs: Any) -> Any:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from probes.base import BpfProbe
 from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
-from probes.hist import NN_HIST_SIZE, LatencyHistogram
+from probes.hist import NN_HIST_SIZE, IntervalHistogram, LatencyHistogram
 from probes.host import HostPaths
 
 SPEC = ProbeSpec(
@@ -155,48 +155,103 @@ class ReclaimSnapshot:
         return self.per_cgroup.get((cgroup_id, kind), ReclaimStats.empty())
 
 
-def _interval_row(cur: ReclaimStats, prev: ReclaimStats | None, dt: float) -> dict | None:
-    d = cur.latency.delta(prev.latency if prev else None)
-    if not d.count:
+@dataclass(frozen=True, slots=True)
+class ReclaimDelta:
+    """One key's reclaim passes over an interval (counts clamped at 0)."""
+
+    latency: IntervalHistogram  # latency.count passes
+    pages: int
+    no_progress: int
+
+
+def _delta_of(cur: ReclaimStats, prev: ReclaimStats | None) -> ReclaimDelta:
+    return ReclaimDelta(cur.latency.delta(prev.latency if prev else None),
+                        max(cur.nr_reclaimed - (prev.nr_reclaimed if prev else 0), 0),
+                        max(cur.no_progress - (prev.no_progress if prev else 0), 0))
+
+
+@dataclass(frozen=True)
+class ReclaimInterval:
+    """Two snapshots' difference (the plugin's ``delta``), read by ``top`` and the agent's detector.
+    ``per_cgroup`` holds only the (memory cgroup id, kind) keys that reclaimed in it; ``node`` every kind
+    the probe counts. Raw counts: readers divide by their own interval."""
+
+    interval_s: float
+    per_cgroup: dict[tuple[int, str], ReclaimDelta]
+    node: dict[str, ReclaimDelta]
+
+    @property
+    def node_direct(self) -> ReclaimDelta:
+        return self.node.get("direct") or _delta_of(ReclaimStats.empty(), None)
+
+
+def delta(prev: ReclaimSnapshot | None, cur: ReclaimSnapshot) -> ReclaimInterval:
+    """The interval prev → cur (prev None: since load)."""
+    before = prev.per_cgroup if prev is not None else {}
+    per_cgroup: dict[tuple[int, str], ReclaimDelta] = {}
+    for key, stats in cur.per_cgroup.items():
+        earlier = before.get(key)
+        if earlier is not None and earlier.latency.count == stats.latency.count:
+            continue  # no pass ended: nothing to subtract (the common case, checked without a delta)
+        d = _delta_of(stats, earlier)
+        if d.latency.count:
+            per_cgroup[key] = d
+    node_before = prev.node if prev is not None else {}
+    node = {kind: _delta_of(stats, node_before.get(kind)) for kind, stats in cur.node.items()}
+    return ReclaimInterval(cur.monotonic_s - prev.monotonic_s if prev is not None else 0.0, per_cgroup, node)
+
+
+def _interval_row(d: ReclaimDelta, dt: float) -> dict | None:
+    lat = d.latency
+    if not lat.count:
         return None
-    pages = max(cur.nr_reclaimed - (prev.nr_reclaimed if prev else 0), 0)
     return {
-        "count": d.count,
-        "count_per_s": d.count / dt,
-        "pages": pages,
-        "pages_per_s": pages / dt,
-        "no_progress": max(cur.no_progress - (prev.no_progress if prev else 0), 0),
-        "stall_ms_per_s": d.sum_ns / 1e6 / dt,
-        "mean_us": d.mean_ns / 1e3,
-        "p99_us": d.quantile_ns(0.99) / 1e3,
-        "max_us": d.max_ns / 1e3,
-        "max_exact": d.exact_max_ns is not None,
+        "count": lat.count,
+        "count_per_s": lat.count / dt,
+        "pages": d.pages,
+        "pages_per_s": d.pages / dt,
+        "no_progress": d.no_progress,
+        "stall_ms_per_s": lat.sum_ns / 1e6 / dt,
+        "mean_us": lat.mean_ns / 1e3,
+        "p99_us": lat.quantile_ns(0.99) / 1e3,
+        "max_us": lat.max_ns / 1e3,
+        "max_exact": lat.exact_max_ns is not None,
     }
 
 
 def summarize(prev: ReclaimSnapshot, cur: ReclaimSnapshot) -> list[dict]:
+    """:func:`rows` of :func:`delta`."""
+    return rows(delta(prev, cur))
+
+
+def rows(interval: ReclaimInterval) -> list[dict]:
     """JSON-able rows, one per (cgroup id, kind) that reclaimed in the interval, most stalled first.
 
     Each row: cgroup_id, kind, interval_s, count, count_per_s, pages, pages_per_s, no_progress,
     stall_ms_per_s (time spent in reclaim per second of wall time, summed over the cgroup's tasks),
     mean_us, p99_us (within a factor of 2: log2 slots), max_us and max_exact.
     """
-    dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-    rows = []
-    for (cgroup_id, kind), stats in cur.per_cgroup.items():
-        row = _interval_row(stats, prev.per_cgroup.get((cgroup_id, kind)), dt)
+    dt = max(interval.interval_s, 1e-9)
+    out = []
+    for (cgroup_id, kind), d in interval.per_cgroup.items():
+        row = _interval_row(d, dt)
         if row is not None:
-            rows.append({"cgroup_id": cgroup_id, "kind": kind, "interval_s": dt, **row})
-    rows.sort(key=lambda r: (-r["stall_ms_per_s"], r["cgroup_id"], r["kind"]))
-    return rows
+            out.append({"cgroup_id": cgroup_id, "kind": kind, "interval_s": dt, **row})
+    out.sort(key=lambda r: (-r["stall_ms_per_s"], r["cgroup_id"], r["kind"]))
+    return out
 
 
 def summarize_node(prev: ReclaimSnapshot, cur: ReclaimSnapshot) -> dict[str, dict]:
-    """Node totals per kind for the interval (same fields as summarize); kinds with no pass are absent."""
-    dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+    """:func:`node_rows` of :func:`delta`."""
+    return node_rows(delta(prev, cur))
+
+
+def node_rows(interval: ReclaimInterval) -> dict[str, dict]:
+    """Node totals per kind for the interval (same fields as rows); kinds with no pass are absent."""
+    dt = max(interval.interval_s, 1e-9)
     out = {}
-    for kind, stats in cur.node.items():
-        row = _interval_row(stats, prev.node.get(kind), dt)
+    for kind, d in interval.node.items():
+        row = _interval_row(d, dt)
         if row is not None:
             out[kind] = {"interval_s": dt, **row}
     return out

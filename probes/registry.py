@@ -19,8 +19,6 @@ names against the signal catalog and the exporter's metric definitions.
 
 from __future__ import annotations
 
-from typing import Any
-
 from probes import gpu_pods, reclaim, runqlat, softirq, tcpconnect
 from probes.plugin import ENGINE_ATTACH_MODES, MetricSpec, ProbePlugin
 
@@ -32,12 +30,6 @@ __all__ = ["BY_NAME", "DEFAULT_NAMES", "ENGINE_ATTACH_MODES", "NAMES", "PLUGINS"
 
 def _runq_activity(snap: runqlat.RunqSnapshot) -> dict[int, int]:
     return {cg: hist.count for cg, hist in snap.per_cgroup.items()}
-
-
-def _runq_delta(prev: runqlat.RunqSnapshot | None, cur: runqlat.RunqSnapshot) -> dict[int, Any]:
-    """Per cgroup id: the wait histogram of the interval."""
-    before = prev.per_cgroup if prev is not None else {}
-    return {cg: hist.delta(before.get(cg)) for cg, hist in cur.per_cgroup.items()}
 
 
 def _reclaim_activity(snap: reclaim.ReclaimSnapshot) -> dict[int, int]:
@@ -60,7 +52,7 @@ def _tcp_activity(snap: tcpconnect.TcpConnectSnapshot) -> dict[int, int]:
 PLUGINS: tuple[ProbePlugin, ...] = (
     ProbePlugin(
         name="runqlat", snapshot_field="runq", specs=(runqlat.SCHED_INFO_SPEC, runqlat.SPEC),
-        factory=runqlat.RunqLatProbe, flavours=("sched_info",), activity=_runq_activity, delta=_runq_delta,
+        factory=runqlat.RunqLatProbe, flavours=("sched_info",), activity=_runq_activity, delta=runqlat.delta,
         map_entries=lambda s: len(s.per_cgroup),
         signals=("runq_p99_ns", "runq_wait_ms_per_s", "runq_wait_share", "who_ran_instead_foreign_share",
                  "who_ran_instead_own_share"),
@@ -69,7 +61,7 @@ PLUGINS: tuple[ProbePlugin, ...] = (
     ),
     ProbePlugin(
         name="softirq", snapshot_field="softirq", specs=(softirq.SPEC,), factory=softirq.SoftirqProbe,
-        delta=softirq.summarize,
+        delta=softirq.delta,
         signals=("softirq_ms_per_s", "softirq_delay_p99_ns"),
         metrics=("noisyneighbor_softirq_delay_seconds", "noisyneighbor_softirq_runtime_seconds",
                  "noisyneighbor_softirq_entries_total"),
@@ -77,7 +69,7 @@ PLUGINS: tuple[ProbePlugin, ...] = (
     ),
     ProbePlugin(
         name="reclaim", snapshot_field="reclaim", specs=(reclaim.SPEC,), factory=reclaim.ReclaimProbe,
-        activity=_reclaim_activity, activity_is_reclaim=True, delta=reclaim.summarize, map_entries=lambda s: len(s.per_cgroup),
+        activity=_reclaim_activity, activity_is_reclaim=True, delta=reclaim.delta, map_entries=lambda s: len(s.per_cgroup),
         signals=("reclaim_stall_ms_per_s",),
         metrics=("noisyneighbor_reclaim_latency_seconds", "noisyneighbor_reclaim_pages_total",
                  "noisyneighbor_node_reclaim_latency_seconds", "noisyneighbor_node_reclaim_pages_total"),
@@ -86,7 +78,7 @@ PLUGINS: tuple[ProbePlugin, ...] = (
     ),
     ProbePlugin(
         name="tcpconnect", snapshot_field="tcp", specs=(tcpconnect.SPEC_BTF, tcpconnect.SPEC_RAW),
-        factory=tcpconnect.TcpConnectProbe, activity=_tcp_activity, delta=tcpconnect.summarize,
+        factory=tcpconnect.TcpConnectProbe, activity=_tcp_activity, delta=tcpconnect.delta,
         map_entries=lambda s: len(s.per_key),
         signals=("connect_p99_ns", "syn_retransmits_per_s", "connect_failures_per_s"),
         metrics=("noisyneighbor_tcp_connect_latency_seconds", "noisyneighbor_tcp_connect_successes_total",

@@ -28,7 +28,7 @@ from probes.engine import (
     Tracepoint,
     missing_btf_features,
 )
-from probes.hist import NN_HIST_SIZE, LatencyHistogram
+from probes.hist import NN_HIST_SIZE, IntervalHistogram, LatencyHistogram
 from probes.host import HostPaths
 
 SPEC = ProbeSpec(
@@ -214,6 +214,52 @@ class RunqSnapshot:
     culprits: dict[tuple[int, int], CulpritStats] = field(default_factory=dict)  # (victim, culprit) -> stats
     culprit_drop_ns: int = 0  # foreign wait whose culprit was lost to a full matrix (in foreign_wait_ns)
     culprits_available: bool = False
+
+
+@dataclass(frozen=True)
+class RunqInterval:
+    """Two snapshots' difference (the plugin's ``delta``), the one interval layer ``top`` and the agent's
+    detector both read. Only what moved is in it: a cgroup in which a wait ended (or new in the map), a
+    victim whose wait split changed, a (victim, culprit) pair whose counters changed; so its cost
+    follows the cgroups that were active, not the map's size. Raw counts: each reader divides by its
+    own interval."""
+
+    interval_s: float  # between the two snapshots' reads (0 when there is no earlier one)
+    per_cgroup: dict[int, IntervalHistogram]
+    per_cpu: list[IntervalHistogram]
+    wait_split: dict[int, WaitSplit]  # only with culprits_available
+    culprits: dict[tuple[int, int], CulpritStats]  # only with culprits_available
+    culprits_available: bool
+
+
+def delta(prev: RunqSnapshot | None, cur: RunqSnapshot) -> RunqInterval:
+    """The interval prev → cur (prev None: since load)."""
+    before = prev.per_cgroup if prev is not None else {}
+    per_cgroup: dict[int, IntervalHistogram] = {}
+    for cgroup_id, hist in cur.per_cgroup.items():
+        earlier = before.get(cgroup_id)
+        if earlier is not None and earlier.count == hist.count:
+            continue  # no wait ended in this cgroup: nothing to subtract
+        per_cgroup[cgroup_id] = hist.delta(earlier)
+    cpus_before = prev.per_cpu if prev is not None else []
+    per_cpu = [hist.delta(cpus_before[cpu] if cpu < len(cpus_before) else None) for cpu, hist in enumerate(cur.per_cpu)]
+    splits: dict[int, WaitSplit] = {}
+    pairs: dict[tuple[int, int], CulpritStats] = {}
+    if cur.culprits_available:
+        split_before = prev.wait_split if prev is not None else {}
+        # The probe hands the same objects again for what did not change: identity first, so an idle
+        # cgroup or pair costs a dict lookup, not a comparison of every field.
+        for victim_id, split in cur.wait_split.items():
+            was = split_before.get(victim_id)
+            if was is not split and was != split:
+                splits[victim_id] = split.delta(was)
+        pairs_before = prev.culprits if prev is not None else {}
+        for pair, stats in cur.culprits.items():
+            was_pair = pairs_before.get(pair)
+            if was_pair is not stats and was_pair != stats:
+                pairs[pair] = stats.delta(was_pair)
+    return RunqInterval(cur.monotonic_s - prev.monotonic_s if prev is not None else 0.0, per_cgroup, per_cpu,
+                        splits, pairs, cur.culprits_available)
 
 
 def top_culprits(prev: RunqSnapshot | None, cur: RunqSnapshot, victim_cgroup_id: int, k: int = 5) -> list[RankedCulprit]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from probes.base import BpfProbe
 from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
-from probes.hist import NN_HIST_SIZE, LatencyHistogram
+from probes.hist import NN_HIST_SIZE, IntervalHistogram, LatencyHistogram
 from probes.host import HostPaths
 
 SPEC = ProbeSpec(
@@ -188,26 +188,59 @@ def read_proc_softirqs(paths: HostPaths | None = None) -> dict[tuple[int, str], 
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class SoftirqDelta:
+    """One CPU x vector over an interval."""
+
+    entries: int  # may be < 0 if the map was reset: readers clamp
+    delay: IntervalHistogram
+    runtime: IntervalHistogram
+
+
+@dataclass(frozen=True)
+class SoftirqInterval:
+    """Two snapshots' difference (the plugin's ``delta``): every CPU x vector the probe has (a few per CPU,
+    no per-cgroup map), in the snapshot's order. Raw counts: readers divide by their interval."""
+
+    interval_s: float  # 0 when there is no earlier snapshot
+    stats: dict[tuple[int, str], SoftirqDelta]
+
+
+def delta(prev: SoftirqSnapshot | None, cur: SoftirqSnapshot) -> SoftirqInterval:
+    """The interval prev → cur (prev None: since load)."""
+    stats: dict[tuple[int, str], SoftirqDelta] = {}
+    for (cpu, vector), s in cur.stats.items():
+        before = prev.stats.get((cpu, vector)) if prev else None
+        stats[(cpu, vector)] = SoftirqDelta(
+            s.entries - (before.entries if before else 0),
+            s.delay.delta(before.delay if before else None),
+            s.runtime.delta(before.runtime if before else None),
+        )
+    return SoftirqInterval(cur.monotonic_s - prev.monotonic_s if prev else 0.0, stats)
+
+
 def summarize(prev: SoftirqSnapshot | None, cur: SoftirqSnapshot, include_idle: bool = False) -> list[dict]:
-    """JSON-able rows per CPU x vector for the interval prev → cur (prev None: since load).
+    """JSON-able rows per CPU x vector for the interval prev → cur (prev None: since load): :func:`rows`
+    of :func:`delta`."""
+    return rows(delta(prev, cur), include_idle)
+
+
+def rows(interval: SoftirqInterval, include_idle: bool = False) -> list[dict]:
+    """JSON-able rows per CPU x vector of one interval.
 
     `runtime_s_per_s` is the share of the CPU the vector took (softirq seconds per wall second);
     delay columns cover entries whose raise was seen (`delay_samples`). Rows with no entries in the
     interval are left out unless `include_idle`. Sorted by CPU, then vector number.
     """
-    interval = cur.monotonic_s - prev.monotonic_s if prev else 0.0
-    rows = []
-    for (cpu, vector), s in sorted(cur.stats.items(), key=lambda kv: (kv[0][0], VECTORS.index(kv[0][1]))):
-        before = prev.stats.get((cpu, vector)) if prev else None
-        entries = s.entries - (before.entries if before else 0)
-        delay = s.delay.delta(before.delay if before else None)
-        runtime = s.runtime.delta(before.runtime if before else None)
-        if not include_idle and entries <= 0 and not runtime.count:
+    out = []
+    for (cpu, vector), d in sorted(interval.stats.items(), key=lambda kv: (kv[0][0], VECTORS.index(kv[0][1]))):
+        delay, runtime = d.delay, d.runtime
+        if not include_idle and d.entries <= 0 and not runtime.count:
             continue
-        rows.append({
+        out.append({
             "cpu": cpu,
             "vector": vector,
-            "entries": max(entries, 0),
+            "entries": max(d.entries, 0),
             "delay_samples": delay.count,
             "delay_p50_us": round(delay.quantile_ns(0.5) / 1e3, 3),
             "delay_p99_us": round(delay.quantile_ns(0.99) / 1e3, 3),
@@ -215,6 +248,6 @@ def summarize(prev: SoftirqSnapshot | None, cur: SoftirqSnapshot, include_idle: 
             "runtime_p99_us": round(runtime.quantile_ns(0.99) / 1e3, 3),
             "runtime_max_us": round(runtime.max_ns / 1e3, 3),
             "runtime_s": runtime.sum_ns / 1e9,
-            "runtime_s_per_s": runtime.sum_ns / 1e9 / interval if interval > 0 else 0.0,
+            "runtime_s_per_s": runtime.sum_ns / 1e9 / interval.interval_s if interval.interval_s > 0 else 0.0,
         })
-    return rows
+    return out

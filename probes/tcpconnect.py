@@ -28,7 +28,7 @@ import numpy as np
 from probes.base import BpfProbe
 from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
-from probes.hist import HIST_SLOTS, LatencyHistogram
+from probes.hist import HIST_SLOTS, IntervalHistogram, LatencyHistogram
 from probes.host import HostPaths
 
 _STATE = Tracepoint("inet_sock_set_state", "tcpconnect_state_btf", "tcpconnect_state_raw")
@@ -396,6 +396,44 @@ def _dest_rows(prev: TcpConnectSnapshot | None, cur: TcpConnectSnapshot, key: tu
     return rows[:top_n]
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectDelta:
+    """One (cgroup, netns) over an interval: ConnectStats' counters as differences (not clamped: a
+    reader that sums several keys clamps the sum), the successful connects' latency."""
+
+    latency: IntervalHistogram
+    successes: int
+    failures: int
+    refused: int
+    timeouts: int
+    aborts: int
+    local_errors: int
+    syn_retransmits: int
+
+
+@dataclass(frozen=True)
+class TcpConnectInterval:
+    """Two snapshots' difference (the plugin's ``delta``), read by ``top`` and the agent's detector: only
+    the (cgroup, netns) keys whose counters changed. Raw counts: readers divide by their interval."""
+
+    interval_s: float | None  # None when there is no earlier snapshot
+    per_key: dict[tuple[int, int], ConnectDelta]
+
+
+def delta(prev: TcpConnectSnapshot | None, cur: TcpConnectSnapshot) -> TcpConnectInterval:
+    """The interval prev → cur (prev None: since load)."""
+    per_key: dict[tuple[int, int], ConnectDelta] = {}
+    for key, now in cur.per_key.items():
+        before = prev.per_key.get(key) if prev else None
+        if before == now:
+            continue  # nothing connected from it
+        per_key[key] = ConnectDelta(
+            now.latency.delta(before.latency if before else None),
+            *(getattr(now, name) - (getattr(before, name) if before else 0) for name in _STATS_COUNTERS),
+        )
+    return TcpConnectInterval(cur.monotonic_s - prev.monotonic_s if prev else None, per_key)
+
+
 def summarize(prev: TcpConnectSnapshot | None, cur: TcpConnectSnapshot, top_n: int = 5) -> list[dict]:
     """JSON-able rows for the interval prev → cur, one per (cgroup, netns) with activity in it.
 
@@ -403,22 +441,18 @@ def summarize(prev: TcpConnectSnapshot | None, cur: TcpConnectSnapshot, top_n: i
     exact when it grew during the interval). `top_destinations` ranks by mean connect latency in the
     interval, then failures. Rows are sorted worst first: failures + SYN retransmits, then p99.
     """
+    interval = delta(prev, cur)
     rows = []
-    for key, now in cur.per_key.items():
-        before = prev.per_key.get(key) if prev else None
-
-        def delta(name: str, now: ConnectStats = now, before: ConnectStats | None = before) -> int:
-            return max(getattr(now, name) - (getattr(before, name) if before else 0), 0)
-
-        d = {name: delta(name) for name in _STATS_COUNTERS}
+    for key, moved in interval.per_key.items():
+        d = {name: max(getattr(moved, name), 0) for name in _STATS_COUNTERS}
         connects = d["successes"] + d["failures"] + d["aborts"] + d["local_errors"]
         if not connects and not d["syn_retransmits"]:
             continue
-        lat = now.latency.delta(before.latency if before else None)
+        lat = moved.latency
         rows.append({
             "cgroup_id": key[0],
             "netns": key[1],
-            "interval_s": round(cur.monotonic_s - prev.monotonic_s, 3) if prev else None,
+            "interval_s": None if interval.interval_s is None else round(interval.interval_s, 3),
             "connects": connects,
             **d,
             "latency_p50_ms": _ms(lat.quantile_ns(0.5)) if lat.count else None,

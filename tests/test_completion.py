@@ -46,7 +46,7 @@ def test_every_option_of_a_subcommand_is_offered(script):
 
 
 def test_option_values_and_files(script, tmp_path):
-    assert complete(script, "noisyneighbor top --view ") == ["runq", "softirq", "reclaim", "tcp", "psi", "all"]
+    assert complete(script, "noisyneighbor top --view ") == ["runq", "softirq", "reclaim", "tcp", "gpu", "psi", "all"]
     assert complete(script, "noisyneighbor diagnose --pods k") == ["kubelet"]
     assert {"bash", "zsh"} <= set(complete(script, "noisyneighbor completion "))
     (tmp_path / "report-here.html").write_text("")

@@ -3,6 +3,7 @@ a stand-in NVML with /proc/<pid>/cgroup files in a temp dir, GPU memory per pod 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -123,3 +124,49 @@ def test_driver_failure_turns_it_off_with_the_reason(tmp_path):
     assert probe.snapshot().per_cgroup == {}
     assert probe.status.state == "off" and "GPU is lost" in probe.status.reason
     probe.close()
+
+
+def test_top_gpu_view_from_the_plugins_declared_table(tmp_path):
+    """`top --view gpu`: the plugin declares its table (ProbePlugin.top_table); top's one table source
+    makes rows from the plugin's delta and names the pod from the path, and the view renders them. Not
+    part of `--view all` (the plugin is not loaded by default)."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from noisyneighbor.sections import ALL_VIEWS, PROBE_SOURCES, VIEWS, Context, TableSource
+    from noisyneighbor.top import Frame, collect, frame_record, views_of
+    from noisyneighbor.views import KEYS_HINT, VIEW_HOTKEYS, render_frame
+
+    assert "gpu" in VIEWS and "gpu" not in ALL_VIEWS and "gpu" not in views_of("all")
+    assert PROBE_SOURCES["gpu"] is TableSource and VIEW_HOTKEYS["g"] == "gpu" and "[g]pu" in KEYS_HINT
+
+    paths = _fake_proc(tmp_path)
+    ctx = Context(paths, discover(HostPaths()), resolver=None)  # type: ignore[arg-type]  # rows named by path
+    source = PROBE_SOURCES["gpu"](GpuPodsProbe(paths, nvml_loader=_FakeNvml), ctx)
+    try:
+        source.start()
+        frame: Frame = collect([source])
+    finally:
+        source.close()
+    section = frame.sections["gpu"]
+    [row] = section.rows
+    assert row["cgroup"] == CTR and row["memory_bytes"] == (1 << 30) + (2 << 30) + (512 << 20)
+    assert row["processes"] == 3 and row["devices"] == "0,1" and row["pod_uid"] == "0a1b2c3d-0000-4000-8000-00000000000b"
+    assert section.drops == {"process_exited": 1}
+
+    record = json.loads(json.dumps(frame_record(frame)))
+    assert record["gpu"]["rows"][0]["memory_bytes"] == row["memory_bytes"] and "cgroups" not in record
+
+    out = io.StringIO()
+    statuses = {"gpu": source.status}
+    Console(file=out, width=160).print(render_frame(frame.ts, frame.sections, ["gpu"], statuses))
+    text = out.getvalue()
+    assert "── gpu: GPU memory per cgroup — gpu: on" in text
+    assert "GPU MEMORY▼" in text and "3.50GiB" in text and row["name"] in text and "drops: 1" in text
+
+    out = io.StringIO()  # an interval with no GPU process says so instead of an empty table
+    Console(file=out, width=160).print(render_frame(frame.ts, {"gpu": dataclasses.replace(section, rows=[])},
+                                                    ["gpu"], statuses))
+    assert "nothing this interval: no process holds GPU memory" in out.getvalue()

@@ -242,3 +242,25 @@ def test_koordinator_keys_we_do_not_use_are_accepted(tmp_path: Path):
         "resource-threshold-config": {"cpuEvictPolicy": "evictByRealLimit"},
     })))
     assert p.resource_qos.ls.enable and not p.resource_qos.be.enable
+
+
+def test_one_key_matcher_two_unknown_key_behaviours():
+    """Dataclass sections and flat name lists share one key matcher; only what an unknown key does
+    differs: skipped when listed as ignored (keys Koordinator reads), else the same one-line error."""
+    from detector.policy.fields import _Ctx, _match_keys
+
+    ctx = _Ctx("p.yaml", {})
+    doc = {"cpuSuppressThresholdPercent": 60, "name": "x"}
+    names = ["cpu_suppress_threshold_percent"]
+    assert _match_keys(doc, names, "rt", ctx, ignored={"name"}) == [
+        ("cpu_suppress_threshold_percent", "rt.cpuSuppressThresholdPercent", 60)]
+    with pytest.raises(PolicyError) as e:
+        _match_keys(doc, names, "rt", ctx)
+    assert str(e.value) == "p.yaml: rt.name: unknown key"
+    with pytest.raises(PolicyError) as e:
+        _match_keys({"nodeNme": "a"}, ["node_name"], "kubernetes", ctx)
+    assert str(e.value) == "p.yaml: kubernetes.nodeNme: unknown key (did you mean 'nodeName'?)"
+    assert _match_keys(None, names, "rt", ctx) == []
+    with pytest.raises(PolicyError) as e:
+        _match_keys([1], names, "rt", ctx)
+    assert str(e.value) == "p.yaml: rt: expected a mapping, got a list"

@@ -9,7 +9,8 @@ import pytest
 
 from detector.catalog import SIGNALS, CatalogError, check_plugin_signals
 from noisyneighbor import exporter as ex
-from noisyneighbor.sections import PROBE_SOURCES, SOURCE_ORDER, VIEW_SOURCES, VIEWS
+from noisyneighbor.sections import ALL_VIEWS, PROBE_SOURCES, SOURCE_ORDER, VIEW_SOURCES, VIEWS
+from noisyneighbor.views import RENDERERS, VIEW_TITLES
 from probes.collect import BPF_PROBES
 from probes.registry import BY_NAME, DEFAULT_NAMES, NAMES, PLUGINS, plugin
 from probes.snapshot import NodeSnapshot
@@ -55,3 +56,6 @@ def test_top_views_follow_the_registry():
     assert (*(p.name for p in with_view), "psi") == SOURCE_ORDER
     assert all(VIEW_SOURCES[p.top_view] == (p.name,) for p in with_view)
     assert set(PROBE_SOURCES) == {p.name for p in with_view}
+    # every view renders with a title; a plugin's declared table (ProbePlugin.top_table) gets both
+    assert set(RENDERERS) == set(VIEW_TITLES) == set(VIEWS)
+    assert (*(p.top_view for p in with_view if p.default), "psi") == ALL_VIEWS  # --view all: the default probes'

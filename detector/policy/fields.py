@@ -9,7 +9,8 @@ import json
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,22 +68,37 @@ def _build(cls: type, value: Any, keypath: str, ctx: _Ctx, base: Any = None, ign
     base = base if base is not None else cls()
     if value is None:
         return base
+    hints = typing.get_type_hints(cls)
+    changes: dict[str, Any] = {}
+    for name, kp, v in _match_keys(value, [f.name for f in dataclasses.fields(cls)], keypath, ctx, ignored):
+        changes[name] = _coerce(v, hints[name], kp, ctx)
+        _check_value(cls, name, changes[name], kp, ctx)
+    return dataclasses.replace(base, **changes)
+
+
+def _match_keys(
+    value: Any, names: Sequence[str], keypath: str, ctx: _Ctx, ignored: AbstractSet[str] = frozenset()
+) -> list[tuple[str, str, Any]]:
+    """(name, key path, value) for each key of the mapping ``value``, matched to ``names`` in any
+    spelling (camelCase, kebab, snake). A key that matches none is skipped when its normalised
+    spelling is in ``ignored`` (keys another tool reads), else an error that suggests the closest
+    name. None: no keys. One loop for dataclass sections and for flat name lists, so both spell and
+    report keys the same way."""
+    if value is None:
+        return []
     if not isinstance(value, Mapping):
         raise ctx.error(keypath, f"expected a mapping, got {_type_name(value)}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
     by_norm = {_norm(n): n for n in names}
-    changes: dict[str, Any] = {}
+    out: list[tuple[str, str, Any]] = []
     for raw_key, v in value.items():
         kp = _join(keypath, str(raw_key))
         name = by_norm.get(_norm(str(raw_key)))
         if name is None:
             if _norm(str(raw_key)) in ignored:
                 continue
-            raise ctx.error(kp, _unknown(str(raw_key), names))
-        changes[name] = _coerce(v, hints[name], kp, ctx)
-        _check_value(cls, name, changes[name], kp, ctx)
-    return dataclasses.replace(base, **changes)
+            raise ctx.error(kp, _unknown(str(raw_key), list(names)))
+        out.append((name, kp, v))
+    return out
 
 
 def _unknown(key: str, names: list[str]) -> str:

@@ -17,6 +17,7 @@ from detector.policy.fields import (
     _coerce,
     _Ctx,
     _join,
+    _match_keys,
     _norm,
     _type_name,
     _unknown,
@@ -143,18 +144,10 @@ _POLICY_FIELD_TYPES = typing.get_type_hints(Policy)
 
 
 def _build_flat(names: Mapping[str, str], value: Any, keypath: str, ctx: _Ctx) -> dict[str, Any]:
-    """Policy-level fields given under a section; returns {field: value}, validated per type."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ctx.error(keypath, f"expected a mapping, got {_type_name(value)}")
-    by_norm = {_norm(k): k for k in names}
+    """Policy-level fields given under a section; returns {field: value}, validated per type. Every
+    key must be known (no ``ignored``: our own format has no keys for other tools)."""
     out: dict[str, Any] = {}
-    for raw_key, v in value.items():
-        kp = _join(keypath, str(raw_key))
-        key = by_norm.get(_norm(str(raw_key)))
-        if key is None:
-            raise ctx.error(kp, _unknown(str(raw_key), list(names)))
+    for key, kp, v in _match_keys(value, list(names), keypath, ctx):
         attr = names[key]
         out[attr] = _coerce(v, _POLICY_FIELD_TYPES[attr], kp, ctx)
         _check_value(Policy, attr, out[attr], kp, ctx)
