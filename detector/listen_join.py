@@ -32,6 +32,7 @@ from detector.model import Culprit, Evidence
 from probes.hist import HIST_SLOTS, slot_bounds_us
 from probes.listenq import ListenReport, ListenSocket, NetnsReading
 from probes.tcpconnect import TcpConnectSnapshot
+from probes.tcpconnect import delta as tcp_delta
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +69,11 @@ class ListenJoin:
         trouble = False
         if prev is not None and cur is not None:
             slow_slot = next((i for i in range(HIST_SLOTS) if slot_bounds_us(i)[0] * 1e3 >= self.slow_ns), HIST_SLOTS)
-            for key, s in cur.per_key.items():
-                ps = prev.per_key.get(key)
-                if ps == s:
-                    continue
-                bad = (s.failures + s.aborts + s.syn_retransmits) - \
-                      ((ps.failures + ps.aborts + ps.syn_retransmits) if ps else 0)
-                slow = sum(s.latency.delta(ps.latency if ps else None).slots[slow_slot:])
+            # The probe's own interval (its plugin's delta, what top and the detector read): only the
+            # (cgroup, netns) keys whose counters moved.
+            for moved in tcp_delta(prev, cur).per_key.values():
+                bad = moved.failures + moved.aborts + moved.syn_retransmits
+                slow = sum(moved.latency.slots[slow_slot:])
                 trouble = trouble or bad > 0 or slow > 0
             # The destination table (up to 16k entries) is walked only in a tick with trouble.
             for dest, d in (cur.destinations.items() if trouble else ()):
