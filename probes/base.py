@@ -62,11 +62,12 @@ class BpfProbe(Generic[Event]):
 
     def read_drops(self) -> dict[str, int]:
         """The per-CPU `drops` counters summed over CPUs, by reason."""
-        drops = {}
-        for i, reason in enumerate(DROP_REASONS):
-            values = self.probe.map_lookup("drops", i.to_bytes(4, "little")) or []
-            drops[reason] = sum(struct.unpack("<Q", v)[0] for v in values)  # type: ignore[union-attr]
-        return drops
+        # One batched read of the whole (small, per-CPU) array, not a lookup per reason: every probe's
+        # snapshot reads it every tick. Each entry is one u64 per possible CPU.
+        blob = self.probe.map_array_prefix("drops", len(DROP_REASONS))
+        words = struct.unpack(f"<{len(blob) // 8}Q", blob[: len(blob) // 8 * 8])
+        per_cpu = len(words) // len(DROP_REASONS)
+        return {reason: sum(words[i * per_cpu:(i + 1) * per_cpu]) for i, reason in enumerate(DROP_REASONS)}
 
     def close(self) -> None:
         if self._ring is not None:

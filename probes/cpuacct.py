@@ -362,7 +362,9 @@ class CgroupCpuReader:
     """One cgroup's CPU accounting, read often and cheaply: file paths built once, and the limit
     files (quota, period) only when asked (``limits=True``: first read, wheel turns, now and then
     while it runs), since only an actuator or a resize changes them. ``cpu.stat`` (v1) is read only
-    while a quota is set: without one nothing is throttled and its counters stand still.
+    while a quota is set: without one nothing is throttled and its counters stand still. The v1
+    user/system split (``cpuacct.stat``) is read with the limits: between two such reads it is that
+    read's (usage itself, ``cpuacct.usage``, is read every time).
     Same results as :func:`read_cgroup_cpu` with fresh limits."""
 
     def __init__(self, layout: CgroupLayout, cgroup_path: str, clock_ticks: int | None = None) -> None:
@@ -382,6 +384,7 @@ class CgroupCpuReader:
         self.period_us: int | None = None
         self.bandwidth = False  # v1: the cpu controller has CFS bandwidth files
         self._limits_read = False
+        self._acct: dict[str, int] | None = None  # v1 cpuacct.stat as of the last read of the limits
 
     def files(self) -> list[str]:
         """Every file it may read (to close them where they are kept open)."""
@@ -400,11 +403,17 @@ class CgroupCpuReader:
         if self.usage_file is None or self.acct_file is None:
             return None
         usage_text = read_small(self.usage_file)
-        acct_text = read_small(self.acct_file)
         usage = None if usage_text is None else _parse_int(usage_text)
-        if usage is None or acct_text is None:
+        if usage is None:
             return None
-        acct = parse_keyed_counters(acct_text)
+        # The user/system split (cpuacct.stat) is read with the limits, not every tick: nothing per tick
+        # needs it, and it was one of the two files read for every active cgroup.
+        if limits or self._acct is None:
+            acct_text = read_small(self.acct_file)
+            if acct_text is None:
+                return None
+            self._acct = parse_keyed_counters(acct_text)
+        acct = self._acct
         if limits and self.quota_file is not None and self.period_file is not None:
             limits_v1 = _v1_limits(read_small(self.quota_file), read_small(self.period_file))
             if limits_v1 is None:

@@ -634,7 +634,9 @@ class BpfObject:
             fd = self.program_fd(name)
             fields: dict[str, int] = {}
             try:
-                for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
+                with open(f"/proc/self/fdinfo/{fd}", "rb", buffering=0) as f:  # read every tick: no pathlib
+                    text = f.read(4096).decode()
+                for line in text.splitlines():
                     key, _, value = line.partition(":")
                     if value.strip().isdigit():
                         fields[key.strip()] = int(value)
