@@ -18,7 +18,6 @@ Two facts shape the design:
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import stat
@@ -107,13 +106,38 @@ def parse_cgroup_path(path: str) -> CgroupIdentity:
     kubepods tree nested under some prefix (kind, kubelet in its own slice): the first kubepods
     component wins, because from the host the outermost pod is the one this node's kubelet runs.
     """
-    return _parse_cached(path)
+    return _IDENTITIES.get(path)
 
 
-@functools.lru_cache(maxsize=4096)
-def _parse_cached(path: str) -> CgroupIdentity:
-    # Cached because a rescan re-parses every path on the host and nearly all of them are the same
-    # as last time; identities are immutable, so sharing them is safe.
+class _IdentityCache:
+    """Parsed paths, kept while their cgroups are there.
+
+    Paths are parsed tick after tick (workloads, exporter) and nearly all are the same as last time;
+    identities are immutable, so sharing them is safe. A fixed-size LRU of 4,096 kept the paths of
+    removed pods until it was full: under pod churn the agent's memory grew by ~2 MiB of such entries
+    (tracemalloc, bench/agent_footprint.py). Here every walk of the hierarchy starts a generation: the
+    paths it finds, and any path used since, are carried over; a path unused for a whole generation
+    (a removed cgroup) is dropped."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, CgroupIdentity] = {}
+        self.previous: dict[str, CgroupIdentity] = {}
+
+    def get(self, path: str) -> CgroupIdentity:
+        ident = self.current.get(path)
+        if ident is None:
+            ident = self.previous.get(path) or _parse(path)
+            self.current[path] = ident
+        return ident
+
+    def new_generation(self) -> None:
+        self.previous, self.current = self.current, {}
+
+
+_IDENTITIES = _IdentityCache()
+
+
+def _parse(path: str) -> CgroupIdentity:
     norm, parts = _normalize(path)
     if not parts:
         return CgroupIdentity(path="/", kind="root", display="/")
@@ -320,6 +344,7 @@ class CgroupResolver:
     def _rescan(self, h: Hierarchy, asked: set[int] | None = None) -> _Index:
         """Walk `h` again. `asked`: ids requested before this walk; those it misses are dead."""
         before = self._indexes.get(h.mount)
+        _IDENTITIES.new_generation()  # the walk carries over the paths it finds
         by_id = self._walk(h, before.by_id if before is not None else {})
         index = _Index(
             by_id=by_id, by_path={i.path: i.id for i in by_id.values()}, scanned_at=self._clock()
@@ -364,8 +389,11 @@ class CgroupResolver:
                     continue
                 child = f"{rel}/{entry.name}"
                 info = known.get(ino)
-                found[ino] = info if info is not None and info.path == child else \
-                    _make_info(child, ino, h, Path(entry.path))
+                if info is not None and info.path == child:
+                    found[ino] = info
+                    parse_cgroup_path(child)  # still there: its parsed identity stays cached
+                else:
+                    found[ino] = _make_info(child, ino, h, Path(entry.path))
                 stack.append((entry.path, child))
         return found
 

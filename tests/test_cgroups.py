@@ -426,3 +426,23 @@ def test_real_v2_tree_has_its_own_ids(make_cgroup) -> None:  # type: ignore[no-u
     info = r.resolve(ino, layout.v2)
     assert info is not None and (info.path, info.hierarchy_version) == (rel, 2)
     assert r.id_of(rel, layout.v2) == ino
+
+
+def test_parsed_paths_of_removed_cgroups_are_not_kept(v2_host: tuple[HostPaths, Path]) -> None:
+    """Paths stay parsed while their cgroups are there; a removed one's entry goes after the next walks
+    (pod churn grew a fixed 4,096-entry cache by ~2 MiB of removed pods' paths)."""
+    from detector import cgroups
+
+    paths, root = v2_host
+    r = CgroupResolver(paths)
+    gone = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podgone_1.slice"
+    (root / gone.lstrip("/")).mkdir(parents=True)
+    r.all(max_age=0.0)
+    cache = cgroups._IDENTITIES
+    assert gone in cache.current and all(p in cache.current for p in TREE)
+    (root / gone.lstrip("/")).rmdir()
+    for _ in range(2):  # two walks: a generation without it, then it is dropped
+        r.all(max_age=0.0)
+    assert gone not in cache.current and gone not in cache.previous
+    assert all(p in cache.current for p in TREE)  # the live ones are carried over by the walk
+    assert parse_cgroup_path(gone).path == gone  # and a path asked again is simply parsed again
