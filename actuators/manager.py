@@ -53,8 +53,11 @@ log = logging.getLogger("noisyneighbor.actuators")
 RECOVERY_SHARE = 0.5
 PROTECTED_QOS = frozenset({"LS", "LSR", "LSE", "SYSTEM"})
 NO_BURST_QOS = frozenset({"LSR", "LSE", "BE"})
-SIGNAL_PRUNE_EVERY = 60  # observe() calls between looks for victim histories nobody feeds any more
-SIGNAL_HISTORY_IDLE_OBSERVES = 300  # ...and how many calls without a value make one forgotten
+SIGNAL_PRUNE_EVERY = 15  # observe() calls between looks for victim histories nobody feeds any more
+# ...and how many calls without a value make one forgotten. A removed pod's history waited this long: at
+# 300 (5 min), 5 minutes of pod churn left ~300 KiB of them (tracemalloc, bench/agent_footprint.py). A
+# minute-old history is no "before" for an action anyway (verification compares a few ticks).
+SIGNAL_HISTORY_IDLE_OBSERVES = 60
 
 # The audit log follows the CLI's JSON conventions (noisyneighbor/output.py: SCHEMA_VERSION, iso_utc), spelled
 # out here because actuators/ does not import noisyneighbor/ (docs/architecture.md); tests/test_actuator_framework
