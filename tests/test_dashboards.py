@@ -291,6 +291,12 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
             time.sleep(RUN_S)
             report = _run_all_queries(prom, gpu_on=_agent_gpu_on(agent), memory_paths_differ=_memory_paths_differ(app))
             rule_health = prom.api("rules")
+            # How the scrapes went: a panel without data is either a missing series or scrapes that failed.
+            scrapes = {name: prom.query(f"{fn}({metric}[{int(RUN_S) + 10}s])")
+                       for name, fn, metric in (("up min", "min_over_time", "up"), ("scrapes", "count_over_time", "up"),
+                                                ("scrape s max", "max_over_time", "scrape_duration_seconds"))}
+            targets = [(t.get("health"), t.get("lastError"), t.get("lastScrapeDuration"))
+                       for t in prom.api("targets").get("activeTargets", [])]
             actions = [a for a in agent.audit() if a.get("event") == "action"]
     finally:
         stop.set()
@@ -314,7 +320,9 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
         print("incident:", inc["event"], inc.get("victim", {}).get("display"), inc.get("cause"),
               [c.get("target", {}).get("display") for c in inc.get("culprits") or []][:3])
     assert rc == 0, f"agent exit code {rc} after SIGTERM:\n{agent.log_tail()}"
-    assert not empty, "queries without data:\n" + "\n".join(empty)
+    scrape_summary = {name: [r["value"][1] for r in result] for name, result in scrapes.items()}
+    print("scrapes:", scrape_summary, "targets:", targets)
+    assert not empty, f"queries without data (scrapes {scrape_summary}, targets {targets}):\n" + "\n".join(empty)
     for group in rule_health["groups"]:
         for rule in group["rules"]:
             assert rule["health"] == "ok", f"{rule['name']}: {rule.get('lastError')}"
