@@ -420,11 +420,21 @@ class BpfMap:
             return b""
         chunks: list[bytes] = []
         got = 0
-        for count, raw_values in self._raw_batches(min(batch, n)):
-            chunks.append(raw_values)
-            got += count
-            if got >= n:
-                break
+        try:
+            for count, raw_values in self._raw_batches(min(batch, n)):
+                chunks.append(raw_values)
+                got += count
+                if got >= n:
+                    break
+        except BpfError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOTSUP, 524):  # 524: kernel ENOTSUPP (no batch ops)
+                raise
+            # As array_values and items do: one lookup per entry where the kernel cannot batch.
+            chunks = []
+            for _, value in self.items(split=False):
+                chunks.append(value)  # type: ignore[arg-type]
+                if len(chunks) >= n:
+                    break
         return b"".join(chunks)[: n * self._stride]
 
     def _raw_batches(self, batch: int) -> Iterator[tuple[int, bytes]]:

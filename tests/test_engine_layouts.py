@@ -78,6 +78,30 @@ def test_every_probe_loads_with_its_declarations_on_this_kernel(name):
         assert probe.status.state in ("on", "degraded"), probe.status.line()
 
 
+def test_an_array_prefix_reads_the_same_without_batch_ops(monkeypatch):
+    """A kernel without BPF_MAP_LOOKUP_BATCH (EINVAL) gets the same bytes from one lookup per entry."""
+    import errno
+
+    from probes.libbpf import BpfError, BpfMap
+
+    with runqlat.RunqLatProbe() as probe:
+        batched = probe.probe.map_array_prefix("runq_cpu", 1)
+        drops = probe.read_drops()
+
+        def no_batch(self, batch):
+            raise BpfError("bpf_map_lookup_batch", errno.EINVAL)
+            yield  # a generator, as the real one
+
+        monkeypatch.setattr(BpfMap, "_batches", no_batch)
+        lookups: list[str] = []
+        real_lookup = BpfMap.lookup
+        monkeypatch.setattr(BpfMap, "lookup", lambda self, key: (lookups.append(self.name), real_lookup(self, key))[1])
+        looked_up = probe.probe.map_array_prefix("runq_cpu", 1)
+        # every CPU's state, 8-byte aligned, as the batched read gives it (its counters move between reads)
+        assert len(looked_up) == len(batched) > 0 and "runq_cpu" in lookups
+        assert probe.read_drops() == drops and "drops" in lookups  # read entry by entry, the same counts
+
+
 @pytest.mark.parametrize(("name", "map_name", "corrupt"), [
     ("softirq", "stats", lambda key, value: (key, layout_size(value) - 8)),
     ("runqlat", "cgroup_runq", lambda key, value: (key, layout_size(value) + 8)),
