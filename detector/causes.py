@@ -26,6 +26,7 @@ FOREIGN_MINORITY = 0.5  # ... and other cgroups ran for less than this share of 
 SELF_CONTENTION_SHARE = 0.5  # its own threads ran for at least this share of its wait
 ROOT_CGROUP = "/"  # the workload key of the node's processes outside any pod
 NEIGHBOR_SHARE = 0.3  # foreign cgroups ran for at least this share of its wait
+KSWAPD_ACTIVE_PAGES_PER_S = 2560.0  # kswapd reclaimed 10 MiB/s or more: the node is in global reclaim
 
 
 @dataclass
@@ -44,7 +45,8 @@ class CauseContext:
     window_s: float
     cpu_culprits: Callable[[str, dict[str, float], float], list[Culprit]]
     correlation_culprits: Callable[[str, NodeSignals], list[Culprit]]
-    reclaim_culprits: Callable[[str, WorkloadSignals, NodeSignals], list[Culprit]]
+    # (victim key, its row, the node, global reclaim or not; None: global when it stalled in direct reclaim)
+    reclaim_culprits: Callable[[str, WorkloadSignals, NodeSignals, bool | None], list[Culprit]]
     # The servers with full accept queues the victim's connects went to, and the evidence of it.
     connect_servers: Callable[[str], tuple[list[Culprit], list[Evidence]]] = lambda key: ([], [])
     _memo: dict = field(default_factory=dict)
@@ -116,11 +118,25 @@ def self_throttling(ctx: CauseContext) -> Verdict | None:
 
 
 def reclaim(ctx: CauseContext) -> Verdict | None:
+    """It stalls in reclaim in its own allocations, or global reclaim's kswapd runs on its CPUs.
+
+    kswapd is a kernel thread (the root cgroup): while the node reclaims in the background, the
+    victim's wait behind "the node's own processes" is kswapd's, and the pods that grew caused it.
+    """
     row = ctx.row
-    if not (ctx.breached & {"reclaim_stall_ms_per_s", "psi_memory_some"}) or row.reclaim_stall_ms_per_s <= 0:
+    if ctx.breached & {"reclaim_stall_ms_per_s", "psi_memory_some"} and row.reclaim_stall_ms_per_s > 0:
+        confidence = min(1.0, row.reclaim_stall_ms_per_s / (2 * ctx.slo.reclaim_stall_ms_per_s))
+        return Verdict(Cause.RECLAIM, confidence, ctx.reclaim_culprits(ctx.key, row, ctx.signals, None))
+    kswapd = ctx.signals.kswapd_pages_per_s
+    node_share = ctx.foreign.get(ROOT_CGROUP, 0.0) / ctx.total_wait_ns if ctx.total_wait_ns > 0 else 0.0
+    if not (ctx.runq_breach and kswapd >= KSWAPD_ACTIVE_PAGES_PER_S and node_share >= NEIGHBOR_SHARE):
         return None
-    confidence = min(1.0, row.reclaim_stall_ms_per_s / (2 * ctx.slo.reclaim_stall_ms_per_s))
-    return Verdict(Cause.RECLAIM, confidence, ctx.reclaim_culprits(ctx.key, row, ctx.signals))
+    return Verdict(Cause.RECLAIM, min(1.0, node_share), ctx.reclaim_culprits(ctx.key, row, ctx.signals, True), [
+        Evidence("kswapd_pages_per_s", round(kswapd, 1), row.interval_s, threshold=KSWAPD_ACTIVE_PAGES_PER_S,
+                 note="the node reclaims in the background (global reclaim)"),
+        Evidence("who_ran_instead_node_share", round(node_share, 4), ctx.window_s, threshold=NEIGHBOR_SHARE,
+                 note="kernel threads (root cgroup: kswapd) ran on its CPUs while it waited"),
+    ])
 
 
 def softirq(ctx: CauseContext) -> Verdict | None:

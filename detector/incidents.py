@@ -363,9 +363,13 @@ class IncidentEngine:
         kept.sort(key=lambda c: (c.above_request is False, -c.score, c.target.cgroup))
         return kept[:MAX_CULPRITS]
 
-    def _reclaim_culprits(self, key: str, row: WorkloadSignals, signals: NodeSignals) -> list[Culprit]:
-        """Global reclaim: whoever grew its memory most over the last minute; memcg reclaim is the pod's own."""
-        if row.reclaim_by_kind_ms_per_s.get("direct", 0.0) <= 0:
+    def _reclaim_culprits(self, key: str, row: WorkloadSignals, signals: NodeSignals,
+                          global_reclaim: bool | None = None) -> list[Culprit]:
+        """Global reclaim: whoever grew its memory most over the last minute; memcg reclaim is the pod's own.
+        ``global_reclaim`` None: global when the victim stalled in direct (not memcg) reclaim."""
+        if global_reclaim is None:
+            global_reclaim = row.reclaim_by_kind_ms_per_s.get("direct", 0.0) > 0
+        if not global_reclaim:
             return []
         growth = {}
         for ck in signals.workloads:
@@ -415,13 +419,20 @@ class IncidentEngine:
     def _update(self, inc, key, row, state, breaches, signals, now) -> None:
         cause, confidence, culprits, evidence = self._diagnose(key, row, state, breaches, signals)
         # A cause seen with more confidence replaces the first guess; evidence is the latest window.
-        if cause != inc.cause and confidence <= inc.confidence:
+        # "The node's own processes ran instead" (neighbor_cpu naming no pod) is the weakest account:
+        # it never replaces a cause that named the pods behind it (kswapd is a root-cgroup thread; once
+        # the grower is capped, what remains is the node's usual noise, not a new cause).
+        nodes_own = cause == Cause.NEIGHBOR_CPU and not culprits and bool(inc.culprits)
+        if cause != inc.cause and (confidence <= inc.confidence or nodes_own):
             pass  # the first cause stands, with its culprits: another rule's culprits are not its own
         else:
+            # A rule that names no culprit this tick does not clear the ones named before for the same
+            # cause (the global-reclaim grower shrinks once capped, and is still who it was); a new
+            # cause never inherits another rule's culprits (they would be acted on for the wrong cause).
+            if culprits or cause != inc.cause:
+                inc.culprits = culprits
             inc.confidence = round(confidence, 3)
             inc.cause = cause
-            if culprits or cause != Cause.NEIGHBOR_CPU:
-                inc.culprits = culprits
         inc.evidence = evidence
         inc.updated_at = now
         self._emit(inc, "updated")

@@ -124,6 +124,9 @@ class NodeSignals:
     # Every workload that exists, active or not (``workloads`` holds rows only for those whose inputs
     # moved this tick). None: ``workloads`` holds every one.
     present: frozenset[str] | None = None
+    # Pages kswapd reclaimed per second (/proc/vmstat pgsteal_kswapd): global reclaim in the background,
+    # whose CPU time is a kernel thread's (the root cgroup) on whichever CPU kswapd ran.
+    kswapd_pages_per_s: float = 0.0
 
 
 def _merge(intervals: Iterable[IntervalHistogram]) -> IntervalHistogram:
@@ -343,8 +346,12 @@ class SignalBuilder:
                 listed_keys = listed_keys | frozenset(new)
                 self._present_of = (self._present_of[0], self._present_of[1], listed_keys)  # type: ignore[index]
             present = listed_keys
+        kswapd = 0.0
+        if cur.node_vmstat is not None and prev.node_vmstat is not None \
+                and cur.node_vmstat.pgsteal_kswapd is not None and prev.node_vmstat.pgsteal_kswapd is not None:
+            kswapd = max(cur.node_vmstat.pgsteal_kswapd - prev.node_vmstat.pgsteal_kswapd, 0) / dt
         return NodeSignals(dt, rows, dict(sirq_ms), sirq_delay, node_direct, busy, node_psi,
-                           tuple(sorted(cur.node_cpu_per_cpu)), present)
+                           tuple(sorted(cur.node_cpu_per_cpu)), present, kswapd)
 
     def _present(self, listed: Iterable[str]) -> frozenset[str]:
         """Workload keys of the listed (cpu-hierarchy) cgroups and of every workload with a row since

@@ -211,3 +211,55 @@ def test_a_late_softirq_on_a_quiet_cpu_is_not_an_incident():
     run(e, [tick(row(LS, softirq_delay_p99_ns=3e6, softirq_ms_per_s=40.0))])
     (inc,) = e.open_incidents
     assert inc.cause == Cause.SOFTIRQ and inc.signal == "softirq_delay_p99_ns"
+
+
+def _kswapd_tick(kswapd_pages_per_s: float, be_bytes: int, wait_ms: float = 60.0, root_share: float = 0.9) -> NodeSignals:
+    """The victim waits behind the root cgroup (kernel threads) for 90 % of its wait, and stalls a little
+    in direct reclaim itself (under its reclaim SLO); the BE pod holds ``be_bytes``."""
+    wait_ns = wait_ms * 1e6
+    victim = row(LS, runq_p99_ns=20e6, runq_wait_ms_per_s=wait_ms, ran_instead_ns={"/": root_share * wait_ns},
+                 reclaim_stall_ms_per_s=5.0, reclaim_by_kind_ms_per_s={"direct": 5.0})
+    signals = tick(victim, row(BE, cpu_cores=1.0, cpu_weights={0: 1.0}, memory_usage_bytes=be_bytes))
+    signals.kswapd_pages_per_s = kswapd_pages_per_s
+    return signals
+
+
+def test_kswapd_on_the_victims_cpus_is_global_reclaim_by_the_pod_that_grew():
+    # The victim's reclaim stall (5 ms/s) is under its SLO; what hurts is kswapd, a kernel thread,
+    # running on its CPU while the node reclaims 200 MiB/s in the background. The BE pod grew.
+    e = engine(breach_seconds=1.0)
+    run(e, [_kswapd_tick(51200.0, (20 << 30) + i * (64 << 20)) for i in range(3)])
+    (inc,) = e.open_incidents
+    assert inc.cause == Cause.RECLAIM, inc.cause
+    assert [c.target.pod for c in inc.culprits] == ["batch"]
+    assert {"kswapd_pages_per_s", "who_ran_instead_node_share"} <= {ev.signal for ev in inc.evidence}
+    # Capped, the grower shrinks: it is still the culprit of this incident (not cleared by a tick
+    # whose growth window names nobody).
+    run(e, [_kswapd_tick(51200.0, (19 << 30) - i * (64 << 20)) for i in range(70)])
+    (inc,) = e.open_incidents
+    assert inc.cause == Cause.RECLAIM and [c.target.pod for c in inc.culprits] == ["batch"]
+
+
+def test_root_cgroup_wait_without_kswapd_is_the_nodes_own_processes():
+    # The same wait behind the root cgroup while kswapd is idle: system daemons, no reclaim, no culprit.
+    e = engine(breach_seconds=1.0)
+    run(e, [_kswapd_tick(0.0, (20 << 30) + i * (64 << 20)) for i in range(3)])
+    (inc,) = e.open_incidents
+    assert inc.cause == Cause.NEIGHBOR_CPU and inc.culprits == []
+    # and a trickle of background reclaim (under 10 MiB/s) is not enough to call it reclaim
+    e = engine(breach_seconds=1.0)
+    run(e, [_kswapd_tick(1000.0, (20 << 30) + i * (64 << 20)) for i in range(3)])
+    assert e.open_incidents[0].cause == Cause.NEIGHBOR_CPU
+
+
+def test_a_cause_that_named_pods_is_not_replaced_by_the_nodes_own_processes():
+    # Global reclaim by the BE pod is the cause; once the grower is capped kswapd stops, and the
+    # victim's remaining wait is behind the node's own processes (root cgroup, no pod): the incident
+    # stays "reclaim, batch", and nothing is decided against batch for a CPU cause.
+    e = engine(breach_seconds=1.0)
+    run(e, [_kswapd_tick(51200.0, (20 << 30) + i * (64 << 20)) for i in range(3)])
+    decided = list(e.sink.decisions)
+    run(e, [_kswapd_tick(0.0, 19 << 30, root_share=1.0) for _ in range(5)])  # more confident than 0.9
+    (inc,) = e.open_incidents
+    assert inc.cause == Cause.RECLAIM and [c.target.pod for c in inc.culprits] == ["batch"]
+    assert e.sink.decisions == decided
