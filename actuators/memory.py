@@ -4,7 +4,14 @@ Global (direct) reclaim stalls every pod's allocations, the LS victim's too, whi
 cache or heap keeps growing. Capping the BE pod at ``usage * (1 + headroom)`` (cgroup v1
 ``memory.limit_in_bytes``, v2 ``memory.high``: throttled and reclaimed, not OOM-killed) stops the
 growth, and reclaim then takes the BE pod's pages first. Journaled like every file change, verified
-and reverted by the manager like any action. Memcg reclaim at the victim's *own* limit is never a
+and reverted by the manager like any action.
+
+A cap at usage alone leaves the node where it was: at kswapd's watermarks, where whatever kswapd
+frees the capped pod takes again (its charge fits under the cap once kswapd took its pages), and
+kswapd keeps running on the LS pods' CPUs. So the cap is also lowered by what the node's free memory
+lacks to stand clear of the watermarks (kswapd's high watermark plus ``FREE_MARGIN``), taken only
+from the pod's page cache: without swap its heap cannot be reclaimed, and a v1 limit under what can
+be reclaimed fails (EBUSY) rather than cap. Memcg reclaim at the victim's *own* limit is never a
 neighbour's doing: no decision ever comes here for it (advice only, see actuators/mitigate.py).
 
 Refused: non-BE targets (also by the manager), a cap that would not be lower than the current
@@ -13,12 +20,21 @@ limit, and a cap under ``floor_bytes``.
 
 from __future__ import annotations
 
+import os
+
 from actuators.base import FileWrite, Plan, Refused
 from actuators.cgroupfile import CgroupFileError, CgroupFiles, CgroupVanished, Resource
 from actuators.journal import Journal, JournaledFileActuator
 from detector.decisions import ActionKind, Decision, MemorySuppressAmount
+from probes.memstat import read_node_memory
 
 UNLIMITED_V1 = 1 << 62  # v1 reads an unlimited limit as a page-rounded 2^63 - 1
+# Free memory the node should have above kswapd's high watermark once the BE pod gives back its page
+# cache: room for the other pods' allocation bursts before kswapd wakes again.
+FREE_MARGIN_MIN_BYTES = 256 << 20
+FREE_MARGIN_RATIO = 0.01  # of the memory the allocator manages
+GIVE_BACK_FILE_SHARE = 0.9  # of the pod's page cache at most: some of it is dirty or in use right now
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 class MemorySuppressActuator(JournaledFileActuator):
@@ -44,7 +60,8 @@ class MemorySuppressActuator(JournaledFileActuator):
         except (CgroupFileError, ValueError) as e:
             raise Refused(f"cannot read its memory: {e}") from None
         limit = None if limit_text == "max" or int(limit_text) >= UNLIMITED_V1 else int(limit_text)
-        cap = int(usage * (1.0 + max(0.0, amount.headroom)))
+        give_back, why = self._give_back(cgroup) if amount.give_back_to_node else (0, "")
+        cap = int(usage * (1.0 + max(0.0, amount.headroom))) - give_back
         cap -= cap % 4096
         if cap < amount.floor_bytes:
             raise Refused(f"{decision.target.display} uses {usage >> 20} MiB: a cap there is under the "
@@ -55,5 +72,37 @@ class MemorySuppressActuator(JournaledFileActuator):
         write = FileWrite(str(path), limit_text, str(cap))
         return Plan(decision, f"memory suppress {decision.target.display}: limit "
                               f"{'none' if limit is None else f'{limit >> 20} MiB'} -> {cap >> 20} MiB "
-                              f"(usage {usage >> 20} MiB)", (write,),
-                    details={"usage_bytes": usage, "limit_bytes": cap})
+                              f"(usage {usage >> 20} MiB{why})", (write,),
+                    details={"usage_bytes": usage, "limit_bytes": cap, "give_back_bytes": give_back})
+
+    def _give_back(self, cgroup: str) -> tuple[int, str]:
+        """Bytes of the pod's page cache that bring the node's free memory to its target, and why."""
+        node = read_node_memory(self.files.paths)
+        if node is None:
+            return 0, ""
+        margin = max(FREE_MARGIN_MIN_BYTES, int(node.managed_pages * PAGE_BYTES * FREE_MARGIN_RATIO))
+        target = node.wmark_high_pages * PAGE_BYTES + margin
+        free = node.free_pages * PAGE_BYTES
+        if free >= target:
+            return 0, ""
+        file_bytes = self._file_bytes(cgroup)
+        give_back = min(target - free, int(file_bytes * GIVE_BACK_FILE_SHARE))
+        give_back -= give_back % PAGE_BYTES
+        if give_back <= 0:
+            return 0, f"; the node lacks {(target - free) >> 20} MiB of free memory but it holds no page cache"
+        return give_back, (f"; gives back {give_back >> 20} MiB of its {file_bytes >> 20} MiB page cache: node free "
+                           f"{free >> 20} MiB, kswapd's high watermark + margin {target >> 20} MiB")
+
+    def _file_bytes(self, cgroup: str) -> int:
+        """The pod's page cache (file LRU pages, its whole subtree on v1 too); 0 when unreadable."""
+        try:
+            stat = (self.files.dir(Resource.MEMORY_USAGE, cgroup) / "memory.stat").read_text()
+        except OSError:
+            return 0
+        values = dict(line.split(" ", 1) for line in stat.splitlines() if " " in line)
+        keys = ("total_inactive_file", "total_active_file") if "total_inactive_file" in values \
+            else ("inactive_file", "active_file")
+        try:
+            return sum(int(values.get(k, "0")) for k in keys)
+        except ValueError:
+            return 0

@@ -101,6 +101,9 @@ class MemorySuppressAmount:
 
     headroom: float = 0.0
     floor_bytes: int = 64 * 1024 * 1024
+    # Also lower the cap by what the node's free memory lacks above kswapd's watermark, from the pod's
+    # page cache (actuators/memory.py): a cap at usage alone leaves the node in reclaim.
+    give_back_to_node: bool = True
 
 
 Amount = SuppressAmount | EvictAmount | BurstAmount | ResctrlAmount | MemorySuppressAmount

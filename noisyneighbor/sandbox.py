@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover, self_cgroups
@@ -163,6 +164,44 @@ def _rmdir_retry(d: Path, deadline: float) -> None:
             if time.monotonic() > deadline or any(p.is_dir() for p in d.iterdir()):
                 return
             time.sleep(0.02)
+
+
+@dataclass(frozen=True)
+class _ReRooted(Hierarchy):
+    """A hierarchy whose cgroups are named by their path in another one: ``strip`` (the other
+    hierarchy's own cgroup) is cut from the front and the rest is looked up below ``mount``."""
+
+    strip: str = "/"
+
+    def path_of(self, cgroup_path: str) -> Path:
+        rel = cgroup_path.strip("/")
+        strip = self.strip.strip("/")
+        if strip and (rel == strip or rel.startswith(strip + "/")):
+            rel = rel[len(strip):].lstrip("/")
+        return self.mount / rel
+
+
+def sandbox_layout(paths: HostPaths | None = None, layout: CgroupLayout | None = None) -> CgroupLayout:
+    """The host's layout with each v1 hierarchy re-rooted so that a test pod's cpu-hierarchy path
+    names the same pod in every hierarchy.
+
+    OwnedCgroup nests test pods under this process's own cgroup in each hierarchy, and on a v1 host
+    those can differ (cpu:/ but memory:/process_api/<id> here). The detector names a pod by its cpu
+    path, so an actuator writing memory.limit_in_bytes at that path in the memory hierarchy would miss
+    the pod (or, worse, find another). On a Kubernetes node the kubelet's path is the same in every
+    hierarchy and the agent uses the plain layout; the bench and tests that act on their own pods
+    through another hierarchy use this one. v2 has one hierarchy: nothing to re-root.
+    """
+    paths = paths or HostPaths()
+    layout = layout or discover(paths)
+    mine = self_cgroups(paths)
+    cpu_own = mine.get("cpu", mine.get("", "/"))
+    v1: dict[str, Hierarchy] = {}
+    for controller, h in layout.v1.items():
+        own = mine.get(controller, "/")
+        v1[controller] = h if own == cpu_own else \
+            _ReRooted(h.version, h.path_of(own), h.controllers, strip=cpu_own)
+    return CgroupLayout(v2=layout.v2, v1=v1)
 
 
 def cleanup_prefix(paths: HostPaths | None = None, prefix: str | None = None) -> None:

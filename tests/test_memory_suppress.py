@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +96,84 @@ def test_planner_global_reclaim_caps_the_be_grower_memcg_reclaim_is_advice() -> 
     ls_grower.incident_id = "inc-3"
     planner(ls_grower, "opened")
     assert len(sink.decisions) == 1 and any("not touched" in e.note for e in ls_grower.evidence)
+
+
+def _fake_node(tmp_path: Path, free_mib: int, file_mib: int, usage_mib: int = 4096) -> CgroupFiles:
+    """A v2 host in a temp dir: the node's zone counters (high watermarks 100 MiB, 24 GiB managed) and
+    one BE pod with ``usage_mib`` used, ``file_mib`` of it page cache, no memory.high."""
+    pages = lambda mib: mib * 1024 * 1024 // 4096  # noqa: E731
+    paths = HostPaths.under(tmp_path)
+    paths.proc.mkdir(parents=True)
+    (paths.proc / "vmstat").write_text(f"nr_free_pages {pages(free_mib)}\nnr_inactive_file 1000\nnr_active_file 1000\n")
+    (paths.proc / "zoneinfo").write_text(
+        f"Node 0, zone   Normal\n  pages free     1\n        min      {pages(60)}\n        low      {pages(80)}\n"
+        f"        high     {pages(100)}\n        spanned  1\n        present  {pages(24576)}\n"
+        f"        managed  {pages(24576)}\n")
+    pod = paths.cgroup_root / "kubepods.slice/batch"
+    pod.mkdir(parents=True)
+    (paths.cgroup_root / "cgroup.controllers").write_text("cpu memory\n")
+    (pod / "memory.current").write_text(f"{usage_mib << 20}\n")
+    (pod / "memory.high").write_text("max\n")
+    half = (file_mib << 20) // 2
+    (pod / "memory.stat").write_text(f"anon {(usage_mib - file_mib) << 20}\nfile {file_mib << 20}\n"
+                                     f"active_file {half}\ninactive_file {half}\n")
+    return CgroupFiles(paths)
+
+
+@pytest.mark.skipif(os.sysconf("SC_PAGE_SIZE") != 4096, reason="the fake zone counters are in 4 KiB pages")
+def test_the_cap_gives_the_node_back_its_free_memory_from_the_pods_page_cache(tmp_path: Path) -> None:
+    # Free 150 MiB against a target of 100 MiB (high watermark) + 256 MiB margin (1 % of 24 GiB is
+    # less): the cap is 206 MiB under usage, all of it page cache.
+    files = _fake_node(tmp_path / "a", free_mib=150, file_mib=1024)
+    plan = MemorySuppressActuator(files, Journal(tmp_path / "ja")).plan(_decision("kubepods.slice/batch"))
+    (write,) = plan.writes
+    assert write.path.endswith("kubepods.slice/batch/memory.high") and write.old == "max"
+    assert int(write.new) == (4096 - 206) << 20, plan.summary
+    assert plan.details["give_back_bytes"] == 206 << 20 and "gives back 206 MiB" in plan.summary
+    # Only the page cache can go (no swap): 100 MiB of it at most 90 %.
+    files = _fake_node(tmp_path / "b", free_mib=150, file_mib=100)
+    plan = MemorySuppressActuator(files, Journal(tmp_path / "jb")).plan(_decision("kubepods.slice/batch"))
+    assert int(plan.writes[0].new) == (4096 - 90) << 20, plan.summary
+    # A node clear of its watermarks: the cap is the usage, nothing given back.
+    files = _fake_node(tmp_path / "c", free_mib=2048, file_mib=1024)
+    plan = MemorySuppressActuator(files, Journal(tmp_path / "jc")).plan(_decision("kubepods.slice/batch"))
+    assert int(plan.writes[0].new) == 4096 << 20 and plan.details["give_back_bytes"] == 0
+    # Asked not to: the cap is the usage even on a full node.
+    d = _decision("kubepods.slice/batch")
+    d = dataclasses.replace(d, amount=dataclasses.replace(d.amount, give_back_to_node=False))
+    files = _fake_node(tmp_path / "d", free_mib=150, file_mib=1024)
+    assert int(MemorySuppressActuator(files, Journal(tmp_path / "jd")).plan(d).writes[0].new) == 4096 << 20
+
+
+@pytest.mark.parametrize("cpu_own", ["/", "/user.slice/session-1.scope"])
+def test_the_sandbox_layout_finds_a_test_pods_memory_cgroup_by_its_cpu_path(tmp_path: Path, cpu_own: str) -> None:
+    # Test pods nest under this process's own cgroup in each hierarchy, and those differ on a v1 host
+    # (cpu:/ but memory:/process_api/<id> on the machine this was written on). The detector names a
+    # pod by its cpu path; memory suppress must write in the pod's memory cgroup, not at that path in
+    # the memory hierarchy (where it does not exist, or is another cgroup).
+    from noisyneighbor.sandbox import sandbox_layout
+
+    paths = HostPaths.under(tmp_path)
+    (paths.proc / "self").mkdir(parents=True)
+    (paths.proc / "self/cgroup").write_text(f"4:memory:/process_api/abc\n2:cpu,cpuacct:{cpu_own}\n0::/\n")
+    for h in ("memory", "cpu,cpuacct"):
+        (paths.cgroup_root / h).mkdir(parents=True)
+    pod = "nn-test-1/kubepods.slice/batch"
+    files = CgroupFiles(paths, sandbox_layout(paths))
+    cpu_path = f"{cpu_own.rstrip('/')}/{pod}"
+    assert files.dir(Resource.MEMORY_LIMIT, cpu_path) == paths.cgroup_root / "memory/process_api/abc" / pod
+    assert files.dir(Resource.CPU_QUOTA, cpu_path) == paths.cgroup_root / "cpu,cpuacct" / cpu_path.lstrip("/")
+    plain = CgroupFiles(paths, discover(paths))
+    assert plain.dir(Resource.MEMORY_LIMIT, cpu_path) == paths.cgroup_root / "memory" / cpu_path.lstrip("/")
+
+
+@pytest.mark.root
+def test_the_sandbox_layout_reaches_a_real_owned_memory_cgroup(make_cgroup) -> None:
+    from noisyneighbor.sandbox import sandbox_layout
+
+    cg = make_cgroup("pod", ("cpu", "memory"))
+    layout = discover(HostPaths())
+    cpu_path = "/" + str(cg.path("cpu").relative_to(layout.hierarchy_for("cpu").mount))
+    files = CgroupFiles(HostPaths(), sandbox_layout())
+    assert files.path(Resource.MEMORY_LIMIT, cpu_path).exists()
+    assert files.dir(Resource.MEMORY_LIMIT, cpu_path) == cg.path("memory")
