@@ -5,11 +5,14 @@
     python antagonists.py udpflood --dest ADDR --seconds S
     python antagonists.py rtbusy --seconds S        (SCHED_FIFO, RLIMIT_RTTIME-bounded, self-checking)
     python antagonists.py server --port P --seconds S   (stops accepting on SIGUSR1)
+    python antagonists.py heap --leave-free-mb N --ready F --seconds S   (anon heap; OOM-kill first)
+    python antagonists.py sparseread --file F --seconds S   (page cache at memory speed, no disk)
 """
 
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import resource
 import signal
@@ -44,6 +47,55 @@ def pagecache(path: str, mb: int, seconds: float) -> None:
             with open(path, "rb") as f:
                 while f.read(1 << 20):
                     pass
+    finally:
+        Path(path).unlink(missing_ok=True)
+
+
+def heap(leave_free_mb: int, ready: str, seconds: float) -> None:
+    """Hold an anonymous heap that leaves ``leave_free_mb`` of the node's memory free, then sleep.
+
+    The BE job of the global-reclaim scenario: most of the node's memory is its own before the onset,
+    so its page-cache growth after the onset reaches the watermarks in seconds. It is the first the OOM
+    killer takes (oom_score_adj 1000, as the kubelet gives BestEffort pods) should anything else grow.
+    Without swap the heap is never reclaimed; the node keeps ``leave_free_mb`` for everyone else.
+    """
+    Path("/proc/self/oom_score_adj").write_text("1000")
+    size = (_meminfo_kb("MemFree") // 1024 - leave_free_mb) << 20
+    held = []
+    chunk = 256 << 20
+    while size >= chunk:  # populated by the kernel chunk by chunk: no Python loop over pages
+        held.append(mmap.mmap(-1, chunk, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE))
+        size -= chunk
+    Path(ready).write_text(f"{len(held) * chunk}\n")
+    time.sleep(seconds)
+
+
+def _meminfo_kb(field: str) -> int:
+    with open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+SPARSE_FILE_BYTES = 256 << 30  # never read to its end in a scenario: every read is a new page-cache page
+
+
+def sparseread(path: str, seconds: float) -> None:
+    """Read a sparse file from the start, never the same page twice: page cache grows at memory speed.
+
+    The holes cost no disk and no I/O; ext4 still adds every page it reads to the page cache (zeroed),
+    charged to this process's memcg, as a batch job streaming its input would. The file is unlinked at
+    the end, which drops its pages.
+    """
+    with open(path, "wb") as f:
+        f.truncate(SPARSE_FILE_BYTES)
+    end = time.monotonic() + seconds
+    try:
+        with open(path, "rb", buffering=0) as f:
+            buf = bytearray(4 << 20)
+            while time.monotonic() < end and f.readinto(buf):
+                pass
     finally:
         Path(path).unlink(missing_ok=True)
 
@@ -99,12 +151,14 @@ def server(port: int, seconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("hog", "pagecache", "udpflood", "rtbusy", "server"))
+    p.add_argument("what", choices=("hog", "pagecache", "udpflood", "rtbusy", "server", "heap", "sparseread"))
     p.add_argument("--seconds", type=float, required=True)
     p.add_argument("--file")
     p.add_argument("--mb", type=int, default=400)
     p.add_argument("--dest")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--leave-free-mb", type=int, default=4096)
+    p.add_argument("--ready", help="heap: this file is written once the heap is held")
     a = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if a.what == "hog":
@@ -113,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         pagecache(a.file, a.mb, a.seconds)
     elif a.what == "udpflood":
         udpflood(a.dest, a.seconds)
+    elif a.what == "heap":
+        heap(a.leave_free_mb, a.ready, a.seconds)
+    elif a.what == "sparseread":
+        sparseread(a.file, a.seconds)
     elif a.what == "rtbusy":
         rtbusy(a.seconds)
     else:

@@ -6,14 +6,23 @@
 - ``self-throttle-steady``: the pod needs 0.9 cores all the time against a 0.25-core quota: more
   than the x3 burst cap. Burst cannot help; the expected outcome is "no neighbour action" (the pass
   notes the verdict and its p99 is not judged).
+- ``global-reclaim``: a BE batch job holds most of the node's memory (an anonymous heap that leaves
+  ``GLOBAL_RECLAIM_FREE_MB`` free) and at onset streams its input through the page cache (a sparse
+  file: memory speed, no disk). Within seconds the node's free memory reaches the watermarks: kswapd
+  runs and every allocation, the LS victim's per-request ones too, enters direct reclaim. The BE pod
+  is the one that grew; capping its memory at its usage turns its growth into reclaim of its own pages.
 """
 
 from __future__ import annotations
 
 import sys
+import time
+from pathlib import Path
 
 from bench.scenarios.metrics import Truth
-from bench.scenarios.runner import VICTIM_CPU, Ctx, ScenarioSpec
+from bench.scenarios.runner import OTHER_CPU, VICTIM_CPU, Ctx, ScenarioSpec
+
+ANTAGONISTS = str(Path(__file__).with_name("antagonists.py"))
 
 NO_NEIGHBOUR_ACTION = "no neighbour action expected"
 
@@ -47,10 +56,40 @@ def _steady_inject(ctx: Ctx) -> None:
     ctx.pods["web"].cgroup.write("cpu", "cpu.cfs_quota_us", "25000")  # 0.25 cores, x3 = 0.75 < 0.9
 
 
+# Free memory left at onset: the page-cache stream (~0.5-0.8 GB/s here) brings the node from there to
+# kswapd's level in a few seconds of the 14 s run.
+GLOBAL_RECLAIM_FREE_MB = 1280
+HEAP_READY_TIMEOUT_S = 120.0  # populating ~20 GiB: 3 s warm, up to ~20 s where the host backs the pages lazily
+
+
+def _global_reclaim_setup(ctx: Ctx) -> None:
+    ls = ctx.pod("web", "LS")
+    batch = ctx.pod("batch", "BE")
+    ready = ctx.workdir / "heap-ready"
+    heap = ctx.spawn(batch, [sys.executable, ANTAGONISTS, "heap", "--leave-free-mb", str(GLOBAL_RECLAIM_FREE_MB),
+                             "--ready", str(ready), "--seconds", str(ctx.lifetime_s + HEAP_READY_TIMEOUT_S)],
+                     (OTHER_CPU,))
+    deadline = time.monotonic() + HEAP_READY_TIMEOUT_S
+    while not ready.exists():
+        if heap.poll() is not None:
+            raise RuntimeError(f"the BE heap exited ({heap.returncode}) before holding its memory")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the BE heap did not hold its memory within {HEAP_READY_TIMEOUT_S:.0f} s")
+        time.sleep(0.2)
+    ctx.start_victim(ls, "cpu", "--work-ms", "1", "--period-ms", "5", "--alloc-kb", "2048")
+
+
+def _global_reclaim_inject(ctx: Ctx) -> None:
+    ctx.spawn(ctx.pods["batch"], [sys.executable, ANTAGONISTS, "sparseread", "--file", str(ctx.workdir / "input"),
+                                  "--seconds", str(ctx.lifetime_s)], (OTHER_CPU,))
+
+
 MITIGATION_SCENARIOS: tuple[ScenarioSpec, ...] = (
     ScenarioSpec("self-throttle-bursty", "LS pod's own bursty side-job runs it out of a 0.5-core quota in bursts",
                  Truth("web", ("self_throttling",), None), _bursty_setup, _bursty_inject),
     ScenarioSpec("self-throttle-steady", "LS pod needs 0.9 cores against a 0.25-core quota (above the x3 cap)",
                  Truth("web", ("self_throttling",), None), _steady_setup, _steady_inject,
                  note=NO_NEIGHBOUR_ACTION),
+    ScenarioSpec("global-reclaim", "BE job holding most of the memory streams its input through the page cache",
+                 Truth("web", ("reclaim",), "batch"), _global_reclaim_setup, _global_reclaim_inject),
 )

@@ -61,6 +61,9 @@ class PassResult:
     note: str = ""
     skipped: str = ""
     pods: list[str] = field(default_factory=list)  # our pods; incidents on anything else (another test's cgroups) are ignored
+    # Per detector tick: (s since onset, kswapd pages reclaimed/s, node direct reclaim ms/s): whether and
+    # when the node was in global reclaim, for the scenarios that provoke it.
+    node_reclaim: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 @dataclass

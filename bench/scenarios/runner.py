@@ -33,7 +33,7 @@ from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult
 from detector.decisions import DecisionSink, Target
 from detector.policy import Policy
 from noisyneighbor.agent import ScopedActuator
-from noisyneighbor.sandbox import PREFIX, OwnedCgroup
+from noisyneighbor.sandbox import PREFIX, OwnedCgroup, sandbox_layout
 from probes.host import HostPaths
 from tests.scenario_support import PodCgroup, Scenario
 
@@ -267,7 +267,9 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
         scenario = PodsOnly(cgroups.make, policy) if mode == "none" else Scenario(cgroups.make, policy)
         ctx = Ctx(scenario, workdir, netns, timing)
         spec.setup(ctx)
-        files = CgroupFiles(HostPaths())
+        # Pods are named by their cpu-hierarchy path; this process's own cgroup (which nests them) may
+        # differ in the memory hierarchy, where memory suppress writes.
+        files = CgroupFiles(HostPaths(), sandbox_layout())
         sampler = None
         if mode in ("mitigate", "koordlet"):
             journal = Journal(workdir / "journal")
@@ -298,6 +300,10 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                 next_at += timing.interval_s
                 if mode != "none":
                     tick = scenario.detector.step(scenario.collector.collect())
+                    if tick is not None:
+                        result.node_reclaim.append((round(time.monotonic() - t0, 2),
+                                                    round(tick.signals.kswapd_pages_per_s, 1),
+                                                    round(tick.signals.node_direct_reclaim_ms_per_s, 2)))
                     victim = ctx.pods.get(spec.truth.victim or "")
                     if tick is not None and victim is not None:
                         # workloads are keyed by cgroup path or, for pods, by "pod:<uid>"
@@ -343,6 +349,11 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
             if any("steadily above its limit" in r.detail for r in manager.records):
                 verdict = "burst cannot help: steadily above its limit, no neighbour action"
                 result.note = "; ".join([*([result.note] if result.note else []), verdict])
+            # The planner's own "no neighbour action" verdicts (memcg reclaim at the victim's own limit)
+            said = next((e.note for inc in scenario.detector.engine.all_incidents() for e in inc.evidence
+                         if "no neighbour action" in (e.note or "") and inc.victim.cgroup in names_by_path(ctx)), "")
+            if said and said not in result.note:
+                result.note = "; ".join([*([result.note] if result.note else []), said])
     finally:
         if ctx is not None and ctx.victim is not None and ctx.victim.poll() is None:
             ctx.victim.send_signal(signal.SIGTERM)  # first, so its log is flushed before the rest stops
@@ -367,6 +378,11 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
             result.samples = load_samples(ctx.victim_log.read_text(), onset_ns)
         shutil.rmtree(workdir, ignore_errors=True)
     return result, trace
+
+
+def names_by_path(ctx: Ctx) -> dict[str, str]:
+    """This pass's pods: cgroup path -> scenario name."""
+    return {p.path: name for name, p in ctx.pods.items()}
 
 
 def truth_of(spec: ScenarioSpec) -> Truth:
