@@ -120,6 +120,9 @@ def requests_from(pods: Callable[[], Iterable[PodInfo]]) -> Callable[[Target], f
     return request_of
 
 
+RT_RESCAN_S = 5.0  # an open softirq incident's RT ranking is read again at most this often
+
+
 class NetnsTrafficSampler:
     """Packets/s and CPU of each candidate pod, between two calls of :meth:`sample`."""
 
@@ -211,6 +214,7 @@ class MitigationPlanner:
         self._acted: set[str] = set()
         self._notes: dict[str, list[str]] = {}
         self._ladder: dict[str, _Rung] = {}
+        self._rt_scans: dict[str, tuple[float, Target | None, float]] = {}  # incident -> (when, top BE, share)
 
     def note(self, incident_id: str | None, text: str, key: str | None = None) -> None:
         """Add a note to an incident; a note with the same ``key`` replaces the earlier one (a retried
@@ -261,6 +265,7 @@ class MitigationPlanner:
             self._acted.discard(f"rt:{inc.incident_id}")
             self._notes.pop(inc.incident_id, None)
             self._ladder.pop(inc.incident_id, None)
+            self._rt_scans.pop(inc.incident_id, None)
 
     def _reclaim(self, inc: Incident) -> None:
         key = f"mem:{inc.incident_id}"
@@ -336,6 +341,14 @@ class MitigationPlanner:
         proc = getattr(self.sampler, "proc", None)
         if proc is None or getattr(self.sampler, "files", None) is None:
             return False  # a sampler without a host view (tests' fakes): no RT ranking
+        scanned = self._rt_scans.get(inc.incident_id)
+        if not act and scanned is not None and self._clock() - scanned[0] < RT_RESCAN_S:
+            # Between scans the last ranking is put back (the engine re-ranks every tick): the scan
+            # reads every candidate pod's tasks, a cost in pods, not in what happened.
+            if scanned[1] is not None:
+                self._rank_first(inc, scanned[1], scanned[2])
+            return False
+        self._rt_scans[inc.incident_id] = (self._clock(), None, 0.0)
         victim_cpus: set[int] = set()
         for pid in self._pids(inc.victim):
             got = task_sched(proc, pid)
@@ -364,7 +377,9 @@ class MitigationPlanner:
             self.note(inc.incident_id, "no BE pod among them: not touched (advice: lower their RT priority or budget)")
             return False
         total = sum(x for x, _ in ranked)
-        self._rank_first(inc, top, next(x for x, t in ranked if t is top) / total)
+        share = next(x for x, t in ranked if t is top) / total
+        self._rt_scans[inc.incident_id] = (self._clock(), top, share)
+        self._rank_first(inc, top, share)
         if not act:
             return False
         others = tuple(c for c in self.online_cpus() if c not in victim_cpus)
@@ -407,8 +422,10 @@ class MitigationPlanner:
                 return
         if inc.victim.cgroup.strip("/") not in {t.cgroup.strip("/") for t in candidates}:
             return  # a victim that is not a known pod: nothing here to weigh its traffic against
+        if inc.incident_id in self._acted:
+            return  # acted (or refused) once: no more sampling of every pod's traffic for it
         traffic = self.sampler.sample(candidates)
-        if inc.incident_id in self._acted or not traffic:
+        if not traffic:
             return
         decision, why = softirq_traffic_decision(inc.victim, inc.incident_id, traffic)
         self.note(inc.incident_id, why)

@@ -88,12 +88,13 @@ def _incident(cause: Cause = Cause.SOFTIRQ, victim: Target = VICTIM) -> Incident
 
 def test_planner_acts_once_per_incident_and_notes_why() -> None:
     sink = LoggingSink()
-    planner = MitigationPlanner(sink, lambda: [VICTIM, FLOOD, API], _FakeSampler([PodTraffic(FLOOD, 80_000, 0.8)]),
-                                ActuatorPolicy(dry_run=False))
+    sampler = _FakeSampler([PodTraffic(FLOOD, 80_000, 0.8)])
+    planner = MitigationPlanner(sink, lambda: [VICTIM, FLOOD, API], sampler, ActuatorPolicy(dry_run=False))
     inc = _incident()
     planner(inc, "opened")
     planner(inc, "updated")
     assert [d.target for d in sink.decisions] == [FLOOD]
+    assert sampler.calls == 1  # acted: every pod's traffic is not read again each tick
     assert inc.actions == ["suppress:flood"]
     assert any(e.signal == "mitigation" and "pkt/s" in e.note for e in inc.evidence)
     # a cause the planner has nothing to add for: no decision
@@ -298,7 +299,8 @@ def _fake_task(proc: Path, pid: int, policy: int, cpus: str, ticks: int = 500) -
     (proc / f"{pid}/status").write_text(f"Name:\tbusy\nCpus_allowed_list:\t{cpus}\n")
 
 
-def test_rt_task_of_a_be_pod_on_the_victims_cpu_is_ranked_and_moved_off_it(tmp_path: Path) -> None:
+def test_rt_task_of_a_be_pod_on_the_victims_cpu_is_ranked_and_moved_off_it(tmp_path: Path, monkeypatch) -> None:
+    from actuators import mitigate
     from tests.helpers_actuators import fake_v1_host
 
     web, flood, api = (t.cgroup.strip("/") for t in (VICTIM, FLOOD, API))
@@ -317,7 +319,11 @@ def test_rt_task_of_a_be_pod_on_the_victims_cpu_is_ranked_and_moved_off_it(tmp_p
     _fake_task(proc, 30, 2, "0-1", ticks=900)  # an LS pod's SCHED_RR task, also allowed there, more CPU
     files = CgroupFiles(paths)
     sink = LoggingSink()
-    planner = MitigationPlanner(sink, lambda: [VICTIM, FLOOD, API], NetnsTrafficSampler(files))
+    now = [0.0]
+    planner = MitigationPlanner(sink, lambda: [VICTIM, FLOOD, API], NetnsTrafficSampler(files), clock=lambda: now[0])
+    reads = []
+    real_task_sched = mitigate.task_sched
+    monkeypatch.setattr(mitigate, "task_sched", lambda proc, pid: reads.append(pid) or real_task_sched(proc, pid))
     inc = _incident()
     planner(inc, "opened")
     assert len(sink.decisions) == 1
@@ -331,6 +337,14 @@ def test_rt_task_of_a_be_pod_on_the_victims_cpu_is_ranked_and_moved_off_it(tmp_p
     assert all(x.target != API for x in sink.decisions) and len(sink.decisions) == 1
     assert inc.culprits[0].target == FLOOD
     assert len([e for e in inc.evidence if "real-time" in e.note]) == 1
+    # Between scans the ranking is put back without reading every pod's tasks again; 5 s on, it is read.
+    scanned = len(reads)
+    inc.culprits = []
+    planner(inc, "updated")
+    assert len(reads) == scanned and inc.culprits[0].target == FLOOD
+    now[0] = 6.0
+    planner(inc, "updated")
+    assert len(reads) > scanned and inc.culprits[0].target == FLOOD
     # only a non-BE pod has RT tasks: said, nothing done
     (cg / flood / "cgroup.procs").write_text("20\n")
     sink2 = LoggingSink()
