@@ -365,25 +365,38 @@ class IncidentEngine:
 
     def _reclaim_culprits(self, key: str, row: WorkloadSignals, signals: NodeSignals,
                           global_reclaim: bool | None = None) -> list[Culprit]:
-        """Global reclaim: whoever grew its memory most over the last minute; memcg reclaim is the pod's own.
-        ``global_reclaim`` None: global when the victim stalled in direct (not memcg) reclaim."""
+        """Global reclaim: the pods by the memory they hold plus what they grew over the last minute (in
+        bytes, so a small pod's small growth does not outrank the pod that fills the node); memcg reclaim
+        is the pod's own. ``global_reclaim`` None: global when the victim stalled in direct (not memcg)
+        reclaim.
+
+        Growth alone misses the usual grower: once the node is full, kswapd takes its pages as fast as
+        it charges new ones, so its usage is flat by the time reclaim hurts anyone (and memory.stat of
+        an active pod is read every few ticks, so its first reading may already be on that plateau)."""
         if global_reclaim is None:
             global_reclaim = row.reclaim_by_kind_ms_per_s.get("direct", 0.0) > 0
         if not global_reclaim:
             return []
-        growth = {}
+        growth: dict[str, float] = {}
+        held: dict[str, float] = {}
         for ck in signals.workloads:
             if ck == key:
                 continue
             w = self.store.window(ck, "memory_bytes", 60.0).values
+            if len(w) == 0:
+                continue
+            held[ck] = max(float(w[-1]), 0.0)
             if len(w) >= 2 and w[-1] > w[0]:
                 growth[ck] = float(w[-1] - w[0])
-        total = sum(growth.values())
-        culprits = [
-            Culprit(self._target(ck), round(g / total, 4), attribution=round(g / total, 4),
-                    cpu_cores=self._last(ck, "cpu_cores"))
-            for ck, g in growth.items()
-        ]
+        weight = {ck: held[ck] + growth.get(ck, 0.0) for ck in held}
+        total = sum(weight.values())
+        culprits = []
+        for ck in held:
+            share = weight[ck] / total if total > 0 else 0.0
+            culprits.append(Culprit(self._target(ck), round(share, 4), attribution=round(share, 4),
+                                    cpu_cores=self._last(ck, "cpu_cores"),
+                                    note=f"grew {growth.get(ck, 0.0) / 2**20:.0f} MiB in the last minute, "
+                                         f"holds {held[ck] / 2**20:.0f} MiB"))
         kept = [c for c in culprits if c.target.cgroup != "/" and c.score > CULPRIT_MIN_SCORE]
         kept.sort(key=lambda c: (-c.score, c.target.cgroup))
         return kept[:MAX_CULPRITS]

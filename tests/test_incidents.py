@@ -263,3 +263,30 @@ def test_a_cause_that_named_pods_is_not_replaced_by_the_nodes_own_processes():
     (inc,) = e.open_incidents
     assert inc.cause == Cause.RECLAIM and [c.target.pod for c in inc.culprits] == ["batch"]
     assert e.sink.decisions == decided
+
+
+def test_global_reclaim_names_the_pod_holding_the_memory_when_nobody_grew():
+    # The grower's first memory reading was already on the plateau (kswapd takes its pages as fast as it
+    # charges new ones): no growth in the window, but it holds 20 GiB against the others' 1 GiB.
+    e = engine(breach_seconds=1.0)
+    ticks = []
+    for _ in range(3):
+        t = _kswapd_tick(51200.0, 20 << 30)
+        t.workloads[LS2.key] = row(LS2, cpu_weights={0: 1.0}, memory_usage_bytes=1 << 30)
+        ticks.append(t)
+    run(e, ticks)
+    (inc,) = e.open_incidents
+    assert inc.cause == Cause.RECLAIM and [c.target.pod for c in inc.culprits] == ["batch", "api"]
+    assert "holds 20480 MiB" in inc.culprits[0].note
+
+
+def test_a_small_pods_small_growth_does_not_outrank_the_pod_filling_the_node():
+    e = engine(breach_seconds=1.0)
+    ticks = []
+    for i in range(3):
+        t = _kswapd_tick(51200.0, 20 << 30)  # flat at 20 GiB
+        t.workloads[LS2.key] = row(LS2, cpu_weights={0: 1.0}, memory_usage_bytes=(100 << 20) + i * (8 << 20))
+        ticks.append(t)
+    run(e, ticks)
+    (inc,) = e.open_incidents
+    assert [c.target.pod for c in inc.culprits] == ["batch", "api"]
