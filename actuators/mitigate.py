@@ -192,6 +192,16 @@ class _Rung:
     not_before: float
 
 
+def _global_reclaim(inc: Incident) -> bool:
+    """The incident's evidence says the node reclaims (kswapd on its CPUs, or direct reclaim of its own)."""
+    for e in inc.evidence:
+        if e.signal == "kswapd_pages_per_s":
+            return True
+        if e.signal == "reclaim_stall_ms_per_s" and "direct" in (e.note or ""):
+            return True
+    return False
+
+
 class MitigationPlanner:
     """``on_incident`` hook: extra decisions per cause, and the incident's notes (see the module doc)."""
 
@@ -272,6 +282,11 @@ class MitigationPlanner:
         if key in self._acted:
             return
         if not inc.culprits:
+            if _global_reclaim(inc):
+                # The node reclaims, but no pod is named yet (memory.stat of a pod is read every few
+                # ticks): not the victim's own limit. Wait for the engine to name one.
+                self.note(inc.incident_id, "global reclaim: no pod named yet", key="global reclaim: ")
+                return
             self._acted.add(key)
             self.note(inc.incident_id, f"{inc.victim.display} reclaims at its own memory limit (memcg reclaim): "
                                        f"no neighbour action; advice: raise its memory limit")

@@ -177,3 +177,28 @@ def test_the_sandbox_layout_reaches_a_real_owned_memory_cgroup(make_cgroup) -> N
     files = CgroupFiles(HostPaths(), sandbox_layout())
     assert files.path(Resource.MEMORY_LIMIT, cpu_path).exists()
     assert files.dir(Resource.MEMORY_LIMIT, cpu_path) == cg.path("memory")
+
+
+def test_planner_waits_for_a_culprit_of_global_reclaim_instead_of_calling_it_the_victims_limit() -> None:
+    # The node reclaims (kswapd on the victim's CPUs) and the engine has named nobody yet: this is not
+    # memcg reclaim at the victim's own limit, so no "raise its memory limit" and no giving up; once a
+    # BE pod is named, it is capped.
+    from detector.model import Evidence
+
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False))
+    inc = _reclaim_incident([])
+    inc.evidence = [Evidence("kswapd_pages_per_s", 51200.0, 1.0)]
+    planner(inc, "opened")
+    assert sink.decisions == [] and not any("own memory limit" in e.note for e in inc.evidence)
+    assert any("no pod named yet" in e.note for e in inc.evidence)
+    be = Target("/batch", qos="BE", pod="batch")
+    inc.culprits = [Culprit(be, 0.9, attribution=0.9)]
+    planner(inc, "updated")
+    assert [d.kind for d in sink.decisions] == [ActionKind.MEMORY_SUPPRESS] and sink.decisions[0].target == be
+    # direct reclaim of its own (not memcg) says the same
+    inc2 = _reclaim_incident([])
+    inc2.incident_id = "inc-2"
+    inc2.evidence = [Evidence("reclaim_stall_ms_per_s", 12.0, 1.0, note="direct 12.0")]
+    planner(inc2, "opened")
+    assert len(sink.decisions) == 1 and not any("own memory limit" in e.note for e in inc2.evidence)
