@@ -137,6 +137,7 @@ class ActuatorManager:
         self.planned: deque[Plan] = deque(maxlen=keep_records)  # dry-run output, newest last
         self._active: dict[tuple[str, str], _Active] = {}  # (kind, target cgroup) -> action in effect
         self._last_change: dict[tuple[str, str], float] = {}
+        self._last_incident: dict[tuple[str, str], str | None] = {}  # the incident of each key's last change
         self._blocked_until: dict[tuple[str, str], float] = {}
         self._changes: deque[tuple[float, str]] = deque()  # (time, kind) of applied changes
         self._signals: dict[str, deque[float]] = {}
@@ -256,6 +257,7 @@ class ActuatorManager:
             return
         self._changes.append((now, str(kind)))
         self._last_change[key] = now
+        self._last_incident[key] = decision.incident_id
         previous = self._active.pop(key, None)
         if previous is not None:
             previous.record.detail = f"superseded by {action_id}"
@@ -330,7 +332,11 @@ class ActuatorManager:
         if key in self._active and self._active[key].verification is not None:
             raise Refused(f"previous {kind} on {decision.target.display} is still being verified")
         last = self._last_change.get(key)
-        if last is not None and now - last < self.policy.cooldown_seconds:
+        # One incident's own next step on a target it already changed (the traffic cap after moving an
+        # RT pod off the victim's CPUs) is its plan, not flapping: no cooldown. A step while the last
+        # one is being verified was refused above; another incident's change waits.
+        same_incident = decision.incident_id is not None and self._last_incident.get(key) == decision.incident_id
+        if last is not None and now - last < self.policy.cooldown_seconds and not same_incident:
             raise Refused(f"cooldown: last change to {decision.target.display} {now - last:.0f} s ago "
                           f"(< {self.policy.cooldown_seconds:g} s)")
         if self.policy.dry_run:

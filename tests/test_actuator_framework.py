@@ -298,6 +298,22 @@ def test_limits_protect_ls_rate_and_cooldown(tmp_path: Path) -> None:
     assert files.read_cpu_max(BE).quota_us is None and files.read_cpu_max(f"{BE}/pod1").quota_us is None
 
 
+def test_one_incidents_next_step_on_its_target_skips_the_cooldown(tmp_path: Path) -> None:
+    # An incident's plan in two steps on one target (softirq starvation: the RT pod moved off the
+    # victim's CPUs, then its traffic capped) is not flapping; another incident's change still waits.
+    manager, files, _, clock = _manager(tmp_path, cooldown_seconds=10)
+    manager.submit(_suppress(1.0, incident="inc-a"))
+    assert manager.records[-1].state == ActionState.APPLIED
+    clock.t += 1
+    manager.submit(_suppress(0.5, incident="inc-b"))
+    assert manager.records[-1].state == ActionState.REFUSED and "cooldown" in manager.records[-1].detail
+    manager.submit(_suppress(0.5, incident="inc-a"))
+    assert manager.records[-1].state == ActionState.APPLIED, manager.records[-1].detail
+    assert files.read_cpu_max(BE).quota_us == 50_000
+    manager.close()
+    assert files.read_cpu_max(BE).quota_us is None and files.read_cpu_max(f"{BE}/pod1").quota_us is None
+
+
 def test_submit_never_raises_on_bad_input(tmp_path: Path) -> None:
     manager, _, _, _ = _manager(tmp_path)
     manager.submit(_suppress(1.0, cgroup="kubepods.slice/kubepods-besteffort.slice/missing"))
