@@ -139,3 +139,57 @@ def test_cgroup_mode_and_fallback(kube: FakeKube, tmp_path: Path) -> None:
     assert not fallback.applied
     plan = ResizeSuppressActuator(journal, io, fallback=fallback, mode="cgroup").plan(_decision("batch"))
     assert plan.details["via"] == "cgroup"
+
+
+def test_the_agents_policy_chooses_resize_and_its_one_journal_reaches_the_apiserver(kube: FakeKube, tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    """``cpuSuppressVia`` in the config picks the suppress actuator the agent builds; the agent's one
+    journal (files and resize entries) sends resize entries to the apiserver and files to disk, and a
+    config without apiserver access falls back (resize) or turns CPU suppress off (resize-only)."""
+    from actuators.resize import PREFIX
+    from actuators.suppress import SuppressActuator
+    from detector.policy import load_policy
+    from noisyneighbor.agent import wiring
+
+    config = tmp_path / "config.yaml"
+    config.write_text("resource-threshold-config:\n  cpuSuppressVia: resize\n")
+    policy = load_policy(config)
+    assert policy.resource_threshold.cpu_suppress_via == "resize"
+    monkeypatch.setattr(wiring, "_in_cluster_client", lambda: kube.api_client())
+    resize = wiring.resize_io(policy)
+    assert resize is not None
+
+    class FileIO:
+        def read(self, path: str) -> str:
+            return Path(path).read_text()
+
+        def write(self, path: str, value: str) -> None:
+            Path(path).write_text(value)
+
+    io = wiring.JournalIO(FileIO(), resize)
+    journal = Journal(tmp_path / "j", read=io.read, write=io.write)
+    act = wiring.suppress_actuator(policy, files=None, journal=journal, resize=resize)
+    assert isinstance(act, ResizeSuppressActuator) and act.mode == "resize"
+    manager = ActuatorManager([act], journal, ActuatorPolicy(dry_run=False, verify_intervals=2),
+                              registry=CollectorRegistry())
+    manager.submit(_decision("batch"))
+    assert manager.records[-1].state == ActionState.APPLIED, manager.records[-1].detail
+    assert _limits(kube, "batch") == {"a": "200m", "b": "100m"}
+    assert all(path.startswith(PREFIX) for path in journal.owned())
+    plain = tmp_path / "cpu.max"
+    plain.write_text("max 100000")
+    assert io.read(str(plain)) == "max 100000"  # files still go to disk
+    manager.close()
+    assert _limits(kube, "batch") == {"a": "1", "b": "500m"}
+
+    # No apiserver access: "resize" keeps the cgroup suppress, "resize-only" has none (said in the log).
+    monkeypatch.setattr(wiring, "_in_cluster_client", lambda: None)
+    assert wiring.resize_io(policy) is None
+    assert isinstance(wiring.suppress_actuator(policy, files=None, journal=journal, resize=None), SuppressActuator)
+    config.write_text("resource-threshold-config:\n  cpuSuppressVia: resize-only\n")
+    assert wiring.suppress_actuator(load_policy(config), files=None, journal=journal, resize=None) is None
+    config.write_text("resource-threshold-config:\n  cpuSuppressVia: sideways\n")
+    with pytest.raises(Exception, match="sideways"):
+        load_policy(config)
+    with pytest.raises(Exception, match="apiserver access"):
+        wiring.JournalIO(FileIO(), None).read(PREFIX + "default/batch/a/cpu-limit")

@@ -20,6 +20,9 @@ class PolicyError(ValueError):
 # --------------------------------------------------------------------------------------------
 
 CPU_SUPPRESS_POLICIES = ("cpuset", "cfsQuota")
+# How a cfsQuota suppress lands (ours; actuators/resize.py): a cgroup write, the pod's in-place resize
+# (pods/{name}/resize) where every container has a CPU limit else the cgroup write, or resize only.
+CPU_SUPPRESS_VIA = ("cgroup", "resize", "resize-only")
 CPU_BURST_POLICIES = ("none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto")
 POD_SOURCES = ("auto", "kubelet", "apiserver", "standalone")
 
@@ -36,6 +39,7 @@ class ResourceThresholdStrategy:
     cpu_suppress_threshold_percent: int = 65
     cpu_suppress_policy: str = "cpuset"  # "cpuset" | "cfsQuota"
     cpu_suppress_min_cpus: int = 2  # our extension: the cpuset floor koordlet hard-codes
+    cpu_suppress_via: str = "cgroup"  # our extension: "cgroup" | "resize" | "resize-only" (CPU_SUPPRESS_VIA)
     memory_evict_threshold_percent: int = 70
     memory_evict_lower_percent: int | None = None  # None -> threshold - 2 (koordlet's default)
     cpu_evict_be_satisfaction_upper_percent: int = 90
@@ -202,7 +206,7 @@ _RANGES: dict[type, dict[str, _Range]] = {
 }
 
 _CHOICES: dict[type, dict[str, tuple[str, ...]]] = {
-    ResourceThresholdStrategy: {"cpu_suppress_policy": CPU_SUPPRESS_POLICIES},
+    ResourceThresholdStrategy: {"cpu_suppress_policy": CPU_SUPPRESS_POLICIES, "cpu_suppress_via": CPU_SUPPRESS_VIA},
     CpuBurstStrategy: {"policy": CPU_BURST_POLICIES},
     Policy: {"pod_source": POD_SOURCES},
 }

@@ -22,7 +22,6 @@ from actuators.manager import ActuatorManager
 from actuators.memory import MemorySuppressActuator
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler, requests_from
 from actuators.resctrl import KernelResctrlFs, ResctrlActuator, ResctrlFileIO, resctrl_root
-from actuators.suppress import SuppressActuator
 from detector.cgroups import CgroupResolver
 from detector.decisions import Target
 from detector.listen_join import ListenJoin
@@ -36,12 +35,15 @@ from noisyneighbor.agent.incident_log import IncidentLog
 from noisyneighbor.agent.logs import _one_line
 from noisyneighbor.agent.wiring import (
     FreeMemoryReturner,
+    JournalIO,
     PodMetadataLabeler,
     ScopedActuator,
     _enable_bpf_stats,
     _event_poster,
     _evict_actuator,
     _fix_large_allocations_to_mmap,
+    resize_io,
+    suppress_actuator,
 )
 from noisyneighbor.exporter import Exporter, ResolverLabeler
 from noisyneighbor.output import SCHEMA_VERSION
@@ -209,13 +211,16 @@ class Agent:
 
     def _build_actuators(self, policy: Policy) -> list[Actuator]:
         # One journal for cgroup and resctrl files, so a crash leaves one file to reconcile from.
-        io = ResctrlFileIO(resctrl_root(self.paths), KernelResctrlFs())
+        # In-place resize entries (cpuSuppressVia resize) go through the apiserver.
+        resize = resize_io(policy) if self._given_actuators is None else None
+        io = JournalIO(ResctrlFileIO(resctrl_root(self.paths), KernelResctrlFs()), resize)
         self._journal = Journal(self.config.journal_dir, read=io.read, write=io.write)
         if self._given_actuators is not None:
             return self._given_actuators
         files = CgroupFiles(self.paths, self.layout)
+        suppress = suppress_actuator(policy, files, self._journal, resize)
         actuators: list[Actuator] = [
-            SuppressActuator(files, self._journal, policy.resource_threshold),
+            *([suppress] if suppress is not None else []),
             BurstActuator(files, self._journal, policy.cpu_burst),
             MemorySuppressActuator(files, self._journal),
         ]

@@ -116,6 +116,68 @@ def _event_poster(policy: Policy) -> Any | None:
     return IncidentEventPoster(api, node_name=policy.node_name or os.environ.get("NODE_NAME"))
 
 
+class JournalIO:
+    """``read``/``write`` of the agent's one journal: in-place resize entries (``k8s-resize://...``)
+    through the apiserver, everything else (cgroup and resctrl files) through the file IO."""
+
+    def __init__(self, files: Any, resize: Any | None) -> None:
+        self.files = files
+        self.resize = resize
+
+    def _resize_io(self, path: str) -> Any | None:
+        from actuators.resize import PREFIX
+
+        if not str(path).startswith(PREFIX):
+            return None
+        if self.resize is None:
+            from actuators.cgroupfile import CgroupWriteError
+
+            raise CgroupWriteError(f"{path}: an in-place resize entry, and the agent has no apiserver access")
+        return self.resize
+
+    def read(self, path: str) -> str:
+        io = self._resize_io(path)
+        return io.read(path) if io is not None else self.files.read(path)
+
+    def write(self, path: str, value: str) -> None:
+        io = self._resize_io(path)
+        (io or self.files).write(path, value)
+
+
+def resize_io(policy: Policy) -> Any | None:
+    """The apiserver side of in-place resize when the policy asks for it (``cpuSuppressVia``)."""
+    if policy.resource_threshold.cpu_suppress_via == "cgroup":
+        return None
+    api = _in_cluster_client()
+    if api is None:
+        log.warning("cpuSuppressVia %s needs in-cluster apiserver access, which this agent has not",
+                    policy.resource_threshold.cpu_suppress_via)
+        return None
+    from actuators.resize import ResizeIO
+
+    return ResizeIO(api)
+
+
+def suppress_actuator(policy: Policy, files: Any, journal: Any, resize: Any | None) -> Actuator | None:
+    """BE CPU suppress as the policy says: cgroup writes, or (cfsQuota) the pod's in-place resize with
+    the cgroup write where a pod cannot be resized ("resize"), or resize only ("resize-only": without
+    apiserver access there is then no CPU suppress at all, and the log says so)."""
+    from actuators.suppress import SuppressActuator
+
+    cgroup = SuppressActuator(files, journal, policy.resource_threshold)
+    via = policy.resource_threshold.cpu_suppress_via
+    if via == "cgroup":
+        return cgroup
+    if resize is None:
+        if via == "resize-only":
+            log.warning("cpuSuppressVia resize-only without apiserver access: BE CPU suppress is off")
+            return None
+        return cgroup
+    from actuators.resize import ResizeSuppressActuator
+
+    return ResizeSuppressActuator(journal, resize, fallback=cgroup, mode=via)
+
+
 def _evict_actuator(policy: Policy, pod_source: Any) -> Actuator | None:
     api = _in_cluster_client()
     if api is None:
