@@ -34,6 +34,7 @@ from detector.decisions import DecisionSink, Target
 from detector.policy import Policy
 from noisyneighbor.agent import ScopedActuator
 from noisyneighbor.sandbox import PREFIX, OwnedCgroup, sandbox_layout
+from probes.cgroupfs import self_cgroups
 from probes.host import HostPaths
 from tests.scenario_support import PodCgroup, Scenario
 
@@ -331,10 +332,15 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
         result.pods = sorted(ctx.pods)
         if mode != "none":
             names = {p.path: name for name, p in ctx.pods.items()}
+            # This process's own cgroups hold every test pod (in the memory hierarchy here it is
+            # /process_api/<id>, a parent whose usage includes theirs): they are this sandbox's root,
+            # and like the node's root cgroup on a real node they are never a culprit to score.
+            sandbox_roots = {c.rstrip("/") for c in self_cgroups().values() if c.rstrip("/")}
             for inc in scenario.detector.engine.all_incidents():
                 result.incidents.append(IncidentRecord(
                     victim=names.get(inc.victim.cgroup, inc.victim.cgroup), cause=str(inc.cause),
-                    culprits=tuple(names.get(c.target.cgroup, c.target.cgroup) for c in inc.culprits),
+                    culprits=tuple(names.get(c.target.cgroup, c.target.cgroup) for c in inc.culprits
+                                   if c.target.cgroup.rstrip("/") not in sandbox_roots),
                     started_s=round(inc.started_at - onset, 3),
                     ended_s=None if inc.ended_at is None else round(inc.ended_at - onset, 3)))
         if manager is not None:
