@@ -26,7 +26,7 @@ from actuators.base import FileWrite, Plan, Refused
 from actuators.cgroupfile import CgroupFileError, CgroupFiles, CgroupVanished, Resource
 from actuators.journal import Journal, JournaledFileActuator
 from detector.decisions import ActionKind, Decision, MemorySuppressAmount
-from probes.memstat import read_node_memory
+from probes.memstat import read_memstat, read_node_memory
 
 UNLIMITED_V1 = 1 << 62  # v1 reads an unlimited limit as a page-rounded 2^63 - 1
 # Free memory the node should have above kswapd's high watermark once the BE pod gives back its page
@@ -95,14 +95,8 @@ class MemorySuppressActuator(JournaledFileActuator):
 
     def _file_bytes(self, cgroup: str) -> int:
         """The pod's page cache (file LRU pages, its whole subtree on v1 too); 0 when unreadable."""
-        try:
-            stat = (self.files.dir(Resource.MEMORY_USAGE, cgroup) / "memory.stat").read_text()
-        except OSError:
+        m = read_memstat(self.files.layout, "/" + cgroup)
+        if m is None:
             return 0
-        values = dict(line.split(" ", 1) for line in stat.splitlines() if " " in line)
-        keys = ("total_inactive_file", "total_active_file") if "total_inactive_file" in values \
-            else ("inactive_file", "active_file")
-        try:
-            return sum(int(values.get(k, "0")) for k in keys)
-        except ValueError:
-            return 0
+        keys = ("total_inactive_file", "total_active_file") if m.cgroup_version == 1 else ("inactive_file", "active_file")
+        return sum(m.stat.get(k, 0) for k in keys)
