@@ -60,6 +60,11 @@ class CauseContext:
         return sum(self.foreign.values()) / self.total_wait_ns if self.total_wait_ns > 0 else 0.0
 
     @property
+    def node_share(self) -> float:
+        """Share of its wait behind the root cgroup: the node's own processes, kernel threads included."""
+        return self.foreign.get(ROOT_CGROUP, 0.0) / self.total_wait_ns if self.total_wait_ns > 0 else 0.0
+
+    @property
     def own_share(self) -> float:
         return min(1.0, self.own_wait_ns / self.total_wait_ns) if self.total_wait_ns > 0 else 0.0
 
@@ -128,7 +133,7 @@ def reclaim(ctx: CauseContext) -> Verdict | None:
         confidence = min(1.0, row.reclaim_stall_ms_per_s / (2 * ctx.slo.reclaim_stall_ms_per_s))
         return Verdict(Cause.RECLAIM, confidence, ctx.reclaim_culprits(ctx.key, row, ctx.signals, None))
     kswapd = ctx.signals.kswapd_pages_per_s
-    node_share = ctx.foreign.get(ROOT_CGROUP, 0.0) / ctx.total_wait_ns if ctx.total_wait_ns > 0 else 0.0
+    node_share = ctx.node_share
     if not (ctx.runq_breach and kswapd >= KSWAPD_ACTIVE_PAGES_PER_S and node_share >= NEIGHBOR_SHARE):
         return None
     return Verdict(Cause.RECLAIM, min(1.0, node_share), ctx.reclaim_culprits(ctx.key, row, ctx.signals, True), [
@@ -181,7 +186,7 @@ def neighbor_cpu(ctx: CauseContext) -> Verdict | None:
             return None
         culprits = ctx.cpu_culprits(ctx.key, ctx.foreign, ctx.total_wait_ns)
         confidence = ctx.foreign_share
-        node_share = ctx.foreign.get(ROOT_CGROUP, 0.0) / ctx.total_wait_ns if ctx.total_wait_ns > 0 else 0.0
+        node_share = ctx.node_share
         if not culprits and node_share >= NEIGHBOR_SHARE:
             # The node's own processes (the root cgroup: system daemons, kernel threads) ran instead.
             # The cause is known; there is no pod to blame or act on, so no culprit.

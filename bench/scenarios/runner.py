@@ -356,8 +356,9 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                 verdict = "burst cannot help: steadily above its limit, no neighbour action"
                 result.note = "; ".join([*([result.note] if result.note else []), verdict])
             # The planner's own "no neighbour action" verdicts (memcg reclaim at the victim's own limit)
+            pod_paths = {p.path for p in ctx.pods.values()}
             said = next((e.note for inc in scenario.detector.engine.all_incidents() for e in inc.evidence
-                         if "no neighbour action" in (e.note or "") and inc.victim.cgroup in names_by_path(ctx)), "")
+                         if "no neighbour action" in (e.note or "") and inc.victim.cgroup in pod_paths), "")
             if said and said not in result.note:
                 result.note = "; ".join([*([result.note] if result.note else []), said])
     finally:
@@ -384,11 +385,6 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
             result.samples = load_samples(ctx.victim_log.read_text(), onset_ns)
         shutil.rmtree(workdir, ignore_errors=True)
     return result, trace
-
-
-def names_by_path(ctx: Ctx) -> dict[str, str]:
-    """This pass's pods: cgroup path -> scenario name."""
-    return {p.path: name for name, p in ctx.pods.items()}
 
 
 def truth_of(spec: ScenarioSpec) -> Truth:
