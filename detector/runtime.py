@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from detector.batch import BatchAllocatable, measure_snapshot, meter_for
 from detector.catalog import check_plugin_signals
 from detector.cgroups import CgroupResolver
 from detector.decisions import DecisionSink, Target
@@ -78,6 +79,8 @@ class Detector:
         self._listed: frozenset[str] = frozenset()
         self._listed_cpu: frozenset[str] = frozenset()  # the same, less the memory-hierarchy-only pod paths
         self._psi_paths: frozenset[str] = frozenset()
+        self.batch = meter_for(self.policy, self.paths)  # what the node can still give BE pods
+        self.batch_allocatable: BatchAllocatable | None = None
 
     @property
     def sink(self) -> DecisionSink:
@@ -158,6 +161,7 @@ class Detector:
         self.last = signals
         changed = self.engine.step(signals, ts=snapshot.monotonic_s)
         self.engine.sink.observe(self.engine.signals_for_verify(signals), snapshot.monotonic_s)
+        self.batch_allocatable = measure_snapshot(self.batch, snapshot, self.index, self._pod_paths, self.paths)
         return Tick(signals, changed)
 
     def close(self) -> None:

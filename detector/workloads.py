@@ -120,6 +120,10 @@ class WorkloadIndex:
         request = getattr(pod, "cpu_request_cores", None)
         return None if request is None else float(request)
 
+    def pod_of(self, key: str) -> PodLike | None:
+        """A pod workload's metadata ("pod:<uid>"), None when not a pod or not known."""
+        return self._pods.get(key[4:]) if key.startswith("pod:") else None
+
     def container_of(self, path: str) -> tuple[str, float | None] | None:
         """(container name, its CPU limit in cores) for a container cgroup path, from the pod's spec;
         the short container id when the metadata does not name it; None when not a container."""

@@ -20,8 +20,9 @@ Two input shapes are accepted, YAML or JSON (JSON is YAML, so one parser reads b
 2. A whole Koordinator ``slo-controller-config`` ConfigMap (``data:`` whose values are JSON strings).
    For each of ``resource-threshold-config``, ``cpu-burst-config`` and ``resource-qos-config``: the
    ``clusterStrategy``, then the first ``nodeStrategies`` entry whose ``nodeSelector`` matches
-   ``node_labels`` (deep-merged over it, as koord-manager does). Other data keys
-   (``colocation-config``, ``system-config``, ...) are not ours and are not parsed.
+   ``node_labels`` (deep-merged over it, as koord-manager does). ``colocation-config`` gives the
+   reclaim thresholds of batch allocatable (detector/batch.py). Other data keys (``system-config``,
+   ...) are not ours and are not parsed.
 
 Keys are matched ignoring case, ``_`` and ``-``, so ``cpu_suppress_threshold_percent``,
 ``cpuSuppressThresholdPercent`` and Go's case-insensitive ``CPUEvictTimeWindowSeconds`` are the same
@@ -42,6 +43,7 @@ from detector.policy.schema import (
     CPU_SUPPRESS_POLICIES,
     POD_SOURCES,
     ActuatorPolicy,
+    ColocationStrategy,
     CpuBurstStrategy,
     Policy,
     PolicyError,
@@ -57,6 +59,7 @@ __all__ = [
     "KOORD_KEYS",
     "POD_SOURCES",
     "ActuatorPolicy",
+    "ColocationStrategy",
     "CpuBurstStrategy",
     "Policy",
     "PolicyError",

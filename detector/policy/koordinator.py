@@ -19,6 +19,7 @@ from detector.policy.fields import (
     _unknown,
 )
 from detector.policy.schema import (
+    ColocationStrategy,
     CpuBurstStrategy,
     ResctrlQos,
     ResourceQosStrategy,
@@ -29,6 +30,14 @@ from detector.policy.schema import (
 _KOORD_IGNORED = {
     ResourceThresholdStrategy: {"cpuevictpolicy", "memoryevictpolicy", "name"},
     CpuBurstStrategy: {"name"},
+    # colocation-config keys for koord-manager's other calculations (we compute batch allocatable only;
+    # its per-node nodeConfigs are not applied: the cluster-level thresholds are).
+    ColocationStrategy: {"enable", "metricaggregatedurationseconds", "metricreportintervalseconds",
+                         "metricaggregatepolicy", "metricmemorycollectpolicy", "cpucalculatepolicy",
+                         "memorycalculatepolicy", "degradetimeminutes", "updatetimethresholdseconds",
+                         "resourcediffthreshold", "midcputhresholdpercent", "midmemorythresholdpercent",
+                         "midunallocatedpercent", "batchcputhresholdpercent", "batchmemorythresholdpercent",
+                         "allocatablememoryreservedpercent", "nodeconfigs", "name"},
 }
 _QOS_CLASS_IGNORED = {"cpuqos", "memoryqos", "blkioqos", "networkqos"}
 _QOS_STRATEGY_IGNORED = {"systemclass", "lseclass", "cgroupbase", "cgrouproot", "policies", "name"}
@@ -37,6 +46,7 @@ KOORD_KEYS = {
     "resource-threshold-config": "resource_threshold",
     "cpu-burst-config": "cpu_burst",
     "resource-qos-config": "resource_qos",
+    "colocation-config": "colocation",
 }
 
 
@@ -162,6 +172,8 @@ def _koord_build(attr: str, strategy: Mapping, keypath: str, ctx: _Ctx) -> Any:
         return _build(ResourceThresholdStrategy, strategy, keypath, ctx, ignored=_KOORD_IGNORED[ResourceThresholdStrategy])
     if attr == "cpu_burst":
         return _build(CpuBurstStrategy, strategy, keypath, ctx, ignored=_KOORD_IGNORED[CpuBurstStrategy])
+    if attr == "colocation":
+        return _build(ColocationStrategy, strategy, keypath, ctx, ignored=_KOORD_IGNORED[ColocationStrategy])
     return _build_qos(strategy, keypath, ctx)
 
 

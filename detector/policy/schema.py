@@ -96,6 +96,18 @@ class ResourceQosStrategy:
 
 
 @dataclass(frozen=True, slots=True)
+class ColocationStrategy:
+    """Koordinator ``colocation-config``: what batch allocatable (detector/batch.py) keeps back, plus the
+    node's reservation where its ``node.koordinator.sh/reservation`` annotation cannot be read."""
+
+    cpu_reclaim_threshold_percent: int = 60  # Node.Reserved = total * (100 - this) / 100
+    memory_reclaim_threshold_percent: int = 65
+    reserved_cpu_cores: float = 0.0  # Node.Anno.Reserved without the annotation (agent config)
+    reserved_memory_bytes: int = 0
+    kubelet_config_file: str | None = "/var/lib/kubelet/config.yaml"  # Node.Kubelet.Reserved, under the host root
+
+
+@dataclass(frozen=True, slots=True)
 class SloThresholds:
     """Absolute SLOs per victim signal, plus the anomaly and hysteresis knobs of the detector."""
 
@@ -141,6 +153,7 @@ class Policy:
     cpu_burst: CpuBurstStrategy = field(default_factory=CpuBurstStrategy)
     resource_qos: ResourceQosStrategy = field(default_factory=ResourceQosStrategy)
     actuators: ActuatorPolicy = field(default_factory=ActuatorPolicy)
+    colocation: ColocationStrategy = field(default_factory=ColocationStrategy)
     node_name: str | None = None
     interval_seconds: float = 1.0
     pod_source: str = "auto"  # auto | kubelet | apiserver | standalone
@@ -183,6 +196,12 @@ _RANGES: dict[type, dict[str, _Range]] = {
         "cat_range_start_percent": _PERCENT,
         "cat_range_end_percent": _PERCENT,
         "mba_percent": (1, 100),
+    },
+    ColocationStrategy: {
+        "cpu_reclaim_threshold_percent": _PERCENT,
+        "memory_reclaim_threshold_percent": _PERCENT,
+        "reserved_cpu_cores": (0, None),
+        "reserved_memory_bytes": (0, None),
     },
     SloThresholds: {  # the fields bounding a signal get their ranges from detector.catalog (_ranges_of)
         "k_sigma": (0, None),

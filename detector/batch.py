@@ -1,0 +1,402 @@
+"""What the node can still give batch (BE) pods: koordinator's batch allocatable, CPU and memory.
+
+koord-manager (slo-controller, batch resource plugin) computes, per node and resource::
+
+    Node(Batch).Alloc[usage]           := Node.Total - Node.Reserved - System.Used - sum(Pod(Prod/Mid).Used)
+    Node(Batch).Alloc[request]         := Node.Total - Node.Reserved - System.Reserved - sum(Pod(Prod/Mid).Request)
+    Node(Batch).Alloc[maxUsageRequest] := Node.Total - Node.Reserved - System.Used
+                                          - sum(max(Pod(Prod/Mid).Request, Pod(Prod/Mid).Used))
+    System.Used     = max(Node.Used - Pod(All).Used, Node.Anno.Reserved, Node.Kubelet.Reserved)
+    System.Reserved = max(Node.Anno.Reserved, Node.Kubelet.Reserved)
+
+- Node.Reserved is the colocation safety margin: Node.Total * (100 - reclaim threshold) / 100
+  (``colocation-config`` ``cpuReclaimThresholdPercent`` / ``memoryReclaimThresholdPercent``).
+- Node.Anno.Reserved: the node annotation ``node.koordinator.sh/reservation`` (its ``reservedCPUs``
+  count, else ``resources.cpu``; ``resources.memory``), or the policy's ``colocation.reservedCpuCores`` /
+  ``reservedMemoryBytes`` where the annotation is not readable (no apiserver access, standalone).
+- Node.Kubelet.Reserved: the kubelet configuration (``/configz`` or its config file):
+  ``reservedSystemCPUs`` (count) else ``kubeReserved.cpu + systemReserved.cpu``; memory
+  ``kubeReserved + systemReserved + evictionHard[memory.available]`` (what capacity - allocatable is).
+- Prod/Mid are the pods the detector calls latency-sensitive (SYSTEM, LSE, LSR, LS: the same QoS mapping,
+  :data:`detector.workloads.LATENCY_SENSITIVE`); Batch is BE. A pod of unknown class counts as Prod/Mid
+  (what it uses is not the batch tier's to give).
+- Used: CPU over the interval from cpuacct and ``/proc/stat`` (busy = not idle, not iowait, as koordlet
+  reads it); memory without page cache (usage - file) for pods, total - available for the node.
+
+A result below zero is clamped to 0 (``negative`` says which): koord-manager publishes no negative
+allocatable either. Pure arithmetic on :class:`ResourceTerms`, so a test can check every formula by
+hand; :class:`BatchMeter` fills the terms from snapshots and pod metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from detector.quantity import parse_quantity
+from detector.workloads import WorkloadIndex
+from probes.cgroupfiles import parse_cpu_list
+from probes.host import HostPaths
+from probes.memstat import read_node_memory
+from probes.snapshot import NodeSnapshot
+
+log = logging.getLogger("noisyneighbor.batch")
+
+POLICIES = ("usage", "request", "maxUsageRequest")
+RESERVATION_ANNOTATION = "node.koordinator.sh/reservation"
+DEFAULT_EVICTION_HARD_MEMORY = 100 * 1024 * 1024  # the kubelet's memory.available default (100Mi)
+
+
+class ReservationError(ValueError):
+    """A kubelet config or reservation annotation that cannot be read (one line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What one source reserves: CPU cores and memory bytes (0: nothing)."""
+
+    cpu_cores: float = 0.0
+    memory_bytes: float = 0.0
+    source: str = ""  # where it came from, for `diagnose`
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceTerms:
+    """Every term of the three formulas for one resource (cores or bytes)."""
+
+    total: float
+    node_reserved: float  # safety margin: total * (100 - reclaim threshold) / 100
+    node_used: float
+    pods_all_used: float
+    anno_reserved: float
+    kubelet_reserved: float
+    prod_used: float  # sum over Prod/Mid pods
+    prod_request: float
+    prod_max_usage_request: float  # sum over Prod/Mid pods of max(request, used)
+
+    @property
+    def system_used(self) -> float:
+        return max(self.node_used - self.pods_all_used, self.anno_reserved, self.kubelet_reserved)
+
+    @property
+    def system_reserved(self) -> float:
+        return max(self.anno_reserved, self.kubelet_reserved)
+
+    def raw(self, policy: str) -> float:
+        """The formula's value, before clamping at 0."""
+        base = self.total - self.node_reserved
+        if policy == "usage":
+            return base - self.system_used - self.prod_used
+        if policy == "request":
+            return base - self.system_reserved - self.prod_request
+        if policy == "maxUsageRequest":
+            return base - self.system_used - self.prod_max_usage_request
+        raise ValueError(f"unknown batch allocatable policy {policy!r} ({', '.join(POLICIES)})")
+
+    def allocatable(self, policy: str) -> float:
+        return max(self.raw(policy), 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class PodUse:
+    """One pod's terms: CPU in cores, memory in bytes; ``prod``: Prod/Mid (not BE)."""
+
+    prod: bool
+    cpu_used: float
+    memory_used: float
+    cpu_request: float = 0.0
+    memory_request: float = 0.0
+
+
+@dataclass(frozen=True)
+class BatchAllocatable:
+    cpu: ResourceTerms  # cores
+    memory: ResourceTerms  # bytes
+    window_s: float  # the CPU usage window
+    sources: tuple[str, ...] = ()  # where the reservations came from
+
+    def values(self) -> dict[str, dict[str, float]]:
+        """{"cpu": {policy: cores}, "memory": {policy: bytes}}."""
+        return {"cpu": {p: self.cpu.allocatable(p) for p in POLICIES},
+                "memory": {p: self.memory.allocatable(p) for p in POLICIES}}
+
+    def to_dict(self) -> dict[str, Any]:
+        def terms(t: ResourceTerms) -> dict[str, float]:
+            return {
+                "total": t.total, "node_reserved": t.node_reserved, "node_used": t.node_used,
+                "pods_all_used": t.pods_all_used, "anno_reserved": t.anno_reserved,
+                "kubelet_reserved": t.kubelet_reserved, "system_used": t.system_used,
+                "system_reserved": t.system_reserved, "prod_used": t.prod_used, "prod_request": t.prod_request,
+                "prod_max_usage_request": t.prod_max_usage_request,
+            }
+        return {"allocatable": self.values(), "cpu_terms": terms(self.cpu), "memory_terms": terms(self.memory),
+                "window_s": self.window_s, "sources": list(self.sources)}
+
+
+def terms_from(
+    total: float, reclaim_threshold_percent: float, node_used: float, pods: Iterable[PodUse], resource: str,
+    anno: Reservation, kubelet: Reservation,
+) -> ResourceTerms:
+    """One resource's terms from the node's figures and its pods (``resource``: "cpu" or "memory")."""
+    cpu = resource == "cpu"
+    pods = list(pods)
+    prod = [p for p in pods if p.prod]
+
+    def used(p: PodUse) -> float:
+        return p.cpu_used if cpu else p.memory_used
+
+    def request(p: PodUse) -> float:
+        return p.cpu_request if cpu else p.memory_request
+
+    return ResourceTerms(
+        total=total,
+        node_reserved=total * (100.0 - reclaim_threshold_percent) / 100.0,
+        node_used=node_used,
+        pods_all_used=sum(used(p) for p in pods),
+        anno_reserved=anno.cpu_cores if cpu else anno.memory_bytes,
+        kubelet_reserved=kubelet.cpu_cores if cpu else kubelet.memory_bytes,
+        prod_used=sum(used(p) for p in prod),
+        prod_request=sum(request(p) for p in prod),
+        prod_max_usage_request=sum(max(request(p), used(p)) for p in prod),
+    )
+
+
+# -- reservation sources -----------------------------------------------------------------------------
+
+
+def _quantity(raw: Any, where: str) -> float:
+    try:
+        return float(parse_quantity(raw))
+    except ValueError:
+        raise ReservationError(f"{where}: not a quantity: {raw!r}") from None
+
+
+def _cpu_count(raw: Any, where: str) -> int:
+    if not isinstance(raw, str):
+        raise ReservationError(f"{where}: expected a CPU list like \"0-1\", got {raw!r}")
+    try:
+        return len(parse_cpu_list(raw))
+    except ValueError:
+        raise ReservationError(f"{where}: not a CPU list: {raw!r}") from None
+
+
+def kubelet_reservation(doc: Any, capacity_memory_bytes: float = 0.0, source: str = "kubelet config") -> Reservation:
+    """Node.Kubelet.Reserved from a KubeletConfiguration (a config file's document, or ``/configz``'s
+    ``{"kubeletconfig": {...}}``). ``capacity_memory_bytes`` resolves a percentage evictionHard."""
+    if isinstance(doc, Mapping) and isinstance(doc.get("kubeletconfig"), Mapping):
+        doc = doc["kubeletconfig"]
+    if not isinstance(doc, Mapping):
+        raise ReservationError(f"{source}: expected a KubeletConfiguration mapping")
+    cpu = memory = 0.0
+    for key in ("kubeReserved", "systemReserved"):
+        section = doc.get(key) or {}
+        if not isinstance(section, Mapping):
+            raise ReservationError(f"{source}: {key}: expected a mapping")
+        if "cpu" in section:
+            cpu += _quantity(section["cpu"], f"{source}: {key}.cpu")
+        if "memory" in section:
+            memory += _quantity(section["memory"], f"{source}: {key}.memory")
+    # The static CPU manager's reserved CPUs replace the cpu reservations (the kubelet requires them to agree).
+    if doc.get("reservedSystemCPUs"):
+        cpu = float(_cpu_count(doc["reservedSystemCPUs"], f"{source}: reservedSystemCPUs"))
+    eviction = doc.get("evictionHard")
+    if eviction is None:
+        memory += DEFAULT_EVICTION_HARD_MEMORY
+    elif isinstance(eviction, Mapping):
+        raw = eviction.get("memory.available")
+        if isinstance(raw, str) and raw.endswith("%"):
+            try:
+                memory += capacity_memory_bytes * float(raw[:-1]) / 100.0
+            except ValueError:
+                raise ReservationError(f"{source}: evictionHard.memory.available: not a percentage: {raw!r}") from None
+        elif raw is not None:
+            memory += _quantity(raw, f"{source}: evictionHard.memory.available")
+    else:
+        raise ReservationError(f"{source}: evictionHard: expected a mapping")
+    return Reservation(cpu, memory, source)
+
+
+def read_kubelet_config(path: str | Path, capacity_memory_bytes: float = 0.0) -> Reservation | None:
+    """The kubelet's reservation from its config file; None when there is no such file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReservationError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ReservationError(f"{p}: not valid YAML") from None
+    return kubelet_reservation(doc, capacity_memory_bytes, source=str(p))
+
+
+def annotation_reservation(annotations: Mapping[str, str], source: str = RESERVATION_ANNOTATION) -> Reservation | None:
+    """Node.Anno.Reserved from the node's ``node.koordinator.sh/reservation`` annotation; None without one."""
+    raw = annotations.get(RESERVATION_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, TypeError):
+        raise ReservationError(f"{source}: not valid JSON") from None
+    if not isinstance(doc, Mapping):
+        raise ReservationError(f"{source}: expected a JSON object")
+    resources = doc.get("resources") or {}
+    if not isinstance(resources, Mapping):
+        raise ReservationError(f"{source}: resources: expected a mapping")
+    cpu = _quantity(resources["cpu"], f"{source}: resources.cpu") if "cpu" in resources else 0.0
+    if doc.get("reservedCPUs"):
+        cpu = float(_cpu_count(doc["reservedCPUs"], f"{source}: reservedCPUs"))
+    memory = _quantity(resources["memory"], f"{source}: resources.memory") if "memory" in resources else 0.0
+    return Reservation(cpu, memory, source)
+
+
+# -- the meter ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BatchMeter:
+    """Batch allocatable from two readings of the node (``measure``), with the reservations it was given.
+
+    ``anno`` falls back to the policy's reservation; ``kubelet`` is what the kubelet config says (None:
+    not known, 0). ``min_window_s``: the CPU usage window is at least this long (koord-manager averages
+    over minutes; one second of usage is noise)."""
+
+    cpu_reclaim_threshold_percent: float = 60.0
+    memory_reclaim_threshold_percent: float = 65.0
+    anno: Reservation | None = None
+    kubelet: Reservation | None = None
+    min_window_s: float = 10.0
+    last: BatchAllocatable | None = None
+    _start: tuple[float, float, dict[str, float]] | None = field(default=None, repr=False)
+
+    def measure(
+        self, now_s: float, node_busy_s: float, ncpu: int, memory_total: float, memory_used: float,
+        pod_cpu_s: Mapping[str, float], pods: Mapping[str, PodUse],
+    ) -> BatchAllocatable | None:
+        """Feed cumulative CPU seconds (node busy, per pod key) and the current memory figures.
+        ``pods``' cpu_used is ignored (filled from the CPU seconds over the window). Returns a new result
+        once the window is long enough (else the last one)."""
+        if self._start is None:
+            self._start = (now_s, node_busy_s, dict(pod_cpu_s))
+            return self.last
+        t0, busy0, cpu0 = self._start
+        window = now_s - t0
+        if window < self.min_window_s or window <= 0:
+            return self.last
+        self._start = (now_s, node_busy_s, dict(pod_cpu_s))
+        uses = [
+            PodUse(p.prod, max(pod_cpu_s.get(key, 0.0) - cpu0.get(key, pod_cpu_s.get(key, 0.0)), 0.0) / window,
+                   p.memory_used, p.cpu_request, p.memory_request)
+            for key, p in pods.items()
+        ]
+        anno, kubelet = self.anno or Reservation(), self.kubelet or Reservation()
+        cpu = terms_from(float(ncpu), self.cpu_reclaim_threshold_percent, max(node_busy_s - busy0, 0.0) / window,
+                         uses, "cpu", anno, kubelet)
+        mem = terms_from(memory_total, self.memory_reclaim_threshold_percent, memory_used, uses, "memory",
+                         anno, kubelet)
+        sources = tuple(r.source for r in (self.anno, self.kubelet) if r is not None and r.source)
+        self.last = BatchAllocatable(cpu, mem, window, sources)
+        return self.last
+
+
+def meter_for(policy: Any, paths: HostPaths) -> BatchMeter:
+    """A meter with the policy's thresholds and reservation, and the kubelet config's (under the host
+    root); a config that cannot be read is logged in one line and counts as no reservation."""
+    colo = policy.colocation
+    anno = None
+    if colo.reserved_cpu_cores or colo.reserved_memory_bytes:
+        anno = Reservation(colo.reserved_cpu_cores, float(colo.reserved_memory_bytes), "policy colocation.reserved*")
+    kubelet = None
+    if colo.kubelet_config_file:
+        host_root = paths.proc.parent
+        try:
+            kubelet = read_kubelet_config(host_root / colo.kubelet_config_file.lstrip("/"), _memory_total(paths))
+        except ReservationError as e:
+            log.warning("batch allocatable: no kubelet reservation: %s", e)
+    return BatchMeter(colo.cpu_reclaim_threshold_percent, colo.memory_reclaim_threshold_percent, anno, kubelet)
+
+
+def _memory_total(paths: HostPaths) -> float:
+    mem = read_node_memory(paths)
+    return float(mem.managed_pages * PAGE_SIZE) if mem is not None else 0.0
+
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def measure_snapshot(meter: BatchMeter, snapshot: NodeSnapshot, index: WorkloadIndex, pod_paths: Iterable[str],
+                     paths: HostPaths) -> BatchAllocatable | None:
+    """Feed the meter one snapshot: the node's CPU and memory, and each pod's use and requests (pods
+    keyed by workload, its class from the detector's index)."""
+    if snapshot.node_cpu is None or not snapshot.node_cpu_per_cpu:
+        return meter.last
+    if meter._start is not None and snapshot.monotonic_s - meter._start[0] < meter.min_window_s:
+        return meter.last  # nothing to compute yet: skip the memory and per-pod reads
+    mem = read_node_memory(paths)
+    total = float(mem.managed_pages * PAGE_SIZE) if mem is not None else 0.0
+    used = max(total - mem.available_pages * PAGE_SIZE, 0.0) if mem is not None else 0.0
+    cpu_s: dict[str, float] = {}
+    pods: dict[str, PodUse] = {}
+    for path in pod_paths:
+        w = index.workload_of(path)
+        cpu = snapshot.cgroup_cpu.get(path)
+        if cpu is not None:
+            cpu_s[w.key] = cpu.usage_ns / 1e9
+        m = snapshot.cgroup_mem.get(path)
+        mem_used = 0.0
+        if m is not None and m.usage_bytes is not None:
+            mem_used = float(max(m.usage_bytes - (m.file_bytes or 0), 0))  # without page cache
+        info = index.pod_of(w.key)
+        pods[w.key] = PodUse(
+            prod=w.target.qos != "BE", cpu_used=0.0, memory_used=mem_used,
+            cpu_request=float(getattr(info, "cpu_request_cores", 0.0) or 0.0),
+            memory_request=float(getattr(info, "memory_request_bytes", 0) or 0),
+        )
+    return meter.measure(snapshot.monotonic_s, snapshot.node_cpu.busy_ns / 1e9, len(snapshot.node_cpu_per_cpu),
+                         total, used, cpu_s, pods)
+
+
+def node_object_reservations(node: Mapping[str, Any]) -> tuple[Reservation | None, Reservation | None]:
+    """(Node.Anno.Reserved, Node.Kubelet.Reserved) from a v1 Node object (a dict as the API returns it):
+    the reservation annotation, and capacity - allocatable (the kubelet's reserved plus its hard
+    eviction threshold, which is what koord-manager takes)."""
+    meta = node.get("metadata") or {}
+    name = meta.get("name", "node")
+    anno = annotation_reservation(meta.get("annotations") or {}, source=f"node {name} {RESERVATION_ANNOTATION}")
+    status = node.get("status") or {}
+    capacity, allocatable = status.get("capacity") or {}, status.get("allocatable") or {}
+    kubelet = None
+    if capacity and allocatable:
+        where = f"node {name} status"
+        cpu = memory = 0.0
+        if "cpu" in capacity and "cpu" in allocatable:
+            cpu = (_quantity(capacity["cpu"], f"{where}.capacity.cpu")
+                   - _quantity(allocatable["cpu"], f"{where}.allocatable.cpu"))
+        if "memory" in capacity and "memory" in allocatable:
+            memory = (_quantity(capacity["memory"], f"{where}.capacity.memory")
+                      - _quantity(allocatable["memory"], f"{where}.allocatable.memory"))
+        kubelet = Reservation(max(cpu, 0.0), max(memory, 0.0), f"node {name} capacity - allocatable")
+    return anno, kubelet
+
+
+def apply_node(meter: BatchMeter, node: Mapping[str, Any]) -> None:
+    """Take the node object's reservations where it has them (they win over the policy and the file)."""
+    try:
+        anno, kubelet = node_object_reservations(node)
+    except ReservationError as e:
+        log.warning("batch allocatable: node reservation ignored: %s", e)
+        return
+    if anno is not None:
+        meter.anno = anno
+    if kubelet is not None:
+        meter.kubelet = kubelet
