@@ -214,6 +214,13 @@ def node_overview() -> dict:
                 f'topk(10, sum by (namespace, pod, qos) (rate({m.CGROUP_CPU_USAGE}{{{NODE}, pod!=""}}[{RATE}])))',
                 "{{namespace}}/{{pod}} {{qos}}")], unit="short", description="CPUs used per pod."),
         ]),
+        Row("Batch allocatable (what BE pods can still get)", [
+            Panel("Batch allocatable CPU by policy", [Query(f"{m.BATCH_ALLOCATABLE_CPU}{{{NODE}}}", "{{policy}}")],
+                  description="Koordinator's Node(Batch).Alloc[usage|request|maxUsageRequest], from this node's "
+                  "own readings and reservations (detector/batch.py)."),
+            Panel("Batch allocatable memory by policy", [Query(f"{m.BATCH_ALLOCATABLE_MEMORY}{{{NODE}}}", "{{policy}}")],
+                  unit="bytes"),
+        ]),
         Row("Agent health", [
             Panel("Probe state", [Query(f'{m.PROBE_STATE}{{{NODE}}} == 1', "{{probe}}: {{state}}", instant=True)],
                   kind="table", width=8),

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from detector.batch import BatchAllocatable
 from detector.catalog import SIGNALS as CATALOG
 from detector.decisions import Cause, Decision, LoggingSink, SuppressAmount, Target
 from detector.model import Incident
@@ -73,6 +74,7 @@ class DiagnoseReport:
     # contention was still going on, so the report must not read as if it had recovered.
     still_open: set[str] = field(default_factory=set)
     cpu_requests: dict[str, float] = field(default_factory=dict)  # pod display -> CPU request (cores)
+    batch: BatchAllocatable | None = None  # what the node can still give BE pods (detector/batch.py)
     host: str = field(default_factory=lambda: os.uname().nodename)
     kernel: str = field(default_factory=lambda: os.uname().release)
 
@@ -99,6 +101,7 @@ class DiagnoseReport:
             ],
             "top_workloads": self.top_workloads,
             "cpu_requests": self.cpu_requests,
+            "batch_allocatable": self.batch.to_dict() if self.batch is not None else None,
         }
 
     def _incident_dict(self, inc: Incident) -> dict[str, Any]:
@@ -138,6 +141,8 @@ def run_diagnose(
     started = time.time()
     t0 = time.monotonic()
     ticks = 0
+    # Batch allocatable over the whole window (the agent's is over 10 s or more).
+    detector.batch.min_window_s = min(detector.batch.min_window_s, max(duration_s - interval_s, interval_s))
     detector.step(collector.collect())
     next_at = t0 + interval_s
     while time.monotonic() - t0 < duration_s:
@@ -163,6 +168,7 @@ def run_diagnose(
         series=_series(detector, incidents, duration_s),
         still_open=still_open,
         cpu_requests=_cpu_requests(incidents, pods),
+        batch=detector.batch_allocatable,
     )
 
 
@@ -351,6 +357,7 @@ def render_text(report: DiagnoseReport) -> str:
         for d in report.decisions:
             lines.append(f"  - {d.kind} {d.target.display} {describe_amount(d)}: {d.reason}".replace("  :", ":"))
         lines.append("")
+    lines.extend(batch_lines(report.batch))
     if report.top_workloads:
         lines.append("Workloads by worst runqueue p99 (ms):")
         for r in report.top_workloads:
@@ -359,6 +366,26 @@ def render_text(report: DiagnoseReport) -> str:
                 f"{r['workload']} ({r['qos'] or '-'})  cpu {fmt_num(r['cpu_cores_mean'], '{:.3f}')}"
             )
     return "\n".join(lines).rstrip() + "\n"
+
+
+def batch_lines(batch: BatchAllocatable | None) -> list[str]:
+    """Batch allocatable per policy, with the terms it came from."""
+    if batch is None:
+        return []
+    values = batch.values()
+    gib = 1024 ** 3
+    lines = [f"Batch allocatable (koordinator's formulas over {batch.window_s:.0f} s; policy: cpu cores / memory GiB):"]
+    for policy in values["cpu"]:
+        lines.append(f"  {policy:>16}: {values['cpu'][policy]:.2f} cores  {values['memory'][policy] / gib:.2f} GiB")
+    c, m = batch.cpu, batch.memory
+    lines.append(f"  cpu: total {c.total:.2f}, safety margin {c.node_reserved:.2f}, system used {c.system_used:.2f}, "
+                 f"system reserved {c.system_reserved:.2f}, Prod/Mid used {c.prod_used:.2f} / requested {c.prod_request:.2f}")
+    lines.append(f"  memory GiB: total {m.total / gib:.2f}, safety margin {m.node_reserved / gib:.2f}, system used "
+                 f"{m.system_used / gib:.2f}, system reserved {m.system_reserved / gib:.2f}, Prod/Mid used "
+                 f"{m.prod_used / gib:.2f} / requested {m.prod_request / gib:.2f}")
+    lines.append(f"  reservations from: {', '.join(batch.sources) or 'none found (kubelet config, node annotation, policy)'}")
+    lines.append("")
+    return lines
 
 
 def embed_json(data: Any) -> str:

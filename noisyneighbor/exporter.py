@@ -39,6 +39,7 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from actuators.base import ActionRecord, ActionState
+from detector.batch import BatchAllocatable
 from detector.catalog import SLO_SIGNALS
 from detector.cgroups import CgroupResolver, parse_cgroup_path
 from detector.decisions import ActionKind, SuppressAmount, Target
@@ -94,6 +95,8 @@ SLO_SIGNAL_NAMES = frozenset(s.name for s in SLO_SIGNALS)
 ACTIONS = "noisyneighbor_actions_total"
 ACTION_ACTIVE = "noisyneighbor_action_active"
 ACTION_SUPPRESS_CORES = "noisyneighbor_action_suppress_cores"
+BATCH_ALLOCATABLE_CPU = "noisyneighbor_node_batch_allocatable_cpu_cores"
+BATCH_ALLOCATABLE_MEMORY = "noisyneighbor_node_batch_allocatable_memory_bytes"
 PROBE_UP = "noisyneighbor_probe_up"
 PROBE_STATE = "noisyneighbor_probe_state"
 PROBE_DROPS = "noisyneighbor_probe_drops_total"
@@ -204,6 +207,10 @@ _DEFS = (
               ("kind", "state", *TARGET_LABELS)),
     MetricDef(ACTION_SUPPRESS_CORES, "gauge", "CPU cap (cores) of each suppress action in effect.",
               ("policy", *TARGET_LABELS)),
+    MetricDef(BATCH_ALLOCATABLE_CPU, "gauge", "CPU the node can still give batch (BE) pods, by koordinator's "
+              "formula (policy: usage, request, maxUsageRequest; detector/batch.py).", ("policy",)),
+    MetricDef(BATCH_ALLOCATABLE_MEMORY, "gauge", "Memory the node can still give batch (BE) pods, by koordinator's "
+              "formula (policy: usage, request, maxUsageRequest; detector/batch.py).", ("policy",)),
     MetricDef(PROBE_UP, "gauge", "1 while the probe collects (on or degraded), 0 when it is off.", ("probe",)),
     MetricDef(PROBE_STATE, "gauge", "The state each probe is in (on, degraded, off): one series per probe, always 1.",
               ("probe", "state")),
@@ -469,7 +476,8 @@ class Exporter:
 
     # -- update (agent loop) -------------------------------------------------------------------
     def update(
-        self, snapshot: NodeSnapshot, incidents: Iterable[Incident] = (), actions: Iterable[ActionRecord] = ()
+        self, snapshot: NodeSnapshot, incidents: Iterable[Incident] = (), actions: Iterable[ActionRecord] = (),
+        batch: BatchAllocatable | None = None,
     ) -> None:
         """Take one tick. Never raises for odd input: what cannot be labelled is dropped and counted.
 
@@ -481,6 +489,10 @@ class Exporter:
             node = _SeriesData()
             self._incident_series(list(incidents), node)
             self._action_series(list(actions), node)
+            if batch is not None:
+                for resource, metric in (("cpu", BATCH_ALLOCATABLE_CPU), ("memory", BATCH_ALLOCATABLE_MEMORY)):
+                    for policy, value in batch.values()[resource].items():
+                        node.set_gauge(metric, (policy,), value)
             self._pending = (snapshot, node)
             self._built = None
 

@@ -22,6 +22,7 @@ from actuators.manager import ActuatorManager
 from actuators.memory import MemorySuppressActuator
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler, requests_from
 from actuators.resctrl import KernelResctrlFs, ResctrlActuator, ResctrlFileIO, resctrl_root
+from detector.batch import apply_node
 from detector.cgroups import CgroupResolver
 from detector.decisions import Target
 from detector.listen_join import ListenJoin
@@ -42,6 +43,7 @@ from noisyneighbor.agent.wiring import (
     _event_poster,
     _evict_actuator,
     _fix_large_allocations_to_mmap,
+    read_own_node,
     resize_io,
     suppress_actuator,
 )
@@ -173,6 +175,9 @@ class Agent:
         # engine's own epoch-stamped writer is off.
         self.detector = Detector(dataclasses.replace(policy, incident_log=None), self.paths, self.layout, resolver,
                                  pods=self.pod_source.pods, sink=self.manager, on_incident=hooks)
+        node_object = read_own_node(policy)
+        if node_object is not None:
+            apply_node(self.detector.batch, node_object)
         labeler = PodMetadataLabeler(ResolverLabeler(resolver), self.pod_source.get, self._qos_of_path)
         # Not in self.registry: /metrics writes the exporter's series directly (render_text) and
         # adds the registry's (actuator metrics); OpenMetrics scrapes get both through one registry.
@@ -281,7 +286,7 @@ class Agent:
                 snapshot = dataclasses.replace(snapshot, gpus=self.gpu.collect())
             snapshot = self._listen_queues(snapshot)
             self.detector.step(snapshot)
-            self.exporter.update(snapshot, self.incidents(), self.actions())
+            self.exporter.update(snapshot, self.incidents(), self.actions(), batch=self.detector.batch_allocatable)
             self._note_snapshot(snapshot)
             self._free_memory.maybe_trim()
             now = time.monotonic()
