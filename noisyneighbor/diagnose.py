@@ -142,7 +142,7 @@ def run_diagnose(
     t0 = time.monotonic()
     ticks = 0
     # Batch allocatable over the whole window (the agent's is over 10 s or more).
-    detector.batch.min_window_s = min(detector.batch.min_window_s, max(duration_s - interval_s, interval_s))
+    detector.batch.min_window_s = min(detector.batch.min_window_s, max(duration_s - 2.5 * interval_s, interval_s))
     detector.step(collector.collect())
     next_at = t0 + interval_s
     while time.monotonic() - t0 < duration_s:
