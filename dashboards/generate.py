@@ -22,6 +22,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from noisyneighbor import exporter as m
+from probes.steal import CPU_STEAL as STEAL
 
 OUT_DIR = Path(__file__).resolve().parent
 SCHEMA_VERSION = 39
@@ -177,6 +178,9 @@ def node_overview() -> dict:
                 "log2 histogram buckets (each bucket is a factor of 2)."),
             Panel("Runqueue latency p99 per CPU", [Query(_p99(m.CPU_RUNQ_LATENCY, NODE, "cpu"), "cpu {{cpu}}")],
                   unit="s"),
+            Panel("Hypervisor steal per CPU", [Query(f"rate({STEAL}{{{NODE}}}[{RATE}])", "cpu {{cpu}}")],
+                  unit="percentunit", description="Time the hypervisor ran something else while the vCPU was "
+                  "runnable (/proc/stat steal); no series on bare metal."),
             Panel("Top victims: runqueue p99 per cgroup (5m)", [Query(
                 f"topk(10, {_p99(m.RUNQ_LATENCY, NOT_OVERFLOW, 'namespace, pod, container, qos, cgroup', '5m')})",
                 instant=True)], kind="table", unit="s", width=24),

@@ -29,6 +29,7 @@ from probes.registry import BY_NAME
 from probes.runqlat import RunqInterval
 from probes.snapshot import NodeSnapshot
 from probes.softirq import SoftirqInterval
+from probes.steal import StealInterval
 from probes.tcpconnect import TcpConnectInterval
 
 IDLE = "<idle>"
@@ -73,6 +74,7 @@ class WorkloadSignals:
     # softirq on the CPUs it ran on
     softirq_ms_per_s: float = 0.0  # weighted softirq run time on its CPUs
     softirq_delay_p99_ns: float = 0.0  # worst CPU's raise->entry p99 among its CPUs (weight > 5 %)
+    steal_ms_per_s: float = 0.0  # hypervisor steal on the CPUs it ran on, weighted like softirq (probes/steal.py)
     cpu_weights: dict[int, float] = field(default_factory=dict)
     # memory reclaim stalls in its own allocations, by kind (direct = global, memcg, softlimit)
     reclaim_stall_ms_per_s: float = 0.0
@@ -104,6 +106,7 @@ class WorkloadSignals:
             "cpu_cores": v(self.cpu_cores),
             "throttled_ratio": v(self.throttled_ratio),
             "softirq_ms_per_s": self.softirq_ms_per_s,
+            "steal_ms_per_s": self.steal_ms_per_s,
             "reclaim_stall_ms_per_s": self.reclaim_stall_ms_per_s,
             "connect_p99_ns": self.connect_p99_ns if self.connects else nan,
             "psi_cpu_some": v(self.psi_cpu_some),
@@ -127,6 +130,7 @@ class NodeSignals:
     # Pages kswapd reclaimed per second (/proc/vmstat pgsteal_kswapd): global reclaim in the background,
     # whose CPU time is a kernel thread's (the root cgroup) on whichever CPU kswapd ran.
     kswapd_pages_per_s: float = 0.0
+    steal_ms_per_s_by_cpu: dict[int, float] = field(default_factory=dict)  # hypervisor steal (probes/steal.py)
 
 
 def _merge(intervals: Iterable[IntervalHistogram]) -> IntervalHistogram:
@@ -246,10 +250,13 @@ class SignalBuilder:
                 per_cpu_delay[cpu].append(d.delay)
             for cpu, delays in per_cpu_delay.items():
                 sirq_delay[cpu] = _merge(delays).quantile_ns(0.99)
+        stolen: StealInterval | None = probe_delta("steal", prev, cur)
+        steal_ms = stolen.ms_per_s() if stolen is not None else {}
         for r in rows.values():
             weights = self._cpu_weights(prev, cur, r.workload.target.cgroup)
             r.cpu_weights = weights
             r.softirq_ms_per_s = sum(w * sirq_ms.get(cpu, 0.0) for cpu, w in weights.items())
+            r.steal_ms_per_s = sum(w * steal_ms.get(cpu, 0.0) for cpu, w in weights.items()) if steal_ms else 0.0
             r.softirq_delay_p99_ns = max((sirq_delay.get(cpu, 0.0) for cpu, w in weights.items() if w > 0.05), default=0.0)
 
         # -- reclaim (memory hierarchy ids) ---------------------------------------------------------
@@ -351,7 +358,7 @@ class SignalBuilder:
                 and cur.node_vmstat.pgsteal_kswapd is not None and prev.node_vmstat.pgsteal_kswapd is not None:
             kswapd = max(cur.node_vmstat.pgsteal_kswapd - prev.node_vmstat.pgsteal_kswapd, 0) / dt
         return NodeSignals(dt, rows, dict(sirq_ms), sirq_delay, node_direct, busy, node_psi,
-                           tuple(sorted(cur.node_cpu_per_cpu)), present, kswapd)
+                           tuple(sorted(cur.node_cpu_per_cpu)), present, kswapd, steal_ms)
 
     def _present(self, listed: Iterable[str]) -> frozenset[str]:
         """Workload keys of the listed (cpu-hierarchy) cgroups and of every workload with a row since

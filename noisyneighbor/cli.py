@@ -12,6 +12,7 @@ from typing import TextIO
 
 from probes.engine import ProbeError, use_btf_file
 from probes.host import HostPaths
+from probes.registry import BY_NAME
 
 log = logging.getLogger("noisyneighbor")
 
@@ -234,7 +235,9 @@ def cmd_diagnose(args: argparse.Namespace, paths: HostPaths) -> int:
     progress = _TerminalProgress(sys.stderr) if sys.stderr.isatty() else None
     try:
         collector.start()
-        if collector.status and all(st.state == "off" for st in collector.status.values()):
+        # Steal (a /proc file) alone detects nothing: what must start is a probe with BPF programs.
+        bpf = [st for name, st in collector.status.items() if BY_NAME[name].specs]
+        if bpf and all(st.state == "off" for st in bpf):
             raise ProbeError("no probe could start: " + "; ".join(st.line() for st in collector.status.values()))
         report = run_diagnose(detector, collector, args.duration, args.interval,
                               progress=progress.update if progress else None, pods=source.pods)

@@ -227,9 +227,11 @@ _DEFS = (
     MetricDef(SNAPSHOT_ERRORS, "gauge", "Problems met while collecting the last snapshot (see the agent log)."),
 )
 # Metrics a probe plugin defines itself (probes.registry), per cgroup, after the exporter's own.
-_DEFS = (*_DEFS, *(MetricDef(spec.name, spec.type, spec.help, per_cgroup=True)  # type: ignore[arg-type]
+_DEFS = (*_DEFS, *(MetricDef(spec.name, spec.type, spec.help, spec.labels,  # type: ignore[arg-type]
+                             per_cgroup=spec.per_cgroup)
                    for plugin in PLUGINS for spec in plugin.metric_specs))
 _SERIES_PLUGINS = tuple(plugin for plugin in PLUGINS if plugin.cgroup_series is not None)
+_NODE_SERIES_PLUGINS = tuple(plugin for plugin in PLUGINS if plugin.node_series is not None)
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
 
 # le of each log2 slot in seconds: slot k holds [2^(k-1), 2^k) µs; values are truncated to whole µs by the
@@ -684,6 +686,11 @@ class Exporter:
             probe_snap = snap.probe(plugin.name)
             if probe_snap is not None and plugin.map_entries is not None:
                 node.set_gauge(BPF_MAP_ENTRIES, (plugin.name,), float(plugin.map_entries(probe_snap)))
+        for plugin in _NODE_SERIES_PLUGINS:
+            probe_snap = snap.probe(plugin.name)
+            if probe_snap is not None:
+                for metric, labels, value in plugin.node_series(probe_snap):  # type: ignore[misc]
+                    (node.add_counter if METRICS[metric].type == "counter" else node.set_gauge)(metric, labels, value)
         for prog in snap.bpf_programs:
             node.add_counter(BPF_RUN_SECONDS, (prog.name,), prog.run_time_ns / 1e9)
             node.add_counter(BPF_RUNS, (prog.name,), float(prog.run_count))

@@ -23,6 +23,8 @@ class MetricSpec:
     name: str  # noisyneighbor_..., _total for a counter
     type: str  # "gauge" | "counter"
     help: str
+    labels: tuple[str, ...] = ()  # its own labels (after node, and the cgroup's when per_cgroup)
+    per_cgroup: bool = True  # False: a node metric, filled from ``node_series``
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,8 @@ class ProbePlugin:
     # the path relative to its hierarchy root as in NodeSnapshot.cgroup_cpu. The exporter labels them.
     metric_specs: tuple[MetricSpec, ...] = ()
     cgroup_series: Callable[[Any], Iterable[tuple[str, str, float]]] | None = None
+    # Its node metrics (MetricSpec per_cgroup=False): (metric name, label values, value) per snapshot.
+    node_series: Callable[[Any], Iterable[tuple[str, tuple[str, ...], float]]] | None = None
     flavours: tuple[str, ...] = ()  # its own attach modes beyond the engine's (auto, tp_btf, raw_tp)
     top_view: str | None = None  # its view in `noisyneighbor top` (--view)
     # That view as a declared table (rows from ``delta``); None: a hand-written section in

@@ -19,7 +19,7 @@ names against the signal catalog and the exporter's metric definitions.
 
 from __future__ import annotations
 
-from probes import gpu_pods, reclaim, runqlat, softirq, tcpconnect
+from probes import gpu_pods, reclaim, runqlat, softirq, steal, tcpconnect
 from probes.plugin import ENGINE_ATTACH_MODES, MetricSpec, ProbePlugin
 
 __all__ = ["BY_NAME", "DEFAULT_NAMES", "ENGINE_ATTACH_MODES", "NAMES", "PLUGINS", "MetricSpec", "ProbePlugin", "plugin"]
@@ -88,6 +88,7 @@ PLUGINS: tuple[ProbePlugin, ...] = (
         top_options={"outlier_threshold_ns": 0},
     ),
     gpu_pods.PLUGIN,
+    steal.PLUGIN,
 )
 
 BY_NAME: dict[str, ProbePlugin] = {p.name: p for p in PLUGINS}
