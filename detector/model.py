@@ -21,6 +21,7 @@ class Evidence:
     threshold: float | None = None  # the SLO or k-sigma bound it was compared with
     baseline: float | None = None
     note: str = ""
+    container: str = ""  # the container it is about (self causes: the one waited behind or at its limit)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from detector.containers import POD_ITSELF, MayUse, containers_by_pod, may_use
 from detector.workloads import IdMapper, Workload
 from probes.cgroupfs import CgroupLayout
 from probes.hist import HIST_SLOTS, IntervalHistogram
@@ -61,6 +62,8 @@ class WorkloadSignals:
     # who ran instead: culprit workload key -> ns of this workload's wait while it ran on the CPU
     ran_instead_ns: dict[str, float] = field(default_factory=dict)
     own_wait_ns: float = 0.0  # wait behind its own tasks
+    # the same by container: name (detector.containers.POD_ITSELF for the pod cgroup) -> ns behind it
+    own_wait_by_container: dict[str, float] = field(default_factory=dict)
     preempted_foreign: int = 0
     preempted_own: int = 0
     who_ran_instead_available: bool = False
@@ -71,6 +74,7 @@ class WorkloadSignals:
     throttled_ms_per_s: float | None = None
     containers: dict[str, ContainerCpu] = field(default_factory=dict)  # container cgroup path -> its CPU
     cpus_allowed: int | None = None  # CPUs in its effective cpuset, when read
+    may_use: MayUse | None = None  # pods: its containers' cpuset union and quota sum (detector/containers.py)
     # softirq on the CPUs it ran on
     softirq_ms_per_s: float = 0.0  # weighted softirq run time on its CPUs
     softirq_delay_p99_ns: float = 0.0  # worst CPU's raise->entry p99 among its CPUs (weight > 5 %)
@@ -164,6 +168,7 @@ class SignalBuilder:
         self.mem_h = layout.hierarchy_for("memory")
         # (the listed paths, the pod list version, their workload keys and those of unlisted rows since)
         self._present_of: tuple[object, int, frozenset[str]] | None = None
+        self._containers_of: tuple[object, dict[str, list[str]]] | None = None  # (listed paths, pod uid -> containers)
 
     def build(self, prev: NodeSnapshot, cur: NodeSnapshot, extra_paths: Iterable[str] = ()) -> NodeSignals:
         dt = max(cur.monotonic_s - prev.monotonic_s, 1e-6)
@@ -223,6 +228,9 @@ class SignalBuilder:
             r.throttled_ms_per_s = max(c.throttled_ns - p.throttled_ns, 0) / 1e6 / dt
             cpus = cur.cgroup_cpus.get(path)
             r.cpus_allowed = len(cpus) if cpus else None
+            if w.target.pod_uid:
+                r.may_use = may_use(self._pod_containers(extra_paths).get(w.target.pod_uid, ()), cur.cgroup_cpus,
+                                    cur.cgroup_cpu)
         # Containers of a pod: their own quota and throttling (a limit set on one container only shows
         # there, not on the pod). Read when they moved; attached to the pod's row.
         for path in changed:
@@ -370,6 +378,17 @@ class SignalBuilder:
         return self._present_of[2]
 
     # -- helpers --------------------------------------------------------------------------------
+    def _pod_containers(self, listed: Iterable[str]) -> dict[str, list[str]]:
+        """Pod UID -> its listed container paths; made again only when the listed paths change."""
+        if self._containers_of is None or self._containers_of[0] is not listed:
+            self._containers_of = (listed, containers_by_pod(listed))
+        return self._containers_of[1]
+
+    def _container_name(self, cgroup_id: int) -> str:
+        path = self.ids.path_of(cgroup_id, self.cpu_h)
+        named = self.ids.index.container_of(path) if path is not None else None
+        return named[0] if named is not None else POD_ITSELF
+
     def _cpu_weights(self, prev: NodeSnapshot, cur: NodeSnapshot, key: str) -> dict[int, float]:
         c, p = cur.cgroup_cpu_percpu.get(key), prev.cgroup_cpu_percpu.get(key)
         if c is not None and p is not None and len(c) == len(p):
@@ -398,6 +417,9 @@ class SignalBuilder:
                 continue
             r = row(victim)
             r.own_wait_ns += d.own_wait_ns
+            if d.own_wait_ns:
+                name = self._container_name(victim_id)
+                r.own_wait_by_container[name] = r.own_wait_by_container.get(name, 0.0) + d.own_wait_ns
             r.preempted_own += d.own_preemptions
             if d.idle_wait_ns:
                 r.ran_instead_ns[IDLE] = r.ran_instead_ns.get(IDLE, 0.0) + d.idle_wait_ns
@@ -415,6 +437,9 @@ class SignalBuilder:
             key = UNKNOWN if culprit is None else culprit.key
             if key == victim.key:
                 r.own_wait_ns += pair.wait_ns
+                if pair.wait_ns:
+                    name = self._container_name(culprit_id)
+                    r.own_wait_by_container[name] = r.own_wait_by_container.get(name, 0.0) + pair.wait_ns
                 r.preempted_own += pair.preemptions
             else:
                 r.ran_instead_ns[key] = r.ran_instead_ns.get(key, 0.0) + pair.wait_ns
