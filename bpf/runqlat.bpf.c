@@ -141,6 +141,19 @@ struct {
 
 __u64 culprit_slots_taken = 0; /* never-used pair slots handed out so far */
 
+/*
+ * Per pair slot (as runq_culprits): the victim's histogram moves without the culprit. Shared by every
+ * CPU (atomic adds), not per-CPU: 256 bytes a pair whatever the CPU count, and it is written only for a
+ * wait the culprit lengthened enough to change its log2 slot, so CPUs meet on a line only while the
+ * same pair interferes on several of them at the same moment.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_CULPRIT_PAIRS);
+	__type(key, __u32);
+	__type(value, struct runq_counterfactual);
+} runq_cf SEC(".maps");
+
 /* Per CPU: the current slice and the ring of the last finished ones. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -395,7 +408,7 @@ static __always_inline struct runq_pair_cache_entry *pair_cache_entry(struct run
 
 /* The pair's slot from the index, taking a free one for a new pair, remembered in this CPU's cache. */
 static __noinline struct runq_culprit_stats *culprit_stats_slow(struct runq_cpu_state *cpu, __u64 victim,
-								__u64 culprit)
+								__u64 culprit, __u32 *slot_out)
 {
 	struct runq_culprit_key key = { .victim_cgroup_id = victim, .culprit_cgroup_id = culprit };
 	struct runq_pair_cache_entry *e;
@@ -415,16 +428,42 @@ static __noinline struct runq_culprit_stats *culprit_stats_slow(struct runq_cpu_
 	e = pair_cache_entry(cpu, victim, culprit);
 	e->pair = key;
 	e->slot = slot;
+	*slot_out = slot;
 	return c;
 }
 
-/* Add to the victim x culprit matrix; a full matrix loses the update, counted. */
+/*
+ * A wait of `full_ns` without the culprit's `part_ns`: move it from its slot to the shorter one's. A
+ * global function: the verifier checks it once, not once per path of each caller (two log2s inlined
+ * into every charge made the switch program too complex to load).
+ */
+__noinline int move_counterfactual(__u32 pair_slot, __u64 full_ns, __u64 part_ns)
+{
+	__u32 from = nn_hist_slot(full_ns), to = nn_hist_slot(full_ns > part_ns ? full_ns - part_ns : 0);
+	struct runq_counterfactual *cf;
+
+	if (from == to)
+		return 0;
+	cf = bpf_map_lookup_elem(&runq_cf, &pair_slot);
+	if (!cf)
+		return 0;
+	if (from < NN_HIST_SLOTS)
+		__sync_fetch_and_add(&cf->slots[from], -1);
+	if (to < NN_HIST_SLOTS)
+		__sync_fetch_and_add(&cf->slots[to], 1);
+	return 0;
+}
+
+/*
+ * Add to the victim x culprit matrix; a full matrix loses the update, counted. `full_ns`: the whole
+ * wait `wait_ns` is part of (0: a preemption, no wait), for the counterfactual.
+ */
 static __always_inline void charge_culprit(struct runq_cpu_state *cpu, __u64 victim, __u64 culprit,
-					   __u64 wait_ns, __u64 turns, __u64 preemptions)
+					   __u64 wait_ns, __u64 turns, __u64 preemptions, __u64 full_ns)
 {
 	struct runq_pair_cache_entry *e = pair_cache_entry(cpu, victim, culprit);
 	struct runq_culprit_stats *c = NULL;
-	__u32 slot;
+	__u32 slot = 0;
 
 	if (e->pair.victim_cgroup_id == victim && e->pair.culprit_cgroup_id == culprit && victim) {
 		slot = e->slot;
@@ -433,7 +472,7 @@ static __always_inline void charge_culprit(struct runq_cpu_state *cpu, __u64 vic
 			c = NULL;
 	}
 	if (!c)
-		c = culprit_stats_slow(cpu, victim, culprit);
+		c = culprit_stats_slow(cpu, victim, culprit, &slot);
 	if (!c) {
 		count_drop(NN_DROP_KEY_MAP_FULL);
 		cpu->culprit_drops++;
@@ -443,12 +482,15 @@ static __always_inline void charge_culprit(struct runq_cpu_state *cpu, __u64 vic
 	c->wait_ns += wait_ns;
 	c->count += turns;
 	c->preemptions += preemptions;
+	if (wait_ns && full_ns)
+		move_counterfactual(slot, full_ns, wait_ns);
 }
 
 /* The state of one ring walk (bpf_loop callback context, on the caller's stack). */
 struct slice_walk {
 	struct runq_cpu_state *cpu;
 	__u64 victim, queued;
+	__u64 full;           /* the whole wait (with what it waited on another CPU): the counterfactual's */
 	__u64 end;            /* where the slice being charged ends: the newer one's start */
 	__u64 last_cgroup_id; /* the newer slice's cgroup: a change starts a new turn */
 	__u64 own, idle, foreign;
@@ -479,7 +521,7 @@ static long charge_slice(__u32 i, struct slice_walk *w)
 			w->t1 += turn;
 		} else {
 			if (w->c1)
-				charge_culprit(w->cpu, w->victim, w->c1, w->n1, w->t1, 0);
+				charge_culprit(w->cpu, w->victim, w->c1, w->n1, w->t1, 0, w->full);
 			w->c1 = w->c0;
 			w->n1 = w->n0;
 			w->t1 = w->t0;
@@ -507,7 +549,7 @@ static long charge_slice(__u32 i, struct slice_walk *w)
  * common case (attribute_wait) does not even pay for setting up the walk.
  */
 static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct runq_cgroup_stats *s,
-					   __u64 victim, __u64 queued)
+					   __u64 victim, __u64 queued, __u64 full)
 {
 	struct slice_walk w = {};
 	__u64 pending, ns;
@@ -518,6 +560,7 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
 	w.cpu = cpu;
 	w.victim = victim;
 	w.queued = queued;
+	w.full = full;
 	w.end = cpu->slice_start;
 	w.last_cgroup_id = ~0ULL;
 	w.head = cpu->head;
@@ -525,9 +568,9 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
 	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop))
 		bpf_loop(RUNQ_RING_SLOTS, charge_slice, &w, 0);
 	if (w.c0)
-		charge_culprit(cpu, victim, w.c0, w.n0, w.t0, 0);
+		charge_culprit(cpu, victim, w.c0, w.n0, w.t0, 0, full);
 	if (w.c1)
-		charge_culprit(cpu, victim, w.c1, w.n1, w.t1, 0);
+		charge_culprit(cpu, victim, w.c1, w.n1, w.t1, 0, full);
 	s->own_wait_ns += w.own;
 	s->idle_wait_ns += w.idle;
 	s->foreign_wait_ns += w.foreign;
@@ -537,10 +580,11 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
 
 /*
  * Charge a wait of `pending` ns that ends now to who ran meanwhile. `prev_start` is when prev's
- * slice began; the ring already holds it.
+ * slice began; the ring already holds it. `full`: the wait as the histogram has it (pending plus
+ * what it waited on another CPU before a migration).
  */
 static __always_inline void attribute_wait(struct runq_cpu_state *cpu, struct runq_cgroup_stats *s, __u64 victim,
-					   __u64 prev_cg, __u64 prev_start, __u64 queued, __u64 pending)
+					   __u64 prev_cg, __u64 prev_start, __u64 queued, __u64 pending, __u64 full)
 {
 	/* The common case, and all of perf's pipe ping-pong: woken during prev's slice. */
 	if (prev_start && prev_start <= queued) {
@@ -550,11 +594,11 @@ static __always_inline void attribute_wait(struct runq_cpu_state *cpu, struct ru
 			s->idle_wait_ns += pending;
 		else {
 			s->foreign_wait_ns += pending;
-			charge_culprit(cpu, victim, prev_cg, pending, 1, 0);
+			charge_culprit(cpu, victim, prev_cg, pending, 1, 0, full);
 		}
 		return;
 	}
-	attribute_long_wait(cpu, s, victim, queued);
+	attribute_long_wait(cpu, s, victim, queued, full);
 }
 
 /* `prev` leaves the CPU still runnable for a task of another cgroup (or idle). */
@@ -564,7 +608,7 @@ static __always_inline void count_foreign_preemption(struct runq_cpu_state *cpu,
 
 	if (s)
 		s->foreign_preemptions++;
-	charge_culprit(cpu, prev_cg, next_cg, 0, 0, 1);
+	charge_culprit(cpu, prev_cg, next_cg, 0, 0, 1, 0);
 }
 
 SEC("tp_btf/sched_switch")
@@ -683,7 +727,7 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 				s->own_preemptions++;
 			s->migrated_wait_ns += migrated;
 			if (pending)
-				attribute_wait(cpu, s, next_cg, prev_cg, prev_start, queued, pending);
+				attribute_wait(cpu, s, next_cg, prev_cg, prev_start, queued, pending, pending + migrated);
 		}
 		report_outlier(prev, next, next_cg, prev_cg, pending + migrated);
 	}

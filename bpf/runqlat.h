@@ -58,6 +58,16 @@ struct runq_culprit_stats {
 	struct runq_culprit_key pair; /* whose slot this CPU's copy is (victim 0: unused) */
 };
 
+/*
+ * The counterfactual of one (victim, culprit) pair, indexed like runq_culprits: how the victim's wait
+ * histogram moves when the culprit's share of each wait is taken out. A wait of `full` ns of which the
+ * culprit ran `part` ns adds -1 at slot(full) and +1 at slot(full - part) (nothing when the slot stays):
+ * the victim's histogram plus these counts is its histogram without the culprit.
+ */
+struct runq_counterfactual {
+	__s64 slots[NN_HIST_SLOTS];
+};
+
 #define RUNQ_RING_SLOTS 64 /* power of 2: the finished slices each CPU remembers (consecutive ones of one cgroup merged) */
 
 /* One finished slice on a CPU: from `start` (rq clock) to the next slice's start. */

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from detector import causes
 from detector.baseline import Baselines
 from detector.catalog import BASELINE_SIGNALS, SIGNALS
+from detector.counterfactual import Counterfactuals
 from detector.decisions import (
     ActionKind,
     BurstAmount,
@@ -117,6 +118,7 @@ class IncidentEngine:
         self._online_cpus: tuple[int, ...] = ()
         self._forgot_for: frozenset[str] | None = None  # the workload list the last forgetting was done for
         self.listen_join = None  # a detector.listen_join.ListenJoin when listen queues are read (the agent)
+        self.counterfactual = Counterfactuals()  # each culprit's cost to each victim, per wait
 
     # -- public ---------------------------------------------------------------------------------
     @property
@@ -157,6 +159,7 @@ class IncidentEngine:
             state.recent_ran_instead.append(dict(row.ran_instead_ns))
             state.recent_wait_ns.append(total_wait_ns)
             state.recent_own_wait_ns.append(row.own_wait_ns)
+            self.counterfactual.add(key, row.runq_hist, row.interval_s, row.cf_moves, row.ran_instead_ns)
             dt = row.interval_s
             state.recent_connect.append((row.connect_failures_per_s * dt, row.syn_retransmits_per_s * dt,
                                          row.connect_p99_ns if row.connects else 0.0))
@@ -200,6 +203,7 @@ class IncidentEngine:
             if key not in present:
                 # Vanished (pod deleted): its incident ends and its state is freed.
                 del self.victims[key]
+                self.counterfactual.forget(key)
                 if state.incident is not None:
                     inc = state.incident
                     self._close(state, now, note="victim gone")
@@ -326,9 +330,14 @@ class IncidentEngine:
             share = ns / total_wait
             corr = self.store.correlation(ck, "cpu_cores", key, "runq_p99_ns", 60.0)
             score = 0.8 * (ns / foreign_total) + 0.2 * max(corr or 0.0, 0.0)
+            cost = self.counterfactual.cost(key, ck)
             culprits.append(self._judged(Culprit(
                 self._target(ck), round(score, 4), who_ran_instead_share=round(share, 4),
-                correlation=round(corr or 0.0, 4), cpu_cores=self._last(ck, "cpu_cores"))))
+                correlation=round(corr or 0.0, 4), cpu_cores=self._last(ck, "cpu_cores"),
+                **({} if cost is None else {
+                    "victim_runq_p99_ns": round(cost.p99_ns), "runq_p99_without_ns": round(cost.p99_without_ns),
+                    "victim_wait_ms_per_s": round(cost.wait_ms_per_s, 3),
+                    "wait_ms_per_s_without": round(cost.wait_ms_per_s_without, 3)}))))
         return self._ranked(culprits)
 
     def _correlation_culprits(self, key: str, signals: NodeSignals) -> list[Culprit]:

@@ -35,6 +35,12 @@ class Culprit:
     cpu_request_cores: float | None = None  # its CPU request (pods; None: unknown, e.g. standalone)
     above_request: bool | None = None  # uses more CPU than it requested (None: request unknown)
     note: str = ""  # e.g. "busy within its request"
+    # The counterfactual (detector/counterfactual.py): the victim's runqueue p99 and wait per second over
+    # the culprit window, and the same with this culprit's share of each wait taken out (None: not known).
+    victim_runq_p99_ns: float | None = None
+    runq_p99_without_ns: float | None = None
+    victim_wait_ms_per_s: float | None = None
+    wait_ms_per_s_without: float | None = None
 
 
 @dataclass

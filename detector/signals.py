@@ -27,7 +27,7 @@ from probes.hist import HIST_SLOTS, IntervalHistogram
 from probes.psi import psi_rate
 from probes.reclaim import ReclaimInterval
 from probes.registry import BY_NAME
-from probes.runqlat import RunqInterval
+from probes.runqlat import RunqInterval, add_slots
 from probes.snapshot import NodeSnapshot
 from probes.softirq import SoftirqInterval
 from probes.steal import StealInterval
@@ -59,6 +59,9 @@ class WorkloadSignals:
     runq_wait_ms_per_s: float = 0.0
     runq_p99_ns: float = 0.0
     runq_max_ns: float = 0.0
+    runq_hist: IntervalHistogram | None = None  # its waits this tick (all its cgroups), for the counterfactual
+    # culprit workload key -> how its wait histogram moves without that culprit (detector/counterfactual.py)
+    cf_moves: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # who ran instead: culprit workload key -> ns of this workload's wait while it ran on the CPU
     ran_instead_ns: dict[str, float] = field(default_factory=dict)
     own_wait_ns: float = 0.0  # wait behind its own tasks
@@ -210,6 +213,7 @@ class SignalBuilder:
                 r.runq_wait_ms_per_s = d.sum_ns / 1e6 / dt
                 r.runq_p99_ns = d.quantile_ns(0.99)
                 r.runq_max_ns = d.max_ns
+                r.runq_hist = d
             matrix = self._who_ran_instead(runq, row)
 
         # -- CPU accounting -----------------------------------------------------------------------
@@ -444,4 +448,6 @@ class SignalBuilder:
             else:
                 r.ran_instead_ns[key] = r.ran_instead_ns.get(key, 0.0) + pair.wait_ns
                 r.preempted_foreign += pair.preemptions
+                if pair.cf_slots:
+                    r.cf_moves[key] = add_slots(r.cf_moves.get(key, ()), pair.cf_slots, 1)
         return True

@@ -28,7 +28,7 @@ from probes.engine import (
     Tracepoint,
     missing_btf_features,
 )
-from probes.hist import NN_HIST_SIZE, IntervalHistogram, LatencyHistogram
+from probes.hist import HIST_SLOTS, NN_HIST_SIZE, IntervalHistogram, LatencyHistogram
 from probes.host import HostPaths
 
 SPEC = ProbeSpec(
@@ -61,6 +61,7 @@ _SLOT_OWNER = struct.Struct("<Q")
 _CULPRIT_KEY = struct.Struct("<QQ")
 _CULPRIT_STATS = struct.Struct("<3Q")
 _CPU_STATE_HEAD = struct.Struct("<QQIIQQ")
+_COUNTERFACTUAL = struct.Struct(f"<{HIST_SLOTS}q")  # struct runq_counterfactual: signed slot moves
 # Between its head and its histogram: the slice ring and the cgroup slot cache (16-byte entries), the
 # pair slot cache (24-byte entries).
 RUNQ_RING_SLOTS, RUNQ_SLOT_CACHE, RUNQ_PAIR_CACHE = 64, 16, 16
@@ -77,6 +78,7 @@ MAP_LAYOUTS = {
     "free_culprit_slots": (None, 4),
     "runq_culprits": (4, CULPRIT_STATS_SIZE),
     "runq_cpu": (4, CPU_STATE_SIZE),
+    "runq_cf": (4, _COUNTERFACTUAL.size),
     "drops": (4, 8),  # probes/base.py
 }
 
@@ -157,17 +159,23 @@ class CulpritStats:
     wait_ns: int = 0  # victim wait during the culprit's slices
     count: int = 0  # culprit turns on the CPU (its consecutive slices merged) inside victim waits
     preemptions: int = 0  # victim tasks switched out while runnable in favour of the culprit
+    # The counterfactual: per histogram slot, how the victim's waits move with the culprit's share of
+    # each one taken out (-1 where a wait leaves, +1 where it lands; empty: none moved). The victim's
+    # histogram plus these is its histogram without the culprit (counterfactual_histogram).
+    cf_slots: tuple[int, ...] = ()
 
     @classmethod
-    def decode_percpu(cls, raws: list[bytes]) -> CulpritStats:
+    def decode_percpu(cls, raws: list[bytes], cf_raw: bytes | None = None) -> CulpritStats:
         wait = count = preemptions = 0
         for raw in raws:
             w, c, p = _CULPRIT_STATS.unpack_from(raw)
             wait, count, preemptions = wait + w, count + c, preemptions + p
-        return cls(wait, count, preemptions)
+        cf = _COUNTERFACTUAL.unpack_from(cf_raw) if cf_raw else ()
+        return cls(wait, count, preemptions, cf if any(cf) else ())
 
     def __add__(self, other: CulpritStats) -> CulpritStats:
-        return CulpritStats(self.wait_ns + other.wait_ns, self.count + other.count, self.preemptions + other.preemptions)
+        return CulpritStats(self.wait_ns + other.wait_ns, self.count + other.count, self.preemptions + other.preemptions,
+                            add_slots(self.cf_slots, other.cf_slots, 1))
 
     def delta(self, earlier: CulpritStats | None) -> CulpritStats:
         # Counters that went down were restarted (a probe reloaded): then the whole current value is new.
@@ -176,8 +184,28 @@ class CulpritStats:
             return self
         return CulpritStats(
             max(self.wait_ns - earlier.wait_ns, 0), max(self.count - earlier.count, 0),
-            max(self.preemptions - earlier.preemptions, 0),
+            max(self.preemptions - earlier.preemptions, 0), add_slots(self.cf_slots, earlier.cf_slots, -1),
         )
+
+
+def add_slots(a: tuple[int, ...], b: tuple[int, ...], sign: int) -> tuple[int, ...]:
+    """a + sign * b per slot; () for all zeros (the common case: no wait moved)."""
+    if not b:
+        return a
+    if not a:
+        a = (0,) * len(b)
+    out = tuple(x + sign * y for x, y in zip(a, b, strict=True))
+    return out if any(out) else ()
+
+
+def counterfactual_histogram(victim: IntervalHistogram, moves: tuple[int, ...], removed_ns: int) -> IntervalHistogram:
+    """The victim's interval histogram with a culprit's share of each wait taken out: its slots plus the
+    culprit's moves (signed, clipped at 0), its sum less the culprit's wait. The count is the same (every
+    wait still happens, shorter); its exact max is unknown."""
+    if not moves:
+        return IntervalHistogram(victim.slots, max(victim.sum_ns - removed_ns, 0), victim.count, victim.exact_max_ns)
+    slots = tuple(max(n + m, 0) for n, m in zip(victim.slots, moves, strict=True))
+    return IntervalHistogram(slots, max(victim.sum_ns - removed_ns, 0), sum(slots), None)
 
 
 def _fields(split: WaitSplit) -> tuple[int, ...]:
@@ -314,9 +342,10 @@ class _Slots:
     and `free` is the stack of slots the BPF side may reuse."""
 
     def __init__(self, probe: LoadedProbe, index: str, stats: str, free: str, value_size: int,
-                 key_size: int) -> None:
+                 key_size: int, also_zero: tuple[str, ...] = ()) -> None:
         self.probe, self.index, self.stats, self.free_stack, self.value_size = probe, index, stats, free, value_size
         self.key_size = key_size
+        self.also_zero = also_zero  # maps indexed by the same slots, zeroed with it when it is freed
         self._stride = 0  # bytes of one slot as read: every CPU's copy, 8-byte aligned
         self._rows = np.zeros((0, 0), dtype="<u8")  # the used slots at the last read_changed
         self._key_of: dict[int, bytes] = {}  # slot -> the key owning it at the last read_changed
@@ -414,6 +443,8 @@ class _Slots:
         if slot is None or not self.probe.map_delete(self.index, key):
             return False
         self.probe.map_zero(self.stats, slot)  # type: ignore[arg-type]
+        for name in self.also_zero:
+            self.probe.map_zero(name, slot)  # type: ignore[arg-type]
         self.probe.map_push(self.free_stack, slot)  # type: ignore[arg-type]
         return True
 
@@ -457,7 +488,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         engine = engine or LibbpfEngine(self.paths)
         self.pid_slots = max(1, min(max_pid_slots, _pid_max(self.paths)))
         sizes = {"outliers": outlier_ring_bytes, "cgroup_slots": max_cgroups, "free_slots": max_cgroups,
-                 "cgroup_runq": max_cgroups, "runq_culprits": max_culprit_pairs,
+                 "cgroup_runq": max_cgroups, "runq_culprits": max_culprit_pairs, "runq_cf": max_culprit_pairs,
                  "culprit_slots": max_culprit_pairs, "free_culprit_slots": max_culprit_pairs,
                  "task_run_delay": self.pid_slots, "fallback_queued_ns": 1}
         options = {
@@ -485,6 +516,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             # The wakeup-based flavours do not fill the matrix or the pid array: no memory for them.
             self.pid_slots = 1
             options["map_sizes"] = {**sizes, "runq_culprits": 1, "culprit_slots": 1, "free_culprit_slots": 1,
+                                    "runq_cf": 1,
                                     "task_run_delay": 1,
                                     "fallback_queued_ns": MAX_FALLBACK_TASKS}
             self.probe = engine.open_probe(SPEC, attach_mode=fallback, **options)
@@ -494,7 +526,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         self._cgroups = _Slots(self.probe, "cgroup_slots", "cgroup_runq", "free_slots", CGROUP_STATS_SIZE,
                                _SLOT_OWNER.size)
         self._pairs = _Slots(self.probe, "culprit_slots", "runq_culprits", "free_culprit_slots", CULPRIT_STATS_SIZE,
-                             _CULPRIT_KEY.size)
+                             _CULPRIT_KEY.size, also_zero=("runq_cf",))
         # What the kernel maps held at the last snapshot, decoded; only the slots that changed since are
         # decoded again (most cgroups did nothing). Snapshots get copies.
         self._per_cgroup: dict[int, LatencyHistogram] = {}
@@ -533,7 +565,8 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                     self._total_of(old_pair)
                 if change.key is not None:
                     pair: tuple[int, int] = _CULPRIT_KEY.unpack(change.key)  # type: ignore[assignment]
-                    self._pairs_in_kernel[pair] = CulpritStats.decode_percpu(self._pairs.values(change.key, change.raw))
+                    self._pairs_in_kernel[pair] = CulpritStats.decode_percpu(
+                        self._pairs.values(change.key, change.raw), self._counterfactual_raw(change.slot))
                     self._total_of(pair)
             for raw in cpu_states:
                 *_, n, ns = _CPU_STATE_HEAD.unpack_from(raw)
@@ -544,6 +577,11 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             time.monotonic(), dict(self._per_cgroup), per_cpu, drops, dict(self._wait_split),
             dict(self._culprit_totals), culprit_drop_ns, self.culprits_available,
         )
+
+    def _counterfactual_raw(self, slot: int) -> bytes | None:
+        """The pair slot's counterfactual moves (one lookup, for the pairs that changed this tick)."""
+        raw = self.probe.map_lookup("runq_cf", slot.to_bytes(4, "little"))
+        return raw if isinstance(raw, bytes) else None
 
     def _total_of(self, pair: tuple[int, int]) -> None:
         """A pair's cumulative total: what the kernel holds plus what was forgotten while it lived on."""
@@ -580,7 +618,9 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         for key, values in self._pairs.items():
             pair: tuple[int, int] = _CULPRIT_KEY.unpack(key)  # type: ignore[assignment]
             base = self._culprit_base.get(pair)
-            total = CulpritStats.decode_percpu(values)
+            slot = self.probe.map_lookup("culprit_slots", key)
+            cf = self._counterfactual_raw(int.from_bytes(slot, "little")) if isinstance(slot, bytes) else None
+            total = CulpritStats.decode_percpu(values, cf)
             total = base + total if base else total
             if since.culprits.get(pair) == total and self._pairs.free(key):
                 self._culprit_base[pair] = total

@@ -1,0 +1,111 @@
+"""The counterfactual per culprit (detector/counterfactual.py, runq_cf in bpf/runqlat.bpf.c): the victim's
+runqueue p99 and wait per second with a culprit's share of each wait taken out.
+
+- arithmetic: moves applied to a histogram, by hand;
+- the kernel: the moves a real BE hog causes conserve the victim's wait count (each wait leaves one
+  slot for one other), only ever move waits down, and what remains without the hog is the victim's
+  wait behind everyone else; the incident carries it (JSON, text, metric).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from detector.counterfactual import VictimWindow, describe
+from probes.hist import HIST_SLOTS, IntervalHistogram
+from probes.runqlat import CulpritStats, add_slots, counterfactual_histogram
+from tests.scenario_support import scenario_harness
+from tests.test_detector_scenarios import VICTIM_CPU, _policy
+
+
+def _hist(counts: dict[int, int], sum_ns: int) -> IntervalHistogram:
+    slots = [0] * HIST_SLOTS
+    for slot, n in counts.items():
+        slots[slot] = n
+    return IntervalHistogram(tuple(slots), sum_ns, sum(slots), None)
+
+
+def _moves(moves: dict[int, int]) -> tuple[int, ...]:
+    out = [0] * HIST_SLOTS
+    for slot, m in moves.items():
+        out[slot] = m
+    return tuple(out)
+
+
+def test_moves_applied_by_hand():
+    # 100 waits: 95 of ~10 µs (slot 4) and 5 of ~6 ms (slot 13). The culprit ran 5.9 ms of each long one:
+    # without it they are ~100 µs (slot 7). p99 drops from the 6 ms slot to the 100 µs slot.
+    victim = _hist({4: 95, 13: 5}, 95 * 10_000 + 5 * 6_000_000)
+    moves = _moves({13: -5, 7: +5})
+    without = counterfactual_histogram(victim, moves, 5 * 5_900_000)
+    assert without.count == victim.count and without.slots[13] == 0 and without.slots[7] == 5
+    assert without.sum_ns == 95 * 10_000 + 5 * 100_000
+    assert 4_096_000 <= victim.quantile_ns(0.99) <= 8_192_000
+    assert 64_000 <= without.quantile_ns(0.99) <= 128_000
+    # moves never push a slot below zero (two containers of one pod moving the same wait)
+    assert min(counterfactual_histogram(victim, _moves({13: -9, 2: +9}), 0).slots) == 0
+
+
+def test_window_cost_and_its_words():
+    w = VictimWindow()
+    for _ in range(4):
+        w.add(_hist({4: 95, 13: 5}, 95 * 10_000 + 5 * 6_000_000), 1.0, {"batch": _moves({13: -5, 7: 5})},
+              {"batch": 5 * 5_900_000})
+    cost = w.cost("batch")
+    assert cost is not None
+    assert cost.p99_without_ns < cost.p99_ns and cost.added_ns == cost.p99_ns - cost.p99_without_ns
+    assert cost.wait_ms_per_s == pytest.approx((95 * 10_000 + 5 * 6_000_000) / 1e6)
+    assert cost.wait_ms_per_s_without == pytest.approx((95 * 10_000 + 5 * 100_000) / 1e6)
+    nobody = w.cost("someone-else")
+    assert nobody is not None and nobody.p99_without_ns == nobody.p99_ns
+    text = describe("batch", "web", cost)
+    assert text.startswith("batch added ") and "ms to web's runqueue p99 (" in text and "without it" in text
+
+
+def test_culprit_stats_carry_the_moves_through_add_and_delta():
+    a = CulpritStats(10, 1, 0, _moves({9: -2, 3: 2}))
+    b = CulpritStats(30, 3, 0, _moves({9: -5, 3: 4, 2: 1}))
+    assert (b.delta(a).cf_slots[9], b.delta(a).cf_slots[3], b.delta(a).cf_slots[2]) == (-3, 2, 1)
+    assert (a + b).cf_slots[9] == -7
+    assert add_slots((), (), 1) == () and CulpritStats(1, 1, 0).delta(CulpritStats(0, 0, 0)).cf_slots == ()
+
+
+@pytest.fixture
+def scenario(make_cgroup):
+    yield from scenario_harness(make_cgroup, VICTIM_CPU, _policy)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_a_be_hogs_cost_to_the_victim_from_the_kernel(scenario):
+    s = scenario(_policy(runq_p99_ms=2.0))
+    ls = s.pod("web", "LS")
+    be = s.pod("batch", "BE", shares=2048)
+    s.ls_worker(ls, [VICTIM_CPU], seconds=30)
+    s.hog(be, [VICTIM_CPU], seconds=30)
+    be_key = f"pod:{be.uid}"
+    moved = 0
+    for _ in range(10):
+        s.run_for(1)
+        row = s.detector.last.workloads.get(f"pod:{ls.uid}") if s.detector.last else None
+        if row is None or row.runq_hist is None:
+            continue
+        m = row.cf_moves.get(be_key)
+        if not m:
+            continue
+        moved += sum(x for x in m if x > 0)
+        assert sum(m) == 0, m  # every wait that leaves a slot lands in another
+        top = max(i for i, x in enumerate(m) if x)
+        assert m[top] < 0, m  # the highest slot touched loses waits: taking the hog out only shortens them
+        without = counterfactual_histogram(row.runq_hist, m, int(row.ran_instead_ns.get(be_key, 0)))
+        assert without.count == row.runq_hist.count
+        assert without.sum_ns <= row.runq_hist.sum_ns
+    assert moved > 0, "the hog lengthened the victim's waits enough to change their slot"
+    incidents = s.incidents_for(ls)
+    named = [c for inc in incidents for c in inc.culprits if c.target.cgroup == be.path]
+    assert named, [i.to_dict() for i in incidents]
+    c = named[-1]
+    assert c.runq_p99_without_ns is not None and c.victim_runq_p99_ns is not None
+    assert c.runq_p99_without_ns < c.victim_runq_p99_ns, c
+    assert c.wait_ms_per_s_without is not None and c.wait_ms_per_s_without < c.victim_wait_ms_per_s, c
+    assert "runq_p99_without_ns" in incidents[-1].to_dict()["culprits"][0]
