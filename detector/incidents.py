@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 from detector import causes
 from detector.baseline import Baselines
-from detector.catalog import BASELINE_SIGNALS, SIGNALS
+from detector.catalog import BASELINE_SIGNALS, MIN_RUNQ_EVENTS, SLO_SIGNALS, SOFTIRQ_DELAY_MIN_MS_PER_S  # noqa: F401
 from detector.decisions import (
     ActionKind,
     BurstAmount,
@@ -54,8 +54,6 @@ from detector.workloads import key_of
 
 log = logging.getLogger(__name__)
 
-SOFTIRQ_DELAY_MIN_MS_PER_S = 10.0  # softirq time on its CPUs below which a late softirq is not a breach
-MIN_RUNQ_EVENTS = 20  # fewer switch-ins than this in a tick: a p99 means nothing
 CULPRIT_MIN_SCORE = 0.0  # a culprit must score above this (a zero score blames nobody)
 CULPRIT_WINDOW_TICKS = 10  # who-ran-instead shares are summed over this many recent ticks
 CONNECT_WINDOW_TICKS = 5  # connect failures/retransmits/p99 are judged over this many recent ticks
@@ -226,36 +224,20 @@ class IncidentEngine:
         slo = self.slo
         out: list[Breach] = []
 
-        def check(name: str, value: float | None) -> None:
-            sig = SIGNALS[name]
+        window = list(state.recent_connect)
+        for sig in SLO_SIGNALS:  # catalog order; each SLO's gate says whether this tick's reading counts
+            value = sig.breach_value(row, window)
             threshold = sig.threshold(slo)
             if value is None or math.isnan(value) or threshold is None:
-                return
+                continue
             if value > threshold:
-                out.append(Breach(name, value, threshold, self._baseline_value(key, name)))
-                return
+                out.append(Breach(sig.name, value, threshold, self._baseline_value(key, sig.name)))
+                continue
             if not sig.k_sigma or value < threshold / 2:
-                return
-            score = self.baselines.score(key, name, value)
+                continue
+            score = self.baselines.score(key, sig.name, value)
             if score is not None and score > slo.k_sigma:
-                out.append(Breach(name, value, threshold, self._baseline_value(key, name), rule="k_sigma"))
-
-        if row.runq_count >= MIN_RUNQ_EVENTS:
-            check("runq_p99_ns", row.runq_p99_ns)
-        window = list(state.recent_connect)
-        worst_connect_p99 = max((p for _, _, p in window), default=0.0)
-        if worst_connect_p99:
-            check("connect_p99_ns", worst_connect_p99)
-        check("reclaim_stall_ms_per_s", row.reclaim_stall_ms_per_s)
-        check("softirq_ms_per_s", row.softirq_ms_per_s)
-        # A late softirq matters when there is softirq work to be late: a quiet CPU's occasional timer
-        # softirq deferred to ksoftirqd has a long raise->entry delay and steals nothing.
-        if row.softirq_delay_p99_ns and row.cpu_cores and row.cpu_cores > 0.05 \
-                and row.softirq_ms_per_s >= SOFTIRQ_DELAY_MIN_MS_PER_S:
-            check("softirq_delay_p99_ns", row.softirq_delay_p99_ns)
-        check("psi_cpu_some", row.psi_cpu_some)
-        check("psi_memory_some", row.psi_memory_some)
-        check("psi_io_some", row.psi_io_some)
+                out.append(Breach(sig.name, value, threshold, self._baseline_value(key, sig.name), rule="k_sigma"))
         failed = sum(f for f, _, _ in window)
         retransmits = sum(r for _, r, _ in window)
         # SYNs dropped (each retransmit is a second or more added to a connect) and connects given up,

@@ -22,14 +22,19 @@ CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "base" / "config.ya
 # -- the catalog ------------------------------------------------------------------------------------
 
 
-def test_every_slo_signal_names_a_real_slo_field_and_the_check_refuses_a_missing_one():
-    fields = {f.name for f in dataclasses.fields(SloThresholds)}
-    assert all(s.slo_field in fields for s in catalog.SLO_SIGNALS)
-    bad = (*catalog.SIGNALS.values(), catalog.Signal("made_up_ms", "Made up", "ms", slo_field="made_up_ms"))
-    with pytest.raises(catalog.CatalogError, match="made_up_ms"):
-        catalog.check_catalog(bad)
+def test_every_slo_field_is_declared_once_with_its_signal_and_the_check_refuses_a_second():
+    fields = [f.name for f in dataclasses.fields(SloThresholds)]
+    assert fields[: len(catalog.SLO_SIGNALS)] == [s.slo.field for s in catalog.SLO_SIGNALS]
+    assert fields[len(catalog.SLO_SIGNALS):] == [k.field for k in catalog.KNOBS]
+    assert SloThresholds().softirq_ms_per_s == catalog.SIGNALS["softirq_ms_per_s"].slo.default
+    twice = catalog.Signal("made_up_ms", "Made up", "ms", slo=catalog.Slo("runq_p99_ms", 1.0))
+    with pytest.raises(catalog.CatalogError, match="runq_p99_ms"):
+        catalog.check_catalog((*catalog.SIGNALS.values(), twice))
     with pytest.raises(catalog.CatalogError, match="twice"):
         catalog.check_catalog((*catalog.SIGNALS.values(), catalog.SIGNALS["runq_p99_ns"]))
+    bad_default = catalog.Signal("made_up_ms", "Made up", "ms", slo=catalog.Slo("made_up_ms", 0.0, divides=True))
+    with pytest.raises(catalog.CatalogError, match="must be > 0"):
+        catalog.check_catalog((*catalog.SIGNALS.values(), bad_default))
 
 
 def test_the_deployed_config_sets_every_slo_field_the_catalog_uses():
