@@ -108,8 +108,8 @@ def test_self_contention_when_its_own_threads_fill_its_cpus():
     v = causes.decide(_ctx(row, own=0.8e9, foreign={"pod:x": 0.1e9}))
     assert v.cause == Cause.SELF_CONTENTION and v.culprits == []
     assert any(e.signal == "who_ran_instead_own_share" and e.value == 0.8 for e in v.evidence)
-    assert causes.RULES.index(causes.self_throttling) < causes.RULES.index(causes.self_contention) \
-        < causes.RULES.index(causes.neighbor_cpu)
+    assert causes.RULES.index(causes.self_throttling.rule) < causes.RULES.index(causes.self_contention.rule) \
+        < causes.RULES.index(causes.neighbor_cpu.rule)
 
 
 def test_the_nodes_own_processes_are_a_neighbour_without_a_culprit():
@@ -131,7 +131,7 @@ def test_the_nodes_own_processes_are_a_neighbour_without_a_culprit():
 def test_every_rule_is_one_function_and_the_fallback_always_holds():
     row = _row(runq_count=0)
     assert causes.decide(_ctx(row, breached=("psi_io_some",))).cause == Cause.PSI_UNKNOWN
-    assert all(callable(r) for r in causes.RULES) and causes.RULES[-1] is causes.psi_unknown
+    assert all(callable(r) for r in causes.RULES) and causes.RULES[-1] is causes.psi_unknown.rule
 
 
 # -- culprits against their requests ----------------------------------------------------------------
