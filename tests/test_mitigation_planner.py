@@ -18,6 +18,7 @@ from actuators.journal import Journal
 from actuators.manager import ActuatorManager
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler, netdev_packets
 from actuators.suppress import SuppressActuator
+from detector.causes.softirq import softirq_traffic_decision
 from detector.decisions import (
     ActionKind,
     BurstAmount,
@@ -28,7 +29,6 @@ from detector.decisions import (
     SuppressAmount,
     Target,
 )
-from detector.causes.softirq import softirq_traffic_decision
 from detector.model import Incident
 from detector.policy import ActuatorPolicy
 from noisyneighbor.agent import ScopedActuator
