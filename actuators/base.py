@@ -70,6 +70,14 @@ class ActionState(StrEnum):
     REFUSED = "refused"
 
 
+class ActionOutcome(StrEnum):
+    """Why a record reached its state, as a code (hooks key on it, never on ``detail``'s wording)."""
+
+    NONE = ""
+    IMPROVED = "improved"  # verified: the victim's signal improved enough
+    DID_NOT_HELP = "did_not_help"  # reverted: the victim's signal did not improve within the window
+
+
 @dataclass
 class ActionRecord:
     """One audit-log entry; the manager updates ``state`` as the action moves on."""
@@ -85,6 +93,7 @@ class ActionRecord:
     # decision_to_action_s (decision made -> applied), action_to_recovery_s (applied -> first sample at or
     # below half the before_action value; absent while there has been none)
     effect: dict[str, float] = field(default_factory=dict)
+    outcome: ActionOutcome = ActionOutcome.NONE
 
 
 class Actuator(Protocol):

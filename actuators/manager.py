@@ -39,7 +39,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from actuators.base import ActionError, ActionRecord, ActionState, Actuator, Plan, Refused
+from actuators.base import ActionError, ActionOutcome, ActionRecord, ActionState, Actuator, Plan, Refused
 from actuators.cgroupfile import CgroupFileError
 from actuators.journal import Journal, JournalError
 from detector.cgroups import parse_cgroup_path
@@ -383,6 +383,7 @@ class ActuatorManager:
         record.effect.update({"after_action": after, "improvement_percent": round(improvement, 1)})
         if improvement >= self.policy.verify_min_improvement_percent:
             record.state, record.detail = ActionState.VERIFIED, f"victim improved: {numbers}"
+            record.outcome = ActionOutcome.IMPROVED
             self._finish(record)
             return
         try:
@@ -398,6 +399,7 @@ class ActuatorManager:
         self._blocked_until[target_key] = self._clock() + 2 * self.policy.cooldown_seconds
         self.metrics.reverts.labels(kind).inc()
         record.state, record.detail = ActionState.REVERTED, f"did not help: {numbers}"
+        record.outcome = ActionOutcome.DID_NOT_HELP
         self._finish(record)
 
     def _note_plan(self, plan: Plan) -> None:

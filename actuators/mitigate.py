@@ -34,19 +34,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from actuators.base import ActionRecord, ActionState
+from actuators.base import ActionOutcome, ActionRecord, ActionState
 from actuators.cgroupfile import CgroupFileError, CgroupFiles, Resource
+from detector.causes import Mitigation, neighbor_cpu, reclaim, softirq, spec
+from detector.causes.softirq import softirq_traffic_decision
 from detector.decisions import (
     ActionKind,
-    Cause,
     Decision,
     DecisionSink,
     EvictAmount,
-    MemorySuppressAmount,
     PodTraffic,
     SuppressAmount,
     Target,
-    softirq_traffic_decision,
 )
 from detector.model import Culprit, Evidence, Incident
 from detector.pods import PodInfo
@@ -192,16 +191,6 @@ class _Rung:
     not_before: float
 
 
-def _global_reclaim(inc: Incident) -> bool:
-    """The incident's evidence says the node reclaims (kswapd on its CPUs, or direct reclaim of its own)."""
-    for e in inc.evidence:
-        if e.signal == "kswapd_pages_per_s":
-            return True
-        if e.signal == "reclaim_stall_ms_per_s" and "direct" in (e.note or ""):
-            return True
-    return False
-
-
 class MitigationPlanner:
     """``on_incident`` hook: extra decisions per cause, and the incident's notes (see the module doc)."""
 
@@ -222,48 +211,51 @@ class MitigationPlanner:
         self.request_of = request_of
         self._clock = clock
         self._acted: set[str] = set()
-        self._notes: dict[str, list[str]] = {}
+        self._notes: dict[str, dict[str, str]] = {}  # incident -> note key -> text, in the order said
         self._ladder: dict[str, _Rung] = {}
         self._rt_scans: dict[str, tuple[float, Target | None, float]] = {}  # incident -> (when, top BE, share)
 
     def note(self, incident_id: str | None, text: str, key: str | None = None) -> None:
-        """Add a note to an incident; a note with the same ``key`` replaces the earlier one (a retried
-        step's refusals are one line, the latest, not one per tick)."""
+        """Add a note to an incident; a note with the same ``key`` (an outcome code, say) replaces the
+        earlier one (a retried step's refusals are one line, the latest, not one per tick)."""
         if incident_id is None:
             return
-        notes = self._notes.setdefault(incident_id, [])
-        if key is not None:
-            notes[:] = [n for n in notes if not n.startswith(key)]
-            text = f"{key}{text}"
-        if text not in notes:
-            notes.append(text)
+        notes = self._notes.setdefault(incident_id, {})
+        if key is None:
+            notes.setdefault(text, text)
+            return
+        notes.pop(key, None)
+        notes[key] = text
 
     def notes(self, incident_id: str) -> list[str]:
-        return list(self._notes.get(incident_id, ()))
+        return list(self._notes.get(incident_id, {}).values())
 
     def note_record(self, record: ActionRecord) -> None:
         """Manager hook: a reverted or refused action is said in its incident; a suppress that did not
-        help moves its incident's escalation ladder one rung on."""
+        help moves its incident's escalation ladder one rung on. Keyed on the record's state and outcome
+        and the decision's code, never on their wording."""
         d = record.decision
         if record.state in (ActionState.REVERTED, ActionState.REFUSED) and record.detail:
-            self.note(d.incident_id, record.detail, key=f"{d.kind} {d.target.display} {record.state}: ")
+            self.note(d.incident_id, f"{d.kind} {d.target.display} {record.state}: {record.detail}",
+                      key=f"record:{d.kind}:{d.target.cgroup}:{record.state}")
         if d.incident_id is None or (d.target.qos or "").upper() != "BE":
             return
-        if record.state == ActionState.REFUSED and "own traffic" in d.reason:
+        if record.state == ActionState.REFUSED and d.code == softirq.OWN_TRAFFIC:
             self._acted.discard(d.incident_id)  # e.g. the RT isolation of the same pod is still verified: retry
         if d.kind == ActionKind.SUPPRESS and record.state == ActionState.VERIFIED:
             self._ladder[d.incident_id] = _Rung(d.target, "done", 0.0)
         elif d.kind == ActionKind.SUPPRESS and record.state == ActionState.REVERTED \
-                and record.detail.startswith("did not help"):
+                and record.outcome == ActionOutcome.DID_NOT_HELP:
             was_quota = isinstance(d.amount, SuppressAmount) and d.amount.policy == "cfs_quota"
             wait = 2 * self.policy.cooldown_seconds + 0.5  # the manager blocks the target that long after a revert
             self._ladder[d.incident_id] = _Rung(d.target, "evict" if was_quota else "quota", self._clock() + wait)
 
     def __call__(self, inc: Incident, what: str) -> None:
         try:
-            if inc.open and inc.cause == Cause.SOFTIRQ:
+            step = spec(inc.cause).mitigation if inc.open else None
+            if step == Mitigation.TRAFFIC_AND_RT:
                 self._softirq(inc)
-            if inc.open and inc.cause == Cause.RECLAIM:
+            elif step == Mitigation.MEMORY_GROWER:
                 self._reclaim(inc)
             if inc.open and inc.incident_id in self._ladder:
                 self._escalate(inc)
@@ -281,60 +273,44 @@ class MitigationPlanner:
         key = f"mem:{inc.incident_id}"
         if key in self._acted:
             return
-        if not inc.culprits:
-            if _global_reclaim(inc):
-                # The node reclaims, but no pod is named yet (memory.stat of a pod is read every few
-                # ticks): not the victim's own limit. Wait for the engine to name one.
-                self.note(inc.incident_id, "global reclaim: no pod named yet", key="global reclaim: ")
-                return
-            self._acted.add(key)
-            self.note(inc.incident_id, f"{inc.victim.display} reclaims at its own memory limit (memcg reclaim): "
-                                       f"no neighbour action; advice: raise its memory limit")
-            return
-        top = next((c for c in inc.culprits if (c.target.qos or "").upper() == "BE"), None)
-        if top is None:
-            self._acted.add(key)
-            self.note(inc.incident_id, f"global reclaim; the pods that grew are not BE "
-                                       f"({', '.join(c.target.display for c in inc.culprits[:3])}): not touched")
-            return
-        if self.policy.evict_enabled:
+        step = reclaim.memory_step(inc, self.policy.evict_enabled)
+        if step is None:
             return  # the engine evicts the top BE culprit itself
-        self._acted.add(key)
-        self._submit(inc, Decision(
-            ActionKind.MEMORY_SUPPRESS, top.target, MemorySuppressAmount(),
-            f"{top.target.display} grew most ({top.attribution:.0%} of the growth) while {inc.victim.display} "
-            f"stalled in global reclaim: cap its memory at its usage", incident_id=inc.incident_id,
-            victim=inc.victim, victim_signal="reclaim_stall_ms_per_s"))
+        if step.final:
+            self._acted.add(key)
+        if step.note is not None:
+            self.note(inc.incident_id, step.note, key=None if step.final else step.code)
+        if step.decision is not None:
+            self._submit(inc, step.decision)
 
     def _escalate(self, inc: Incident) -> None:
         rung = self._ladder[inc.incident_id]
         if rung.next == "done" or self._clock() < rung.not_before:
             return
         target = rung.target
+        say = neighbor_cpu.SPEC.say
         cpu = next((c.cpu_cores for c in inc.culprits if c.target.cgroup == target.cgroup), 0.0)
         if rung.next == "quota":
             request = self.request_of(target)
             if request and cpu > request * 1.1:
                 rung.next = "waiting"  # note_record moves it on (verified: done; reverted: evict)
-                self.note(inc.incident_id, f"isolation did not help: {target.display} uses {cpu:.2f} cores, "
-                                           f"above its {request:.2f}-core request: quota to its request")
+                said = {"culprit": target.display, "cpu": cpu, "request": request}
+                self.note(inc.incident_id, say(neighbor_cpu.QUOTA_TO_REQUEST_NOTE, **said))
                 self._submit(inc, Decision(
                     ActionKind.SUPPRESS, target, SuppressAmount("cfs_quota", cpu_cores=max(0.1, request)),
-                    f"{target.display} above its request ({cpu:.2f} > {request:.2f} cores) after isolation did not "
-                    f"help: cfs quota to its request", incident_id=inc.incident_id, victim=inc.victim,
-                    victim_signal="runq_p99_ns"))
+                    say(neighbor_cpu.QUOTA_TO_REQUEST, **said), incident_id=inc.incident_id, victim=inc.victim,
+                    victim_signal="runq_p99_ns", code=neighbor_cpu.QUOTA_TO_REQUEST))
                 return
             rung.next = "evict"
         if rung.next == "evict":
             rung.next = "done"
             if not self.policy.evict_enabled:
-                self.note(inc.incident_id, f"suppressing {target.display} did not help; eviction is disabled by "
-                                           f"policy (evict_enabled): nothing more is done")
+                self.note(inc.incident_id, say(neighbor_cpu.EVICT_DISABLED, culprit=target.display))
                 return
             self._submit(inc, Decision(
                 ActionKind.EVICT, target, EvictAmount(reason="interference", release_cpu_cores=cpu),
-                f"suppressing {target.display} did not help {inc.victim.display} within the verify window: evict",
-                incident_id=inc.incident_id, victim=inc.victim, victim_signal="runq_p99_ns"))
+                say(neighbor_cpu.EVICT, culprit=target.display, victim=inc.victim.display),
+                incident_id=inc.incident_id, victim=inc.victim, victim_signal="runq_p99_ns", code=neighbor_cpu.EVICT))
 
     def _submit(self, inc: Incident, decision: Decision) -> None:
         inc.actions.append(f"{decision.kind}:{decision.target.display}")
@@ -385,11 +361,13 @@ class MitigationPlanner:
         if not ranked:
             return False
         ranked.sort(key=lambda x: -x[0])
-        self.note(inc.incident_id, ", ".join(f"{t.display} ({t.qos or '?'}, {s:.1f} CPU s)" for s, t in ranked),
-                  key=f"real-time tasks on the victim's CPUs {sorted(victim_cpus)}: ")
+        say = softirq.SPEC.say
+        ranking = ", ".join(say(softirq.RT_TASK, pod=t.display, qos=t.qos or "?", cpu_s=s) for s, t in ranked)
+        self.note(inc.incident_id, say(softirq.RT_TASKS, cpus=sorted(victim_cpus), ranking=ranking),
+                  key=f"{softirq.RT_TASKS}:{sorted(victim_cpus)}")
         top = next((t for _, t in ranked if (t.qos or "").upper() == "BE"), None)
         if top is None:
-            self.note(inc.incident_id, "no BE pod among them: not touched (advice: lower their RT priority or budget)")
+            self.note(inc.incident_id, say(softirq.RT_NOT_BE))
             return False
         total = sum(x for x, _ in ranked)
         share = next(x for x, t in ranked if t is top) / total
@@ -402,9 +380,8 @@ class MitigationPlanner:
             return False
         self._submit(inc, Decision(
             ActionKind.SUPPRESS, top, SuppressAmount("cpuset", cpus=others),
-            f"{top.display} runs real-time tasks on {inc.victim.display}'s CPUs (softirq starvation): "
-            f"move it to CPUs {','.join(map(str, others))}", incident_id=inc.incident_id, victim=inc.victim,
-            victim_signal="runq_p99_ns"))
+            say(softirq.RT_MOVE, pod=top.display, victim=inc.victim.display, cpus=",".join(map(str, others))),
+            incident_id=inc.incident_id, victim=inc.victim, victim_signal="runq_p99_ns", code=softirq.RT_MOVE))
         return True
 
     @staticmethod
@@ -450,7 +427,7 @@ class MitigationPlanner:
         self._submit(inc, decision)
 
     def _annotate(self, inc: Incident) -> None:
-        notes = self._notes.get(inc.incident_id, [])
+        notes = self.notes(inc.incident_id)
         if not notes and not any(e.signal == "mitigation" for e in inc.evidence):
             return
         inc.evidence[:] = [e for e in inc.evidence if e.signal != "mitigation"]

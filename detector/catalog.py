@@ -1,25 +1,79 @@
 """The signal catalog: every signal the detector breaches on, learns or cites as evidence, once.
 
-Each entry says what the number is (unit and how it reads to a human), which ``SloThresholds``
-field bounds it (and how that field's unit converts to the signal's), whether the k-sigma rule
-applies to it, whether a baseline is learned for it, and its noise floor (the smallest spread worth
-calling noise, in the signal's unit; the baselines' sigma floor). Breach checks
+Each entry says what the number is (unit and how it reads to a human), the SLO bounding it when it
+has one (:class:`Slo`: its policy key and default, the conversion to the signal's unit, its valid
+values, whether a cause rule divides by it, and the gate that says when a reading is worth checking),
+whether the k-sigma rule applies, whether a baseline is learned for it, and its noise floor (the
+smallest spread worth calling noise, in the signal's unit; the baselines' sigma floor). Breach checks
 (``detector.incidents``), baselines (``detector.baseline``), evidence and cause rules
-(``detector.causes``), policy validation (``detector.policy``), the exporter's incident metrics and
-``noisyneighbor diagnose`` read it from here.
+(``detector.causes``), the policy (``detector.policy``: :class:`SloThresholds` is built here from the
+declarations), the exporter's incident metrics and ``noisyneighbor diagnose`` read it from here.
 
-A signal bounded by an SLO field that ``SloThresholds`` does not have cannot exist: the check runs
-when this module is imported (:func:`check_catalog`), so a typo fails every import, not a tick.
+The catalog imports nothing of the policy (the policy reads it): adding an SLO is one :class:`Slo`
+on its signal, and the policy file accepts the key, range-checks it and defaults it from there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from detector.policy import SloThresholds
+Range = tuple[float | None, float | None]  # (min, max) of a setting; None: unbounded on that side
+
+MIN_RUNQ_EVENTS = 20  # fewer switch-ins than this in a tick: a p99 means nothing
+SOFTIRQ_DELAY_MIN_MS_PER_S = 10.0  # softirq time on its CPUs below which a late softirq is not a breach
+
+# What a breach check reads: (the victim's WorkloadSignals row, its recent connect window of
+# (failed, retransmits, p99 ns) per tick) -> the value to compare with the SLO, None: not checked.
+Gate = Callable[[Any, Sequence[tuple[float, float, float]]], float | None]
+
+
+class SloError(ValueError):
+    """An SLO setting outside its declared values (the policy loader says the same with file and key)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """The SLO that bounds one signal, declared once (the policy's ``slo:`` key is ``field``)."""
+
+    field: str  # the SloThresholds field and policy key, in the SLO's unit ("runq_p99_ms")
+    default: float
+    to_raw: float = 1.0  # field value x to_raw = threshold in the signal's raw unit
+    range: Range = (0, None)  # valid values of the field
+    divides: bool = False  # a cause rule divides by it: the lower bound is exclusive (0 is refused)
+    gate: Gate | None = None  # None: the row's attribute named like the signal, every tick
+    doc: str = ""
+
+    def problem(self, value: float) -> str | None:
+        """What is wrong with ``value`` for this field (one phrase), None when it is valid."""
+        if self.divides and value <= 0:
+            return f"must be > 0 (a cause rule divides by it), got {value:g}"
+        return range_problem(self.range, value)
+
+
+def range_problem(bounds: Range, value: float) -> str | None:
+    """One phrase when ``value`` is outside ``bounds`` (the wording every policy range check uses)."""
+    lo, hi = bounds
+    if (lo is None or value >= lo) and (hi is None or value <= hi):
+        return None
+    if bounds == (0, 100):
+        return f"must be a percent in 0..100, got {value:g}"
+    if hi is None:
+        return f"must be >= {lo:g}, got {value:g}"
+    return f"must be in {lo:g}..{hi:g}, got {value:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """A detector setting under ``slo:`` that bounds no signal (k sigma, hysteresis)."""
+
+    field: str
+    type: type
+    default: float
+    range: Range
+    doc: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,42 +82,76 @@ class Signal:
     label: str  # what a human calls it (diagnose, HTML report)
     unit: str  # the unit it is *shown* in
     scale: float = 1.0  # raw value x scale = value in ``unit``
-    slo_field: str | None = None  # the SloThresholds field bounding it; None: evidence only
-    slo_to_raw: float = 1.0  # SLO field value x slo_to_raw = threshold in the signal's raw unit
-    slo_range: tuple[float | None, float | None] = (0, None)  # valid values of the SLO field
+    slo: Slo | None = None  # the SLO bounding it; None: evidence only
     k_sigma: bool = False  # also breaches at k sigma above its own baseline (and half way to the SLO)
     baseline: bool = False  # a baseline is learned for it (for the k-sigma rule and the evidence)
     noise_floor: float | None = None  # smallest spread worth calling noise, in its raw unit
 
-    def threshold(self, slo: SloThresholds) -> float | None:
-        """The SLO bound in the signal's raw unit, or None for an evidence-only signal."""
-        if self.slo_field is None:
+    @property
+    def slo_field(self) -> str | None:
+        return None if self.slo is None else self.slo.field
+
+    def threshold(self, slo: Any) -> float | None:
+        """The SLO bound in the signal's raw unit (``slo``: a SloThresholds), None for evidence only."""
+        if self.slo is None:
             return None
-        return float(getattr(slo, self.slo_field)) * self.slo_to_raw
+        return float(getattr(slo, self.slo.field)) * self.slo.to_raw
+
+    def breach_value(self, row: Any, connect_window: Sequence[tuple[float, float, float]] = ()) -> float | None:
+        """The value its breach check compares with the SLO this tick; None: not checked (gated out)."""
+        if self.slo is not None and self.slo.gate is not None:
+            return self.slo.gate(row, connect_window)
+        return getattr(row, self.name)
 
     def human(self, value: float) -> str:
         return f"{value * self.scale:.3g} {self.unit}".replace(" %", "%")
 
 
-_PERCENT = (0, 100)
+def _runq_gate(row: Any, window: Sequence[tuple[float, float, float]]) -> float | None:
+    return row.runq_p99_ns if row.runq_count >= MIN_RUNQ_EVENTS else None
+
+
+def _connect_gate(row: Any, window: Sequence[tuple[float, float, float]]) -> float | None:
+    # Connect trouble is sparse: the worst p99 of the recent window, when any connect completed in it.
+    return max((p for _, _, p in window), default=0.0) or None
+
+
+def _softirq_delay_gate(row: Any, window: Sequence[tuple[float, float, float]]) -> float | None:
+    # A late softirq matters when there is softirq work to be late: a quiet CPU's occasional timer
+    # softirq deferred to ksoftirqd has a long raise->entry delay and steals nothing.
+    if row.softirq_delay_p99_ns and row.cpu_cores and row.cpu_cores > 0.05 \
+            and row.softirq_ms_per_s >= SOFTIRQ_DELAY_MIN_MS_PER_S:
+        return row.softirq_delay_p99_ns
+    return None
+
+
+_PERCENT: Range = (0, 100)
 
 _ALL: tuple[Signal, ...] = (
-    # -- signals with an SLO: a latency-sensitive workload breaches on these -------------------------
-    Signal("runq_p99_ns", "Run-queue wait p99", "ms", 1e-6, slo_field="runq_p99_ms", slo_to_raw=1e6,
+    # -- signals with an SLO: a latency-sensitive workload breaches on these (checked in this order) -
+    Signal("runq_p99_ns", "Run-queue wait p99", "ms", 1e-6,
+           Slo("runq_p99_ms", 5.0, to_raw=1e6, gate=_runq_gate,
+               doc=f"checked when it switched in at least {MIN_RUNQ_EVENTS} times in the tick"),
            k_sigma=True, baseline=True, noise_floor=5_000.0),
-    Signal("connect_p99_ns", "TCP connect p99", "ms", 1e-6, slo_field="connect_p99_ms", slo_to_raw=1e6,
+    Signal("connect_p99_ns", "TCP connect p99", "ms", 1e-6,
+           Slo("connect_p99_ms", 200.0, to_raw=1e6, gate=_connect_gate, doc="worst p99 of the recent ticks"),
            baseline=True, noise_floor=20_000.0),
-    Signal("reclaim_stall_ms_per_s", "Memory reclaim stall", "ms/s", slo_field="reclaim_stall_ms_per_s",
-           slo_range=(0, 1000), baseline=True, noise_floor=0.5),
-    Signal("softirq_ms_per_s", "Softirq time on its CPUs", "ms/s", slo_field="softirq_ms_per_s",
-           slo_range=(0, 1000), baseline=True, noise_floor=1.0),
-    Signal("softirq_delay_p99_ns", "Softirq delay p99", "ms", 1e-6, slo_field="softirq_delay_p99_ms",
-           slo_to_raw=1e6, noise_floor=5_000.0),
-    Signal("psi_cpu_some", "CPU pressure (some)", "%", slo_field="psi_cpu_some_percent", slo_range=_PERCENT,
+    Signal("reclaim_stall_ms_per_s", "Memory reclaim stall", "ms/s",
+           slo=Slo("reclaim_stall_ms_per_s", 20.0, range=(0, 1000), divides=True),
+           baseline=True, noise_floor=0.5),
+    Signal("softirq_ms_per_s", "Softirq time on its CPUs", "ms/s",
+           slo=Slo("softirq_ms_per_s", 100.0, range=(0, 1000), divides=True,
+                   doc="softirq run time on its CPUs (a tenth of a CPU) before it is a breach"),
+           baseline=True, noise_floor=1.0),
+    Signal("softirq_delay_p99_ns", "Softirq delay p99", "ms", 1e-6,
+           Slo("softirq_delay_p99_ms", 2.0, to_raw=1e6, gate=_softirq_delay_gate,
+               doc=f"checked with at least {SOFTIRQ_DELAY_MIN_MS_PER_S:g} ms/s of softirq on its CPUs"),
+           noise_floor=5_000.0),
+    Signal("psi_cpu_some", "CPU pressure (some)", "%", slo=Slo("psi_cpu_some_percent", 20.0, range=_PERCENT),
            noise_floor=0.5),
-    Signal("psi_memory_some", "Memory pressure (some)", "%", slo_field="psi_memory_some_percent",
-           slo_range=_PERCENT, noise_floor=0.5),
-    Signal("psi_io_some", "IO pressure (some)", "%", slo_field="psi_io_some_percent", slo_range=_PERCENT,
+    Signal("psi_memory_some", "Memory pressure (some)", "%",
+           slo=Slo("psi_memory_some_percent", 10.0, range=_PERCENT), noise_floor=0.5),
+    Signal("psi_io_some", "IO pressure (some)", "%", slo=Slo("psi_io_some_percent", 20.0, range=_PERCENT),
            noise_floor=0.5),
     # -- evidence and culprit signals (no SLO of their own) ------------------------------------------
     Signal("syn_retransmits_per_s", "SYN retransmits", "/s"),
@@ -81,28 +169,77 @@ _ALL: tuple[Signal, ...] = (
     Signal("container_throttled_ratio", "Periods a container was throttled at its limit", "%", 100.0),
 )
 
+
 SIGNALS: dict[str, Signal] = {s.name: s for s in _ALL}
-SLO_SIGNALS: tuple[Signal, ...] = tuple(s for s in _ALL if s.slo_field is not None)
+SLO_SIGNALS: tuple[Signal, ...] = tuple(s for s in _ALL if s.slo is not None)
 BASELINE_SIGNALS: tuple[str, ...] = tuple(s.name for s in _ALL if s.baseline)
 NOISE_FLOORS: dict[str, float] = {s.name: s.noise_floor for s in _ALL if s.noise_floor is not None}
+
+# The detector's settings under `slo:` that bound no signal.
+KNOBS: tuple[Knob, ...] = (
+    Knob("k_sigma", float, 4.0, (0, None), "a signal also breaches when it is k sigma above its own baseline"),
+    Knob("breach_seconds", float, 2.0, (0, None), "how long a breach must last before it is an incident"),
+    Knob("clear_windows", int, 5, (1, None), "clean windows in a row before an incident ends (hysteresis)"),
+    Knob("min_baseline_samples", int, 30, (1, None), "the k-sigma rule is off until the baseline has this many"),
+)
 
 
 class CatalogError(RuntimeError):
     pass
 
 
-def check_catalog(signals: tuple[Signal, ...] = _ALL, slo_cls: type = SloThresholds) -> None:
-    """Every SLO field a signal names exists on ``slo_cls``, and every name is unique."""
-    fields = {f.name for f in dataclasses.fields(slo_cls)}
+def check_catalog(signals: Iterable[Signal] = _ALL, knobs: Iterable[Knob] = KNOBS) -> None:
+    """Every signal name and every `slo:` key is declared once; the k-sigma rule has a baseline."""
     seen: set[str] = set()
+    fields: set[str] = {k.field for k in knobs}
     for s in signals:
         if s.name in seen:
             raise CatalogError(f"signal {s.name!r} is in the catalog twice")
         seen.add(s.name)
-        if s.slo_field is not None and s.slo_field not in fields:
-            raise CatalogError(f"signal {s.name!r}: SLO field {s.slo_field!r} is not a SloThresholds field")
+        if s.slo is not None:
+            if s.slo.field in fields:
+                raise CatalogError(f"signal {s.name!r}: SLO field {s.slo.field!r} is declared twice")
+            fields.add(s.slo.field)
+            if s.slo.problem(s.slo.default) is not None:
+                raise CatalogError(f"signal {s.name!r}: default {s.slo.default:g} {s.slo.problem(s.slo.default)}")
         if s.k_sigma and not s.baseline:
             raise CatalogError(f"signal {s.name!r}: the k-sigma rule needs a baseline")
+
+
+check_catalog()
+
+# Every `slo:` setting by its field name: the SLOs (in catalog order), then the knobs.
+SLO_SETTINGS: dict[str, Slo | Knob] = {**{s.slo.field: s.slo for s in SLO_SIGNALS if s.slo is not None},
+                                       **{k.field: k for k in KNOBS}}
+
+
+def slo_problem(field: str, value: float) -> str | None:
+    """What is wrong with ``value`` for the `slo:` setting ``field`` (one phrase), None when valid."""
+    setting = SLO_SETTINGS[field]
+    if isinstance(setting, Slo):
+        return setting.problem(value)
+    return range_problem(setting.range, value)
+
+
+def _check_slo_thresholds(self: Any) -> None:
+    for f in dataclasses.fields(self):
+        problem = slo_problem(f.name, getattr(self, f.name))
+        if problem is not None:
+            raise SloError(f"slo.{f.name}: {problem}")
+
+
+# Absolute SLOs per victim signal, plus the anomaly and hysteresis knobs of the detector: one field per
+# declaration above (an SLO: float in its own unit; a knob: its type), defaulted and checked from it.
+SloThresholds = dataclasses.make_dataclass(
+    "SloThresholds",
+    [(s.field, float, dataclasses.field(default=float(s.default))) for s in SLO_SETTINGS.values() if isinstance(s, Slo)]
+    + [(k.field, k.type, dataclasses.field(default=k.type(k.default))) for k in KNOBS],
+    namespace={"__post_init__": _check_slo_thresholds, "__module__": __name__,
+               "__doc__": "The `slo:` section of the policy, built from detector.catalog's declarations: "
+                          + ", ".join(SLO_SETTINGS) + "."},
+    frozen=True,
+    slots=True,
+)
 
 
 def check_plugin_signals(plugins: Iterable[Any]) -> None:
@@ -119,15 +256,7 @@ def signal(name: str) -> Signal:
     return SIGNALS[name]
 
 
-def slo_ranges() -> dict[str, tuple[float | None, float | None]]:
-    """Valid values of each SLO field that bounds a signal (policy validation reads these)."""
-    return {s.slo_field: s.slo_range for s in SLO_SIGNALS if s.slo_field is not None}
-
-
 def human_value(name: str, value: float) -> str:
     """'59.9 ms' for runq_p99_ns=5.99e7; a signal not in the catalog keeps its raw number."""
     s = SIGNALS.get(name)
     return f"{value:.4g}" if s is None else s.human(value)
-
-
-check_catalog()

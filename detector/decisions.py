@@ -123,6 +123,9 @@ class Decision:
     # quota scale): the manager lets it through the per-target cooldown and carries the first step's
     # verification over, so the loop moves at tick pace while the action is judged as one.
     follow_up: bool = False
+    # The outcome code of the cause's step that made it (detector/causes: e.g. "softirq.own_traffic"):
+    # what the planner keys on, never the reason's wording.
+    code: str | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -164,10 +167,7 @@ class LoggingSink:
         return None
 
 
-# -- mitigation choices the engine's one-decision-per-incident rule does not make (issue 19) ----------
-
-SOFTIRQ_TRAFFIC_MIN_PPS = 2000.0  # below this a pod's packets are not what keeps a CPU in NET_RX
-SOFTIRQ_TRAFFIC_SHARE = 0.5  # the pod's netns must carry at least this share of the pods' packets
+# -- what the mitigation planner weighs (actuators/mitigate.py; the choice: detector/causes/softirq.py) --
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,39 +178,3 @@ class PodTraffic:
     packets_per_s: float
     cpu_cores: float = 0.0
     host_network: bool = False  # the pod shares the node's netns: its counters are the node's, not its own
-
-
-def softirq_traffic_decision(
-    victim: Target, incident_id: str | None, traffic: list[PodTraffic], *, min_cores: float = 0.02,
-    victim_signal: str = "runq_p99_ns",
-) -> tuple[Decision | None, str]:
-    """Softirq on the victim's CPUs: when one pod's own traffic carries most of the packets, suppress it.
-
-    Returns (decision or None, one line saying why). Only a BE pod is ever named in a decision; a non-BE
-    source, a host-network pod (its counters are the node's) or traffic nobody dominates gives advice
-    only: the node's IRQ/RPS placement (move it off the victim's CPUs), never a change to it.
-    A cfs quota, not a cpuset: the packets are processed on the CPU the steering picks, wherever the
-    sender runs, so only sending less (less CPU for the sender) takes NET_RX off the victim's CPU. The
-    quota is the share of its CPU that sends no more than SOFTIRQ_TRAFFIC_MIN_PPS (what is harmless by
-    the same rule that names it), at least ``min_cores``: a fifth of its CPU, as before, still sent a
-    fifth of the flood, and the victim stayed at 1.7x its quiet p99 (make bench, softirq-netrx).
-    """
-    own = [t for t in traffic if not t.host_network and t.target.cgroup != victim.cgroup]
-    total = sum(t.packets_per_s for t in own)
-    if not own or total <= 0:
-        return None, "no pod's own traffic seen: NET_RX comes from the node's devices; advice: move IRQ/RPS " \
-                     "steering off the victim's CPUs (the agent never changes node IRQ settings)"
-    top = max(own, key=lambda t: t.packets_per_s)
-    share = top.packets_per_s / total
-    if top.packets_per_s < SOFTIRQ_TRAFFIC_MIN_PPS or share < SOFTIRQ_TRAFFIC_SHARE:
-        return None, (f"no dominant pod traffic (top {top.target.display} {top.packets_per_s:.0f} pkt/s, "
-                      f"{share:.0%} of pods'): advice: move IRQ/RPS steering off the victim's CPUs")
-    if (top.target.qos or "").upper() != "BE":
-        return None, (f"{top.target.display} sends {top.packets_per_s:.0f} pkt/s ({share:.0%}) but is "
-                      f"{top.target.qos or 'of unknown QoS'}: not touched; advice: rate-limit it or move IRQ/RPS "
-                      f"steering off the victim's CPUs")
-    cap = round(max(min_cores, top.cpu_cores * SOFTIRQ_TRAFFIC_MIN_PPS / top.packets_per_s), 2)
-    reason = (f"{top.target.display}'s own traffic, {top.packets_per_s:.0f} pkt/s ({share:.0%} of the pods'), keeps "
-              f"NET_RX on {victim.display}'s CPUs: cfs quota {top.cpu_cores:.2f} -> {cap:.2f} cores (sends less)")
-    return Decision(ActionKind.SUPPRESS, top.target, SuppressAmount("cfs_quota", cpu_cores=cap), reason,
-                    incident_id=incident_id, victim=victim, victim_signal=victim_signal), reason

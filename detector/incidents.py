@@ -34,15 +34,11 @@ from dataclasses import dataclass, field, replace
 
 from detector import causes
 from detector.baseline import Baselines
-from detector.catalog import BASELINE_SIGNALS, SIGNALS
+from detector.catalog import BASELINE_SIGNALS, MIN_RUNQ_EVENTS, SLO_SIGNALS, SOFTIRQ_DELAY_MIN_MS_PER_S  # noqa: F401
 from detector.counterfactual import Counterfactuals
 from detector.decisions import (
-    ActionKind,
-    BurstAmount,
     Cause,
-    Decision,
     DecisionSink,
-    EvictAmount,
     LoggingSink,
     SuppressAmount,
     Target,
@@ -55,8 +51,6 @@ from detector.workloads import key_of
 
 log = logging.getLogger(__name__)
 
-SOFTIRQ_DELAY_MIN_MS_PER_S = 10.0  # softirq time on its CPUs below which a late softirq is not a breach
-MIN_RUNQ_EVENTS = 20  # fewer switch-ins than this in a tick: a p99 means nothing
 CULPRIT_MIN_SCORE = 0.0  # a culprit must score above this (a zero score blames nobody)
 CULPRIT_WINDOW_TICKS = 10  # who-ran-instead shares are summed over this many recent ticks
 CONNECT_WINDOW_TICKS = 5  # connect failures/retransmits/p99 are judged over this many recent ticks
@@ -230,36 +224,20 @@ class IncidentEngine:
         slo = self.slo
         out: list[Breach] = []
 
-        def check(name: str, value: float | None) -> None:
-            sig = SIGNALS[name]
+        window = list(state.recent_connect)
+        for sig in SLO_SIGNALS:  # catalog order; each SLO's gate says whether this tick's reading counts
+            value = sig.breach_value(row, window)
             threshold = sig.threshold(slo)
             if value is None or math.isnan(value) or threshold is None:
-                return
+                continue
             if value > threshold:
-                out.append(Breach(name, value, threshold, self._baseline_value(key, name)))
-                return
+                out.append(Breach(sig.name, value, threshold, self._baseline_value(key, sig.name)))
+                continue
             if not sig.k_sigma or value < threshold / 2:
-                return
-            score = self.baselines.score(key, name, value)
+                continue
+            score = self.baselines.score(key, sig.name, value)
             if score is not None and score > slo.k_sigma:
-                out.append(Breach(name, value, threshold, self._baseline_value(key, name), rule="k_sigma"))
-
-        if row.runq_count >= MIN_RUNQ_EVENTS:
-            check("runq_p99_ns", row.runq_p99_ns)
-        window = list(state.recent_connect)
-        worst_connect_p99 = max((p for _, _, p in window), default=0.0)
-        if worst_connect_p99:
-            check("connect_p99_ns", worst_connect_p99)
-        check("reclaim_stall_ms_per_s", row.reclaim_stall_ms_per_s)
-        check("softirq_ms_per_s", row.softirq_ms_per_s)
-        # A late softirq matters when there is softirq work to be late: a quiet CPU's occasional timer
-        # softirq deferred to ksoftirqd has a long raise->entry delay and steals nothing.
-        if row.softirq_delay_p99_ns and row.cpu_cores and row.cpu_cores > 0.05 \
-                and row.softirq_ms_per_s >= SOFTIRQ_DELAY_MIN_MS_PER_S:
-            check("softirq_delay_p99_ns", row.softirq_delay_p99_ns)
-        check("psi_cpu_some", row.psi_cpu_some)
-        check("psi_memory_some", row.psi_memory_some)
-        check("psi_io_some", row.psi_io_some)
+                out.append(Breach(sig.name, value, threshold, self._baseline_value(key, sig.name), rule="k_sigma"))
         failed = sum(f for f, _, _ in window)
         retransmits = sum(r for _, r, _ in window)
         # SYNs dropped (each retransmit is a second or more added to a connect) and connects given up,
@@ -276,9 +254,10 @@ class IncidentEngine:
     # -- cause and culprits ---------------------------------------------------------------------
     def _diagnose(
         self, key: str, row: WorkloadSignals, state: _VictimState, breaches: list[Breach], signals: NodeSignals
-    ) -> tuple[Cause, float, list[Culprit], list[Evidence]]:
+    ) -> tuple[Cause, float, list[Culprit], list[Evidence], list[str]]:
         """The cause rules (``detector.causes``) in order; the evidence is the breaches, the victim's
-        context (wait, throttling, softirq, reclaim) and what the deciding rule used."""
+        context (wait, throttling, softirq, reclaim) and what the deciding rule used; the findings are
+        the deciding rule's and every cause's context codes of this tick."""
         dt = row.interval_s
         ran, total_wait = self._recent_ran_instead(state)
         foreign = {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)}
@@ -307,7 +286,8 @@ class IncidentEngine:
                                     note=", ".join(f"{k} {v:.1f}" for k, v in sorted(row.reclaim_by_kind_ms_per_s.items()))))
         used = {e.signal for e in verdict.evidence}
         evidence += [e for e in context if e.signal not in used] + list(verdict.evidence)
-        return verdict.cause, verdict.confidence, verdict.culprits, evidence
+        findings = [*verdict.findings, *(f for spec in causes.CAUSES if spec.context for f in spec.context(row))]
+        return verdict.cause, verdict.confidence, verdict.culprits, evidence, findings
 
     def _connect_servers(self, key: str) -> tuple[list[Culprit], list[Evidence]]:
         """The servers whose full accept queues a victim's connects went to (detector/listen_join.py)."""
@@ -419,7 +399,7 @@ class IncidentEngine:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _open(self, key, row, state, breaches, signals, now) -> Incident:
-        cause, confidence, culprits, evidence = self._diagnose(key, row, state, breaches, signals)
+        cause, confidence, culprits, evidence, findings = self._diagnose(key, row, state, breaches, signals)
         inc = Incident(
             incident_id=f"nn-{uuid.uuid4().hex[:12]}",
             victim=row.workload.target,
@@ -430,6 +410,7 @@ class IncidentEngine:
             culprits=culprits,
             evidence=evidence,
             updated_at=now,
+            findings=findings,
         )
         state.incident = inc
         log.warning("incident %s opened: %s %s, culprits %s", inc.incident_id, inc.victim.display, cause,
@@ -439,7 +420,7 @@ class IncidentEngine:
         return inc
 
     def _update(self, inc, key, row, state, breaches, signals, now) -> None:
-        cause, confidence, culprits, evidence = self._diagnose(key, row, state, breaches, signals)
+        cause, confidence, culprits, evidence, findings = self._diagnose(key, row, state, breaches, signals)
         # A cause seen with more confidence replaces the first guess; evidence is the latest window.
         # "The node's own processes ran instead" (neighbor_cpu naming no pod) is the weakest account:
         # it never replaces a cause that named the pods behind it (kswapd is a root-cgroup thread; once
@@ -456,6 +437,7 @@ class IncidentEngine:
             inc.confidence = round(confidence, 3)
             inc.cause = cause
         inc.evidence = evidence
+        inc.findings = findings
         inc.updated_at = now
         self._emit(inc, "updated")
         self._decide(inc, state)
@@ -496,31 +478,10 @@ class IncidentEngine:
         if key == state.decided:
             return
         state.decided = key
-        victim_signal = "runq_p99_ns"
-        acts = self.policy.actuators
-        decisions: list[Decision] = []
-        if inc.cause == Cause.SELF_THROTTLING and acts.burst_enabled and inc.victim.qos == "LS":
-            decisions.append(Decision(
-                ActionKind.BURST, inc.victim, BurstAmount(quota_scale=1.2),
-                reason=f"{inc.victim.display} throttled at its own quota (confidence {inc.confidence:.2f})",
-                incident_id=inc.incident_id, victim=inc.victim, victim_signal=victim_signal,
-            ))
-        elif inc.cause in (Cause.NEIGHBOR_CPU, Cause.SOFTIRQ) and top is not None and top.target.qos == "BE" \
-                and top.above_request is not False and acts.suppress_enabled:
-            # A BE pod busy within its own request is using what it was promised: never suppressed. The
-            # ranking puts those above their request first, so a top within its request means none is
-            # above it yet (seen the tick a hog starts: its CPU use not measured past its request yet).
-            decisions.append(Decision(
-                ActionKind.SUPPRESS, top.target, self._suppress_amount(top, state),
-                reason=f"{top.target.display} ran {top.who_ran_instead_share:.0%} of {inc.victim.display}'s runqueue wait",
-                incident_id=inc.incident_id, victim=inc.victim, victim_signal=victim_signal,
-            ))
-        elif inc.cause == Cause.RECLAIM and top is not None and top.target.qos == "BE" and acts.evict_enabled:
-            decisions.append(Decision(
-                ActionKind.EVICT, top.target, EvictAmount(reason="interference"),
-                reason=f"{top.target.display} grew memory most while {inc.victim.display} stalled in global reclaim",
-                incident_id=inc.incident_id, victim=inc.victim, victim_signal="reclaim_stall_ms_per_s",
-            ))
+        spec = causes.spec(inc.cause)
+        step = None if spec.act is None else spec.act(
+            inc, top, causes.ActContext(self.policy, lambda culprit: self._suppress_amount(culprit, state)))
+        decisions = [step] if step is not None else []
         for d in decisions:
             inc.actions.append(f"{d.kind}:{d.target.display}")
             self.sink.submit(d)

@@ -56,6 +56,9 @@ class Incident:
     ended_at: float | None = None
     updated_at: float = 0.0
     actions: list[str] = field(default_factory=list)  # action ids taken for it
+    # Structured codes of what the cause rules found in the latest tick (detector/causes, e.g.
+    # "reclaim.direct"): what the planner keys on, never the evidence's wording.
+    findings: list[str] = field(default_factory=list)
 
     @property
     def open(self) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 
 from detector.batch import BatchAllocatable
 from detector.catalog import SIGNALS as CATALOG
+from detector.causes import CAUSES, spec
 from detector.decisions import Cause, Decision, LoggingSink, SuppressAmount, Target
 from detector.model import Incident
 from detector.runtime import Detector
@@ -26,17 +27,8 @@ from detector.workloads import key_of
 from noisyneighbor.output import SCHEMA_VERSION, iso_utc
 from probes.collect import NodeCollector
 
-ADVICE: dict[Cause, str] = {
-    Cause.NEIGHBOR_CPU: "suppress or move the top culprit (BE CPU quota / cpuset), or give the victim dedicated CPUs",
-    Cause.SELF_THROTTLING: "the victim hits its own CPU limit (the container named in the evidence, when one): "
-                           "raise that limit or enable CPU burst; no neighbour is at fault",
-    Cause.SELF_CONTENTION: "the victim's own threads outnumber the CPUs it may use (its cpuset or quota): give it more "
-                           "CPUs, or run fewer busy threads (size thread pools to its CPUs); no neighbour is at fault",
-    Cause.SOFTIRQ: "softirq work lands on the victim's CPUs: steer IRQs/RPS away from them or move the traffic source",
-    Cause.RECLAIM: "the victim stalls in memory reclaim: raise its memory limit, or evict the BE pod growing its memory",
-    Cause.NETWORK_CONNECT: "connects stall (SYN drops/retransmits): check the server's accept backlog and ListenOverflows",
-    Cause.PSI_UNKNOWN: "pressure without an attributable mechanism: check IO and node-level pressure",
-}
+# What would help, per cause: from the cause declarations (detector/causes).
+ADVICE: dict[Cause, str] = {s.cause: s.advice for s in CAUSES}
 
 
 @dataclass(frozen=True)
@@ -338,7 +330,7 @@ def render_text(report: DiagnoseReport) -> str:
                 )
         else:
             lines.append("  culprits: none (not a neighbour's doing)"
-                         if inc.cause in (Cause.SELF_THROTTLING, Cause.SELF_CONTENTION) else "  culprits: none attributed")
+                         if spec(inc.cause).blameless else "  culprits: none attributed")
         lines.append("  evidence:")
         for e in evidence_of(report, inc):
             if e.signal == "closed":

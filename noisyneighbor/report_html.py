@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from html import escape
 
+from detector.causes import CAUSES as CAUSE_SPECS
+from detector.causes import spec
 from detector.decisions import Cause
 from detector.model import Incident
 from noisyneighbor.diagnose import (
@@ -32,15 +34,8 @@ from noisyneighbor.diagnose import (
 )
 from noisyneighbor.svgchart import PALETTE, Chart, Line, render
 
-CAUSES: dict[Cause, str] = {
-    Cause.NEIGHBOR_CPU: "neighbours' CPU use",
-    Cause.SELF_THROTTLING: "its own CPU limit (self-throttling)",
-    Cause.SELF_CONTENTION: "its own threads outnumbering the CPUs it may use (self-contention)",
-    Cause.SOFTIRQ: "softirq work on its CPUs",
-    Cause.RECLAIM: "memory reclaim",
-    Cause.NETWORK_CONNECT: "the TCP connect path",
-    Cause.PSI_UNKNOWN: "pressure without an attributable mechanism",
-}
+# "<victim> suffers from <title>", per cause: from the cause declarations (detector/causes).
+CAUSES: dict[Cause, str] = {s.cause: s.title for s in CAUSE_SPECS}
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;background:#f4f5f7;color:#1c1e21}
@@ -129,10 +124,7 @@ def _card(report: DiagnoseReport, inc: Incident) -> str:
             )
         out.append("</table>")
     else:
-        out.append("<p>No culprit: " + {
-            Cause.SELF_THROTTLING: "the victim is held back by its own CPU limit, not by a neighbour.",
-            Cause.SELF_CONTENTION: "the victim waits behind its own threads, not behind a neighbour.",
-        }.get(inc.cause, "none could be attributed.") + "</p>")
+        out.append("<p>No culprit: " + (spec(inc.cause).blameless or "none could be attributed.") + "</p>")
     out.append("<h3>Evidence</h3><table><tr><th>signal</th><th class='num'>value</th><th class='num'>threshold</th>"
                "<th class='num'>over</th><th>note</th></tr>")
     for e in evidence_of(report, inc):

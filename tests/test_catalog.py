@@ -22,14 +22,19 @@ CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "base" / "config.ya
 # -- the catalog ------------------------------------------------------------------------------------
 
 
-def test_every_slo_signal_names_a_real_slo_field_and_the_check_refuses_a_missing_one():
-    fields = {f.name for f in dataclasses.fields(SloThresholds)}
-    assert all(s.slo_field in fields for s in catalog.SLO_SIGNALS)
-    bad = (*catalog.SIGNALS.values(), catalog.Signal("made_up_ms", "Made up", "ms", slo_field="made_up_ms"))
-    with pytest.raises(catalog.CatalogError, match="made_up_ms"):
-        catalog.check_catalog(bad)
+def test_every_slo_field_is_declared_once_with_its_signal_and_the_check_refuses_a_second():
+    fields = [f.name for f in dataclasses.fields(SloThresholds)]
+    assert fields[: len(catalog.SLO_SIGNALS)] == [s.slo.field for s in catalog.SLO_SIGNALS]
+    assert fields[len(catalog.SLO_SIGNALS):] == [k.field for k in catalog.KNOBS]
+    assert SloThresholds().softirq_ms_per_s == catalog.SIGNALS["softirq_ms_per_s"].slo.default
+    twice = catalog.Signal("made_up_ms", "Made up", "ms", slo=catalog.Slo("runq_p99_ms", 1.0))
+    with pytest.raises(catalog.CatalogError, match="runq_p99_ms"):
+        catalog.check_catalog((*catalog.SIGNALS.values(), twice))
     with pytest.raises(catalog.CatalogError, match="twice"):
         catalog.check_catalog((*catalog.SIGNALS.values(), catalog.SIGNALS["runq_p99_ns"]))
+    bad_default = catalog.Signal("made_up_ms", "Made up", "ms", slo=catalog.Slo("made_up_ms", 0.0, divides=True))
+    with pytest.raises(catalog.CatalogError, match="must be > 0"):
+        catalog.check_catalog((*catalog.SIGNALS.values(), bad_default))
 
 
 def test_the_deployed_config_sets_every_slo_field_the_catalog_uses():
@@ -103,8 +108,8 @@ def test_self_contention_when_its_own_threads_fill_its_cpus():
     v = causes.decide(_ctx(row, own=0.8e9, foreign={"pod:x": 0.1e9}))
     assert v.cause == Cause.SELF_CONTENTION and v.culprits == []
     assert any(e.signal == "who_ran_instead_own_share" and e.value == 0.8 for e in v.evidence)
-    assert causes.RULES.index(causes.self_throttling) < causes.RULES.index(causes.self_contention) \
-        < causes.RULES.index(causes.neighbor_cpu)
+    assert causes.RULES.index(causes.self_throttling.rule) < causes.RULES.index(causes.self_contention.rule) \
+        < causes.RULES.index(causes.neighbor_cpu.rule)
 
 
 def test_the_nodes_own_processes_are_a_neighbour_without_a_culprit():
@@ -126,7 +131,7 @@ def test_the_nodes_own_processes_are_a_neighbour_without_a_culprit():
 def test_every_rule_is_one_function_and_the_fallback_always_holds():
     row = _row(runq_count=0)
     assert causes.decide(_ctx(row, breached=("psi_io_some",))).cause == Cause.PSI_UNKNOWN
-    assert all(callable(r) for r in causes.RULES) and causes.RULES[-1] is causes.psi_unknown
+    assert all(callable(r) for r in causes.RULES) and causes.RULES[-1] is causes.psi_unknown.rule
 
 
 # -- culprits against their requests ----------------------------------------------------------------

@@ -365,3 +365,18 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
     assert result["ok"] and result["schema_version"] == SCHEMA_VERSION and result["incidents"] == 1
     assert result["svgs"] >= 2 and not result["overflow"]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("command", ["diagnose", "agent"])
+@pytest.mark.parametrize("field", ["softirq_ms_per_s", "reclaim_stall_ms_per_s"])
+def test_an_slo_of_zero_a_rule_divides_by_exits_2_with_one_line(tmp_path, command, field):
+    """Defect: ``slo: {softirq_ms_per_s: 0}`` was accepted and diagnose died in the cause rule with
+    ZeroDivisionError. Now it is refused before anything starts: one line, exit 2."""
+    config = write_config(tmp_path / "policy.yaml", {"slo": {field: 0}})
+    extra = ["--duration", "2"] if command == "diagnose" else ["--journal-dir", str(tmp_path / "journal")]
+    res = _run(command, "--config", str(config), "--pods", "standalone", *extra, timeout=60)
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr and "ZeroDivisionError" not in res.stderr, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.startswith("noisyneighbor:")]
+    assert lines == [f"noisyneighbor: {config}: slo.{field}: must be > 0 (a cause rule divides by it), got 0"], \
+        res.stderr

@@ -233,6 +233,7 @@ def test_kswapd_on_the_victims_cpus_is_global_reclaim_by_the_pod_that_grew():
     assert inc.cause == Cause.RECLAIM, inc.cause
     assert [c.target.pod for c in inc.culprits] == ["batch"]
     assert {"kswapd_pages_per_s", "who_ran_instead_node_share"} <= {ev.signal for ev in inc.evidence}
+    assert inc.findings == ["reclaim.kswapd", "reclaim.direct"]  # what the planner reads, not the notes
     # Capped, the grower shrinks: it is still the culprit of this incident (not cleared by a tick
     # whose growth window names nobody).
     run(e, [_kswapd_tick(51200.0, (19 << 30) - i * (64 << 20)) for i in range(70)])

@@ -183,12 +183,14 @@ def test_planner_waits_for_a_culprit_of_global_reclaim_instead_of_calling_it_the
     # The node reclaims (kswapd on the victim's CPUs) and the engine has named nobody yet: this is not
     # memcg reclaim at the victim's own limit, so no "raise its memory limit" and no giving up; once a
     # BE pod is named, it is capped.
+    from detector.causes import reclaim
     from detector.model import Evidence
 
     sink = LoggingSink()
     planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False))
     inc = _reclaim_incident([])
     inc.evidence = [Evidence("kswapd_pages_per_s", 51200.0, 1.0)]
+    inc.findings = [reclaim.KSWAPD]  # what the engine's reclaim rule found (the planner reads codes, not notes)
     planner(inc, "opened")
     assert sink.decisions == [] and not any("own memory limit" in e.note for e in inc.evidence)
     assert any("no pod named yet" in e.note for e in inc.evidence)
@@ -200,5 +202,6 @@ def test_planner_waits_for_a_culprit_of_global_reclaim_instead_of_calling_it_the
     inc2 = _reclaim_incident([])
     inc2.incident_id = "inc-2"
     inc2.evidence = [Evidence("reclaim_stall_ms_per_s", 12.0, 1.0, note="direct 12.0")]
+    inc2.findings = [reclaim.DIRECT]
     planner(inc2, "opened")
     assert len(sink.decisions) == 1 and not any("own memory limit" in e.note for e in inc2.evidence)

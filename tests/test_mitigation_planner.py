@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from actuators.base import ActionRecord, ActionState
+from actuators.base import ActionOutcome, ActionRecord, ActionState
 from actuators.cgroupfile import CgroupFiles
 from actuators.journal import Journal
 from actuators.manager import ActuatorManager
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler, netdev_packets
 from actuators.suppress import SuppressActuator
+from detector.causes.softirq import softirq_traffic_decision
 from detector.decisions import (
     ActionKind,
     BurstAmount,
@@ -27,7 +28,6 @@ from detector.decisions import (
     PodTraffic,
     SuppressAmount,
     Target,
-    softirq_traffic_decision,
 )
 from detector.model import Incident
 from detector.policy import ActuatorPolicy
@@ -223,7 +223,9 @@ def test_real_flood_from_a_be_pod_netns_is_found_and_quota_suppressed(make_cgrou
 
 
 def _record(d: Decision, state: ActionState, detail: str) -> ActionRecord:
-    return ActionRecord("a", None, d, state, detail)
+    """As the manager finishes one: a revert by verification says so in its outcome code."""
+    outcome = ActionOutcome.DID_NOT_HELP if detail.startswith("did not help") else ActionOutcome.NONE
+    return ActionRecord("a", None, d, state, detail, outcome=outcome)
 
 
 def _neighbor(culprit_cores: float = 1.0) -> Incident:

@@ -264,3 +264,41 @@ def test_one_key_matcher_two_unknown_key_behaviours():
     with pytest.raises(PolicyError) as e:
         _match_keys([1], names, "rt", ctx)
     assert str(e.value) == "p.yaml: rt: expected a mapping, got a list"
+
+
+# -- an SLO a cause rule divides by (issue 27) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["softirq_ms_per_s", "reclaim_stall_ms_per_s"])
+def test_an_slo_a_rule_divides_by_is_refused_at_zero_in_one_line(tmp_path: Path, field: str):
+    """Defect: ``slo: {softirq_ms_per_s: 0}`` passed validation and ``diagnose`` died with
+    ZeroDivisionError in the softirq (or reclaim) cause rule the first time that signal breached."""
+    path = _write(tmp_path, f"slo: {{{field}: 0}}\n")
+    with pytest.raises(PolicyError) as e:
+        load_policy(path)
+    assert str(e.value) == f"{path}: slo.{field}: must be > 0 (a cause rule divides by it), got 0"
+    with pytest.raises(ValueError, match=f"slo.{field}: must be > 0"):  # built in code, not read from a file
+        SloThresholds(**{field: 0.0})
+    assert getattr(load_policy(_write(tmp_path, f"slo: {{{field}: 0.5}}\n")).slo, field) == 0.5
+
+
+def test_the_slo_declarations_say_which_fields_a_rule_divides_by():
+    from detector import catalog
+
+    divided = {s.slo.field for s in catalog.SLO_SIGNALS if s.slo.divides}
+    assert divided == {"softirq_ms_per_s", "reclaim_stall_ms_per_s"}
+
+
+def test_the_policy_does_not_import_the_catalog_back():
+    """detector.catalog declares the SLOs; the policy reads them. The cycle (catalog -> policy.schema ->
+    a late import of the catalog in policy.fields) is gone: the catalog imports nothing of the policy."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    tree = ast.parse((root / "detector" / "catalog.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m and m.startswith("detector.policy")}, imported
+    for path in (root / "detector" / "policy").glob("*.py"):
+        assert "from detector.catalog import" not in "".join(
+            line for line in path.read_text().splitlines(keepends=True) if line.startswith((" ", "\t"))), path

@@ -16,14 +16,13 @@ from typing import Any
 
 import yaml
 
+from detector.catalog import range_problem, slo_problem
 from detector.policy.schema import (
     _CHOICE_ALIASES,
     _CHOICES,
-    _PERCENT,
     _RANGES,
     PolicyError,
     SloThresholds,
-    _Range,
 )
 
 
@@ -158,26 +157,16 @@ def _show(value: Any) -> str:
     return _type_name(value)
 
 
-def _ranges_of(cls: type) -> dict[str, _Range]:
-    if cls is SloThresholds:
-        from detector.catalog import slo_ranges  # the catalog imports this module: read it late
-
-        return {**_RANGES[cls], **slo_ranges()}
-    return _RANGES.get(cls, {})
-
-
 def _check_value(cls: type, name: str, value: Any, keypath: str, ctx: _Ctx) -> None:
     if value is None:
         return
-    bounds = _ranges_of(cls).get(name)
-    if bounds is not None:
-        lo, hi = bounds
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            if bounds == _PERCENT:
-                raise ctx.error(keypath, f"must be a percent in 0..100, got {value:g}")
-            if hi is None:
-                raise ctx.error(keypath, f"must be >= {lo:g}, got {value:g}")
-            raise ctx.error(keypath, f"must be in {lo:g}..{hi:g}, got {value:g}")
+    if cls is SloThresholds:  # declared with the signals they bound (detector.catalog)
+        problem = slo_problem(name, value)
+    else:
+        bounds = _RANGES.get(cls, {}).get(name)
+        problem = None if bounds is None else range_problem(bounds, value)
+    if problem is not None:
+        raise ctx.error(keypath, problem)
     choices = _CHOICES.get(cls, {}).get(name)
     if choices is not None and value not in choices and _CHOICE_ALIASES.get(value) not in choices:
         raise ctx.error(keypath, f"must be one of {', '.join(choices)}, got {value!r}")

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The `slo:` section is declared with the signals it bounds (detector.catalog: default, unit, valid
+# values, whether a rule divides by it); the catalog imports nothing of the policy.
+from detector.catalog import SloThresholds
+
 
 class PolicyError(ValueError):
     """Bad policy input. ``str(exc)`` is one line naming the file, the key path and the problem."""
@@ -26,7 +30,8 @@ CPU_SUPPRESS_VIA = ("cgroup", "resize", "resize-only")
 CPU_BURST_POLICIES = ("none", "cpuBurstOnly", "cfsQuotaBurstOnly", "auto")
 POD_SOURCES = ("auto", "kubelet", "apiserver", "standalone")
 
-# Range checks per field: (min, max); None means unbounded on that side.
+# Range checks per field: (min, max); None means unbounded on that side. The `slo:` fields' ranges are
+# declared in detector.catalog with the signals they bound.
 _Range = tuple[float | None, float | None]
 _PERCENT: _Range = (0, 100)
 
@@ -108,24 +113,6 @@ class ColocationStrategy:
 
 
 @dataclass(frozen=True, slots=True)
-class SloThresholds:
-    """Absolute SLOs per victim signal, plus the anomaly and hysteresis knobs of the detector."""
-
-    runq_p99_ms: float = 5.0
-    connect_p99_ms: float = 200.0
-    reclaim_stall_ms_per_s: float = 20.0
-    psi_cpu_some_percent: float = 20.0
-    psi_memory_some_percent: float = 10.0
-    psi_io_some_percent: float = 20.0
-    softirq_delay_p99_ms: float = 2.0
-    softirq_ms_per_s: float = 100.0  # softirq run time on its CPUs (a tenth of a CPU) before it is a breach
-    k_sigma: float = 4.0  # a signal also breaches when it is k sigma above its own baseline
-    breach_seconds: float = 2.0  # how long a breach must last before it is an incident
-    clear_windows: int = 5  # clean windows in a row before an incident ends (hysteresis)
-    min_baseline_samples: int = 30  # the k-sigma rule is off until the baseline has this many
-
-
-@dataclass(frozen=True, slots=True)
 class ActuatorPolicy:
     """What actuators may do and how fast; dry-run by default, so installing changes nothing."""
 
@@ -202,12 +189,6 @@ _RANGES: dict[type, dict[str, _Range]] = {
         "memory_reclaim_threshold_percent": _PERCENT,
         "reserved_cpu_cores": (0, None),
         "reserved_memory_bytes": (0, None),
-    },
-    SloThresholds: {  # the fields bounding a signal get their ranges from detector.catalog (_ranges_of)
-        "k_sigma": (0, None),
-        "breach_seconds": (0, None),
-        "clear_windows": (1, None),
-        "min_baseline_samples": (1, None),
     },
     ActuatorPolicy: {
         "max_changes_per_minute": (0, None),

@@ -1,0 +1,123 @@
+"""What every cause declaration is made of: the context its rule reads, the verdict it returns, and the
+declaration itself (:class:`CauseSpec`): rule, words, the engine's step and the planner's outcome codes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from detector.decisions import Cause, Decision, SuppressAmount
+from detector.model import Culprit, Evidence, Incident
+from detector.signals import NodeSignals, WorkloadSignals
+
+if TYPE_CHECKING:
+    from detector.policy import Policy, SloThresholds
+
+ROOT_CGROUP = "/"  # the workload key of the node's processes outside any pod
+VICTIM_SIGNAL = "runq_p99_ns"  # what verify/revert watches for a CPU action
+
+
+@dataclass
+class CauseContext:
+    """What every rule may read: the victim's row, the breaches, the windowed who-ran-instead split,
+    and the engine's culprit rankers (they need the store, the targets and the pods' requests)."""
+
+    key: str
+    row: WorkloadSignals
+    signals: NodeSignals
+    slo: SloThresholds
+    breached: set[str]  # names of the signals that breached
+    foreign: dict[str, float]  # culprit workload key -> ns of the victim's wait it ran for (window)
+    own_wait_ns: float  # ns of the victim's wait behind its own tasks (window)
+    total_wait_ns: float  # the victim's runqueue wait (window)
+    window_s: float
+    cpu_culprits: Callable[[str, dict[str, float], float], list[Culprit]]
+    correlation_culprits: Callable[[str, NodeSignals], list[Culprit]]
+    # (victim key, its row, the node, global reclaim or not; None: global when it stalled in direct reclaim)
+    reclaim_culprits: Callable[[str, WorkloadSignals, NodeSignals, bool | None], list[Culprit]]
+    # The servers with full accept queues the victim's connects went to, and the evidence of it.
+    connect_servers: Callable[[str], tuple[list[Culprit], list[Evidence]]] = lambda key: ([], [])
+
+    @property
+    def runq_breach(self) -> bool:
+        return bool(self.breached & {"runq_p99_ns", "psi_cpu_some"})
+
+    @property
+    def foreign_share(self) -> float:
+        return sum(self.foreign.values()) / self.total_wait_ns if self.total_wait_ns > 0 else 0.0
+
+    @property
+    def node_share(self) -> float:
+        """Share of its wait behind the root cgroup: the node's own processes, kernel threads included."""
+        return self.foreign.get(ROOT_CGROUP, 0.0) / self.total_wait_ns if self.total_wait_ns > 0 else 0.0
+
+    @property
+    def own_share(self) -> float:
+        return min(1.0, self.own_wait_ns / self.total_wait_ns) if self.total_wait_ns > 0 else 0.0
+
+    @property
+    def throttle_share(self) -> float:
+        """Throttled time over its runqueue wait (or the throttled ratio when it barely waited)."""
+        row = self.row
+        if row.throttled_ms_per_s is not None and row.runq_wait_ms_per_s > 0.5:
+            return min(1.0, row.throttled_ms_per_s / row.runq_wait_ms_per_s)
+        if row.throttled_ratio is not None and row.throttled_ratio >= 0.5:
+            return row.throttled_ratio
+        return 0.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    cause: Cause
+    confidence: float
+    culprits: list[Culprit] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)  # what the rule used, beyond the breaches
+    findings: tuple[str, ...] = ()  # structured codes of what the rule found (Incident.findings)
+
+
+Rule = Callable[[CauseContext], Verdict | None]
+
+
+@dataclass(frozen=True)
+class ActContext:
+    """What a cause's engine step may read besides the incident: the policy and the engine's suppress
+    amount for a culprit (cpuset off the victim's CPUs, or a cfs quota)."""
+
+    policy: Policy
+    suppress_amount: Callable[[Culprit], SuppressAmount]
+
+
+# The engine's step for an incident of a cause (its top culprit, or None): one decision or none.
+Act = Callable[[Incident, Culprit | None, ActContext], Decision | None]
+
+
+class Mitigation(StrEnum):
+    """The planner's steps beyond the engine's one decision (actuators/mitigate.py runs them)."""
+
+    TRAFFIC_AND_RT = "traffic_and_rt"  # rank pods by their own traffic and RT tasks on the victim's CPUs
+    MEMORY_GROWER = "memory_grower"  # cap the BE pod that grew most in global reclaim
+
+
+@dataclass(frozen=True)
+class CauseSpec:
+    """One cause, declared once: how it is recognised, how it reads to a human, what is done about it."""
+
+    cause: Cause
+    rule: Rule
+    title: str  # the HTML report's heading: "<victim> suffers from <title>"
+    advice: str  # what would help, for diagnose's text and HTML
+    # Not a neighbour's doing: the sentence the HTML gives instead of culprits (the text says "none
+    # (not a neighbour's doing)"); None: a neighbour may be at fault ("none attributed" when none is).
+    blameless: str | None = None
+    act: Act | None = None  # the engine's step when an incident opens or its top culprit changes
+    mitigation: Mitigation | None = None  # the planner's extra step, when it has one
+    # Findings of every tick from the victim's row, whichever rule decided (Incident.findings).
+    context: Callable[[WorkloadSignals], tuple[str, ...]] | None = None
+    # Outcome code -> its wording (str.format fields). Decisions carry the code (Decision.code) and
+    # the planner keys on codes only: rewording a message changes no decision (tests/test_causes.py).
+    messages: dict[str, str] = field(default_factory=dict)
+
+    def say(self, code: str, **fields: Any) -> str:
+        return self.messages[code].format(**fields)

@@ -1,0 +1,77 @@
+"""neighbor_cpu: other cgroups ran on the victim's CPUs while it waited. The engine suppresses the top
+BE culprit above its request; when that does not help the planner escalates (quota to its request,
+then eviction when the policy allows it): the steps' codes and words are here."""
+
+from __future__ import annotations
+
+from detector.causes.base import VICTIM_SIGNAL, ActContext, CauseContext, CauseSpec, Verdict
+from detector.decisions import ActionKind, Cause, Decision
+from detector.model import Culprit, Evidence, Incident
+
+NEIGHBOR_SHARE = 0.3  # foreign cgroups ran for at least this share of its wait
+
+
+def rule(ctx: CauseContext) -> Verdict | None:
+    row = ctx.row
+    if not ctx.runq_breach:
+        return None
+    if row.who_ran_instead_available:
+        if ctx.foreign_share < NEIGHBOR_SHARE:
+            return None
+        culprits = ctx.cpu_culprits(ctx.key, ctx.foreign, ctx.total_wait_ns)
+        confidence = ctx.foreign_share
+        node_share = ctx.node_share
+        if not culprits and node_share >= NEIGHBOR_SHARE:
+            # The node's own processes (the root cgroup: system daemons, kernel threads) ran instead.
+            # The cause is known; there is no pod to blame or act on, so no culprit.
+            return Verdict(Cause.NEIGHBOR_CPU, min(1.0, confidence), [], [
+                Evidence("who_ran_instead_foreign_share", round(ctx.foreign_share, 4), ctx.window_s,
+                         threshold=NEIGHBOR_SHARE),
+                Evidence("who_ran_instead_node_share", round(node_share, 4), ctx.window_s,
+                         note="the node's own processes outside pods (root cgroup) ran on its CPUs")])
+    else:
+        culprits = ctx.correlation_culprits(ctx.key, ctx.signals)
+        confidence = 0.5 * culprits[0].score if culprits else 0.0
+    if not culprits:
+        return None
+    used = [Evidence("who_ran_instead_foreign_share", round(ctx.foreign_share, 4), ctx.window_s,
+                     threshold=NEIGHBOR_SHARE)] if row.who_ran_instead_available else []
+    return Verdict(Cause.NEIGHBOR_CPU, min(1.0, confidence), culprits, used)
+
+
+SUPPRESS = "neighbor_cpu.suppress"  # the engine's step: suppress the top BE culprit
+QUOTA_TO_REQUEST = "neighbor_cpu.quota_to_request"  # isolation did not help: a cfs quota to its request
+QUOTA_TO_REQUEST_NOTE = "neighbor_cpu.quota_to_request_note"
+EVICT = "neighbor_cpu.evict"  # suppressing did not help: evict (evict_enabled)
+EVICT_DISABLED = "neighbor_cpu.evict_disabled"
+
+
+def suppress_top_be(inc: Incident, top: Culprit | None, ctx: ActContext) -> Decision | None:
+    """Suppress the top culprit when it is BE and not busy within its own request (neighbor_cpu and
+    softirq both take this step). A BE pod within its request uses what it was promised; the ranking
+    puts those above their request first, so a top within its request means none is above it yet
+    (seen the tick a hog starts: its CPU use not measured past its request yet)."""
+    if top is None or top.target.qos != "BE" or top.above_request is False or not ctx.policy.actuators.suppress_enabled:
+        return None
+    return Decision(ActionKind.SUPPRESS, top.target, ctx.suppress_amount(top),
+                    reason=SPEC.say(SUPPRESS, culprit=top.target.display, share=top.who_ran_instead_share,
+                                    victim=inc.victim.display),
+                    incident_id=inc.incident_id, victim=inc.victim, victim_signal=VICTIM_SIGNAL, code=SUPPRESS)
+
+
+SPEC = CauseSpec(
+    Cause.NEIGHBOR_CPU, rule,
+    title="neighbours' CPU use",
+    advice="suppress or move the top culprit (BE CPU quota / cpuset), or give the victim dedicated CPUs",
+    act=suppress_top_be,
+    messages={
+        SUPPRESS: "{culprit} ran {share:.0%} of {victim}'s runqueue wait",
+        QUOTA_TO_REQUEST_NOTE: "isolation did not help: {culprit} uses {cpu:.2f} cores, above its {request:.2f}-core "
+                               "request: quota to its request",
+        QUOTA_TO_REQUEST: "{culprit} above its request ({cpu:.2f} > {request:.2f} cores) after isolation did not help: "
+                          "cfs quota to its request",
+        EVICT_DISABLED: "suppressing {culprit} did not help; eviction is disabled by policy (evict_enabled): "
+                        "nothing more is done",
+        EVICT: "suppressing {culprit} did not help {victim} within the verify window: evict",
+    },
+)

@@ -1,0 +1,26 @@
+"""network_connect: the connect path (SYN drops, retransmits, full accept queues of the servers)."""
+
+from __future__ import annotations
+
+from detector.causes.base import CauseContext, CauseSpec, Verdict
+from detector.decisions import Cause
+from detector.model import Evidence
+
+
+def rule(ctx: CauseContext) -> Verdict | None:
+    if not ctx.breached & {"connect_p99_ns", "syn_retransmits_per_s"}:
+        return None
+    row, dt = ctx.row, ctx.row.interval_s
+    servers, more = ctx.connect_servers(ctx.key)
+    return Verdict(Cause.NETWORK_CONNECT, 0.7, servers, [
+        Evidence("connect_failures_per_s", row.connect_failures_per_s, dt),
+        Evidence("syn_retransmits_per_s", row.syn_retransmits_per_s, dt),
+        *more,
+    ])
+
+
+SPEC = CauseSpec(
+    Cause.NETWORK_CONNECT, rule,
+    title="the TCP connect path",
+    advice="connects stall (SYN drops/retransmits): check the server's accept backlog and ListenOverflows",
+)

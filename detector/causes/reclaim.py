@@ -1,0 +1,117 @@
+"""reclaim: the victim stalls in reclaim in its own allocations, or global reclaim's kswapd runs on its
+CPUs. Global reclaim is blamed on the pods holding and growing memory: the engine evicts the top BE one
+(evict_enabled), else the planner caps its memory; reclaim at the victim's own limit is advice only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from detector.causes.base import ActContext, CauseContext, CauseSpec, Mitigation, Verdict
+from detector.causes.neighbor_cpu import NEIGHBOR_SHARE  # kernel threads (kswapd) ran for this share of its wait
+from detector.decisions import ActionKind, Cause, Decision, EvictAmount, MemorySuppressAmount
+from detector.model import Culprit, Evidence, Incident
+from detector.signals import WorkloadSignals
+
+KSWAPD_ACTIVE_PAGES_PER_S = 2560.0  # kswapd reclaimed 10 MiB/s or more: the node is in global reclaim
+
+# Findings (Incident.findings, refreshed every tick): the node reclaims, not only the victim's memcg.
+KSWAPD = "reclaim.kswapd"  # kswapd ran on the victim's CPUs while the node reclaimed in the background
+DIRECT = "reclaim.direct"  # the victim stalled in direct (global) reclaim this tick
+GLOBAL = frozenset({KSWAPD, DIRECT})
+
+
+def rule(ctx: CauseContext) -> Verdict | None:
+    """It stalls in reclaim in its own allocations, or global reclaim's kswapd runs on its CPUs.
+
+    kswapd is a kernel thread (the root cgroup): while the node reclaims in the background, the
+    victim's wait behind "the node's own processes" is kswapd's, and the pods that grew caused it.
+    """
+    row = ctx.row
+    if ctx.breached & {"reclaim_stall_ms_per_s", "psi_memory_some"} and row.reclaim_stall_ms_per_s > 0:
+        confidence = min(1.0, row.reclaim_stall_ms_per_s / (2 * ctx.slo.reclaim_stall_ms_per_s))
+        return Verdict(Cause.RECLAIM, confidence, ctx.reclaim_culprits(ctx.key, row, ctx.signals, None))
+    kswapd = ctx.signals.kswapd_pages_per_s
+    node_share = ctx.node_share
+    if not (ctx.runq_breach and kswapd >= KSWAPD_ACTIVE_PAGES_PER_S and node_share >= NEIGHBOR_SHARE):
+        return None
+    return Verdict(Cause.RECLAIM, min(1.0, node_share), ctx.reclaim_culprits(ctx.key, row, ctx.signals, True), [
+        Evidence("kswapd_pages_per_s", round(kswapd, 1), row.interval_s, threshold=KSWAPD_ACTIVE_PAGES_PER_S,
+                 note="the node reclaims in the background (global reclaim)"),
+        Evidence("who_ran_instead_node_share", round(node_share, 4), ctx.window_s, threshold=NEIGHBOR_SHARE,
+                 note="kernel threads (root cgroup: kswapd) ran on its CPUs while it waited"),
+    ], findings=(KSWAPD,))
+
+
+def context(row: WorkloadSignals) -> tuple[str, ...]:
+    """Findings of every tick, whichever rule decided: the victim stalled in direct reclaim."""
+    return (DIRECT,) if row.reclaim_stall_ms_per_s and "direct" in row.reclaim_by_kind_ms_per_s else ()
+
+
+def global_reclaim(inc: Incident) -> bool:
+    """The incident's latest findings say the node reclaims (kswapd on its CPUs, or its own direct reclaim)."""
+    return not GLOBAL.isdisjoint(inc.findings)
+
+
+EVICT = "reclaim.evict"  # the engine's step (evict_enabled)
+GLOBAL_NO_POD_YET = "reclaim.global_no_pod_yet"
+MEMCG_OWN_LIMIT = "reclaim.memcg_own_limit"
+GROWERS_NOT_BE = "reclaim.growers_not_be"
+CAP_GROWER = "reclaim.cap_grower"
+
+
+def act(inc: Incident, top: Culprit | None, ctx: ActContext) -> Decision | None:
+    if top is None or top.target.qos != "BE" or not ctx.policy.actuators.evict_enabled:
+        return None
+    return Decision(ActionKind.EVICT, top.target, EvictAmount(reason="interference"),
+                    reason=SPEC.say(EVICT, culprit=top.target.display, victim=inc.victim.display),
+                    incident_id=inc.incident_id, victim=inc.victim, victim_signal="reclaim_stall_ms_per_s", code=EVICT)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the planner's memory step concluded: its code, the note for the incident, the decision (if
+    any), and whether it is settled for the incident (``final``) or to be looked at again next tick."""
+
+    code: str
+    note: str | None
+    decision: Decision | None = None
+    final: bool = True
+
+
+def memory_step(inc: Incident, evict_enabled: bool) -> Step | None:
+    """Global reclaim with a BE pod that grew most: cap its memory near its usage (the engine evicts it
+    instead when ``evict_enabled``: None). Reclaim at the victim's own limit: advice only."""
+    if not inc.culprits:
+        if global_reclaim(inc):
+            # The node reclaims, but no pod is named yet (memory.stat of a pod is read every few
+            # ticks): not the victim's own limit. Wait for the engine to name one.
+            return Step(GLOBAL_NO_POD_YET, SPEC.say(GLOBAL_NO_POD_YET), final=False)
+        return Step(MEMCG_OWN_LIMIT, SPEC.say(MEMCG_OWN_LIMIT, victim=inc.victim.display))
+    top = next((c for c in inc.culprits if (c.target.qos or "").upper() == "BE"), None)
+    if top is None:
+        return Step(GROWERS_NOT_BE, SPEC.say(GROWERS_NOT_BE, pods=", ".join(c.target.display for c in inc.culprits[:3])))
+    if evict_enabled:
+        return None
+    return Step(CAP_GROWER, None, Decision(
+        ActionKind.MEMORY_SUPPRESS, top.target, MemorySuppressAmount(),
+        SPEC.say(CAP_GROWER, culprit=top.target.display, share=top.attribution, victim=inc.victim.display),
+        incident_id=inc.incident_id, victim=inc.victim, victim_signal="reclaim_stall_ms_per_s", code=CAP_GROWER))
+
+
+SPEC = CauseSpec(
+    Cause.RECLAIM, rule,
+    title="memory reclaim",
+    advice="the victim stalls in memory reclaim: raise its memory limit, or evict the BE pod growing its memory",
+    act=act,
+    mitigation=Mitigation.MEMORY_GROWER,
+    context=context,
+    messages={
+        EVICT: "{culprit} grew memory most while {victim} stalled in global reclaim",
+        GLOBAL_NO_POD_YET: "global reclaim: no pod named yet",
+        MEMCG_OWN_LIMIT: "{victim} reclaims at its own memory limit (memcg reclaim): no neighbour action; "
+                         "advice: raise its memory limit",
+        GROWERS_NOT_BE: "global reclaim; the pods that grew are not BE ({pods}): not touched",
+        CAP_GROWER: "{culprit} grew most ({share:.0%} of the growth) while {victim} stalled in global reclaim: "
+                    "cap its memory at its usage",
+    },
+)
