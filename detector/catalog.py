@@ -166,6 +166,7 @@ _ALL: tuple[Signal, ...] = (
     Signal("who_ran_instead_node_share", "Wait spent behind the node's processes outside pods", "%", 100.0),
     Signal("runnable_per_cpu", "Its threads per CPU it may use", "x"),
     Signal("steal_ms_per_s", "Hypervisor steal on its CPUs", "ms/s", noise_floor=1.0),
+    Signal("who_ran_instead_container_share", "Own wait behind one of its containers", "%", 100.0),
     Signal("container_throttled_ratio", "Periods a container was throttled at its limit", "%", 100.0),
 )
 

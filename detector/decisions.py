@@ -34,6 +34,7 @@ class Cause(StrEnum):
 
     NEIGHBOR_CPU = "neighbor_cpu"  # other cgroups ran while it waited on its CPUs
     SELF_THROTTLING = "self_throttling"  # it hit its own cfs quota: never a neighbor's fault
+    HYPERVISOR_STEAL = "hypervisor_steal"  # the hypervisor takes its CPUs (steal): no pod to blame
     SELF_CONTENTION = "self_contention"  # its own threads outnumber the CPUs it may use: not a neighbor's fault
     SOFTIRQ = "softirq"  # softirq/IRQ work on the CPUs it runs on
     RECLAIM = "reclaim"  # memcg or global reclaim stalls in its allocations

@@ -66,6 +66,7 @@ class _VictimState:
     recent_ran_instead: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_own_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    recent_own_by_container: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     decided: tuple | None = None  # (cause, top culprit, within its request) the last decisions were made for
     cpus: tuple[int, ...] = ()  # CPUs the victim ran on lately (weight > 5 %), for a cpuset suppress
     # (failed connects, SYN retransmits, connect p99 ns) per recent tick: connect trouble is sparse
@@ -153,6 +154,7 @@ class IncidentEngine:
             state.recent_ran_instead.append(dict(row.ran_instead_ns))
             state.recent_wait_ns.append(total_wait_ns)
             state.recent_own_wait_ns.append(row.own_wait_ns)
+            state.recent_own_by_container.append(row.own_wait_by_container)
             self.counterfactual.add(key, row.runq_hist, row.interval_s, row.cf_moves, row.ran_instead_ns)
             dt = row.interval_s
             state.recent_connect.append((row.connect_failures_per_s * dt, row.syn_retransmits_per_s * dt,
@@ -264,6 +266,7 @@ class IncidentEngine:
         ctx = causes.CauseContext(
             key=key, row=row, signals=signals, slo=self.slo, breached={b.signal for b in breaches},
             foreign=foreign, own_wait_ns=sum(state.recent_own_wait_ns), total_wait_ns=total_wait,
+            own_by_container=_summed(state.recent_own_by_container),
             window_s=dt * len(state.recent_wait_ns), cpu_culprits=self._cpu_culprits,
             correlation_culprits=self._correlation_culprits, reclaim_culprits=self._reclaim_culprits,
             connect_servers=self._connect_servers,
@@ -507,3 +510,10 @@ class IncidentEngine:
                 out[f"{key}:reclaim_stall_ms_per_s"] = row.reclaim_stall_ms_per_s
         return out
 
+
+def _summed(ticks: Iterable[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for tick in ticks:
+        for k, v in tick.items():
+            out[k] += v
+    return dict(out)

@@ -74,3 +74,12 @@ def test_busy_sidecar_pinned_with_the_app_is_named_and_may_use_counts_the_pinned
     assert top == "log-shipper", behind  # behind the sidecar, not its own threads
     assert may and all(m.cpus == (VICTIM_CPU,) and m.cpu_count == 1 for m in may), may
     assert all(m.quota_cores is None for m in may)
+    incidents = s.incidents_for(pod)
+    assert incidents, "the app waits behind its sidecar on the one CPU they may use: it breaches its SLO"
+    for inc in incidents:
+        assert str(inc.cause) == "self_contention", inc.to_dict()
+        named = [e.container for e in inc.evidence if e.signal == "who_ran_instead_container_share"]
+        assert named[:1] == ["log-shipper"], inc.to_dict()  # the sidecar first
+        own = next(e for e in inc.evidence if e.signal == "who_ran_instead_own_share")
+        assert " of 1.00 it may use (its containers' cpusets: 1 CPU" in own.note, own.note
+        assert inc.to_dict()["evidence"][-len(named)]["container"] == named[0]

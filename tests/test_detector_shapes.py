@@ -66,6 +66,7 @@ def test_container_at_its_limit_in_an_unlimited_pod_is_self_throttling(scenario)
         assert inc.culprits == [], inc.to_dict()
     named = [e for inc in incidents for e in inc.evidence if e.signal == "container_throttled_ratio"]
     assert named and all("container main " in e.note for e in named), [i.to_dict() for i in incidents]
+    assert all(e.container == "main" for e in named)  # structured too (Incident JSON: evidence[].container)
     assert not any("sidecar" in e.note for e in named)
     assert all("None" not in e.note for inc in incidents for e in inc.evidence), [i.to_dict() for i in incidents]
     no_suppress(s, ls)

@@ -3,6 +3,7 @@ exported per-CPU counters, the detector's per-workload join; and this VM's own s
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ def _stat(s0: int, s1: int) -> str:
 
 
 def _host(tmp_path, text: str) -> HostPaths:
-    (tmp_path / "proc").mkdir(exist_ok=True)
+    (tmp_path / "proc").mkdir(parents=True, exist_ok=True)
     (tmp_path / "proc/stat").write_text(text)
     return HostPaths.under(tmp_path)
 
@@ -105,3 +106,96 @@ def test_this_hosts_steal_matches_the_kernel():
     again, _ = steal.parse_steal(Path("/proc/stat").read_text())
     for cpu, ns in snap.steal_ns.items():
         assert ns <= again[cpu] <= ns + 2 * 10_000_000 * 100  # grows by at most 2 s of ticks meanwhile
+
+
+# -- the cause --------------------------------------------------------------------------------------
+
+
+def _steal_signals(tmp_path, stolen_ticks_per_s: int, foreign_ns: float = 0.0, wait_ms_per_s: float = 120.0):
+    """Signals of ticks over a fake /proc/stat whose CPU 1 loses `stolen_ticks_per_s` ticks a second to
+    the hypervisor, with an LS victim on CPU 1 breaching its runqueue SLO (p99 8 ms)."""
+    from detector.cgroups import CgroupResolver
+    from detector.workloads import IdMapper, WorkloadIndex
+    from probes.cgroupfs import discover
+    from probes.cpuacct import CgroupCpuStat
+    from probes.snapshot import NodeSnapshot
+
+    paths = _host(tmp_path, _stat(0, 0))
+    probe = steal.StealProbe(paths=paths)
+    layout = discover(HostPaths())
+    builder = SignalBuilder(layout, IdMapper(CgroupResolver(HostPaths(), layout), WorkloadIndex(ls_globs=["/ls-*"])))
+    prev = None
+    for t in range(6):
+        (tmp_path / "proc/stat").write_text(_stat(0, stolen_ticks_per_s * t))
+        stolen = dataclasses.replace(probe.snapshot(), monotonic_s=float(t))  # the fake clock of these ticks
+        snap = NodeSnapshot(monotonic_s=float(t), wall_s=float(t), plugins={"steal": stolen},
+                            cgroup_cpus={"/ls-web": (1,)},
+                            cgroup_cpu={"/ls-web": CgroupCpuStat(2, t * 300_000_000, None, None, 0, 0, 0, None, None,
+                                                                 None, None)})
+        if prev is not None:
+            signals = builder.build(prev, snap, extra_paths=["/ls-web"])
+            row = signals.workloads["/ls-web"]
+            row.runq_count, row.runq_p99_ns, row.runq_wait_ms_per_s = 1000, 8e6, wait_ms_per_s
+            row.who_ran_instead_available = True
+            if foreign_ns:
+                row.ran_instead_ns["pod:batch"] = foreign_ns
+            yield signals
+        prev = snap
+
+
+def _engine():
+    from detector.incidents import IncidentEngine
+    from detector.policy import Policy
+
+    return IncidentEngine(Policy(), clock=lambda: 0.0)
+
+
+def test_steal_from_a_fake_proc_stat_is_hypervisor_steal_with_no_culprit_and_no_action(tmp_path):
+    engine = _engine()
+    for signals in _steal_signals(tmp_path, stolen_ticks_per_s=30):  # 300 ms/s of CPU 1 stolen
+        assert signals.workloads["/ls-web"].steal_ms_per_s == pytest.approx(300.0)
+        engine.step(signals, ts=0.0)
+    incidents = engine.all_incidents()
+    assert [str(i.cause) for i in incidents] == ["hypervisor_steal"], [i.to_dict() for i in incidents]
+    inc = incidents[0]
+    assert inc.culprits == []
+    e = next(e for e in inc.evidence if e.signal == "steal_ms_per_s")
+    assert e.value == pytest.approx(300.0) and "CPUs [1]" in e.note
+    assert engine.sink.decisions == []  # no suppress, no action: nothing on the node to act on
+
+
+def test_little_steal_or_a_neighbour_that_explains_more_is_not_steal(tmp_path):
+    engine = _engine()
+    for signals in _steal_signals(tmp_path / "a", stolen_ticks_per_s=1):  # 10 ms/s: a healthy VM
+        engine.step(signals, ts=0.0)
+    assert all(str(i.cause) != "hypervisor_steal" for i in engine.all_incidents())
+    engine = _engine()
+    # 100 ms/s stolen, but a BE pod ran for 110 ms/s of the victim's 120 ms/s wait: the neighbour.
+    for signals in _steal_signals(tmp_path / "b", stolen_ticks_per_s=10, foreign_ns=110e6):
+        engine.step(signals, ts=0.0)
+    assert [str(i.cause) for i in engine.all_incidents()] == ["neighbor_cpu"]
+
+
+@pytest.fixture
+def scenario(make_cgroup):
+    from tests.scenario_support import scenario_harness
+    from tests.test_detector_scenarios import VICTIM_CPU, _policy
+
+    yield from scenario_harness(make_cgroup, VICTIM_CPU, _policy)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_quiet_runs_on_this_vm_open_no_steal_incident(scenario):
+    """This machine is a VM with non-zero steal: a quiet LS pod (and whatever else the node runs meanwhile)
+    must not get a hypervisor_steal incident from its few ms/s."""
+    from tests.test_detector_scenarios import VICTIM_CPU
+
+    s = scenario()
+    assert s.collector.status["steal"].state == "on"
+    ls = s.pod("web", "LS")
+    s.ls_worker(ls, [VICTIM_CPU], seconds=12)
+    s.run_for(10)
+    steal_now = s.detector.prev.probe("steal")
+    assert steal_now is not None and sum(steal_now.steal_ns.values()) > 0, "this VM's steal counters"
+    assert all(str(i.cause) != "hypervisor_steal" for i in s.incidents()), [i.to_dict() for i in s.incidents()]

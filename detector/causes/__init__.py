@@ -16,6 +16,7 @@ its own threads) is ruled on before anyone else is blamed. Adding a cause: a :cl
 from __future__ import annotations
 
 from detector.causes import (
+    hypervisor_steal,
     neighbor_cpu,
     network_connect,
     psi_unknown,
@@ -45,6 +46,7 @@ CAUSES: tuple[CauseSpec, ...] = (
     reclaim.SPEC,
     softirq.SPEC,
     self_contention.SPEC,
+    hypervisor_steal.SPEC,  # before neighbor_cpu: stolen time must not be blamed on a pod
     neighbor_cpu.SPEC,
     network_connect.SPEC,
     psi_unknown.SPEC,

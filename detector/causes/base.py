@@ -39,6 +39,8 @@ class CauseContext:
     reclaim_culprits: Callable[[str, WorkloadSignals, NodeSignals, bool | None], list[Culprit]]
     # The servers with full accept queues the victim's connects went to, and the evidence of it.
     connect_servers: Callable[[str], tuple[list[Culprit], list[Evidence]]] = lambda key: ([], [])
+    # own_wait_ns by the container it waited behind (window): name -> ns (detector/containers.py)
+    own_by_container: dict[str, float] = field(default_factory=dict)
 
     @property
     def runq_breach(self) -> bool:

@@ -37,7 +37,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
                      threshold=FOREIGN_MINORITY, note="wait behind other cgroups (must be a minority)")]
     for c in sorted(hit, key=lambda c: -c.throttled_ratio):
         used.append(Evidence("container_throttled_ratio", round(c.throttled_ratio, 4), dt,
-                             threshold=SELF_THROTTLE_RATIO,
+                             threshold=SELF_THROTTLE_RATIO, container=c.name,
                              note=f"container {c.name} at its own limit: {quota_text(c.quota_cores)}, "
                                   f"{c.cpu_cores:.2f} cores used, throttled {c.throttled_ms_per_s:.0f} ms/s"))
     share = max([ctx.throttle_share, ratio if pod_hit else 0.0, *(c.throttled_ratio for c in hit)])
