@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from detector.model import Culprit
 from probes.hist import HIST_SLOTS, IntervalHistogram
 from probes.runqlat import counterfactual_histogram
 
@@ -103,6 +104,12 @@ class Counterfactuals:
 
     def forget(self, key: str) -> None:
         self.windows.pop(key, None)
+
+
+def cost_of(culprit: Culprit) -> CulpritCost:
+    """The cost a culprit of an incident carries (its counterfactual fields must be set)."""
+    return CulpritCost(culprit.victim_runq_p99_ns or 0.0, culprit.runq_p99_without_ns or 0.0,
+                       culprit.victim_wait_ms_per_s or 0.0, culprit.wait_ms_per_s_without or 0.0)
 
 
 def describe(culprit: str, victim: str, cost: CulpritCost) -> str:

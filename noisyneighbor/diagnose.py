@@ -20,6 +20,7 @@ from typing import Any
 from detector.batch import BatchAllocatable
 from detector.catalog import SIGNALS as CATALOG
 from detector.causes import CAUSES, spec
+from detector.counterfactual import cost_of, describe
 from detector.decisions import Cause, Decision, LoggingSink, SuppressAmount, Target
 from detector.model import Incident
 from detector.runtime import Detector
@@ -328,6 +329,8 @@ def render_text(report: DiagnoseReport) -> str:
                     f"cpu {fmt_num(c.cpu_cores)} cores{request_note(report, c.target)}  correlation {c.correlation:+.2f}"
                     + (f"  {c.note}" if c.note else "")
                 )
+                if c.runq_p99_without_ns is not None:
+                    lines.append(f"       {describe(c.target.display, inc.victim.display, cost_of(c))}")
         else:
             lines.append("  culprits: none (not a neighbour's doing)"
                          if spec(inc.cause).blameless else "  culprits: none attributed")

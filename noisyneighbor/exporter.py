@@ -91,6 +91,7 @@ INCIDENTS = "noisyneighbor_incidents_total"
 INCIDENT_CONFIDENCE = "noisyneighbor_incident_confidence_ratio"
 CULPRIT_SCORE = "noisyneighbor_incident_culprit_score"
 INCIDENT_SLO_RATIO = "noisyneighbor_incident_slo_ratio"
+CULPRIT_P99_WITHOUT = "noisyneighbor_incident_culprit_runq_p99_without_seconds"
 SLO_SIGNAL_NAMES = frozenset(s.name for s in SLO_SIGNALS)
 ACTIONS = "noisyneighbor_actions_total"
 ACTION_ACTIVE = "noisyneighbor_action_active"
@@ -201,6 +202,9 @@ _DEFS = (
               (*VICTIM_LABELS, "cause", "signal")),
     MetricDef(CULPRIT_SCORE, "gauge", "Culprit score (0..1) per open incident: who ran instead, correlation, "
               "attribution combined.", (*VICTIM_LABELS, "cause", *CULPRIT_LABELS)),
+    MetricDef(CULPRIT_P99_WITHOUT, "gauge", "Per open incident and culprit, the victim's runqueue p99 with that "
+              "culprit's share of each wait taken out (the counterfactual; detector/counterfactual.py).",
+              (*VICTIM_LABELS, "cause", *CULPRIT_LABELS)),
     MetricDef(ACTIONS, "counter", "Actuator actions entering each state (planned, applied, verified, reverted, "
               "failed, refused), by kind.", ("kind", "state")),
     MetricDef(ACTION_ACTIVE, "gauge", "Actions in effect now (applied or verified, not reverted), by target.",
@@ -713,6 +717,8 @@ class Exporter:
             for culprit in inc.culprits:
                 labels = (*victim, cause, *_target_values(culprit.target))
                 node.max_gauge(CULPRIT_SCORE, labels, culprit.score)
+                if culprit.runq_p99_without_ns is not None:
+                    node.set_gauge(CULPRIT_P99_WITHOUT, labels, culprit.runq_p99_without_ns / 1e9)
         while len(self._incidents_seen) > self.remember_ids:
             self._incidents_seen.popitem(last=False)
         for cause, count in self._incident_counts.items():

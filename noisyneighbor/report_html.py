@@ -115,12 +115,14 @@ def _card(report: DiagnoseReport, inc: Incident) -> str:
     if culprits:
         out.append("<h3>Culprits</h3><table><tr><th>#</th><th>workload</th><th>class</th>"
                    "<th class='num'>wait share</th><th class='num'>CPU cores</th>"
-                   "<th class='num'>request</th><th class='num'>score</th></tr>")
+                   "<th class='num'>request</th><th class='num'>score</th>"
+                   "<th class='num'>victim's runq p99 without it</th></tr>")
         for rank, c in enumerate(culprits, 1):
             out.append(
                 f"<tr><td>{rank}</td><td>{escape(c.target.display)}</td><td>{escape(c.target.qos or '-')}</td>"
                 f"<td class='num'>{c.who_ran_instead_share:.0%}</td><td class='num'>{fmt_num(c.cpu_cores)}</td>"
-                f"<td class='num'>{request_text(report, c.target)}</td><td class='num'>{c.score:.2f}</td></tr>"
+                f"<td class='num'>{request_text(report, c.target)}</td><td class='num'>{c.score:.2f}</td>"
+                f"<td class='num'>{_without(c)}</td></tr>"
             )
         out.append("</table>")
     else:
@@ -154,6 +156,12 @@ def _card(report: DiagnoseReport, inc: Incident) -> str:
     return "".join(out)
 
 
+def _without(c) -> str:
+    if c.runq_p99_without_ns is None or c.victim_runq_p99_ns is None:
+        return "-"
+    return escape(f"{c.victim_runq_p99_ns / 1e6:.1f} \u2192 {c.runq_p99_without_ns / 1e6:.1f} ms")
+
+
 def _plots(report: DiagnoseReport, inc: Incident) -> list[str]:
     series = report.series.get(inc.incident_id, {})
     t_range = (report.started_at, report.ended_at)
@@ -177,6 +185,13 @@ def _plots(report: DiagnoseReport, inc: Incident) -> list[str]:
             chart.title = f"{unit.label} of {inc.victim.display} vs CPU of {top.removeprefix('culprit:')}"
             chart.right = Line(f"{top.removeprefix('culprit:')} CPU", series[top], PALETTE[1], dashed=True)
             chart.right_unit = "cores"
+        if sig == "runq_p99_ns" and culprits_of(inc) and culprits_of(inc)[0].runq_p99_without_ns is not None:
+            # The counterfactual on the plot: where the p99 would be without the top culprit.
+            c = culprits_of(inc)[0]
+            end = window[0][1]
+            v = c.runq_p99_without_ns * unit.scale  # type: ignore[operator]
+            chart.lines.append(Line(f"p99 without {c.target.display}", [(inc.started_at, v), (end, v)], PALETTE[2],
+                                    dashed=True))
         charts.append(chart)
     if len(culprit_keys) > 1:
         charts.append(Chart("CPU of the culprits", "cores", [

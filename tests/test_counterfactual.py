@@ -109,3 +109,32 @@ def test_a_be_hogs_cost_to_the_victim_from_the_kernel(scenario):
     assert c.runq_p99_without_ns < c.victim_runq_p99_ns, c
     assert c.wait_ms_per_s_without is not None and c.wait_ms_per_s_without < c.victim_wait_ms_per_s, c
     assert "runq_p99_without_ns" in incidents[-1].to_dict()["culprits"][0]
+
+
+def test_the_cost_reads_in_json_text_html_and_the_metric():
+    from detector.decisions import Cause, Target
+    from detector.model import Culprit, Incident
+    from noisyneighbor.diagnose import DiagnoseReport, render_text
+    from noisyneighbor.exporter import Exporter
+    from noisyneighbor.exporter import render_text as metrics_text
+    from noisyneighbor.report_html import render_html
+    from probes.snapshot import NodeSnapshot
+
+    victim = Target("/kubepods.slice/v", "v", "shop", "web", "LS")
+    batch = Culprit(Target("/kubepods.slice/b", "b", "batch", "batch-x", "BE"), 0.9, who_ran_instead_share=0.7,
+                    victim_runq_p99_ns=5.0e6, runq_p99_without_ns=1.9e6, victim_wait_ms_per_s=120.0,
+                    wait_ms_per_s_without=40.0)
+    inc = Incident("i1", victim, Cause.NEIGHBOR_CPU, 1.0, 0.7, "runq_p99_ns", culprits=[batch])
+    assert inc.to_dict()["culprits"][0]["runq_p99_without_ns"] == 1.9e6
+    report = DiagnoseReport(0.0, 10.0, 10, {}, [inc], [], [],
+                            series={"i1": {"victim:runq_p99_ns": [(0.5, 4e6), (5.0, 5e6)]}})
+    text = render_text(report)
+    assert "batch/batch-x added 3.1 ms to shop/web's runqueue p99 (5.0 \u2192 1.9 ms without it; wait 120 \u2192 40 ms/s)" \
+        in text, text
+    html = render_html(report)
+    assert "p99 without batch/batch-x" in html and "5.0 \u2192 1.9 ms" in html
+    exporter = Exporter(None, node="n")
+    exporter.update(NodeSnapshot(monotonic_s=1.0, wall_s=1.0), [inc])
+    metrics = metrics_text(exporter).decode()
+    line = next(x for x in metrics.splitlines() if x.startswith("noisyneighbor_incident_culprit_runq_p99_without_seconds{"))
+    assert 'culprit_pod="batch-x"' in line and line.endswith(" 0.0019")
