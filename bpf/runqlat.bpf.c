@@ -433,13 +433,12 @@ static __noinline struct runq_culprit_stats *culprit_stats_slow(struct runq_cpu_
 }
 
 /*
- * A wait of `full_ns` without the culprit's `part_ns`: move it from its slot to the shorter one's. A
- * global function: the verifier checks it once, not once per path of each caller (two log2s inlined
- * into every charge made the switch program too complex to load).
+ * Move one wait of the pair from histogram slot `from` to slot `to`. Global functions (this and the
+ * next): the verifier checks each once, not once per path of each caller (two log2s inlined into every
+ * charge made the switch program too complex to load).
  */
-__noinline int move_counterfactual(__u32 pair_slot, __u64 full_ns, __u64 part_ns)
+__noinline int move_counterfactual_slots(__u32 pair_slot, __u32 from, __u32 to)
 {
-	__u32 from = nn_hist_slot(full_ns), to = nn_hist_slot(full_ns > part_ns ? full_ns - part_ns : 0);
 	struct runq_counterfactual *cf;
 
 	if (from == to)
@@ -455,11 +454,30 @@ __noinline int move_counterfactual(__u32 pair_slot, __u64 full_ns, __u64 part_ns
 }
 
 /*
+ * The counterfactual move of a wait of `full_ns` (in slot `full_slot`; 0: not known) without the
+ * culprit's `part_ns`. The common case, the culprit ran for all of it (woken during its slice), moves
+ * it to slot 0 with no log2 on the hot path; the others compute both slots in a global function.
+ */
+__noinline int move_counterfactual_ns(__u32 pair_slot, __u64 full_ns, __u64 part_ns)
+{
+	return move_counterfactual_slots(pair_slot, nn_hist_slot(full_ns),
+					 nn_hist_slot(full_ns > part_ns ? full_ns - part_ns : 0));
+}
+
+static __always_inline void move_counterfactual(__u32 pair_slot, __u64 full_ns, __u64 part_ns, __u32 full_slot)
+{
+	if (full_slot && part_ns + 1000 > full_ns) /* under 1 µs left: slot 0 */
+		move_counterfactual_slots(pair_slot, full_slot, 0);
+	else
+		move_counterfactual_ns(pair_slot, full_ns, part_ns);
+}
+
+/*
  * Add to the victim x culprit matrix; a full matrix loses the update, counted. `full_ns`: the whole
  * wait `wait_ns` is part of (0: a preemption, no wait), for the counterfactual.
  */
 static __always_inline void charge_culprit(struct runq_cpu_state *cpu, __u64 victim, __u64 culprit,
-					   __u64 wait_ns, __u64 turns, __u64 preemptions, __u64 full_ns)
+					   __u64 wait_ns, __u64 turns, __u64 preemptions, __u64 full_ns, __u32 full_slot)
 {
 	struct runq_pair_cache_entry *e = pair_cache_entry(cpu, victim, culprit);
 	struct runq_culprit_stats *c = NULL;
@@ -483,7 +501,7 @@ static __always_inline void charge_culprit(struct runq_cpu_state *cpu, __u64 vic
 	c->count += turns;
 	c->preemptions += preemptions;
 	if (wait_ns && full_ns)
-		move_counterfactual(slot, full_ns, wait_ns);
+		move_counterfactual(slot, full_ns, wait_ns, full_slot);
 }
 
 /* The state of one ring walk (bpf_loop callback context, on the caller's stack). */
@@ -521,7 +539,7 @@ static long charge_slice(__u32 i, struct slice_walk *w)
 			w->t1 += turn;
 		} else {
 			if (w->c1)
-				charge_culprit(w->cpu, w->victim, w->c1, w->n1, w->t1, 0, w->full);
+				charge_culprit(w->cpu, w->victim, w->c1, w->n1, w->t1, 0, w->full, 0);
 			w->c1 = w->c0;
 			w->n1 = w->n0;
 			w->t1 = w->t0;
@@ -568,9 +586,9 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
 	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop))
 		bpf_loop(RUNQ_RING_SLOTS, charge_slice, &w, 0);
 	if (w.c0)
-		charge_culprit(cpu, victim, w.c0, w.n0, w.t0, 0, full);
+		charge_culprit(cpu, victim, w.c0, w.n0, w.t0, 0, full, 0);
 	if (w.c1)
-		charge_culprit(cpu, victim, w.c1, w.n1, w.t1, 0, full);
+		charge_culprit(cpu, victim, w.c1, w.n1, w.t1, 0, full, 0);
 	s->own_wait_ns += w.own;
 	s->idle_wait_ns += w.idle;
 	s->foreign_wait_ns += w.foreign;
@@ -584,7 +602,8 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
  * what it waited on another CPU before a migration).
  */
 static __always_inline void attribute_wait(struct runq_cpu_state *cpu, struct runq_cgroup_stats *s, __u64 victim,
-					   __u64 prev_cg, __u64 prev_start, __u64 queued, __u64 pending, __u64 full)
+					   __u64 prev_cg, __u64 prev_start, __u64 queued, __u64 pending, __u64 full,
+					   __u32 full_slot)
 {
 	/* The common case, and all of perf's pipe ping-pong: woken during prev's slice. */
 	if (prev_start && prev_start <= queued) {
@@ -594,7 +613,7 @@ static __always_inline void attribute_wait(struct runq_cpu_state *cpu, struct ru
 			s->idle_wait_ns += pending;
 		else {
 			s->foreign_wait_ns += pending;
-			charge_culprit(cpu, victim, prev_cg, pending, 1, 0, full);
+			charge_culprit(cpu, victim, prev_cg, pending, 1, 0, full, full_slot);
 		}
 		return;
 	}
@@ -608,7 +627,7 @@ static __always_inline void count_foreign_preemption(struct runq_cpu_state *cpu,
 
 	if (s)
 		s->foreign_preemptions++;
-	charge_culprit(cpu, prev_cg, next_cg, 0, 0, 1, 0);
+	charge_culprit(cpu, prev_cg, next_cg, 0, 0, 1, 0, 0);
 }
 
 SEC("tp_btf/sched_switch")
@@ -727,7 +746,7 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 				s->own_preemptions++;
 			s->migrated_wait_ns += migrated;
 			if (pending)
-				attribute_wait(cpu, s, next_cg, prev_cg, prev_start, queued, pending, pending + migrated);
+				attribute_wait(cpu, s, next_cg, prev_cg, prev_start, queued, pending, pending + migrated, slot);
 		}
 		report_outlier(prev, next, next_cg, prev_cg, pending + migrated);
 	}
