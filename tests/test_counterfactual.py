@@ -138,3 +138,17 @@ def test_the_cost_reads_in_json_text_html_and_the_metric():
     metrics = metrics_text(exporter).decode()
     line = next(x for x in metrics.splitlines() if x.startswith("noisyneighbor_incident_culprit_runq_p99_without_seconds{"))
     assert 'culprit_pod="batch-x"' in line and line.endswith(" 0.0019")
+
+
+def test_the_bench_records_the_counterfactual_and_the_runq_p99_after_the_action():
+    from bench.scenarios.metrics import ActionRecordLite, PassResult, Truth, score
+
+    result = PassResult("cpu-neighbor", "mitigate", 10.0, 20.0)
+    result.actions.append(ActionRecordLite(3.0, "suppress", "batch", "applied", ""))
+    result.counterfactual += [(2.0, 1.8), (3.1, 1.6), (6.0, 9.9)]  # the last before the action (+ its tick): 1.6
+    quiet = _hist({10: 99, 11: 1}, 0).slots  # after the action: p99 inside slot 10 ([512, 1024) µs)
+    result.runq_ticks += [(float(t), quiet, 0, 100) for t in range(4, 14)]
+    result.runq_ticks.append((1.0, _hist({14: 100}, 0).slots, 0, 100))  # before: not in the window
+    s = score(Truth(victim="web", culprit="batch", causes=("neighbor_cpu",)), result)
+    assert s.runq_p99_without_culprit_ms == 1.6
+    assert s.runq_p99_after_ms is not None and 0.512 <= s.runq_p99_after_ms <= 1.024

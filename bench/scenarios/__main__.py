@@ -65,7 +65,9 @@ def rescore(path: str) -> int:
                                 actions=[ActionRecordLite(**a) for a in p["actions"]],
                                 samples=[tuple(x) for x in p["samples"]], note=p.get("note", ""),
                                 skipped=p.get("skipped", ""),
-                                pods=p.get("pods") or ["web", "batch", "flood", "server"])
+                                pods=p.get("pods") or ["web", "batch", "flood", "server"],
+                                runq_ticks=[(x[0], tuple(x[1]), x[2], x[3]) for x in p.get("runq_ticks", [])],
+                                counterfactual=[tuple(x) for x in p.get("counterfactual", [])])
             scores.append(score(known[p["scenario"]].truth, result))
     except (OSError, KeyError, TypeError, ValueError) as e:
         print(f"error: cannot rescore {path}: {' '.join(str(e).split())}", file=sys.stderr)

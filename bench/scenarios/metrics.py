@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 RECOVERY_FACTOR = 1.5  # "LS p99 back within 1.5x of the quiet baseline"
 RECOVERY_WINDOW_S = 10.0
+COUNTERFACTUAL_SLACK_S = 0.5  # a tick's record follows its step (where the action was applied) by this much at most
 SETTLE_AFTER_MITIGATION_S = 2.0  # skip the first seconds after an action: the queue drains
 
 
@@ -64,6 +65,11 @@ class PassResult:
     # Per detector tick: (s since onset, kswapd pages reclaimed/s, node direct reclaim ms/s): whether and
     # when the node was in global reclaim, for the scenarios that provoke it.
     node_reclaim: list[tuple[float, float, float]] = field(default_factory=list)
+    # Per detector tick, the victim's runqueue histogram (s since onset, slots, sum ns, count), and its open
+    # incident's counterfactual for the true culprit (s since onset, victim runq p99 ms without it): issue
+    # 28's check of the counterfactual against the runqueue p99 measured after the action.
+    runq_ticks: list[tuple[float, tuple[int, ...], int, int]] = field(default_factory=list)
+    counterfactual: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -85,6 +91,10 @@ class Score:
     false_incidents: int
     actions: int
     note: str = ""
+    # The victim's runqueue p99 the detector said it would have without the culprit (the last value before
+    # the first action), and its runqueue p99 measured after the action (same window as p99 after).
+    runq_p99_without_culprit_ms: float | None = None
+    runq_p99_after_ms: float | None = None
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -148,7 +158,28 @@ def score(truth: Truth, result: PassResult) -> Score:
         time_to_mitigate_s=round(ttm, 2) if ttm is not None else None,
         p99_before_ms=_r(before), p99_during_ms=_r(during), p99_after_ms=_r(after), recovered=recovered,
         false_incidents=len(false), actions=len(applied), note=result.skipped or result.note,
+        **_counterfactual_check(result, ttm),
     )
+
+
+def _counterfactual_check(result: PassResult, ttm: float | None) -> dict[str, float | None]:
+    """The counterfactual the detector gave during the incident (its last value before the first action)
+    and the victim's runqueue p99 over the same window as ``p99 after`` (merged histograms of those ticks)."""
+    if ttm is None:
+        return {}
+    # The tick whose decision applied the action is recorded just after it (the action is taken inside
+    # the detector's step): its counterfactual is still the one the action was decided on.
+    said = [v for t, v in result.counterfactual if t <= ttm + COUNTERFACTUAL_SLACK_S]
+    after = [(slots, total, count) for t, slots, total, count in result.runq_ticks
+             if ttm + SETTLE_AFTER_MITIGATION_S <= t < ttm + RECOVERY_WINDOW_S]
+    measured = None
+    if after:
+        from probes.hist import IntervalHistogram
+
+        slots = tuple(sum(s[i] for s, _, _ in after) for i in range(len(after[0][0])))
+        hist = IntervalHistogram(slots, sum(x for _, x, _ in after), sum(c for _, _, c in after), None)
+        measured = hist.quantile_ns(0.99) / 1e6 if hist.count >= 20 else None
+    return {"runq_p99_without_culprit_ms": _r(said[-1]) if said else None, "runq_p99_after_ms": _r(measured)}
 
 
 def _r(v: float | None) -> float | None:
@@ -195,7 +226,9 @@ COLUMNS = (
     ("cause", "cause said"), ("cause_correct", "cause ok"), ("culprit_rank", "culprit rank"),
     ("time_to_detect_s", "detect s"), ("time_to_mitigate_s", "mitigate s"), ("p99_before_ms", "p99 before ms"),
     ("p99_during_ms", "p99 during ms"), ("p99_after_ms", "p99 after ms"), ("recovered", "recovered"),
-    ("false_incidents", "false inc."), ("actions", "actions"), ("note", "note"),
+    ("false_incidents", "false inc."), ("actions", "actions"),
+    ("runq_p99_without_culprit_ms", "runq p99 w/o culprit ms"), ("runq_p99_after_ms", "runq p99 after ms"),
+    ("note", "note"),
 )
 
 

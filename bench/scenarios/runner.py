@@ -313,6 +313,7 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                         if row is not None:
                             trace.ticks.append((time.monotonic() - t0, row.runq_p99_ns / 1e6 if row.runq_count else 0.0,
                                                 row.softirq_ms_per_s))
+                            _note_counterfactual(result, scenario, spec, ctx, victim, row, time.monotonic() - t0)
                 if sampler is not None and manager is not None:
                     inputs = sampler.sample()
                     if inputs is not None:
@@ -385,6 +386,23 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
             result.samples = load_samples(ctx.victim_log.read_text(), onset_ns)
         shutil.rmtree(workdir, ignore_errors=True)
     return result, trace
+
+
+def _note_counterfactual(result: PassResult, scenario: Scenario, spec: ScenarioSpec, ctx: Ctx, victim: PodCgroup,
+                         row, t: float) -> None:
+    """The victim's runqueue histogram this tick, and its open incident's counterfactual for the true
+    culprit (issue 28: compared with the runqueue p99 after the action in the mitigate rows)."""
+    if row.runq_hist is not None:
+        result.runq_ticks.append((round(t, 2), row.runq_hist.slots, row.runq_hist.sum_ns, row.runq_hist.count))
+    culprit = ctx.pods.get(spec.truth.culprit or "")
+    if culprit is None:
+        return
+    for inc in scenario.detector.engine.open_incidents:
+        if inc.victim.cgroup != victim.path:
+            continue
+        for c in inc.culprits:
+            if c.target.cgroup == culprit.path and c.runq_p99_without_ns is not None:
+                result.counterfactual.append((round(t, 2), c.runq_p99_without_ns / 1e6))
 
 
 def truth_of(spec: ScenarioSpec) -> Truth:
