@@ -500,7 +500,7 @@ static __always_inline void charge_culprit(struct runq_cpu_state *cpu, __u64 vic
 	c->wait_ns += wait_ns;
 	c->count += turns;
 	c->preemptions += preemptions;
-	if (wait_ns && full_ns)
+	if (wait_ns && full_ns >= RUNQ_CF_MIN_NS)
 		move_counterfactual(slot, full_ns, wait_ns, full_slot);
 }
 

@@ -64,6 +64,13 @@ struct runq_culprit_stats {
  * culprit ran `part` ns adds -1 at slot(full) and +1 at slot(full - part) (nothing when the slot stays):
  * the victim's histogram plus these counts is its histogram without the culprit.
  */
+/*
+ * Only waits of at least this long are moved: the exporter's first bucket holds every wait below 128 µs
+ * and SLOs are in milliseconds, so the counterfactual is exact from there up; the µs-scale waits of a
+ * busy switch path (perf's pipe ping-pong) then pay one compare.
+ */
+#define RUNQ_CF_MIN_NS 128000ULL
+
 struct runq_counterfactual {
 	__s64 slots[NN_HIST_SLOTS];
 };

@@ -9,6 +9,9 @@ that lengthens a few waits a lot moves the tail, one that adds a little to many 
 which an average of shares could not tell apart. The victim's histogram over the window plus the
 culprit's moves is the histogram it would have had without the culprit; its p99 is the counterfactual.
 
+Waits shorter than 128 µs are not moved (the kernel skips them to keep the switch path cheap; the
+exporter's first bucket holds them all anyway): the counterfactual is exact from 128 µs up.
+
 What it is not: a prediction of the scheduler. Without the culprit another task may run in its place
 (it is the wait *behind this culprit* that is taken out), and a wait two containers of one culprit pod
 both lengthened is moved twice (the histogram is clipped at zero). The scenario bench compares it with
