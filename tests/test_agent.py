@@ -105,7 +105,7 @@ def test_agent_is_ready_with_its_probes_on_and_serves_metrics_promtool_accepts(t
     agent = AgentProcess(config, tmp_path, "--interval", "0.5", "--log-format", "json", "--extra-node-series")
     try:
         ready = agent.wait_ready()
-        assert set(ready["probes"]) == {"runqlat", "softirq", "reclaim", "tcpconnect"}, ready
+        assert set(ready["probes"]) == {"runqlat", "softirq", "reclaim", "tcpconnect", "steal"}, ready
         assert all(p["state"] == "on" for p in ready["probes"].values()), ready["probes"]
         assert ready["actuators"]["mode"] == "dry-run", ready  # the default policy changes nothing
         assert ready["pod_source"]["source"] == "standalone"
