@@ -47,7 +47,22 @@ from enum import StrEnum
 from pathlib import Path
 
 from actuators.base import FileWrite
-from probes.cgroupfiles import CPU_MAX, CPUSET_CPUS, CgroupFileParseError, CpuMax, format_cpu_list, parse_cpu_list
+from probes.cgroupfiles import (
+    CGROUP_PROCS,
+    CGROUP_THREADS,
+    CPU_BURST,
+    CPU_MAX,
+    CPU_WEIGHT,
+    CPUSET_CPUS,
+    CPUSET_MEMS,
+    MEMORY_HIGH,
+    MEMORY_USAGE,
+    CgroupFile,
+    CgroupFileParseError,
+    CpuMax,
+    format_cpu_list,
+    parse_cpu_list,
+)
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.host import VANISHED_ERRNOS, HostPaths
 
@@ -83,18 +98,23 @@ class Resource(StrEnum):
     MEMORY_USAGE = "memory_usage"
 
 
-# resource -> (controller, v1 file, v2 file); the files the probes read too come from probes.cgroupfiles.
+# resource -> its declaration in probes.cgroupfiles (the one table of kernel files: names and parser),
+# and which of its v1 names it is (CFS quota and period are two v1 files, one v2 file).
+_DECLARED: dict[Resource, tuple[CgroupFile, int]] = {
+    Resource.CPU_QUOTA: (CPU_MAX, 0),
+    Resource.CPU_PERIOD: (CPU_MAX, 1),
+    Resource.CPU_BURST: (CPU_BURST, 0),
+    Resource.CPU_SHARES: (CPU_WEIGHT, 0),
+    Resource.CPUSET_CPUS: (CPUSET_CPUS, 0),
+    Resource.CPUSET_MEMS: (CPUSET_MEMS, 0),
+    Resource.TASKS: (CGROUP_THREADS, 0),
+    Resource.PROCS: (CGROUP_PROCS, 0),
+    Resource.MEMORY_LIMIT: (MEMORY_HIGH, 0),
+    Resource.MEMORY_USAGE: (MEMORY_USAGE, 0),
+}
+# resource -> (controller, v1 file, v2 file)
 _FILES: dict[Resource, tuple[str, str, str]] = {
-    Resource.CPU_QUOTA: (CPU_MAX.controller, CPU_MAX.v1_names[0], CPU_MAX.v2_name),
-    Resource.CPU_PERIOD: (CPU_MAX.controller, CPU_MAX.v1_names[1], CPU_MAX.v2_name),
-    Resource.CPU_BURST: ("cpu", "cpu.cfs_burst_us", "cpu.max.burst"),
-    Resource.CPU_SHARES: ("cpu", "cpu.shares", "cpu.weight"),
-    Resource.CPUSET_CPUS: (CPUSET_CPUS.controller, CPUSET_CPUS.v1_names[0], CPUSET_CPUS.v2_name),
-    Resource.CPUSET_MEMS: ("cpuset", "cpuset.mems", "cpuset.mems"),
-    Resource.TASKS: ("cpu", "tasks", "cgroup.threads"),
-    Resource.PROCS: ("cpu", "cgroup.procs", "cgroup.procs"),
-    Resource.MEMORY_LIMIT: ("memory", "memory.limit_in_bytes", "memory.high"),
-    Resource.MEMORY_USAGE: ("memory", "memory.usage_in_bytes", "memory.current"),
+    r: (f.controller, f.v1_names[i], f.name(2)) for r, (f, i) in _DECLARED.items()
 }
 
 
@@ -245,17 +265,22 @@ class CgroupFiles:
         return self._read_list(Resource.CPUSET_MEMS, cgroup)
 
     def read_tasks(self, cgroup: str) -> list[int]:
-        return [int(x) for x in self.read_raw(Resource.TASKS, cgroup).split()]
+        return list(self._read(Resource.TASKS, cgroup))
 
     def read_procs(self, cgroup: str) -> list[int]:
-        return [int(x) for x in self.read_raw(Resource.PROCS, cgroup).split()]
+        return list(self._read(Resource.PROCS, cgroup))
 
     def _read_int(self, resource: Resource, cgroup: str) -> int:
+        return self._read(resource, cgroup)
+
+    def _read(self, resource: Resource, cgroup: str):
+        """One file through its declared parser; a malformed value is the parser's line behind the path."""
+        declared, _ = _DECLARED[resource]
         text = self.read_raw(resource, cgroup)
         try:
-            return int(text.strip())
-        except ValueError:
-            raise CgroupFileError(f"{self.path(resource, cgroup)}: not an integer ({text.strip()[:40]!r})") from None
+            return declared.parse(self.version(resource), text)
+        except CgroupFileParseError as e:
+            raise CgroupFileError(f"{self.path(resource, cgroup)}: {e}") from None
 
     def _read_list(self, resource: Resource, cgroup: str) -> tuple[int, ...]:
         text = self.read_raw(resource, cgroup)

@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from probes.cgroupfiles import CGROUP_PROCS  # the same name and parser in v1 and v2
+
 CLONE_NEWNET = 0x40000000
 NETLINK_SOCK_DIAG = 4
 TCP_LISTEN_STATE = 10  # TCP_LISTEN in the kernel's numbering
@@ -297,8 +299,8 @@ def first_pid(cgroup_dir: Path) -> int | None:
         below: list[Path] = []
         for d in level:
             try:
-                for tok in (d / "cgroup.procs").read_text().split():
-                    return int(tok)
+                for pid in CGROUP_PROCS.parse(2, (d / CGROUP_PROCS.name(2)).read_text()):
+                    return pid
                 below.extend(Path(e.path) for e in os.scandir(d) if e.is_dir(follow_symlinks=False))
             except (OSError, ValueError):
                 continue
@@ -314,7 +316,7 @@ def pids_of(cgroup_dir: Path) -> list[int]:
         below: list[Path] = []
         for d in level:
             try:
-                out.extend(int(t) for t in (d / "cgroup.procs").read_text().split())
+                out.extend(CGROUP_PROCS.parse(2, (d / CGROUP_PROCS.name(2)).read_text()))
                 below.extend(Path(e.path) for e in os.scandir(d) if e.is_dir(follow_symlinks=False))
             except (OSError, ValueError):
                 continue

@@ -28,11 +28,18 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from probes.cgroupfiles import (  # the kernel files table
+    MEMORY_EVENTS,
+    MEMORY_FAILCNT,
+    MEMORY_MAX,
+    MEMORY_STAT,
+    MEMORY_USAGE,
+    V1_UNLIMITED_AT,
+    parse_flat_keyed,
+)
 from probes.cgroupfs import CgroupLayout
 from probes.host import HostPaths, ReadText, read_small, read_text_or_none
 
-# v1 prints PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 with 4 KiB pages) for "no limit".
-V1_UNLIMITED_AT = 1 << 62
 ALLOCSTALL_PREFIX = "allocstall_"
 _V2_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
 
@@ -103,20 +110,6 @@ class NodeVmstat:
 
 
 # -- parsing ------------------------------------------------------------------------------------
-
-
-def parse_flat_keyed(text: str) -> dict[str, int]:
-    """`key value` lines (memory.stat, memory.events, oom_control, /proc/vmstat); bad lines skipped."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) != 2:
-            continue
-        try:
-            out[fields[0]] = int(fields[1])
-        except ValueError:
-            continue
-    return out
 
 
 def _int_or_none(text: str | None) -> int | None:
@@ -237,11 +230,10 @@ def _read(path: Path) -> str | None:
 
 def read_v1_memstat(cgroup_dir: Path) -> MemStat | None:
     """One cgroup in the v1 memory hierarchy; None when it vanished (or is not a memory cgroup)."""
-    stat = _read(cgroup_dir / "memory.stat")
+    stat = _read(cgroup_dir / MEMORY_STAT.name(1))
     if stat is None:
         return None
-    files = [_read(cgroup_dir / f) for f in
-             ("memory.usage_in_bytes", "memory.limit_in_bytes", "memory.failcnt", "memory.oom_control")]
+    files = [_read(cgroup_dir / f) for f in MemStatReader.V1_FILES]
     if any(t is None for t in files[:3]) and not cgroup_dir.is_dir():
         return None  # removed between the reads
     return parse_v1(stat, *files)
@@ -252,10 +244,10 @@ def read_v2_memstat(cgroup_dir: Path) -> MemStat | None:
 
     The v2 root has memory.stat but no memory.events/current/max: those fields are None there.
     """
-    stat = _read(cgroup_dir / "memory.stat")
+    stat = _read(cgroup_dir / MEMORY_STAT.name(2))
     if stat is None:
         return None
-    files = [_read(cgroup_dir / f) for f in ("memory.events", "memory.current", "memory.max")]
+    files = [_read(cgroup_dir / f) for f in MemStatReader.V2_FILES]
     if any(t is None for t in files) and not cgroup_dir.is_dir():
         return None
     return parse_v2(stat, *files)
@@ -346,8 +338,8 @@ class MemStatReader:
     """One cgroup's memory accounting, read often: the file paths are built once (the per-tick cost
     was mostly pathlib), the results are those of :func:`read_memstat`."""
 
-    V1_FILES = ("memory.usage_in_bytes", "memory.limit_in_bytes", "memory.failcnt", "memory.oom_control")
-    V2_FILES = ("memory.events", "memory.current", "memory.max")
+    V1_FILES = tuple(f.name(1) for f in (MEMORY_USAGE, MEMORY_MAX, MEMORY_FAILCNT, MEMORY_EVENTS))
+    V2_FILES = tuple(f.name(2) for f in (MEMORY_EVENTS, MEMORY_USAGE, MEMORY_MAX))
 
     def __init__(self, layout: CgroupLayout, cgroup_path: str) -> None:
         hierarchy = layout.hierarchy_for("memory")
