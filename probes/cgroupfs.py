@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from probes.cgroupfiles import CGROUP_CONTROLLERS
+from probes.cgroupfiles import CGROUP_CONTROLLERS, PID_CGROUP
 from probes.host import HostPaths, read_text_or_none
 
 V1_CONTROLLERS = frozenset(
@@ -100,7 +100,7 @@ def self_cgroups(paths: HostPaths | None = None, pid: int | str = "self") -> dic
     """The cgroup path of a process per controller (`cpu`, `memory`, ...) and `""` for v2."""
     paths = paths or HostPaths()
     result: dict[str, str] = {}
-    for line in (paths.proc / str(pid) / "cgroup").read_text().splitlines():
+    for line in PID_CGROUP.at(paths, pid=pid).read_text().splitlines():
         hier_id, controllers, path = line.split(":", 2)
         if hier_id == "0":
             result[""] = path
@@ -119,7 +119,7 @@ def v2_cgroup_path(paths: HostPaths | None = None, pid: int | str = "self") -> s
     A v2 cgroup removed while the task is still being torn down reads as `/a/b (deleted)`.
     """
     paths = paths or HostPaths()
-    text = read_text_or_none(paths.proc / str(pid) / "cgroup")
+    text = read_text_or_none(PID_CGROUP.at(paths, pid=pid))
     if text is None:
         return None
     for line in text.splitlines():

@@ -31,7 +31,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from probes.cgroupfiles import CGROUP_PROCS  # the same name and parser in v1 and v2
+from probes.cgroupfiles import (  # the kernel files table
+    CGROUP_PROCS,
+    PID_NET_FIB_TRIE,
+    PID_NET_IF_INET6,
+    PID_NET_NETSTAT,
+    PID_NET_SNMP,
+)
 
 CLONE_NEWNET = 0x40000000
 NETLINK_SOCK_DIAG = 4
@@ -113,8 +119,8 @@ def _parse_proc_pairs(text: str) -> dict[str, dict[str, int]]:
 def read_counters(pid: int, proc: str = "/proc") -> TcpCounters | None:
     """The TCP counters of <pid>'s network namespace; None if the process is gone."""
     try:
-        snmp = _parse_proc_pairs(Path(f"{proc}/{pid}/net/snmp").read_text())
-        netstat = _parse_proc_pairs(Path(f"{proc}/{pid}/net/netstat").read_text())
+        snmp = _parse_proc_pairs(Path(proc, PID_NET_SNMP.path.format(pid=pid)).read_text())
+        netstat = _parse_proc_pairs(Path(proc, PID_NET_NETSTAT.path.format(pid=pid)).read_text())
     except OSError as e:
         if e.errno in _GONE:
             return None
@@ -267,7 +273,7 @@ def read_local_addrs(pid: int, proc: str = "/proc") -> frozenset[str]:
     entries, IPv6 from net/if_inet6), read from /proc without entering the namespace; empty if gone."""
     out: set[str] = set()
     try:
-        trie = Path(f"{proc}/{pid}/net/fib_trie").read_text()
+        trie = Path(proc, PID_NET_FIB_TRIE.path.format(pid=pid)).read_text()
     except OSError:
         return frozenset()
     last = ""
@@ -278,7 +284,7 @@ def read_local_addrs(pid: int, proc: str = "/proc") -> frozenset[str]:
         elif text.startswith("/32 host LOCAL") and last:
             out.add(last)
     with contextlib.suppress(OSError):
-        for line in Path(f"{proc}/{pid}/net/if_inet6").read_text().splitlines():
+        for line in Path(proc, PID_NET_IF_INET6.path.format(pid=pid)).read_text().splitlines():
             raw = line.split()[0] if line.split() else ""
             if len(raw) == 32:
                 with contextlib.suppress(ValueError):

@@ -34,6 +34,8 @@ from probes.cgroupfiles import (  # the kernel files table
     MEMORY_MAX,
     MEMORY_STAT,
     MEMORY_USAGE,
+    PROC_VMSTAT,
+    PROC_ZONEINFO,
     V1_UNLIMITED_AT,
     parse_flat_keyed,
 )
@@ -268,7 +270,7 @@ def read_memstat(layout: CgroupLayout, cgroup_path: str) -> MemStat | None:
 
 def read_node_vmstat(paths: HostPaths | None = None) -> NodeVmstat | None:
     paths = paths or HostPaths()
-    text = _read(paths.proc / "vmstat")
+    text = _read(PROC_VMSTAT.at(paths))
     return None if text is None else parse_vmstat(text)
 
 
@@ -319,7 +321,7 @@ def parse_zoneinfo_watermarks(text: str) -> dict[str, int]:
 def read_node_memory(paths: HostPaths | None = None) -> NodeMemory | None:
     """The node's free memory and watermarks; None when /proc/vmstat or /proc/zoneinfo is unreadable."""
     paths = paths or HostPaths()
-    vmstat, zoneinfo = _read(paths.proc / "vmstat"), _read(paths.proc / "zoneinfo")
+    vmstat, zoneinfo = _read(PROC_VMSTAT.at(paths)), _read(PROC_ZONEINFO.at(paths))
     if vmstat is None or zoneinfo is None:
         return None
     raw = parse_flat_keyed(vmstat)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from probes.cgroupfiles import CGROUP_PRESSURE, CPU_PRESSURE
+from probes.cgroupfiles import CGROUP_PRESSURE, CPU_PRESSURE, PROC_PRESSURE
 from probes.cgroupfs import CgroupLayout, v2_cgroup_path
 from probes.host import HostPaths, read_text_or_none
 
@@ -135,7 +135,7 @@ class NodePsi:
 def read_node_psi(paths: HostPaths | None = None) -> NodePsi:
     """/proc/pressure/{cpu,memory,io,irq}; each missing one is listed with the likely reason."""
     paths = paths or HostPaths()
-    pressure_dir = paths.proc / "pressure"
+    pressure_dir = PROC_PRESSURE.at(paths, resource="cpu").parent
     readings: dict[str, PsiReading] = {}
     unavailable: dict[str, str] = {}
     if not pressure_dir.is_dir():
