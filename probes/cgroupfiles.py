@@ -31,7 +31,8 @@ CGROUP_THREADS           cpu        ``tasks``                                   
 
 /proc and /sys files (:class:`KernelFile`, paths under ``HostPaths.proc`` / ``HostPaths.sys``):
 PROC_STAT, PROC_VMSTAT, PROC_ZONEINFO, PROC_SOFTIRQS, PROC_PRESSURE, PID_CGROUP, PID_STAT, PID_STATUS,
-PID_NET_DEV, PID_NET_SNMP, PID_NET_NETSTAT, PID_NET_FIB_TRIE, PID_NET_IF_INET6, PID_MAX, SYS_CPU_ONLINE,
+PID_NET_DEV, PID_NET_SNMP, PID_NET_NETSTAT, PID_NET_FIB_TRIE, PID_NET_IF_INET6, PID_MAX, PROC_SELF_FDINFO,
+SYS_CPU_ONLINE,
 SYS_CPU_THREAD_SIBLINGS, SYS_NODE_CPULIST, PROC_CPUINFO, PROC_MOUNTS.
 
 A parser declared here raises :class:`CgroupFileParseError` (one line, the bad text quoted) on anything
@@ -87,7 +88,10 @@ def _resolve(parser: Parser) -> Callable[..., Any]:
     if callable(parser):
         return parser
     module, _, name = parser.partition(":")
-    return getattr(importlib.import_module(module), name)
+    found: Any = importlib.import_module(module)
+    for part in name.split("."):  # "module:Class.method" for a reader that is a method
+        found = getattr(found, part)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +433,8 @@ PID_NET_NETSTAT: KernelFile[Any] = KernelFile("proc", "{pid}/net/netstat", "prob
 PID_NET_FIB_TRIE: KernelFile[Any] = KernelFile("proc", "{pid}/net/fib_trie", None, "probes.listenq:read_local_addrs")
 PID_NET_IF_INET6: KernelFile[Any] = KernelFile("proc", "{pid}/net/if_inet6", None, "probes.listenq:read_local_addrs")
 PID_MAX: KernelFile[int] = KernelFile("proc", "sys/kernel/pid_max", parse_int)
+# A BPF program's run count and time (kernel.bpf_stats_enabled), read every tick without pathlib.
+PROC_SELF_FDINFO: KernelFile[Any] = KernelFile("proc", "self/fdinfo/{fd}", None, "probes.libbpf:BpfObject.program_stats")
 PROC_CPUINFO: KernelFile[Any] = KernelFile("proc", "cpuinfo", "actuators.resctrl.support:parse_cpuinfo")
 PROC_MOUNTS: KernelFile[Any] = KernelFile("proc", "mounts", None, "actuators.resctrl.support:detect_support")
 SYS_CPU_ONLINE: KernelFile[tuple[int, ...]] = KernelFile("sys", "devices/system/cpu/online", parse_cpu_list)
