@@ -60,7 +60,7 @@ class OwnedCgroup:
     # -- lifecycle ---------------------------------------------------------------------------
     def create(self) -> OwnedCgroup:
         try:
-            for controller, d in self.dirs.items():
+            for d in self.dirs.values():
                 # `name` may be nested ("kubepods.slice/…/pod.slice"): create every missing level
                 # from the prefix directory down, and remember each one for removal.
                 base = d
@@ -71,8 +71,12 @@ class OwnedCgroup:
                     level = prefix_dir / level if not level.is_absolute() else level
                     if level.exists():
                         continue
-                    if self._v2_root_of(level) is not None and controller != "unified":
-                        self._enable_v2_controller(level.parent, controller)
+                    if self._v2_root_of(level) is not None:
+                        # Every controller asked for, now: the other controllers' directories are this
+                        # same one (one v2 tree), so they find it made and would never enable theirs.
+                        for wanted in self.dirs:
+                            if wanted != "unified":
+                                self._enable_v2_controller(level.parent, wanted)
                     level.mkdir()
                     self._created.append(level)
                     self._inherit_cpuset(level)
