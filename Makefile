@@ -34,9 +34,10 @@ test:
 
 # The kernel-facing tests (marker vm) in the VM lane: Debian 12's 6.1 kernel, a pure cgroup v2
 # hierarchy (scripts/vm/). One line per failure at the end, the exit status is pytest's; a guest that
-# does not boot or runs past its time is a failure. VM_ARGS="--cpus 4 --memory 4G --timeout 3600".
+# does not boot or runs past its time is a failure. VM_ARGS="--cpus 4 --memory 4G --disk 1G --timeout 3600"
+# (--disk: an ext4 scratch disk, for page cache a memory cgroup can reclaim; see tests/conftest.py disk_dir).
 # The per-test timeout is raised for TCG, where Python runs about 10 times slower.
-VM_ARGS ?=
+VM_ARGS ?= --disk 1G
 test-vm:
 	@scripts/setup.sh vm
 	scripts/vm/run.sh $(VM_ARGS) -- .venv/bin/pytest -q -m vm -rfE -p no:cacheprovider --timeout 1200 $(PYTEST_ARGS)

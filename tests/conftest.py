@@ -7,8 +7,10 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +84,48 @@ def shield(cg: OwnedCgroup, shares: int = SHIELD_SHARES) -> Callable[[], None]:
             path.write_text(old)
 
     return restore
+
+
+def _fs_type(path: Path) -> str:
+    """Filesystem type of the mount holding `path` (longest mount point prefix in /proc/mounts)."""
+    best, fstype = "", ""
+    real = str(path.resolve())
+    for line in Path("/proc/mounts").read_text().splitlines():
+        mnt, typ = line.split()[1], line.split()[2]
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+            best, fstype = mnt, typ
+    return fstype
+
+
+# Filesystems whose pages a memory cgroup cannot reclaim from its reader: tmpfs pages are not
+# reclaimable without swap (and are charged to their writer), an overlay over tmpfs is tmpfs, and
+# reads through 9p or virtiofs (the VM lane's shared root) leave no page cache charged to the reader.
+NOT_A_DISK = ("tmpfs", "ramfs", "overlay", "9p", "virtiofs")
+
+
+@pytest.fixture
+def disk_dir(tmp_path: Path):
+    """A directory on a disk filesystem, whose page cache is charged to the reader and reclaimable."""
+    if _fs_type(tmp_path) not in NOT_A_DISK:
+        yield tmp_path
+        return
+    # The VM lane's scratch disk (scripts/vm/run.sh --disk: ext4 on a virtio disk) when there is one.
+    d = Path(tempfile.mkdtemp(prefix="nn-reclaim-", dir=os.environ.get("NN_VM_DISK") or "/var/tmp"))
+    if _fs_type(d) in NOT_A_DISK:
+        os.rmdir(d)
+        pytest.skip("no disk-backed temp directory: page cache would not be reclaimable "
+                    "(in the VM lane: scripts/vm/run.sh --disk SIZE)")
+    yield d
+    for f in d.iterdir():
+        f.unlink()
+    d.rmdir()
+
+
+def cgroup_tids(cg: OwnedCgroup, controller: str = "cpu") -> list[int]:
+    """The thread ids in one of our cgroups: v1's `tasks`, v2's `cgroup.threads` (v2 has no `tasks`)."""
+    d = cg.path(controller)
+    name = "tasks" if (d / "tasks").exists() else "cgroup.threads"
+    return [int(t) for t in (d / name).read_text().split()]
 
 
 def read_terminal(leader: int, timeout: float = 120.0) -> bytes:

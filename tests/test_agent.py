@@ -98,6 +98,7 @@ def _families(text: str) -> dict[str, list]:
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_agent_is_ready_with_its_probes_on_and_serves_metrics_promtool_accepts(tmp_path):
     promtool = require_tool("promtool")
@@ -145,6 +146,7 @@ def test_agent_is_ready_with_its_probes_on_and_serves_metrics_promtool_accepts(t
     assert "Traceback" not in tail
 
 
+@pytest.mark.vm
 @pytest.mark.root
 @pytest.mark.slow
 def test_enforcing_agent_suppresses_a_be_hog_and_sigterm_restores_its_quota(make_cgroup, tmp_path):

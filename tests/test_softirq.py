@@ -29,7 +29,7 @@ from probes.softirq import (
 )
 from tests.ground_truth import softirq_missed_allowance
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.vm]
 ROOT = Path(__file__).resolve().parent.parent
 
 

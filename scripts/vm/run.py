@@ -148,9 +148,10 @@ def main(argv: list[str]) -> int:
                     vm.wait()
                     break
                 time.sleep(0.5)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or SIGTERM (a cancelled job): no VM and no run directory left
             stop()
             vm.wait()
+            shutil.rmtree(run_dir, ignore_errors=True)
             raise
         finally:
             signal.signal(signal.SIGTERM, old_term)
