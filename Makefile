@@ -15,7 +15,7 @@ BENCH_BPF_SRC := $(wildcard bench/bpf/*.bpf.c)
 BENCH_BPF_OUT ?= bench/.output
 PY := .venv/bin/python
 
-.PHONY: all setup run test test-vm lint bpf bench clean
+.PHONY: all setup run test test-vm test-vm-smoke lint bpf bench clean
 all: bpf
 
 setup:
@@ -41,6 +41,11 @@ VM_ARGS ?= --disk 1G
 test-vm:
 	@scripts/setup.sh vm
 	scripts/vm/run.sh $(VM_ARGS) -- .venv/bin/pytest -q -m vm -rfE -p no:cacheprovider --timeout 1200 $(PYTEST_ARGS)
+
+# CI's part of the lane (.ci/run, after the host suite): the tests marked both vm and smoke.
+test-vm-smoke:
+	@scripts/setup.sh vm
+	scripts/vm/run.sh $(VM_ARGS) -- .venv/bin/pytest -q -m "vm and smoke" -rfE -p no:cacheprovider --timeout 1200 $(PYTEST_ARGS)
 
 lint:
 	.venv/bin/ruff check .

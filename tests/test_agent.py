@@ -98,6 +98,7 @@ def _families(text: str) -> dict[str, list]:
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 
+@pytest.mark.smoke
 @pytest.mark.vm
 @pytest.mark.root
 def test_agent_is_ready_with_its_probes_on_and_serves_metrics_promtool_accepts(tmp_path):
@@ -146,6 +147,7 @@ def test_agent_is_ready_with_its_probes_on_and_serves_metrics_promtool_accepts(t
     assert "Traceback" not in tail
 
 
+@pytest.mark.smoke
 @pytest.mark.vm
 @pytest.mark.root
 @pytest.mark.slow

@@ -551,6 +551,7 @@ def _assert_between(before: dict, got: PsiReading, after: dict) -> None:
     assert before["full"] <= got.full.total_us <= after["full"]
 
 
+@pytest.mark.smoke
 @pytest.mark.root
 @pytest.mark.vm
 def test_pod_cpu_psi_is_the_kernels_and_counts_the_stall(make_cgroup) -> None:

@@ -83,6 +83,7 @@ def two_contending_cgroups(make_cgroup):
         p.wait()
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("flavour", ["sched_info", "tp_btf", "tp_btf-pid-hash"])
 def test_wait_matches_schedstat_per_cgroup(two_contending_cgroups, flavour):
     """tp_btf-pid-hash: task storage refuses every create, as it does now and then under load (a

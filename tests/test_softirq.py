@@ -206,6 +206,7 @@ def _flood(ns: str, dst: str, packets: int, seconds: float) -> tuple[int, float]
 # ---- tests --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("attach_mode", ["tp_btf", "raw_tp"])
 def test_entry_counts_match_proc_softirqs(attach_mode):
     """For every CPU and vector, the probe's entries over a window equal /proc/softirqs', but for runs in

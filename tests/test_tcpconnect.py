@@ -191,6 +191,7 @@ def _drop_first_syn(ns: OwnedNetns, ports: list[int]) -> None:
            f"    type filter hook input priority 0; policy accept;\n{rules}\n  }}\n}}\n")
 
 
+@pytest.mark.smoke
 @pytest.mark.vm
 @pytest.mark.root
 def test_counts_latency_and_attribution_match_the_kernel(netns, make_cgroup):

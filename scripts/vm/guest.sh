@@ -34,14 +34,15 @@ ip link set lo up 2>/dev/null || true
 # the reader's memory cgroup, unlike the 9p root and tmpfs (docs: platforms.md).
 if [[ -s "$out/disk" ]]; then
   dev=""
-  modprobe -q virtio_scsi 2>/dev/null; modprobe -q sd_mod 2>/dev/null; modprobe -q ext4 2>/dev/null
+  # vng --disk attaches it over virtio-blk (/dev/vda); the root is 9p, so it is the only disk.
+  modprobe -q virtio_blk 2>/dev/null; modprobe -q ext4 2>/dev/null
   for _ in $(seq 50); do
-    for d in /dev/sd[a-z]; do [[ -b "$d" ]] && dev="$d" && break; done
+    for d in /dev/vd[a-z] /dev/sd[a-z]; do [[ -b "$d" ]] && dev="$d" && break; done
     [[ -n "$dev" ]] && break
     sleep 0.2
   done
-  if [[ -n "$dev" ]] && mkfs.ext4 -q -F "$dev" && mkdir -p /mnt/nn-disk && mount "$dev" /mnt/nn-disk; then
-    export NN_VM_DISK=/mnt/nn-disk
+  if [[ -n "$dev" ]] && mkfs.ext4 -q -F "$dev" && mkdir -p /tmp/nn-disk && mount "$dev" /tmp/nn-disk; then
+    export NN_VM_DISK=/tmp/nn-disk
   else
     echo "vm: scratch disk requested but not mounted (device: ${dev:-none})"
   fi

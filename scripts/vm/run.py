@@ -77,7 +77,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="seconds from start to the guest's exit, boot included (default 3600)")
     parser.add_argument("--disk", metavar="SIZE",
                         help="attach a scratch disk of SIZE (e.g. 1G), formatted ext4 and mounted at "
-                             "/mnt/nn-disk in the guest ($NN_VM_DISK)")
+                             "/tmp/nn-disk in the guest ($NN_VM_DISK)")
     parser.add_argument("--keep", action="store_true", help="keep the run directory (console log) afterwards")
     args = parser.parse_args(own)
     if not command:
