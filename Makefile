@@ -38,14 +38,17 @@ test:
 # (--disk: an ext4 scratch disk, for page cache a memory cgroup can reclaim; see tests/conftest.py disk_dir).
 # The per-test timeout is raised for TCG, where Python runs about 10 times slower.
 VM_ARGS ?= --disk 1G
+# Only the files holding vm tests are collected in the guest: importing every test module there
+# takes minutes under TCG.
+VM_TESTS ?= $(shell grep -l 'pytest.mark.vm' tests/test_*.py)
 test-vm:
 	@scripts/setup.sh vm
-	scripts/vm/run.sh $(VM_ARGS) -- .venv/bin/pytest -q -m vm -rfE -p no:cacheprovider --timeout 1200 $(PYTEST_ARGS)
+	scripts/vm/run.sh $(VM_ARGS) -- .venv/bin/pytest -q -m vm -rfE -p no:cacheprovider --timeout 1200 $(PYTEST_ARGS) $(VM_TESTS)
 
 # CI's part of the lane (.ci/run, after the host suite): the tests marked both vm and smoke.
 test-vm-smoke:
 	@scripts/setup.sh vm
-	scripts/vm/run.sh $(VM_ARGS) -- .venv/bin/pytest -q -m "vm and smoke" -rfE -p no:cacheprovider --timeout 1200 $(PYTEST_ARGS)
+	scripts/vm/run.sh $(VM_ARGS) -- .venv/bin/pytest -q -m "vm and smoke" -rfE -p no:cacheprovider --timeout 1200 $(PYTEST_ARGS) $(VM_TESTS)
 
 lint:
 	.venv/bin/ruff check .
