@@ -15,7 +15,7 @@ import pytest
 from noisyneighbor.sandbox import OwnedCgroup
 from probes.engine import ProbeError
 from probes.runqlat import PID_MAX_LIMIT, RunqLatProbe
-from tests.conftest import cgroup_tids, require_tool
+from tests.conftest import cgroup_tids, require_tool, slowdown
 from tests.ground_truth import SCHED_SWITCH_LOSS, missed_allowance
 
 PINGPONG = Path(__file__).parent / "workloads" / "pingpong.py"
@@ -41,7 +41,7 @@ def _signal_all(pids: list[int], sig: int) -> None:
 
 
 def _wait_stopped(tids: list[int], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout * slowdown()
     while time.monotonic() < deadline:
         states = [Path(f"/proc/{t}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0] for t in tids]
         if all(s in "Tt" for s in states):
@@ -73,7 +73,7 @@ def two_contending_cgroups(make_cgroup):
         ))
     for fd in (r1, w1, r2, w2):
         os.close(fd)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10 * slowdown()  # interpreters start ~10 times slower in a TCG guest
     while time.monotonic() < deadline and not all(len(_tids(cg)) >= 4 for cg in (a, b)):
         time.sleep(0.05)
     assert all(len(_tids(cg)) >= 4 for cg in (a, b)), "workloads did not start"

@@ -37,7 +37,7 @@ from probes.tcpconnect import (
     TcpConnectSnapshot,
     summarize,
 )
-from tests.conftest import require_tool
+from tests.conftest import require_tool, slowdown
 
 P_OK, P_CLOSED, P_DROP = 7000, 7001, 7010  # P_DROP...P_DROP+3: first SYN of each connect dropped
 HOSTS = {4: "127.0.0.1", 6: "::1"}
@@ -177,8 +177,8 @@ def _run_client(ns: OwnedNetns, cg, plan: list) -> subprocess.Popen:
 
 
 def _client_result(p: subprocess.Popen, timeout: float = 20) -> dict:
-    line = _readline(p, timeout)
-    p.wait(5)
+    line = _readline(p, timeout * slowdown())  # an interpreter starts ~10 times slower in a TCG guest
+    p.wait(5 * slowdown())
     return json.loads(line)
 
 

@@ -26,10 +26,10 @@ fi
 for c in $(cat "$cg/cgroup.controllers"); do
   echo "+$c" >"$cg/cgroup.subtree_control" || echo "vm: cannot enable $c in $cg/cgroup.subtree_control"
 done
-# The kernel's modules live in the lane's cache, which the guest sees through the shared root, but
-# modprobe there does not find them (seen: "Module virtio_blk not found in directory
-# /lib/modules/<release>"), and the kernel's own module requests go through it. So the modules the
-# tests need are loaded here, by path, dependencies first (modules.dep).
+# The kernel's modules live in the lane's cache, shared into the guest read-only by run.py (the
+# guest's own /var/cache hides it: modprobe said "Module virtio_blk not found in directory
+# /lib/modules/<release>"). The modules the tests and the scratch disk need are loaded here, by path,
+# dependencies first (modules.dep), so a kernel module request that goes wrong cannot fail a test.
 kver="$(uname -r)"
 moddir="$(cat "$out/modroot" 2>/dev/null || true)/lib/modules/$kver"
 load_module() {

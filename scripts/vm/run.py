@@ -110,7 +110,9 @@ def main(argv: list[str]) -> int:
     (run_dir / "cmd").write_text(shlex.join(command) + "\n")
     (run_dir / "modroot").write_text(str(vmlinuz.parent.parent) + "\n")  # guest.sh links its modules from there
     vng = [vng_binary(), "--run", str(vmlinuz), "--cpus", str(args.cpus), "--memory", args.memory,
-           "--user", "root", "--cwd", str(PROJECT), "--rwdir", str(PROJECT), "--rwdir", str(run_dir)]
+           "--user", "root", "--cwd", str(PROJECT), "--rwdir", str(PROJECT), "--rwdir", str(run_dir),
+           # The kernel's modules: the guest's /var/cache is its own, not this machine's.
+           "--rodir", str(vmlinuz.parent.parent)]
     kvm = kvm_works()
     if not kvm:
         vng.append("--disable-kvm")
