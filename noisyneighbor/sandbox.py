@@ -78,7 +78,8 @@ class OwnedCgroup:
                         continue
                     level.mkdir()
                     self._created.append(level)
-                    self._inherit_cpuset(level)
+                    if self._v2_root_of(level) is None:  # a v2 cpuset starts empty: its parent's CPUs
+                        self._inherit_cpuset(level)
         except BaseException:
             self.remove()
             raise
