@@ -12,6 +12,7 @@ CPU_BURST      cpu / ``cpu.cfs_burst_us``              ``cpu.max.burst``
 CPU_SHARES     cpu / ``cpu.shares``                    ``cpu.weight`` (kernel conversion)
 CPUSET_CPUS    cpuset / ``cpuset.cpus``                ``cpuset.cpus``
 CPUSET_MEMS    cpuset / ``cpuset.mems``                ``cpuset.mems``
+CPUSET_EFF..   cpuset / ``cpuset.effective_cpus``      ``cpuset.cpus.effective`` (read only)
 TASKS          cpu / ``tasks``                         ``cgroup.threads``
 PROCS          cpu / ``cgroup.procs``                  ``cgroup.procs``
 =============  ======================================  ==============================
@@ -20,7 +21,8 @@ API (all cgroup paths are relative to the hierarchy root, e.g. ``kubepods.slice/
 
 - ``files = CgroupFiles(HostPaths.under(tmp))`` (default: the real host).
 - Typed reads: ``read_cpu_max(cg) -> CpuMax``, ``read_burst_us``, ``read_shares`` (v1 units, v2 weight
-  converted), ``read_cpus`` / ``read_mems`` (sorted tuples), ``read_tasks``, ``read_procs``.
+  converted), ``read_cpus`` / ``read_mems`` (sorted tuples; a v2 ``cpuset.cpus`` is empty until set: the parent's CPUs,
+  which ``read_effective_cpus`` gives), ``read_tasks``, ``read_procs``.
 - Planned writes (nothing is written, :class:`actuators.base.FileWrite` with old and new raw values,
   ready for :meth:`actuators.journal.Journal.apply`): ``quota_writes(cg, quota_us)``,
   ``burst_write(cg, burst_us)``, ``shares_write(cg, shares)``, ``cpus_write(cg, cpus)``.
@@ -47,7 +49,15 @@ from enum import StrEnum
 from pathlib import Path
 
 from actuators.base import FileWrite
-from probes.cgroupfiles import CPU_MAX, CPUSET_CPUS, CgroupFileParseError, CpuMax, format_cpu_list, parse_cpu_list
+from probes.cgroupfiles import (
+    CPU_MAX,
+    CPUSET_CPUS,
+    CPUSET_EFFECTIVE_CPUS,
+    CgroupFileParseError,
+    CpuMax,
+    format_cpu_list,
+    parse_cpu_list,
+)
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.host import VANISHED_ERRNOS, HostPaths
 
@@ -77,6 +87,7 @@ class Resource(StrEnum):
     CPU_SHARES = "cpu_shares"
     CPUSET_CPUS = "cpuset_cpus"
     CPUSET_MEMS = "cpuset_mems"
+    CPUSET_EFFECTIVE_CPUS = "cpuset_effective_cpus"  # read only: what the cpuset really allows
     TASKS = "tasks"
     PROCS = "procs"
     MEMORY_LIMIT = "memory_limit"  # v1 hard limit; v2 memory.high (throttle + reclaim, no OOM kill)
@@ -91,6 +102,8 @@ _FILES: dict[Resource, tuple[str, str, str]] = {
     Resource.CPU_SHARES: ("cpu", "cpu.shares", "cpu.weight"),
     Resource.CPUSET_CPUS: (CPUSET_CPUS.controller, CPUSET_CPUS.v1_names[0], CPUSET_CPUS.v2_name),
     Resource.CPUSET_MEMS: ("cpuset", "cpuset.mems", "cpuset.mems"),
+    Resource.CPUSET_EFFECTIVE_CPUS: (CPUSET_EFFECTIVE_CPUS.controller, CPUSET_EFFECTIVE_CPUS.v1_names[0],
+                                     CPUSET_EFFECTIVE_CPUS.v2_name),
     Resource.TASKS: ("cpu", "tasks", "cgroup.threads"),
     Resource.PROCS: ("cpu", "cgroup.procs", "cgroup.procs"),
     Resource.MEMORY_LIMIT: ("memory", "memory.limit_in_bytes", "memory.high"),
@@ -240,6 +253,9 @@ class CgroupFiles:
 
     def read_cpus(self, cgroup: str) -> tuple[int, ...]:
         return self._read_list(Resource.CPUSET_CPUS, cgroup)
+
+    def read_effective_cpus(self, cgroup: str) -> tuple[int, ...]:
+        return self._read_list(Resource.CPUSET_EFFECTIVE_CPUS, cgroup)
 
     def read_mems(self, cgroup: str) -> tuple[int, ...]:
         return self._read_list(Resource.CPUSET_MEMS, cgroup)
