@@ -407,3 +407,28 @@ def test_enforcing_agent_suppresses_the_be_pod_and_restores_after_sigterm_and_ki
     finally:
         rc = again.terminate(timeout=60 * slow)
     assert rc == 0, again.log_tail()
+
+
+# -- v2 files laid out in a temp dir (no kernel needed) ---------------------------------------------
+
+
+def test_an_empty_v2_cpuset_is_its_parents_cpus_when_suppress_plans(tmp_path):
+    """On v2 a pod's ``cpuset.cpus`` is empty (the kubelet never sets it; it means the parent's CPUs):
+    shrinking it from 8 CPUs to 4 is a shrink, not a growth from 0 capped at 10 % of the CPUs."""
+    from tests.helpers_actuators import fake_cpu_topology, fake_v2_host, write_files
+
+    be = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice"
+    paths = fake_v2_host(tmp_path, ["kubepods.slice", str(Path(be).parent), be], cpus="0-7")
+    for cg in ("kubepods.slice", str(Path(be).parent), be):
+        write_files(tmp_path / "sys/fs/cgroup" / cg, {"cpuset.cpus.effective": "0-7\n"})
+    fake_cpu_topology(tmp_path, [str(i) for i in range(8)], {0: "0-7"})
+    files = CgroupFiles(paths)
+    act = SuppressActuator(files, Journal(tmp_path / "j"), ResourceThresholdStrategy(cpu_suppress_policy="cpuset",
+                                                                                    cpu_suppress_min_cpus=1))
+    plan = act.plan(Decision(ActionKind.SUPPRESS, Target(be, qos="BE"), SuppressAmount("cpuset", cpu_cores=4), "t"))
+    assert plan.details["cpu_cores"] == 4.0, plan.summary
+    assert "capped" not in plan.summary and "0-7 -> " in plan.summary, plan.summary
+    act.apply(plan)
+    assert files.read_cpus(be) == (0, 1, 2, 3)
+    act.revert(plan)
+    assert (tmp_path / "sys/fs/cgroup" / be / "cpuset.cpus").read_text().strip() == ""
