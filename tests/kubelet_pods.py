@@ -173,8 +173,10 @@ class KubeletNode:
         self._cgroups.append(cg)
         return cg
 
-    def pod(self, name: str, containers: list[dict[str, Any]], koord_qos: str | None = None) -> KPod:
-        """A pod of ``containers`` ({"name", "requests", "limits", "cpuset"}) with its sandbox container."""
+    def pod(self, name: str, containers: list[dict[str, Any]], koord_qos: str | None = None,
+            make_containers: bool = True) -> KPod:
+        """A pod of ``containers`` ({"name", "requests", "limits", "cpuset"}) with its sandbox container;
+        ``make_containers=False``: the pod cgroup only, its containers left to a runtime (:class:`Runc`)."""
         uid = str(uuid.uuid4())
         qos = _k8s_qos(containers)
         koord = koord_qos or ("BE" if qos == "besteffort" else "LS")
@@ -188,6 +190,9 @@ class KubeletNode:
         if all(x is not None for x in mem_limits):
             self._memory_max(pod_cg, int(sum(mem_limits)))  # type: ignore[arg-type]
         pod = KPod(name, uid, qos, koord, pod_cg, spec={"containers": containers})
+        self.pods.append(pod)
+        if not make_containers:
+            return pod
         # the sandbox first, as containerd starts it before the app containers
         sandbox_id = hashlib.sha256(f"{uid}/sandbox".encode()).hexdigest()
         sb = self._make(f"{self.pod_path(qos, uid)}/{self.container_name(sandbox_id)}")
@@ -205,7 +210,6 @@ class KubeletNode:
             if c.get("cpuset"):
                 cg.write("cpuset", "cpuset.cpus", c["cpuset"])
             pod.containers[c["name"]] = KContainer(c["name"], cid, cg)
-        self.pods.append(pod)
         # the pause process: one sleeping task in the sandbox container, for the pod's whole life
         self.start(pod.sandbox_container, ["sleep", "3600"])
         return pod
@@ -272,3 +276,85 @@ def _k8s_qos(containers: list[dict[str, Any]]) -> str:
             if res not in limits or _quantity_value(requests.get(res)) != _quantity_value(limits[res]):
                 return "burstable"
     return "guaranteed"
+
+
+class Runc:
+    """Containers made by Debian's runc (what containerd's shim runs), cgroupfs driver: runc itself makes
+    the container's cgroup below the pod the kubelet made, enables the controllers it needs in every
+    ancestor's ``cgroup.subtree_control`` and writes the container's resources. A busybox rootfs,
+    state under ``workdir``. :meth:`close` deletes every container (runc removes its cgroup)."""
+
+    def __init__(self, node: KubeletNode, workdir: Path) -> None:
+        import shutil
+
+        runc, busybox = shutil.which("runc"), shutil.which("busybox")
+        if runc is None or busybox is None:
+            raise FileNotFoundError("runc and busybox are needed (scripts/setup.sh test installs them)")
+        self.node, self.runc, self.workdir = node, runc, workdir
+        self.state = workdir / "runc-state"
+        self.rootfs = workdir / "rootfs"
+        (self.rootfs / "bin").mkdir(parents=True, exist_ok=True)
+        for d in ("proc", "dev", "sys", "tmp"):
+            (self.rootfs / d).mkdir(exist_ok=True)
+        shutil.copy2(busybox, self.rootfs / "bin/busybox")
+        for applet in ("sh", "sleep"):
+            link = self.rootfs / "bin" / applet
+            if not link.exists():
+                link.symlink_to("busybox")
+        self.ids: list[str] = []
+
+    def _spec(self, bundle: Path) -> dict[str, Any]:
+        import json
+
+        subprocess.run([self.runc, "spec", "--bundle", str(bundle)], check=True, capture_output=True, timeout=60)
+        return json.loads((bundle / "config.json").read_text())
+
+    def run(self, pod: KPod, name: str, argv: list[str], *, cpu_shares: int = 2, cpu_quota_cores: float | None = None,
+            cpus: str | None = None, memory_limit: int | None = None, sandbox: bool = False) -> KContainer:
+        """``argv`` (in the busybox rootfs) as container ``name`` of ``pod``, detached."""
+        import json
+
+        cid = hashlib.sha256(f"{pod.uid}/sandbox".encode()).hexdigest() if sandbox else container_id_for(pod.uid, name)
+        bundle = self.workdir / cid[:12]
+        bundle.mkdir()
+        spec = self._spec(bundle)
+        spec["root"] = {"path": str(self.rootfs), "readonly": True}
+        spec["process"].update(terminal=False, args=argv)
+        cpu: dict[str, Any] = {"shares": cpu_shares}
+        if cpu_quota_cores is not None:
+            cpu.update(quota=int(cpu_quota_cores * PERIOD_US), period=PERIOD_US)
+        if cpus is not None:
+            cpu["cpus"] = cpus
+        resources: dict[str, Any] = {"cpu": cpu}
+        if memory_limit is not None:
+            resources["memory"] = {"limit": memory_limit}
+        # the network namespace stays the host's: nothing here needs its own, and none costs less to set up
+        spec["linux"]["namespaces"] = [ns for ns in spec["linux"]["namespaces"] if ns["type"] != "network"]
+        spec["linux"]["resources"] = resources
+        # the cgroupfs driver's path: the pod's cgroup (made by the kubelet, here by us) / the container id
+        spec["linux"]["cgroupsPath"] = f"{pod.path}/{cid}"
+        (bundle / "config.json").write_text(json.dumps(spec))
+        subprocess.run([self.runc, "--root", str(self.state), "run", "--detach", "--bundle", str(bundle), cid],
+                       check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       timeout=120)
+        self.ids.append(cid)
+        h = self.node.layout.hierarchy_for("cpu") or self.node.layout.v2
+        cg = OwnedCgroup.__new__(OwnedCgroup)  # a view of runc's cgroup: runc made it and removes it
+        cg.paths, cg.layout, cg.prefix, cg.name = self.node.paths, self.node.layout, pod.cgroup.prefix, cid
+        cg.dirs = {c: h.path_of(f"{pod.path}/{cid}") for c in ("cpu", "cpuset", "memory", "pids", "io")}
+        cg._created = []
+        container = KContainer("POD" if sandbox else name, cid, cg, sandbox=sandbox)
+        if sandbox:
+            pod.sandbox_container = container
+        else:
+            pod.containers[name] = container
+        return container
+
+    def pids(self, container: KContainer) -> list[int]:
+        return [int(p) for p in (container.cgroup.dirs["cpu"] / "cgroup.procs").read_text().split()]
+
+    def close(self) -> None:
+        for cid in reversed(self.ids):
+            subprocess.run([self.runc, "--root", str(self.state), "delete", "--force", cid],
+                           capture_output=True, timeout=120, check=False)
+        self.ids.clear()

@@ -259,3 +259,87 @@ def test_neighbor_cpu_names_the_be_pod_on_kubelet_pods(node, make_cgroup):
     finally:
         s.close()
         os.sched_setaffinity(0, affinity)
+
+
+def test_runc_made_containers_in_a_kubelet_pod(tmp_path):
+    """Debian's runc (what containerd's shim runs) makes the pause and app containers of a pod the kubelet
+    laid out (cgroupfs driver): runc enables the controllers in the pod's subtree_control, writes the
+    container's cpu.max, cpu.weight, cpuset and memory.max; the detector names them, the probe keys the
+    app container's waits by runc's cgroup, and a suppress of the pod caps what runc's container gets."""
+    import shutil
+
+    from actuators.journal import Journal
+    from actuators.suppress import SuppressActuator
+    from detector.decisions import ActionKind, Decision, SuppressAmount, Target
+    from detector.policy import ResourceThresholdStrategy
+    from probes.cpuacct import read_cgroup_cpu
+    from probes.runqlat import RunqLatProbe
+    from tests.kubelet_pods import Runc, shares_to_v2_weight
+
+    if not pure_v2():
+        pytest.skip("cgroup v1 hybrid host: runc would put the container at one path in every v1 hierarchy, and "
+                    "this process's memory cgroup is elsewhere (the VM lane's pure v2 runs this)")
+    if shutil.which("runc") is None:
+        pytest.skip("runc is not installed (scripts/setup.sh test installs it)")
+    node = KubeletNode("cgroupfs")
+    runc = None
+    try:
+        runc = Runc(node, tmp_path)
+        spec = [{"name": "main", "requests": {"cpu": "250m", "memory": "64Mi"},
+                 "limits": {"cpu": "500m", "memory": "128Mi"}}]
+        pod = node.pod("api", spec, make_containers=False)
+        sandbox = runc.run(pod, "POD", ["sleep", "3600"], sandbox=True)
+        main = runc.run(pod, "main", ["sh", "-c", "while :; do :; done"], cpu_shares=256, cpu_quota_cores=0.5,
+                        cpus=str(VICTIM_CPU), memory_limit=128 << 20)
+        d = main.cgroup.dirs["cpu"]
+        assert (d / "cpu.max").read_text().split() == ["50000", "100000"]
+        assert int((d / "cpu.weight").read_text()) == shares_to_v2_weight(256)
+        assert (d / "cpuset.cpus").read_text().strip() == str(VICTIM_CPU)
+        assert int((d / "memory.max").read_text()) == 128 << 20
+        assert {"cpu", "cpuset", "memory"} <= set((pod.cgroup.dirs["cpu"] / "cgroup.subtree_control").read_text().split())
+        assert runc.pids(sandbox) and runc.pids(main) and not (pod.cgroup.dirs["cpu"] / "cgroup.procs").read_text().split()
+        resolver = CgroupResolver(rescan_interval=0.0)
+        infos = {i.path: i for i in resolver.all(resolver.layout.cpu)}
+        for c in (sandbox, main):
+            ci = infos[c.path]
+            assert (ci.kind, ci.pod_uid, ci.container_id, ci.qos) == ("container", pod.uid, c.id, "burstable"), ci
+        index = WorkloadIndex(lambda: [pod_from_dict(node.kube_pod(pod))])
+        index.refresh()
+        assert index.container_of(sandbox.path) is None
+        assert index.container_of(main.path) == ("main", pytest.approx(0.5))
+        assert index.workload_of(main.path).target.cgroup == pod.path
+        # a BE spinner of ours on its CPU: the app container waits, keyed by the cgroup runc made
+        be = node.pod("batch", [{"name": "job"}])
+        node.start(be.containers["job"], [sys.executable, "-c", SPIN, "600"], [VICTIM_CPU])
+        window = 2.0 * min(_slowdown(), 4.0)
+        main_id = os.stat(d).st_ino
+        with RunqLatProbe() as probe:
+            time.sleep(0.5)
+            s0, u0, t0 = probe.snapshot(), read_cgroup_cpu(discover(), main.path), time.monotonic()
+            time.sleep(window)
+            s1, u1, t1 = probe.snapshot(), read_cgroup_cpu(discover(), main.path), time.monotonic()
+        got = s1.per_cgroup[main_id].delta(s0.per_cgroup.get(main_id))
+        used = (u1.usage_ns - u0.usage_ns) / ((t1 - t0) * 1e9)
+        print(f"runc container: {got.count} waits, {got.sum_ns / 1e6:.0f} ms; {used:.2f} cores under its 0.5 quota")
+        assert got.count > 0 and got.sum_ns > 0
+        assert used <= 0.5 * (1 + 2 * 0.1 / window) + 0.01
+        # suppress the pod (its quota, above runc's container): the container gets at most that
+        act = SuppressActuator(CgroupFiles(), Journal(tmp_path / "j"),
+                               ResourceThresholdStrategy(cpu_suppress_policy="cfsQuota"))
+        plan = act.plan(Decision(ActionKind.SUPPRESS, Target(pod.path, qos="BE"),
+                                 SuppressAmount("cfs_quota", cpu_cores=0.2), "t"))
+        before = (pod.cgroup.dirs["cpu"] / "cpu.max").read_text()
+        act.apply(plan)
+        time.sleep(0.3)
+        a, ta = read_cgroup_cpu(discover(), main.path), time.monotonic()
+        time.sleep(window)
+        b, tb = read_cgroup_cpu(discover(), main.path), time.monotonic()
+        capped = (b.usage_ns - a.usage_ns) / ((tb - ta) * 1e9)
+        print(f"pod suppressed to 0.2 cores: runc container used {capped:.2f} cores")
+        assert capped <= 0.2 * (1 + 2 * 0.1 / window) + 0.01
+        act.revert(plan)
+        assert (pod.cgroup.dirs["cpu"] / "cpu.max").read_text() == before
+    finally:
+        if runc is not None:
+            runc.close()
+        node.close()
