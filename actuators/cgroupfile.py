@@ -77,7 +77,11 @@ class ResourceUnavailable(CgroupFileError):
 
 
 class CgroupWriteError(CgroupFileError):
-    """The kernel refused the value (EINVAL, ERANGE, EBUSY, ...)."""
+    """The kernel refused the value (EINVAL, ERANGE, EBUSY, ...); ``errno`` says which."""
+
+    def __init__(self, message: str, errno_: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno_
 
 
 class Resource(StrEnum):
@@ -152,7 +156,24 @@ def read_file(path: str | os.PathLike[str]) -> str:
 
 
 def write_file(path: str | os.PathLike[str], value: str) -> None:
-    """Write ``value`` with a single write() (cgroup files take one value per write); never creates files."""
+    """Write ``value`` with a single write() (cgroup files take one value per write); never creates files.
+
+    An empty v2 ``cpuset.cpus``/``cpuset.mems`` means "the parent's", and the journal restores it so; but
+    a kernel before the v1/v2 split of cpuset's validate_change (6.1 among them) refuses to empty the
+    list of a cgroup with tasks (ENOSPC). What the empty list stood for, the parent's effective list, is
+    written then: the same CPUs now (it no longer follows later changes of the parent's)."""
+    try:
+        _write_once(path, value)
+    except CgroupWriteError as e:
+        p = Path(path)
+        inherited = p.parent.parent / f"{p.name}.effective"
+        if e.errno != errno.ENOSPC or value.strip() or p.name not in ("cpuset.cpus", "cpuset.mems") \
+                or not inherited.exists():
+            raise
+        _write_once(path, read_file(inherited).strip())
+
+
+def _write_once(path: str | os.PathLike[str], value: str) -> None:
     p = Path(path)
     data = value.encode()
     try:
@@ -176,8 +197,8 @@ def _classify(e: OSError, p: Path, verb: str, value: str | None = None) -> Cgrou
             return CgroupVanished(f"cgroup {p.parent} is gone ({what}: {reason})")
         return ResourceUnavailable(f"{p} does not exist on this host ({what}: {reason})")
     if e.errno in (errno.EACCES, errno.EPERM):
-        return CgroupWriteError(f"{what}: permission denied")
-    return CgroupWriteError(f"{what}: {reason}")
+        return CgroupWriteError(f"{what}: permission denied", e.errno)
+    return CgroupWriteError(f"{what}: {reason}", e.errno)
 
 
 # -- the abstraction ----------------------------------------------------------------------------
