@@ -37,6 +37,9 @@ from tests.scenario_support import LS_WORKER
 from tests.test_v2_pods import SPIN, VICTIM_CPU, _slowdown
 
 pytestmark = [pytest.mark.root, pytest.mark.vm]
+# Tests that start the agent: their time grows with the machine's slowness (TCG ~10x), past the suite's 300 s.
+SLOW = _slowdown()
+AGENT_TIMEOUT = pytest.mark.timeout(int(300 * min(max(SLOW, 1.0), 8.0)))
 
 # Holds 48 MiB of its own anonymous memory; on SIGUSR1 asks for 32 MiB more (one line each time).
 MEMORY_HOG = """
@@ -263,6 +266,7 @@ def test_memory_suppress_sets_memory_high_and_the_kernel_throttles_above_it(node
 # -- SIGTERM and kill -9 + restart ----------------------------------------------------------------
 
 
+@AGENT_TIMEOUT
 def test_sigterm_and_kill9_restore_cpuset_burst_and_memory_high(node, tmp_path):
     """Three runner processes act on our pods through one journal; SIGTERM puts each file back; after
     ``kill -9`` of all three, the agent's start (enforcing, --act-only our pods) restores every file from
@@ -342,19 +346,23 @@ def test_sigterm_and_kill9_restore_cpuset_burst_and_memory_high(node, tmp_path):
 
 
 @pytest.mark.slow
+@AGENT_TIMEOUT
 def test_enforcing_agent_suppresses_the_be_pod_and_restores_after_sigterm_and_kill9(node, tmp_path):
     """The agent on kubelet-shaped pods (standalone: QoS from the path): an LS worker and three BE spinners
     on one CPU -> neighbor_cpu -> the BE pod's cfs quota is cut; SIGTERM restores it; a second run is
     killed with -9 after it acted, and its restart restores the quota from the journal."""
-    slow = _slowdown()
+    slow = SLOW
     files = CgroupFiles(layout=sandbox_layout())
     ls = node.pod("web", [{"name": "main", "requests": {"cpu": "500m"}}])
     be = node.pod("batch", [{"name": "job"}])
     original = _file(files, Resource.CPU_QUOTA, be.rel)
-    node.start(ls.containers["main"], [sys.executable, str(LS_WORKER), "--work-ms", "4", "--period-ms", "20",
-                                       "--seconds", str(int(900 * slow))], [VICTIM_CPU])
-    spinners = [node.start(be.containers["job"], [sys.executable, "-c", SPIN, str(900 * slow)], [VICTIM_CPU])
-                for _ in range(3)]
+    spinners: list[subprocess.Popen] = []
+
+    def workloads() -> None:
+        node.start(ls.containers["main"], [sys.executable, str(LS_WORKER), "--work-ms", "4", "--period-ms", "20",
+                                           "--seconds", str(int(900 * slow))], [VICTIM_CPU])
+        spinners.extend(node.start(be.containers["job"], [sys.executable, "-c", SPIN, str(900 * slow)], [VICTIM_CPU])
+                        for _ in range(3))
     config = write_config(tmp_path / "config.yaml", {
         "slo": {"runq_p99_ms": 2.0},
         # long verification: the suppress must still be in effect when the signal arrives
@@ -364,10 +372,23 @@ def test_enforcing_agent_suppresses_the_be_pod_and_restores_after_sigterm_and_ki
     })
     interval = str(round(min(slow, 5.0), 1))
 
+    def agent_off_the_victims_cpu(workdir: Path) -> AgentProcess:
+        """The agent inherits this process's CPUs: kept off the victim's, where it would be one more neighbour
+        (and, in a slow guest, would not get ready behind three spinners)."""
+        affinity = os.sched_getaffinity(0)
+        if len(affinity) > 1:
+            os.sched_setaffinity(0, affinity - {VICTIM_CPU})
+        try:
+            return AgentProcess(config, workdir, "--act-only", f"{be.rel}", "--interval", interval,
+                                "--probes", "runqlat")
+        finally:
+            os.sched_setaffinity(0, affinity)
+
     def run_until_applied(workdir: Path) -> AgentProcess:
-        agent = AgentProcess(config, workdir, "--act-only", f"{be.rel}", "--interval", interval,
-                             "--probes", "runqlat")
+        agent = agent_off_the_victims_cpu(workdir)
         agent.wait_ready(timeout=120 * slow)
+        if not spinners:
+            workloads()
         deadline = time.monotonic() + 60 * slow
         applied: list[dict] = []
         while time.monotonic() < deadline and not applied:
@@ -402,7 +423,7 @@ def test_enforcing_agent_suppresses_the_be_pod_and_restores_after_sigterm_and_ki
         p.kill()
         p.wait()
     # ... until the agent starts again on the same journal
-    again = AgentProcess(config, second, "--act-only", f"{be.rel}", "--interval", interval, "--probes", "runqlat")
+    again = agent_off_the_victims_cpu(second)
     try:
         again.wait_ready(timeout=120 * slow)
         assert _file(files, Resource.CPU_QUOTA, be.rel) == original, "the restart did not restore the quota"
