@@ -15,15 +15,15 @@ import pytest
 from noisyneighbor.sandbox import OwnedCgroup
 from probes.engine import ProbeError
 from probes.runqlat import PID_MAX_LIMIT, RunqLatProbe
-from tests.conftest import require_tool
+from tests.conftest import cgroup_tids, require_tool
 from tests.ground_truth import SCHED_SWITCH_LOSS, missed_allowance
 
 PINGPONG = Path(__file__).parent / "workloads" / "pingpong.py"
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.vm]
 
 
 def _tids(cg: OwnedCgroup) -> list[int]:
-    return [int(t) for t in cg.read("cpu", "tasks").split()]
+    return cgroup_tids(cg)
 
 
 def _schedstat(tids: list[int]) -> dict[int, tuple[int, int]]:
@@ -83,6 +83,7 @@ def two_contending_cgroups(make_cgroup):
         p.wait()
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("flavour", ["sched_info", "tp_btf", "tp_btf-pid-hash"])
 def test_wait_matches_schedstat_per_cgroup(two_contending_cgroups, flavour):
     """tp_btf-pid-hash: task storage refuses every create, as it does now and then under load (a
