@@ -31,14 +31,15 @@ from detector.policy import CpuBurstStrategy, ResourceThresholdStrategy
 from noisyneighbor.sandbox import sandbox_layout
 from probes.cgroupfs import discover, self_cgroups
 from probes.cpuacct import read_cgroup_cpu
+from tests.conftest import slowdown
 from tests.exporter_support import REPO, AgentProcess, write_config
 from tests.kubelet_pods import KContainer, KPod, KubeletNode, pure_v2
 from tests.scenario_support import LS_WORKER
-from tests.test_v2_pods import SPIN, VICTIM_CPU, _slowdown
+from tests.test_v2_pods import SPIN, VICTIM_CPU
 
 pytestmark = [pytest.mark.root, pytest.mark.vm]
 # Tests that start the agent: their time grows with the machine's slowness (TCG ~10x), past the suite's 300 s.
-SLOW = _slowdown()
+SLOW = slowdown()
 AGENT_TIMEOUT = pytest.mark.timeout(int(300 * min(max(SLOW, 1.0), 8.0)))
 
 # Holds 48 MiB of its own anonymous memory; on SIGUSR1 asks for 32 MiB more (one line each time).
@@ -109,7 +110,7 @@ def _spinning_be_pod(node: KubeletNode, n: int = 2) -> tuple[KPod, KContainer]:
     job = be.containers["job"]
     for _ in range(n):
         node.start(job, [sys.executable, "-c", SPIN, "600"], [VICTIM_CPU])
-    _tasks_in(job, n, 30 * _slowdown())
+    _tasks_in(job, n, 30 * slowdown())
     return be, job
 
 
@@ -127,7 +128,7 @@ def test_cfs_quota_suppress_writes_the_pods_cpu_max_and_the_kernel_holds_it(node
     assert [w.path for w in plan.writes] == [str(quota_file)]
     assert plan.writes[0].new == ("30000 100000" if pure_v2() else "30000")
     act.apply(plan)
-    window = 2.0 * min(_slowdown(), 4.0)
+    window = 2.0 * min(slowdown(), 4.0)
     time.sleep(0.3)
     used, throttled = _usage_cores(be.rel, window)
     print(f"BE pod at 0.30 cores: used {used:.3f} cores, throttled in {throttled:.0%} of periods")
@@ -146,7 +147,7 @@ def test_cpuset_suppress_keeps_every_child_within_its_parent_and_reverts(node, t
     be = node.pod("batch", [{"name": "job"}])
     job = be.containers["job"]
     sleeper = node.start(job, ["sleep", "600"])
-    _tasks_in(job, 1, 30 * _slowdown())
+    _tasks_in(job, 1, 30 * slowdown())
     files = CgroupFiles(layout=sandbox_layout())
     tree = [be.rel, be.sandbox_container.path.lstrip("/"), job.path.lstrip("/")]
     before = {cg: _file(files, Resource.CPUSET_CPUS, cg) for cg in tree}
@@ -203,7 +204,7 @@ def test_burst_writes_cpu_max_burst_and_scales_quota_on_pod_and_container(node, 
               "    time.sleep(0.4)\n    t = time.thread_time() + 0.08\n    while time.thread_time() < t:\n        pass\n")
     node.start(main, [sys.executable, "-c", bursty], [VICTIM_CPU])
     stat = files.dir(Resource.CPU_QUOTA, main.path.lstrip("/")) / "cpu.stat"
-    deadline = time.monotonic() + 20 * _slowdown()
+    deadline = time.monotonic() + 20 * slowdown()
     bursts = 0
     while time.monotonic() < deadline:
         fields = dict(line.split() for line in stat.read_text().splitlines())
@@ -275,8 +276,8 @@ def test_sigterm_and_kill9_restore_cpuset_burst_and_memory_high(node, tmp_path):
     be = node.pod("batch", [{"name": "job"}])
     node.start(be.containers["job"], [sys.executable, "-c", MEMORY_HOG], stdout=subprocess.PIPE)
     api = node.pod("api", [{"name": "main", "requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}])
-    _tasks_in(be.containers["job"], 1, 30 * _slowdown())
-    time.sleep(1.0 * _slowdown())  # the hog has its memory
+    _tasks_in(be.containers["job"], 1, 30 * slowdown())
+    time.sleep(1.0 * slowdown())  # the hog has its memory
     watched = {
         (Resource.CPUSET_CPUS, be.rel), (Resource.CPUSET_CPUS, be.containers["job"].path.lstrip("/")),
         (Resource.CPU_QUOTA, api.rel), (Resource.MEMORY_LIMIT, be.rel),
@@ -310,7 +311,7 @@ def test_sigterm_and_kill9_restore_cpuset_burst_and_memory_high(node, tmp_path):
         assert out["state"] == "applied", out
         assert changed(), out
         p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=60 * _slowdown()) == 0
+        assert p.wait(timeout=60 * slowdown()) == 0
         assert changed() == set(), {k: _file(files, *k) for k in changed()}
     # kill -9: nothing restores them ...
     for args in runs:
@@ -335,12 +336,12 @@ def test_sigterm_and_kill9_restore_cpuset_burst_and_memory_high(node, tmp_path):
                          "--probes", "runqlat")
     assert agent.journal == journal
     try:
-        agent.wait_ready(timeout=120 * _slowdown())
+        agent.wait_ready(timeout=120 * slowdown())
         assert changed() == set(), {k: (original[k], _file(files, *k)) for k in changed()}
         reconciled = [a for a in agent.audit() if a.get("event") == "reconcile"]
         assert reconciled and not reconciled[0]["failed"], agent.audit()
     finally:
-        rc = agent.terminate(timeout=60 * _slowdown())
+        rc = agent.terminate(timeout=60 * slowdown())
     assert rc == 0, agent.log_tail()
     assert not (journal / "journal.json").exists()
 
@@ -408,7 +409,7 @@ def test_enforcing_agent_suppresses_the_be_pod_and_restores_after_sigterm_and_ki
         refused = [a for a in agent.audit() if a.get("state") == "refused" and "act-only" in a.get("detail", "")]
         assert all(a["target"].strip("/") != be.rel for a in refused)
     finally:
-        rc = agent.terminate(timeout=60 * _slowdown())
+        rc = agent.terminate(timeout=60 * slowdown())
     assert rc == 0, agent.log_tail()
     assert _file(files, Resource.CPU_QUOTA, be.rel) == original, "SIGTERM did not restore the BE pod's quota"
     # kill -9 after it acted: the quota stays cut ...

@@ -29,6 +29,7 @@ from detector.pods.model import pod_from_dict
 from detector.workloads import WorkloadIndex
 from probes.cgroupfiles import CPUSET_EFFECTIVE_CPUS
 from probes.cgroupfs import discover
+from tests.conftest import slowdown
 from tests.ground_truth import SCHED_SWITCH_LOSS, missed_allowance
 from tests.kubelet_pods import KPod, KubeletNode, pure_v2
 from tests.scenario_support import LS_WORKER, Scenario
@@ -37,17 +38,6 @@ pytestmark = [pytest.mark.root, pytest.mark.vm]
 
 SPIN = "import time, sys\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
 VICTIM_CPU = (os.cpu_count() or 1) - 1
-
-
-def _slowdown() -> float:
-    """How much slower than this project's 2-core dev host the machine runs Python (TCG: ~10x):
-    windows that must hold enough work are sized by it. The reference, 0.03 s for this loop, was
-    measured there idle; a loaded host reads slower, which only lengthens the windows."""
-    t0 = time.perf_counter()
-    x = 0
-    for i in range(500_000):
-        x += i
-    return max(1.0, (time.perf_counter() - t0) / 0.03)
 
 
 @pytest.fixture(params=["systemd", "cgroupfs"])
@@ -164,7 +154,7 @@ def _stop_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         os.kill(pid, sig)
     if sig == signal.SIGSTOP:
-        deadline = time.monotonic() + 10 * _slowdown()
+        deadline = time.monotonic() + 10 * slowdown()
         while time.monotonic() < deadline:
             states = [Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] for p in pids]
             if all(s in "Tt" for s in states):
@@ -185,7 +175,7 @@ def test_runq_waits_are_keyed_by_the_leaf_container_under_nested_pods(node):
     pids = [p.pid for p in procs]
     ids = {c.path: os.stat(c.cgroup.dirs["cpu"]).st_ino for c in (main, job, ls.sandbox_container)}
     pod_ids = {os.stat(p.cgroup.dirs["cpu"]).st_ino for p in (ls, be)}
-    window = 3.0 * min(_slowdown(), 4.0)
+    window = 3.0 * min(slowdown(), 4.0)
     with RunqLatProbe() as probe:
         time.sleep(0.5)
         _stop_all(pids, signal.SIGSTOP)
@@ -224,7 +214,7 @@ def test_neighbor_cpu_names_the_be_pod_on_kubelet_pods(node, make_cgroup):
     BE pod (by its pod cgroup, whatever container ran), never the LS pod's own sandbox."""
     from tests.test_detector_scenarios import _policy
 
-    slow = _slowdown()
+    slow = slowdown()
     s = Scenario(make_cgroup, _policy(runq_p99_ms=2.0))
     affinity = os.sched_getaffinity(0)
     try:
@@ -311,7 +301,7 @@ def test_runc_made_containers_in_a_kubelet_pod(tmp_path):
         # a BE spinner of ours on its CPU: the app container waits, keyed by the cgroup runc made
         be = node.pod("batch", [{"name": "job"}])
         node.start(be.containers["job"], [sys.executable, "-c", SPIN, "600"], [VICTIM_CPU])
-        window = 2.0 * min(_slowdown(), 4.0)
+        window = 2.0 * min(slowdown(), 4.0)
         main_id = os.stat(d).st_ino
         with RunqLatProbe() as probe:
             time.sleep(0.5)
