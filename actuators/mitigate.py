@@ -50,6 +50,7 @@ from detector.decisions import (
 from detector.model import Culprit, Evidence, Incident
 from detector.pods import PodInfo
 from detector.policy import ActuatorPolicy
+from probes.cgroupfiles import PID_NET_DEV, PID_STAT, PID_STATUS, SYS_CPU_ONLINE, CgroupFileParseError
 from probes.cpuacct import read_cgroup_cpu
 
 log = logging.getLogger("noisyneighbor.mitigate")
@@ -58,50 +59,15 @@ log = logging.getLogger("noisyneighbor.mitigate")
 SCHED_FIFO, SCHED_RR = 1, 2
 
 
-def parse_cpu_ranges(text: str) -> set[int]:
-    out: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
 def task_sched(proc: Path, pid: int) -> tuple[int, float, set[int]] | None:
-    """(scheduling policy, CPU seconds, allowed CPUs) of a task; None when it is gone."""
+    """(scheduling policy, CPU seconds, allowed CPUs) of a task; None when it is gone or its files are
+    not what the kernel writes (probes.cgroupfiles: PID_STAT, PID_STATUS and their one parser each)."""
     try:
-        stat = (proc / f"{pid}/stat").read_text()
-        status = (proc / f"{pid}/status").read_text()
-    except OSError:
+        stat = PID_STAT.parse_text((proc / PID_STAT.path.format(pid=pid)).read_text())
+        allowed = PID_STATUS.parse_text((proc / PID_STATUS.path.format(pid=pid)).read_text())
+    except (OSError, CgroupFileParseError):
         return None
-    fields = stat.rpartition(")")[2].split()
-    # fields[0] is field 3 (state): utime 14, stime 15, policy 41
-    try:
-        policy = int(fields[38])
-        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (IndexError, ValueError):
-        return None
-    allowed: set[int] = set()
-    for line in status.splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            allowed = parse_cpu_ranges(line.split(":", 1)[1])
-    return policy, cpu_s, allowed
-
-
-def netdev_packets(text: str) -> int:
-    """rx + tx packets of every interface but lo, from a /proc/<pid>/net/dev text."""
-    total = 0
-    for line in text.splitlines()[2:]:
-        name, _, rest = line.partition(":")
-        fields = rest.split()
-        if name.strip() == "lo" or len(fields) < 10:
-            continue
-        try:
-            total += int(fields[1]) + int(fields[9])
-        except ValueError:
-            continue
-    return total
+    return stat.policy, stat.cpu_s, set(allowed)
 
 
 def requests_from(pods: Callable[[], Iterable[PodInfo]]) -> Callable[[Target], float | None]:
@@ -153,10 +119,10 @@ class NetnsTrafficSampler:
         for pid in pids:
             try:
                 ino = os.stat(self.proc / f"{pid}/ns/net").st_ino
-                text = (self.proc / f"{pid}/net/dev").read_text()
+                text = (self.proc / PID_NET_DEV.path.format(pid=pid)).read_text()
             except OSError:
                 continue  # exited: try the next task
-            return netdev_packets(text), usage, host is not None and ino == host
+            return PID_NET_DEV.parse_text(text), usage, host is not None and ino == host
         return None, usage, False
 
     def sample(self, targets: Iterable[Target]) -> list[PodTraffic]:
@@ -398,10 +364,9 @@ class MitigationPlanner:
     def online_cpus(self) -> list[int]:
         assert self.sampler is not None
         try:
-            text = (Path(self.sampler.files.paths.sys) / "devices/system/cpu/online").read_text()
-        except OSError:
+            return sorted(SYS_CPU_ONLINE.parse_text(SYS_CPU_ONLINE.at(self.sampler.files.paths).read_text()))
+        except (OSError, CgroupFileParseError):
             return []
-        return sorted(parse_cpu_ranges(text))
 
     def _softirq(self, inc: Incident) -> None:
         if self.sampler is None:

@@ -30,11 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actuators.base import FileWrite, Plan, Refused
-from actuators.cgroupfile import CgroupFiles, CgroupVanished, Resource, format_cpu_list, parse_cpu_list
+from actuators.cgroupfile import CgroupFiles, CgroupVanished, Resource, format_cpu_list
 from actuators.journal import Journal, JournaledFileActuator
 from detector.decisions import ActionKind, Decision, SuppressAmount, Target
 from detector.model import Incident
 from detector.policy import ResourceThresholdStrategy
+from probes.cgroupfiles import PROC_STAT, SYS_CPU_ONLINE, SYS_CPU_THREAD_SIBLINGS, SYS_NODE_CPULIST, USER_HZ
 from probes.cpuacct import read_cgroup_cpu
 from probes.host import HostPaths, read_text_or_none
 
@@ -83,22 +84,17 @@ def be_allowed_cores(inputs: SuppressInputs, threshold_percent: float) -> float:
 
 
 def read_proc_stat_cpu(paths: HostPaths) -> tuple[int, int, int]:
-    """(busy ticks, total ticks, CPU count) from /proc/stat; guest time is already in user/nice."""
-    text = read_text_or_none(paths.proc / "stat")
+    """(busy ticks, total ticks, CPU count) from /proc/stat (probes.cgroupfiles.PROC_STAT's one parser;
+    malformed lines skipped); guest time is already in user/nice."""
+    path = PROC_STAT.at(paths)
+    text = read_text_or_none(path)
     if text is None:
-        raise FileNotFoundError(f"{paths.proc / 'stat'} is missing")
-    busy = total = ncpu = 0
-    for line in text.splitlines():
-        fields = line.split()
-        if not fields:
-            continue
-        if fields[0] == "cpu":
-            values = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
-            total = sum(values)
-            busy = total - values[3] - values[4]
-        elif fields[0].startswith("cpu") and fields[0][3:].isdigit():
-            ncpu += 1
-    return busy, total, ncpu
+        raise FileNotFoundError(f"{path} is missing")
+    node, per_cpu = PROC_STAT.parse_text(text)
+    if node is None:
+        return 0, 0, len(per_cpu)
+    tick_ns = 1_000_000_000 // USER_HZ
+    return node.busy_ns // tick_ns, node.total_ns // tick_ns, len(per_cpu)
 
 
 class CpuUsageSampler:
@@ -168,22 +164,22 @@ class CpuTopology:
 
     @classmethod
     def read(cls, paths: HostPaths) -> CpuTopology:
-        base = paths.sys / "devices/system/cpu"
-        online_text = read_text_or_none(base / "online")
+        online = SYS_CPU_ONLINE.at(paths)
+        online_text = read_text_or_none(online)
         if online_text is None:
-            raise FileNotFoundError(f"{base / 'online'} is missing")
-        cpus = parse_cpu_list(online_text)
+            raise FileNotFoundError(f"{online} is missing")
+        cpus = SYS_CPU_ONLINE.parse_text(online_text)
         siblings: dict[int, tuple[int, ...]] = {}
         for c in cpus:
-            text = read_text_or_none(base / f"cpu{c}/topology/thread_siblings_list")
-            group = parse_cpu_list(text) if text else (c,)
+            text = read_text_or_none(SYS_CPU_THREAD_SIBLINGS.at(paths, cpu=c))
+            group = SYS_CPU_THREAD_SIBLINGS.parse_text(text) if text else (c,)
             siblings[c] = tuple(x for x in group if x in cpus) or (c,)
         node_of = dict.fromkeys(cpus, 0)
-        node_dir = paths.sys / "devices/system/node"
+        node_dir = SYS_NODE_CPULIST.at(paths, node=0).parent.parent
         if node_dir.is_dir():
             for d in sorted(node_dir.glob("node[0-9]*")):
-                text = read_text_or_none(d / "cpulist")
-                for c in parse_cpu_list(text) if text else ():
+                text = read_text_or_none(SYS_NODE_CPULIST.at(paths, node=d.name[4:]))
+                for c in SYS_NODE_CPULIST.parse_text(text) if text else ():
                     if c in node_of:
                         node_of[c] = int(d.name[4:])
         return cls(cpus, siblings, node_of)
@@ -305,7 +301,9 @@ class SuppressActuator(JournaledFileActuator):
         topo = self.topology
         usable = [c for c in topo.cpus if c not in self.excluded_cpus]
         floor = max(1, int(self.strategy.cpu_suppress_min_cpus))
-        current = self.files.read_cpus(cgroup)
+        # A v2 cpuset.cpus is empty until someone sets it (the kubelet never does for a pod): then the
+        # cgroup has its parent's CPUs, which the effective list says; it is not a cpuset of none.
+        current = self.files.read_cpus(cgroup) or self.files.read_effective_cpus(cgroup)
         if amount.cpus:
             wanted_n = len(amount.cpus)
         elif amount.cpu_cores is not None:

@@ -131,7 +131,20 @@ class IncidentEngine:
         """
         now = self.clock()
         self.ticks += 1
-        store_ts = time.monotonic() if ts is None else ts
+        values = self._record(signals, time.monotonic() if ts is None else ts)
+        touched: list[Incident] = []
+        for key, row in signals.workloads.items():
+            if row.workload.latency_sensitive:
+                inc = self._victim_tick(key, row, values, signals, now)
+                if inc is not None:
+                    touched.append(inc)
+        present = signals.workloads.keys() if signals.present is None else signals.present
+        self._forget_gone(signals, present)
+        touched.extend(self._quiet_victims(signals, present, now))
+        return touched
+
+    def _record(self, signals: NodeSignals, store_ts: float) -> dict[tuple[str, str], float]:
+        """The tick's values into the store; the targets and online CPUs as last seen."""
         values: dict[tuple[str, str], float] = {}
         for key, row in signals.workloads.items():
             for name, v in row.as_store_values().items():
@@ -144,60 +157,67 @@ class IncidentEngine:
         else:
             self.targets.update((k, r.workload.target) for k, r in signals.workloads.items())
         self._online_cpus = signals.online_cpus
+        return values
 
+    def _victim_tick(self, key: str, row: WorkloadSignals, values: dict[tuple[str, str], float],
+                     signals: NodeSignals, now: float) -> Incident | None:
+        """One latency-sensitive workload's tick: its windows, breaches and baselines; the incident it
+        opened, updated or closed (None: none)."""
+        state = self.victims.setdefault(key, _VictimState())
+        total_wait_ns = row.runq_wait_ms_per_s * 1e6 * row.interval_s
+        state.recent_ran_instead.append(dict(row.ran_instead_ns))
+        state.recent_wait_ns.append(total_wait_ns)
+        state.recent_own_wait_ns.append(row.own_wait_ns)
+        state.recent_own_by_container.append(row.own_wait_by_container)
+        self.counterfactual.add(key, row.runq_hist, row.interval_s, row.cf_moves, row.ran_instead_ns)
+        dt = row.interval_s
+        state.recent_connect.append((row.connect_failures_per_s * dt, row.syn_retransmits_per_s * dt,
+                                     row.connect_p99_ns if row.connects else 0.0))
+        breaches = self._breaches(key, row, state)
+        state.cpus = tuple(sorted(c for c, w in row.cpu_weights.items() if w > 0.05))
+        learning = state.incident is None and not breaches
+        for name in BASELINE_SIGNALS:
+            v = values.get((key, name), math.nan)
+            if not math.isnan(v):
+                self.baselines.update(key, name, v, learning=learning)
+        if breaches:
+            state.breach_ticks += 1
+            state.clear_ticks = 0
+        else:
+            state.breach_ticks = 0
+            state.clear_ticks += 1
+        inc = state.incident
+        if inc is None and breaches and state.breach_ticks >= self._breach_ticks_needed:
+            return self._open(key, row, state, breaches, signals, now)
+        if inc is not None and breaches:
+            self._update(inc, key, row, state, breaches, signals, now)
+            return inc
+        if inc is not None and state.clear_ticks >= self.slo.clear_windows:
+            self._close(state, now)
+            return inc
+        return None
+
+    def _forget_gone(self, signals: NodeSignals, present) -> None:
+        """The workload list changed: what is gone leaves the store and the baselines now, not when its
+        samples age out (pod churn must leave nothing behind)."""
+        if signals.present is None or signals.present is self._forgot_for:
+            return
+        self._forgot_for = signals.present
+        for entity in self.store.entities():
+            if entity not in present:
+                self.store.forget(entity)
+        for entity in self.baselines.entities():
+            if entity not in present:
+                self.baselines.forget(entity)
+        self.targets = {k: t for k, t in self.targets.items() if k in present}
+
+    def _quiet_victims(self, signals: NodeSignals, present, now: float) -> list[Incident]:
+        """Victims without a row this tick: gone (their incident ends, their state is freed) or idle (a
+        clean tick, nothing to learn)."""
         touched: list[Incident] = []
-        for key, row in signals.workloads.items():
-            if not row.workload.latency_sensitive:
-                continue
-            state = self.victims.setdefault(key, _VictimState())
-            total_wait_ns = row.runq_wait_ms_per_s * 1e6 * row.interval_s
-            state.recent_ran_instead.append(dict(row.ran_instead_ns))
-            state.recent_wait_ns.append(total_wait_ns)
-            state.recent_own_wait_ns.append(row.own_wait_ns)
-            state.recent_own_by_container.append(row.own_wait_by_container)
-            self.counterfactual.add(key, row.runq_hist, row.interval_s, row.cf_moves, row.ran_instead_ns)
-            dt = row.interval_s
-            state.recent_connect.append((row.connect_failures_per_s * dt, row.syn_retransmits_per_s * dt,
-                                         row.connect_p99_ns if row.connects else 0.0))
-            breaches = self._breaches(key, row, state)
-            state.cpus = tuple(sorted(c for c, w in row.cpu_weights.items() if w > 0.05))
-            learning = state.incident is None and not breaches
-            for name in BASELINE_SIGNALS:
-                v = values.get((key, name), math.nan)
-                if not math.isnan(v):
-                    self.baselines.update(key, name, v, learning=learning)
-            if breaches:
-                state.breach_ticks += 1
-                state.clear_ticks = 0
-            else:
-                state.breach_ticks = 0
-                state.clear_ticks += 1
-            inc = state.incident
-            if inc is None and breaches and state.breach_ticks >= self._breach_ticks_needed:
-                inc = self._open(key, row, state, breaches, signals, now)
-                touched.append(inc)
-            elif inc is not None and breaches:
-                self._update(inc, key, row, state, breaches, signals, now)
-                touched.append(inc)
-            elif inc is not None and state.clear_ticks >= self.slo.clear_windows:
-                self._close(state, now)
-                touched.append(inc)
-        present = signals.workloads.keys() if signals.present is None else signals.present
-        if signals.present is not None and signals.present is not self._forgot_for:
-            # The workload list changed: what is gone leaves the store and the baselines now, not when
-            # its samples age out (pod churn must leave nothing behind).
-            self._forgot_for = signals.present
-            for entity in self.store.entities():
-                if entity not in present:
-                    self.store.forget(entity)
-            for entity in self.baselines.entities():
-                if entity not in present:
-                    self.baselines.forget(entity)
-            self.targets = {k: t for k, t in self.targets.items() if k in present}
         for key in [k for k in self.victims if k not in signals.workloads]:
             state = self.victims[key]
             if key not in present:
-                # Vanished (pod deleted): its incident ends and its state is freed.
                 del self.victims[key]
                 self.counterfactual.forget(key)
                 if state.incident is not None:
@@ -205,7 +225,6 @@ class IncidentEngine:
                     self._close(state, now, note="victim gone")
                     touched.append(inc)
                 continue
-            # Idle this tick (no row: none of its inputs moved): a clean tick, nothing to learn.
             if state.breach_ticks or state.incident is not None:
                 state.breach_ticks = 0
                 state.clear_ticks += 1

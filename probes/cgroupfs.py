@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from probes.cgroupfiles import CGROUP_CONTROLLERS, PID_CGROUP
 from probes.host import HostPaths, read_text_or_none
 
 V1_CONTROLLERS = frozenset(
@@ -66,7 +67,7 @@ class CgroupLayout:
 
 def _v2_controllers(mount: Path) -> frozenset[str]:
     try:
-        return frozenset((mount / "cgroup.controllers").read_text().split())
+        return frozenset(CGROUP_CONTROLLERS.parse(2, (mount / CGROUP_CONTROLLERS.name(2)).read_text()))
     except OSError:
         return frozenset()
 
@@ -74,7 +75,7 @@ def _v2_controllers(mount: Path) -> frozenset[str]:
 def discover(paths: HostPaths | None = None) -> CgroupLayout:
     paths = paths or HostPaths()
     root = paths.cgroup_root
-    if (root / "cgroup.controllers").exists():
+    if (root / CGROUP_CONTROLLERS.name(2)).exists():
         return CgroupLayout(v2=Hierarchy(2, root, _v2_controllers(root)))
     v1: dict[str, Hierarchy] = {}
     v2 = None
@@ -83,7 +84,7 @@ def discover(paths: HostPaths | None = None) -> CgroupLayout:
     for entry in sorted(root.iterdir()):
         if not entry.is_dir():
             continue
-        if entry.name == "unified" and (entry / "cgroup.controllers").exists():
+        if entry.name == "unified" and (entry / CGROUP_CONTROLLERS.name(2)).exists():
             v2 = Hierarchy(2, entry, _v2_controllers(entry))
             continue
         names = frozenset(entry.name.split(","))
@@ -99,7 +100,7 @@ def self_cgroups(paths: HostPaths | None = None, pid: int | str = "self") -> dic
     """The cgroup path of a process per controller (`cpu`, `memory`, ...) and `""` for v2."""
     paths = paths or HostPaths()
     result: dict[str, str] = {}
-    for line in (paths.proc / str(pid) / "cgroup").read_text().splitlines():
+    for line in PID_CGROUP.at(paths, pid=pid).read_text().splitlines():
         hier_id, controllers, path = line.split(":", 2)
         if hier_id == "0":
             result[""] = path
@@ -118,7 +119,7 @@ def v2_cgroup_path(paths: HostPaths | None = None, pid: int | str = "self") -> s
     A v2 cgroup removed while the task is still being torn down reads as `/a/b (deleted)`.
     """
     paths = paths or HostPaths()
-    text = read_text_or_none(paths.proc / str(pid) / "cgroup")
+    text = read_text_or_none(PID_CGROUP.at(paths, pid=pid))
     if text is None:
         return None
     for line in text.splitlines():

@@ -27,7 +27,15 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from probes.cgroupfiles import CPUSET_EFFECTIVE_CPUS, CgroupFileParseError
+from probes.cgroupfiles import (
+    CPU_PRESSURE,
+    CPU_STAT,
+    CPUACCT_USAGE,
+    CPUACCT_USAGE_PERCPU,
+    CPUSET_EFFECTIVE_CPUS,
+    MEMORY_USAGE,
+    CgroupFileParseError,
+)
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.cpuacct import CgroupCpuReader, CgroupCpuStat
 from probes.host import HotFiles, read_small
@@ -113,17 +121,17 @@ class CgroupWatch:
         if self.cpuset_h is not None:
             (name,) = CPUSET_EFFECTIVE_CPUS.names(self.cpuset_h.version)
             cpuset = str(self.cpuset_h.path_of(path) / name)
-        percpu = str(self.cpuacct_h.path_of(path) / "cpuacct.usage_percpu") if self.cpuacct_h is not None else None
+        percpu = str(self.cpuacct_h.path_of(path) / CPUACCT_USAGE_PERCPU.name(1)) if self.cpuacct_h is not None else None
         w = _Watched(path, slot, cpuset, percpu, None, cpu_reader=CgroupCpuReader(self.layout, path),
                      mem_reader=MemStatReader(self.layout, path) if self.mem_h is not None else None,
-                     psi_probe_file=f"{self.v2.path_of(path)}/cpu.pressure" if self.v2 is not None else None)
+                     psi_probe_file=f"{self.v2.path_of(path)}/{CPU_PRESSURE.name(2)}" if self.v2 is not None else None)
         w.psi_dir = self._psi_dir(w)
         if self.cpuacct_h is not None:
-            w.usage_file = str(self.cpuacct_h.path_of(path) / "cpuacct.usage")
+            w.usage_file = str(self.cpuacct_h.path_of(path) / CPUACCT_USAGE.name(1))
         elif self.cpu_h is not None and self.cpu_h.version == 2:
-            w.usage_file = str(self.cpu_h.path_of(path) / "cpu.stat")
+            w.usage_file = str(self.cpu_h.path_of(path) / CPU_STAT.name(2))
         if self.mem_h is not None:
-            name = "memory.usage_in_bytes" if self.mem_h.version == 1 else "memory.current"
+            name = MEMORY_USAGE.name(self.mem_h.version)
             w.memory_usage_file = str(self.mem_h.path_of(path) / name)
         self.watched[path] = w
         self._wheel[slot].add(path)

@@ -20,7 +20,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from probes.cgroupfiles import CPU_MAX, CgroupFileParseError, CpuMax
+from probes.cgroupfiles import (
+    CPU_MAX,
+    CPU_STAT,
+    CPUACCT_STAT,
+    CPUACCT_USAGE,
+    CgroupFileParseError,
+    CpuMax,
+    parse_flat_keyed,
+)
 from probes.cgroupfs import CgroupLayout
 from probes.host import ReadText, read_small, read_text_or_none
 
@@ -55,29 +63,8 @@ class CgroupCpuStat:
 # -- parsing ------------------------------------------------------------------------------------
 
 
-def parse_keyed_counters(text: str) -> dict[str, int]:
-    """`key value` lines as ints (cpu.stat, cpuacct.stat); malformed lines are skipped."""
-    counters: dict[str, int] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) != 2:
-            continue
-        try:
-            counters[fields[0]] = int(fields[1])
-        except ValueError:
-            continue
-    return counters
-
-
-def parse_cpu_max(text: str) -> tuple[int | None, int] | None:
-    """`cpu.max` -> (quota_us or None for "max", period_us); None if malformed (a reader skips it).
-
-    The one parser is probes.cgroupfiles.CPU_MAX's, which the actuators use too."""
-    try:
-        parsed = CPU_MAX.parse_v2(text)
-    except CgroupFileParseError:
-        return None
-    return parsed.quota_us, parsed.period_us
+# `key value` lines as ints (cpu.stat, cpuacct.stat): the one parser of probes.cgroupfiles.
+parse_keyed_counters = parse_flat_keyed
 
 
 def _v1_limits(quota_text: str | None, period_text: str | None) -> CpuMax | None:
@@ -119,17 +106,17 @@ def _read_counters(path: Path) -> dict[str, int] | None:
 
 def read_v2_cpu_stat(cgroup_dir: Path) -> CgroupCpuStat | None:
     """One v2 cgroup; None when it vanished or cpu.stat/cpu.max are unusable."""
-    stat = _read_counters(cgroup_dir / "cpu.stat")
+    stat = _read_counters(cgroup_dir / CPU_STAT.name(2))
     if stat is None or "usage_usec" not in stat:
         return None
     quota_us: int | None = None
     period_us: int | None = None
-    cpu_max = _read(cgroup_dir / "cpu.max")
+    cpu_max = _read(cgroup_dir / CPU_MAX.name(2))
     if cpu_max is not None:
-        parsed = parse_cpu_max(cpu_max)
+        parsed = CPU_MAX.parse_or_none(2, cpu_max)
         if parsed is None:
             return None  # guessing "unlimited" would hide a throttled cgroup
-        quota_us, period_us = parsed
+        quota_us, period_us = parsed.quota_us, parsed.period_us
     elif not cgroup_dir.is_dir():
         return None  # vanished between the two reads
     return _v2_stat(stat, quota_us, period_us)
@@ -164,8 +151,8 @@ def read_v1_cpu_stat(
     """
     if cpuacct_dir is None:
         return None
-    usage = _read_int(cpuacct_dir / "cpuacct.usage")
-    acct = _read_counters(cpuacct_dir / "cpuacct.stat")
+    usage = _read_int(cpuacct_dir / CPUACCT_USAGE.name(1))
+    acct = _read_counters(cpuacct_dir / CPUACCT_STAT.name(1))
     if usage is None or acct is None:
         return None
     ticks = clock_ticks or os.sysconf("SC_CLK_TCK")
@@ -174,7 +161,7 @@ def read_v1_cpu_stat(
     quota_us: int | None = None
     period_us: int | None = None
     if cpu_dir is not None:
-        cpu_stat = _read_counters(cpu_dir / "cpu.stat")
+        cpu_stat = _read_counters(cpu_dir / CPU_STAT.name(1))
         quota_name, period_name = CPU_MAX.v1_names
         limits = _v1_limits(_read(cpu_dir / quota_name), _read(cpu_dir / period_name))
         if cpu_stat is None or limits is None:
@@ -258,12 +245,12 @@ def cpu_stat_unavailable_reason(layout: CgroupLayout, cgroup_path: str) -> str |
             return f"cgroup {d} does not exist (removed?)"
     if dirs.cgroup_version == 2 and dirs.cpu_dir is not None:
         problem = _file_problem(
-            dirs.cpu_dir / "cpu.stat", lambda t: "usage_usec" in parse_keyed_counters(t), "no usage_usec line"
-        ) or _parse_problem(dirs.cpu_dir / "cpu.max", CPU_MAX.parse_v2)
+            dirs.cpu_dir / CPU_STAT.name(2), lambda t: "usage_usec" in parse_keyed_counters(t), "no usage_usec line"
+        ) or _parse_problem(dirs.cpu_dir / CPU_MAX.name(2), CPU_MAX.parse_v2)
     elif dirs.cpuacct_dir is not None:
         problem = _file_problem(
-            dirs.cpuacct_dir / "cpuacct.usage", lambda t: _parse_int(t) is not None, "not an integer"
-        ) or _file_problem(dirs.cpuacct_dir / "cpuacct.stat", lambda _: True, "")
+            dirs.cpuacct_dir / CPUACCT_USAGE.name(1), lambda t: _parse_int(t) is not None, "not an integer"
+        ) or _file_problem(dirs.cpuacct_dir / CPUACCT_STAT.name(1), lambda _: True, "")
     else:
         problem = None
     if problem:
@@ -441,10 +428,10 @@ class CgroupCpuReader:
         if limits and self.max_file is not None:
             cpu_max = read_small(self.max_file)
             if cpu_max is not None:
-                parsed = parse_cpu_max(cpu_max)
+                parsed = CPU_MAX.parse_or_none(2, cpu_max)
                 if parsed is None:
                     return None  # guessing "unlimited" would hide a throttled cgroup
-                self.quota_us, self.period_us = parsed
+                self.quota_us, self.period_us = parsed.quota_us, parsed.period_us
             elif self.cpu_dir is not None and not os.path.isdir(self.cpu_dir):
                 return None  # vanished between the two reads
             else:

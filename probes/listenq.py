@@ -31,6 +31,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from probes.cgroupfiles import (  # the kernel files table
+    CGROUP_PROCS,
+    PID_NET_FIB_TRIE,
+    PID_NET_IF_INET6,
+    PID_NET_NETSTAT,
+    PID_NET_SNMP,
+)
+
 CLONE_NEWNET = 0x40000000
 NETLINK_SOCK_DIAG = 4
 TCP_LISTEN_STATE = 10  # TCP_LISTEN in the kernel's numbering
@@ -111,8 +119,8 @@ def _parse_proc_pairs(text: str) -> dict[str, dict[str, int]]:
 def read_counters(pid: int, proc: str = "/proc") -> TcpCounters | None:
     """The TCP counters of <pid>'s network namespace; None if the process is gone."""
     try:
-        snmp = _parse_proc_pairs(Path(f"{proc}/{pid}/net/snmp").read_text())
-        netstat = _parse_proc_pairs(Path(f"{proc}/{pid}/net/netstat").read_text())
+        snmp = _parse_proc_pairs(Path(proc, PID_NET_SNMP.path.format(pid=pid)).read_text())
+        netstat = _parse_proc_pairs(Path(proc, PID_NET_NETSTAT.path.format(pid=pid)).read_text())
     except OSError as e:
         if e.errno in _GONE:
             return None
@@ -265,7 +273,7 @@ def read_local_addrs(pid: int, proc: str = "/proc") -> frozenset[str]:
     entries, IPv6 from net/if_inet6), read from /proc without entering the namespace; empty if gone."""
     out: set[str] = set()
     try:
-        trie = Path(f"{proc}/{pid}/net/fib_trie").read_text()
+        trie = Path(proc, PID_NET_FIB_TRIE.path.format(pid=pid)).read_text()
     except OSError:
         return frozenset()
     last = ""
@@ -276,7 +284,7 @@ def read_local_addrs(pid: int, proc: str = "/proc") -> frozenset[str]:
         elif text.startswith("/32 host LOCAL") and last:
             out.add(last)
     with contextlib.suppress(OSError):
-        for line in Path(f"{proc}/{pid}/net/if_inet6").read_text().splitlines():
+        for line in Path(proc, PID_NET_IF_INET6.path.format(pid=pid)).read_text().splitlines():
             raw = line.split()[0] if line.split() else ""
             if len(raw) == 32:
                 with contextlib.suppress(ValueError):
@@ -297,8 +305,8 @@ def first_pid(cgroup_dir: Path) -> int | None:
         below: list[Path] = []
         for d in level:
             try:
-                for tok in (d / "cgroup.procs").read_text().split():
-                    return int(tok)
+                for pid in CGROUP_PROCS.parse(2, (d / CGROUP_PROCS.name(2)).read_text()):
+                    return pid
                 below.extend(Path(e.path) for e in os.scandir(d) if e.is_dir(follow_symlinks=False))
             except (OSError, ValueError):
                 continue
@@ -314,7 +322,7 @@ def pids_of(cgroup_dir: Path) -> list[int]:
         below: list[Path] = []
         for d in level:
             try:
-                out.extend(int(t) for t in (d / "cgroup.procs").read_text().split())
+                out.extend(CGROUP_PROCS.parse(2, (d / CGROUP_PROCS.name(2)).read_text()))
                 below.extend(Path(e.path) for e in os.scandir(d) if e.is_dir(follow_symlinks=False))
             except (OSError, ValueError):
                 continue

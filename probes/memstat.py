@@ -28,11 +28,20 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from probes.cgroupfiles import (  # the kernel files table
+    MEMORY_EVENTS,
+    MEMORY_FAILCNT,
+    MEMORY_MAX,
+    MEMORY_STAT,
+    MEMORY_USAGE,
+    PROC_VMSTAT,
+    PROC_ZONEINFO,
+    V1_UNLIMITED_AT,
+    parse_flat_keyed,
+)
 from probes.cgroupfs import CgroupLayout
 from probes.host import HostPaths, ReadText, read_small, read_text_or_none
 
-# v1 prints PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 with 4 KiB pages) for "no limit".
-V1_UNLIMITED_AT = 1 << 62
 ALLOCSTALL_PREFIX = "allocstall_"
 _V2_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
 
@@ -103,20 +112,6 @@ class NodeVmstat:
 
 
 # -- parsing ------------------------------------------------------------------------------------
-
-
-def parse_flat_keyed(text: str) -> dict[str, int]:
-    """`key value` lines (memory.stat, memory.events, oom_control, /proc/vmstat); bad lines skipped."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) != 2:
-            continue
-        try:
-            out[fields[0]] = int(fields[1])
-        except ValueError:
-            continue
-    return out
 
 
 def _int_or_none(text: str | None) -> int | None:
@@ -237,11 +232,10 @@ def _read(path: Path) -> str | None:
 
 def read_v1_memstat(cgroup_dir: Path) -> MemStat | None:
     """One cgroup in the v1 memory hierarchy; None when it vanished (or is not a memory cgroup)."""
-    stat = _read(cgroup_dir / "memory.stat")
+    stat = _read(cgroup_dir / MEMORY_STAT.name(1))
     if stat is None:
         return None
-    files = [_read(cgroup_dir / f) for f in
-             ("memory.usage_in_bytes", "memory.limit_in_bytes", "memory.failcnt", "memory.oom_control")]
+    files = [_read(cgroup_dir / f) for f in MemStatReader.V1_FILES]
     if any(t is None for t in files[:3]) and not cgroup_dir.is_dir():
         return None  # removed between the reads
     return parse_v1(stat, *files)
@@ -252,10 +246,10 @@ def read_v2_memstat(cgroup_dir: Path) -> MemStat | None:
 
     The v2 root has memory.stat but no memory.events/current/max: those fields are None there.
     """
-    stat = _read(cgroup_dir / "memory.stat")
+    stat = _read(cgroup_dir / MEMORY_STAT.name(2))
     if stat is None:
         return None
-    files = [_read(cgroup_dir / f) for f in ("memory.events", "memory.current", "memory.max")]
+    files = [_read(cgroup_dir / f) for f in MemStatReader.V2_FILES]
     if any(t is None for t in files) and not cgroup_dir.is_dir():
         return None
     return parse_v2(stat, *files)
@@ -276,7 +270,7 @@ def read_memstat(layout: CgroupLayout, cgroup_path: str) -> MemStat | None:
 
 def read_node_vmstat(paths: HostPaths | None = None) -> NodeVmstat | None:
     paths = paths or HostPaths()
-    text = _read(paths.proc / "vmstat")
+    text = _read(PROC_VMSTAT.at(paths))
     return None if text is None else parse_vmstat(text)
 
 
@@ -327,7 +321,7 @@ def parse_zoneinfo_watermarks(text: str) -> dict[str, int]:
 def read_node_memory(paths: HostPaths | None = None) -> NodeMemory | None:
     """The node's free memory and watermarks; None when /proc/vmstat or /proc/zoneinfo is unreadable."""
     paths = paths or HostPaths()
-    vmstat, zoneinfo = _read(paths.proc / "vmstat"), _read(paths.proc / "zoneinfo")
+    vmstat, zoneinfo = _read(PROC_VMSTAT.at(paths)), _read(PROC_ZONEINFO.at(paths))
     if vmstat is None or zoneinfo is None:
         return None
     raw = parse_flat_keyed(vmstat)
@@ -346,8 +340,8 @@ class MemStatReader:
     """One cgroup's memory accounting, read often: the file paths are built once (the per-tick cost
     was mostly pathlib), the results are those of :func:`read_memstat`."""
 
-    V1_FILES = ("memory.usage_in_bytes", "memory.limit_in_bytes", "memory.failcnt", "memory.oom_control")
-    V2_FILES = ("memory.events", "memory.current", "memory.max")
+    V1_FILES = tuple(f.name(1) for f in (MEMORY_USAGE, MEMORY_MAX, MEMORY_FAILCNT, MEMORY_EVENTS))
+    V2_FILES = tuple(f.name(2) for f in (MEMORY_EVENTS, MEMORY_USAGE, MEMORY_MAX))
 
     def __init__(self, layout: CgroupLayout, cgroup_path: str) -> None:
         hierarchy = layout.hierarchy_for("memory")

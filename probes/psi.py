@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from probes.cgroupfiles import CGROUP_PRESSURE, CPU_PRESSURE, PROC_PRESSURE
 from probes.cgroupfs import CgroupLayout, v2_cgroup_path
 from probes.host import HostPaths, read_text_or_none
 
@@ -134,7 +135,7 @@ class NodePsi:
 def read_node_psi(paths: HostPaths | None = None) -> NodePsi:
     """/proc/pressure/{cpu,memory,io,irq}; each missing one is listed with the likely reason."""
     paths = paths or HostPaths()
-    pressure_dir = paths.proc / "pressure"
+    pressure_dir = PROC_PRESSURE.at(paths, resource="cpu").parent
     readings: dict[str, PsiReading] = {}
     unavailable: dict[str, str] = {}
     if not pressure_dir.is_dir():
@@ -182,7 +183,7 @@ def cgroup_psi_scope(layout: CgroupLayout) -> str:
     """One line for logs: which cgroups have PSI on this host."""
     if layout.v2 is None:
         return "none: no cgroup v2 hierarchy (per-cgroup PSI exists only in v2)"
-    if not (layout.v2.mount / "cpu.pressure").exists():
+    if not (layout.v2.mount / CPU_PRESSURE.name(2)).exists():
         return f"none: no pressure files in {layout.v2.mount} (kernel without CONFIG_PSI, or psi=0)"
     if layout.v1:
         return (
@@ -226,7 +227,7 @@ def cgroup_psi_source_for_pid(
 
 def _psi_state_of(cgroup_dir: Path) -> CgroupPsiSource:
     try:
-        enabled = read_text_or_none(cgroup_dir / "cgroup.pressure")
+        enabled = read_text_or_none(cgroup_dir / CGROUP_PRESSURE.name(2))
     except OSError as e:
         return CgroupPsiSource(cgroup_dir, f"{cgroup_dir}/cgroup.pressure: {e.strerror or e}")
     if not cgroup_dir.is_dir():
@@ -234,7 +235,7 @@ def _psi_state_of(cgroup_dir: Path) -> CgroupPsiSource:
     # cgroup.pressure appeared in 6.1; older kernels have PSI always on for every v2 cgroup.
     if enabled is not None and enabled.strip() == "0":
         return CgroupPsiSource(cgroup_dir, f"PSI disabled for {cgroup_dir} (cgroup.pressure = 0)")
-    if not (cgroup_dir / "cpu.pressure").exists():
+    if not (cgroup_dir / CPU_PRESSURE.name(2)).exists():
         return CgroupPsiSource(
             cgroup_dir, f"no pressure files in {cgroup_dir} (kernel without CONFIG_PSI, or psi=0)"
         )
@@ -438,7 +439,7 @@ def _why_gone(path: Path) -> str:
         if not cgroup_dir.is_dir():
             return f"cgroup {cgroup_dir} was removed"
         with contextlib.suppress(OSError):
-            if (read_text_or_none(cgroup_dir / "cgroup.pressure") or "").strip() == "0":
+            if (read_text_or_none(cgroup_dir / CGROUP_PRESSURE.name(2)) or "").strip() == "0":
                 return f"PSI was disabled for {cgroup_dir} (cgroup.pressure = 0)"
     if not path.exists():
         return f"{path} is gone"

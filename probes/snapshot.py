@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from probes.cgroupfiles import USER_HZ, CpuTimes, parse_proc_stat  # noqa: F401  (/proc/stat: one parser)
 from probes.cpuacct import CgroupCpuStat
 from probes.engine import ProbeStatus
 from probes.gpu import GpuDevice
@@ -24,53 +25,6 @@ from probes.registry import BY_NAME, PLUGINS
 from probes.runqlat import RunqSnapshot
 from probes.softirq import SoftirqSnapshot
 from probes.tcpconnect import TcpConnectSnapshot
-
-USER_HZ = 100  # /proc/stat unit; fixed at 100 on every Linux ABI that matters here
-
-
-@dataclass(frozen=True, slots=True)
-class CpuTimes:
-    """One line of /proc/stat in ns (converted from USER_HZ ticks)."""
-
-    user_ns: int
-    nice_ns: int
-    system_ns: int
-    idle_ns: int
-    iowait_ns: int
-    irq_ns: int
-    softirq_ns: int
-    steal_ns: int
-
-    @property
-    def busy_ns(self) -> int:
-        return self.user_ns + self.nice_ns + self.system_ns + self.irq_ns + self.softirq_ns + self.steal_ns
-
-    @property
-    def total_ns(self) -> int:
-        return self.busy_ns + self.idle_ns + self.iowait_ns
-
-
-def parse_proc_stat(text: str) -> tuple[CpuTimes | None, dict[int, CpuTimes]]:
-    """(all CPUs, per CPU) from /proc/stat; malformed lines are skipped."""
-    scale = 1_000_000_000 // USER_HZ
-    total: CpuTimes | None = None
-    per_cpu: dict[int, CpuTimes] = {}
-    for line in text.splitlines():
-        if not line.startswith("cpu"):
-            continue
-        parts = line.split()
-        try:
-            nums = [int(x) * scale for x in parts[1:9]]
-        except ValueError:
-            continue
-        if len(nums) < 8:
-            nums += [0] * (8 - len(nums))
-        times = CpuTimes(*nums)
-        if parts[0] == "cpu":
-            total = times
-        elif parts[0][3:].isascii() and parts[0][3:].isdigit():  # "cpu²".isdigit() too, but int() refuses it
-            per_cpu[int(parts[0][3:])] = times
-    return total, per_cpu
 
 
 @dataclass(frozen=True)

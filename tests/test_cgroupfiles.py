@@ -4,6 +4,8 @@ report it), on v1 and v2 spellings alike. Temp file trees only: no real cgroup i
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,84 @@ def test_bad_cpu_list_skipped_by_the_watch_reported_by_the_actuator(tmp_path: Pa
     with pytest.raises(CgroupFileError) as e:
         CgroupFiles(paths).read_cpus(cg)
     assert str(e.value) == f"{cg_dir / configured}: {expected}"
+
+
+# -- one table of kernel files (issue 27) ------------------------------------------------------------
+
+RUNTIME = Path(__file__).resolve().parent.parent
+RUNTIME_PACKAGES = ("probes", "detector", "actuators", "noisyneighbor")
+TEST_ONLY = {"sandbox.py"}  # noisyneighbor/sandbox.py makes test cgroups; it leaves the package (issue 27)
+CGROUP_FILE_NAME = re.compile(r"^(cpu|cpuacct|cpuset|memory|io|irq|cgroup|pids|hugetlb|blkio)\.[a-z_.]+$|^tasks$")
+
+
+def _runtime_sources():
+    for pkg in RUNTIME_PACKAGES:
+        for path in sorted((RUNTIME / pkg).rglob("*.py")):
+            if path.name not in TEST_ONLY and path.name != "cgroupfiles.py":
+                yield path, ast.parse(path.read_text())
+
+
+def test_every_declared_file_has_a_name_and_a_parser_that_resolves():
+    from probes import cgroupfiles as table
+
+    assert len(table.CGROUP_FILES) >= 20 and len(table.KERNEL_FILES) >= 15
+    for name, f in table.CGROUP_FILES.items():
+        assert f.names(1) or f.names(2), name
+        assert callable(table._resolve(f.parse_v1)) and callable(table._resolve(f.parse_v2)), name
+    for name, f in table.KERNEL_FILES.items():
+        assert f.root in ("proc", "sys") and (f.parse is not None or f.reader), name
+        assert callable(table._resolve(f.parse if f.parse is not None else f.reader)), name
+
+
+def test_every_cgroup_file_the_runtime_spells_is_declared():
+    """A reader may spell a name (probe modules keep their hot paths), but only a declared one: a new
+    file is added to probes/cgroupfiles.py with its v1/v2 names and its parser."""
+    from probes import cgroupfiles as table
+
+    declared = {n for f in table.CGROUP_FILES.values() for n in (*f.v1_names, f.v2_name) if n}
+    spelled = {(str(path.relative_to(RUNTIME)), node.value) for path, tree in _runtime_sources()
+               for node in ast.walk(tree)
+               if isinstance(node, ast.Constant) and isinstance(node.value, str) and CGROUP_FILE_NAME.match(node.value)}
+    assert {(where, name) for where, name in spelled if name not in declared} == set()
+
+
+def test_the_parser_copies_are_gone():
+    """One parser each: cpu.max (was also in probes/cpuacct.py), `key value` counters (cpuacct.py and
+    memstat.py each had a copy), /proc/stat (probes/snapshot.py and actuators/suppress.py), cpu lists
+    (actuators/mitigate.py had one without the MAX_CPUS guard), cgroup.procs (read and split in
+    probes/listenq.py)."""
+    copies = {"parse_cpu_max", "parse_keyed_counters", "parse_flat_keyed", "parse_proc_stat", "parse_cpu_ranges",
+              "parse_cpu_list", "netdev_packets", "parse_netdev_packets"}
+    defined = {(str(path.relative_to(RUNTIME)), node.name) for path, tree in _runtime_sources()
+               for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name in copies}
+    assert defined == set()
+    procs = {str(path.relative_to(RUNTIME)) for path, tree in _runtime_sources() for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and node.value == "cgroup.procs"}
+    assert procs == set()  # every reader goes through CGROUP_PROCS (actuators: Resource.PROCS)
+
+
+def test_proc_stat_ticks_for_suppress_are_what_the_old_reader_computed(tmp_path: Path):
+    from actuators.suppress import read_proc_stat_cpu
+    from probes.host import HostPaths
+
+    paths = HostPaths.under(tmp_path)
+    paths.proc.mkdir(parents=True)
+    (paths.proc / "stat").write_text(
+        "cpu  100 5 50 1000 20 3 7 1 0 0\ncpu0 50 2 25 500 10 1 3 1 0 0\ncpu1 50 3 25 500 10 2 4 0 0 0\n"
+        "cpu2 x 1\nintr 1 2 3\n")
+    # busy = total - idle - iowait over the eight fields; CPUs counted by their lines (a bad line skipped)
+    assert read_proc_stat_cpu(paths) == (166, 1186, 2)
+
+
+def test_a_task_file_the_kernel_would_not_write_reads_as_gone(tmp_path: Path):
+    from actuators.mitigate import task_sched
+
+    (tmp_path / "7").mkdir()
+    fields = ["S"] + ["0"] * 50
+    fields[11], fields[12], fields[38] = "300", "100", "1"
+    (tmp_path / "7/stat").write_text("7 (a (b) c) " + " ".join(fields) + "\n")
+    (tmp_path / "7/status").write_text("Name:\tx\nCpus_allowed_list:\t0-1,3\n")
+    policy, cpu_s, cpus = task_sched(tmp_path, 7)
+    assert (policy, cpus) == (1, {0, 1, 3}) and cpu_s > 0
+    (tmp_path / "7/status").write_text("Cpus_allowed_list:\t0-100000000\n")  # past MAX_CPUS: refused, not built
+    assert task_sched(tmp_path, 7) is None

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from noisyneighbor.sandbox import OwnedCgroup
+from probes.cgroupfiles import CPU_MAX
 from probes.cgroupfs import discover
 from probes.cpuacct import (
     CgroupCpuReader,
@@ -20,7 +21,6 @@ from probes.cpuacct import (
     cpu_delta,
     cpu_stat_unavailable_reason,
     locate_cpu_stat_dirs,
-    parse_cpu_max,
     parse_keyed_counters,
     read_cgroup_cpu,
     read_v1_cpu_stat,
@@ -108,7 +108,8 @@ def test_parse_keyed_counters_skips_garbage() -> None:
     ],
 )
 def test_parse_cpu_max(text: str, expected: tuple[int | None, int] | None) -> None:
-    assert parse_cpu_max(text) == expected
+    got = CPU_MAX.parse_or_none(2, text)  # the one parser (probes.cgroupfiles), as a probe reads it
+    assert (None if got is None else (got.quota_us, got.period_us)) == expected
 
 
 # -- v2 -----------------------------------------------------------------------------------------
@@ -312,6 +313,8 @@ def schedstat_runtime_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
+@pytest.mark.smoke
+@pytest.mark.vm
 @pytest.mark.root
 def test_real_quota_throttles_and_usage_matches_schedstat(make_cgroup) -> None:
     layout = discover()

@@ -162,7 +162,7 @@ def _snapshots(seed: int):
         yield snap
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=CONFIGS, seed=st.integers(0, 2**32))
 def test_every_valid_config_survives_random_snapshots(config: dict, seed: int) -> None:
     policy = policy_from_mapping(config, source="<property>")

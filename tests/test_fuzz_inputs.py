@@ -42,8 +42,8 @@ from detector.policy import (
     ResourceThresholdStrategy,
     parse_policy,
 )
-from probes.cgroupfiles import CgroupFileParseError
-from probes.cpuacct import parse_cpu_max, parse_keyed_counters
+from probes.cgroupfiles import CPU_MAX, CgroupFileParseError
+from probes.cpuacct import parse_keyed_counters
 from probes.host import HostPaths
 from probes.listenq import _parse_proc_pairs
 from probes.memstat import parse_flat_keyed, parse_v1, parse_v2, parse_vmstat
@@ -281,8 +281,8 @@ def test_stat_file_parsers_skip_bad_lines(text: str) -> None:
     counters = parse_keyed_counters(text)  # cpu.stat, cpuacct.stat
     assert all(isinstance(v, int) for v in counters.values())
     assert all(isinstance(v, int) for v in parse_flat_keyed(text).values())  # memory.stat, vmstat
-    got = parse_cpu_max(text)
-    assert got is None or (got[1] > 0 and (got[0] is None or got[0] > 0))
+    got = CPU_MAX.parse_or_none(2, text)
+    assert got is None or (got.period_us > 0 and (got.quota_us is None or got.quota_us > 0))
     parse_v1(text, text, text, text, text)
     parse_v2(text, text, text, text)
     parse_vmstat(text).allocstall_total  # noqa: B018 - the property reads the sum

@@ -16,7 +16,7 @@ from actuators.base import ActionOutcome, ActionRecord, ActionState
 from actuators.cgroupfile import CgroupFiles
 from actuators.journal import Journal
 from actuators.manager import ActuatorManager
-from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler, netdev_packets
+from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import SuppressActuator
 from detector.causes.softirq import softirq_traffic_decision
 from detector.decisions import (
@@ -33,6 +33,7 @@ from detector.model import Incident
 from detector.policy import ActuatorPolicy
 from noisyneighbor.agent import ScopedActuator
 from noisyneighbor.sandbox import PREFIX
+from probes.cgroupfiles import parse_netdev_packets
 from probes.cgroupfs import discover
 from probes.host import HostPaths
 
@@ -69,7 +70,7 @@ def test_netdev_packets_skips_lo() -> None:
             " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs\n"
             "    lo: 100 7 0 0 0 0 0 0 100 7 0 0 0 0 0 0\n"
             "  nnva: 500 3 0 0 0 0 0 0 9000 40 0 0 0 0 0 0\n")
-    assert netdev_packets(text) == 43
+    assert parse_netdev_packets(text) == 43  # /proc/<pid>/net/dev: probes.cgroupfiles.PID_NET_DEV's parser
 
 
 class _FakeSampler:
