@@ -98,7 +98,12 @@ def test_a_be_hogs_cost_to_the_victim_from_the_kernel(scenario):
         top = max(i for i, x in enumerate(m) if x)
         assert m[top] < 0, m  # the highest slot touched loses waits: taking the hog out only shortens them
         without = counterfactual_histogram(row.runq_hist, m, int(row.ran_instead_ns.get(be_key, 0)))
-        assert without.count == row.runq_hist.count
+        # The histogram and the moves are read one after the other: a wait that ended between the two
+        # reads has its move in this tick and its count in the next, so a slot may go below zero (clipped)
+        # by the few waits of that gap. Over the window both are whole.
+        clipped = sum(max(0, -(n + x)) for n, x in zip(row.runq_hist.slots, m, strict=True))
+        assert clipped <= max(3, 0.03 * row.runq_hist.count), (row.runq_hist.slots, m)
+        assert without.count == row.runq_hist.count + clipped
         assert without.sum_ns <= row.runq_hist.sum_ns
     assert moved > 0, "the hog lengthened the victim's waits enough to change their slot"
     incidents = s.incidents_for(ls)
