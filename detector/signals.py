@@ -22,6 +22,7 @@ from typing import Any
 
 from detector.containers import POD_ITSELF, MayUse, containers_by_pod, may_use
 from detector.workloads import IdMapper, Workload
+from probes import steal
 from probes.cgroupfs import CgroupLayout
 from probes.hist import HIST_SLOTS, IntervalHistogram
 from probes.psi import psi_rate
@@ -263,12 +264,13 @@ class SignalBuilder:
             for cpu, delays in per_cpu_delay.items():
                 sirq_delay[cpu] = _merge(delays).quantile_ns(0.99)
         stolen: StealInterval | None = probe_delta("steal", prev, cur)
-        steal_ms = stolen.ms_per_s() if stolen is not None else {}
+        steal_node = steal.node_signals(stolen, dt) if stolen is not None else {}
+        steal_ms = steal_node.get("steal_ms_per_s_by_cpu", {})
         for r in rows.values():
             weights = self._cpu_weights(prev, cur, r.workload.target.cgroup)
             r.cpu_weights = weights
             r.softirq_ms_per_s = sum(w * sirq_ms.get(cpu, 0.0) for cpu, w in weights.items())
-            r.steal_ms_per_s = sum(w * steal_ms.get(cpu, 0.0) for cpu, w in weights.items()) if steal_ms else 0.0
+            r.steal_ms_per_s = steal.exposure(weights, steal_node)["steal_ms_per_s"]
             r.softirq_delay_p99_ns = max((sirq_delay.get(cpu, 0.0) for cpu, w in weights.items() if w > 0.05), default=0.0)
 
         # -- reclaim (memory hierarchy ids) ---------------------------------------------------------

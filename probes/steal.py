@@ -124,6 +124,19 @@ def delta(prev: StealSnapshot | None, cur: StealSnapshot) -> StealInterval:
     return StealInterval(cur.monotonic_s - prev.monotonic_s, steal, total)
 
 
+def node_signals(interval: StealInterval, dt: float) -> dict[str, Any]:
+    """Stolen ms per second per CPU (NodeSignals.steal_ms_per_s_by_cpu): charged to CPUs, read by a
+    workload through where it ran (:func:`exposure`). The shape of issue 27's SignalExtractor (node)."""
+    return {"steal_ms_per_s_by_cpu": interval.ms_per_s()}
+
+
+def exposure(weights: dict[int, float], node: dict[str, Any]) -> dict[str, Any]:
+    """A workload's steal: each CPU's stolen ms/s weighted by its share of the workload's CPU time
+    (WorkloadSignals.steal_ms_per_s; issue 27's SignalExtractor exposure)."""
+    stolen = node.get("steal_ms_per_s_by_cpu") or {}
+    return {"steal_ms_per_s": sum(w * stolen.get(cpu, 0.0) for cpu, w in weights.items()) if stolen else 0.0}
+
+
 def node_series(snap: StealSnapshot) -> Iterator[tuple[str, tuple[str, ...], float]]:
     """Per CPU whose steal is not 0 (bare metal: no series)."""
     for cpu, ns in snap.steal_ns.items():
