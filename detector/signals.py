@@ -25,7 +25,7 @@ from probes.cgroupfs import CgroupLayout
 from probes.hist import HIST_SLOTS, IntervalHistogram
 from probes.psi import psi_rate
 from probes.reclaim import ReclaimInterval
-from probes.registry import BY_NAME
+from probes.registry import BY_NAME, PLUGINS
 from probes.runqlat import RunqInterval
 from probes.snapshot import NodeSnapshot
 from probes.softirq import SoftirqInterval
@@ -115,11 +115,12 @@ class WorkloadSignals:
 class NodeSignals:
     interval_s: float
     workloads: dict[str, WorkloadSignals]
-    softirq_ms_per_s_by_cpu: dict[int, float]
-    softirq_delay_p99_ns_by_cpu: dict[int, float]
-    node_direct_reclaim_ms_per_s: float
-    node_cpu_busy: float | None  # 0..ncpu cores busy
-    node_psi: dict[str, float]  # "cpu_some" -> percent
+    # set by the probe plugins' extractors (their defaults: the probe is off)
+    softirq_ms_per_s_by_cpu: dict[int, float] = field(default_factory=dict)
+    softirq_delay_p99_ns_by_cpu: dict[int, float] = field(default_factory=dict)
+    node_direct_reclaim_ms_per_s: float = 0.0
+    node_cpu_busy: float | None = None  # 0..ncpu cores busy
+    node_psi: dict[str, float] = field(default_factory=dict)  # "cpu_some" -> percent
     online_cpus: tuple[int, ...] = ()
     # Every workload that exists, active or not (``workloads`` holds rows only for those whose inputs
     # moved this tick). None: ``workloads`` holds every one.
@@ -152,26 +153,40 @@ def probe_delta(name: str, prev: NodeSnapshot, cur: NodeSnapshot) -> Any:
     return BY_NAME[name].delta(before, now)
 
 
+class _Tick:
+    """One build's rows: a workload's row is made the first time anything about it moved."""
+
+    def __init__(self, dt: float) -> None:
+        self.dt = dt
+        self.rows: dict[str, WorkloadSignals] = {}
+        self.node: dict[str, Any] = {}  # NodeSignals fields the plugins' extractors set
+        self.matrix = False
+        self.sirq: tuple[dict[int, float], dict[int, float]] = ({}, {})
+
+    def row(self, w: Workload) -> WorkloadSignals:
+        r = self.rows.get(w.key)
+        if r is None:
+            r = self.rows[w.key] = WorkloadSignals(w, self.dt)
+        return r
+
+
 class SignalBuilder:
+    """Joins two snapshots to workloads: each probe plugin's ``signal_extractor`` (probes/plugin.py) over
+    its interval, and the cgroup files (CPU accounting, memory, PSI) read here, in a fixed order
+    (``SIGNAL_STAGES``): which rows exist when a stage runs is part of what it computes."""
+
     def __init__(self, layout: CgroupLayout, ids: IdMapper) -> None:
         self.layout = layout
         self.ids = ids
         self.cpu_h = layout.hierarchy_for("cpu")
         self.mem_h = layout.hierarchy_for("memory")
+        self.hierarchies = {p.id_controller: layout.hierarchy_for(p.id_controller) for p in PLUGINS}
+        self.extractors = tuple((p, p.signal_extractor) for p in PLUGINS if p.signal_extractor is not None)
         # (the listed paths, the pod list version, their workload keys and those of unlisted rows since)
         self._present_of: tuple[object, int, frozenset[str]] | None = None
 
     def build(self, prev: NodeSnapshot, cur: NodeSnapshot, extra_paths: Iterable[str] = ()) -> NodeSignals:
-        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-6)
-        rows: dict[str, WorkloadSignals] = {}
-        matrix = False  # the runqlat flavour fills the victim x culprit matrix
-
-        def row(w: Workload) -> WorkloadSignals:
-            r = rows.get(w.key)
-            if r is None:
-                r = rows[w.key] = WorkloadSignals(w, dt)
-            return r
-
+        tick = _Tick(max(cur.monotonic_s - prev.monotonic_s, 1e-6))
         # Which cgroups' file readings are new this tick. A collector that follows activity names them
         # (idle cgroups keep their last readings, and get no row: nothing happened to them); without
         # that, every reading is new and every listed workload gets a row, as before.
@@ -182,36 +197,69 @@ class SignalBuilder:
         listed_keys = self._present(extra_paths) if incremental else frozenset()
         if changed is None:
             for path in extra_paths:
-                row(self.ids.index.workload_of(path))
+                tick.row(self.ids.index.workload_of(path))
             changed = cur.cgroup_cpu.keys() | cur.cgroup_mem.keys() | cur.cgroup_psi.keys()
+        intervals = {p.name: probe_delta(p.name, prev, cur) for p, _ in self.extractors}
+        self._stage("tasks", intervals, tick)
+        self._legacy_tasks(prev, cur, tick)
+        self._cpu_files(prev, cur, changed, incremental, tick)
+        self._cpu_exposure(prev, cur, intervals, tick)
+        self._stage("memory", intervals, tick)
+        self._legacy_memory(prev, cur, tick)
+        self._memory_files(prev, cur, changed, incremental, tick)
+        self._stage("network", intervals, tick)
+        self._legacy_network(prev, cur, tick)
+        self._psi_files(prev, cur, changed, tick)
+        for r in tick.rows.values():  # node-wide: rows with no wait this tick still have (zero) shares
+            r.who_ran_instead_available = tick.matrix
+        for plugin, extractor in self.extractors:  # node-wide facts: rows with nothing this tick have them too
+            interval = intervals[plugin.name]
+            if extractor.every_row is not None and interval is not None:
+                for name, value in extractor.every_row(interval).items():
+                    for r in tick.rows.values():
+                        setattr(r, name, value)
+        return NodeSignals(tick.dt, tick.rows, node_cpu_busy=_busy_cores(prev, cur, tick.dt),
+                           node_psi=_node_psi(prev, cur, tick.dt), online_cpus=tuple(sorted(cur.node_cpu_per_cpu)),
+                           present=self._present_with(tick, listed_keys) if incremental else None,
+                           kswapd_pages_per_s=_kswapd_pages_per_s(prev, cur, tick.dt), **tick.node)
 
-        # -- runqueue (the runqlat plugin's interval: only cgroups in which a wait ended) ------------
-        runq: RunqInterval | None = probe_delta("runqlat", prev, cur)
-        if runq is not None:
-            groups: dict[str, list[IntervalHistogram]] = defaultdict(list)
-            for cgid, waited in runq.per_cgroup.items():
-                w = self.ids.workload_of(cgid, self.cpu_h)
-                if w is not None:
-                    groups[w.key].append(waited)
-                    row(w)
-            for key, hists in groups.items():
-                d = _merge(hists)
-                r = rows[key]
-                r.runq_count = d.count
-                r.runq_wait_ms_per_s = d.sum_ns / 1e6 / dt
-                r.runq_p99_ns = d.quantile_ns(0.99)
-                r.runq_max_ns = d.max_ns
-            matrix = self._who_ran_instead(runq, row)
+    def _stage(self, stage: str, intervals: dict[str, Any], tick: _Tick) -> None:
+        """The extractors of one stage: their node values, and their values per workload on its row."""
+        for plugin, extractor in self.extractors:
+            interval = intervals[plugin.name]
+            if extractor.stage != stage or interval is None:
+                continue
+            if extractor.node is not None:
+                tick.node.update(extractor.node(interval, tick.dt))
+            if extractor.workloads is None:
+                continue
+            hierarchy, primary = self.hierarchies[plugin.id_controller], plugin.id_controller == "cpu"
+            seen: dict[str, Workload] = {}
 
-        # -- CPU accounting -----------------------------------------------------------------------
+            def workload_key(cgroup_id: int) -> str | None:
+                w = self.ids.workload_of(cgroup_id, hierarchy, primary=primary)  # noqa: B023 (called right here)
+                if w is None:
+                    return None
+                seen.setdefault(w.key, w)  # noqa: B023
+                return w.key
+
+            for key, values in extractor.workloads(interval, tick.dt, workload_key).items():
+                r = tick.row(seen[key])
+                for name, value in values.items():
+                    setattr(r, name, value)
+
+    def _cpu_files(self, prev: NodeSnapshot, cur: NodeSnapshot, changed: Iterable[str], incremental: bool,
+                   tick: _Tick) -> None:
+        """CPU use and CFS throttling of each workload's own cgroup, then of its containers."""
+        dt = tick.dt
         for path in changed:
             c, p = cur.cgroup_cpu.get(path), prev.cgroup_cpu.get(path)
             if c is None or p is None or not self.ids.index.is_workload_root(path):
                 continue  # only the workload's own cgroup: it already sums its children
             w = self.ids.index.workload_of(path)
-            if incremental and w.key not in rows and c.usage_ns == p.usage_ns and c.nr_periods == p.nr_periods:
+            if incremental and w.key not in tick.rows and c.usage_ns == p.usage_ns and c.nr_periods == p.nr_periods:
                 continue  # read again (its turn on the wheel) but it did not run: no row, no fake zeros
-            r = row(w)
+            r = tick.row(w)
             r.cpu_cores = max(c.usage_ns - p.usage_ns, 0) / 1e9 / dt
             r.quota_cores = c.quota_cores
             periods = c.nr_periods - p.nr_periods
@@ -229,13 +277,94 @@ class SignalBuilder:
             if named is None:
                 continue
             periods = c.nr_periods - p.nr_periods
-            r = row(self.ids.index.workload_of(path))
+            r = tick.row(self.ids.index.workload_of(path))
             r.containers[path] = ContainerCpu(
                 named[0], path, max(c.usage_ns - p.usage_ns, 0) / 1e9 / dt, c.quota_cores,
                 (c.nr_throttled - p.nr_throttled) / periods if periods > 0 else 0.0,
                 max(c.throttled_ns - p.throttled_ns, 0) / 1e6 / dt, named[1])
 
-        # -- softirq per CPU, then joined through where each workload ran ---------------------------
+    def _cpu_exposure(self, prev: NodeSnapshot, cur: NodeSnapshot, intervals: dict[str, Any], tick: _Tick) -> None:
+        """Where each workload ran (its CPU weights), and the per-CPU values of the "cpus" stage's
+        extractors read through them, for the rows made so far."""
+        self._stage("cpus", intervals, tick)
+        exposures = [e.exposure for p, e in self.extractors
+                     if e.stage == "cpus" and e.exposure is not None and intervals[p.name] is not None]
+        self._legacy_cpus(prev, cur, tick)
+        for r in tick.rows.values():
+            weights = self._cpu_weights(prev, cur, r.workload.target.cgroup)
+            r.cpu_weights = weights
+            for exposure in exposures:
+                for name, value in exposure(weights, tick.node).items():
+                    setattr(r, name, value)
+            self._legacy_exposure(r, weights, tick)
+
+    def _memory_files(self, prev: NodeSnapshot, cur: NodeSnapshot, changed: Iterable[str], incremental: bool,
+                      tick: _Tick) -> None:
+        for path in changed:
+            m = cur.cgroup_mem.get(path)
+            if m is not None and self.ids.index.is_workload_root(path):
+                w = self.ids.index.workload_of(path, primary=False)
+                before = prev.cgroup_mem.get(path)
+                if incremental and w.key not in tick.rows and (before is None or before.usage_bytes == m.usage_bytes):
+                    continue  # first sight or no change: nothing happened to it (no row, no store entity)
+                r = tick.row(w)
+                r.memory_usage_bytes, r.memory_limit_bytes = m.usage_bytes, m.limit_bytes
+
+    def _psi_files(self, prev: NodeSnapshot, cur: NodeSnapshot, changed: Iterable[str], tick: _Tick) -> None:
+        for path in changed:
+            readings = cur.cgroup_psi.get(path)
+            if readings is None or not self.ids.index.is_workload_root(path):
+                continue
+            before = prev.cgroup_psi.get(path, {})
+            if before is readings:
+                continue  # not read again since the last tick
+            # Its own interval: a cgroup whose PSI is not read every tick has stalls from several ticks.
+            psi_dt = cur.cgroup_psi_read_s.get(path, cur.monotonic_s) - prev.cgroup_psi_read_s.get(path, prev.monotonic_s)
+            if psi_dt <= 0:
+                continue
+            r = tick.row(self.ids.index.workload_of(path))
+            for resource, reading in readings.items():
+                if resource not in before:
+                    continue
+                rate = psi_rate(before[resource], reading, psi_dt)
+                if resource == "cpu":
+                    r.psi_cpu_some = None if rate.some is None else rate.some * 100
+                elif resource == "memory":
+                    r.psi_memory_some = None if rate.some is None else rate.some * 100
+                    r.psi_memory_full = None if rate.full is None else rate.full * 100
+                elif resource == "io":
+                    r.psi_io_some = None if rate.some is None else rate.some * 100
+
+    def _present_with(self, tick: _Tick, listed_keys: frozenset[str]) -> frozenset[str]:
+        new = [k for k in tick.rows if k not in listed_keys]
+        if new:  # a workload with a row that is not listed (the root, a service): present too
+            listed_keys = listed_keys | frozenset(new)
+            self._present_of = (self._present_of[0], self._present_of[1], listed_keys)  # type: ignore[index]
+        return listed_keys
+
+    # -- hand-written per-probe blocks, moved one by one into their plugins' extractors --------------
+    def _legacy_tasks(self, prev: NodeSnapshot, cur: NodeSnapshot, tick: _Tick) -> None:
+        dt, rows, row = tick.dt, tick.rows, tick.row
+        tick.matrix = False
+        runq: RunqInterval | None = probe_delta("runqlat", prev, cur)
+        if runq is not None:
+            groups: dict[str, list[IntervalHistogram]] = defaultdict(list)
+            for cgid, waited in runq.per_cgroup.items():
+                w = self.ids.workload_of(cgid, self.cpu_h)
+                if w is not None:
+                    groups[w.key].append(waited)
+                    row(w)
+            for key, hists in groups.items():
+                d = _merge(hists)
+                r = rows[key]
+                r.runq_count = d.count
+                r.runq_wait_ms_per_s = d.sum_ns / 1e6 / dt
+                r.runq_p99_ns = d.quantile_ns(0.99)
+                r.runq_max_ns = d.max_ns
+            tick.matrix = self._who_ran_instead(runq, row)
+
+    def _legacy_cpus(self, prev: NodeSnapshot, cur: NodeSnapshot, tick: _Tick) -> None:
+        dt = tick.dt
         sirq_ms: dict[int, float] = defaultdict(float)
         sirq_delay: dict[int, float] = {}
         sirq: SoftirqInterval | None = probe_delta("softirq", prev, cur)
@@ -246,14 +375,17 @@ class SignalBuilder:
                 per_cpu_delay[cpu].append(d.delay)
             for cpu, delays in per_cpu_delay.items():
                 sirq_delay[cpu] = _merge(delays).quantile_ns(0.99)
-        for r in rows.values():
-            weights = self._cpu_weights(prev, cur, r.workload.target.cgroup)
-            r.cpu_weights = weights
-            r.softirq_ms_per_s = sum(w * sirq_ms.get(cpu, 0.0) for cpu, w in weights.items())
-            r.softirq_delay_p99_ns = max((sirq_delay.get(cpu, 0.0) for cpu, w in weights.items() if w > 0.05), default=0.0)
+        tick.sirq = (sirq_ms, sirq_delay)
+        tick.node["softirq_ms_per_s_by_cpu"] = dict(sirq_ms)
+        tick.node["softirq_delay_p99_ns_by_cpu"] = sirq_delay
 
-        # -- reclaim (memory hierarchy ids) ---------------------------------------------------------
-        node_direct = 0.0
+    def _legacy_exposure(self, r: WorkloadSignals, weights: dict[int, float], tick: _Tick) -> None:
+        sirq_ms, sirq_delay = tick.sirq
+        r.softirq_ms_per_s = sum(w * sirq_ms.get(cpu, 0.0) for cpu, w in weights.items())
+        r.softirq_delay_p99_ns = max((sirq_delay.get(cpu, 0.0) for cpu, w in weights.items() if w > 0.05), default=0.0)
+
+    def _legacy_memory(self, prev: NodeSnapshot, cur: NodeSnapshot, tick: _Tick) -> None:
+        dt, row = tick.dt, tick.row
         reclaim: ReclaimInterval | None = probe_delta("reclaim", prev, cur)
         if reclaim is not None:  # only the (memcg id, kind) keys that reclaimed
             for (cgid, kind), rd in reclaim.per_cgroup.items():
@@ -265,18 +397,10 @@ class SignalBuilder:
                 r.reclaim_stall_ms_per_s += ms
                 r.reclaim_by_kind_ms_per_s[kind] = r.reclaim_by_kind_ms_per_s.get(kind, 0.0) + ms
                 r.reclaim_pages_per_s += rd.pages / dt
-            node_direct = reclaim.node_direct.latency.sum_ns / 1e6 / dt
-        for path in changed:
-            m = cur.cgroup_mem.get(path)
-            if m is not None and self.ids.index.is_workload_root(path):
-                w = self.ids.index.workload_of(path, primary=False)
-                before = prev.cgroup_mem.get(path)
-                if incremental and w.key not in rows and (before is None or before.usage_bytes == m.usage_bytes):
-                    continue  # first sight or no change: nothing happened to it (no row, no store entity)
-                r = row(w)
-                r.memory_usage_bytes, r.memory_limit_bytes = m.usage_bytes, m.limit_bytes
+            tick.node["node_direct_reclaim_ms_per_s"] = reclaim.node_direct.latency.sum_ns / 1e6 / dt
 
-        # -- TCP connect ----------------------------------------------------------------------------
+    def _legacy_network(self, prev: NodeSnapshot, cur: NodeSnapshot, tick: _Tick) -> None:
+        dt, rows, row = tick.dt, tick.rows, tick.row
         tcp: TcpConnectInterval | None = probe_delta("tcpconnect", prev, cur)
         if tcp is not None:  # only the (cgroup, netns) keys whose counters changed
             acc: dict[str, list] = defaultdict(lambda: [[], 0, 0])
@@ -298,60 +422,6 @@ class SignalBuilder:
                 r.connect_p99_ns = d.quantile_ns(0.99)
                 r.connect_failures_per_s = max(failures, 0) / dt
                 r.syn_retransmits_per_s = max(retrans, 0) / dt
-
-        # -- PSI ------------------------------------------------------------------------------------
-        for path in changed:
-            readings = cur.cgroup_psi.get(path)
-            if readings is None or not self.ids.index.is_workload_root(path):
-                continue
-            before = prev.cgroup_psi.get(path, {})
-            if before is readings:
-                continue  # not read again since the last tick
-            # Its own interval: a cgroup whose PSI is not read every tick has stalls from several ticks.
-            psi_dt = cur.cgroup_psi_read_s.get(path, cur.monotonic_s) - prev.cgroup_psi_read_s.get(path, prev.monotonic_s)
-            if psi_dt <= 0:
-                continue
-            r = row(self.ids.index.workload_of(path))
-            for resource, reading in readings.items():
-                if resource not in before:
-                    continue
-                rate = psi_rate(before[resource], reading, psi_dt)
-                if resource == "cpu":
-                    r.psi_cpu_some = None if rate.some is None else rate.some * 100
-                elif resource == "memory":
-                    r.psi_memory_some = None if rate.some is None else rate.some * 100
-                    r.psi_memory_full = None if rate.full is None else rate.full * 100
-                elif resource == "io":
-                    r.psi_io_some = None if rate.some is None else rate.some * 100
-        node_psi: dict[str, float] = {}
-        if cur.node_psi is not None and prev.node_psi is not None:
-            for resource in ("cpu", "memory", "io", "irq"):
-                a, b = prev.node_psi.get(resource), cur.node_psi.get(resource)
-                if a is None or b is None:
-                    continue
-                rate = psi_rate(a, b, dt)
-                if rate.some is not None:
-                    node_psi[f"{resource}_some"] = rate.some * 100
-                if rate.full is not None:
-                    node_psi[f"{resource}_full"] = rate.full * 100
-        for r in rows.values():  # node-wide: rows with no wait this tick still have (zero) shares
-            r.who_ran_instead_available = matrix
-        busy = None
-        if cur.node_cpu is not None and prev.node_cpu is not None:
-            busy = max(cur.node_cpu.busy_ns - prev.node_cpu.busy_ns, 0) / 1e9 / dt
-        present = None
-        if incremental:
-            new = [k for k in rows if k not in listed_keys]
-            if new:  # a workload with a row that is not listed (the root, a service): present too
-                listed_keys = listed_keys | frozenset(new)
-                self._present_of = (self._present_of[0], self._present_of[1], listed_keys)  # type: ignore[index]
-            present = listed_keys
-        kswapd = 0.0
-        if cur.node_vmstat is not None and prev.node_vmstat is not None \
-                and cur.node_vmstat.pgsteal_kswapd is not None and prev.node_vmstat.pgsteal_kswapd is not None:
-            kswapd = max(cur.node_vmstat.pgsteal_kswapd - prev.node_vmstat.pgsteal_kswapd, 0) / dt
-        return NodeSignals(dt, rows, dict(sirq_ms), sirq_delay, node_direct, busy, node_psi,
-                           tuple(sorted(cur.node_cpu_per_cpu)), present, kswapd)
 
     def _present(self, listed: Iterable[str]) -> frozenset[str]:
         """Workload keys of the listed (cpu-hierarchy) cgroups and of every workload with a row since
@@ -413,3 +483,31 @@ class SignalBuilder:
                 r.ran_instead_ns[key] = r.ran_instead_ns.get(key, 0.0) + pair.wait_ns
                 r.preempted_foreign += pair.preemptions
         return True
+
+
+def _node_psi(prev: NodeSnapshot, cur: NodeSnapshot, dt: float) -> dict[str, float]:
+    node_psi: dict[str, float] = {}
+    if cur.node_psi is not None and prev.node_psi is not None:
+        for resource in ("cpu", "memory", "io", "irq"):
+            a, b = prev.node_psi.get(resource), cur.node_psi.get(resource)
+            if a is None or b is None:
+                continue
+            rate = psi_rate(a, b, dt)
+            if rate.some is not None:
+                node_psi[f"{resource}_some"] = rate.some * 100
+            if rate.full is not None:
+                node_psi[f"{resource}_full"] = rate.full * 100
+    return node_psi
+
+
+def _busy_cores(prev: NodeSnapshot, cur: NodeSnapshot, dt: float) -> float | None:
+    if cur.node_cpu is None or prev.node_cpu is None:
+        return None
+    return max(cur.node_cpu.busy_ns - prev.node_cpu.busy_ns, 0) / 1e9 / dt
+
+
+def _kswapd_pages_per_s(prev: NodeSnapshot, cur: NodeSnapshot, dt: float) -> float:
+    if cur.node_vmstat is not None and prev.node_vmstat is not None \
+            and cur.node_vmstat.pgsteal_kswapd is not None and prev.node_vmstat.pgsteal_kswapd is not None:
+        return max(cur.node_vmstat.pgsteal_kswapd - prev.node_vmstat.pgsteal_kswapd, 0) / dt
+    return 0.0

@@ -113,8 +113,6 @@ CULPRIT_LABELS = ("culprit_namespace", "culprit_pod", "culprit_qos", "culprit_cg
 TARGET_LABELS = ("target_namespace", "target_pod", "target_cgroup")
 OVERFLOW_CGROUP = "_overflow"
 PSI_WINDOWS = ("10", "60", "300")
-# The snapshot field each BPF probe fills, by the probe name its ProbeSpec (and ProbeStatus) uses.
-PROBE_FIELDS = {plugin.name: plugin.snapshot_field for plugin in PLUGINS}
 CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 # Kubernetes QoS -> Koordinator class, as koordlet maps pods without a koordinator.sh/qosClass label.
 KOORD_CLASS_OF_K8S_QOS = {"guaranteed": "LS", "burstable": "LS", "besteffort": "BE"}
@@ -219,10 +217,11 @@ _DEFS = (
     MetricDef(EXPORTER_LAST_UPDATE, "gauge", "Wall time of the snapshot the metrics come from."),
     MetricDef(SNAPSHOT_ERRORS, "gauge", "Problems met while collecting the last snapshot (see the agent log)."),
 )
-# Metrics a probe plugin defines itself (probes.registry), per cgroup, after the exporter's own.
-_DEFS = (*_DEFS, *(MetricDef(spec.name, spec.type, spec.help, per_cgroup=True)  # type: ignore[arg-type]
-                   for plugin in PLUGINS for spec in plugin.metric_specs))
-_SERIES_PLUGINS = tuple(plugin for plugin in PLUGINS if plugin.cgroup_series is not None)
+# The metrics each probe plugin defines (probes.registry), in registry order, before the exporter's own.
+_DEFS = (*(MetricDef(spec.name, spec.type, spec.help, spec.labels, spec.per_cgroup)  # type: ignore[arg-type]
+           for plugin in PLUGINS for spec in plugin.metric_specs), *_DEFS)
+_CGROUP_SERIES = tuple(plugin for plugin in PLUGINS if plugin.cgroup_series is not None)
+_NODE_SERIES = tuple(plugin for plugin in PLUGINS if plugin.node_series is not None)
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
 
 # le of each log2 slot in seconds: slot k holds [2^(k-1), 2^k) µs; values are truncated to whole µs by the
@@ -385,6 +384,15 @@ class _SeriesData:
         before = series.get(labels)
         series[labels] = hist if before is None else LatencyHistogram.merge((before, hist))
 
+    def add(self, kind: str, name: str, labels: tuple[str, ...], value: object) -> None:
+        """A plugin's sample by its metric's type: histograms and counters add up, a gauge is set."""
+        if kind == "histogram":
+            self.add_hist(name, labels, value)  # type: ignore[arg-type]
+        elif kind == "counter":
+            self.add_counter(name, labels, value)  # type: ignore[arg-type]
+        else:
+            self.set_gauge(name, labels, value)  # type: ignore[arg-type]
+
     def fold_into(self, other: _SeriesData) -> None:
         """Add this cgroup's counters and histograms to `other` (the overflow series). Gauges (quota,
         limits, PSI averages) do not add up and are left out."""
@@ -451,6 +459,8 @@ class Exporter:
         self.layout = layout or discover(self.paths)
         self.labeler: Labeler = labeler or ResolverLabeler(CgroupResolver(self.paths, self.layout))
         # The hierarchies whose ids key the BPF maps, chosen as probes.base.BpfProbe._key_by does.
+        self.hierarchies = {plugin.id_controller: self.layout.hierarchy_for(plugin.id_controller) or self.layout.v2
+                            for plugin in PLUGINS}
         self.cpu_hierarchy = self.layout.hierarchy_for("cpu") or self.layout.v2
         self.memory_hierarchy = self.layout.hierarchy_for("memory") or self.layout.v2
         self.node = node or socket.gethostname()
@@ -558,16 +568,15 @@ class Exporter:
             for (cgroup_id, _netns), stats in snap.tcp.per_key.items():
                 if (data := by_id(cgroup_id, self.cpu_hierarchy)) is not None:
                     _add_connect(data, stats)
-        for plugin in _SERIES_PLUGINS:
+        for plugin in _CGROUP_SERIES:
             probe_snap = snap.probe(plugin.name)
             if probe_snap is None:
                 continue
-            for metric, path, value in plugin.cgroup_series(probe_snap):  # type: ignore[misc]
-                if (data := by_path(path)) is not None:
-                    if METRICS[metric].type == "counter":
-                        data.add_counter(metric, (), value)
-                    else:
-                        data.set_gauge(metric, (), value)
+            hierarchy = self.hierarchies[plugin.id_controller]
+            for metric, cgroup, labels, value in plugin.cgroup_series(probe_snap):  # type: ignore[misc]
+                data = by_path(cgroup) if isinstance(cgroup, str) else by_id(cgroup, hierarchy)
+                if data is not None:
+                    data.add(METRICS[metric].type, metric, labels, value)
         if snap.listen is not None:
             self._listen_series(snap, by_path)
         for path, cpu in snap.cgroup_cpu.items():
@@ -629,6 +638,11 @@ class Exporter:
         return kept, len(order) - self.max_cgroups
 
     def _node_series(self, snap: NodeSnapshot, node: _SeriesData) -> None:
+        for plugin in _NODE_SERIES:
+            probe_snap = snap.probe(plugin.name)
+            if probe_snap is not None:
+                for metric, labels, value in plugin.node_series(probe_snap):  # type: ignore[misc]
+                    node.add(METRICS[metric].type, metric, labels, value)
         if snap.runq is not None:
             for cpu, hist in enumerate(snap.runq.per_cpu):
                 node.add_hist(CPU_RUNQ_LATENCY, (str(cpu),), hist)
@@ -662,15 +676,13 @@ class Exporter:
         for name, status in snap.probe_status.items():
             node.set_gauge(PROBE_UP, (name,), 0.0 if status.state == "off" else 1.0)
             node.set_gauge(PROBE_STATE, (name, status.state), 1.0)
-        for name in PROBE_FIELDS:
-            probe_snap = snap.probe(name)
+        for plugin in PLUGINS:
+            probe_snap = snap.probe(plugin.name)
             if probe_snap is None:
                 continue
             for reason, count in getattr(probe_snap, "drops", {}).items():
-                node.add_counter(PROBE_DROPS, (name, reason), float(count))
-        for plugin in PLUGINS:
-            probe_snap = snap.probe(plugin.name)
-            if probe_snap is not None and plugin.map_entries is not None:
+                node.add_counter(PROBE_DROPS, (plugin.name, reason), float(count))
+            if plugin.map_entries is not None:
                 node.set_gauge(BPF_MAP_ENTRIES, (plugin.name,), float(plugin.map_entries(probe_snap)))
         for prog in snap.bpf_programs:
             node.add_counter(BPF_RUN_SECONDS, (prog.name,), prog.run_time_ns / 1e9)

@@ -24,7 +24,7 @@ from probes.cpuacct import CgroupCpuStat, cpu_delta, read_cgroup_cpu
 from probes.engine import ProbeError, ProbeStatus
 from probes.host import HostPaths
 from probes.memstat import read_node_vmstat
-from probes.plugin import TopTable
+from probes.plugin import TopInput, TopTable
 from probes.psi import (
     RESOURCES,
     NodePsi,
@@ -452,16 +452,6 @@ class TcpSource(_ProbeSource):
 # -- a plugin's declared table (ProbePlugin.top_table) -----------------------------------------------
 
 
-@dataclass
-class TableSection:
-    """The section of a view a plugin declares as a table: its rows, named, in the plugin's order."""
-
-    view: str
-    interval_s: float
-    rows: list[dict]
-    drops: dict[str, int]
-
-
 def name_path(path: str) -> dict[str, Any]:
     """The naming fields of a row keyed by cgroup path (no id to resolve): what the path itself says."""
     info = parse_cgroup_path(path)
@@ -471,26 +461,54 @@ def name_path(path: str) -> dict[str, Any]:
 
 class TableSource(_ProbeSource):
     """Any plugin with a ``top_table``: its ``delta`` between two snapshots, made rows by the plugin and
-    named here (by path, or by id in the probe's hierarchy)."""
+    named here (by path, or by id in the probe's hierarchy); the section is a JSON-able dict."""
 
     def __init__(self, probe: Any, ctx: Context) -> None:
         super().__init__(probe, ctx)
         self.name = probe.status.name
         self.plugin = BY_NAME[self.name]
         self.table: TopTable = self.plugin.top_table  # type: ignore[assignment]
+        self.extras: Callable[[TopInput, Callable[[int], str]], dict[str, Any]] | None = None
 
-    def section(self, prev: Any, cur: Any, sections: dict[str, Any]) -> TableSection:
+    def start(self) -> None:
+        super().start()
+        if self.table.extras is not None:  # after the baseline: what happened before it is not this interval's
+            self.extras = self.table.extras(self.probe, self.ctx.paths)
+
+    def section(self, prev: Any, cur: Any, sections: dict[str, Any]) -> dict[str, Any]:
         dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+        view = TopInput(prev, cur, self.plugin.delta(prev, cur), dt)  # type: ignore[misc]
         rows = []
-        for r in self.table.rows(self.plugin.delta(prev, cur)):  # type: ignore[misc]
-            names = name_path(r["cgroup"]) if "cgroup" in r else self.name_of(r["cgroup_id"])
+        for r in self.table.rows(view):
+            if "cgroup_id" in r:
+                names = self.name_of(r["cgroup_id"])
+                if self.table.kind_key != "kind":  # the row has a "kind" of its own
+                    names[self.table.kind_key] = names.pop("kind")
+                named = {"cgroup_id": r["cgroup_id"], **names, **r}
+            elif "cgroup" in r:
+                names = name_path(r["cgroup"])
+                named = {**r, **names}
+            else:  # a row of no cgroup (a CPU's)
+                rows.append(r)
+                continue
             if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
-                rows.append({**r, **names})
-        return TableSection(view=self.plugin.top_view or self.name, interval_s=dt, rows=rows,
-                            drops=dict(getattr(cur, "drops", {})))
+                rows.append(named)
+        extra = self.extras(view, lambda cgroup_id: self.name_of(cgroup_id)["name"]) if self.extras else {}
+        return {"interval_s": dt, self.table.rows_key: rows, **extra, "drops": dict(getattr(cur, "drops", {}))}
 
     def activity(self, snap: Any) -> dict[int, int]:
         return cgroup_activity(self.name, snap)
+
+
+def sort_table_rows(rows: list[dict], table: TopTable, option: str) -> list[dict]:
+    """A table's rows by one of its sort options (``TopTable.sort_keys``): highest first, names A-Z."""
+    key = table.sort_keys[option]
+    return sorted(rows, key=lambda r: r[key], reverse=key != "name")
+
+
+def section_interval_s(section: Any) -> float:
+    """The interval a section covers (a plugin table's section is a dict, psi's a dataclass)."""
+    return section["interval_s"] if isinstance(section, dict) else section.interval_s
 
 
 # -- psi + cpuacct -------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from noisyneighbor.sections import (
     Context,
     Source,
     open_source,
+    section_interval_s,
     sort_rows,
     sources_for,
 )
@@ -101,7 +102,7 @@ class Frame:
 
     @property
     def interval_s(self) -> float:
-        return next((s.interval_s for s in self.sections.values()), 0.0)
+        return next((section_interval_s(s) for s in self.sections.values()), 0.0)
 
 
 def collect(sources: Sequence[Source]) -> Frame:
@@ -125,7 +126,7 @@ def frame_record(frame: Frame, sort_key: str = "wait", limit: int | None = None)
         section = frame.sections.get(view)
         if section is None:
             continue
-        data = asdict(section)
+        data = dict(section) if isinstance(section, dict) else asdict(section)
         for rows in ("rows", "cgroups"):
             if rows in data:
                 data[rows] = data[rows][: limit or None]

@@ -21,13 +21,14 @@ from noisyneighbor.sections import (
     PsiSection,
     ReclaimSection,
     SoftirqSection,
-    TableSection,
     TcpSection,
     sort_rows,
+    sort_table_rows,
 )
 from probes.engine import ProbeStatus
 from probes.plugin import TopColumn, TopTable
 from probes.registry import PLUGINS
+from probes.units import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_rate, fmt_us
 
 # Plugins whose view is a declared table (ProbePlugin.top_table): view -> its table.
 _TABLES: dict[str, TopTable] = {p.top_view: p.top_table for p in PLUGINS if p.top_view and p.top_table}
@@ -60,38 +61,6 @@ KEYS_HINT = (
 
 
 # -- cell formatting -----------------------------------------------------------------------------
-
-
-def fmt_us(us: float | None, exact: bool = True) -> str:
-    """A latency in µs as `523µs` / `4.1ms` / `2.35s`; `≤` when only the histogram slot's bound is known."""
-    if us is None:
-        return "-"
-    if us >= 1e6:
-        text = f"{us / 1e6:.2f}s"
-    elif us >= 1000:
-        text = f"{us / 1000:.1f}ms"
-    else:
-        text = f"{us:.0f}µs"
-    return text if exact else f"≤{text}"
-
-
-def fmt_ms(ms: float | None) -> str:
-    return "-" if ms is None else f"{ms:.1f}ms"
-
-
-def fmt_rate(value: float | None) -> str:
-    """Counts per second: one decimal below 10, none above."""
-    if value is None:
-        return "-"
-    return f"{value:.1f}" if value < 10 else f"{value:.0f}"
-
-
-def fmt_pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}%"
-
-
-def fmt_num(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 @dataclass(frozen=True)
@@ -292,16 +261,6 @@ def render_psi(section: PsiSection, limit: int | None, sort_key: str) -> list[Re
     return parts
 
 
-def fmt_bytes(value: float | None) -> str:
-    """Bytes in binary units: `512.0MiB`, `3.50GiB`."""
-    if value is None:
-        return "-"
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if value >= size:
-            return f"{value / size:.2f}{unit}" if unit == "GiB" else f"{value / size:.1f}{unit}"
-    return f"{value:.0f}B"
-
-
 # How a declared table's column shows its value (TopColumn.unit).
 _UNIT_CELLS: dict[str, Callable[[Any], str]] = {
     "text": lambda v: "-" if v is None or v == "" else str(v),
@@ -314,18 +273,45 @@ _UNIT_CELLS: dict[str, Callable[[Any], str]] = {
 }
 
 
+def _cell(c: TopColumn) -> Callable[[dict], str]:
+    if c.text is not None:
+        return c.text
+    unit = _UNIT_CELLS[c.unit]
+
+    def cell(r: dict) -> str:
+        if c.when is not None and not r.get(c.when):
+            return "-"
+        value = r.get(c.key)
+        if value is not None and c.scale != 1.0:
+            value = value * c.scale
+        if c.exact is not None:
+            return fmt_us(value, bool(r.get(c.exact)))
+        return unit(value)
+
+    return cell
+
+
 def _table_column(c: TopColumn) -> Column:
-    cell = _UNIT_CELLS[c.unit]
-    return Column(c.title, lambda r: cell(r.get(c.key)), c.key if c.sorted_by else None, left=c.unit == "text")
+    marker = c.sort if c.sort is not None else (c.key if c.sorted_by else None)
+    return Column(c.title, _cell(c), marker, flex=c.flex, left=c.unit == "text" if c.left is None else c.left)
 
 
-def table_renderer(table: TopTable) -> Callable[[TableSection, int | None, str], list[RenderableType]]:
-    """The renderer of a plugin's declared table: the cgroup's name and QoS, then its columns."""
-    columns = (NAME, QOS, *(_table_column(c) for c in table.columns))
-    sorted_by = next((c.key for c in table.columns if c.sorted_by), None)
+def table_renderer(table: TopTable) -> Callable[[dict, int | None, str], list[RenderableType]]:
+    """The renderer of a plugin's declared table: the cgroup's name and QoS (unless its rows name no
+    cgroup), its columns, then its footer line and the probe's drops."""
+    names = (Column(table.name_title, lambda r: r["name"], flex=True), QOS) if table.name_title else ()
+    columns = (*names, *(_table_column(c) for c in table.columns))
+    fixed = next((c.key for c in table.columns if c.sorted_by), None)
 
-    def render(section: TableSection, limit: int | None, sort_key: str) -> list[RenderableType]:
-        return [*_table(columns, section.rows, limit, sorted_by, table.nothing), _dim(_drops(section.drops))]
+    def render(section: dict, limit: int | None, sort_key: str) -> list[RenderableType]:
+        rows, sorted_by = section[table.rows_key], fixed
+        if table.sort_keys:
+            sorted_by = sort_key if sort_key in table.sort_keys else next(iter(table.sort_keys))
+            rows = sort_table_rows(rows, table, sorted_by)
+        footer = table.footer(section) if table.footer is not None else ""
+        drops = _drops(section["drops"])
+        return [*_table(columns, rows, limit, sorted_by, table.nothing),
+                _dim(f"{footer}   {drops}" if footer else drops)]
 
     return render
 

@@ -22,7 +22,7 @@ from typing import Any
 from probes.engine import ProbeError, ProbeStatus
 from probes.gpu import GpuCollector, GpuDevice, GpuProcess
 from probes.host import HostPaths
-from probes.plugin import MetricSpec, ProbePlugin, TopColumn, TopTable
+from probes.plugin import CgroupSample, MetricSpec, ProbePlugin, TopColumn, TopInput, TopTable
 
 NAME = "gpu"
 CGROUP_GPU_MEMORY = "noisyneighbor_cgroup_gpu_memory_used_bytes"
@@ -104,14 +104,15 @@ def delta(prev: GpuPodsSnapshot | None, cur: GpuPodsSnapshot) -> dict[str, GpuCg
     return dict(cur.per_cgroup)
 
 
-def cgroup_series(snap: GpuPodsSnapshot) -> Iterator[tuple[str, str, float]]:
+def cgroup_series(snap: GpuPodsSnapshot) -> Iterator[CgroupSample]:
     for path, use in snap.per_cgroup.items():
-        yield CGROUP_GPU_MEMORY, path, float(use.memory_bytes)
-        yield CGROUP_GPU_PROCESSES, path, float(use.processes)
+        yield CGROUP_GPU_MEMORY, path, (), float(use.memory_bytes)
+        yield CGROUP_GPU_PROCESSES, path, (), float(use.processes)
 
 
-def top_rows(interval: dict[str, GpuCgroupUse]) -> list[dict[str, Any]]:
+def top_rows(view: TopInput) -> list[dict[str, Any]]:
     """The ``top`` rows of one interval (its ``delta``): a cgroup per row, most GPU memory first."""
+    interval: dict[str, GpuCgroupUse] = view.interval
     rows = [{"cgroup": path, "memory_bytes": use.memory_bytes, "processes": use.processes,
              "devices": ",".join(map(str, use.devices))} for path, use in interval.items()]
     rows.sort(key=lambda r: (-r["memory_bytes"], -r["processes"], r["cgroup"]))

@@ -3,7 +3,6 @@ a stand-in NVML with /proc/<pid>/cgroup files in a temp dir, GPU memory per pod 
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -151,10 +150,10 @@ def test_top_gpu_view_from_the_plugins_declared_table(tmp_path):
     finally:
         source.close()
     section = frame.sections["gpu"]
-    [row] = section.rows
+    [row] = section["rows"]
     assert row["cgroup"] == CTR and row["memory_bytes"] == (1 << 30) + (2 << 30) + (512 << 20)
     assert row["processes"] == 3 and row["devices"] == "0,1" and row["pod_uid"] == "0a1b2c3d-0000-4000-8000-00000000000b"
-    assert section.drops == {"process_exited": 1}
+    assert section["drops"] == {"process_exited": 1}
 
     record = json.loads(json.dumps(frame_record(frame)))
     assert record["gpu"]["rows"][0]["memory_bytes"] == row["memory_bytes"] and "cgroups" not in record
@@ -167,6 +166,6 @@ def test_top_gpu_view_from_the_plugins_declared_table(tmp_path):
     assert "GPU MEMORY▼" in text and "3.50GiB" in text and row["name"] in text and "drops: 1" in text
 
     out = io.StringIO()  # an interval with no GPU process says so instead of an empty table
-    Console(file=out, width=160).print(render_frame(frame.ts, {"gpu": dataclasses.replace(section, rows=[])},
+    Console(file=out, width=160).print(render_frame(frame.ts, {"gpu": {**section, "rows": []}},
                                                     ["gpu"], statuses))
     assert "nothing this interval: no process holds GPU memory" in out.getvalue()
