@@ -21,7 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from noisyneighbor import exporter as m
+from noisyneighbor import metric_names as m
 
 OUT_DIR = Path(__file__).resolve().parent
 SCHEMA_VERSION = 39

@@ -28,8 +28,15 @@ from probes.reclaim import ReclaimInterval
 from probes.registry import BY_NAME, PLUGINS
 from probes.runqlat import RunqInterval
 from probes.snapshot import NodeSnapshot
-from probes.softirq import SoftirqInterval
 from probes.tcpconnect import TcpConnectInterval
+
+# Catalog signals the detector derives from a plugin's fields (detector/incidents.py), by what they
+# are computed from: a plugin that names one (ProbePlugin.signals) must produce those fields.
+DERIVED_FROM: dict[str, tuple[str, ...]] = {
+    "runq_wait_share": ("runq_wait_ms_per_s",),
+    "who_ran_instead_foreign_share": ("ran_instead_ns",),
+    "who_ran_instead_own_share": ("own_wait_ns",),
+}
 
 IDLE = "<idle>"
 UNKNOWN = "<unknown>"
@@ -161,7 +168,6 @@ class _Tick:
         self.rows: dict[str, WorkloadSignals] = {}
         self.node: dict[str, Any] = {}  # NodeSignals fields the plugins' extractors set
         self.matrix = False
-        self.sirq: tuple[dict[int, float], dict[int, float]] = ({}, {})
 
     def row(self, w: Workload) -> WorkloadSignals:
         r = self.rows.get(w.key)
@@ -289,14 +295,12 @@ class SignalBuilder:
         self._stage("cpus", intervals, tick)
         exposures = [e.exposure for p, e in self.extractors
                      if e.stage == "cpus" and e.exposure is not None and intervals[p.name] is not None]
-        self._legacy_cpus(prev, cur, tick)
         for r in tick.rows.values():
             weights = self._cpu_weights(prev, cur, r.workload.target.cgroup)
             r.cpu_weights = weights
             for exposure in exposures:
                 for name, value in exposure(weights, tick.node).items():
                     setattr(r, name, value)
-            self._legacy_exposure(r, weights, tick)
 
     def _memory_files(self, prev: NodeSnapshot, cur: NodeSnapshot, changed: Iterable[str], incremental: bool,
                       tick: _Tick) -> None:
@@ -362,27 +366,6 @@ class SignalBuilder:
                 r.runq_p99_ns = d.quantile_ns(0.99)
                 r.runq_max_ns = d.max_ns
             tick.matrix = self._who_ran_instead(runq, row)
-
-    def _legacy_cpus(self, prev: NodeSnapshot, cur: NodeSnapshot, tick: _Tick) -> None:
-        dt = tick.dt
-        sirq_ms: dict[int, float] = defaultdict(float)
-        sirq_delay: dict[int, float] = {}
-        sirq: SoftirqInterval | None = probe_delta("softirq", prev, cur)
-        if sirq is not None:
-            per_cpu_delay: dict[int, list[IntervalHistogram]] = defaultdict(list)
-            for (cpu, _vec), d in sirq.stats.items():
-                sirq_ms[cpu] += d.runtime.sum_ns / 1e6 / dt
-                per_cpu_delay[cpu].append(d.delay)
-            for cpu, delays in per_cpu_delay.items():
-                sirq_delay[cpu] = _merge(delays).quantile_ns(0.99)
-        tick.sirq = (sirq_ms, sirq_delay)
-        tick.node["softirq_ms_per_s_by_cpu"] = dict(sirq_ms)
-        tick.node["softirq_delay_p99_ns_by_cpu"] = sirq_delay
-
-    def _legacy_exposure(self, r: WorkloadSignals, weights: dict[int, float], tick: _Tick) -> None:
-        sirq_ms, sirq_delay = tick.sirq
-        r.softirq_ms_per_s = sum(w * sirq_ms.get(cpu, 0.0) for cpu, w in weights.items())
-        r.softirq_delay_p99_ns = max((sirq_delay.get(cpu, 0.0) for cpu, w in weights.items() if w > 0.05), default=0.0)
 
     def _legacy_memory(self, prev: NodeSnapshot, cur: NodeSnapshot, tick: _Tick) -> None:
         dt, row = tick.dt, tick.row

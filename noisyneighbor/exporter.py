@@ -55,9 +55,6 @@ log = logging.getLogger(__name__)
 # -- metric names (shared with dashboards/generate.py) ----------------------------------------------
 RUNQ_LATENCY = "noisyneighbor_runqueue_latency_seconds"
 CPU_RUNQ_LATENCY = "noisyneighbor_cpu_runqueue_latency_seconds"
-SOFTIRQ_DELAY = "noisyneighbor_softirq_delay_seconds"
-SOFTIRQ_RUNTIME = "noisyneighbor_softirq_runtime_seconds"
-SOFTIRQ_ENTRIES = "noisyneighbor_softirq_entries_total"
 RECLAIM_LATENCY = "noisyneighbor_reclaim_latency_seconds"
 RECLAIM_PAGES = "noisyneighbor_reclaim_pages_total"
 NODE_RECLAIM_LATENCY = "noisyneighbor_node_reclaim_latency_seconds"
@@ -144,9 +141,6 @@ _DEFS = (
     MetricDef(RUNQ_LATENCY, "histogram", "Runqueue wait (wakeup or preemption to running) of the cgroup's tasks.",
               per_cgroup=True),
     MetricDef(CPU_RUNQ_LATENCY, "histogram", "Runqueue wait of all tasks, per CPU they waited on.", ("cpu",)),
-    MetricDef(SOFTIRQ_DELAY, "histogram", "Softirq raise to handler entry, per CPU and vector.", ("cpu", "vector")),
-    MetricDef(SOFTIRQ_RUNTIME, "histogram", "Softirq handler run time, per CPU and vector.", ("cpu", "vector")),
-    MetricDef(SOFTIRQ_ENTRIES, "counter", "Softirq handler runs (what /proc/softirqs counts).", ("cpu", "vector")),
     MetricDef(RECLAIM_LATENCY, "histogram", "Reclaim passes the cgroup's tasks stalled in, by kind (direct, memcg, "
               "softlimit; softlimit passes are also inside direct ones).", ("kind",), per_cgroup=True),
     MetricDef(RECLAIM_PAGES, "counter", "Pages freed by the cgroup's reclaim passes, by kind.", ("kind",), per_cgroup=True),
@@ -646,12 +640,6 @@ class Exporter:
         if snap.runq is not None:
             for cpu, hist in enumerate(snap.runq.per_cpu):
                 node.add_hist(CPU_RUNQ_LATENCY, (str(cpu),), hist)
-        if snap.softirq is not None:
-            for (cpu, vector), stats in snap.softirq.stats.items():
-                labels = (str(cpu), vector)
-                node.add_hist(SOFTIRQ_DELAY, labels, stats.delay)
-                node.add_hist(SOFTIRQ_RUNTIME, labels, stats.runtime)
-                node.add_counter(SOFTIRQ_ENTRIES, labels, float(stats.entries))
         if snap.reclaim is not None:
             for kind, stats in snap.reclaim.node.items():
                 node.add_hist(NODE_RECLAIM_LATENCY, (kind,), stats.latency)

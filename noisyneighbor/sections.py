@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from detector.cgroups import CgroupResolver, parse_cgroup_path
@@ -41,8 +41,6 @@ from probes.reclaim import rows as reclaim_rows
 from probes.registry import BY_NAME, ENGINE_ATTACH_MODES, PLUGINS
 from probes.runqlat import RunqSnapshot
 from probes.runqlat import delta as runq_delta
-from probes.softirq import SoftirqSnapshot
-from probes.softirq import rows as softirq_rows
 from probes.tcpconnect import TcpConnectSnapshot
 from probes.tcpconnect import summarize as summarize_tcp
 
@@ -67,8 +65,6 @@ SOURCE_ORDER = (*(p.name for p in _VIEW_PLUGINS), "psi")
 # A cgroup id that no longer resolves and had no activity for this many intervals is dropped from the
 # probe's kernel map, so dead cgroups do not fill it on a node with pod churn.
 FORGET_AFTER_INTERVALS = 3
-# Softirq stall events kept per interval in the section (the count covers all of them).
-WORST_STALLS = 5
 TOP_DESTINATIONS = 3
 
 
@@ -335,47 +331,6 @@ class RunqSource(_ProbeSource):
 
     def activity(self, snap: RunqSnapshot) -> dict[int, int]:
         return cgroup_activity(self.name, snap)
-
-
-# -- softirq -------------------------------------------------------------------------------------
-
-
-@dataclass
-class SoftirqSection:
-    interval_s: float
-    rows: list[dict]  # per CPU and vector with entries in the interval, most CPU time first
-    stalls: int  # stall events (delay or run time over the probe's threshold) in the interval
-    stall_threshold_ms: float
-    worst_stalls: list[dict]  # up to WORST_STALLS of them, longest first, with the tasks' cgroups named
-    drops: dict[str, int]
-
-
-class SoftirqSource(_ProbeSource):
-    name = "softirq"
-
-    def start(self) -> None:
-        super().start()
-        self.probe.poll_stalls(0)  # what happened before the baseline is not this interval's
-
-    def section(self, prev: SoftirqSnapshot, cur: SoftirqSnapshot, sections: dict[str, Any]) -> SoftirqSection:
-        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-        rows = softirq_rows(BY_NAME[self.name].delta(prev, cur))  # the plugin's interval (probes.softirq.delta)
-        for r in rows:
-            r["entries_per_s"] = r["entries"] / dt
-            r["runtime_ms_per_s"] = r["runtime_s_per_s"] * 1e3
-        rows.sort(key=lambda r: (r["runtime_ms_per_s"], r["delay_p99_us"], r["entries"]), reverse=True)
-        stalls = self.probe.poll_stalls(0)
-        worst = sorted(stalls, key=lambda s: max(s.delay_ns, s.runtime_ns), reverse=True)[:WORST_STALLS]
-        return SoftirqSection(
-            interval_s=dt, rows=rows, stalls=len(stalls),
-            stall_threshold_ms=getattr(self.probe, "stall_threshold_ns", 0) / 1e6,
-            worst_stalls=[
-                {**asdict(s), "raise_cgroup": self.name_of(s.raise_cgroup_id)["name"],
-                 "entry_cgroup": self.name_of(s.entry_cgroup_id)["name"]}
-                for s in worst
-            ],
-            drops=dict(cur.drops),
-        )
 
 
 # -- reclaim -------------------------------------------------------------------------------------
@@ -692,7 +647,6 @@ def open_source(name: str, ctx: Context, attach_mode: str = "auto") -> Source:
 # The view of each probe in the registry that has one: its section's source class.
 PROBE_SOURCES: dict[str, type[_ProbeSource]] = {
     RunqSource.name: RunqSource,
-    SoftirqSource.name: SoftirqSource,
     ReclaimSource.name: ReclaimSource,
     TcpSource.name: TcpSource,
     # the others declare their view as a table (ProbePlugin.top_table): one source class serves them all

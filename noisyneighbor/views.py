@@ -15,12 +15,12 @@ from rich.table import Table
 from rich.text import Text
 
 from noisyneighbor.sections import (
+    ALL_VIEWS,
     VIEW_SOURCES,
     VIEWS,
     Interval,
     PsiSection,
     ReclaimSection,
-    SoftirqSection,
     TcpSection,
     sort_rows,
     sort_table_rows,
@@ -35,15 +35,15 @@ _TABLES: dict[str, TopTable] = {p.top_view: p.top_table for p in PLUGINS if p.to
 
 VIEW_TITLES = {
     "runq": "runqueue latency per cgroup",
-    "softirq": "softirq per CPU and vector",
     "reclaim": "memory reclaim per memory cgroup",
     "tcp": "TCP connects per cgroup and netns",
     "psi": "pressure (PSI) and CPU throttling",
     **{view: table.title for view, table in _TABLES.items()},
 }
-# Interactive keys. Views by letter; runq's sort keys stay what they were.
-_TABLE_HOTKEYS = {table.hotkey: view for view, table in _TABLES.items() if table.hotkey}
-VIEW_HOTKEYS = {"r": "runq", "s": "softirq", "c": "reclaim", "t": "tcp", "p": "psi", **_TABLE_HOTKEYS, "a": "all"}
+# Interactive keys: a view's letter (a declared table's hotkey), then runq's sort keys.
+_LEGACY_VIEW_KEYS = {"r": "runq", "c": "reclaim", "t": "tcp"}
+_VIEW_KEYS = {**_LEGACY_VIEW_KEYS, **{table.hotkey: view for view, table in _TABLES.items() if table.hotkey}, "p": "psi"}
+VIEW_HOTKEYS = {**_VIEW_KEYS, "a": "all"}
 SORT_HOTKEYS = {"w": "wait", "9": "p99", "5": "p50", "m": "max", "e": "events", "n": "name"}
 
 
@@ -53,9 +53,10 @@ def _hint(key: str, view: str) -> str:
     return f"{view[:i]}[{key}]{view[i + 1:]}" if i >= 0 else f"[{key}] {view}"
 
 
+_KEY_OF_VIEW = {view: key for key, view in _VIEW_KEYS.items()}
 KEYS_HINT = (
-    "views: [r]unq [s]oftirq re[c]laim [t]cp [p]si "
-    + "".join(f"{_hint(key, view)} " for key, view in _TABLE_HOTKEYS.items())
+    "views: "
+    + "".join(f"{_hint(_KEY_OF_VIEW[view], view)} " for view in dict.fromkeys((*ALL_VIEWS, *VIEWS)) if view in _KEY_OF_VIEW)
     + "[a]ll   runq sort: [w]ait [9]9 [5]0 [m]ax [e]vents [n]ame   [q]uit"
 )
 
@@ -126,32 +127,6 @@ def render_runq(section: Interval, limit: int | None, sort_key: str) -> list[Ren
         *_table(RUNQ_COLUMNS, sort_rows(section.cgroups, sort_key), limit, sort_key, "no task waited on a runqueue"),
         _dim(f"{cpus}   {_drops(section.drops)}"),
     ]
-
-
-SOFTIRQ_COLUMNS = (
-    Column("CPU", lambda r: str(r["cpu"])),
-    Column("VECTOR", lambda r: r["vector"], left=True),
-    Column("ENTRIES/s", lambda r: fmt_rate(r["entries_per_s"])),
-    Column("DELAY P99", lambda r: fmt_us(r["delay_p99_us"]) if r["delay_samples"] else "-"),
-    Column("DELAY MAX", lambda r: fmt_us(r["delay_max_us"]) if r["delay_samples"] else "-"),
-    Column("RUN P99", lambda r: fmt_us(r["runtime_p99_us"])),
-    Column("RUN MAX", lambda r: fmt_us(r["runtime_max_us"])),
-    Column("RUN/s", lambda r: f"{r['runtime_ms_per_s']:.2f}ms", "runtime"),
-)
-
-
-def render_softirq(section: SoftirqSection, limit: int | None, sort_key: str) -> list[RenderableType]:
-    footer = f"stall events (≥{section.stall_threshold_ms:g}ms delay or run): {section.stalls}"
-    if section.worst_stalls:
-        s = section.worst_stalls[0]
-        where = f"ksoftirqd ({s['entry_comm']})" if s["in_ksoftirqd"] else f"{s['entry_comm']} in {s['entry_cgroup']}"
-        footer += (
-            f" — worst: {s['vector']} cpu{s['cpu']} delay {fmt_us(s['delay_ns'] / 1e3) if s['raise_seen'] else '?'}"
-            f" run {fmt_us(s['runtime_ns'] / 1e3)}, raised under {s['raise_comm'] or '-'} in {s['raise_cgroup']},"
-            f" ran in {where}"
-        )
-    return [*_table(SOFTIRQ_COLUMNS, section.rows, limit, "runtime", "no softirq ran"),
-            _dim(f"{footer}   {_drops(section.drops)}")]
 
 
 RECLAIM_COLUMNS = (
@@ -318,7 +293,6 @@ def table_renderer(table: TopTable) -> Callable[[dict, int | None, str], list[Re
 
 RENDERERS: dict[str, Callable[[Any, int | None, str], list[RenderableType]]] = {
     "runq": render_runq,
-    "softirq": render_softirq,
     "reclaim": render_reclaim,
     "tcp": render_tcp,
     "psi": render_psi,

@@ -59,14 +59,7 @@ PLUGINS: tuple[ProbePlugin, ...] = (
         metrics=("noisyneighbor_runqueue_latency_seconds", "noisyneighbor_cpu_runqueue_latency_seconds"),
         top_view="runq",
     ),
-    ProbePlugin(
-        name="softirq", snapshot_field="softirq", specs=(softirq.SPEC,), factory=softirq.SoftirqProbe,
-        delta=softirq.delta,
-        signals=("softirq_ms_per_s", "softirq_delay_p99_ns"),
-        metrics=("noisyneighbor_softirq_delay_seconds", "noisyneighbor_softirq_runtime_seconds",
-                 "noisyneighbor_softirq_entries_total"),
-        top_view="softirq",
-    ),
+    softirq.PLUGIN,
     ProbePlugin(
         name="reclaim", snapshot_field="reclaim", specs=(reclaim.SPEC,), factory=reclaim.ReclaimProbe,
         activity=_reclaim_activity, activity_is_reclaim=True, delta=reclaim.delta, map_entries=lambda s: len(s.per_cgroup),

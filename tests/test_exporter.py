@@ -18,6 +18,7 @@ from detector.decisions import ActionKind, Cause, Decision, SuppressAmount, Targ
 from detector.model import Culprit, Incident
 from noisyneighbor import exporter as ex
 from noisyneighbor.exporter import Exporter, histogram_buckets
+from probes import softirq
 from probes.cgroupfs import discover
 from probes.hist import HIST_SLOTS, LatencyHistogram
 from probes.snapshot import NodeSnapshot
@@ -198,7 +199,7 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
 
     # Softirq entries. The exporter's counters are the probe's, exactly.
     def entries(s: dict) -> float:
-        return sum(samples(s, ex.SOFTIRQ_ENTRIES).values())
+        return sum(samples(s, softirq.SOFTIRQ_ENTRIES).values())
 
     assert entries(scrape1) == sum(first.softirq.entries().values())
     assert entries(scrape) == sum(snap.softirq.entries().values())
@@ -213,8 +214,8 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     assert grew <= softirq_proc3 - softirq_proc0 + in_flight
     assert grew >= inner - in_flight - softirq_missed_allowance(inner), (grew, inner)
     cpu0_timer = snap.softirq.stats[(0, "TIMER")]
-    assert _series(scrape, ex.SOFTIRQ_RUNTIME + "_count", cpu="0", vector="TIMER") == cpu0_timer.runtime.count
-    assert _series(scrape, ex.SOFTIRQ_DELAY + "_sum", cpu="0", vector="TIMER") == cpu0_timer.delay.sum_ns / 1e9
+    assert _series(scrape, softirq.SOFTIRQ_RUNTIME + "_count", cpu="0", vector="TIMER") == cpu0_timer.runtime.count
+    assert _series(scrape, softirq.SOFTIRQ_DELAY + "_sum", cpu="0", vector="TIMER") == cpu0_timer.delay.sum_ns / 1e9
 
     # Agent health.
     for name in ("runqlat", "softirq", "reclaim", "tcpconnect"):

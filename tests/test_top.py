@@ -27,7 +27,6 @@ from noisyneighbor.sections import (
     PsiSection,
     ReclaimSection,
     ReclaimSource,
-    SoftirqSection,
     TcpSection,
     build_interval,
     sort_rows,
@@ -156,7 +155,7 @@ def _top(*args: str, env: dict | None = None, check: bool = True) -> subprocess.
                           env=dict(os.environ, COLUMNS="200", **(env or {})))
 
 
-SECTION_TYPES = {"softirq": SoftirqSection, "reclaim": ReclaimSection, "tcp": TcpSection, "psi": PsiSection}
+SECTION_TYPES = {"softirq": dict, "reclaim": ReclaimSection, "tcp": TcpSection, "psi": PsiSection}
 
 
 def _render(record: dict, view: str) -> str:
@@ -267,7 +266,8 @@ def test_softirq_footer_names_the_worst_stall():
     stall = SoftirqStall(ts_ns=1, cpu=1, vector="NET_RX", delay_ns=12_500_000, runtime_ns=300_000, in_ksoftirqd=True,
                          raise_seen=True, raise_pid=10, raise_tgid=10, raise_comm="iperf3", raise_cgroup_id=7,
                          entry_pid=20, entry_tgid=20, entry_comm="ksoftirqd/1", entry_cgroup_id=1)
-    section = SoftirqSection(1.0, [], 1, 10.0, [{**asdict(stall), "raise_cgroup": "pod/abc", "entry_cgroup": "/"}], {})
+    section = {"interval_s": 1.0, "rows": [], "stalls": 1, "stall_threshold_ms": 10.0,
+               "worst_stalls": [{**asdict(stall), "raise_cgroup": "pod/abc", "entry_cgroup": "/"}], "drops": {}}
     out = io.StringIO()
     statuses = {"softirq": ProbeStatus("softirq", "on")}
     Console(file=out, width=300).print(render_frame("ts", {"softirq": section}, ["softirq"], statuses))

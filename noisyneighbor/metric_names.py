@@ -1,0 +1,8 @@
+"""Every metric the agent exports, by constant name: the exporter's own and each probe plugin's (which
+its module defines with the plugin). dashboards/generate.py reads them here."""
+
+from __future__ import annotations
+
+from noisyneighbor.exporter import *  # noqa: F403  (the exporter's metric names, OVERFLOW_CGROUP, METRICS)
+from noisyneighbor.exporter import METRICS, OVERFLOW_CGROUP  # noqa: F401  (not in the star: read by name)
+from probes.softirq import SOFTIRQ_DELAY, SOFTIRQ_ENTRIES, SOFTIRQ_RUNTIME  # noqa: F401
