@@ -24,7 +24,6 @@ from detector.workloads import IdMapper, Workload
 from probes.cgroupfs import CgroupLayout
 from probes.hist import HIST_SLOTS, IntervalHistogram
 from probes.psi import psi_rate
-from probes.reclaim import ReclaimInterval
 from probes.registry import BY_NAME, PLUGINS
 from probes.runqlat import RunqInterval
 from probes.snapshot import NodeSnapshot
@@ -211,7 +210,6 @@ class SignalBuilder:
         self._cpu_files(prev, cur, changed, incremental, tick)
         self._cpu_exposure(prev, cur, intervals, tick)
         self._stage("memory", intervals, tick)
-        self._legacy_memory(prev, cur, tick)
         self._memory_files(prev, cur, changed, incremental, tick)
         self._stage("network", intervals, tick)
         self._legacy_network(prev, cur, tick)
@@ -366,21 +364,6 @@ class SignalBuilder:
                 r.runq_p99_ns = d.quantile_ns(0.99)
                 r.runq_max_ns = d.max_ns
             tick.matrix = self._who_ran_instead(runq, row)
-
-    def _legacy_memory(self, prev: NodeSnapshot, cur: NodeSnapshot, tick: _Tick) -> None:
-        dt, row = tick.dt, tick.row
-        reclaim: ReclaimInterval | None = probe_delta("reclaim", prev, cur)
-        if reclaim is not None:  # only the (memcg id, kind) keys that reclaimed
-            for (cgid, kind), rd in reclaim.per_cgroup.items():
-                w = self.ids.workload_of(cgid, self.mem_h, primary=False)
-                if w is None:
-                    continue
-                r = row(w)
-                ms = rd.latency.sum_ns / 1e6 / dt
-                r.reclaim_stall_ms_per_s += ms
-                r.reclaim_by_kind_ms_per_s[kind] = r.reclaim_by_kind_ms_per_s.get(kind, 0.0) + ms
-                r.reclaim_pages_per_s += rd.pages / dt
-            tick.node["node_direct_reclaim_ms_per_s"] = reclaim.node_direct.latency.sum_ns / 1e6 / dt
 
     def _legacy_network(self, prev: NodeSnapshot, cur: NodeSnapshot, tick: _Tick) -> None:
         dt, rows, row = tick.dt, tick.rows, tick.row

@@ -55,10 +55,6 @@ log = logging.getLogger(__name__)
 # -- metric names (shared with dashboards/generate.py) ----------------------------------------------
 RUNQ_LATENCY = "noisyneighbor_runqueue_latency_seconds"
 CPU_RUNQ_LATENCY = "noisyneighbor_cpu_runqueue_latency_seconds"
-RECLAIM_LATENCY = "noisyneighbor_reclaim_latency_seconds"
-RECLAIM_PAGES = "noisyneighbor_reclaim_pages_total"
-NODE_RECLAIM_LATENCY = "noisyneighbor_node_reclaim_latency_seconds"
-NODE_RECLAIM_PAGES = "noisyneighbor_node_reclaim_pages_total"
 NODE_ALLOCSTALLS = "noisyneighbor_node_allocstalls_total"
 CONNECT_LATENCY = "noisyneighbor_tcp_connect_latency_seconds"
 CONNECT_SUCCESSES = "noisyneighbor_tcp_connect_successes_total"
@@ -141,11 +137,6 @@ _DEFS = (
     MetricDef(RUNQ_LATENCY, "histogram", "Runqueue wait (wakeup or preemption to running) of the cgroup's tasks.",
               per_cgroup=True),
     MetricDef(CPU_RUNQ_LATENCY, "histogram", "Runqueue wait of all tasks, per CPU they waited on.", ("cpu",)),
-    MetricDef(RECLAIM_LATENCY, "histogram", "Reclaim passes the cgroup's tasks stalled in, by kind (direct, memcg, "
-              "softlimit; softlimit passes are also inside direct ones).", ("kind",), per_cgroup=True),
-    MetricDef(RECLAIM_PAGES, "counter", "Pages freed by the cgroup's reclaim passes, by kind.", ("kind",), per_cgroup=True),
-    MetricDef(NODE_RECLAIM_LATENCY, "histogram", "Reclaim passes on the node, by kind.", ("kind",)),
-    MetricDef(NODE_RECLAIM_PAGES, "counter", "Pages freed by reclaim passes on the node, by kind.", ("kind",)),
     MetricDef(NODE_ALLOCSTALLS, "counter", "Global direct reclaim passes (/proc/vmstat allocstall_*), by zone.",
               ("zone",)),
     MetricDef(CONNECT_LATENCY, "histogram", "TCP connect() to ESTABLISHED of successful connects.", per_cgroup=True),
@@ -553,11 +544,6 @@ class Exporter:
             for cgroup_id, hist in snap.runq.per_cgroup.items():
                 if (data := by_id(cgroup_id, self.cpu_hierarchy)) is not None:
                     data.add_hist(RUNQ_LATENCY, (), hist)
-        if snap.reclaim is not None:
-            for (cgroup_id, kind), stats in snap.reclaim.per_cgroup.items():
-                if (data := by_id(cgroup_id, self.memory_hierarchy)) is not None:
-                    data.add_hist(RECLAIM_LATENCY, (kind,), stats.latency)
-                    data.add_counter(RECLAIM_PAGES, (kind,), float(stats.nr_reclaimed))
         if snap.tcp is not None:
             for (cgroup_id, _netns), stats in snap.tcp.per_key.items():
                 if (data := by_id(cgroup_id, self.cpu_hierarchy)) is not None:
@@ -640,10 +626,6 @@ class Exporter:
         if snap.runq is not None:
             for cpu, hist in enumerate(snap.runq.per_cpu):
                 node.add_hist(CPU_RUNQ_LATENCY, (str(cpu),), hist)
-        if snap.reclaim is not None:
-            for kind, stats in snap.reclaim.node.items():
-                node.add_hist(NODE_RECLAIM_LATENCY, (kind,), stats.latency)
-                node.add_counter(NODE_RECLAIM_PAGES, (kind,), float(stats.nr_reclaimed))
         if snap.node_vmstat is not None:
             for zone, passes in snap.node_vmstat.allocstall.items():
                 node.add_counter(NODE_ALLOCSTALLS, (zone,), float(passes))

@@ -23,7 +23,6 @@ from probes.collect import cgroup_activity
 from probes.cpuacct import CgroupCpuStat, cpu_delta, read_cgroup_cpu
 from probes.engine import ProbeError, ProbeStatus
 from probes.host import HostPaths
-from probes.memstat import read_node_vmstat
 from probes.plugin import TopInput, TopTable
 from probes.psi import (
     RESOURCES,
@@ -35,9 +34,6 @@ from probes.psi import (
     read_cgroup_psi,
     read_node_psi,
 )
-from probes.reclaim import ReclaimSnapshot
-from probes.reclaim import node_rows as reclaim_node_rows
-from probes.reclaim import rows as reclaim_rows
 from probes.registry import BY_NAME, ENGINE_ATTACH_MODES, PLUGINS
 from probes.runqlat import RunqSnapshot
 from probes.runqlat import delta as runq_delta
@@ -333,51 +329,6 @@ class RunqSource(_ProbeSource):
         return cgroup_activity(self.name, snap)
 
 
-# -- reclaim -------------------------------------------------------------------------------------
-
-
-@dataclass
-class ReclaimSection:
-    interval_s: float
-    # Per memory cgroup and kind that reclaimed in the interval, most stalled first. `kind` is the
-    # reclaim kind (memcg, direct, softlimit); the cgroup's own kind is `cgroup_kind`.
-    rows: list[dict]
-    node: dict[str, dict]  # kind -> node totals (kinds with no pass absent); "direct" is the node's
-    allocstall: int | None  # /proc/vmstat allocstall_* delta: direct reclaim passes as the kernel counts
-    allocstall_per_s: float | None
-    drops: dict[str, int]
-
-
-class ReclaimSource(_ProbeSource):
-    name = "reclaim"
-
-    def start(self) -> None:
-        super().start()
-        self.vmstat = read_node_vmstat(self.ctx.paths)
-
-    def section(self, prev: ReclaimSnapshot, cur: ReclaimSnapshot, sections: dict[str, Any]) -> ReclaimSection:
-        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-        interval = BY_NAME[self.name].delta(prev, cur)  # the plugin's interval (probes.reclaim.delta)
-        rows = []
-        for r in reclaim_rows(interval):
-            names = self.name_of(r["cgroup_id"])
-            names["cgroup_kind"] = names.pop("kind")  # "kind" is the reclaim kind here
-            if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
-                rows.append({"cgroup_id": r["cgroup_id"], **names, **r})
-        vmstat = read_node_vmstat(self.ctx.paths)
-        allocstall = None
-        if vmstat is not None and self.vmstat is not None:
-            allocstall = max(vmstat.allocstall_total - self.vmstat.allocstall_total, 0)
-        self.vmstat = vmstat
-        return ReclaimSection(
-            interval_s=dt, rows=rows, node=reclaim_node_rows(interval), allocstall=allocstall,
-            allocstall_per_s=None if allocstall is None else allocstall / dt, drops=dict(cur.drops),
-        )
-
-    def activity(self, snap: ReclaimSnapshot) -> dict[int, int]:
-        return cgroup_activity(self.name, snap)
-
-
 # -- tcp -----------------------------------------------------------------------------------------
 
 
@@ -647,7 +598,6 @@ def open_source(name: str, ctx: Context, attach_mode: str = "auto") -> Source:
 # The view of each probe in the registry that has one: its section's source class.
 PROBE_SOURCES: dict[str, type[_ProbeSource]] = {
     RunqSource.name: RunqSource,
-    ReclaimSource.name: ReclaimSource,
     TcpSource.name: TcpSource,
     # the others declare their view as a table (ProbePlugin.top_table): one source class serves them all
     **{p.name: TableSource for p in PLUGINS if p.top_table is not None},

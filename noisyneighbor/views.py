@@ -20,7 +20,6 @@ from noisyneighbor.sections import (
     VIEWS,
     Interval,
     PsiSection,
-    ReclaimSection,
     TcpSection,
     sort_rows,
     sort_table_rows,
@@ -35,13 +34,12 @@ _TABLES: dict[str, TopTable] = {p.top_view: p.top_table for p in PLUGINS if p.to
 
 VIEW_TITLES = {
     "runq": "runqueue latency per cgroup",
-    "reclaim": "memory reclaim per memory cgroup",
     "tcp": "TCP connects per cgroup and netns",
     "psi": "pressure (PSI) and CPU throttling",
     **{view: table.title for view, table in _TABLES.items()},
 }
 # Interactive keys: a view's letter (a declared table's hotkey), then runq's sort keys.
-_LEGACY_VIEW_KEYS = {"r": "runq", "c": "reclaim", "t": "tcp"}
+_LEGACY_VIEW_KEYS = {"r": "runq", "t": "tcp"}
 _VIEW_KEYS = {**_LEGACY_VIEW_KEYS, **{table.hotkey: view for view, table in _TABLES.items() if table.hotkey}, "p": "psi"}
 VIEW_HOTKEYS = {**_VIEW_KEYS, "a": "all"}
 SORT_HOTKEYS = {"w": "wait", "9": "p99", "5": "p50", "m": "max", "e": "events", "n": "name"}
@@ -127,32 +125,6 @@ def render_runq(section: Interval, limit: int | None, sort_key: str) -> list[Ren
         *_table(RUNQ_COLUMNS, sort_rows(section.cgroups, sort_key), limit, sort_key, "no task waited on a runqueue"),
         _dim(f"{cpus}   {_drops(section.drops)}"),
     ]
-
-
-RECLAIM_COLUMNS = (
-    Column("MEMORY CGROUP / POD", lambda r: r["name"], flex=True),
-    QOS,
-    Column("KIND", lambda r: r["kind"], left=True),
-    Column("COUNT/s", lambda r: fmt_rate(r["count_per_s"])),
-    Column("PAGES/s", lambda r: fmt_rate(r["pages_per_s"])),
-    Column("STALL/s", lambda r: fmt_ms(r["stall_ms_per_s"]), "stall"),
-    Column("P99", lambda r: fmt_us(r["p99_us"])),
-    Column("MAX", lambda r: fmt_us(r["max_us"], r["max_exact"])),
-)
-
-
-def render_reclaim(section: ReclaimSection, limit: int | None, sort_key: str) -> list[RenderableType]:
-    direct = section.node.get("direct")
-    node = "node: direct reclaim " + (
-        f"{direct['count']} passes, {fmt_rate(direct['pages_per_s'])} pages/s, {fmt_ms(direct['stall_ms_per_s'])}/s"
-        f" stalled, max {fmt_us(direct['max_us'], direct['max_exact'])}"
-        if direct else "none"
-    )
-    others = "".join(f", {kind} {row['count']} passes" for kind, row in section.node.items() if kind != "direct")
-    vmstat = "?" if section.allocstall is None else f"+{section.allocstall}"
-    footer = f"{node}{others}   /proc/vmstat allocstall: {vmstat}"
-    return [*_table(RECLAIM_COLUMNS, section.rows, limit, "stall", "no memory reclaim in any cgroup"),
-            _dim(f"{footer}   {_drops(section.drops)}")]
 
 
 def _destinations(row: dict) -> str:
@@ -293,7 +265,6 @@ def table_renderer(table: TopTable) -> Callable[[dict, int | None, str], list[Re
 
 RENDERERS: dict[str, Callable[[Any, int | None, str], list[RenderableType]]] = {
     "runq": render_runq,
-    "reclaim": render_reclaim,
     "tcp": render_tcp,
     "psi": render_psi,
     **{view: table_renderer(table) for view, table in _TABLES.items()},

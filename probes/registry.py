@@ -32,13 +32,6 @@ def _runq_activity(snap: runqlat.RunqSnapshot) -> dict[int, int]:
     return {cg: hist.count for cg, hist in snap.per_cgroup.items()}
 
 
-def _reclaim_activity(snap: reclaim.ReclaimSnapshot) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for (cgroup_id, _kind), stats in snap.per_cgroup.items():
-        out[cgroup_id] = out.get(cgroup_id, 0) + stats.count
-    return out
-
-
 def _tcp_activity(snap: tcpconnect.TcpConnectSnapshot) -> dict[int, int]:
     out: dict[int, int] = {}
     for (cgroup_id, _netns), stats in snap.per_key.items():
@@ -60,15 +53,7 @@ PLUGINS: tuple[ProbePlugin, ...] = (
         top_view="runq",
     ),
     softirq.PLUGIN,
-    ProbePlugin(
-        name="reclaim", snapshot_field="reclaim", specs=(reclaim.SPEC,), factory=reclaim.ReclaimProbe,
-        activity=_reclaim_activity, activity_is_reclaim=True, delta=reclaim.delta, map_entries=lambda s: len(s.per_cgroup),
-        signals=("reclaim_stall_ms_per_s",),
-        metrics=("noisyneighbor_reclaim_latency_seconds", "noisyneighbor_reclaim_pages_total",
-                 "noisyneighbor_node_reclaim_latency_seconds", "noisyneighbor_node_reclaim_pages_total"),
-        top_view="reclaim",
-        top_options={"stall_threshold_ns": 0},  # no stall ring buffer: top shows the histograms only
-    ),
+    reclaim.PLUGIN,
     ProbePlugin(
         name="tcpconnect", snapshot_field="tcp", specs=(tcpconnect.SPEC_BTF, tcpconnect.SPEC_RAW),
         factory=tcpconnect.TcpConnectProbe, activity=_tcp_activity, delta=tcpconnect.delta,

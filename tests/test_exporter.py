@@ -18,7 +18,7 @@ from detector.decisions import ActionKind, Cause, Decision, SuppressAmount, Targ
 from detector.model import Culprit, Incident
 from noisyneighbor import exporter as ex
 from noisyneighbor.exporter import Exporter, histogram_buckets
-from probes import softirq
+from probes import reclaim, softirq
 from probes.cgroupfs import discover
 from probes.hist import HIST_SLOTS, LatencyHistogram
 from probes.snapshot import NodeSnapshot
@@ -276,16 +276,16 @@ def test_reclaim_histogram_per_memory_cgroup(probes, scraper, make_cgroup, tmp_p
     stats = snap.reclaim.cgroup(os.stat(limited.path("memory")).st_ino, "memcg")
     labels = {"pod": "filler", "cgroup": rel_path(limited, "memory", mem_h), "kind": "memcg"}
     assert stats.count > 10, "the writer never hit its limit: the test proves nothing"
-    assert _series(scrape, ex.RECLAIM_LATENCY + "_count", **labels) == stats.count
-    assert _series(scrape, ex.RECLAIM_LATENCY + "_sum", **labels) == stats.latency.sum_ns / 1e9
-    pages = _series(scrape, ex.RECLAIM_PAGES, **labels)
+    assert _series(scrape, reclaim.RECLAIM_LATENCY + "_count", **labels) == stats.count
+    assert _series(scrape, reclaim.RECLAIM_LATENCY + "_sum", **labels) == stats.latency.sum_ns / 1e9
+    pages = _series(scrape, reclaim.RECLAIM_PAGES, **labels)
     assert pages == stats.nr_reclaimed
     # Kernel side: everything above the limit had to be reclaimed (the file was written through it).
     page = os.sysconf("SC_PAGE_SIZE")
     assert pages * page >= (size - limit) * 0.5
     # Memory gauges come from the same cgroup's files.
     assert _series(scrape, ex.CGROUP_MEMORY_LIMIT, pod="filler") == limit
-    node = _series(scrape, ex.NODE_RECLAIM_LATENCY + "_count", kind="memcg")
+    node = _series(scrape, reclaim.NODE_RECLAIM_LATENCY + "_count", kind="memcg")
     assert node == snap.reclaim.node["memcg"].count >= stats.count
 
 

@@ -25,8 +25,7 @@ from noisyneighbor.sections import (
     DeadCgroups,
     OffSource,
     PsiSection,
-    ReclaimSection,
-    ReclaimSource,
+    TableSource,
     TcpSection,
     build_interval,
     sort_rows,
@@ -155,7 +154,7 @@ def _top(*args: str, env: dict | None = None, check: bool = True) -> subprocess.
                           env=dict(os.environ, COLUMNS="200", **(env or {})))
 
 
-SECTION_TYPES = {"softirq": dict, "reclaim": ReclaimSection, "tcp": TcpSection, "psi": PsiSection}
+SECTION_TYPES = {"softirq": dict, "reclaim": dict, "tcp": TcpSection, "psi": PsiSection}
 
 
 def _render(record: dict, view: str) -> str:
@@ -228,15 +227,15 @@ class _FakeReclaimProbe:
 def test_reclaim_rows_are_named_in_the_memory_hierarchy_and_dead_ids_forgotten(tmp_path):
     resolver = _NamingResolver({5})
     probe = _FakeReclaimProbe([_reclaim_snap(float(t), {5: 1 + (t == 1), 9: 2}) for t in range(6)])
-    source = ReclaimSource(probe, Context(HostPaths.under(tmp_path), None, resolver))  # type: ignore[arg-type]
+    source = TableSource(probe, Context(HostPaths.under(tmp_path), None, resolver))  # type: ignore[arg-type]
     source.start()
     first = source.collect({})
-    assert [(r["cgroup"], r["kind"], r["cgroup_kind"], r["count"], r["pages"]) for r in first.rows] == [
+    assert [(r["cgroup"], r["kind"], r["cgroup_kind"], r["count"], r["pages"]) for r in first["rows"]] == [
         ("/cg/5", "memcg", "other", 1, 32)
     ]
-    assert first.allocstall is None  # no /proc/vmstat under tmp_path: unknown, not 0
+    assert first["allocstall"] is None  # no /proc/vmstat under tmp_path: unknown, not 0
     for _ in range(4):
-        assert source.collect({}).rows == []
+        assert source.collect({})["rows"] == []
     assert resolver.hierarchies == {"memory-hierarchy"}
     assert probe.forgotten == [9]  # idle and gone; 5 is idle but still exists
 
@@ -489,7 +488,8 @@ def test_a_probe_that_cannot_load_does_not_stop_the_others(tmp_path):
 def test_idle_views_say_nothing_happened_instead_of_an_empty_table():
     statuses = {"reclaim": ProbeStatus("reclaim", "on", attach_mode="tp_btf"),
                 "tcpconnect": ProbeStatus("tcpconnect", "on", attach_mode="tp_btf")}
-    sections = {"reclaim": ReclaimSection(1.0, [], {}, 0, 0.0, {}), "tcp": TcpSection(1.0, [], {})}
+    sections = {"reclaim": {"interval_s": 1.0, "rows": [], "node": {}, "allocstall": 0, "allocstall_per_s": 0.0, "drops": {}},
+                "tcp": TcpSection(1.0, [], {})}
     out = io.StringIO()
     Console(file=out, width=160).print(render_frame("2026-01-01T00:00:00+00:00", sections, ["reclaim", "tcp"], statuses))
     text = out.getvalue()
