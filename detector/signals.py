@@ -27,7 +27,6 @@ from probes.psi import psi_rate
 from probes.registry import BY_NAME, PLUGINS
 from probes.runqlat import RunqInterval
 from probes.snapshot import NodeSnapshot
-from probes.tcpconnect import TcpConnectInterval
 
 # Catalog signals the detector derives from a plugin's fields (detector/incidents.py), by what they
 # are computed from: a plugin that names one (ProbePlugin.signals) must produce those fields.
@@ -212,7 +211,6 @@ class SignalBuilder:
         self._stage("memory", intervals, tick)
         self._memory_files(prev, cur, changed, incremental, tick)
         self._stage("network", intervals, tick)
-        self._legacy_network(prev, cur, tick)
         self._psi_files(prev, cur, changed, tick)
         for r in tick.rows.values():  # node-wide: rows with no wait this tick still have (zero) shares
             r.who_ran_instead_available = tick.matrix
@@ -364,30 +362,6 @@ class SignalBuilder:
                 r.runq_p99_ns = d.quantile_ns(0.99)
                 r.runq_max_ns = d.max_ns
             tick.matrix = self._who_ran_instead(runq, row)
-
-    def _legacy_network(self, prev: NodeSnapshot, cur: NodeSnapshot, tick: _Tick) -> None:
-        dt, rows, row = tick.dt, tick.rows, tick.row
-        tcp: TcpConnectInterval | None = probe_delta("tcpconnect", prev, cur)
-        if tcp is not None:  # only the (cgroup, netns) keys whose counters changed
-            acc: dict[str, list] = defaultdict(lambda: [[], 0, 0])
-            for key, cd in tcp.per_key.items():
-                w = self.ids.workload_of(key[0], self.cpu_h)
-                if w is None:
-                    continue
-                a = acc[w.key]
-                row(w)
-                a[0].append(cd.latency)
-                # A connect the application gave up on (its own timeout: an abort in SYN_SENT) failed
-                # for the user just as a refused or timed-out one did.
-                a[1] += cd.failures + cd.aborts
-                a[2] += cd.syn_retransmits
-            for key, (hists, failures, retrans) in acc.items():
-                d = _merge(hists)
-                r = rows[key]
-                r.connects = d.count
-                r.connect_p99_ns = d.quantile_ns(0.99)
-                r.connect_failures_per_s = max(failures, 0) / dt
-                r.syn_retransmits_per_s = max(retrans, 0) / dt
 
     def _present(self, listed: Iterable[str]) -> frozenset[str]:
         """Workload keys of the listed (cpu-hierarchy) cgroups and of every workload with a row since

@@ -48,7 +48,6 @@ from probes.hist import HIST_SLOTS, LatencyHistogram, slot_bounds_us
 from probes.host import HostPaths
 from probes.registry import PLUGINS
 from probes.snapshot import NodeSnapshot
-from probes.tcpconnect import ConnectStats
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +55,6 @@ log = logging.getLogger(__name__)
 RUNQ_LATENCY = "noisyneighbor_runqueue_latency_seconds"
 CPU_RUNQ_LATENCY = "noisyneighbor_cpu_runqueue_latency_seconds"
 NODE_ALLOCSTALLS = "noisyneighbor_node_allocstalls_total"
-CONNECT_LATENCY = "noisyneighbor_tcp_connect_latency_seconds"
-CONNECT_SUCCESSES = "noisyneighbor_tcp_connect_successes_total"
-CONNECT_FAILURES = "noisyneighbor_tcp_connect_failures_total"
-CONNECT_ERRORS = "noisyneighbor_tcp_connect_errors_total"
-CONNECT_SYN_RETRANSMITS = "noisyneighbor_tcp_connect_syn_retransmits_total"
 LISTEN_OVERFLOWS = "noisyneighbor_listen_overflows_total"
 LISTEN_QUEUE_FILL = "noisyneighbor_listen_queue_fill_ratio"
 PSI_STALL = "noisyneighbor_psi_stall_seconds_total"
@@ -139,13 +133,6 @@ _DEFS = (
     MetricDef(CPU_RUNQ_LATENCY, "histogram", "Runqueue wait of all tasks, per CPU they waited on.", ("cpu",)),
     MetricDef(NODE_ALLOCSTALLS, "counter", "Global direct reclaim passes (/proc/vmstat allocstall_*), by zone.",
               ("zone",)),
-    MetricDef(CONNECT_LATENCY, "histogram", "TCP connect() to ESTABLISHED of successful connects.", per_cgroup=True),
-    MetricDef(CONNECT_SUCCESSES, "counter", "TCP connects that reached ESTABLISHED.", per_cgroup=True),
-    MetricDef(CONNECT_FAILURES, "counter", "TCP connects that failed after sending a SYN (ActiveOpens - "
-              "successes - aborts).", per_cgroup=True),
-    MetricDef(CONNECT_ERRORS, "counter", "TCP connects that did not succeed, by reason (refused, timeout, aborted, "
-              "local_error; refused and timeout are also failures).", ("reason",), per_cgroup=True),
-    MetricDef(CONNECT_SYN_RETRANSMITS, "counter", "SYN retransmits of connecting sockets.", per_cgroup=True),
     MetricDef(LISTEN_OVERFLOWS, "counter", "TcpExt ListenOverflows of the pod's own network namespace (SYNs and "
               "handshake ACKs dropped because an accept queue was full), at the last listen-queue read (on "
               "connect trouble, else every 30 s); from its first overflow.", per_cgroup=True),
@@ -544,10 +531,6 @@ class Exporter:
             for cgroup_id, hist in snap.runq.per_cgroup.items():
                 if (data := by_id(cgroup_id, self.cpu_hierarchy)) is not None:
                     data.add_hist(RUNQ_LATENCY, (), hist)
-        if snap.tcp is not None:
-            for (cgroup_id, _netns), stats in snap.tcp.per_key.items():
-                if (data := by_id(cgroup_id, self.cpu_hierarchy)) is not None:
-                    _add_connect(data, stats)
         for plugin in _CGROUP_SERIES:
             probe_snap = snap.probe(plugin.name)
             if probe_snap is None:
@@ -775,18 +758,6 @@ def render_text(exporter: Exporter) -> bytes:
             out.append("\n")
     exporter.hist_text = hist_text
     return "".join(out).encode()
-
-
-def _add_connect(data: _SeriesData, stats: ConnectStats) -> None:
-    data.add_hist(CONNECT_LATENCY, (), stats.latency)
-    data.add_counter(CONNECT_SUCCESSES, (), float(stats.successes))
-    data.add_counter(CONNECT_FAILURES, (), float(stats.failures))
-    data.add_counter(CONNECT_SYN_RETRANSMITS, (), float(stats.syn_retransmits))
-    for reason, count in (
-        ("refused", stats.refused), ("timeout", stats.timeouts), ("aborted", stats.aborts),
-        ("local_error", stats.local_errors),
-    ):
-        data.add_counter(CONNECT_ERRORS, (reason,), float(count))
 
 
 def _add_psi(data: _SeriesData, reading: object, stall_name: str, avg_name: str | None) -> None:

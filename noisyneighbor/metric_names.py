@@ -7,3 +7,10 @@ from noisyneighbor.exporter import *  # noqa: F403  (the exporter's metric names
 from noisyneighbor.exporter import METRICS, OVERFLOW_CGROUP  # noqa: F401  (not in the star: read by name)
 from probes.reclaim import NODE_RECLAIM_LATENCY, NODE_RECLAIM_PAGES, RECLAIM_LATENCY, RECLAIM_PAGES  # noqa: F401
 from probes.softirq import SOFTIRQ_DELAY, SOFTIRQ_ENTRIES, SOFTIRQ_RUNTIME  # noqa: F401
+from probes.tcpconnect import (  # noqa: F401
+    CONNECT_ERRORS,
+    CONNECT_FAILURES,
+    CONNECT_LATENCY,
+    CONNECT_SUCCESSES,
+    CONNECT_SYN_RETRANSMITS,
+)

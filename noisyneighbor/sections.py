@@ -37,8 +37,6 @@ from probes.psi import (
 from probes.registry import BY_NAME, ENGINE_ATTACH_MODES, PLUGINS
 from probes.runqlat import RunqSnapshot
 from probes.runqlat import delta as runq_delta
-from probes.tcpconnect import TcpConnectSnapshot
-from probes.tcpconnect import summarize as summarize_tcp
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +59,6 @@ SOURCE_ORDER = (*(p.name for p in _VIEW_PLUGINS), "psi")
 # A cgroup id that no longer resolves and had no activity for this many intervals is dropped from the
 # probe's kernel map, so dead cgroups do not fill it on a node with pod churn.
 FORGET_AFTER_INTERVALS = 3
-TOP_DESTINATIONS = 3
 
 
 def sources_for(views: Iterable[str]) -> list[str]:
@@ -329,32 +326,6 @@ class RunqSource(_ProbeSource):
         return cgroup_activity(self.name, snap)
 
 
-# -- tcp -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class TcpSection:
-    interval_s: float
-    rows: list[dict]  # per cgroup and netns with connects in the interval: failures + SYN retransmits first
-    drops: dict[str, int]
-
-
-class TcpSource(_ProbeSource):
-    name = "tcpconnect"
-
-    def section(self, prev: TcpConnectSnapshot, cur: TcpConnectSnapshot, sections: dict[str, Any]) -> TcpSection:
-        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-        rows = []
-        for r in summarize_tcp(prev, cur, top_n=TOP_DESTINATIONS):
-            names = self.name_of(r["cgroup_id"])
-            if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
-                rows.append({"cgroup_id": r["cgroup_id"], **names, **r, "connects_per_s": r["connects"] / dt})
-        return TcpSection(interval_s=dt, rows=rows, drops=dict(cur.drops))
-
-    def activity(self, snap: TcpConnectSnapshot) -> dict[int, int]:
-        return cgroup_activity(self.name, snap)
-
-
 # -- a plugin's declared table (ProbePlugin.top_table) -----------------------------------------------
 
 
@@ -598,7 +569,6 @@ def open_source(name: str, ctx: Context, attach_mode: str = "auto") -> Source:
 # The view of each probe in the registry that has one: its section's source class.
 PROBE_SOURCES: dict[str, type[_ProbeSource]] = {
     RunqSource.name: RunqSource,
-    TcpSource.name: TcpSource,
     # the others declare their view as a table (ProbePlugin.top_table): one source class serves them all
     **{p.name: TableSource for p in PLUGINS if p.top_table is not None},
 }

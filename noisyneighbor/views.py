@@ -20,7 +20,6 @@ from noisyneighbor.sections import (
     VIEWS,
     Interval,
     PsiSection,
-    TcpSection,
     sort_rows,
     sort_table_rows,
 )
@@ -34,12 +33,11 @@ _TABLES: dict[str, TopTable] = {p.top_view: p.top_table for p in PLUGINS if p.to
 
 VIEW_TITLES = {
     "runq": "runqueue latency per cgroup",
-    "tcp": "TCP connects per cgroup and netns",
     "psi": "pressure (PSI) and CPU throttling",
     **{view: table.title for view, table in _TABLES.items()},
 }
 # Interactive keys: a view's letter (a declared table's hotkey), then runq's sort keys.
-_LEGACY_VIEW_KEYS = {"r": "runq", "t": "tcp"}
+_LEGACY_VIEW_KEYS = {"r": "runq"}
 _VIEW_KEYS = {**_LEGACY_VIEW_KEYS, **{table.hotkey: view for view, table in _TABLES.items() if table.hotkey}, "p": "psi"}
 VIEW_HOTKEYS = {**_VIEW_KEYS, "a": "all"}
 SORT_HOTKEYS = {"w": "wait", "9": "p99", "5": "p50", "m": "max", "e": "events", "n": "name"}
@@ -124,34 +122,6 @@ def render_runq(section: Interval, limit: int | None, sort_key: str) -> list[Ren
     return [
         *_table(RUNQ_COLUMNS, sort_rows(section.cgroups, sort_key), limit, sort_key, "no task waited on a runqueue"),
         _dim(f"{cpus}   {_drops(section.drops)}"),
-    ]
-
-
-def _destinations(row: dict) -> str:
-    return ", ".join(
-        f"{d['dest']} ({d['connects']}{', ' + str(d['failures']) + ' failed' if d['failures'] else ''})"
-        for d in row["top_destinations"]
-    ) or "-"
-
-
-TCP_COLUMNS = (
-    NAME,
-    QOS,
-    Column("NETNS", lambda r: str(r["netns"])),
-    Column("CONN/s", lambda r: fmt_rate(r["connects_per_s"])),
-    Column("FAIL", lambda r: str(r["failures"]), "worst"),
-    Column("SYN RTX", lambda r: str(r["syn_retransmits"])),
-    Column("P50", lambda r: fmt_us(None if r["latency_p50_ms"] is None else r["latency_p50_ms"] * 1e3)),
-    Column("P99", lambda r: fmt_us(None if r["latency_p99_ms"] is None else r["latency_p99_ms"] * 1e3)),
-    Column("MAX", lambda r: fmt_us(None if r["latency_max_ms"] is None else r["latency_max_ms"] * 1e3)),
-    Column("TOP DESTINATIONS", _destinations, flex=True),
-)
-
-
-def render_tcp(section: TcpSection, limit: int | None, sort_key: str) -> list[RenderableType]:
-    return [
-        *_table(TCP_COLUMNS, section.rows, limit, "worst", "no TCP connect"),
-        _dim(f"sorted by failures + SYN retransmits, then p99; latency of successful connects   {_drops(section.drops)}"),
     ]
 
 
@@ -265,7 +235,6 @@ def table_renderer(table: TopTable) -> Callable[[dict, int | None, str], list[Re
 
 RENDERERS: dict[str, Callable[[Any, int | None, str], list[RenderableType]]] = {
     "runq": render_runq,
-    "tcp": render_tcp,
     "psi": render_psi,
     **{view: table_renderer(table) for view, table in _TABLES.items()},
 }

@@ -32,13 +32,6 @@ def _runq_activity(snap: runqlat.RunqSnapshot) -> dict[int, int]:
     return {cg: hist.count for cg, hist in snap.per_cgroup.items()}
 
 
-def _tcp_activity(snap: tcpconnect.TcpConnectSnapshot) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for (cgroup_id, _netns), stats in snap.per_key.items():
-        out[cgroup_id] = out.get(cgroup_id, 0) + stats.connects + stats.syn_retransmits
-    return out
-
-
 # -- the registry -----------------------------------------------------------------------------------
 
 # Order: collection order, the order of --probes' default and of `top`'s views.
@@ -54,17 +47,7 @@ PLUGINS: tuple[ProbePlugin, ...] = (
     ),
     softirq.PLUGIN,
     reclaim.PLUGIN,
-    ProbePlugin(
-        name="tcpconnect", snapshot_field="tcp", specs=(tcpconnect.SPEC_BTF, tcpconnect.SPEC_RAW),
-        factory=tcpconnect.TcpConnectProbe, activity=_tcp_activity, delta=tcpconnect.delta,
-        map_entries=lambda s: len(s.per_key),
-        signals=("connect_p99_ns", "syn_retransmits_per_s", "connect_failures_per_s"),
-        metrics=("noisyneighbor_tcp_connect_latency_seconds", "noisyneighbor_tcp_connect_successes_total",
-                 "noisyneighbor_tcp_connect_failures_total", "noisyneighbor_tcp_connect_errors_total",
-                 "noisyneighbor_tcp_connect_syn_retransmits_total"),
-        top_view="tcp",
-        top_options={"outlier_threshold_ns": 0},
-    ),
+    tcpconnect.PLUGIN,
     gpu_pods.PLUGIN,
 )
 

@@ -18,7 +18,7 @@ from detector.decisions import ActionKind, Cause, Decision, SuppressAmount, Targ
 from detector.model import Culprit, Incident
 from noisyneighbor import exporter as ex
 from noisyneighbor.exporter import Exporter, histogram_buckets
-from probes import reclaim, softirq
+from probes import reclaim, softirq, tcpconnect
 from probes.cgroupfs import discover
 from probes.hist import HIST_SLOTS, LatencyHistogram
 from probes.snapshot import NodeSnapshot
@@ -254,12 +254,12 @@ def test_connect_histogram_and_outcomes(probes, scraper, make_cgroup):
     mine = [s for (cg, _), s in snap.tcp.per_key.items() if cg == client_id]
     labels = {"pod": "client", "cgroup": rel_path(client, "cpu", probes.layout.hierarchy_for("cpu"))}
     # Ground truth is the client's own count; the histogram holds successful connects only.
-    assert _series(scrape, ex.CONNECT_LATENCY + "_count", **labels) == done == sum(s.latency.count for s in mine)
-    assert _series(scrape, ex.CONNECT_LATENCY + "_sum", **labels) == sum(s.latency.sum_ns for s in mine) / 1e9
-    assert _series(scrape, ex.CONNECT_SUCCESSES, **labels) == done
-    assert _series(scrape, ex.CONNECT_FAILURES, **labels) == refused
-    assert _series(scrape, ex.CONNECT_ERRORS, reason="refused", **labels) == refused
-    assert _series(scrape, ex.CONNECT_SYN_RETRANSMITS, **labels) == 0
+    assert _series(scrape, tcpconnect.CONNECT_LATENCY + "_count", **labels) == done == sum(s.latency.count for s in mine)
+    assert _series(scrape, tcpconnect.CONNECT_LATENCY + "_sum", **labels) == sum(s.latency.sum_ns for s in mine) / 1e9
+    assert _series(scrape, tcpconnect.CONNECT_SUCCESSES, **labels) == done
+    assert _series(scrape, tcpconnect.CONNECT_FAILURES, **labels) == refused
+    assert _series(scrape, tcpconnect.CONNECT_ERRORS, reason="refused", **labels) == refused
+    assert _series(scrape, tcpconnect.CONNECT_SYN_RETRANSMITS, **labels) == 0
 
 
 @pytest.mark.root
