@@ -15,17 +15,15 @@ softirq run time of each CPU weighted by the share of the workload's own CPU tim
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from detector.workloads import IdMapper, Workload
 from probes.cgroupfs import CgroupLayout
-from probes.hist import HIST_SLOTS, IntervalHistogram
+from probes.plugin import IDLE, UNKNOWN  # noqa: F401  (re-exported: detector/incidents.py reads them here)
 from probes.psi import psi_rate
 from probes.registry import BY_NAME, PLUGINS
-from probes.runqlat import RunqInterval
 from probes.snapshot import NodeSnapshot
 
 # Catalog signals the detector derives from a plugin's fields (detector/incidents.py), by what they
@@ -36,8 +34,6 @@ DERIVED_FROM: dict[str, tuple[str, ...]] = {
     "who_ran_instead_own_share": ("own_wait_ns",),
 }
 
-IDLE = "<idle>"
-UNKNOWN = "<unknown>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,20 +131,6 @@ class NodeSignals:
     kswapd_pages_per_s: float = 0.0
 
 
-def _merge(intervals: Iterable[IntervalHistogram]) -> IntervalHistogram:
-    """Several keys' interval histograms as one (a workload's cgroups, a CPU's vectors)."""
-    slots = [0] * HIST_SLOTS
-    total = count = 0
-    exact_max: int | None = None
-    for d in intervals:
-        slots = [a + b for a, b in zip(slots, d.slots, strict=False)]
-        total += d.sum_ns
-        count += d.count
-        if d.exact_max_ns is not None:
-            exact_max = max(exact_max or 0, d.exact_max_ns)
-    return IntervalHistogram(tuple(slots), total, count, exact_max)
-
-
 def probe_delta(name: str, prev: NodeSnapshot, cur: NodeSnapshot) -> Any:
     """A probe's interval between two node snapshots through its plugin's ``delta`` (the layer ``top``
     reads too), None unless it has a snapshot in both."""
@@ -165,7 +147,6 @@ class _Tick:
         self.dt = dt
         self.rows: dict[str, WorkloadSignals] = {}
         self.node: dict[str, Any] = {}  # NodeSignals fields the plugins' extractors set
-        self.matrix = False
 
     def row(self, w: Workload) -> WorkloadSignals:
         r = self.rows.get(w.key)
@@ -205,15 +186,12 @@ class SignalBuilder:
             changed = cur.cgroup_cpu.keys() | cur.cgroup_mem.keys() | cur.cgroup_psi.keys()
         intervals = {p.name: probe_delta(p.name, prev, cur) for p, _ in self.extractors}
         self._stage("tasks", intervals, tick)
-        self._legacy_tasks(prev, cur, tick)
         self._cpu_files(prev, cur, changed, incremental, tick)
         self._cpu_exposure(prev, cur, intervals, tick)
         self._stage("memory", intervals, tick)
         self._memory_files(prev, cur, changed, incremental, tick)
         self._stage("network", intervals, tick)
         self._psi_files(prev, cur, changed, tick)
-        for r in tick.rows.values():  # node-wide: rows with no wait this tick still have (zero) shares
-            r.who_ran_instead_available = tick.matrix
         for plugin, extractor in self.extractors:  # node-wide facts: rows with nothing this tick have them too
             interval = intervals[plugin.name]
             if extractor.every_row is not None and interval is not None:
@@ -342,27 +320,6 @@ class SignalBuilder:
             self._present_of = (self._present_of[0], self._present_of[1], listed_keys)  # type: ignore[index]
         return listed_keys
 
-    # -- hand-written per-probe blocks, moved one by one into their plugins' extractors --------------
-    def _legacy_tasks(self, prev: NodeSnapshot, cur: NodeSnapshot, tick: _Tick) -> None:
-        dt, rows, row = tick.dt, tick.rows, tick.row
-        tick.matrix = False
-        runq: RunqInterval | None = probe_delta("runqlat", prev, cur)
-        if runq is not None:
-            groups: dict[str, list[IntervalHistogram]] = defaultdict(list)
-            for cgid, waited in runq.per_cgroup.items():
-                w = self.ids.workload_of(cgid, self.cpu_h)
-                if w is not None:
-                    groups[w.key].append(waited)
-                    row(w)
-            for key, hists in groups.items():
-                d = _merge(hists)
-                r = rows[key]
-                r.runq_count = d.count
-                r.runq_wait_ms_per_s = d.sum_ns / 1e6 / dt
-                r.runq_p99_ns = d.quantile_ns(0.99)
-                r.runq_max_ns = d.max_ns
-            tick.matrix = self._who_ran_instead(runq, row)
-
     def _present(self, listed: Iterable[str]) -> frozenset[str]:
         """Workload keys of the listed (cpu-hierarchy) cgroups and of every workload with a row since
         the list was made; the same object until either changes, so consumers can tell by identity.
@@ -385,44 +342,6 @@ class SignalBuilder:
             return {cpu: 1 / len(cpus) for cpu in cpus}
         ncpu = len(cur.node_cpu_per_cpu) or 1
         return {cpu: 1 / ncpu for cpu in (cur.node_cpu_per_cpu or {0: None})}
-
-    def _who_ran_instead(self, runq: RunqInterval, row: Callable[[Workload], WorkloadSignals]) -> bool:
-        """Fill ran_instead_ns/preemptions from the runqlat victim x culprit matrix when the probe has it
-        (the plugin's interval holds the victims and pairs that moved).
-
-        The matrix is per leaf cgroup: two containers of one pod are foreign to each other there but
-        the same workload here, so a culprit in the victim's own workload counts as own wait.
-        """
-        if not runq.culprits_available:
-            return False
-        for victim_id, d in runq.wait_split.items():
-            victim = self.ids.workload_of(victim_id, self.cpu_h)
-            if victim is None:
-                continue
-            r = row(victim)
-            r.own_wait_ns += d.own_wait_ns
-            r.preempted_own += d.own_preemptions
-            if d.idle_wait_ns:
-                r.ran_instead_ns[IDLE] = r.ran_instead_ns.get(IDLE, 0.0) + d.idle_wait_ns
-            lost = d.unknown_wait_ns + d.migrated_wait_ns
-            if lost:
-                r.ran_instead_ns[UNKNOWN] = r.ran_instead_ns.get(UNKNOWN, 0.0) + lost
-        for (victim_id, culprit_id), pair in runq.culprits.items():
-            if not pair.wait_ns and not pair.preemptions:
-                continue
-            victim = self.ids.workload_of(victim_id, self.cpu_h)
-            if victim is None:
-                continue
-            r = row(victim)
-            culprit = self.ids.workload_of(culprit_id, self.cpu_h)
-            key = UNKNOWN if culprit is None else culprit.key
-            if key == victim.key:
-                r.own_wait_ns += pair.wait_ns
-                r.preempted_own += pair.preemptions
-            else:
-                r.ran_instead_ns[key] = r.ran_instead_ns.get(key, 0.0) + pair.wait_ns
-                r.preempted_foreign += pair.preemptions
-        return True
 
 
 def _node_psi(prev: NodeSnapshot, cur: NodeSnapshot, dt: float) -> dict[str, float]:

@@ -52,8 +52,6 @@ from probes.snapshot import NodeSnapshot
 log = logging.getLogger(__name__)
 
 # -- metric names (shared with dashboards/generate.py) ----------------------------------------------
-RUNQ_LATENCY = "noisyneighbor_runqueue_latency_seconds"
-CPU_RUNQ_LATENCY = "noisyneighbor_cpu_runqueue_latency_seconds"
 NODE_ALLOCSTALLS = "noisyneighbor_node_allocstalls_total"
 LISTEN_OVERFLOWS = "noisyneighbor_listen_overflows_total"
 LISTEN_QUEUE_FILL = "noisyneighbor_listen_queue_fill_ratio"
@@ -128,9 +126,6 @@ class MetricDef:
 
 
 _DEFS = (
-    MetricDef(RUNQ_LATENCY, "histogram", "Runqueue wait (wakeup or preemption to running) of the cgroup's tasks.",
-              per_cgroup=True),
-    MetricDef(CPU_RUNQ_LATENCY, "histogram", "Runqueue wait of all tasks, per CPU they waited on.", ("cpu",)),
     MetricDef(NODE_ALLOCSTALLS, "counter", "Global direct reclaim passes (/proc/vmstat allocstall_*), by zone.",
               ("zone",)),
     MetricDef(LISTEN_OVERFLOWS, "counter", "TcpExt ListenOverflows of the pod's own network namespace (SYNs and "
@@ -527,10 +522,6 @@ class Exporter:
                 return None
             return out.setdefault(key, _SeriesData())
 
-        if snap.runq is not None:
-            for cgroup_id, hist in snap.runq.per_cgroup.items():
-                if (data := by_id(cgroup_id, self.cpu_hierarchy)) is not None:
-                    data.add_hist(RUNQ_LATENCY, (), hist)
         for plugin in _CGROUP_SERIES:
             probe_snap = snap.probe(plugin.name)
             if probe_snap is None:
@@ -606,9 +597,6 @@ class Exporter:
             if probe_snap is not None:
                 for metric, labels, value in plugin.node_series(probe_snap):  # type: ignore[misc]
                     node.add(METRICS[metric].type, metric, labels, value)
-        if snap.runq is not None:
-            for cpu, hist in enumerate(snap.runq.per_cpu):
-                node.add_hist(CPU_RUNQ_LATENCY, (str(cpu),), hist)
         if snap.node_vmstat is not None:
             for zone, passes in snap.node_vmstat.allocstall.items():
                 node.add_counter(NODE_ALLOCSTALLS, (zone,), float(passes))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from noisyneighbor.exporter import *  # noqa: F403  (the exporter's metric names, OVERFLOW_CGROUP, METRICS)
 from noisyneighbor.exporter import METRICS, OVERFLOW_CGROUP  # noqa: F401  (not in the star: read by name)
 from probes.reclaim import NODE_RECLAIM_LATENCY, NODE_RECLAIM_PAGES, RECLAIM_LATENCY, RECLAIM_PAGES  # noqa: F401
+from probes.runqlat import CPU_RUNQ_LATENCY, RUNQ_LATENCY  # noqa: F401
 from probes.softirq import SOFTIRQ_DELAY, SOFTIRQ_ENTRIES, SOFTIRQ_RUNTIME  # noqa: F401
 from probes.tcpconnect import (  # noqa: F401
     CONNECT_ERRORS,

@@ -36,21 +36,21 @@ from rich.text import Text
 from noisyneighbor.output import SCHEMA_VERSION, now_iso
 from noisyneighbor.sections import (
     ALL_VIEWS,
-    RUNQ_SORT_KEYS,
     SOURCE_ORDER,
     SOURCE_VIEW,
+    TABLES,
     VIEW_SOURCES,
     VIEWS,
     Context,
     Source,
     open_source,
     section_interval_s,
-    sort_rows,
+    sort_table_rows,
     sources_for,
 )
+from noisyneighbor.sections import SORT_KEYS as SORT_KEYS  # --sort choices (noisyneighbor/cli.py)
 from noisyneighbor.views import SORT_HOTKEYS, VIEW_HOTKEYS, render_frame
 
-SORT_KEYS = RUNQ_SORT_KEYS
 VIEW_CHOICES = (*VIEWS, "all")
 # The live view's first frame comes after this (or the interval, if shorter): rates are per second
 # whatever the span, and a first screen a full interval late reads as a hang.
@@ -95,7 +95,7 @@ def unavailable(view: str, sources: Sequence[Source]) -> str | None:
 
 @dataclass
 class Frame:
-    """One interval: a section per view whose probe is on (`runq` is a sections.Interval)."""
+    """One interval: a section per view whose probe is on."""
 
     ts: str
     sections: dict[str, Any]
@@ -114,23 +114,26 @@ def collect(sources: Sequence[Source]) -> Frame:
 
 
 def frame_record(frame: Frame, sort_key: str = "wait", limit: int | None = None) -> dict:
-    """The JSON interval record. runq keeps its historical top-level keys (cgroups, cpus, drops);
-    every other view whose probe is on adds one key holding its section."""
+    """The JSON interval record: every view whose probe is on adds one key holding its section, except a
+    table declared ``record_top_level`` (the first view's: cgroups, cpus, drops, as before views)."""
     record: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "ts": frame.ts, "interval_s": frame.interval_s}
-    runq = frame.sections.get("runq")
-    if runq is not None:
-        record["cgroups"] = [asdict(r) for r in sort_rows(runq.cgroups, sort_key)][: limit or None]
-        record["cpus"] = [asdict(c) for c in runq.cpus]
-        record["drops"] = runq.drops
-    for view in VIEWS[1:]:
+    for view in VIEWS:
         section = frame.sections.get(view)
         if section is None:
             continue
         data = dict(section) if isinstance(section, dict) else asdict(section)
+        table = TABLES.get(view)
+        if table is not None and table.sort_keys:
+            option = sort_key if sort_key in table.sort_keys else next(iter(table.sort_keys))
+            data[table.rows_key] = sort_table_rows(data[table.rows_key], table, option)
         for rows in ("rows", "cgroups"):
             if rows in data:
                 data[rows] = data[rows][: limit or None]
-        record[view] = data
+        if table is not None and table.record_top_level:
+            del data["interval_s"]
+            record.update(data)
+        else:
+            record[view] = data
     record["type"] = "interval"
     return record
 

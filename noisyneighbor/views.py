@@ -18,9 +18,7 @@ from noisyneighbor.sections import (
     ALL_VIEWS,
     VIEW_SOURCES,
     VIEWS,
-    Interval,
     PsiSection,
-    sort_rows,
     sort_table_rows,
 )
 from probes.engine import ProbeStatus
@@ -32,15 +30,13 @@ from probes.units import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_rate, fmt_us
 _TABLES: dict[str, TopTable] = {p.top_view: p.top_table for p in PLUGINS if p.top_view and p.top_table}
 
 VIEW_TITLES = {
-    "runq": "runqueue latency per cgroup",
     "psi": "pressure (PSI) and CPU throttling",
     **{view: table.title for view, table in _TABLES.items()},
 }
-# Interactive keys: a view's letter (a declared table's hotkey), then runq's sort keys.
-_LEGACY_VIEW_KEYS = {"r": "runq"}
-_VIEW_KEYS = {**_LEGACY_VIEW_KEYS, **{table.hotkey: view for view, table in _TABLES.items() if table.hotkey}, "p": "psi"}
+# Interactive keys: a view's letter (its declared table's hotkey), then the tables' sort keys.
+_VIEW_KEYS = {**{table.hotkey: view for view, table in _TABLES.items() if table.hotkey}, "p": "psi"}
 VIEW_HOTKEYS = {**_VIEW_KEYS, "a": "all"}
-SORT_HOTKEYS = {"w": "wait", "9": "p99", "5": "p50", "m": "max", "e": "events", "n": "name"}
+SORT_HOTKEYS = {key: option for table in _TABLES.values() for key, option in table.sort_hotkeys.items()}
 
 
 def _hint(key: str, view: str) -> str:
@@ -53,7 +49,10 @@ _KEY_OF_VIEW = {view: key for key, view in _VIEW_KEYS.items()}
 KEYS_HINT = (
     "views: "
     + "".join(f"{_hint(_KEY_OF_VIEW[view], view)} " for view in dict.fromkeys((*ALL_VIEWS, *VIEWS)) if view in _KEY_OF_VIEW)
-    + "[a]ll   runq sort: [w]ait [9]9 [5]0 [m]ax [e]vents [n]ame   [q]uit"
+    + "[a]ll   "
+    + "".join(f"{view} sort: " + " ".join(_hint(key, option) for key, option in table.sort_hotkeys.items()) + "   "
+              for view, table in _TABLES.items() if table.sort_hotkeys)
+    + "[q]uit"
 )
 
 
@@ -104,25 +103,6 @@ QOS = Column("QOS", lambda r: r["qos"] or "-", left=True)
 
 
 # -- one renderer per view -------------------------------------------------------------------------
-
-
-RUNQ_COLUMNS = (
-    Column("CGROUP / POD", lambda r: r.name, flex=True),
-    Column("QOS", lambda r: r.qos or "-", left=True),
-    Column("WAIT/s", lambda r: fmt_ms(r.wait_ms_per_s), "wait"),
-    Column("P50", lambda r: fmt_us(r.p50_us), "p50"),
-    Column("P99", lambda r: fmt_us(r.p99_us), "p99"),
-    Column("MAX", lambda r: fmt_us(r.max_us, r.max_exact), "max"),
-    Column("EVENTS/s", lambda r: f"{r.events_per_s:.0f}", "events"),
-)
-
-
-def render_runq(section: Interval, limit: int | None, sort_key: str) -> list[RenderableType]:
-    cpus = "  ".join(f"cpu{c.cpu}: {c.wait_ms_per_s:.1f}ms/s p99 {fmt_us(c.p99_us)}" for c in section.cpus)
-    return [
-        *_table(RUNQ_COLUMNS, sort_rows(section.cgroups, sort_key), limit, sort_key, "no task waited on a runqueue"),
-        _dim(f"{cpus}   {_drops(section.drops)}"),
-    ]
 
 
 def _node_psi_cell(kind: str) -> Callable[[tuple[str, dict]], str]:
@@ -234,7 +214,6 @@ def table_renderer(table: TopTable) -> Callable[[dict, int | None, str], list[Re
 
 
 RENDERERS: dict[str, Callable[[Any, int | None, str], list[RenderableType]]] = {
-    "runq": render_runq,
     "psi": render_psi,
     **{view: table_renderer(table) for view, table in _TABLES.items()},
 }

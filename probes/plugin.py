@@ -96,6 +96,10 @@ class TopTable:
 # cgroup id -> the key of the workload it belongs to (None: none), handed to an extractor by the
 # detector; probes/ never sees the detector's types.
 WorkloadKey = Callable[[int], str | None]
+# Keys an extractor may use beside workload keys, e.g. for who ran instead of a waiting task: the
+# CPU's idle task, or a culprit that could not be attributed.
+IDLE = "<idle>"
+UNKNOWN = "<unknown>"
 
 # When an extractor runs among the signals the detector reads from cgroup files: after "tasks" come
 # the cgroups' CPU accounting files, then "cpus" (per-CPU values joined through where each workload

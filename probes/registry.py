@@ -25,26 +25,11 @@ from probes.plugin import ENGINE_ATTACH_MODES, MetricSpec, ProbePlugin
 __all__ = ["BY_NAME", "DEFAULT_NAMES", "ENGINE_ATTACH_MODES", "NAMES", "PLUGINS", "MetricSpec", "ProbePlugin", "plugin"]
 
 
-# -- per-probe activity and deltas ------------------------------------------------------------------
-
-
-def _runq_activity(snap: runqlat.RunqSnapshot) -> dict[int, int]:
-    return {cg: hist.count for cg, hist in snap.per_cgroup.items()}
-
-
 # -- the registry -----------------------------------------------------------------------------------
 
 # Order: collection order, the order of --probes' default and of `top`'s views.
 PLUGINS: tuple[ProbePlugin, ...] = (
-    ProbePlugin(
-        name="runqlat", snapshot_field="runq", specs=(runqlat.SCHED_INFO_SPEC, runqlat.SPEC),
-        factory=runqlat.RunqLatProbe, flavours=("sched_info",), activity=_runq_activity, delta=runqlat.delta,
-        map_entries=lambda s: len(s.per_cgroup),
-        signals=("runq_p99_ns", "runq_wait_ms_per_s", "runq_wait_share", "who_ran_instead_foreign_share",
-                 "who_ran_instead_own_share"),
-        metrics=("noisyneighbor_runqueue_latency_seconds", "noisyneighbor_cpu_runqueue_latency_seconds"),
-        top_view="runq",
-    ),
+    runqlat.PLUGIN,
     softirq.PLUGIN,
     reclaim.PLUGIN,
     tcpconnect.PLUGIN,

@@ -18,7 +18,7 @@ from detector.decisions import ActionKind, Cause, Decision, SuppressAmount, Targ
 from detector.model import Culprit, Incident
 from noisyneighbor import exporter as ex
 from noisyneighbor.exporter import Exporter, histogram_buckets
-from probes import reclaim, softirq, tcpconnect
+from probes import reclaim, runqlat, softirq, tcpconnect
 from probes.cgroupfs import discover
 from probes.hist import HIST_SLOTS, LatencyHistogram
 from probes.snapshot import NodeSnapshot
@@ -158,27 +158,27 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     hist = snap.runq.per_cgroup[victim_id]
     assert hist.count > 50, "the victim barely ran: the test proves nothing"
     labels = {"cgroup": victim_cpu_path, "pod": "victim", "namespace": "nn-test", "qos": "LS", "node": "test-node"}
-    assert _series(scrape, ex.RUNQ_LATENCY + "_count", **labels) == hist.count
-    assert _series(scrape, ex.RUNQ_LATENCY + "_sum", **labels) == hist.sum_ns / 1e9
-    buckets = samples(scrape, ex.RUNQ_LATENCY + "_bucket", **labels)
+    assert _series(scrape, runqlat.RUNQ_LATENCY + "_count", **labels) == hist.count
+    assert _series(scrape, runqlat.RUNQ_LATENCY + "_sum", **labels) == hist.sum_ns / 1e9
+    buckets = samples(scrape, runqlat.RUNQ_LATENCY + "_bucket", **labels)
     # The default range: from le 128 µs (waits below share it) to le 8.39 s, then +Inf.
     top, bottom = scraper.exporter.top_slot, scraper.exporter.bottom_slot
     assert len(buckets) == top - bottom + 2 and float(ex.BUCKET_LES[top]) <= 10.0 < float(ex.BUCKET_LES[top + 1])
     assert float(ex.BUCKET_LES[bottom]) == 128e-6
-    assert not samples(scrape, ex.RUNQ_LATENCY + "_bucket", le=ex.BUCKET_LES[bottom - 1], **labels)
+    assert not samples(scrape, runqlat.RUNQ_LATENCY + "_bucket", le=ex.BUCKET_LES[bottom - 1], **labels)
     cumulative = sum(hist.slots[:bottom])
     for slot, n in enumerate(hist.slots[bottom : top + 1], start=bottom):
         cumulative += n
         le = ex.BUCKET_LES[slot]
-        assert _series(scrape, ex.RUNQ_LATENCY + "_bucket", le=le, **labels) == min(cumulative, hist.count)
+        assert _series(scrape, runqlat.RUNQ_LATENCY + "_bucket", le=le, **labels) == min(cumulative, hist.count)
     assert float(ex.BUCKET_LES[10]) == 1024e-6  # slot 10 holds [512, 1024) µs
     # The hog is BestEffort -> Koordinator class BE.
-    hog_count = _series(scrape, ex.RUNQ_LATENCY + "_count", pod="hog", qos="BE")
+    hog_count = _series(scrape, runqlat.RUNQ_LATENCY + "_count", pod="hog", qos="BE")
     assert hog_count == snap.runq.per_cgroup[os.stat(hog.path("cpu")).st_ino].count
 
     # Per-CPU runqueue histograms.
     for cpu, h in enumerate(snap.runq.per_cpu):
-        assert _series(scrape, ex.CPU_RUNQ_LATENCY + "_count", cpu=str(cpu)) == h.count
+        assert _series(scrape, runqlat.CPU_RUNQ_LATENCY + "_count", cpu=str(cpu)) == h.count
 
     # cgroup CPU usage against cpuacct.usage read around the snapshot.
     usage = _series(scrape, ex.CGROUP_CPU_USAGE, **labels)
@@ -294,7 +294,7 @@ def test_removed_cgroup_series_disappear(probes, scraper, make_cgroup):
     gone = _pod(make_cgroup, scraper, "burstable", "shortlived")
     subprocess.run(["taskset", "-c", CPU, sys.executable, "-c", WORKER, "0.3"], preexec_fn=gone.preexec, check=True)
     scraper.exporter.update(probes.snapshot([gone]))
-    assert samples(scraper.scrape(), ex.RUNQ_LATENCY + "_count", pod="shortlived")
+    assert samples(scraper.scrape(), runqlat.RUNQ_LATENCY + "_count", pod="shortlived")
     assert samples(scraper.scrape(), ex.CGROUP_CPU_USAGE, pod="shortlived")
     gone_id = os.stat(gone.path("cpu")).st_ino
     gone.remove()
@@ -330,7 +330,7 @@ def test_cap_folds_the_rest_into_overflow(probes, make_cgroup):
         after = resolve()
         stable = {i for i in before if before[i] == after[i]}
         changed = set(before) - stable
-        counts = samples(scrape, ex.RUNQ_LATENCY + "_count")
+        counts = samples(scrape, runqlat.RUNQ_LATENCY + "_count")
         cgroups = {dict(k)["cgroup"] for k in counts}
         assert ex.OVERFLOW_CGROUP in cgroups and len(cgroups) == 3
         # Nothing is lost: the overflow holds the sum of every resolvable cgroup not shown on its own.
@@ -344,7 +344,7 @@ def test_cap_folds_the_rest_into_overflow(probes, make_cgroup):
         assert len(exact) - 2 <= overflow <= len(either) - 2, (overflow, len(exact), len(either))
         # The same two keep their series at the next update.
         scraper.exporter.update(probes.snapshot(cgs))
-        again = {dict(k)["cgroup"] for k in samples(scraper.scrape(), ex.RUNQ_LATENCY + "_count")}
+        again = {dict(k)["cgroup"] for k in samples(scraper.scrape(), runqlat.RUNQ_LATENCY + "_count")}
         assert again == cgroups
         problems = _promtool_check(scraper.scrape_text())
         assert not problems, problems
@@ -459,7 +459,7 @@ def test_direct_text_rendering_equals_prometheus_client(probes, scraper, make_cg
     ours = parsed(ex.render_text(scraper.exporter).decode())
     theirs = parsed(generate_latest(scraper.registry).decode())
     assert ours == theirs
-    assert any(name == ex.RUNQ_LATENCY for name, _, _ in ours)  # per-cgroup histograms were in it
+    assert any(name == runqlat.RUNQ_LATENCY for name, _, _ in ours)  # per-cgroup histograms were in it
 
 
 def test_extra_node_series_and_short_histograms_are_settings():
@@ -516,5 +516,5 @@ def test_unchanged_histograms_are_not_rendered_again(monkeypatch) -> None:
     exporter.update(snap([h0, h1_moved]))
     rendered.clear()
     text = ex.render_text(exporter).decode()
-    assert rendered == [h1_moved] and f"{ex.CPU_RUNQ_LATENCY}_count" in text
+    assert rendered == [h1_moved] and f"{runqlat.CPU_RUNQ_LATENCY}_count" in text
     assert len(exporter.hist_text) == 2  # only this scrape's histograms are kept

@@ -26,11 +26,12 @@ from noisyneighbor.sections import (
     OffSource,
     PsiSection,
     TableSource,
-    build_interval,
-    sort_rows,
+    sort_table_rows,
+    table_section,
 )
 from noisyneighbor.top import Frame, frame_record, unavailable
 from noisyneighbor.views import render_frame
+from probes import runqlat
 from probes.cgroupfs import discover
 from probes.engine import OBJECT_DIR, ProbeError, ProbeStatus
 from probes.hist import HIST_SLOTS, LatencyHistogram
@@ -54,20 +55,24 @@ class _FakeResolver:
         return None
 
 
+def _runq_section(before: RunqSnapshot, after: RunqSnapshot) -> dict:
+    return table_section(runqlat.PLUGIN, before, after, _FakeResolver(), extras=runqlat.top_cpus(None, None))  # type: ignore[arg-type]
+
+
 def test_interval_rows_from_two_snapshots():
     before = RunqSnapshot(10.0, {7: _hist(10, 5, 200_000, 30_000)}, [LatencyHistogram.empty()], {})
     after = RunqSnapshot(12.0, {7: _hist(30, 5, 800_000, 30_000), 8: _hist(4, 11, 4_000_000, 1_500_000)},
                          [_hist(34, 5, 1, 1)], {"key_map_full": 2})
-    interval = build_interval(before, after, _FakeResolver())
-    rows = {r.cgroup_id: r for r in interval.cgroups}
-    assert rows[7].events == 20 and rows[7].events_per_s == pytest.approx(10.0)
-    assert rows[7].wait_ms_per_s == pytest.approx(0.3)
-    assert 16 <= rows[7].p99_us <= 32  # slot 5 is [16, 32) µs
-    assert not rows[7].max_exact  # the all-time max did not grow: only the slot bound is known
-    assert rows[8].max_exact and rows[8].max_us == pytest.approx(1500)
-    assert rows[8].name == "cgroup:8 (gone)"
-    assert [r.cgroup_id for r in sort_rows(interval.cgroups, "wait")] == [8, 7]
-    assert interval.drops == {"key_map_full": 2}
+    interval = _runq_section(before, after)
+    rows = {r["cgroup_id"]: r for r in interval["cgroups"]}
+    assert rows[7]["events"] == 20 and rows[7]["events_per_s"] == pytest.approx(10.0)
+    assert rows[7]["wait_ms_per_s"] == pytest.approx(0.3)
+    assert 16 <= rows[7]["p99_us"] <= 32  # slot 5 is [16, 32) µs
+    assert not rows[7]["max_exact"]  # the all-time max did not grow: only the slot bound is known
+    assert rows[8]["max_exact"] and rows[8]["max_us"] == pytest.approx(1500)
+    assert rows[8]["name"] == "cgroup:8 (gone)"
+    assert [r["cgroup_id"] for r in sort_table_rows(interval["cgroups"], runqlat.TOP_TABLE, "wait")] == [8, 7]
+    assert interval["drops"] == {"key_map_full": 2}
 
 
 @pytest.mark.root
@@ -245,7 +250,7 @@ def test_record_and_plain_render_with_a_probe_off():
                          [_hist(34, 5, 1, 1)], {})
     off = OffSource("softirq", ProbeError("softirq: off: BPF object /x/softirq.bpf.o missing"))
     statuses = {"runqlat": ProbeStatus("runqlat", "on", attach_mode="tp_btf"), "softirq": off.status}
-    frame = Frame("2026-01-01T00:00:00+00:00", {"runq": build_interval(before, after, _FakeResolver())})
+    frame = Frame("2026-01-01T00:00:00+00:00", {"runq": _runq_section(before, after)})
     record = frame_record(frame, "wait", limit=1)
     assert [r["cgroup_id"] for r in record["cgroups"]] == [8] and "softirq" not in record
     assert off.status.reason == "BPF object /x/softirq.bpf.o missing"
