@@ -341,3 +341,14 @@ def test_per_cpu_maps_are_shrunk_to_the_memory_budget_and_still_work(two_contend
         snap = probe.snapshot()
     assert {os.stat(cg.path("cpu")).st_ino for cg in (a, b)} <= set(snap.per_cgroup)
     assert snap.drops["key_map_full"] == 0
+
+
+def active_interval():
+    """An interval with waits in two cgroups and a victim x culprit matrix (tests/test_signal_plugins.py)."""
+    from probes.hist import HIST_SLOTS, IntervalHistogram
+    from probes.runqlat import CulpritStats, RunqInterval, WaitSplit
+
+    waited = IntervalHistogram(tuple([0] * 5 + [4] + [0] * (HIST_SLOTS - 6)), 80_000, 4, None)
+    split = WaitSplit(own_wait_ns=1000, foreign_wait_ns=5000, idle_wait_ns=300, unknown_wait_ns=200, own_preemptions=1)
+    return RunqInterval(1.0, {1: waited, 2: waited}, [waited], {1: split},
+                        {(1, 2): CulpritStats(5000, 2, 1), (1, 1): CulpritStats(100, 1, 1)}, True)
