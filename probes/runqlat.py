@@ -457,14 +457,11 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         max_cgroups: int = 16384,
         max_culprit_pairs: int = 8192,
         max_pid_slots: int = PID_MAX_LIMIT,
-        refuse_task_storage: bool = False,
     ) -> None:
         """`max_culprit_pairs` bounds the (victim, culprit) matrix; pairs beyond it are counted in
         drops["culprit_map_full"] and their wait in `culprit_drop_ns`. `max_pid_slots` caps the
         pid-indexed array of the sched_info flavour (8 bytes a pid, sized to the host's pid_max):
-        tasks with larger pids are tracked in task storage instead, at ~35 ns more per switch.
-        `refuse_task_storage` (for tests) makes the tp_btf flavour act as if every task-storage
-        create were refused, so all its start times take the pid-hash path that catches those."""
+        tasks with larger pids are tracked in task storage instead, at ~35 ns more per switch."""
         if max_culprit_pairs < 1 or max_cgroups < 1:
             raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
                              f"max_culprit_pairs={max_culprit_pairs})")
@@ -477,32 +474,11 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                  "task_run_delay": self.pid_slots, "fallback_queued_ns": 1}
         options = {
             "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns,
-                       "pid_slots": self.pid_slots, "refuse_task_storage": refuse_task_storage},
+                       "pid_slots": self.pid_slots},
             "map_sizes": sizes,
             "layouts": MAP_LAYOUTS,
         }
-        self.probe: LoadedProbe
-        sched_info_error = None
-        if attach_mode in ("auto", "sched_info"):
-            missing = missing_btf_features(SCHED_INFO_SPEC) if isinstance(engine, LibbpfEngine) else ["libbpf engine"]
-            if not missing:
-                try:
-                    self.probe = engine.open_probe(SCHED_INFO_SPEC, attach_mode="tp_btf", **options)
-                    self.probe.status.attach_mode = "sched_info"
-                except ProbeError as e:
-                    sched_info_error = str(e)
-            else:
-                sched_info_error = f"runqlat: sched_info flavour unavailable: no {', '.join(missing)}"
-            if sched_info_error and attach_mode == "sched_info":
-                raise ProbeError(sched_info_error)
-        if attach_mode != "sched_info" and (attach_mode != "auto" or sched_info_error):
-            fallback: AttachMode = "auto" if attach_mode == "auto" else attach_mode
-            # The wakeup-based flavours do not fill the matrix or the pid array: no memory for them.
-            self.pid_slots = 1
-            options["map_sizes"] = {**sizes, "runq_culprits": 1, "culprit_slots": 1, "free_culprit_slots": 1,
-                                    "task_run_delay": 1,
-                                    "fallback_queued_ns": MAX_FALLBACK_TASKS}
-            self.probe = engine.open_probe(SPEC, attach_mode=fallback, **options)
+        self.probe = self._open(engine, attach_mode, options, sizes)
         # Pairs forgotten by forget_quiet_pairs() while their cgroups live on: their totals so far,
         # added back in snapshots so the matrix stays cumulative when a pair reappears.
         self._culprit_base: dict[tuple[int, int], CulpritStats] = {}
@@ -522,6 +498,30 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         )
         if outlier_threshold_ns:
             self._watch_events("outliers", RunqOutlier.decode)
+
+    def _open(self, engine: Engine, attach_mode: Flavour, options: dict[str, Any], sizes: dict[str, int]) -> LoadedProbe:
+        """The sched_info flavour when asked for or where it loads (auto), else the wakeup-based ones."""
+        sched_info_error = None
+        if attach_mode in ("auto", "sched_info"):
+            missing = missing_btf_features(SCHED_INFO_SPEC) if isinstance(engine, LibbpfEngine) else ["libbpf engine"]
+            if not missing:
+                try:
+                    probe = engine.open_probe(SCHED_INFO_SPEC, attach_mode="tp_btf", **options)
+                    probe.status.attach_mode = "sched_info"
+                    return probe
+                except ProbeError as e:
+                    sched_info_error = str(e)
+            else:
+                sched_info_error = f"runqlat: sched_info flavour unavailable: no {', '.join(missing)}"
+            if sched_info_error and attach_mode == "sched_info":
+                raise ProbeError(sched_info_error)
+        # Here: a wakeup-based flavour was asked for, or auto found no sched_info flavour.
+        fallback: AttachMode = "auto" if attach_mode == "auto" else attach_mode  # type: ignore[assignment]
+        # The wakeup-based flavours do not fill the matrix or the pid array: no memory for them.
+        self.pid_slots = 1
+        options["map_sizes"] = {**sizes, "runq_culprits": 1, "culprit_slots": 1, "free_culprit_slots": 1,
+                                "task_run_delay": 1, "fallback_queued_ns": MAX_FALLBACK_TASKS}
+        return engine.open_probe(SPEC, attach_mode=fallback, **options)
 
     def snapshot(self) -> RunqSnapshot:
         for change in self._cgroups.read_changed():

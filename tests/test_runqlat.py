@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.variant_objects import build
 from noisyneighbor.sandbox import OwnedCgroup
-from probes.engine import ProbeError
+from probes.engine import LibbpfEngine, ProbeError
 from probes.runqlat import PID_MAX_LIMIT, RunqLatProbe
 from tests.conftest import require_tool
 from tests.ground_truth import SCHED_SWITCH_LOSS, missed_allowance
@@ -84,12 +85,17 @@ def two_contending_cgroups(make_cgroup):
 
 
 @pytest.mark.parametrize("flavour", ["sched_info", "tp_btf", "tp_btf-pid-hash"])
-def test_wait_matches_schedstat_per_cgroup(two_contending_cgroups, flavour):
+def test_wait_matches_schedstat_per_cgroup(two_contending_cgroups, flavour, tmp_path):
     """tp_btf-pid-hash: task storage refuses every create, as it does now and then under load (a
     storage call nested in another on one CPU, a failed atomic allocation): the starts must go to the pid
     hash and no wait may be lost (the tp_btf case once missed two of ~600 in a full run, before that fallback)."""
     a, b = two_contending_cgroups
-    probe = RunqLatProbe(attach_mode=flavour.removesuffix("-pid-hash"), refuse_task_storage=flavour.endswith("-pid-hash"))
+    engine = None
+    if flavour.endswith("-pid-hash"):  # the test-only variant object (bench/bpf/runqlat_refuse_task_storage.bpf.c)
+        require_tool("clang")
+        require_tool("make")
+        engine = LibbpfEngine(object_dir=build(tmp_path / "objs", "refuse_task_storage"))
+    probe = RunqLatProbe(engine=engine, attach_mode=flavour.removesuffix("-pid-hash"))
     try:
         tids = {cg: _tids(cg) for cg in (a, b)}
         everyone = tids[a] + tids[b]
