@@ -1,15 +1,18 @@
 """Per-workload signals for one interval: two cumulative NodeSnapshots in, one row per workload out.
 
-Everything the incident engine reasons with is computed here, in one place, with the units in the
-field names. A BPF probe's interval is its plugin's ``delta(prev, cur)`` (probes.registry: the layer
-``top`` reads too), which holds only what moved; here it is joined to workloads. BPF readings are
-keyed by cgroup id in their probe's hierarchy (runqlat, tcpconnect and softirq by the cpu hierarchy;
-reclaim by the memory hierarchy) and joined to workloads through the resolver; cgroup-file readings
-are keyed by path.
+Everything the incident engine reasons with lands here, in one row type, with the units in the field
+names. What a probe's interval means is its plugin's ``signal_extractor`` (probes/plugin.py, declared in
+the probe's module): functions over the plugin's ``delta(prev, cur)`` (the layer ``top`` reads too,
+holding only what moved) that return values by field name. This module names no probe: it joins them.
+It hands an extractor a ``workload_key(cgroup id)`` that resolves ids in the plugin's hierarchy
+(``ProbePlugin.id_controller``) to workload keys, makes the rows in the order the extractor met them,
+and reads the cgroup files itself (CPU accounting, memory, PSI: keyed by path).
 
-Softirq time is charged to CPUs, never to ``current``: a workload's softirq *exposure* is the
-softirq run time of each CPU weighted by the share of the workload's own CPU time spent on that CPU
-(v1 ``cpuacct.usage_percpu``; on v2 its effective cpuset, uniformly).
+Data still flows one way: probes/ never imports detector/; the detector imports each plugin's
+declaration (probes.registry) and calls it. Per-CPU values (charged to CPUs, never to ``current``)
+reach a workload through its CPU weights: the share of its own CPU time spent on each CPU (v1
+``cpuacct.usage_percpu``; on v2 its effective cpuset, uniformly), made here, read by the extractor's
+``exposure``.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import socket
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -47,7 +47,7 @@ from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.hist import HIST_SLOTS, LatencyHistogram, slot_bounds_us
 from probes.host import HostPaths
 from probes.registry import PLUGINS
-from probes.snapshot import NodeSnapshot
+from probes.snapshot import CpuTimes, NodeSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ CULPRIT_LABELS = ("culprit_namespace", "culprit_pod", "culprit_qos", "culprit_cg
 TARGET_LABELS = ("target_namespace", "target_pod", "target_cgroup")
 OVERFLOW_CGROUP = "_overflow"
 PSI_WINDOWS = ("10", "60", "300")
-CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+CPU_MODES = tuple(f.name.removesuffix("_ns") for f in fields(CpuTimes))  # /proc/stat's, in its order
 # Kubernetes QoS -> Koordinator class, as koordlet maps pods without a koordinator.sh/qosClass label.
 KOORD_CLASS_OF_K8S_QOS = {"guaranteed": "LS", "burstable": "LS", "besteffort": "BE"}
 
@@ -606,14 +606,14 @@ class Exporter:
         for cpu, times in snap.node_cpu_per_cpu.items() if self.extra_node_series else ():
             for mode in CPU_MODES:
                 node.add_counter(NODE_CPU, (str(cpu), mode), getattr(times, f"{mode}_ns") / 1e9)
-        for gpu in snap.gpus:
-            labels = (str(gpu.index), gpu.uuid, gpu.name)
-            if gpu.utilization_gpu_percent is not None:
-                node.set_gauge(GPU_UTILIZATION, labels, gpu.utilization_gpu_percent / 100.0)
-            if gpu.memory_used_bytes is not None:
-                node.set_gauge(GPU_MEMORY_USED, labels, float(gpu.memory_used_bytes))
-            if gpu.memory_total_bytes is not None:
-                node.set_gauge(GPU_MEMORY_TOTAL, labels, float(gpu.memory_total_bytes))
+        for device in snap.gpus:  # the node's devices (NodeSnapshot.gpus), whoever read NVML this tick
+            labels = (str(device.index), device.uuid, device.name)
+            if device.utilization_gpu_percent is not None:
+                node.set_gauge(GPU_UTILIZATION, labels, device.utilization_gpu_percent / 100.0)
+            if device.memory_used_bytes is not None:
+                node.set_gauge(GPU_MEMORY_USED, labels, float(device.memory_used_bytes))
+            if device.memory_total_bytes is not None:
+                node.set_gauge(GPU_MEMORY_TOTAL, labels, float(device.memory_total_bytes))
         for name, status in snap.probe_status.items():
             node.set_gauge(PROBE_UP, (name,), 0.0 if status.state == "off" else 1.0)
             node.set_gauge(PROBE_STATE, (name, status.state), 1.0)

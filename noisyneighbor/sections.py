@@ -43,7 +43,7 @@ _VIEW_PLUGINS = tuple(p for p in PLUGINS if p.top_view is not None)
 TABLES: dict[str, TopTable] = {p.top_view: p.top_table for p in _VIEW_PLUGINS if p.top_table is not None}  # type: ignore[misc]
 VIEWS = (*(p.top_view for p in _VIEW_PLUGINS), "psi")
 # What `--view all` shows: the views of the probes loaded by default, and psi. A probe loaded only when
-# asked for (gpu) is shown only when its view is asked for, as the agent loads it only with --probes.
+# asked for (default=False) is shown only when its view is asked for, as the agent loads it only with --probes.
 ALL_VIEWS = (*(p.top_view for p in _VIEW_PLUGINS if p.default), "psi")
 # The probes whose view's rows list the cgroups psi reads (CPU usage, throttling, per-cgroup PSI).
 _PSI_CGROUP_PLUGINS = tuple(p for p in _VIEW_PLUGINS if p.top_table is not None and p.top_table.psi_cgroups)

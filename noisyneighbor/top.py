@@ -166,6 +166,46 @@ def _rows_per_view(height: int, views: Sequence[str]) -> int:
     return max((height - fixed) // max(len(views), 1), 3)
 
 
+def _run_live(sources: Sequence[Source], statuses: dict[str, Any], console: Console, shown_views: list[str],
+              interval_s: float, sort_key: str, limit: int | None, count: int | None) -> int:
+    """The live terminal table: a frame per interval, keys switch views and runq's sort."""
+    shown = 0
+    frame: Frame | None = None
+
+    def draw() -> None:
+        if frame is not None:
+            rows = limit or _rows_per_view(console.height, shown_views)
+            live.update(
+                render_frame(frame.ts, frame.sections, shown_views, statuses, sort_key=sort_key, limit=rows,
+                             keys=True),
+                refresh=True,
+            )
+
+    # screen=True: the alternate screen, so the table neither scrolls the terminal nor stays under the prompt.
+    with _cbreak(sys.stdin) as keys, Live(console=console, auto_refresh=False, screen=True) as live:
+        # Something at once: the probes' states and that the first interval is being measured.
+        live.update(Group(render_frame(now_iso(), {}, shown_views, statuses, keys=True),
+                          Text("measuring the first interval…", style="dim")), refresh=True)
+        deadline = time.monotonic() + min(interval_s, FIRST_FRAME_S)
+        while count is None or shown < count:
+            key = _read_key(deadline - time.monotonic()) if keys else time.sleep(max(deadline - time.monotonic(), 0))
+            if key in ("q", "Q"):
+                return 0
+            if key in SORT_HOTKEYS:
+                sort_key = SORT_HOTKEYS[key]
+                draw()
+            elif key in VIEW_HOTKEYS:
+                shown_views = views_of(VIEW_HOTKEYS[key])
+                draw()
+            if time.monotonic() < deadline:
+                continue
+            deadline += interval_s
+            frame = collect(sources)
+            draw()
+            shown += 1
+    return 0
+
+
 def run_top(
     sources: Sequence[Source],
     view: str = "runq",
@@ -190,41 +230,7 @@ def run_top(
     console = _Console(file=out)
 
     if is_live(out, as_json, once):
-        frame: Frame | None = None
-
-        def draw() -> None:
-            if frame is not None:
-                rows = limit or _rows_per_view(console.height, shown_views)
-                live.update(
-                    render_frame(frame.ts, frame.sections, shown_views, statuses, sort_key=sort_key, limit=rows,
-                                 keys=True),
-                    refresh=True,
-                )
-
-        # screen=True: the alternate screen, so the table neither scrolls the terminal nor stays under the prompt.
-        with _cbreak(sys.stdin) as keys, Live(console=console, auto_refresh=False, screen=True) as live:
-            # Something at once: the probes' states and that the first interval is being measured.
-            live.update(Group(render_frame(now_iso(), {}, shown_views, statuses, keys=True),
-                              Text("measuring the first interval…", style="dim")), refresh=True)
-            deadline = time.monotonic() + min(interval_s, FIRST_FRAME_S)
-            while count is None or shown < count:
-                key = _read_key(deadline - time.monotonic()) if keys else time.sleep(max(deadline - time.monotonic(), 0))
-                if key in ("q", "Q"):
-                    return 0
-                if key in SORT_HOTKEYS:
-                    sort_key = SORT_HOTKEYS[key]
-                    draw()
-                elif key in VIEW_HOTKEYS:
-                    shown_views = views_of(VIEW_HOTKEYS[key])
-                    draw()
-                if time.monotonic() < deadline:
-                    continue
-                deadline += interval_s
-                frame = collect(sources)
-                draw()
-                shown += 1
-        return 0
-
+        return _run_live(sources, statuses, console, views_of(view), interval_s, sort_key, limit, count)
     while count is None or shown < count:
         time.sleep(interval_s)
         frame = collect(sources)

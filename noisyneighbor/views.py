@@ -7,7 +7,7 @@ compute nothing but text. The same output serves the live terminal and plain, pi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -126,20 +126,6 @@ def _cgroup_psi(resource: str) -> Callable[[dict], str]:
     return cell
 
 
-PSI_CGROUP_COLUMNS = (
-    NAME,
-    QOS,
-    Column("CORES", lambda r: fmt_num(r["cores"])),
-    Column("QUOTA", lambda r: fmt_num(r["quota_cores"]) if r["quota_cores"] else "none"),
-    Column("THROTTLED", lambda r: fmt_pct(r["throttled_pct"]), "throttled"),
-    Column("THR/s", lambda r: fmt_ms(r["throttled_ms_per_s"])),
-    Column("RUNQ WAIT/s", lambda r: fmt_ms(r["runq_wait_ms_per_s"])),
-    Column("CPU PSI", _cgroup_psi("cpu")),
-    Column("MEM PSI", _cgroup_psi("memory")),
-    Column("IO PSI", _cgroup_psi("io")),
-)
-
-
 def render_psi(section: PsiSection, limit: int | None, sort_key: str) -> list[RenderableType]:
     missing = [f"{resource} unavailable: {row['reason'].removeprefix(resource + ': ')}"
                for resource, row in section.node.items() if not row["available"]]
@@ -191,6 +177,28 @@ def _cell(c: TopColumn) -> Callable[[dict], str]:
 def _table_column(c: TopColumn) -> Column:
     marker = c.sort if c.sort is not None else (c.key if c.sorted_by else None)
     return Column(c.title, _cell(c), marker, flex=c.flex, left=c.unit == "text" if c.left is None else c.left)
+
+
+def _psi_cell(c: TopColumn, psi_key: str) -> Callable[[dict], str]:
+    """A listing view's column in psi's rows, where its value is under ``psi_key``."""
+    cell = _cell(replace(c, key=psi_key, sort=None, sorted_by=False))
+    return cell
+
+
+PSI_CGROUP_COLUMNS = (
+    NAME,
+    QOS,
+    Column("CORES", lambda r: fmt_num(r["cores"])),
+    Column("QUOTA", lambda r: fmt_num(r["quota_cores"]) if r["quota_cores"] else "none"),
+    Column("THROTTLED", lambda r: fmt_pct(r["throttled_pct"]), "throttled"),
+    Column("THR/s", lambda r: fmt_ms(r["throttled_ms_per_s"])),
+    # what the views listing the cgroups show of them (TopTable.psi_cgroups), titled by their view
+    *(Column(f"{view.upper()} {c.title}", _psi_cell(c, table.psi_cgroups[c.key]))
+      for view, table in _TABLES.items() if table.psi_cgroups for c in table.columns if c.key in table.psi_cgroups),
+    Column("CPU PSI", _cgroup_psi("cpu")),
+    Column("MEM PSI", _cgroup_psi("memory")),
+    Column("IO PSI", _cgroup_psi("io")),
+)
 
 
 def table_renderer(table: TopTable) -> Callable[[dict, int | None, str], list[RenderableType]]:
