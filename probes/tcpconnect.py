@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import math
-import os
 import socket
 import struct
 import time
@@ -470,14 +469,6 @@ def _summary(interval: TcpConnectInterval, prev: TcpConnectSnapshot | None, cur:
         key=lambda r: (r["failures"] + r["syn_retransmits"], r["latency_p99_ms"] or -math.inf), reverse=True
     )
     return rows
-
-
-def netns_inode(pid: int | str = "self") -> int | None:
-    """The inode of a process's network namespace (what the probe keys by); None if it is gone."""
-    try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino
-    except OSError:
-        return None
 
 
 # -- the plugin: metrics, top view, detector signals ------------------------------------------------
