@@ -42,6 +42,9 @@ class GpuPodsSnapshot:
     per_cgroup: dict[str, GpuCgroupUse]  # cgroup path -> its use now (gauges, not counters)
     # GPU processes with no cgroup to charge (exited between NVML's list and the /proc read).
     drops: dict[str, int] = field(default_factory=dict)
+    # The devices as NVML reported them this tick: the agent exports them from here while the plugin is
+    # loaded instead of reading NVML a second time (noisyneighbor/agent/loop.py, node_gpus).
+    devices: list[GpuDevice] = field(default_factory=list)
 
 
 def cgroup_of(process: GpuProcess) -> str | None:
@@ -87,7 +90,7 @@ class GpuPodsProbe:
         if self.gpu.status.state != "on":  # NVML failed: off with its reason, no stale use left behind
             self.status.state, self.status.reason = "off", self.gpu.status.reason
         use, unattributed = per_cgroup_use(devices)
-        return GpuPodsSnapshot(time.monotonic(), use, {"process_exited": unattributed} if unattributed else {})
+        return GpuPodsSnapshot(time.monotonic(), use, {"process_exited": unattributed} if unattributed else {}, devices)
 
     def close(self) -> None:
         self.gpu.close()

@@ -169,3 +169,28 @@ def test_top_gpu_view_from_the_plugins_declared_table(tmp_path):
     Console(file=out, width=160).print(render_frame(frame.ts, {"gpu": {**section, "rows": []}},
                                                     ["gpu"], statuses))
     assert "nothing this interval: no process holds GPU memory" in out.getvalue()
+
+
+def test_nvml_is_read_once_a_tick_with_the_plugin_loaded(tmp_path):
+    """`--probes ...,gpu`: the node's GPU metrics come from the plugin's reading of the tick, not from a
+    second NVML read by the agent's own collector."""
+    from noisyneighbor.agent.loop import node_gpus
+    from probes.gpu import GpuCollector
+    from probes.snapshot import NodeSnapshot
+
+    paths = _fake_proc(tmp_path)
+    nvml = _FakeNvml()
+    reads = []
+    count = nvml.nvmlDeviceGetCount
+    nvml.nvmlDeviceGetCount = lambda: reads.append(1) or count()  # type: ignore[method-assign]
+    probe = GpuPodsProbe(paths, nvml_loader=lambda: nvml)
+    try:
+        reads.clear()
+        tick = NodeSnapshot(1.0, 1.0, plugins={"gpu": probe.snapshot()})
+        devices = node_gpus(tick, own=None)
+        assert [d.uuid for d in devices] == ["GPU-0", "GPU-1"] and len(reads) == 1
+        own = GpuCollector(paths, nvml_loader=lambda: nvml)
+        reads.clear()
+        assert node_gpus(NodeSnapshot(1.0, 1.0), own) and len(reads) == 1  # without the plugin: the agent's
+    finally:
+        probe.close()
