@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.sandbox import OwnedCgroup
 from detector.decisions import Cause
 from detector.model import Incident
 from detector.pods import KubeletPodSource
 from detector.policy import Policy
 from detector.runtime import Detector
-from noisyneighbor.sandbox import OwnedCgroup
 from probes.collect import NodeCollector
 from tests.conftest import shield
 from tests.fakekube import FakeKube, container_id_for, make_pod

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from noisyneighbor.sandbox import OwnedCgroup
+from bench.sandbox import OwnedCgroup
 from probes.engine import ProbeError
 from probes.runqlat import PID_MAX_LIMIT, RunqLatProbe
 from tests.conftest import require_tool

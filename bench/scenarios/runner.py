@@ -29,11 +29,11 @@ from actuators.manager import ActuatorManager
 from actuators.memory import MemorySuppressActuator
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import CpuUsageSampler, SuppressActuator, threshold_suppress_decision
+from bench.sandbox import PREFIX, OwnedCgroup, sandbox_layout
 from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples
 from detector.decisions import DecisionSink, Target
 from detector.policy import Policy
 from noisyneighbor.agent import ScopedActuator
-from noisyneighbor.sandbox import PREFIX, OwnedCgroup, sandbox_layout
 from probes.cgroupfs import self_cgroups
 from probes.host import HostPaths
 from tests.scenario_support import PodCgroup, Scenario

@@ -1,4 +1,5 @@
-"""Cgroups we own: created for tests, benchmarks and scenarios, removed afterwards.
+"""Cgroups we own: created for tests, benchmarks and scenarios, removed afterwards (bench and tests only:
+not part of the shipped packages, nothing under noisyneighbor/, probes/, detector/ or actuators/ imports it).
 
 The machine's own cgroups are never written to. Everything is created below a prefix directory
 `nn-test-<pid>` nested under the cgroup this process already belongs to in each hierarchy (read from
