@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.sandbox import OwnedCgroup
+from bench.sandbox import OwnedCgroup, write_cgroup_file
 from detector.decisions import Cause
 from detector.model import Incident
 from detector.pods import KubeletPodSource
@@ -138,7 +138,7 @@ class Scenario:
         if shares is not None:
             d = pod_cg.dirs["cpu"]
             while True:
-                (d / "cpu.shares").write_text(str(shares))
+                write_cgroup_file(d, "cpu.shares", str(shares))  # cpu.weight on v2
                 if d.name == pod_cg.prefix:
                     break
                 d = d.parent
