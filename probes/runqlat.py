@@ -234,6 +234,7 @@ class RunqInterval:
 
 _IDLE = IntervalHistogram((0,) * HIST_SLOTS, 0, 0, None)  # a CPU's interval when its histogram did not move
 
+
 def delta(prev: RunqSnapshot | None, cur: RunqSnapshot) -> RunqInterval:
     """The interval prev → cur (prev None: since load)."""
     before = prev.per_cgroup if prev is not None else {}
