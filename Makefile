@@ -15,7 +15,7 @@ BENCH_BPF_SRC := $(wildcard bench/bpf/*.bpf.c)
 BENCH_BPF_OUT ?= bench/.output
 PY := .venv/bin/python
 
-.PHONY: all setup run test lint bpf bench clean
+.PHONY: all setup run test test-vm lint bpf bench clean
 all: bpf
 
 setup:
@@ -31,6 +31,15 @@ test:
 	@scripts/setup.sh test
 	.venv/bin/ruff check .
 	.venv/bin/pytest -q $(PYTEST_ARGS)
+
+# The kernel-facing tests (marker vm) in the VM lane: Debian 12's 6.1 kernel, a pure cgroup v2
+# hierarchy (scripts/vm/). One line per failure at the end, the exit status is pytest's; a guest that
+# does not boot or runs past its time is a failure. VM_ARGS="--cpus 4 --memory 4G --timeout 3600".
+# The per-test timeout is raised for TCG, where Python runs about 10 times slower.
+VM_ARGS ?=
+test-vm:
+	@scripts/setup.sh vm
+	scripts/vm/run.sh $(VM_ARGS) -- .venv/bin/pytest -q -m vm -rfE -p no:cacheprovider --timeout 1200 $(PYTEST_ARGS)
 
 lint:
 	.venv/bin/ruff check .

@@ -14,6 +14,12 @@ fullest listener's fill (1), and its namespace's ListenOverflows once non-zero (
 node's per-CPU /proc/stat counters (node_exporter has both; ``rate()`` of the totals gives the
 averages) are only exported with ``extra_node_series``.
 
+Series budget per node (what does not belong to a cgroup): :data:`NODE_SERIES_BUDGET`, the same at
+every CPU count. What grows with the node's CPUs is summed to node level by default: the runqueue
+histogram of all tasks and the softirq histograms and counters per vector (:data:`PER_CPU_METRICS`).
+``per_cpu_series`` adds their ``cpu`` label back (per CPU, and per CPU x vector: ~41 series a pair,
+~26k softirq series at 64 CPUs); the detector reads per-CPU softirq time from the snapshot either way.
+
 Everything the probes keep is cumulative, so it is published as it is: log2 histograms become real
 Prometheus histograms (slot k of ``probes.hist`` holds [2^(k-1), 2^k) µs, so its upper bound in
 seconds is the ``le`` of bucket k), BPF and /proc counters become ``_total`` counters and PSI
@@ -112,6 +118,7 @@ class MetricDef:
     help: str
     labels: tuple[str, ...] = ()  # after `node` (and after CGROUP_LABELS when per_cgroup)
     per_cgroup: bool = False
+    per_cpu: bool = False  # its `cpu` label only with per_cpu_series (else summed over CPUs)
 
     @property
     def all_labels(self) -> tuple[str, ...]:
@@ -185,11 +192,21 @@ _DEFS = (
     MetricDef(SNAPSHOT_ERRORS, "gauge", "Problems met while collecting the last snapshot (see the agent log)."),
 )
 # The metrics each probe plugin defines (probes.registry), in registry order, before the exporter's own.
-_DEFS = (*(MetricDef(spec.name, spec.type, spec.help, spec.labels, spec.per_cgroup)  # type: ignore[arg-type]
+_DEFS = (*(MetricDef(spec.name, spec.type, spec.help, spec.labels, spec.per_cgroup, spec.per_cpu)  # type: ignore[arg-type]
            for plugin in PLUGINS for spec in plugin.metric_specs), *_DEFS)
 _CGROUP_SERIES = tuple(plugin for plugin in PLUGINS if plugin.cgroup_series is not None)
 _NODE_SERIES = tuple(plugin for plugin in PLUGINS if plugin.node_series is not None)
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
+
+# Metrics whose series grow with the node's CPUs: their `cpu` label is only exported with per_cpu_series
+# (otherwise they are summed over CPUs). /proc/stat per CPU (NODE_CPU) is behind extra_node_series.
+# The plugins declare them (MetricSpec.per_cpu).
+PER_CPU_METRICS = frozenset(d.name for d in _DEFS if d.per_cpu)
+# Series without a cgroup label on one node, at any CPU count, without per_cpu_series or
+# extra_node_series: ~565 on an idle node (softirq per vector 410, node reclaim 60, the node's runqueue
+# histogram 20, probe and BPF program state ~50, PSI, allocstalls), the rest is room for open incidents
+# and actions (~8 series each with culprits). tests/test_series_budget.py counts a real scrape against it.
+NODE_SERIES_BUDGET = 800
 
 # le of each log2 slot in seconds: slot k holds [2^(k-1), 2^k) µs; values are truncated to whole µs by the
 # BPF side, so the slot's upper bound is the smallest le that contains all of them.
@@ -407,9 +424,11 @@ class Exporter:
         min_bucket_seconds: float = DEFAULT_MIN_BUCKET_SECONDS,
         extra_node_series: bool = False,
         container_name: Callable[[str, str], str | None] | None = None,
+        per_cpu_series: bool = False,
     ) -> None:
         """``extra_node_series``: also PSI averages (node and cgroups) and /proc/stat per CPU and mode,
-        which node_exporter already has; ``container_name(pod_uid, container_id)`` names containers."""
+        which node_exporter already has; ``container_name(pod_uid, container_id)`` names containers;
+        ``per_cpu_series``: :data:`PER_CPU_METRICS` per CPU, not summed over the node's CPUs."""
         if max_cgroups < 1:
             raise ValueError(f"max_cgroups must be at least 1, got {max_cgroups}")
         if not max_bucket_seconds > 0:
@@ -421,6 +440,7 @@ class Exporter:
         self.hist_text: dict[tuple[str, str], tuple[LatencyHistogram, str]] = {}
         self.bottom_slot = min(bottom_slot_for(min_bucket_seconds), self.top_slot)
         self.extra_node_series = extra_node_series
+        self.per_cpu_series = per_cpu_series
         self.container_name = container_name
         self.paths = paths or HostPaths()
         self.layout = layout or discover(self.paths)
@@ -596,7 +616,11 @@ class Exporter:
             probe_snap = snap.probe(plugin.name)
             if probe_snap is not None:
                 for metric, labels, value in plugin.node_series(probe_snap):  # type: ignore[misc]
-                    node.add(METRICS[metric].type, metric, labels, value)
+                    d = METRICS[metric]
+                    if d.per_cpu and not self.per_cpu_series:  # summed over CPUs: the cpu label goes
+                        at = d.labels.index("cpu")
+                        labels = (*labels[:at], *labels[at + 1:])
+                    node.add(d.type, metric, labels, value)
         if snap.node_vmstat is not None:
             for zone, passes in snap.node_vmstat.allocstall.items():
                 node.add_counter(NODE_ALLOCSTALLS, (zone,), float(passes))
@@ -678,11 +702,17 @@ class Exporter:
     def describe(self) -> list[Metric]:
         return []  # families vary with the state; nothing to check for duplicates at registration
 
+    def label_names(self, d: MetricDef) -> tuple[str, ...]:
+        """``d``'s own labels as exported: without ``cpu`` for PER_CPU_METRICS unless per_cpu_series."""
+        if d.name in PER_CPU_METRICS and not self.per_cpu_series:
+            return tuple(name for name in d.labels if name != "cpu")
+        return d.labels
+
     def collect(self) -> Iterator[Metric]:
         state = self.state()
         node_label = (self.node,)
         for d in _DEFS:
-            family = _new_family(d)
+            family = _new_family(d, self.label_names(d))
             if d.per_cgroup:
                 for key, data in state.cgroups.items():
                     _fill(family, d, (*node_label, *key.values()), data, self.top_slot, self.bottom_slot)
@@ -718,11 +748,12 @@ def render_text(exporter: Exporter) -> bytes:
                        for key, data in state.cgroups.items()]
     for d in _DEFS:
         lines: list[str] = []
+        names = exporter.label_names(d)
         sources = cgroup_prefixes if d.per_cgroup else [(node_prefix, state.node)]
         for prefix, data in sources:
             if d.type == "histogram":
                 for labels, hist in data.hists.get(d.name, {}).items():
-                    head = f"{prefix},{_label_text(d.labels, labels)}" if labels else prefix
+                    head = f"{prefix},{_label_text(names, labels)}" if labels else prefix
                     cached = last_text.get((d.name, head))
                     if cached is not None and cached[0] is hist:
                         text = cached[1]
@@ -737,7 +768,7 @@ def render_text(exporter: Exporter) -> bytes:
                 continue
             source = data.counters if d.type == "counter" else data.gauges
             for labels, value in source.get(d.name, {}).items():
-                head = f"{prefix},{_label_text(d.labels, labels)}" if labels else prefix
+                head = f"{prefix},{_label_text(names, labels)}" if labels else prefix
                 lines.append(f"{d.name}{{{head}}} {floatToGoString(value)}")
         if lines:
             help_text = d.help.replace("\\", "\\\\").replace("\n", "\\n")
@@ -761,8 +792,8 @@ def _add_psi(data: _SeriesData, reading: object, stall_name: str, avg_name: str 
             data.set_gauge(avg_name, (resource, kind, window), avg / 100.0)
 
 
-def _new_family(d: MetricDef) -> Metric:
-    labels = list(d.all_labels)
+def _new_family(d: MetricDef, own_labels: tuple[str, ...]) -> Metric:
+    labels = list(d.all_labels[: len(d.all_labels) - len(d.labels)] + own_labels)
     if d.type == "counter":
         return CounterMetricFamily(d.name, d.help, labels=labels)
     if d.type == "gauge":

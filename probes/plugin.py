@@ -25,6 +25,9 @@ class MetricSpec:
     help: str
     labels: tuple[str, ...] = ()  # its own labels, after node (and after the cgroup's labels)
     per_cgroup: bool = True
+    # A node metric whose `cpu` label grows with the node's CPUs: exported per CPU only with the
+    # exporter's per_cpu_series, else its series are summed over CPUs (the label dropped).
+    per_cpu: bool = False
 
 
 # One value of a plugin's metric for one cgroup: (metric, cgroup, own label values, value). The cgroup is

@@ -29,7 +29,7 @@ from probes.engine import (
     Tracepoint,
     missing_btf_features,
 )
-from probes.hist import NN_HIST_SIZE, IntervalHistogram, LatencyHistogram, merge_intervals
+from probes.hist import HIST_SLOTS, NN_HIST_SIZE, IntervalHistogram, LatencyHistogram, merge_intervals
 from probes.host import HostPaths
 from probes.plugin import (
     IDLE,
@@ -247,6 +247,9 @@ class RunqInterval:
     culprits_available: bool
 
 
+_IDLE = IntervalHistogram((0,) * HIST_SLOTS, 0, 0, None)  # a CPU's interval when its histogram did not move
+
+
 def delta(prev: RunqSnapshot | None, cur: RunqSnapshot) -> RunqInterval:
     """The interval prev → cur (prev None: since load)."""
     before = prev.per_cgroup if prev is not None else {}
@@ -257,7 +260,8 @@ def delta(prev: RunqSnapshot | None, cur: RunqSnapshot) -> RunqInterval:
             continue  # no wait ended in this cgroup: nothing to subtract
         per_cgroup[cgroup_id] = hist.delta(earlier)
     cpus_before = prev.per_cpu if prev is not None else []
-    per_cpu = [hist.delta(cpus_before[cpu] if cpu < len(cpus_before) else None) for cpu, hist in enumerate(cur.per_cpu)]
+    per_cpu = [_IDLE if cpu < len(cpus_before) and cpus_before[cpu] is hist else
+               hist.delta(cpus_before[cpu] if cpu < len(cpus_before) else None) for cpu, hist in enumerate(cur.per_cpu)]
     splits: dict[int, WaitSplit] = {}
     pairs: dict[tuple[int, int], CulpritStats] = {}
     if cur.culprits_available:
@@ -489,6 +493,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         # What the kernel maps held at the last snapshot, decoded; only the slots that changed since are
         # decoded again (most cgroups did nothing). Snapshots get copies.
         self._per_cgroup: dict[int, LatencyHistogram] = {}
+        self._per_cpu: list[tuple[bytes, LatencyHistogram]] = []  # each CPU's histogram as last read and decoded
         self._wait_split: dict[int, WaitSplit] = {}
         self._pairs_in_kernel: dict[tuple[int, int], CulpritStats] = {}
         self._culprit_totals: dict[tuple[int, int], CulpritStats] = {}  # in the kernel + _culprit_base
@@ -536,8 +541,16 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                 if self.culprits_available:
                     self._wait_split[cgroup_id] = WaitSplit.decode_percpu(values)
         cpu_states: list[bytes] = self.probe.map_lookup("runq_cpu", b"\0\0\0\0") or []  # type: ignore[assignment]
-        # The per-CPU histogram closes struct runq_cpu_state.
-        per_cpu = [LatencyHistogram.decode(raw[-NN_HIST_SIZE:]) for raw in cpu_states]
+        # The per-CPU histogram closes struct runq_cpu_state. An idle CPU's is the same object again
+        # (its delta is then nothing to subtract): a 64-CPU node decoded 64 of them every tick.
+        last = self._per_cpu
+        for cpu, raw in enumerate(cpu_states):
+            hist_raw = raw[-NN_HIST_SIZE:]
+            if cpu >= len(last):
+                last.append((hist_raw, LatencyHistogram.decode(hist_raw)))
+            elif last[cpu][0] != hist_raw:
+                last[cpu] = (hist_raw, LatencyHistogram.decode(hist_raw))
+        per_cpu = [hist for _, hist in last[: len(cpu_states)]]
         drops = self.read_drops()
         culprit_drops = culprit_drop_ns = 0
         if self.culprits_available:
@@ -742,8 +755,8 @@ PLUGIN = ProbePlugin(
     metrics=(RUNQ_LATENCY, CPU_RUNQ_LATENCY),
     metric_specs=(
         MetricSpec(RUNQ_LATENCY, "histogram", "Runqueue wait (wakeup or preemption to running) of the cgroup's tasks."),
-        MetricSpec(CPU_RUNQ_LATENCY, "histogram", "Runqueue wait of all tasks, per CPU they waited on.", ("cpu",),
-                   per_cgroup=False),
+        MetricSpec(CPU_RUNQ_LATENCY, "histogram", "Runqueue wait of all tasks on the node (per CPU they waited on "
+                   "with --per-cpu-series).", ("cpu",), per_cgroup=False, per_cpu=True),
     ),
     cgroup_series=cgroup_series,
     node_series=node_series,

@@ -176,9 +176,8 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     hog_count = _series(scrape, runqlat.RUNQ_LATENCY + "_count", pod="hog", qos="BE")
     assert hog_count == snap.runq.per_cgroup[os.stat(hog.path("cpu")).st_ino].count
 
-    # Per-CPU runqueue histograms.
-    for cpu, h in enumerate(snap.runq.per_cpu):
-        assert _series(scrape, runqlat.CPU_RUNQ_LATENCY + "_count", cpu=str(cpu)) == h.count
+    # The node's runqueue histogram: every CPU's, summed (per CPU with per_cpu_series).
+    assert _series(scrape, runqlat.CPU_RUNQ_LATENCY + "_count") == sum(h.count for h in snap.runq.per_cpu)
 
     # cgroup CPU usage against cpuacct.usage read around the snapshot.
     usage = _series(scrape, ex.CGROUP_CPU_USAGE, **labels)
@@ -213,9 +212,12 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     inner = softirq_proc2 - softirq_proc1
     assert grew <= softirq_proc3 - softirq_proc0 + in_flight
     assert grew >= inner - in_flight - softirq_missed_allowance(inner), (grew, inner)
-    cpu0_timer = snap.softirq.stats[(0, "TIMER")]
-    assert _series(scrape, softirq.SOFTIRQ_RUNTIME + "_count", cpu="0", vector="TIMER") == cpu0_timer.runtime.count
-    assert _series(scrape, softirq.SOFTIRQ_DELAY + "_sum", cpu="0", vector="TIMER") == cpu0_timer.delay.sum_ns / 1e9
+    # Node level by default: one series per vector, the sum over CPUs (per CPU with per_cpu_series).
+    timer = [s for (_, vector), s in snap.softirq.stats.items() if vector == "TIMER"]
+    assert _series(scrape, softirq.SOFTIRQ_RUNTIME + "_count", vector="TIMER") == sum(s.runtime.count for s in timer)
+    assert _series(scrape, softirq.SOFTIRQ_DELAY + "_sum", vector="TIMER") == \
+        pytest.approx(sum(s.delay.sum_ns for s in timer) / 1e9)
+    assert not any("cpu" in dict(labels) for name, labels in scrape if name.startswith(softirq.SOFTIRQ_RUNTIME))
 
     # Agent health.
     for name in ("runqlat", "softirq", "reclaim", "tcpconnect"):
@@ -502,7 +504,7 @@ def test_unchanged_histograms_are_not_rendered_again(monkeypatch) -> None:
     def snap(per_cpu: list) -> NodeSnapshot:
         return NodeSnapshot(monotonic_s=1.0, wall_s=100.0, runq=RunqSnapshot(1.0, {}, per_cpu, {}, {}, {}, 0, False))
 
-    exporter, _ = _exporter()
+    exporter, _ = _exporter(per_cpu_series=True)
     rendered: list[LatencyHistogram] = []
     real = ex.histogram_buckets
     monkeypatch.setattr(ex, "histogram_buckets", lambda hist, *a: (rendered.append(hist), real(hist, *a))[1])

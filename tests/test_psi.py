@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from noisyneighbor.sandbox import OwnedCgroup
+from bench.sandbox import OwnedCgroup
 from probes.cgroupfs import discover
 from probes.host import HostPaths
 from probes.psi import (

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from noisyneighbor.sandbox import OwnedCgroup
+from bench.sandbox import OwnedCgroup
 from probes.cgroupfs import discover
 from probes.engine import ProbeError
 from probes.hist import HIST_SLOTS, LatencyHistogram

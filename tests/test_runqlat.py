@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.sandbox import OwnedCgroup
 from bench.variant_objects import build
-from noisyneighbor.sandbox import OwnedCgroup
 from probes.engine import LibbpfEngine, ProbeError
 from probes.runqlat import PID_MAX_LIMIT, RunqLatProbe
 from tests.conftest import require_tool

@@ -32,7 +32,7 @@ from bench.scenarios.peers import (
     start_bcc_runqlat,
     start_bcc_softirqs,
 )
-from bench.scenarios.runner import OTHER_CPU, Ctx, Timing, run_pass
+from bench.scenarios.runner import OTHER_CPU, Ctx, Timing, cgroup_hierarchy, run_pass
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(scores)
     meta = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": "python -m bench.scenarios " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "kernel": platform.release(), "cpus": os.cpu_count(), "elapsed_s": round(time.monotonic() - started, 1),
+            "kernel": platform.release(), "cgroup": cgroup_hierarchy(), "vm": bool(os.environ.get("NN_VM")),
+            "cpus": os.cpu_count(), "elapsed_s": round(time.monotonic() - started, 1),
             "timing": asdict(timing), "interrupted": interrupted}
     report = render(scores, summary, peers, overhead, meta)
     print(report)
@@ -202,7 +203,9 @@ def _median(v: list[float]) -> float | None:
 
 
 def render(scores: list[Score], summary, peers: list[dict], overhead: dict, meta: dict) -> str:
-    out = [f"## Scenario benchmark ({meta['date']}, kernel {meta['kernel']}, {meta['cpus']} CPUs, "
+    where = f"cgroup {meta['cgroup']}, " if "cgroup" in meta else ""  # runs before it was recorded: not said
+    where += "VM lane, " if meta.get("vm") else ""
+    out = [f"## Scenario benchmark ({meta['date']}, kernel {meta['kernel']}, {where}{meta['cpus']} CPUs, "
            f"{meta['elapsed_s']} s)", "", f"Command: `{meta['command']}`", "", markdown_table(scores), "",
            markdown_summary(summary)]
     if peers:

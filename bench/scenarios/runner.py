@@ -29,12 +29,12 @@ from actuators.manager import ActuatorManager
 from actuators.memory import MemorySuppressActuator
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import CpuUsageSampler, SuppressActuator, threshold_suppress_decision
+from bench.sandbox import PREFIX, OwnedCgroup, sandbox_layout
 from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples
 from detector.decisions import DecisionSink, Target
 from detector.policy import Policy
 from noisyneighbor.agent import ScopedActuator
-from noisyneighbor.sandbox import PREFIX, OwnedCgroup, sandbox_layout
-from probes.cgroupfs import self_cgroups
+from probes.cgroupfs import discover, self_cgroups
 from probes.host import HostPaths
 from tests.scenario_support import PodCgroup, Scenario
 
@@ -256,7 +256,7 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
     policy = bench_policy(mode)
     cgroups = BenchCgroups(f"{spec.name}-{mode}"[:40])
     netns = NetnsSet()
-    workdir = Path(tempfile.mkdtemp(prefix=f"nn-bench-{spec.name}-", dir="/var/tmp"))
+    workdir = Path(tempfile.mkdtemp(prefix=f"nn-bench-{spec.name}-", dir=workdir_base()))
     result = PassResult(spec.name, mode, timing.baseline_s, timing.run_s, note=spec.note)
     trace = PassTrace()
     scenario: Scenario | None = None
@@ -385,6 +385,19 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
             result.samples = load_samples(ctx.victim_log.read_text(), onset_ns)
         shutil.rmtree(workdir, ignore_errors=True)
     return result, trace
+
+
+def workdir_base() -> str:
+    """Where a pass keeps its victim log and files (memcg-reclaim's page cache): $NN_BENCH_WORKDIR, else
+    the VM lane's scratch disk ($NN_VM_DISK: in the VM the 9p root and tmpfs charge no page cache to the
+    reader's memory cgroup, so only a real filesystem provokes memcg reclaim), else /var/tmp."""
+    return os.environ.get("NN_BENCH_WORKDIR") or os.environ.get("NN_VM_DISK") or "/var/tmp"
+
+
+def cgroup_hierarchy() -> str:
+    """"v2" on a pure cgroup v2 host, "v1 hybrid" where v1 controller hierarchies are mounted."""
+    layout = discover()
+    return "v1 hybrid" if layout.v1 else "v2" if layout.v2 is not None else "none"
 
 
 def truth_of(spec: ScenarioSpec) -> Truth:

@@ -194,6 +194,7 @@ class Agent:
                                  max_bucket_seconds=self.config.max_bucket_seconds,
                                  min_bucket_seconds=self.config.min_bucket_seconds,
                                  extra_node_series=self.config.extra_node_series,
+                                 per_cpu_series=self.config.per_cpu_series,
                                  container_name=self._container_name)
         self._run_stats = _enable_bpf_stats()
         _fix_large_allocations_to_mmap()
