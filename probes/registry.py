@@ -1,20 +1,18 @@
-"""The probe registry: every probe the agent and ``top`` run, declared once as a
-:class:`~probes.plugin.ProbePlugin` (the interface, in probes/plugin.py).
+"""The probe registry: every probe the agent and ``top`` run, one line each. Each probe declares itself
+as a :class:`~probes.plugin.ProbePlugin` (the interface, in probes/plugin.py) at the end of its own
+module (``PLUGIN``): its BPF object and programs with their attach flavours, how to open it, which
+:class:`~probes.snapshot.NodeSnapshot` field carries its snapshot, what moved this tick (``activity``),
+its ``delta(prev, cur)``, its metric families and series, its ``top`` table and its signal extractor.
 
-A plugin says what a probe is to the rest of the code: its BPF object and programs with their attach
-flavours (its :class:`~probes.engine.ProbeSpec` s), how to open it, which :class:`~probes.snapshot.NodeSnapshot`
-field carries its snapshot, how much each cgroup did (``activity``: what moved this tick), its
-per-interval ``delta(prev, cur)``, the size of its per-cgroup kernel map, the detector signals it feeds,
-the exporter metrics it fills and its view in ``noisyneighbor top``.
-
-The collector (``probes.collect``), the exporter, ``top`` (``noisyneighbor.sections``), the agent's
-and the CLI's probe lists and the benches loop over :data:`PLUGINS` instead of naming probes. Adding a
-probe is its BPF C and header, its module, its test and one entry in :data:`PLUGINS`, with its import
-(docs/architecture.md).
+The collector (``probes.collect``), the exporter, ``top`` (``noisyneighbor.sections``), the detector's
+signal builder, the agent's and the CLI's probe lists and the benches loop over :data:`PLUGINS` instead
+of naming probes. Adding a probe is its BPF C and header, its module, its test and one line here, with
+its import (docs/architecture.md).
 
 Signals and metrics are names (strings): ``probes/`` imports nothing from ``detector/`` or
-``noisyneighbor/``; ``detector.catalog.check_plugin_signals`` and tests/test_registry.py check the
-names against the signal catalog and the exporter's metric definitions.
+``noisyneighbor/``; ``detector.catalog.check_plugin_signals``, tests/test_registry.py and
+tests/test_signal_plugins.py check the names against the signal catalog, the exporter's metric
+definitions and what the extractors produce.
 """
 
 from __future__ import annotations
@@ -24,8 +22,6 @@ from probes.plugin import ENGINE_ATTACH_MODES, MetricSpec, ProbePlugin
 
 __all__ = ["BY_NAME", "DEFAULT_NAMES", "ENGINE_ATTACH_MODES", "NAMES", "PLUGINS", "MetricSpec", "ProbePlugin", "plugin"]
 
-
-# -- the registry -----------------------------------------------------------------------------------
 
 # Order: collection order, the order of --probes' default and of `top`'s views.
 PLUGINS: tuple[ProbePlugin, ...] = (
