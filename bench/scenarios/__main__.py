@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
                     try:
                         result, trace = run_pass(spec, mode, timing, during=hook, softirq_floor=floor)
-                    except (OSError, RuntimeError, ValueError) as e:
+                    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as e:
                         result, trace = PassResult(spec.name, mode, timing.baseline_s, timing.run_s,
                                                    skipped=f"skipped: {' '.join(str(e).split())[:160]}"), None
                     s = score(spec.truth, result)
