@@ -199,10 +199,10 @@ class Churner:
 class AgentUnderTest:
     def __init__(self, workdir: Path, interval: float, kubelet_url: str | None = None,
                  scrape_interval: float = 15.0, module: str = "noisyneighbor.cli",
-                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None, repo: Path = REPO) -> None:
         """``kubelet_url``: the kubelet pod source there; None: the standalone pod source. ``module``
         runs the CLI (bench.metered_agent: with a meter on BPF map reads), ``extra_args`` follow the
-        agent's own."""
+        agent's own; ``repo``: the checkout it runs from (another commit's, to compare)."""
         self.scrape_interval = scrape_interval
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -218,7 +218,7 @@ class AgentUnderTest:
             [sys.executable, "-m", module, "agent", "--config", str(config), "--dry-run",
              "--listen", f"127.0.0.1:{self.port}", "--journal-dir", str(workdir / "journal"),
              "--interval", str(interval), "--node-name", "node-1", *extra_args],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=self.log, env=env,
+            cwd=repo, stdout=subprocess.DEVNULL, stderr=self.log, env=env,
         )
 
     def get(self, path: str) -> bytes:

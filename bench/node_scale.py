@@ -22,6 +22,7 @@ not measured here. Every cgroup and task is removed afterwards, also on failure.
 
     sudo .venv/bin/python -m bench.node_scale --pods 100                 # ~2 min on a 2-CPU host
     sudo .venv/bin/python -m bench.node_scale --pods 100 --json --agent-arg=--per-cpu-series
+    sudo .venv/bin/python -m bench.node_scale --tree before=/tmp/base --tree after=.   # side by side
     scripts/vm/run.sh --cpus 64 --memory 8G -- .venv/bin/python -m bench.node_scale --pods 100 --json
 """
 
@@ -117,75 +118,109 @@ def meter(agent: AgentUnderTest, out: Path) -> dict:
     """The agent's BPF read counters now (it writes them on SIGUSR1)."""
     before = out.stat().st_mtime_ns if out.exists() else 0
     agent.proc.send_signal(signal.SIGUSR1)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if out.exists() and out.stat().st_mtime_ns != before:
             return json.loads(out.read_text())
         time.sleep(0.2)
-    raise RuntimeError("the agent did not write its meter (bench.metered_agent) within 60 s")
+    raise RuntimeError("the agent did not write its meter (bench.metered_agent) within 120 s")
+
+
+def progress(started: float, what: str) -> None:
+    print(f"[{time.monotonic() - started:6.1f} s] {what}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> dict:
+    """Every agent of ``args.tree`` (name=checkout) at once, on the same pods, measured over the same window."""
+    started = time.monotonic()
+    trees = dict(t.split("=", 1) for t in args.tree) if args.tree else {"this": str(REPO)}
+    results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="nn-scale-") as tmp, FakeKube(node_name="node-1") as kube:
-        out = Path(tmp) / "meter.json"
         fleet = PodFleet(kube, args.wake_every)
-        agent = AgentUnderTest(Path(tmp), args.interval, kube.url, module="bench.metered_agent",
-                               extra_args=tuple(args.agent_arg), env={**os.environ, "NN_METER_OUT": str(out)})
+        agents: dict[str, tuple[AgentUnderTest, Path]] = {}
         try:
-            t0 = time.monotonic()
-            agent.wait_ready(timeout=args.ready_timeout)
-            ready_s = time.monotonic() - t0
-            fleet.grow_to(args.pods, 0)
+            for name, tree in trees.items():
+                work = Path(tmp) / name
+                work.mkdir()
+                out = work / "meter.json"
+                agents[name] = (AgentUnderTest(work, args.interval, kube.url, module="bench.metered_agent",
+                                               extra_args=tuple(args.agent_arg),
+                                               env={**os.environ, "NN_METER_OUT": str(out)}, repo=Path(tree)), out)
+            for name, (agent, _) in agents.items():
+                agent.wait_ready(timeout=args.ready_timeout)
+                results[name] = {"tree": trees[name], "agent_ready_s": round(time.monotonic() - started, 1)}
+                progress(started, f"agent {name} ready")
+            for i in range(args.pods):
+                fleet.add()
+                if (i + 1) % 25 == 0:
+                    progress(started, f"{i + 1} pods")
             time.sleep(args.settle)
-            pid = agent.proc.pid
-            m0, r0, h0, w0 = meter(agent, out), rchar(pid), agent.health(), time.monotonic()
+            progress(started, "settled; window starts")
+            first = {name: (meter(a, out), rchar(a.proc.pid), a.health(), time.monotonic())
+                     for name, (a, out) in agents.items()}
             time.sleep(args.window)
-            m1, r1, h1, w1 = meter(agent, out), rchar(pid), agent.health(), time.monotonic()
-            rss, hwm = agent.memory_mib()
-            maps, maps_total = map_memlock_kib(pid, m1["map_fds"])
-            text = agent.get("/metrics").decode()
-            pod_cgroups = {pod.pod_cgroup.dirs["cpu"].name for pod in fleet.pods}
+            for name, (agent, out) in agents.items():
+                m0, r0, h0, w0 = first[name]
+                m1, r1, h1, w1 = meter(agent, out), rchar(agent.proc.pid), agent.health(), time.monotonic()
+                rss, hwm = agent.memory_mib()
+                maps, maps_total = map_memlock_kib(agent.proc.pid, m1["map_fds"])
+                text = agent.get("/metrics").decode()
+                pod_cgroups = {pod.pod_cgroup.dirs["cpu"].name for pod in fleet.pods}
+                ticks = h1["ticks"] - h0["ticks"]
+                per_tick = max(ticks, 1)
+                by_map = {k: round((v - m0["by_map"].get(k, 0)) / per_tick) for k, v in m1["by_map"].items()}
+                results[name].update({
+                    "window_s": round(w1 - w0, 1), "ticks": ticks,
+                    "failed_ticks": h1.get("failed_ticks", 0) - h0.get("failed_ticks", 0),
+                    "rss_mib": round(rss, 1), "hwm_mib": round(hwm, 1),
+                    "bpf_map_memlock_kib": round(maps_total, 1),
+                    "bpf_map_memlock_kib_by_map": {k: round(v, 1) for k, v in maps.items()},
+                    "bpf_bytes_per_tick": round((m1["bpf_map_bytes"] - m0["bpf_map_bytes"]) / per_tick),
+                    "bpf_calls_per_tick": round((m1["bpf_map_calls"] - m0["bpf_map_calls"]) / per_tick, 1),
+                    "bpf_bytes_per_tick_by_map": dict(sorted(((k, v) for k, v in by_map.items() if v),
+                                                             key=lambda kv: -kv[1])),
+                    "read_bytes_per_tick": round((r1 - r0) / per_tick),
+                    **count_scrape(text, pod_cgroups)})
+                progress(started, f"agent {name} measured")
+                # Partial results first: a slow guest that is stopped later still leaves these.
+                print(json.dumps({name: results[name]}), file=sys.stderr, flush=True)
         finally:
-            rc = agent.stop()
+            for name, (agent, _) in agents.items():
+                rc = agent.stop()
+                if name in results:
+                    results[name]["agent_exit_code"] = rc
             fleet.close()
             cleanup_prefix()
-    ticks = h1["ticks"] - h0["ticks"]
-    per_tick = max(ticks, 1)
-    by_map = {k: round((v - m0["by_map"].get(k, 0)) / per_tick) for k, v in m1["by_map"].items()}
     return {
         "cpus_online": os.cpu_count(), "cpus_possible": possible_cpus(), "kernel": os.uname().release,
         "cgroup": "v2" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else "v1/hybrid",
         "pods": args.pods, "agent_args": args.agent_arg, "interval_s": args.interval,
-        "agent_ready_s": round(ready_s, 1), "window_s": round(w1 - w0, 1), "ticks": ticks,
-        "failed_ticks": h1.get("failed_ticks", 0) - h0.get("failed_ticks", 0),
-        "rss_mib": round(rss, 1), "hwm_mib": round(hwm, 1),
-        "bpf_map_memlock_kib": round(maps_total, 1), "bpf_map_memlock_kib_by_map": {k: round(v, 1) for k, v in maps.items()},
-        "bpf_bytes_per_tick": round((m1["bpf_map_bytes"] - m0["bpf_map_bytes"]) / per_tick),
-        "bpf_calls_per_tick": round((m1["bpf_map_calls"] - m0["bpf_map_calls"]) / per_tick, 1),
-        "bpf_bytes_per_tick_by_map": dict(sorted(((k, v) for k, v in by_map.items() if v), key=lambda kv: -kv[1])),
-        "read_bytes_per_tick": round((r1 - r0) / per_tick),
-        **count_scrape(text, pod_cgroups),
-        "agent_exit_code": rc,
+        "elapsed_s": round(time.monotonic() - started, 1), "agents": results,
     }
 
 
 def render(r: dict) -> str:
-    s = r["series_per_idle_pod"]
-    lines = [
-        f"{r['cpus_online']} CPUs online ({r['cpus_possible']} possible), kernel {r['kernel']}, cgroup {r['cgroup']}, "
-        f"{r['pods']} idle pods, agent args {' '.join(r['agent_args']) or '(none)'}",
-        f"agent ready after {r['agent_ready_s']} s; window {r['window_s']} s, {r['ticks']} ticks "
-        f"({r['failed_ticks']} failed), interval {r['interval_s']} s",
-        f"RSS {r['rss_mib']} MiB (peak {r['hwm_mib']} MiB)",
-        f"BPF map memory (memlock) {r['bpf_map_memlock_kib']:.0f} KiB; largest: " + ", ".join(
-            f"{k} {v:.0f}" for k, v in list(r["bpf_map_memlock_kib_by_map"].items())[:6]),
-        f"bytes read per tick: BPF maps {r['bpf_bytes_per_tick']} ({r['bpf_calls_per_tick']} calls), "
-        f"read(2) {r['read_bytes_per_tick']}; by map: " + ", ".join(
-            f"{k} {v}" for k, v in list(r["bpf_bytes_per_tick_by_map"].items())[:6]),
-        f"series: {r['series']} in all, {r['node_level_series']} node-level, {r['series_with_cpu_label']} with a cpu "
-        f"label; per idle pod min {s['min']} median {s['median']} max {s['max']}",
-        "node-level series by family: " + ", ".join(f"{k} {v}" for k, v in list(r["node_level_by_family"].items())[:10]),
-    ]
+    lines = [f"{r['cpus_online']} CPUs online ({r['cpus_possible']} possible), kernel {r['kernel']}, cgroup {r['cgroup']}, "
+             f"{r['pods']} idle pods, agent args {' '.join(r['agent_args']) or '(none)'}, {r['elapsed_s']} s"]
+    for name, a in r["agents"].items():
+        if "rss_mib" not in a:
+            lines.append(f"[{name}] not measured")
+            continue
+        s = a["series_per_idle_pod"]
+        lines += [
+            f"[{name}] {a['tree']}: ready after {a['agent_ready_s']} s; window {a['window_s']} s, {a['ticks']} ticks "
+            f"({a['failed_ticks']} failed), interval {r['interval_s']} s",
+            f"  RSS {a['rss_mib']} MiB (peak {a['hwm_mib']} MiB)",
+            f"  BPF map memory (memlock) {a['bpf_map_memlock_kib']:.0f} KiB; largest: " + ", ".join(
+                f"{k} {v:.0f}" for k, v in list(a["bpf_map_memlock_kib_by_map"].items())[:6]),
+            f"  bytes read per tick: BPF maps {a['bpf_bytes_per_tick']} ({a['bpf_calls_per_tick']} calls), "
+            f"read(2) {a['read_bytes_per_tick']}; by map: " + ", ".join(
+                f"{k} {v}" for k, v in list(a["bpf_bytes_per_tick_by_map"].items())[:6]),
+            f"  series: {a['series']} in all, {a['node_level_series']} node-level, {a['series_with_cpu_label']} with a "
+            f"cpu label; per idle pod min {s['min']} median {s['median']} max {s['max']}",
+            "  node-level series by family: " + ", ".join(
+                f"{k} {v}" for k, v in list(a["node_level_by_family"].items())[:8]),
+        ]
     return "\n".join(lines)
 
 
@@ -198,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wake-every", type=float, default=30.0, help="seconds between an idle pod's wakeups")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the agent's /readyz")
     p.add_argument("--agent-arg", action="append", default=[], help="passed on to `noisyneighbor agent` (repeat)")
+    p.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                   help="run the agent of this checkout (repeat: all at once, same pods, same window; default: this one)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if os.geteuid() != 0:

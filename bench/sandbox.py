@@ -71,10 +71,12 @@ class OwnedCgroup:
                 prefix_dir = base.parent
                 for level in [prefix_dir, *reversed(d.relative_to(prefix_dir).parents[:-1]), d]:
                     level = prefix_dir / level if not level.is_absolute() else level
-                    if level.exists():
-                        continue
+                    # v2: every controller asked for, in every owned level's parent, also for levels that
+                    # exist already (made by another OwnedCgroup, or by this one for another controller).
                     if self._v2_root_of(level) is not None and controller != "unified":
                         self._enable_v2_controller(level.parent, controller, prefix_dir)
+                    if level.exists():
+                        continue
                     level.mkdir()
                     self._created.append(level)
                     if self._v2_root_of(level) is None:

@@ -2,8 +2,9 @@
 cgroup label stays within it at any CPU count. What grows with CPUs (the runqueue histogram of all tasks,
 softirq per CPU x vector) is summed over CPUs unless ``--per-cpu-series`` asks for it per CPU.
 
-The root test counts a real agent's scrape on the machine it runs on (2 CPUs on the dev host, 64 vCPUs in
-the VM lane's large-node run); the pure test builds a 64-CPU snapshot so the arithmetic is checked here too.
+The root tests count a real agent's scrape on the machine they run on (2 CPUs on the dev host; in the VM
+lane at its CPU count: `make test-vm VM_ARGS="--cpus 64 --memory 8G" PYTEST_ARGS=tests/test_series_budget.py`
+for a 64-vCPU node); the pure test builds 2-, 64- and 192-CPU snapshots so the arithmetic is checked here too.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def _scrape_real_agent(tmp_path: Path, *extra: str) -> str:
 
 @pytest.mark.root
 @pytest.mark.slow
+@pytest.mark.vm
 def test_real_scrape_meets_the_node_series_budget_at_this_nodes_cpu_count(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: the agent loads BPF programs")
@@ -105,6 +107,7 @@ def test_real_scrape_meets_the_node_series_budget_at_this_nodes_cpu_count(tmp_pa
 
 @pytest.mark.root
 @pytest.mark.slow
+@pytest.mark.vm
 def test_per_cpu_series_are_there_when_asked(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: the agent loads BPF programs")
