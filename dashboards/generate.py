@@ -21,8 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from noisyneighbor import exporter as m
-from probes.steal import CPU_STEAL as STEAL
+from noisyneighbor import metric_names as m
 
 OUT_DIR = Path(__file__).resolve().parent
 SCHEMA_VERSION = 39
@@ -178,7 +177,7 @@ def node_overview() -> dict:
                 "log2 histogram buckets (each bucket is a factor of 2)."),
             Panel("Runqueue latency p99 per CPU", [Query(_p99(m.CPU_RUNQ_LATENCY, NODE, "cpu"), "cpu {{cpu}}")],
                   unit="s"),
-            Panel("Hypervisor steal per CPU", [Query(f"rate({STEAL}{{{NODE}}}[{RATE}])", "cpu {{cpu}}")],
+            Panel("Hypervisor steal per CPU", [Query(f"rate({m.CPU_STEAL}{{{NODE}}}[{RATE}])", "cpu {{cpu}}")],
                   unit="percentunit", description="Time the hypervisor ran something else while the vCPU was "
                   "runnable (/proc/stat steal); no series on bare metal."),
             Panel("Top victims: runqueue p99 per cgroup (5m)", [Query(

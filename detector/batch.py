@@ -334,6 +334,13 @@ def _memory_total(paths: HostPaths) -> float:
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
+def _available_pages(mem: Any) -> int:
+    """What can be allocated without swapping, like the kernel's MemAvailable (si_mem_available): free
+    above the high watermarks plus the page cache reclaim may drop (slab left out)."""
+    return max(mem.free_pages - mem.wmark_high_pages + mem.file_pages
+               - min(mem.file_pages // 2, mem.wmark_low_pages), 0)
+
+
 def measure_snapshot(meter: BatchMeter, snapshot: NodeSnapshot, index: WorkloadIndex, pod_paths: Iterable[str],
                      paths: HostPaths) -> BatchAllocatable | None:
     """Feed the meter one snapshot: the node's CPU and memory, and each pod's use and requests (pods
@@ -344,7 +351,7 @@ def measure_snapshot(meter: BatchMeter, snapshot: NodeSnapshot, index: WorkloadI
         return meter.last  # nothing to compute yet: skip the memory and per-pod reads
     mem = read_node_memory(paths)
     total = float(mem.managed_pages * PAGE_SIZE) if mem is not None else 0.0
-    used = max(total - mem.available_pages * PAGE_SIZE, 0.0) if mem is not None else 0.0
+    used = max(total - _available_pages(mem) * PAGE_SIZE, 0.0) if mem is not None else 0.0
     cpu_s: dict[str, float] = {}
     pods: dict[str, PodUse] = {}
     for path in pod_paths:

@@ -24,7 +24,7 @@ from typing import Any
 
 from probes.engine import ProbeError, ProbeStatus
 from probes.host import HostPaths, read_text_or_none
-from probes.plugin import MetricSpec, ProbePlugin
+from probes.plugin import MetricSpec, ProbePlugin, SignalExtractor
 
 NAME = "steal"
 CPU_STEAL = "noisyneighbor_cpu_steal_seconds_total"
@@ -147,6 +147,8 @@ def node_series(snap: StealSnapshot) -> Iterator[tuple[str, tuple[str, ...], flo
 PLUGIN = ProbePlugin(
     name=NAME, snapshot_field=None, specs=(), factory=StealProbe, delta=delta,
     signals=("steal_ms_per_s",),
+    signal_extractor=SignalExtractor(stage="cpus", fields=("steal_ms_per_s",), node_fields=("steal_ms_per_s_by_cpu",),
+                                     node=node_signals, exposure=exposure),
     metrics=(CPU_STEAL,),
     metric_specs=(MetricSpec(CPU_STEAL, "counter", "Time the hypervisor ran something else while this vCPU was "
                              "runnable (/proc/stat steal); CPUs with no steal have no series.", labels=("cpu",),

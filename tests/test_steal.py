@@ -199,3 +199,8 @@ def test_quiet_runs_on_this_vm_open_no_steal_incident(scenario):
     steal_now = s.detector.prev.probe("steal")
     assert steal_now is not None and sum(steal_now.steal_ns.values()) > 0, "this VM's steal counters"
     assert all(str(i.cause) != "hypervisor_steal" for i in s.incidents()), [i.to_dict() for i in s.incidents()]
+
+
+def active_interval() -> steal.StealInterval:
+    """An interval in which CPU 0 was stolen from (tests/test_signal_plugins.py)."""
+    return steal.StealInterval(1.0, {0: 200_000_000}, {0: 10**9, 1: 10**9})

@@ -42,6 +42,9 @@ class AgentConfig:
     max_bucket_seconds: float = 10.0  # runqueue histograms: the last finite bucket's bound
     min_bucket_seconds: float = 100e-6  # and the first's (waits below it share that bucket)
     extra_node_series: bool = False  # PSI averages and /proc/stat per CPU: node_exporter has them
+    # Runqueue and softirq series per CPU (and CPU x vector), not summed over the node's CPUs: ~26k
+    # more series on a 64-CPU node. The detector reads per-CPU softirq time either way.
+    per_cpu_series: bool = False
     pod_source: str | None = None  # auto | kubelet | apiserver | standalone
     ls_cgroups: tuple[str, ...] = ()  # added to the policy's standalone globs
     be_cgroups: tuple[str, ...] = ()
