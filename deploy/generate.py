@@ -48,7 +48,7 @@ def wanted() -> dict[Path, str]:
     for src in sorted(DASHBOARDS_DIR.glob("*.json")):
         out[COMPONENTS / "grafana-dashboards" / src.name] = src.read_text()
         entries.append(
-            f"  - name: noisyneighbor-dashboard-{src.stem}\n    namespace: noisyneighbor\n    files:\n      - {src.name}\n"
+            f"  - name: noisyneighbor-dashboard-{src.stem}\n    files:\n      - {src.name}\n"
         )
     out[COMPONENTS / "grafana-dashboards" / "kustomization.yaml"] = DASHBOARDS_KUSTOMIZATION_HEAD + "".join(entries)
     return out
