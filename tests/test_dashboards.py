@@ -84,10 +84,23 @@ def test_dashboards_are_grafana_39_with_variables_and_known_metrics():
         dash = __import__("json").loads(text)
         assert dash["schemaVersion"] >= 39
         variables = {v["name"]: v for v in dash["templating"]["list"]}
+        assert list(variables)[:3] == ["datasource", "cluster", "node"], "datasource -> cluster -> node, as mixins"
         assert variables["datasource"]["type"] == "datasource"
         assert variables["node"]["definition"].startswith("label_values(")
+        # cluster: hidden (single-cluster default), All = .* so series without the label match too.
+        cluster, node = variables["cluster"], variables["node"]
+        assert cluster["hide"] == 2 and cluster["includeAll"] and cluster["allValue"] == ".*"
+        assert '"$cluster"' in node["definition"]
+        # node: several at once, All by default (the pod dashboard needs no node first).
+        assert node["multi"] and node["includeAll"] and node["allValue"] == ".*" and node["current"]["value"] == "$__all"
         if name == "pod-interference.json":
             assert {"namespace", "pod"} <= set(variables)
+        for title, expr in generate.iter_queries(dash):
+            if "noisyneighbor_" in expr:
+                assert 'cluster=~"$cluster"' in expr, f"{name}/{title}: no cluster selector"
+                assert 'node="$node"' not in expr, f"{name}/{title}: node is multi-select: node=~"
+        [incidents] = dash["annotations"]["list"]
+        assert "noisyneighbor_incidents_open" in incidents["expr"] and incidents["enable"]
         ids = [p["id"] for p in dash["panels"]]
         assert len(ids) == len(set(ids))
         for panel in dash["panels"]:
@@ -98,7 +111,8 @@ def test_dashboards_are_grafana_39_with_variables_and_known_metrics():
             assert g["x"] + g["w"] <= 24
         for title, expr in generate.iter_queries(dash):
             names = METRIC_RE.findall(expr)
-            assert names, f"{name}/{title}: no noisyneighbor metric in {expr}"
+            # up{job="noisyneighbor"}: what Prometheus knows of an agent it cannot scrape (it exports nothing)
+            assert names or 'up{job="noisyneighbor"' in expr, f"{name}/{title}: no noisyneighbor metric in {expr}"
             unknown = [n for n in names if n not in KNOWN_SAMPLES]
             assert not unknown, f"{name}/{title}: not exported: {unknown}"
 
@@ -404,7 +418,7 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
                              "--act-only", f"{_cpu_rel(be)}/*", "--act-only", f"{_cpu_rel(api_pod)}", node="nn-int",
                              cgroup=agent_cg)
         rules = _write_rule_groups(tmp_path)
-        with PrometheusServer([agent.target], rule_files=[rules]) as prom:
+        with PrometheusServer([agent.target], rule_files=[rules], target_labels=[{"cluster": "c1"}]) as prom:
             agent.wait_ready()
             assert prom.wait_for(f'{ex.EXPORTER_LAST_UPDATE}{{node="nn-int"}}', timeout=20), prom.log_tail()
             time.sleep(RUN_S)
@@ -508,20 +522,26 @@ def _run_all_queries(prom: PrometheusServer, gpu_on: bool, memory_paths_differ: 
         else:
             empty.append(f"{where}: {expr} -> {result[:2]}")
 
-    for name, text in generate.build_all().items():
-        dash = __import__("json").loads(text)
-        subst = {"__rate_interval": "10s"}
-        for var in dash["templating"]["list"]:
-            if var["type"] != "query":
-                continue
-            values = _label_values(prom, var["definition"], subst)
-            want = {"node": "nn-int", "namespace": "shop", "pod": "web"}[var["name"]]
-            assert want in values, f"{name}: variable {var['name']} offers {values}, not {want}"
-            subst[var["name"]] = want
-        for title, expr in generate.iter_queries(dash):
-            for var in sorted(subst, key=len, reverse=True):
-                expr = expr.replace(f"${var}", subst[var])
-            check(f"{name} / {title}", expr)
+    # Prometheus scrapes the agent twice, once labelled cluster="c1": every panel must have data for the
+    # series without the label (cluster=~"", a single-cluster Prometheus), with it, and with All (.*).
+    for cluster in ("", "c1", ".*"):
+        for name, text in generate.build_all().items():
+            dash = __import__("json").loads(text)
+            subst = {"__rate_interval": "10s", "cluster": cluster}
+            for var in dash["templating"]["list"]:
+                if var["type"] != "query":
+                    continue
+                values = _label_values(prom, var["definition"], subst)
+                if var["name"] == "cluster":
+                    assert values == ["c1"], f"{name}: cluster offers {values}"
+                    continue
+                want = {"node": "nn-int", "namespace": "shop", "pod": "web"}[var["name"]]
+                assert want in values, f"{name}: variable {var['name']} offers {values}, not {want} (cluster {cluster!r})"
+                subst[var["name"]] = want
+            for title, expr in generate.iter_queries(dash):
+                for var in sorted(subst, key=len, reverse=True):
+                    expr = expr.replace(f"${var}", subst[var])
+                check(f"{name} / {title} (cluster=~{cluster!r})", expr)
 
     # Alerts: the expression must evaluate; a quiet node fires none of them, so what must have data is
     # every metric they read (an alert on a metric that is never exported could never fire).
