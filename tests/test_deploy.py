@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ import pytest
 import yaml
 
 from tests.conftest import require_tool
+from tests.exporter_support import AgentProcess, write_config
 from tests.test_capabilities import NEEDED_FOR
 
 kubernetes_validate = pytest.importorskip(
@@ -679,3 +681,36 @@ def test_container_args_parse_with_the_real_cli() -> None:
     assert "agent" in subcommands
     args = [a.replace("$(NODE_NAME)", "node-1") for a in agent_container()["args"]]
     assert parser.parse_args(args).command == "agent"
+
+
+# ---- a node without BTF: the pod starts (no Directory check), the agent says why its probes are off ----------
+
+@pytest.mark.root
+def test_agent_on_a_node_without_btf_runs_and_says_why_in_readyz(tmp_path: Path) -> None:
+    """What the DaemonSet's optional BTF means: the host root as mounted on such a node (/proc, cgroups,
+    tracefs, no sys/kernel/btf), the agent runs, serves /metrics, and /readyz names each probe off with
+    the reason (not ready, so NoisyNeighborAgentNotReady and NoisyNeighborProbeOff say which nodes)."""
+    root = tmp_path / "host"
+    (root / "sys" / "fs").mkdir(parents=True)
+    (root / "sys" / "kernel").mkdir()
+    (root / "proc").symlink_to("/proc")
+    (root / "sys" / "fs" / "cgroup").symlink_to("/sys/fs/cgroup")
+    (root / "sys" / "kernel" / "tracing").symlink_to("/sys/kernel/tracing")
+    config = write_config(tmp_path / "config.yaml", {"kubernetes": {"pod_source": "standalone"}})
+    agent = AgentProcess(config, tmp_path, "--host-root", str(root), "--interval", "0.5")
+    try:
+        deadline = time.monotonic() + 60
+        code, health = None, {}
+        while not health.get("ticks") and time.monotonic() < deadline:
+            assert agent.proc.poll() is None, agent.log_tail()
+            time.sleep(0.3)
+            try:
+                code, body = agent.get("/readyz", timeout=2)
+            except OSError:  # not listening yet
+                continue
+            health = json.loads(body)
+        assert code == 503 and health["live"] and not health["ready"], (code, health)
+        assert health["probes"] and all(p["state"] == "off" and "BTF" in p["reason"] for p in health["probes"].values())
+        assert agent.get("/metrics")[0] == 200
+    finally:
+        assert agent.terminate() == 0, agent.log_tail()
