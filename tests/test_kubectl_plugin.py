@@ -237,7 +237,10 @@ def test_a_client_costs_the_agent_no_memory_beyond_5_percent(cluster, tmp_path: 
         without = max(_rss_kib(proc.proc.pid) for _ in range(3) if time.sleep(0.5) is None)
         res = _plugin(kubeconfig, "top", "node-2", "--view", "all", "--interval", "0.5", "--count", "10")
         assert res.returncode == 0, res.stderr
-        assert _plugin(kubeconfig, "diagnose", "node-2", "--duration", "1m").returncode == 0
+        assert res.stdout.count("noisyneighbor top") == 10, res.stdout[-500:]  # ten frames, drawn by the agent
+        diag = _plugin(kubeconfig, "diagnose", "node-2", "--duration", "1m")
+        assert diag.returncode == 0 and "noisyneighbor diagnose on node-2" in diag.stdout, diag.stdout + diag.stderr
+        assert [t.split("?")[0] for *_, t in kube.proxied] == ["/top"] * 10 + ["/diagnose"] * 2
         with_client = _rss_kib(proc.proc.pid)
     finally:
         proc.terminate()
