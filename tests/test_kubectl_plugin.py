@@ -247,3 +247,44 @@ def test_a_client_costs_the_agent_no_memory_beyond_5_percent(cluster, tmp_path: 
     print(f"agent RSS without a client {without / 1024:.1f} MiB, with one {with_client / 1024:.1f} MiB "
           f"({with_client / without:.3f}x)")
     assert with_client <= without * 1.05, (without, with_client)
+
+
+@pytest.mark.root
+def test_top_on_a_terminal_is_live_and_keys_switch_the_view(cluster, agent):
+    """On a terminal: the agent's frame (colour, this terminal's width) redrawn each interval; a view key
+    asks the agent for that view, q quits."""
+    import pty
+    import select
+
+    kube, kubeconfig = cluster
+    proc, _ = agent
+    kube.pod_proxy[(NAMESPACE, "noisyneighbor-aaaaa")] = f"http://{proc.target}"
+    leader, follower = pty.openpty()
+    child = subprocess.Popen([str(PLUGIN), "--kubeconfig", str(kubeconfig), "top", "node-1", "--interval", "0.5",
+                              "--count", "40"], stdin=follower, stdout=follower, stderr=subprocess.PIPE,
+                             env=dict(os.environ, TERM="xterm-256color", COLUMNS="150", LINES="50"))
+    os.close(follower)
+    screen, sent = b"", []
+    deadline = time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline and child.poll() is None:
+            if select.select([leader], [], [], 0.2)[0]:
+                try:
+                    screen += os.read(leader, 65536)
+                except OSError:
+                    break
+            if b"runq: runqueue latency" in screen and not sent:
+                os.write(leader, b"t")  # the tcp view
+                sent.append("t")
+            elif b"tcp: " in screen.split(b"runq: runqueue latency")[-1] and sent == ["t"]:
+                os.write(leader, b"q")
+                sent.append("q")
+        assert child.wait(timeout=30) == 0, child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+        os.close(leader)
+    assert sent == ["t", "q"], screen[-2000:]
+    tops = [t for *_, t in kube.proxied]
+    assert "color=1" in tops[0] and "width=150" in tops[0] and "view=runq" in tops[0], tops[0]
+    assert any("view=tcp" in t for t in tops) and len(tops) < 40  # q ended it before --count
