@@ -38,8 +38,6 @@ CLUSTER = 'cluster=~"$cluster"'
 NODE = f'{CLUSTER}, node=~"$node"'
 POD = f'{NODE}, namespace="$namespace", pod="$pod"'
 VICTIM = f'{NODE}, victim_namespace="$namespace", victim_pod="$pod"'
-# Set by --show-cluster (main): whether the cluster variable is shown (a multi-cluster Prometheus).
-OPTIONS = {"show_cluster": False}
 NOT_OVERFLOW = f'{NODE}, cgroup!="{m.OVERFLOW_CGROUP}"'
 
 
@@ -133,8 +131,8 @@ def _variables(with_pod: bool) -> list[dict]:
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "refresh": 1,
          "hide": 0, "current": {}, "options": [], "regex": ""},
         # hide 2: not shown (a single-cluster Prometheus has no cluster label); All still matches everything.
-        query_var("cluster", "Cluster", f"label_values({m.EXPORTER_LAST_UPDATE}, cluster)", every=True,
-                  hide=0 if OPTIONS["show_cluster"] else 2),
+        # build_all(show_cluster=True) shows it.
+        query_var("cluster", "Cluster", f"label_values({m.EXPORTER_LAST_UPDATE}, cluster)", every=True, hide=2),
         query_var("node", "Node", f"label_values({m.EXPORTER_LAST_UPDATE}{{{CLUSTER}}}, node)", every=True, multi=True),
     ]
     if with_pod:
@@ -432,8 +430,17 @@ def render(dash: dict) -> str:
     return json.dumps(dash, indent=2, ensure_ascii=False) + "\n"
 
 
-def build_all() -> dict[str, str]:
-    return {name: render(build()) for name, build in DASHBOARDS.items()}
+def build_all(show_cluster: bool = False) -> dict[str, str]:
+    """Every dashboard's JSON; ``show_cluster``: the cluster variable shown (a multi-cluster Prometheus)."""
+    out = {}
+    for name, build in DASHBOARDS.items():
+        dash = build()
+        if show_cluster:
+            for var in dash["templating"]["list"]:
+                if var["name"] == "cluster":
+                    var["hide"] = 0
+        out[name] = render(dash)
+    return out
 
 
 def iter_queries(dash: dict) -> Iterator[tuple[str, str]]:
@@ -452,9 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show-cluster", action="store_true",
                         help="show the cluster variable (a Prometheus holding several clusters' series)")
     args = parser.parse_args(argv)
-    OPTIONS["show_cluster"] = args.show_cluster
     stale = []
-    for name, text in build_all().items():
+    for name, text in build_all(args.show_cluster).items():
         path = args.out / name
         if args.check:
             if not path.exists() or path.read_text() != text:

@@ -101,6 +101,11 @@ def test_dashboards_are_grafana_39_with_variables_and_known_metrics():
                 assert 'node="$node"' not in expr, f"{name}/{title}: node is multi-select: node=~"
         [incidents] = dash["annotations"]["list"]
         assert "noisyneighbor_incidents_open" in incidents["expr"] and incidents["enable"]
+    # A Prometheus with several clusters' series: the same dashboards with the cluster variable shown.
+    for name, text in generate.build_all(show_cluster=True).items():
+        shown = {v["name"]: v for v in __import__("json").loads(text)["templating"]["list"]}
+        assert shown["cluster"]["hide"] == 0, name
+        assert text.replace('"hide": 0', '"hide": 2') != text
         ids = [p["id"] for p in dash["panels"]]
         assert len(ids) == len(set(ids))
         for panel in dash["panels"]:

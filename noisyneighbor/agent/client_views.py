@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import time
 from dataclasses import asdict
 from typing import Any
 from urllib.parse import parse_qs
 
 from noisyneighbor.output import SCHEMA_VERSION
+
+log = logging.getLogger("noisyneighbor.agent")
 
 # Sources (and the snapshots they hold) are dropped after this long without a /top request.
 IDLE_SECONDS = 60.0
@@ -122,7 +125,11 @@ class AgentTop:
             self._open()
         ticks = agent.stats.ticks
         if ticks > self.started_tick and ticks != self.frame_tick and agent.detector.prev is not None:
-            self.frame, self.frame_tick = collect(self.sources), ticks
+            try:
+                self.frame, self.frame_tick = collect(self.sources), ticks
+            except Exception as e:  # a probe whose snapshot failed this tick (None): start again next request
+                log.warning("/top: no frame this tick (%s: %s); the sources start again", type(e).__name__, e)
+                self.sources = None
         return self.frame
 
     # -- the endpoint -------------------------------------------------------------------------------
