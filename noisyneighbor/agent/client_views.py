@@ -209,7 +209,7 @@ def diagnose_response(agent: Any, path: str) -> tuple[int, bytes, str]:
             return 503, b"agent not running\n", "text/plain"
         decisions = [r.decision for r in agent.actions()]
         report = report_from_history(
-            agent.detector, window, agent.stats.ticks,
+            agent.detector, window, min(agent.stats.ticks, int(window / agent.interval_s)),  # ticks in the window
             {name: st.line() for name, st in agent.collector.status.items()},
             decisions=decisions, pods=agent.pod_source.pods if agent.pod_source is not None else None,
             host=getattr(agent.exporter, "node", None),
