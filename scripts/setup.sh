@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian 12 machine (run as root): system packages, a venv with the
 # project installed in editable mode, and the BPF objects. Quick when everything is already there.
-#   scripts/setup.sh [run|test|bench]   (what the packages are for; default: run)
+#   scripts/setup.sh [run|test|bench|vm]   (what the packages are for; default: run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile="${1:-run}"
@@ -12,8 +12,16 @@ pkgs=(clang llvm libbpf-dev bpftool make python3-venv)
 # built-in kustomize (tests/test_deploy.py); chromium opens the diagnose HTML report headless
 # (scripts/report-in-browser.py, tests/test_cli.py). Its screenshot needs a font: chromium depends on none,
 # and fonts-dejavu-core arrives only as the first of fontconfig-config's alternatives, so it is named here.
-if [[ "$profile" == test || "$profile" == bench ]]; then
+if [[ "$profile" == test || "$profile" == bench || "$profile" == vm ]]; then
   pkgs+=(stress-ng rt-tests iproute2 linux-perf nftables iptables prometheus kubectl chromium fonts-dejavu-core)
+  # Debian's runc makes real container cgroups in the VM lane (tests/test_v2_pods.py; busybox is its rootfs).
+  pkgs+=(runc busybox-static)
+fi
+# The VM lane (make test-vm, scripts/vm/): qemu boots a pinned distribution kernel under virtme-ng (the
+# dev extra), which builds its initramfs with busybox and kmod. The guest runs this machine's root, so
+# the test packages above are what it has too.
+if [[ "$profile" == vm ]]; then
+  pkgs+=(qemu-system-x86 busybox-static kmod)
 fi
 # The benchmark compares against bcc's tools, which compile against kernel headers.
 if [[ "$profile" == bench ]]; then
@@ -46,3 +54,8 @@ fi
 
 # BPF objects (make skips them when they are newer than their sources).
 make -s bpf
+
+# The VM lane's kernel, fetched into its cache outside the repository (a no-op when it is there).
+if [[ "$profile" == vm ]]; then
+  scripts/vm/fetch-kernel.sh
+fi

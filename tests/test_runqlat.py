@@ -15,15 +15,15 @@ import pytest
 from noisyneighbor.sandbox import OwnedCgroup
 from probes.engine import ProbeError
 from probes.runqlat import PID_MAX_LIMIT, RunqLatProbe
-from tests.conftest import require_tool
+from tests.conftest import cgroup_tids, require_tool, slowdown
 from tests.ground_truth import SCHED_SWITCH_LOSS, missed_allowance
 
 PINGPONG = Path(__file__).parent / "workloads" / "pingpong.py"
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.vm]
 
 
 def _tids(cg: OwnedCgroup) -> list[int]:
-    return [int(t) for t in cg.read("cpu", "tasks").split()]
+    return cgroup_tids(cg)
 
 
 def _schedstat(tids: list[int]) -> dict[int, tuple[int, int]]:
@@ -41,7 +41,7 @@ def _signal_all(pids: list[int], sig: int) -> None:
 
 
 def _wait_stopped(tids: list[int], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout * slowdown()
     while time.monotonic() < deadline:
         states = [Path(f"/proc/{t}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0] for t in tids]
         if all(s in "Tt" for s in states):
@@ -73,7 +73,7 @@ def two_contending_cgroups(make_cgroup):
         ))
     for fd in (r1, w1, r2, w2):
         os.close(fd)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10 * slowdown()  # interpreters start ~10 times slower in a TCG guest
     while time.monotonic() < deadline and not all(len(_tids(cg)) >= 4 for cg in (a, b)):
         time.sleep(0.05)
     assert all(len(_tids(cg)) >= 4 for cg in (a, b)), "workloads did not start"
@@ -83,6 +83,7 @@ def two_contending_cgroups(make_cgroup):
         p.wait()
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("flavour", ["sched_info", "tp_btf", "tp_btf-pid-hash"])
 def test_wait_matches_schedstat_per_cgroup(two_contending_cgroups, flavour):
     """tp_btf-pid-hash: task storage refuses every create, as it does now and then under load (a

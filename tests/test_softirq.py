@@ -29,7 +29,7 @@ from probes.softirq import (
 )
 from tests.ground_truth import softirq_missed_allowance
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.vm]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -206,6 +206,7 @@ def _flood(ns: str, dst: str, packets: int, seconds: float) -> tuple[int, float]
 # ---- tests --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("attach_mode", ["tp_btf", "raw_tp"])
 def test_entry_counts_match_proc_softirqs(attach_mode):
     """For every CPU and vector, the probe's entries over a window equal /proc/softirqs', but for runs in
