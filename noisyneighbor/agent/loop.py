@@ -30,6 +30,7 @@ from detector.model import Incident
 from detector.pods import make_pod_source
 from detector.policy import Policy
 from detector.runtime import Detector
+from noisyneighbor.agent.client_views import AgentTop
 from noisyneighbor.agent.config import STALE_INTERVALS, AgentConfig, parse_listen, policy_for
 from noisyneighbor.agent.http_server import metrics_body, start_http_server
 from noisyneighbor.agent.incident_log import IncidentLog
@@ -128,6 +129,7 @@ class Agent:
         self._stop = threading.Event()
         self._stopped = False
         self._lock = threading.Lock()  # one tick at a time; stop waits for the running tick
+        self.top = AgentTop(self)  # GET /top: top's frames from this agent's snapshots
 
     # -- lifecycle --------------------------------------------------------------------------------
     @property
@@ -303,6 +305,7 @@ class Agent:
             self.exporter.update(snapshot, self.incidents(), self.actions(), batch=self.detector.batch_allocatable)
             self._note_snapshot(snapshot)
             self._free_memory.maybe_trim()
+            self.top.expire()  # no client for a while: drop the frame's snapshots
             now = time.monotonic()
             self.stats.ticks += 1
             self.stats.last_tick_monotonic = now
