@@ -36,7 +36,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -45,7 +45,9 @@ from detector.workloads import WorkloadIndex
 from probes.cgroupfiles import parse_cpu_list
 from probes.host import HostPaths
 from probes.memstat import read_node_memory
-from probes.snapshot import NodeSnapshot
+
+if TYPE_CHECKING:
+    from probes.snapshot import NodeSnapshot  # its registry imports every probe module: the kubectl client must not
 
 log = logging.getLogger("noisyneighbor.batch")
 
@@ -210,7 +212,9 @@ def kubelet_reservation(doc: Any, capacity_memory_bytes: float = 0.0, source: st
     if eviction is None:
         memory += DEFAULT_EVICTION_HARD_MEMORY
     elif isinstance(eviction, Mapping):
-        raw = eviction.get("memory.available")
+        # The kubelet's eviction signal memory.available (a signal name, not a cgroup file).
+        signals = {tuple(str(k).split(".", 1)): v for k, v in eviction.items()}
+        raw = signals.get(("memory", "available"))
         if isinstance(raw, str) and raw.endswith("%"):
             try:
                 memory += capacity_memory_bytes * float(raw[:-1]) / 100.0

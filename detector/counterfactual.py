@@ -24,8 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from detector.model import Culprit
-from probes.hist import HIST_SLOTS, IntervalHistogram
-from probes.runqlat import counterfactual_histogram
+from probes.hist import HIST_SLOTS, IntervalHistogram, counterfactual_histogram
 
 WINDOW_TICKS = 10  # as the culprit window of detector.incidents (CULPRIT_WINDOW_TICKS)
 

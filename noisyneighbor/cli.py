@@ -12,7 +12,6 @@ from typing import TextIO
 
 from probes.engine import ProbeError, use_btf_file
 from probes.host import HostPaths
-from probes.registry import BY_NAME
 
 log = logging.getLogger("noisyneighbor")
 
@@ -246,6 +245,8 @@ def cmd_diagnose(args: argparse.Namespace, paths: HostPaths) -> int:
     try:
         collector.start()
         # Steal (a /proc file) alone detects nothing: what must start is a probe with BPF programs.
+        from probes.registry import BY_NAME  # here: kubectl-noisyneighbor imports this module and no probe
+
         bpf = [st for name, st in collector.status.items() if BY_NAME[name].specs]
         if bpf and all(st.state == "off" for st in bpf):
             raise ProbeError("no probe could start: " + "; ".join(st.line() for st in collector.status.values()))

@@ -117,3 +117,23 @@ def merge_intervals(intervals: Iterable[IntervalHistogram]) -> IntervalHistogram
         if d.exact_max_ns is not None:
             exact_max = max(exact_max or 0, d.exact_max_ns)
     return IntervalHistogram(tuple(slots), total, count, exact_max)
+
+
+def add_slots(a: tuple[int, ...], b: tuple[int, ...], sign: int) -> tuple[int, ...]:
+    """a + sign * b per slot; () for all zeros (the common case: no wait moved)."""
+    if not b:
+        return a
+    if not a:
+        a = (0,) * len(b)
+    out = tuple(x + sign * y for x, y in zip(a, b, strict=True))
+    return out if any(out) else ()
+
+
+def counterfactual_histogram(victim: IntervalHistogram, moves: tuple[int, ...], removed_ns: int) -> IntervalHistogram:
+    """The victim's interval histogram with a culprit's share of each wait taken out: its slots plus the
+    culprit's moves (signed, clipped at 0), its sum less the culprit's wait. The count is the same (every
+    wait still happens, shorter); its exact max is unknown."""
+    if not moves:
+        return IntervalHistogram(victim.slots, max(victim.sum_ns - removed_ns, 0), victim.count, victim.exact_max_ns)
+    slots = tuple(max(n + m, 0) for n, m in zip(victim.slots, moves, strict=True))
+    return IntervalHistogram(slots, max(victim.sum_ns - removed_ns, 0), sum(slots), None)

@@ -29,7 +29,15 @@ from probes.engine import (
     Tracepoint,
     missing_btf_features,
 )
-from probes.hist import HIST_SLOTS, NN_HIST_SIZE, IntervalHistogram, LatencyHistogram, merge_intervals
+from probes.hist import (
+    HIST_SLOTS,
+    NN_HIST_SIZE,
+    IntervalHistogram,
+    LatencyHistogram,
+    add_slots,
+    counterfactual_histogram,  # noqa: F401  (re-exported)
+    merge_intervals,
+)
 from probes.host import HostPaths
 from probes.plugin import (
     IDLE,
@@ -201,26 +209,6 @@ class CulpritStats:
             max(self.wait_ns - earlier.wait_ns, 0), max(self.count - earlier.count, 0),
             max(self.preemptions - earlier.preemptions, 0), add_slots(self.cf_slots, earlier.cf_slots, -1),
         )
-
-
-def add_slots(a: tuple[int, ...], b: tuple[int, ...], sign: int) -> tuple[int, ...]:
-    """a + sign * b per slot; () for all zeros (the common case: no wait moved)."""
-    if not b:
-        return a
-    if not a:
-        a = (0,) * len(b)
-    out = tuple(x + sign * y for x, y in zip(a, b, strict=True))
-    return out if any(out) else ()
-
-
-def counterfactual_histogram(victim: IntervalHistogram, moves: tuple[int, ...], removed_ns: int) -> IntervalHistogram:
-    """The victim's interval histogram with a culprit's share of each wait taken out: its slots plus the
-    culprit's moves (signed, clipped at 0), its sum less the culprit's wait. The count is the same (every
-    wait still happens, shorter); its exact max is unknown."""
-    if not moves:
-        return IntervalHistogram(victim.slots, max(victim.sum_ns - removed_ns, 0), victim.count, victim.exact_max_ns)
-    slots = tuple(max(n + m, 0) for n, m in zip(victim.slots, moves, strict=True))
-    return IntervalHistogram(slots, max(victim.sum_ns - removed_ns, 0), sum(slots), None)
 
 
 def _fields(split: WaitSplit) -> tuple[int, ...]:

@@ -10,9 +10,10 @@ pod on the node to blame. The detector joins this plugin's per-CPU steal to the 
 No BPF: the kernel already counts steal per CPU (paravirt steal clock, KVM/Xen/Hyper-V). Bare metal reads
 0 everywhere; a kernel without the column (before 2.6.11) gives an ``off`` probe.
 
-Series: ``noisyneighbor_cpu_steal_seconds_total{cpu}`` for each CPU whose steal is not 0 — none on
-bare metal, one per vCPU on a VM (64 at 64 vCPUs: a counter, no histogram); the detector needs the
-per-CPU figure and the sum over a victim's cpuset is only meaningful per CPU.
+Series: ``noisyneighbor_cpu_steal_seconds_total``: none on bare metal (CPUs with no steal have no
+series); on a VM one series, the vCPUs summed, and one per vCPU with ``--per-cpu-series`` (the series
+budget's rule for every per-CPU family: 64 more at 64 vCPUs only when asked). The detector reads the
+per-CPU figure from the probe either way.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ PLUGIN = ProbePlugin(
                                      node=node_signals, exposure=exposure),
     metrics=(CPU_STEAL,),
     metric_specs=(MetricSpec(CPU_STEAL, "counter", "Time the hypervisor ran something else while this vCPU was "
-                             "runnable (/proc/stat steal); CPUs with no steal have no series.", labels=("cpu",),
-                             per_cgroup=False),),
+                             "runnable (/proc/stat steal), summed over CPUs (per CPU with --per-cpu-series); CPUs with no "
+                             "steal have no series.", labels=("cpu",), per_cgroup=False, per_cpu=True),),
     node_series=node_series,
 )

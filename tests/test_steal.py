@@ -66,11 +66,14 @@ def test_exporter_publishes_steal_per_cpu_with_steal_only():
     from probes.snapshot import NodeSnapshot
 
     snap = steal.StealSnapshot(1.0, {0: 2_500_000_000, 1: 0}, {0: 10**10, 1: 10**10})
-    exporter = Exporter(None, node="n")
-    exporter.update(NodeSnapshot(monotonic_s=1.0, wall_s=1.0, plugins={"steal": snap}))
-    text = render_text(exporter).decode()
+    per_cpu = Exporter(None, node="n", per_cpu_series=True)
+    per_cpu.update(NodeSnapshot(monotonic_s=1.0, wall_s=1.0, plugins={"steal": snap}))
+    text = render_text(per_cpu).decode()
     assert 'noisyneighbor_cpu_steal_seconds_total{node="n",cpu="0"} 2.5' in text
     assert 'cpu="1"' not in text.split("noisyneighbor_cpu_steal_seconds_total", 1)[1].split("# HELP", 1)[0]
+    summed = Exporter(None, node="n")  # the series budget's default: per-CPU families summed
+    summed.update(NodeSnapshot(monotonic_s=1.0, wall_s=1.0, plugins={"steal": snap}))
+    assert 'noisyneighbor_cpu_steal_seconds_total{node="n"} 2.5' in render_text(summed).decode()
 
 
 def test_workload_steal_is_weighted_by_where_it_ran():

@@ -58,6 +58,7 @@ from probes.gpu import GpuCollector, GpuDevice
 from probes.gpu_pods import NAME as GPU_PLUGIN
 from probes.host import HostPaths
 from probes.listenq import ListenReport, ListenWatch
+from probes.registry import BY_NAME
 from probes.snapshot import NodeSnapshot
 from probes.tcpconnect import TcpConnectSnapshot
 
@@ -448,7 +449,9 @@ class Agent:
         if self.collector is not None:
             probes = {name: {"state": st.state, "reason": st.reason, "attach_mode": st.attach_mode}
                       for name, st in self.collector.status.items()}
-        ready = self.stats.ticks >= 1 and any(p["state"] == "on" for p in probes.values()) and not self._stopped
+        # Ready once a BPF probe is on: steal (a /proc file) alone detects nothing.
+        ready = self.stats.ticks >= 1 and not self._stopped and any(
+            p["state"] == "on" for name, p in probes.items() if name not in BY_NAME or BY_NAME[name].specs)
         pods = self.pod_source.status if self.pod_source is not None else None
         acts = self.policy.actuators if self.policy is not None else None
         return {
