@@ -95,7 +95,8 @@ class StealProbe:
         steal, _ = parse_steal(text)
         if not steal:
             raise ProbeError(f"{NAME}: {self.path} has no per-CPU steal column")
-        self.status = ProbeStatus(NAME, "on", f"/proc/stat steal, {len(steal)} CPUs")
+        self.status = ProbeStatus(NAME, "on")
+        self.status.attach_mode = "/proc/stat"  # "steal: on (/proc/stat)", as the BPF probes say their flavour
 
     def snapshot(self) -> StealSnapshot:
         text = read_text_or_none(self.path)
