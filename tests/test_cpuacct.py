@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from noisyneighbor.sandbox import OwnedCgroup
+from bench.sandbox import OwnedCgroup
 from probes.cgroupfiles import CPU_MAX
 from probes.cgroupfs import discover
 from probes.cpuacct import (

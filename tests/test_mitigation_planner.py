@@ -18,6 +18,7 @@ from actuators.journal import Journal
 from actuators.manager import ActuatorManager
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import SuppressActuator
+from bench.sandbox import PREFIX
 from detector.causes.softirq import softirq_traffic_decision
 from detector.decisions import (
     ActionKind,
@@ -32,7 +33,6 @@ from detector.decisions import (
 from detector.model import Incident
 from detector.policy import ActuatorPolicy
 from noisyneighbor.agent import ScopedActuator
-from noisyneighbor.sandbox import PREFIX
 from probes.cgroupfiles import parse_netdev_packets
 from probes.cgroupfs import discover
 from probes.host import HostPaths

@@ -628,3 +628,12 @@ def test_forget_drops_a_removed_cgroups_entries(make_cgroup):
             snap = probe.snapshot()
             assert not any(k[0] == cg_id for k in snap.per_key)
             assert not any(d.cgroup_id == cg_id for d in snap.destinations)
+
+
+def active_interval():
+    """An interval with connects, a failure and a SYN retransmit from one cgroup (tests/test_signal_plugins.py)."""
+    from probes.hist import HIST_SLOTS, IntervalHistogram
+    from probes.tcpconnect import ConnectDelta, TcpConnectInterval
+
+    latency = IntervalHistogram(tuple([0] * 6 + [5] + [0] * (HIST_SLOTS - 7)), 250_000, 5, None)
+    return TcpConnectInterval(1.0, {(3, 4026531840): ConnectDelta(latency, 5, 1, 1, 0, 0, 0, 1)})

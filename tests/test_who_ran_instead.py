@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from noisyneighbor.sandbox import OwnedCgroup
+from bench.sandbox import OwnedCgroup
 from probes.hist import LatencyHistogram
 from probes.runqlat import (
     _CULPRIT_KEY,
