@@ -71,15 +71,16 @@ class OwnedCgroup:
                 prefix_dir = base.parent
                 for level in [prefix_dir, *reversed(d.relative_to(prefix_dir).parents[:-1]), d]:
                     level = prefix_dir / level if not level.is_absolute() else level
-                    # v2: every controller asked for, in every owned level's parent, also for levels that
-                    # exist already (made by another OwnedCgroup, or by this one for another controller).
+                    # v2: a controller's files exist only where every ancestor enables it, also on
+                    # levels made earlier by another OwnedCgroup (a pod before its containers) or
+                    # for another controller of this one.
                     if self._v2_root_of(level) is not None and controller != "unified":
                         self._enable_v2_controller(level.parent, controller, prefix_dir)
                     if level.exists():
                         continue
                     level.mkdir()
                     self._created.append(level)
-                    if self._v2_root_of(level) is None:
+                    if self._v2_root_of(level) is None:  # a v2 cpuset starts empty: its parent's CPUs
                         self._inherit_cpuset(level)
         except BaseException:
             self.remove()
@@ -93,14 +94,13 @@ class OwnedCgroup:
         return None
 
     def _enable_v2_controller(self, parent: Path, controller: str, prefix_dir: Path) -> None:
-        # Only ever written at or below the prefix directory, which this process created: a
-        # controller is enabled in the parent's subtree_control for each new level (a container
-        # scope below a pod slice another OwnedCgroup made needs it there too, or it has no cpu.max).
-        # A level holding tasks refuses it (no internal processes): tasks go in leaves only.
-        if parent != prefix_dir and not parent.is_relative_to(prefix_dir):
+        # Only ever written on the prefix directory and below it: we created all of them.
+        if not parent.is_relative_to(prefix_dir):
             return
+        control = parent / "cgroup.subtree_control"
         with contextlib.suppress(OSError):
-            (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+            if controller not in control.read_text().split():
+                control.write_text(f"+{controller}")
 
     @staticmethod
     def _inherit_cpuset(d: Path) -> None:

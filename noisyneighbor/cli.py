@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="HTTP address for /metrics, /healthz, /readyz (port 0: any free port)")
     agent.add_argument("--dry-run", action=argparse.BooleanOptionalAction, default=None,
                        help="plan and log actions without changing anything (default: the policy's actuators.dry_run)")
+    # The opt-in actuators that need more than the base install (an RBAC grant, a host mount): the
+    # deploy/components that add those also turn the actuator on with these flags.
+    agent.add_argument("--evict", action=argparse.BooleanOptionalAction, default=None,
+                       help="the evict actuator (default: the policy's actuators.evict_enabled)")
+    agent.add_argument("--resctrl", action=argparse.BooleanOptionalAction, default=None,
+                       help="the LLC/memory-bandwidth actuator (default: the policy's actuators.resctrl_enabled)")
     agent.add_argument("--journal-dir", metavar="DIR", default=None,
                        help="where originals of changed files are kept until restored")
     agent.add_argument("--audit-log", metavar="FILE", help="JSON lines, one per action state change")
@@ -183,7 +189,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     config = AgentConfig(
         config_path=args.config, node_name=args.node_name, host_root=getattr(args, "host_root", None),
-        listen=args.listen, dry_run=args.dry_run, audit_log=args.audit_log, incident_log=args.incident_log,
+        listen=args.listen, dry_run=args.dry_run, evict=args.evict, resctrl=args.resctrl,
+        audit_log=args.audit_log, incident_log=args.incident_log,
         interval_s=args.interval, probes=args.probes or BPF_PROBES, max_cgroups=args.max_cgroups,
         pod_source=args.pods, act_only=tuple(args.act_only), max_bucket_seconds=args.bucket_max,
         min_bucket_seconds=args.bucket_min,

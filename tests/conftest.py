@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,28 @@ from bench.sandbox import OwnedCgroup, cleanup_prefix
 # cgroup at the root (other test runs, CI load), not half, and stays the main neighbour the test
 # builds. Only ever written on that directory, which this process created.
 SHIELD_SHARES = 16384
+
+
+# A fixed amount of pure-Python work, and the seconds it takes on the reference machine (2 cores of the
+# developers' kind, quiet: 0.095-0.10 s of CPU). Tests that wait for Python processes to do something
+# (an agent starting, a detection) scale their deadlines by how much slower this machine runs it now:
+# a TCG guest (the VM lane) about 10 times, a loaded CI host 2-3 times. Never below 1.
+_CALIBRATION_LOOPS = 1_000_000
+_CALIBRATION_REFERENCE_S = 0.1
+
+
+@functools.cache
+def slowdown() -> float:
+    """How many times slower than the reference machine this one runs Python now (≥ 1); the median
+    of three timings of the same loop, measured once per session."""
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        x = 0
+        for i in range(_CALIBRATION_LOOPS):
+            x += i * i % 7
+        times.append(time.perf_counter() - start)
+    return max(1.0, sorted(times)[1] / _CALIBRATION_REFERENCE_S)
 
 
 def _term_as_interrupt(signum: int, frame: object) -> None:
@@ -82,6 +107,48 @@ def shield(cg: OwnedCgroup, shares: int = SHIELD_SHARES) -> Callable[[], None]:
             path.write_text(old)
 
     return restore
+
+
+def _fs_type(path: Path) -> str:
+    """Filesystem type of the mount holding `path` (longest mount point prefix in /proc/mounts)."""
+    best, fstype = "", ""
+    real = str(path.resolve())
+    for line in Path("/proc/mounts").read_text().splitlines():
+        mnt, typ = line.split()[1], line.split()[2]
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+            best, fstype = mnt, typ
+    return fstype
+
+
+# Filesystems whose pages a memory cgroup cannot reclaim from its reader: tmpfs pages are not
+# reclaimable without swap (and are charged to their writer), an overlay over tmpfs is tmpfs, and
+# reads through 9p or virtiofs (the VM lane's shared root) leave no page cache charged to the reader.
+NOT_A_DISK = ("tmpfs", "ramfs", "overlay", "9p", "virtiofs")
+
+
+@pytest.fixture
+def disk_dir(tmp_path: Path):
+    """A directory on a disk filesystem, whose page cache is charged to the reader and reclaimable."""
+    if _fs_type(tmp_path) not in NOT_A_DISK:
+        yield tmp_path
+        return
+    # The VM lane's scratch disk (scripts/vm/run.sh --disk: ext4 on a virtio disk) when there is one.
+    d = Path(tempfile.mkdtemp(prefix="nn-reclaim-", dir=os.environ.get("NN_VM_DISK") or "/var/tmp"))
+    if _fs_type(d) in NOT_A_DISK:
+        os.rmdir(d)
+        pytest.skip("no disk-backed temp directory: page cache would not be reclaimable "
+                    "(in the VM lane: scripts/vm/run.sh --disk SIZE)")
+    yield d
+    for f in d.iterdir():
+        f.unlink()
+    d.rmdir()
+
+
+def cgroup_tids(cg: OwnedCgroup, controller: str = "cpu") -> list[int]:
+    """The thread ids in one of our cgroups: v1's `tasks`, v2's `cgroup.threads` (v2 has no `tasks`)."""
+    d = cg.path(controller)
+    name = "tasks" if (d / "tasks").exists() else "cgroup.threads"
+    return [int(t) for t in (d / name).read_text().split()]
 
 
 def read_terminal(leader: int, timeout: float = 120.0) -> bytes:

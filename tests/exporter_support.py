@@ -43,6 +43,7 @@ from probes.runqlat import RunqLatProbe
 from probes.snapshot import NodeSnapshot, parse_proc_stat
 from probes.softirq import SoftirqProbe
 from probes.tcpconnect import TcpConnectProbe
+from tests.conftest import slowdown
 
 CONTROLLERS = ("cpu", "cpuacct", "memory", "unified")
 
@@ -237,8 +238,10 @@ class AgentProcess:
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
-    def wait_ready(self, timeout: float = 60.0) -> dict:
-        """The /readyz body once it answers 200; fails with the agent's log tail otherwise."""
+    def wait_ready(self, timeout: float | None = None) -> dict:
+        """The /readyz body once it answers 200; fails with the agent's log tail otherwise. The
+        default: 60 s on the reference machine, longer on a slower one (a TCG guest, a loaded host)."""
+        timeout = timeout if timeout is not None else 60.0 * slowdown()
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:

@@ -388,6 +388,7 @@ def test_walk_large_tree(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_real_cgroup_id_is_inode_and_resolves(make_cgroup) -> None:  # type: ignore[no-untyped-def]
     layout = discover()
@@ -413,6 +414,7 @@ def test_real_cgroup_id_is_inode_and_resolves(make_cgroup) -> None:  # type: ign
     assert rel not in {i.path for i in r.all()}
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_real_v2_tree_has_its_own_ids(make_cgroup) -> None:  # type: ignore[no-untyped-def]
     layout = discover()

@@ -312,6 +312,8 @@ def schedstat_runtime_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
+@pytest.mark.smoke
+@pytest.mark.vm
 @pytest.mark.root
 def test_real_quota_throttles_and_usage_matches_schedstat(make_cgroup) -> None:
     layout = discover()

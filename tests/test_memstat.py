@@ -313,6 +313,7 @@ def test_vmstat_reclaim_counters(tmp_path: Path) -> None:
     assert old.allocstall_total == 0 and old.cgroup_reclaim_pgsteal is None
 
 
+@pytest.mark.vm
 def test_this_kernels_vmstat_has_reclaim_counters() -> None:
     node = read_node_vmstat()
     assert node is not None
@@ -324,6 +325,7 @@ def test_this_kernels_vmstat_has_reclaim_counters() -> None:
 # -- real kernel --------------------------------------------------------------------------------
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_real_v1_or_v2_memory_cgroup(make_cgroup) -> None:
     layout = discover()

@@ -15,6 +15,7 @@ import pytest
 
 from bench.sandbox import OwnedCgroup
 from probes.cgroupfs import discover
+from probes.cgroupwatch import CgroupWatch
 from probes.host import HostPaths
 from probes.psi import (
     CgroupPsiSource,
@@ -385,6 +386,7 @@ def require_unified_tree() -> None:
         pytest.skip("no cgroup v2 hierarchy on this host: no per-cgroup PSI")
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_node_psi_matches_the_files_read_back_to_back() -> None:
     paths = HostPaths()
@@ -406,6 +408,7 @@ def test_node_psi_matches_the_files_read_back_to_back() -> None:
         assert "CONFIG_IRQ_TIME_ACCOUNTING" in node.unavailable["irq"]
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_real_cgroup_psi_follows_the_task(make_cgroup) -> None:
     require_unified_tree()
@@ -422,6 +425,7 @@ def test_real_cgroup_psi_follows_the_task(make_cgroup) -> None:
         stop_all([proc])
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_trigger_fires_on_cpu_stall_and_ends_when_cgroup_removed(make_cgroup) -> None:
     require_unified_tree()
@@ -467,6 +471,7 @@ def test_trigger_fires_on_cpu_stall_and_ends_when_cgroup_removed(make_cgroup) ->
         assert watcher.active == [] and watcher.wait(0.01) == []
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_real_cgroup_pressure_zero_hides_files_and_ends_watch(make_cgroup) -> None:
     require_unified_tree()
@@ -486,3 +491,136 @@ def test_real_cgroup_pressure_zero_hides_files_and_ends_watch(make_cgroup) -> No
         events = watcher.wait(2)
         assert [e.ended for e in events] == [True]
         assert "cgroup.pressure = 0" in (events[0].reason or "")
+
+
+# -- per-pod PSI against the kernel's own totals (host and VM lane) -----------------------------
+
+# Writes SIZE bytes in 1 MiB chunks (fdatasync every 8 MiB: clean pages, always reclaimable), then
+# reads the file twice: page cache far above the pod's limit, so the pod reclaims its own pages.
+PAGE_CACHE_CHURN = r"""
+import os, sys
+path, size = sys.argv[1], int(sys.argv[2])
+chunk = b"\xa5" * (1 << 20)
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+for i in range(size >> 20):
+    os.write(fd, chunk)
+    if i % 8 == 7:
+        os.fdatasync(fd)
+os.fdatasync(fd)
+os.close(fd)
+buf = bytearray(1 << 20)
+for _ in range(2):
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+"""
+
+
+def _pod_with_a_container(make_cgroup, controllers: tuple[str, ...]) -> tuple[str, Path, OwnedCgroup]:
+    """A pod cgroup with one container cgroup below it (tasks live in the container: on v2 a cgroup
+    with controllers for its children holds none). Returns the pod's path as the agent names it (its
+    path in the cpu hierarchy), the v2 directory holding its pressure files, and the container."""
+    layout = discover()
+    if layout.v2 is None:
+        pytest.skip("no cgroup v2 hierarchy on this host: no per-cgroup PSI")
+    # On a hybrid host the pod must exist in the unified tree too (kubelet pods there do not, which
+    # is why the agent shows n/a for them); on pure v2 it is one directory.
+    wanted = (*controllers, "unified") if layout.v1 else controllers
+    ctr = make_cgroup("pod/ctr", wanted)
+    cpu_h = layout.hierarchy_for("cpu")
+    assert cpu_h is not None
+    pod_rel = "/" + str(ctr.path("cpu").parent.relative_to(cpu_h.mount))
+    psi_dir = ctr.path("unified" if layout.v1 else "cpu").parent
+    if layout.v2.path_of(pod_rel) != psi_dir:
+        pytest.skip(f"this process's cgroups differ between the cpu and v2 trees: {pod_rel} is not {psi_dir}")
+    return pod_rel, psi_dir, ctr
+
+
+def _watch_between(watch: CgroupWatch, pod_rel: str, psi_dir: Path, resource: str) -> tuple[dict, PsiReading, dict]:
+    """The kernel's totals, the agent's reading of them, the kernel's totals again, back to back."""
+    before = raw_totals(psi_dir / f"{resource}.pressure")
+    watch.tick(psi_every_tick=[pod_rel])
+    got = watch.psi[pod_rel][resource]
+    after = raw_totals(psi_dir / f"{resource}.pressure")
+    return before, got, after
+
+
+def _assert_between(before: dict, got: PsiReading, after: dict) -> None:
+    assert got.some is not None and got.full is not None
+    assert before["some"] <= got.some.total_us <= after["some"]
+    assert before["full"] <= got.full.total_us <= after["full"]
+
+
+@pytest.mark.smoke
+@pytest.mark.root
+@pytest.mark.vm
+def test_pod_cpu_psi_is_the_kernels_and_counts_the_stall(make_cgroup) -> None:
+    """Three busy loops on one CPU in a pod's container: at every instant two of them wait, so the
+    pod's cpu "some" stall grows with wall time whatever else the machine runs. The agent's reading
+    of the pod (CgroupWatch, the collector's reader) lies between the kernel's totals read around it."""
+    pod_rel, psi_dir, ctr = _pod_with_a_container(make_cgroup, ("cpu",))
+    watch = CgroupWatch(discover())
+    watch.set_listed({pod_rel})
+    cpu = max(os.sched_getaffinity(0))
+    window_s = 3.0
+    # The loops end by themselves; generous for a slow guest (TCG starts Python in seconds).
+    procs = [spawn_busy(ctr, 120, cpu) for _ in range(3)]
+    try:
+        deadline = time.monotonic() + 60
+        while len(ctr.pids()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(ctr.pids()) == 3, "busy loops did not start"
+        time.sleep(0.5)  # every loop past its interpreter's start, contending
+        b0, got0, a0 = _watch_between(watch, pod_rel, psi_dir, "cpu")
+        t0 = watch.psi_read_s[pod_rel]
+        time.sleep(window_s)
+        b1, got1, a1 = _watch_between(watch, pod_rel, psi_dir, "cpu")
+        t1 = watch.psi_read_s[pod_rel]
+    finally:
+        stop_all(procs)
+    _assert_between(b0, got0, a0)
+    _assert_between(b1, got1, a1)
+    stalled_us = got1.some.total_us - got0.some.total_us
+    print(f"pod {pod_rel}: cpu some +{stalled_us / 1e3:.0f} ms, full +{(got1.full.total_us - got0.full.total_us) / 1e3:.0f} ms "
+          f"in {t1 - t0:.2f} s")
+    # Two of the three wait at every instant: "some" is the whole window, less the moments PSI has not
+    # folded in yet (per-CPU state is aggregated when a task changes state or on read: no lag on read).
+    assert stalled_us >= 0.8 * (t1 - t0) * 1e6
+    assert stalled_us <= (a1["some"] - b0["some"])
+    rate = psi_rate(got0, got1, t1 - t0)
+    assert rate.some is not None and rate.some >= 0.8
+
+
+@pytest.mark.root
+@pytest.mark.vm
+def test_pod_memory_psi_is_the_kernels_and_counts_reclaim(make_cgroup, disk_dir: Path) -> None:
+    """A pod at its memory limit re-reading a file three times its size reclaims its own page cache;
+    reclaim is a memory stall, so the pod's memory "some" total grows, and the agent's reading lies
+    between the kernel's totals read around it."""
+    layout = discover()
+    mem_h = layout.hierarchy_for("memory")
+    if mem_h is None:
+        pytest.skip("no memory controller")
+    pod_rel, psi_dir, ctr = _pod_with_a_container(make_cgroup, ("cpu", "memory"))
+    limit = 48 << 20
+    pod_mem = ctr.path("memory").parent
+    if mem_h.version == 1:
+        (pod_mem / "memory.limit_in_bytes").write_text(str(limit))
+    else:
+        (pod_mem / "memory.max").write_text(str(limit))
+    watch = CgroupWatch(layout)
+    watch.set_listed({pod_rel})
+    b0, got0, a0 = _watch_between(watch, pod_rel, psi_dir, "memory")
+    churn = subprocess.Popen([sys.executable, "-c", PAGE_CACHE_CHURN, str(disk_dir / "churn"), str(3 * limit)],
+                             preexec_fn=ctr.preexec)
+    try:
+        assert churn.wait(timeout=600) == 0, "page cache workload failed (OOM?)"
+    finally:
+        stop_all([churn])
+        (disk_dir / "churn").unlink(missing_ok=True)
+    b1, got1, a1 = _watch_between(watch, pod_rel, psi_dir, "memory")
+    _assert_between(b0, got0, a0)
+    _assert_between(b1, got1, a1)
+    stalled_us = got1.some.total_us - got0.some.total_us
+    print(f"pod {pod_rel}: memory some +{stalled_us} us, full +{got1.full.total_us - got0.full.total_us} us")
+    assert stalled_us > 0, "the pod reclaimed without a memory stall: the test proves nothing"

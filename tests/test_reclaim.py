@@ -17,7 +17,6 @@ import re
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -89,33 +88,6 @@ while time.monotonic() < end:
 """
 
 
-def _fs_type(path: Path) -> str:
-    """Filesystem type of the mount holding `path` (longest mount point prefix in /proc/mounts)."""
-    best, fstype = "", ""
-    real = str(path.resolve())
-    for line in Path("/proc/mounts").read_text().splitlines():
-        mnt, typ = line.split()[1], line.split()[2]
-        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-            best, fstype = mnt, typ
-    return fstype
-
-
-@pytest.fixture
-def disk_dir(tmp_path: Path):
-    """A directory on a disk filesystem: tmpfs pages are not reclaimable without swap."""
-    if _fs_type(tmp_path) not in ("tmpfs", "ramfs"):
-        yield tmp_path
-        return
-    d = Path(tempfile.mkdtemp(prefix="nn-reclaim-", dir="/var/tmp"))
-    if _fs_type(d) in ("tmpfs", "ramfs"):
-        os.rmdir(d)
-        pytest.skip("no disk-backed temp directory: page cache would not be reclaimable")
-    yield d
-    for f in d.iterdir():
-        f.unlink()
-    d.rmdir()
-
-
 def _memstat(cg: OwnedCgroup, version: int) -> MemStat:
     m = read_v1_memstat(cg.path("memory")) if version == 1 else read_v2_memstat(cg.path("memory"))
     assert m is not None
@@ -177,6 +149,8 @@ def _node_delta(a: ReclaimSnapshot, b: ReclaimSnapshot, kind: str) -> tuple[int,
     return b.node[kind].count - a.node[kind].count, b.node[kind].nr_reclaimed - a.node[kind].nr_reclaimed
 
 
+@pytest.mark.smoke
+@pytest.mark.vm
 @pytest.mark.root
 def test_memcg_reclaim_attributed_and_pages_match_memory_stat(limited_and_sibling, disk_dir):
     limited, sibling, version = limited_and_sibling
@@ -226,6 +200,9 @@ def test_memcg_reclaim_attributed_and_pages_match_memory_stat(limited_and_siblin
         assert m1.failcnt - m0.failcnt > 0  # charges hit the limit
     else:
         assert m1.pgsteal - m0.pgsteal == pytest.approx(pages, rel=0.01, abs=256)
+        # memory.events: the charges hit memory.max, and reclaim there was enough (no OOM).
+        assert m1.events_max - m0.events_max > 0
+        assert (m1.events_oom or 0) == (m0.events_oom or 0)
     # ... and the node's: pgsteal_{anon,file} minus the global kinds is cgroup reclaim, the probe's
     # memcg + softlimit passes of every cgroup (other tests' reclaim shows in both). Exact when no
     # one else reclaims; the slack covers other cgroups' passes in flight at the snapshot edges.
@@ -255,6 +232,7 @@ def test_memcg_reclaim_attributed_and_pages_match_memory_stat(limited_and_siblin
     assert summarize_node(run.snap0, run.snap1)["memcg"]["count"] == node_memcg[0]
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_raw_tp_fallback_measures_the_same(limited_and_sibling, disk_dir):
     """The raw_tp variant (kernels without BTF-typed tracepoints): same attribution, same pages, and
@@ -350,6 +328,7 @@ def _memcg_limits_above_us() -> list[str]:
         path = str(Path(path).parent)
 
 
+@pytest.mark.vm
 @pytest.mark.root
 @pytest.mark.slow
 def test_direct_reclaim_count_equals_allocstall_under_global_pressure(make_cgroup, disk_dir):
@@ -414,6 +393,7 @@ def test_softlimit_tracepoints_are_optional():
     ]
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_missing_object_is_one_clear_line(tmp_path):
     from probes.engine import LibbpfEngine
@@ -424,6 +404,7 @@ def test_missing_object_is_one_clear_line(tmp_path):
     assert "\n" not in msg and "reclaim: off" in msg and "make bpf" in msg
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_kernel_without_btf_is_one_clear_line(tmp_path):
     from probes.engine import LibbpfEngine
@@ -490,6 +471,7 @@ def test_summarize_rows():
     assert summarize(cur, cur) == [] and summarize_node(cur, cur) == {}
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_struct_sizes_match_the_object_btf():
     bpftool = require_tool("bpftool")
@@ -502,3 +484,12 @@ def test_struct_sizes_match_the_object_btf():
     for name, size in {"reclaim_key": _KEY.size, "reclaim_stats": STATS_SIZE, "reclaim_begin": 48}.items():
         m = re.search(rf"STRUCT '{name}' size=(\d+)", dump)
         assert m and int(m.group(1)) == size, (name, m and m.group(0), size)
+
+
+def active_interval():
+    """An interval in which one memory cgroup and the node reclaimed (tests/test_signal_plugins.py)."""
+    from probes.hist import HIST_SLOTS, IntervalHistogram
+    from probes.reclaim import ReclaimDelta, ReclaimInterval
+
+    passes = ReclaimDelta(IntervalHistogram(tuple([0] * 8 + [3] + [0] * (HIST_SLOTS - 9)), 600_000, 3, None), 96, 0)
+    return ReclaimInterval(1.0, {(5, "memcg"): passes, (5, "direct"): passes}, {"direct": passes, "memcg": passes})

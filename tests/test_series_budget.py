@@ -19,8 +19,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-import noisyneighbor.exporter as ex
 from noisyneighbor.exporter import NODE_SERIES_BUDGET, Exporter, render_text
+from probes import runqlat, softirq
 from probes.cgroupfs import discover
 from probes.hist import HIST_SLOTS, LatencyHistogram
 from probes.runqlat import RunqSnapshot
@@ -29,7 +29,8 @@ from probes.softirq import VECTORS, SoftirqSnapshot, SoftirqStats
 from tests.exporter_support import AgentProcess, write_config
 
 HIST_SERIES = 20  # a histogram's series with the default buckets: 17 buckets, +Inf, _sum, _count
-SOFTIRQ = tuple(name.removesuffix("_total") for name in (ex.SOFTIRQ_DELAY, ex.SOFTIRQ_RUNTIME, ex.SOFTIRQ_ENTRIES))
+SOFTIRQ = tuple(name.removesuffix("_total")
+                for name in (softirq.SOFTIRQ_DELAY, softirq.SOFTIRQ_RUNTIME, softirq.SOFTIRQ_ENTRIES))
 
 
 def node_level(text: str) -> tuple[Counter, int]:
@@ -63,15 +64,15 @@ def test_node_series_do_not_grow_with_cpus_unless_asked(cpus: int) -> None:
     full_families, _ = node_level(render_text(full).decode())
     assert lean_cpu == 0
     assert sum(lean_families[f] for f in SOFTIRQ) == len(VECTORS) * (2 * HIST_SERIES + 1)
-    assert lean_families[ex.CPU_RUNQ_LATENCY] == HIST_SERIES
+    assert lean_families[runqlat.CPU_RUNQ_LATENCY] == HIST_SERIES
     assert sum(lean_families.values()) <= NODE_SERIES_BUDGET
     # Opt-in: per CPU x vector, ~41 series a pair (26k at 64 CPUs), and the sums are the same.
     assert sum(full_families[f] for f in SOFTIRQ) == cpus * len(VECTORS) * (2 * HIST_SERIES + 1)
-    assert full_families[ex.CPU_RUNQ_LATENCY] == cpus * HIST_SERIES
+    assert full_families[runqlat.CPU_RUNQ_LATENCY] == cpus * HIST_SERIES
     lean_scrape = {(s.name, frozenset(s.labels.items())): s.value
                    for f in text_string_to_metric_families(render_text(lean).decode()) for s in f.samples}
-    assert lean_scrape[(ex.SOFTIRQ_ENTRIES, frozenset({("node", "n1"), ("vector", "NET_RX")}))] == 7 * cpus
-    assert lean_scrape[(ex.CPU_RUNQ_LATENCY + "_count", frozenset({("node", "n1")}))] == cpus * snap.runq.per_cpu[0].count
+    assert lean_scrape[(softirq.SOFTIRQ_ENTRIES, frozenset({("node", "n1"), ("vector", "NET_RX")}))] == 7 * cpus
+    assert lean_scrape[(runqlat.CPU_RUNQ_LATENCY + "_count", frozenset({("node", "n1")}))] == cpus * snap.runq.per_cpu[0].count
 
 
 def _scrape_real_agent(tmp_path: Path, *extra: str) -> str:
@@ -100,7 +101,7 @@ def test_real_scrape_meets_the_node_series_budget_at_this_nodes_cpu_count(tmp_pa
     assert total <= NODE_SERIES_BUDGET, (
         f"{total} node-level series at {os.cpu_count()} CPUs, budget {NODE_SERIES_BUDGET}; biggest: {biggest}")
     assert with_cpu == 0, f"{with_cpu} series carry a cpu label without --per-cpu-series"
-    assert families[SOFTIRQ[2]] == len(VECTORS) and families[ex.CPU_RUNQ_LATENCY] == HIST_SERIES, \
+    assert families[SOFTIRQ[2]] == len(VECTORS) and families[runqlat.CPU_RUNQ_LATENCY] == HIST_SERIES, \
         f"node softirq/runqueue series missing: {biggest}"
 
 

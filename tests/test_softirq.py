@@ -21,6 +21,8 @@ from probes.engine import LibbpfEngine, ProbeError
 from probes.host import HostPaths
 from probes.softirq import (
     VECTORS,
+    SoftirqDelta,
+    SoftirqInterval,
     SoftirqProbe,
     SoftirqSnapshot,
     SoftirqStats,
@@ -29,7 +31,7 @@ from probes.softirq import (
 )
 from tests.ground_truth import softirq_missed_allowance
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.vm]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -206,6 +208,7 @@ def _flood(ns: str, dst: str, packets: int, seconds: float) -> tuple[int, float]
 # ---- tests --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("attach_mode", ["tp_btf", "raw_tp"])
 def test_entry_counts_match_proc_softirqs(attach_mode):
     """For every CPU and vector, the probe's entries over a window equal /proc/softirqs', but for runs in
@@ -470,3 +473,25 @@ def test_summarize_rows_per_cpu_and_vector():
     import json
 
     json.dumps(rows)  # JSON-able
+
+
+def active_interval() -> SoftirqInterval:
+    """An interval in which two CPUs ran softirqs (tests/test_signal_plugins.py runs the extractor on it)."""
+    from probes.hist import HIST_SLOTS, IntervalHistogram
+
+    def hist(count: int, sum_ns: int) -> IntervalHistogram:
+        return IntervalHistogram(tuple([count] + [0] * (HIST_SLOTS - 1)), sum_ns, count, None)
+
+    return SoftirqInterval(1.0, {(0, "NET_RX"): SoftirqDelta(5, hist(5, 5000), hist(5, 2_000_000)),
+                                 (1, "TIMER"): SoftirqDelta(3, hist(3, 900), hist(3, 600_000))})
+
+
+def test_softirq_signals_per_cpu_and_through_where_a_workload_ran():
+    from probes.softirq import PLUGIN
+
+    extractor = PLUGIN.signal_extractor
+    node = extractor.node(active_interval(), 0.5)
+    assert node["softirq_ms_per_s_by_cpu"] == {0: 4.0, 1: 1.2}
+    exposed = extractor.exposure({0: 0.75, 1: 0.25}, node)
+    assert exposed["softirq_ms_per_s"] == 0.75 * 4.0 + 0.25 * 1.2
+    assert exposed["softirq_delay_p99_ns"] == max(node["softirq_delay_p99_ns_by_cpu"].values())

@@ -37,7 +37,7 @@ from probes.tcpconnect import (
     TcpConnectSnapshot,
     summarize,
 )
-from tests.conftest import require_tool
+from tests.conftest import require_tool, slowdown
 
 P_OK, P_CLOSED, P_DROP = 7000, 7001, 7010  # P_DROP...P_DROP+3: first SYN of each connect dropped
 HOSTS = {4: "127.0.0.1", 6: "::1"}
@@ -177,8 +177,8 @@ def _run_client(ns: OwnedNetns, cg, plan: list) -> subprocess.Popen:
 
 
 def _client_result(p: subprocess.Popen, timeout: float = 20) -> dict:
-    line = _readline(p, timeout)
-    p.wait(5)
+    line = _readline(p, timeout * slowdown())  # an interpreter starts ~10 times slower in a TCG guest
+    p.wait(5 * slowdown())
     return json.loads(line)
 
 
@@ -191,6 +191,8 @@ def _drop_first_syn(ns: OwnedNetns, ports: list[int]) -> None:
            f"    type filter hook input priority 0; policy accept;\n{rules}\n  }}\n}}\n")
 
 
+@pytest.mark.smoke
+@pytest.mark.vm
 @pytest.mark.root
 def test_counts_latency_and_attribution_match_the_kernel(netns, make_cgroup):
     """Successful, refused and dropped-first-SYN connects, IPv4 and IPv6, from two cgroups at once:
@@ -307,6 +309,7 @@ def _assert_counts(got: dict[str, int], expect: dict[str, int], misses: int) -> 
     assert all(0 <= d <= misses for d in short.values()), f"probe {got} vs kernel {expect}: {misses} skipped runs"
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_raw_tp_fallback_counts_the_same(netns, make_cgroup):
     ns = netns("raw")
@@ -594,6 +597,7 @@ def test_no_free_source_port_is_a_local_error(netns, make_cgroup):
     assert [(e.outcome, e.dport) for e in events] == [("local_error", P_OK)]
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_forget_drops_a_removed_cgroups_entries(make_cgroup):
     """The agent forgets removed cgroups so pod churn cannot fill the bounded per-cgroup maps."""
@@ -624,3 +628,12 @@ def test_forget_drops_a_removed_cgroups_entries(make_cgroup):
             snap = probe.snapshot()
             assert not any(k[0] == cg_id for k in snap.per_key)
             assert not any(d.cgroup_id == cg_id for d in snap.destinations)
+
+
+def active_interval():
+    """An interval with connects, a failure and a SYN retransmit from one cgroup (tests/test_signal_plugins.py)."""
+    from probes.hist import HIST_SLOTS, IntervalHistogram
+    from probes.tcpconnect import ConnectDelta, TcpConnectInterval
+
+    latency = IntervalHistogram(tuple([0] * 6 + [5] + [0] * (HIST_SLOTS - 7)), 250_000, 5, None)
+    return TcpConnectInterval(1.0, {(3, 4026531840): ConnectDelta(latency, 5, 1, 1, 0, 0, 0, 1)})

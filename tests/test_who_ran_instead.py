@@ -30,7 +30,7 @@ from probes.runqlat import (
     WaitSplit,
     top_culprits,
 )
-from tests.conftest import require_tool
+from tests.conftest import cgroup_tids, require_tool, slowdown
 
 # 6 ms of CPU time (not wall time: waiting must not count as work) every 10 ms, for at most 60 s.
 # The work outlasts a scheduler slice (3 ms base on EEVDF), so the hogs preempt it in the middle of
@@ -67,7 +67,7 @@ CPU = str(os.cpu_count() - 1)
 
 
 def _tids(cg: OwnedCgroup) -> list[int]:
-    return [int(t) for t in cg.read("cpu", "tasks").split()]
+    return cgroup_tids(cg)
 
 
 def _ino(cg: OwnedCgroup) -> int:
@@ -104,7 +104,7 @@ def _freeze(tids: list[int]) -> None:
     """SIGSTOP everyone and wait until all are stopped (and off the CPU)."""
     for t in tids:
         os.kill(t, signal.SIGSTOP)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 5 * slowdown()
     while time.monotonic() < deadline:
         states = [Path(f"/proc/{t}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0] for t in tids]
         if all(s in "Tt" for s in states):
@@ -124,7 +124,7 @@ def _start(argv: list[str], cg: OwnedCgroup, procs: list[subprocess.Popen]) -> N
 
 
 def _wait_for_tasks(groups: dict[OwnedCgroup, int]) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10 * slowdown()  # interpreters start ~10 times slower in a TCG guest
     while time.monotonic() < deadline and not all(len(_tids(cg)) >= n for cg, n in groups.items()):
         time.sleep(0.05)
     assert all(len(_tids(cg)) >= n for cg, n in groups.items()), "workloads did not start"
@@ -164,6 +164,7 @@ def _window(probe: RunqLatProbe, tids: list[int], seconds: float, truth) -> tupl
     return before, after, truth_before, truth_after
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_victim_wait_is_split_by_who_ran_and_matches_the_kernel(victim_and_hogs):
     victim, heavy, light = victim_and_hogs
@@ -235,6 +236,7 @@ def test_victim_wait_is_split_by_who_ran_and_matches_the_kernel(victim_and_hogs)
     assert abs(split.foreign_preemptions - nivcsw) <= 2
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_threads_of_one_cgroup_preempting_each_other_are_own_preemptions(make_cgroup):
     spinners = make_cgroup("spinners")
@@ -265,6 +267,7 @@ def test_threads_of_one_cgroup_preempting_each_other_are_own_preemptions(make_cg
     assert split.own_wait_ns > 1e7
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_matrix_is_bounded_and_losses_are_counted(victim_and_hogs):
     victim, _, _ = victim_and_hogs
@@ -290,6 +293,7 @@ def test_matrix_is_bounded_and_losses_are_counted(victim_and_hogs):
         assert unknown, "lost foreign wait must show up as unknown, not vanish from the shares"
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_forget_drops_the_pairs_of_removed_cgroups(victim_and_hogs):
     victim, heavy, light = victim_and_hogs
@@ -316,6 +320,7 @@ def test_forget_drops_the_pairs_of_removed_cgroups(victim_and_hogs):
         assert (v, h) in after.culprits
 
 
+@pytest.mark.vm
 @pytest.mark.root
 def test_forgetting_quiet_pairs_keeps_the_matrix_cumulative(victim_and_hogs):
     victim, heavy, light = victim_and_hogs
@@ -343,6 +348,7 @@ def test_forgetting_quiet_pairs_keeps_the_matrix_cumulative(victim_and_hogs):
     assert grown.wait_ns == later.culprits[(v, h)].wait_ns - frozen.culprits[(v, h)].wait_ns
 
 
+@pytest.mark.vm
 @pytest.mark.root
 @pytest.mark.parametrize("flavour", ["tp_btf", "raw_tp"])
 def test_fallback_flavours_say_the_matrix_is_unavailable(flavour):

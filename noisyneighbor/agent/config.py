@@ -33,6 +33,8 @@ class AgentConfig:
     host_root: str | None = None
     listen: str | None = DEFAULT_LISTEN  # None: no HTTP server (in-process use)
     dry_run: bool | None = None
+    evict: bool | None = None  # actuators.evict_enabled
+    resctrl: bool | None = None  # actuators.resctrl_enabled
     journal_dir: str = str(DEFAULT_JOURNAL_DIR)
     audit_log: str | None = None
     incident_log: str | None = None
@@ -104,8 +106,10 @@ def policy_for(config: AgentConfig, policy: Policy | None = None) -> Policy:
         changes["ls_cgroups"] = (*base.ls_cgroups, *config.ls_cgroups)
     if config.be_cgroups:
         changes["be_cgroups"] = (*base.be_cgroups, *config.be_cgroups)
-    if config.dry_run is not None:
-        changes["actuators"] = dataclasses.replace(base.actuators, dry_run=config.dry_run)
+    acts = {name: value for name, value in (("dry_run", config.dry_run), ("evict_enabled", config.evict),
+                                            ("resctrl_enabled", config.resctrl)) if value is not None}
+    if acts:
+        changes["actuators"] = dataclasses.replace(base.actuators, **acts)
     return dataclasses.replace(base, **changes) if changes else base
 
 
