@@ -3,8 +3,11 @@
     python -m actuators apply-suppress --cgroup <path> --policy cfsQuota --cores 0.5 --journal DIR [--dry-run]
     python -m actuators apply-suppress --cgroup <path> --policy cpuset --cores 1 --min-cpus 1 --journal DIR
     python -m actuators apply-burst --cgroup <path> [--burst-us N] [--quota-scale X] --journal DIR
+    python -m actuators apply-memory-suppress --cgroup <path> [--headroom F] --journal DIR
     python -m actuators reconcile --journal DIR [--reown]
 
+``apply-* --reown`` keeps what an earlier (killed) run left in the journal, owned by this run, instead
+of restoring it first: several killed runs then leave one journal for the agent to reconcile.
 ``apply-*`` prints one JSON line (the action record) when applied, then waits; SIGTERM/SIGINT restore
 the originals (manager.close) and exit 0. After ``kill -9``, ``reconcile`` restores from the journal.
 Errors are one line on stderr with exit code 2. Every JSON line printed carries ``schema_version``, like
@@ -23,8 +26,9 @@ from actuators.burst import BurstActuator
 from actuators.cgroupfile import CgroupFileError, CgroupFiles
 from actuators.journal import DEFAULT_JOURNAL_DIR, Journal, JournalError
 from actuators.manager import AUDIT_SCHEMA_VERSION, ActuatorManager
+from actuators.memory import MemorySuppressActuator
 from actuators.suppress import SuppressActuator, normalize_policy
-from detector.decisions import ActionKind, BurstAmount, Decision, SuppressAmount, Target
+from detector.decisions import ActionKind, BurstAmount, Decision, MemorySuppressAmount, SuppressAmount, Target
 from detector.policy import ActuatorPolicy, CpuBurstStrategy, ResourceThresholdStrategy
 from probes.host import HostPaths
 
@@ -49,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--burst-percent", type=int, default=1000)
     b.add_argument("--dry-run", action="store_true")
     b.add_argument("--audit-log", default=None)
+    m = sub.add_parser("apply-memory-suppress", parents=[common])
+    m.add_argument("--cgroup", required=True)
+    m.add_argument("--headroom", type=float, default=0.0)
+    m.add_argument("--floor-mib", type=int, default=16)
+    m.add_argument("--dry-run", action="store_true")
+    m.add_argument("--audit-log", default=None)
+    for sp in (s, b, m):
+        sp.add_argument("--reown", action="store_true", help="keep the journal's entries instead of restoring them")
     r = sub.add_parser("reconcile", parents=[common])
     r.add_argument("--reown", action="store_true")
     return p
@@ -80,12 +92,18 @@ def _run(args: argparse.Namespace) -> int:
         pol = "cfs_quota" if normalize_policy(args.policy) == "cfsQuota" else "cpuset"
         decision = Decision(ActionKind.SUPPRESS, Target(args.cgroup, qos="BE"), SuppressAmount(pol, cpu_cores=args.cores),
                             "requested on the command line")
-        manager = ActuatorManager([actuator], journal, policy, audit_log=args.audit_log)
+        manager = ActuatorManager([actuator], journal, policy, audit_log=args.audit_log, reown=args.reown)
+    elif args.command == "apply-memory-suppress":
+        actuator = MemorySuppressActuator(files, journal)
+        decision = Decision(ActionKind.MEMORY_SUPPRESS, Target(args.cgroup, qos="BE"),
+                            MemorySuppressAmount(headroom=args.headroom, floor_bytes=args.floor_mib << 20,
+                                                 give_back_to_node=False), "requested on the command line")
+        manager = ActuatorManager([actuator], journal, policy, audit_log=args.audit_log, reown=args.reown)
     else:
         actuator = BurstActuator(files, journal, CpuBurstStrategy(policy="auto", cpu_burst_percent=args.burst_percent))
         decision = Decision(ActionKind.BURST, Target(args.cgroup, qos="LS"),
                             BurstAmount(burst_us=args.burst_us, quota_scale=args.quota_scale), "requested on the command line")
-        manager = ActuatorManager([actuator], journal, policy, audit_log=args.audit_log)
+        manager = ActuatorManager([actuator], journal, policy, audit_log=args.audit_log, reown=args.reown)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

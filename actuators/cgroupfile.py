@@ -12,6 +12,7 @@ CPU_BURST      cpu / ``cpu.cfs_burst_us``              ``cpu.max.burst``
 CPU_SHARES     cpu / ``cpu.shares``                    ``cpu.weight`` (kernel conversion)
 CPUSET_CPUS    cpuset / ``cpuset.cpus``                ``cpuset.cpus``
 CPUSET_MEMS    cpuset / ``cpuset.mems``                ``cpuset.mems``
+CPUSET_EFF..   cpuset / ``cpuset.effective_cpus``      ``cpuset.cpus.effective`` (read only)
 TASKS          cpu / ``tasks``                         ``cgroup.threads``
 PROCS          cpu / ``cgroup.procs``                  ``cgroup.procs``
 =============  ======================================  ==============================
@@ -20,7 +21,8 @@ API (all cgroup paths are relative to the hierarchy root, e.g. ``kubepods.slice/
 
 - ``files = CgroupFiles(HostPaths.under(tmp))`` (default: the real host).
 - Typed reads: ``read_cpu_max(cg) -> CpuMax``, ``read_burst_us``, ``read_shares`` (v1 units, v2 weight
-  converted), ``read_cpus`` / ``read_mems`` (sorted tuples), ``read_tasks``, ``read_procs``.
+  converted), ``read_cpus`` / ``read_mems`` (sorted tuples; a v2 ``cpuset.cpus`` is empty until set: the parent's CPUs,
+  which ``read_effective_cpus`` gives), ``read_tasks``, ``read_procs``.
 - Planned writes (nothing is written, :class:`actuators.base.FileWrite` with old and new raw values,
   ready for :meth:`actuators.journal.Journal.apply`): ``quota_writes(cg, quota_us)``,
   ``burst_write(cg, burst_us)``, ``shares_write(cg, shares)``, ``cpus_write(cg, cpus)``.
@@ -47,7 +49,15 @@ from enum import StrEnum
 from pathlib import Path
 
 from actuators.base import FileWrite
-from probes.cgroupfiles import CPU_MAX, CPUSET_CPUS, CgroupFileParseError, CpuMax, format_cpu_list, parse_cpu_list
+from probes.cgroupfiles import (
+    CPU_MAX,
+    CPUSET_CPUS,
+    CPUSET_EFFECTIVE_CPUS,
+    CgroupFileParseError,
+    CpuMax,
+    format_cpu_list,
+    parse_cpu_list,
+)
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.host import VANISHED_ERRNOS, HostPaths
 
@@ -67,7 +77,11 @@ class ResourceUnavailable(CgroupFileError):
 
 
 class CgroupWriteError(CgroupFileError):
-    """The kernel refused the value (EINVAL, ERANGE, EBUSY, ...)."""
+    """The kernel refused the value (EINVAL, ERANGE, EBUSY, ...); ``errno`` says which."""
+
+    def __init__(self, message: str, errno_: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno_
 
 
 class Resource(StrEnum):
@@ -77,6 +91,7 @@ class Resource(StrEnum):
     CPU_SHARES = "cpu_shares"
     CPUSET_CPUS = "cpuset_cpus"
     CPUSET_MEMS = "cpuset_mems"
+    CPUSET_EFFECTIVE_CPUS = "cpuset_effective_cpus"  # read only: what the cpuset really allows
     TASKS = "tasks"
     PROCS = "procs"
     MEMORY_LIMIT = "memory_limit"  # v1 hard limit; v2 memory.high (throttle + reclaim, no OOM kill)
@@ -91,6 +106,8 @@ _FILES: dict[Resource, tuple[str, str, str]] = {
     Resource.CPU_SHARES: ("cpu", "cpu.shares", "cpu.weight"),
     Resource.CPUSET_CPUS: (CPUSET_CPUS.controller, CPUSET_CPUS.v1_names[0], CPUSET_CPUS.v2_name),
     Resource.CPUSET_MEMS: ("cpuset", "cpuset.mems", "cpuset.mems"),
+    Resource.CPUSET_EFFECTIVE_CPUS: (CPUSET_EFFECTIVE_CPUS.controller, CPUSET_EFFECTIVE_CPUS.v1_names[0],
+                                     CPUSET_EFFECTIVE_CPUS.v2_name),
     Resource.TASKS: ("cpu", "tasks", "cgroup.threads"),
     Resource.PROCS: ("cpu", "cgroup.procs", "cgroup.procs"),
     Resource.MEMORY_LIMIT: ("memory", "memory.limit_in_bytes", "memory.high"),
@@ -139,7 +156,24 @@ def read_file(path: str | os.PathLike[str]) -> str:
 
 
 def write_file(path: str | os.PathLike[str], value: str) -> None:
-    """Write ``value`` with a single write() (cgroup files take one value per write); never creates files."""
+    """Write ``value`` with a single write() (cgroup files take one value per write); never creates files.
+
+    An empty v2 ``cpuset.cpus``/``cpuset.mems`` means "the parent's", and the journal restores it so; but
+    a kernel before the v1/v2 split of cpuset's validate_change (6.1 among them) refuses to empty the
+    list of a cgroup with tasks (ENOSPC). What the empty list stood for, the parent's effective list, is
+    written then: the same CPUs now (it no longer follows later changes of the parent's)."""
+    try:
+        _write_once(path, value)
+    except CgroupWriteError as e:
+        p = Path(path)
+        inherited = p.parent.parent / f"{p.name}.effective"
+        if e.errno != errno.ENOSPC or value.strip() or p.name not in ("cpuset.cpus", "cpuset.mems") \
+                or not inherited.exists():
+            raise
+        _write_once(path, read_file(inherited).strip())
+
+
+def _write_once(path: str | os.PathLike[str], value: str) -> None:
     p = Path(path)
     data = value.encode()
     try:
@@ -163,8 +197,8 @@ def _classify(e: OSError, p: Path, verb: str, value: str | None = None) -> Cgrou
             return CgroupVanished(f"cgroup {p.parent} is gone ({what}: {reason})")
         return ResourceUnavailable(f"{p} does not exist on this host ({what}: {reason})")
     if e.errno in (errno.EACCES, errno.EPERM):
-        return CgroupWriteError(f"{what}: permission denied")
-    return CgroupWriteError(f"{what}: {reason}")
+        return CgroupWriteError(f"{what}: permission denied", e.errno)
+    return CgroupWriteError(f"{what}: {reason}", e.errno)
 
 
 # -- the abstraction ----------------------------------------------------------------------------
@@ -240,6 +274,9 @@ class CgroupFiles:
 
     def read_cpus(self, cgroup: str) -> tuple[int, ...]:
         return self._read_list(Resource.CPUSET_CPUS, cgroup)
+
+    def read_effective_cpus(self, cgroup: str) -> tuple[int, ...]:
+        return self._read_list(Resource.CPUSET_EFFECTIVE_CPUS, cgroup)
 
     def read_mems(self, cgroup: str) -> tuple[int, ...]:
         return self._read_list(Resource.CPUSET_MEMS, cgroup)

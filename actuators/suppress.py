@@ -305,7 +305,9 @@ class SuppressActuator(JournaledFileActuator):
         topo = self.topology
         usable = [c for c in topo.cpus if c not in self.excluded_cpus]
         floor = max(1, int(self.strategy.cpu_suppress_min_cpus))
-        current = self.files.read_cpus(cgroup)
+        # A v2 cpuset.cpus is empty until someone sets it (the kubelet never does for a pod): then the
+        # cgroup has its parent's CPUs, which the effective list says; it is not a cpuset of none.
+        current = self.files.read_cpus(cgroup) or self.files.read_effective_cpus(cgroup)
         if amount.cpus:
             wanted_n = len(amount.cpus)
         elif amount.cpu_cores is not None:

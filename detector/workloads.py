@@ -122,7 +122,8 @@ class WorkloadIndex:
 
     def container_of(self, path: str) -> tuple[str, float | None] | None:
         """(container name, its CPU limit in cores) for a container cgroup path, from the pod's spec;
-        the short container id when the metadata does not name it; None when not a container."""
+        the short container id when the metadata does not name it; None when not a container or when
+        it is the pod's sandbox (pause) container."""
         ident = parse_cgroup_path(_norm(path))
         if ident.kind != "container" or ident.pod_uid is None or ident.container_id is None:
             return None
@@ -130,6 +131,11 @@ class WorkloadIndex:
         find = getattr(pod, "container", None)
         c = find(ident.container_id) if find is not None else None
         if c is None:
+            ids = [getattr(x, "container_id", None) for x in getattr(pod, "containers", ())]
+            if ids and all(ids):
+                # The kubelet lists the id of every app container and never the sandbox's: a container
+                # cgroup of this pod with another id is its pause container, none of its app containers.
+                return None
             return ident.container_id[:12], None
         return c.name, c.cpu_limit_cores
 

@@ -60,7 +60,7 @@ class OwnedCgroup:
     # -- lifecycle ---------------------------------------------------------------------------
     def create(self) -> OwnedCgroup:
         try:
-            for d in self.dirs.values():
+            for controller, d in self.dirs.items():
                 # `name` may be nested ("kubepods.slice/…/pod.slice"): create every missing level
                 # from the prefix directory down, and remember each one for removal.
                 base = d
@@ -69,17 +69,17 @@ class OwnedCgroup:
                 prefix_dir = base.parent
                 for level in [prefix_dir, *reversed(d.relative_to(prefix_dir).parents[:-1]), d]:
                     level = prefix_dir / level if not level.is_absolute() else level
+                    # v2: a controller's files exist only where every ancestor enables it, also on
+                    # levels made earlier by another OwnedCgroup (a pod before its containers) or
+                    # for another controller of this one.
+                    if self._v2_root_of(level) is not None and controller != "unified":
+                        self._enable_v2_controller(level.parent, controller, prefix_dir)
                     if level.exists():
                         continue
-                    if self._v2_root_of(level) is not None:
-                        # Every controller asked for, now: the other controllers' directories are this
-                        # same one (one v2 tree), so they find it made and would never enable theirs.
-                        for wanted in self.dirs:
-                            if wanted != "unified":
-                                self._enable_v2_controller(level.parent, wanted)
                     level.mkdir()
                     self._created.append(level)
-                    self._inherit_cpuset(level)
+                    if self._v2_root_of(level) is None:  # a v2 cpuset starts empty: its parent's CPUs
+                        self._inherit_cpuset(level)
         except BaseException:
             self.remove()
             raise
@@ -91,12 +91,14 @@ class OwnedCgroup:
             return v2.mount
         return None
 
-    def _enable_v2_controller(self, parent: Path, controller: str) -> None:
-        # Only ever written on the prefix directory, which we created ourselves.
-        if parent not in self._created and not parent.name.startswith(PREFIX):
+    def _enable_v2_controller(self, parent: Path, controller: str, prefix_dir: Path) -> None:
+        # Only ever written on the prefix directory and below it: we created all of them.
+        if not parent.is_relative_to(prefix_dir):
             return
+        control = parent / "cgroup.subtree_control"
         with contextlib.suppress(OSError):
-            (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+            if controller not in control.read_text().split():
+                control.write_text(f"+{controller}")
 
     @staticmethod
     def _inherit_cpuset(d: Path) -> None:

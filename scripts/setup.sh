@@ -14,6 +14,8 @@ pkgs=(clang llvm libbpf-dev bpftool make python3-venv)
 # and fonts-dejavu-core arrives only as the first of fontconfig-config's alternatives, so it is named here.
 if [[ "$profile" == test || "$profile" == bench || "$profile" == vm ]]; then
   pkgs+=(stress-ng rt-tests iproute2 linux-perf nftables iptables prometheus kubectl chromium fonts-dejavu-core)
+  # Debian's runc makes real container cgroups in the VM lane (tests/test_v2_pods.py; busybox is its rootfs).
+  pkgs+=(runc busybox-static)
 fi
 # The VM lane (make test-vm, scripts/vm/): qemu boots a pinned distribution kernel under virtme-ng (the
 # dev extra), which builds its initramfs with busybox and kmod. The guest runs this machine's root, so
