@@ -342,6 +342,16 @@ def test_real_quota_throttles_and_usage_matches_schedstat(make_cgroup) -> None:
         unshield()
 
 
+def _stop(pid: int) -> None:
+    """SIGSTOP and wait until the task is stopped (off the CPU): a slow guest takes a while."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5 * slowdown()
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+        assert time.monotonic() < deadline, f"pid {pid} did not stop"
+        time.sleep(0.01)
+    time.sleep(0.05)  # its last switch-out accounted
+
+
 def _raw_throttled(cg: OwnedCgroup) -> int:
     """nr_throttled straight from the kernel's cpu.stat (the same name on v1 and v2)."""
     for line in cg.read("cpu", "cpu.stat").splitlines():
@@ -361,11 +371,15 @@ def _throttle_and_check(layout, cg: OwnedCgroup, rel: str) -> None:
         assert proc.stdout is not None
         ready = select.select([proc.stdout], [], [], 60 * slowdown())[0]
         assert ready and proc.stdout.readline() == b"go\n", "the busy loop did not start"
+        # Frozen at both ends of the window so schedstat and the cgroup agree: the child's CPU time
+        # before it joined the cgroup (fork, preexec: ~1 ms here, >100 ms in a slow guest) is its own.
+        _stop(proc.pid)
         mid = read_cgroup_cpu(layout, rel)
+        on_cpu_mid_ns = schedstat_runtime_ns(proc.pid)
         t0 = time.monotonic()
+        proc.send_signal(signal.SIGCONT)
         time.sleep(2.0)
-        proc.send_signal(signal.SIGSTOP)  # freeze it so schedstat and the cgroup agree
-        time.sleep(0.05)
+        _stop(proc.pid)
         raw_before = _raw_throttled(cg)
         after = read_cgroup_cpu(layout, rel)
         raw_after = _raw_throttled(cg)
@@ -387,7 +401,8 @@ def _throttle_and_check(layout, cg: OwnedCgroup, rel: str) -> None:
     assert delta.throttled_fraction is not None and delta.throttled_fraction > 0.5
     assert delta.quota_utilisation == pytest.approx(1.0, rel=0.25)
     # Every on-CPU nanosecond of the process was charged to the cgroup (it joined before exec).
-    assert after.usage_ns - before.usage_ns == pytest.approx(on_cpu_ns, rel=0.05)
+    assert after.usage_ns - mid.usage_ns == pytest.approx(on_cpu_ns - on_cpu_mid_ns, rel=0.05)
+    assert after.usage_ns - before.usage_ns <= on_cpu_ns
 
 
 def test_lean_reader_reads_limits_only_when_asked(tmp_path: Path) -> None:
