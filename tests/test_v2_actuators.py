@@ -356,6 +356,7 @@ def test_enforcing_agent_suppresses_the_be_pod_and_restores_after_sigterm_and_ki
     files = CgroupFiles(layout=sandbox_layout())
     ls = node.pod("web", [{"name": "main", "requests": {"cpu": "500m"}}])
     be = node.pod("batch", [{"name": "job"}])
+    node.weigh(be, 8192)  # a neighbour of the victim, not crowded out by the rest of a loaded host
     original = _file(files, Resource.CPU_QUOTA, be.rel)
     spinners: list[subprocess.Popen] = []
 
