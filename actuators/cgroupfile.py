@@ -61,8 +61,6 @@ from probes.cgroupfiles import (
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.host import VANISHED_ERRNOS, HostPaths
 
-DEFAULT_PERIOD_US = 100_000
-
 
 class CgroupFileError(Exception):
     """A cgroup file could not be read or written; ``str(exc)`` is one line."""

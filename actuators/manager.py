@@ -51,7 +51,6 @@ log = logging.getLogger("noisyneighbor.actuators")
 # "Recovered": the victim's signal at or below this share of its value before the action (the manager knows
 # no quiet baseline; the bench judges recovery against one, 1.5x its quiet p99).
 RECOVERY_SHARE = 0.5
-PROTECTED_QOS = frozenset({"LS", "LSR", "LSE", "SYSTEM"})
 NO_BURST_QOS = frozenset({"LSR", "LSE", "BE"})
 SIGNAL_PRUNE_EVERY = 15  # observe() calls between looks for victim histories nobody feeds any more
 # ...and how many calls without a value make one forgotten. A removed pod's history waited this long: at

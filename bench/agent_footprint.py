@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from noisyneighbor.sandbox import OwnedCgroup, cleanup_prefix  # noqa: E402
+from bench.sandbox import OwnedCgroup, cleanup_prefix  # noqa: E402
 from tests.fakekube import FakeKube, container_id_for, make_pod  # noqa: E402
 
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
@@ -198,8 +198,11 @@ class Churner:
 
 class AgentUnderTest:
     def __init__(self, workdir: Path, interval: float, kubelet_url: str | None = None,
-                 scrape_interval: float = 15.0) -> None:
-        """``kubelet_url``: the kubelet pod source there; None: the standalone pod source."""
+                 scrape_interval: float = 15.0, module: str = "noisyneighbor.cli",
+                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None, repo: Path = REPO) -> None:
+        """``kubelet_url``: the kubelet pod source there; None: the standalone pod source. ``module``
+        runs the CLI (bench.metered_agent: with a meter on BPF map reads), ``extra_args`` follow the
+        agent's own; ``repo``: the checkout it runs from (another commit's, to compare)."""
         self.scrape_interval = scrape_interval
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -212,10 +215,10 @@ class AgentUnderTest:
         )
         self.log = open(workdir / "agent.log", "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "noisyneighbor.cli", "agent", "--config", str(config), "--dry-run",
+            [sys.executable, "-m", module, "agent", "--config", str(config), "--dry-run",
              "--listen", f"127.0.0.1:{self.port}", "--journal-dir", str(workdir / "journal"),
-             "--interval", str(interval), "--node-name", "node-1"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=self.log,
+             "--interval", str(interval), "--node-name", "node-1", *extra_args],
+            cwd=repo, stdout=subprocess.DEVNULL, stderr=self.log, env=env,
         )
 
     def get(self, path: str) -> bytes:

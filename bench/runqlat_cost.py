@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from noisyneighbor.sandbox import OwnedCgroup
+from bench.sandbox import OwnedCgroup
 from probes.libbpf import BpfError, BpfObject, RunTimeStats
 from probes.runqlat import RunqLatProbe
 

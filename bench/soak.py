@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from noisyneighbor.sandbox import OwnedCgroup, cleanup_prefix  # noqa: E402
+from bench.sandbox import OwnedCgroup, cleanup_prefix  # noqa: E402
 from probes.cgroupfs import discover  # noqa: E402
 from tests.exporter_support import CONTROLLERS, AgentProcess, write_config  # noqa: E402
 from tests.fakekube import FakeKube, make_pod  # noqa: E402

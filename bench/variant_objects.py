@@ -27,7 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BUILT = REPO / "probes/bpf_objects"
-VARIANTS = {"cpu_hist_only": "runqlat_cpu_hist_only.bpf.o"}  # variant -> its object (bench/bpf/ source)
+# variant -> its object (bench/bpf/ source); refuse_task_storage is tests/test_runqlat.py's
+VARIANTS = {"cpu_hist_only": "runqlat_cpu_hist_only.bpf.o", "refuse_task_storage": "runqlat_refuse_task_storage.bpf.o"}
 SWAPPED = "runqlat.bpf.o"
 
 

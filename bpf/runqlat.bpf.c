@@ -46,8 +46,6 @@
 const volatile bool v1_cpu_cgroup = false;     /* key by the v1 cpu controller's cgroup */
 const volatile __u64 outlier_threshold_ns = 0; /* 0: no outlier events */
 const volatile __u32 pid_slots = 0;            /* entries of task_run_delay: pids below use it */
-/* tp_btf flavour: act as if every task-storage create were refused, so tests reach the pid-hash path. */
-const volatile bool refuse_task_storage = false;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
@@ -193,8 +191,6 @@ static __always_inline __u64 take_queued_hash(__u32 pid)
 
 static __always_inline struct task_wait *task_wait_of(struct task_struct *p, __u64 flags)
 {
-	if (refuse_task_storage)
-		return NULL;
 	return bpf_task_storage_get(&task_wait, p, 0, flags);
 }
 

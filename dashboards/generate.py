@@ -7,6 +7,13 @@ Plain Python, no network, no Grafana SDK: the JSON is what Grafana 10/11 exports
 with the data source as a `${datasource}` variable so the files import into any Grafana. Metric names
 come from ``noisyneighbor.exporter``, so renaming a metric there changes the dashboards here, and
 tests/test_dashboards.py fails until the JSON is regenerated.
+
+For a fleet, as kube-prometheus-stack's mixins do: variables datasource -> cluster -> node (multi-select,
+All by default) -> namespace/pod; every selector is ``cluster=~"$cluster"``, which matches series without
+a ``cluster`` label too (the All value is ``.*``), so the same JSON works on a single-cluster Prometheus
+(the variable hidden, the default) and on a multi-cluster one (``--show-cluster``: Thanos, Mimir, a
+Prometheus with a ``cluster`` external or target label). Incidents show as annotations (the spans an
+incident was open), and ``fleet-overview`` ranks victims and culprits across nodes.
 """
 
 from __future__ import annotations
@@ -21,15 +28,16 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from noisyneighbor import exporter as m
+from noisyneighbor import metric_names as m
 
 OUT_DIR = Path(__file__).resolve().parent
 SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"
-NODE = 'node="$node"'
-POD = 'node="$node", namespace="$namespace", pod="$pod"'
-VICTIM = 'node="$node", victim_namespace="$namespace", victim_pod="$pod"'
+CLUSTER = 'cluster=~"$cluster"'
+NODE = f'{CLUSTER}, node=~"$node"'
+POD = f'{NODE}, namespace="$namespace", pod="$pod"'
+VICTIM = f'{NODE}, victim_namespace="$namespace", victim_pod="$pod"'
 NOT_OVERFLOW = f'{NODE}, cgroup!="{m.OVERFLOW_CGROUP}"'
 
 
@@ -104,21 +112,31 @@ def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict:
     return out
 
 
+ALL = {"text": "All", "value": "$__all"}
+
+
 def _variables(with_pod: bool) -> list[dict]:
-    def query_var(name: str, label: str, query: str) -> dict:
+    def query_var(name: str, label: str, query: str, *, every: bool = False, multi: bool = False,
+                  hide: int = 0) -> dict:
+        # every: an "All" option matching any value, also a missing label (.*); the default selection.
         return {
             "name": name, "label": label, "type": "query", "datasource": DS,
             "query": {"query": query, "refId": "StandardVariableQuery"}, "definition": query,
-            "refresh": 2, "sort": 1, "includeAll": False, "multi": False, "hide": 0, "current": {}, "options": [],
-            "regex": "",
+            "refresh": 2, "sort": 1, "includeAll": every, "multi": multi, "hide": hide,
+            "current": dict(ALL) if every else {}, "options": [], "regex": "",
+            **({"allValue": ".*"} if every else {}),
         }
 
     out = [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "refresh": 1,
          "hide": 0, "current": {}, "options": [], "regex": ""},
-        query_var("node", "Node", f"label_values({m.EXPORTER_LAST_UPDATE}, node)"),
+        # hide 2: not shown (a single-cluster Prometheus has no cluster label); All still matches everything.
+        # build_all(show_cluster=True) shows it.
+        query_var("cluster", "Cluster", f"label_values({m.EXPORTER_LAST_UPDATE}, cluster)", every=True, hide=2),
+        query_var("node", "Node", f"label_values({m.EXPORTER_LAST_UPDATE}{{{CLUSTER}}}, node)", every=True, multi=True),
     ]
     if with_pod:
+        # Any node by default: the pod is found wherever it runs (no node to pick first).
         out.append(query_var("namespace", "Namespace", f'label_values({m.RUNQ_LATENCY}_count{{{NODE}, pod!=""}}, namespace)'))
         out.append(query_var(
             "pod", "Pod", f'label_values({m.RUNQ_LATENCY}_count{{{NODE}, namespace="$namespace", pod!=""}}, pod)'
@@ -126,7 +144,19 @@ def _variables(with_pod: bool) -> list[dict]:
     return out
 
 
-def dashboard(uid: str, title: str, description: str, rows: list[Row], with_pod: bool) -> dict:
+def _incident_annotations(selector: str) -> list[dict]:
+    """Incidents as annotations: a region for as long as one was open (from the incidents gauge, so an
+    incident already open when the range starts shows too)."""
+    return [{
+        "name": "Interference incidents", "datasource": DS, "enable": True, "hide": False, "iconColor": "red",
+        "expr": f"max by (node, victim_namespace, victim_pod, cause) ({m.INCIDENTS_OPEN}{{{selector}}}) > 0",
+        "step": "30s", "titleFormat": "{{cause}}: {{victim_namespace}}/{{victim_pod}}",
+        "textFormat": "incident open on {{node}}", "tagKeys": "cause,node", "useValueForTime": False,
+    }]
+
+
+def dashboard(uid: str, title: str, description: str, rows: list[Row], with_pod: bool,
+              annotations: str = NODE) -> dict:
     panels: list[dict] = []
     pid, y = 1, 0
     for row in rows:
@@ -152,7 +182,7 @@ def dashboard(uid: str, title: str, description: str, rows: list[Row], with_pod:
         "time": {"from": "now-1h", "to": "now"},
         "refresh": "30s",
         "timezone": "",
-        "annotations": {"list": []},
+        "annotations": {"list": _incident_annotations(annotations)},
         "links": [{"title": "noisyneighbor", "type": "dashboards", "tags": ["noisyneighbor"], "asDropdown": True}],
         "templating": {"list": _variables(with_pod)},
         "panels": panels,
@@ -175,38 +205,39 @@ def node_overview() -> dict:
                 f"sum by (le) (increase({m.CPU_RUNQ_LATENCY}_bucket{{{NODE}}}[{RATE}]))", heatmap=True)],
                 kind="heatmap", unit="s", description="Waits between wakeup/preemption and running, from the "
                 "log2 histogram buckets (each bucket is a factor of 2)."),
-            Panel("Runqueue latency p99 per CPU", [Query(_p99(m.CPU_RUNQ_LATENCY, NODE, "cpu"), "cpu {{cpu}}")],
+            Panel("Runqueue latency p99 per CPU", [Query(_p99(m.CPU_RUNQ_LATENCY, NODE, "node, cpu"), "{{node}} cpu {{cpu}}")],
                   unit="s"),
             Panel("Top victims: runqueue p99 per cgroup (5m)", [Query(
-                f"topk(10, {_p99(m.RUNQ_LATENCY, NOT_OVERFLOW, 'namespace, pod, container, qos, cgroup', '5m')})",
+                f"topk(10, {_p99(m.RUNQ_LATENCY, NOT_OVERFLOW, 'node, namespace, pod, container, qos, cgroup', '5m')})",
                 instant=True)], kind="table", unit="s", width=24),
         ]),
         Row("Softirq", [
             Panel("Softirq time share per CPU", [Query(
-                f"sum by (cpu) (rate({m.SOFTIRQ_RUNTIME}_sum{{{NODE}}}[{RATE}]))", "cpu {{cpu}}")],
+                f"sum by (node, cpu) (rate({m.SOFTIRQ_RUNTIME}_sum{{{NODE}}}[{RATE}]))", "{{node}} cpu {{cpu}}")],
                 unit="percentunit", stack=True, description="Seconds of softirq handling per second: the CPU "
                 "taken from whatever task was running there."),
             Panel("Softirq time by vector", [Query(
-                f"sum by (vector) (rate({m.SOFTIRQ_RUNTIME}_sum{{{NODE}}}[{RATE}]))", "{{vector}}")],
+                f"sum by (node, vector) (rate({m.SOFTIRQ_RUNTIME}_sum{{{NODE}}}[{RATE}]))", "{{node}} {{vector}}")],
                 unit="percentunit", stack=True),
-            Panel("Softirq delay p99 per CPU (raise to run)", [Query(_p99(m.SOFTIRQ_DELAY, NODE, "cpu"), "cpu {{cpu}}")],
+            Panel("Softirq delay p99 per CPU (raise to run)", [Query(
+                _p99(m.SOFTIRQ_DELAY, NODE, "node, cpu"), "{{node}} cpu {{cpu}}")],
                   unit="s"),
             Panel("Softirq run time p99 per CPU and vector", [Query(
-                _p99(m.SOFTIRQ_RUNTIME, NODE, "cpu, vector"), "cpu {{cpu}} {{vector}}")], unit="s"),
+                _p99(m.SOFTIRQ_RUNTIME, NODE, "node, cpu, vector"), "{{node}} cpu {{cpu}} {{vector}}")], unit="s"),
         ]),
         Row("Pressure and reclaim", [
             Panel("Node pressure (PSI stall share)", [Query(
-                f"rate({m.PSI_STALL}{{{NODE}}}[{RATE}])", "{{resource}} {{kind}}")], unit="percentunit"),
+                f"rate({m.PSI_STALL}{{{NODE}}}[{RATE}])", "{{node}} {{resource}} {{kind}}")], unit="percentunit"),
             Panel("Reclaim stall time on the node by kind", [Query(
-                f"sum by (kind) (rate({m.NODE_RECLAIM_LATENCY}_sum{{{NODE}}}[{RATE}]))", "{{kind}}")],
+                f"sum by (node, kind) (rate({m.NODE_RECLAIM_LATENCY}_sum{{{NODE}}}[{RATE}]))", "{{node}} {{kind}}")],
                 unit="percentunit", description="Seconds spent in reclaim per second, summed over the tasks "
                 "that stalled (softlimit passes are also inside direct ones)."),
         ]),
         Row("Incidents", [
-            Panel("Open incidents", [Query(f"sum by (victim_namespace, victim_pod, cause) ({m.INCIDENTS_OPEN}{{{NODE}}})",
+            Panel("Open incidents", [Query(f"sum by (node, victim_namespace, victim_pod, cause) ({m.INCIDENTS_OPEN}{{{NODE}}})",
                                            instant=True)], kind="table"),
             Panel("Top culprits (highest score in any open incident)", [Query(
-                f"topk(10, max by (culprit_namespace, culprit_pod, culprit_cgroup) ({m.CULPRIT_SCORE}{{{NODE}}}))",
+                f"topk(10, max by (node, culprit_namespace, culprit_pod, culprit_cgroup) ({m.CULPRIT_SCORE}{{{NODE}}}))",
                 instant=True)], kind="table", unit="percentunit"),
             Panel("Incidents opened by cause", [Query(
                 f"sum by (cause) (increase({m.INCIDENTS}{{{NODE}}}[{RATE}]))", "{{cause}}")], stack=True),
@@ -218,11 +249,12 @@ def node_overview() -> dict:
             Panel("Probe state", [Query(f'{m.PROBE_STATE}{{{NODE}}} == 1', "{{probe}}: {{state}}", instant=True)],
                   kind="table", width=8),
             Panel("Probe drops per second", [Query(
-                f"sum by (probe, reason) (rate({m.PROBE_DROPS}{{{NODE}}}[{RATE}]))", "{{probe}} {{reason}}")], width=8),
+                f"sum by (node, probe, reason) (rate({m.PROBE_DROPS}{{{NODE}}}[{RATE}]))",
+                "{{node}} {{probe}} {{reason}}")], width=8),
             Panel("Agent BPF CPU (needs kernel.bpf_stats_enabled=1)", [Query(
-                f"sum by (program) (rate({m.BPF_RUN_SECONDS}{{{NODE}}}[{RATE}]))", "{{program}}")],
+                f"sum by (node, program) (rate({m.BPF_RUN_SECONDS}{{{NODE}}}[{RATE}]))", "{{node}} {{program}}")],
                 unit="percentunit", width=8, stack=True),
-            Panel("Exporter cgroups", [Query(f"{m.EXPORTER_CGROUPS}{{{NODE}}}", "{{state}}")], width=12),
+            Panel("Exporter cgroups", [Query(f"{m.EXPORTER_CGROUPS}{{{NODE}}}", "{{node}} {{state}}")], width=12),
             Panel("GPU utilisation", [Query(f"{m.GPU_UTILIZATION}{{{NODE}}}", "gpu {{gpu}} {{model}}")],
                   unit="percentunit", width=12),
         ]),
@@ -300,7 +332,7 @@ def pod_interference() -> dict:
     ]
     return dashboard("nn-pod-interference", "noisyneighbor / Pod interference",
                      "One pod: its latencies, who ran instead, its own throttling, reclaim and connects.",
-                     rows, with_pod=True)
+                     rows, with_pod=True, annotations=VICTIM)
 
 
 def actuators() -> dict:
@@ -319,7 +351,8 @@ def actuators() -> dict:
         ]),
         Row("Actions", [
             Panel("Actions by kind and state (per interval)", [Query(
-                f"sum by (kind, state) (increase({m.ACTIONS}{{{NODE}}}[{RATE}]))", "{{kind}} {{state}}")], stack=True),
+                f"sum by (node, kind, state) (increase({m.ACTIONS}{{{NODE}}}[{RATE}]))",
+                "{{node}} {{kind}} {{state}}")], stack=True),
             Panel("Evictions", [Query(
                 f'sum(increase({m.ACTIONS}{{{NODE}, kind="evict", state="applied"}}[1h]))', "evicted, last hour")],
                 kind="stat", width=6),
@@ -343,7 +376,50 @@ def actuators() -> dict:
                      rows, with_pod=False)
 
 
+def fleet_overview() -> dict:
+    every = f'{NOT_OVERFLOW}, pod!=""'
+    rows = [
+        Row("Fleet", [
+            Panel("Nodes reporting", [Query(f"count({m.EXPORTER_LAST_UPDATE}{{{NODE}}})", "nodes")], kind="stat", width=6),
+            Panel("Agents not scraped", [Query(f'count(up{{job="noisyneighbor", {CLUSTER}}} == 0) or vector(0)',
+                                               "down")], kind="stat", width=6,
+                  description="Nodes whose agent Prometheus cannot scrape (NoisyNeighborAgentDown)."),
+            Panel("Open incidents", [Query(f"sum({m.INCIDENTS_OPEN}{{{NODE}}}) or vector(0)", "open")], kind="stat",
+                  width=6),
+            Panel("Probe states across nodes", [Query(
+                f"count by (probe, state) ({m.PROBE_STATE}{{{NODE}}} == 1)", instant=True)], kind="table", width=6),
+        ]),
+        Row("Worst victims and culprits across nodes", [
+            Panel("Worst victims: runqueue p99 per pod (5m)", [Query(
+                f"topk(15, {_p99(m.RUNQ_LATENCY, every, 'cluster, node, namespace, pod, qos', '5m')})",
+                instant=True)], kind="table", unit="s", description="The pods waiting longest for a CPU, on any "
+                "node: open the pod dashboard for who ran instead."),
+            Panel("Top culprits: highest score in any open incident", [Query(
+                f"topk(15, max by (cluster, node, culprit_namespace, culprit_pod, cause) ({m.CULPRIT_SCORE}{{{NODE}}}))",
+                instant=True)], kind="table", unit="percentunit"),
+            Panel("Open incidents by node, victim and cause", [Query(
+                f"sum by (cluster, node, victim_namespace, victim_pod, cause) ({m.INCIDENTS_OPEN}{{{NODE}}})",
+                instant=True)], kind="table", width=24),
+        ]),
+        Row("Over time", [
+            Panel("Incidents opened per node and cause", [Query(
+                f"sum by (node, cause) (increase({m.INCIDENTS}{{{NODE}}}[{RATE}]))", "{{node}} {{cause}}")], stack=True),
+            Panel("Runqueue p99 per node (all CPUs)", [Query(
+                _p99(m.CPU_RUNQ_LATENCY, NODE, "node"), "{{node}}")], unit="s"),
+            Panel("Actions per node and kind", [Query(
+                f"sum by (node, kind) (increase({m.ACTIONS}{{{NODE}}}[{RATE}]))", "{{node}} {{kind}}")], stack=True),
+            Panel("BestEffort CPU per node", [Query(
+                f'sum by (node) (rate({m.CGROUP_CPU_USAGE}{{{NODE}, qos="BE", pod!=""}}[{RATE}]))', "{{node}}")],
+                description="CPUs used by BestEffort pods: the usual culprits."),
+        ]),
+    ]
+    return dashboard("nn-fleet-overview", "noisyneighbor / Fleet overview",
+                     "Every node at once: the worst victims and culprits, open incidents, probe and agent health.",
+                     rows, with_pod=False)
+
+
 DASHBOARDS = {
+    "fleet-overview.json": fleet_overview,
     "node-overview.json": node_overview,
     "pod-interference.json": pod_interference,
     "actuators.json": actuators,
@@ -354,24 +430,37 @@ def render(dash: dict) -> str:
     return json.dumps(dash, indent=2, ensure_ascii=False) + "\n"
 
 
-def build_all() -> dict[str, str]:
-    return {name: render(build()) for name, build in DASHBOARDS.items()}
+def build_all(show_cluster: bool = False) -> dict[str, str]:
+    """Every dashboard's JSON; ``show_cluster``: the cluster variable shown (a multi-cluster Prometheus)."""
+    out = {}
+    for name, build in DASHBOARDS.items():
+        dash = build()
+        if show_cluster:
+            for var in dash["templating"]["list"]:
+                if var["name"] == "cluster":
+                    var["hide"] = 0
+        out[name] = render(dash)
+    return out
 
 
 def iter_queries(dash: dict) -> Iterator[tuple[str, str]]:
-    """(panel title, expr) of every query of every panel."""
+    """(panel title, expr) of every query of every panel, then of every annotation."""
     for panel in dash["panels"]:
         for target in panel.get("targets", []):
             yield panel["title"], target["expr"]
+    for annotation in dash["annotations"]["list"]:
+        yield f"annotation {annotation['name']}", annotation["expr"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the files instead of writing them")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="directory for the JSON files")
+    parser.add_argument("--show-cluster", action="store_true",
+                        help="show the cluster variable (a Prometheus holding several clusters' series)")
     args = parser.parse_args(argv)
     stale = []
-    for name, text in build_all().items():
+    for name, text in build_all(args.show_cluster).items():
         path = args.out / name
         if args.check:
             if not path.exists() or path.read_text() != text:

@@ -1,38 +1,42 @@
 """Per-workload signals for one interval: two cumulative NodeSnapshots in, one row per workload out.
 
-Everything the incident engine reasons with is computed here, in one place, with the units in the
-field names. A BPF probe's interval is its plugin's ``delta(prev, cur)`` (probes.registry: the layer
-``top`` reads too), which holds only what moved; here it is joined to workloads. BPF readings are
-keyed by cgroup id in their probe's hierarchy (runqlat, tcpconnect and softirq by the cpu hierarchy;
-reclaim by the memory hierarchy) and joined to workloads through the resolver; cgroup-file readings
-are keyed by path.
+Everything the incident engine reasons with lands here, in one row type, with the units in the field
+names. What a probe's interval means is its plugin's ``signal_extractor`` (probes/plugin.py, declared in
+the probe's module): functions over the plugin's ``delta(prev, cur)`` (the layer ``top`` reads too,
+holding only what moved) that return values by field name. This module names no probe: it joins them.
+It hands an extractor a ``workload_key(cgroup id)`` that resolves ids in the plugin's hierarchy
+(``ProbePlugin.id_controller``) to workload keys, makes the rows in the order the extractor met them,
+and reads the cgroup files itself (CPU accounting, memory, PSI: keyed by path).
 
-Softirq time is charged to CPUs, never to ``current``: a workload's softirq *exposure* is the
-softirq run time of each CPU weighted by the share of the workload's own CPU time spent on that CPU
-(v1 ``cpuacct.usage_percpu``; on v2 its effective cpuset, uniformly).
+Data still flows one way: probes/ never imports detector/; the detector imports each plugin's
+declaration (probes.registry) and calls it. Per-CPU values (charged to CPUs, never to ``current``)
+reach a workload through its CPU weights: the share of its own CPU time spent on each CPU (v1
+``cpuacct.usage_percpu``; on v2 its effective cpuset, uniformly), made here, read by the extractor's
+``exposure``.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from detector.workloads import IdMapper, Workload
 from probes.cgroupfs import CgroupLayout
-from probes.hist import HIST_SLOTS, IntervalHistogram
+from probes.plugin import IDLE, UNKNOWN  # noqa: F401  (re-exported: detector/incidents.py reads them here)
 from probes.psi import psi_rate
-from probes.reclaim import ReclaimInterval
-from probes.registry import BY_NAME
-from probes.runqlat import RunqInterval
+from probes.registry import BY_NAME, PLUGINS
 from probes.snapshot import NodeSnapshot
-from probes.softirq import SoftirqInterval
-from probes.tcpconnect import TcpConnectInterval
 
-IDLE = "<idle>"
-UNKNOWN = "<unknown>"
+# Catalog signals the detector derives from a plugin's fields (detector/incidents.py), by what they
+# are computed from: a plugin that names one (ProbePlugin.signals) must produce those fields.
+DERIVED_FROM: dict[str, tuple[str, ...]] = {
+    "runq_wait_share": ("runq_wait_ms_per_s",),
+    "who_ran_instead_foreign_share": ("ran_instead_ns",),
+    "who_ran_instead_own_share": ("own_wait_ns",),
+}
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +119,12 @@ class WorkloadSignals:
 class NodeSignals:
     interval_s: float
     workloads: dict[str, WorkloadSignals]
-    softirq_ms_per_s_by_cpu: dict[int, float]
-    softirq_delay_p99_ns_by_cpu: dict[int, float]
-    node_direct_reclaim_ms_per_s: float
-    node_cpu_busy: float | None  # 0..ncpu cores busy
-    node_psi: dict[str, float]  # "cpu_some" -> percent
+    # set by the probe plugins' extractors (their defaults: the probe is off)
+    softirq_ms_per_s_by_cpu: dict[int, float] = field(default_factory=dict)
+    softirq_delay_p99_ns_by_cpu: dict[int, float] = field(default_factory=dict)
+    node_direct_reclaim_ms_per_s: float = 0.0
+    node_cpu_busy: float | None = None  # 0..ncpu cores busy
+    node_psi: dict[str, float] = field(default_factory=dict)  # "cpu_some" -> percent
     online_cpus: tuple[int, ...] = ()
     # Every workload that exists, active or not (``workloads`` holds rows only for those whose inputs
     # moved this tick). None: ``workloads`` holds every one.
@@ -127,20 +132,6 @@ class NodeSignals:
     # Pages kswapd reclaimed per second (/proc/vmstat pgsteal_kswapd): global reclaim in the background,
     # whose CPU time is a kernel thread's (the root cgroup) on whichever CPU kswapd ran.
     kswapd_pages_per_s: float = 0.0
-
-
-def _merge(intervals: Iterable[IntervalHistogram]) -> IntervalHistogram:
-    """Several keys' interval histograms as one (a workload's cgroups, a CPU's vectors)."""
-    slots = [0] * HIST_SLOTS
-    total = count = 0
-    exact_max: int | None = None
-    for d in intervals:
-        slots = [a + b for a, b in zip(slots, d.slots, strict=False)]
-        total += d.sum_ns
-        count += d.count
-        if d.exact_max_ns is not None:
-            exact_max = max(exact_max or 0, d.exact_max_ns)
-    return IntervalHistogram(tuple(slots), total, count, exact_max)
 
 
 def probe_delta(name: str, prev: NodeSnapshot, cur: NodeSnapshot) -> Any:
@@ -152,26 +143,38 @@ def probe_delta(name: str, prev: NodeSnapshot, cur: NodeSnapshot) -> Any:
     return BY_NAME[name].delta(before, now)
 
 
+class _Tick:
+    """One build's rows: a workload's row is made the first time anything about it moved."""
+
+    def __init__(self, dt: float) -> None:
+        self.dt = dt
+        self.rows: dict[str, WorkloadSignals] = {}
+        self.node: dict[str, Any] = {}  # NodeSignals fields the plugins' extractors set
+
+    def row(self, w: Workload) -> WorkloadSignals:
+        r = self.rows.get(w.key)
+        if r is None:
+            r = self.rows[w.key] = WorkloadSignals(w, self.dt)
+        return r
+
+
 class SignalBuilder:
+    """Joins two snapshots to workloads: each probe plugin's ``signal_extractor`` (probes/plugin.py) over
+    its interval, and the cgroup files (CPU accounting, memory, PSI) read here, in a fixed order
+    (``SIGNAL_STAGES``): which rows exist when a stage runs is part of what it computes."""
+
     def __init__(self, layout: CgroupLayout, ids: IdMapper) -> None:
         self.layout = layout
         self.ids = ids
         self.cpu_h = layout.hierarchy_for("cpu")
         self.mem_h = layout.hierarchy_for("memory")
+        self.hierarchies = {p.id_controller: layout.hierarchy_for(p.id_controller) for p in PLUGINS}
+        self.extractors = tuple((p, p.signal_extractor) for p in PLUGINS if p.signal_extractor is not None)
         # (the listed paths, the pod list version, their workload keys and those of unlisted rows since)
         self._present_of: tuple[object, int, frozenset[str]] | None = None
 
     def build(self, prev: NodeSnapshot, cur: NodeSnapshot, extra_paths: Iterable[str] = ()) -> NodeSignals:
-        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-6)
-        rows: dict[str, WorkloadSignals] = {}
-        matrix = False  # the runqlat flavour fills the victim x culprit matrix
-
-        def row(w: Workload) -> WorkloadSignals:
-            r = rows.get(w.key)
-            if r is None:
-                r = rows[w.key] = WorkloadSignals(w, dt)
-            return r
-
+        tick = _Tick(max(cur.monotonic_s - prev.monotonic_s, 1e-6))
         # Which cgroups' file readings are new this tick. A collector that follows activity names them
         # (idle cgroups keep their last readings, and get no row: nothing happened to them); without
         # that, every reading is new and every listed workload gets a row, as before.
@@ -182,36 +185,64 @@ class SignalBuilder:
         listed_keys = self._present(extra_paths) if incremental else frozenset()
         if changed is None:
             for path in extra_paths:
-                row(self.ids.index.workload_of(path))
+                tick.row(self.ids.index.workload_of(path))
             changed = cur.cgroup_cpu.keys() | cur.cgroup_mem.keys() | cur.cgroup_psi.keys()
+        intervals = {p.name: probe_delta(p.name, prev, cur) for p, _ in self.extractors}
+        self._stage("tasks", intervals, tick)
+        self._cpu_files(prev, cur, changed, incremental, tick)
+        self._cpu_exposure(prev, cur, intervals, tick)
+        self._stage("memory", intervals, tick)
+        self._memory_files(prev, cur, changed, incremental, tick)
+        self._stage("network", intervals, tick)
+        self._psi_files(prev, cur, changed, tick)
+        for plugin, extractor in self.extractors:  # node-wide facts: rows with nothing this tick have them too
+            interval = intervals[plugin.name]
+            if extractor.every_row is not None and interval is not None:
+                for name, value in extractor.every_row(interval).items():
+                    for r in tick.rows.values():
+                        setattr(r, name, value)
+        return NodeSignals(tick.dt, tick.rows, node_cpu_busy=_busy_cores(prev, cur, tick.dt),
+                           node_psi=_node_psi(prev, cur, tick.dt), online_cpus=tuple(sorted(cur.node_cpu_per_cpu)),
+                           present=self._present_with(tick, listed_keys) if incremental else None,
+                           kswapd_pages_per_s=_kswapd_pages_per_s(prev, cur, tick.dt), **tick.node)
 
-        # -- runqueue (the runqlat plugin's interval: only cgroups in which a wait ended) ------------
-        runq: RunqInterval | None = probe_delta("runqlat", prev, cur)
-        if runq is not None:
-            groups: dict[str, list[IntervalHistogram]] = defaultdict(list)
-            for cgid, waited in runq.per_cgroup.items():
-                w = self.ids.workload_of(cgid, self.cpu_h)
-                if w is not None:
-                    groups[w.key].append(waited)
-                    row(w)
-            for key, hists in groups.items():
-                d = _merge(hists)
-                r = rows[key]
-                r.runq_count = d.count
-                r.runq_wait_ms_per_s = d.sum_ns / 1e6 / dt
-                r.runq_p99_ns = d.quantile_ns(0.99)
-                r.runq_max_ns = d.max_ns
-            matrix = self._who_ran_instead(runq, row)
+    def _stage(self, stage: str, intervals: dict[str, Any], tick: _Tick) -> None:
+        """The extractors of one stage: their node values, and their values per workload on its row."""
+        for plugin, extractor in self.extractors:
+            interval = intervals[plugin.name]
+            if extractor.stage != stage or interval is None:
+                continue
+            if extractor.node is not None:
+                tick.node.update(extractor.node(interval, tick.dt))
+            if extractor.workloads is None:
+                continue
+            hierarchy, primary = self.hierarchies[plugin.id_controller], plugin.id_controller == "cpu"
+            seen: dict[str, Workload] = {}
 
-        # -- CPU accounting -----------------------------------------------------------------------
+            def workload_key(cgroup_id: int) -> str | None:
+                w = self.ids.workload_of(cgroup_id, hierarchy, primary=primary)  # noqa: B023 (called right here)
+                if w is None:
+                    return None
+                seen.setdefault(w.key, w)  # noqa: B023
+                return w.key
+
+            for key, values in extractor.workloads(interval, tick.dt, workload_key).items():
+                r = tick.row(seen[key])
+                for name, value in values.items():
+                    setattr(r, name, value)
+
+    def _cpu_files(self, prev: NodeSnapshot, cur: NodeSnapshot, changed: Iterable[str], incremental: bool,
+                   tick: _Tick) -> None:
+        """CPU use and CFS throttling of each workload's own cgroup, then of its containers."""
+        dt = tick.dt
         for path in changed:
             c, p = cur.cgroup_cpu.get(path), prev.cgroup_cpu.get(path)
             if c is None or p is None or not self.ids.index.is_workload_root(path):
                 continue  # only the workload's own cgroup: it already sums its children
             w = self.ids.index.workload_of(path)
-            if incremental and w.key not in rows and c.usage_ns == p.usage_ns and c.nr_periods == p.nr_periods:
+            if incremental and w.key not in tick.rows and c.usage_ns == p.usage_ns and c.nr_periods == p.nr_periods:
                 continue  # read again (its turn on the wheel) but it did not run: no row, no fake zeros
-            r = row(w)
+            r = tick.row(w)
             r.cpu_cores = max(c.usage_ns - p.usage_ns, 0) / 1e9 / dt
             r.quota_cores = c.quota_cores
             periods = c.nr_periods - p.nr_periods
@@ -229,77 +260,38 @@ class SignalBuilder:
             if named is None:
                 continue
             periods = c.nr_periods - p.nr_periods
-            r = row(self.ids.index.workload_of(path))
+            r = tick.row(self.ids.index.workload_of(path))
             r.containers[path] = ContainerCpu(
                 named[0], path, max(c.usage_ns - p.usage_ns, 0) / 1e9 / dt, c.quota_cores,
                 (c.nr_throttled - p.nr_throttled) / periods if periods > 0 else 0.0,
                 max(c.throttled_ns - p.throttled_ns, 0) / 1e6 / dt, named[1])
 
-        # -- softirq per CPU, then joined through where each workload ran ---------------------------
-        sirq_ms: dict[int, float] = defaultdict(float)
-        sirq_delay: dict[int, float] = {}
-        sirq: SoftirqInterval | None = probe_delta("softirq", prev, cur)
-        if sirq is not None:
-            per_cpu_delay: dict[int, list[IntervalHistogram]] = defaultdict(list)
-            for (cpu, _vec), d in sirq.stats.items():
-                sirq_ms[cpu] += d.runtime.sum_ns / 1e6 / dt
-                per_cpu_delay[cpu].append(d.delay)
-            for cpu, delays in per_cpu_delay.items():
-                sirq_delay[cpu] = _merge(delays).quantile_ns(0.99)
-        for r in rows.values():
+    def _cpu_exposure(self, prev: NodeSnapshot, cur: NodeSnapshot, intervals: dict[str, Any], tick: _Tick) -> None:
+        """Where each workload ran (its CPU weights), and the per-CPU values of the "cpus" stage's
+        extractors read through them, for the rows made so far."""
+        self._stage("cpus", intervals, tick)
+        exposures = [e.exposure for p, e in self.extractors
+                     if e.stage == "cpus" and e.exposure is not None and intervals[p.name] is not None]
+        for r in tick.rows.values():
             weights = self._cpu_weights(prev, cur, r.workload.target.cgroup)
             r.cpu_weights = weights
-            r.softirq_ms_per_s = sum(w * sirq_ms.get(cpu, 0.0) for cpu, w in weights.items())
-            r.softirq_delay_p99_ns = max((sirq_delay.get(cpu, 0.0) for cpu, w in weights.items() if w > 0.05), default=0.0)
+            for exposure in exposures:
+                for name, value in exposure(weights, tick.node).items():
+                    setattr(r, name, value)
 
-        # -- reclaim (memory hierarchy ids) ---------------------------------------------------------
-        node_direct = 0.0
-        reclaim: ReclaimInterval | None = probe_delta("reclaim", prev, cur)
-        if reclaim is not None:  # only the (memcg id, kind) keys that reclaimed
-            for (cgid, kind), rd in reclaim.per_cgroup.items():
-                w = self.ids.workload_of(cgid, self.mem_h, primary=False)
-                if w is None:
-                    continue
-                r = row(w)
-                ms = rd.latency.sum_ns / 1e6 / dt
-                r.reclaim_stall_ms_per_s += ms
-                r.reclaim_by_kind_ms_per_s[kind] = r.reclaim_by_kind_ms_per_s.get(kind, 0.0) + ms
-                r.reclaim_pages_per_s += rd.pages / dt
-            node_direct = reclaim.node_direct.latency.sum_ns / 1e6 / dt
+    def _memory_files(self, prev: NodeSnapshot, cur: NodeSnapshot, changed: Iterable[str], incremental: bool,
+                      tick: _Tick) -> None:
         for path in changed:
             m = cur.cgroup_mem.get(path)
             if m is not None and self.ids.index.is_workload_root(path):
                 w = self.ids.index.workload_of(path, primary=False)
                 before = prev.cgroup_mem.get(path)
-                if incremental and w.key not in rows and (before is None or before.usage_bytes == m.usage_bytes):
+                if incremental and w.key not in tick.rows and (before is None or before.usage_bytes == m.usage_bytes):
                     continue  # first sight or no change: nothing happened to it (no row, no store entity)
-                r = row(w)
+                r = tick.row(w)
                 r.memory_usage_bytes, r.memory_limit_bytes = m.usage_bytes, m.limit_bytes
 
-        # -- TCP connect ----------------------------------------------------------------------------
-        tcp: TcpConnectInterval | None = probe_delta("tcpconnect", prev, cur)
-        if tcp is not None:  # only the (cgroup, netns) keys whose counters changed
-            acc: dict[str, list] = defaultdict(lambda: [[], 0, 0])
-            for key, cd in tcp.per_key.items():
-                w = self.ids.workload_of(key[0], self.cpu_h)
-                if w is None:
-                    continue
-                a = acc[w.key]
-                row(w)
-                a[0].append(cd.latency)
-                # A connect the application gave up on (its own timeout: an abort in SYN_SENT) failed
-                # for the user just as a refused or timed-out one did.
-                a[1] += cd.failures + cd.aborts
-                a[2] += cd.syn_retransmits
-            for key, (hists, failures, retrans) in acc.items():
-                d = _merge(hists)
-                r = rows[key]
-                r.connects = d.count
-                r.connect_p99_ns = d.quantile_ns(0.99)
-                r.connect_failures_per_s = max(failures, 0) / dt
-                r.syn_retransmits_per_s = max(retrans, 0) / dt
-
-        # -- PSI ------------------------------------------------------------------------------------
+    def _psi_files(self, prev: NodeSnapshot, cur: NodeSnapshot, changed: Iterable[str], tick: _Tick) -> None:
         for path in changed:
             readings = cur.cgroup_psi.get(path)
             if readings is None or not self.ids.index.is_workload_root(path):
@@ -311,7 +303,7 @@ class SignalBuilder:
             psi_dt = cur.cgroup_psi_read_s.get(path, cur.monotonic_s) - prev.cgroup_psi_read_s.get(path, prev.monotonic_s)
             if psi_dt <= 0:
                 continue
-            r = row(self.ids.index.workload_of(path))
+            r = tick.row(self.ids.index.workload_of(path))
             for resource, reading in readings.items():
                 if resource not in before:
                     continue
@@ -323,35 +315,13 @@ class SignalBuilder:
                     r.psi_memory_full = None if rate.full is None else rate.full * 100
                 elif resource == "io":
                     r.psi_io_some = None if rate.some is None else rate.some * 100
-        node_psi: dict[str, float] = {}
-        if cur.node_psi is not None and prev.node_psi is not None:
-            for resource in ("cpu", "memory", "io", "irq"):
-                a, b = prev.node_psi.get(resource), cur.node_psi.get(resource)
-                if a is None or b is None:
-                    continue
-                rate = psi_rate(a, b, dt)
-                if rate.some is not None:
-                    node_psi[f"{resource}_some"] = rate.some * 100
-                if rate.full is not None:
-                    node_psi[f"{resource}_full"] = rate.full * 100
-        for r in rows.values():  # node-wide: rows with no wait this tick still have (zero) shares
-            r.who_ran_instead_available = matrix
-        busy = None
-        if cur.node_cpu is not None and prev.node_cpu is not None:
-            busy = max(cur.node_cpu.busy_ns - prev.node_cpu.busy_ns, 0) / 1e9 / dt
-        present = None
-        if incremental:
-            new = [k for k in rows if k not in listed_keys]
-            if new:  # a workload with a row that is not listed (the root, a service): present too
-                listed_keys = listed_keys | frozenset(new)
-                self._present_of = (self._present_of[0], self._present_of[1], listed_keys)  # type: ignore[index]
-            present = listed_keys
-        kswapd = 0.0
-        if cur.node_vmstat is not None and prev.node_vmstat is not None \
-                and cur.node_vmstat.pgsteal_kswapd is not None and prev.node_vmstat.pgsteal_kswapd is not None:
-            kswapd = max(cur.node_vmstat.pgsteal_kswapd - prev.node_vmstat.pgsteal_kswapd, 0) / dt
-        return NodeSignals(dt, rows, dict(sirq_ms), sirq_delay, node_direct, busy, node_psi,
-                           tuple(sorted(cur.node_cpu_per_cpu)), present, kswapd)
+
+    def _present_with(self, tick: _Tick, listed_keys: frozenset[str]) -> frozenset[str]:
+        new = [k for k in tick.rows if k not in listed_keys]
+        if new:  # a workload with a row that is not listed (the root, a service): present too
+            listed_keys = listed_keys | frozenset(new)
+            self._present_of = (self._present_of[0], self._present_of[1], listed_keys)  # type: ignore[index]
+        return listed_keys
 
     def _present(self, listed: Iterable[str]) -> frozenset[str]:
         """Workload keys of the listed (cpu-hierarchy) cgroups and of every workload with a row since
@@ -376,40 +346,30 @@ class SignalBuilder:
         ncpu = len(cur.node_cpu_per_cpu) or 1
         return {cpu: 1 / ncpu for cpu in (cur.node_cpu_per_cpu or {0: None})}
 
-    def _who_ran_instead(self, runq: RunqInterval, row: Callable[[Workload], WorkloadSignals]) -> bool:
-        """Fill ran_instead_ns/preemptions from the runqlat victim x culprit matrix when the probe has it
-        (the plugin's interval holds the victims and pairs that moved).
 
-        The matrix is per leaf cgroup: two containers of one pod are foreign to each other there but
-        the same workload here, so a culprit in the victim's own workload counts as own wait.
-        """
-        if not runq.culprits_available:
-            return False
-        for victim_id, d in runq.wait_split.items():
-            victim = self.ids.workload_of(victim_id, self.cpu_h)
-            if victim is None:
+def _node_psi(prev: NodeSnapshot, cur: NodeSnapshot, dt: float) -> dict[str, float]:
+    node_psi: dict[str, float] = {}
+    if cur.node_psi is not None and prev.node_psi is not None:
+        for resource in ("cpu", "memory", "io", "irq"):
+            a, b = prev.node_psi.get(resource), cur.node_psi.get(resource)
+            if a is None or b is None:
                 continue
-            r = row(victim)
-            r.own_wait_ns += d.own_wait_ns
-            r.preempted_own += d.own_preemptions
-            if d.idle_wait_ns:
-                r.ran_instead_ns[IDLE] = r.ran_instead_ns.get(IDLE, 0.0) + d.idle_wait_ns
-            lost = d.unknown_wait_ns + d.migrated_wait_ns
-            if lost:
-                r.ran_instead_ns[UNKNOWN] = r.ran_instead_ns.get(UNKNOWN, 0.0) + lost
-        for (victim_id, culprit_id), pair in runq.culprits.items():
-            if not pair.wait_ns and not pair.preemptions:
-                continue
-            victim = self.ids.workload_of(victim_id, self.cpu_h)
-            if victim is None:
-                continue
-            r = row(victim)
-            culprit = self.ids.workload_of(culprit_id, self.cpu_h)
-            key = UNKNOWN if culprit is None else culprit.key
-            if key == victim.key:
-                r.own_wait_ns += pair.wait_ns
-                r.preempted_own += pair.preemptions
-            else:
-                r.ran_instead_ns[key] = r.ran_instead_ns.get(key, 0.0) + pair.wait_ns
-                r.preempted_foreign += pair.preemptions
-        return True
+            rate = psi_rate(a, b, dt)
+            if rate.some is not None:
+                node_psi[f"{resource}_some"] = rate.some * 100
+            if rate.full is not None:
+                node_psi[f"{resource}_full"] = rate.full * 100
+    return node_psi
+
+
+def _busy_cores(prev: NodeSnapshot, cur: NodeSnapshot, dt: float) -> float | None:
+    if cur.node_cpu is None or prev.node_cpu is None:
+        return None
+    return max(cur.node_cpu.busy_ns - prev.node_cpu.busy_ns, 0) / 1e9 / dt
+
+
+def _kswapd_pages_per_s(prev: NodeSnapshot, cur: NodeSnapshot, dt: float) -> float:
+    if cur.node_vmstat is not None and prev.node_vmstat is not None \
+            and cur.node_vmstat.pgsteal_kswapd is not None and prev.node_vmstat.pgsteal_kswapd is not None:
+        return max(cur.node_vmstat.pgsteal_kswapd - prev.node_vmstat.pgsteal_kswapd, 0) / dt
+    return 0.0

@@ -321,14 +321,7 @@ class SignalStore:
 
         The whole tick is validated before anything is written, so bad input changes nothing.
         """
-        try:
-            t = float(ts)
-        except (TypeError, ValueError):
-            raise StoreError(f"tick timestamp must be a number, got {ts!r}") from None
-        if not math.isfinite(t):
-            raise StoreError(f"tick timestamp must be finite, got {ts!r}")
-        if t < self._now:
-            raise StoreError(f"tick timestamp went backwards: {t} < latest {self._now}")
+        t = self._tick_time(ts)
         if not isinstance(values, Mapping):
             raise StoreError(f"tick values must be a mapping of (entity, signal) -> float, got {type(values).__name__}")
         # Validation and grouping run at C speed (map/fromiter/numpy) because a tick carries thousands
@@ -379,6 +372,18 @@ class SignalStore:
         for signal, i in signal_ids.items():
             mask = write & (sig_idx == i)
             self._data[signal][slot, rows[mask]] = vals[mask]
+
+    def _tick_time(self, ts: float) -> float:
+        """A tick's timestamp as a float: a finite number, not before the latest tick."""
+        try:
+            t = float(ts)
+        except (TypeError, ValueError):
+            raise StoreError(f"tick timestamp must be a number, got {ts!r}") from None
+        if not math.isfinite(t):
+            raise StoreError(f"tick timestamp must be finite, got {ts!r}")
+        if t < self._now:
+            raise StoreError(f"tick timestamp went backwards: {t} < latest {self._now}")
+        return t
 
     def forget(self, entity: str) -> bool:
         """Drop everything about ``entity``; False when it was not stored."""

@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="HTTP address for /metrics, /healthz, /readyz (port 0: any free port)")
     agent.add_argument("--dry-run", action=argparse.BooleanOptionalAction, default=None,
                        help="plan and log actions without changing anything (default: the policy's actuators.dry_run)")
+    # The opt-in actuators that need more than the base install (an RBAC grant, a host mount): the
+    # deploy/components that add those also turn the actuator on with these flags.
+    agent.add_argument("--evict", action=argparse.BooleanOptionalAction, default=None,
+                       help="the evict actuator (default: the policy's actuators.evict_enabled)")
+    agent.add_argument("--resctrl", action=argparse.BooleanOptionalAction, default=None,
+                       help="the LLC/memory-bandwidth actuator (default: the policy's actuators.resctrl_enabled)")
     agent.add_argument("--journal-dir", metavar="DIR", default=None,
                        help="where originals of changed files are kept until restored")
     agent.add_argument("--audit-log", metavar="FILE", help="JSON lines, one per action state change")
@@ -138,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default 100us: le 128 us; 17 buckets with the default max)")
     agent.add_argument("--extra-node-series", action="store_true",
                        help="also export PSI averages and /proc/stat per CPU and mode (node_exporter has both)")
+    agent.add_argument("--per-cpu-series", action="store_true",
+                       help="export the node's runqueue and softirq histograms per CPU (softirq: per CPU x vector, "
+                            "~41 series a pair, ~26k at 64 CPUs), not summed over CPUs")
     agent.add_argument("--pods", choices=("auto", "kubelet", "apiserver", "standalone"), default=None,
                        help="pod metadata source (default: the policy's)")
     agent.add_argument("--act-only", action="append", default=[], metavar="GLOB",
@@ -180,11 +189,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     config = AgentConfig(
         config_path=args.config, node_name=args.node_name, host_root=getattr(args, "host_root", None),
-        listen=args.listen, dry_run=args.dry_run, audit_log=args.audit_log, incident_log=args.incident_log,
+        listen=args.listen, dry_run=args.dry_run, evict=args.evict, resctrl=args.resctrl,
+        audit_log=args.audit_log, incident_log=args.incident_log,
         interval_s=args.interval, probes=args.probes or BPF_PROBES, max_cgroups=args.max_cgroups,
         pod_source=args.pods, act_only=tuple(args.act_only), max_bucket_seconds=args.bucket_max,
         min_bucket_seconds=args.bucket_min,
-        extra_node_series=args.extra_node_series, btf=getattr(args, "btf", None),
+        extra_node_series=args.extra_node_series, per_cpu_series=args.per_cpu_series, btf=getattr(args, "btf", None),
     )
     if args.journal_dir:
         config.journal_dir = args.journal_dir

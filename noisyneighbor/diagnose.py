@@ -166,6 +166,27 @@ def run_diagnose(
     )
 
 
+def report_from_history(
+    detector: Detector, window_s: float, ticks: int, probes: dict[str, str], *,
+    decisions: list[Decision] | None = None, pods: Callable[[], Any] | None = None, host: str | None = None,
+) -> DiagnoseReport:
+    """The report over the last ``window_s`` of a detector that keeps running (the agent's ``/diagnose``):
+    its incidents open in that window, from its own store; nothing is collected or closed here."""
+    now = time.time()
+    since = now - window_s
+    incidents = sorted((i for i in detector.engine.all_incidents() if i.ended_at is None or i.ended_at >= since),
+                       key=lambda i: i.started_at)
+    report = DiagnoseReport(
+        started_at=since, duration_s=window_s, ticks=ticks, probes=probes, incidents=incidents,
+        decisions=[d for d in decisions or () if d.created_at >= since],
+        top_workloads=_top_workloads(detector), series=_series(detector, incidents, window_s),
+        still_open={i.incident_id for i in detector.engine.open_incidents}, cpu_requests=_cpu_requests(incidents, pods),
+    )
+    if host:
+        report.host = host
+    return report
+
+
 def _top_workloads(detector: Detector, limit: int = 10) -> list[dict[str, Any]]:
     store = detector.engine.store
     window = 60.0

@@ -14,6 +14,12 @@ fullest listener's fill (1), and its namespace's ListenOverflows once non-zero (
 node's per-CPU /proc/stat counters (node_exporter has both; ``rate()`` of the totals gives the
 averages) are only exported with ``extra_node_series``.
 
+Series budget per node (what does not belong to a cgroup): :data:`NODE_SERIES_BUDGET`, the same at
+every CPU count. What grows with the node's CPUs is summed to node level by default: the runqueue
+histogram of all tasks and the softirq histograms and counters per vector (:data:`PER_CPU_METRICS`).
+``per_cpu_series`` adds their ``cpu`` label back (per CPU, and per CPU x vector: ~41 series a pair,
+~26k softirq series at 64 CPUs); the detector reads per-CPU softirq time from the snapshot either way.
+
 Everything the probes keep is cumulative, so it is published as it is: log2 histograms become real
 Prometheus histograms (slot k of ``probes.hist`` holds [2^(k-1), 2^k) µs, so its upper bound in
 seconds is the ``le`` of bucket k), BPF and /proc counters become ``_total`` counters and PSI
@@ -31,7 +37,7 @@ import socket
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -47,27 +53,12 @@ from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.hist import HIST_SLOTS, LatencyHistogram, slot_bounds_us
 from probes.host import HostPaths
 from probes.registry import PLUGINS
-from probes.snapshot import NodeSnapshot
-from probes.tcpconnect import ConnectStats
+from probes.snapshot import CpuTimes, NodeSnapshot
 
 log = logging.getLogger(__name__)
 
 # -- metric names (shared with dashboards/generate.py) ----------------------------------------------
-RUNQ_LATENCY = "noisyneighbor_runqueue_latency_seconds"
-CPU_RUNQ_LATENCY = "noisyneighbor_cpu_runqueue_latency_seconds"
-SOFTIRQ_DELAY = "noisyneighbor_softirq_delay_seconds"
-SOFTIRQ_RUNTIME = "noisyneighbor_softirq_runtime_seconds"
-SOFTIRQ_ENTRIES = "noisyneighbor_softirq_entries_total"
-RECLAIM_LATENCY = "noisyneighbor_reclaim_latency_seconds"
-RECLAIM_PAGES = "noisyneighbor_reclaim_pages_total"
-NODE_RECLAIM_LATENCY = "noisyneighbor_node_reclaim_latency_seconds"
-NODE_RECLAIM_PAGES = "noisyneighbor_node_reclaim_pages_total"
 NODE_ALLOCSTALLS = "noisyneighbor_node_allocstalls_total"
-CONNECT_LATENCY = "noisyneighbor_tcp_connect_latency_seconds"
-CONNECT_SUCCESSES = "noisyneighbor_tcp_connect_successes_total"
-CONNECT_FAILURES = "noisyneighbor_tcp_connect_failures_total"
-CONNECT_ERRORS = "noisyneighbor_tcp_connect_errors_total"
-CONNECT_SYN_RETRANSMITS = "noisyneighbor_tcp_connect_syn_retransmits_total"
 LISTEN_OVERFLOWS = "noisyneighbor_listen_overflows_total"
 LISTEN_QUEUE_FILL = "noisyneighbor_listen_queue_fill_ratio"
 PSI_STALL = "noisyneighbor_psi_stall_seconds_total"
@@ -113,9 +104,7 @@ CULPRIT_LABELS = ("culprit_namespace", "culprit_pod", "culprit_qos", "culprit_cg
 TARGET_LABELS = ("target_namespace", "target_pod", "target_cgroup")
 OVERFLOW_CGROUP = "_overflow"
 PSI_WINDOWS = ("10", "60", "300")
-# The snapshot field each BPF probe fills, by the probe name its ProbeSpec (and ProbeStatus) uses.
-PROBE_FIELDS = {plugin.name: plugin.snapshot_field for plugin in PLUGINS}
-CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+CPU_MODES = tuple(f.name.removesuffix("_ns") for f in fields(CpuTimes))  # /proc/stat's, in its order
 # Kubernetes QoS -> Koordinator class, as koordlet maps pods without a koordinator.sh/qosClass label.
 KOORD_CLASS_OF_K8S_QOS = {"guaranteed": "LS", "burstable": "LS", "besteffort": "BE"}
 
@@ -129,6 +118,7 @@ class MetricDef:
     help: str
     labels: tuple[str, ...] = ()  # after `node` (and after CGROUP_LABELS when per_cgroup)
     per_cgroup: bool = False
+    per_cpu: bool = False  # its `cpu` label only with per_cpu_series (else summed over CPUs)
 
     @property
     def all_labels(self) -> tuple[str, ...]:
@@ -143,26 +133,8 @@ class MetricDef:
 
 
 _DEFS = (
-    MetricDef(RUNQ_LATENCY, "histogram", "Runqueue wait (wakeup or preemption to running) of the cgroup's tasks.",
-              per_cgroup=True),
-    MetricDef(CPU_RUNQ_LATENCY, "histogram", "Runqueue wait of all tasks, per CPU they waited on.", ("cpu",)),
-    MetricDef(SOFTIRQ_DELAY, "histogram", "Softirq raise to handler entry, per CPU and vector.", ("cpu", "vector")),
-    MetricDef(SOFTIRQ_RUNTIME, "histogram", "Softirq handler run time, per CPU and vector.", ("cpu", "vector")),
-    MetricDef(SOFTIRQ_ENTRIES, "counter", "Softirq handler runs (what /proc/softirqs counts).", ("cpu", "vector")),
-    MetricDef(RECLAIM_LATENCY, "histogram", "Reclaim passes the cgroup's tasks stalled in, by kind (direct, memcg, "
-              "softlimit; softlimit passes are also inside direct ones).", ("kind",), per_cgroup=True),
-    MetricDef(RECLAIM_PAGES, "counter", "Pages freed by the cgroup's reclaim passes, by kind.", ("kind",), per_cgroup=True),
-    MetricDef(NODE_RECLAIM_LATENCY, "histogram", "Reclaim passes on the node, by kind.", ("kind",)),
-    MetricDef(NODE_RECLAIM_PAGES, "counter", "Pages freed by reclaim passes on the node, by kind.", ("kind",)),
     MetricDef(NODE_ALLOCSTALLS, "counter", "Global direct reclaim passes (/proc/vmstat allocstall_*), by zone.",
               ("zone",)),
-    MetricDef(CONNECT_LATENCY, "histogram", "TCP connect() to ESTABLISHED of successful connects.", per_cgroup=True),
-    MetricDef(CONNECT_SUCCESSES, "counter", "TCP connects that reached ESTABLISHED.", per_cgroup=True),
-    MetricDef(CONNECT_FAILURES, "counter", "TCP connects that failed after sending a SYN (ActiveOpens - "
-              "successes - aborts).", per_cgroup=True),
-    MetricDef(CONNECT_ERRORS, "counter", "TCP connects that did not succeed, by reason (refused, timeout, aborted, "
-              "local_error; refused and timeout are also failures).", ("reason",), per_cgroup=True),
-    MetricDef(CONNECT_SYN_RETRANSMITS, "counter", "SYN retransmits of connecting sockets.", per_cgroup=True),
     MetricDef(LISTEN_OVERFLOWS, "counter", "TcpExt ListenOverflows of the pod's own network namespace (SYNs and "
               "handshake ACKs dropped because an accept queue was full), at the last listen-queue read (on "
               "connect trouble, else every 30 s); from its first overflow.", per_cgroup=True),
@@ -219,11 +191,22 @@ _DEFS = (
     MetricDef(EXPORTER_LAST_UPDATE, "gauge", "Wall time of the snapshot the metrics come from."),
     MetricDef(SNAPSHOT_ERRORS, "gauge", "Problems met while collecting the last snapshot (see the agent log)."),
 )
-# Metrics a probe plugin defines itself (probes.registry), per cgroup, after the exporter's own.
-_DEFS = (*_DEFS, *(MetricDef(spec.name, spec.type, spec.help, per_cgroup=True)  # type: ignore[arg-type]
-                   for plugin in PLUGINS for spec in plugin.metric_specs))
-_SERIES_PLUGINS = tuple(plugin for plugin in PLUGINS if plugin.cgroup_series is not None)
+# The metrics each probe plugin defines (probes.registry), in registry order, before the exporter's own.
+_DEFS = (*(MetricDef(spec.name, spec.type, spec.help, spec.labels, spec.per_cgroup, spec.per_cpu)  # type: ignore[arg-type]
+           for plugin in PLUGINS for spec in plugin.metric_specs), *_DEFS)
+_CGROUP_SERIES = tuple(plugin for plugin in PLUGINS if plugin.cgroup_series is not None)
+_NODE_SERIES = tuple(plugin for plugin in PLUGINS if plugin.node_series is not None)
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
+
+# Metrics whose series grow with the node's CPUs: their `cpu` label is only exported with per_cpu_series
+# (otherwise they are summed over CPUs). /proc/stat per CPU (NODE_CPU) is behind extra_node_series.
+# The plugins declare them (MetricSpec.per_cpu).
+PER_CPU_METRICS = frozenset(d.name for d in _DEFS if d.per_cpu)
+# Series without a cgroup label on one node, at any CPU count, without per_cpu_series or
+# extra_node_series: ~565 on an idle node (softirq per vector 410, node reclaim 60, the node's runqueue
+# histogram 20, probe and BPF program state ~50, PSI, allocstalls), the rest is room for open incidents
+# and actions (~8 series each with culprits). tests/test_series_budget.py counts a real scrape against it.
+NODE_SERIES_BUDGET = 800
 
 # le of each log2 slot in seconds: slot k holds [2^(k-1), 2^k) µs; values are truncated to whole µs by the
 # BPF side, so the slot's upper bound is the smallest le that contains all of them.
@@ -385,6 +368,15 @@ class _SeriesData:
         before = series.get(labels)
         series[labels] = hist if before is None else LatencyHistogram.merge((before, hist))
 
+    def add(self, kind: str, name: str, labels: tuple[str, ...], value: object) -> None:
+        """A plugin's sample by its metric's type: histograms and counters add up, a gauge is set."""
+        if kind == "histogram":
+            self.add_hist(name, labels, value)  # type: ignore[arg-type]
+        elif kind == "counter":
+            self.add_counter(name, labels, value)  # type: ignore[arg-type]
+        else:
+            self.set_gauge(name, labels, value)  # type: ignore[arg-type]
+
     def fold_into(self, other: _SeriesData) -> None:
         """Add this cgroup's counters and histograms to `other` (the overflow series). Gauges (quota,
         limits, PSI averages) do not add up and are left out."""
@@ -432,9 +424,11 @@ class Exporter:
         min_bucket_seconds: float = DEFAULT_MIN_BUCKET_SECONDS,
         extra_node_series: bool = False,
         container_name: Callable[[str, str], str | None] | None = None,
+        per_cpu_series: bool = False,
     ) -> None:
         """``extra_node_series``: also PSI averages (node and cgroups) and /proc/stat per CPU and mode,
-        which node_exporter already has; ``container_name(pod_uid, container_id)`` names containers."""
+        which node_exporter already has; ``container_name(pod_uid, container_id)`` names containers;
+        ``per_cpu_series``: :data:`PER_CPU_METRICS` per CPU, not summed over the node's CPUs."""
         if max_cgroups < 1:
             raise ValueError(f"max_cgroups must be at least 1, got {max_cgroups}")
         if not max_bucket_seconds > 0:
@@ -446,11 +440,14 @@ class Exporter:
         self.hist_text: dict[tuple[str, str], tuple[LatencyHistogram, str]] = {}
         self.bottom_slot = min(bottom_slot_for(min_bucket_seconds), self.top_slot)
         self.extra_node_series = extra_node_series
+        self.per_cpu_series = per_cpu_series
         self.container_name = container_name
         self.paths = paths or HostPaths()
         self.layout = layout or discover(self.paths)
         self.labeler: Labeler = labeler or ResolverLabeler(CgroupResolver(self.paths, self.layout))
         # The hierarchies whose ids key the BPF maps, chosen as probes.base.BpfProbe._key_by does.
+        self.hierarchies = {plugin.id_controller: self.layout.hierarchy_for(plugin.id_controller) or self.layout.v2
+                            for plugin in PLUGINS}
         self.cpu_hierarchy = self.layout.hierarchy_for("cpu") or self.layout.v2
         self.memory_hierarchy = self.layout.hierarchy_for("memory") or self.layout.v2
         self.node = node or socket.gethostname()
@@ -545,29 +542,15 @@ class Exporter:
                 return None
             return out.setdefault(key, _SeriesData())
 
-        if snap.runq is not None:
-            for cgroup_id, hist in snap.runq.per_cgroup.items():
-                if (data := by_id(cgroup_id, self.cpu_hierarchy)) is not None:
-                    data.add_hist(RUNQ_LATENCY, (), hist)
-        if snap.reclaim is not None:
-            for (cgroup_id, kind), stats in snap.reclaim.per_cgroup.items():
-                if (data := by_id(cgroup_id, self.memory_hierarchy)) is not None:
-                    data.add_hist(RECLAIM_LATENCY, (kind,), stats.latency)
-                    data.add_counter(RECLAIM_PAGES, (kind,), float(stats.nr_reclaimed))
-        if snap.tcp is not None:
-            for (cgroup_id, _netns), stats in snap.tcp.per_key.items():
-                if (data := by_id(cgroup_id, self.cpu_hierarchy)) is not None:
-                    _add_connect(data, stats)
-        for plugin in _SERIES_PLUGINS:
+        for plugin in _CGROUP_SERIES:
             probe_snap = snap.probe(plugin.name)
             if probe_snap is None:
                 continue
-            for metric, path, value in plugin.cgroup_series(probe_snap):  # type: ignore[misc]
-                if (data := by_path(path)) is not None:
-                    if METRICS[metric].type == "counter":
-                        data.add_counter(metric, (), value)
-                    else:
-                        data.set_gauge(metric, (), value)
+            hierarchy = self.hierarchies[plugin.id_controller]
+            for metric, cgroup, labels, value in plugin.cgroup_series(probe_snap):  # type: ignore[misc]
+                data = by_path(cgroup) if isinstance(cgroup, str) else by_id(cgroup, hierarchy)
+                if data is not None:
+                    data.add(METRICS[metric].type, metric, labels, value)
         if snap.listen is not None:
             self._listen_series(snap, by_path)
         for path, cpu in snap.cgroup_cpu.items():
@@ -629,19 +612,15 @@ class Exporter:
         return kept, len(order) - self.max_cgroups
 
     def _node_series(self, snap: NodeSnapshot, node: _SeriesData) -> None:
-        if snap.runq is not None:
-            for cpu, hist in enumerate(snap.runq.per_cpu):
-                node.add_hist(CPU_RUNQ_LATENCY, (str(cpu),), hist)
-        if snap.softirq is not None:
-            for (cpu, vector), stats in snap.softirq.stats.items():
-                labels = (str(cpu), vector)
-                node.add_hist(SOFTIRQ_DELAY, labels, stats.delay)
-                node.add_hist(SOFTIRQ_RUNTIME, labels, stats.runtime)
-                node.add_counter(SOFTIRQ_ENTRIES, labels, float(stats.entries))
-        if snap.reclaim is not None:
-            for kind, stats in snap.reclaim.node.items():
-                node.add_hist(NODE_RECLAIM_LATENCY, (kind,), stats.latency)
-                node.add_counter(NODE_RECLAIM_PAGES, (kind,), float(stats.nr_reclaimed))
+        for plugin in _NODE_SERIES:
+            probe_snap = snap.probe(plugin.name)
+            if probe_snap is not None:
+                for metric, labels, value in plugin.node_series(probe_snap):  # type: ignore[misc]
+                    d = METRICS[metric]
+                    if d.per_cpu and not self.per_cpu_series:  # summed over CPUs: the cpu label goes
+                        at = d.labels.index("cpu")
+                        labels = (*labels[:at], *labels[at + 1:])
+                    node.add(d.type, metric, labels, value)
         if snap.node_vmstat is not None:
             for zone, passes in snap.node_vmstat.allocstall.items():
                 node.add_counter(NODE_ALLOCSTALLS, (zone,), float(passes))
@@ -651,26 +630,24 @@ class Exporter:
         for cpu, times in snap.node_cpu_per_cpu.items() if self.extra_node_series else ():
             for mode in CPU_MODES:
                 node.add_counter(NODE_CPU, (str(cpu), mode), getattr(times, f"{mode}_ns") / 1e9)
-        for gpu in snap.gpus:
-            labels = (str(gpu.index), gpu.uuid, gpu.name)
-            if gpu.utilization_gpu_percent is not None:
-                node.set_gauge(GPU_UTILIZATION, labels, gpu.utilization_gpu_percent / 100.0)
-            if gpu.memory_used_bytes is not None:
-                node.set_gauge(GPU_MEMORY_USED, labels, float(gpu.memory_used_bytes))
-            if gpu.memory_total_bytes is not None:
-                node.set_gauge(GPU_MEMORY_TOTAL, labels, float(gpu.memory_total_bytes))
+        for device in snap.gpus:  # the node's devices (NodeSnapshot.gpus), whoever read NVML this tick
+            labels = (str(device.index), device.uuid, device.name)
+            if device.utilization_gpu_percent is not None:
+                node.set_gauge(GPU_UTILIZATION, labels, device.utilization_gpu_percent / 100.0)
+            if device.memory_used_bytes is not None:
+                node.set_gauge(GPU_MEMORY_USED, labels, float(device.memory_used_bytes))
+            if device.memory_total_bytes is not None:
+                node.set_gauge(GPU_MEMORY_TOTAL, labels, float(device.memory_total_bytes))
         for name, status in snap.probe_status.items():
             node.set_gauge(PROBE_UP, (name,), 0.0 if status.state == "off" else 1.0)
             node.set_gauge(PROBE_STATE, (name, status.state), 1.0)
-        for name in PROBE_FIELDS:
-            probe_snap = snap.probe(name)
+        for plugin in PLUGINS:
+            probe_snap = snap.probe(plugin.name)
             if probe_snap is None:
                 continue
             for reason, count in getattr(probe_snap, "drops", {}).items():
-                node.add_counter(PROBE_DROPS, (name, reason), float(count))
-        for plugin in PLUGINS:
-            probe_snap = snap.probe(plugin.name)
-            if probe_snap is not None and plugin.map_entries is not None:
+                node.add_counter(PROBE_DROPS, (plugin.name, reason), float(count))
+            if plugin.map_entries is not None:
                 node.set_gauge(BPF_MAP_ENTRIES, (plugin.name,), float(plugin.map_entries(probe_snap)))
         for prog in snap.bpf_programs:
             node.add_counter(BPF_RUN_SECONDS, (prog.name,), prog.run_time_ns / 1e9)
@@ -725,11 +702,17 @@ class Exporter:
     def describe(self) -> list[Metric]:
         return []  # families vary with the state; nothing to check for duplicates at registration
 
+    def label_names(self, d: MetricDef) -> tuple[str, ...]:
+        """``d``'s own labels as exported: without ``cpu`` for PER_CPU_METRICS unless per_cpu_series."""
+        if d.name in PER_CPU_METRICS and not self.per_cpu_series:
+            return tuple(name for name in d.labels if name != "cpu")
+        return d.labels
+
     def collect(self) -> Iterator[Metric]:
         state = self.state()
         node_label = (self.node,)
         for d in _DEFS:
-            family = _new_family(d)
+            family = _new_family(d, self.label_names(d))
             if d.per_cgroup:
                 for key, data in state.cgroups.items():
                     _fill(family, d, (*node_label, *key.values()), data, self.top_slot, self.bottom_slot)
@@ -765,11 +748,12 @@ def render_text(exporter: Exporter) -> bytes:
                        for key, data in state.cgroups.items()]
     for d in _DEFS:
         lines: list[str] = []
+        names = exporter.label_names(d)
         sources = cgroup_prefixes if d.per_cgroup else [(node_prefix, state.node)]
         for prefix, data in sources:
             if d.type == "histogram":
                 for labels, hist in data.hists.get(d.name, {}).items():
-                    head = f"{prefix},{_label_text(d.labels, labels)}" if labels else prefix
+                    head = f"{prefix},{_label_text(names, labels)}" if labels else prefix
                     cached = last_text.get((d.name, head))
                     if cached is not None and cached[0] is hist:
                         text = cached[1]
@@ -784,7 +768,7 @@ def render_text(exporter: Exporter) -> bytes:
                 continue
             source = data.counters if d.type == "counter" else data.gauges
             for labels, value in source.get(d.name, {}).items():
-                head = f"{prefix},{_label_text(d.labels, labels)}" if labels else prefix
+                head = f"{prefix},{_label_text(names, labels)}" if labels else prefix
                 lines.append(f"{d.name}{{{head}}} {floatToGoString(value)}")
         if lines:
             help_text = d.help.replace("\\", "\\\\").replace("\n", "\\n")
@@ -793,18 +777,6 @@ def render_text(exporter: Exporter) -> bytes:
             out.append("\n")
     exporter.hist_text = hist_text
     return "".join(out).encode()
-
-
-def _add_connect(data: _SeriesData, stats: ConnectStats) -> None:
-    data.add_hist(CONNECT_LATENCY, (), stats.latency)
-    data.add_counter(CONNECT_SUCCESSES, (), float(stats.successes))
-    data.add_counter(CONNECT_FAILURES, (), float(stats.failures))
-    data.add_counter(CONNECT_SYN_RETRANSMITS, (), float(stats.syn_retransmits))
-    for reason, count in (
-        ("refused", stats.refused), ("timeout", stats.timeouts), ("aborted", stats.aborts),
-        ("local_error", stats.local_errors),
-    ):
-        data.add_counter(CONNECT_ERRORS, (reason,), float(count))
 
 
 def _add_psi(data: _SeriesData, reading: object, stall_name: str, avg_name: str | None) -> None:
@@ -820,8 +792,8 @@ def _add_psi(data: _SeriesData, reading: object, stall_name: str, avg_name: str 
             data.set_gauge(avg_name, (resource, kind, window), avg / 100.0)
 
 
-def _new_family(d: MetricDef) -> Metric:
-    labels = list(d.all_labels)
+def _new_family(d: MetricDef, own_labels: tuple[str, ...]) -> Metric:
+    labels = list(d.all_labels[: len(d.all_labels) - len(d.labels)] + own_labels)
     if d.type == "counter":
         return CounterMetricFamily(d.name, d.help, labels=labels)
     if d.type == "gauge":

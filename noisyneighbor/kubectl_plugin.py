@@ -1,38 +1,38 @@
-"""`kubectl noisyneighbor`: run `top` or `diagnose` in the agent pod of a given node.
+"""`kubectl noisyneighbor`: read `top` and `diagnose` of a node from the agent running there.
 
-    kubectl noisyneighbor top NODE [top options]
-    kubectl noisyneighbor diagnose NODE [--duration 2m] [--html report.html] [diagnose options]
+    kubectl noisyneighbor top NODE [--view V] [--once] [--json] [--interval S] [--sort K] [--limit N]
+    kubectl noisyneighbor diagnose NODE [--duration 5m] [--json] [--html report.html] [--fail-on-incident]
 
 kubectl finds this as ``kubectl-noisyneighbor`` on PATH (installed with the package). It looks the
-agent pod up by node (``spec.nodeName``) and label, then ``kubectl exec``s the CLI there with the flags
-the container needs (``--host-root /host``; diagnose also reads the cluster's policy from the mounted
-ConfigMap), streaming its output. ``--html FILE`` is written in the pod's /tmp and copied back, then
-removed. Everything goes through the user's kubectl (its kubeconfig, context and credential plugins);
-the exit code is the remote command's (diagnose: 0 clean, 3 incidents with --fail-on-incident), or 1
-with one line on stderr when no agent pod runs on the node.
-
-The command runs inside the agent's container, next to the agent, and loads its own probes: it counts
-against the container's memory limit while it runs (see deploy/README.md, "Sizing").
+agent pod up by node (``spec.nodeName``) and label, then reads the agent's read-only endpoints through
+the apiserver's pod proxy (``kubectl get --raw /api/v1/namespaces/NS/pods/POD:9717/proxy/top``): ``/top``
+is the agent's latest interval as top shows it, ``/diagnose`` the diagnose report over the agent's own
+last ``--duration`` of history. One probe set per node, the agent's: nothing is exec'd into its
+container and nothing is loaded here, so a client costs the agent no memory in its cgroup (the old
+`kubectl exec ... noisyneighbor top` loaded a second probe set under the agent's memory limit).
+Everything goes through the user's kubectl (its kubeconfig, context and credential plugins); the user
+needs ``get pods`` and ``get pods/proxy`` in the agent's namespace. Exit codes: diagnose 0 clean, 3
+incidents with --fail-on-incident; 1 with one line on stderr when no agent pod runs on the node or
+the agent cannot be read.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
-import uuid
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlencode
 
 DEFAULT_NAMESPACE = "noisyneighbor"
 DEFAULT_SELECTOR = "app.kubernetes.io/name=noisyneighbor,app.kubernetes.io/component=agent"
-DEFAULT_CONTAINER = "agent"
-HOST_ROOT = "/host"  # where the DaemonSet mounts the host's /proc and /sys (deploy/base/daemonset.yaml)
-CLUSTER_CONFIG = "/etc/noisyneighbor/config.yaml"  # the ConfigMap mount: the cluster's SLOs for diagnose
-REMOTE_TMP = "/tmp"  # the container's writable emptyDir (its root filesystem is read-only)
+METRICS_PORT_NAME = "metrics"  # the agent's port (deploy/base/daemonset.yaml): /metrics, /top, /diagnose
+DEFAULT_PORT = 9717  # when the pod names no port "metrics"
+EXIT_INCIDENTS = 3
 
 
 class PluginError(Exception):
@@ -55,15 +55,13 @@ class Kubectl:
             cmd += ["--context", self.context]
         return cmd
 
-    def agent_pod(self, node: str, namespace: str, selector: str) -> str:
+    def agent_pod(self, node: str, namespace: str, selector: str) -> tuple[str, int]:
+        """(name, port) of the running agent pod on ``node``."""
         cmd = [*self.base(), "get", "pods", "-n", namespace, "-l", selector,
                "--field-selector", f"spec.nodeName={node}", "-o", "json"]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
-            # kubectl's last line is its verdict ("Error from server ...", "Unable to connect ..."); the
-            # lines before it repeat the retries.
-            last = next((ln.strip() for ln in reversed(res.stderr.splitlines()) if ln.strip()), "")
-            raise PluginError(f"cannot list pods: {last or f'kubectl exited {res.returncode}'}")
+            raise PluginError(f"cannot list pods: {_verdict(res.stderr, res.returncode)}")
         try:
             items = json.loads(res.stdout).get("items", [])
         except ValueError:
@@ -75,20 +73,48 @@ class Kubectl:
                 if items else ""
             raise PluginError(f"no running noisyneighbor agent pod on node {node} (namespace {namespace}, "
                               f"selector {selector}){state}: kubectl -n {namespace} get pods -o wide")
-        return running[0]["metadata"]["name"]
+        pod = running[0]
+        ports = [p.get("containerPort") for c in pod.get("spec", {}).get("containers", [])
+                 for p in c.get("ports", []) if p.get("name") == METRICS_PORT_NAME]
+        return pod["metadata"]["name"], int(ports[0]) if ports else DEFAULT_PORT
 
-    def exec(self, namespace: str, pod: str, container: str, command: list[str], *, stdin: bool = False,
-             tty: bool = False, stdout=None) -> int:
-        flags = ["-i"] * stdin + ["-t"] * tty
-        cmd = [*self.base(), "exec", "-n", namespace, pod, "-c", container, *flags, "--", *command]
-        return subprocess.run(cmd, stdout=stdout).returncode
+    def raw(self, path: str) -> bytes:
+        """GET ``path`` from the apiserver (``kubectl get --raw``); the body, or PluginError with kubectl's verdict."""
+        res = subprocess.run([*self.base(), "get", "--raw", path], capture_output=True)
+        if res.returncode != 0:
+            raise PluginError(f"cannot read the agent ({path.split('?')[0]}): "
+                              f"{_verdict(res.stderr.decode(errors='replace'), res.returncode)}")
+        return res.stdout
+
+
+def _verdict(stderr: str, rc: int) -> str:
+    """kubectl's last line is its verdict ("Error from server ...", "Unable to connect ..."); the lines
+    before it repeat the retries."""
+    last = next((ln.strip() for ln in reversed(stderr.splitlines()) if ln.strip()), "")
+    return last or f"kubectl exited {rc}"
+
+
+@dataclass(frozen=True)
+class Agent:
+    """The agent pod on a node, read through the apiserver's pod proxy."""
+
+    kubectl: Kubectl
+    namespace: str
+    pod: str
+    port: int
+
+    def get(self, endpoint: str, **params: object) -> bytes:
+        query = urlencode({k: v for k, v in params.items() if v is not None})
+        return self.kubectl.raw(f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}:{self.port}/proxy/{endpoint}"
+                                + (f"?{query}" if query else ""))
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from noisyneighbor.cli import parse_duration
+
     p = argparse.ArgumentParser(
         prog="kubectl noisyneighbor", allow_abbrev=False,
-        description="Run noisyneighbor top or diagnose in the agent pod on NODE; the output streams here.",
-        epilog="Options after NODE go to the remote command (see `noisyneighbor top --help`, `diagnose --help`).",
+        description="Read top or diagnose of NODE from the noisyneighbor agent running there (read-only).",
     )
     # kubectl users put -n and --context anywhere: accepted before and after the subcommand.
     connection = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -96,24 +122,33 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument("-n", "--namespace", default=default or DEFAULT_NAMESPACE,
                             help=f"the agent's namespace ({DEFAULT_NAMESPACE})")
         parser.add_argument("-l", "--selector", default=default or DEFAULT_SELECTOR, help="label selector of the agent pods")
-        parser.add_argument("-c", "--container", default=default or DEFAULT_CONTAINER, help=f"container ({DEFAULT_CONTAINER})")
         parser.add_argument("--context", default=default, help="kubeconfig context")
         parser.add_argument("--kubeconfig", default=default, help="kubeconfig file")
         parser.add_argument("--kubectl", default=default, help="kubectl binary (default: kubectl on PATH)")
     sub = p.add_subparsers(dest="command", required=True)
     top = sub.add_parser("top", parents=[connection], allow_abbrev=False,
-                         help="live interference on NODE (keys work on a terminal)")
+                         help="NODE's interference as the agent there measures it (live on a terminal)")
     top.add_argument("node", metavar="NODE")
+    top.add_argument("--view", default="runq", help="runq, softirq, reclaim, tcp, psi, gpu or all (default: runq)")
+    top.add_argument("--sort", default="wait", help="runq sort column: wait, p99, p50, max, events, name")
+    top.add_argument("--limit", type=int, metavar="N", help="show at most N rows per view")
+    top.add_argument("--interval", type=parse_duration, default=1.0, metavar="S", help="read the agent every S seconds")
+    top.add_argument("--once", action="store_true", help="print one interval and exit")
+    top.add_argument("--json", action="store_true", help="JSON (with --once: one record; else JSON lines)")
+    top.add_argument("--count", type=int, metavar="N", help="stop after N intervals")
     diag = sub.add_parser("diagnose", parents=[connection], allow_abbrev=False,
-                          help="watch NODE for a while and print the report")
+                          help="the diagnose report over the agent's own last --duration of NODE")
     diag.add_argument("node", metavar="NODE")
-    diag.add_argument("--html", metavar="FILE", help="also write the HTML report here (copied from the pod)")
+    diag.add_argument("--duration", type=parse_duration, default=300.0, metavar="D",
+                      help="how far back (30s, 10m; default 5m, at most 1h): the agent's history, no waiting")
+    diag.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    diag.add_argument("--html", metavar="FILE", help="also write the self-contained HTML report here")
+    diag.add_argument("--fail-on-incident", action="store_true", help=f"exit {EXIT_INCIDENTS} if the window had incidents")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, remote_args = parser.parse_known_args(argv)
+    args = build_parser().parse_args(argv)
     binary = args.kubectl or shutil.which("kubectl")
     if binary is None:
         print("kubectl noisyneighbor: kubectl not found on PATH (or give --kubectl)", file=sys.stderr)
@@ -122,16 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     html = Path(args.html) if getattr(args, "html", None) else None
     try:
         if html is not None:
-            with open(html, "ab"):  # an unwritable path fails now, not after a long run
+            with open(html, "ab"):  # an unwritable path fails now, not after the request
                 pass
-        pod = kubectl.agent_pod(args.node, args.namespace, args.selector)
+        agent = Agent(kubectl, args.namespace, *kubectl.agent_pod(args.node, args.namespace, args.selector))
         if args.command == "top":
-            command = ["noisyneighbor", "top", "--host-root", HOST_ROOT, *remote_args]
-            tty = sys.stdout.isatty()
-            if tty:  # the container has no TERM: pass ours, so the live view draws for this terminal
-                command = ["env", f"TERM={os.environ.get('TERM') or 'xterm'}", *command]
-            return kubectl.exec(args.namespace, pod, args.container, command, stdin=sys.stdin.isatty(), tty=tty)
-        return _diagnose(kubectl, args, pod, remote_args, html)
+            return _top(agent, args)
+        return _diagnose(agent, args, html)
     except PluginError as e:
         print(f"kubectl noisyneighbor: {e}", file=sys.stderr)
         return 1
@@ -142,26 +173,69 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _diagnose(kubectl: Kubectl, args: argparse.Namespace, pod: str, remote_args: list[str], html: Path | None) -> int:
-    command = ["noisyneighbor", "diagnose", "--host-root", HOST_ROOT]
-    if "--config" not in remote_args:
-        command += ["--config", CLUSTER_CONFIG]
-    remote_html = f"{REMOTE_TMP}/noisyneighbor-report-{uuid.uuid4().hex[:12]}.html" if html else None
-    if remote_html:
-        command += ["--html", remote_html]
-    # A terminal gets the progress line (the remote CLI draws it only on a TTY); a pipe gets the bare report.
-    rc = kubectl.exec(args.namespace, pod, args.container, [*command, *remote_args], tty=sys.stdout.isatty())
-    if remote_html and html is not None:
-        try:
-            with open(html, "wb") as out:
-                copied = kubectl.exec(args.namespace, pod, args.container, ["cat", remote_html], stdout=out)
-        finally:
-            kubectl.exec(args.namespace, pod, args.container, ["rm", "-f", remote_html], stdout=subprocess.DEVNULL)
-        if copied != 0 and rc in (0, 3):
-            raise PluginError(f"could not copy the HTML report from {pod}:{remote_html}")
-        if copied == 0:
-            print(f"kubectl noisyneighbor: HTML report written to {html}", file=sys.stderr)
-    return rc
+def _top(agent: Agent, args: argparse.Namespace) -> int:
+    out = sys.stdout
+    params = {"view": args.view, "sort": args.sort, "limit": args.limit}
+    if not args.json and not args.once and out.isatty():
+        return _live_top(agent, args, params)
+    shown = 0
+    while args.count is None or shown < args.count:
+        if shown:
+            time.sleep(args.interval)
+        if args.json:
+            out.write(json.dumps(json.loads(agent.get("top", format="json", **params))) + "\n")
+        else:
+            width = shutil.get_terminal_size((160, 40)).columns
+            out.write(agent.get("top", format="text", width=width, **params).decode(errors="replace"))
+        out.flush()
+        shown += 1
+        if args.once:
+            break
+    return 0
+
+
+def _live_top(agent: Agent, args: argparse.Namespace, params: dict) -> int:
+    """On a terminal: the agent's frame redrawn every --interval; keys switch views and sort as in `top`."""
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.text import Text
+
+    from noisyneighbor.top import _cbreak, _read_key
+    from noisyneighbor.views import KEYS_HINT, SORT_HOTKEYS, VIEW_HOTKEYS
+
+    console = Console()
+    shown = 0
+    with _cbreak(sys.stdin) as keys, Live(console=console, auto_refresh=False, screen=True) as live:
+        deadline = time.monotonic()
+        while args.count is None or shown < args.count:
+            key = _read_key(deadline - time.monotonic()) if keys else time.sleep(max(deadline - time.monotonic(), 0))
+            if key in ("q", "Q"):
+                return 0
+            if key in SORT_HOTKEYS:
+                params["sort"] = SORT_HOTKEYS[key]
+            elif key in VIEW_HOTKEYS:
+                params["view"] = VIEW_HOTKEYS[key]
+            elif time.monotonic() < deadline:
+                continue
+            else:
+                deadline = time.monotonic() + args.interval
+                shown += 1
+            body = agent.get("top", format="text", color=1, width=console.width, **params)
+            live.update(Group(Text.from_ansi(body.decode(errors="replace")), Text(KEYS_HINT, style="dim")), refresh=True)
+    return 0
+
+
+def _diagnose(agent: Agent, args: argparse.Namespace, html: Path | None) -> int:
+    report = json.loads(agent.get("diagnose", format="json", window=f"{args.duration:g}"))
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        sys.stdout.write(agent.get("diagnose", format="text", window=f"{args.duration:g}").decode(errors="replace"))
+    sys.stdout.flush()
+    if html is not None:
+        html.write_bytes(agent.get("diagnose", format="html", window=f"{args.duration:g}"))
+        print(f"kubectl noisyneighbor: HTML report written to {html}", file=sys.stderr)
+    return EXIT_INCIDENTS if args.fail_on_incident and report.get("incidents") else 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """What each view of `noisyneighbor top` shows: one source per probe, each turning two readings into an interval.
 
 A source wraps one probe (or, for PSI, kernel files): `start()` takes the baseline, `collect()` returns
-the interval since the previous call as a *section* (JSON-able dataclass: rows plus the view's footer
-numbers), `close()` detaches. Sources know nothing about rendering (views.py) or the loop (top.py).
+the interval since the previous call as a *section* (JSON-able: rows plus the view's footer numbers),
+`close()` detaches. Sources know nothing about rendering (views.py) or the loop (top.py). A probe's
+view is what its plugin declares (``ProbePlugin.top_table``): one source class, :class:`TableSource`,
+serves every probe; this module names none.
 
-Cgroup ids are per hierarchy: runqlat, tcpconnect and softirq stall events are keyed by the cpu
-hierarchy's ids, reclaim by the memory hierarchy's; every source names ids in its probe's hierarchy.
+Cgroup ids are per hierarchy: each source names ids in its probe's hierarchy (the plugin's ``id_controller``).
 """
 
 from __future__ import annotations
@@ -13,18 +14,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from detector.cgroups import CgroupResolver, parse_cgroup_path
-from noisyneighbor.output import now_iso
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.collect import cgroup_activity
 from probes.cpuacct import CgroupCpuStat, cpu_delta, read_cgroup_cpu
 from probes.engine import ProbeError, ProbeStatus
 from probes.host import HostPaths
-from probes.memstat import read_node_vmstat
-from probes.plugin import TopTable
+from probes.plugin import ProbePlugin, TopInput, TopTable
 from probes.psi import (
     RESOURCES,
     NodePsi,
@@ -35,41 +34,34 @@ from probes.psi import (
     read_cgroup_psi,
     read_node_psi,
 )
-from probes.reclaim import ReclaimSnapshot
-from probes.reclaim import node_rows as reclaim_node_rows
-from probes.reclaim import rows as reclaim_rows
 from probes.registry import BY_NAME, ENGINE_ATTACH_MODES, PLUGINS
-from probes.runqlat import RunqSnapshot
-from probes.runqlat import delta as runq_delta
-from probes.softirq import SoftirqSnapshot
-from probes.softirq import rows as softirq_rows
-from probes.tcpconnect import TcpConnectSnapshot
-from probes.tcpconnect import summarize as summarize_tcp
 
 log = logging.getLogger(__name__)
 
 # One view per registered probe that has one (probes.registry), then psi.
 _VIEW_PLUGINS = tuple(p for p in PLUGINS if p.top_view is not None)
+TABLES: dict[str, TopTable] = {p.top_view: p.top_table for p in _VIEW_PLUGINS if p.top_table is not None}  # type: ignore[misc]
 VIEWS = (*(p.top_view for p in _VIEW_PLUGINS), "psi")
 # What `--view all` shows: the views of the probes loaded by default, and psi. A probe loaded only when
-# asked for (gpu) is shown only when its view is asked for, as the agent loads it only with --probes.
+# asked for (default=False) is shown only when its view is asked for, as the agent loads it only with --probes.
 ALL_VIEWS = (*(p.top_view for p in _VIEW_PLUGINS if p.default), "psi")
-# The sources each view needs. The first is the view's own; psi also lists the cgroups runqlat saw
-# (for their CPU usage, throttling and per-cgroup PSI), and shows node PSI without it.
+# The probes whose view's rows list the cgroups psi reads (CPU usage, throttling, per-cgroup PSI).
+_PSI_CGROUP_PLUGINS = tuple(p for p in _VIEW_PLUGINS if p.top_table is not None and p.top_table.psi_cgroups)
+# The sources each view needs. The first is the view's own; psi also those listing its cgroups, and
+# shows node PSI without them.
 VIEW_SOURCES: dict[str, tuple[str, ...]] = {
     **{p.top_view: (p.name,) for p in _VIEW_PLUGINS},
-    "psi": ("psi", "runqlat"),
+    "psi": ("psi", *(p.name for p in _PSI_CGROUP_PLUGINS)),
 }
+# --sort: every declared table's sort options (the live view's sort keys follow its sort_hotkeys).
+SORT_KEYS: dict[str, str] = {option: key for table in TABLES.values() for option, key in table.sort_keys.items()}
 SOURCE_VIEW = {sources[0]: view for view, sources in VIEW_SOURCES.items()}
-# Collection order: psi reads the runq section of the same interval.
+# Collection order: psi reads the sections of the same interval that list its cgroups.
 SOURCE_ORDER = (*(p.name for p in _VIEW_PLUGINS), "psi")
 
 # A cgroup id that no longer resolves and had no activity for this many intervals is dropped from the
 # probe's kernel map, so dead cgroups do not fill it on a node with pod churn.
 FORGET_AFTER_INTERVALS = 3
-# Softirq stall events kept per interval in the section (the count covers all of them).
-WORST_STALLS = 5
-TOP_DESTINATIONS = 3
 
 
 def sources_for(views: Iterable[str]) -> list[str]:
@@ -173,7 +165,7 @@ def _forgetter(probe: Any, resolver: CgroupResolver) -> DeadCgroups | None:
 
 
 class Source(Protocol):
-    name: str  # the probe's status name: runqlat, softirq, reclaim, tcpconnect, psi
+    name: str  # the probe's status name (its plugin's name), or psi
     status: ProbeStatus
 
     def start(self) -> None: ...
@@ -242,224 +234,7 @@ class OffSource:
         pass
 
 
-# -- runq ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class CgroupRow:
-    cgroup_id: int
-    cgroup: str  # path in the cpu hierarchy, or "?" when unresolved
-    name: str  # pod/container display name, else the path
-    kind: str
-    pod_uid: str | None
-    container_id: str | None
-    qos: str | None
-    events: int
-    events_per_s: float
-    wait_ms_per_s: float
-    p50_us: float
-    p99_us: float
-    max_us: float
-    max_exact: bool
-
-
-@dataclass
-class CpuRow:
-    cpu: int
-    events: int
-    wait_ms_per_s: float
-    p99_us: float
-
-
-@dataclass
-class Interval:
-    """The runq section (its fields stay top-level keys of the JSON record, as before the other views)."""
-
-    ts: str
-    interval_s: float
-    cgroups: list[CgroupRow]
-    cpus: list[CpuRow]
-    drops: dict[str, int]  # cumulative since load
-
-
-RUNQ_SORT_KEYS = {
-    "wait": "wait_ms_per_s",
-    "p99": "p99_us",
-    "p50": "p50_us",
-    "max": "max_us",
-    "events": "events_per_s",
-    "name": "name",
-}
-
-
-def build_interval(
-    prev: RunqSnapshot, cur: RunqSnapshot, resolver: CgroupResolver, cgroup_filter: str | None = None,
-    hierarchy: Hierarchy | None = None,
-) -> Interval:
-    dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-    interval = runq_delta(prev, cur)  # the plugin's interval, as the agent's detector reads it
-    rows: list[CgroupRow] = []
-    for cgroup_id, d in interval.per_cgroup.items():
-        if not d.count:
-            continue
-        names = identify(resolver, cgroup_id, hierarchy)
-        if cgroup_filter and not in_subtree(names["cgroup"], cgroup_filter):
-            continue
-        rows.append(
-            CgroupRow(
-                cgroup_id=cgroup_id,
-                **names,
-                events=d.count,
-                events_per_s=d.count / dt,
-                wait_ms_per_s=d.sum_ns / 1e6 / dt,
-                p50_us=d.quantile_ns(0.50) / 1e3,
-                p99_us=d.quantile_ns(0.99) / 1e3,
-                max_us=d.max_ns / 1e3,
-                max_exact=d.exact_max_ns is not None,
-            )
-        )
-    cpus = [CpuRow(cpu, d.count, d.sum_ns / 1e6 / dt, d.quantile_ns(0.99) / 1e3) for cpu, d in enumerate(interval.per_cpu)]
-    return Interval(now_iso(), dt, rows, cpus, dict(cur.drops))
-
-
-def sort_rows(rows: list[CgroupRow], key: str) -> list[CgroupRow]:
-    field_name = RUNQ_SORT_KEYS[key]
-    return sorted(rows, key=lambda r: getattr(r, field_name), reverse=field_name != "name")
-
-
-class RunqSource(_ProbeSource):
-    name = "runqlat"
-
-    def section(self, prev: RunqSnapshot, cur: RunqSnapshot, sections: dict[str, Any]) -> Interval:
-        return build_interval(prev, cur, self.ctx.resolver, self.ctx.cgroup_filter, self.probe.hierarchy)
-
-    def activity(self, snap: RunqSnapshot) -> dict[int, int]:
-        return cgroup_activity(self.name, snap)
-
-
-# -- softirq -------------------------------------------------------------------------------------
-
-
-@dataclass
-class SoftirqSection:
-    interval_s: float
-    rows: list[dict]  # per CPU and vector with entries in the interval, most CPU time first
-    stalls: int  # stall events (delay or run time over the probe's threshold) in the interval
-    stall_threshold_ms: float
-    worst_stalls: list[dict]  # up to WORST_STALLS of them, longest first, with the tasks' cgroups named
-    drops: dict[str, int]
-
-
-class SoftirqSource(_ProbeSource):
-    name = "softirq"
-
-    def start(self) -> None:
-        super().start()
-        self.probe.poll_stalls(0)  # what happened before the baseline is not this interval's
-
-    def section(self, prev: SoftirqSnapshot, cur: SoftirqSnapshot, sections: dict[str, Any]) -> SoftirqSection:
-        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-        rows = softirq_rows(BY_NAME[self.name].delta(prev, cur))  # the plugin's interval (probes.softirq.delta)
-        for r in rows:
-            r["entries_per_s"] = r["entries"] / dt
-            r["runtime_ms_per_s"] = r["runtime_s_per_s"] * 1e3
-        rows.sort(key=lambda r: (r["runtime_ms_per_s"], r["delay_p99_us"], r["entries"]), reverse=True)
-        stalls = self.probe.poll_stalls(0)
-        worst = sorted(stalls, key=lambda s: max(s.delay_ns, s.runtime_ns), reverse=True)[:WORST_STALLS]
-        return SoftirqSection(
-            interval_s=dt, rows=rows, stalls=len(stalls),
-            stall_threshold_ms=getattr(self.probe, "stall_threshold_ns", 0) / 1e6,
-            worst_stalls=[
-                {**asdict(s), "raise_cgroup": self.name_of(s.raise_cgroup_id)["name"],
-                 "entry_cgroup": self.name_of(s.entry_cgroup_id)["name"]}
-                for s in worst
-            ],
-            drops=dict(cur.drops),
-        )
-
-
-# -- reclaim -------------------------------------------------------------------------------------
-
-
-@dataclass
-class ReclaimSection:
-    interval_s: float
-    # Per memory cgroup and kind that reclaimed in the interval, most stalled first. `kind` is the
-    # reclaim kind (memcg, direct, softlimit); the cgroup's own kind is `cgroup_kind`.
-    rows: list[dict]
-    node: dict[str, dict]  # kind -> node totals (kinds with no pass absent); "direct" is the node's
-    allocstall: int | None  # /proc/vmstat allocstall_* delta: direct reclaim passes as the kernel counts
-    allocstall_per_s: float | None
-    drops: dict[str, int]
-
-
-class ReclaimSource(_ProbeSource):
-    name = "reclaim"
-
-    def start(self) -> None:
-        super().start()
-        self.vmstat = read_node_vmstat(self.ctx.paths)
-
-    def section(self, prev: ReclaimSnapshot, cur: ReclaimSnapshot, sections: dict[str, Any]) -> ReclaimSection:
-        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-        interval = BY_NAME[self.name].delta(prev, cur)  # the plugin's interval (probes.reclaim.delta)
-        rows = []
-        for r in reclaim_rows(interval):
-            names = self.name_of(r["cgroup_id"])
-            names["cgroup_kind"] = names.pop("kind")  # "kind" is the reclaim kind here
-            if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
-                rows.append({"cgroup_id": r["cgroup_id"], **names, **r})
-        vmstat = read_node_vmstat(self.ctx.paths)
-        allocstall = None
-        if vmstat is not None and self.vmstat is not None:
-            allocstall = max(vmstat.allocstall_total - self.vmstat.allocstall_total, 0)
-        self.vmstat = vmstat
-        return ReclaimSection(
-            interval_s=dt, rows=rows, node=reclaim_node_rows(interval), allocstall=allocstall,
-            allocstall_per_s=None if allocstall is None else allocstall / dt, drops=dict(cur.drops),
-        )
-
-    def activity(self, snap: ReclaimSnapshot) -> dict[int, int]:
-        return cgroup_activity(self.name, snap)
-
-
-# -- tcp -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class TcpSection:
-    interval_s: float
-    rows: list[dict]  # per cgroup and netns with connects in the interval: failures + SYN retransmits first
-    drops: dict[str, int]
-
-
-class TcpSource(_ProbeSource):
-    name = "tcpconnect"
-
-    def section(self, prev: TcpConnectSnapshot, cur: TcpConnectSnapshot, sections: dict[str, Any]) -> TcpSection:
-        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-        rows = []
-        for r in summarize_tcp(prev, cur, top_n=TOP_DESTINATIONS):
-            names = self.name_of(r["cgroup_id"])
-            if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
-                rows.append({"cgroup_id": r["cgroup_id"], **names, **r, "connects_per_s": r["connects"] / dt})
-        return TcpSection(interval_s=dt, rows=rows, drops=dict(cur.drops))
-
-    def activity(self, snap: TcpConnectSnapshot) -> dict[int, int]:
-        return cgroup_activity(self.name, snap)
-
-
 # -- a plugin's declared table (ProbePlugin.top_table) -----------------------------------------------
-
-
-@dataclass
-class TableSection:
-    """The section of a view a plugin declares as a table: its rows, named, in the plugin's order."""
-
-    view: str
-    interval_s: float
-    rows: list[dict]
-    drops: dict[str, int]
 
 
 def name_path(path: str) -> dict[str, Any]:
@@ -471,26 +246,67 @@ def name_path(path: str) -> dict[str, Any]:
 
 class TableSource(_ProbeSource):
     """Any plugin with a ``top_table``: its ``delta`` between two snapshots, made rows by the plugin and
-    named here (by path, or by id in the probe's hierarchy)."""
+    named here (by path, or by id in the probe's hierarchy); the section is a JSON-able dict."""
 
     def __init__(self, probe: Any, ctx: Context) -> None:
         super().__init__(probe, ctx)
         self.name = probe.status.name
         self.plugin = BY_NAME[self.name]
         self.table: TopTable = self.plugin.top_table  # type: ignore[assignment]
+        self.extras: Callable[[TopInput, Callable[[int], str]], dict[str, Any]] | None = None
 
-    def section(self, prev: Any, cur: Any, sections: dict[str, Any]) -> TableSection:
-        dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
-        rows = []
-        for r in self.table.rows(self.plugin.delta(prev, cur)):  # type: ignore[misc]
-            names = name_path(r["cgroup"]) if "cgroup" in r else self.name_of(r["cgroup_id"])
-            if in_subtree(names["cgroup"], self.ctx.cgroup_filter):
-                rows.append({**r, **names})
-        return TableSection(view=self.plugin.top_view or self.name, interval_s=dt, rows=rows,
-                            drops=dict(getattr(cur, "drops", {})))
+    def start(self) -> None:
+        super().start()
+        if self.table.extras is not None:  # after the baseline: what happened before it is not this interval's
+            self.extras = self.table.extras(self.probe, self.ctx.paths)
+
+    def section(self, prev: Any, cur: Any, sections: dict[str, Any]) -> dict[str, Any]:
+        return table_section(self.plugin, prev, cur, self.ctx.resolver, self.probe.hierarchy, self.ctx.cgroup_filter,
+                             self.extras)
 
     def activity(self, snap: Any) -> dict[int, int]:
         return cgroup_activity(self.name, snap)
+
+
+def table_section(
+    plugin: ProbePlugin, prev: Any, cur: Any, resolver: CgroupResolver, hierarchy: Hierarchy | None = None,
+    cgroup_filter: str | None = None,
+    extras: Callable[[TopInput, Callable[[int], str]], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A plugin's ``top`` section between two snapshots: its table's rows of the plugin's ``delta``, each
+    named (by path, or by id in ``hierarchy``) and kept when under ``cgroup_filter``; ``extras``' fields
+    (made by ``TopTable.extras`` at the baseline), then the probe's drops."""
+    table: TopTable = plugin.top_table  # type: ignore[assignment]
+    dt = max(cur.monotonic_s - prev.monotonic_s, 1e-9)
+    view = TopInput(prev, cur, plugin.delta(prev, cur), dt)  # type: ignore[misc]
+    rows = []
+    for r in table.rows(view):
+        if "cgroup_id" in r:
+            names = identify(resolver, r["cgroup_id"], hierarchy)
+            if table.kind_key != "kind":  # the row has a "kind" of its own
+                names[table.kind_key] = names.pop("kind")
+            named = {"cgroup_id": r["cgroup_id"], **names, **r}
+        elif "cgroup" in r:
+            names = name_path(r["cgroup"])
+            named = {**r, **names}
+        else:  # a row of no cgroup (a CPU's)
+            rows.append(r)
+            continue
+        if in_subtree(names["cgroup"], cgroup_filter):
+            rows.append(named)
+    extra = extras(view, lambda cgroup_id: identify(resolver, cgroup_id, hierarchy)["name"]) if extras else {}
+    return {"interval_s": dt, table.rows_key: rows, **extra, "drops": dict(getattr(cur, "drops", {}))}
+
+
+def sort_table_rows(rows: list[dict], table: TopTable, option: str) -> list[dict]:
+    """A table's rows by one of its sort options (``TopTable.sort_keys``): highest first, names A-Z."""
+    key = table.sort_keys[option]
+    return sorted(rows, key=lambda r: r[key], reverse=key != "name")
+
+
+def section_interval_s(section: Any) -> float:
+    """The interval a section covers (a plugin table's section is a dict, psi's a dataclass)."""
+    return section["interval_s"] if isinstance(section, dict) else section.interval_s
 
 
 # -- psi + cpuacct -------------------------------------------------------------------------------
@@ -503,7 +319,7 @@ class PsiSection:
     #          or {"available": False, "reason": ...}
     node: dict[str, dict]
     cgroup_psi_scope: str  # which cgroups have PSI on this host (one line)
-    cgroups: list[dict]  # the cgroups runq saw: CPU usage, quota, throttling, their PSI where available
+    cgroups: list[dict]  # the cgroups the listing views saw: CPU usage, quota, throttling, their PSI where available
     note: str | None = None  # why there are no cgroup rows, when there cannot be
 
 
@@ -517,7 +333,7 @@ class _CgroupReading:
 
 @dataclass
 class _CgroupTracker:
-    """cpuacct and per-cgroup PSI for the cgroups runq saw, as rates between consecutive reads.
+    """cpuacct and per-cgroup PSI for the cgroups the listing views saw, as rates between consecutive reads.
 
     Per-cgroup PSI exists only in v2: on hybrid hosts it is read from the same path in the unified
     tree, which exists when systemd (the kubelet's systemd driver) mirrors the slice there.
@@ -539,8 +355,9 @@ class _CgroupTracker:
             self.prev[path] = self.read(path)
             self.unseen[path] = FORGET_AFTER_INTERVALS
 
-    def step(self, seen: list[CgroupRow]) -> list[dict]:
-        by_path = {r.cgroup: r for r in seen if r.cgroup != "?"}
+    def step(self, seen: list[dict], shown: Mapping[str, str]) -> list[dict]:
+        """``seen``: the rows of the views listing cgroups; ``shown``: their values psi's rows carry."""
+        by_path = {r["cgroup"]: r for r in seen if r["cgroup"] != "?"}
         rows = []
         for path in set(self.prev) | set(by_path):
             self.unseen[path] = 0 if path in by_path else self.unseen.get(path, 0) + 1
@@ -554,7 +371,7 @@ class _CgroupTracker:
                 continue
             self.prev[path] = cur
             if path in by_path and before is not None and cur.at > before.at:
-                rows.append(self._row(by_path[path], before, cur))
+                rows.append(self._row(by_path[path], before, cur, shown))
         rows.sort(
             key=lambda r: (r["throttled_pct"] or 0, max((p["some_pct"] or 0 for p in (r["psi"] or {}).values()),
                                                         default=0), r["cores"] or 0),
@@ -563,7 +380,7 @@ class _CgroupTracker:
         return rows
 
     @staticmethod
-    def _row(seen: CgroupRow, before: _CgroupReading, cur: _CgroupReading) -> dict:
+    def _row(seen: dict, before: _CgroupReading, cur: _CgroupReading, shown: Mapping[str, str]) -> dict:
         elapsed = cur.at - before.at
         d = cpu_delta(before.cpu, cur.cpu, elapsed) if before.cpu and cur.cpu else None
         psi = None
@@ -574,9 +391,8 @@ class _CgroupTracker:
                 rate = psi_rate(earlier, reading, elapsed) if earlier is not None else None
                 psi[resource] = {"some_pct": _pct(rate and rate.some), "full_pct": _pct(rate and rate.full)}
         return {
-            "cgroup_id": seen.cgroup_id, "cgroup": seen.cgroup, "name": seen.name, "kind": seen.kind,
-            "pod_uid": seen.pod_uid, "container_id": seen.container_id, "qos": seen.qos,
-            "runq_wait_ms_per_s": seen.wait_ms_per_s,
+            **{key: seen[key] for key in ("cgroup_id", "cgroup", "name", "kind", "pod_uid", "container_id", "qos")},
+            **{psi_key: seen.get(key) for key, psi_key in shown.items()},
             "cores": d.usage_cores if d else None,
             "quota_cores": cur.cpu.quota_cores if cur.cpu else None,
             "quota_used_pct": _pct(d.quota_utilisation) if d else None,
@@ -607,7 +423,8 @@ def node_psi_rows(prev: NodePsi, cur: NodePsi, elapsed_s: float) -> dict[str, di
 
 
 class PsiSource:
-    """Node PSI from /proc/pressure, and CPU usage/throttling + per-cgroup PSI of the cgroups runq saw."""
+    """Node PSI from /proc/pressure, and CPU usage/throttling + per-cgroup PSI of the cgroups the views
+    listing cgroups (``TopTable.psi_cgroups``) saw."""
 
     name = "psi"
 
@@ -636,9 +453,18 @@ class PsiSource:
         elapsed = max(at - self.at, 1e-9)
         rows = node_psi_rows(self.node, node, elapsed)
         self.node, self.at = node, at
-        runq: Interval | None = sections.get("runq")
-        note = None if runq is not None else "per-cgroup rows list the cgroups runqlat saw: runqlat is not running"
-        cgroups = self.tracker.step(runq.cgroups if runq is not None else [])
+        seen: list[dict] = []
+        shown: dict[str, str] = {}
+        listing = [p for p in _PSI_CGROUP_PLUGINS if sections.get(p.top_view) is not None]
+        for p in listing:
+            table: TopTable = p.top_table  # type: ignore[assignment]
+            seen.extend(sections[p.top_view][table.rows_key])
+            shown.update(table.psi_cgroups or {})
+        note = None
+        if not listing:
+            names = ", ".join(p.name for p in _PSI_CGROUP_PLUGINS)
+            note = f"per-cgroup rows list the cgroups {names} saw: {names} is not running"
+        cgroups = self.tracker.step(seen, shown)
         return PsiSection(interval_s=elapsed, node=rows, cgroup_psi_scope=self.scope, cgroups=cgroups, note=note)
 
     def close(self) -> None:
@@ -654,7 +480,7 @@ def open_source(name: str, ctx: Context, attach_mode: str = "auto") -> Source:
     """Load one source; a probe that cannot run here comes back as an OffSource with the reason.
 
     `attach_mode` values other than the engine's (auto, tp_btf, raw_tp) are one probe's own flavours
-    (runqlat's sched_info): the other probes then pick their own. A probe is opened with the options
+    (``ProbePlugin.flavours``): the other probes then pick their own. A probe is opened with the options
     its plugin gives `top` (probes.registry) and shown through its view's source class here.
     """
     if name == "psi":
@@ -671,12 +497,6 @@ def open_source(name: str, ctx: Context, attach_mode: str = "auto") -> Source:
         return OffSource(name, e)
 
 
-# The view of each probe in the registry that has one: its section's source class.
-PROBE_SOURCES: dict[str, type[_ProbeSource]] = {
-    RunqSource.name: RunqSource,
-    SoftirqSource.name: SoftirqSource,
-    ReclaimSource.name: ReclaimSource,
-    TcpSource.name: TcpSource,
-    # the others declare their view as a table (ProbePlugin.top_table): one source class serves them all
-    **{p.name: TableSource for p in PLUGINS if p.top_table is not None},
-}
+# The view of each probe in the registry that has one: every plugin declares it as a table
+# (ProbePlugin.top_table), which one source class serves.
+PROBE_SOURCES: dict[str, type[_ProbeSource]] = {p.name: TableSource for p in PLUGINS if p.top_table is not None}

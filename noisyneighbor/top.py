@@ -36,20 +36,21 @@ from rich.text import Text
 from noisyneighbor.output import SCHEMA_VERSION, now_iso
 from noisyneighbor.sections import (
     ALL_VIEWS,
-    RUNQ_SORT_KEYS,
     SOURCE_ORDER,
     SOURCE_VIEW,
+    TABLES,
     VIEW_SOURCES,
     VIEWS,
     Context,
     Source,
     open_source,
-    sort_rows,
+    section_interval_s,
+    sort_table_rows,
     sources_for,
 )
+from noisyneighbor.sections import SORT_KEYS as SORT_KEYS  # --sort choices (noisyneighbor/cli.py)
 from noisyneighbor.views import SORT_HOTKEYS, VIEW_HOTKEYS, render_frame
 
-SORT_KEYS = RUNQ_SORT_KEYS
 VIEW_CHOICES = (*VIEWS, "all")
 # The live view's first frame comes after this (or the interval, if shorter): rates are per second
 # whatever the span, and a first screen a full interval late reads as a hang.
@@ -94,14 +95,14 @@ def unavailable(view: str, sources: Sequence[Source]) -> str | None:
 
 @dataclass
 class Frame:
-    """One interval: a section per view whose probe is on (`runq` is a sections.Interval)."""
+    """One interval: a section per view whose probe is on."""
 
     ts: str
     sections: dict[str, Any]
 
     @property
     def interval_s(self) -> float:
-        return next((s.interval_s for s in self.sections.values()), 0.0)
+        return next((section_interval_s(s) for s in self.sections.values()), 0.0)
 
 
 def collect(sources: Sequence[Source]) -> Frame:
@@ -113,23 +114,26 @@ def collect(sources: Sequence[Source]) -> Frame:
 
 
 def frame_record(frame: Frame, sort_key: str = "wait", limit: int | None = None) -> dict:
-    """The JSON interval record. runq keeps its historical top-level keys (cgroups, cpus, drops);
-    every other view whose probe is on adds one key holding its section."""
+    """The JSON interval record: every view whose probe is on adds one key holding its section, except a
+    table declared ``record_top_level`` (the first view's: cgroups, cpus, drops, as before views)."""
     record: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "ts": frame.ts, "interval_s": frame.interval_s}
-    runq = frame.sections.get("runq")
-    if runq is not None:
-        record["cgroups"] = [asdict(r) for r in sort_rows(runq.cgroups, sort_key)][: limit or None]
-        record["cpus"] = [asdict(c) for c in runq.cpus]
-        record["drops"] = runq.drops
-    for view in VIEWS[1:]:
+    for view in VIEWS:
         section = frame.sections.get(view)
         if section is None:
             continue
-        data = asdict(section)
+        data = dict(section) if isinstance(section, dict) else asdict(section)
+        table = TABLES.get(view)
+        if table is not None and table.sort_keys:
+            option = sort_key if sort_key in table.sort_keys else next(iter(table.sort_keys))
+            data[table.rows_key] = sort_table_rows(data[table.rows_key], table, option)
         for rows in ("rows", "cgroups"):
             if rows in data:
                 data[rows] = data[rows][: limit or None]
-        record[view] = data
+        if table is not None and table.record_top_level:
+            del data["interval_s"]
+            record.update(data)
+        else:
+            record[view] = data
     record["type"] = "interval"
     return record
 
@@ -162,6 +166,46 @@ def _rows_per_view(height: int, views: Sequence[str]) -> int:
     return max((height - fixed) // max(len(views), 1), 3)
 
 
+def _run_live(sources: Sequence[Source], statuses: dict[str, Any], console: Console, shown_views: list[str],
+              interval_s: float, sort_key: str, limit: int | None, count: int | None) -> int:
+    """The live terminal table: a frame per interval, keys switch views and runq's sort."""
+    shown = 0
+    frame: Frame | None = None
+
+    def draw() -> None:
+        if frame is not None:
+            rows = limit or _rows_per_view(console.height, shown_views)
+            live.update(
+                render_frame(frame.ts, frame.sections, shown_views, statuses, sort_key=sort_key, limit=rows,
+                             keys=True),
+                refresh=True,
+            )
+
+    # screen=True: the alternate screen, so the table neither scrolls the terminal nor stays under the prompt.
+    with _cbreak(sys.stdin) as keys, Live(console=console, auto_refresh=False, screen=True) as live:
+        # Something at once: the probes' states and that the first interval is being measured.
+        live.update(Group(render_frame(now_iso(), {}, shown_views, statuses, keys=True),
+                          Text("measuring the first interval…", style="dim")), refresh=True)
+        deadline = time.monotonic() + min(interval_s, FIRST_FRAME_S)
+        while count is None or shown < count:
+            key = _read_key(deadline - time.monotonic()) if keys else time.sleep(max(deadline - time.monotonic(), 0))
+            if key in ("q", "Q"):
+                return 0
+            if key in SORT_HOTKEYS:
+                sort_key = SORT_HOTKEYS[key]
+                draw()
+            elif key in VIEW_HOTKEYS:
+                shown_views = views_of(VIEW_HOTKEYS[key])
+                draw()
+            if time.monotonic() < deadline:
+                continue
+            deadline += interval_s
+            frame = collect(sources)
+            draw()
+            shown += 1
+    return 0
+
+
 def run_top(
     sources: Sequence[Source],
     view: str = "runq",
@@ -186,41 +230,7 @@ def run_top(
     console = _Console(file=out)
 
     if is_live(out, as_json, once):
-        frame: Frame | None = None
-
-        def draw() -> None:
-            if frame is not None:
-                rows = limit or _rows_per_view(console.height, shown_views)
-                live.update(
-                    render_frame(frame.ts, frame.sections, shown_views, statuses, sort_key=sort_key, limit=rows,
-                                 keys=True),
-                    refresh=True,
-                )
-
-        # screen=True: the alternate screen, so the table neither scrolls the terminal nor stays under the prompt.
-        with _cbreak(sys.stdin) as keys, Live(console=console, auto_refresh=False, screen=True) as live:
-            # Something at once: the probes' states and that the first interval is being measured.
-            live.update(Group(render_frame(now_iso(), {}, shown_views, statuses, keys=True),
-                              Text("measuring the first interval…", style="dim")), refresh=True)
-            deadline = time.monotonic() + min(interval_s, FIRST_FRAME_S)
-            while count is None or shown < count:
-                key = _read_key(deadline - time.monotonic()) if keys else time.sleep(max(deadline - time.monotonic(), 0))
-                if key in ("q", "Q"):
-                    return 0
-                if key in SORT_HOTKEYS:
-                    sort_key = SORT_HOTKEYS[key]
-                    draw()
-                elif key in VIEW_HOTKEYS:
-                    shown_views = views_of(VIEW_HOTKEYS[key])
-                    draw()
-                if time.monotonic() < deadline:
-                    continue
-                deadline += interval_s
-                frame = collect(sources)
-                draw()
-                shown += 1
-        return 0
-
+        return _run_live(sources, statuses, console, views_of(view), interval_s, sort_key, limit, count)
     while count is None or shown < count:
         time.sleep(interval_s)
         frame = collect(sources)

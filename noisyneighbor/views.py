@@ -7,7 +7,7 @@ compute nothing but text. The same output serves the live terminal and plain, pi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -15,35 +15,28 @@ from rich.table import Table
 from rich.text import Text
 
 from noisyneighbor.sections import (
+    ALL_VIEWS,
     VIEW_SOURCES,
     VIEWS,
-    Interval,
     PsiSection,
-    ReclaimSection,
-    SoftirqSection,
-    TableSection,
-    TcpSection,
-    sort_rows,
+    sort_table_rows,
 )
 from probes.engine import ProbeStatus
 from probes.plugin import TopColumn, TopTable
 from probes.registry import PLUGINS
+from probes.units import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_rate, fmt_us
 
 # Plugins whose view is a declared table (ProbePlugin.top_table): view -> its table.
 _TABLES: dict[str, TopTable] = {p.top_view: p.top_table for p in PLUGINS if p.top_view and p.top_table}
 
 VIEW_TITLES = {
-    "runq": "runqueue latency per cgroup",
-    "softirq": "softirq per CPU and vector",
-    "reclaim": "memory reclaim per memory cgroup",
-    "tcp": "TCP connects per cgroup and netns",
     "psi": "pressure (PSI) and CPU throttling",
     **{view: table.title for view, table in _TABLES.items()},
 }
-# Interactive keys. Views by letter; runq's sort keys stay what they were.
-_TABLE_HOTKEYS = {table.hotkey: view for view, table in _TABLES.items() if table.hotkey}
-VIEW_HOTKEYS = {"r": "runq", "s": "softirq", "c": "reclaim", "t": "tcp", "p": "psi", **_TABLE_HOTKEYS, "a": "all"}
-SORT_HOTKEYS = {"w": "wait", "9": "p99", "5": "p50", "m": "max", "e": "events", "n": "name"}
+# Interactive keys: a view's letter (its declared table's hotkey), then the tables' sort keys.
+_VIEW_KEYS = {**{table.hotkey: view for view, table in _TABLES.items() if table.hotkey}, "p": "psi"}
+VIEW_HOTKEYS = {**_VIEW_KEYS, "a": "all"}
+SORT_HOTKEYS = {key: option for table in _TABLES.values() for key, option in table.sort_hotkeys.items()}
 
 
 def _hint(key: str, view: str) -> str:
@@ -52,46 +45,18 @@ def _hint(key: str, view: str) -> str:
     return f"{view[:i]}[{key}]{view[i + 1:]}" if i >= 0 else f"[{key}] {view}"
 
 
+_KEY_OF_VIEW = {view: key for key, view in _VIEW_KEYS.items()}
 KEYS_HINT = (
-    "views: [r]unq [s]oftirq re[c]laim [t]cp [p]si "
-    + "".join(f"{_hint(key, view)} " for key, view in _TABLE_HOTKEYS.items())
-    + "[a]ll   runq sort: [w]ait [9]9 [5]0 [m]ax [e]vents [n]ame   [q]uit"
+    "views: "
+    + "".join(f"{_hint(_KEY_OF_VIEW[view], view)} " for view in dict.fromkeys((*ALL_VIEWS, *VIEWS)) if view in _KEY_OF_VIEW)
+    + "[a]ll   "
+    + "".join(f"{view} sort: " + " ".join(_hint(key, option) for key, option in table.sort_hotkeys.items()) + "   "
+              for view, table in _TABLES.items() if table.sort_hotkeys)
+    + "[q]uit"
 )
 
 
 # -- cell formatting -----------------------------------------------------------------------------
-
-
-def fmt_us(us: float | None, exact: bool = True) -> str:
-    """A latency in µs as `523µs` / `4.1ms` / `2.35s`; `≤` when only the histogram slot's bound is known."""
-    if us is None:
-        return "-"
-    if us >= 1e6:
-        text = f"{us / 1e6:.2f}s"
-    elif us >= 1000:
-        text = f"{us / 1000:.1f}ms"
-    else:
-        text = f"{us:.0f}µs"
-    return text if exact else f"≤{text}"
-
-
-def fmt_ms(ms: float | None) -> str:
-    return "-" if ms is None else f"{ms:.1f}ms"
-
-
-def fmt_rate(value: float | None) -> str:
-    """Counts per second: one decimal below 10, none above."""
-    if value is None:
-        return "-"
-    return f"{value:.1f}" if value < 10 else f"{value:.0f}"
-
-
-def fmt_pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}%"
-
-
-def fmt_num(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 @dataclass(frozen=True)
@@ -140,105 +105,6 @@ QOS = Column("QOS", lambda r: r["qos"] or "-", left=True)
 # -- one renderer per view -------------------------------------------------------------------------
 
 
-RUNQ_COLUMNS = (
-    Column("CGROUP / POD", lambda r: r.name, flex=True),
-    Column("QOS", lambda r: r.qos or "-", left=True),
-    Column("WAIT/s", lambda r: fmt_ms(r.wait_ms_per_s), "wait"),
-    Column("P50", lambda r: fmt_us(r.p50_us), "p50"),
-    Column("P99", lambda r: fmt_us(r.p99_us), "p99"),
-    Column("MAX", lambda r: fmt_us(r.max_us, r.max_exact), "max"),
-    Column("EVENTS/s", lambda r: f"{r.events_per_s:.0f}", "events"),
-)
-
-
-def render_runq(section: Interval, limit: int | None, sort_key: str) -> list[RenderableType]:
-    cpus = "  ".join(f"cpu{c.cpu}: {c.wait_ms_per_s:.1f}ms/s p99 {fmt_us(c.p99_us)}" for c in section.cpus)
-    return [
-        *_table(RUNQ_COLUMNS, sort_rows(section.cgroups, sort_key), limit, sort_key, "no task waited on a runqueue"),
-        _dim(f"{cpus}   {_drops(section.drops)}"),
-    ]
-
-
-SOFTIRQ_COLUMNS = (
-    Column("CPU", lambda r: str(r["cpu"])),
-    Column("VECTOR", lambda r: r["vector"], left=True),
-    Column("ENTRIES/s", lambda r: fmt_rate(r["entries_per_s"])),
-    Column("DELAY P99", lambda r: fmt_us(r["delay_p99_us"]) if r["delay_samples"] else "-"),
-    Column("DELAY MAX", lambda r: fmt_us(r["delay_max_us"]) if r["delay_samples"] else "-"),
-    Column("RUN P99", lambda r: fmt_us(r["runtime_p99_us"])),
-    Column("RUN MAX", lambda r: fmt_us(r["runtime_max_us"])),
-    Column("RUN/s", lambda r: f"{r['runtime_ms_per_s']:.2f}ms", "runtime"),
-)
-
-
-def render_softirq(section: SoftirqSection, limit: int | None, sort_key: str) -> list[RenderableType]:
-    footer = f"stall events (≥{section.stall_threshold_ms:g}ms delay or run): {section.stalls}"
-    if section.worst_stalls:
-        s = section.worst_stalls[0]
-        where = f"ksoftirqd ({s['entry_comm']})" if s["in_ksoftirqd"] else f"{s['entry_comm']} in {s['entry_cgroup']}"
-        footer += (
-            f" — worst: {s['vector']} cpu{s['cpu']} delay {fmt_us(s['delay_ns'] / 1e3) if s['raise_seen'] else '?'}"
-            f" run {fmt_us(s['runtime_ns'] / 1e3)}, raised under {s['raise_comm'] or '-'} in {s['raise_cgroup']},"
-            f" ran in {where}"
-        )
-    return [*_table(SOFTIRQ_COLUMNS, section.rows, limit, "runtime", "no softirq ran"),
-            _dim(f"{footer}   {_drops(section.drops)}")]
-
-
-RECLAIM_COLUMNS = (
-    Column("MEMORY CGROUP / POD", lambda r: r["name"], flex=True),
-    QOS,
-    Column("KIND", lambda r: r["kind"], left=True),
-    Column("COUNT/s", lambda r: fmt_rate(r["count_per_s"])),
-    Column("PAGES/s", lambda r: fmt_rate(r["pages_per_s"])),
-    Column("STALL/s", lambda r: fmt_ms(r["stall_ms_per_s"]), "stall"),
-    Column("P99", lambda r: fmt_us(r["p99_us"])),
-    Column("MAX", lambda r: fmt_us(r["max_us"], r["max_exact"])),
-)
-
-
-def render_reclaim(section: ReclaimSection, limit: int | None, sort_key: str) -> list[RenderableType]:
-    direct = section.node.get("direct")
-    node = "node: direct reclaim " + (
-        f"{direct['count']} passes, {fmt_rate(direct['pages_per_s'])} pages/s, {fmt_ms(direct['stall_ms_per_s'])}/s"
-        f" stalled, max {fmt_us(direct['max_us'], direct['max_exact'])}"
-        if direct else "none"
-    )
-    others = "".join(f", {kind} {row['count']} passes" for kind, row in section.node.items() if kind != "direct")
-    vmstat = "?" if section.allocstall is None else f"+{section.allocstall}"
-    footer = f"{node}{others}   /proc/vmstat allocstall: {vmstat}"
-    return [*_table(RECLAIM_COLUMNS, section.rows, limit, "stall", "no memory reclaim in any cgroup"),
-            _dim(f"{footer}   {_drops(section.drops)}")]
-
-
-def _destinations(row: dict) -> str:
-    return ", ".join(
-        f"{d['dest']} ({d['connects']}{', ' + str(d['failures']) + ' failed' if d['failures'] else ''})"
-        for d in row["top_destinations"]
-    ) or "-"
-
-
-TCP_COLUMNS = (
-    NAME,
-    QOS,
-    Column("NETNS", lambda r: str(r["netns"])),
-    Column("CONN/s", lambda r: fmt_rate(r["connects_per_s"])),
-    Column("FAIL", lambda r: str(r["failures"]), "worst"),
-    Column("SYN RTX", lambda r: str(r["syn_retransmits"])),
-    Column("P50", lambda r: fmt_us(None if r["latency_p50_ms"] is None else r["latency_p50_ms"] * 1e3)),
-    Column("P99", lambda r: fmt_us(None if r["latency_p99_ms"] is None else r["latency_p99_ms"] * 1e3)),
-    Column("MAX", lambda r: fmt_us(None if r["latency_max_ms"] is None else r["latency_max_ms"] * 1e3)),
-    Column("TOP DESTINATIONS", _destinations, flex=True),
-)
-
-
-def render_tcp(section: TcpSection, limit: int | None, sort_key: str) -> list[RenderableType]:
-    return [
-        *_table(TCP_COLUMNS, section.rows, limit, "worst", "no TCP connect"),
-        _dim(f"sorted by failures + SYN retransmits, then p99; latency of successful connects   {_drops(section.drops)}"),
-    ]
-
-
 def _node_psi_cell(kind: str) -> Callable[[tuple[str, dict]], str]:
     return lambda item: fmt_pct(item[1].get(kind)) if item[1]["available"] else "-"
 
@@ -260,20 +126,6 @@ def _cgroup_psi(resource: str) -> Callable[[dict], str]:
     return cell
 
 
-PSI_CGROUP_COLUMNS = (
-    NAME,
-    QOS,
-    Column("CORES", lambda r: fmt_num(r["cores"])),
-    Column("QUOTA", lambda r: fmt_num(r["quota_cores"]) if r["quota_cores"] else "none"),
-    Column("THROTTLED", lambda r: fmt_pct(r["throttled_pct"]), "throttled"),
-    Column("THR/s", lambda r: fmt_ms(r["throttled_ms_per_s"])),
-    Column("RUNQ WAIT/s", lambda r: fmt_ms(r["runq_wait_ms_per_s"])),
-    Column("CPU PSI", _cgroup_psi("cpu")),
-    Column("MEM PSI", _cgroup_psi("memory")),
-    Column("IO PSI", _cgroup_psi("io")),
-)
-
-
 def render_psi(section: PsiSection, limit: int | None, sort_key: str) -> list[RenderableType]:
     missing = [f"{resource} unavailable: {row['reason'].removeprefix(resource + ': ')}"
                for resource, row in section.node.items() if not row["available"]]
@@ -292,16 +144,6 @@ def render_psi(section: PsiSection, limit: int | None, sort_key: str) -> list[Re
     return parts
 
 
-def fmt_bytes(value: float | None) -> str:
-    """Bytes in binary units: `512.0MiB`, `3.50GiB`."""
-    if value is None:
-        return "-"
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if value >= size:
-            return f"{value / size:.2f}{unit}" if unit == "GiB" else f"{value / size:.1f}{unit}"
-    return f"{value:.0f}B"
-
-
 # How a declared table's column shows its value (TopColumn.unit).
 _UNIT_CELLS: dict[str, Callable[[Any], str]] = {
     "text": lambda v: "-" if v is None or v == "" else str(v),
@@ -314,27 +156,72 @@ _UNIT_CELLS: dict[str, Callable[[Any], str]] = {
 }
 
 
+def _cell(c: TopColumn) -> Callable[[dict], str]:
+    if c.text is not None:
+        return c.text
+    unit = _UNIT_CELLS[c.unit]
+
+    def cell(r: dict) -> str:
+        if c.when is not None and not r.get(c.when):
+            return "-"
+        value = r.get(c.key)
+        if value is not None and c.scale != 1.0:
+            value = value * c.scale
+        if c.exact is not None:
+            return fmt_us(value, bool(r.get(c.exact)))
+        return unit(value)
+
+    return cell
+
+
 def _table_column(c: TopColumn) -> Column:
-    cell = _UNIT_CELLS[c.unit]
-    return Column(c.title, lambda r: cell(r.get(c.key)), c.key if c.sorted_by else None, left=c.unit == "text")
+    marker = c.sort if c.sort is not None else (c.key if c.sorted_by else None)
+    return Column(c.title, _cell(c), marker, flex=c.flex, left=c.unit == "text" if c.left is None else c.left)
 
 
-def table_renderer(table: TopTable) -> Callable[[TableSection, int | None, str], list[RenderableType]]:
-    """The renderer of a plugin's declared table: the cgroup's name and QoS, then its columns."""
-    columns = (NAME, QOS, *(_table_column(c) for c in table.columns))
-    sorted_by = next((c.key for c in table.columns if c.sorted_by), None)
+def _psi_cell(c: TopColumn, psi_key: str) -> Callable[[dict], str]:
+    """A listing view's column in psi's rows, where its value is under ``psi_key``."""
+    cell = _cell(replace(c, key=psi_key, sort=None, sorted_by=False))
+    return cell
 
-    def render(section: TableSection, limit: int | None, sort_key: str) -> list[RenderableType]:
-        return [*_table(columns, section.rows, limit, sorted_by, table.nothing), _dim(_drops(section.drops))]
+
+PSI_CGROUP_COLUMNS = (
+    NAME,
+    QOS,
+    Column("CORES", lambda r: fmt_num(r["cores"])),
+    Column("QUOTA", lambda r: fmt_num(r["quota_cores"]) if r["quota_cores"] else "none"),
+    Column("THROTTLED", lambda r: fmt_pct(r["throttled_pct"]), "throttled"),
+    Column("THR/s", lambda r: fmt_ms(r["throttled_ms_per_s"])),
+    # what the views listing the cgroups show of them (TopTable.psi_cgroups), titled by their view
+    *(Column(f"{view.upper()} {c.title}", _psi_cell(c, table.psi_cgroups[c.key]))
+      for view, table in _TABLES.items() if table.psi_cgroups for c in table.columns if c.key in table.psi_cgroups),
+    Column("CPU PSI", _cgroup_psi("cpu")),
+    Column("MEM PSI", _cgroup_psi("memory")),
+    Column("IO PSI", _cgroup_psi("io")),
+)
+
+
+def table_renderer(table: TopTable) -> Callable[[dict, int | None, str], list[RenderableType]]:
+    """The renderer of a plugin's declared table: the cgroup's name and QoS (unless its rows name no
+    cgroup), its columns, then its footer line and the probe's drops."""
+    names = (Column(table.name_title, lambda r: r["name"], flex=True), QOS) if table.name_title else ()
+    columns = (*names, *(_table_column(c) for c in table.columns))
+    fixed = next((c.key for c in table.columns if c.sorted_by), None)
+
+    def render(section: dict, limit: int | None, sort_key: str) -> list[RenderableType]:
+        rows, sorted_by = section[table.rows_key], fixed
+        if table.sort_keys:
+            sorted_by = sort_key if sort_key in table.sort_keys else next(iter(table.sort_keys))
+            rows = sort_table_rows(rows, table, sorted_by)
+        footer = table.footer(section) if table.footer is not None else ""
+        drops = _drops(section["drops"])
+        return [*_table(columns, rows, limit, sorted_by, table.nothing),
+                _dim(f"{footer}   {drops}" if footer else drops)]
 
     return render
 
 
 RENDERERS: dict[str, Callable[[Any, int | None, str], list[RenderableType]]] = {
-    "runq": render_runq,
-    "softirq": render_softirq,
-    "reclaim": render_reclaim,
-    "tcp": render_tcp,
     "psi": render_psi,
     **{view: table_renderer(table) for view, table in _TABLES.items()},
 }

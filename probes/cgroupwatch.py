@@ -55,7 +55,6 @@ class _Watched:
     psi_probe_file: str | None = None  # the v2 cpu.pressure whose presence says it has PSI files
     last_limits_tick: int = -1_000_000
     turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at its last wheel turn
-    reads: int = 0  # times its files were read (tests and benches count them)
 
 
 class CgroupWatch:
@@ -220,7 +219,6 @@ class CgroupWatch:
     def _read(self, w: _Watched, t: int, *, full: bool, memory: bool, errors: list[str] | None) -> bool:
         """Read what is due of one cgroup; False when a wheel turn found nothing changed (nothing replaced)."""
         path = w.path
-        w.reads += 1
         # Wheel turns come once per cgroup per turn of the wheel: plain reads. A cgroup read outside
         # its turn is active, and likely read again next tick: its files stay open.
         read = read_small if full else self.hot.read

@@ -277,14 +277,7 @@ class LibbpfEngine:
                 f"{spec.name}: off: kernel has no BTF ({self.paths.btf_vmlinux} absent); "
                 "CO-RE probes need CONFIG_DEBUG_INFO_BTF or a BTF file for this kernel (--btf FILE)"
             )
-        try:
-            with VmlinuxBtf(self.btf_path) as btf:
-                # Without its own BTF the kernel cannot attach tp_btf programs, whatever the file says.
-                typed = {tp.name: kernel_btf and btf.has_btf_tracepoint(tp.name) for tp in spec.tracepoints}
-        except BpfError as e:
-            raise ProbeError(f"{spec.name}: off: {e.strerror if self.btf_path else e}") from None
-        except LibbpfMissing as e:
-            raise ProbeError(f"{spec.name}: off: {e}") from None
+        typed = self._typed_tracepoints(spec, kernel_btf)
 
         mode = attach_mode
         if mode == "tp_btf" and not kernel_btf:  # e.g. runqlat's sched_info flavour: it falls back
@@ -307,39 +300,57 @@ class LibbpfEngine:
                              "decoder does not follow bpf/*.h)")
         status = ProbeStatus(spec.name, "on", attach_mode=mode)
         try:
-            # Only the chosen flavour's programs load; every other program in the object stays off.
-            chosen = {tp.btf_program if mode == "tp_btf" else tp.raw_program for tp in spec.tracepoints}
-            for prog in obj.program_names():
-                if prog not in chosen:
-                    obj.set_autoload(prog, False)
-            wanted: list[Tracepoint] = []
-            for tp in spec.tracepoints:
-                use = tp.btf_program if mode == "tp_btf" else tp.raw_program
-                if not self._exists(tp.name, typed) or (mode == "tp_btf" and not typed[tp.name]):
-                    obj.set_autoload(use, False)
-                    status.state, status.reason = "degraded", f"no tracepoint {tp.name}"
-                    continue
-                wanted.append(tp)
-            if rodata:
-                obj.set_rodata(rodata)
-            for map_name, size in (map_sizes or {}).items():
-                obj.map(map_name).set_max_entries(size)
-            self._cap_percpu_maps(obj, status)
-            obj.load()
-            for tp in wanted:
-                prog = tp.btf_program if mode == "tp_btf" else tp.raw_program
-                try:
-                    obj.attach(prog)
-                    status.attached.append(tp.name)
-                except BpfError as e:
-                    if tp.required:
-                        raise
-                    status.state, status.reason = "degraded", f"{tp.name} not attached: {e}"
+            self._load_and_attach(obj, spec, mode, typed, status, rodata, map_sizes)
         except BpfError as e:
             obj.close()
             raise ProbeError(f"{spec.name}: off: {e}") from None
         log.info("%s", status.line())
         return LibbpfProbe(obj, status)
+
+    def _typed_tracepoints(self, spec: ProbeSpec, kernel_btf: bool) -> dict[str, bool]:
+        """Which of the probe's tracepoints have a BTF type (what tp_btf programs attach to)."""
+        try:
+            with VmlinuxBtf(self.btf_path) as btf:
+                # Without its own BTF the kernel cannot attach tp_btf programs, whatever the file says.
+                return {tp.name: kernel_btf and btf.has_btf_tracepoint(tp.name) for tp in spec.tracepoints}
+        except BpfError as e:
+            raise ProbeError(f"{spec.name}: off: {e.strerror if self.btf_path else e}") from None
+        except LibbpfMissing as e:
+            raise ProbeError(f"{spec.name}: off: {e}") from None
+
+    def _load_and_attach(self, obj: BpfObject, spec: ProbeSpec, mode: str, typed: dict[str, bool],
+                         status: ProbeStatus, rodata: dict[str, int | bool] | None,
+                         map_sizes: dict[str, int] | None) -> None:
+        """Load the chosen flavour's programs and attach them; a tracepoint that is not there (or not
+        attachable in this flavour) degrades the probe, an optional one that fails to attach too."""
+        # Only the chosen flavour's programs load; every other program in the object stays off.
+        chosen = {tp.btf_program if mode == "tp_btf" else tp.raw_program for tp in spec.tracepoints}
+        for prog in obj.program_names():
+            if prog not in chosen:
+                obj.set_autoload(prog, False)
+        wanted: list[Tracepoint] = []
+        for tp in spec.tracepoints:
+            use = tp.btf_program if mode == "tp_btf" else tp.raw_program
+            if not self._exists(tp.name, typed) or (mode == "tp_btf" and not typed[tp.name]):
+                obj.set_autoload(use, False)
+                status.state, status.reason = "degraded", f"no tracepoint {tp.name}"
+                continue
+            wanted.append(tp)
+        if rodata:
+            obj.set_rodata(rodata)
+        for map_name, size in (map_sizes or {}).items():
+            obj.map(map_name).set_max_entries(size)
+        self._cap_percpu_maps(obj, status)
+        obj.load()
+        for tp in wanted:
+            prog = tp.btf_program if mode == "tp_btf" else tp.raw_program
+            try:
+                obj.attach(prog)
+                status.attached.append(tp.name)
+            except BpfError as e:
+                if tp.required:
+                    raise
+                status.state, status.reason = "degraded", f"{tp.name} not attached: {e}"
 
     def _cap_percpu_maps(self, obj: BpfObject, status: ProbeStatus) -> None:
         for m in obj.maps():

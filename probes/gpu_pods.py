@@ -22,7 +22,7 @@ from typing import Any
 from probes.engine import ProbeError, ProbeStatus
 from probes.gpu import GpuCollector, GpuDevice, GpuProcess
 from probes.host import HostPaths
-from probes.plugin import MetricSpec, ProbePlugin, TopColumn, TopTable
+from probes.plugin import CgroupSample, MetricSpec, ProbePlugin, TopColumn, TopInput, TopTable
 
 NAME = "gpu"
 CGROUP_GPU_MEMORY = "noisyneighbor_cgroup_gpu_memory_used_bytes"
@@ -42,6 +42,9 @@ class GpuPodsSnapshot:
     per_cgroup: dict[str, GpuCgroupUse]  # cgroup path -> its use now (gauges, not counters)
     # GPU processes with no cgroup to charge (exited between NVML's list and the /proc read).
     drops: dict[str, int] = field(default_factory=dict)
+    # The devices as NVML reported them this tick: the agent exports them from here while the plugin is
+    # loaded instead of reading NVML a second time (noisyneighbor/agent/loop.py, node_gpus).
+    devices: list[GpuDevice] = field(default_factory=list)
 
 
 def cgroup_of(process: GpuProcess) -> str | None:
@@ -87,7 +90,7 @@ class GpuPodsProbe:
         if self.gpu.status.state != "on":  # NVML failed: off with its reason, no stale use left behind
             self.status.state, self.status.reason = "off", self.gpu.status.reason
         use, unattributed = per_cgroup_use(devices)
-        return GpuPodsSnapshot(time.monotonic(), use, {"process_exited": unattributed} if unattributed else {})
+        return GpuPodsSnapshot(time.monotonic(), use, {"process_exited": unattributed} if unattributed else {}, devices)
 
     def close(self) -> None:
         self.gpu.close()
@@ -104,14 +107,15 @@ def delta(prev: GpuPodsSnapshot | None, cur: GpuPodsSnapshot) -> dict[str, GpuCg
     return dict(cur.per_cgroup)
 
 
-def cgroup_series(snap: GpuPodsSnapshot) -> Iterator[tuple[str, str, float]]:
+def cgroup_series(snap: GpuPodsSnapshot) -> Iterator[CgroupSample]:
     for path, use in snap.per_cgroup.items():
-        yield CGROUP_GPU_MEMORY, path, float(use.memory_bytes)
-        yield CGROUP_GPU_PROCESSES, path, float(use.processes)
+        yield CGROUP_GPU_MEMORY, path, (), float(use.memory_bytes)
+        yield CGROUP_GPU_PROCESSES, path, (), float(use.processes)
 
 
-def top_rows(interval: dict[str, GpuCgroupUse]) -> list[dict[str, Any]]:
+def top_rows(view: TopInput) -> list[dict[str, Any]]:
     """The ``top`` rows of one interval (its ``delta``): a cgroup per row, most GPU memory first."""
+    interval: dict[str, GpuCgroupUse] = view.interval
     rows = [{"cgroup": path, "memory_bytes": use.memory_bytes, "processes": use.processes,
              "devices": ",".join(map(str, use.devices))} for path, use in interval.items()]
     rows.sort(key=lambda r: (-r["memory_bytes"], -r["processes"], r["cgroup"]))

@@ -103,3 +103,17 @@ class IntervalHistogram:
                 return (lo + (max(hi, lo) - lo) * frac) * 1000.0
             seen += n
         return self.max_ns
+
+
+def merge_intervals(intervals: Iterable[IntervalHistogram]) -> IntervalHistogram:
+    """Several keys' interval histograms as one (a workload's cgroups, a CPU's vectors)."""
+    slots = [0] * HIST_SLOTS
+    total = count = 0
+    exact_max: int | None = None
+    for d in intervals:
+        slots = [a + b for a, b in zip(slots, d.slots, strict=False)]
+        total += d.sum_ns
+        count += d.count
+        if d.exact_max_ns is not None:
+            exact_max = max(exact_max or 0, d.exact_max_ns)
+    return IntervalHistogram(tuple(slots), total, count, exact_max)

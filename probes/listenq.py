@@ -215,12 +215,6 @@ def _query_listeners(sock: socket.socket) -> list[ListenSocket]:
         sock.close()
 
 
-def listen_sockets(pid: int, proc: str = "/proc") -> list[ListenSocket] | None:
-    """LISTEN sockets of <pid>'s network namespace (all of them, not only <pid>'s); None if gone."""
-    snap = read_netns(pid, proc)
-    return snap.listeners if snap else None
-
-
 def read_netns(pid: int, proc: str = "/proc") -> ListenQueueSnapshot | None:
     """Listen queues and TCP counters of <pid>'s network namespace; None if the process is gone."""
     try:

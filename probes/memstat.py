@@ -306,13 +306,6 @@ class NodeMemory:
         """Present but not handed to the allocator (reserved memory, or deferred init still to come)."""
         return max(self.present_pages - self.managed_pages, 0)
 
-    @property
-    def available_pages(self) -> int:
-        """What can be allocated without swapping, like the kernel's MemAvailable (si_mem_available):
-        free above the reserves plus the page cache that reclaim may drop (slab is left out)."""
-        return max(self.free_pages - self.wmark_high_pages + self.file_pages
-                   - min(self.file_pages // 2, self.wmark_low_pages), 0)
-
 
 def parse_zoneinfo_watermarks(text: str) -> dict[str, int]:
     """{min, low, high, managed, present}: pages summed over every zone of every node in /proc/zoneinfo."""

@@ -17,12 +17,25 @@ ENGINE_ATTACH_MODES: tuple[str, ...] = get_args(AttachMode)  # what every probe 
 
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
-    """A per-cgroup metric a plugin adds to /metrics, filled from its ``cgroup_series``. (The first
-    probes' metrics are defined and filled by the exporter itself; ``ProbePlugin.metrics`` names them.)"""
+    """A metric family a plugin adds to /metrics: per cgroup (filled from its ``cgroup_series``, labelled
+    with the cgroup's pod and container by the exporter) or per node (from its ``node_series``)."""
 
-    name: str  # noisyneighbor_..., _total for a counter
-    type: str  # "gauge" | "counter"
+    name: str  # noisyneighbor_..., _total for a counter, _seconds for a histogram of latencies
+    type: str  # "gauge" | "counter" | "histogram" (a probes.hist.LatencyHistogram, cumulative)
     help: str
+    labels: tuple[str, ...] = ()  # its own labels, after node (and after the cgroup's labels)
+    per_cgroup: bool = True
+    # A node metric whose `cpu` label grows with the node's CPUs: exported per CPU only with the
+    # exporter's per_cpu_series, else its series are summed over CPUs (the label dropped).
+    per_cpu: bool = False
+
+
+# One value of a plugin's metric for one cgroup: (metric, cgroup, own label values, value). The cgroup is
+# an id in the hierarchy of the plugin's ``id_controller`` or a path relative to that hierarchy's root;
+# the value a float, or a LatencyHistogram for a histogram. Samples with the same key add up (counters,
+# histograms); a gauge's last value stands.
+CgroupSample = tuple[str, int | str, tuple[str, ...], Any]
+NodeSample = tuple[str, tuple[str, ...], Any]  # (metric, own label values, value) for the node
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,20 +47,92 @@ class TopColumn:
     key: str  # the row's key holding the value
     unit: str = "text"  # "text", "count", "rate" (per s), "bytes", "ms", "us", "pct"
     sorted_by: bool = False  # the rows come sorted by it, highest first (the view marks it ▼)
+    sort: str | None = None  # the table's sort option this column is (TopTable.sort_keys), marked when chosen
+    exact: str | None = None  # the row's key saying whether the value is exact (else shown as a bound: ≤)
+    when: str | None = None  # the row's key that must be non-zero for a value ("-" otherwise)
+    scale: float = 1.0  # the value times this is in ``unit`` (ms -> us: 1e3)
+    text: Callable[[dict[str, Any]], str] | None = None  # the cell's text from the row, instead of the unit's
+    left: bool | None = None  # justified left (None: text columns only)
+    flex: bool = False  # takes the width left over, ellipsized (lists)
+
+
+@dataclass(frozen=True)
+class TopInput:
+    """What a plugin's ``top`` table is made from, once per interval: the two snapshots, the plugin's
+    ``delta`` between them (the interval layer the detector reads too) and the seconds between them."""
+
+    prev: Any
+    cur: Any
+    interval: Any
+    dt: float
 
 
 @dataclass(frozen=True)
 class TopTable:
-    """A plugin's ``top`` view declared as one table, so a new probe gets a view without a section class
-    or a renderer of its own. ``rows`` turns the plugin's ``delta(prev, cur)`` into JSON-able rows, each
-    naming its cgroup by ``cgroup`` (a path in the probe's hierarchy, named by the path's pod and
-    container) or ``cgroup_id`` (resolved like the BPF probes' rows), sorted as they should show."""
+    """A plugin's ``top`` view declared as one table, so a probe's view needs no section class or renderer
+    in noisyneighbor/. ``rows`` turns the interval into JSON-able rows, each naming its cgroup by ``cgroup``
+    (a path in the probe's hierarchy, named by the path's pod and container) or ``cgroup_id`` (resolved in
+    the probe's hierarchy), sorted as they should show. The section (`top --json`) is ``interval_s``, the
+    rows under ``rows_key``, what ``extras`` adds, then the probe's ``drops``."""
 
     title: str  # after the view's name in its heading, e.g. "GPU memory per cgroup"
     columns: tuple[TopColumn, ...]
-    rows: Callable[[Any], list[dict[str, Any]]]
+    rows: Callable[[TopInput], list[dict[str, Any]]]
     nothing: str  # what did not happen when there is no row ("no process on a GPU")
     hotkey: str | None = None  # the live view's key for it
+    rows_key: str = "rows"  # the section's key holding the rows
+    name_title: str | None = "CGROUP / POD"  # the cgroup name column (and QOS) first; None: rows name no cgroup
+    kind_key: str = "kind"  # the key of the cgroup's kind in a row (when the row has a "kind" of its own)
+    # Opened once after the baseline snapshot with (the probe, HostPaths): returns what adds the section's
+    # own fields each interval, from (TopInput, name_of) where name_of(cgroup id) is a cgroup's display
+    # name (e.g. the worst stall events, a node total, a /proc counter's difference).
+    extras: Callable[[Any, Any], Callable[[TopInput, Callable[[int], str]], dict[str, Any]]] | None = None
+    footer: Callable[[dict[str, Any]], str] | None = None  # the line under the table, from the section
+    sort_keys: Mapping[str, str] = field(default_factory=dict)  # --sort option -> row key (highest first; "name": A-Z)
+    sort_hotkeys: Mapping[str, str] = field(default_factory=dict)  # live key -> sort option
+    record_top_level: bool = False  # `top --json`: its section's keys are the record's own (the first view)
+    # The rows list the cgroups the psi view reads (CPU use, throttling, PSI): row key -> the key it is
+    # shown under there.
+    psi_cgroups: Mapping[str, str] | None = None
+
+
+# cgroup id -> the key of the workload it belongs to (None: none), handed to an extractor by the
+# detector; probes/ never sees the detector's types.
+WorkloadKey = Callable[[int], str | None]
+# Keys an extractor may use beside workload keys, e.g. for who ran instead of a waiting task: the
+# CPU's idle task, or a culprit that could not be attributed.
+IDLE = "<idle>"
+UNKNOWN = "<unknown>"
+
+# When an extractor runs among the signals the detector reads from cgroup files: after "tasks" come
+# the cgroups' CPU accounting files, then "cpus" (per-CPU values joined through where each workload
+# ran), then "memory", the memory files, "network", and the PSI files last.
+SIGNAL_STAGES = ("tasks", "cpus", "memory", "network")
+
+
+@dataclass(frozen=True)
+class SignalExtractor:
+    """What a plugin's interval means to the detector (detector/signals.py joins every plugin's), declared
+    here so probes/ need not import detector/: functions over the plugin's own ``delta`` that return
+    values by WorkloadSignals / NodeSignals field name. The detector owns the rows and the join:
+
+    - ``workloads(interval, dt, workload_key)``: {workload key: {field: value}} for the workloads whose
+      cgroups moved, in the order first met (the order the detector makes their rows in);
+    - ``node(interval, dt)``: {NodeSignals field: value};
+    - ``exposure(cpu_weights, node_values)``: per workload, the fields read from per-CPU node values
+      through the share of its CPU time on each CPU (every row that exists at stage "cpus");
+    - ``every_row(interval)``: fields set on every row (a node-wide fact, e.g. that a matrix exists).
+
+    ``fields`` and ``node_fields`` name everything it sets: tests/test_signal_plugins.py fails when one is
+    declared and not produced, or produced and not declared."""
+
+    stage: str  # one of SIGNAL_STAGES
+    fields: tuple[str, ...]  # WorkloadSignals fields (from workloads, exposure and every_row)
+    node_fields: tuple[str, ...] = ()  # NodeSignals fields (from node)
+    workloads: Callable[[Any, float, WorkloadKey], dict[str, dict[str, Any]]] | None = None
+    node: Callable[[Any, float], dict[str, Any]] | None = None
+    exposure: Callable[[dict[int, float], dict[str, Any]], dict[str, Any]] | None = None
+    every_row: Callable[[Any], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,16 +156,20 @@ class ProbePlugin:
     delta: Callable[[Any, Any], Any] | None = None
     # Entries in its per-cgroup kernel map (the bpf_map_entries gauge). None: nothing per cgroup.
     map_entries: Callable[[Any], int] | None = None
-    signals: tuple[str, ...] = ()  # detector.catalog signal names computed from it
+    # The controller whose hierarchy its cgroup ids are in (the BPF probe keys by that hierarchy's ids).
+    id_controller: str = "cpu"
+    signals: tuple[str, ...] = ()  # detector.catalog signal names computed from it (by signal_extractor)
+    signal_extractor: SignalExtractor | None = None
     metrics: tuple[str, ...] = ()  # exporter metric names filled from it (besides the per-probe health ones)
-    # Metrics it defines itself, and their values: (metric name, cgroup path, value) from one snapshot,
-    # the path relative to its hierarchy root as in NodeSnapshot.cgroup_cpu. The exporter labels them.
+    # Metrics it defines, and their values from one (cumulative) snapshot: per cgroup (labelled by the
+    # exporter with the cgroup's pod and container) and per node.
     metric_specs: tuple[MetricSpec, ...] = ()
-    cgroup_series: Callable[[Any], Iterable[tuple[str, str, float]]] | None = None
+    cgroup_series: Callable[[Any], Iterable[CgroupSample]] | None = None
+    node_series: Callable[[Any], Iterable[NodeSample]] | None = None
     flavours: tuple[str, ...] = ()  # its own attach modes beyond the engine's (auto, tp_btf, raw_tp)
     top_view: str | None = None  # its view in `noisyneighbor top` (--view)
-    # That view as a declared table (rows from ``delta``); None: a hand-written section in
-    # noisyneighbor/sections.py and renderer in noisyneighbor/views.py (the first four probes).
+    # That view as a declared table (rows from ``delta``), served by noisyneighbor/sections.py's
+    # TableSource and rendered by noisyneighbor/views.py's table_renderer.
     top_table: TopTable | None = None
     top_options: Mapping[str, Any] = field(default_factory=dict)  # options `top` opens it with
 

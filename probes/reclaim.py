@@ -26,13 +26,28 @@ from __future__ import annotations
 import ctypes
 import struct
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from probes.base import BpfProbe
 from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
 from probes.hist import NN_HIST_SIZE, IntervalHistogram, LatencyHistogram
 from probes.host import HostPaths
+from probes.memstat import read_node_vmstat
+from probes.plugin import (
+    CgroupSample,
+    MetricSpec,
+    NodeSample,
+    ProbePlugin,
+    SignalExtractor,
+    TopColumn,
+    TopInput,
+    TopTable,
+    WorkloadKey,
+)
+from probes.units import fmt_ms, fmt_rate, fmt_us
 
 SPEC = ProbeSpec(
     name="reclaim",
@@ -306,3 +321,120 @@ class ReclaimProbe(BpfProbe["ReclaimStall"]):
     def poll_stalls(self, timeout_ms: int = 0) -> list[ReclaimStall]:
         return self._poll_events(timeout_ms)
 
+
+
+# -- the plugin: metrics, top view, detector signals ------------------------------------------------
+
+RECLAIM_LATENCY = "noisyneighbor_reclaim_latency_seconds"
+RECLAIM_PAGES = "noisyneighbor_reclaim_pages_total"
+NODE_RECLAIM_LATENCY = "noisyneighbor_node_reclaim_latency_seconds"
+NODE_RECLAIM_PAGES = "noisyneighbor_node_reclaim_pages_total"
+
+
+def activity(snap: ReclaimSnapshot) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for (cgroup_id, _kind), stats in snap.per_cgroup.items():
+        out[cgroup_id] = out.get(cgroup_id, 0) + stats.count
+    return out
+
+
+def cgroup_series(snap: ReclaimSnapshot) -> Iterator[CgroupSample]:
+    for (cgroup_id, kind), stats in snap.per_cgroup.items():
+        yield RECLAIM_LATENCY, cgroup_id, (kind,), stats.latency
+        yield RECLAIM_PAGES, cgroup_id, (kind,), float(stats.nr_reclaimed)
+
+
+def node_series(snap: ReclaimSnapshot) -> Iterator[NodeSample]:
+    for kind, stats in snap.node.items():
+        yield NODE_RECLAIM_LATENCY, (kind,), stats.latency
+        yield NODE_RECLAIM_PAGES, (kind,), float(stats.nr_reclaimed)
+
+
+def top_node(probe: ReclaimProbe, paths: HostPaths) -> Callable[[TopInput, Callable[[int], str]], dict[str, Any]]:
+    """Each `top` interval's node totals per kind, and /proc/vmstat's direct reclaim passes beside them."""
+    last = [read_node_vmstat(paths)]
+
+    def extras(view: TopInput, name_of: Callable[[int], str]) -> dict[str, Any]:
+        vmstat, before = read_node_vmstat(paths), last[0]
+        allocstall = None
+        if vmstat is not None and before is not None:
+            allocstall = max(vmstat.allocstall_total - before.allocstall_total, 0)
+        last[0] = vmstat
+        return {"node": node_rows(view.interval), "allocstall": allocstall,
+                "allocstall_per_s": None if allocstall is None else allocstall / view.dt}
+
+    return extras
+
+
+def top_footer(section: dict[str, Any]) -> str:
+    direct = section["node"].get("direct")
+    node = "node: direct reclaim " + (
+        f"{direct['count']} passes, {fmt_rate(direct['pages_per_s'])} pages/s, {fmt_ms(direct['stall_ms_per_s'])}/s"
+        f" stalled, max {fmt_us(direct['max_us'], direct['max_exact'])}"
+        if direct else "none"
+    )
+    others = "".join(f", {kind} {row['count']} passes" for kind, row in section["node"].items() if kind != "direct")
+    vmstat = "?" if section["allocstall"] is None else f"+{section['allocstall']}"
+    return f"{node}{others}   /proc/vmstat allocstall: {vmstat}"
+
+
+TOP_TABLE = TopTable(
+    title="memory reclaim per memory cgroup",
+    columns=(
+        TopColumn("KIND", "kind"),
+        TopColumn("COUNT/s", "count_per_s", "rate"),
+        TopColumn("PAGES/s", "pages_per_s", "rate"),
+        TopColumn("STALL/s", "stall_ms_per_s", "ms", sorted_by=True),
+        TopColumn("P99", "p99_us", "us"),
+        TopColumn("MAX", "max_us", "us", exact="max_exact"),
+    ),
+    rows=lambda view: rows(view.interval),
+    nothing="no memory reclaim in any cgroup",
+    hotkey="c",
+    name_title="MEMORY CGROUP / POD",
+    kind_key="cgroup_kind",  # "kind" is the reclaim kind here
+    extras=top_node,
+    footer=top_footer,
+)
+
+
+def workload_signals(interval: ReclaimInterval, dt: float, workload_key: WorkloadKey) -> dict[str, dict[str, Any]]:
+    """Reclaim stalls in each workload's own allocations (memory hierarchy ids), by kind."""
+    out: dict[str, dict[str, Any]] = {}
+    for (cgid, kind), rd in interval.per_cgroup.items():  # only the (memcg id, kind) keys that reclaimed
+        key = workload_key(cgid)
+        if key is None:
+            continue
+        r = out.setdefault(key, {"reclaim_stall_ms_per_s": 0.0, "reclaim_by_kind_ms_per_s": {},
+                                 "reclaim_pages_per_s": 0.0})
+        ms = rd.latency.sum_ns / 1e6 / dt
+        r["reclaim_stall_ms_per_s"] += ms
+        r["reclaim_by_kind_ms_per_s"][kind] = r["reclaim_by_kind_ms_per_s"].get(kind, 0.0) + ms
+        r["reclaim_pages_per_s"] += rd.pages / dt
+    return out
+
+
+PLUGIN = ProbePlugin(
+    name="reclaim", snapshot_field="reclaim", specs=(SPEC,), factory=ReclaimProbe,
+    activity=activity, activity_is_reclaim=True, delta=delta, map_entries=lambda s: len(s.per_cgroup),
+    id_controller="memory",
+    signals=("reclaim_stall_ms_per_s",),
+    signal_extractor=SignalExtractor(
+        stage="memory", fields=("reclaim_stall_ms_per_s", "reclaim_by_kind_ms_per_s", "reclaim_pages_per_s"),
+        node_fields=("node_direct_reclaim_ms_per_s",), workloads=workload_signals,
+        node=lambda interval, dt: {"node_direct_reclaim_ms_per_s": interval.node_direct.latency.sum_ns / 1e6 / dt}),
+    metrics=(RECLAIM_LATENCY, RECLAIM_PAGES, NODE_RECLAIM_LATENCY, NODE_RECLAIM_PAGES),
+    metric_specs=(
+        MetricSpec(RECLAIM_LATENCY, "histogram", "Reclaim passes the cgroup's tasks stalled in, by kind (direct, memcg, "
+                   "softlimit; softlimit passes are also inside direct ones).", ("kind",)),
+        MetricSpec(RECLAIM_PAGES, "counter", "Pages freed by the cgroup's reclaim passes, by kind.", ("kind",)),
+        MetricSpec(NODE_RECLAIM_LATENCY, "histogram", "Reclaim passes on the node, by kind.", ("kind",), per_cgroup=False),
+        MetricSpec(NODE_RECLAIM_PAGES, "counter", "Pages freed by reclaim passes on the node, by kind.", ("kind",),
+                   per_cgroup=False),
+    ),
+    cgroup_series=cgroup_series,
+    node_series=node_series,
+    top_view="reclaim",
+    top_table=TOP_TABLE,
+    top_options={"stall_threshold_ns": 0},  # no stall ring buffer: top shows the histograms only
+)

@@ -1,20 +1,18 @@
-"""The probe registry: every probe the agent and ``top`` run, declared once as a
-:class:`~probes.plugin.ProbePlugin` (the interface, in probes/plugin.py).
+"""The probe registry: every probe the agent and ``top`` run, one line each. Each probe declares itself
+as a :class:`~probes.plugin.ProbePlugin` (the interface, in probes/plugin.py) at the end of its own
+module (``PLUGIN``): its BPF object and programs with their attach flavours, how to open it, which
+:class:`~probes.snapshot.NodeSnapshot` field carries its snapshot, what moved this tick (``activity``),
+its ``delta(prev, cur)``, its metric families and series, its ``top`` table and its signal extractor.
 
-A plugin says what a probe is to the rest of the code: its BPF object and programs with their attach
-flavours (its :class:`~probes.engine.ProbeSpec` s), how to open it, which :class:`~probes.snapshot.NodeSnapshot`
-field carries its snapshot, how much each cgroup did (``activity``: what moved this tick), its
-per-interval ``delta(prev, cur)``, the size of its per-cgroup kernel map, the detector signals it feeds,
-the exporter metrics it fills and its view in ``noisyneighbor top``.
-
-The collector (``probes.collect``), the exporter, ``top`` (``noisyneighbor.sections``), the agent's
-and the CLI's probe lists and the benches loop over :data:`PLUGINS` instead of naming probes. Adding a
-probe is its BPF C and header, its module, its test and one entry in :data:`PLUGINS`, with its import
-(docs/architecture.md).
+The collector (``probes.collect``), the exporter, ``top`` (``noisyneighbor.sections``), the detector's
+signal builder, the agent's and the CLI's probe lists and the benches loop over :data:`PLUGINS` instead
+of naming probes. Adding a probe is its BPF C and header, its module, its test and one line here, with
+its import (docs/architecture.md).
 
 Signals and metrics are names (strings): ``probes/`` imports nothing from ``detector/`` or
-``noisyneighbor/``; ``detector.catalog.check_plugin_signals`` and tests/test_registry.py check the
-names against the signal catalog and the exporter's metric definitions.
+``noisyneighbor/``; ``detector.catalog.check_plugin_signals``, tests/test_registry.py and
+tests/test_signal_plugins.py check the names against the signal catalog, the exporter's metric
+definitions and what the extractors produce.
 """
 
 from __future__ import annotations
@@ -25,68 +23,12 @@ from probes.plugin import ENGINE_ATTACH_MODES, MetricSpec, ProbePlugin
 __all__ = ["BY_NAME", "DEFAULT_NAMES", "ENGINE_ATTACH_MODES", "NAMES", "PLUGINS", "MetricSpec", "ProbePlugin", "plugin"]
 
 
-# -- per-probe activity and deltas ------------------------------------------------------------------
-
-
-def _runq_activity(snap: runqlat.RunqSnapshot) -> dict[int, int]:
-    return {cg: hist.count for cg, hist in snap.per_cgroup.items()}
-
-
-def _reclaim_activity(snap: reclaim.ReclaimSnapshot) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for (cgroup_id, _kind), stats in snap.per_cgroup.items():
-        out[cgroup_id] = out.get(cgroup_id, 0) + stats.count
-    return out
-
-
-def _tcp_activity(snap: tcpconnect.TcpConnectSnapshot) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for (cgroup_id, _netns), stats in snap.per_key.items():
-        out[cgroup_id] = out.get(cgroup_id, 0) + stats.connects + stats.syn_retransmits
-    return out
-
-
-# -- the registry -----------------------------------------------------------------------------------
-
 # Order: collection order, the order of --probes' default and of `top`'s views.
 PLUGINS: tuple[ProbePlugin, ...] = (
-    ProbePlugin(
-        name="runqlat", snapshot_field="runq", specs=(runqlat.SCHED_INFO_SPEC, runqlat.SPEC),
-        factory=runqlat.RunqLatProbe, flavours=("sched_info",), activity=_runq_activity, delta=runqlat.delta,
-        map_entries=lambda s: len(s.per_cgroup),
-        signals=("runq_p99_ns", "runq_wait_ms_per_s", "runq_wait_share", "who_ran_instead_foreign_share",
-                 "who_ran_instead_own_share"),
-        metrics=("noisyneighbor_runqueue_latency_seconds", "noisyneighbor_cpu_runqueue_latency_seconds"),
-        top_view="runq",
-    ),
-    ProbePlugin(
-        name="softirq", snapshot_field="softirq", specs=(softirq.SPEC,), factory=softirq.SoftirqProbe,
-        delta=softirq.delta,
-        signals=("softirq_ms_per_s", "softirq_delay_p99_ns"),
-        metrics=("noisyneighbor_softirq_delay_seconds", "noisyneighbor_softirq_runtime_seconds",
-                 "noisyneighbor_softirq_entries_total"),
-        top_view="softirq",
-    ),
-    ProbePlugin(
-        name="reclaim", snapshot_field="reclaim", specs=(reclaim.SPEC,), factory=reclaim.ReclaimProbe,
-        activity=_reclaim_activity, activity_is_reclaim=True, delta=reclaim.delta, map_entries=lambda s: len(s.per_cgroup),
-        signals=("reclaim_stall_ms_per_s",),
-        metrics=("noisyneighbor_reclaim_latency_seconds", "noisyneighbor_reclaim_pages_total",
-                 "noisyneighbor_node_reclaim_latency_seconds", "noisyneighbor_node_reclaim_pages_total"),
-        top_view="reclaim",
-        top_options={"stall_threshold_ns": 0},  # no stall ring buffer: top shows the histograms only
-    ),
-    ProbePlugin(
-        name="tcpconnect", snapshot_field="tcp", specs=(tcpconnect.SPEC_BTF, tcpconnect.SPEC_RAW),
-        factory=tcpconnect.TcpConnectProbe, activity=_tcp_activity, delta=tcpconnect.delta,
-        map_entries=lambda s: len(s.per_key),
-        signals=("connect_p99_ns", "syn_retransmits_per_s", "connect_failures_per_s"),
-        metrics=("noisyneighbor_tcp_connect_latency_seconds", "noisyneighbor_tcp_connect_successes_total",
-                 "noisyneighbor_tcp_connect_failures_total", "noisyneighbor_tcp_connect_errors_total",
-                 "noisyneighbor_tcp_connect_syn_retransmits_total"),
-        top_view="tcp",
-        top_options={"outlier_threshold_ns": 0},
-    ),
+    runqlat.PLUGIN,
+    softirq.PLUGIN,
+    reclaim.PLUGIN,
+    tcpconnect.PLUGIN,
     gpu_pods.PLUGIN,
 )
 

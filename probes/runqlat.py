@@ -11,8 +11,9 @@ from __future__ import annotations
 import ctypes
 import struct
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -28,8 +29,22 @@ from probes.engine import (
     Tracepoint,
     missing_btf_features,
 )
-from probes.hist import NN_HIST_SIZE, IntervalHistogram, LatencyHistogram
+from probes.hist import HIST_SLOTS, NN_HIST_SIZE, IntervalHistogram, LatencyHistogram, merge_intervals
 from probes.host import HostPaths
+from probes.plugin import (
+    IDLE,
+    UNKNOWN,
+    CgroupSample,
+    MetricSpec,
+    NodeSample,
+    ProbePlugin,
+    SignalExtractor,
+    TopColumn,
+    TopInput,
+    TopTable,
+    WorkloadKey,
+)
+from probes.units import fmt_us
 
 SPEC = ProbeSpec(
     name="runqlat",
@@ -232,6 +247,9 @@ class RunqInterval:
     culprits_available: bool
 
 
+_IDLE = IntervalHistogram((0,) * HIST_SLOTS, 0, 0, None)  # a CPU's interval when its histogram did not move
+
+
 def delta(prev: RunqSnapshot | None, cur: RunqSnapshot) -> RunqInterval:
     """The interval prev → cur (prev None: since load)."""
     before = prev.per_cgroup if prev is not None else {}
@@ -242,7 +260,8 @@ def delta(prev: RunqSnapshot | None, cur: RunqSnapshot) -> RunqInterval:
             continue  # no wait ended in this cgroup: nothing to subtract
         per_cgroup[cgroup_id] = hist.delta(earlier)
     cpus_before = prev.per_cpu if prev is not None else []
-    per_cpu = [hist.delta(cpus_before[cpu] if cpu < len(cpus_before) else None) for cpu, hist in enumerate(cur.per_cpu)]
+    per_cpu = [_IDLE if cpu < len(cpus_before) and cpus_before[cpu] is hist else
+               hist.delta(cpus_before[cpu] if cpu < len(cpus_before) else None) for cpu, hist in enumerate(cur.per_cpu)]
     splits: dict[int, WaitSplit] = {}
     pairs: dict[tuple[int, int], CulpritStats] = {}
     if cur.culprits_available:
@@ -442,14 +461,11 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         max_cgroups: int = 16384,
         max_culprit_pairs: int = 8192,
         max_pid_slots: int = PID_MAX_LIMIT,
-        refuse_task_storage: bool = False,
     ) -> None:
         """`max_culprit_pairs` bounds the (victim, culprit) matrix; pairs beyond it are counted in
         drops["culprit_map_full"] and their wait in `culprit_drop_ns`. `max_pid_slots` caps the
         pid-indexed array of the sched_info flavour (8 bytes a pid, sized to the host's pid_max):
-        tasks with larger pids are tracked in task storage instead, at ~35 ns more per switch.
-        `refuse_task_storage` (for tests) makes the tp_btf flavour act as if every task-storage
-        create were refused, so all its start times take the pid-hash path that catches those."""
+        tasks with larger pids are tracked in task storage instead, at ~35 ns more per switch."""
         if max_culprit_pairs < 1 or max_cgroups < 1:
             raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
                              f"max_culprit_pairs={max_culprit_pairs})")
@@ -462,32 +478,11 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                  "task_run_delay": self.pid_slots, "fallback_queued_ns": 1}
         options = {
             "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns,
-                       "pid_slots": self.pid_slots, "refuse_task_storage": refuse_task_storage},
+                       "pid_slots": self.pid_slots},
             "map_sizes": sizes,
             "layouts": MAP_LAYOUTS,
         }
-        self.probe: LoadedProbe
-        sched_info_error = None
-        if attach_mode in ("auto", "sched_info"):
-            missing = missing_btf_features(SCHED_INFO_SPEC) if isinstance(engine, LibbpfEngine) else ["libbpf engine"]
-            if not missing:
-                try:
-                    self.probe = engine.open_probe(SCHED_INFO_SPEC, attach_mode="tp_btf", **options)
-                    self.probe.status.attach_mode = "sched_info"
-                except ProbeError as e:
-                    sched_info_error = str(e)
-            else:
-                sched_info_error = f"runqlat: sched_info flavour unavailable: no {', '.join(missing)}"
-            if sched_info_error and attach_mode == "sched_info":
-                raise ProbeError(sched_info_error)
-        if attach_mode != "sched_info" and (attach_mode != "auto" or sched_info_error):
-            fallback: AttachMode = "auto" if attach_mode == "auto" else attach_mode
-            # The wakeup-based flavours do not fill the matrix or the pid array: no memory for them.
-            self.pid_slots = 1
-            options["map_sizes"] = {**sizes, "runq_culprits": 1, "culprit_slots": 1, "free_culprit_slots": 1,
-                                    "task_run_delay": 1,
-                                    "fallback_queued_ns": MAX_FALLBACK_TASKS}
-            self.probe = engine.open_probe(SPEC, attach_mode=fallback, **options)
+        self.probe = self._open(engine, attach_mode, options, sizes)
         # Pairs forgotten by forget_quiet_pairs() while their cgroups live on: their totals so far,
         # added back in snapshots so the matrix stays cumulative when a pair reappears.
         self._culprit_base: dict[tuple[int, int], CulpritStats] = {}
@@ -498,6 +493,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         # What the kernel maps held at the last snapshot, decoded; only the slots that changed since are
         # decoded again (most cgroups did nothing). Snapshots get copies.
         self._per_cgroup: dict[int, LatencyHistogram] = {}
+        self._per_cpu: list[tuple[bytes, LatencyHistogram]] = []  # each CPU's histogram as last read and decoded
         self._wait_split: dict[int, WaitSplit] = {}
         self._pairs_in_kernel: dict[tuple[int, int], CulpritStats] = {}
         self._culprit_totals: dict[tuple[int, int], CulpritStats] = {}  # in the kernel + _culprit_base
@@ -507,6 +503,30 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         )
         if outlier_threshold_ns:
             self._watch_events("outliers", RunqOutlier.decode)
+
+    def _open(self, engine: Engine, attach_mode: Flavour, options: dict[str, Any], sizes: dict[str, int]) -> LoadedProbe:
+        """The sched_info flavour when asked for or where it loads (auto), else the wakeup-based ones."""
+        sched_info_error = None
+        if attach_mode in ("auto", "sched_info"):
+            missing = missing_btf_features(SCHED_INFO_SPEC) if isinstance(engine, LibbpfEngine) else ["libbpf engine"]
+            if not missing:
+                try:
+                    probe = engine.open_probe(SCHED_INFO_SPEC, attach_mode="tp_btf", **options)
+                    probe.status.attach_mode = "sched_info"
+                    return probe
+                except ProbeError as e:
+                    sched_info_error = str(e)
+            else:
+                sched_info_error = f"runqlat: sched_info flavour unavailable: no {', '.join(missing)}"
+            if sched_info_error and attach_mode == "sched_info":
+                raise ProbeError(sched_info_error)
+        # Here: a wakeup-based flavour was asked for, or auto found no sched_info flavour.
+        fallback: AttachMode = "auto" if attach_mode == "auto" else attach_mode  # type: ignore[assignment]
+        # The wakeup-based flavours do not fill the matrix or the pid array: no memory for them.
+        self.pid_slots = 1
+        options["map_sizes"] = {**sizes, "runq_culprits": 1, "culprit_slots": 1, "free_culprit_slots": 1,
+                                "task_run_delay": 1, "fallback_queued_ns": MAX_FALLBACK_TASKS}
+        return engine.open_probe(SPEC, attach_mode=fallback, **options)
 
     def snapshot(self) -> RunqSnapshot:
         for change in self._cgroups.read_changed():
@@ -521,8 +541,16 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                 if self.culprits_available:
                     self._wait_split[cgroup_id] = WaitSplit.decode_percpu(values)
         cpu_states: list[bytes] = self.probe.map_lookup("runq_cpu", b"\0\0\0\0") or []  # type: ignore[assignment]
-        # The per-CPU histogram closes struct runq_cpu_state.
-        per_cpu = [LatencyHistogram.decode(raw[-NN_HIST_SIZE:]) for raw in cpu_states]
+        # The per-CPU histogram closes struct runq_cpu_state. An idle CPU's is the same object again
+        # (its delta is then nothing to subtract): a 64-CPU node decoded 64 of them every tick.
+        last = self._per_cpu
+        for cpu, raw in enumerate(cpu_states):
+            hist_raw = raw[-NN_HIST_SIZE:]
+            if cpu >= len(last):
+                last.append((hist_raw, LatencyHistogram.decode(hist_raw)))
+            elif last[cpu][0] != hist_raw:
+                last[cpu] = (hist_raw, LatencyHistogram.decode(hist_raw))
+        per_cpu = [hist for _, hist in last[: len(cpu_states)]]
         drops = self.read_drops()
         culprit_drops = culprit_drop_ns = 0
         if self.culprits_available:
@@ -590,3 +618,148 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
     def poll_outliers(self, timeout_ms: int = 0) -> list[RunqOutlier]:
         return self._poll_events(timeout_ms)
 
+
+
+# -- the plugin: metrics, top view, detector signals ------------------------------------------------
+
+RUNQ_LATENCY = "noisyneighbor_runqueue_latency_seconds"
+CPU_RUNQ_LATENCY = "noisyneighbor_cpu_runqueue_latency_seconds"
+
+
+def activity(snap: RunqSnapshot) -> dict[int, int]:
+    return {cg: hist.count for cg, hist in snap.per_cgroup.items()}
+
+
+def cgroup_series(snap: RunqSnapshot) -> Iterator[CgroupSample]:
+    for cgroup_id, hist in snap.per_cgroup.items():
+        yield RUNQ_LATENCY, cgroup_id, (), hist
+
+
+def node_series(snap: RunqSnapshot) -> Iterator[NodeSample]:
+    for cpu, hist in enumerate(snap.per_cpu):
+        yield CPU_RUNQ_LATENCY, (str(cpu),), hist
+
+
+def top_rows(view: TopInput) -> list[dict[str, Any]]:
+    """A row per cgroup in which a wait ended (unsorted: `top` sorts by the chosen column)."""
+    dt, rows = view.dt, []
+    for cgroup_id, d in view.interval.per_cgroup.items():
+        if d.count:
+            rows.append({"cgroup_id": cgroup_id, "events": d.count, "events_per_s": d.count / dt,
+                         "wait_ms_per_s": d.sum_ns / 1e6 / dt, "p50_us": d.quantile_ns(0.50) / 1e3,
+                         "p99_us": d.quantile_ns(0.99) / 1e3, "max_us": d.max_ns / 1e3,
+                         "max_exact": d.exact_max_ns is not None})
+    return rows
+
+
+def top_cpus(probe: Any, paths: HostPaths) -> Callable[[TopInput, Callable[[int], str]], dict[str, Any]]:
+    def extras(view: TopInput, name_of: Callable[[int], str]) -> dict[str, Any]:
+        return {"cpus": [{"cpu": cpu, "events": d.count, "wait_ms_per_s": d.sum_ns / 1e6 / view.dt,
+                          "p99_us": d.quantile_ns(0.99) / 1e3} for cpu, d in enumerate(view.interval.per_cpu)]}
+
+    return extras
+
+
+def top_footer(section: dict[str, Any]) -> str:
+    return "  ".join(f"cpu{c['cpu']}: {c['wait_ms_per_s']:.1f}ms/s p99 {fmt_us(c['p99_us'])}" for c in section["cpus"])
+
+
+TOP_TABLE = TopTable(
+    title="runqueue latency per cgroup",
+    columns=(
+        TopColumn("WAIT/s", "wait_ms_per_s", "ms", sort="wait"),
+        TopColumn("P50", "p50_us", "us", sort="p50"),
+        TopColumn("P99", "p99_us", "us", sort="p99"),
+        TopColumn("MAX", "max_us", "us", sort="max", exact="max_exact"),
+        TopColumn("EVENTS/s", "events_per_s", "count", sort="events"),
+    ),
+    rows=top_rows,
+    nothing="no task waited on a runqueue",
+    hotkey="r",
+    rows_key="cgroups",
+    extras=top_cpus,
+    footer=top_footer,
+    sort_keys={"wait": "wait_ms_per_s", "p99": "p99_us", "p50": "p50_us", "max": "max_us", "events": "events_per_s",
+               "name": "name"},
+    sort_hotkeys={"w": "wait", "9": "p99", "5": "p50", "m": "max", "e": "events", "n": "name"},
+    record_top_level=True,  # `top --json`: cgroups, cpus and drops are the record's own keys, as before views
+    psi_cgroups={"wait_ms_per_s": "runq_wait_ms_per_s"},
+)
+
+
+def workload_signals(interval: RunqInterval, dt: float, workload_key: WorkloadKey) -> dict[str, dict[str, Any]]:
+    """Per workload: its runqueue wait (its cgroups' histograms merged), and who ran instead while it
+    waited (the victim x culprit matrix of the sched_info flavour, when the probe has it).
+
+    The matrix is per leaf cgroup: two containers of one pod are foreign to each other there but the
+    same workload here, so a culprit in the victim's own workload counts as own wait."""
+    out: dict[str, dict[str, Any]] = {}
+    groups: dict[str, list[IntervalHistogram]] = {}
+    for cgid, waited in interval.per_cgroup.items():  # only cgroups in which a wait ended
+        key = workload_key(cgid)
+        if key is not None:
+            groups.setdefault(key, []).append(waited)
+            out.setdefault(key, {})
+    for key, hists in groups.items():
+        d = merge_intervals(hists)
+        out[key].update(runq_count=d.count, runq_wait_ms_per_s=d.sum_ns / 1e6 / dt, runq_p99_ns=d.quantile_ns(0.99),
+                        runq_max_ns=d.max_ns)
+    if interval.culprits_available:
+        _who_ran_instead(interval, workload_key, out)
+    return out
+
+
+def _who_ran_instead(interval: RunqInterval, workload_key: WorkloadKey, out: dict[str, dict[str, Any]]) -> None:
+    for victim_id, split in interval.wait_split.items():
+        victim = workload_key(victim_id)
+        if victim is None:
+            continue
+        r = out.setdefault(victim, {})
+        r["own_wait_ns"] = r.get("own_wait_ns", 0.0) + split.own_wait_ns
+        r["preempted_own"] = r.get("preempted_own", 0) + split.own_preemptions
+        ran = r.setdefault("ran_instead_ns", {})
+        if split.idle_wait_ns:
+            ran[IDLE] = ran.get(IDLE, 0.0) + split.idle_wait_ns
+        lost = split.unknown_wait_ns + split.migrated_wait_ns
+        if lost:
+            ran[UNKNOWN] = ran.get(UNKNOWN, 0.0) + lost
+    for (victim_id, culprit_id), pair in interval.culprits.items():
+        if not pair.wait_ns and not pair.preemptions:
+            continue
+        victim = workload_key(victim_id)
+        if victim is None:
+            continue
+        r = out.setdefault(victim, {})
+        culprit = workload_key(culprit_id)
+        key = UNKNOWN if culprit is None else culprit
+        if key == victim:
+            r["own_wait_ns"] = r.get("own_wait_ns", 0.0) + pair.wait_ns
+            r["preempted_own"] = r.get("preempted_own", 0) + pair.preemptions
+        else:
+            ran = r.setdefault("ran_instead_ns", {})
+            ran[key] = ran.get(key, 0.0) + pair.wait_ns
+            r["preempted_foreign"] = r.get("preempted_foreign", 0) + pair.preemptions
+
+
+PLUGIN = ProbePlugin(
+    name="runqlat", snapshot_field="runq", specs=(SCHED_INFO_SPEC, SPEC), factory=RunqLatProbe,
+    flavours=("sched_info",), activity=activity, delta=delta, map_entries=lambda s: len(s.per_cgroup),
+    signals=("runq_p99_ns", "runq_wait_ms_per_s", "runq_wait_share", "who_ran_instead_foreign_share",
+             "who_ran_instead_own_share"),
+    signal_extractor=SignalExtractor(
+        stage="tasks",
+        fields=("runq_count", "runq_wait_ms_per_s", "runq_p99_ns", "runq_max_ns", "own_wait_ns", "preempted_own",
+                "ran_instead_ns", "preempted_foreign", "who_ran_instead_available"),
+        workloads=workload_signals,
+        every_row=lambda interval: {"who_ran_instead_available": interval.culprits_available}),
+    metrics=(RUNQ_LATENCY, CPU_RUNQ_LATENCY),
+    metric_specs=(
+        MetricSpec(RUNQ_LATENCY, "histogram", "Runqueue wait (wakeup or preemption to running) of the cgroup's tasks."),
+        MetricSpec(CPU_RUNQ_LATENCY, "histogram", "Runqueue wait of all tasks on the node (per CPU they waited on "
+                   "with --per-cpu-series).", ("cpu",), per_cgroup=False, per_cpu=True),
+    ),
+    cgroup_series=cgroup_series,
+    node_series=node_series,
+    top_view="runq",
+    top_table=TOP_TABLE,
+)

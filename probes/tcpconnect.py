@@ -16,20 +16,21 @@ from __future__ import annotations
 import ctypes
 import errno
 import math
-import os
 import socket
 import struct
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from probes.base import BpfProbe
 from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
-from probes.hist import HIST_SLOTS, IntervalHistogram, LatencyHistogram
+from probes.hist import HIST_SLOTS, IntervalHistogram, LatencyHistogram, merge_intervals
 from probes.host import HostPaths
+from probes.plugin import CgroupSample, MetricSpec, ProbePlugin, SignalExtractor, TopColumn, TopInput, TopTable, WorkloadKey
 
 _STATE = Tracepoint("inet_sock_set_state", "tcpconnect_state_btf", "tcpconnect_state_raw")
 # Without it only syn_retransmits stay 0.
@@ -441,7 +442,11 @@ def summarize(prev: TcpConnectSnapshot | None, cur: TcpConnectSnapshot, top_n: i
     exact when it grew during the interval). `top_destinations` ranks by mean connect latency in the
     interval, then failures. Rows are sorted worst first: failures + SYN retransmits, then p99.
     """
-    interval = delta(prev, cur)
+    return _summary(delta(prev, cur), prev, cur, top_n)
+
+
+def _summary(interval: TcpConnectInterval, prev: TcpConnectSnapshot | None, cur: TcpConnectSnapshot,
+             top_n: int) -> list[dict]:
     rows = []
     for key, moved in interval.per_key.items():
         d = {name: max(getattr(moved, name), 0) for name in _STATS_COUNTERS}
@@ -466,9 +471,105 @@ def summarize(prev: TcpConnectSnapshot | None, cur: TcpConnectSnapshot, top_n: i
     return rows
 
 
-def netns_inode(pid: int | str = "self") -> int | None:
-    """The inode of a process's network namespace (what the probe keys by); None if it is gone."""
-    try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino
-    except OSError:
-        return None
+# -- the plugin: metrics, top view, detector signals ------------------------------------------------
+
+CONNECT_LATENCY = "noisyneighbor_tcp_connect_latency_seconds"
+CONNECT_SUCCESSES = "noisyneighbor_tcp_connect_successes_total"
+CONNECT_FAILURES = "noisyneighbor_tcp_connect_failures_total"
+CONNECT_ERRORS = "noisyneighbor_tcp_connect_errors_total"
+CONNECT_SYN_RETRANSMITS = "noisyneighbor_tcp_connect_syn_retransmits_total"
+TOP_DESTINATIONS = 3  # per row of `top`'s view
+
+
+def activity(snap: TcpConnectSnapshot) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for (cgroup_id, _netns), stats in snap.per_key.items():
+        out[cgroup_id] = out.get(cgroup_id, 0) + stats.connects + stats.syn_retransmits
+    return out
+
+
+def cgroup_series(snap: TcpConnectSnapshot) -> Iterator[CgroupSample]:
+    for (cgroup_id, _netns), stats in snap.per_key.items():
+        yield CONNECT_LATENCY, cgroup_id, (), stats.latency
+        yield CONNECT_SUCCESSES, cgroup_id, (), float(stats.successes)
+        yield CONNECT_FAILURES, cgroup_id, (), float(stats.failures)
+        yield CONNECT_SYN_RETRANSMITS, cgroup_id, (), float(stats.syn_retransmits)
+        for reason, count in (("refused", stats.refused), ("timeout", stats.timeouts), ("aborted", stats.aborts),
+                              ("local_error", stats.local_errors)):
+            yield CONNECT_ERRORS, cgroup_id, (reason,), float(count)
+
+
+def top_rows(view: TopInput) -> list[dict[str, Any]]:
+    return [{**r, "connects_per_s": r["connects"] / view.dt}
+            for r in _summary(view.interval, view.prev, view.cur, TOP_DESTINATIONS)]
+
+
+def _destinations(row: dict) -> str:
+    return ", ".join(
+        f"{d['dest']} ({d['connects']}{', ' + str(d['failures']) + ' failed' if d['failures'] else ''})"
+        for d in row["top_destinations"]
+    ) or "-"
+
+
+TOP_TABLE = TopTable(
+    title="TCP connects per cgroup and netns",
+    columns=(
+        TopColumn("NETNS", "netns", left=False),
+        TopColumn("CONN/s", "connects_per_s", "rate"),
+        TopColumn("FAIL", "failures", "count", sorted_by=True),
+        TopColumn("SYN RTX", "syn_retransmits", "count"),
+        TopColumn("P50", "latency_p50_ms", "us", scale=1e3),
+        TopColumn("P99", "latency_p99_ms", "us", scale=1e3),
+        TopColumn("MAX", "latency_max_ms", "us", scale=1e3),
+        TopColumn("TOP DESTINATIONS", "top_destinations", text=_destinations, flex=True),
+    ),
+    rows=top_rows,
+    nothing="no TCP connect",
+    hotkey="t",
+    footer=lambda section: "sorted by failures + SYN retransmits, then p99; latency of successful connects",
+)
+
+
+def workload_signals(interval: TcpConnectInterval, dt: float, workload_key: WorkloadKey) -> dict[str, dict[str, Any]]:
+    """Per workload: its successful connects' p99, and its failed connects and SYN retransmits per second."""
+    acc: dict[str, list] = {}
+    for key, cd in interval.per_key.items():  # only the (cgroup, netns) keys whose counters changed
+        w = workload_key(key[0])
+        if w is None:
+            continue
+        a = acc.setdefault(w, [[], 0, 0])
+        a[0].append(cd.latency)
+        # A connect the application gave up on (its own timeout: an abort in SYN_SENT) failed for the
+        # user just as a refused or timed-out one did.
+        a[1] += cd.failures + cd.aborts
+        a[2] += cd.syn_retransmits
+    out: dict[str, dict[str, Any]] = {}
+    for w, (hists, failures, retrans) in acc.items():
+        d = merge_intervals(hists)
+        out[w] = {"connects": d.count, "connect_p99_ns": d.quantile_ns(0.99),
+                  "connect_failures_per_s": max(failures, 0) / dt, "syn_retransmits_per_s": max(retrans, 0) / dt}
+    return out
+
+
+PLUGIN = ProbePlugin(
+    name="tcpconnect", snapshot_field="tcp", specs=(SPEC_BTF, SPEC_RAW), factory=TcpConnectProbe,
+    activity=activity, delta=delta, map_entries=lambda s: len(s.per_key),
+    signals=("connect_p99_ns", "syn_retransmits_per_s", "connect_failures_per_s"),
+    signal_extractor=SignalExtractor(
+        stage="network", fields=("connects", "connect_p99_ns", "connect_failures_per_s", "syn_retransmits_per_s"),
+        workloads=workload_signals),
+    metrics=(CONNECT_LATENCY, CONNECT_SUCCESSES, CONNECT_FAILURES, CONNECT_ERRORS, CONNECT_SYN_RETRANSMITS),
+    metric_specs=(
+        MetricSpec(CONNECT_LATENCY, "histogram", "TCP connect() to ESTABLISHED of successful connects."),
+        MetricSpec(CONNECT_SUCCESSES, "counter", "TCP connects that reached ESTABLISHED."),
+        MetricSpec(CONNECT_FAILURES, "counter", "TCP connects that failed after sending a SYN (ActiveOpens - "
+                   "successes - aborts)."),
+        MetricSpec(CONNECT_ERRORS, "counter", "TCP connects that did not succeed, by reason (refused, timeout, aborted, "
+                   "local_error; refused and timeout are also failures).", ("reason",)),
+        MetricSpec(CONNECT_SYN_RETRANSMITS, "counter", "SYN retransmits of connecting sockets."),
+    ),
+    cgroup_series=cgroup_series,
+    top_view="tcp",
+    top_table=TOP_TABLE,
+    top_options={"outlier_threshold_ns": 0},
+)

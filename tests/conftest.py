@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from noisyneighbor.sandbox import OwnedCgroup, cleanup_prefix
+from bench.sandbox import OwnedCgroup, cleanup_prefix
 
 # cpu.shares of this process's nn-test-<pid> directory while a test's pods interfere on purpose: 16
 # times a nice-0 task's, so a CPU hog in a test pod gets ~16/17 of its CPU against one other task or

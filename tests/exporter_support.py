@@ -28,10 +28,10 @@ import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.sandbox import OwnedCgroup
 from detector.cgroups import CgroupResolver
 from detector.decisions import Target
 from noisyneighbor.exporter import Exporter, Labeler, ResolverLabeler
-from noisyneighbor.sandbox import OwnedCgroup
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.cpuacct import read_cgroup_cpu
 from probes.engine import ProbeError

@@ -29,6 +29,10 @@ Paths served (all need ``Authorization: Bearer <token>`` when ``token`` is set, 
   what kubectl speaks): the answer comes from :attr:`exec_handler` ``(namespace, pod, container,
   command) -> (stdout, stderr, exit_code)``, sent as channel 1/2 frames and a channel 3 Status, as
   the kubelet's stream does. ``kube.execs`` lists (namespace, pod, container, command, query).
+- ``GET /api/v1/namespaces/{ns}/pods/{name}:{port}/proxy/{path}`` (the apiserver's pod proxy): forwarded
+  to :attr:`pod_proxy` ``[(namespace, name)]``, a ``http://host:port`` base URL (a real server the test
+  runs in the pod's stead), query string included; its status, body and content type come back.
+  ``kube.proxied`` lists (namespace, name, port, path with query). A pod without an entry: 503.
 - ``POST /api/v1/namespaces/{ns}/pods/{name}/eviction`` (policy/v1 Eviction). By default 201, then
   the pod gets a ``deletionTimestamp`` (a MODIFIED event) and is deleted ``eviction_delete_delay``
   seconds later (a DELETED event). :meth:`set_eviction_response` makes a pod answer 429 (PDB-style
@@ -253,6 +257,8 @@ class FakeKube:
         self.execs: list[tuple[str, str, str, list[str], dict[str, list[str]]]] = []
         self.exec_handler: Callable[[str, str, str, list[str]], tuple[bytes, bytes, int]] = \
             lambda ns, pod, container, command: (b"", b"", 0)
+        self.pod_proxy: dict[tuple[str, str], str] = {}  # (namespace, pod) -> base URL its proxy reaches
+        self.proxied: list[tuple[str, str, str, str]] = []
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         self._eviction_responses: dict[tuple[str, str], tuple[int, str | None]] = {}
         self._failures: list[_Failure] = []
@@ -700,6 +706,9 @@ def _make_handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                                         and wanted.items() <= (p["metadata"].get("labels") or {}).items()]
                     self._send_json(200, listing)
                     return
+                if rest[0] == "pods" and len(rest) >= 3 and rest[2] == "proxy" and method == "GET":
+                    self._proxy(ns, rest[1], "/".join(rest[3:]))
+                    return
                 if rest[0] == "pods" and len(rest) == 3 and rest[2] == "exec" and method in ("GET", "POST"):
                     self._exec(ns, rest[1], query)
                     return
@@ -741,6 +750,30 @@ def _make_handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                     self._send_json(code, obj)
                     return
             self._send_json(404, _status(404, "NotFound", f"the server could not find the requested resource ({path})"))
+
+        def _proxy(self, ns: str, name_port: str, rest: str) -> None:
+            import urllib.error
+            import urllib.request
+
+            name, _, port = name_port.partition(":")
+            query = urlsplit(self.path).query
+            target = f"/{rest}" + (f"?{query}" if query else "")
+            with kube._cond:
+                kube.proxied.append((ns, name, port, target))
+            base = kube.pod_proxy.get((ns, name))
+            if base is None:
+                self._send_json(503, _status(503, "ServiceUnavailable", f"no endpoint for pod {ns}/{name}"))
+                return
+            try:
+                with urllib.request.urlopen(base.rstrip("/") + target, timeout=30) as resp:
+                    code, data, ctype = resp.status, resp.read(), resp.headers.get("Content-Type", "text/plain")
+            except urllib.error.HTTPError as e:
+                code, data, ctype = e.code, e.read(), e.headers.get("Content-Type", "text/plain")
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def _exec(self, ns: str, name: str, query: dict[str, list[str]]) -> None:
             pod = kube.get_pod(ns, name)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from noisyneighbor.sandbox import OwnedCgroup
+from bench.sandbox import OwnedCgroup
 from probes.cgroupfs import CgroupLayout, discover, self_cgroups
 from probes.host import HostPaths
 from tests.conftest import shield

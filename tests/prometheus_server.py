@@ -45,6 +45,7 @@ class PrometheusServer:
         rule_files: Iterable[Path] = (),
         binary: str = "prometheus",
         job: str = "noisyneighbor",
+        target_labels: Iterable[dict[str, str]] = (),
     ) -> None:
         found = shutil.which(binary)
         if found is None:
@@ -55,6 +56,9 @@ class PrometheusServer:
         self.evaluation_interval = evaluation_interval
         self.rule_files = [Path(p) for p in rule_files]
         self.job = job
+        # Each also scrapes every target once more with these labels (e.g. {"cluster": "c1"}): the same
+        # series with and without a label, as a multi-cluster Prometheus and a single-cluster one see them.
+        self.target_labels = [dict(labels) for labels in target_labels]
         self.port = 0
         self.dir: Path | None = None
         self.proc: subprocess.Popen | None = None
@@ -74,7 +78,9 @@ class PrometheusServer:
         config = {
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.evaluation_interval},
             "rule_files": rules,
-            "scrape_configs": [{"job_name": self.job, "static_configs": [{"targets": self.targets}]}],
+            "scrape_configs": [{"job_name": self.job, "static_configs": [
+                {"targets": self.targets}, *({"targets": self.targets, "labels": labels} for labels in self.target_labels),
+            ]}],
         }
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.port = _free_port()

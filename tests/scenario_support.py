@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.sandbox import OwnedCgroup, write_cgroup_file
 from detector.decisions import Cause
 from detector.model import Incident
 from detector.pods import KubeletPodSource
 from detector.policy import Policy
 from detector.runtime import Detector
-from noisyneighbor.sandbox import OwnedCgroup
 from probes.collect import NodeCollector
 from tests.conftest import shield
 from tests.fakekube import FakeKube, container_id_for, make_pod
@@ -138,7 +138,7 @@ class Scenario:
         if shares is not None:
             d = pod_cg.dirs["cpu"]
             while True:
-                (d / "cpu.shares").write_text(str(shares))
+                write_cgroup_file(d, "cpu.shares", str(shares))  # cpu.weight on v2
                 if d.name == pod_cg.prefix:
                     break
                 d = d.parent

@@ -6,10 +6,12 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 
 from probes.cgroupfiles import CgroupFileParseError, parse_cpu_list
+from probes.cgroupwatch import CgroupWatch
 from probes.collect import NodeCollector
 
 pytestmark = pytest.mark.root
@@ -67,7 +69,7 @@ WAKER = "import sys, time\nfor line in sys.stdin:\n    end = time.monotonic() + 
         "        pass\n"
 
 
-def test_idle_pod_files_are_not_read_each_tick_and_a_woken_one_is_read_next_tick(make_cgroup):
+def test_idle_pod_files_are_not_read_each_tick_and_a_woken_one_is_read_next_tick(make_cgroup, monkeypatch):
     """The kernel says who moved: runqlat's per-cgroup count. A sleeping pod costs no file read per tick;
     the tick after its task wakes up, its files are read again."""
     sleeper = make_cgroup("sleeper", controllers=("cpu", "cpuacct", "cpuset", "memory"))
@@ -75,6 +77,14 @@ def test_idle_pod_files_are_not_read_each_tick_and_a_woken_one_is_read_next_tick
     paths = [_rel(sleeper), _rel(waker)]
     procs = [subprocess.Popen(["sleep", "60"], preexec_fn=sleeper.preexec),
              subprocess.Popen([sys.executable, "-c", WAKER], preexec_fn=waker.preexec, stdin=subprocess.PIPE, text=True)]
+    reads: Counter[str] = Counter()  # the watch's reads of each cgroup's files
+    read = CgroupWatch._read
+
+    def counted(self, w, *args, **kwargs):
+        reads[w.path] += 1
+        return read(self, w, *args, **kwargs)
+
+    monkeypatch.setattr(CgroupWatch, "_read", counted)
     try:
         time.sleep(0.5)  # the interpreter has started and blocks on stdin
         with NodeCollector(probes=("runqlat",), cgroup_paths=lambda: paths) as c:
@@ -83,20 +93,20 @@ def test_idle_pod_files_are_not_read_each_tick_and_a_woken_one_is_read_next_tick
             watch._wheel = [set() for _ in range(watch.slow_refresh_ticks)]
             c.collect()  # first sight: both read in full
             c.collect()  # and once more: neither moved, so neither is followed
-            reads = {p: watch.watched[p].reads for p in paths}
+            before = {p: reads[p] for p in paths}
             for _ in range(5):
                 time.sleep(0.1)
                 snap = c.collect()
                 assert not snap.changed_paths & set(paths)
-            assert {p: watch.watched[p].reads for p in paths} == reads  # idle: not one read in 5 ticks
+            assert {p: reads[p] for p in paths} == before  # idle: not one read in 5 ticks
             procs[1].stdin.write("wake\n")
             procs[1].stdin.flush()
             time.sleep(0.3)
             snap = c.collect()
             assert paths[1] in snap.changed_paths, "the woken pod is read the tick after its wakeup"
-            assert watch.watched[paths[1]].reads == reads[paths[1]] + 1
+            assert reads[paths[1]] == before[paths[1]] + 1
             assert paths[0] not in snap.changed_paths
-            assert watch.watched[paths[0]].reads == reads[paths[0]]
+            assert reads[paths[0]] == before[paths[0]]
             # Ground truth: the usage the collector read is the kernel's, and it moved with the work.
             assert snap.cgroup_cpu[paths[1]].usage_ns == int(waker.read("cpuacct", "cpuacct.usage"))
     finally:

@@ -84,10 +84,28 @@ def test_dashboards_are_grafana_39_with_variables_and_known_metrics():
         dash = __import__("json").loads(text)
         assert dash["schemaVersion"] >= 39
         variables = {v["name"]: v for v in dash["templating"]["list"]}
+        assert list(variables)[:3] == ["datasource", "cluster", "node"], "datasource -> cluster -> node, as mixins"
         assert variables["datasource"]["type"] == "datasource"
         assert variables["node"]["definition"].startswith("label_values(")
+        # cluster: hidden (single-cluster default), All = .* so series without the label match too.
+        cluster, node = variables["cluster"], variables["node"]
+        assert cluster["hide"] == 2 and cluster["includeAll"] and cluster["allValue"] == ".*"
+        assert '"$cluster"' in node["definition"]
+        # node: several at once, All by default (the pod dashboard needs no node first).
+        assert node["multi"] and node["includeAll"] and node["allValue"] == ".*" and node["current"]["value"] == "$__all"
         if name == "pod-interference.json":
             assert {"namespace", "pod"} <= set(variables)
+        for title, expr in generate.iter_queries(dash):
+            if "noisyneighbor_" in expr:
+                assert 'cluster=~"$cluster"' in expr, f"{name}/{title}: no cluster selector"
+                assert 'node="$node"' not in expr, f"{name}/{title}: node is multi-select: node=~"
+        [incidents] = dash["annotations"]["list"]
+        assert "noisyneighbor_incidents_open" in incidents["expr"] and incidents["enable"]
+    # A Prometheus with several clusters' series: the same dashboards with the cluster variable shown.
+    for name, text in generate.build_all(show_cluster=True).items():
+        shown = {v["name"]: v for v in __import__("json").loads(text)["templating"]["list"]}
+        assert shown["cluster"]["hide"] == 0, name
+        assert text.replace('"hide": 0', '"hide": 2') != text
         ids = [p["id"] for p in dash["panels"]]
         assert len(ids) == len(set(ids))
         for panel in dash["panels"]:
@@ -98,7 +116,8 @@ def test_dashboards_are_grafana_39_with_variables_and_known_metrics():
             assert g["x"] + g["w"] <= 24
         for title, expr in generate.iter_queries(dash):
             names = METRIC_RE.findall(expr)
-            assert names, f"{name}/{title}: no noisyneighbor metric in {expr}"
+            # up{job="noisyneighbor"}: what Prometheus knows of an agent it cannot scrape (it exports nothing)
+            assert names or 'up{job="noisyneighbor"' in expr, f"{name}/{title}: no noisyneighbor metric in {expr}"
             unknown = [n for n in names if n not in KNOWN_SAMPLES]
             assert not unknown, f"{name}/{title}: not exported: {unknown}"
 
@@ -120,13 +139,132 @@ def test_alert_rules_pass_promtool_unit_tests(tmp_path):
     assert tested == {r["alert"] for r in _alert_rules()}, "every alert has a unit test"
 
 
-def test_every_alert_has_a_runbook_section():
+def _deploy_generate():
+    spec = importlib.util.spec_from_file_location("nn_deploy_generate", REPO / "deploy" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_alert_has_an_absolute_runbook_url_from_one_prefix():
+    """As mixins write them: absolute (Alertmanager and Slack show it as a link), one configurable prefix."""
+    deploy_generate = _deploy_generate()
+    prefix = deploy_generate.DEFAULT_RUNBOOK_URL_PREFIX
     runbooks = (REPO / "docs" / "runbooks.md").read_text()
     anchors = {h.strip().lower() for h in re.findall(r"^## (\S+)\s*$", runbooks, re.M)}
     for rule in _alert_rules():
         url = rule["annotations"].get("runbook_url", "")
-        assert url == f"docs/runbooks.md#{rule['alert'].lower()}", (rule["alert"], url)
+        assert url == f"{prefix}#{rule['alert'].lower()}", (rule["alert"], url)
         assert url.split("#", 1)[1] in anchors, f"{rule['alert']}: no section in docs/runbooks.md"
+    # Another prefix changes every URL and nothing else.
+    mine = "https://wiki.example.com/sre/noisyneighbor"
+    text = (DASHBOARDS / "alerts.yaml").read_text()
+    changed = deploy_generate.with_runbook_prefix(text, mine)
+    urls = [r["annotations"]["runbook_url"] for g in yaml.safe_load(changed)["spec"]["groups"] for r in g["rules"]]
+    assert urls and all(u.startswith(mine + "#") for u in urls)
+    assert changed.replace(mine, prefix) == text
+
+
+def test_victim_alerts_carry_namespace_pod_and_every_aggregation_keeps_cluster():
+    for rule in _alert_rules():
+        for by in re.findall(r"\bby \(([^)]*)\)", rule["expr"]):
+            assert "cluster" in [x.strip() for x in by.split(",")], f"{rule['alert']}: by ({by}) drops cluster"
+        assert not re.search(r"\bwithout \(", rule["expr"]), rule["alert"]
+        if "noisyneighbor_incidents_open" in rule["expr"]:
+            assert re.search(r'label_replace\(.*"namespace", "\$1", "victim_namespace"', rule["expr"], re.S)
+            assert re.search(r'"pod", "\$1", "victim_pod"', rule["expr"])
+            assert "namespace" in rule["annotations"]["summary"] and "pod" in rule["annotations"]["summary"]
+
+
+# Runbook words that name something to set or run. Config keys are written with their section
+# (`actuators.evict_enabled`, `resource-threshold-config.cpuSuppressPolicy: cfsQuota`) or as a top-level key.
+_CODE = re.compile(r"`([^`\n]+)`")
+_IDENT = re.compile(r"[a-z][A-Za-z0-9_-]*")
+
+
+def _config_paths() -> set[str]:
+    """Every key path the agent's config takes: deploy/base/config.yaml writes out the whole schema, and
+    the loader refuses unknown keys (checked here: the file loads)."""
+    from detector.policy import load_policy
+
+    load_policy(REPO / "deploy" / "base" / "config.yaml")
+    doc = yaml.safe_load((REPO / "deploy" / "base" / "config.yaml").read_text())
+    paths: set[str] = set()
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                path = f"{prefix}.{k}" if prefix else str(k)
+                paths.add(path)
+                walk(v, path)
+
+    walk(doc, "")
+    return paths
+
+
+def _runbook_config_key(token: str, sections: set[str], top_level: set[str]) -> str | None:
+    """The config key path a runbook token names (None: not a config key)."""
+    key = token.split(":", 1)[0].strip()
+    first = key.split(".", 1)[0]
+    if "." in key and first in sections and all(_IDENT.fullmatch(p.replace("<kind>", "x").replace("*", "x"))
+                                                for p in key.split(".")):
+        return key
+    if key in top_level and key not in sections:
+        return key
+    if "." not in key and "_" in key and key == key.lower() and _IDENT.fullmatch(key) and ":" in token:
+        return key  # `some_key: value` without its section: must still be a key somewhere
+    return None
+
+
+def test_every_runbook_step_names_a_real_setting_or_command():
+    from noisyneighbor import kubectl_plugin
+    from noisyneighbor.cli import build_parser
+
+    paths = _config_paths()
+    doc = yaml.safe_load((REPO / "deploy" / "base" / "config.yaml").read_text())
+    sections = {k for k, v in doc.items() if isinstance(v, dict)}
+    top_level = set(doc)
+    cli, plugin = build_parser(), kubectl_plugin.build_parser()
+    flags = {opt for parser in (cli, plugin) for action in parser._actions for opt in action.option_strings}
+    for sub in (cli, plugin):
+        for action in sub._actions:
+            for choice in (getattr(action, "choices", None) or {}).values() if isinstance(
+                    getattr(action, "choices", None), dict) else ():
+                flags |= {opt for a in choice._actions for opt in a.option_strings}
+    text = (REPO / "docs" / "runbooks.md").read_text()
+    checked = {"keys": 0, "flags": 0, "commands": 0}
+    for token in _CODE.findall(text):
+        key = _runbook_config_key(token, sections, top_level)
+        if key is not None:
+            pattern = re.compile("^" + re.escape(key).replace(re.escape("<kind>"), "[a-z]+")
+                                 .replace(re.escape("*"), "[a-z_]+") + "$")
+            leaf_ok = "." not in key and any(p.rsplit(".", 1)[-1] == key for p in paths)
+            assert leaf_ok or any(pattern.match(p) for p in paths), f"runbook names config key {key!r}: not in the schema"
+            checked["keys"] += 1
+        elif re.fullmatch(r"--[a-z][a-z-]*", token):
+            assert token in flags, f"runbook names flag {token}: no noisyneighbor or kubectl noisyneighbor flag"
+            checked["flags"] += 1
+        elif token.startswith(("kubectl noisyneighbor ", "noisyneighbor ")):
+            argv = token.split()
+            argv = argv[2:] if argv[0] == "kubectl" else argv[1:]
+            parser = plugin if token.startswith("kubectl") else cli
+            argv = [a.replace("$NODE", "node-1") for a in argv]
+            try:
+                parser.parse_args(argv)
+            except SystemExit:
+                pytest.fail(f"runbook command does not parse: {token}")
+            checked["commands"] += 1
+    assert checked["keys"] >= 3 and checked["flags"] >= 3 and checked["commands"] >= 2, checked
+
+
+def test_the_runbook_check_catches_a_setting_that_does_not_exist():
+    doc = yaml.safe_load((REPO / "deploy" / "base" / "config.yaml").read_text())
+    sections = {k for k, v in doc.items() if isinstance(v, dict)}
+    paths = _config_paths()
+    for made_up in ("actuators.map_size", "slo.runq_p99_ms_max: 3", "probe_map_size: 4096"):
+        key = _runbook_config_key(made_up, sections, set(doc))
+        assert key is not None and key not in paths, made_up
+    assert _runbook_config_key("key_map_full", sections, set(doc)) is None  # a label value, not a key
 
 
 def test_availability_alerts_cover_a_dead_and_an_unready_agent():
@@ -285,7 +423,7 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
                              "--act-only", f"{_cpu_rel(be)}/*", "--act-only", f"{_cpu_rel(api_pod)}", node="nn-int",
                              cgroup=agent_cg)
         rules = _write_rule_groups(tmp_path)
-        with PrometheusServer([agent.target], rule_files=[rules]) as prom:
+        with PrometheusServer([agent.target], rule_files=[rules], target_labels=[{"cluster": "c1"}]) as prom:
             agent.wait_ready()
             assert prom.wait_for(f'{ex.EXPORTER_LAST_UPDATE}{{node="nn-int"}}', timeout=20), prom.log_tail()
             time.sleep(RUN_S)
@@ -389,20 +527,26 @@ def _run_all_queries(prom: PrometheusServer, gpu_on: bool, memory_paths_differ: 
         else:
             empty.append(f"{where}: {expr} -> {result[:2]}")
 
-    for name, text in generate.build_all().items():
-        dash = __import__("json").loads(text)
-        subst = {"__rate_interval": "10s"}
-        for var in dash["templating"]["list"]:
-            if var["type"] != "query":
-                continue
-            values = _label_values(prom, var["definition"], subst)
-            want = {"node": "nn-int", "namespace": "shop", "pod": "web"}[var["name"]]
-            assert want in values, f"{name}: variable {var['name']} offers {values}, not {want}"
-            subst[var["name"]] = want
-        for title, expr in generate.iter_queries(dash):
-            for var in sorted(subst, key=len, reverse=True):
-                expr = expr.replace(f"${var}", subst[var])
-            check(f"{name} / {title}", expr)
+    # Prometheus scrapes the agent twice, once labelled cluster="c1": every panel must have data for the
+    # series without the label (cluster=~"", a single-cluster Prometheus), with it, and with All (.*).
+    for cluster in ("", "c1", ".*"):
+        for name, text in generate.build_all().items():
+            dash = __import__("json").loads(text)
+            subst = {"__rate_interval": "10s", "cluster": cluster}
+            for var in dash["templating"]["list"]:
+                if var["type"] != "query":
+                    continue
+                values = _label_values(prom, var["definition"], subst)
+                if var["name"] == "cluster":
+                    assert values == ["c1"], f"{name}: cluster offers {values}"
+                    continue
+                want = {"node": "nn-int", "namespace": "shop", "pod": "web"}[var["name"]]
+                assert want in values, f"{name}: variable {var['name']} offers {values}, not {want} (cluster {cluster!r})"
+                subst[var["name"]] = want
+            for title, expr in generate.iter_queries(dash):
+                for var in sorted(subst, key=len, reverse=True):
+                    expr = expr.replace(f"${var}", subst[var])
+                check(f"{name} / {title} (cluster=~{cluster!r})", expr)
 
     # Alerts: the expression must evaluate; a quiet node fires none of them, so what must have data is
     # every metric they read (an alert on a metric that is never exported could never fire).

@@ -1,10 +1,17 @@
-"""deploy/: every kustomize rendering validates against a current API schema and says what the agent needs.
+"""deploy/: every kustomize rendering validates against a current API schema and grants only what the code uses.
 
-Each overlay (and the base) is rendered by a real kustomize (`kubectl kustomize`); the core kinds are
-validated by kubernetes-validate against the newest Kubernetes schema it ships, in strict mode
-(unknown fields are errors). kubernetes-validate has no schemas for CRDs (ServiceMonitor,
-PrometheusRule), so those are checked here against the fields we use, and the rule groups by promtool
-in tests/test_dashboards.py.
+Each overlay, and the base with every combination of the agent's components (under a kustomization of
+its own with `namespace: monitoring`, as a user installing into an existing namespace writes it), is
+rendered by a real kustomize (`kubectl kustomize`); the core kinds are validated by kubernetes-validate
+against the newest Kubernetes schema it ships, in strict mode (unknown fields are errors).
+kubernetes-validate has no schemas for CRDs (ServiceMonitor, PrometheusRule), so those are checked
+here against the fields we use, and the rule groups by promtool in tests/test_dashboards.py.
+
+What a rendering may grant is derived from the shipped code, not listed by hand: the Kubernetes API
+calls each module makes (the generated client's method names, and the kubelet paths it requests) give
+the RBAC rules of the feature that module serves; tests/test_capabilities.py's NEEDED_FOR (each
+capability with the privileged operation that breaks without it, run on this kernel) gives the
+capabilities.
 """
 
 from __future__ import annotations
@@ -12,11 +19,14 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import itertools
 import json
 import re
 import shutil
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +34,8 @@ import pytest
 import yaml
 
 from tests.conftest import require_tool
+from tests.exporter_support import AgentProcess, write_config
+from tests.test_capabilities import NEEDED_FOR
 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is in the dev extra: pip install -e '.[dev]'"
@@ -34,6 +46,11 @@ DEPLOY = REPO / "deploy"
 BASE = DEPLOY / "base"
 OVERLAYS = sorted(p.parent.relative_to(DEPLOY).as_posix() for p in DEPLOY.glob("overlays/*/kustomization.yaml"))
 RENDERINGS = [".", "base", *OVERLAYS]
+COMPONENTS = sorted(p.parent.name for p in DEPLOY.glob("components/*/kustomization.yaml"))
+# Components that only add monitoring objects (never touch the agent's objects): rendered all together
+# with every combination of the others, and each on its own.
+MONITORING_COMPONENTS = ("grafana-dashboards", "prometheusrule", "servicemonitor")
+AGENT_COMPONENTS = tuple(c for c in COMPONENTS if c not in MONITORING_COMPONENTS)
 AGENT_LABELS = {"app.kubernetes.io/name": "noisyneighbor", "app.kubernetes.io/component": "agent"}
 METRICS_PORT = 9717
 EXPECTED_ARGS = [
@@ -45,8 +62,12 @@ EXPECTED_ARGS = [
     "--dry-run",
     "--journal-dir", "/var/lib/noisyneighbor/journal",
 ]
+# The arguments a component appends to turn on the feature it grants for.
+COMPONENT_ARGS = {"kubelet-pod-source": ["--pods", "kubelet"], "eviction": ["--evict"], "resctrl": ["--resctrl"]}
 # API groups of the kinds the base may hold: core, RBAC, apps. Anything else needs a CRD or an operator.
 BUILTIN_GROUPS = {"v1", "rbac.authorization.k8s.io/v1", "apps/v1"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+PORTABLE_NAMESPACE = "monitoring"
 
 
 def kustomize(directory: Path) -> list[dict[str, Any]]:
@@ -65,18 +86,14 @@ def rendered(name: str = "base") -> list[dict[str, Any]]:
     return copy.deepcopy(list(_rendered(name)))
 
 
-def all_docs() -> list[dict[str, Any]]:
-    return rendered("base")
-
-
-def the(kind: str, name: str = "base") -> dict[str, Any]:
-    found = [d for d in rendered(name) if d["kind"] == kind]
+def the(kind: str, name: str = "base", docs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    found = [d for d in (docs if docs is not None else rendered(name)) if d["kind"] == kind]
     assert len(found) == 1, f"expected one {kind} in {name}, found {len(found)}"
     return found[0]
 
 
-def agent_container(name: str = "base") -> dict[str, Any]:
-    containers = the("DaemonSet", name)["spec"]["template"]["spec"]["containers"]
+def agent_container(name: str = "base", docs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    containers = the("DaemonSet", name, docs)["spec"]["template"]["spec"]["containers"]
     assert [c["name"] for c in containers] == ["agent"]
     return containers[0]
 
@@ -89,19 +106,81 @@ def k8s_version() -> str:
     return kubernetes_validate.latest_version()
 
 
+# ---- every combination of the components, in a namespace of the user's -----------------------------------
+
+def _combos() -> list[tuple[str, ...]]:
+    agent = [c for n in range(len(AGENT_COMPONENTS) + 1) for c in itertools.combinations(AGENT_COMPONENTS, n)]
+    return [(*c, *MONITORING_COMPONENTS) for c in agent] + [(), *((m,) for m in MONITORING_COMPONENTS)]
+
+
+def _combo_id(combo: tuple[str, ...]) -> str:
+    return "+".join(combo) or "base"
+
+
+@functools.cache
+def _combo_renderings() -> dict[tuple[str, ...], tuple[dict[str, Any], ...]]:
+    """Each combination as a user writes it: base + components, `namespace: monitoring`, from a copy of
+    deploy/ (kustomize takes no absolute paths, and the tree must stay untouched)."""
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="nn-deploy-"))
+    try:
+        shutil.copytree(DEPLOY, tmp / "deploy")
+        dirs = {}
+        for i, combo in enumerate(_combos()):
+            d = tmp / "combos" / str(i)
+            d.mkdir(parents=True)
+            (d / "kustomization.yaml").write_text(yaml.safe_dump({
+                "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                "namespace": PORTABLE_NAMESPACE, "resources": ["../../deploy/base"],
+                "components": [f"../../deploy/components/{c}" for c in combo],
+            }))
+            dirs[combo] = d
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            docs = dict(zip(dirs, pool.map(kustomize, dirs.values()), strict=True))
+        return {combo: tuple(d) for combo, d in docs.items()}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def combo_docs(combo: tuple[str, ...]) -> list[dict[str, Any]]:
+    return copy.deepcopy(list(_combo_renderings()[combo]))
+
+
+def all_renderings() -> list[tuple[str, list[dict[str, Any]], set[str]]]:
+    """(name, documents, components in it) of every overlay and every combination."""
+    out = []
+    for name in RENDERINGS:
+        kust = yaml.safe_load((DEPLOY / name / "kustomization.yaml").read_text())
+        comps = {Path(c).name for c in kust.get("components", [])}
+        out.append((name, rendered(name), comps))
+    for combo in _combos():
+        out.append((_combo_id(combo), combo_docs(combo), set(combo)))
+    return out
+
+
+def test_every_component_is_in_a_combination() -> None:
+    assert set(AGENT_COMPONENTS) >= {"namespace", "kubelet-pod-source", "eviction", "resctrl", "openshift"}
+    assert len(_combos()) == 2 ** len(AGENT_COMPONENTS) + 1 + len(MONITORING_COMPONENTS)
+
+
 # ---- schema validation -------------------------------------------------------------------------------
 
-CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
-
-
-@pytest.mark.parametrize("name", RENDERINGS)
-def test_rendering_validates_against_current_kubernetes(name: str) -> None:
-    docs = rendered(name)
-    assert docs, f"{name} renders nothing"
-    for doc in docs:
-        if doc["kind"] in CRD_KINDS:
-            continue  # no CRD schemas in kubernetes-validate: see the structure tests below
-        kubernetes_validate.validate(doc, k8s_version(), strict=True)
+def test_every_rendering_validates_against_current_kubernetes() -> None:
+    seen: set[str] = set()  # most objects are the same in many combinations: each is validated once
+    for name, docs, _ in all_renderings():
+        assert docs, f"{name} renders nothing"
+        for doc in docs:
+            if doc["kind"] in CRD_KINDS:
+                continue  # no CRD schemas in kubernetes-validate: see the structure tests below
+            key = json.dumps(doc, sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                kubernetes_validate.validate(doc, k8s_version(), strict=True)
+            except kubernetes_validate.ValidationError as e:
+                pytest.fail(f"{name}: {doc['kind']} {doc['metadata']['name']}: {e}")
 
 
 def test_base_holds_no_operator_resource() -> None:
@@ -109,20 +188,30 @@ def test_base_holds_no_operator_resource() -> None:
     for name in (".", "base"):
         kinds = {(d["apiVersion"], d["kind"]) for d in rendered(name)}
         assert {v for v, _ in kinds} <= BUILTIN_GROUPS, kinds
-        assert {k for _, k in kinds} == {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                                         "ConfigMap", "DaemonSet", "Service"}
+        want = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ResourceQuota", "ConfigMap", "DaemonSet",
+                "Service"}
+        assert {k for _, k in kinds} == want | ({"Namespace"} if name == "." else set())
 
 
 def test_overlays_add_the_monitoring_components() -> None:
     kinds = {name: sorted(d["kind"] for d in rendered(name) if d["kind"] not in
-                          {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "DaemonSet"})
+                          {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "DaemonSet",
+                           "ResourceQuota"})
              for name in OVERLAYS}
     assert kinds == {
-        "overlays/kube-prometheus-stack": ["ConfigMap", "ConfigMap", "ConfigMap", "ConfigMap", "PrometheusRule",
+        "overlays/kube-prometheus-stack": ["ConfigMap", "ConfigMap", "ConfigMap", "ConfigMap", "ConfigMap", "PrometheusRule",
                                            "ServiceMonitor"],
-        "overlays/no-resctrl": ["ConfigMap"],
         "overlays/prometheus-operator": ["ConfigMap", "PrometheusRule", "ServiceMonitor"],
     }
+
+
+def test_monitoring_components_only_add_objects() -> None:
+    """They never change the agent's objects, which is why the combinations carry them all at once."""
+    base = {(d["kind"], d["metadata"]["name"]): d for d in combo_docs(())}
+    for m in MONITORING_COMPONENTS:
+        docs = {(d["kind"], d["metadata"]["name"]): d for d in combo_docs((m,))}
+        assert base.items() <= docs.items(), m
+        assert all(d["kind"] in CRD_KINDS | {"ConfigMap"} for k, d in docs.items() if k not in base), m
 
 
 def test_validator_rejects_a_broken_daemonset() -> None:
@@ -149,28 +238,29 @@ ENDPOINT_FIELDS = {"port", "path", "scheme", "interval", "scrapeTimeout", "honor
                    "metricRelabelings", "targetPort", "bearerTokenSecret", "tlsConfig"}
 
 
-@pytest.mark.parametrize("overlay", ["overlays/prometheus-operator", "overlays/kube-prometheus-stack"])
-def test_servicemonitor_structure(overlay: str) -> None:
-    """ServiceMonitor (monitoring.coreos.com/v1) against the CRD's fields we use; kubernetes-validate has no CRDs."""
-    sm = the("ServiceMonitor", overlay)
-    svc = the("Service", overlay)
-    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
-    assert set(sm) == {"apiVersion", "kind", "metadata", "spec"}
-    assert sm["metadata"]["namespace"] == svc["metadata"]["namespace"]
-    spec = sm["spec"]
-    assert set(spec) <= {"selector", "namespaceSelector", "endpoints", "jobLabel"}
-    assert spec["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    assert spec["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
-    port_names = {p["name"] for p in svc["spec"]["ports"]}
-    assert spec["endpoints"], "no endpoints"
-    for ep in spec["endpoints"]:
-        assert set(ep) <= ENDPOINT_FIELDS, f"unknown endpoint fields {set(ep) - ENDPOINT_FIELDS}"
-        assert ep["port"] in port_names
-        assert ep["path"] == "/metrics"
-        assert ep["scheme"] in {"http", "https"}
-        assert isinstance(ep.get("honorLabels", False), bool)
-        for key in ("interval", "scrapeTimeout"):
-            assert DURATION.match(ep[key]), f"{key}={ep[key]!r} is not a Prometheus duration"
+def test_servicemonitor_structure() -> None:
+    """ServiceMonitor (monitoring.coreos.com/v1) against the CRD's fields we use; kubernetes-validate has no CRDs.
+    No namespaceSelector: the operator looks in the ServiceMonitor's own namespace, the agent's."""
+    for name, docs, comps in all_renderings():
+        if "servicemonitor" not in comps:
+            continue
+        sm, svc = the("ServiceMonitor", name, docs), the("Service", name, docs)
+        assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+        assert set(sm) == {"apiVersion", "kind", "metadata", "spec"}
+        assert sm["metadata"]["namespace"] == svc["metadata"]["namespace"]
+        spec = sm["spec"]
+        assert set(spec) <= {"selector", "endpoints", "jobLabel"}, f"{name}: a namespaceSelector pins a namespace"
+        assert spec["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+        port_names = {p["name"] for p in svc["spec"]["ports"]}
+        assert spec["endpoints"], "no endpoints"
+        for ep in spec["endpoints"]:
+            assert set(ep) <= ENDPOINT_FIELDS, f"unknown endpoint fields {set(ep) - ENDPOINT_FIELDS}"
+            assert ep["port"] in port_names
+            assert ep["path"] == "/metrics"
+            assert ep["scheme"] in {"http", "https"}
+            assert isinstance(ep.get("honorLabels", False), bool)
+            for key in ("interval", "scrapeTimeout"):
+                assert DURATION.match(ep[key]), f"{key}={ep[key]!r} is not a Prometheus duration"
 
 
 def test_kube_prometheus_stack_overlay_sets_the_release_label() -> None:
@@ -182,14 +272,17 @@ def test_kube_prometheus_stack_overlay_sets_the_release_label() -> None:
 
 
 def test_prometheusrule_is_the_alerts_file_in_the_agent_namespace() -> None:
-    rule = the("PrometheusRule", "overlays/prometheus-operator")
     source = yaml.safe_load((REPO / "dashboards" / "alerts.yaml").read_text())
-    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and set(rule) == {"apiVersion", "kind", "metadata", "spec"}
-    assert rule["metadata"]["namespace"] == the("Namespace")["metadata"]["name"]
-    assert rule["spec"] == source["spec"]
-    for group in rule["spec"]["groups"]:
-        for r in group["rules"]:
-            assert set(r) <= {"alert", "expr", "for", "labels", "annotations", "record"}, r
+    for name, docs, comps in all_renderings():
+        if "prometheusrule" not in comps:
+            continue
+        rule = the("PrometheusRule", name, docs)
+        assert rule["apiVersion"] == "monitoring.coreos.com/v1" and set(rule) == {"apiVersion", "kind", "metadata", "spec"}
+        assert rule["metadata"]["namespace"] == the("DaemonSet", name, docs)["metadata"]["namespace"]
+        assert rule["spec"] == source["spec"]
+        for group in rule["spec"]["groups"]:
+            for r in group["rules"]:
+                assert set(r) <= {"alert", "expr", "for", "labels", "annotations", "record"}, r
 
 
 def test_grafana_dashboard_configmaps_carry_every_dashboard_for_the_sidecar() -> None:
@@ -226,134 +319,324 @@ def test_generate_check_names_a_stale_copy(tmp_path: Path) -> None:
     assert subprocess.run([sys.executable, str(script), "--check"], timeout=60).returncode == 0
 
 
-# ---- what the agent needs ------------------------------------------------------------------------------
+# ---- RBAC: derived from the API calls of the shipped code ----------------------------------------------------
 
-def test_rbac_grants_exactly_what_the_agent_uses() -> None:
-    role = the("ClusterRole")
+# The module that makes a feature's calls, and the component that enables it (None: the base).
+API_CALLERS = {
+    "detector/pods/apiserver.py": None,  # the default pod source: list + watch of the node's pods
+    "detector/kube_events.py": None,  # an Event per incident and action
+    "detector/pods/kubelet.py": "kubelet-pod-source",
+    "actuators/evict.py": "eviction",
+    "actuators/resize.py": "pod-resize",
+}
+SHIPPED_PACKAGES = ("detector", "actuators", "noisyneighbor", "probes")
+# The generated Kubernetes client's methods, called on its API object (self.api / self.core, a CoreV1Api):
+# verb_[namespaced_]resource[_subresource][_for_all_namespaces](
+CLIENT_CALL = re.compile(
+    r"\b(?:api|core|v1)\.(list|read|create|patch|replace|delete)_(namespaced_)?([a-z_]+?)(_for_all_namespaces)?\(")
+CLIENT_VERBS = {"list": "list", "read": "get", "create": "create", "patch": "patch", "replace": "update",
+                "delete": "delete"}
+CLIENT_RESOURCES = {"pod": "pods", "event": "events", "node": "nodes", "pod_eviction": "pods/eviction",
+                    "pod_resize": "pods/resize", "pod_status": "pods/status"}
+# The kubelet's own paths and what its authorizer checks for them (fine-grained kubelet authorization,
+# Kubernetes >= 1.32: /pods is nodes/pods; everything else on the kubelet is nodes/proxy).
+KUBELET_PATH = re.compile(r'"(/pods|/exec|/attach|/run|/portForward|/containerLogs)"')
+KUBELET_RESOURCES = {"/pods": "nodes/pods"}
+
+
+def _client_calls(text: str) -> set[tuple[str, str]]:
+    calls = set()
+    for m in CLIENT_CALL.finditer(text):
+        verb, resource = CLIENT_VERBS[m.group(1)], CLIENT_RESOURCES.get(m.group(3))
+        assert resource is not None, f"a client call on {m.group(3)!r}: map it in CLIENT_RESOURCES"
+        calls.add((resource, verb))
+        if verb == "list" and "watch=True" in _arguments(text, m.end()):
+            calls.add((resource, "watch"))
+    return calls
+
+
+def _arguments(text: str, start: int) -> str:
+    """The text of a call's arguments, from after its "(" to the matching ")"."""
+    depth = 1
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start:i]
+    return text[start:]
+
+
+@functools.cache
+def api_calls() -> dict[str | None, set[tuple[str, str]]]:
+    """(resource, verb) per feature (None: the base), read from the code of API_CALLERS."""
+    out: dict[str | None, set[tuple[str, str]]] = {}
+    for path, feature in API_CALLERS.items():
+        text = (REPO / path).read_text()
+        calls = _client_calls(text) | {(KUBELET_RESOURCES.get(p, "nodes/proxy"), "get")
+                                      for p in KUBELET_PATH.findall(text)}
+        assert calls, f"{path} makes no API call any more: drop it from API_CALLERS (and its grant)"
+        out.setdefault(feature, set()).update(calls)
+    return out
+
+
+def test_every_module_calling_the_api_is_accounted_for() -> None:
+    """A new caller of the Kubernetes API must say which feature (and component) grants its calls."""
+    callers = set()
+    for package in SHIPPED_PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            rel = path.relative_to(REPO).as_posix()
+            if rel == "noisyneighbor/kubectl_plugin.py":  # the user's kubectl, with the user's credentials
+                continue
+            text = path.read_text()
+            if ("kubernetes" in text and CLIENT_CALL.search(text)) or KUBELET_PATH.search(text):
+                callers.add(rel)
+    assert callers == set(API_CALLERS), callers ^ set(API_CALLERS)
+    assert api_calls()[None] == {("pods", "list"), ("pods", "watch"), ("events", "create"), ("events", "get"),
+                                 ("events", "patch")}
+
+
+def granted_rules(docs: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
     granted: dict[tuple[str, str], set[str]] = {}
-    for rule in role["rules"]:
-        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                granted.setdefault((group, resource), set()).update(rule["verbs"])
-    assert granted == {
-        ("", "pods"): {"get", "list", "watch"},
-        ("", "pods/eviction"): {"create"},
-        ("", "events"): {"create", "patch"},
-        ("", "nodes"): {"get"},
-        # The kubelet's GET /pods: nodes/proxy, or nodes/pods on kubelets with fine-grained authorization.
-        ("", "nodes/proxy"): {"get"},
-        ("", "nodes/pods"): {"get"},
-    }
-    binding = the("ClusterRoleBinding")
-    sa = the("ServiceAccount")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
-                                    "namespace": sa["metadata"]["namespace"]}]
-    assert the("DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+    for role in (d for d in docs if d["kind"] in ("ClusterRole", "Role")):
+        for rule in role["rules"]:
+            assert "resourceNames" not in rule and "nonResourceURLs" not in rule, role["metadata"]["name"]
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
 
 
-def test_daemonset_security_context() -> None:
-    pod = the("DaemonSet")["spec"]["template"]["spec"]
-    sc = agent_container()["securityContext"]
-    assert sc["privileged"] is False
-    assert sc["readOnlyRootFilesystem"] is True
-    assert sc["capabilities"]["drop"] == ["ALL"]
-    # Each one's use is in the comment in daemonset.yaml and checked by tests/test_capabilities.py.
-    assert set(sc["capabilities"]["add"]) == {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"}
-    assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
-    assert pod["hostPID"] is True
-    assert not pod.get("hostNetwork") and not pod.get("hostIPC")
-    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
-    assert pod["priorityClassName"] == "system-node-critical"
-    assert {"operator": "Exists"} in pod["tolerations"]
-    ns = the("Namespace")
-    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+def test_rbac_grants_exactly_the_calls_of_the_enabled_features() -> None:
+    for name, docs, comps in all_renderings():
+        want: dict[tuple[str, str], set[str]] = {}
+        for feature, calls in api_calls().items():
+            if feature is None or feature in comps:
+                for resource, verb in calls:
+                    want.setdefault(("", resource), set()).add(verb)
+        granted = granted_rules(docs)
+        assert ("", "nodes/proxy") not in granted, f"{name}: nodes/proxy lets the token exec into any pod"
+        assert not any("*" in r or "*" in str(v) for r, v in granted.items()), f"{name}: a wildcard grant"
+        extra = {k: v - want.get(k, set()) for k, v in granted.items() if v - want.get(k, set())}
+        assert not extra, f"{name}: grants no shipped code calls: {extra}"
+        missing = {k: v - granted.get(k, set()) for k, v in want.items() if v - granted.get(k, set())}
+        assert not missing, f"{name}: calls the code makes without a grant: {missing}"
 
 
-def test_daemonset_host_mounts() -> None:
-    pod = the("DaemonSet")["spec"]["template"]["spec"]
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    mounts = {m["mountPath"]: m for m in agent_container()["volumeMounts"]}
-    # mountPath -> (host path, read-only)
-    want = {
-        "/host/proc": ("/proc", True),
-        "/host/sys/fs/cgroup": ("/sys/fs/cgroup", False),
-        "/host/sys/kernel/btf": ("/sys/kernel/btf", True),
-        "/host/sys/kernel/tracing": ("/sys/kernel/tracing", True),
-        "/host/sys/fs/resctrl": ("/sys/fs/resctrl", False),
-        "/var/lib/noisyneighbor": ("/var/lib/noisyneighbor", False),
-    }
-    for mount_path, (host_path, read_only) in want.items():
-        m = mounts[mount_path]
-        assert volumes[m["name"]]["hostPath"]["path"] == host_path
-        assert m.get("readOnly", False) is read_only, mount_path
-        # Bidirectional would need a privileged container.
-        assert m.get("mountPropagation", "None") in {"None", "HostToContainer"}
-    host_paths = {v["hostPath"]["path"] for v in volumes.values() if "hostPath" in v}
-    assert host_paths == {hp for hp, _ in want.values()}, "a hostPath nobody asked for"
-    config = mounts["/etc/noisyneighbor"]
-    assert volumes[config["name"]]["configMap"]["name"] == configmap_name()
-    assert config["readOnly"] is True
-    assert "emptyDir" in volumes[mounts["/tmp"]["name"]]  # read-only root: scratch space
+def test_every_role_is_bound_to_the_agent_service_account() -> None:
+    for name, docs, _ in all_renderings():
+        sa = the("ServiceAccount", name, docs)
+        roles = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
+        bindings = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+        assert {b["roleRef"]["name"] for b in bindings} == roles, name
+        for b in bindings:
+            assert b["roleRef"]["apiGroup"] == "rbac.authorization.k8s.io" and b["roleRef"]["kind"] == "ClusterRole"
+            assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                      "namespace": sa["metadata"]["namespace"]}], name
+        assert the("DaemonSet", name, docs)["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
 
 
-def test_container_args_match_the_agent_flags() -> None:
+# ---- the DaemonSet: capabilities, host paths, scheduling, arguments ---------------------------------------
+
+def test_capabilities_are_those_the_code_needs() -> None:
+    """Each capability is granted for a privileged operation tests/test_capabilities.py shows breaking
+    without it; nothing is privileged."""
+    for name, docs, comps in all_renderings():
+        pod = the("DaemonSet", name, docs)["spec"]["template"]["spec"]
+        sc = agent_container(name, docs)["securityContext"]
+        assert sc["privileged"] is False and sc["readOnlyRootFilesystem"] is True, name
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert set(sc["capabilities"]["add"]) == set(NEEDED_FOR), f"{name}: {sc['capabilities']['add']}"
+        assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
+        assert pod["hostPID"] is True
+        assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        selinux = pod["securityContext"].get("seLinuxOptions")
+        assert selinux == ({"type": "spc_t"} if "openshift" in comps else None), name
+        assert "seLinuxOptions" not in sc
+
+
+# mountPath -> (host path, read-only, hostPath type). Only paths every Linux node has get a type check.
+HOST_MOUNTS = {
+    "/host/proc": ("/proc", True, "Directory"),
+    "/host/sys/fs/cgroup": ("/sys/fs/cgroup", False, "Directory"),
+    "/host/sys/kernel": ("/sys/kernel", True, "Directory"),  # btf/ (optional: no check on it) and tracing/
+    "/var/lib/noisyneighbor": ("/var/lib/noisyneighbor", False, "DirectoryOrCreate"),
+}
+RESCTRL_MOUNT = {"/host/sys/fs/resctrl": ("/sys/fs/resctrl", False, "Directory")}
+
+
+def test_host_mounts_start_on_every_linux_node() -> None:
+    """The base mounts only host paths every Linux node has: no resctrl (RDT-only), no BTF directory of
+    its own (kernels without BTF); resctrl comes with its component."""
+    for name, docs, comps in all_renderings():
+        pod = the("DaemonSet", name, docs)["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m for m in agent_container(name, docs)["volumeMounts"]}
+        want = {**HOST_MOUNTS, **(RESCTRL_MOUNT if "resctrl" in comps else {})}
+        got = {}
+        for mount_path, m in mounts.items():
+            hp = volumes[m["name"]].get("hostPath")
+            if hp is not None:
+                got[mount_path] = (hp["path"], m.get("readOnly", False), hp.get("type", ""))
+                # Bidirectional would need a privileged container.
+                assert m.get("mountPropagation", "None") in {"None", "HostToContainer"}
+        assert got == want, name
+        assert {v["hostPath"]["path"] for v in volumes.values() if "hostPath" in v} == {hp for hp, _, _ in want.values()}
+        config = mounts["/etc/noisyneighbor"]
+        cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("noisyneighbor-config"))
+        assert volumes[config["name"]]["configMap"]["name"] == cm["metadata"]["name"]
+        assert config["readOnly"] is True
+        assert "emptyDir" in volumes[mounts["/tmp"]["name"]]  # read-only root: scratch space
+
+
+def test_agent_finds_btf_and_tracefs_under_the_kernel_mount() -> None:
+    """The one /sys/kernel mount holds what the probes read (probes.host.HostPaths under --host-root)."""
+    from probes.host import HostPaths
+
+    paths = HostPaths.under("/host")
+    kernel = "/host/sys/kernel"
+    for path in (paths.btf_vmlinux, paths.tracefs):
+        assert str(path).startswith(kernel + "/"), path
+
+
+def test_scheduled_on_linux_nodes_only_and_never_on_virtual_kubelets() -> None:
+    for name, docs, _ in all_renderings():
+        pod = the("DaemonSet", name, docs)["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}, name
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        # Every term (they are ORed) must exclude virtual-kubelet nodes.
+        for term in terms:
+            assert {"key": "type", "operator": "NotIn", "values": ["virtual-kubelet"]} in term["matchExpressions"]
+        assert {"operator": "Exists"} in pod["tolerations"]
+
+
+def test_node_critical_priority_is_admitted_by_a_quota_in_the_agent_namespace() -> None:
+    for name, docs, _ in all_renderings():
+        ds = the("DaemonSet", name, docs)
+        pod = ds["spec"]["template"]["spec"]
+        if pod.get("priorityClassName") not in ("system-node-critical", "system-cluster-critical"):
+            continue
+        quotas = [d for d in docs if d["kind"] == "ResourceQuota"
+                  and d["metadata"]["namespace"] == ds["metadata"]["namespace"]]
+        admitting = [q for q in quotas for e in q["spec"]["scopeSelector"]["matchExpressions"]
+                     if e["scopeName"] == "PriorityClass" and e["operator"] == "In"
+                     and pod["priorityClassName"] in e["values"]]
+        assert admitting, f"{name}: {pod['priorityClassName']} outside kube-system without an admitting quota"
+        # It admits; it must not limit: no resource besides a pod count no cluster reaches.
+        for q in admitting:
+            assert set(q["spec"]["hard"]) == {"pods"} and int(q["spec"]["hard"]["pods"]) >= 5000
+
+
+def test_container_args_turn_on_exactly_the_components_features() -> None:
+    from noisyneighbor.cli import build_parser
+
+    parser = build_parser()
+    for name, docs, comps in all_renderings():
+        c = agent_container(name, docs)
+        assert "command" not in c, "the image's ENTRYPOINT (noisyneighbor) must stay"
+        extra = [a for comp in COMPONENTS if comp in comps for a in COMPONENT_ARGS.get(comp, [])]
+        assert c["args"][:len(EXPECTED_ARGS)] == EXPECTED_ARGS, name
+        assert sorted(c["args"][len(EXPECTED_ARGS):]) == sorted(extra), name
+        parsed = parser.parse_args([a.replace("$(NODE_NAME)", "node-1") for a in c["args"]])
+        assert parsed.command == "agent"
+        assert parsed.pods == ("kubelet" if "kubelet-pod-source" in comps else None)
+        assert parsed.evict is ("eviction" in comps or None)
+        assert parsed.resctrl is ("resctrl" in comps or None)
+
+
+def test_args_reach_the_policy() -> None:
+    """--evict / --resctrl / --pods become the policy the agent runs with (the base config says off / auto)."""
+    from detector.policy import load_policy
+    from noisyneighbor.agent.config import AgentConfig, policy_for
+
+    base = load_policy(BASE / "config.yaml")
+    assert base.pod_source == "auto" and not base.actuators.evict_enabled and not base.actuators.resctrl_enabled
+    on = policy_for(AgentConfig(evict=True, resctrl=True, pod_source="kubelet"), base)
+    assert on.actuators.evict_enabled and on.actuators.resctrl_enabled and on.pod_source == "kubelet"
+    assert on.actuators.dry_run == base.actuators.dry_run
+
+
+def test_container_env_ports_probes() -> None:
     c = agent_container()
-    assert "command" not in c, "the image's ENTRYPOINT (noisyneighbor) must stay"
-    assert c["args"] == EXPECTED_ARGS
     node_env = next(e for e in c["env"] if e["name"] == "NODE_NAME")
     assert node_env["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     host_ip = next(e for e in c["env"] if e["name"] == "HOST_IP")
     assert host_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
     journal = c["args"][c["args"].index("--journal-dir") + 1]
     assert any(journal.startswith(m["mountPath"] + "/") for m in c["volumeMounts"]), "journal not on a volume"
-
-
-def test_container_args_parse_with_the_real_cli() -> None:
-    from noisyneighbor.cli import build_parser
-
-    parser = build_parser()
-    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    if "agent" not in subcommands:
-        pytest.skip("noisyneighbor.cli has no 'agent' subcommand yet: the arguments are checked by name only")
-    args = [a.replace("$(NODE_NAME)", "node-1") for a in agent_container()["args"]]
-    parsed = parser.parse_args(args)
-    assert parsed.command == "agent"
-
-
-def test_ports_probes_and_resources() -> None:
-    c = agent_container()
     assert c["ports"] == [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
-    assert c["resources"] == {"requests": {"cpu": "50m", "memory": "128Mi"},
-                              "limits": {"cpu": "500m", "memory": "384Mi"}}
     svc = the("Service")
     assert svc["spec"]["selector"].items() <= the("DaemonSet")["spec"]["template"]["metadata"]["labels"].items()
     assert svc["spec"]["ports"][0]["port"] == METRICS_PORT and svc["spec"]["ports"][0]["targetPort"] == "metrics"
 
 
-def test_namespaces_are_consistent() -> None:
-    ns = the("Namespace")["metadata"]["name"]
-    for doc in all_docs():
-        if doc["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:
-            assert doc["metadata"]["namespace"] == ns, f"{doc['kind']} not in {ns}"
+# bench/agent_footprint.py, docs/benchmarks.md ("Agent footprint at node scale", round 5): steady RSS and
+# its peak, MiB, by pods; the BPF maps (kernel memory charged to the container) on a 2-CPU and on a 64-CPU node.
+FOOTPRINT_RSS_MIB = {0: (53.8, 59.8), 300: (82.3, 90.6), 1000: (142.6, 165.6)}
+BPF_MAPS_MIB = {"2 CPUs": 42, "64 CPUs": 130}
 
 
-# ---- kustomize ---------------------------------------------------------------------------------------------
+def _mib(quantity: str) -> float:
+    from detector.quantity import parse_quantity
 
-def test_no_resctrl_overlay_removes_only_the_resctrl_mount() -> None:
-    base, overlay = the("DaemonSet"), the("DaemonSet", "overlays/no-resctrl")
-    base_pod, pod = base["spec"]["template"]["spec"], overlay["spec"]["template"]["spec"]
-    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-    assert {m["mountPath"] for m in base_pod["containers"][0]["volumeMounts"]} - mounts == {"/host/sys/fs/resctrl"}
-    assert {v["name"] for v in base_pod["volumes"]} - {v["name"] for v in pod["volumes"]} == {"host-resctrl"}
-    base_pod["containers"][0]["volumeMounts"] = pod["containers"][0]["volumeMounts"]
-    base_pod["volumes"] = pod["volumes"]
-    assert base == overlay
+    return parse_quantity(quantity) / 2**20
+
+
+def test_resources_are_sized_from_the_measured_footprint() -> None:
+    res = agent_container()["resources"]
+    # The request holds a busy node's steady state (300 pods' peak RSS and a small node's maps): the
+    # scheduler reserves what the agent really uses. The limit holds 1000 pods' peak and a large node's maps.
+    assert _mib(res["requests"]["memory"]) >= FOOTPRINT_RSS_MIB[300][1] + BPF_MAPS_MIB["2 CPUs"]
+    assert _mib(res["limits"]["memory"]) >= FOOTPRINT_RSS_MIB[1000][1] + BPF_MAPS_MIB["64 CPUs"]
+    assert res["requests"]["cpu"] == "50m" and res["limits"]["cpu"] == "500m"
+
+
+# ---- namespace portability -----------------------------------------------------------------------------------
+
+def _namespace_strings(doc: Any, path: str = "") -> list[tuple[str, Any]]:
+    """Every (path, value) under a key that names a namespace (metadata.namespace, subjects, selectors)."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            if k in ("namespace", "namespaceSelector", "matchNames", "namespaces"):
+                out.append((f"{path}.{k}", v))
+            out.extend(_namespace_strings(v, f"{path}.{k}"))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            out.extend(_namespace_strings(v, f"{path}[{i}]"))
+    return out
+
+
+def test_every_combination_installs_into_the_users_namespace() -> None:
+    """Under `namespace: monitoring` every namespaced object, binding subject and selector says
+    monitoring: nothing keeps the default `noisyneighbor` (a ServiceMonitor pinned to it would never scrape)."""
+    for combo in _combos():
+        docs = combo_docs(combo)
+        for doc in docs:
+            name = f"{_combo_id(combo)}: {doc['kind']} {doc['metadata']['name']}"
+            for where, value in _namespace_strings(doc):
+                if where == ".metadata.namespace" or where.endswith("].namespace"):
+                    assert value == PORTABLE_NAMESPACE, f"{name}: {where} = {value!r}"
+                else:
+                    pytest.fail(f"{name}: {where} = {value!r} pins a namespace")
+            if doc["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:
+                assert doc["metadata"]["namespace"] == PORTABLE_NAMESPACE, name
+        namespaces = [d for d in docs if d["kind"] == "Namespace"]
+        assert len(namespaces) == ("namespace" in combo), _combo_id(combo)
+
+
+def test_the_namespace_object_is_a_component() -> None:
+    """In the base, a Namespace would be renamed by `namespace:` and deleted by `kubectl delete -k`."""
+    assert not [d for d in rendered("base") if d["kind"] == "Namespace"]
+    for name in (".", *OVERLAYS):
+        ns = the("Namespace", name)
+        assert ns["metadata"]["name"] == the("DaemonSet", name)["metadata"]["namespace"] == "noisyneighbor"
+        assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+        for doc in rendered(name):
+            if doc["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:
+                assert doc["metadata"]["namespace"] == "noisyneighbor", f"{name}: {doc['kind']}"
 
 
 # ---- the ConfigMap and deploy/base/config.yaml --------------------------------------------------------------
@@ -388,3 +671,46 @@ def test_a_config_change_rolls_the_daemonset(tmp_path: Path) -> None:
 
     (t_before, cm_before), (t_after, cm_after) = pod_template_and_cm(before), pod_template_and_cm(after)
     assert cm_before != cm_after and t_before != t_after
+
+
+def test_container_args_parse_with_the_real_cli() -> None:
+    from noisyneighbor.cli import build_parser
+
+    parser = build_parser()
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert "agent" in subcommands
+    args = [a.replace("$(NODE_NAME)", "node-1") for a in agent_container()["args"]]
+    assert parser.parse_args(args).command == "agent"
+
+
+# ---- a node without BTF: the pod starts (no Directory check), the agent says why its probes are off ----------
+
+@pytest.mark.root
+def test_agent_on_a_node_without_btf_runs_and_says_why_in_readyz(tmp_path: Path) -> None:
+    """What the DaemonSet's optional BTF means: the host root as mounted on such a node (/proc, cgroups,
+    tracefs, no sys/kernel/btf), the agent runs, serves /metrics, and /readyz names each probe off with
+    the reason (not ready, so NoisyNeighborAgentNotReady and NoisyNeighborProbeOff say which nodes)."""
+    root = tmp_path / "host"
+    (root / "sys" / "fs").mkdir(parents=True)
+    (root / "sys" / "kernel").mkdir()
+    (root / "proc").symlink_to("/proc")
+    (root / "sys" / "fs" / "cgroup").symlink_to("/sys/fs/cgroup")
+    (root / "sys" / "kernel" / "tracing").symlink_to("/sys/kernel/tracing")
+    config = write_config(tmp_path / "config.yaml", {"kubernetes": {"pod_source": "standalone"}})
+    agent = AgentProcess(config, tmp_path, "--host-root", str(root), "--interval", "0.5")
+    try:
+        deadline = time.monotonic() + 60
+        code, health = None, {}
+        while not health.get("ticks") and time.monotonic() < deadline:
+            assert agent.proc.poll() is None, agent.log_tail()
+            time.sleep(0.3)
+            try:
+                code, body = agent.get("/readyz", timeout=2)
+            except OSError:  # not listening yet
+                continue
+            health = json.loads(body)
+        assert code == 503 and health["live"] and not health["ready"], (code, health)
+        assert health["probes"] and all(p["state"] == "off" and "BTF" in p["reason"] for p in health["probes"].values())
+        assert agent.get("/metrics")[0] == 200
+    finally:
+        assert agent.terminate() == 0, agent.log_tail()

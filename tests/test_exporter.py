@@ -18,6 +18,7 @@ from detector.decisions import ActionKind, Cause, Decision, SuppressAmount, Targ
 from detector.model import Culprit, Incident
 from noisyneighbor import exporter as ex
 from noisyneighbor.exporter import Exporter, histogram_buckets
+from probes import reclaim, runqlat, softirq, tcpconnect
 from probes.cgroupfs import discover
 from probes.hist import HIST_SLOTS, LatencyHistogram
 from probes.snapshot import NodeSnapshot
@@ -157,27 +158,26 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     hist = snap.runq.per_cgroup[victim_id]
     assert hist.count > 50, "the victim barely ran: the test proves nothing"
     labels = {"cgroup": victim_cpu_path, "pod": "victim", "namespace": "nn-test", "qos": "LS", "node": "test-node"}
-    assert _series(scrape, ex.RUNQ_LATENCY + "_count", **labels) == hist.count
-    assert _series(scrape, ex.RUNQ_LATENCY + "_sum", **labels) == hist.sum_ns / 1e9
-    buckets = samples(scrape, ex.RUNQ_LATENCY + "_bucket", **labels)
+    assert _series(scrape, runqlat.RUNQ_LATENCY + "_count", **labels) == hist.count
+    assert _series(scrape, runqlat.RUNQ_LATENCY + "_sum", **labels) == hist.sum_ns / 1e9
+    buckets = samples(scrape, runqlat.RUNQ_LATENCY + "_bucket", **labels)
     # The default range: from le 128 µs (waits below share it) to le 8.39 s, then +Inf.
     top, bottom = scraper.exporter.top_slot, scraper.exporter.bottom_slot
     assert len(buckets) == top - bottom + 2 and float(ex.BUCKET_LES[top]) <= 10.0 < float(ex.BUCKET_LES[top + 1])
     assert float(ex.BUCKET_LES[bottom]) == 128e-6
-    assert not samples(scrape, ex.RUNQ_LATENCY + "_bucket", le=ex.BUCKET_LES[bottom - 1], **labels)
+    assert not samples(scrape, runqlat.RUNQ_LATENCY + "_bucket", le=ex.BUCKET_LES[bottom - 1], **labels)
     cumulative = sum(hist.slots[:bottom])
     for slot, n in enumerate(hist.slots[bottom : top + 1], start=bottom):
         cumulative += n
         le = ex.BUCKET_LES[slot]
-        assert _series(scrape, ex.RUNQ_LATENCY + "_bucket", le=le, **labels) == min(cumulative, hist.count)
+        assert _series(scrape, runqlat.RUNQ_LATENCY + "_bucket", le=le, **labels) == min(cumulative, hist.count)
     assert float(ex.BUCKET_LES[10]) == 1024e-6  # slot 10 holds [512, 1024) µs
     # The hog is BestEffort -> Koordinator class BE.
-    hog_count = _series(scrape, ex.RUNQ_LATENCY + "_count", pod="hog", qos="BE")
+    hog_count = _series(scrape, runqlat.RUNQ_LATENCY + "_count", pod="hog", qos="BE")
     assert hog_count == snap.runq.per_cgroup[os.stat(hog.path("cpu")).st_ino].count
 
-    # Per-CPU runqueue histograms.
-    for cpu, h in enumerate(snap.runq.per_cpu):
-        assert _series(scrape, ex.CPU_RUNQ_LATENCY + "_count", cpu=str(cpu)) == h.count
+    # The node's runqueue histogram: every CPU's, summed (per CPU with per_cpu_series).
+    assert _series(scrape, runqlat.CPU_RUNQ_LATENCY + "_count") == sum(h.count for h in snap.runq.per_cpu)
 
     # cgroup CPU usage against cpuacct.usage read around the snapshot.
     usage = _series(scrape, ex.CGROUP_CPU_USAGE, **labels)
@@ -198,7 +198,7 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
 
     # Softirq entries. The exporter's counters are the probe's, exactly.
     def entries(s: dict) -> float:
-        return sum(samples(s, ex.SOFTIRQ_ENTRIES).values())
+        return sum(samples(s, softirq.SOFTIRQ_ENTRIES).values())
 
     assert entries(scrape1) == sum(first.softirq.entries().values())
     assert entries(scrape) == sum(snap.softirq.entries().values())
@@ -212,9 +212,12 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     inner = softirq_proc2 - softirq_proc1
     assert grew <= softirq_proc3 - softirq_proc0 + in_flight
     assert grew >= inner - in_flight - softirq_missed_allowance(inner), (grew, inner)
-    cpu0_timer = snap.softirq.stats[(0, "TIMER")]
-    assert _series(scrape, ex.SOFTIRQ_RUNTIME + "_count", cpu="0", vector="TIMER") == cpu0_timer.runtime.count
-    assert _series(scrape, ex.SOFTIRQ_DELAY + "_sum", cpu="0", vector="TIMER") == cpu0_timer.delay.sum_ns / 1e9
+    # Node level by default: one series per vector, the sum over CPUs (per CPU with per_cpu_series).
+    timer = [s for (_, vector), s in snap.softirq.stats.items() if vector == "TIMER"]
+    assert _series(scrape, softirq.SOFTIRQ_RUNTIME + "_count", vector="TIMER") == sum(s.runtime.count for s in timer)
+    assert _series(scrape, softirq.SOFTIRQ_DELAY + "_sum", vector="TIMER") == \
+        pytest.approx(sum(s.delay.sum_ns for s in timer) / 1e9)
+    assert not any("cpu" in dict(labels) for name, labels in scrape if name.startswith(softirq.SOFTIRQ_RUNTIME))
 
     # Agent health.
     for name in ("runqlat", "softirq", "reclaim", "tcpconnect"):
@@ -253,12 +256,12 @@ def test_connect_histogram_and_outcomes(probes, scraper, make_cgroup):
     mine = [s for (cg, _), s in snap.tcp.per_key.items() if cg == client_id]
     labels = {"pod": "client", "cgroup": rel_path(client, "cpu", probes.layout.hierarchy_for("cpu"))}
     # Ground truth is the client's own count; the histogram holds successful connects only.
-    assert _series(scrape, ex.CONNECT_LATENCY + "_count", **labels) == done == sum(s.latency.count for s in mine)
-    assert _series(scrape, ex.CONNECT_LATENCY + "_sum", **labels) == sum(s.latency.sum_ns for s in mine) / 1e9
-    assert _series(scrape, ex.CONNECT_SUCCESSES, **labels) == done
-    assert _series(scrape, ex.CONNECT_FAILURES, **labels) == refused
-    assert _series(scrape, ex.CONNECT_ERRORS, reason="refused", **labels) == refused
-    assert _series(scrape, ex.CONNECT_SYN_RETRANSMITS, **labels) == 0
+    assert _series(scrape, tcpconnect.CONNECT_LATENCY + "_count", **labels) == done == sum(s.latency.count for s in mine)
+    assert _series(scrape, tcpconnect.CONNECT_LATENCY + "_sum", **labels) == sum(s.latency.sum_ns for s in mine) / 1e9
+    assert _series(scrape, tcpconnect.CONNECT_SUCCESSES, **labels) == done
+    assert _series(scrape, tcpconnect.CONNECT_FAILURES, **labels) == refused
+    assert _series(scrape, tcpconnect.CONNECT_ERRORS, reason="refused", **labels) == refused
+    assert _series(scrape, tcpconnect.CONNECT_SYN_RETRANSMITS, **labels) == 0
 
 
 @pytest.mark.root
@@ -275,16 +278,16 @@ def test_reclaim_histogram_per_memory_cgroup(probes, scraper, make_cgroup, tmp_p
     stats = snap.reclaim.cgroup(os.stat(limited.path("memory")).st_ino, "memcg")
     labels = {"pod": "filler", "cgroup": rel_path(limited, "memory", mem_h), "kind": "memcg"}
     assert stats.count > 10, "the writer never hit its limit: the test proves nothing"
-    assert _series(scrape, ex.RECLAIM_LATENCY + "_count", **labels) == stats.count
-    assert _series(scrape, ex.RECLAIM_LATENCY + "_sum", **labels) == stats.latency.sum_ns / 1e9
-    pages = _series(scrape, ex.RECLAIM_PAGES, **labels)
+    assert _series(scrape, reclaim.RECLAIM_LATENCY + "_count", **labels) == stats.count
+    assert _series(scrape, reclaim.RECLAIM_LATENCY + "_sum", **labels) == stats.latency.sum_ns / 1e9
+    pages = _series(scrape, reclaim.RECLAIM_PAGES, **labels)
     assert pages == stats.nr_reclaimed
     # Kernel side: everything above the limit had to be reclaimed (the file was written through it).
     page = os.sysconf("SC_PAGE_SIZE")
     assert pages * page >= (size - limit) * 0.5
     # Memory gauges come from the same cgroup's files.
     assert _series(scrape, ex.CGROUP_MEMORY_LIMIT, pod="filler") == limit
-    node = _series(scrape, ex.NODE_RECLAIM_LATENCY + "_count", kind="memcg")
+    node = _series(scrape, reclaim.NODE_RECLAIM_LATENCY + "_count", kind="memcg")
     assert node == snap.reclaim.node["memcg"].count >= stats.count
 
 
@@ -293,7 +296,7 @@ def test_removed_cgroup_series_disappear(probes, scraper, make_cgroup):
     gone = _pod(make_cgroup, scraper, "burstable", "shortlived")
     subprocess.run(["taskset", "-c", CPU, sys.executable, "-c", WORKER, "0.3"], preexec_fn=gone.preexec, check=True)
     scraper.exporter.update(probes.snapshot([gone]))
-    assert samples(scraper.scrape(), ex.RUNQ_LATENCY + "_count", pod="shortlived")
+    assert samples(scraper.scrape(), runqlat.RUNQ_LATENCY + "_count", pod="shortlived")
     assert samples(scraper.scrape(), ex.CGROUP_CPU_USAGE, pod="shortlived")
     gone_id = os.stat(gone.path("cpu")).st_ino
     gone.remove()
@@ -329,7 +332,7 @@ def test_cap_folds_the_rest_into_overflow(probes, make_cgroup):
         after = resolve()
         stable = {i for i in before if before[i] == after[i]}
         changed = set(before) - stable
-        counts = samples(scrape, ex.RUNQ_LATENCY + "_count")
+        counts = samples(scrape, runqlat.RUNQ_LATENCY + "_count")
         cgroups = {dict(k)["cgroup"] for k in counts}
         assert ex.OVERFLOW_CGROUP in cgroups and len(cgroups) == 3
         # Nothing is lost: the overflow holds the sum of every resolvable cgroup not shown on its own.
@@ -343,7 +346,7 @@ def test_cap_folds_the_rest_into_overflow(probes, make_cgroup):
         assert len(exact) - 2 <= overflow <= len(either) - 2, (overflow, len(exact), len(either))
         # The same two keep their series at the next update.
         scraper.exporter.update(probes.snapshot(cgs))
-        again = {dict(k)["cgroup"] for k in samples(scraper.scrape(), ex.RUNQ_LATENCY + "_count")}
+        again = {dict(k)["cgroup"] for k in samples(scraper.scrape(), runqlat.RUNQ_LATENCY + "_count")}
         assert again == cgroups
         problems = _promtool_check(scraper.scrape_text())
         assert not problems, problems
@@ -458,7 +461,7 @@ def test_direct_text_rendering_equals_prometheus_client(probes, scraper, make_cg
     ours = parsed(ex.render_text(scraper.exporter).decode())
     theirs = parsed(generate_latest(scraper.registry).decode())
     assert ours == theirs
-    assert any(name == ex.RUNQ_LATENCY for name, _, _ in ours)  # per-cgroup histograms were in it
+    assert any(name == runqlat.RUNQ_LATENCY for name, _, _ in ours)  # per-cgroup histograms were in it
 
 
 def test_extra_node_series_and_short_histograms_are_settings():
@@ -501,7 +504,7 @@ def test_unchanged_histograms_are_not_rendered_again(monkeypatch) -> None:
     def snap(per_cpu: list) -> NodeSnapshot:
         return NodeSnapshot(monotonic_s=1.0, wall_s=100.0, runq=RunqSnapshot(1.0, {}, per_cpu, {}, {}, {}, 0, False))
 
-    exporter, _ = _exporter()
+    exporter, _ = _exporter(per_cpu_series=True)
     rendered: list[LatencyHistogram] = []
     real = ex.histogram_buckets
     monkeypatch.setattr(ex, "histogram_buckets", lambda hist, *a: (rendered.append(hist), real(hist, *a))[1])
@@ -515,5 +518,5 @@ def test_unchanged_histograms_are_not_rendered_again(monkeypatch) -> None:
     exporter.update(snap([h0, h1_moved]))
     rendered.clear()
     text = ex.render_text(exporter).decode()
-    assert rendered == [h1_moved] and f"{ex.CPU_RUNQ_LATENCY}_count" in text
+    assert rendered == [h1_moved] and f"{runqlat.CPU_RUNQ_LATENCY}_count" in text
     assert len(exporter.hist_text) == 2  # only this scrape's histograms are kept

@@ -3,7 +3,6 @@ a stand-in NVML with /proc/<pid>/cgroup files in a temp dir, GPU memory per pod 
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -151,10 +150,10 @@ def test_top_gpu_view_from_the_plugins_declared_table(tmp_path):
     finally:
         source.close()
     section = frame.sections["gpu"]
-    [row] = section.rows
+    [row] = section["rows"]
     assert row["cgroup"] == CTR and row["memory_bytes"] == (1 << 30) + (2 << 30) + (512 << 20)
     assert row["processes"] == 3 and row["devices"] == "0,1" and row["pod_uid"] == "0a1b2c3d-0000-4000-8000-00000000000b"
-    assert section.drops == {"process_exited": 1}
+    assert section["drops"] == {"process_exited": 1}
 
     record = json.loads(json.dumps(frame_record(frame)))
     assert record["gpu"]["rows"][0]["memory_bytes"] == row["memory_bytes"] and "cgroups" not in record
@@ -167,6 +166,31 @@ def test_top_gpu_view_from_the_plugins_declared_table(tmp_path):
     assert "GPU MEMORY▼" in text and "3.50GiB" in text and row["name"] in text and "drops: 1" in text
 
     out = io.StringIO()  # an interval with no GPU process says so instead of an empty table
-    Console(file=out, width=160).print(render_frame(frame.ts, {"gpu": dataclasses.replace(section, rows=[])},
+    Console(file=out, width=160).print(render_frame(frame.ts, {"gpu": {**section, "rows": []}},
                                                     ["gpu"], statuses))
     assert "nothing this interval: no process holds GPU memory" in out.getvalue()
+
+
+def test_nvml_is_read_once_a_tick_with_the_plugin_loaded(tmp_path):
+    """`--probes ...,gpu`: the node's GPU metrics come from the plugin's reading of the tick, not from a
+    second NVML read by the agent's own collector."""
+    from noisyneighbor.agent.loop import node_gpus
+    from probes.gpu import GpuCollector
+    from probes.snapshot import NodeSnapshot
+
+    paths = _fake_proc(tmp_path)
+    nvml = _FakeNvml()
+    reads = []
+    count = nvml.nvmlDeviceGetCount
+    nvml.nvmlDeviceGetCount = lambda: reads.append(1) or count()  # type: ignore[method-assign]
+    probe = GpuPodsProbe(paths, nvml_loader=lambda: nvml)
+    try:
+        reads.clear()
+        tick = NodeSnapshot(1.0, 1.0, plugins={"gpu": probe.snapshot()})
+        devices = node_gpus(tick, own=None)
+        assert [d.uuid for d in devices] == ["GPU-0", "GPU-1"] and len(reads) == 1
+        own = GpuCollector(paths, nvml_loader=lambda: nvml)
+        reads.clear()
+        assert node_gpus(NodeSnapshot(1.0, 1.0), own) and len(reads) == 1  # without the plugin: the agent's
+    finally:
+        probe.close()

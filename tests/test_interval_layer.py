@@ -13,8 +13,8 @@ import pytest
 from detector.cgroups import parse_cgroup_path
 from detector.signals import SignalBuilder
 from detector.workloads import IdMapper, WorkloadIndex
-from noisyneighbor.sections import build_interval
-from probes import registry
+from noisyneighbor.sections import table_section
+from probes import registry, runqlat
 from probes.cgroupfs import discover
 from probes.hist import HIST_SLOTS, LatencyHistogram
 from probes.host import HostPaths
@@ -81,13 +81,13 @@ def test_top_and_the_detector_read_the_same_interval(seed):
     signals = _builder().build(prev, cur)
     by_path = {r.workload.target.cgroup: r for r in signals.workloads.values()}
 
-    runq = build_interval(prev.runq, cur.runq, _Resolver())  # type: ignore[arg-type]
-    assert runq.cgroups, "some cgroups waited"
-    for row in runq.cgroups:
-        w = by_path[PATHS[row.cgroup_id]]
-        assert (w.runq_count, w.runq_wait_ms_per_s) == (row.events, row.wait_ms_per_s)
-        assert (w.runq_p99_ns, w.runq_max_ns) == (row.p99_us * 1e3, row.max_us * 1e3)
-    assert {r.cgroup_id for r in runq.cgroups} == {i for i, p in PATHS.items() if by_path.get(p) and by_path[p].runq_count}
+    runq = table_section(runqlat.PLUGIN, prev.runq, cur.runq, _Resolver())["cgroups"]  # type: ignore[arg-type]
+    assert runq, "some cgroups waited"
+    for row in runq:
+        w = by_path[PATHS[row["cgroup_id"]]]
+        assert (w.runq_count, w.runq_wait_ms_per_s) == (row["events"], row["wait_ms_per_s"])
+        assert (w.runq_p99_ns, w.runq_max_ns) == (row["p99_us"] * 1e3, row["max_us"] * 1e3)
+    assert {r["cgroup_id"] for r in runq} == {i for i, p in PATHS.items() if by_path.get(p) and by_path[p].runq_count}
 
     for row in reclaim_rows(prev.reclaim, cur.reclaim):  # type: ignore[arg-type]
         w = by_path[PATHS[row["cgroup_id"]]]

@@ -1,54 +1,78 @@
-"""`kubectl noisyneighbor` against FakeKube through the real kubectl: pod lookup by node, the exec
-requests it makes (command, container, stdin/tty), streamed output, exit codes and the HTML copy-back.
+"""`kubectl noisyneighbor` against FakeKube through the real kubectl, reading a real agent.
 
-kubectl talks TLS with a token to the fake apiserver from a kubeconfig, and exec goes over the
-WebSocket protocol kubectl speaks (v5.channel.k8s.io); the fake answers exec from a scripted handler.
+kubectl talks TLS with a token to the fake apiserver from a kubeconfig; the plugin finds the agent pod by
+node and label, then reads the agent's /top and /diagnose through the apiserver's pod proxy
+(`kubectl get --raw .../pods/POD:9717/proxy/top`), which the fake forwards to a real `noisyneighbor
+agent` process started here (standalone pod source, its own BPF probes). The client path must load no
+probe and exec nothing into the agent's container: one probe set per node, the agent's.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import read_terminal, require_tool
+from tests.conftest import require_tool
+from tests.exporter_support import AgentProcess, write_config
 from tests.fakekube import FakeKube, make_pod
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_LABELS = {"app.kubernetes.io/name": "noisyneighbor", "app.kubernetes.io/component": "agent"}
 PLUGIN = Path(sys.executable).parent / "kubectl-noisyneighbor"
+NAMESPACE = "noisyneighbor"
 
 
-def _agent(name: str, node: str, phase: str = "Running") -> dict:
-    return make_pod(name, "noisyneighbor", node_name=node, labels=dict(AGENT_LABELS), phase=phase, owner=None,
-                    containers=[{"name": "agent"}])
+def _agent_pod(name: str, node: str, phase: str = "Running") -> dict:
+    return make_pod(name, NAMESPACE, node_name=node, labels=dict(AGENT_LABELS), phase=phase, owner=None,
+                    containers=[{"name": "agent", "ports": [{"name": "metrics", "containerPort": 9717}]}])
+
+
+def _kubeconfig(path: Path, kube: FakeKube) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": kube.url, "certificate-authority": kube.ca_file}}],
+        "users": [{"name": "u", "user": {"token": "s3cret"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
+    }))
+    return path
 
 
 @pytest.fixture
 def cluster(tmp_path: Path):
     require_tool("kubectl")
     with FakeKube(token="s3cret", tls=True) as kube:
-        kube.add_pod(_agent("noisyneighbor-aaaaa", "node-1"))
-        kube.add_pod(_agent("noisyneighbor-bbbbb", "node-2"))
-        kube.add_pod(_agent("noisyneighbor-ccccc", "node-3", phase="Pending"))
+        kube.add_pod(_agent_pod("noisyneighbor-aaaaa", "node-1"))
+        kube.add_pod(_agent_pod("noisyneighbor-bbbbb", "node-2"))
+        kube.add_pod(_agent_pod("noisyneighbor-ccccc", "node-3", phase="Pending"))
         kube.add_pod(make_pod("web-0", "shop", node_name="node-1"))  # not an agent: never chosen
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": kube.url, "certificate-authority": kube.ca_file}}],
-            "users": [{"name": "u", "user": {"token": "s3cret"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-        }))
-        yield kube, kubeconfig
+        yield kube, _kubeconfig(tmp_path / "kubeconfig", kube)
 
 
-def _plugin(kubeconfig: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    """One real agent (all default probes, standalone pods) for the tests that read it."""
+    tmp = tmp_path_factory.mktemp("agent")
+    config = write_config(tmp / "config.yaml", {"kubernetes": {"pod_source": "standalone"}})
+    proc = AgentProcess(config, tmp, "--interval", "0.5", node="node-2")
+    try:
+        ready = proc.wait_ready()
+        yield proc, ready
+    finally:
+        proc.terminate()
+
+
+# The plugin's environment: no BPF objects where it runs, so a probe it loaded could not be `on`.
+def _plugin(kubeconfig: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, NN_BPF_OBJECT_DIR="/nonexistent-nn-bpf-objects")
     return subprocess.run([str(PLUGIN), "--kubeconfig", str(kubeconfig), *args], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+                          timeout=timeout, env=env)
 
 
 def test_plugin_is_installed_where_kubectl_finds_it():
@@ -58,48 +82,106 @@ def test_plugin_is_installed_where_kubectl_finds_it():
     assert str(PLUGIN) in res.stdout, res.stdout + res.stderr
 
 
-def test_top_runs_in_the_agent_pod_of_that_node_and_streams_its_output(cluster):
+@pytest.mark.root
+def test_top_reads_the_agent_of_that_node_through_the_pod_proxy_and_runs_no_probe(cluster, agent):
     kube, kubeconfig = cluster
-    kube.exec_handler = lambda ns, pod, container, command: (b"runqlat: on\nCGROUP / POD\n", b"", 0)
-    res = _plugin(kubeconfig, "top", "node-2", "--once", "--view", "runq")
+    proc, ready = agent
+    kube.pod_proxy[(NAMESPACE, "noisyneighbor-bbbbb")] = f"http://{proc.target}"
+    res = _plugin(kubeconfig, "top", "node-2", "--once", "--json", "--view", "all", "--limit", "5")
     assert res.returncode == 0, res.stderr
-    assert res.stdout == "runqlat: on\nCGROUP / POD\n"
-    [lookup] = [r for r in kube.requests if r.path == "/api/v1/namespaces/noisyneighbor/pods"]
+    record = json.loads(res.stdout)
+    # The agent's own probes, all on: a probe loaded by the plugin would be off (no BPF objects there).
+    assert {n: p["state"] for n, p in record["probes"].items() if n in ready["probes"]} == \
+        {n: "on" for n in ready["probes"]}
+    assert record["node"] == "node-2" and record["type"] == "interval"
+    assert 0.2 < record["interval_s"] < 5, record["interval_s"]  # one or a few of the agent's 0.5 s ticks
+    # The root cgroup always waits on a runqueue somewhere: the agent's rows came through.
+    assert record["cgroups"] and len(record["cgroups"]) <= 5
+    assert {"softirq", "reclaim", "tcp", "psi"} <= record.keys()
+    # Found by node and label, read through the pod proxy on the agent's port; nothing exec'd.
+    [lookup] = [r for r in kube.requests if r.path == f"/api/v1/namespaces/{NAMESPACE}/pods"]
     assert lookup.query["fieldSelector"] == ["spec.nodeName=node-2"]
     assert set(lookup.query["labelSelector"][0].split(",")) == {f"{k}={v}" for k, v in AGENT_LABELS.items()}
-    [(ns, pod, container, command, query)] = kube.execs
-    assert (ns, pod, container) == ("noisyneighbor", "noisyneighbor-bbbbb", "agent")
-    assert command == ["noisyneighbor", "top", "--host-root", "/host", "--once", "--view", "runq"]
-    # Piped here: no TTY and no stdin, so the remote top prints plain tables and needs no keys.
-    assert query.get("tty", ["false"]) == ["false"] and query.get("stdin", ["false"]) == ["false"]
-    assert query["stdout"] == ["true"] and query["stderr"] == ["true"]
+    assert kube.execs == []
+    [(ns, pod, port, target)] = kube.proxied
+    assert (ns, pod, port) == (NAMESPACE, "noisyneighbor-bbbbb", "9717") and target.startswith("/top?")
+
+    # Plain text (piped): the frame as `noisyneighbor top` renders it, drawn by the agent.
+    res = _plugin(kubeconfig, "top", "node-2", "--once", "--view", "runq")
+    assert res.returncode == 0, res.stderr
+    assert "noisyneighbor top" in res.stdout and "runq: runqueue latency per cgroup" in res.stdout
+    assert "runqlat: on" in res.stdout and "\x1b[" not in res.stdout
 
 
-def test_diagnose_passes_its_exit_code_and_copies_the_html_back(cluster, tmp_path: Path):
+def test_the_client_loads_no_probe_module():
+    """The plugin process imports no probe (nothing that could load BPF): it only reads the agent."""
+    code = ("import sys; from noisyneighbor import kubectl_plugin; kubectl_plugin.build_parser(); "
+            "from probes.registry import PLUGINS; print([p.factory.__module__ for p in PLUGINS])")
+    probe_modules = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                              timeout=60, cwd=REPO).stdout.replace("'", '"'))
+    code = ("import sys; from noisyneighbor import kubectl_plugin; kubectl_plugin.build_parser(); "
+            "print(sorted(sys.modules))")
+    loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                           timeout=60, cwd=REPO).stdout.replace("'", '"')))
+    assert probe_modules and not loaded & {*probe_modules, "probes.collect", "probes.registry"}, \
+        loaded & {*probe_modules, "probes.collect"}
+
+
+@pytest.mark.root
+def test_diagnose_reads_the_agents_history_and_writes_html(cluster, agent, tmp_path: Path):
     kube, kubeconfig = cluster
-    page = b"<!doctype html><html>" + b"x" * 100_000 + b"</html>"  # larger than one WebSocket frame
-
-    def handler(ns, pod, container, command):
-        if command[:2] == ["noisyneighbor", "diagnose"]:
-            return b"INCIDENT nn-1 victim shop/web\n", b"", 3
-        if command[0] == "cat":
-            return page, b"", 0
-        return b"", b"", 0
-
-    kube.exec_handler = handler
+    proc, _ = agent
+    kube.pod_proxy[(NAMESPACE, "noisyneighbor-bbbbb")] = f"http://{proc.target}"
     out = tmp_path / "report.html"
-    res = _plugin(kubeconfig, "diagnose", "node-1", "--duration", "2m", "--fail-on-incident", "--html", str(out))
-    assert res.returncode == 3, res.stderr
-    assert res.stdout == "INCIDENT nn-1 victim shop/web\n"
-    assert out.read_bytes() == page
-    commands = [command for _, pod, _, command, _ in kube.execs]
-    assert all(pod == "noisyneighbor-aaaaa" for _, pod, _, _, _ in kube.execs)
-    diagnose, cat, rm = commands
-    remote = diagnose[diagnose.index("--html") + 1]
-    assert remote.startswith("/tmp/noisyneighbor-report-") and remote.endswith(".html")
-    assert diagnose == ["noisyneighbor", "diagnose", "--host-root", "/host", "--config", "/etc/noisyneighbor/config.yaml",
-                        "--html", remote, "--duration", "2m", "--fail-on-incident"]
-    assert cat == ["cat", remote] and rm == ["rm", "-f", remote]
+    started = time.monotonic()
+    res = _plugin(kubeconfig, "diagnose", "node-2", "--duration", "2m", "--json", "--fail-on-incident",
+                  "--html", str(out))
+    assert time.monotonic() - started < 60, "the agent's history: no waiting for the window"
+    report = json.loads(res.stdout)
+    # Whatever the node's load made of the agent's last 2 minutes: exit 3 exactly when it had incidents.
+    assert res.returncode == (3 if report["incidents"] else 0), res.stderr
+    assert report["source"] == "agent history" and report["duration_s"] == 120
+    assert report["host"] == "node-2"
+    assert all(line.endswith(")") and ": on" in line for line in report["probes"].values()), report["probes"]
+    assert report["top_workloads"], "the agent's store has its workloads' runqueue samples"
+    page = out.read_text()
+    assert page.startswith("<!doctype html>") and "node-2" in page
+    assert kube.execs == []
+    assert [t.split("?")[0] for *_, t in kube.proxied] == ["/diagnose"] * 2
+
+
+def test_diagnose_exit_code_follows_the_agents_incidents(cluster, tmp_path: Path):
+    """--fail-on-incident: 3 when the agent's window holds incidents (an agent stand-in serving one)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    kube, kubeconfig = cluster
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            fmt = self.path.split("format=")[1].split("&")[0]
+            body = json.dumps({"incidents": [{"incident_id": "nn-1"}]}).encode() if fmt == "json" \
+                else b"INCIDENT nn-1 victim shop/web\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        kube.pod_proxy[(NAMESPACE, "noisyneighbor-aaaaa")] = f"http://127.0.0.1:{server.server_address[1]}"
+        res = _plugin(kubeconfig, "diagnose", "node-1", "--fail-on-incident")
+        assert res.returncode == 3, res.stderr
+        assert res.stdout == "INCIDENT nn-1 victim shop/web\n"
+        assert _plugin(kubeconfig, "diagnose", "node-1").returncode == 0
+        assert all(t.startswith("/diagnose?") and "window=300" in t for *_, t in kube.proxied)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_no_running_agent_on_the_node_is_one_line_and_exit_1(cluster):
@@ -110,7 +192,16 @@ def test_no_running_agent_on_the_node_is_one_line_and_exit_1(cluster):
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and f"no running noisyneighbor agent pod on node {node}" in lines[0], res.stderr
         assert why in lines[0]
-    assert kube.execs == []
+    assert kube.execs == [] and kube.proxied == []
+
+
+def test_an_agent_that_does_not_answer_is_one_line_and_exit_1(cluster):
+    _, kubeconfig = cluster  # no pod_proxy entry: the fake apiserver answers 503 for the pod
+    res = _plugin(kubeconfig, "top", "node-1", "--once")
+    assert res.returncode == 1, res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kubectl noisyneighbor: cannot read the agent (/api/v1/"), lines
+    assert "Traceback" not in res.stderr
 
 
 def test_unreachable_cluster_is_one_line(tmp_path: Path):
@@ -127,20 +218,74 @@ def test_unreachable_cluster_is_one_line(tmp_path: Path):
     assert res.stderr.startswith("kubectl noisyneighbor: cannot list pods:") and "Traceback" not in res.stderr
 
 
-def test_top_on_a_terminal_asks_for_a_tty_and_stdin_and_passes_term(cluster):
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1])
+
+
+@pytest.mark.root
+def test_a_client_costs_the_agent_no_memory_beyond_5_percent(cluster, tmp_path: Path):
+    """A fresh agent's RSS while a `top` client reads it every 0.5 s (text frames, the live view's path)
+    and after a diagnose, against its RSS before any client: within 5 % (the old exec'd top loaded a
+    second probe set in the agent's container)."""
+    kube, kubeconfig = cluster
+    config = write_config(tmp_path / "config.yaml", {"kubernetes": {"pod_source": "standalone"}})
+    proc = AgentProcess(config, tmp_path, "--interval", "0.5", node="node-2")
+    try:
+        proc.wait_ready()
+        kube.pod_proxy[(NAMESPACE, "noisyneighbor-bbbbb")] = f"http://{proc.target}"
+        time.sleep(3)  # past start-up: a few more ticks
+        without = max(_rss_kib(proc.proc.pid) for _ in range(3) if time.sleep(0.5) is None)
+        res = _plugin(kubeconfig, "top", "node-2", "--view", "all", "--interval", "0.5", "--count", "10")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.count("noisyneighbor top") == 10, res.stdout[-500:]  # ten frames, drawn by the agent
+        diag = _plugin(kubeconfig, "diagnose", "node-2", "--duration", "1m")
+        assert diag.returncode == 0 and "noisyneighbor diagnose on node-2" in diag.stdout, diag.stdout + diag.stderr
+        assert [t.split("?")[0] for *_, t in kube.proxied] == ["/top"] * 10 + ["/diagnose"] * 2
+        with_client = _rss_kib(proc.proc.pid)
+    finally:
+        proc.terminate()
+    print(f"agent RSS without a client {without / 1024:.1f} MiB, with one {with_client / 1024:.1f} MiB "
+          f"({with_client / without:.3f}x)")
+    assert with_client <= without * 1.05, (without, with_client)
+
+
+@pytest.mark.root
+def test_top_on_a_terminal_is_live_and_keys_switch_the_view(cluster, agent):
+    """On a terminal: the agent's frame (colour, this terminal's width) redrawn each interval; a view key
+    asks the agent for that view, q quits."""
     import pty
+    import select
 
     kube, kubeconfig = cluster
-    kube.exec_handler = lambda ns, pod, container, command: (b"LIVE VIEW\r\n", b"", 0)
+    proc, _ = agent
+    kube.pod_proxy[(NAMESPACE, "noisyneighbor-aaaaa")] = f"http://{proc.target}"
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([str(PLUGIN), "--kubeconfig", str(kubeconfig), "top", "node-1"], stdin=follower,
-                            stdout=follower, stderr=subprocess.PIPE, env=dict(os.environ, TERM="xterm-256color"))
+    child = subprocess.Popen([str(PLUGIN), "--kubeconfig", str(kubeconfig), "top", "node-1", "--interval", "0.5",
+                              "--count", "40"], stdin=follower, stdout=follower, stderr=subprocess.PIPE,
+                             env=dict(os.environ, TERM="xterm-256color", COLUMNS="150", LINES="50"))
     os.close(follower)
-    screen = read_terminal(leader)
-    os.close(leader)
-    assert proc.wait(timeout=60) == 0, proc.stderr.read()
-    assert b"LIVE VIEW" in screen
-    [(_, pod, _, command, query)] = kube.execs
-    assert pod == "noisyneighbor-aaaaa"
-    assert command == ["env", "TERM=xterm-256color", "noisyneighbor", "top", "--host-root", "/host"]
-    assert query["tty"] == ["true"] and query["stdin"] == ["true"]
+    screen, sent = b"", []
+    deadline = time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline and child.poll() is None:
+            if select.select([leader], [], [], 0.2)[0]:
+                try:
+                    screen += os.read(leader, 65536)
+                except OSError:
+                    break
+            if b"runq: runqueue latency" in screen and not sent:
+                os.write(leader, b"t")  # the tcp view
+                sent.append("t")
+            elif b"tcp: " in screen.split(b"runq: runqueue latency")[-1] and sent == ["t"]:
+                os.write(leader, b"q")
+                sent.append("q")
+        assert child.wait(timeout=30) == 0, child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+        os.close(leader)
+    assert sent == ["t", "q"], screen[-2000:]
+    tops = [t for *_, t in kube.proxied]
+    assert "color=1" in tops[0] and "width=150" in tops[0] and "view=runq" in tops[0], tops[0]
+    assert any("view=tcp" in t for t in tops) and len(tops) < 40  # q ended it before --count

@@ -18,6 +18,7 @@ from actuators.journal import Journal
 from actuators.manager import ActuatorManager
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler, netdev_packets
 from actuators.suppress import SuppressActuator
+from bench.sandbox import PREFIX
 from detector.decisions import (
     ActionKind,
     BurstAmount,
@@ -32,7 +33,6 @@ from detector.decisions import (
 from detector.model import Incident
 from detector.policy import ActuatorPolicy
 from noisyneighbor.agent import ScopedActuator
-from noisyneighbor.sandbox import PREFIX
 from probes.cgroupfs import discover
 from probes.host import HostPaths
 

@@ -356,6 +356,32 @@ def test_auto_reaches_the_kubelet_at_host_ip_and_says_so_once(token_file: str, c
     assert lines == [f"pod source auto: chose kubelet https://127.0.0.1:{kube.port}/pods (it answered with 1 pods)"]
 
 
+def test_auto_in_a_cluster_watches_the_apiserver_and_never_asks_the_kubelet(token_file: str, caplog, monkeypatch):
+    """The default pod source in a pod is the apiserver watch (pods list/watch, the base's only pod grant):
+    the kubelet's /pods needs nodes/pods (or nodes/proxy on older kubelets) and is opt-in, so `auto` does
+    not even try it there, although it would answer."""
+    from detector.pods import make_pod_source
+    from detector.pods.apiserver import ApiserverPodSource
+
+    with FakeKube(token="s3cret", tls=True) as kube:
+        kube.add_pod(make_pod("a", uid=UID_A))
+        monkeypatch.setattr(ApiserverPodSource, "in_cluster",
+                            classmethod(lambda cls, node: cls(kube.api_client(token="s3cret"), node)))
+        caplog.set_level("INFO", logger="noisyneighbor.pods")
+        src = make_pod_source(_auto_policy(kube, token_file), environ={
+            "HOST_IP": "127.0.0.1", "KUBERNETES_SERVICE_HOST": "10.96.0.1", "NODE_NAME": kube.node_name})
+        try:
+            assert isinstance(src, ApiserverPodSource)
+            assert src.synced.wait(10) and [p.uid for p in src.pods()] == [UID_A]
+            assert kube.requests_to("/pods") == []  # the kubelet's path: never asked
+            [listing, *_] = kube.requests_to("/api/v1/pods")
+            assert listing.query["fieldSelector"] == [f"spec.nodeName={kube.node_name}"]
+        finally:
+            src.close()
+    lines = [r.getMessage() for r in caplog.records if "pod source auto" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("pod source auto: chose apiserver"), lines
+
+
 def test_auto_says_why_it_did_not_use_the_kubelet(token_file: str, caplog):
     """A kubelet whose serving cert the configured CA does not sign: the token is never sent, and the one
     line names the TLS failure (not in a cluster here, so standalone is what is left)."""

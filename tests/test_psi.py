@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from noisyneighbor.sandbox import OwnedCgroup
+from bench.sandbox import OwnedCgroup
 from probes.cgroupfs import discover
 from probes.cgroupwatch import CgroupWatch
 from probes.host import HostPaths

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from noisyneighbor.sandbox import OwnedCgroup
+from bench.sandbox import OwnedCgroup
 from probes.cgroupfs import discover
 from probes.engine import ProbeError
 from probes.hist import HIST_SLOTS, LatencyHistogram
@@ -484,3 +484,12 @@ def test_struct_sizes_match_the_object_btf():
     for name, size in {"reclaim_key": _KEY.size, "reclaim_stats": STATS_SIZE, "reclaim_begin": 48}.items():
         m = re.search(rf"STRUCT '{name}' size=(\d+)", dump)
         assert m and int(m.group(1)) == size, (name, m and m.group(0), size)
+
+
+def active_interval():
+    """An interval in which one memory cgroup and the node reclaimed (tests/test_signal_plugins.py)."""
+    from probes.hist import HIST_SLOTS, IntervalHistogram
+    from probes.reclaim import ReclaimDelta, ReclaimInterval
+
+    passes = ReclaimDelta(IntervalHistogram(tuple([0] * 8 + [3] + [0] * (HIST_SLOTS - 9)), 600_000, 3, None), 96, 0)
+    return ReclaimInterval(1.0, {(5, "memcg"): passes, (5, "direct"): passes}, {"direct": passes, "memcg": passes})

@@ -21,12 +21,15 @@ from probes.engine import LibbpfEngine, ProbeError
 from probes.host import HostPaths
 from probes.softirq import (
     VECTORS,
+    SoftirqDelta,
+    SoftirqInterval,
     SoftirqProbe,
     SoftirqSnapshot,
     SoftirqStats,
     read_proc_softirqs,
     summarize,
 )
+from tests.conftest import slowdown
 from tests.ground_truth import softirq_missed_allowance
 
 pytestmark = [pytest.mark.root, pytest.mark.vm]
@@ -270,10 +273,12 @@ def test_net_rx_flood_between_namespaces(veth_pair):
     for r in rows:
         if r["vector"] == "NET_RX":
             print("  ", r)
-    assert sent >= 20_000, "the flood did not get going"
+    # What a Python sender reaches in 5 s follows the machine's speed (a loaded host, a TCG guest ~10x slower).
+    speed = 1 / slowdown()
+    assert sent >= 20_000 * speed, "the flood did not get going"
     # Each datagram crosses the veth and is received in its own NET_RX run (netif_rx → backlog).
     assert flood_n - base_rate * flood_s >= 0.5 * sent
-    assert flood_n / flood_s >= 5 * base_rate + 1000
+    assert flood_n / flood_s >= 5 * base_rate + 1000 * speed
     assert flood_rt - base_rt_rate * flood_s >= 0.5 * sent * 100  # ≥ 100 ns of softirq work per datagram
     assert flood_rt / flood_s >= 5 * base_rt_rate
     assert abs(flood_n - truth_n) <= max(0.001 * truth_n, 10)
@@ -466,7 +471,30 @@ def test_summarize_rows_per_cpu_and_vector():
     assert r0["runtime_s_per_s"] == pytest.approx(100 * 10e-6 / 2.0)
     assert 2.0 <= r0["delay_p50_us"] <= 4.0 and r0["runtime_max_us"] == pytest.approx(10.0)
     assert r1["runtime_max_us"] == pytest.approx(20_000.0) and r1["delay_max_us"] == pytest.approx(15_000.0)
-    assert len(summarize(prev, cur, include_idle=True)) == 3
+    # (0, TIMER) is the same object in both snapshots (the probe hands it again when nothing moved): no row.
+    assert len(summarize(prev, cur, include_idle=True)) == 2
     import json
 
     json.dumps(rows)  # JSON-able
+
+
+def active_interval() -> SoftirqInterval:
+    """An interval in which two CPUs ran softirqs (tests/test_signal_plugins.py runs the extractor on it)."""
+    from probes.hist import HIST_SLOTS, IntervalHistogram
+
+    def hist(count: int, sum_ns: int) -> IntervalHistogram:
+        return IntervalHistogram(tuple([count] + [0] * (HIST_SLOTS - 1)), sum_ns, count, None)
+
+    return SoftirqInterval(1.0, {(0, "NET_RX"): SoftirqDelta(5, hist(5, 5000), hist(5, 2_000_000)),
+                                 (1, "TIMER"): SoftirqDelta(3, hist(3, 900), hist(3, 600_000))})
+
+
+def test_softirq_signals_per_cpu_and_through_where_a_workload_ran():
+    from probes.softirq import PLUGIN
+
+    extractor = PLUGIN.signal_extractor
+    node = extractor.node(active_interval(), 0.5)
+    assert node["softirq_ms_per_s_by_cpu"] == {0: 4.0, 1: 1.2}
+    exposed = extractor.exposure({0: 0.75, 1: 0.25}, node)
+    assert exposed["softirq_ms_per_s"] == 0.75 * 4.0 + 0.25 * 1.2
+    assert exposed["softirq_delay_p99_ns"] == max(node["softirq_delay_p99_ns_by_cpu"].values())

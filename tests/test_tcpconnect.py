@@ -37,7 +37,7 @@ from probes.tcpconnect import (
     TcpConnectSnapshot,
     summarize,
 )
-from tests.conftest import require_tool
+from tests.conftest import require_tool, slowdown
 
 P_OK, P_CLOSED, P_DROP = 7000, 7001, 7010  # P_DROP...P_DROP+3: first SYN of each connect dropped
 HOSTS = {4: "127.0.0.1", 6: "::1"}
@@ -177,8 +177,8 @@ def _run_client(ns: OwnedNetns, cg, plan: list) -> subprocess.Popen:
 
 
 def _client_result(p: subprocess.Popen, timeout: float = 20) -> dict:
-    line = _readline(p, timeout)
-    p.wait(5)
+    line = _readline(p, timeout * slowdown())  # an interpreter starts ~10 times slower in a TCG guest
+    p.wait(5 * slowdown())
     return json.loads(line)
 
 
@@ -628,3 +628,12 @@ def test_forget_drops_a_removed_cgroups_entries(make_cgroup):
             snap = probe.snapshot()
             assert not any(k[0] == cg_id for k in snap.per_key)
             assert not any(d.cgroup_id == cg_id for d in snap.destinations)
+
+
+def active_interval():
+    """An interval with connects, a failure and a SYN retransmit from one cgroup (tests/test_signal_plugins.py)."""
+    from probes.hist import HIST_SLOTS, IntervalHistogram
+    from probes.tcpconnect import ConnectDelta, TcpConnectInterval
+
+    latency = IntervalHistogram(tuple([0] * 6 + [5] + [0] * (HIST_SLOTS - 7)), 250_000, 5, None)
+    return TcpConnectInterval(1.0, {(3, 4026531840): ConnectDelta(latency, 5, 1, 1, 0, 0, 0, 1)})

@@ -25,15 +25,13 @@ from noisyneighbor.sections import (
     DeadCgroups,
     OffSource,
     PsiSection,
-    ReclaimSection,
-    ReclaimSource,
-    SoftirqSection,
-    TcpSection,
-    build_interval,
-    sort_rows,
+    TableSource,
+    sort_table_rows,
+    table_section,
 )
 from noisyneighbor.top import Frame, frame_record, unavailable
 from noisyneighbor.views import render_frame
+from probes import runqlat
 from probes.cgroupfs import discover
 from probes.engine import OBJECT_DIR, ProbeError, ProbeStatus
 from probes.hist import HIST_SLOTS, LatencyHistogram
@@ -57,20 +55,24 @@ class _FakeResolver:
         return None
 
 
+def _runq_section(before: RunqSnapshot, after: RunqSnapshot) -> dict:
+    return table_section(runqlat.PLUGIN, before, after, _FakeResolver(), extras=runqlat.top_cpus(None, None))  # type: ignore[arg-type]
+
+
 def test_interval_rows_from_two_snapshots():
     before = RunqSnapshot(10.0, {7: _hist(10, 5, 200_000, 30_000)}, [LatencyHistogram.empty()], {})
     after = RunqSnapshot(12.0, {7: _hist(30, 5, 800_000, 30_000), 8: _hist(4, 11, 4_000_000, 1_500_000)},
                          [_hist(34, 5, 1, 1)], {"key_map_full": 2})
-    interval = build_interval(before, after, _FakeResolver())
-    rows = {r.cgroup_id: r for r in interval.cgroups}
-    assert rows[7].events == 20 and rows[7].events_per_s == pytest.approx(10.0)
-    assert rows[7].wait_ms_per_s == pytest.approx(0.3)
-    assert 16 <= rows[7].p99_us <= 32  # slot 5 is [16, 32) µs
-    assert not rows[7].max_exact  # the all-time max did not grow: only the slot bound is known
-    assert rows[8].max_exact and rows[8].max_us == pytest.approx(1500)
-    assert rows[8].name == "cgroup:8 (gone)"
-    assert [r.cgroup_id for r in sort_rows(interval.cgroups, "wait")] == [8, 7]
-    assert interval.drops == {"key_map_full": 2}
+    interval = _runq_section(before, after)
+    rows = {r["cgroup_id"]: r for r in interval["cgroups"]}
+    assert rows[7]["events"] == 20 and rows[7]["events_per_s"] == pytest.approx(10.0)
+    assert rows[7]["wait_ms_per_s"] == pytest.approx(0.3)
+    assert 16 <= rows[7]["p99_us"] <= 32  # slot 5 is [16, 32) µs
+    assert not rows[7]["max_exact"]  # the all-time max did not grow: only the slot bound is known
+    assert rows[8]["max_exact"] and rows[8]["max_us"] == pytest.approx(1500)
+    assert rows[8]["name"] == "cgroup:8 (gone)"
+    assert [r["cgroup_id"] for r in sort_table_rows(interval["cgroups"], runqlat.TOP_TABLE, "wait")] == [8, 7]
+    assert interval["drops"] == {"key_map_full": 2}
 
 
 @pytest.mark.root
@@ -156,7 +158,7 @@ def _top(*args: str, env: dict | None = None, check: bool = True) -> subprocess.
                           env=dict(os.environ, COLUMNS="200", **(env or {})))
 
 
-SECTION_TYPES = {"softirq": SoftirqSection, "reclaim": ReclaimSection, "tcp": TcpSection, "psi": PsiSection}
+SECTION_TYPES = {"softirq": dict, "reclaim": dict, "tcp": dict, "psi": PsiSection}
 
 
 def _render(record: dict, view: str) -> str:
@@ -229,15 +231,15 @@ class _FakeReclaimProbe:
 def test_reclaim_rows_are_named_in_the_memory_hierarchy_and_dead_ids_forgotten(tmp_path):
     resolver = _NamingResolver({5})
     probe = _FakeReclaimProbe([_reclaim_snap(float(t), {5: 1 + (t == 1), 9: 2}) for t in range(6)])
-    source = ReclaimSource(probe, Context(HostPaths.under(tmp_path), None, resolver))  # type: ignore[arg-type]
+    source = TableSource(probe, Context(HostPaths.under(tmp_path), None, resolver))  # type: ignore[arg-type]
     source.start()
     first = source.collect({})
-    assert [(r["cgroup"], r["kind"], r["cgroup_kind"], r["count"], r["pages"]) for r in first.rows] == [
+    assert [(r["cgroup"], r["kind"], r["cgroup_kind"], r["count"], r["pages"]) for r in first["rows"]] == [
         ("/cg/5", "memcg", "other", 1, 32)
     ]
-    assert first.allocstall is None  # no /proc/vmstat under tmp_path: unknown, not 0
+    assert first["allocstall"] is None  # no /proc/vmstat under tmp_path: unknown, not 0
     for _ in range(4):
-        assert source.collect({}).rows == []
+        assert source.collect({})["rows"] == []
     assert resolver.hierarchies == {"memory-hierarchy"}
     assert probe.forgotten == [9]  # idle and gone; 5 is idle but still exists
 
@@ -248,7 +250,7 @@ def test_record_and_plain_render_with_a_probe_off():
                          [_hist(34, 5, 1, 1)], {})
     off = OffSource("softirq", ProbeError("softirq: off: BPF object /x/softirq.bpf.o missing"))
     statuses = {"runqlat": ProbeStatus("runqlat", "on", attach_mode="tp_btf"), "softirq": off.status}
-    frame = Frame("2026-01-01T00:00:00+00:00", {"runq": build_interval(before, after, _FakeResolver())})
+    frame = Frame("2026-01-01T00:00:00+00:00", {"runq": _runq_section(before, after)})
     record = frame_record(frame, "wait", limit=1)
     assert [r["cgroup_id"] for r in record["cgroups"]] == [8] and "softirq" not in record
     assert off.status.reason == "BPF object /x/softirq.bpf.o missing"
@@ -267,7 +269,8 @@ def test_softirq_footer_names_the_worst_stall():
     stall = SoftirqStall(ts_ns=1, cpu=1, vector="NET_RX", delay_ns=12_500_000, runtime_ns=300_000, in_ksoftirqd=True,
                          raise_seen=True, raise_pid=10, raise_tgid=10, raise_comm="iperf3", raise_cgroup_id=7,
                          entry_pid=20, entry_tgid=20, entry_comm="ksoftirqd/1", entry_cgroup_id=1)
-    section = SoftirqSection(1.0, [], 1, 10.0, [{**asdict(stall), "raise_cgroup": "pod/abc", "entry_cgroup": "/"}], {})
+    section = {"interval_s": 1.0, "rows": [], "stalls": 1, "stall_threshold_ms": 10.0,
+               "worst_stalls": [{**asdict(stall), "raise_cgroup": "pod/abc", "entry_cgroup": "/"}], "drops": {}}
     out = io.StringIO()
     statuses = {"softirq": ProbeStatus("softirq", "on")}
     Console(file=out, width=300).print(render_frame("ts", {"softirq": section}, ["softirq"], statuses))
@@ -489,7 +492,8 @@ def test_a_probe_that_cannot_load_does_not_stop_the_others(tmp_path):
 def test_idle_views_say_nothing_happened_instead_of_an_empty_table():
     statuses = {"reclaim": ProbeStatus("reclaim", "on", attach_mode="tp_btf"),
                 "tcpconnect": ProbeStatus("tcpconnect", "on", attach_mode="tp_btf")}
-    sections = {"reclaim": ReclaimSection(1.0, [], {}, 0, 0.0, {}), "tcp": TcpSection(1.0, [], {})}
+    sections = {"reclaim": {"interval_s": 1.0, "rows": [], "node": {}, "allocstall": 0, "allocstall_per_s": 0.0, "drops": {}},
+                "tcp": {"interval_s": 1.0, "rows": [], "drops": {}}}
     out = io.StringIO()
     Console(file=out, width=160).print(render_frame("2026-01-01T00:00:00+00:00", sections, ["reclaim", "tcp"], statuses))
     text = out.getvalue()

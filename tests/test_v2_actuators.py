@@ -26,9 +26,9 @@ from actuators.cgroupfile import CgroupFiles, Resource, parse_cpu_list
 from actuators.journal import Journal
 from actuators.memory import MemorySuppressActuator
 from actuators.suppress import SuppressActuator
+from bench.sandbox import sandbox_layout
 from detector.decisions import ActionKind, BurstAmount, Decision, MemorySuppressAmount, SuppressAmount, Target
 from detector.policy import CpuBurstStrategy, ResourceThresholdStrategy
-from noisyneighbor.sandbox import sandbox_layout
 from probes.cgroupfs import discover, self_cgroups
 from probes.cpuacct import read_cgroup_cpu
 from tests.conftest import slowdown

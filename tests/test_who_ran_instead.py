@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from noisyneighbor.sandbox import OwnedCgroup
+from bench.sandbox import OwnedCgroup
 from probes.hist import LatencyHistogram
 from probes.runqlat import (
     _CULPRIT_KEY,
@@ -30,7 +30,7 @@ from probes.runqlat import (
     WaitSplit,
     top_culprits,
 )
-from tests.conftest import cgroup_tids, require_tool
+from tests.conftest import cgroup_tids, require_tool, slowdown
 
 # 6 ms of CPU time (not wall time: waiting must not count as work) every 10 ms, for at most 60 s.
 # The work outlasts a scheduler slice (3 ms base on EEVDF), so the hogs preempt it in the middle of
@@ -104,7 +104,7 @@ def _freeze(tids: list[int]) -> None:
     """SIGSTOP everyone and wait until all are stopped (and off the CPU)."""
     for t in tids:
         os.kill(t, signal.SIGSTOP)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 5 * slowdown()
     while time.monotonic() < deadline:
         states = [Path(f"/proc/{t}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0] for t in tids]
         if all(s in "Tt" for s in states):
@@ -124,7 +124,7 @@ def _start(argv: list[str], cg: OwnedCgroup, procs: list[subprocess.Popen]) -> N
 
 
 def _wait_for_tasks(groups: dict[OwnedCgroup, int]) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10 * slowdown()  # interpreters start ~10 times slower in a TCG guest
     while time.monotonic() < deadline and not all(len(_tids(cg)) >= n for cg, n in groups.items()):
         time.sleep(0.05)
     assert all(len(_tids(cg)) >= n for cg, n in groups.items()), "workloads did not start"

@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -32,7 +33,7 @@ from bench.scenarios.peers import (
     start_bcc_runqlat,
     start_bcc_softirqs,
 )
-from bench.scenarios.runner import OTHER_CPU, Ctx, Timing, run_pass
+from bench.scenarios.runner import OTHER_CPU, Ctx, Timing, cgroup_hierarchy, measure_softirq_floor, run_pass
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--docs", metavar="PATH", help="also write the report into PATH (docs/benchmarks.md) between the "
                    "bench.scenarios markers, replacing the previous run's report")
     p.add_argument("--rescore", metavar="JSON", help="re-score and re-render a previous --json result (no run)")
+    p.add_argument("--softirq-floor", action="store_true",
+                   help="measure the idle node's softirq load first and keep the softirq SLOs at twice it (the VM "
+                        "lane: an emulated CPU's own timer softirqs take ~10x a real one's time); off: the defaults")
     return p
 
 
@@ -122,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     modes_filter = set(args.modes.split(",")) if args.modes else None
     timing = Timing.quick() if args.quick else Timing()
     started = time.monotonic()
+    floor = measure_softirq_floor() if args.softirq_floor else None
+    if floor is not None:
+        print(f"softirq floor (idle node): {floor.ms_per_s} ms/s, delay p99 {floor.delay_p99_ms} ms", file=sys.stderr)
     scores: list[Score] = []
     passes: list[dict] = []
     peers: list[dict] = []
@@ -147,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[{time.monotonic() - started:6.1f} s] {spec.name} / {mode} (run {rep + 1})", file=sys.stderr,
                           flush=True)
                     try:
-                        result, trace = run_pass(spec, mode, timing, during=hook)
-                    except (OSError, RuntimeError, ValueError) as e:
+                        result, trace = run_pass(spec, mode, timing, during=hook, softirq_floor=floor)
+                    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as e:
                         result, trace = PassResult(spec.name, mode, timing.baseline_s, timing.run_s,
                                                    skipped=f"skipped: {' '.join(str(e).split())[:160]}"), None
                     s = score(spec.truth, result)
@@ -170,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(scores)
     meta = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": "python -m bench.scenarios " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "kernel": platform.release(), "cpus": os.cpu_count(), "elapsed_s": round(time.monotonic() - started, 1),
-            "timing": asdict(timing), "interrupted": interrupted}
+            "kernel": platform.release(), "cgroup": cgroup_hierarchy(), "vm": bool(os.environ.get("NN_VM")),
+            "cpus": os.cpu_count(), "elapsed_s": round(time.monotonic() - started, 1),
+            "timing": asdict(timing), "interrupted": interrupted,
+            **({"softirq_floor": asdict(floor), "softirq_slo": floor.slo_floor()} if floor is not None else {})}
     report = render(scores, summary, peers, overhead, meta)
     print(report)
     if args.docs and not interrupted:
@@ -202,8 +211,13 @@ def _median(v: list[float]) -> float | None:
 
 
 def render(scores: list[Score], summary, peers: list[dict], overhead: dict, meta: dict) -> str:
-    out = [f"## Scenario benchmark ({meta['date']}, kernel {meta['kernel']}, {meta['cpus']} CPUs, "
-           f"{meta['elapsed_s']} s)", "", f"Command: `{meta['command']}`", "", markdown_table(scores), "",
+    where = f"cgroup {meta['cgroup']}, " if "cgroup" in meta else ""  # runs before it was recorded: not said
+    where += "VM lane, " if meta.get("vm") else ""
+    out = [f"## Scenario benchmark ({meta['date']}, kernel {meta['kernel']}, {where}{meta['cpus']} CPUs, "
+           f"{meta['elapsed_s']} s)", "",
+           *([f"Softirq SLOs at twice the idle node's floor ({meta['softirq_floor']}): "
+              f"{meta['softirq_slo'][0]:.0f} ms/s, delay p99 {meta['softirq_slo'][1]:.2f} ms (or the defaults if higher).",
+              ""] if meta.get("softirq_floor") else []), f"Command: `{meta['command']}`", "", markdown_table(scores), "",
            markdown_summary(summary)]
     if peers:
         out += ["", "### bcc peers (same window, same run)", ""]

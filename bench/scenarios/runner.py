@@ -29,12 +29,12 @@ from actuators.manager import ActuatorManager
 from actuators.memory import MemorySuppressActuator
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import CpuUsageSampler, SuppressActuator, threshold_suppress_decision
+from bench.sandbox import PREFIX, OwnedCgroup, sandbox_layout
 from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples
 from detector.decisions import DecisionSink, Target
 from detector.policy import Policy
 from noisyneighbor.agent import ScopedActuator
-from noisyneighbor.sandbox import PREFIX, OwnedCgroup, sandbox_layout
-from probes.cgroupfs import self_cgroups
+from probes.cgroupfs import discover, self_cgroups
 from probes.host import HostPaths
 from tests.scenario_support import PodCgroup, Scenario
 
@@ -55,7 +55,45 @@ class Timing:
         return cls(baseline_s=4.0, run_s=7.0)
 
 
-def bench_policy(mode: str) -> Policy:
+@dataclass(frozen=True)
+class SoftirqFloor:
+    """The node's own softirq load with no scenario running, on the scenarios' CPUs (their busiest)."""
+
+    ms_per_s: float  # softirq run time per second of wall time
+    delay_p99_ms: float  # raise -> entry p99
+
+    def slo_floor(self) -> tuple[float, float]:
+        """(softirq_ms_per_s, softirq_delay_p99_ms) SLOs at twice the floor: what the platform does on its
+        own (an emulated CPU's timer softirqs: ~10x a real one's run time) is not a scenario's breach."""
+        return 2 * self.ms_per_s, 2 * self.delay_p99_ms
+
+
+def measure_softirq_floor(seconds: float = 4.0) -> SoftirqFloor:
+    """The softirq probe over ``seconds`` of the idle node (before any scenario): per CPU of VICTIM_CPU and
+    OTHER_CPU, run time per second and delay p99; the busier CPU's."""
+    from probes.hist import IntervalHistogram
+    from probes.softirq import SoftirqProbe
+    from probes.softirq import delta as softirq_delta
+
+    probe = SoftirqProbe(stall_threshold_ns=0)
+    try:
+        first = probe.snapshot()
+        time.sleep(seconds)
+        interval = softirq_delta(first, probe.snapshot())
+    finally:
+        probe.close()
+    ms: dict[int, float] = {}
+    delays: dict[int, list[IntervalHistogram]] = {}
+    for (cpu, _vector), d in interval.stats.items():
+        if cpu in (VICTIM_CPU, OTHER_CPU):
+            ms[cpu] = ms.get(cpu, 0.0) + d.runtime.sum_ns / 1e6 / interval.interval_s
+            delays.setdefault(cpu, []).append(d.delay)
+    p99 = [IntervalHistogram(tuple(map(sum, zip(*(h.slots for h in hs), strict=True))), sum(h.sum_ns for h in hs),
+                             sum(h.count for h in hs), None).quantile_ns(0.99) / 1e6 for hs in delays.values()]
+    return SoftirqFloor(round(max(ms.values(), default=0.0), 2), round(max(p99, default=0.0), 3))
+
+
+def bench_policy(mode: str, softirq_floor: SoftirqFloor | None = None) -> Policy:
     """The same policy for every scenario: project defaults, runq SLO 2 ms (as the detector tests), cfs burst on.
 
     Suppress: our mitigate mode uses the cpuset policy (the culprit keeps every CPU but the victim's)
@@ -63,6 +101,11 @@ def bench_policy(mode: str) -> Policy:
     koordlet baseline keeps koordlet's rules, so on this node its only lever is the cfsQuota policy.
     """
     base = Policy()
+    if softirq_floor is not None:  # --softirq-floor (the VM lane): softirq SLOs above what the idle node does
+        ms, delay = softirq_floor.slo_floor()
+        base = dataclasses.replace(base, slo=dataclasses.replace(
+            base.slo, softirq_ms_per_s=max(base.slo.softirq_ms_per_s, ms),
+            softirq_delay_p99_ms=max(base.slo.softirq_delay_p99_ms, delay)))
     if mode == "koordlet":
         suppress = dataclasses.replace(base.resource_threshold, cpu_suppress_policy="cfsQuota")
     else:
@@ -248,15 +291,16 @@ class PassTrace:
 
 
 def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
-             during: Callable[[Ctx, float], None] | None = None) -> tuple[PassResult, PassTrace]:
+             during: Callable[[Ctx, float], None] | None = None,
+             softirq_floor: SoftirqFloor | None = None) -> tuple[PassResult, PassTrace]:
     """Run one scenario in one mode. ``during(ctx, onset_monotonic)`` is called right after the injection
     (the bcc peers hook in there). Raises KeyboardInterrupt through, after cleaning up."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
-    policy = bench_policy(mode)
+    policy = bench_policy(mode, softirq_floor)
     cgroups = BenchCgroups(f"{spec.name}-{mode}"[:40])
     netns = NetnsSet()
-    workdir = Path(tempfile.mkdtemp(prefix=f"nn-bench-{spec.name}-", dir="/var/tmp"))
+    workdir = Path(tempfile.mkdtemp(prefix=f"nn-bench-{spec.name}-", dir=workdir_base()))
     result = PassResult(spec.name, mode, timing.baseline_s, timing.run_s, note=spec.note)
     trace = PassTrace()
     scenario: Scenario | None = None
@@ -385,6 +429,19 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
             result.samples = load_samples(ctx.victim_log.read_text(), onset_ns)
         shutil.rmtree(workdir, ignore_errors=True)
     return result, trace
+
+
+def workdir_base() -> str:
+    """Where a pass keeps its victim log and files (memcg-reclaim's page cache): $NN_BENCH_WORKDIR, else
+    the VM lane's scratch disk ($NN_VM_DISK: in the VM the 9p root and tmpfs charge no page cache to the
+    reader's memory cgroup, so only a real filesystem provokes memcg reclaim), else /var/tmp."""
+    return os.environ.get("NN_BENCH_WORKDIR") or os.environ.get("NN_VM_DISK") or "/var/tmp"
+
+
+def cgroup_hierarchy() -> str:
+    """"v2" on a pure cgroup v2 host, "v1 hybrid" where v1 controller hierarchies are mounted."""
+    layout = discover()
+    return "v1 hybrid" if layout.v1 else "v2" if layout.v2 is not None else "none"
 
 
 def truth_of(spec: ScenarioSpec) -> Truth:

@@ -1,5 +1,10 @@
-"""Which pod source to use (``pod_source`` in the policy; ``auto`` tries the kubelet, then the
-apiserver, then standalone)."""
+"""Which pod source to use (``pod_source`` in the policy; ``auto``: the apiserver in a cluster, else the
+kubelet if it answers, else standalone).
+
+In a cluster the apiserver watch comes first: it needs only ``pods list/watch`` (deploy/base/rbac.yaml),
+while the kubelet's ``/pods`` needs ``nodes/pods`` (fine-grained kubelet authorization) or, on older
+kubelets, ``nodes/proxy``, the grant that also allows exec into any pod. The kubelet is used in a cluster
+only when asked for (``pod_source: kubelet``, ``--pods kubelet``: deploy/components/kubelet-pod-source)."""
 
 from __future__ import annotations
 
@@ -20,10 +25,10 @@ log = logging.getLogger("noisyneighbor.pods")
 
 def make_pod_source(policy: Policy, paths: HostPaths | None = None,
                     environ: Mapping[str, str] | None = None) -> _CachingSource:
-    """The source the policy asks for; ``auto``: kubelet if it answers, else apiserver in a cluster,
-    else standalone. Never raises on an unreachable kubelet: that is a stale status, not an error.
-    ``auto`` logs one line saying which source it chose and why (the others' reasons included), so
-    a silent fallback from the kubelet to the apiserver shows in the agent's log."""
+    """The source the policy asks for; ``auto``: the apiserver in a cluster (with a node name), else the
+    kubelet if it answers (an agent on a node outside a pod), else standalone. Never raises on an
+    unreachable kubelet: that is a stale status, not an error. ``auto`` logs one line saying which
+    source it chose and why (the others' reasons included)."""
     env = os.environ if environ is None else environ
     mode = policy.pod_source
     if mode == "standalone":
@@ -36,14 +41,15 @@ def make_pod_source(policy: Policy, paths: HostPaths | None = None,
         if not node:
             raise ValueError("pod_source apiserver needs kubernetes.node_name (or the NODE_NAME environment variable)")
         return ApiserverPodSource.in_cluster(node).start()
+    if in_cluster and node:
+        log.info("pod source auto: chose apiserver (list+watch of the pods of node %s; the kubelet source is "
+                 "opt-in: pod_source kubelet)", node)
+        return ApiserverPodSource.in_cluster(node).start()
     why_not_kubelet = _try_kubelet(policy, env)
     if isinstance(why_not_kubelet, KubeletPodSource):
         kubelet = why_not_kubelet
         log.info("pod source auto: chose kubelet %s (it answered with %d pods)", kubelet.url, len(kubelet.pods()))
         return kubelet
-    if in_cluster and node:
-        log.warning("pod source auto: chose apiserver (pods of node %s): kubelet not usable: %s", node, why_not_kubelet)
-        return ApiserverPodSource.in_cluster(node).start()
     why_not_apiserver = "not in a cluster (no KUBERNETES_SERVICE_HOST)" if not in_cluster else \
         "no node name (kubernetes.node_name or NODE_NAME)"
     log.info("pod source auto: chose standalone (cgroup globs): kubelet not usable: %s; apiserver: %s",

@@ -33,6 +33,8 @@ class AgentConfig:
     host_root: str | None = None
     listen: str | None = DEFAULT_LISTEN  # None: no HTTP server (in-process use)
     dry_run: bool | None = None
+    evict: bool | None = None  # actuators.evict_enabled
+    resctrl: bool | None = None  # actuators.resctrl_enabled
     journal_dir: str = str(DEFAULT_JOURNAL_DIR)
     audit_log: str | None = None
     incident_log: str | None = None
@@ -42,6 +44,9 @@ class AgentConfig:
     max_bucket_seconds: float = 10.0  # runqueue histograms: the last finite bucket's bound
     min_bucket_seconds: float = 100e-6  # and the first's (waits below it share that bucket)
     extra_node_series: bool = False  # PSI averages and /proc/stat per CPU: node_exporter has them
+    # Runqueue and softirq series per CPU (and CPU x vector), not summed over the node's CPUs: ~26k
+    # more series on a 64-CPU node. The detector reads per-CPU softirq time either way.
+    per_cpu_series: bool = False
     pod_source: str | None = None  # auto | kubelet | apiserver | standalone
     ls_cgroups: tuple[str, ...] = ()  # added to the policy's standalone globs
     be_cgroups: tuple[str, ...] = ()
@@ -101,8 +106,10 @@ def policy_for(config: AgentConfig, policy: Policy | None = None) -> Policy:
         changes["ls_cgroups"] = (*base.ls_cgroups, *config.ls_cgroups)
     if config.be_cgroups:
         changes["be_cgroups"] = (*base.be_cgroups, *config.be_cgroups)
-    if config.dry_run is not None:
-        changes["actuators"] = dataclasses.replace(base.actuators, dry_run=config.dry_run)
+    acts = {name: value for name, value in (("dry_run", config.dry_run), ("evict_enabled", config.evict),
+                                            ("resctrl_enabled", config.resctrl)) if value is not None}
+    if acts:
+        changes["actuators"] = dataclasses.replace(base.actuators, **acts)
     return dataclasses.replace(base, **changes) if changes else base
 
 

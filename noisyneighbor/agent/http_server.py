@@ -1,4 +1,5 @@
-"""The agent's HTTP endpoints: ``/metrics``, ``/healthz`` and ``/readyz`` on one small threaded server."""
+"""The agent's HTTP endpoints on one small threaded server: ``/metrics``, ``/healthz``, ``/readyz``, and the
+read-only views `kubectl noisyneighbor` reads (``/top``, ``/diagnose``: noisyneighbor/agent/client_views.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from noisyneighbor.agent.client_views import BadRequest, diagnose_response
 from noisyneighbor.agent.logs import _one_line
 from noisyneighbor.exporter import Exporter, render_text
 
@@ -61,12 +63,29 @@ def start_http_server(agent: Any, host: str, port: int) -> tuple[ThreadingHTTPSe
                     ok = health["live"] if path == "/healthz" else health["ready"]
                     body = json.dumps(health, sort_keys=True).encode() + b"\n"
                     self._send(200 if ok else 503, body, "application/json")
+                elif path == "/top" and getattr(agent, "top", None) is not None:
+                    # The first request waits for the agent's next tick (an interval needs two readings).
+                    self._view(lambda: agent.top.respond(self.path, wait_s=2 * agent.interval_s + 1))
+                elif path == "/diagnose" and getattr(agent, "detector", None) is not None:
+                    self._view(lambda: diagnose_response(agent, self.path))
                 else:
-                    self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
+                    self._send(404, b"not found: try /metrics, /healthz, /readyz, /top or /diagnose\n", "text/plain")
             except Exception as e:  # a scrape must never take the server down
                 log.error("HTTP %s failed: %s", path, _one_line(e))
                 with contextlib.suppress(Exception):
                     self._send(500, f"{_one_line(e)}\n".encode(), "text/plain")
+
+        def _view(self, respond: Callable[[], tuple[int, bytes, str]]) -> None:
+            try:
+                code, body, content_type = respond()
+            except BadRequest as e:
+                code, body, content_type = 400, f"{e}\n".encode(), "text/plain"
+            self._send(code, body, content_type)
+            # A view builds and frees a frame's worth of objects in this thread's malloc arena: give the
+            # free pages back now (at most once a second), so a client leaves no RSS behind in the agent.
+            returner = getattr(agent, "_free_memory", None)
+            if returner is not None:
+                returner.maybe_trim(every_s=1.0)
 
         def _send(self, code: int, body: bytes, content_type: str) -> None:
             self.send_response(code)

@@ -29,6 +29,7 @@ from detector.model import Incident
 from detector.pods import make_pod_source
 from detector.policy import Policy
 from detector.runtime import Detector
+from noisyneighbor.agent.client_views import AgentTop
 from noisyneighbor.agent.config import STALE_INTERVALS, AgentConfig, parse_listen, policy_for
 from noisyneighbor.agent.http_server import metrics_body, start_http_server
 from noisyneighbor.agent.incident_log import IncidentLog
@@ -51,13 +52,25 @@ from noisyneighbor.sections import DeadCgroups
 from probes.cgroupfs import CgroupLayout, discover
 from probes.collect import NodeCollector
 from probes.engine import use_btf_file
-from probes.gpu import GpuCollector
+from probes.gpu import GpuCollector, GpuDevice
+from probes.gpu_pods import NAME as GPU_PLUGIN
 from probes.host import HostPaths
 from probes.listenq import ListenReport, ListenWatch
 from probes.snapshot import NodeSnapshot
 from probes.tcpconnect import TcpConnectSnapshot
 
 log = logging.getLogger("noisyneighbor.agent")
+
+
+def node_gpus(snapshot: NodeSnapshot, own: GpuCollector | None) -> list[GpuDevice]:
+    """This tick's GPU devices for the node's GPU metrics: the gpu plugin's NVML reading when it is
+    loaded (``--probes ...,gpu``: NVML is read once a tick), else the agent's own collector's."""
+    plugin_snap = snapshot.probe(GPU_PLUGIN)
+    if plugin_snap is not None:
+        return plugin_snap.devices
+    if own is not None and own.status.state == "on":
+        return own.collect()
+    return []
 
 
 @dataclass
@@ -114,6 +127,7 @@ class Agent:
         self._stop = threading.Event()
         self._stopped = False
         self._lock = threading.Lock()  # one tick at a time; stop waits for the running tick
+        self.top = AgentTop(self)  # GET /top: top's frames from this agent's snapshots
 
     # -- lifecycle --------------------------------------------------------------------------------
     @property
@@ -182,6 +196,7 @@ class Agent:
                                  max_bucket_seconds=self.config.max_bucket_seconds,
                                  min_bucket_seconds=self.config.min_bucket_seconds,
                                  extra_node_series=self.config.extra_node_series,
+                                 per_cpu_series=self.config.per_cpu_series,
                                  container_name=self._container_name)
         self._run_stats = _enable_bpf_stats()
         _fix_large_allocations_to_mmap()
@@ -190,7 +205,7 @@ class Agent:
         use_btf_file(self.config.btf)  # process-wide: the probes' engines relocate against it
         self.collector = NodeCollector(self.paths, self.layout, probes=self.config.probes,
                                        cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths).start()
-        if self.config.gpu:
+        if self.config.gpu and GPU_PLUGIN not in self.collector.probes:  # else the plugin reads NVML (node_gpus)
             self.gpu = GpuCollector(self.paths)
         # Listen queues (probes/listenq.py): read on connect trouble or on a slow cadence, joined to the
         # connect incidents of the clients (detector/listen_join.py) and exported per pod.
@@ -277,13 +292,15 @@ class Agent:
             t0 = time.monotonic()
             snapshot = self.collector.collect()
             self._forget_dead_cgroups()
-            if self.gpu is not None and self.gpu.status.state == "on":
-                snapshot = dataclasses.replace(snapshot, gpus=self.gpu.collect())
+            gpus = node_gpus(snapshot, self.gpu)
+            if gpus:
+                snapshot = dataclasses.replace(snapshot, gpus=gpus)
             snapshot = self._listen_queues(snapshot)
             self.detector.step(snapshot)
             self.exporter.update(snapshot, self.incidents(), self.actions())
             self._note_snapshot(snapshot)
             self._free_memory.maybe_trim()
+            self.top.expire()  # no client for a while: drop the frame's snapshots
             now = time.monotonic()
             self.stats.ticks += 1
             self.stats.last_tick_monotonic = now

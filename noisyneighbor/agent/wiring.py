@@ -218,10 +218,10 @@ class FreeMemoryReturner:
         self.trims = 0
         self._trim = _libc_function("malloc_trim")
 
-    def maybe_trim(self) -> bool:
-        """Trim when ``every_s`` passed since the last trim; True when it trimmed."""
+    def maybe_trim(self, every_s: float | None = None) -> bool:
+        """Trim when ``every_s`` (default: the returner's) passed since the last trim; True when it trimmed."""
         now = self._clock()
-        if self._trim is None or now - self._last < self.every_s:
+        if self._trim is None or now - self._last < (self.every_s if every_s is None else every_s):
             return False
         self._last = now
         self._trim(0)

@@ -26,6 +26,26 @@ fi
 for c in $(cat "$cg/cgroup.controllers"); do
   echo "+$c" >"$cg/cgroup.subtree_control" || echo "vm: cannot enable $c in $cg/cgroup.subtree_control"
 done
+# The kernel's modules live in the lane's cache, shared into the guest read-only by run.py (the
+# guest's own /var/cache hides it: modprobe said "Module virtio_blk not found in directory
+# /lib/modules/<release>"). The modules the tests and the scratch disk need are loaded here, by path,
+# dependencies first (modules.dep), so a kernel module request that goes wrong cannot fail a test.
+kver="$(uname -r)"
+moddir="$(cat "$out/modroot" 2>/dev/null || true)/lib/modules/$kver"
+load_module() {
+  local line deps dep
+  line="$(grep -m1 "/$1.ko[.a-z]*:" "$moddir/modules.dep" 2>/dev/null)" || {
+    grep -qw "$1" "$moddir/modules.builtin" 2>/dev/null || echo "vm: no module $1 in $moddir"
+    return 0
+  }
+  deps="${line#*:}"
+  for dep in $(echo $deps | tr ' ' '\n' | tac) "${line%%:*}"; do
+    grep -q "^$(basename "${dep%%.ko*}" | tr - _) " /proc/modules || insmod "$moddir/$dep" 2>/dev/null \
+      || grep -q "^$(basename "${dep%%.ko*}" | tr - _) " /proc/modules || echo "vm: insmod $dep failed"
+  done
+}
+# veth: the tests' network namespace pairs (ip link add ... type veth).
+load_module veth
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf 2>/dev/null || true
 mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null || true
 ip link set lo up 2>/dev/null || true
@@ -35,8 +55,14 @@ ip link set lo up 2>/dev/null || true
 if [[ -s "$out/disk" ]]; then
   dev=""
   # vng --disk attaches it over virtio-blk (/dev/vda); the root is 9p, so it is the only disk.
-  modprobe -q virtio_blk 2>/dev/null; modprobe -q ext4 2>/dev/null
+  load_module virtio_blk
+  load_module crc32c_generic  # ext4's metadata checksums: the crypto API cannot autoload it here
+  load_module ext4
   for _ in $(seq 50); do
+    # No udev in the guest: make the node from sysfs if devtmpfs has not.
+    for b in /sys/block/vd[a-z] /sys/block/sd[a-z]; do
+      [[ -e "$b/dev" && ! -b "/dev/${b##*/}" ]] && mknod "/dev/${b##*/}" b $(tr ':' ' ' <"$b/dev")
+    done
     for d in /dev/vd[a-z] /dev/sd[a-z]; do [[ -b "$d" ]] && dev="$d" && break; done
     [[ -n "$dev" ]] && break
     sleep 0.2
@@ -44,7 +70,7 @@ if [[ -s "$out/disk" ]]; then
   if [[ -n "$dev" ]] && mkfs.ext4 -q -F "$dev" && mkdir -p /tmp/nn-disk && mount "$dev" /tmp/nn-disk; then
     export NN_VM_DISK=/tmp/nn-disk
   else
-    echo "vm: scratch disk requested but not mounted (device: ${dev:-none})"
+    echo "vm: scratch disk requested but not mounted (device: ${dev:-none}; block devices: $(ls /sys/block | tr '\n' ' '))"
   fi
 fi
 

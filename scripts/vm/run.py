@@ -108,8 +108,11 @@ def main(argv: list[str]) -> int:
 
     run_dir = Path(tempfile.mkdtemp(prefix="nn-vm-"))
     (run_dir / "cmd").write_text(shlex.join(command) + "\n")
+    (run_dir / "modroot").write_text(str(vmlinuz.parent.parent) + "\n")  # guest.sh links its modules from there
     vng = [vng_binary(), "--run", str(vmlinuz), "--cpus", str(args.cpus), "--memory", args.memory,
-           "--user", "root", "--cwd", str(PROJECT), "--rwdir", str(PROJECT), "--rwdir", str(run_dir)]
+           "--user", "root", "--cwd", str(PROJECT), "--rwdir", str(PROJECT), "--rwdir", str(run_dir),
+           # The kernel's modules: the guest's /var/cache is its own, not this machine's.
+           "--rodir", str(vmlinuz.parent.parent)]
     kvm = kvm_works()
     if not kvm:
         vng.append("--disable-kvm")
@@ -119,7 +122,10 @@ def main(argv: list[str]) -> int:
         (run_dir / "disk").write_text(str(disk) + "\n")
         vng += ["--disk", str(disk)]
     # The command goes through a file: the kernel command line (which carries --exec) is 2 KiB.
-    vng += ["--exec", f"bash {shlex.quote(str(HERE / 'guest.sh'))} {shlex.quote(str(run_dir))} "
+    # A copy: bash reads a script as it runs it, so an edit of the tree's guest.sh during a run would
+    # change what the guest runs after the command.
+    shutil.copy(HERE / "guest.sh", run_dir / "guest.sh")
+    vng += ["--exec", f"bash {shlex.quote(str(run_dir / 'guest.sh'))} {shlex.quote(str(run_dir))} "
                       f"{shlex.quote(str(PROJECT))}"]
 
     print(f"vm: {release}, {args.cpus} vCPUs, {args.memory}, {'KVM' if kvm else 'TCG'}: {shlex.join(command)}",

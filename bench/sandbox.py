@@ -1,4 +1,5 @@
-"""Cgroups we own: created for tests, benchmarks and scenarios, removed afterwards.
+"""Cgroups we own: created for tests, benchmarks and scenarios, removed afterwards (bench and tests only:
+not part of the shipped packages, nothing under noisyneighbor/, probes/, detector/ or actuators/ imports it).
 
 The machine's own cgroups are never written to. Everything is created below a prefix directory
 `nn-test-<pid>` nested under the cgroup this process already belongs to in each hierarchy (read from
@@ -12,10 +13,11 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from probes.cgroupfiles import parse_cpu_max
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover, self_cgroups
 from probes.host import HostPaths
 
@@ -102,7 +104,8 @@ class OwnedCgroup:
 
     @staticmethod
     def _inherit_cpuset(d: Path) -> None:
-        # v1 cpuset cgroups start with empty cpus/mems and refuse tasks until they are set.
+        # v1 cpuset cgroups start with empty cpus/mems and refuse tasks until they are set (v2 ones
+        # with an empty cpuset.cpus use their parent's effective set: nothing to copy there).
         cpus = d / "cpuset.cpus"
         if cpus.exists() and not cpus.read_text().strip():
             for f in ("cpuset.cpus", "cpuset.mems"):
@@ -127,7 +130,9 @@ class OwnedCgroup:
         return found
 
     def write(self, controller: str, filename: str, value: str) -> None:
-        (self.dirs[controller] / filename).write_text(value)
+        """Write a cgroup file, spelled as on v1 or v2: a v1 name where only its v2 file exists (a pure
+        v2 host) is written as its v2 equivalent (see :func:`write_cgroup_file`)."""
+        write_cgroup_file(self.dirs[controller], filename, value)
 
     def read(self, controller: str, filename: str) -> str:
         return (self.dirs[controller] / filename).read_text()
@@ -155,6 +160,33 @@ class OwnedCgroup:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+def _v2_cpu_max(d: Path, quota: str | None = None, period: str | None = None) -> tuple[str, str]:
+    current = parse_cpu_max((d / "cpu.max").read_text())
+    q = quota if quota is not None else ("max" if current.quota_us is None else str(current.quota_us))
+    return "cpu.max", f"{'max' if q.lstrip('-').isdigit() and int(q) < 0 else q} {period or current.period_us}"
+
+
+# v1 file -> (v2 file, v2 text) in the same cgroup directory, for the files tests and benches set.
+_V2_SPELLING: dict[str, Callable[[Path, str], tuple[str, str]]] = {
+    # The kubelet's and runc's conversion: shares 2..262144 onto weight 1..10000.
+    "cpu.shares": lambda d, v: ("cpu.weight", str(max(1, min(10000, 1 + (int(v) - 2) * 9999 // 262142)))),
+    "cpu.cfs_quota_us": lambda d, v: _v2_cpu_max(d, quota=v),
+    "cpu.cfs_period_us": lambda d, v: _v2_cpu_max(d, period=v),
+    "memory.limit_in_bytes": lambda d, v: ("memory.max", "max" if int(v) < 0 else v),
+}
+
+
+def write_cgroup_file(d: Path, filename: str, value: str) -> None:
+    """Write ``filename`` in cgroup directory ``d``. Tests and benches set files by their v1 name
+    (cpu.shares, cpu.cfs_quota_us, memory.limit_in_bytes); where the directory has no such file but
+    the v2 one (a pure cgroup v2 host), the v2 file gets the same setting: cpu.weight, cpu.max,
+    memory.max."""
+    to_v2 = _V2_SPELLING.get(filename)
+    if to_v2 is not None and not (d / filename).exists():
+        filename, value = to_v2(d, value)
+    (d / filename).write_text(value)
 
 
 def _rmdir_retry(d: Path, deadline: float) -> None:
