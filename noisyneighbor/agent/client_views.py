@@ -135,7 +135,7 @@ class AgentTop:
     # -- the endpoint -------------------------------------------------------------------------------
     def respond(self, path: str, wait_s: float) -> tuple[int, bytes, str]:
         """(status, body, content type) of ``GET /top?view=&sort=&limit=&format=json|text&width=&color=``."""
-        from noisyneighbor.sections import RUNQ_SORT_KEYS
+        from noisyneighbor.sections import SORT_KEYS
         from noisyneighbor.top import VIEW_CHOICES, frame_record, views_of
 
         _, params = _query(path)
@@ -144,8 +144,8 @@ class AgentTop:
         fmt = params.get("format", "json")
         if view not in VIEW_CHOICES:
             raise BadRequest(f"view must be one of {', '.join(VIEW_CHOICES)}, got {view!r}")
-        if sort not in RUNQ_SORT_KEYS:
-            raise BadRequest(f"sort must be one of {', '.join(RUNQ_SORT_KEYS)}, got {sort!r}")
+        if sort not in SORT_KEYS:
+            raise BadRequest(f"sort must be one of {', '.join(SORT_KEYS)}, got {sort!r}")
         if fmt not in FORMATS:
             raise BadRequest(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
         limit = _int(params, "limit", None, 1, 100_000)
