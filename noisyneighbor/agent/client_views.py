@@ -9,7 +9,10 @@ and incidents). Both only read; nothing runs in the agent's container on behalf 
 client costs the agent's cgroup no second probe set (the old `kubectl exec ... noisyneighbor top` did).
 
 Memory: the sources keep the snapshots of the frame before (the interval's start) only while a client
-reads; after ``IDLE_SECONDS`` without a request they are dropped.
+reads; after ``IDLE_SECONDS`` without a request they are dropped. A request keeps nothing of its own: rich
+renders without its emoji table and its cell-width cache is cleared after a frame, the HTML report's
+modules load only for ``format=html``, and the HTTP server trims the heap after each view
+(docs/benchmarks.md: what a client costs the agent).
 """
 
 from __future__ import annotations
