@@ -488,3 +488,21 @@ def test_an_empty_v2_cpuset_the_kernel_refuses_is_restored_as_the_parents_cpus(t
     # the same refusal for a file that is no cpuset list stays an error
     with pytest.raises(cgroupfile.CgroupWriteError):
         cgroupfile.write_file(tmp_path / "sys/fs/cgroup" / pod / "cpu.max", "")
+
+
+def test_an_empty_original_is_really_written_back(make_cgroup, tmp_path):
+    """A write of zero bytes returns 0 and leaves a cgroup file as it was: the journal restored an empty
+    cpuset.cpus that way and reported it restored. Without tasks every kernel takes the empty list."""
+    cg = make_cgroup("empty", ("cpuset",))
+    cpus = cg.path("cpuset") / "cpuset.cpus"
+    if pure_v2():
+        assert cpus.read_text().strip() == ""  # a new v2 cpuset: its parent's CPUs
+    else:
+        cpus.write_text("\n")  # a v1 cpuset without tasks may be empty too (zero bytes would change nothing)
+        assert cpus.read_text().strip() == ""
+    journal = Journal(tmp_path / "j")
+    journal.apply("a1", [(str(cpus), "0")])
+    assert cpus.read_text().strip() == "0"
+    assert journal.revert("a1").restored == [str(cpus)]
+    assert cpus.read_text().strip() == ""
+    assert journal.owned() == {}
