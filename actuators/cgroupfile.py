@@ -185,7 +185,9 @@ def write_file(path: str | os.PathLike[str], value: str) -> None:
 
 def _write_once(path: str | os.PathLike[str], value: str) -> None:
     p = Path(path)
-    data = value.encode()
+    # An empty value goes as a newline, as `echo > file` writes it: a write of zero bytes never reaches
+    # the kernel's handler (it returns 0 and the file keeps its value: a "restored" empty cpuset was not).
+    data = value.encode() if value else b"\n"
     try:
         # O_TRUNC as a shell `echo >` does: kernfs ignores it, and a temp-dir fake host needs it.
         fd = os.open(p, os.O_WRONLY | os.O_TRUNC)

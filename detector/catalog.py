@@ -179,7 +179,8 @@ NOISE_FLOORS: dict[str, float] = {s.name: s.noise_floor for s in _ALL if s.noise
 # The detector's settings under `slo:` that bound no signal.
 KNOBS: tuple[Knob, ...] = (
     Knob("k_sigma", float, 4.0, (0, None), "a signal also breaches when it is k sigma above its own baseline"),
-    Knob("breach_seconds", float, 2.0, (0, None), "how long a breach must last before it is an incident"),
+    # At most a day: an incident that waits longer is never opened (and ticks of it overflowed an int).
+    Knob("breach_seconds", float, 2.0, (0, 86400), "how long a breach must last before it is an incident"),
     Knob("clear_windows", int, 5, (1, None), "clean windows in a row before an incident ends (hysteresis)"),
     Knob("min_baseline_samples", int, 30, (1, None), "the k-sigma rule is off until the baseline has this many"),
 )

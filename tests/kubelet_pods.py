@@ -214,6 +214,14 @@ class KubeletNode:
         self.start(pod.sandbox_container, ["sleep", "3600"])
         return pod
 
+    def weigh(self, pod: KPod, shares: int) -> None:
+        """Give a pod, its containers and its QoS level this CPU weight (as v1 shares), as a pod that requests
+        that much would have: a BestEffort pod's own weight (2) lets every other task on a shared machine
+        crowd out a test's spinners, and they would be no neighbour at all."""
+        qos = self.qos_levels.get(pod.qos)
+        for cg in [*([qos] if qos is not None else []), pod.cgroup, *(c.cgroup for c in pod.containers.values())]:
+            self._cpu_weight(cg, shares)
+
     def kube_pod(self, pod: KPod, namespace: str = "default") -> dict[str, Any]:
         """The pod as the kubelet's /pods serves it (FakeKube's make_pod): app containers only."""
         containers = [{k: v for k, v in c.items() if k in ("name", "requests", "limits")}

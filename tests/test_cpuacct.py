@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from probes.cpuacct import (
     read_v1_cpu_stat,
 )
 from probes.host import HostPaths
+from tests.conftest import shield, slowdown
 
 POD = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice"
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
@@ -301,12 +303,14 @@ def test_delta_rejects_zero_elapsed() -> None:
 
 # -- real kernel --------------------------------------------------------------------------------
 
-BUSY_LOOP = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
+BUSY_LOOP = ("import sys, time\nprint('go', flush=True)\nend = time.monotonic() + float(sys.argv[1])\n"
+             "while time.monotonic() < end:\n    pass\n")
 
 
 def spawn_busy(cg: OwnedCgroup, seconds: float) -> subprocess.Popen:
     """A bounded busy loop that joins `cg` before it execs, so all its CPU time is charged there."""
-    return subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(seconds)], preexec_fn=cg.preexec)
+    return subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(seconds)], preexec_fn=cg.preexec,
+                            stdout=subprocess.PIPE)
 
 
 def schedstat_runtime_ns(pid: int) -> int:
@@ -329,34 +333,77 @@ def test_real_quota_throttles_and_usage_matches_schedstat(make_cgroup) -> None:
         cg = make_cgroup("quota", ("cpu",))
         cg.write("cpu", "cpu.max", "20000 100000")
     rel = "/" + str(cg.path("cpu").relative_to(cpu.mount))
+    # The loop must want more than its quota in every period, or nothing throttles: on a loaded machine
+    # (CI, a slow guest) a task at the root's default weight gets a few % of a CPU. Our nn-test-<pid>
+    # directory gets 16 times a nice-0 task's weight (the quota, not the weight, is what is measured).
+    unshield = shield(cg)
+    try:
+        _throttle_and_check(layout, cg, rel)
+    finally:
+        unshield()
 
+
+def _stop(pid: int) -> None:
+    """SIGSTOP and wait until the task is stopped (off the CPU): a slow guest takes a while."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5 * slowdown()
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+        assert time.monotonic() < deadline, f"pid {pid} did not stop"
+        time.sleep(0.01)
+    time.sleep(0.05)  # its last switch-out accounted
+
+
+def _raw_throttled(cg: OwnedCgroup) -> int:
+    """nr_throttled straight from the kernel's cpu.stat (the same name on v1 and v2)."""
+    for line in cg.read("cpu", "cpu.stat").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "nr_throttled":
+            return int(value)
+    raise AssertionError("cpu.stat has no nr_throttled")
+
+
+def _throttle_and_check(layout, cg: OwnedCgroup, rel: str) -> None:
     before = read_cgroup_cpu(layout, rel)
     assert before is not None, cpu_stat_unavailable_reason(layout, rel)
     assert (before.quota_us, before.period_us, before.quota_cores) == (20000, 100000, pytest.approx(0.2))
-    t0 = time.monotonic()
-    proc = spawn_busy(cg, 5)  # bounded even if this test dies; stopped after ~2 s
+    proc = spawn_busy(cg, 600)  # bounded even if this test dies; stopped after the window
     try:
+        # The window starts once the loop runs: an interpreter takes seconds to start in a TCG guest.
+        assert proc.stdout is not None
+        ready = select.select([proc.stdout], [], [], 60 * slowdown())[0]
+        assert ready and proc.stdout.readline() == b"go\n", "the busy loop did not start"
+        # Frozen at both ends of the window so schedstat and the cgroup agree: the child's CPU time
+        # before it joined the cgroup (fork, preexec: ~1 ms here, >100 ms in a slow guest) is its own.
+        _stop(proc.pid)
+        mid = read_cgroup_cpu(layout, rel)
+        on_cpu_mid_ns = schedstat_runtime_ns(proc.pid)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGCONT)
         time.sleep(2.0)
-        proc.send_signal(signal.SIGSTOP)  # freeze it so schedstat and the cgroup agree
-        time.sleep(0.05)
+        _stop(proc.pid)
+        raw_before = _raw_throttled(cg)
         after = read_cgroup_cpu(layout, rel)
+        raw_after = _raw_throttled(cg)
         t1 = time.monotonic()
         on_cpu_ns = schedstat_runtime_ns(proc.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait(timeout=5)
-    assert after is not None
+    assert after is not None and mid is not None
 
-    delta = cpu_delta(before, after, t1 - t0)
+    delta = cpu_delta(mid, after, t1 - t0)
     assert not delta.reset
-    assert after.nr_throttled > before.nr_throttled
-    assert after.throttled_ns > before.throttled_ns
+    assert after.nr_throttled > mid.nr_throttled
+    # The reader's count is the kernel's, read around it (stopped: nothing runs, nothing throttles).
+    assert raw_before <= after.nr_throttled <= raw_after
+    assert after.throttled_ns > mid.throttled_ns
     assert delta.usage_cores == pytest.approx(0.2, rel=0.25)
     assert delta.throttled_fraction is not None and delta.throttled_fraction > 0.5
     assert delta.quota_utilisation == pytest.approx(1.0, rel=0.25)
     # Every on-CPU nanosecond of the process was charged to the cgroup (it joined before exec).
-    assert after.usage_ns - before.usage_ns == pytest.approx(on_cpu_ns, rel=0.05)
+    assert after.usage_ns - mid.usage_ns == pytest.approx(on_cpu_ns - on_cpu_mid_ns, rel=0.05)
+    assert after.usage_ns - before.usage_ns <= on_cpu_ns
 
 
 def test_lean_reader_reads_limits_only_when_asked(tmp_path: Path) -> None:

@@ -60,9 +60,8 @@ class _Resolver:
 def _setting(lo: float | None, hi: float | None, kind: type, exclude_min: bool = False) -> st.SearchStrategy:
     if kind is int:
         low = int(lo or 0)
-        return st.integers(low, int(hi) if hi is not None else low + 10_000)
-    return st.floats(lo if lo is not None else -1e6, hi if hi is not None else 1e6, exclude_min=exclude_min,
-                     allow_nan=False)
+        return st.integers(low, int(hi) if hi is not None else 2**63)
+    return st.floats(lo, hi, exclude_min=exclude_min, allow_nan=False, allow_infinity=False)  # the whole range
 
 
 def _slo() -> st.SearchStrategy[dict]:

@@ -176,6 +176,8 @@ def test_seed_configmap_minimal_and_broken_examples(tmp_path: Path):
      "kubernetes.pod_source: must be one of auto, kubelet, apiserver, standalone, got 'etcd'"),
     ("kubernetes:\n  kubelet_read_only_port: 70000\n", "kubernetes.kubelet_read_only_port: must be in 1..65535, got 70000"),
     ("slo:\n  clear_windows: 0\n", "slo.clear_windows: must be >= 1, got 0"),
+    ("slo:\n  breach_seconds: 100000\n", "slo.breach_seconds: must be in 0..86400, got 100000"),
+    ("slo:\n  runq_p99_ms: .nan\n", "slo.runq_p99_ms: must be >= 0, got nan"),
     ("standalone:\n  be_cgroups: [1, 2]\n", "standalone.be_cgroups: expected a list of strings, got a list"),
     ("slo: [1, 2]\n", "slo: expected a mapping, got a list"),
     ("- a\n- b\n", "top level: expected a mapping, got a list"),

@@ -29,6 +29,7 @@ from probes.softirq import (
     read_proc_softirqs,
     summarize,
 )
+from tests.conftest import slowdown
 from tests.ground_truth import softirq_missed_allowance
 
 pytestmark = [pytest.mark.root, pytest.mark.vm]
@@ -272,10 +273,12 @@ def test_net_rx_flood_between_namespaces(veth_pair):
     for r in rows:
         if r["vector"] == "NET_RX":
             print("  ", r)
-    assert sent >= 20_000, "the flood did not get going"
+    # What a Python sender reaches in 5 s follows the machine's speed (a loaded host, a TCG guest ~10x slower).
+    speed = 1 / slowdown()
+    assert sent >= 20_000 * speed, "the flood did not get going"
     # Each datagram crosses the veth and is received in its own NET_RX run (netif_rx → backlog).
     assert flood_n - base_rate * flood_s >= 0.5 * sent
-    assert flood_n / flood_s >= 5 * base_rate + 1000
+    assert flood_n / flood_s >= 5 * base_rate + 1000 * speed
     assert flood_rt - base_rt_rate * flood_s >= 0.5 * sent * 100  # ≥ 100 ns of softirq work per datagram
     assert flood_rt / flood_s >= 5 * base_rt_rate
     assert abs(flood_n - truth_n) <= max(0.001 * truth_n, 10)

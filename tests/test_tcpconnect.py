@@ -105,7 +105,7 @@ class OwnedNetns:
 
     def create(self) -> OwnedNetns:
         ip = require_tool("ip")
-        subprocess.run([ip, "netns", "add", self.name], check=True, capture_output=True, timeout=10)
+        subprocess.run([ip, "netns", "add", self.name], check=True, capture_output=True, timeout=10 * slowdown())
         try:
             self.run("ip", "link", "set", "lo", "up")
         except BaseException:
@@ -118,7 +118,7 @@ class OwnedNetns:
 
     def run(self, *cmd: str, input: str | None = None) -> str:
         return subprocess.run(self.argv(*cmd), check=True, capture_output=True, text=True, input=input,
-                              timeout=20).stdout
+                              timeout=20 * slowdown()).stdout
 
     def popen(self, *cmd: str, **kw) -> subprocess.Popen:
         p = subprocess.Popen(self.argv(*cmd), stdout=subprocess.PIPE, text=True, **kw)
@@ -142,11 +142,11 @@ class OwnedNetns:
             if p.stdout:
                 p.stdout.close()
         # Anything else left inside is ours too (the namespace is private to this test).
-        out = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True, timeout=10 * slowdown())
         for pid in out.stdout.split():
             with contextlib.suppress(OSError):
                 os.kill(int(pid), signal.SIGKILL)
-        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=10)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=10 * slowdown())
 
 
 def _readline(p: subprocess.Popen, timeout: float) -> str:

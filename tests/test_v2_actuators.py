@@ -90,6 +90,18 @@ def _file(files: CgroupFiles, resource: Resource, rel: str) -> str:
     return files.read_raw(resource, rel).strip()
 
 
+def _same_as(files: CgroupFiles, key: tuple[Resource, str], original: str) -> bool:
+    """The file holds its original value, or, for an empty v2 cpuset the kernel would not set again on a
+    cgroup with tasks, the parent's effective list it stood for (actuators.cgroupfile.write_file)."""
+    resource, cg = key
+    now = _file(files, resource, cg)
+    if now == original:
+        return True
+    if resource != Resource.CPUSET_CPUS or original:
+        return False
+    return parse_cpu_list(now) == files.read_effective_cpus(str(Path(cg).parent))
+
+
 def _allowed(pid: int) -> set[int]:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Cpus_allowed_list:"):
@@ -303,7 +315,7 @@ def test_sigterm_and_kill9_restore_cpuset_burst_and_memory_high(node, tmp_path):
         print("memory suppress runs skipped: this host nests our memory cgroups under another parent than cpu")
 
     def changed() -> set[tuple[Resource, str]]:
-        return {k for k in watched if _file(files, *k) != original[k]}
+        return {k for k in watched if not _same_as(files, k, original[k])}
 
     # SIGTERM: each one restores what it wrote
     for args in runs:
@@ -356,6 +368,7 @@ def test_enforcing_agent_suppresses_the_be_pod_and_restores_after_sigterm_and_ki
     files = CgroupFiles(layout=sandbox_layout())
     ls = node.pod("web", [{"name": "main", "requests": {"cpu": "500m"}}])
     be = node.pod("batch", [{"name": "job"}])
+    node.weigh(be, 8192)  # a neighbour of the victim, not crowded out by the rest of a loaded host
     original = _file(files, Resource.CPU_QUOTA, be.rel)
     spinners: list[subprocess.Popen] = []
 
@@ -488,3 +501,21 @@ def test_an_empty_v2_cpuset_the_kernel_refuses_is_restored_as_the_parents_cpus(t
     # the same refusal for a file that is no cpuset list stays an error
     with pytest.raises(cgroupfile.CgroupWriteError):
         cgroupfile.write_file(tmp_path / "sys/fs/cgroup" / pod / "cpu.max", "")
+
+
+def test_an_empty_original_is_really_written_back(make_cgroup, tmp_path):
+    """A write of zero bytes returns 0 and leaves a cgroup file as it was: the journal restored an empty
+    cpuset.cpus that way and reported it restored. Without tasks every kernel takes the empty list."""
+    cg = make_cgroup("empty", ("cpuset",))
+    cpus = cg.path("cpuset") / "cpuset.cpus"
+    if pure_v2():
+        assert cpus.read_text().strip() == ""  # a new v2 cpuset: its parent's CPUs
+    else:
+        cpus.write_text("\n")  # a v1 cpuset without tasks may be empty too (zero bytes would change nothing)
+        assert cpus.read_text().strip() == ""
+    journal = Journal(tmp_path / "j")
+    journal.apply("a1", [(str(cpus), "0")])
+    assert cpus.read_text().strip() == "0"
+    assert journal.revert("a1").restored == [str(cpus)]
+    assert cpus.read_text().strip() == ""
+    assert journal.owned() == {}

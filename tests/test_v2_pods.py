@@ -222,6 +222,9 @@ def test_neighbor_cpu_names_the_be_pod_on_kubelet_pods(node, make_cgroup):
             os.sched_setaffinity(0, affinity - {VICTIM_CPU})  # the detector itself is no neighbour
         ls = node.pod("web", [{"name": "main", "requests": {"cpu": "500m"}}])
         be = node.pod("batch", [{"name": "job"}])
+        # spinners that weigh 8 cores: they take the victim's CPU from it, not only other work on a loaded
+        # host from both (at a BE pod's weight of 2 the node's own tasks were its neighbours, not the pod)
+        node.weigh(be, 8192)
         for pod in (ls, be):
             s.kube.add_pod(node.kube_pod(pod))
             s.pods.append(pod)  # type: ignore[arg-type]  # Scenario reads .path only

@@ -9,7 +9,10 @@ and incidents). Both only read; nothing runs in the agent's container on behalf 
 client costs the agent's cgroup no second probe set (the old `kubectl exec ... noisyneighbor top` did).
 
 Memory: the sources keep the snapshots of the frame before (the interval's start) only while a client
-reads; after ``IDLE_SECONDS`` without a request they are dropped.
+reads; after ``IDLE_SECONDS`` without a request they are dropped. A request keeps nothing of its own: rich
+renders without its emoji table and its cell-width cache is cleared after a frame, the HTML report's
+modules load only for ``format=html``, and the HTTP server trims the heap after each view
+(docs/benchmarks.md: what a client costs the agent).
 """
 
 from __future__ import annotations
@@ -177,14 +180,20 @@ class AgentTop:
 
 def _render(frame: Any, views: list[str], statuses: dict, sort: str, limit: int | None, width: int,
             color: bool) -> str:
+    from rich.cells import cached_cell_len
     from rich.console import Console
 
     from noisyneighbor.views import render_frame
 
     out = io.StringIO()
+    # emoji=False: a frame has no :emoji: codes, and replacing them imports rich's 4000-entry emoji table
+    # into the agent for good.
     console = Console(file=out, width=width, force_terminal=color, color_system="standard" if color else None,
-                      highlight=False)
+                      highlight=False, emoji=False)
     console.print(render_frame(frame.ts, frame.sections, views, statuses, sort_key=sort, limit=limit))
+    # rich caches the width of every string it measured (up to 4096): a frame's cells are this interval's
+    # numbers, rarely measured again, so the cache would only keep a client's strings alive in the agent.
+    cached_cell_len.cache_clear()
     return out.getvalue()
 
 
@@ -192,7 +201,6 @@ def diagnose_response(agent: Any, path: str) -> tuple[int, bytes, str]:
     """``GET /diagnose?window=SECONDS&format=json|text|html``: the diagnose report over the agent's own
     last ``window`` seconds (its incidents, their series and culprits, the decisions it made)."""
     from noisyneighbor.diagnose import render_text, report_from_history
-    from noisyneighbor.report_html import render_html
 
     _, params = _query(path)
     fmt = params.get("format", "json")
@@ -217,6 +225,8 @@ def diagnose_response(agent: Any, path: str) -> tuple[int, bytes, str]:
     if fmt == "json":
         doc = {**report.to_dict(), "schema_version": SCHEMA_VERSION, "source": "agent history"}
         return 200, json.dumps(doc, default=str).encode() + b"\n", "application/json"
-    if fmt == "html":
+    if fmt == "html":  # imported for this format only: its SVG charts are nothing the agent needs otherwise
+        from noisyneighbor.report_html import render_html
+
         return 200, render_html(report).encode(), "text/html; charset=utf-8"
     return 200, render_text(report).encode(), "text/plain; charset=utf-8"

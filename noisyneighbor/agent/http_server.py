@@ -81,11 +81,14 @@ def start_http_server(agent: Any, host: str, port: int) -> tuple[ThreadingHTTPSe
             except BadRequest as e:
                 code, body, content_type = 400, f"{e}\n".encode(), "text/plain"
             self._send(code, body, content_type)
-            # A view builds and frees a frame's worth of objects in this thread's malloc arena: give the
-            # free pages back now (at most once a second), so a client leaves no RSS behind in the agent.
+            del body  # the response is the largest block the view made: freed before the trim, not after
+            # A view builds and frees a frame's worth of objects in this request thread's malloc arena: give
+            # the free pages back after every view (a fraction of a millisecond; a client asks at most a
+            # few times a second), so a client leaves no RSS behind in the agent. Rate-limited, the trim
+            # after a client's last request was mostly skipped and its pages stayed until the next tick's.
             returner = getattr(agent, "_free_memory", None)
             if returner is not None:
-                returner.maybe_trim(every_s=1.0)
+                returner.maybe_trim(every_s=0.0)
 
         def _send(self, code: int, body: bytes, content_type: str) -> None:
             self.send_response(code)
