@@ -49,8 +49,8 @@ def metrics_body(exporter: Exporter | None, registry: CollectorRegistry, accept:
     return encoder(both), content_type
 
 
-def start_http_server(agent: Any, host: str, port: int) -> tuple[ThreadingHTTPServer, threading.Thread]:
-    """Serve ``agent.metrics()`` and ``agent.health()`` on host:port in a daemon thread."""
+def _handler_for(agent: Any) -> type[BaseHTTPRequestHandler]:
+    """The request handler class bound to one agent: /metrics, /healthz, /readyz, /top, /diagnose."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -100,7 +100,12 @@ def start_http_server(agent: Any, host: str, port: int) -> tuple[ThreadingHTTPSe
         def log_message(self, format: str, *args: Any) -> None:  # scrapes are not worth a log line
             return None
 
+    return Handler
 
+
+def start_http_server(agent: Any, host: str, port: int) -> tuple[ThreadingHTTPServer, threading.Thread]:
+    """Serve ``agent.metrics()`` and ``agent.health()`` on host:port in a daemon thread."""
+    Handler = _handler_for(agent)
     server_class = _DualStackServer if ":" in host else ThreadingHTTPServer
     try:
         server = server_class((host, port), Handler)

@@ -193,17 +193,7 @@ class Agent:
         node_object = read_own_node(policy)
         if node_object is not None:
             apply_node(self.detector.batch, node_object)
-        labeler = PodMetadataLabeler(ResolverLabeler(resolver), self.pod_source.get, self._qos_of_path)
-        # Not in self.registry: /metrics writes the exporter's series directly (render_text) and
-        # adds the registry's (actuator metrics); OpenMetrics scrapes get both through one registry.
-        self.exporter = Exporter(None, labeler, paths=self.paths, layout=self.layout,
-                                 node=policy.node_name or os.environ.get("NODE_NAME") or None,
-                                 max_cgroups=self.config.max_cgroups,
-                                 max_bucket_seconds=self.config.max_bucket_seconds,
-                                 min_bucket_seconds=self.config.min_bucket_seconds,
-                                 extra_node_series=self.config.extra_node_series,
-                                 per_cpu_series=self.config.per_cpu_series,
-                                 container_name=self._container_name)
+        self.exporter = self._build_exporter(policy, resolver)
         self._run_stats = _enable_bpf_stats()
         _fix_large_allocations_to_mmap()
         self._free_memory = FreeMemoryReturner()
@@ -229,6 +219,19 @@ class Agent:
         self.manager.on_record.append(self.planner.note_record)
         if self.config.listen is not None:
             self._serve(*parse_listen(self.config.listen))
+
+    def _build_exporter(self, policy: Policy, resolver: CgroupResolver) -> Exporter:
+        labeler = PodMetadataLabeler(ResolverLabeler(resolver), self.pod_source.get, self._qos_of_path)
+        # Not in self.registry: /metrics writes the exporter's series directly (render_text) and
+        # adds the registry's (actuator metrics); OpenMetrics scrapes get both through one registry.
+        return Exporter(None, labeler, paths=self.paths, layout=self.layout,
+                        node=policy.node_name or os.environ.get("NODE_NAME") or None,
+                        max_cgroups=self.config.max_cgroups,
+                        max_bucket_seconds=self.config.max_bucket_seconds,
+                        min_bucket_seconds=self.config.min_bucket_seconds,
+                        extra_node_series=self.config.extra_node_series,
+                        per_cpu_series=self.config.per_cpu_series,
+                        container_name=self._container_name)
 
     def _build_actuators(self, policy: Policy) -> list[Actuator]:
         # One journal for cgroup and resctrl files, so a crash leaves one file to reconcile from.
