@@ -42,6 +42,8 @@ VM_ARGS ?= --disk 1G --timeout 5400
 # Only the files holding vm tests are collected in the guest: importing every test module there
 # takes minutes under TCG.
 VM_TESTS ?= $(shell grep -l 'pytest.mark.vm' tests/test_*.py)
+# The smoke collects only the files that hold smoke tests: importing a test module takes seconds in a TCG guest.
+VM_SMOKE_TESTS ?= $(shell grep -l 'pytest.mark.smoke' tests/test_*.py)
 test-vm:
 	@scripts/setup.sh vm
 	scripts/vm/run.sh $(VM_ARGS) -- .venv/bin/pytest -v -m vm -rfE -p no:cacheprovider --timeout 1200 $(PYTEST_ARGS) $(VM_TESTS)
@@ -49,7 +51,7 @@ test-vm:
 # CI's part of the lane (.ci/run, after the host suite): the tests marked both vm and smoke.
 test-vm-smoke:
 	@scripts/setup.sh vm
-	scripts/vm/run.sh $(VM_ARGS) -- .venv/bin/pytest -v -m "vm and smoke" -rfE -p no:cacheprovider --timeout 1200 $(PYTEST_ARGS) $(VM_TESTS)
+	scripts/vm/run.sh $(VM_ARGS) -- .venv/bin/pytest -v -m "vm and smoke" -rfE -p no:cacheprovider --timeout 1200 $(PYTEST_ARGS) $(VM_SMOKE_TESTS)
 
 lint:
 	.venv/bin/ruff check .

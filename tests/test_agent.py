@@ -147,7 +147,6 @@ def test_agent_is_ready_with_its_probes_on_and_serves_metrics_promtool_accepts(t
     assert "Traceback" not in tail
 
 
-@pytest.mark.smoke
 @pytest.mark.vm
 @pytest.mark.root
 @pytest.mark.slow

@@ -149,7 +149,6 @@ def _node_delta(a: ReclaimSnapshot, b: ReclaimSnapshot, kind: str) -> tuple[int,
     return b.node[kind].count - a.node[kind].count, b.node[kind].nr_reclaimed - a.node[kind].nr_reclaimed
 
 
-@pytest.mark.smoke
 @pytest.mark.vm
 @pytest.mark.root
 def test_memcg_reclaim_attributed_and_pages_match_memory_stat(limited_and_sibling, disk_dir):

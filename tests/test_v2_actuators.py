@@ -129,6 +129,7 @@ def _spinning_be_pod(node: KubeletNode, n: int = 2) -> tuple[KPod, KContainer]:
 # -- suppress ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_cfs_quota_suppress_writes_the_pods_cpu_max_and_the_kernel_holds_it(node, tmp_path):
     be, _ = _spinning_be_pod(node)
     files = CgroupFiles(layout=sandbox_layout())

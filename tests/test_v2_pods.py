@@ -207,6 +207,7 @@ def test_runq_waits_are_keyed_by_the_leaf_container_under_nested_pods(node):
     assert sandbox is None or sandbox.delta(s0.per_cgroup.get(ids[ls.sandbox_container.path])).count <= 2
 
 
+@pytest.mark.smoke
 @pytest.mark.slow
 def test_neighbor_cpu_names_the_be_pod_on_kubelet_pods(node, make_cgroup):
     """An LS pod's worker and three BE spinners on its CPU (the shape that opened neighbor_cpu in the VM
