@@ -117,7 +117,8 @@ def test_agent_is_ready_with_its_probes_on_and_serves_metrics_promtool_accepts(t
         assert agent.get("/nope")[0] == 404
         time.sleep(1.5)  # a few more ticks, so counters have moved
         text = agent.scrape_text()
-        check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+        check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
+                               timeout=60 * slowdown())
         assert check.returncode == 0, check.stdout + check.stderr
         fams = _families(text)
         up = {s.labels["probe"]: s.value for s in fams[ex.PROBE_UP]}

@@ -150,6 +150,9 @@ class OwnedNetns:
 
 
 def _readline(p: subprocess.Popen, timeout: float) -> str:
+    """A line from `p` within `timeout` seconds on the reference machine (longer on a slower one:
+    an interpreter starts ~10 times slower in a TCG guest)."""
+    timeout *= slowdown()
     sel = selectors.DefaultSelector()
     sel.register(p.stdout, selectors.EVENT_READ)
     if not sel.select(timeout):
@@ -177,7 +180,7 @@ def _run_client(ns: OwnedNetns, cg, plan: list) -> subprocess.Popen:
 
 
 def _client_result(p: subprocess.Popen, timeout: float = 20) -> dict:
-    line = _readline(p, timeout * slowdown())  # an interpreter starts ~10 times slower in a TCG guest
+    line = _readline(p, timeout)
     p.wait(5 * slowdown())
     return json.loads(line)
 
