@@ -33,6 +33,7 @@ from probes.psi import (
     read_pressure_file,
     validate_trigger,
 )
+from tests.test_reclaim import PAGE_CACHE_WORKLOAD
 
 CPU_TEXT = (
     "some avg10=2.54 avg60=1.51 avg300=1.65 total=9347134\n"
@@ -495,25 +496,8 @@ def test_real_cgroup_pressure_zero_hides_files_and_ends_watch(make_cgroup) -> No
 
 # -- per-pod PSI against the kernel's own totals (host and VM lane) -----------------------------
 
-# Writes SIZE bytes in 1 MiB chunks (fdatasync every 8 MiB: clean pages, always reclaimable), then
-# reads the file twice: page cache far above the pod's limit, so the pod reclaims its own pages.
-PAGE_CACHE_CHURN = r"""
-import os, sys
-path, size = sys.argv[1], int(sys.argv[2])
-chunk = b"\xa5" * (1 << 20)
-fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-for i in range(size >> 20):
-    os.write(fd, chunk)
-    if i % 8 == 7:
-        os.fdatasync(fd)
-os.fdatasync(fd)
-os.close(fd)
-buf = bytearray(1 << 20)
-for _ in range(2):
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buf):
-            pass
-"""
+# The pod's page cache far above its limit, so it reclaims its own pages: test_reclaim's workload.
+PAGE_CACHE_CHURN = PAGE_CACHE_WORKLOAD
 
 
 def _pod_with_a_container(make_cgroup, controllers: tuple[str, ...]) -> tuple[str, Path, OwnedCgroup]:
