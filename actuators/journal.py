@@ -235,10 +235,6 @@ class Journal:
             e = self._entries.get(str(path))
             return None if e is None else e.original
 
-    def action_writes(self, action_id: str) -> list[AppliedWrite]:
-        with self._lock:
-            return list(self._actions.get(action_id, []))
-
     # -- changing files ----------------------------------------------------------------------
     def apply(
         self, action_id: str, writes: Iterable[FileWrite | tuple[str, str]], *, kind: str = ""

@@ -27,7 +27,6 @@ import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from actuators.base import FileWrite, Plan, Refused
 from actuators.cgroupfile import CgroupFiles, CgroupVanished, Resource, format_cpu_list
@@ -407,7 +406,3 @@ def incident_suppress_decisions(
                                       incident_id=incident.incident_id, victim=incident.victim, victim_signal=signal))
     return decisions
 
-
-def relative_cgroup(path: Path, files: CgroupFiles, resource: Resource = Resource.CPU_QUOTA) -> str:
-    """A host directory -> the cgroup path relative to the resource's hierarchy."""
-    return str(Path(path).relative_to(files.hierarchy(resource).mount))
