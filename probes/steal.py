@@ -8,7 +8,7 @@ pod on the node to blame. The detector joins this plugin's per-CPU steal to the 
 (``steal_ms_per_s``, weighted like softirq time) and names the cause ``hypervisor_steal``.
 
 No BPF: the kernel already counts steal per CPU (paravirt steal clock, KVM/Xen/Hyper-V). Bare metal reads
-0 everywhere; a kernel without the column (before 2.6.11) gives an ``off`` probe.
+0 everywhere; a kernel without the column (before 2.6.11) reads 0.
 
 Series: ``noisyneighbor_cpu_steal_seconds_total``: none on bare metal (CPUs with no steal have no
 series); on a VM one series, the vCPUs summed, and one per vCPU with ``--per-cpu-series`` (the series
@@ -23,15 +23,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from probes.cgroupfiles import parse_proc_stat
 from probes.engine import ProbeError, ProbeStatus
 from probes.host import HostPaths, read_text_or_none
 from probes.plugin import MetricSpec, ProbePlugin, SignalExtractor
 
 NAME = "steal"
 CPU_STEAL = "noisyneighbor_cpu_steal_seconds_total"
-USER_HZ = 100  # /proc/stat's unit on every Linux ABI that matters here (probes.snapshot.USER_HZ)
-_TICK_NS = 1_000_000_000 // USER_HZ
-_STEAL_COLUMN = 8  # cpuN user nice system idle iowait irq softirq steal ...
 
 
 @dataclass(frozen=True)
@@ -62,23 +60,13 @@ class StealInterval:
 
 
 def parse_steal(text: str) -> tuple[dict[int, int], dict[int, int]]:
-    """(steal ns, accounted ns) per CPU from /proc/stat; CPUs whose line has no steal column are left out."""
-    steal: dict[int, int] = {}
-    total: dict[int, int] = {}
-    for line in text.splitlines():
-        if not line.startswith("cpu") or line.startswith("cpu "):
-            continue
-        parts = line.split()
-        name = parts[0][3:]
-        if not (name.isascii() and name.isdigit()) or len(parts) <= _STEAL_COLUMN:
-            continue
-        try:
-            ticks = [int(x) for x in parts[1 : _STEAL_COLUMN + 1]]
-        except ValueError:
-            continue
-        cpu = int(name)
-        steal[cpu] = ticks[-1] * _TICK_NS
-        total[cpu] = sum(ticks) * _TICK_NS
+    """(steal ns, accounted ns) per CPU from /proc/stat, through the one /proc/stat parser.
+
+    A line short of the steal column (kernels before 2.6.11) reads as no steal; junk lines are left out.
+    """
+    _, per_cpu = parse_proc_stat(text)
+    steal = {cpu: t.steal_ns for cpu, t in per_cpu.items()}
+    total = {cpu: t.busy_ns + t.idle_ns + t.iowait_ns for cpu, t in per_cpu.items()}
     return steal, total
 
 
@@ -94,7 +82,7 @@ class StealProbe:
             raise ProbeError(f"{NAME}: {self.path} is missing")
         steal, _ = parse_steal(text)
         if not steal:
-            raise ProbeError(f"{NAME}: {self.path} has no per-CPU steal column")
+            raise ProbeError(f"{NAME}: {self.path} has no per-CPU lines")
         self.status = ProbeStatus(NAME, "on")
         self.status.attach_mode = "/proc/stat"  # "steal: on (/proc/stat)", as the BPF probes say their flavour
 

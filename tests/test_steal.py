@@ -35,8 +35,8 @@ def test_parse_takes_the_eighth_column_per_cpu():
     s, total = steal.parse_steal(_stat(7, 0))
     assert s == {0: 7 * 10_000_000, 1: 0}
     assert total[0] == (100 + 50 + 500 + 5 + 2 + 7) * 10_000_000
-    # a line without a steal column (ancient kernels) or with junk is left out
-    assert steal.parse_steal("cpu0 1 2 3 4\ncpu1 1 2 3 4 5 6 7 x\n") == ({}, {})
+    # a line short of the steal column (ancient kernels) reads as no steal; a line with junk is left out
+    assert steal.parse_steal("cpu0 1 2 3 4\ncpu1 1 2 3 4 5 6 7 x\n") == ({0: 0}, {0: 10 * 10_000_000})
 
 
 def test_probe_interval_and_series_from_a_fake_proc_stat(tmp_path):
@@ -57,8 +57,8 @@ def test_probe_interval_and_series_from_a_fake_proc_stat(tmp_path):
 def test_probe_off_with_one_line_reason(tmp_path):
     with pytest.raises(ProbeError, match=r"^steal: .*stat is missing$"):
         steal.StealProbe(paths=HostPaths.under(tmp_path))
-    with pytest.raises(ProbeError, match="no per-CPU steal column"):
-        steal.StealProbe(paths=_host(tmp_path, "cpu0 1 2 3 4\n"))
+    with pytest.raises(ProbeError, match="no per-CPU lines"):
+        steal.StealProbe(paths=_host(tmp_path, "cpu  1 2 3 4 5 6 7 8\ncpu0 1 2 x\n"))
 
 
 def test_exporter_publishes_steal_per_cpu_with_steal_only():
