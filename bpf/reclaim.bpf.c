@@ -9,7 +9,8 @@
  * On v1/hybrid hosts the key is the v1 memory hierarchy's cgroup (rodata v1_memory_cgroup).
  * Caveats kept as they are, documented in probes/reclaim.py: softlimit reclaim nests inside direct
  * reclaim (and also runs in kswapd); memcg reclaim is also run by whoever writes a smaller limit or
- * memory.reclaim, and is then charged to the writer's memcg.
+ * memory.reclaim, and is then charged to the writer's memcg; khugepaged reclaims a pod's memcg when the
+ * huge page it collapses for that pod is charged at its limit, and is keyed to its own (root) cgroup.
  *
  * Hot path: the begin time lives in task local storage, aggregation goes to per-CPU maps; the
  * raw_tp fallback keeps the begin state in a bounded hash by pid.

@@ -4,7 +4,10 @@ Three kinds of reclaim, each a begin → end pair of vmscan tracepoints in the s
 - ``memcg``: the task's memory cgroup hit its limit (v1 ``memory.limit_in_bytes``, v2 ``memory.max``
   or ``memory.high``) and the charge reclaims inside that cgroup. This is the "my pod is slow because
   it sits at its own limit" case. Whoever lowers a limit or writes ``memory.reclaim`` runs the same
-  reclaim and is charged for it too (it is that writer that waits).
+  reclaim and is charged for it too (it is that writer that waits). So is khugepaged: it charges the
+  huge page it collapses to the memcg of the process it collapses, and at that memcg's limit reclaims
+  the pod's pages in its own context, keyed to its own cgroup (the root). No kernel up to 6.18 names
+  the target memcg in the tracepoint; the stall events (comm ``khugepaged``) show those passes.
 - ``direct``: the node ran short of free pages and an allocating task reclaims for the whole node:
   one pass per ``/proc/vmstat`` ``allocstall_*`` increment. This is the noisy-neighbour case: any
   pod may pay for another pod's page cache.

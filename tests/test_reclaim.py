@@ -184,6 +184,12 @@ def test_memcg_reclaim_attributed_and_pages_match_memory_stat(limited_and_siblin
         f"{node_cgroup_pgsteal}, probe node memcg+softlimit {node_memcg[1] + node_soft[1]}; "
         f"stall events {len(run.stalls)} ({len(mine)} ours); drops {run.snap1.drops}"
     )
+    if version == 2:  # which kind of reclaim took the cgroup's pages, in the kernel's own words
+        moved = {k: m1.stat.get(k, 0) - m0.stat.get(k, 0) for k in m1.stat
+                 if k.startswith(("pgsteal", "pgscan", "workingset_")) and m1.stat.get(k, 0) != m0.stat.get(k, 0)}
+        print(f"memory.stat moved: {moved}")
+    for s in [s for s in run.stalls if s.cgroup_id != run.ids[limited]][:10]:  # whose reclaim was it?
+        print(f"other pass: {s.comm} pid {s.pid} cgroup {s.cgroup_id} {s.kind} {s.nr_reclaimed} pages")
     assert run.snap1.drops == dict.fromkeys(run.snap1.drops, 0)
 
     # Attribution: the limited cgroup reclaims, the sibling (same parent, no limit) never does.
@@ -193,12 +199,19 @@ def test_memcg_reclaim_attributed_and_pages_match_memory_stat(limited_and_siblin
         assert run.cgroup_delta(sibling, kind) == (0, 0, 0)
     assert not [key for key in run.snap1.per_cgroup if key[0] == run.ids[sibling]]
 
-    # Pages: the probe against the cgroup's own memory.stat.
-    assert abs(pages - expected) <= max(0.01 * expected, 256), (pages, expected)
+    # Pages: the probe against the cgroup's own memory.stat. The probe keys a pass by the task that
+    # stalls in it; khugepaged charges the huge page it collapses to the memcg of the mm it collapses
+    # (mem_cgroup_charge(folio, mm)) and, at the limit, reclaims that memcg's pages in its own context
+    # (seen in the VM lane: 893 and ~2,200 pages of a run, with THP "always" there). No kernel up to
+    # 6.18 names the target memcg in the tracepoint, so those pages are keyed to khugepaged's cgroup:
+    # counted here from its stall events (every pass is one at threshold 1 ns).
+    by_khugepaged = sum(s.nr_reclaimed for s in run.stalls
+                        if s.cgroup_id != run.ids[limited] and s.comm.startswith("khugepaged") and s.kind == "memcg")
+    assert abs(pages + by_khugepaged - expected) <= max(0.01 * expected, 256), (pages, by_khugepaged, expected)
     if version == 1:
         assert m1.failcnt - m0.failcnt > 0  # charges hit the limit
     else:
-        assert m1.pgsteal - m0.pgsteal == pytest.approx(pages, rel=0.01, abs=256)
+        assert m1.pgsteal - m0.pgsteal == pytest.approx(pages + by_khugepaged, rel=0.01, abs=256)
         # memory.events: the charges hit memory.max, and reclaim there was enough (no OOM).
         assert m1.events_max - m0.events_max > 0
         assert (m1.events_oom or 0) == (m0.events_oom or 0)
