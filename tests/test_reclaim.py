@@ -150,6 +150,7 @@ def _node_delta(a: ReclaimSnapshot, b: ReclaimSnapshot, kind: str) -> tuple[int,
 
 
 @pytest.mark.vm
+@pytest.mark.smoke
 @pytest.mark.root
 def test_memcg_reclaim_attributed_and_pages_match_memory_stat(limited_and_sibling, disk_dir):
     limited, sibling, version = limited_and_sibling
