@@ -127,8 +127,11 @@ class WorkloadSignals:
         def v(x: float | None) -> float:
             return nan if x is None else float(x)
 
+        # Only those an extractor set on this row: a probe that is off (hardirq is not loaded by
+        # default) adds no series per workload to the store.
+        own = self.__dict__
         plugins = {name: v(x) for name in PLUGIN_SIGNALS
-                   if (x := getattr(self, name)) is None or isinstance(x, int | float)}
+                   if name in own and ((x := own[name]) is None or isinstance(x, int | float))}
         return {
             "runq_p99_ns": self.runq_p99_ns if self.runq_count else nan,
             "runq_wait_ms_per_s": self.runq_wait_ms_per_s,
