@@ -11,6 +11,11 @@ declarations), the exporter's incident metrics and ``noisyneighbor diagnose`` re
 
 The catalog imports nothing of the policy (the policy reads it): adding an SLO is one :class:`Slo`
 on its signal, and the policy file accepts the key, range-checks it and defaults it from there.
+
+A probe plugin may declare signals of its own (``SignalExtractor.signal_specs``, probes/plugin.py): each
+becomes an evidence entry here (:func:`plugin_signals`), after the detector's own, so adding a probe with
+a new signal needs no edit in this file. What the detector does with one beyond showing and storing it
+(an SLO, a baseline, a cause) is declared here and in detector/causes/ as for any signal.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from probes.registry import PLUGINS
 
 Range = tuple[float | None, float | None]  # (min, max) of a setting; None: unbounded on that side
 
@@ -127,7 +134,7 @@ def _softirq_delay_gate(row: Any, window: Sequence[tuple[float, float, float]]) 
 
 _PERCENT: Range = (0, 100)
 
-_ALL: tuple[Signal, ...] = (
+_OWN: tuple[Signal, ...] = (
     # -- signals with an SLO: a latency-sensitive workload breaches on these (checked in this order) -
     Signal("runq_p99_ns", "Run-queue wait p99", "ms", 1e-6,
            Slo("runq_p99_ms", 5.0, to_raw=1e6, gate=_runq_gate,
@@ -169,6 +176,16 @@ _ALL: tuple[Signal, ...] = (
     Signal("who_ran_instead_container_share", "Own wait behind one of its containers", "%", 100.0),
     Signal("container_throttled_ratio", "Periods a container was throttled at its limit", "%", 100.0),
 )
+
+
+def plugin_signals(plugins: Iterable[Any]) -> tuple[Signal, ...]:
+    """The signals the probe plugins declare themselves (``SignalExtractor.signal_specs``), as evidence
+    entries: no SLO, no baseline (those are the detector's to declare, on its own entries)."""
+    return tuple(Signal(spec.name, spec.label, spec.unit, spec.scale, noise_floor=spec.noise_floor)
+                 for p in plugins if p.signal_extractor is not None for spec in p.signal_extractor.signal_specs)
+
+
+_ALL: tuple[Signal, ...] = (*_OWN, *plugin_signals(PLUGINS))
 
 
 SIGNALS: dict[str, Signal] = {s.name: s for s in _ALL}
@@ -246,11 +263,24 @@ SloThresholds = dataclasses.make_dataclass(
 
 def check_plugin_signals(plugins: Iterable[Any]) -> None:
     """Every signal a probe plugin (``probes.registry``) says it feeds is catalogued: the probes name
-    signals as strings (they do not import the detector), so a typo there fails here, at start-up."""
+    signals as strings (they do not import the detector), so a typo there fails here, at start-up. A
+    signal or node field the plugin declares itself (``signal_specs``, ``node_specs``) is one of its
+    extractor's ``fields`` / ``node_fields``, and a declared signal is one it says it feeds."""
     for plugin in plugins:
         unknown = [name for name in plugin.signals if name not in SIGNALS]
         if unknown:
             raise CatalogError(f"probe {plugin.name!r} feeds signal(s) not in the catalog: {', '.join(unknown)}")
+        extractor = plugin.signal_extractor
+        if extractor is None:
+            continue
+        for spec in extractor.signal_specs:
+            if spec.name not in extractor.fields or spec.name not in plugin.signals:
+                raise CatalogError(f"probe {plugin.name!r} declares signal {spec.name!r} but its extractor's "
+                                   "fields and the signals it feeds must both name it")
+        for node_spec in extractor.node_specs:
+            if node_spec.name not in extractor.node_fields:
+                raise CatalogError(f"probe {plugin.name!r} declares node field {node_spec.name!r} that its "
+                                   "extractor's node_fields do not name")
 
 
 def signal(name: str) -> Signal:

@@ -13,10 +13,16 @@ declaration (probes.registry) and calls it. Per-CPU values (charged to CPUs, nev
 reach a workload through its CPU weights: the share of its own CPU time spent on each CPU (v1
 ``cpuacct.usage_percpu``; on v2 its effective cpuset, uniformly), made here, read by the extractor's
 ``exposure``.
+
+The row types declare the fields of the probes that came first; a plugin declares any others itself
+(``SignalExtractor.signal_specs`` / ``node_specs``): every row and node has them, at their declared
+default until an extractor sets them (so a cause or ``diagnose`` reading one never meets an
+AttributeError while the probe is off), and the store keeps the workload ones.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,7 +32,7 @@ from detector.containers import POD_ITSELF, MayUse, containers_by_pod, may_use
 from detector.workloads import IdMapper, Workload
 from probes.cgroupfs import CgroupLayout
 from probes.hist import IntervalHistogram
-from probes.plugin import IDLE, UNKNOWN  # noqa: F401  (re-exported: detector/incidents.py reads them here)
+from probes.plugin import IDLE, UNKNOWN, NodeFieldSpec, SignalSpec  # noqa: F401  (IDLE, UNKNOWN: re-exported for detector/incidents.py)
 from probes.psi import psi_rate
 from probes.registry import BY_NAME, PLUGINS
 from probes.snapshot import NodeSnapshot
@@ -105,13 +111,27 @@ class WorkloadSignals:
     psi_memory_full: float | None = None
     psi_io_some: float | None = None
 
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when the row has no such attribute: a plugin-declared signal no extractor set
+        # on it (its probe is off, or nothing moved for this workload) reads as its declared default.
+        spec = PLUGIN_SIGNALS.get(name)
+        if spec is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return spec.default
+
     def as_store_values(self) -> dict[str, float]:
-        """The numeric signals the time-series store keeps (NaN for unknown)."""
+        """The numeric signals the time-series store keeps (NaN for unknown), the plugin-declared ones
+        after the row's own."""
         nan = math.nan
 
         def v(x: float | None) -> float:
             return nan if x is None else float(x)
 
+        # Only those an extractor set on this row: a probe that is off (hardirq is not loaded by
+        # default) adds no series per workload to the store.
+        own = self.__dict__
+        plugins = {name: v(x) for name in PLUGIN_SIGNALS
+                   if name in own and ((x := own[name]) is None or isinstance(x, int | float))}
         return {
             "runq_p99_ns": self.runq_p99_ns if self.runq_count else nan,
             "runq_wait_ms_per_s": self.runq_wait_ms_per_s,
@@ -123,6 +143,7 @@ class WorkloadSignals:
             "connect_p99_ns": self.connect_p99_ns if self.connects else nan,
             "psi_cpu_some": v(self.psi_cpu_some),
             "psi_memory_some": v(self.psi_memory_some),
+            **plugins,
         }
 
 
@@ -144,6 +165,44 @@ class NodeSignals:
     # whose CPU time is a kernel thread's (the root cgroup) on whichever CPU kswapd ran.
     kswapd_pages_per_s: float = 0.0
     steal_ms_per_s_by_cpu: dict[int, float] = field(default_factory=dict)  # hypervisor steal (probes/steal.py)
+
+    def __getattr__(self, name: str) -> Any:
+        # A plugin-declared node field no extractor set (its probe off): made from its declared default
+        # once, then kept on this node, so what a reader adds to it stays.
+        spec = PLUGIN_NODE_FIELDS.get(name)
+        if spec is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = spec.default()
+        setattr(self, name, value)
+        return value
+
+    @classmethod
+    def of(cls, interval_s: float, workloads: dict[str, WorkloadSignals], **values: Any) -> NodeSignals:
+        """A node from field values, the plugin-declared ones among them (the dataclass's own
+        constructor knows only its own fields)."""
+        own = {k: v for k, v in values.items() if k in _NODE_OWN_FIELDS}
+        node = cls(interval_s, workloads, **own)
+        for name, value in values.items():
+            if name not in own:
+                setattr(node, name, value)
+        return node
+
+
+def _plugin_fields() -> tuple[dict[str, SignalSpec], dict[str, NodeFieldSpec]]:
+    """The fields the plugins declare for the rows and the node; one that a row type already has is a
+    mistake (its default would never be read), refused at import."""
+    signals = {s.name: s for p in PLUGINS if p.signal_extractor is not None for s in p.signal_extractor.signal_specs}
+    node = {s.name: s for p in PLUGINS if p.signal_extractor is not None for s in p.signal_extractor.node_specs}
+    for row_type, declared in ((WorkloadSignals, signals), (NodeSignals, node)):
+        clash = sorted(declared.keys() & {f.name for f in dataclasses.fields(row_type)})
+        if clash:
+            raise TypeError(f"probe plugins declare {row_type.__name__} field(s) it has already: {', '.join(clash)}")
+    return signals, node
+
+
+# Plugin-declared fields by name (probes.registry, fixed at import like the registry itself).
+PLUGIN_SIGNALS, PLUGIN_NODE_FIELDS = _plugin_fields()
+_NODE_OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeSignals))
 
 
 def probe_delta(name: str, prev: NodeSnapshot, cur: NodeSnapshot) -> Any:
@@ -217,10 +276,10 @@ class SignalBuilder:
                 for name, value in extractor.every_row(interval).items():
                     for r in tick.rows.values():
                         setattr(r, name, value)
-        return NodeSignals(tick.dt, tick.rows, node_cpu_busy=_busy_cores(prev, cur, tick.dt),
-                           node_psi=_node_psi(prev, cur, tick.dt), online_cpus=tuple(sorted(cur.node_cpu_per_cpu)),
-                           present=self._present_with(tick, listed_keys) if incremental else None,
-                           kswapd_pages_per_s=_kswapd_pages_per_s(prev, cur, tick.dt), **tick.node)
+        return NodeSignals.of(tick.dt, tick.rows, node_cpu_busy=_busy_cores(prev, cur, tick.dt),
+                              node_psi=_node_psi(prev, cur, tick.dt), online_cpus=tuple(sorted(cur.node_cpu_per_cpu)),
+                              present=self._present_with(tick, listed_keys) if incremental else None,
+                              kswapd_pages_per_s=_kswapd_pages_per_s(prev, cur, tick.dt), **tick.node)
 
     def _stage(self, stage: str, intervals: dict[str, Any], tick: _Tick) -> None:
         """The extractors of one stage: their node values, and their values per workload on its row."""

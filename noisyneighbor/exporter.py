@@ -123,6 +123,11 @@ class MetricDef:
     labels: tuple[str, ...] = ()  # after `node` (and after CGROUP_LABELS when per_cgroup)
     per_cgroup: bool = False
     per_cpu: bool = False  # its `cpu` label only with per_cpu_series (else summed over CPUs)
+    per_cpu_labels: tuple[str, ...] = ("cpu",)  # with per_cpu: the labels dropped together (MetricSpec's)
+
+    def lean_labels(self, values: tuple[str, ...]) -> tuple[str, ...]:
+        """Own label values without those of ``per_cpu_labels`` (what a per_cpu metric is summed to)."""
+        return tuple(v for name, v in zip(self.labels, values, strict=True) if name not in self.per_cpu_labels)
 
     @property
     def all_labels(self) -> tuple[str, ...]:
@@ -203,15 +208,16 @@ _DEFS = (
     MetricDef(SNAPSHOT_ERRORS, "gauge", "Problems met while collecting the last snapshot (see the agent log)."),
 )
 # The metrics each probe plugin defines (probes.registry), in registry order, before the exporter's own.
-_DEFS = (*(MetricDef(spec.name, spec.type, spec.help, spec.labels, spec.per_cgroup, spec.per_cpu)  # type: ignore[arg-type]
-           for plugin in PLUGINS for spec in plugin.metric_specs), *_DEFS)
+_DEFS = (*(MetricDef(spec.name, spec.type, spec.help, spec.labels, spec.per_cgroup, spec.per_cpu,  # type: ignore[arg-type]
+                     spec.per_cpu_labels) for plugin in PLUGINS for spec in plugin.metric_specs), *_DEFS)
 _CGROUP_SERIES = tuple(plugin for plugin in PLUGINS if plugin.cgroup_series is not None)
 _NODE_SERIES = tuple(plugin for plugin in PLUGINS if plugin.node_series is not None)
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
 
-# Metrics whose series grow with the node's CPUs: their `cpu` label is only exported with per_cpu_series
-# (otherwise they are summed over CPUs). /proc/stat per CPU (NODE_CPU) is behind extra_node_series.
-# The plugins declare them (MetricSpec.per_cpu).
+# Metrics whose series grow with the node's CPUs: their `cpu` label (and any other label that grows with
+# them, MetricSpec.per_cpu_labels: an IRQ line of a multi-queue device) is only exported with
+# per_cpu_series (otherwise they are summed over CPUs). /proc/stat per CPU (NODE_CPU) is behind
+# extra_node_series. The plugins declare them (MetricSpec.per_cpu).
 PER_CPU_METRICS = frozenset(d.name for d in _DEFS if d.per_cpu)
 # Series without a cgroup label on one node, at any CPU count, without per_cpu_series or
 # extra_node_series: ~565 on an idle node (softirq per vector 410, node reclaim 60, the node's runqueue
@@ -634,8 +640,7 @@ class Exporter:
                 for metric, labels, value in plugin.node_series(probe_snap):  # type: ignore[misc]
                     d = METRICS[metric]
                     if d.per_cpu and not self.per_cpu_series:  # summed over CPUs: the cpu label goes
-                        at = d.labels.index("cpu")
-                        labels = (*labels[:at], *labels[at + 1:])
+                        labels = d.lean_labels(labels)
                     node.add(d.type, metric, labels, value)
         if snap.node_vmstat is not None:
             for zone, passes in snap.node_vmstat.allocstall.items():
@@ -721,9 +726,10 @@ class Exporter:
         return []  # families vary with the state; nothing to check for duplicates at registration
 
     def label_names(self, d: MetricDef) -> tuple[str, ...]:
-        """``d``'s own labels as exported: without ``cpu`` for PER_CPU_METRICS unless per_cpu_series."""
+        """``d``'s own labels as exported: without ``cpu`` (and its other per_cpu_labels) for PER_CPU_METRICS
+        unless per_cpu_series."""
         if d.name in PER_CPU_METRICS and not self.per_cpu_series:
-            return tuple(name for name in d.labels if name != "cpu")
+            return tuple(name for name in d.labels if name not in d.per_cpu_labels)
         return d.labels
 
     def collect(self) -> Iterator[Metric]:

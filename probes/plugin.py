@@ -28,6 +28,9 @@ class MetricSpec:
     # A node metric whose `cpu` label grows with the node's CPUs: exported per CPU only with the
     # exporter's per_cpu_series, else its series are summed over CPUs (the label dropped).
     per_cpu: bool = False
+    # With per_cpu, every label that grows with the node's CPUs, all dropped together without
+    # per_cpu_series: besides `cpu`, e.g. an IRQ line (multi-queue devices have one per CPU).
+    per_cpu_labels: tuple[str, ...] = ("cpu",)
 
 
 # One value of a plugin's metric for one cgroup: (metric, cgroup, own label values, value). The cgroup is
@@ -110,6 +113,31 @@ UNKNOWN = "<unknown>"
 SIGNAL_STAGES = ("tasks", "cpus", "memory", "network")
 
 
+@dataclass(frozen=True, slots=True)
+class SignalSpec:
+    """A workload signal a plugin adds to the detector, declared with the plugin so that a new probe
+    needs no edit in detector/: a WorkloadSignals field (``default`` on every row nothing set it on,
+    the probe off included) and its detector.catalog entry, as evidence: ``diagnose`` names it, the
+    time-series store keeps it. An SLO, a baseline or a cause rule reading it is the detector's, declared
+    there (detector/catalog.py, detector/causes/)."""
+
+    name: str  # the WorkloadSignals field and catalog name, its unit in the name ("hardirq_ms_per_s")
+    label: str  # what a human calls it (diagnose, the HTML report)
+    unit: str  # the unit it is shown in
+    scale: float = 1.0  # raw value x scale = value in ``unit``
+    noise_floor: float | None = None  # smallest spread worth calling noise, in its raw unit
+    default: float | None = 0.0  # its value where nothing set it (None: unknown, NaN in the store)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFieldSpec:
+    """A NodeSignals field a plugin adds (per-CPU values its ``exposure`` reads, say), and how its value
+    is made where the plugin set none (the probe off): a fresh one per node, so no two share it."""
+
+    name: str
+    default: Callable[[], Any] = dict
+
+
 @dataclass(frozen=True)
 class SignalExtractor:
     """What a plugin's interval means to the detector (detector/signals.py joins every plugin's), declared
@@ -124,7 +152,10 @@ class SignalExtractor:
     - ``every_row(interval)``: fields set on every row (a node-wide fact, e.g. that a matrix exists).
 
     ``fields`` and ``node_fields`` name everything it sets: tests/test_signal_plugins.py fails when one is
-    declared and not produced, or produced and not declared."""
+    declared and not produced, or produced and not declared. A field the detector's row types do not
+    have is declared here too, with its default: ``signal_specs`` (workload fields, each a catalog
+    signal the plugin lists in ``ProbePlugin.signals``) and ``node_specs`` (node fields);
+    ``detector.catalog.check_plugin_signals`` refuses one that is not among ``fields`` / ``node_fields``."""
 
     stage: str  # one of SIGNAL_STAGES
     fields: tuple[str, ...]  # WorkloadSignals fields (from workloads, exposure and every_row)
@@ -133,6 +164,8 @@ class SignalExtractor:
     node: Callable[[Any, float], dict[str, Any]] | None = None
     exposure: Callable[[dict[int, float], dict[str, Any]], dict[str, Any]] | None = None
     every_row: Callable[[Any], dict[str, Any]] | None = None
+    signal_specs: tuple[SignalSpec, ...] = ()  # the fields above WorkloadSignals does not declare itself
+    node_specs: tuple[NodeFieldSpec, ...] = ()  # the node_fields NodeSignals does not declare itself
 
 
 @dataclass(frozen=True)
@@ -158,7 +191,9 @@ class ProbePlugin:
     map_entries: Callable[[Any], int] | None = None
     # The controller whose hierarchy its cgroup ids are in (the BPF probe keys by that hierarchy's ids).
     id_controller: str = "cpu"
-    signals: tuple[str, ...] = ()  # detector.catalog signal names computed from it (by signal_extractor)
+    # detector.catalog signal names computed from it (by signal_extractor), those its extractor declares
+    # (SignalExtractor.signal_specs) included
+    signals: tuple[str, ...] = ()
     signal_extractor: SignalExtractor | None = None
     metrics: tuple[str, ...] = ()  # exporter metric names filled from it (besides the per-probe health ones)
     # Metrics it defines, and their values from one (cumulative) snapshot: per cgroup (labelled by the

@@ -17,7 +17,7 @@ definitions and what the extractors produce.
 
 from __future__ import annotations
 
-from probes import gpu_pods, reclaim, runqlat, softirq, steal, tcpconnect
+from probes import gpu_pods, hardirq, reclaim, runqlat, softirq, steal, tcpconnect
 from probes.plugin import ENGINE_ATTACH_MODES, MetricSpec, ProbePlugin
 
 __all__ = ["BY_NAME", "DEFAULT_NAMES", "ENGINE_ATTACH_MODES", "NAMES", "PLUGINS", "MetricSpec", "ProbePlugin", "plugin"]
@@ -31,6 +31,7 @@ PLUGINS: tuple[ProbePlugin, ...] = (
     tcpconnect.PLUGIN,
     gpu_pods.PLUGIN,
     steal.PLUGIN,
+    hardirq.PLUGIN,
 )
 
 BY_NAME: dict[str, ProbePlugin] = {p.name: p for p in PLUGINS}

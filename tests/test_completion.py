@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from noisyneighbor.cli import build_parser
+from noisyneighbor.top import VIEW_CHOICES
 from tests.conftest import require_tool
 
 CLI = [sys.executable, "-m", "noisyneighbor.cli"]
@@ -46,7 +47,9 @@ def test_every_option_of_a_subcommand_is_offered(script):
 
 
 def test_option_values_and_files(script, tmp_path):
-    assert complete(script, "noisyneighbor top --view ") == ["runq", "softirq", "reclaim", "tcp", "gpu", "psi", "all"]
+    # Every view the parser accepts (one per registered probe with a view, then psi and all), in its order.
+    views = complete(script, "noisyneighbor top --view ")
+    assert views == list(VIEW_CHOICES) and views[:4] == ["runq", "softirq", "reclaim", "tcp"] and views[-2:] == ["psi", "all"]
     assert complete(script, "noisyneighbor diagnose --pods k") == ["kubelet"]
     assert {"bash", "zsh"} <= set(complete(script, "noisyneighbor completion "))
     (tmp_path / "report-here.html").write_text("")

@@ -20,7 +20,7 @@ import pytest
 
 from detector.model import Culprit, Incident
 from detector.signals import NodeSignals, WorkloadSignals
-from probes.plugin import MetricSpec, ProbePlugin, SignalExtractor, TopColumn, TopInput, TopTable
+from probes.plugin import MetricSpec, NodeFieldSpec, ProbePlugin, SignalExtractor, SignalSpec, TopColumn, TopInput, TopTable
 from probes.registry import PLUGINS
 from probes.snapshot import NodeSnapshot
 
@@ -33,7 +33,7 @@ MAX_LONG_FUNCTIONS = 3
 # interface types, and names every plugin snapshot has by the interface (its time and drops, an
 # interval's length).
 GENERIC_TYPES = (NodeSnapshot, NodeSignals, WorkloadSignals, Incident, Culprit, ProbePlugin, MetricSpec, TopTable,
-                 TopColumn, TopInput, SignalExtractor)
+                 TopColumn, TopInput, SignalExtractor, SignalSpec, NodeFieldSpec)
 GENERIC_FIELDS = {f.name for t in GENERIC_TYPES for f in dataclasses.fields(t)} | {"monotonic_s", "drops", "interval_s",
                                                                                    "node"}
 # "gpu" is also the device label of the node's GPU metrics (NodeSnapshot.gpus, read by the agent).

@@ -9,6 +9,7 @@ for a 64-vCPU node); the pure test builds 2-, 64- and 192-CPU snapshots so the a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -73,6 +74,22 @@ def test_node_series_do_not_grow_with_cpus_unless_asked(cpus: int) -> None:
                    for f in text_string_to_metric_families(render_text(lean).decode()) for s in f.samples}
     assert lean_scrape[(softirq.SOFTIRQ_ENTRIES, frozenset({("node", "n1"), ("vector", "NET_RX")}))] == 7 * cpus
     assert lean_scrape[(runqlat.CPU_RUNQ_LATENCY + "_count", frozenset({("node", "n1")}))] == cpus * snap.runq.per_cpu[0].count
+
+
+def test_labels_that_grow_with_cpus_are_dropped_together_unless_asked() -> None:
+    """A per-CPU family may have another label that grows with the node (an IRQ line: multi-queue devices
+    have one per CPU): MetricSpec.per_cpu_labels are all summed away without --per-cpu-series."""
+    from noisyneighbor.exporter import MetricDef
+
+    d = MetricDef("noisyneighbor_made_up_seconds_total", "counter", "made up", ("cpu", "irq", "kind"), per_cpu=True,
+                  per_cpu_labels=("cpu", "irq"))
+    assert d.lean_labels(("3", "41", "edge")) == ("edge",)
+    softirq_def = MetricDef(softirq.SOFTIRQ_ENTRIES, "counter", "x", ("cpu", "vector"), per_cpu=True)
+    assert softirq_def.lean_labels(("3", "NET_RX")) == ("NET_RX",)  # the default: cpu only
+    lean = Exporter(CollectorRegistry(), node="n1", layout=discover())
+    full = Exporter(CollectorRegistry(), node="n1", layout=discover(), per_cpu_series=True)
+    assert full.label_names(d) == ("cpu", "irq", "kind")
+    assert lean.label_names(dataclasses.replace(d, name=softirq.SOFTIRQ_ENTRIES)) == ("kind",)
 
 
 def _scrape_real_agent(tmp_path: Path, *extra: str) -> str:
