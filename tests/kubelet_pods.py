@@ -35,7 +35,7 @@ from typing import Any
 from bench.sandbox import OwnedCgroup
 from probes.cgroupfs import CgroupLayout, discover, self_cgroups
 from probes.host import HostPaths
-from tests.conftest import shield
+from tests.conftest import shield, slowdown
 from tests.fakekube import _quantity_value, container_id_for, make_pod
 
 POD_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids")
@@ -342,9 +342,15 @@ class Runc:
         # the cgroupfs driver's path: the pod's cgroup (made by the kubelet, here by us) / the container id
         spec["linux"]["cgroupsPath"] = f"{pod.path}/{cid}"
         (bundle / "config.json").write_text(json.dumps(spec))
-        subprocess.run([self.runc, "--root", str(self.state), "run", "--detach", "--bundle", str(bundle), cid],
-                       check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                       timeout=120)
+        # Not a pipe for stderr: a detached container inherits runc's stdio, so it would hold the pipe open
+        # and subprocess.run would wait for its EOF until the timeout (the container runs for its life).
+        with (bundle / "runc.stderr").open("w+b") as err:
+            done = subprocess.run([self.runc, "--root", str(self.state), "run", "--detach", "--bundle", str(bundle), cid],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                  timeout=120 * slowdown())  # runc re-executes itself (runc init): slow under TCG
+            if done.returncode != 0:
+                err.seek(0)
+                raise RuntimeError(f"runc run {cid[:12]}: exit {done.returncode}: {err.read().decode(errors='replace')[-500:]}")
         self.ids.append(cid)
         h = self.node.layout.hierarchy_for("cpu") or self.node.layout.v2
         cg = OwnedCgroup.__new__(OwnedCgroup)  # a view of runc's cgroup: runc made it and removes it

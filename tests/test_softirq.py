@@ -287,6 +287,18 @@ def test_net_rx_flood_between_namespaces(veth_pair):
     assert max(r["runtime_s_per_s"] for r in net_rx_rows) > 0
 
 
+# The holder (hold_bottom_halves) is a BPF_PROG_TEST_RUN, which holds bottom halves off on 6.18 (this
+# host). On 6.1 (the VM lane) it does not: there NET_RX ran inside the holder's run, raised and entered
+# in its context 44 µs apart (measured 2026-11-25), so no holder can make the stall. Kernels between
+# the two are not measured: the test runs where the holder was seen to hold.
+HOLDER_HOLDS_BH_FROM = (6, 18)
+
+
+def _kernel_version() -> tuple[int, int]:
+    major, minor = os.uname().release.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
 def test_stall_event_names_the_task_that_held_softirqs_off(make_cgroup, veth_pair):
     """A task keeps bottom halves off for 40 ms on one CPU (like cadvisor's slow memory.stat reads in the
     'network stalls on Kubernetes' story) while packets for that CPU keep arriving (RPS steers the veth's
@@ -295,6 +307,9 @@ def test_stall_event_names_the_task_that_held_softirqs_off(make_cgroup, veth_pai
     context that finally ran it — not ksoftirqd."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("needs two CPUs: one holds softirqs off, the other sends")
+    if _kernel_version() < HOLDER_HOLDS_BH_FROM:
+        pytest.skip(f"kernel {os.uname().release}: BPF_PROG_TEST_RUN does not hold bottom halves off here "
+                    "(measured on 6.1), so the test's holder cannot stall a softirq")
     cg = make_cgroup("holder")
     cg_id = os.stat(cg.path("cpu")).st_ino
     cpu = os.cpu_count() - 1
@@ -307,7 +322,7 @@ def test_stall_event_names_the_task_that_held_softirqs_off(make_cgroup, veth_pai
     with SoftirqProbe() as probe:
         assert probe.stall_threshold_ns == 10_000_000
         sender = subprocess.Popen(["ip", "netns", "exec", veth_pair["a"], "taskset", "-c", "0", sys.executable, "-c",
-                                   _PACED, "10", veth_pair["dst"]])
+                                   _PACED, str(10 * slowdown()), veth_pair["dst"]])  # an attempt starts a Python
         try:
             time.sleep(0.3)
             mine: list = []
