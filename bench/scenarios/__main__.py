@@ -51,8 +51,9 @@ def _parser() -> argparse.ArgumentParser:
                    "bench.scenarios markers, replacing the previous run's report")
     p.add_argument("--rescore", metavar="JSON", help="re-score and re-render a previous --json result (no run)")
     p.add_argument("--softirq-floor", action="store_true",
-                   help="measure the idle node's softirq load first and keep the softirq SLOs at twice it (the VM "
-                        "lane: an emulated CPU's own timer softirqs take ~10x a real one's time); off: the defaults")
+                   help="measure the node's softirq load first, with the tcp victim's own traffic running, and keep "
+                        "the softirq SLOs at twice it (the VM lane: an emulated CPU's own timer softirqs take ~10x a "
+                        "real one's time); off: the defaults")
     return p
 
 
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     floor = measure_softirq_floor() if args.softirq_floor else None
     if floor is not None:
-        print(f"softirq floor (idle node): {floor.ms_per_s} ms/s, delay p99 {floor.delay_p99_ms} ms", file=sys.stderr)
+        print(f"softirq floor (the tcp victim alone, busiest second): {floor.ms_per_s} ms/s, "
+              f"delay p99 {floor.delay_p99_ms} ms", file=sys.stderr)
     scores: list[Score] = []
     passes: list[dict] = []
     peers: list[dict] = []
@@ -217,7 +219,7 @@ def render(scores: list[Score], summary, peers: list[dict], overhead: dict, meta
     where += "VM lane, " if meta.get("vm") else ""
     out = [f"## Scenario benchmark ({meta['date']}, kernel {meta['kernel']}, {where}{meta['cpus']} CPUs, "
            f"{meta['elapsed_s']} s)", "",
-           *([f"Softirq SLOs at twice the idle node's floor ({meta['softirq_floor']}): "
+           *([f"Softirq SLOs at twice the node's floor with the tcp victim running ({meta['softirq_floor']}): "
               f"{meta['softirq_slo'][0]:.0f} ms/s, delay p99 {meta['softirq_slo'][1]:.2f} ms (or the defaults if higher).",
               ""] if meta.get("softirq_floor") else []), f"Command: `{meta['command']}`", "", markdown_table(scores), "",
            markdown_summary(summary)]
