@@ -46,6 +46,7 @@
 const volatile bool v1_cpu_cgroup = false;     /* key by the v1 cpu controller's cgroup */
 const volatile __u64 outlier_threshold_ns = 0; /* 0: no outlier events */
 const volatile __u32 pid_slots = 0;            /* entries of task_run_delay: pids below use it */
+const volatile __u64 node_cgroup_id = 1;       /* the root cgroup's id (kernel threads): runq_counterfactual.node_slots */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
@@ -470,6 +471,40 @@ __noinline int move_counterfactual_ns(__u32 pair_slot, __u64 full_ns, __u64 part
 					 nn_hist_slot(full_ns > part_ns ? full_ns - part_ns : 0));
 }
 
+/*
+ * The node's kernel-thread share of a wait, taken out after the culprit's (`part_ns` of `full_ns`):
+ * from slot(full - part) to slot(full - part - node), in the pair's node_slots. Only at the end of a
+ * ring walk that met the node, so the pair's slot is looked up again here (the pair was just charged:
+ * a pair the matrix lost has no slot and no move) instead of widening charge_culprit(), which the
+ * walk's callback inlines: one more branch there took the switch program past the verifier's limit.
+ */
+__noinline int move_counterfactual_node(__u64 victim, __u64 culprit, __u64 full_ns, __u64 part_ns, __u64 node_ns)
+{
+	struct runq_culprit_key key = { .victim_cgroup_id = victim, .culprit_cgroup_id = culprit };
+	struct runq_counterfactual *cf;
+	__u64 rest = full_ns > part_ns ? full_ns - part_ns : 0;
+	__u32 *slot, from, to;
+
+	if (!part_ns || full_ns < RUNQ_CF_MIN_NS)
+		return 0;
+	slot = bpf_map_lookup_elem(&culprit_slots, &key);
+	if (!slot)
+		return 0;
+	cf = bpf_map_lookup_elem(&runq_cf, slot);
+	if (!cf)
+		return 0;
+	__sync_fetch_and_add(&cf->node_ns, node_ns);
+	from = nn_hist_slot(rest);
+	to = nn_hist_slot(rest > node_ns ? rest - node_ns : 0);
+	if (from == to)
+		return 0;
+	if (from < NN_HIST_SLOTS)
+		__sync_fetch_and_add(&cf->node_slots[from], -1);
+	if (to < NN_HIST_SLOTS)
+		__sync_fetch_and_add(&cf->node_slots[to], 1);
+	return 0;
+}
+
 static __always_inline void move_counterfactual(__u32 pair_slot, __u64 full_ns, __u64 part_ns, __u32 full_slot)
 {
 	if (full_slot && part_ns + 1000 > full_ns) /* under 1 µs left: slot 0 */
@@ -518,6 +553,7 @@ struct slice_walk {
 	__u64 end;            /* where the slice being charged ends: the newer one's start */
 	__u64 last_cgroup_id; /* the newer slice's cgroup: a change starts a new turn */
 	__u64 own, idle, foreign;
+	__u64 node;           /* of `foreign`, the node's kernel threads' (node_cgroup_id) */
 	/* Two culprits accumulated over the walk: two cgroups taking turns cost two map updates. */
 	__u64 c0, n0, t0, c1, n1, t1;
 	__u32 head;
@@ -537,6 +573,8 @@ static long charge_slice(__u32 i, struct slice_walk *w)
 	w->last_cgroup_id = cg;
 	if (cg && cg != w->victim) {
 		w->foreign += ns;
+		if (cg == node_cgroup_id)
+			w->node += ns;
 		if (cg == w->c0) {
 			w->n0 += ns;
 			w->t0 += turn;
@@ -544,6 +582,7 @@ static long charge_slice(__u32 i, struct slice_walk *w)
 			w->n1 += ns;
 			w->t1 += turn;
 		} else {
+			/* A third culprit: the oldest is charged before the walk knows the node's part. */
 			if (w->c1)
 				charge_culprit(w->cpu, w->victim, w->c1, w->n1, w->t1, 0, w->full, 0);
 			w->c1 = w->c0;
@@ -583,6 +622,7 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
 	w.c0 = w.c1 = walk_zero;
 	w.n0 = w.n1 = walk_zero;
 	w.t0 = w.t1 = walk_zero;
+	w.node = walk_zero;
 	w.last_cgroup_id = ~walk_zero;
 	pending = cpu->slice_start - queued;
 	w.cpu = cpu;
@@ -594,10 +634,16 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
 	/* Kernels before bpf_loop (5.17): a wait longer than the current slice is all unknown. */
 	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop))
 		bpf_loop(RUNQ_RING_SLOTS, charge_slice, &w, 0);
-	if (w.c0)
+	if (w.c0) {
 		charge_culprit(cpu, victim, w.c0, w.n0, w.t0, 0, full, 0);
-	if (w.c1)
+		if (w.node && w.c0 != node_cgroup_id)
+			move_counterfactual_node(victim, w.c0, full, w.n0, w.node);
+	}
+	if (w.c1) {
 		charge_culprit(cpu, victim, w.c1, w.n1, w.t1, 0, full, 0);
+		if (w.node && w.c1 != node_cgroup_id)
+			move_counterfactual_node(victim, w.c1, full, w.n1, w.node);
+	}
 	s->own_wait_ns += w.own;
 	s->idle_wait_ns += w.idle;
 	s->foreign_wait_ns += w.foreign;

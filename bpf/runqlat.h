@@ -71,8 +71,18 @@ struct runq_culprit_stats {
  */
 #define RUNQ_CF_MIN_NS 128000ULL
 
+/*
+ * `node_slots`: the further move of the same waits when the node's kernel threads' share of each one
+ * is taken out too (the slices of `node_cgroup_id`, the root cgroup: ksoftirqd running the softirq
+ * work a culprit's packets made, kswapd reclaiming for its memory). A wait of `full` ns of which the
+ * culprit ran `part` and the node `node` adds -1 at slot(full - part) and +1 at slot(full - part -
+ * node): slots + node_slots is the victim's histogram without the culprit and that kernel work. Only
+ * the end of a ring walk sets it (a wait woken inside one slice has one culprit and no node part).
+ */
 struct runq_counterfactual {
 	__s64 slots[NN_HIST_SLOTS];
+	__s64 node_slots[NN_HIST_SLOTS];
+	__s64 node_ns; /* the node's part of those waits, summed (the wait per second without both) */
 };
 
 #define RUNQ_RING_SLOTS 64 /* power of 2: the finished slices each CPU remembers (consecutive ones of one cgroup merged) */

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from detector import causes
 from detector.baseline import Baselines
 from detector.catalog import BASELINE_SIGNALS, MIN_RUNQ_EVENTS, SLO_SIGNALS, SOFTIRQ_DELAY_MIN_MS_PER_S  # noqa: F401
-from detector.counterfactual import Counterfactuals
+from detector.counterfactual import Counterfactuals, with_kernel_work
 from detector.decisions import (
     Cause,
     DecisionSink,
@@ -169,7 +169,8 @@ class IncidentEngine:
         state.recent_wait_ns.append(total_wait_ns)
         state.recent_own_wait_ns.append(row.own_wait_ns)
         state.recent_own_by_container.append(row.own_wait_by_container)
-        self.counterfactual.add(key, row.runq_hist, row.interval_s, row.cf_moves, row.ran_instead_ns)
+        self.counterfactual.add(key, row.runq_hist, row.interval_s, row.cf_moves, row.ran_instead_ns,
+                                row.cf_node_moves, row.cf_node_ns)
         dt = row.interval_s
         state.recent_connect.append((row.connect_failures_per_s * dt, row.syn_retransmits_per_s * dt,
                                      row.connect_p99_ns if row.connects else 0.0))
@@ -291,6 +292,11 @@ class IncidentEngine:
             connect_servers=self._connect_servers,
         )
         verdict = causes.decide(ctx)
+        culprits = verdict.culprits
+        kernel_work = causes.spec(verdict.cause).kernel_work
+        if kernel_work:
+            culprits = with_kernel_work(culprits, lambda c: self.counterfactual.cost(key, key_of(c.target), True),
+                                        kernel_work)
         evidence = [
             Evidence(b.signal, b.value, dt, threshold=b.threshold, baseline=b.baseline, note=b.rule) for b in breaches
         ]
@@ -309,7 +315,7 @@ class IncidentEngine:
         used = {e.signal for e in verdict.evidence}
         evidence += [e for e in context if e.signal not in used] + list(verdict.evidence)
         findings = [*verdict.findings, *(f for spec in causes.CAUSES if spec.context for f in spec.context(row))]
-        return verdict.cause, verdict.confidence, verdict.culprits, evidence, findings
+        return verdict.cause, verdict.confidence, culprits, evidence, findings
 
     def _connect_servers(self, key: str) -> tuple[list[Culprit], list[Evidence]]:
         """The servers whose full accept queues a victim's connects went to (detector/listen_join.py)."""

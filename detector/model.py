@@ -41,6 +41,9 @@ class Culprit:
     runq_p99_without_ns: float | None = None
     victim_wait_ms_per_s: float | None = None
     wait_ms_per_s_without: float | None = None
+    # Those two also without the kernel work it caused, named ("ksoftirqd": the cause's CauseSpec.kernel_work),
+    # the node's kernel threads' part of the same waits; "": its own share only.
+    without_kernel_work: str = ""
 
 
 @dataclass

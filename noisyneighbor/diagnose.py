@@ -351,7 +351,7 @@ def render_text(report: DiagnoseReport) -> str:
                     + (f"  {c.note}" if c.note else "")
                 )
                 if c.runq_p99_without_ns is not None:
-                    lines.append(f"       {describe(c.target.display, inc.victim.display, cost_of(c))}")
+                    lines.append(f"       {describe(c.target.display, inc.victim.display, cost_of(c), c.without_kernel_work)}")
         else:
             lines.append("  culprits: none (not a neighbour's doing)"
                          if spec(inc.cause).blameless else "  culprits: none attributed")

@@ -180,7 +180,8 @@ _DEFS = (
     MetricDef(CULPRIT_SCORE, "gauge", "Culprit score (0..1) per open incident: who ran instead, correlation, "
               "attribution combined.", (*VICTIM_LABELS, "cause", *CULPRIT_LABELS)),
     MetricDef(CULPRIT_P99_WITHOUT, "gauge", "Per open incident and culprit, the victim's runqueue p99 with that "
-              "culprit's share of each wait taken out (the counterfactual; detector/counterfactual.py).",
+              "culprit's share of each wait taken out (the counterfactual; detector/counterfactual.py); for the top culprit "
+              "of a softirq or reclaim incident also the node's kernel threads' share (ksoftirqd, kswapd).",
               (*VICTIM_LABELS, "cause", *CULPRIT_LABELS)),
     MetricDef(ACTIONS, "counter", "Actuator actions entering each state (planned, applied, verified, reverted, "
               "failed, refused), by kind.", ("kind", "state")),

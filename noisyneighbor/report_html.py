@@ -159,7 +159,8 @@ def _card(report: DiagnoseReport, inc: Incident) -> str:
 def _without(c) -> str:
     if c.runq_p99_without_ns is None or c.victim_runq_p99_ns is None:
         return "-"
-    return escape(f"{c.victim_runq_p99_ns / 1e6:.1f} \u2192 {c.runq_p99_without_ns / 1e6:.1f} ms")
+    also = f" (and its {c.without_kernel_work} work)" if c.without_kernel_work else ""
+    return escape(f"{c.victim_runq_p99_ns / 1e6:.1f} \u2192 {c.runq_p99_without_ns / 1e6:.1f} ms{also}")
 
 
 def _plots(report: DiagnoseReport, inc: Incident) -> list[str]:
@@ -190,7 +191,8 @@ def _plots(report: DiagnoseReport, inc: Incident) -> list[str]:
             c = culprits_of(inc)[0]
             end = window[0][1]
             v = c.runq_p99_without_ns * unit.scale  # type: ignore[operator]
-            chart.lines.append(Line(f"p99 without {c.target.display}", [(inc.started_at, v), (end, v)], PALETTE[2],
+            also = f" and its {c.without_kernel_work} work" if c.without_kernel_work else ""
+            chart.lines.append(Line(f"p99 without {c.target.display}{also}", [(inc.started_at, v), (end, v)], PALETTE[2],
                                     dashed=True))
         charts.append(chart)
     if len(culprit_keys) > 1:

@@ -9,6 +9,7 @@ the victim. Counters are cumulative like the histograms: diff two snapshots (`to
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from probes.base import BpfProbe
-from probes.cgroupfs import CgroupLayout
+from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.engine import (
     AttachMode,
     Engine,
@@ -84,7 +85,9 @@ _SLOT_OWNER = struct.Struct("<Q")
 _CULPRIT_KEY = struct.Struct("<QQ")
 _CULPRIT_STATS = struct.Struct("<3Q")
 _CPU_STATE_HEAD = struct.Struct("<QQIIQQ")
-_COUNTERFACTUAL = struct.Struct(f"<{HIST_SLOTS}q")  # struct runq_counterfactual: signed slot moves
+# struct runq_counterfactual: signed slot moves without the culprit, then the further moves without the
+# node's kernel threads too (node_slots)
+_COUNTERFACTUAL = struct.Struct(f"<{2 * HIST_SLOTS + 1}q")  # (+ node_ns)
 # Between its head and its histogram: the slice ring and the cgroup slot cache (16-byte entries), the
 # pair slot cache (24-byte entries).
 RUNQ_RING_SLOTS, RUNQ_SLOT_CACHE, RUNQ_PAIR_CACHE = 64, 16, 16
@@ -186,6 +189,10 @@ class CulpritStats:
     # each one taken out (-1 where a wait leaves, +1 where it lands; empty: none moved). The victim's
     # histogram plus these is its histogram without the culprit (counterfactual_histogram).
     cf_slots: tuple[int, ...] = ()
+    # The further moves of the same waits when the node's kernel threads' part (the root cgroup:
+    # ksoftirqd, kswapd) is taken out too: cf_slots + cf_node_slots is the victim without both.
+    cf_node_slots: tuple[int, ...] = ()
+    cf_node_ns: int = 0  # the node's kernel threads' part of the waits behind this culprit (those walked)
 
     @classmethod
     def decode_percpu(cls, raws: list[bytes], cf_raw: bytes | None = None) -> CulpritStats:
@@ -193,12 +200,14 @@ class CulpritStats:
         for raw in raws:
             w, c, p = _CULPRIT_STATS.unpack_from(raw)
             wait, count, preemptions = wait + w, count + c, preemptions + p
-        cf = _COUNTERFACTUAL.unpack_from(cf_raw) if cf_raw else ()
-        return cls(wait, count, preemptions, cf if any(cf) else ())
+        both = _COUNTERFACTUAL.unpack_from(cf_raw) if cf_raw else ()
+        cf, node = both[:HIST_SLOTS], both[HIST_SLOTS:2 * HIST_SLOTS]
+        return cls(wait, count, preemptions, cf if any(cf) else (), node if any(node) else (), both[-1] if both else 0)
 
     def __add__(self, other: CulpritStats) -> CulpritStats:
         return CulpritStats(self.wait_ns + other.wait_ns, self.count + other.count, self.preemptions + other.preemptions,
-                            add_slots(self.cf_slots, other.cf_slots, 1))
+                            add_slots(self.cf_slots, other.cf_slots, 1),
+                            add_slots(self.cf_node_slots, other.cf_node_slots, 1), self.cf_node_ns + other.cf_node_ns)
 
     def delta(self, earlier: CulpritStats | None) -> CulpritStats:
         # Counters that went down were restarted (a probe reloaded): then the whole current value is new.
@@ -208,6 +217,7 @@ class CulpritStats:
         return CulpritStats(
             max(self.wait_ns - earlier.wait_ns, 0), max(self.count - earlier.count, 0),
             max(self.preemptions - earlier.preemptions, 0), add_slots(self.cf_slots, earlier.cf_slots, -1),
+            add_slots(self.cf_node_slots, earlier.cf_node_slots, -1), max(self.cf_node_ns - earlier.cf_node_ns, 0),
         )
 
 
@@ -468,6 +478,15 @@ def _pid_max(paths: HostPaths) -> int:
         return PID_MAX_LIMIT
 
 
+def _root_cgroup_id(hierarchy: Hierarchy | None) -> int:
+    """The cgroup id (its kernfs inode) of the hierarchy's root: 1 on every kernel this runs on; the
+    stat says so where the hierarchy is mounted, and 1 stands in where it is not."""
+    try:
+        return os.stat(hierarchy.path_of("/")).st_ino if hierarchy is not None else 1
+    except OSError:
+        return 1
+
+
 class RunqLatProbe(BpfProbe[RunqOutlier]):
     def __init__(
         self,
@@ -480,15 +499,21 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         max_cgroups: int = 16384,
         max_culprit_pairs: int = 8192,
         max_pid_slots: int = PID_MAX_LIMIT,
+        node_cgroup_id: int | None = None,
     ) -> None:
         """`max_culprit_pairs` bounds the (victim, culprit) matrix; pairs beyond it are counted in
         drops["culprit_map_full"] and their wait in `culprit_drop_ns`. `max_pid_slots` caps the
         pid-indexed array of the sched_info flavour (8 bytes a pid, sized to the host's pid_max):
-        tasks with larger pids are tracked in task storage instead, at ~35 ns more per switch."""
+        tasks with larger pids are tracked in task storage instead, at ~35 ns more per switch.
+        `node_cgroup_id`: whose slices are the node's kernel threads for the counterfactual's node moves
+        (CulpritStats.cf_node_slots); None: the keyed hierarchy's root cgroup (tests name a cgroup of
+        their own, never touching the root)."""
         if max_culprit_pairs < 1 or max_cgroups < 1:
             raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
                              f"max_culprit_pairs={max_culprit_pairs})")
         self.v1_cpu = self._key_by("cpu", paths, layout)
+        if node_cgroup_id is None:
+            node_cgroup_id = _root_cgroup_id(self.hierarchy)
         engine = engine or LibbpfEngine(self.paths)
         self.pid_slots = max(1, min(max_pid_slots, _pid_max(self.paths)))
         sizes = {"outliers": outlier_ring_bytes, "cgroup_slots": max_cgroups, "free_slots": max_cgroups,
@@ -497,7 +522,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                  "task_run_delay": self.pid_slots, "fallback_queued_ns": 1}
         options = {
             "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns,
-                       "pid_slots": self.pid_slots},
+                       "pid_slots": self.pid_slots, "node_cgroup_id": node_cgroup_id},
             "map_sizes": sizes,
             "layouts": MAP_LAYOUTS,
         }
@@ -776,6 +801,12 @@ def _who_ran_instead(interval: RunqInterval, workload_key: WorkloadKey, out: dic
             if pair.cf_slots:  # the counterfactual: how its waits move without this culprit
                 moves = r.setdefault("cf_moves", {})
                 moves[key] = add_slots(moves.get(key, ()), pair.cf_slots, 1)
+            if pair.cf_node_slots:  # ... and further without the node's kernel threads in the same waits
+                node = r.setdefault("cf_node_moves", {})
+                node[key] = add_slots(node.get(key, ()), pair.cf_node_slots, 1)
+            if pair.cf_node_ns:
+                node_ns = r.setdefault("cf_node_ns", {})
+                node_ns[key] = node_ns.get(key, 0.0) + pair.cf_node_ns
 
 
 PLUGIN = ProbePlugin(
@@ -787,7 +818,7 @@ PLUGIN = ProbePlugin(
         stage="tasks",
         fields=("runq_count", "runq_wait_ms_per_s", "runq_p99_ns", "runq_max_ns", "own_wait_ns", "preempted_own",
                 "ran_instead_ns", "preempted_foreign", "who_ran_instead_available", "runq_hist", "own_wait_by_cgroup",
-                "cf_moves"),
+                "cf_moves", "cf_node_moves", "cf_node_ns"),
         workloads=workload_signals,
         every_row=lambda interval: {"who_ran_instead_available": interval.culprits_available}),
     metrics=(RUNQ_LATENCY, CPU_RUNQ_LATENCY),

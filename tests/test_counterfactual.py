@@ -13,7 +13,7 @@ import pytest
 
 from detector.counterfactual import VictimWindow, describe
 from probes.hist import HIST_SLOTS, IntervalHistogram
-from probes.runqlat import CulpritStats, add_slots, counterfactual_histogram
+from probes.runqlat import CulpritStats, RunqLatProbe, add_slots, counterfactual_histogram
 from tests.scenario_support import scenario_harness
 from tests.test_detector_scenarios import VICTIM_CPU, _policy
 
@@ -68,6 +68,77 @@ def test_culprit_stats_carry_the_moves_through_add_and_delta():
     assert (b.delta(a).cf_slots[9], b.delta(a).cf_slots[3], b.delta(a).cf_slots[2]) == (-3, 2, 1)
     assert (a + b).cf_slots[9] == -7
     assert add_slots((), (), 1) == () and CulpritStats(1, 1, 0).delta(CulpritStats(0, 0, 0)).cf_slots == ()
+
+
+def test_the_kernel_work_a_culprit_caused_comes_out_with_it():
+    # 100 waits of ~10 µs and 5 of ~6 ms, each 3 ms behind the culprit and 2.9 ms behind ksoftirqd (the
+    # node): without the culprit alone they are ~3 ms (slot 12); without its kernel work too ~100 µs (slot 7).
+    w = VictimWindow()
+    for _ in range(3):
+        w.add(_hist({4: 95, 13: 5}, 95 * 10_000 + 5 * 6_000_000), 1.0, {"flood": _moves({13: -5, 12: 5}),
+              "/": _moves({13: -5, 12: 5})}, {"flood": 5 * 3_000_000, "/": 5 * 2_900_000},
+              {"flood": _moves({12: -5, 7: 5})}, {"flood": 5 * 2_900_000})
+    own, with_node = w.cost("flood"), w.cost("flood", kernel_work=True)
+    assert own is not None and with_node is not None
+    assert 2_048_000 <= own.p99_without_ns < 4_096_000
+    assert 64_000 <= with_node.p99_without_ns < 128_000
+    assert with_node.wait_ms_per_s_without == pytest.approx((95 * 10_000 + 5 * 100_000) / 1e6)
+    # A culprit that never ran on the victim's CPUs (kswapd reclaiming for a pod growing elsewhere): the
+    # node's own part of the victim's waits.
+    grower = w.cost("grower", kernel_work=True)
+    assert grower is not None and grower.p99_without_ns == own.p99_without_ns
+    assert w.cost("grower").p99_without_ns == w.cost("grower").p99_ns  # its own share: none
+    text = describe("flood", "web", with_node, "ksoftirqd")
+    assert "without it and the kernel work it caused (ksoftirqd)" in text
+
+
+def test_only_the_causes_that_declare_kernel_work_cost_it():
+    from detector import causes
+    from detector.decisions import Cause
+
+    assert causes.spec(Cause.SOFTIRQ).kernel_work == "ksoftirqd"
+    assert causes.spec(Cause.RECLAIM).kernel_work == "kswapd"
+    assert causes.spec(Cause.NEIGHBOR_CPU).kernel_work == ""
+
+
+@pytest.mark.vm
+@pytest.mark.root
+def test_the_node_moves_from_the_kernel(make_cgroup):
+    """Two hogs take turns with the victim on one CPU; the light one stands for the node's kernel threads
+    (``node_cgroup_id``: the root cgroup itself is never written to). The heavy pair's node moves take
+    the light one's part of the same waits out after the heavy one's: they conserve the waits, only move
+    them down, and carry no more than the light one's whole share of the victim's wait."""
+    from tests.test_who_ran_instead import _ino, _tids, _window
+    from tests.test_who_ran_instead import victim_and_hogs as _fixture
+
+    gen = _fixture.__wrapped__(make_cgroup)
+    victim, heavy, light = next(gen)
+    try:
+        everyone = _tids(victim) + _tids(heavy) + _tids(light)
+        v, h, lt = _ino(victim), _ino(heavy), _ino(light)
+        with RunqLatProbe(node_cgroup_id=lt) as probe:
+            before, after, _, _ = _window(probe, everyone, 3, dict)
+    finally:
+        gen.close()
+    hist = after.per_cgroup[v].delta(before.per_cgroup.get(v))
+    heavy_pair = after.culprits[(v, h)].delta(before.culprits.get((v, h)))
+    light_pair = after.culprits[(v, lt)].delta(before.culprits.get((v, lt)))
+    node, moves = heavy_pair.cf_node_slots, heavy_pair.cf_slots
+    print(f"victim {hist.count} waits, {hist.sum_ns / 1e6:.1f} ms; heavy {heavy_pair.wait_ns / 1e6:.1f} ms, light "
+          f"{light_pair.wait_ns / 1e6:.1f} ms of it; light's part of the waits behind heavy "
+          f"{heavy_pair.cf_node_ns / 1e6:.1f} ms; node moves {node}")
+    assert node and sum(node) == 0, node  # each wait it moves leaves one slot for another
+    assert node[max(i for i, x in enumerate(node) if x)] < 0, node  # only ever shorter
+    assert 0 < heavy_pair.cf_node_ns <= light_pair.wait_ns
+    # The three take turns: most of the light one's slices fall inside waits the heavy one also lengthened.
+    assert heavy_pair.cf_node_ns >= 0.5 * light_pair.wait_ns
+    assert not light_pair.cf_node_slots and not light_pair.cf_node_ns  # the node is not taken out of itself
+    iv = IntervalHistogram(hist.slots, hist.sum_ns, hist.count, None)
+    alone = counterfactual_histogram(iv, moves, heavy_pair.wait_ns)
+    both = counterfactual_histogram(iv, add_slots(moves, node, 1), heavy_pair.wait_ns + heavy_pair.cf_node_ns)
+    assert both.count == alone.count
+    assert both.quantile_ns(0.99) <= alone.quantile_ns(0.99)
+    assert sum(both.slots[10:]) < sum(alone.slots[10:])  # fewer waits of a millisecond or more
 
 
 @pytest.fixture

@@ -120,6 +120,10 @@ class CauseSpec:
     # Outcome code -> its wording (str.format fields). Decisions carry the code (Decision.code) and
     # the planner keys on codes only: rewording a message changes no decision (tests/test_causes.py).
     messages: dict[str, str] = field(default_factory=dict)
+    # The node's kernel thread that does this cause's work on a culprit's behalf ("ksoftirqd": the
+    # softirq work its packets made; "kswapd"): the top culprit's counterfactual takes its part of each
+    # wait out too (detector/counterfactual.py). "": none; a culprit's cost is its own share only.
+    kernel_work: str = ""
 
     def say(self, code: str, **fields: Any) -> str:
         return self.messages[code].format(**fields)

@@ -74,6 +74,7 @@ SPEC = CauseSpec(
     advice="softirq work lands on the victim's CPUs: steer IRQs/RPS away from them or move the traffic source",
     act=suppress_top_be,
     mitigation=Mitigation.TRAFFIC_AND_RT,
+    kernel_work="ksoftirqd",
     messages={
         NO_POD_TRAFFIC: "no pod's own traffic seen: NET_RX comes from the node's devices; advice: move IRQ/RPS "
                         "steering off the victim's CPUs (the agent never changes node IRQ settings)",
