@@ -12,16 +12,20 @@ culprit's moves is the histogram it would have had without the culprit; its p99 
 Waits shorter than 128 µs are not moved (the kernel skips them to keep the switch path cheap; the
 exporter's first bucket holds them all anyway): the counterfactual is exact from 128 µs up.
 
-The kernel work a culprit causes: ksoftirqd running the softirq work its packets made, kswapd reclaiming
-for its memory. Both are kernel threads of the node (the root cgroup), so "who ran instead" charges
-them to the node, not to the pod. For a cause that declares such work (``CauseSpec.kernel_work``) the
-incident's top culprit is costed without it too: the probe also keeps, per pair, how the same waits move
-further when the node's part of each is taken out (``node_slots``; per wait, so a wait behind the
-culprit and ksoftirqd both is moved by both). In the scenario bench (softirq-starve, host) one
-incident tick's counterfactual was 1.46 ms without the RT culprit alone and 0.08 ms without it and the
-node's part, against 0.06 ms measured after the culprit was moved away. The node's part is all of the
-root cgroup's time in those waits: on a node whose root holds more than kernel threads it takes out
-more than the culprit caused (a v2 systemd node keeps its services in system.slice).
+The kernel work a culprit causes: ksoftirqd running the softirq work its packets made. It is a kernel
+thread of the node (the root cgroup), so "who ran instead" charges it to the node, not to the pod. For
+a cause that declares such work (``CauseSpec.kernel_work``) the incident's top culprit is costed
+without it too: the probe also keeps, per pair, how the same waits move further when the node's part
+of each is taken out (``node_slots``; per wait, so a wait behind the culprit and ksoftirqd both is
+moved by both). In the scenario bench (softirq-starve, host) one incident tick's counterfactual was
+1.46 ms without the RT culprit alone and 0.08 ms without it and the node's part, against 0.06 ms
+measured after the culprit was moved away. Bounds: the node's part is all of the root cgroup's time in
+those waits (a v2 systemd node keeps its services in system.slice, so its root holds kernel threads;
+a root holding more takes out more than the culprit caused), and softirq work run at interrupt exit
+on top of another task (the idle task, the victim's own) is charged to that task and stays in.
+kswapd is not declared: capping a global-reclaim grower does not stop it (the node stays below its
+watermark until memory is freed); a counterfactual without it said 0.11 ms where 0.71 ms was measured
+after the cap (make bench, global-reclaim / mitigate, 2026-11-27).
 
 What it is not: a prediction of the scheduler. Without the culprit another task may run in its place
 (it is the wait *behind this culprit* that is taken out), and a wait two containers of one culprit pod
@@ -35,7 +39,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from detector.causes.base import ROOT_CGROUP
 from detector.model import Culprit
 from probes.hist import HIST_SLOTS, IntervalHistogram, counterfactual_histogram
 
@@ -92,15 +95,12 @@ class VictimWindow:
 
     def cost(self, culprit: str, kernel_work: bool = False) -> CulpritCost | None:
         """The victim's p99 and wait/s over the window, with and without ``culprit`` (and, with
-        ``kernel_work``, without the node's kernel threads' part of the same waits: a culprit that never
-        ran on the victim's CPUs, kswapd reclaiming for a pod growing elsewhere, is costed as the node's
-        part of the victim's waits); None when it did not wait."""
+        ``kernel_work``, without the node's kernel threads' part of the same waits); None when it did not
+        wait."""
         hist = self.histogram()
         seconds = sum(t.interval_s for t in self.ticks)
         if not hist.count or seconds <= 0:
             return None
-        if kernel_work and not any(culprit in t.moves or t.removed_ns.get(culprit) for t in self.ticks):
-            culprit, kernel_work = ROOT_CGROUP, False
         moves = [0] * HIST_SLOTS
         removed = 0.0
         for t in self.ticks:

@@ -181,7 +181,7 @@ _DEFS = (
               "attribution combined.", (*VICTIM_LABELS, "cause", *CULPRIT_LABELS)),
     MetricDef(CULPRIT_P99_WITHOUT, "gauge", "Per open incident and culprit, the victim's runqueue p99 with that "
               "culprit's share of each wait taken out (the counterfactual; detector/counterfactual.py); for the top culprit "
-              "of a softirq or reclaim incident also the node's kernel threads' share (ksoftirqd, kswapd).",
+              "of a softirq incident also the node's kernel threads' share (ksoftirqd).",
               (*VICTIM_LABELS, "cause", *CULPRIT_LABELS)),
     MetricDef(ACTIONS, "counter", "Actuator actions entering each state (planned, applied, verified, reverted, "
               "failed, refused), by kind.", ("kind", "state")),
