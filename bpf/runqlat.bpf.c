@@ -444,6 +444,15 @@ static __noinline struct runq_culprit_stats *culprit_stats_slow(struct runq_cpu_
  * next): the verifier checks each once, not once per path of each caller (two log2s inlined into every
  * charge made the switch program too complex to load).
  */
+/* One wait leaves histogram slot `from` for `to` in `slots` (a pair's slots or node_slots). */
+static __always_inline void move_slot(__s64 *slots, __u32 from, __u32 to)
+{
+	if (from < NN_HIST_SLOTS)
+		__sync_fetch_and_add(&slots[from], -1);
+	if (to < NN_HIST_SLOTS)
+		__sync_fetch_and_add(&slots[to], 1);
+}
+
 __noinline int move_counterfactual_slots(__u32 pair_slot, __u32 from, __u32 to)
 {
 	struct runq_counterfactual *cf;
@@ -451,12 +460,8 @@ __noinline int move_counterfactual_slots(__u32 pair_slot, __u32 from, __u32 to)
 	if (from == to)
 		return 0;
 	cf = bpf_map_lookup_elem(&runq_cf, &pair_slot);
-	if (!cf)
-		return 0;
-	if (from < NN_HIST_SLOTS)
-		__sync_fetch_and_add(&cf->slots[from], -1);
-	if (to < NN_HIST_SLOTS)
-		__sync_fetch_and_add(&cf->slots[to], 1);
+	if (cf)
+		move_slot(cf->slots, from, to);
 	return 0;
 }
 
@@ -496,12 +501,8 @@ __noinline int move_counterfactual_node(__u64 victim, __u64 culprit, __u64 full_
 	__sync_fetch_and_add(&cf->node_ns, node_ns);
 	from = nn_hist_slot(rest);
 	to = nn_hist_slot(rest > node_ns ? rest - node_ns : 0);
-	if (from == to)
-		return 0;
-	if (from < NN_HIST_SLOTS)
-		__sync_fetch_and_add(&cf->node_slots[from], -1);
-	if (to < NN_HIST_SLOTS)
-		__sync_fetch_and_add(&cf->node_slots[to], 1);
+	if (from != to)
+		move_slot(cf->node_slots, from, to);
 	return 0;
 }
 
