@@ -358,5 +358,6 @@ def active_interval():
     waited = IntervalHistogram(tuple([0] * 5 + [4] + [0] * (HIST_SLOTS - 6)), 80_000, 4, None)
     split = WaitSplit(own_wait_ns=1000, foreign_wait_ns=5000, idle_wait_ns=300, unknown_wait_ns=200, own_preemptions=1)
     return RunqInterval(1.0, {1: waited, 2: waited}, [waited], {1: split},
-                        {(1, 2): CulpritStats(5000, 2, 1, (0,) * 4 + (1, -1) + (0,) * (HIST_SLOTS - 6)),
+                        {(1, 2): CulpritStats(5000, 2, 1, (0,) * 4 + (1, -1) + (0,) * (HIST_SLOTS - 6),
+                                              (0,) * 3 + (1, -1) + (0,) * (HIST_SLOTS - 5), 700),
                          (1, 1): CulpritStats(100, 1, 1)}, True)
