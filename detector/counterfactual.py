@@ -20,10 +20,11 @@ of each is taken out (``node_slots``; per wait, so a wait behind the culprit and
 moved by both). In softirq-starve (host) it moved 1-13 of the ~400 waits of an incident tick: one
 tick's counterfactual went from 1.03 to 0.95 ms, another's from 0.46 to 0.39 ms, against 0.03-0.17 ms
 measured once the culprit was moved away. (The 1.46 -> 0.08 ms that motivated it had added the root
-pair's moves to the culprit's, which also moves waits behind the node alone, and some twice.) Bounds: the node's part is all of the root cgroup's time in
-those waits (a v2 systemd node keeps its services in system.slice, so its root holds kernel threads;
-a root holding more takes out more than the culprit caused), and softirq work run at interrupt exit
-on top of another task (the idle task, the victim's own) is charged to that task and stays in.
+pair's moves to the culprit's, which also moves waits behind the node alone, and some twice.)
+Bounds: the node's part is all of the root cgroup's time in those waits (a v2 systemd node keeps its
+services in system.slice, so its root holds kernel threads; a root holding more takes out more than
+the culprit caused), and softirq work run at interrupt exit on top of another task (the idle task,
+the victim's own) is charged to that task and stays in.
 kswapd is not declared: capping a global-reclaim grower does not stop it (the node stays below its
 watermark until memory is freed); a counterfactual without it said 0.11 ms where 0.71 ms was measured
 after the cap (make bench, global-reclaim / mitigate, 2026-11-27).
