@@ -56,6 +56,8 @@ STALE_START_NS = 3 * 3600 * 1_000_000_000
 SWEEP_EVERY_S = 60.0
 _START_TS = struct.Struct("<Q")  # struct tcpconnect_start begins with ts_ns
 _SLOT_HEAD = struct.Struct("<QQ")  # struct tcpconnect_slot: sk, then the start's ts_ns
+_START_NETNS = struct.Struct("<24xI")  # struct tcpconnect_start: ts_ns, cgroup_id, task, then netns
+_SLOT_NETNS = struct.Struct("<32xI")  # struct tcpconnect_slot: sk, then that start
 SLOT_SIZE = 64
 
 # struct tcpconnect_stats: nn_hist (32 slots + sum, count, max) then 7 counters.
@@ -336,10 +338,20 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
             self.sweep_stale_starts()
         return TcpConnectSnapshot(now, per_key, destinations, drops)
 
-    def in_flight(self) -> int:
-        """Connect starts held now (slots and overflow hash): connects in progress, plus stale ones."""
-        held = sum(1 for _, value in self.probe.map_items("inflight_slots") if _SLOT_HEAD.unpack_from(value)[0])  # type: ignore[arg-type]
-        return held + sum(1 for _ in self.probe.map_items("inflight"))
+    def in_flight(self, netns: int | None = None) -> int:
+        """Connect starts held now (slots and overflow hash): connects in progress, plus stale ones.
+
+        With `netns`, only those of sockets in that network namespace: the maps are node-wide, and
+        any other process's connect may be in flight at the moment of the read.
+        """
+        held = 0
+        for _, value in self.probe.map_items("inflight_slots"):
+            if _SLOT_HEAD.unpack_from(value)[0] and (netns is None or _SLOT_NETNS.unpack_from(value)[0] == netns):  # type: ignore[arg-type]
+                held += 1
+        for _, value in self.probe.map_items("inflight"):
+            if netns is None or _START_NETNS.unpack_from(value)[0] == netns:  # type: ignore[arg-type]
+                held += 1
+        return held
 
     def sweep_stale_starts(self, max_age_ns: int = STALE_START_NS) -> int:
         """Free in-flight starts older than `max_age_ns` (sockets gone without an end); how many.

@@ -223,14 +223,21 @@ def test_counts_latency_and_attribution_match_the_kernel(netns, make_cgroup):
         truth_before = read_counters(server)
         before = probe.snapshot()
         ca, cb = _run_client(ns, a, plan_a), _run_client(ns, b, plan_b)
+        # While a dropped first SYN waits out its 1 s RTO, its start is held for this namespace.
+        peak_in_flight, deadline = 0, time.monotonic() + 10 * slowdown()
+        while peak_in_flight == 0 and ca.poll() is None and time.monotonic() < deadline:
+            peak_in_flight = probe.in_flight(netns=netns_ino)
+            time.sleep(0.02)
+        assert peak_in_flight > 0, "no start held while connects waited on a dropped SYN"
         ra, rb = _client_result(ca), _client_result(cb)
         after = probe.snapshot()
         truth = read_counters(server).delta(truth_before)
         events = probe.poll_outliers(100)
-        # Every end removed its start from the in-flight table, slots and overflow hash (a connect of
-        # another process on this machine may be in flight right now): nothing is left to sweep.
-        left = probe.in_flight()
-        assert left <= 2, left
+        # Every end removed its start from the in-flight table, slots and overflow hash: nothing of this
+        # namespace is left to sweep (other processes' connects elsewhere on the node may be in flight),
+        # but for ends the kernel skipped (each leaves its start held until the sweep).
+        left = probe.in_flight(netns=netns_ino)
+        assert left <= _misses(before, after), f"{left} starts left, {_misses(before, after)} skipped runs"
 
     # What the clients saw.
     seen_a = Counter((fam, port, outcome) for fam, port, outcome, _ in ra["results"])
@@ -373,7 +380,9 @@ def test_held_slots_overflow_to_the_hash_and_stale_starts_are_swept(netns, make_
         assert Counter(o for *_, o, _dt in res["results"]) == {"ok": 18, "refused": 4}
         held = {k: struct.unpack_from("<Q", v)[0] for k, v in probe.probe.map_items("inflight_slots")}
         assert held == {k: 2 * i + 1 for i, k in enumerate(slots)}, "a connect took or freed a held slot"
-        assert probe.in_flight() <= len(slots) + 2  # the overflow hash is empty again (or nearly: other hosts' connects)
+        # The overflow hash is empty again of this namespace's connects (the fake slots hold netns 0).
+        assert probe.in_flight(netns=netns_ino) == 0
+        assert probe.in_flight() >= len(slots)
         assert dict(probe.probe.map_items("connect_bucket_owner")) == fake_owners, "a connect took an owned bucket"
         assert dict(probe.probe.map_items("dest_bucket_owner")) == fake_dests, "a connect took an owned bucket"
         assert probe.probe.map_lookup("connect_stats", struct.pack("<QII", *key, 0)) is not None
@@ -399,8 +408,10 @@ def test_held_slots_overflow_to_the_hash_and_stale_starts_are_swept(netns, make_
         probe.probe.map_update("inflight", struct.pack("<Q", 0xDEAD3), struct.pack("<Q", now).ljust(48, b"\0"))
         assert probe.sweep_stale_starts(max_age_ns=60 * 10**9) == len(slots[::2]) + 1
         held = {k: struct.unpack_from("<Q", v)[0] for k, v in probe.probe.map_items("inflight_slots")}
-        assert sum(1 for sk in held.values() if sk) == len(slots) - len(slots[::2])
-        assert all(held[k] == 0 for k in slots[::2])
+        # Recent holders kept; stale ones freed (a connect elsewhere on the node may have taken a freed
+        # slot since: a real socket's address is even, a fake holder's odd).
+        assert all(held[k] == 2 * i + 1 for i, k in enumerate(slots) if i % 2)
+        assert all(held[k] % 2 == 0 for k in slots[::2])
         assert probe.probe.map_lookup("inflight", struct.pack("<Q", 0xDEAD1)) is None
         assert probe.probe.map_lookup("inflight", struct.pack("<Q", 0xDEAD3)) is not None
     got = _delta(after.per_key[key], before.per_key.get(key))
