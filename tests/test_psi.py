@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -357,7 +358,10 @@ def test_watcher_validates_before_opening_and_releases_fds(tmp_path: Path) -> No
 
 # -- real kernel --------------------------------------------------------------------------------
 
-BUSY_LOOP = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
+# Prints a line once its interpreter has started: under TCG, Python's start (reading modules from the
+# shared root) takes seconds, during which the process sleeps on I/O and contends for no CPU.
+BUSY_LOOP = ("import sys, time\nprint('spinning', flush=True)\nend = time.monotonic() + float(sys.argv[1])\n"
+             "while time.monotonic() < end:\n    pass\n")
 
 
 def spawn_busy(cg: OwnedCgroup, seconds: float, cpu: int | None = None) -> subprocess.Popen:
@@ -368,7 +372,18 @@ def spawn_busy(cg: OwnedCgroup, seconds: float, cpu: int | None = None) -> subpr
         if cpu is not None:
             os.sched_setaffinity(0, {cpu})
 
-    return subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(seconds)], preexec_fn=join)
+    return subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(seconds)], preexec_fn=join, stdout=subprocess.PIPE)
+
+
+def wait_spinning(procs: list[subprocess.Popen], timeout_s: float = 60.0) -> None:
+    """Return once every busy loop has said it spins (past its interpreter's start)."""
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        assert p.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(p.stdout, selectors.EVENT_READ)
+            ready = sel.select(max(0.0, deadline - time.monotonic()))
+        assert ready and p.stdout.readline().strip() == b"spinning", "busy loop did not start"
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:
@@ -441,10 +456,11 @@ def test_trigger_fires_on_cpu_stall_and_ends_when_cgroup_removed(make_cgroup) ->
         trigger = watcher.add(cg.path("unified") / "cpu.pressure", "some", stall_us, window_us)
         assert watcher.active == [trigger]
         assert watcher.wait(0) == []  # quiet cgroup: nothing yet
-        start = time.monotonic()
         # Three busy loops on one CPU keep two of them runnable-but-waiting: "some" CPU stall.
         procs = [spawn_busy(cg, window_s + 3, cpu) for _ in range(3)]
         try:
+            wait_spinning(procs)
+            start = time.monotonic()
             fired = []
             while not fired and time.monotonic() - start < window_s + 3:
                 fired = [e for e in watcher.wait(0.5) if not e.ended]
@@ -550,11 +566,8 @@ def test_pod_cpu_psi_is_the_kernels_and_counts_the_stall(make_cgroup) -> None:
     # The loops end by themselves; generous for a slow guest (TCG starts Python in seconds).
     procs = [spawn_busy(ctr, 120, cpu) for _ in range(3)]
     try:
-        deadline = time.monotonic() + 60
-        while len(ctr.pids()) < 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(ctr.pids()) == 3, "busy loops did not start"
-        time.sleep(0.5)  # every loop past its interpreter's start, contending
+        wait_spinning(procs)  # every loop past its interpreter's start, contending
+        assert len(ctr.pids()) == 3
         b0, got0, a0 = _watch_between(watch, pod_rel, psi_dir, "cpu")
         t0 = watch.psi_read_s[pod_rel]
         time.sleep(window_s)
