@@ -41,6 +41,12 @@ from tests.fakekube import _quantity_value, container_id_for, make_pod
 POD_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids")
 V2_CONTROLLERS = ("cpuset", "cpu", "io", "memory", "pids")
 PERIOD_US = 100_000
+# A BE pod that is a CPU neighbour, not a bystander: as much weight as a pod requesting 4 cores. Next to
+# one burstable pod requesting 500m (its level's shares 512, as the kubelet sets them), the burstable
+# level gets 1/9 of a CPU both share: 512 vs 4096 shares on v1, cpu.weight 20 vs 157 on v2. An LS
+# worker that needs about 1/5 of it then waits on both hierarchies and schedulers, and still switches in
+# often enough for a p99 (at 1/17, 8192 shares, it switched in 13 times a second: too few).
+BE_NEIGHBOUR_SHARES = 4096
 
 
 def in_vm_lane() -> bool:
@@ -143,6 +149,8 @@ class KubeletNode:
         self.kubepods = self._make(self._kubepods())
         self.qos_levels = {q: self._make(self.qos_path(q)) for q in ("burstable", "besteffort")}
         self._cpu_weight(self.qos_levels["besteffort"], 2)
+        self._burstable_cores = 0.0  # what the burstable level's weight follows (the kubelet's QoS manager)
+        self._cpu_weight(self.qos_levels["burstable"], shares_of(self._burstable_cores))
         # Our pods first on their CPUs against the rest of a shared machine (tests/conftest.py: shield):
         # a BestEffort pod at weight 2 would otherwise get next to nothing of a loaded CPU.
         self._unshield = shield(self.kubepods)
@@ -185,6 +193,11 @@ class KubeletNode:
         mem_limits = [_quantity_value((c.get("limits") or {}).get("memory")) for c in containers]
         requests = sum(_cores((c.get("requests") or c.get("limits") or {}).get("cpu")) or 0.0 for c in containers)
         self._cpu_weight(pod_cg, shares_of(requests))
+        if qos == "burstable":
+            # The kubelet's QoS manager sets the burstable level's shares to the sum of its pods' CPU
+            # requests: a burstable pod competes with the besteffort level at what its pods asked for.
+            self._burstable_cores += requests
+            self._cpu_weight(self.qos_levels["burstable"], shares_of(self._burstable_cores))
         if all(x is not None for x in cpu_limits):  # the kubelet caps the pod only when every container is
             self._cpu_max(pod_cg, sum(cpu_limits))  # type: ignore[arg-type]
         if all(x is not None for x in mem_limits):

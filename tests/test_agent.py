@@ -156,7 +156,11 @@ def test_enforcing_agent_suppresses_a_be_hog_and_sigterm_restores_its_quota(make
     ls = make_cgroup("nnls", ("cpu", "cpuacct"))
     be = make_cgroup("nnbe", ("cpu", "cpuacct"))
     v2 = not (be.path("cpu") / "cpu.shares").exists()
-    # As a busy BE pod next to a small LS one: cpu.shares 2048, or its v2 weight (the kubelet's mapping).
+    # A busy BE pod next to a small LS one, with the weights the kubelet gives such pods on either hierarchy
+    # (cpu.shares 512 and 2048, or their v2 weights 20 and 79): the LS worker's fair share of their CPU
+    # (1/5) is below what it needs (3/10), so it waits under CFS too (a default-weight LS cgroup, 100 on
+    # v2 but 1024 shares on v1, got more than it needed from 6.1's CFS and barely waited).
+    ls.write("cpu", "cpu.weight" if v2 else "cpu.shares", "20" if v2 else "512")
     be.write("cpu", "cpu.weight" if v2 else "cpu.shares", "79" if v2 else "2048")
     quota_file = be.path("cpu") / ("cpu.max" if v2 else "cpu.cfs_quota_us")
     original = quota_file.read_text().strip()

@@ -33,7 +33,7 @@ from probes.cgroupfs import discover, self_cgroups
 from probes.cpuacct import read_cgroup_cpu
 from tests.conftest import slowdown
 from tests.exporter_support import REPO, AgentProcess, write_config
-from tests.kubelet_pods import KContainer, KPod, KubeletNode, pure_v2
+from tests.kubelet_pods import BE_NEIGHBOUR_SHARES, KContainer, KPod, KubeletNode, pure_v2
 from tests.scenario_support import LS_WORKER
 from tests.test_v2_pods import SPIN, VICTIM_CPU
 
@@ -369,7 +369,7 @@ def test_enforcing_agent_suppresses_the_be_pod_and_restores_after_sigterm_and_ki
     files = CgroupFiles(layout=sandbox_layout())
     ls = node.pod("web", [{"name": "main", "requests": {"cpu": "500m"}}])
     be = node.pod("batch", [{"name": "job"}])
-    node.weigh(be, 8192)  # a neighbour of the victim, not crowded out by the rest of a loaded host
+    node.weigh(be, BE_NEIGHBOUR_SHARES)  # a neighbour of the victim, not crowded out by the rest of a loaded host
     original = _file(files, Resource.CPU_QUOTA, be.rel)
     spinners: list[subprocess.Popen] = []
 
@@ -401,19 +401,23 @@ def test_enforcing_agent_suppresses_the_be_pod_and_restores_after_sigterm_and_ki
 
     def run_until_applied(workdir: Path) -> AgentProcess:
         agent = agent_off_the_victims_cpu(workdir)
-        agent.wait_ready(timeout=120 * slow)
-        if not spinners:
-            workloads()
-        deadline = time.monotonic() + 60 * slow
-        applied: list[dict] = []
-        while time.monotonic() < deadline and not applied:
-            applied = [a for a in agent.audit() if a.get("event") == "action" and a["kind"] == "suppress"
-                       and a["state"] == "applied"]
-            time.sleep(0.5)
-        assert applied, f"no suppress applied; audit {agent.audit()}\n{agent.log_tail()}"
-        assert applied[0]["target"].strip("/") == be.rel, applied[0]
-        assert [w["path"] for w in applied[0]["writes"]] == [str(files.path(Resource.CPU_QUOTA, be.rel))]
-        assert _file(files, Resource.CPU_QUOTA, be.rel) != original
+        try:
+            agent.wait_ready(timeout=120 * slow)
+            if not spinners:
+                workloads()
+            deadline = time.monotonic() + 60 * slow
+            applied: list[dict] = []
+            while time.monotonic() < deadline and not applied:
+                applied = [a for a in agent.audit() if a.get("event") == "action" and a["kind"] == "suppress"
+                           and a["state"] == "applied"]
+                time.sleep(0.5)
+            assert applied, f"no suppress applied; audit {agent.audit()}\n{agent.log_tail()}"
+            assert applied[0]["target"].strip("/") == be.rel, applied[0]
+            assert [w["path"] for w in applied[0]["writes"]] == [str(files.path(Resource.CPU_QUOTA, be.rel))]
+            assert _file(files, Resource.CPU_QUOTA, be.rel) != original
+        except BaseException:
+            agent.terminate(timeout=60 * slow)  # a failed wait must not leave an enforcing agent running
+            raise
         return agent
 
     first = tmp_path / "first"

@@ -31,7 +31,7 @@ from probes.cgroupfiles import CPUSET_EFFECTIVE_CPUS
 from probes.cgroupfs import discover
 from tests.conftest import slowdown
 from tests.ground_truth import SCHED_SWITCH_LOSS, missed_allowance
-from tests.kubelet_pods import KPod, KubeletNode, pure_v2
+from tests.kubelet_pods import BE_NEIGHBOUR_SHARES, KPod, KubeletNode, pure_v2
 from tests.scenario_support import LS_WORKER, Scenario
 
 pytestmark = [pytest.mark.root, pytest.mark.vm]
@@ -225,7 +225,7 @@ def test_neighbor_cpu_names_the_be_pod_on_kubelet_pods(node, make_cgroup):
         be = node.pod("batch", [{"name": "job"}])
         # spinners that weigh 8 cores: they take the victim's CPU from it, not only other work on a loaded
         # host from both (at a BE pod's weight of 2 the node's own tasks were its neighbours, not the pod)
-        node.weigh(be, 8192)
+        node.weigh(be, BE_NEIGHBOUR_SHARES)
         for pod in (ls, be):
             s.kube.add_pod(node.kube_pod(pod))
             s.pods.append(pod)  # type: ignore[arg-type]  # Scenario reads .path only
