@@ -45,7 +45,7 @@ PERIOD_US = 100_000
 # one burstable pod requesting 500m (its level's shares 512, as the kubelet sets them), the burstable
 # level gets 1/9 of a CPU both share: 512 vs 4096 shares on v1, cpu.weight 20 vs 157 on v2. An LS
 # worker that needs about 1/5 of it then waits on both hierarchies and schedulers, and still switches in
-# often enough for a p99 (at 1/17, 8192 shares, it switched in 13 times a second: too few).
+# often enough for a p99 (at 1/17, 8192 shares, it switched in 13 times a second on a loaded host: too few).
 BE_NEIGHBOUR_SHARES = 4096
 
 

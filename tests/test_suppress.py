@@ -190,13 +190,16 @@ def test_cfs_quota_suppress_caps_be_and_helps_ls(make_cgroup, hog, tmp_path: Pat
         be_wait_before = _culprit_wait(s0, s1, ls_ino, be_ino) / max(before.count, 1)
         be_wait_after = _culprit_wait(s2, s3, ls_ino, be_ino) / max(after.count, 1)
         print(f"BE usage {usage_before:.2f} -> {usage_after:.2f} cores (planned {planned:.2f}); "
-              f"LS runq p99 {p99_before / 1e6:.2f} -> {p99_after / 1e6:.2f} ms, count {before.count}/{after.count}; "
+              f"LS runq p99 {p99_before / 1e6:.2f} -> {p99_after / 1e6:.2f} ms, mean {before.mean_ns / 1e6:.2f} -> "
+              f"{after.mean_ns / 1e6:.2f} ms, count {before.count}/{after.count}; "
               f"LS wait behind BE per wakeup {be_wait_before / 1e6:.2f} -> {be_wait_after / 1e6:.2f} ms")
         assert usage_before > 0.25
         assert usage_after == pytest.approx(planned, rel=0.10)
-        # A quota shortens BE's bursts but the LS waits as long inside each one, so its p99 improves
-        # only somewhat (15-70 % in runs here); the wait spent behind BE is the direct evidence.
-        assert p99_after < p99_before
+        # The cap takes 70 % of BE's CPU: the LS worker waits behind BE at fewer of its wakeups, so its
+        # mean wait falls. Not its p99: a wakeup inside one of BE's bursts still waits out the burst, as
+        # long as before (p99 15-70 % lower in most runs here, 1 % higher in one: 29.3 -> 29.7 ms, while
+        # the mean wait behind BE per wakeup fell from 26.5 to 1.5 ms).
+        assert after.mean_ns < 0.5 * before.mean_ns
         if s1.culprits_available and be_wait_before > 0:  # attribution flavour loaded and saw BE run
             assert be_wait_after < 0.5 * be_wait_before
         assert files.read_cpu_max(be_rel).quota_us == round(planned * 100_000)
