@@ -56,8 +56,9 @@ STALE_START_NS = 3 * 3600 * 1_000_000_000
 SWEEP_EVERY_S = 60.0
 _START_TS = struct.Struct("<Q")  # struct tcpconnect_start begins with ts_ns
 _SLOT_HEAD = struct.Struct("<QQ")  # struct tcpconnect_slot: sk, then the start's ts_ns
-_START_NETNS = struct.Struct("<24xI")  # struct tcpconnect_start: ts_ns, cgroup_id, task, then netns
-_SLOT_NETNS = struct.Struct("<32xI")  # struct tcpconnect_slot: sk, then that start
+_START_NETNS_AT = 24  # struct tcpconnect_start: ts_ns, cgroup_id, task, then netns
+_START_NETNS = struct.Struct(f"<{_START_NETNS_AT}xI")
+_SLOT_NETNS = struct.Struct(f"<{8 + _START_NETNS_AT}xI")  # struct tcpconnect_slot: sk, then a start
 SLOT_SIZE = 64
 
 # struct tcpconnect_stats: nn_hist (32 slots + sum, count, max) then 7 counters.

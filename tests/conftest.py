@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import selectors
 import shutil
 import signal
 import subprocess
@@ -44,6 +45,17 @@ def slowdown() -> float:
             x += i * i % 7
         times.append(time.perf_counter() - start)
     return max(1.0, sorted(times)[1] / _CALIBRATION_REFERENCE_S)
+
+
+def readline_within(p: subprocess.Popen, timeout: float) -> str:
+    """A line from `p` within `timeout` seconds on the reference machine (longer on a slower one:
+    an interpreter starts ~10 times slower in a TCG guest)."""
+    timeout *= slowdown()
+    with selectors.DefaultSelector() as sel:
+        sel.register(p.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            raise AssertionError(f"no output from {p.args[-3:]} within {timeout} s")
+    return p.stdout.readline().strip()
 
 
 def _term_as_interrupt(signum: int, frame: object) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from probes.psi import (
     read_pressure_file,
     validate_trigger,
 )
+from tests.conftest import readline_within
 from tests.test_reclaim import PAGE_CACHE_WORKLOAD
 
 CPU_TEXT = (
@@ -372,18 +372,14 @@ def spawn_busy(cg: OwnedCgroup, seconds: float, cpu: int | None = None) -> subpr
         if cpu is not None:
             os.sched_setaffinity(0, {cpu})
 
-    return subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(seconds)], preexec_fn=join, stdout=subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(seconds)], preexec_fn=join, stdout=subprocess.PIPE,
+                            text=True)
 
 
-def wait_spinning(procs: list[subprocess.Popen], timeout_s: float = 60.0) -> None:
+def wait_spinning(procs: list[subprocess.Popen]) -> None:
     """Return once every busy loop has said it spins (past its interpreter's start)."""
-    deadline = time.monotonic() + timeout_s
     for p in procs:
-        assert p.stdout is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(p.stdout, selectors.EVENT_READ)
-            ready = sel.select(max(0.0, deadline - time.monotonic()))
-        assert ready and p.stdout.readline().strip() == b"spinning", "busy loop did not start"
+        assert readline_within(p, 6) == "spinning", "busy loop did not start"
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:

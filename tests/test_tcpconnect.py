@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import re
-import selectors
 import signal
 import socket
 import struct
@@ -37,7 +36,7 @@ from probes.tcpconnect import (
     TcpConnectSnapshot,
     summarize,
 )
-from tests.conftest import require_tool, slowdown
+from tests.conftest import readline_within, require_tool, slowdown
 
 P_OK, P_CLOSED, P_DROP = 7000, 7001, 7010  # P_DROP...P_DROP+3: first SYN of each connect dropped
 HOSTS = {4: "127.0.0.1", 6: "::1"}
@@ -129,7 +128,7 @@ class OwnedNetns:
         """Start a listener; return its pid (inside the namespace: its /proc/<pid>/net is the netns')."""
         p = self.popen(sys.executable, "-c", SERVER, ",".join(map(str, ports)), str(backlog),
                        "accept" if accept else "never")
-        line = _readline(p, 10)
+        line = readline_within(p, 10)
         assert line.startswith("ready"), f"server did not start: {line!r}"
         return int(line.split()[1])
 
@@ -147,17 +146,6 @@ class OwnedNetns:
             with contextlib.suppress(OSError):
                 os.kill(int(pid), signal.SIGKILL)
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=10 * slowdown())
-
-
-def _readline(p: subprocess.Popen, timeout: float) -> str:
-    """A line from `p` within `timeout` seconds on the reference machine (longer on a slower one:
-    an interpreter starts ~10 times slower in a TCG guest)."""
-    timeout *= slowdown()
-    sel = selectors.DefaultSelector()
-    sel.register(p.stdout, selectors.EVENT_READ)
-    if not sel.select(timeout):
-        raise AssertionError(f"no output from {p.args[-3:]} within {timeout} s")
-    return p.stdout.readline().strip()
 
 
 @pytest.fixture
@@ -180,7 +168,7 @@ def _run_client(ns: OwnedNetns, cg, plan: list) -> subprocess.Popen:
 
 
 def _client_result(p: subprocess.Popen, timeout: float = 20) -> dict:
-    line = _readline(p, timeout)
+    line = readline_within(p, timeout)
     p.wait(5 * slowdown())
     return json.loads(line)
 
@@ -457,7 +445,7 @@ def test_simultaneous_open_is_a_connect_and_passive_opens_are_not(netns, make_cg
         truth_before = read_counters(server)
         before = probe.snapshot()
         p = ns.popen(sys.executable, "-c", SELF_CONNECT, str(P_OK), preexec_fn=cg.preexec)
-        assert _readline(p, 20) == "done"
+        assert readline_within(p, 20) == "done"
         p.wait(5)
         after = probe.snapshot()
         truth = read_counters(server).delta(truth_before)
@@ -599,7 +587,7 @@ def test_no_free_source_port_is_a_local_error(netns, make_cgroup):
         truth_before = read_counters(server)
         before = probe.snapshot()
         p = ns.popen(sys.executable, "-c", hold, preexec_fn=cg.preexec)
-        seen = _readline(p, 10)
+        seen = readline_within(p, 10)
         p.wait(5)
         after = probe.snapshot()
         truth = read_counters(server).delta(truth_before)
