@@ -17,9 +17,9 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import require_tool
+from tests.conftest import readline_within, require_tool
 from tests.exporter_support import REPO
-from tests.test_tcpconnect import OwnedNetns, _readline
+from tests.test_tcpconnect import OwnedNetns
 
 PORT = 7300
 DAEMONSET = REPO / "deploy" / "base" / "daemonset.yaml"
@@ -121,7 +121,7 @@ def test_each_granted_capability_is_needed_and_the_set_is_enough(make_cgroup):
     try:
         server = ns.popen(require_tool("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups",
                           sys.executable, "-c", SERVER)
-        line = _readline(server, 20)
+        line = readline_within(server, 20)
         assert line.startswith("ready"), line
         pid = int(line.split()[1])
         caps = granted()

@@ -36,8 +36,9 @@ from probes.listenq import (
     read_local_addrs,
 )
 from probes.tcpconnect import ConnectStats, DestKey, DestStats, TcpConnectSnapshot
+from tests.conftest import readline_within
 from tests.exporter_support import cgroup_rel_path, write_config
-from tests.test_tcpconnect import OwnedNetns, _readline
+from tests.test_tcpconnect import OwnedNetns
 
 PORT = 7200
 
@@ -96,7 +97,7 @@ def test_full_accept_queue_is_named_in_the_clients_connect_incident(make_cgroup,
         server = subprocess.Popen(["ip", "netns", "exec", veth_pair["b"], sys.executable, "-c", SERVER, str(PORT), "2",
                                    "150"], stdout=subprocess.PIPE, text=True, preexec_fn=srv_cg.preexec)
         procs.append(server)
-        line = _readline(server, 20)
+        line = readline_within(server, 20)
         assert line.startswith("ready"), line
         server_pid = int(line.split()[1])
         overflows_before = _netstat(server_pid)["ListenOverflows"]
@@ -119,7 +120,7 @@ def test_full_accept_queue_is_named_in_the_clients_connect_incident(make_cgroup,
                                    veth_pair["dst"], str(PORT), "150"], stdout=subprocess.PIPE, text=True,
                                   preexec_fn=cli_cg.preexec)
         procs.append(client)
-        assert _readline(client, 20) == "started"
+        assert readline_within(client, 20) == "started"
 
         named = None
         deadline = time.monotonic() + 90  # a fail-safe: each pass waits for the agent's next tick
@@ -191,11 +192,11 @@ def test_shared_namespace_finds_the_listener_owner_by_its_socket(make_cgroup):
     ns = OwnedNetns("lqs").create()
     try:
         server = ns.popen(sys.executable, "-c", SERVER, str(PORT), "1", "60", preexec_fn=srv_cg.preexec)
-        line = _readline(server, 20)
+        line = readline_within(server, 20)
         assert line.startswith("ready"), line
         server_pid = int(line.split()[1])
         client = ns.popen(sys.executable, "-c", CLIENT, "127.0.0.1", str(PORT), "60", preexec_fn=cli_cg.preexec)
-        assert _readline(client, 20) == "started"
+        assert readline_within(client, 20) == "started"
         # The kernel says when the queue is full: ss shows Recv-Q = backlog + 1.
         while _ss_listener(ns.name, PORT) != (2, 1):
             time.sleep(0.1)
@@ -345,7 +346,7 @@ def test_listeners_are_dumped_on_first_sight_and_when_the_namespace_overflowed(t
     ns = OwnedNetns("lqd").create()
     try:
         server = ns.popen(sys.executable, "-c", SERVER, str(PORT), "1", "60")
-        line = _readline(server, 20)
+        line = readline_within(server, 20)
         assert line.startswith("ready"), line
         server_pid = int(line.split()[1])
         (tmp_path / "pod").mkdir()
@@ -360,7 +361,7 @@ def test_listeners_are_dumped_on_first_sight_and_when_the_namespace_overflowed(t
         assert quiet.snapshot.counters.listen_overflows == _netstat(server_pid)["ListenOverflows"]
 
         clients = ns.popen(sys.executable, "-c", CLIENT, "127.0.0.1", str(PORT), "60")
-        assert _readline(clients, 20) == "started"
+        assert readline_within(clients, 20) == "started"
         deadline = time.monotonic() + 60  # a fail-safe (the clients live 60 s), not a timing bound
         while _netstat(server_pid)["ListenOverflows"] == quiet.snapshot.counters.listen_overflows:
             assert time.monotonic() < deadline, "the kernel never dropped a SYN"

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from probes.listenq import ListenQueueSnapshot, read_counters, read_namespaces, read_netns
-from tests.test_tcpconnect import OwnedNetns, _readline
+from tests.conftest import readline_within
+from tests.test_tcpconnect import OwnedNetns
 
 PORT = 7100
 
@@ -64,7 +65,7 @@ def test_full_accept_queue_and_rising_overflows(ns):
     assert (idle.queue_len, idle.backlog_max, idle.full) == (0, 2, False)
 
     clients = ns.popen(sys.executable, "-c", CLIENTS, str(PORT), "5", "4")
-    assert _readline(clients, 10) == "started"
+    assert readline_within(clients, 10) == "started"
 
     def overflowing(s: ListenQueueSnapshot) -> bool:
         return _listener(s, "127.0.0.1", PORT).queue_len == 3 and s.counters.delta(before.counters).listen_overflows >= 2
