@@ -9,8 +9,10 @@ runs `perf bench sched pipe` pinned to one CPU, and prints ns per run and ns per
 configured as ``noisyneighbor top`` configures it, and runs each ``--workloads`` workload under it:
 ``pipe`` (perf bench sched pipe, pinned to CPU 1) and ``connect`` (a bounded loop of loopback TCP
 connect + 1-byte echo + close on 127.0.0.1, bench/overhead.py's connect workload). ``together`` in
-the list adds one arm with all probes attached at once. Per arm it prints the kernel-measured ns per
-program run and the sum over the probe's programs divided by the workload's operations: ns per op.
+the list adds one arm with all probes attached at once, ``floor`` one with the empty programs of
+bench/floor.bpf.c on every tracepoint the probes use (but sched_wakeup): what a program there costs
+before it does anything. Per arm it prints the kernel-measured ns per program run and the sum over the
+probe's programs divided by the workload's operations: ns per op.
 
 Note: enabling run-time stats itself adds two clock reads (~50 ns here) to every run; the floor row
 shows that part.
@@ -44,6 +46,7 @@ from probes.runqlat import RunqLatProbe
 PROBES = tuple(sorted((p.name for p in PLUGINS if p.specs), key=lambda name: name == "runqlat"))
 WORKLOADS = ("pipe", "connect")
 ARM_TOGETHER = "together"
+ARM_FLOOR = "floor"
 
 
 def pipe(loops: int) -> float:
@@ -63,8 +66,28 @@ def report(name: str, stats: list[ProgramStats], loops: int) -> str:
 # -- per-probe arms --------------------------------------------------------------------------------
 
 
-def open_probe(name: str, attach_mode: str) -> BpfProbe[Any]:
+class _FloorArm:
+    """The empty programs of bench/floor.bpf.c, shaped like a probe for measure_arm (``.probe``)."""
+
+    def __enter__(self) -> _FloorArm:
+        self._tmp = tempfile.TemporaryDirectory()
+        self.probe = BpfObject(build_floor(Path(self._tmp.name)))
+        self.probe.set_autoload("floor_wakeup", False)  # no probe of ours attaches there
+        self.probe.load()
+        for prog in self.probe.program_names():
+            if prog != "floor_wakeup":
+                self.probe.attach(prog)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.probe.close()
+        self._tmp.cleanup()
+
+
+def open_probe(name: str, attach_mode: str) -> BpfProbe[Any] | _FloorArm:
     """One probe configured as `noisyneighbor top` configures it (its plugin's top_options)."""
+    if name == ARM_FLOOR:
+        return _FloorArm()
     if name not in PROBES:
         raise ValueError(f"unknown probe {name!r} (one of {', '.join(PROBES)})")
     found = plugin(name)
@@ -138,7 +161,7 @@ def _list(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
         out: list[str] = []
         for t in items:
             if t == "all":
-                out.extend(a for a in allowed if a != ARM_TOGETHER)
+                out.extend(a for a in allowed if a not in (ARM_TOGETHER, ARM_FLOOR))
             elif t in allowed:
                 out.append(t)
             else:
@@ -169,9 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/bpf_cost.py")
     parser.add_argument("--loops", type=int, default=200_000, help="pipe: round trips")
     parser.add_argument("--connects", type=int, default=5_000, help="connect: loopback connect cycles (bounded)")
-    parser.add_argument("--probes", type=_list((*PROBES, ARM_TOGETHER)), default=None,
+    parser.add_argument("--probes", type=_list((*PROBES, ARM_TOGETHER, ARM_FLOOR)), default=None,
                         help="comma list of probes to attach one at a time (all = every probe), "
-                             "plus 'together' for all at once; without it: the runqlat flavours")
+                             "plus 'together' for all at once and 'floor' for the empty programs; without it: the "
+                             "runqlat flavours")
     parser.add_argument("--workloads", type=_list(WORKLOADS), default=["pipe", "connect"])
     parser.add_argument("--attach-mode", default="auto", choices=("auto", "tp_btf", "raw_tp"))
     parser.add_argument("--json", type=Path, help="also write the results here")
