@@ -436,11 +436,13 @@ class PsiTriggerWatcher:
 def _why_gone(path: Path) -> str:
     cgroup_dir = path.parent
     if path.name.endswith(".pressure"):
-        if not cgroup_dir.is_dir():
-            return f"cgroup {cgroup_dir} was removed"
         with contextlib.suppress(OSError):
             if (read_text_or_none(cgroup_dir / CGROUP_PRESSURE.name(2)) or "").strip() == "0":
                 return f"PSI was disabled for {cgroup_dir} (cgroup.pressure = 0)"
+        # rmdir takes a cgroup's files away before its directory: a pressure file gone while PSI is on
+        # is the cgroup going (in a TCG guest the poll woke between the two).
+        if not cgroup_dir.is_dir() or not path.exists():
+            return f"cgroup {cgroup_dir} was removed"
     if not path.exists():
         return f"{path} is gone"
     return f"kernel reported an error on {path}"
