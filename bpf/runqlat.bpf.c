@@ -915,8 +915,7 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 /*
  * ---- softirq work on each CPU (sched_info flavour): which part of a wait it took --------------------
  * The kernel charges softirq work to the task it interrupted, or to ksoftirqd: these keep the CPU's
- * running total and its last runs, so a walk can take it out of the task it ran on top of. tp_btf only:
- * the sched_info flavour needs BTF (task_struct.sched_info) and loads as tp_btf.
+ * running total and its last runs, so a walk can take it out of the task it ran on top of.
  */
 static __always_inline void softirq_began(void)
 {
@@ -962,6 +961,20 @@ int BPF_PROG(runqlat_softirq_entry_btf, unsigned int vec_nr)
 
 SEC("tp_btf/softirq_exit")
 int BPF_PROG(runqlat_softirq_exit_btf, unsigned int vec_nr)
+{
+	softirq_ended();
+	return 0;
+}
+
+SEC("raw_tp/softirq_entry")
+int BPF_PROG(runqlat_softirq_entry_raw, unsigned int vec_nr)
+{
+	softirq_began();
+	return 0;
+}
+
+SEC("raw_tp/softirq_exit")
+int BPF_PROG(runqlat_softirq_exit_raw, unsigned int vec_nr)
 {
 	softirq_ended();
 	return 0;

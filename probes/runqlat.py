@@ -71,10 +71,9 @@ SCHED_INFO_SPEC = ProbeSpec(
     tracepoints=(
         Tracepoint("sched_switch", "runqlat_switch_schedinfo", "runqlat_switch_raw"),
         # Softirq work inside a wait, for the counterfactual's kernel work (bpf/runqlat.h): without
-        # them the walk sees none, and the rest works as before. This flavour loads as tp_btf only,
-        # so the programs have no raw_tp twins (the name is given twice).
-        Tracepoint("softirq_entry", "runqlat_softirq_entry_btf", "runqlat_softirq_entry_btf", required=False),
-        Tracepoint("softirq_exit", "runqlat_softirq_exit_btf", "runqlat_softirq_exit_btf", required=False),
+        # them the walk sees none, and the rest works as before.
+        Tracepoint("softirq_entry", "runqlat_softirq_entry_btf", "runqlat_softirq_entry_raw", required=False),
+        Tracepoint("softirq_exit", "runqlat_softirq_exit_btf", "runqlat_softirq_exit_raw", required=False),
     ),
     btf_needs=(("member", "task_struct.sched_info"), ("member", "cfs_rq.rq"), ("member", "rq.clock")),
 )
