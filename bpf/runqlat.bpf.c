@@ -49,7 +49,7 @@
 const volatile bool v1_cpu_cgroup = false;     /* key by the v1 cpu controller's cgroup */
 const volatile __u64 outlier_threshold_ns = 0; /* 0: no outlier events */
 const volatile __u32 pid_slots = 0;            /* entries of task_run_delay: pids below use it */
-const volatile __u64 node_cgroup_id = 1;       /* the root cgroup: its pair keeps the kernel-only waits (bpf/runqlat.h) */
+const volatile __u64 node_cgroup_id = 1;       /* the root cgroup's id: its pair keeps the kernel-only waits (runq_counterfactual) */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
@@ -480,13 +480,11 @@ __noinline int move_counterfactual_ns(__u32 pair_slot, __u64 full_ns, __u64 part
 }
 
 /*
- * The softirq work in a wait on top of anyone but the culprit (`node_ns`), taken out after the
- * culprit's part (`part_ns` of `full_ns`): from slot(full - part) to slot(full - part - node), in the
- * pair's node_slots. For the node's own pair (a wait no cgroup but the node ran in) `part_ns` is 0.
- * Only at the end of a ring walk that met softirq work, so the pair's slot is looked up again here
- * (the pair was just charged: a pair the matrix lost has no slot and no move) instead of widening
- * charge_culprit(), which the walk's callback inlines: one more branch there took the switch program
- * past the verifier's limit.
+ * The softirq work in a wait on top of anyone but the culprit (`node_ns`), taken out after the culprit's
+ * part (`part_ns` of `full_ns`): from slot(full - part) to slot(full - part - node), in the pair's
+ * node_slots. Only at the end of a ring walk that met softirq work, so the pair's slot is looked up again here (the pair was just charged:
+ * a pair the matrix lost has no slot and no move) instead of widening charge_culprit(), which the
+ * walk's callback inlines: one more branch there took the switch program past the verifier's limit.
  */
 __noinline int move_counterfactual_node(__u64 victim, __u64 culprit, __u64 full_ns, __u64 part_ns, __u64 node_ns)
 {
@@ -495,7 +493,7 @@ __noinline int move_counterfactual_node(__u64 victim, __u64 culprit, __u64 full_
 	__u64 rest = full_ns > part_ns ? full_ns - part_ns : 0;
 	__u32 *slot, from, to;
 
-	if (!node_ns || full_ns < RUNQ_CF_MIN_NS)
+	if (!part_ns || full_ns < RUNQ_CF_MIN_NS)
 		return 0;
 	slot = bpf_map_lookup_elem(&culprit_slots, &key);
 	if (!slot)
@@ -506,6 +504,33 @@ __noinline int move_counterfactual_node(__u64 victim, __u64 culprit, __u64 full_
 	__sync_fetch_and_add(&cf->node_ns, node_ns);
 	from = nn_hist_slot(rest);
 	to = nn_hist_slot(rest > node_ns ? rest - node_ns : 0);
+	if (from != to)
+		move_slot(cf->node_slots, from, to);
+	return 0;
+}
+
+/*
+ * A wait no cgroup but the node ran in, of which softirq work took `kernel_ns`: the node's own pair's
+ * node_slots, from slot(full) to slot(full - kernel_ns) (bpf/runqlat.h). The pair exists: the caller
+ * just charged it.
+ */
+__noinline int move_kernel_work(__u64 victim, __u64 full_ns, __u64 kernel_ns)
+{
+	struct runq_culprit_key key = { .victim_cgroup_id = victim, .culprit_cgroup_id = node_cgroup_id };
+	struct runq_counterfactual *cf;
+	__u32 *slot, from, to;
+
+	if (!kernel_ns || full_ns < RUNQ_CF_MIN_NS)
+		return 0;
+	slot = bpf_map_lookup_elem(&culprit_slots, &key);
+	if (!slot)
+		return 0;
+	cf = bpf_map_lookup_elem(&runq_cf, slot);
+	if (!cf)
+		return 0;
+	__sync_fetch_and_add(&cf->node_ns, kernel_ns);
+	from = nn_hist_slot(full_ns);
+	to = nn_hist_slot(full_ns > kernel_ns ? full_ns - kernel_ns : 0);
 	if (from != to)
 		move_slot(cf->node_slots, from, to);
 	return 0;
@@ -599,7 +624,7 @@ static __noinline void kernel_work_wait(struct runq_cpu_state *cpu, __u64 victim
 		return;
 	if (!charged)
 		charge_culprit(cpu, victim, node_cgroup_id, 0, 1, 0, 0, 0);
-	move_counterfactual_node(victim, node_cgroup_id, full_ns, 0, kernel_ns);
+	move_kernel_work(victim, full_ns, kernel_ns);
 }
 
 /*

@@ -151,8 +151,7 @@ struct runq_cpu_state {
 	__u32 sirq_pad;
 	__u64 ring_sirq[RUNQ_RING_SLOTS]; /* sirq_ns when ring[i] began */
 	struct runq_sirq_run sirq_runs[RUNQ_SIRQ_RUNS];
-	/* The wait distribution of everything that ran on this CPU (last: userspace reads it at the end). */
-	struct nn_hist hist;
+	struct nn_hist hist;     /* the wait distribution of everything that ran on this CPU (last: userspace reads it at the end) */
 };
 
 #endif /* NN_RUNQLAT_H */
