@@ -30,9 +30,6 @@
  * foreign total live in the victim's cgroup_runq value that is updated anyway, so a switch between
  * tasks of one cgroup (perf bench sched pipe) adds no map update. A `prev` switched out while
  * runnable is counted as preempted by next's cgroup (own or foreign; foreign ones per culprit).
- * For the counterfactual (bpf/runqlat.h), softirq_entry/exit keep each CPU's softirq work so far and
- * its last runs, and each ring slice remembers that total at its start: the walk knows how much of
- * a wait was softirq work, and on top of whose slice. (Optional: without them there is none.)
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -49,7 +46,7 @@
 const volatile bool v1_cpu_cgroup = false;     /* key by the v1 cpu controller's cgroup */
 const volatile __u64 outlier_threshold_ns = 0; /* 0: no outlier events */
 const volatile __u32 pid_slots = 0;            /* entries of task_run_delay: pids below use it */
-const volatile __u64 node_cgroup_id = 1;       /* the root cgroup's id: its pair keeps the kernel-only waits (runq_counterfactual) */
+const volatile __u64 node_cgroup_id = 1;       /* the root cgroup's id (kernel threads): runq_counterfactual.node_slots */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
@@ -480,9 +477,9 @@ __noinline int move_counterfactual_ns(__u32 pair_slot, __u64 full_ns, __u64 part
 }
 
 /*
- * The softirq work in a wait on top of anyone but the culprit (`node_ns`), taken out after the culprit's
- * part (`part_ns` of `full_ns`): from slot(full - part) to slot(full - part - node), in the pair's
- * node_slots. Only at the end of a ring walk that met softirq work, so the pair's slot is looked up again here (the pair was just charged:
+ * The node's kernel-thread share of a wait, taken out after the culprit's (`part_ns` of `full_ns`):
+ * from slot(full - part) to slot(full - part - node), in the pair's node_slots. Only at the end of a
+ * ring walk that met the node, so the pair's slot is looked up again here (the pair was just charged:
  * a pair the matrix lost has no slot and no move) instead of widening charge_culprit(), which the
  * walk's callback inlines: one more branch there took the switch program past the verifier's limit.
  */
@@ -507,68 +504,6 @@ __noinline int move_counterfactual_node(__u64 victim, __u64 culprit, __u64 full_
 	if (from != to)
 		move_slot(cf->node_slots, from, to);
 	return 0;
-}
-
-/*
- * A wait no cgroup but the node ran in, of which softirq work took `kernel_ns`: the node's own pair's
- * node_slots, from slot(full) to slot(full - kernel_ns) (bpf/runqlat.h). The pair exists: the caller
- * just charged it.
- */
-__noinline int move_kernel_work(__u64 victim, __u64 full_ns, __u64 kernel_ns)
-{
-	struct runq_culprit_key key = { .victim_cgroup_id = victim, .culprit_cgroup_id = node_cgroup_id };
-	struct runq_counterfactual *cf;
-	__u32 *slot, from, to;
-
-	if (!kernel_ns || full_ns < RUNQ_CF_MIN_NS)
-		return 0;
-	slot = bpf_map_lookup_elem(&culprit_slots, &key);
-	if (!slot)
-		return 0;
-	cf = bpf_map_lookup_elem(&runq_cf, slot);
-	if (!cf)
-		return 0;
-	__sync_fetch_and_add(&cf->node_ns, kernel_ns);
-	from = nn_hist_slot(full_ns);
-	to = nn_hist_slot(full_ns > kernel_ns ? full_ns - kernel_ns : 0);
-	if (from != to)
-		move_slot(cf->node_slots, from, to);
-	return 0;
-}
-
-/*
- * This CPU's softirq total (sirq_ns) at `queued` on the rq clock, `now` being the rq clock at this
- * switch, from the runs it remembers; `lo` and `hi` are the totals at the ends of the slice `queued`
- * falls in, and bound it. Older than every remembered run: the oldest run's start (what ran between
- * is not counted: the part taken out is never more than what ran).
- */
-__noinline __u64 sirq_total_at(__u64 queued, __u64 now, __u64 lo, __u64 hi)
-{
-	__u32 zero = 0, i, head;
-	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
-	__u64 t, after, f;
-
-	if (!cpu)
-		return hi;
-	t = queued + (bpf_ktime_get_ns() - now); /* both clocks tick in ns: only their origins differ */
-	head = cpu->sirq_head;
-	after = cpu->sirq_ns;
-	f = after;
-	for (i = 0; i < RUNQ_SIRQ_RUNS && i < head; i++) {
-		struct runq_sirq_run *r = &cpu->sirq_runs[(head - 1 - i) & (RUNQ_SIRQ_RUNS - 1)];
-
-		if (r->end && t >= r->end) {
-			f = after;
-			break;
-		}
-		if (t >= r->start) {
-			f = r->before + (t - r->start);
-			break;
-		}
-		after = r->before;
-		f = after;
-	}
-	return f < lo ? lo : f > hi ? hi : f;
 }
 
 static __always_inline void move_counterfactual(__u32 pair_slot, __u64 full_ns, __u64 part_ns, __u32 full_slot)
@@ -611,39 +546,6 @@ static __always_inline void charge_culprit(struct runq_cpu_state *cpu, __u64 vic
 		move_counterfactual(slot, full_ns, wait_ns, full_slot);
 }
 
-/*
- * A wait no cgroup but the node ran in, `kernel_ns` of it softirq work: moved in the node's own pair's
- * node_slots. A pair not `charged` in this wait is charged one turn and no wait (the softirq's time is
- * the interrupted task's in the split; the turn is the kernel's, and it changes the pair's value, which
- * is how userspace knows to read its moves).
- */
-static __noinline void kernel_work_wait(struct runq_cpu_state *cpu, __u64 victim, __u64 full_ns, __u64 kernel_ns,
-					bool charged)
-{
-	if (!cpu)
-		return;
-	if (!charged)
-		charge_culprit(cpu, victim, node_cgroup_id, 0, 1, 0, 0, 0);
-	move_kernel_work(victim, full_ns, kernel_ns);
-}
-
-/*
- * A wait woken during one slice of its own tasks, the idle task or the node's (the newest in the ring),
- * with softirq work in that slice: the part of it since the wait began.
- */
-static __noinline void softirq_wait(struct runq_cpu_state *cpu, __u64 victim, __u64 queued, __u64 full_ns,
-				    bool charged)
-{
-	__u64 lo, at_queued;
-
-	if (!cpu)
-		return;
-	lo = cpu->ring_sirq[(cpu->head - 1) & (RUNQ_RING_SLOTS - 1)];
-	at_queued = sirq_total_at(queued, cpu->slice_start, lo, cpu->sirq_ns);
-	if (cpu->sirq_ns > at_queued)
-		kernel_work_wait(cpu, victim, full_ns, cpu->sirq_ns - at_queued, charged);
-}
-
 /* The state of one ring walk (bpf_loop callback context, on the caller's stack). */
 struct slice_walk {
 	struct runq_cpu_state *cpu;
@@ -652,12 +554,9 @@ struct slice_walk {
 	__u64 end;            /* where the slice being charged ends: the newer one's start */
 	__u64 last_cgroup_id; /* the newer slice's cgroup: a change starts a new turn */
 	__u64 own, idle, foreign;
+	__u64 node;           /* of `foreign`, the node's kernel threads' (node_cgroup_id) */
 	/* Two culprits accumulated over the walk: two cgroups taking turns cost two map updates. */
 	__u64 c0, n0, t0, c1, n1, t1;
-	/* Softirq work inside the wait: all of it, and on top of each culprit's slices. */
-	__u64 f_end;          /* sirq_ns where the slice being charged ends */
-	__u64 sirq, s0, s1;
-	__u64 now;            /* rq clock at this switch */
 	__u32 head;
 };
 
@@ -666,7 +565,6 @@ static long charge_slice(__u32 i, struct slice_walk *w)
 {
 	__u32 slot = (w->head - 1 - i) & (RUNQ_RING_SLOTS - 1);
 	__u64 start = w->cpu->ring[slot].start, cg = w->cpu->ring[slot].cgroup_id, lo, ns, turn;
-	__u64 f_start = w->cpu->ring_sirq[slot], sirq;
 
 	if (!start || start >= w->end)
 		return 1; /* never written (just loaded) or not older: what is left is unknown */
@@ -674,24 +572,16 @@ static long charge_slice(__u32 i, struct slice_walk *w)
 	ns = w->end - lo;
 	turn = cg != w->last_cgroup_id;
 	w->last_cgroup_id = cg;
-	/* Softirq work in this slice's part of the wait (none since it began: no lookup). */
-	if (f_start > w->f_end)
-		f_start = w->f_end;
-	if (f_start < w->f_end && start < w->queued)
-		f_start = sirq_total_at(w->queued, w->now, f_start, w->f_end);
-	sirq = w->f_end - f_start;
-	w->f_end = f_start;
-	w->sirq += sirq;
 	if (cg && cg != w->victim) {
 		w->foreign += ns;
+		if (cg == node_cgroup_id)
+			w->node += ns;
 		if (cg == w->c0) {
 			w->n0 += ns;
 			w->t0 += turn;
-			w->s0 += sirq;
 		} else if (cg == w->c1) {
 			w->n1 += ns;
 			w->t1 += turn;
-			w->s1 += sirq;
 		} else {
 			/* A third culprit: the oldest is charged before the walk knows the node's part. */
 			if (w->c1)
@@ -699,11 +589,9 @@ static long charge_slice(__u32 i, struct slice_walk *w)
 			w->c1 = w->c0;
 			w->n1 = w->n0;
 			w->t1 = w->t0;
-			w->s1 = w->s0;
 			w->c0 = cg;
 			w->n0 = ns;
 			w->t0 = 1;
-			w->s0 = sirq;
 		}
 	} else if (cg) {
 		w->own += ns;
@@ -735,7 +623,7 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
 	w.c0 = w.c1 = walk_zero;
 	w.n0 = w.n1 = walk_zero;
 	w.t0 = w.t1 = walk_zero;
-	w.sirq = w.s0 = w.s1 = walk_zero;
+	w.node = walk_zero;
 	w.last_cgroup_id = ~walk_zero;
 	pending = cpu->slice_start - queued;
 	w.cpu = cpu;
@@ -743,26 +631,20 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
 	w.queued = queued;
 	w.full = full;
 	w.end = cpu->slice_start;
-	w.now = cpu->slice_start;
-	w.f_end = cpu->sirq_ns;
 	w.head = cpu->head;
 	/* Kernels before bpf_loop (5.17): a wait longer than the current slice is all unknown. */
 	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop))
 		bpf_loop(RUNQ_RING_SLOTS, charge_slice, &w, 0);
-	/* Softirq work in the wait on top of anyone but the culprit (whose part it already is). */
 	if (w.c0) {
 		charge_culprit(cpu, victim, w.c0, w.n0, w.t0, 0, full, 0);
-		if (w.sirq > w.s0 && w.c0 != node_cgroup_id)
-			move_counterfactual_node(victim, w.c0, full, w.n0, w.sirq - w.s0);
+		if (w.node && w.c0 != node_cgroup_id)
+			move_counterfactual_node(victim, w.c0, full, w.n0, w.node);
 	}
 	if (w.c1) {
 		charge_culprit(cpu, victim, w.c1, w.n1, w.t1, 0, full, 0);
-		if (w.sirq > w.s1 && w.c1 != node_cgroup_id)
-			move_counterfactual_node(victim, w.c1, full, w.n1, w.sirq - w.s1);
+		if (w.node && w.c1 != node_cgroup_id)
+			move_counterfactual_node(victim, w.c1, full, w.n1, w.node);
 	}
-	/* No cgroup but the node ran in it: the softirq work alone, on the node's own pair. */
-	if (w.sirq && full >= RUNQ_CF_MIN_NS && (!w.c0 || w.c0 == node_cgroup_id) && (!w.c1 || w.c1 == node_cgroup_id))
-		kernel_work_wait(cpu, victim, full, w.sirq, w.c0 == node_cgroup_id || w.c1 == node_cgroup_id);
 	s->own_wait_ns += w.own;
 	s->idle_wait_ns += w.idle;
 	s->foreign_wait_ns += w.foreign;
@@ -781,21 +663,13 @@ static __always_inline void attribute_wait(struct runq_cpu_state *cpu, struct ru
 {
 	/* The common case, and all of perf's pipe ping-pong: woken during prev's slice. */
 	if (prev_start && prev_start <= queued) {
-		if (prev_cg == victim || !prev_cg) {
-			if (prev_cg)
-				s->own_wait_ns += pending;
-			else
-				s->idle_wait_ns += pending;
-			/* Softirq work on top of its own task or idle while it waited: the kernel's alone. */
-			if (full >= RUNQ_CF_MIN_NS && cpu->sirq_ns > cpu->ring_sirq[(cpu->head - 1) & (RUNQ_RING_SLOTS - 1)])
-				softirq_wait(cpu, victim, queued, full, false);
-		} else {
+		if (prev_cg == victim)
+			s->own_wait_ns += pending;
+		else if (!prev_cg)
+			s->idle_wait_ns += pending;
+		else {
 			s->foreign_wait_ns += pending;
 			charge_culprit(cpu, victim, prev_cg, pending, 1, 0, full, full_slot);
-			/* Behind the node (ksoftirqd): its softirq work, not the rest of its time. */
-			if (prev_cg == node_cgroup_id && full >= RUNQ_CF_MIN_NS &&
-			    cpu->sirq_ns > cpu->ring_sirq[(cpu->head - 1) & (RUNQ_RING_SLOTS - 1)])
-				softirq_wait(cpu, victim, queued, full, true);
 		}
 		return;
 	}
@@ -869,11 +743,9 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 
 		slot->start = prev_start;
 		slot->cgroup_id = prev_cg;
-		cpu->ring_sirq[cpu->head & (RUNQ_RING_SLOTS - 1)] = cpu->slice_sirq;
 		cpu->head++;
 	}
 	cpu->slice_start = now;
-	cpu->slice_sirq = cpu->sirq_ns;
 	cpu->cur_pid = next_pid;
 	cpu->cur_cgroup_id = next_cg;
 
@@ -934,74 +806,6 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 		}
 		report_outlier(prev, next, next_cg, prev_cg, pending + migrated);
 	}
-	return 0;
-}
-
-/*
- * ---- softirq work on each CPU (sched_info flavour): which part of a wait it took --------------------
- * The kernel charges softirq work to the task it interrupted, or to ksoftirqd: these keep the CPU's
- * running total and its last runs, so a walk can take it out of the task it ran on top of.
- */
-static __always_inline void softirq_began(void)
-{
-	__u32 zero = 0;
-	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
-	struct runq_sirq_run *r;
-	__u64 now = bpf_ktime_get_ns();
-
-	if (!cpu)
-		return;
-	cpu->sirq_entered = now;
-	r = &cpu->sirq_runs[(cpu->sirq_head - 1) & (RUNQ_SIRQ_RUNS - 1)];
-	if (cpu->sirq_head && r->end && now - r->end < RUNQ_SIRQ_MERGE_NS) {
-		r->end = 0; /* the next vector of the same run */
-		return;
-	}
-	r = &cpu->sirq_runs[cpu->sirq_head & (RUNQ_SIRQ_RUNS - 1)];
-	r->start = now;
-	r->end = 0;
-	r->before = cpu->sirq_ns;
-	cpu->sirq_head++;
-}
-
-static __always_inline void softirq_ended(void)
-{
-	__u32 zero = 0;
-	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
-	__u64 now = bpf_ktime_get_ns();
-
-	if (!cpu || !cpu->sirq_entered)
-		return; /* attached while it ran */
-	cpu->sirq_ns += now - cpu->sirq_entered;
-	cpu->sirq_entered = 0;
-	cpu->sirq_runs[(cpu->sirq_head - 1) & (RUNQ_SIRQ_RUNS - 1)].end = now;
-}
-
-SEC("tp_btf/softirq_entry")
-int BPF_PROG(runqlat_softirq_entry_btf, unsigned int vec_nr)
-{
-	softirq_began();
-	return 0;
-}
-
-SEC("tp_btf/softirq_exit")
-int BPF_PROG(runqlat_softirq_exit_btf, unsigned int vec_nr)
-{
-	softirq_ended();
-	return 0;
-}
-
-SEC("raw_tp/softirq_entry")
-int BPF_PROG(runqlat_softirq_entry_raw, unsigned int vec_nr)
-{
-	softirq_began();
-	return 0;
-}
-
-SEC("raw_tp/softirq_exit")
-int BPF_PROG(runqlat_softirq_exit_raw, unsigned int vec_nr)
-{
-	softirq_ended();
 	return 0;
 }
 

@@ -53,9 +53,7 @@ struct runq_culprit_key {
 
 struct runq_culprit_stats {
 	__u64 wait_ns;     /* victim wait covered by the culprit's slices */
-	__u64 count;       /* culprit turns on the CPU (consecutive slices of it merged) inside victim waits;
-			    * the node's pair also counts the waits only softirq work on top of other tasks
-			    * lengthened (their time is those tasks'; their moves are its node_slots) */
+	__u64 count;       /* culprit turns on the CPU (consecutive slices of it merged) inside victim waits */
 	__u64 preemptions; /* victim tasks switched out while runnable in favour of the culprit */
 	struct runq_culprit_key pair; /* whose slot this CPU's copy is (victim 0: unused) */
 };
@@ -74,25 +72,17 @@ struct runq_culprit_stats {
 #define RUNQ_CF_MIN_NS 128000ULL
 
 /*
- * `node_slots`: the further move of the same waits when the softirq work in each one is taken out too:
- * ksoftirqd running the work a culprit's packets made, and the same work run at interrupt exit or when
- * bottom halves are re-enabled on top of whatever task was current (the idle task, the victim's own, a
- * third cgroup's), which the kernel charges to that task. Softirq work on top of the culprit itself is
- * already its part. A wait of `full` ns of which the culprit ran `part` and softirq work on top of
- * anyone else took `sirq` adds -1 at slot(full - part) and +1 at slot(full - part - sirq): slots +
- * node_slots is the victim's histogram without the culprit and that kernel work. Only the end of a ring
- * walk sets it (a wait woken inside the culprit's slice has nothing else in it).
- *
- * The node's own pair (culprit `node_cgroup_id`, the root cgroup) uses node_slots for the waits no
- * cgroup but the node ran in (the victim's own tasks, idle, the node's threads): each moves from
- * slot(full) to slot(full - sirq). No culprit lengthened those; a culprit's counterfactual "without the
- * kernel work it caused" takes them out too (detector/counterfactual.py). The rest of the node's time
- * (kworkers, and on a v1 node every process outside a pod) stays in.
+ * `node_slots`: the further move of the same waits when the node's kernel threads' share of each one
+ * is taken out too (the slices of `node_cgroup_id`, the root cgroup: ksoftirqd running the softirq
+ * work a culprit's packets made, kswapd reclaiming for its memory). A wait of `full` ns of which the
+ * culprit ran `part` and the node `node` adds -1 at slot(full - part) and +1 at slot(full - part -
+ * node): slots + node_slots is the victim's histogram without the culprit and that kernel work. Only
+ * the end of a ring walk sets it (a wait woken inside one slice has one culprit and no node part).
  */
 struct runq_counterfactual {
 	__s64 slots[NN_HIST_SLOTS];
 	__s64 node_slots[NN_HIST_SLOTS];
-	__s64 node_ns; /* the softirq work those moves took out, summed (the wait per second without both) */
+	__s64 node_ns; /* the node's part of those waits, summed (the wait per second without both) */
 };
 
 #define RUNQ_RING_SLOTS 64 /* power of 2: the finished slices each CPU remembers (consecutive ones of one cgroup merged) */
@@ -101,19 +91,6 @@ struct runq_counterfactual {
 struct runq_slice {
 	__u64 start;
 	__u64 cgroup_id; /* 0: the idle task */
-};
-
-#define RUNQ_SIRQ_RUNS 8 /* power of 2: the last softirq runs each CPU remembers */
-#define RUNQ_SIRQ_MERGE_NS 2000ULL /* a softirq starting this soon after the last one ended continues it */
-
-/*
- * One softirq run on a CPU (vectors run back to back merged), on bpf_ktime_get_ns(): the rq clock the
- * slices use cannot be read in softirq context, so a wait's start is converted at switch-in.
- */
-struct runq_sirq_run {
-	__u64 start;
-	__u64 end;    /* 0 while it runs */
-	__u64 before; /* the CPU's sirq_ns when it began */
 };
 
 #define RUNQ_SLOT_CACHE 16 /* power of 2: per-CPU cache of cgroup id -> cgroup_runq slot */
@@ -143,15 +120,7 @@ struct runq_cpu_state {
 	struct runq_slice ring[RUNQ_RING_SLOTS];
 	struct runq_slot_cache_entry slot_cache[RUNQ_SLOT_CACHE]; /* cgroup id -> cgroup_runq slot, direct-mapped */
 	struct runq_pair_cache_entry pair_cache[RUNQ_PAIR_CACHE]; /* (victim, culprit) -> runq_culprits slot */
-	/* Softirq work on this CPU, in any context (softirq_entry/exit; all 0 where they do not attach). */
-	__u64 sirq_ns;           /* softirq time run so far */
-	__u64 sirq_entered;      /* ktime of the running softirq's entry; 0: none runs */
-	__u64 slice_sirq;        /* sirq_ns when the current slice began */
-	__u32 sirq_head;         /* sirq_runs[(sirq_head - 1) % RUNQ_SIRQ_RUNS] is the newest run */
-	__u32 sirq_pad;
-	__u64 ring_sirq[RUNQ_RING_SLOTS]; /* sirq_ns when ring[i] began */
-	struct runq_sirq_run sirq_runs[RUNQ_SIRQ_RUNS];
-	struct nn_hist hist;     /* the wait distribution of everything that ran on this CPU (last: userspace reads it at the end) */
+	struct nn_hist hist;     /* the wait distribution of everything that ran on this CPU */
 };
 
 #endif /* NN_RUNQLAT_H */

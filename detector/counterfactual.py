@@ -12,18 +12,19 @@ culprit's moves is the histogram it would have had without the culprit; its p99 
 Waits shorter than 128 µs are not moved (the kernel skips them to keep the switch path cheap; the
 exporter's first bucket holds them all anyway): the counterfactual is exact from 128 µs up.
 
-The kernel work a culprit causes: the softirq work its packets made. The kernel runs it in ksoftirqd
-(a thread of the node's root cgroup, so "who ran instead" charges it to the node) or at interrupt exit
-on top of whatever task was current (the idle task, the victim's own, a third cgroup's), and charges it
-to that task. For a cause that declares such work (``CauseSpec.kernel_work``) the incident's top culprit
-is costed without it too. The probe keeps each CPU's softirq work and, per wait, how much of it ran
-on top of anyone but the culprit: per pair, how the culprit's waits move further without it
-(``node_slots``), and on the node's own pair (``NODE_KEY``) how the waits no cgroup but the node ran
-in move without it; both are added. (The version before took out the root cgroup's slices in the
-culprit's waits: ksoftirqd, but also the node's other threads, and none of the softirq work run on top
-of the idle task or the victim's own tasks. Counting softirq time per wait needs no IRQ time accounting.)
-Bounds: only softirq time is taken out, not the node's other time (kworkers; on a v1 node every process
-outside a pod), and all of a wait's softirq work counts as the culprit's, whoever's packets it served.
+The kernel work a culprit causes: ksoftirqd running the softirq work its packets made. It is a kernel
+thread of the node (the root cgroup), so "who ran instead" charges it to the node, not to the pod. For
+a cause that declares such work (``CauseSpec.kernel_work``) the incident's top culprit is costed
+without it too: the probe also keeps, per pair, how the same waits move further when the node's part
+of each is taken out (``node_slots``; per wait, so a wait behind the culprit and ksoftirqd both is
+moved by both). In softirq-starve (host) it moved 1-13 of the ~400 waits of an incident tick: one
+tick's counterfactual went from 1.03 to 0.95 ms, another's from 0.46 to 0.39 ms, against 0.03-0.17 ms
+measured once the culprit was moved away. (The 1.46 -> 0.08 ms that motivated it had added the root
+pair's moves to the culprit's, which also moves waits behind the node alone, and some twice.)
+Bounds: the node's part is all of the root cgroup's time in those waits (a v2 systemd node keeps its
+services in system.slice, so its root holds kernel threads; a root holding more takes out more than
+the culprit caused), and softirq work run at interrupt exit on top of another task (the idle task,
+the victim's own) is charged to that task and stays in.
 kswapd is not declared: capping a global-reclaim grower does not stop it (the node stays below its
 watermark until memory is freed); a counterfactual without it said 0.11 ms where 0.71 ms was measured
 after the cap (make bench, global-reclaim / mitigate, 2026-11-27).
@@ -44,9 +45,6 @@ from detector.model import Culprit
 from probes.hist import HIST_SLOTS, IntervalHistogram, counterfactual_histogram
 
 WINDOW_TICKS = 10  # as the culprit window of detector.incidents (CULPRIT_WINDOW_TICKS)
-# The node: the keyed hierarchy's root cgroup (the probe's node_cgroup_id), keyed by its path. Its own
-# pair's node moves are the waits only the kernel's work lengthened (bpf/runqlat.h).
-NODE_KEY = "/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +113,6 @@ class VictimWindow:
                 for i, m in enumerate(t.node_moves.get(culprit, ())):
                     moves[i] += m
                 removed += t.node_ns.get(culprit, 0.0)
-                if culprit != NODE_KEY:  # and the waits the kernel's work alone lengthened
-                    for i, m in enumerate(t.node_moves.get(NODE_KEY, ())):
-                        moves[i] += m
-                    removed += t.node_ns.get(NODE_KEY, 0.0)
         without = counterfactual_histogram(hist, tuple(moves), int(removed))
         return CulpritCost(hist.quantile_ns(0.99), without.quantile_ns(0.99), hist.sum_ns / 1e6 / seconds,
                            without.sum_ns / 1e6 / seconds)

@@ -68,13 +68,7 @@ SPEC = ProbeSpec(
 SCHED_INFO_SPEC = ProbeSpec(
     name="runqlat",
     object_file="runqlat.bpf.o",
-    tracepoints=(
-        Tracepoint("sched_switch", "runqlat_switch_schedinfo", "runqlat_switch_raw"),
-        # Softirq work inside a wait, for the counterfactual's kernel work (bpf/runqlat.h): without
-        # them the walk sees none, and the rest works as before.
-        Tracepoint("softirq_entry", "runqlat_softirq_entry_btf", "runqlat_softirq_entry_raw", required=False),
-        Tracepoint("softirq_exit", "runqlat_softirq_exit_btf", "runqlat_softirq_exit_raw", required=False),
-    ),
+    tracepoints=(Tracepoint("sched_switch", "runqlat_switch_schedinfo", "runqlat_switch_raw"),),
     btf_needs=(("member", "task_struct.sched_info"), ("member", "cfs_rq.rq"), ("member", "rq.clock")),
 )
 Flavour = Literal["auto", "sched_info", "tp_btf", "raw_tp"]
@@ -99,12 +93,8 @@ _COUNTERFACTUAL = struct.Struct(f"<{2 * HIST_SLOTS + 1}q")  # (+ node_ns)
 RUNQ_RING_SLOTS, RUNQ_SLOT_CACHE, RUNQ_PAIR_CACHE = 64, 16, 16
 CGROUP_STATS_SIZE = NN_HIST_SIZE + _SPLIT_TAIL.size + _SLOT_OWNER.size
 CULPRIT_STATS_SIZE = _CULPRIT_STATS.size + _CULPRIT_KEY.size  # the counters, then the pair owning the slot
-# struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the pair cache, the softirq
-# state (totals, each ring slice's total at its start, the last runs), the CPU's histogram.
-RUNQ_SIRQ_RUNS = 8
-_SIRQ_STATE_SIZE = 8 * 3 + 8 + 8 * RUNQ_RING_SLOTS + 24 * RUNQ_SIRQ_RUNS
-CPU_STATE_SIZE = (_CPU_STATE_HEAD.size + 16 * (RUNQ_RING_SLOTS + RUNQ_SLOT_CACHE) + 24 * RUNQ_PAIR_CACHE
-                  + _SIRQ_STATE_SIZE + NN_HIST_SIZE)
+# struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the pair cache, the CPU's histogram.
+CPU_STATE_SIZE = _CPU_STATE_HEAD.size + 16 * (RUNQ_RING_SLOTS + RUNQ_SLOT_CACHE) + 24 * RUNQ_PAIR_CACHE + NN_HIST_SIZE
 # What this module decodes, per map: (key, value), checked against the object's BTF at load (engine).
 MAP_LAYOUTS = {
     "cgroup_slots": (_SLOT_OWNER, 4),  # cgroup id -> u32 slot
@@ -199,12 +189,10 @@ class CulpritStats:
     # each one taken out (-1 where a wait leaves, +1 where it lands; empty: none moved). The victim's
     # histogram plus these is its histogram without the culprit (counterfactual_histogram).
     cf_slots: tuple[int, ...] = ()
-    # The further moves of the same waits when the softirq work in them (on top of anyone but this
-    # culprit: ksoftirqd, the idle task, the victim's own) is taken out too: cf_slots + cf_node_slots is
-    # the victim without both. The node's own pair: the waits no other cgroup ran in, moved by their
-    # softirq work from their full length (bpf/runqlat.h).
+    # The further moves of the same waits when the node's kernel threads' part (the root cgroup:
+    # ksoftirqd, kswapd) is taken out too: cf_slots + cf_node_slots is the victim without both.
     cf_node_slots: tuple[int, ...] = ()
-    cf_node_ns: int = 0  # the softirq work those moves took out
+    cf_node_ns: int = 0  # the node's kernel threads' part of the waits behind this culprit (those walked)
 
     @classmethod
     def decode_percpu(cls, raws: list[bytes], cf_raw: bytes | None = None) -> CulpritStats:
@@ -517,16 +505,15 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         drops["culprit_map_full"] and their wait in `culprit_drop_ns`. `max_pid_slots` caps the
         pid-indexed array of the sched_info flavour (8 bytes a pid, sized to the host's pid_max):
         tasks with larger pids are tracked in task storage instead, at ~35 ns more per switch.
-        `node_cgroup_id`: the node's cgroup, whose own pair carries the waits only softirq work
-        lengthened (CulpritStats.cf_node_slots of (victim, node); bpf/runqlat.h); None: the keyed
-        hierarchy's root cgroup."""
+        `node_cgroup_id`: whose slices are the node's kernel threads for the counterfactual's node moves
+        (CulpritStats.cf_node_slots); None: the keyed hierarchy's root cgroup (tests name a cgroup of
+        their own, never touching the root)."""
         if max_culprit_pairs < 1 or max_cgroups < 1:
             raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
                              f"max_culprit_pairs={max_culprit_pairs})")
         self.v1_cpu = self._key_by("cpu", paths, layout)
         if node_cgroup_id is None:
             node_cgroup_id = _root_cgroup_id(self.hierarchy)
-        self.node_cgroup_id = node_cgroup_id
         engine = engine or LibbpfEngine(self.paths)
         self.pid_slots = max(1, min(max_pid_slots, _pid_max(self.paths)))
         sizes = {"outliers": outlier_ring_bytes, "cgroup_slots": max_cgroups, "free_slots": max_cgroups,
@@ -793,8 +780,7 @@ def _who_ran_instead(interval: RunqInterval, workload_key: WorkloadKey, out: dic
         if lost:
             ran[UNKNOWN] = ran.get(UNKNOWN, 0.0) + lost
     for (victim_id, culprit_id), pair in interval.culprits.items():
-        # (The node's own pair may carry only moves: waits the kernel's softirq work alone lengthened.)
-        if not pair.wait_ns and not pair.preemptions and not pair.cf_node_slots:
+        if not pair.wait_ns and not pair.preemptions:
             continue
         victim = workload_key(victim_id)
         if victim is None:
@@ -809,10 +795,9 @@ def _who_ran_instead(interval: RunqInterval, workload_key: WorkloadKey, out: dic
                 by = r.setdefault("own_wait_by_cgroup", {})
                 by[culprit_id] = by.get(culprit_id, 0.0) + pair.wait_ns
         else:
-            if pair.wait_ns or pair.preemptions:
-                ran = r.setdefault("ran_instead_ns", {})
-                ran[key] = ran.get(key, 0.0) + pair.wait_ns
-                r["preempted_foreign"] = r.get("preempted_foreign", 0) + pair.preemptions
+            ran = r.setdefault("ran_instead_ns", {})
+            ran[key] = ran.get(key, 0.0) + pair.wait_ns
+            r["preempted_foreign"] = r.get("preempted_foreign", 0) + pair.preemptions
             if pair.cf_slots:  # the counterfactual: how its waits move without this culprit
                 moves = r.setdefault("cf_moves", {})
                 moves[key] = add_slots(moves.get(key, ()), pair.cf_slots, 1)

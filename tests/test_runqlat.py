@@ -168,10 +168,9 @@ def test_wait_is_attributed_to_the_wakee_not_the_waker(two_contending_cgroups):
 
 def test_default_flavour_is_the_cheapest_the_kernel_supports():
     with RunqLatProbe() as probe:
-        # This kernel has CONFIG_SCHED_INFO and FAIR_GROUP_SCHED: one sched_switch program, no wakeups
-        # (the two softirq ones keep the CPU's softirq work for the counterfactual: bpf/runqlat.h).
+        # This kernel has CONFIG_SCHED_INFO and FAIR_GROUP_SCHED: one sched_switch program, no wakeups.
         assert probe.status.attach_mode == "sched_info"
-        assert probe.status.attached == ["sched_switch", "softirq_entry", "softirq_exit"]
+        assert probe.status.attached == ["sched_switch"]
 
 
 @pytest.mark.parametrize("flavour", ["tp_btf", "raw_tp"])

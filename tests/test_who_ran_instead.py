@@ -409,7 +409,6 @@ def test_map_layouts_match_the_object():
         CULPRIT_STATS_SIZE,
         RUNQ_PAIR_CACHE,
         RUNQ_RING_SLOTS,
-        RUNQ_SIRQ_RUNS,
         RUNQ_SLOT_CACHE,
     )
 
@@ -421,10 +420,7 @@ def test_map_layouts_match_the_object():
         assert obj.map("cgroup_runq").value_size == CGROUP_STATS_SIZE
         assert obj.map("culprit_slots").key_size == _CULPRIT_KEY.size
         assert obj.map("runq_culprits").value_size == CULPRIT_STATS_SIZE == _CULPRIT_STATS.size + _CULPRIT_KEY.size
-        # struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the pair cache, the
-        # softirq totals (3 words and a pair of u32), each slice's total at its start, the last softirq runs
-        # (3 words each), the CPU's histogram.
+        # struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the CPU's histogram.
         assert obj.map("runq_cpu").value_size == (
-            _CPU_STATE_HEAD.size + 16 * (RUNQ_RING_SLOTS + RUNQ_SLOT_CACHE) + 24 * RUNQ_PAIR_CACHE
-            + 8 * 4 + 8 * RUNQ_RING_SLOTS + 24 * RUNQ_SIRQ_RUNS + NN_HIST_SIZE)
+            _CPU_STATE_HEAD.size + 16 * (RUNQ_RING_SLOTS + RUNQ_SLOT_CACHE) + 24 * RUNQ_PAIR_CACHE + NN_HIST_SIZE)
         assert obj.map("cgroup_slots").key_size == 8 and obj.map("cgroup_slots").value_size == 4
