@@ -617,3 +617,20 @@ def test_pod_memory_psi_is_the_kernels_and_counts_reclaim(make_cgroup, disk_dir:
     stalled_us = got1.some.total_us - got0.some.total_us
     print(f"pod {pod_rel}: memory some +{stalled_us} us, full +{got1.full.total_us - got0.full.total_us} us")
     assert stalled_us > 0, "the pod reclaimed without a memory stall: the test proves nothing"
+
+
+def test_a_pressure_file_gone_while_psi_is_on_is_its_cgroup_going(tmp_path):
+    """rmdir takes a cgroup's files before its directory: a poll that wakes in between finds the directory
+    and no pressure file (seen in the VM lane). That is the cgroup going, not some other loss; PSI turned
+    off (cgroup.pressure = 0) hides the files too and says so; a file that is still there is an error."""
+    from probes.psi import _why_gone
+
+    cg = tmp_path / "pod"
+    cg.mkdir()
+    assert "was removed" in _why_gone(cg / "cpu.pressure")
+    (cg / "cgroup.pressure").write_text("0\n")
+    assert "PSI was disabled" in _why_gone(cg / "cpu.pressure")
+    (cg / "cgroup.pressure").write_text("1\n")
+    (cg / "cpu.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert "kernel reported an error" in _why_gone(cg / "cpu.pressure")
+    assert "was removed" in _why_gone(tmp_path / "gone" / "cpu.pressure")
