@@ -47,6 +47,8 @@ const volatile bool v1_cpu_cgroup = false;     /* key by the v1 cpu controller's
 const volatile __u64 outlier_threshold_ns = 0; /* 0: no outlier events */
 const volatile __u32 pid_slots = 0;            /* entries of task_run_delay: pids below use it */
 const volatile __u64 node_cgroup_id = 1;       /* the root cgroup's id (kernel threads): runq_counterfactual.node_slots */
+/* Tests: every task of this cgroup counts as kernel work (their stand-in for kswapd); 0 in the agent. */
+const volatile __u64 test_kernel_work_cgroup_id = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
@@ -444,6 +446,30 @@ static __noinline struct runq_culprit_stats *culprit_stats_slow(struct runq_cpu_
  * next): the verifier checks each once, not once per path of each caller (two log2s inlined into every
  * charge made the switch program too complex to load).
  */
+/*
+ * Kernel work a workload causes and the node's kernel threads do for it: kswapd reclaiming for the
+ * allocations that drained the node's free memory, ksoftirqd running the softirq work that overflowed
+ * interrupt exit (a sender's packets). Their slices are marked in the ring; a wait's part behind them is
+ * what runq_counterfactual.node_slots takes out. Other kernel threads, and on a v1 host every process
+ * outside a pod (the root cpu cgroup holds them all), are the node but not this work.
+ */
+/* include/linux/sched.h (macros: not in BTF); the same values in 5.x and 6.x (Debian 12's 6.1 headers, 6.18). */
+#define PF_KTHREAD_FLAG 0x00200000 /* PF_KTHREAD */
+#define PF_KSWAPD_FLAG 0x00020000  /* PF_KSWAPD */
+#define KSOFTIRQ_COMM8 0x71726974666f736bULL /* "ksoftirq": comm[0..7] read as a little-endian u64 */
+
+static __always_inline bool kernel_work_task(struct task_struct *t)
+{
+	__u32 flags = t->flags;
+
+	if (!(flags & PF_KTHREAD_FLAG))
+		return false;
+	if (flags & PF_KSWAPD_FLAG)
+		return true;
+	/* "ksoftirqd/N": comm[0..7] in one BTF-typed load (a scalar array may be read at any width inside it). */
+	return *(__u64 *)t->comm == KSOFTIRQ_COMM8 && t->comm[8] == 'd';
+}
+
 /* One wait leaves histogram slot `from` for `to` in `slots` (a pair's slots or node_slots). */
 static __always_inline void move_slot(__s64 *slots, __u32 from, __u32 to)
 {
@@ -477,21 +503,28 @@ __noinline int move_counterfactual_ns(__u32 pair_slot, __u64 full_ns, __u64 part
 }
 
 /*
- * The node's kernel-thread share of a wait, taken out after the culprit's (`part_ns` of `full_ns`):
- * from slot(full - part) to slot(full - part - node), in the pair's node_slots. Only at the end of a
- * ring walk that met the node, so the pair's slot is looked up again here (the pair was just charged:
- * a pair the matrix lost has no slot and no move) instead of widening charge_culprit(), which the
- * walk's callback inlines: one more branch there took the switch program past the verifier's limit.
+ * The kernel work in a wait (`node_ns`: kswapd's and ksoftirqd's slices), taken out after the culprit's
+ * `part_ns` of `full_ns`: from slot(full - part) to slot(full - part - node), in the pair's node_slots.
+ * On the node's own pair the kernel work alone is taken out of the whole wait: slot(full) to
+ * slot(full - node), for a culprit that never ran on the victim's CPU (a grower kswapd reclaims for,
+ * a sender whose packets ksoftirqd processes). The pair's slot is looked up again here (it was just
+ * charged: a pair the matrix lost has no slot and no move) instead of widening charge_culprit(), which
+ * the walk's callback inlines: one more branch there took the switch program past the verifier's limit.
  */
 __noinline int move_counterfactual_node(__u64 victim, __u64 culprit, __u64 full_ns, __u64 part_ns, __u64 node_ns)
 {
 	struct runq_culprit_key key = { .victim_cgroup_id = victim, .culprit_cgroup_id = culprit };
 	struct runq_counterfactual *cf;
-	__u64 rest = full_ns > part_ns ? full_ns - part_ns : 0;
+	__u64 rest;
 	__u32 *slot, from, to;
 
-	if (!part_ns || full_ns < RUNQ_CF_MIN_NS)
+	if (culprit == node_cgroup_id)
+		part_ns = 0; /* the node's own pair: the kernel work alone, out of the whole wait */
+	else if (!part_ns)
 		return 0;
+	if (!node_ns || full_ns < RUNQ_CF_MIN_NS)
+		return 0;
+	rest = full_ns > part_ns ? full_ns - part_ns : 0;
 	slot = bpf_map_lookup_elem(&culprit_slots, &key);
 	if (!slot)
 		return 0;
@@ -554,7 +587,7 @@ struct slice_walk {
 	__u64 end;            /* where the slice being charged ends: the newer one's start */
 	__u64 last_cgroup_id; /* the newer slice's cgroup: a change starts a new turn */
 	__u64 own, idle, foreign;
-	__u64 node;           /* of `foreign`, the node's kernel threads' (node_cgroup_id) */
+	__u64 node;           /* of `foreign`, the kernel work's (RUNQ_SLICE_KERNEL_WORK slices of node_cgroup_id) */
 	/* Two culprits accumulated over the walk: two cgroups taking turns cost two map updates. */
 	__u64 c0, n0, t0, c1, n1, t1;
 	__u32 head;
@@ -564,17 +597,19 @@ struct slice_walk {
 static long charge_slice(__u32 i, struct slice_walk *w)
 {
 	__u32 slot = (w->head - 1 - i) & (RUNQ_RING_SLOTS - 1);
-	__u64 start = w->cpu->ring[slot].start, cg = w->cpu->ring[slot].cgroup_id, lo, ns, turn;
+	__u64 start = w->cpu->ring[slot].start, cg = w->cpu->ring[slot].cgroup_id, lo, ns, turn, kernel_work;
 
 	if (!start || start >= w->end)
 		return 1; /* never written (just loaded) or not older: what is left is unknown */
+	kernel_work = cg & RUNQ_SLICE_KERNEL_WORK;
+	cg &= ~RUNQ_SLICE_KERNEL_WORK;
 	lo = start > w->queued ? start : w->queued;
 	ns = w->end - lo;
 	turn = cg != w->last_cgroup_id;
 	w->last_cgroup_id = cg;
 	if (cg && cg != w->victim) {
 		w->foreign += ns;
-		if (cg == node_cgroup_id)
+		if (kernel_work)
 			w->node += ns;
 		if (cg == w->c0) {
 			w->n0 += ns;
@@ -645,6 +680,8 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
 		if (w.node && w.c1 != node_cgroup_id)
 			move_counterfactual_node(victim, w.c1, full, w.n1, w.node);
 	}
+	if (w.node)
+		move_counterfactual_node(victim, node_cgroup_id, full, 0, w.node);
 	s->own_wait_ns += w.own;
 	s->idle_wait_ns += w.idle;
 	s->foreign_wait_ns += w.foreign;
@@ -658,8 +695,8 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
  * what it waited on another CPU before a migration).
  */
 static __always_inline void attribute_wait(struct runq_cpu_state *cpu, struct runq_cgroup_stats *s, __u64 victim,
-					   __u64 prev_cg, __u64 prev_start, __u64 queued, __u64 pending, __u64 full,
-					   __u32 full_slot)
+					   __u64 prev_cg, bool prev_kernel_work, __u64 prev_start, __u64 queued,
+					   __u64 pending, __u64 full, __u32 full_slot)
 {
 	/* The common case, and all of perf's pipe ping-pong: woken during prev's slice. */
 	if (prev_start && prev_start <= queued) {
@@ -670,6 +707,8 @@ static __always_inline void attribute_wait(struct runq_cpu_state *cpu, struct ru
 		else {
 			s->foreign_wait_ns += pending;
 			charge_culprit(cpu, victim, prev_cg, pending, 1, 0, full, full_slot);
+			if (prev_kernel_work)
+				move_counterfactual_node(victim, prev_cg, full, 0, pending);
 		}
 		return;
 	}
@@ -693,9 +732,9 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
 	struct runq_cgroup_stats *s;
 	struct task_wait *w;
-	__u64 now, prev_start, queued, run_delay, pending = 0, migrated = 0, prev_cg = 0, next_cg = 0;
+	__u64 now, prev_start, queued, run_delay, pending = 0, migrated = 0, prev_cg = 0, next_cg = 0, prev_slice_id;
 	__u32 slot;
-	bool own_preemption, first_arrival;
+	bool own_preemption, first_arrival, prev_kernel_work;
 
 	if (!cpu)
 		return 0;
@@ -738,11 +777,14 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 	 * one cgroup taking turns use one slot and the ring reaches further back.
 	 */
 	prev_start = cpu->slice_start;
-	if (prev_start && (!cpu->head || cpu->ring[(cpu->head - 1) & (RUNQ_RING_SLOTS - 1)].cgroup_id != prev_cg)) {
+	prev_kernel_work = prev_pid && ((prev_cg == node_cgroup_id && kernel_work_task(prev)) ||
+					(test_kernel_work_cgroup_id && prev_cg == test_kernel_work_cgroup_id));
+	prev_slice_id = prev_cg | (prev_kernel_work ? RUNQ_SLICE_KERNEL_WORK : 0);
+	if (prev_start && (!cpu->head || cpu->ring[(cpu->head - 1) & (RUNQ_RING_SLOTS - 1)].cgroup_id != prev_slice_id)) {
 		struct runq_slice *slot = &cpu->ring[cpu->head & (RUNQ_RING_SLOTS - 1)];
 
 		slot->start = prev_start;
-		slot->cgroup_id = prev_cg;
+		slot->cgroup_id = prev_slice_id;
 		cpu->head++;
 	}
 	cpu->slice_start = now;
@@ -802,7 +844,8 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 				s->own_preemptions++;
 			s->migrated_wait_ns += migrated;
 			if (pending)
-				attribute_wait(cpu, s, next_cg, prev_cg, prev_start, queued, pending, pending + migrated, slot);
+				attribute_wait(cpu, s, next_cg, prev_cg, prev_kernel_work, prev_start, queued, pending,
+					       pending + migrated, slot);
 		}
 		report_outlier(prev, next, next_cg, prev_cg, pending + migrated);
 	}

@@ -72,17 +72,19 @@ struct runq_culprit_stats {
 #define RUNQ_CF_MIN_NS 128000ULL
 
 /*
- * `node_slots`: the further move of the same waits when the node's kernel threads' share of each one
- * is taken out too (the slices of `node_cgroup_id`, the root cgroup: ksoftirqd running the softirq
- * work a culprit's packets made, kswapd reclaiming for its memory). A wait of `full` ns of which the
- * culprit ran `part` and the node `node` adds -1 at slot(full - part) and +1 at slot(full - part -
- * node): slots + node_slots is the victim's histogram without the culprit and that kernel work. Only
- * the end of a ring walk sets it (a wait woken inside one slice has one culprit and no node part).
+ * `node_slots`: the further move of the same waits when the kernel work's share of each one is taken
+ * out too (the node's kswapd and ksoftirqd slices: RUNQ_SLICE_KERNEL_WORK; reclaim for the memory a
+ * culprit took, softirq work its packets made). A wait of `full` ns of which the culprit ran `part` and
+ * the kernel work `node` adds -1 at slot(full - part) and +1 at slot(full - part - node): slots +
+ * node_slots is the victim's histogram without the culprit and that kernel work.
+ * The node's own pair (culprit `node_cgroup_id`) is different: its node_slots take the kernel work
+ * alone out of every wait that had any, slot(full) to slot(full - node), for the victim's histogram
+ * without it whoever else ran (the cost of a culprit that never ran on the victim's CPU).
  */
 struct runq_counterfactual {
 	__s64 slots[NN_HIST_SLOTS];
 	__s64 node_slots[NN_HIST_SLOTS];
-	__s64 node_ns; /* the node's part of those waits, summed (the wait per second without both) */
+	__s64 node_ns; /* the kernel work in those waits, summed (the wait per second without both) */
 };
 
 #define RUNQ_RING_SLOTS 64 /* power of 2: the finished slices each CPU remembers (consecutive ones of one cgroup merged) */
@@ -90,8 +92,11 @@ struct runq_counterfactual {
 /* One finished slice on a CPU: from `start` (rq clock) to the next slice's start. */
 struct runq_slice {
 	__u64 start;
-	__u64 cgroup_id; /* 0: the idle task */
+	__u64 cgroup_id; /* 0: the idle task; | RUNQ_SLICE_KERNEL_WORK: the node's kswapd or ksoftirqd ran */
 };
+
+/* Set in a ring slice's cgroup_id (kernfs ids never reach bit 63: 2^31 id wraps first). */
+#define RUNQ_SLICE_KERNEL_WORK (1ULL << 63)
 
 #define RUNQ_SLOT_CACHE 16 /* power of 2: per-CPU cache of cgroup id -> cgroup_runq slot */
 

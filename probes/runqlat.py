@@ -500,14 +500,16 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         max_culprit_pairs: int = 8192,
         max_pid_slots: int = PID_MAX_LIMIT,
         node_cgroup_id: int | None = None,
+        test_kernel_work_cgroup_id: int = 0,
     ) -> None:
         """`max_culprit_pairs` bounds the (victim, culprit) matrix; pairs beyond it are counted in
         drops["culprit_map_full"] and their wait in `culprit_drop_ns`. `max_pid_slots` caps the
         pid-indexed array of the sched_info flavour (8 bytes a pid, sized to the host's pid_max):
         tasks with larger pids are tracked in task storage instead, at ~35 ns more per switch.
-        `node_cgroup_id`: whose slices are the node's kernel threads for the counterfactual's node moves
-        (CulpritStats.cf_node_slots); None: the keyed hierarchy's root cgroup (tests name a cgroup of
-        their own, never touching the root)."""
+        `node_cgroup_id`: the node's cgroup, whose kswapd and ksoftirqd slices are the kernel work of the
+        counterfactual's node moves (CulpritStats.cf_node_slots); None: the keyed hierarchy's root
+        cgroup. Tests name a cgroup of their own, never touching the root, and make its user tasks stand
+        for that kernel work with `test_kernel_work_cgroup_id` (0: none)."""
         if max_culprit_pairs < 1 or max_cgroups < 1:
             raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
                              f"max_culprit_pairs={max_culprit_pairs})")
@@ -522,7 +524,8 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                  "task_run_delay": self.pid_slots, "fallback_queued_ns": 1}
         options = {
             "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns,
-                       "pid_slots": self.pid_slots, "node_cgroup_id": node_cgroup_id},
+                       "pid_slots": self.pid_slots, "node_cgroup_id": node_cgroup_id,
+                       "test_kernel_work_cgroup_id": test_kernel_work_cgroup_id},
             "map_sizes": sizes,
             "layouts": MAP_LAYOUTS,
         }

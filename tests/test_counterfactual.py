@@ -87,12 +87,33 @@ def test_the_kernel_work_a_culprit_caused_comes_out_with_it():
     assert "without it and the kernel work it caused (ksoftirqd)" in text
 
 
+def test_a_culprit_that_never_ran_on_the_victims_cpu_is_costed_by_its_kernel_work():
+    # A grower on another CPU: kswapd runs 2.9 ms of each of 5 waits of ~6 ms (the node's own pair: its
+    # node moves take the kernel work alone out of every wait, slot 13 -> 12), the grower none.
+    w = VictimWindow()
+    for _ in range(3):
+        w.add(_hist({4: 95, 13: 5}, 95 * 10_000 + 5 * 6_000_000), 1.0, {"/": _moves({13: -5, 12: 5})},
+              {"/": 5 * 2_900_000}, {"/": _moves({13: -5, 12: 5})}, {"/": 5 * 2_900_000})
+    own, with_kswapd, alone = w.cost("grower"), w.cost("grower", kernel_work=True), w.kernel_work_cost()
+    assert own is not None and own.p99_without_ns == own.p99_ns  # its own share of the waits: none
+    assert alone is not None and with_kswapd == alone
+    assert 2_048_000 <= alone.p99_without_ns < 4_096_000 <= alone.p99_ns
+    assert alone.wait_ms_per_s_without == pytest.approx((95 * 10_000 + 5 * 3_100_000) / 1e6)
+    # A culprit that ran in those waits too: whichever of its own record and the kernel work alone takes
+    # more out (here its own, with the kernel work in the same waits: slot 7).
+    for t in w.ticks:
+        t.moves["flood"], t.removed_ns["flood"] = _moves({13: -5, 12: 5}), 5 * 3_000_000
+        t.node_moves["flood"], t.node_ns["flood"] = _moves({12: -5, 7: 5}), 5 * 2_900_000
+    both = w.cost("flood", kernel_work=True)
+    assert both is not None and 64_000 <= both.p99_without_ns < 128_000
+
+
 def test_only_the_causes_that_declare_kernel_work_cost_it():
     from detector import causes
     from detector.decisions import Cause
 
     assert causes.spec(Cause.SOFTIRQ).kernel_work == "ksoftirqd"
-    assert causes.spec(Cause.RECLAIM).kernel_work == ""  # capping the grower does not stop kswapd
+    assert causes.spec(Cause.RECLAIM).kernel_work == "kswapd"
     assert causes.spec(Cause.NEIGHBOR_CPU).kernel_work == ""
 
 
@@ -111,7 +132,7 @@ def test_the_node_moves_from_the_kernel(make_cgroup):
     try:
         everyone = _tids(victim) + _tids(heavy) + _tids(light)
         v, h, lt = _ino(victim), _ino(heavy), _ino(light)
-        with RunqLatProbe(node_cgroup_id=lt) as probe:
+        with RunqLatProbe(node_cgroup_id=lt, test_kernel_work_cgroup_id=lt) as probe:
             before, after, _, _ = _window(probe, everyone, 3, dict)
     finally:
         gen.close()
@@ -127,7 +148,12 @@ def test_the_node_moves_from_the_kernel(make_cgroup):
     assert 0 < heavy_pair.cf_node_ns <= light_pair.wait_ns
     # The three take turns: most of the light one's slices fall inside waits the heavy one also lengthened.
     assert heavy_pair.cf_node_ns >= 0.5 * light_pair.wait_ns
-    assert not light_pair.cf_node_slots and not light_pair.cf_node_ns  # the node is not taken out of itself
+    # The node's own pair: the kernel work alone out of every wait that had any, whoever else ran (the
+    # cost of a culprit that never ran on the victim's CPU). Every light slice is kernel work here.
+    alone_node = light_pair.cf_node_slots
+    assert alone_node and sum(alone_node) == 0, alone_node
+    assert alone_node[max(i for i, x in enumerate(alone_node) if x)] < 0, alone_node
+    assert heavy_pair.cf_node_ns <= light_pair.cf_node_ns <= light_pair.wait_ns
     iv = IntervalHistogram(hist.slots, hist.sum_ns, hist.count, None)
     alone = counterfactual_histogram(iv, moves, heavy_pair.wait_ns)
     both = counterfactual_histogram(iv, add_slots(moves, node, 1), heavy_pair.wait_ns + heavy_pair.cf_node_ns)
@@ -136,6 +162,32 @@ def test_the_node_moves_from_the_kernel(make_cgroup):
     assert abs(both.count - alone.count) <= max(3, 0.03 * hist.count), (both.count, alone.count)
     assert both.quantile_ns(0.99) <= alone.quantile_ns(0.99)
     assert sum(both.slots[10:]) < sum(alone.slots[10:])  # fewer waits of a millisecond or more
+
+
+@pytest.mark.vm
+@pytest.mark.root
+def test_user_tasks_of_the_node_are_not_kernel_work(make_cgroup):
+    """The same three, with the light one as the node's cgroup but its tasks plain user tasks (as every
+    process outside a pod in a v1 host's root cpu cgroup): it is still a culprit, but no wait moves as
+    kernel work, which is kswapd's and ksoftirqd's alone."""
+    from tests.test_who_ran_instead import _ino, _tids, _window
+    from tests.test_who_ran_instead import victim_and_hogs as _fixture
+
+    gen = _fixture.__wrapped__(make_cgroup)
+    victim, heavy, light = next(gen)
+    try:
+        everyone = _tids(victim) + _tids(heavy) + _tids(light)
+        v, h, lt = _ino(victim), _ino(heavy), _ino(light)
+        with RunqLatProbe(node_cgroup_id=lt) as probe:
+            before, after, _, _ = _window(probe, everyone, 2, dict)
+    finally:
+        gen.close()
+    heavy_pair = after.culprits[(v, h)].delta(before.culprits.get((v, h)))
+    light_pair = after.culprits[(v, lt)].delta(before.culprits.get((v, lt)))
+    assert light_pair.wait_ns > 0.05 * heavy_pair.wait_ns > 0, (light_pair.wait_ns, heavy_pair.wait_ns)
+    assert heavy_pair.cf_slots and any(heavy_pair.cf_slots)
+    for pair in (heavy_pair, light_pair):
+        assert not any(pair.cf_node_slots) and not pair.cf_node_ns, pair
 
 
 @pytest.fixture
@@ -218,7 +270,8 @@ def test_the_bench_records_the_counterfactual_and_the_runq_p99_after_the_action(
 
     result = PassResult("cpu-neighbor", "mitigate", 10.0, 20.0)
     result.actions.append(ActionRecordLite(3.0, "suppress", "batch", "applied", ""))
-    result.counterfactual += [(2.0, 1.8), (3.1, 1.6), (6.0, 9.9)]  # the last before the action (+ its tick): 1.6
+    # The last before the action (+ its tick) for the pod the action moved: 1.6; the other pod's is not it.
+    result.counterfactual += [(2.0, "batch", 1.8), (3.1, "other", 0.1), (3.1, "batch", 1.6), (6.0, "batch", 9.9)]
     quiet = _hist({10: 99, 11: 1}, 0).slots  # after the action: p99 inside slot 10 ([512, 1024) µs)
     result.runq_ticks += [(float(t), quiet, 0, 100) for t in range(4, 14)]
     result.runq_ticks.append((1.0, _hist({14: 100}, 0).slots, 0, 100))  # before: not in the window
