@@ -12,22 +12,20 @@ culprit's moves is the histogram it would have had without the culprit; its p99 
 Waits shorter than 128 µs are not moved (the kernel skips them to keep the switch path cheap; the
 exporter's first bucket holds them all anyway): the counterfactual is exact from 128 µs up.
 
-The kernel work a culprit causes: ksoftirqd running the softirq work its packets made. It is a kernel
-thread of the node (the root cgroup), so "who ran instead" charges it to the node, not to the pod. For
-a cause that declares such work (``CauseSpec.kernel_work``) the incident's top culprit is costed
-without it too: the probe also keeps, per pair, how the same waits move further when the node's part
-of each is taken out (``node_slots``; per wait, so a wait behind the culprit and ksoftirqd both is
-moved by both). In softirq-starve (host) it moved 1-13 of the ~400 waits of an incident tick: one
-tick's counterfactual went from 1.03 to 0.95 ms, another's from 0.46 to 0.39 ms, against 0.03-0.17 ms
-measured once the culprit was moved away. (The 1.46 -> 0.08 ms that motivated it had added the root
-pair's moves to the culprit's, which also moves waits behind the node alone, and some twice.)
-Bounds: the node's part is all of the root cgroup's time in those waits (a v2 systemd node keeps its
-services in system.slice, so its root holds kernel threads; a root holding more takes out more than
-the culprit caused), and softirq work run at interrupt exit on top of another task (the idle task,
-the victim's own) is charged to that task and stays in.
-kswapd is not declared: capping a global-reclaim grower does not stop it (the node stays below its
-watermark until memory is freed); a counterfactual without it said 0.11 ms where 0.71 ms was measured
-after the cap (make bench, global-reclaim / mitigate, 2026-11-27).
+The kernel work a culprit causes: ksoftirqd running the softirq work its packets made, kswapd
+reclaiming for the memory it took. They are kernel threads of the node (the root cgroup), so "who ran
+instead" charges them to the node, not to the pod. The probe marks their slices (by the task: PF_KSWAPD,
+comm "ksoftirqd/N"; other kernel threads and, on a v1 host, every process of the root cpu cgroup are the
+node but not this work), and keeps two per-wait records of them: per pair, how the culprit's waits move
+further when the kernel work in the same waits is taken out (``node_slots``), and on the node's own
+pair (``NODE_KEY``) how every wait moves without its kernel work alone, whoever else ran. For a cause
+that declares such work (``CauseSpec.kernel_work``: softirq -> ksoftirqd, reclaim -> kswapd) the
+incident's top culprit is costed without it too, by whichever record takes more out: a grower kswapd
+reclaims for, or a sender whose packets ksoftirqd processes, never runs on the victim's CPU, and only the
+second record sees its cost. The incident keeps the second one too (``Incident.kernel_work_cost``) for
+the culprit the planner names from its traffic. Bounds: softirq work run at interrupt exit on top of
+another task (the idle task, the victim's own) is charged to that task and stays in; kswapd reclaims
+for every allocation of the node, so a second grower's share of it is taken out with the top one's.
 
 What it is not: a prediction of the scheduler. Without the culprit another task may run in its place
 (it is the wait *behind this culprit* that is taken out), and a wait two containers of one culprit pod
@@ -41,24 +39,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from detector.model import Culprit
+from detector.model import Culprit, CulpritCost
 from probes.hist import HIST_SLOTS, IntervalHistogram, counterfactual_histogram
 
 WINDOW_TICKS = 10  # as the culprit window of detector.incidents (CULPRIT_WINDOW_TICKS)
-
-
-@dataclass(frozen=True, slots=True)
-class CulpritCost:
-    """The victim over the window, with and without one culprit."""
-
-    p99_ns: float
-    p99_without_ns: float
-    wait_ms_per_s: float
-    wait_ms_per_s_without: float
-
-    @property
-    def added_ns(self) -> float:
-        return max(self.p99_ns - self.p99_without_ns, 0.0)
+# The node's workload key (the root cgroup): its own pair's node moves are the kernel work alone, out of
+# every wait of the victim that had any (bpf/runqlat.h, struct runq_counterfactual).
+NODE_KEY = "/"
 
 
 @dataclass
@@ -96,23 +83,44 @@ class VictimWindow:
         return IntervalHistogram(tuple(slots), total, count, None)
 
     def cost(self, culprit: str, kernel_work: bool = False) -> CulpritCost | None:
-        """The victim's p99 and wait/s over the window, with and without ``culprit`` (and, with
-        ``kernel_work``, without the node's kernel threads' part of the same waits); None when it did not
-        wait."""
+        """The victim's p99 and wait/s over the window, with and without ``culprit``; None when it did not
+        wait.
+
+        With ``kernel_work``, without the kernel work it caused too (kswapd's and ksoftirqd's slices),
+        which two per-wait records bound from below: the culprit's waits without it and the kernel work
+        in those same waits (its pair's node moves), and the kernel work alone in every wait (the node's
+        own pair: a grower kswapd reclaims for never runs on the victim's CPU, nor does a sender whose
+        packets ksoftirqd processes). Neither can be added to the other (a wait in both would move
+        twice), so the one that takes more out is the counterfactual."""
         hist = self.histogram()
         seconds = sum(t.interval_s for t in self.ticks)
         if not hist.count or seconds <= 0:
             return None
+        own = self._without(hist, seconds, ((culprit, "moves", "removed_ns"),
+                                            *(((culprit, "node_moves", "node_ns"),) if kernel_work else ())))
+        if not kernel_work:
+            return own
+        alone = self._without(hist, seconds, ((NODE_KEY, "node_moves", "node_ns"),))
+        return min(own, alone, key=lambda c: (c.p99_without_ns, c.wait_ms_per_s_without))
+
+    def kernel_work_cost(self) -> CulpritCost | None:
+        """The victim over the window without the kernel work in its waits, whoever caused it."""
+        hist = self.histogram()
+        seconds = sum(t.interval_s for t in self.ticks)
+        if not hist.count or seconds <= 0:
+            return None
+        return self._without(hist, seconds, ((NODE_KEY, "node_moves", "node_ns"),))
+
+    def _without(self, hist: IntervalHistogram, seconds: float,
+                 parts: tuple[tuple[str, str, str], ...]) -> CulpritCost:
+        """``hist`` with the moves and removed ns of ``parts`` ((key, moves field, ns field) of each tick)."""
         moves = [0] * HIST_SLOTS
         removed = 0.0
         for t in self.ticks:
-            for i, m in enumerate(t.moves.get(culprit, ())):
-                moves[i] += m
-            removed += t.removed_ns.get(culprit, 0.0)
-            if kernel_work:
-                for i, m in enumerate(t.node_moves.get(culprit, ())):
+            for key, moves_field, ns_field in parts:
+                for i, m in enumerate(getattr(t, moves_field).get(key, ())):
                     moves[i] += m
-                removed += t.node_ns.get(culprit, 0.0)
+                removed += getattr(t, ns_field).get(key, 0.0)
         without = counterfactual_histogram(hist, tuple(moves), int(removed))
         return CulpritCost(hist.quantile_ns(0.99), without.quantile_ns(0.99), hist.sum_ns / 1e6 / seconds,
                            without.sum_ns / 1e6 / seconds)
@@ -133,24 +141,30 @@ class Counterfactuals:
         w = self.windows.get(victim)
         return None if w is None else w.cost(culprit, kernel_work)
 
+    def kernel_work_cost(self, victim: str) -> CulpritCost | None:
+        w = self.windows.get(victim)
+        return None if w is None else w.kernel_work_cost()
+
     def forget(self, key: str) -> None:
         self.windows.pop(key, None)
 
 
 def with_kernel_work(culprits: list[Culprit], cost: Callable[[Culprit], CulpritCost | None],
                      kernel_work: str) -> list[Culprit]:
-    """The culprits, the top one costed without the kernel work it caused too (``kernel_work`` names it:
-    "ksoftirqd"); the others keep their own cost (the node's work is counted once, for the culprit the
-    incident blames)."""
+    """The culprits, one costed without the kernel work it caused too (``kernel_work`` names it:
+    "ksoftirqd", "kswapd"): the top BE one, which the cause's actions move (suppress, cap, evict), else
+    the top one. The others keep their own cost: the node's work is counted once (kswapd reclaims for
+    every grower, and a non-BE grower of the node's own ranked above the BE one is not what is moved)."""
     if not culprits:
         return culprits
-    top = culprits[0]
-    c = cost(top)
+    i = next((i for i, c in enumerate(culprits) if (c.target.qos or "").upper() == "BE"), 0)
+    c = cost(culprits[i])
     if c is None:
         return culprits
-    return [replace(top, victim_runq_p99_ns=round(c.p99_ns), runq_p99_without_ns=round(c.p99_without_ns),
-                    victim_wait_ms_per_s=round(c.wait_ms_per_s, 3), wait_ms_per_s_without=round(c.wait_ms_per_s_without, 3),
-                    without_kernel_work=kernel_work), *culprits[1:]]
+    costed = replace(culprits[i], victim_runq_p99_ns=round(c.p99_ns), runq_p99_without_ns=round(c.p99_without_ns),
+                     victim_wait_ms_per_s=round(c.wait_ms_per_s, 3),
+                     wait_ms_per_s_without=round(c.wait_ms_per_s_without, 3), without_kernel_work=kernel_work)
+    return [*culprits[:i], costed, *culprits[i + 1:]]
 
 
 def cost_of(culprit: Culprit) -> CulpritCost:

@@ -43,7 +43,7 @@ from detector.decisions import (
     SuppressAmount,
     Target,
 )
-from detector.model import Culprit, Evidence, Incident
+from detector.model import Culprit, CulpritCost, Evidence, Incident
 from detector.policy import Policy
 from detector.signals import IDLE, UNKNOWN, NodeSignals, WorkloadSignals
 from detector.store import SignalStore
@@ -317,6 +317,10 @@ class IncidentEngine:
         findings = [*verdict.findings, *(f for spec in causes.CAUSES if spec.context for f in spec.context(row))]
         return verdict.cause, verdict.confidence, culprits, evidence, findings
 
+    def _kernel_work_cost(self, key: str, cause: Cause) -> CulpritCost | None:
+        """The victim without the kernel work its cause declares (None: it declares none)."""
+        return self.counterfactual.kernel_work_cost(key) if causes.spec(cause).kernel_work else None
+
     def _connect_servers(self, key: str) -> tuple[list[Culprit], list[Evidence]]:
         """The servers whose full accept queues a victim's connects went to (detector/listen_join.py)."""
         return self.listen_join.servers_for(key) if self.listen_join is not None else ([], [])
@@ -439,6 +443,7 @@ class IncidentEngine:
             evidence=evidence,
             updated_at=now,
             findings=findings,
+            kernel_work_cost=self._kernel_work_cost(key, cause),
         )
         state.incident = inc
         log.warning("incident %s opened: %s %s, culprits %s", inc.incident_id, inc.victim.display, cause,
@@ -466,6 +471,7 @@ class IncidentEngine:
             inc.cause = cause
         inc.evidence = evidence
         inc.findings = findings
+        inc.kernel_work_cost = self._kernel_work_cost(key, inc.cause)
         inc.updated_at = now
         self._emit(inc, "updated")
         self._decide(inc, state)

@@ -25,6 +25,21 @@ class Evidence:
 
 
 @dataclass(frozen=True, slots=True)
+class CulpritCost:
+    """The victim over the culprit window (detector/counterfactual.py), with and without one culprit (or
+    without the kernel work in its waits)."""
+
+    p99_ns: float
+    p99_without_ns: float
+    wait_ms_per_s: float
+    wait_ms_per_s_without: float
+
+    @property
+    def added_ns(self) -> float:
+        return max(self.p99_ns - self.p99_without_ns, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
 class Culprit:
     target: Target
     score: float  # 0..1, combined; culprits are sorted by it, highest first
@@ -41,8 +56,8 @@ class Culprit:
     runq_p99_without_ns: float | None = None
     victim_wait_ms_per_s: float | None = None
     wait_ms_per_s_without: float | None = None
-    # Those two also without the kernel work it caused, named ("ksoftirqd": the cause's CauseSpec.kernel_work),
-    # the node's kernel threads' part of the same waits; "": its own share only.
+    # Those two also without the kernel work it caused, named ("ksoftirqd", "kswapd": the cause's
+    # CauseSpec.kernel_work), those kernel threads' part of the victim's waits; "": its own share only.
     without_kernel_work: str = ""
 
 
@@ -62,6 +77,10 @@ class Incident:
     # Structured codes of what the cause rules found in the latest tick (detector/causes, e.g.
     # "reclaim.direct"): what the planner keys on, never the evidence's wording.
     findings: list[str] = field(default_factory=list)
+    # A cause that declares kernel work (CauseSpec.kernel_work): the victim without that work in its
+    # waits, whoever caused it, refreshed every tick; what the planner costs a culprit with when it names
+    # one the detector could not (the sender whose packets ksoftirqd processes). None: no such cause.
+    kernel_work_cost: CulpritCost | None = None
 
     @property
     def open(self) -> bool:

@@ -241,6 +241,39 @@ def test_kswapd_on_the_victims_cpus_is_global_reclaim_by_the_pod_that_grew():
     assert inc.cause == Cause.RECLAIM and [c.target.pod for c in inc.culprits] == ["batch"]
 
 
+def test_the_grower_is_costed_by_the_kswapd_work_in_the_victims_waits():
+    # It never ran on the victim's CPU (no who-ran-instead pair): what it cost is kswapd's part of the
+    # victim's waits, the node's own pair's node moves: 10 waits of 4-8 ms with ~5.8 ms of kswapd each.
+    from detector.model import CulpritCost
+    from probes.hist import HIST_SLOTS, IntervalHistogram
+
+    slots, moves = [0] * HIST_SLOTS, [0] * HIST_SLOTS
+    slots[4], slots[13] = 190, 10
+    moves[13], moves[7] = -10, 10
+
+    def with_waits(signals: NodeSignals) -> NodeSignals:
+        v = signals.workloads[LS.key]
+        signals.workloads[LS.key] = dataclasses.replace(
+            v, runq_hist=IntervalHistogram(tuple(slots), 190 * 10_000 + 10 * 6_000_000, 200, None),
+            cf_node_moves={"/": tuple(moves)}, cf_node_ns={"/": 10 * 5_800_000})
+        return signals
+
+    e = engine(breach_seconds=1.0)
+    run(e, [with_waits(_kswapd_tick(51200.0, (20 << 30) + i * (64 << 20))) for i in range(3)])
+    (inc,) = e.open_incidents
+    (grower,) = inc.culprits
+    assert grower.target.pod == "batch" and grower.without_kernel_work == "kswapd"
+    assert grower.victim_runq_p99_ns is not None and grower.victim_runq_p99_ns >= 4_096_000
+    assert grower.runq_p99_without_ns is not None and grower.runq_p99_without_ns < 256_000
+    assert isinstance(inc.kernel_work_cost, CulpritCost)
+    assert inc.kernel_work_cost.p99_without_ns == grower.runq_p99_without_ns
+    assert inc.to_dict()["kernel_work_cost"]["p99_without_ns"] == grower.runq_p99_without_ns
+    # A cause that declares no kernel work keeps none.
+    e = engine(breach_seconds=1.0)
+    run(e, [tick(*contended()) for _ in range(3)])
+    assert e.open_incidents[0].cause == Cause.NEIGHBOR_CPU and e.open_incidents[0].kernel_work_cost is None
+
+
 def test_root_cgroup_wait_without_kswapd_is_the_nodes_own_processes():
     # The same wait behind the root cgroup while kswapd is idle: system daemons, no reclaim, no culprit.
     e = engine(breach_seconds=1.0)

@@ -121,9 +121,10 @@ class CauseSpec:
     # the planner keys on codes only: rewording a message changes no decision (tests/test_causes.py).
     messages: dict[str, str] = field(default_factory=dict)
     # The node's kernel thread that does this cause's work on a culprit's behalf ("ksoftirqd": the
-    # softirq work its packets made) and stops when the culprit is moved away: the top culprit's
-    # counterfactual takes its part of each wait out too (detector/counterfactual.py). "": none; a
-    # culprit's cost is its own share only.
+    # softirq work its packets made; "kswapd": the reclaim its growth forced) and stops when the culprit
+    # is moved away: the top culprit's counterfactual takes its part of each wait out too
+    # (detector/counterfactual.py; the probe marks those threads' slices, bpf/runqlat.bpf.c). "": none;
+    # a culprit's cost is its own share only.
     kernel_work: str = ""
 
     def say(self, code: str, **fields: Any) -> str:
