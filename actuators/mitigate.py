@@ -31,13 +31,13 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from actuators.base import ActionOutcome, ActionRecord, ActionState
 from actuators.cgroupfile import CgroupFileError, CgroupFiles, Resource
 from detector.causes import Mitigation, neighbor_cpu, reclaim, softirq, spec
-from detector.causes.softirq import softirq_traffic_decision
+from detector.causes.softirq import softirq_traffic_decision, traffic_share
 from detector.decisions import (
     ActionKind,
     Decision,
@@ -351,15 +351,24 @@ class MitigationPlanner:
         return True
 
     @staticmethod
-    def _rank_first(inc: Incident, target: Target, share: float) -> None:
+    def _rank_first(inc: Incident, target: Target, share: float, kernel_work: str = "") -> None:
+        """Put ``target`` first in the incident's culprits, keeping what the engine knew of it. With
+        ``kernel_work`` (the cause's, e.g. "ksoftirqd") a culprit the engine had no cost for is costed
+        by the victim's waits without that work (Incident.kernel_work_cost): a sender whose packets
+        ksoftirqd processes never runs on the victim's CPU, its kernel work does."""
         if inc.culprits and inc.culprits[0].target.cgroup == target.cgroup:
             return
         old = next((c for c in inc.culprits if c.target.cgroup == target.cgroup), None)
         rest = [c for c in inc.culprits if c.target.cgroup != target.cgroup]
-        top = max([1.0, *(c.score for c in rest)])
-        inc.culprits = [Culprit(target, round(top, 4), who_ran_instead_share=old.who_ran_instead_share if old else 0.0,
-                                correlation=old.correlation if old else 0.0, attribution=round(share, 4),
-                                cpu_cores=old.cpu_cores if old else 0.0), *rest]
+        score = round(max([1.0, *(c.score for c in rest)]), 4)
+        first = (replace(old, target=target, score=score, attribution=round(share, 4)) if old is not None
+                 else Culprit(target, score, attribution=round(share, 4)))
+        cost = inc.kernel_work_cost
+        if kernel_work and cost is not None and first.runq_p99_without_ns is None:
+            first = replace(first, victim_runq_p99_ns=round(cost.p99_ns), runq_p99_without_ns=round(cost.p99_without_ns),
+                            victim_wait_ms_per_s=round(cost.wait_ms_per_s, 3),
+                            wait_ms_per_s_without=round(cost.wait_ms_per_s_without, 3), without_kernel_work=kernel_work)
+        inc.culprits = [first, *rest]
 
     def online_cpus(self) -> list[int]:
         assert self.sampler is not None
@@ -386,7 +395,12 @@ class MitigationPlanner:
             return
         decision, why = softirq_traffic_decision(inc.victim, inc.incident_id, traffic)
         self.note(inc.incident_id, why)
-        if decision is None or not self.policy.suppress_enabled:
+        if decision is None:
+            return
+        # The sender is the culprit, though it never ran on the victim's CPUs: its packets' kernel work did.
+        self._rank_first(inc, decision.target, traffic_share(inc.victim, traffic, decision.target),
+                         softirq.SPEC.kernel_work)
+        if not self.policy.suppress_enabled:
             return
         self._acted.add(inc.incident_id)
         self._submit(inc, decision)

@@ -103,6 +103,35 @@ def test_planner_acts_once_per_incident_and_notes_why() -> None:
     assert len(sink.decisions) == 1
 
 
+def test_the_sender_is_named_first_and_costed_by_the_kernel_work_its_packets_made() -> None:
+    """It never ran on the victim's CPU (no who-ran-instead share): its cost is the victim's waits without
+    the ksoftirqd work in them (Incident.kernel_work_cost, which the engine refreshes every tick)."""
+    from detector.model import Culprit, CulpritCost
+
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [VICTIM, FLOOD, API], _FakeSampler(
+        [PodTraffic(FLOOD, 60_000, 0.8), PodTraffic(API, 20_000, 0.2)]), ActuatorPolicy(dry_run=False))
+    inc = _incident()
+    inc.culprits = [Culprit(API, 0.4, who_ran_instead_share=0.1)]
+    inc.kernel_work_cost = CulpritCost(2_100_000, 300_000, 40.0, 12.0)
+    planner(inc, "opened")
+    first = inc.culprits[0]
+    assert first.target == FLOOD and first.attribution == 0.75 and first.score >= 1.0
+    assert (first.victim_runq_p99_ns, first.runq_p99_without_ns) == (2_100_000, 300_000)
+    assert (first.victim_wait_ms_per_s, first.wait_ms_per_s_without, first.without_kernel_work) == (40.0, 12.0, "ksoftirqd")
+    assert [c.target for c in inc.culprits] == [FLOOD, API]
+    # The engine's step for a new top culprit does not move it off the victim's CPUs as well: it never
+    # ran there (its quota is the planner's); one that did run there still is.
+    from detector.causes import ActContext
+    from detector.causes.neighbor_cpu import suppress_top_be
+    from detector.policy import Policy
+
+    ctx = ActContext(Policy(), lambda c: SuppressAmount("cpuset", cpus=(0,)))
+    assert suppress_top_be(inc, first, ctx) is None
+    shared = Culprit(FLOOD, 1.0, who_ran_instead_share=0.3, attribution=0.75)
+    assert suppress_top_be(inc, shared, ctx) is not None
+
+
 def test_planner_never_names_a_non_be_source_and_ignores_victims_it_does_not_know() -> None:
     sink = LoggingSink()
     planner = MitigationPlanner(sink, lambda: [VICTIM, API], _FakeSampler([PodTraffic(API, 80_000, 0.8)]))

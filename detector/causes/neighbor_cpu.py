@@ -50,8 +50,13 @@ def suppress_top_be(inc: Incident, top: Culprit | None, ctx: ActContext) -> Deci
     """Suppress the top culprit when it is BE and not busy within its own request (neighbor_cpu and
     softirq both take this step). A BE pod within its request uses what it was promised; the ranking
     puts those above their request first, so a top within its request means none is above it yet
-    (seen the tick a hog starts: its CPU use not measured past its request yet)."""
+    (seen the tick a hog starts: its CPU use not measured past its request yet). A top that shares no
+    CPU with the victim (a sender the planner named from its traffic) is left to the planner."""
     if top is None or top.target.qos != "BE" or top.above_request is False or not ctx.policy.actuators.suppress_enabled:
+        return None
+    if top.attribution and not top.who_ran_instead_share and not top.correlation:
+        # Named from its traffic (the softirq planner's sender, already given a quota): it never ran on
+        # the victim's CPUs, so moving it off them changes nothing.
         return None
     return Decision(ActionKind.SUPPRESS, top.target, ctx.suppress_amount(top),
                     reason=SPEC.say(SUPPRESS, culprit=top.target.display, share=top.who_ran_instead_share,

@@ -51,7 +51,7 @@ def softirq_traffic_decision(
     the same rule that names it), at least ``min_cores``: a fifth of its CPU, as before, still sent a
     fifth of the flood, and the victim stayed at 1.7x its quiet p99 (make bench, softirq-netrx).
     """
-    own = [t for t in traffic if not t.host_network and t.target.cgroup != victim.cgroup]
+    own = _pods_traffic(victim, traffic)
     total = sum(t.packets_per_s for t in own)
     if not own or total <= 0:
         return None, SPEC.say(NO_POD_TRAFFIC)
@@ -66,6 +66,18 @@ def softirq_traffic_decision(
     reason = SPEC.say(OWN_TRAFFIC, victim=victim.display, cpu=top.cpu_cores, cap=cap, **said)
     return Decision(ActionKind.SUPPRESS, top.target, SuppressAmount("cfs_quota", cpu_cores=cap), reason,
                     incident_id=incident_id, victim=victim, victim_signal=victim_signal, code=OWN_TRAFFIC), reason
+
+
+def _pods_traffic(victim: Target, traffic: list[PodTraffic]) -> list[PodTraffic]:
+    """The pods' own traffic: a host-network pod's counters are the node's, and the victim's is its own."""
+    return [t for t in traffic if not t.host_network and t.target.cgroup != victim.cgroup]
+
+
+def traffic_share(victim: Target, traffic: list[PodTraffic], target: Target) -> float:
+    """``target``'s share of the packets the pods' own traffic carried (0: none)."""
+    own = _pods_traffic(victim, traffic)
+    total = sum(t.packets_per_s for t in own)
+    return sum(t.packets_per_s for t in own if t.target.cgroup == target.cgroup) / total if total > 0 else 0.0
 
 
 SPEC = CauseSpec(
