@@ -72,7 +72,10 @@ def rescore(path: str) -> int:
                                 skipped=p.get("skipped", ""),
                                 pods=p.get("pods") or ["web", "batch", "flood", "server"],
                                 runq_ticks=[(x[0], tuple(x[1]), x[2], x[3]) for x in p.get("runq_ticks", [])],
-                                counterfactual=[tuple(x) for x in p.get("counterfactual", [])])
+                                # Runs before 2026-11-27 kept the true culprit's only: (s, ms).
+                                counterfactual=[(x[0], x[1], x[2]) if len(x) == 3 else
+                                                (x[0], known[p["scenario"]].truth.culprit or "", x[1])
+                                                for x in p.get("counterfactual", [])])
             scores.append(score(known[p["scenario"]].truth, result))
     except (OSError, KeyError, TypeError, ValueError) as e:
         print(f"error: cannot rescore {path}: {' '.join(str(e).split())}", file=sys.stderr)

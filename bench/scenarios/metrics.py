@@ -66,10 +66,11 @@ class PassResult:
     # when the node was in global reclaim, for the scenarios that provoke it.
     node_reclaim: list[tuple[float, float, float]] = field(default_factory=list)
     # Per detector tick, the victim's runqueue histogram (s since onset, slots, sum ns, count), and its open
-    # incident's counterfactual for the true culprit (s since onset, victim runq p99 ms without it): issue
-    # 28's check of the counterfactual against the runqueue p99 measured after the action.
+    # incident's counterfactual for each of our pods it names (s since onset, pod, victim runq p99 ms
+    # without it): issue 28's check of the counterfactual against the runqueue p99 measured after the
+    # action moved that pod away.
     runq_ticks: list[tuple[float, tuple[int, ...], int, int]] = field(default_factory=list)
-    counterfactual: list[tuple[float, float]] = field(default_factory=list)
+    counterfactual: list[tuple[float, str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -158,18 +159,19 @@ def score(truth: Truth, result: PassResult) -> Score:
         time_to_mitigate_s=round(ttm, 2) if ttm is not None else None,
         p99_before_ms=_r(before), p99_during_ms=_r(during), p99_after_ms=_r(after), recovered=recovered,
         false_incidents=len(false), actions=len(applied), note=result.skipped or result.note,
-        **_counterfactual_check(result, ttm),
+        **_counterfactual_check(result, ttm, applied[0].target if applied else truth.culprit),
     )
 
 
-def _counterfactual_check(result: PassResult, ttm: float | None) -> dict[str, float | None]:
-    """The counterfactual the detector gave during the incident (its last value before the first action)
-    and the victim's runqueue p99 over the same window as ``p99 after`` (merged histograms of those ticks)."""
+def _counterfactual_check(result: PassResult, ttm: float | None, moved: str | None) -> dict[str, float | None]:
+    """The counterfactual the detector gave during the incident for the pod the first action ``moved`` (its
+    last value before the action) and the victim's runqueue p99 over the same window as ``p99 after``
+    (merged histograms of those ticks)."""
     if ttm is None:
         return {}
     # The tick whose decision applied the action is recorded just after it (the action is taken inside
     # the detector's step): its counterfactual is still the one the action was decided on.
-    said = [v for t, v in result.counterfactual if t <= ttm + COUNTERFACTUAL_SLACK_S]
+    said = [v for t, pod, v in result.counterfactual if t <= ttm + COUNTERFACTUAL_SLACK_S and pod == moved]
     after = [(slots, total, count) for t, slots, total, count in result.runq_ticks
              if ttm + SETTLE_AFTER_MITIGATION_S <= t < ttm + RECOVERY_WINDOW_S]
     measured = None

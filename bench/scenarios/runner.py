@@ -474,19 +474,18 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
 
 def _note_counterfactual(result: PassResult, scenario: Scenario, spec: ScenarioSpec, ctx: Ctx, victim: PodCgroup,
                          row, t: float) -> None:
-    """The victim's runqueue histogram this tick, and its open incident's counterfactual for the true
-    culprit (issue 28: compared with the runqueue p99 after the action in the mitigate rows)."""
+    """The victim's runqueue histogram this tick, and its open incident's counterfactual for each of our
+    pods it names (issue 28: the one the first action moved is compared with the runqueue p99 after it)."""
     if row.runq_hist is not None:
         result.runq_ticks.append((round(t, 2), row.runq_hist.slots, row.runq_hist.sum_ns, row.runq_hist.count))
-    culprit = ctx.pods.get(spec.truth.culprit or "")
-    if culprit is None:
-        return
+    names = {p.path.strip("/"): name for name, p in ctx.pods.items()}
     for inc in scenario.detector.engine.open_incidents:
         if inc.victim.cgroup != victim.path:
             continue
         for c in inc.culprits:
-            if c.target.cgroup == culprit.path and c.runq_p99_without_ns is not None:
-                result.counterfactual.append((round(t, 2), c.runq_p99_without_ns / 1e6))
+            name = names.get(c.target.cgroup.strip("/"))
+            if name is not None and c.runq_p99_without_ns is not None:
+                result.counterfactual.append((round(t, 2), name, c.runq_p99_without_ns / 1e6))
 
 
 def workdir_base() -> str:
