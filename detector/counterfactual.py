@@ -20,12 +20,13 @@ node but not this work), and keeps two per-wait records of them: per pair, how t
 further when the kernel work in the same waits is taken out (``node_slots``), and on the node's own
 pair (``NODE_KEY``) how every wait moves without its kernel work alone, whoever else ran. For a cause
 that declares such work (``CauseSpec.kernel_work``: softirq -> ksoftirqd, reclaim -> kswapd) the
-incident's top culprit is costed without it too, by whichever record takes more out: a grower kswapd
-reclaims for, or a sender whose packets ksoftirqd processes, never runs on the victim's CPU, and only the
-second record sees its cost. The incident keeps the second one too (``Incident.kernel_work_cost``) for
-the culprit the planner names from its traffic. Bounds: softirq work run at interrupt exit on top of
-another task (the idle task, the victim's own) is charged to that task and stays in; kswapd reclaims
-for every allocation of the node, so a second grower's share of it is taken out with the top one's.
+incident's top BE culprit (the one its actions move; else the top one) is costed without it too, by
+whichever record takes more out: a grower kswapd reclaims for, or a sender whose packets ksoftirqd
+processes, never runs on the victim's CPU, and only the second record sees its cost. The incident keeps
+the second one too (``Incident.kernel_work_cost``) for the culprit the planner names from its traffic.
+Bounds: softirq work run at interrupt exit on top of another task (the idle task, the victim's own) is
+charged to that task and stays in; kswapd reclaims for every allocation of the node, so a second
+grower's share of it is taken out with the top one's.
 
 What it is not: a prediction of the scheduler. Without the culprit another task may run in its place
 (it is the wait *behind this culprit* that is taken out), and a wait two containers of one culprit pod
@@ -96,12 +97,17 @@ class VictimWindow:
         seconds = sum(t.interval_s for t in self.ticks)
         if not hist.count or seconds <= 0:
             return None
-        own = self._without(hist, seconds, ((culprit, "moves", "removed_ns"),
-                                            *(((culprit, "node_moves", "node_ns"),) if kernel_work else ())))
+        def own(t: _Tick) -> list[tuple[tuple[int, ...], float]]:
+            parts = [(t.moves.get(culprit, ()), t.removed_ns.get(culprit, 0.0))]
+            if kernel_work:
+                parts.append((t.node_moves.get(culprit, ()), t.node_ns.get(culprit, 0.0)))
+            return parts
+
+        with_it = self._without(hist, seconds, own)
         if not kernel_work:
-            return own
-        alone = self._without(hist, seconds, ((NODE_KEY, "node_moves", "node_ns"),))
-        return min(own, alone, key=lambda c: (c.p99_without_ns, c.wait_ms_per_s_without))
+            return with_it
+        alone = self._without(hist, seconds, _kernel_work_alone)
+        return min(with_it, alone, key=lambda c: (c.p99_without_ns, c.wait_ms_per_s_without))
 
     def kernel_work_cost(self) -> CulpritCost | None:
         """The victim over the window without the kernel work in its waits, whoever caused it."""
@@ -109,21 +115,26 @@ class VictimWindow:
         seconds = sum(t.interval_s for t in self.ticks)
         if not hist.count or seconds <= 0:
             return None
-        return self._without(hist, seconds, ((NODE_KEY, "node_moves", "node_ns"),))
+        return self._without(hist, seconds, _kernel_work_alone)
 
     def _without(self, hist: IntervalHistogram, seconds: float,
-                 parts: tuple[tuple[str, str, str], ...]) -> CulpritCost:
-        """``hist`` with the moves and removed ns of ``parts`` ((key, moves field, ns field) of each tick)."""
+                 parts: Callable[[_Tick], list[tuple[tuple[int, ...], float]]]) -> CulpritCost:
+        """``hist`` with what ``parts`` takes out of each tick: (slot moves, ns removed) pairs."""
         moves = [0] * HIST_SLOTS
         removed = 0.0
         for t in self.ticks:
-            for key, moves_field, ns_field in parts:
-                for i, m in enumerate(getattr(t, moves_field).get(key, ())):
+            for slot_moves, ns in parts(t):
+                for i, m in enumerate(slot_moves):
                     moves[i] += m
-                removed += getattr(t, ns_field).get(key, 0.0)
+                removed += ns
         without = counterfactual_histogram(hist, tuple(moves), int(removed))
         return CulpritCost(hist.quantile_ns(0.99), without.quantile_ns(0.99), hist.sum_ns / 1e6 / seconds,
                            without.sum_ns / 1e6 / seconds)
+
+
+def _kernel_work_alone(t: _Tick) -> list[tuple[tuple[int, ...], float]]:
+    """The node's own pair's node moves: every wait of the tick without its kernel work alone."""
+    return [(t.node_moves.get(NODE_KEY, ()), t.node_ns.get(NODE_KEY, 0.0))]
 
 
 class Counterfactuals:

@@ -186,9 +186,11 @@ def _plots(report: DiagnoseReport, inc: Incident) -> list[str]:
             chart.title = f"{unit.label} of {inc.victim.display} vs CPU of {top.removeprefix('culprit:')}"
             chart.right = Line(f"{top.removeprefix('culprit:')} CPU", series[top], PALETTE[1], dashed=True)
             chart.right_unit = "cores"
-        if sig == "runq_p99_ns" and culprits_of(inc) and culprits_of(inc)[0].runq_p99_without_ns is not None:
-            # The counterfactual on the plot: where the p99 would be without the top culprit.
-            c = culprits_of(inc)[0]
+        costed = next((c for c in culprits_of(inc) if c.runq_p99_without_ns is not None), None)
+        if sig == "runq_p99_ns" and costed is not None:
+            # The counterfactual on the plot: where the p99 would be without the top culprit that has one
+            # (a reclaim incident's kernel work is costed on its top BE grower, not on a grower above it).
+            c = costed
             end = window[0][1]
             v = c.runq_p99_without_ns * unit.scale  # type: ignore[operator]
             also = f" and its {c.without_kernel_work} work" if c.without_kernel_work else ""

@@ -122,7 +122,7 @@ class CauseSpec:
     messages: dict[str, str] = field(default_factory=dict)
     # The node's kernel thread that does this cause's work on a culprit's behalf ("ksoftirqd": the
     # softirq work its packets made; "kswapd": the reclaim its growth forced) and stops when the culprit
-    # is moved away: the top culprit's counterfactual takes its part of each wait out too
+    # is moved away: the top BE culprit's counterfactual takes its part of each wait out too
     # (detector/counterfactual.py; the probe marks those threads' slices, bpf/runqlat.bpf.c). "": none;
     # a culprit's cost is its own share only.
     kernel_work: str = ""
