@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from detector.model import Culprit, CulpritCost
-from probes.hist import HIST_SLOTS, IntervalHistogram, counterfactual_histogram
+from probes.hist import HIST_SLOTS, IntervalHistogram, counterfactual_histogram, merge_intervals
 
 WINDOW_TICKS = 10  # as the culprit window of detector.incidents (CULPRIT_WINDOW_TICKS)
 # The node's workload key (the root cgroup): its own pair's node moves are the kernel work alone, out of
@@ -74,14 +74,7 @@ class VictimWindow:
                                 dict(node_moves or {}), dict(node_ns or {})))
 
     def histogram(self) -> IntervalHistogram:
-        slots = [0] * HIST_SLOTS
-        total = count = 0
-        for t in self.ticks:
-            for i, n in enumerate(t.slots):
-                slots[i] += n
-            total += t.sum_ns
-            count += t.count
-        return IntervalHistogram(tuple(slots), total, count, None)
+        return merge_intervals(IntervalHistogram(t.slots, t.sum_ns, t.count, None) for t in self.ticks)
 
     def cost(self, culprit: str, kernel_work: bool = False) -> CulpritCost | None:
         """The victim's p99 and wait/s over the window, with and without ``culprit``; None when it did not
@@ -93,33 +86,29 @@ class VictimWindow:
         own pair: a grower kswapd reclaims for never runs on the victim's CPU, nor does a sender whose
         packets ksoftirqd processes). Neither can be added to the other (a wait in both would move
         twice), so the one that takes more out is the counterfactual."""
-        hist = self.histogram()
-        seconds = sum(t.interval_s for t in self.ticks)
-        if not hist.count or seconds <= 0:
-            return None
         def own(t: _Tick) -> list[tuple[tuple[int, ...], float]]:
             parts = [(t.moves.get(culprit, ()), t.removed_ns.get(culprit, 0.0))]
             if kernel_work:
                 parts.append((t.node_moves.get(culprit, ()), t.node_ns.get(culprit, 0.0)))
             return parts
 
-        with_it = self._without(hist, seconds, own)
-        if not kernel_work:
+        with_it = self._without(own)
+        alone = self.kernel_work_cost() if kernel_work and with_it is not None else None
+        if alone is None:
             return with_it
-        alone = self._without(hist, seconds, _kernel_work_alone)
         return min(with_it, alone, key=lambda c: (c.p99_without_ns, c.wait_ms_per_s_without))
 
     def kernel_work_cost(self) -> CulpritCost | None:
         """The victim over the window without the kernel work in its waits, whoever caused it."""
+        return self._without(_kernel_work_alone)
+
+    def _without(self, parts: Callable[[_Tick], list[tuple[tuple[int, ...], float]]]) -> CulpritCost | None:
+        """The window's histogram with what ``parts`` takes out of each tick, (slot moves, ns removed)
+        pairs; None when the victim did not wait."""
         hist = self.histogram()
         seconds = sum(t.interval_s for t in self.ticks)
         if not hist.count or seconds <= 0:
             return None
-        return self._without(hist, seconds, _kernel_work_alone)
-
-    def _without(self, hist: IntervalHistogram, seconds: float,
-                 parts: Callable[[_Tick], list[tuple[tuple[int, ...], float]]]) -> CulpritCost:
-        """``hist`` with what ``parts`` takes out of each tick: (slot moves, ns removed) pairs."""
         moves = [0] * HIST_SLOTS
         removed = 0.0
         for t in self.ticks:

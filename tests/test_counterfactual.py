@@ -278,3 +278,23 @@ def test_the_bench_records_the_counterfactual_and_the_runq_p99_after_the_action(
     s = score(Truth(victim="web", culprit="batch", causes=("neighbor_cpu",)), result)
     assert s.runq_p99_without_culprit_ms == 1.6
     assert s.runq_p99_after_ms is not None and 0.512 <= s.runq_p99_after_ms <= 1.024
+
+
+def test_the_cfcheck_report_reads_a_runs_json_as_the_score_does():
+    import random
+
+    from bench.scenarios.cfcheck import check_pass, main
+
+    quiet = list(_hist({4: 199, 11: 1}, 0).slots)  # one wait of 1-2 ms in 200
+    tail = list(_hist({4: 196, 11: 4}, 0).slots)  # 2 % of them: the after-p99 is in the tail
+    p = {"scenario": "global-reclaim", "mode": "mitigate",
+         "actions": [{"at_s": 6.0, "kind": "memory_suppress", "target": "batch", "state": "applied", "summary": ""}],
+         "runq_ticks": [[float(t), quiet, 0, 200] for t in range(-10, 6)] + [[float(t), tail, 0, 200] for t in range(8, 14)],
+         "counterfactual": [[5.0, "batch", 0.9], [6.2, "other", 0.1], [6.2, "batch", 0.3], [9.0, "batch", 5.0]]}
+    c = check_pass(p, random.Random(1))
+    assert c is not None and c.moved == "batch" and c.without_ms == 0.3  # the last before the action, for its pod
+    assert c.long_before == (10, 2000) and c.long_after == (24, 1200)
+    assert c.after_ms is not None and 1.024 <= c.after_ms < 2.048
+    assert c.after_interval_ms is not None and c.after_interval_ms[0] <= c.after_ms <= c.after_interval_ms[1]
+    assert check_pass({**p, "mode": "detect"}, random.Random(1)) is None
+    assert main([]) == 2 and main(["/nonexistent.json"]) == 2

@@ -11,6 +11,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from probes.hist import IntervalHistogram, merge_intervals
+
 RECOVERY_FACTOR = 1.5  # "LS p99 back within 1.5x of the quiet baseline"
 RECOVERY_WINDOW_S = 10.0
 COUNTERFACTUAL_SLACK_S = 0.5  # a tick's record follows its step (where the action was applied) by this much at most
@@ -172,16 +174,17 @@ def _counterfactual_check(result: PassResult, ttm: float | None, moved: str | No
     # The tick whose decision applied the action is recorded just after it (the action is taken inside
     # the detector's step): its counterfactual is still the one the action was decided on.
     said = [v for t, pod, v in result.counterfactual if t <= ttm + COUNTERFACTUAL_SLACK_S and pod == moved]
-    after = [(slots, total, count) for t, slots, total, count in result.runq_ticks
-             if ttm + SETTLE_AFTER_MITIGATION_S <= t < ttm + RECOVERY_WINDOW_S]
-    measured = None
-    if after:
-        from probes.hist import IntervalHistogram
-
-        slots = tuple(sum(s[i] for s, _, _ in after) for i in range(len(after[0][0])))
-        hist = IntervalHistogram(slots, sum(x for _, x, _ in after), sum(c for _, _, c in after), None)
-        measured = hist.quantile_ns(0.99) / 1e6 if hist.count >= 20 else None
+    hist = runq_ticks_histogram([t for t in result.runq_ticks
+                                 if ttm + SETTLE_AFTER_MITIGATION_S <= t[0] < ttm + RECOVERY_WINDOW_S])
+    measured = hist.quantile_ns(0.99) / 1e6 if hist is not None and hist.count >= 20 else None
     return {"runq_p99_without_culprit_ms": _r(said[-1]) if said else None, "runq_p99_after_ms": _r(measured)}
+
+
+def runq_ticks_histogram(ticks: Sequence[tuple[float, tuple[int, ...], int, int]]) -> IntervalHistogram | None:
+    """The victim's runqueue histogram over recorded ticks (PassResult.runq_ticks), merged; None: no tick."""
+    if not ticks:
+        return None
+    return merge_intervals(IntervalHistogram(tuple(slots), total, count, None) for _, slots, total, count in ticks)
 
 
 def _r(v: float | None) -> float | None:
