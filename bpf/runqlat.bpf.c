@@ -447,27 +447,36 @@ static __noinline struct runq_culprit_stats *culprit_stats_slow(struct runq_cpu_
  * charge made the switch program too complex to load).
  */
 /*
- * Kernel work a workload causes and the node's kernel threads do for it: kswapd reclaiming for the
- * allocations that drained the node's free memory, ksoftirqd running the softirq work that overflowed
- * interrupt exit (a sender's packets). Their slices are marked in the ring; a wait's part behind them is
- * what runq_counterfactual.node_slots takes out. Other kernel threads, and on a v1 host every process
- * outside a pod (the root cpu cgroup holds them all), are the node but not this work.
+ * Kernel work a workload causes and the node's kernel threads do for it: memory management for the
+ * allocations that drained the node's free memory (kswapd reclaiming; kcompactd, which kswapd wakes to
+ * compact what it freed; kdamond, DAMON's thread, whose reclaim schemes page out the cold pages a grower
+ * streamed through), ksoftirqd running the softirq work that overflowed interrupt exit (a sender's
+ * packets). Their slices are marked in the ring; a wait's part behind them is what
+ * runq_counterfactual.node_slots takes out. Other kernel threads (rcu, kworkers), and on a v1 host every
+ * process outside a pod (the root cpu cgroup holds them all), are the node but not this work.
  */
 /* include/linux/sched.h (macros: not in BTF); the same values in 5.x and 6.x (Debian 12's 6.1 headers, 6.18). */
 #define PF_KTHREAD_FLAG 0x00200000 /* PF_KTHREAD */
 #define PF_KSWAPD_FLAG 0x00020000  /* PF_KSWAPD */
-#define KSOFTIRQ_COMM8 0x71726974666f736bULL /* "ksoftirq": comm[0..7] read as a little-endian u64 */
+/* comm[0..7] read as a little-endian u64 */
+#define KSOFTIRQ_COMM8 0x71726974666f736bULL /* "ksoftirq" (ksoftirqd/N) */
+#define KCOMPACT_COMM8 0x746361706d6f636bULL /* "kcompact" (kcompactdN) */
+#define KDAMOND_COMM8 0x2e646e6f6d61646bULL  /* "kdamond." (kdamond.N) */
 
 static __always_inline bool kernel_work_task(struct task_struct *t)
 {
 	__u32 flags = t->flags;
+	__u64 comm8;
 
 	if (!(flags & PF_KTHREAD_FLAG))
 		return false;
 	if (flags & PF_KSWAPD_FLAG)
 		return true;
-	/* "ksoftirqd/N": comm[0..7] in one BTF-typed load (a scalar array may be read at any width inside it). */
-	return *(__u64 *)t->comm == KSOFTIRQ_COMM8 && t->comm[8] == 'd';
+	/* comm[0..7] in one BTF-typed load (a scalar array may be read at any width inside it). */
+	comm8 = *(__u64 *)t->comm;
+	if (comm8 == KDAMOND_COMM8)
+		return true;
+	return (comm8 == KSOFTIRQ_COMM8 || comm8 == KCOMPACT_COMM8) && t->comm[8] == 'd';
 }
 
 /* One wait leaves histogram slot `from` for `to` in `slots` (a pair's slots or node_slots). */
@@ -503,7 +512,7 @@ __noinline int move_counterfactual_ns(__u32 pair_slot, __u64 full_ns, __u64 part
 }
 
 /*
- * The kernel work in a wait (`node_ns`: kswapd's and ksoftirqd's slices), taken out after the culprit's
+ * The kernel work in a wait (`node_ns`: kernel_work_task()'s slices), taken out after the culprit's
  * `part_ns` of `full_ns`: from slot(full - part) to slot(full - part - node), in the pair's node_slots.
  * On the node's own pair the kernel work alone is taken out of the whole wait: slot(full) to
  * slot(full - node), for a culprit that never ran on the victim's CPU (a grower kswapd reclaims for,

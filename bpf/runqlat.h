@@ -73,8 +73,8 @@ struct runq_culprit_stats {
 
 /*
  * `node_slots`: the further move of the same waits when the kernel work's share of each one is taken
- * out too (the node's kswapd and ksoftirqd slices: RUNQ_SLICE_KERNEL_WORK; reclaim for the memory a
- * culprit took, softirq work its packets made). A wait of `full` ns of which the culprit ran `part` and
+ * out too (the node's kswapd, kcompactd, kdamond and ksoftirqd slices: RUNQ_SLICE_KERNEL_WORK; memory
+ * management for the memory a culprit took, softirq work its packets made). A wait of `full` ns of which the culprit ran `part` and
  * the kernel work `node` adds -1 at slot(full - part) and +1 at slot(full - part - node): slots +
  * node_slots is the victim's histogram without the culprit and that kernel work.
  * The node's own pair (culprit `node_cgroup_id`) is different: its node_slots take the kernel work
@@ -92,7 +92,7 @@ struct runq_counterfactual {
 /* One finished slice on a CPU: from `start` (rq clock) to the next slice's start. */
 struct runq_slice {
 	__u64 start;
-	__u64 cgroup_id; /* 0: the idle task; | RUNQ_SLICE_KERNEL_WORK: the node's kswapd or ksoftirqd ran */
+	__u64 cgroup_id; /* 0: the idle task; | RUNQ_SLICE_KERNEL_WORK: kernel work ran (kswapd, kcompactd, kdamond, ksoftirqd) */
 };
 
 /* Set in a ring slice's cgroup_id (kernfs ids never reach bit 63: 2^31 id wraps first). */

@@ -13,20 +13,22 @@ Waits shorter than 128 µs are not moved (the kernel skips them to keep the swit
 exporter's first bucket holds them all anyway): the counterfactual is exact from 128 µs up.
 
 The kernel work a culprit causes: ksoftirqd running the softirq work its packets made, kswapd
-reclaiming for the memory it took. They are kernel threads of the node (the root cgroup), so "who ran
-instead" charges them to the node, not to the pod. The probe marks their slices (by the task: PF_KSWAPD,
-comm "ksoftirqd/N"; other kernel threads and, on a v1 host, every process of the root cpu cgroup are the
-node but not this work), and keeps two per-wait records of them: per pair, how the culprit's waits move
+reclaiming for the memory it took (with kcompactd, which kswapd wakes to compact what it freed, and
+kdamond, whose DAMON reclaim schemes page out the cold pages a grower streamed through). They are
+kernel threads of the node (the root cgroup), so "who ran instead" charges them to the node, not to the
+pod. The probe marks their slices (by the task: PF_KSWAPD, comm "ksoftirqd/N", "kcompactdN",
+"kdamond.N"; other kernel threads and, on a v1 host, every process of the root cpu cgroup are the node
+but not this work), and keeps two per-wait records of them: per pair, how the culprit's waits move
 further when the kernel work in the same waits is taken out (``node_slots``), and on the node's own
 pair (``NODE_KEY``) how every wait moves without its kernel work alone, whoever else ran. For a cause
-that declares such work (``CauseSpec.kernel_work``: softirq -> ksoftirqd, reclaim -> kswapd) the
-incident's top BE culprit (the one its actions move; else the top one) is costed without it too, by
-whichever record takes more out: a grower kswapd reclaims for, or a sender whose packets ksoftirqd
-processes, never runs on the victim's CPU, and only the second record sees its cost. The incident keeps
-the second one too (``Incident.kernel_work_cost``) for the culprit the planner names from its traffic.
-Bounds: softirq work run at interrupt exit on top of another task (the idle task, the victim's own) is
-charged to that task and stays in; kswapd reclaims for every allocation of the node, so a second
-grower's share of it is taken out with the top one's.
+that declares such work (``CauseSpec.kernel_work``: softirq -> ksoftirqd, reclaim -> kswapd, kcompactd,
+kdamond) the incident's top BE culprit (the one its actions move; else the top one) is costed without
+it too, by whichever record takes more out: a grower kswapd reclaims for, or a sender whose packets
+ksoftirqd processes, never runs on the victim's CPU, and only the second record sees its cost. The
+incident keeps the second one too (``Incident.kernel_work_cost``) for the culprit the planner names
+from its traffic. Bounds: softirq work run at interrupt exit on top of another task (the idle task, the
+victim's own) is charged to that task and stays in; kswapd reclaims for every allocation of the node,
+so a second grower's share of it is taken out with the top one's.
 
 What it is not: a prediction of the scheduler. Without the culprit another task may run in its place
 (it is the wait *behind this culprit* that is taken out), and a wait two containers of one culprit pod
@@ -80,7 +82,7 @@ class VictimWindow:
         """The victim's p99 and wait/s over the window, with and without ``culprit``; None when it did not
         wait.
 
-        With ``kernel_work``, without the kernel work it caused too (kswapd's and ksoftirqd's slices),
+        With ``kernel_work``, without the kernel work it caused too (the marked kernel threads' slices),
         which two per-wait records bound from below: the culprit's waits without it and the kernel work
         in those same waits (its pair's node moves), and the kernel work alone in every wait (the node's
         own pair: a grower kswapd reclaims for never runs on the victim's CPU, nor does a sender whose
@@ -152,7 +154,7 @@ class Counterfactuals:
 def with_kernel_work(culprits: list[Culprit], cost: Callable[[Culprit], CulpritCost | None],
                      kernel_work: str) -> list[Culprit]:
     """The culprits, one costed without the kernel work it caused too (``kernel_work`` names it:
-    "ksoftirqd", "kswapd"): the top BE one, which the cause's actions move (suppress, cap, evict), else
+    "ksoftirqd", "kswapd, kcompactd, kdamond"): the top BE one, which the cause's actions move (suppress, cap, evict), else
     the top one. The others keep their own cost: the node's work is counted once (kswapd reclaims for
     every grower, and a non-BE grower of the node's own ranked above the BE one is not what is moved)."""
     if not culprits:

@@ -72,7 +72,7 @@ class WorkloadSignals:
     runq_hist: IntervalHistogram | None = None  # its waits this tick (all its cgroups), for the counterfactual
     # culprit workload key -> how its wait histogram moves without that culprit (detector/counterfactual.py)
     cf_moves: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    # ... and their further moves without the node's kernel threads in the same waits (ksoftirqd, kswapd)
+    # ... and their further moves without the node's kernel threads in the same waits (ksoftirqd, kswapd, kcompactd, kdamond)
     cf_node_moves: dict[str, tuple[int, ...]] = field(default_factory=dict)
     cf_node_ns: dict[str, float] = field(default_factory=dict)  # culprit key -> the node's ns in those waits
     # who ran instead: culprit workload key -> ns of this workload's wait while it ran on the CPU

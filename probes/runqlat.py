@@ -190,7 +190,8 @@ class CulpritStats:
     # histogram plus these is its histogram without the culprit (counterfactual_histogram).
     cf_slots: tuple[int, ...] = ()
     # The further moves of the same waits when the node's kernel threads' part (the root cgroup:
-    # ksoftirqd, kswapd) is taken out too: cf_slots + cf_node_slots is the victim without both.
+    # ksoftirqd, kswapd, kcompactd, kdamond) is taken out too: cf_slots + cf_node_slots is the victim
+    # without both.
     cf_node_slots: tuple[int, ...] = ()
     cf_node_ns: int = 0  # the node's kernel threads' part of the waits behind this culprit (those walked)
 
@@ -506,9 +507,9 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         drops["culprit_map_full"] and their wait in `culprit_drop_ns`. `max_pid_slots` caps the
         pid-indexed array of the sched_info flavour (8 bytes a pid, sized to the host's pid_max):
         tasks with larger pids are tracked in task storage instead, at ~35 ns more per switch.
-        `node_cgroup_id`: the node's cgroup, whose kswapd and ksoftirqd slices are the kernel work of the
-        counterfactual's node moves (CulpritStats.cf_node_slots); None: the keyed hierarchy's root
-        cgroup. Tests name a cgroup of their own, never touching the root, and make its user tasks stand
+        `node_cgroup_id`: the node's cgroup, whose kswapd, kcompactd, kdamond and ksoftirqd slices are
+        the kernel work of the counterfactual's node moves (CulpritStats.cf_node_slots); None: the keyed
+        hierarchy's root cgroup. Tests name a cgroup of their own, never touching the root, and make its user tasks stand
         for that kernel work with `test_kernel_work_cgroup_id` (0: none)."""
         if max_culprit_pairs < 1 or max_cgroups < 1:
             raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "

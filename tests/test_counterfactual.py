@@ -113,7 +113,7 @@ def test_only_the_causes_that_declare_kernel_work_cost_it():
     from detector.decisions import Cause
 
     assert causes.spec(Cause.SOFTIRQ).kernel_work == "ksoftirqd"
-    assert causes.spec(Cause.RECLAIM).kernel_work == "kswapd"
+    assert causes.spec(Cause.RECLAIM).kernel_work == "kswapd, kcompactd, kdamond"
     assert causes.spec(Cause.NEIGHBOR_CPU).kernel_work == ""
 
 

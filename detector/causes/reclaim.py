@@ -105,7 +105,7 @@ SPEC = CauseSpec(
     act=act,
     mitigation=Mitigation.MEMORY_GROWER,
     context=context,
-    kernel_work="kswapd",
+    kernel_work="kswapd, kcompactd, kdamond",
     messages={
         EVICT: "{culprit} grew memory most while {victim} stalled in global reclaim",
         GLOBAL_NO_POD_YET: "global reclaim: no pod named yet",
