@@ -290,11 +290,19 @@ def test_the_cfcheck_report_reads_a_runs_json_as_the_score_does():
     p = {"scenario": "global-reclaim", "mode": "mitigate",
          "actions": [{"at_s": 6.0, "kind": "memory_suppress", "target": "batch", "state": "applied", "summary": ""}],
          "runq_ticks": [[float(t), quiet, 0, 200] for t in range(-10, 6)] + [[float(t), tail, 0, 200] for t in range(8, 14)],
-         "counterfactual": [[5.0, "batch", 0.9], [6.2, "other", 0.1], [6.2, "batch", 0.3], [9.0, "batch", 5.0]]}
+         "counterfactual": [[5.0, "batch", 0.9], [6.2, "other", 0.1], [6.2, "batch", 0.3], [9.0, "batch", 5.0]],
+         # kernel work in its waits: 1 ms/s before the onset, 40 during the incident, 10 left after the cap
+         "kernel_work": [[float(t), 1.0] for t in range(-10, 0)] + [[float(t), 40.0] for t in range(0, 7)]
+                        + [[float(t), 10.0] for t in range(8, 14)]}
     c = check_pass(p, random.Random(1))
     assert c is not None and c.moved == "batch" and c.without_ms == 0.3  # the last before the action, for its pod
     assert c.long_before == (10, 2000) and c.long_after == (24, 1200)
     assert c.after_ms is not None and 1.024 <= c.after_ms < 2.048
     assert c.after_interval_ms is not None and c.after_interval_ms[0] <= c.after_ms <= c.after_interval_ms[1]
+    assert c.before_ms is not None and c.before_ms < 1.024  # one long wait in 200 before the onset: the bulk
+    # the window is the ticks from -3.5 to 6.5 s: three of the before-onset 1s, seven 40s
+    assert c.kernel_work_ms_per_s == (1.0, (3 * 1.0 + 7 * 40.0) / 10, 10.0)
+    older = check_pass({k: v for k, v in p.items() if k != "kernel_work"}, random.Random(1))  # runs before the field
+    assert older is not None and older.kernel_work_ms_per_s == (None, None, None)
     assert check_pass({**p, "mode": "detect"}, random.Random(1)) is None
     assert main([]) == 2 and main(["/nonexistent.json"]) == 2

@@ -72,6 +72,7 @@ def rescore(path: str) -> int:
                                 skipped=p.get("skipped", ""),
                                 pods=p.get("pods") or ["web", "batch", "flood", "server"],
                                 runq_ticks=[(x[0], tuple(x[1]), x[2], x[3]) for x in p.get("runq_ticks", [])],
+                                kernel_work=[(x[0], x[1]) for x in p.get("kernel_work", [])],
                                 # Runs before 2026-11-27 kept the true culprit's only: (s, ms).
                                 counterfactual=[(x[0], x[1], x[2]) if len(x) == 3 else
                                                 (x[0], known[p["scenario"]].truth.culprit or "", x[1])

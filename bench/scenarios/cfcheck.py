@@ -8,6 +8,11 @@ among all the victim's waits in the 10 s before the onset and in the after windo
 how far the after-p99 itself can be trusted: where ~1 % of the waits sit in a millisecond tail, the
 p99 of a few ticks flips between the bulk and the tail (docs/benchmarks.md, global-reclaim).
 
+Two more columns say whether the action left the culprit's effect: the victim's runqueue p99 over the
+10 s before the onset (what "without the culprit" looked like), and its wait behind the node's kernel
+work (kswapd, kcompactd, kdamond, ksoftirqd; ms/s) before the onset, over the counterfactual's window
+and after: a grower capped in place keeps streaming, and the kernel work its pages cause stays.
+
     .venv/bin/python -m bench.scenarios.cfcheck RUN.json [RUN.json ...]
 """
 
@@ -38,6 +43,9 @@ class CfCheck:
     after_interval_ms: tuple[float, float] | None
     long_before: tuple[int, int]  # (waits of 1 ms or more, waits) in the 10 s before the onset
     long_after: tuple[int, int]  # ... in the after window
+    before_ms: float | None = None  # the victim's runq p99 over the 10 s before the onset
+    # Its wait behind the node's kernel work, ms/s: before the onset, over the window, after (None: not recorded).
+    kernel_work_ms_per_s: tuple[float | None, float | None, float | None] = (None, None, None)
 
 
 def _p99_ms(ticks: list[Tick]) -> float | None:
@@ -60,6 +68,10 @@ def after_interval(ticks: list[Tick], rng: random.Random) -> tuple[float, float]
     return draws[int(0.025 * BOOTSTRAP_DRAWS)], draws[int(0.975 * BOOTSTRAP_DRAWS) - 1]
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def check_pass(p: dict, rng: random.Random) -> CfCheck | None:
     """One pass of the JSON (``passes[i]``); None unless it is a mitigate pass that acted."""
     applied = [a for a in p.get("actions", []) if a["state"] in ("applied", "verified") and a["at_s"] >= 0]
@@ -70,12 +82,22 @@ def check_pass(p: dict, rng: random.Random) -> CfCheck | None:
     after = [t for t in ticks if ttm + SETTLE_AFTER_MITIGATION_S <= t[0] < ttm + RECOVERY_WINDOW_S]
     said = [x[-1] for x in p.get("counterfactual", []) if len(x) == 3 and x[1] == moved
             and x[0] <= ttm + COUNTERFACTUAL_SLACK_S]
+
+    def in_window(t: float) -> bool:
+        return ttm - CF_WINDOW_S + COUNTERFACTUAL_SLACK_S <= t <= ttm + COUNTERFACTUAL_SLACK_S
+
+    def in_after(t: float) -> bool:
+        return ttm + SETTLE_AFTER_MITIGATION_S <= t < ttm + RECOVERY_WINDOW_S
+
+    kernel_work = [(x[0], x[1]) for x in p.get("kernel_work", [])]
+    before = [t for t in ticks if -CF_WINDOW_S <= t[0] < 0]
     return CfCheck(
-        scenario=p["scenario"], moved=moved,
-        window_p99_ms=_p99_ms([t for t in ticks if ttm - CF_WINDOW_S + COUNTERFACTUAL_SLACK_S <= t[0]
-                               <= ttm + COUNTERFACTUAL_SLACK_S]),
+        scenario=p["scenario"], moved=moved, window_p99_ms=_p99_ms([t for t in ticks if in_window(t[0])]),
         without_ms=said[-1] if said else None, after_ms=_p99_ms(after), after_interval_ms=after_interval(after, rng),
-        long_before=_long([t for t in ticks if -CF_WINDOW_S <= t[0] < 0]), long_after=_long(after))
+        long_before=_long(before), long_after=_long(after), before_ms=_p99_ms(before),
+        kernel_work_ms_per_s=(_mean([v for t, v in kernel_work if -CF_WINDOW_S <= t < 0]),
+                              _mean([v for t, v in kernel_work if in_window(t)]),
+                              _mean([v for t, v in kernel_work if in_after(t)])))
 
 
 def _ms(v: float | None) -> str:
@@ -87,9 +109,9 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
     rng = random.Random(1)  # the same interval for the same file
-    print("| scenario | moved | runq p99 over the window ms | w/o culprit ms | after ms | after 95 % interval ms "
-          "| waits >= 1 ms before onset | after |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| scenario | moved | runq p99 before onset ms | over the window | w/o culprit | after | after 95 % interval "
+          "| waits >= 1 ms before onset | after | kernel work ms/s before onset | window | after |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for path in argv:
         try:
             with open(path, encoding="utf-8") as f:
@@ -100,8 +122,10 @@ def main(argv: list[str]) -> int:
             return 2
         for c in rows:
             lo_hi = "-" if c.after_interval_ms is None else f"[{c.after_interval_ms[0]:.2f}, {c.after_interval_ms[1]:.2f}]"
-            print(f"| {c.scenario} | {c.moved} | {_ms(c.window_p99_ms)} | {_ms(c.without_ms)} | {_ms(c.after_ms)} | "
-                  f"{lo_hi} | {c.long_before[0]} of {c.long_before[1]} | {c.long_after[0]} of {c.long_after[1]} |")
+            kw = " | ".join(_ms(v) for v in c.kernel_work_ms_per_s)
+            print(f"| {c.scenario} | {c.moved} | {_ms(c.before_ms)} | {_ms(c.window_p99_ms)} | {_ms(c.without_ms)} | "
+                  f"{_ms(c.after_ms)} | {lo_hi} | {c.long_before[0]} of {c.long_before[1]} | "
+                  f"{c.long_after[0]} of {c.long_after[1]} | {kw} |")
     return 0
 
 

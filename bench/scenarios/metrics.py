@@ -73,6 +73,10 @@ class PassResult:
     # action moved that pod away.
     runq_ticks: list[tuple[float, tuple[int, ...], int, int]] = field(default_factory=list)
     counterfactual: list[tuple[float, str, float]] = field(default_factory=list)
+    # Per detector tick, the victim's wait behind the node's kernel work (s since onset, ms/s: kswapd,
+    # kcompactd, kdamond, ksoftirqd slices in its waits of 128 µs or more): whether an action left the
+    # kernel work a culprit caused (a capped grower still streaming, pages DAMON keeps paging out).
+    kernel_work: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass

@@ -31,6 +31,7 @@ from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import CpuUsageSampler, SuppressActuator, threshold_suppress_decision
 from bench.sandbox import PREFIX, OwnedCgroup, sandbox_layout
 from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples
+from detector.counterfactual import NODE_KEY
 from detector.decisions import DecisionSink, Target
 from detector.policy import Policy
 from noisyneighbor.agent import ScopedActuator
@@ -478,6 +479,8 @@ def _note_counterfactual(result: PassResult, scenario: Scenario, spec: ScenarioS
     pods it names (issue 28: the one the first action moved is compared with the runqueue p99 after it)."""
     if row.runq_hist is not None:
         result.runq_ticks.append((round(t, 2), row.runq_hist.slots, row.runq_hist.sum_ns, row.runq_hist.count))
+    if row.interval_s > 0:
+        result.kernel_work.append((round(t, 2), round(row.cf_node_ns.get(NODE_KEY, 0.0) / 1e6 / row.interval_s, 3)))
     names = {p.path.strip("/"): name for name, p in ctx.pods.items()}
     for inc in scenario.detector.engine.open_incidents:
         if inc.victim.cgroup != victim.path:
