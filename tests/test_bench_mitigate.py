@@ -63,3 +63,48 @@ def test_steadily_above_its_limit_is_no_neighbour_action_not_a_failed_recovery()
     assert said.recovered is None and "no neighbour action" in said.note
     unsaid = score(truth, _steady_pass(""))
     assert unsaid.recovered is False
+
+
+def test_an_accepted_eviction_kills_the_pods_processes_and_only_its(tmp_path) -> None:
+    """--evict: the agent's EvictActuator POSTs the Eviction to the pass's apiserver; after the grace period
+    the 'kubelet' kills every process of the pod's cgroups (containers' too) and deletes the pod."""
+    import subprocess
+    import time
+
+    from actuators.evict import EvictActuator
+    from bench.scenarios.kubelet import GRACE_S, PassKube
+    from bench.scenarios.runner import _pods_of
+    from detector.decisions import EvictAmount
+    from detector.policy import ActuatorPolicy
+
+    def pod(name: str, uid: str, qos: str, *procs: subprocess.Popen) -> SimpleNamespace:
+        # A stand-in for the pod's cgroup directories: its own cgroup.procs and a container's below it.
+        d = tmp_path / name
+        (d / "main").mkdir(parents=True)
+        (d / "cgroup.procs").write_text("".join(f"{p.pid}\n" for p in procs[:1]))
+        (d / "main" / "cgroup.procs").write_text("".join(f"{p.pid}\n" for p in procs[1:]))
+        return SimpleNamespace(uid=uid, qos_class=qos, cgroup=SimpleNamespace(dirs={"cpu": d}))
+
+    batch = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    web = subprocess.Popen(["sleep", "60"])
+    kube = PassKube({"batch": pod("batch", "uid-b", "BE", *batch), "web": pod("web", "uid-w", "LS", web)}).start()
+    api = kube.api_client()
+    try:
+        evictor = EvictActuator(api, _pods_of(kube), policy=ActuatorPolicy(evict_enabled=True))
+        decision = Decision(ActionKind.EVICT, Target("/x/batch", pod_uid="uid-b", pod="default/batch", qos="BE"),
+                            EvictAmount(reason="interference"), "grew most")
+        evictor.apply(evictor.plan(decision))
+        assert [(ns, name, code) for ns, name, _, code in kube.evictions] == [("default", "batch", 201)]
+        for p in batch:
+            assert p.wait(timeout=GRACE_S + 10) == -9
+        deadline = time.monotonic() + 10
+        while kube.get_pod("default", "batch") is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert kube.get_pod("default", "batch") is None and kube.killed == {"batch": 2}
+        assert web.poll() is None and kube.get_pod("default", "web") is not None
+    finally:
+        api.close()
+        kube.stop()
+        for p in [*batch, web]:
+            p.kill()
+            p.wait()

@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="measure the node's softirq load first, with the tcp victim's own traffic running, and keep "
                         "the softirq SLOs at twice it (the VM lane: an emulated CPU's own timer softirqs take ~10x a "
                         "real one's time); off: the defaults")
+    p.add_argument("--evict", action="store_true",
+                   help="the mitigate mode may evict (evict_enabled, off by default): the pods are served by a fake "
+                        "apiserver whose accepted evictions kill the pod's processes, as the kubelet would")
     return p
 
 
@@ -162,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[{time.monotonic() - started:6.1f} s] {spec.name} / {mode} (run {rep + 1})", file=sys.stderr,
                           flush=True)
                     try:
-                        result, trace = run_pass(spec, mode, timing, during=hook, softirq_floor=floor)
+                        result, trace = run_pass(spec, mode, timing, during=hook, softirq_floor=floor,
+                                                 evict=args.evict)
                     except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as e:
                         result, trace = PassResult(spec.name, mode, timing.baseline_s, timing.run_s,
                                                    skipped=f"skipped: {' '.join(str(e).split())[:160]}"), None
@@ -187,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python -m bench.scenarios " + " ".join(argv if argv is not None else sys.argv[1:]),
             "kernel": platform.release(), "cgroup": cgroup_hierarchy(), "vm": bool(os.environ.get("NN_VM")),
             "cpus": os.cpu_count(), "elapsed_s": round(time.monotonic() - started, 1),
-            "timing": asdict(timing), "interrupted": interrupted,
+            "timing": asdict(timing), "interrupted": interrupted, "evict": args.evict,
             **({"softirq_floor": asdict(floor), "softirq_slo": floor.slo_floor()} if floor is not None else {})}
     report = render(scores, summary, peers, overhead, meta)
     print(report)
@@ -225,7 +229,10 @@ def render(scores: list[Score], summary, peers: list[dict], overhead: dict, meta
            f"{meta['elapsed_s']} s)", "",
            *([f"Softirq SLOs at twice the node's floor with the tcp victim running ({meta['softirq_floor']}): "
               f"{meta['softirq_slo'][0]:.0f} ms/s, delay p99 {meta['softirq_slo'][1]:.2f} ms (or the defaults if higher).",
-              ""] if meta.get("softirq_floor") else []), f"Command: `{meta['command']}`", "", markdown_table(scores), "",
+              ""] if meta.get("softirq_floor") else []),
+           *(["Eviction enabled (`--evict`): the mitigate mode may evict BE pods; an accepted eviction kills the "
+              "pod's processes (bench/scenarios/kubelet.py).", ""] if meta.get("evict") else []),
+           f"Command: `{meta['command']}`", "", markdown_table(scores), "",
            markdown_summary(summary)]
     if peers:
         out += ["", "### bcc peers (same window, same run)", ""]

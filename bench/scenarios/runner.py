@@ -24,15 +24,18 @@ from pathlib import Path
 
 from actuators.burst import BurstActuator
 from actuators.cgroupfile import CgroupFiles
+from actuators.evict import EvictActuator
 from actuators.journal import Journal
 from actuators.manager import ActuatorManager
 from actuators.memory import MemorySuppressActuator
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import CpuUsageSampler, SuppressActuator, threshold_suppress_decision
 from bench.sandbox import PREFIX, OwnedCgroup, sandbox_layout
+from bench.scenarios.kubelet import PassKube
 from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples
 from detector.counterfactual import NODE_KEY
 from detector.decisions import DecisionSink, Target
+from detector.pods import PodInfo, pod_from_dict
 from detector.policy import Policy
 from noisyneighbor.agent import ScopedActuator
 from probes.cgroupfs import discover, self_cgroups
@@ -129,8 +132,9 @@ def _wait_for_samples(log: Path, proc: subprocess.Popen, timeout_s: float) -> bo
     return False
 
 
-def bench_policy(mode: str, softirq_floor: SoftirqFloor | None = None) -> Policy:
+def bench_policy(mode: str, softirq_floor: SoftirqFloor | None = None, evict: bool = False) -> Policy:
     """The same policy for every scenario: project defaults, runq SLO 2 ms (as the detector tests), cfs burst on.
+    ``evict`` (``--evict``): eviction enabled too (``evict_enabled``, off by default).
 
     Suppress: our mitigate mode uses the cpuset policy (the culprit keeps every CPU but the victim's)
     with a floor of 1 CPU, because koordlet's 2-CPU floor is the whole of this 2-CPU node; the
@@ -152,8 +156,13 @@ def bench_policy(mode: str, softirq_floor: SoftirqFloor | None = None) -> Policy
         resource_threshold=suppress,
         cpu_burst=dataclasses.replace(base.cpu_burst, policy="auto"),
         actuators=dataclasses.replace(base.actuators, dry_run=mode != "mitigate", cooldown_seconds=3.0,
-                                      max_changes_per_minute=12),
+                                      max_changes_per_minute=12, evict_enabled=evict and mode == "mitigate"),
     )
+
+
+def _pods_of(kube: PassKube) -> Callable[[], list[PodInfo]]:
+    """The eviction actuator's pod source: the pass's pods as the apiserver serves them."""
+    return lambda: [pod_from_dict(p) for p in kube.pods()]
 
 
 def attach_sink(scenario: Scenario, sink: DecisionSink) -> None:
@@ -328,12 +337,14 @@ class PassTrace:
 
 def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
              during: Callable[[Ctx, float], None] | None = None,
-             softirq_floor: SoftirqFloor | None = None) -> tuple[PassResult, PassTrace]:
+             softirq_floor: SoftirqFloor | None = None, evict: bool = False) -> tuple[PassResult, PassTrace]:
     """Run one scenario in one mode. ``during(ctx, onset_monotonic)`` is called right after the injection
-    (the bcc peers hook in there). Raises KeyboardInterrupt through, after cleaning up."""
+    (the bcc peers hook in there). ``evict``: the mitigate mode may evict, through a fake apiserver whose
+    accepted evictions kill the pod's processes (bench/scenarios/kubelet.py). Raises KeyboardInterrupt
+    through, after cleaning up."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
-    policy = bench_policy(mode, softirq_floor)
+    policy = bench_policy(mode, softirq_floor, evict)
     cgroups = BenchCgroups(f"{spec.name}-{mode}"[:40])
     netns = NetnsSet()
     workdir = Path(tempfile.mkdtemp(prefix=f"nn-bench-{spec.name}-", dir=workdir_base()))
@@ -341,6 +352,7 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
     trace = PassTrace()
     scenario: Scenario | None = None
     manager: ActuatorManager | None = None
+    kube: PassKube | None = None
     ctx: Ctx | None = None
     wall_minus_mono = time.time() - time.monotonic()
     onset = onset_ns = None
@@ -363,6 +375,9 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
             if mode == "mitigate":
                 acts.append(BurstActuator(files, journal, policy.cpu_burst))
                 acts.append(MemorySuppressActuator(files, journal))
+                if policy.actuators.evict_enabled:
+                    kube = PassKube(ctx.pods).start()
+                    acts.append(EvictActuator(kube.api_client(), _pods_of(kube), policy=policy.actuators))
             # Act only on this pass's own cgroups: the detector sees every pod-shaped cgroup on the node,
             # other test suites' too, and the bench must never write to a cgroup it did not create.
             acts = [ScopedActuator(a, own_scope(ctx)) for a in acts]
@@ -458,6 +473,8 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
             _stop_procs(scenario.procs)
         if manager is not None:
             manager.close()  # restores every cgroup file it changed, from the journal
+        if kube is not None:
+            kube.stop()
         if ctx is not None and spec.teardown is not None:
             try:
                 spec.teardown(ctx)
