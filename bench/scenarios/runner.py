@@ -353,6 +353,7 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
     scenario: Scenario | None = None
     manager: ActuatorManager | None = None
     kube: PassKube | None = None
+    kube_api = None  # the eviction actuator's client of it
     ctx: Ctx | None = None
     wall_minus_mono = time.time() - time.monotonic()
     onset = onset_ns = None
@@ -377,7 +378,8 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                 acts.append(MemorySuppressActuator(files, journal))
                 if policy.actuators.evict_enabled:
                     kube = PassKube(ctx.pods).start()
-                    acts.append(EvictActuator(kube.api_client(), _pods_of(kube), policy=policy.actuators))
+                    kube_api = kube.api_client()
+                    acts.append(EvictActuator(kube_api, _pods_of(kube), policy=policy.actuators))
             # Act only on this pass's own cgroups: the detector sees every pod-shaped cgroup on the node,
             # other test suites' too, and the bench must never write to a cgroup it did not create.
             acts = [ScopedActuator(a, own_scope(ctx)) for a in acts]
@@ -473,6 +475,8 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
             _stop_procs(scenario.procs)
         if manager is not None:
             manager.close()  # restores every cgroup file it changed, from the journal
+        if kube_api is not None:
+            kube_api.close()  # its pooled keep-alive connections, before the server stops
         if kube is not None:
             kube.stop()
         if ctx is not None and spec.teardown is not None:
