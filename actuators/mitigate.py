@@ -240,8 +240,6 @@ class MitigationPlanner:
         if key in self._acted:
             return
         step = reclaim.memory_step(inc, self.policy.evict_enabled)
-        if step is None:
-            return  # the engine evicts the top BE culprit itself
         if step.final:
             self._acted.add(key)
         if step.note is not None:

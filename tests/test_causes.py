@@ -95,7 +95,12 @@ def _planner_story() -> tuple[list[tuple], list[str], list[str]]:
     now[0] += 7.0
     planner(neighbour, "updated")  # evict
 
-    # Reclaim with eviction off (with it on, the engine evicts the grower itself).
+    # Reclaim with eviction on: the BE grower is evicted, though a grower of the node's own ranks above it.
+    node_grower = Target("/system.slice/agent", qos="")
+    evicted = Incident("inc-e", VICTIM, Cause.RECLAIM, 0.0, 0.8, "reclaim_stall_ms_per_s", findings=[reclaim.KSWAPD],
+                       culprits=[Culprit(node_grower, 0.95, attribution=0.6), Culprit(BATCH, 0.9, attribution=0.4)])
+    planner(evicted, "opened")
+    # Reclaim with eviction off: capped.
     planner.policy = ActuatorPolicy(dry_run=False, evict_enabled=False)
     grown = Incident("inc-r", VICTIM, Cause.RECLAIM, 0.0, 0.8, "reclaim_stall_ms_per_s",
                      evidence=[Evidence("reclaim_stall_ms_per_s", 12.0, 1.0, note="no telling words here")],
@@ -116,6 +121,7 @@ EXPECTED = [
     (ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=0.5), causes.neighbor_cpu.QUOTA_TO_REQUEST,
      "inc-n"),
     (ActionKind.EVICT, FLOOD, None, causes.neighbor_cpu.EVICT, "inc-n"),
+    (ActionKind.EVICT, BATCH, None, reclaim.EVICT, "inc-e"),
     (ActionKind.MEMORY_SUPPRESS, BATCH, None, reclaim.CAP_GROWER, "inc-r"),
 ]
 
@@ -148,8 +154,7 @@ def test_rewording_every_message_changes_no_engine_decision(reword):
         (ActionKind.SUPPRESS, causes.neighbor_cpu.SUPPRESS),  # neighbor_cpu
         (ActionKind.BURST, causes.self_throttling.BURST),
         (ActionKind.SUPPRESS, causes.neighbor_cpu.SUPPRESS),  # softirq: the same step
-        (ActionKind.EVICT, reclaim.EVICT),
-    ]
+    ]  # reclaim: the planner's step (evict or cap), not the engine's
 
 
 def test_the_engine_records_direct_reclaim_as_a_finding_not_only_in_a_note():

@@ -1,15 +1,15 @@
 """reclaim: the victim stalls in reclaim in its own allocations, or global reclaim's kswapd runs on its
-CPUs. Global reclaim is blamed on the pods holding and growing memory: the engine evicts the top BE one
-(evict_enabled), else the planner caps its memory; reclaim at the victim's own limit is advice only."""
+CPUs. Global reclaim is blamed on the pods holding and growing memory: the planner evicts the top BE one
+(evict_enabled), else caps its memory; reclaim at the victim's own limit is advice only."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from detector.causes.base import ActContext, CauseContext, CauseSpec, Mitigation, Verdict
+from detector.causes.base import CauseContext, CauseSpec, Mitigation, Verdict
 from detector.causes.neighbor_cpu import NEIGHBOR_SHARE  # kernel threads (kswapd) ran for this share of its wait
 from detector.decisions import ActionKind, Cause, Decision, EvictAmount, MemorySuppressAmount
-from detector.model import Culprit, Evidence, Incident
+from detector.model import Evidence, Incident
 from detector.signals import WorkloadSignals
 
 KSWAPD_ACTIVE_PAGES_PER_S = 2560.0  # kswapd reclaimed 10 MiB/s or more: the node is in global reclaim
@@ -52,19 +52,11 @@ def global_reclaim(inc: Incident) -> bool:
     return not GLOBAL.isdisjoint(inc.findings)
 
 
-EVICT = "reclaim.evict"  # the engine's step (evict_enabled)
+EVICT = "reclaim.evict"  # the planner's step with evict_enabled
 GLOBAL_NO_POD_YET = "reclaim.global_no_pod_yet"
 MEMCG_OWN_LIMIT = "reclaim.memcg_own_limit"
 GROWERS_NOT_BE = "reclaim.growers_not_be"
 CAP_GROWER = "reclaim.cap_grower"
-
-
-def act(inc: Incident, top: Culprit | None, ctx: ActContext) -> Decision | None:
-    if top is None or top.target.qos != "BE" or not ctx.policy.actuators.evict_enabled:
-        return None
-    return Decision(ActionKind.EVICT, top.target, EvictAmount(reason="interference"),
-                    reason=SPEC.say(EVICT, culprit=top.target.display, victim=inc.victim.display),
-                    incident_id=inc.incident_id, victim=inc.victim, victim_signal="reclaim_stall_ms_per_s", code=EVICT)
 
 
 @dataclass(frozen=True)
@@ -78,9 +70,10 @@ class Step:
     final: bool = True
 
 
-def memory_step(inc: Incident, evict_enabled: bool) -> Step | None:
-    """Global reclaim with a BE pod that grew most: cap its memory near its usage (the engine evicts it
-    instead when ``evict_enabled``: None). Reclaim at the victim's own limit: advice only."""
+def memory_step(inc: Incident, evict_enabled: bool) -> Step:
+    """Global reclaim with a BE pod that grew most: evict it when ``evict_enabled``, else cap its memory
+    near its usage. The BE one, not the top culprit: a grower of the node's own (a system cgroup) may rank
+    above it, and is never touched. Reclaim at the victim's own limit: advice only."""
     if not inc.culprits:
         if global_reclaim(inc):
             # The node reclaims, but no pod is named yet (memory.stat of a pod is read every few
@@ -91,7 +84,10 @@ def memory_step(inc: Incident, evict_enabled: bool) -> Step | None:
     if top is None:
         return Step(GROWERS_NOT_BE, SPEC.say(GROWERS_NOT_BE, pods=", ".join(c.target.display for c in inc.culprits[:3])))
     if evict_enabled:
-        return None
+        return Step(EVICT, None, Decision(
+            ActionKind.EVICT, top.target, EvictAmount(reason="interference"),
+            SPEC.say(EVICT, culprit=top.target.display, victim=inc.victim.display),
+            incident_id=inc.incident_id, victim=inc.victim, victim_signal="reclaim_stall_ms_per_s", code=EVICT))
     return Step(CAP_GROWER, None, Decision(
         ActionKind.MEMORY_SUPPRESS, top.target, MemorySuppressAmount(),
         SPEC.say(CAP_GROWER, culprit=top.target.display, share=top.attribution, victim=inc.victim.display),
@@ -102,7 +98,6 @@ SPEC = CauseSpec(
     Cause.RECLAIM, rule,
     title="memory reclaim",
     advice="the victim stalls in memory reclaim: raise its memory limit, or evict the BE pod growing its memory",
-    act=act,
     mitigation=Mitigation.MEMORY_GROWER,
     context=context,
     kernel_work="kswapd, kcompactd, kdamond",
