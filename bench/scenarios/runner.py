@@ -379,7 +379,9 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                 if policy.actuators.evict_enabled:
                     kube = PassKube(ctx.pods).start()
                     kube_api = kube.api_client()
-                    acts.append(EvictActuator(kube_api, _pods_of(kube), policy=policy.actuators))
+                    evictor = EvictActuator(kube_api, _pods_of(kube), policy=policy.actuators)
+                    evictor.prepare()  # as the agent does where eviction is enabled
+                    acts.append(evictor)
             # Act only on this pass's own cgroups: the detector sees every pod-shaped cgroup on the node,
             # other test suites' too, and the bench must never write to a cgroup it did not create.
             acts = [ScopedActuator(a, own_scope(ctx)) for a in acts]

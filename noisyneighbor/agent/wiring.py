@@ -214,7 +214,9 @@ def _evict_actuator(policy: Policy, pod_source: Any) -> Actuator | None:
         return None
     from actuators.evict import EvictActuator
 
-    return EvictActuator(api, pod_source.pods, policy=policy.actuators)
+    evictor = EvictActuator(api, pod_source.pods, policy=policy.actuators)
+    evictor.prepare()
+    return evictor
 
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter number (malloc.h)
