@@ -280,6 +280,17 @@ def test_the_bench_records_the_counterfactual_and_the_runq_p99_after_the_action(
     assert s.runq_p99_after_ms is not None and 0.512 <= s.runq_p99_after_ms <= 1.024
 
 
+def test_the_after_window_takes_only_ticks_that_began_in_it():
+    """A tick is recorded at its end: one whose loop stalled across the action (4.2 -> 6.5 s) holds the
+    waits from before the action, and is not 'after' though it ends after the settle time."""
+    from bench.scenarios.metrics import ticks_within
+
+    ticks = [(t, (), 0, 1) for t in (3.1, 4.2, 6.5, 7.0, 8.0, 14.2)]
+    assert [t[0] for t in ticks_within(ticks, 6.2, 14.2)] == [7.0, 8.0]
+    assert [t[0] for t in ticks_within(list(reversed(ticks)), 4.0, 9.0)] == [6.5, 7.0, 8.0]  # any order
+    assert ticks_within([], 0.0, 1.0) == []
+
+
 def test_the_cfcheck_report_reads_a_runs_json_as_the_score_does():
     import random
 
@@ -296,7 +307,8 @@ def test_the_cfcheck_report_reads_a_runs_json_as_the_score_does():
                         + [[float(t), 10.0] for t in range(8, 14)]}
     c = check_pass(p, random.Random(1))
     assert c is not None and c.moved == "batch" and c.without_ms == 0.3  # the last before the action, for its pod
-    assert c.long_before == (10, 2000) and c.long_after == (24, 1200)
+    # After: the ticks from 8 s on, but the one at 8 s covers 5-8 s (none recorded between): not in it.
+    assert c.long_before == (10, 2000) and c.long_after == (20, 1000)
     assert c.after_ms is not None and 1.024 <= c.after_ms < 2.048
     assert c.after_interval_ms is not None and c.after_interval_ms[0] <= c.after_ms <= c.after_interval_ms[1]
     assert c.before_ms is not None and c.before_ms < 1.024  # one long wait in 200 before the onset: the bulk

@@ -23,7 +23,13 @@ import random
 import sys
 from dataclasses import dataclass
 
-from bench.scenarios.metrics import COUNTERFACTUAL_SLACK_S, RECOVERY_WINDOW_S, SETTLE_AFTER_MITIGATION_S, runq_ticks_histogram
+from bench.scenarios.metrics import (
+    COUNTERFACTUAL_SLACK_S,
+    RECOVERY_WINDOW_S,
+    SETTLE_AFTER_MITIGATION_S,
+    runq_ticks_histogram,
+    ticks_within,
+)
 from probes.hist import slot_bounds_us
 
 CF_WINDOW_S = 10.0  # detector.counterfactual.WINDOW_TICKS at 1 s ticks
@@ -79,15 +85,12 @@ def check_pass(p: dict, rng: random.Random) -> CfCheck | None:
         return None
     ttm, moved = applied[0]["at_s"], applied[0]["target"]
     ticks: list[Tick] = [(t[0], tuple(t[1]), t[2], t[3]) for t in p.get("runq_ticks", [])]
-    after = [t for t in ticks if ttm + SETTLE_AFTER_MITIGATION_S <= t[0] < ttm + RECOVERY_WINDOW_S]
+    after = ticks_within(ticks, ttm + SETTLE_AFTER_MITIGATION_S, ttm + RECOVERY_WINDOW_S)
     said = [x[-1] for x in p.get("counterfactual", []) if len(x) == 3 and x[1] == moved
             and x[0] <= ttm + COUNTERFACTUAL_SLACK_S]
 
     def in_window(t: float) -> bool:
         return ttm - CF_WINDOW_S + COUNTERFACTUAL_SLACK_S <= t <= ttm + COUNTERFACTUAL_SLACK_S
-
-    def in_after(t: float) -> bool:
-        return ttm + SETTLE_AFTER_MITIGATION_S <= t < ttm + RECOVERY_WINDOW_S
 
     kernel_work = [(x[0], x[1]) for x in p.get("kernel_work", [])]
     before = [t for t in ticks if -CF_WINDOW_S <= t[0] < 0]
@@ -97,7 +100,8 @@ def check_pass(p: dict, rng: random.Random) -> CfCheck | None:
         long_before=_long(before), long_after=_long(after), before_ms=_p99_ms(before),
         kernel_work_ms_per_s=(_mean([v for t, v in kernel_work if -CF_WINDOW_S <= t < 0]),
                               _mean([v for t, v in kernel_work if in_window(t)]),
-                              _mean([v for t, v in kernel_work if in_after(t)])))
+                              _mean([v for _, v in ticks_within(kernel_work, ttm + SETTLE_AFTER_MITIGATION_S,
+                                                                 ttm + RECOVERY_WINDOW_S)])))
 
 
 def _ms(v: float | None) -> str:

@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TypeVar
 
 from probes.hist import IntervalHistogram, merge_intervals
 
@@ -178,10 +179,23 @@ def _counterfactual_check(result: PassResult, ttm: float | None, moved: str | No
     # The tick whose decision applied the action is recorded just after it (the action is taken inside
     # the detector's step): its counterfactual is still the one the action was decided on.
     said = [v for t, pod, v in result.counterfactual if t <= ttm + COUNTERFACTUAL_SLACK_S and pod == moved]
-    hist = runq_ticks_histogram([t for t in result.runq_ticks
-                                 if ttm + SETTLE_AFTER_MITIGATION_S <= t[0] < ttm + RECOVERY_WINDOW_S])
+    hist = runq_ticks_histogram(ticks_within(result.runq_ticks, ttm + SETTLE_AFTER_MITIGATION_S,
+                                             ttm + RECOVERY_WINDOW_S))
     measured = hist.quantile_ns(0.99) / 1e6 if hist is not None and hist.count >= 20 else None
     return {"runq_p99_without_culprit_ms": _r(said[-1]) if said else None, "runq_p99_after_ms": _r(measured)}
+
+
+TickRecord = TypeVar("TickRecord", bound=tuple)  # a per-tick record of PassResult, s since onset first
+
+
+def ticks_within(ticks: Sequence[TickRecord], lo: float, hi: float) -> list[TickRecord]:
+    """The recorded ticks (tuples, s since onset first) whose whole interval lies in [lo, hi): runq_ticks,
+    kernel_work. A tick is recorded at its end, and covers
+    the time since the one before it: a tick loop stalled across the action (2.3 s at an eviction, under
+    global reclaim) records a tick just after ``lo`` that holds mostly the waits from before it."""
+    ticks = sorted(ticks, key=lambda t: t[0])
+    starts = [ticks[0][0], *(t[0] for t in ticks[:-1])] if ticks else []
+    return [t for start, t in zip(starts, ticks, strict=True) if lo <= start and t[0] < hi]
 
 
 def runq_ticks_histogram(ticks: Sequence[tuple[float, tuple[int, ...], int, int]]) -> IntervalHistogram | None:
