@@ -28,7 +28,10 @@ ksoftirqd processes, never runs on the victim's CPU, and only the second record 
 incident keeps the second one too (``Incident.kernel_work_cost``) for the culprit the planner names
 from its traffic. Bounds: softirq work run at interrupt exit on top of another task (the idle task, the
 victim's own) is charged to that task and stays in; kswapd reclaims for every allocation of the node,
-so a second grower's share of it is taken out with the top one's.
+so a second grower's share of it is taken out with the top one's; the mark is one bit, not one per
+cause, so a softirq sender's cost also takes out the reclaim threads' part of the same waits (a host
+whose DAMON scheme runs all the time, as the bench's does at 0.5-2.5 ms/s of the victim's waits, lowers
+it by that much).
 
 What it is not: a prediction of the scheduler. Without the culprit another task may run in its place
 (it is the wait *behind this culprit* that is taken out), and a wait two containers of one culprit pod
