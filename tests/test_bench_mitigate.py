@@ -108,3 +108,15 @@ def test_an_accepted_eviction_kills_the_pods_processes_and_only_its(tmp_path) ->
         for p in [*batch, web]:
             p.kill()
             p.wait()
+
+
+def test_eviction_is_on_only_in_the_mitigate_mode_of_an_evicting_pass() -> None:
+    from bench.scenarios.catalog import by_name
+    from bench.scenarios.runner import bench_policy
+
+    assert not bench_policy("mitigate").actuators.evict_enabled  # the project default, as in the agent
+    assert bench_policy("mitigate", None, True).actuators.evict_enabled
+    assert not bench_policy("detect", None, True).actuators.evict_enabled
+    [capped, evicted] = by_name(["global-reclaim", "global-reclaim-evict"])
+    assert not capped.evict and evicted.evict and evicted.modes == ("mitigate",)
+    assert (evicted.setup, evicted.inject, evicted.truth) == (capped.setup, capped.inject, capped.truth)

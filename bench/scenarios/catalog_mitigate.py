@@ -11,6 +11,9 @@
   file: memory speed, no disk). Within seconds the node's free memory reaches the watermarks: kswapd
   runs and every allocation, the LS victim's per-request ones too, enters direct reclaim. The BE pod
   is the one that grew; capping its memory at its usage turns its growth into reclaim of its own pages.
+- ``global-reclaim-evict``: the same with eviction enabled (off by default): the grower is evicted. A cap
+  leaves it streaming through its page cache, and the kernel work that causes stays in the victim's
+  waits; an eviction is the node without it, what the incident's counterfactual predicts (issue 28).
 """
 
 from __future__ import annotations
@@ -92,4 +95,7 @@ MITIGATION_SCENARIOS: tuple[ScenarioSpec, ...] = (
                  note=NO_NEIGHBOUR_ACTION),
     ScenarioSpec("global-reclaim", "BE job holding most of the memory streams its input through the page cache",
                  Truth("web", ("reclaim",), "batch"), _global_reclaim_setup, _global_reclaim_inject),
+    ScenarioSpec("global-reclaim-evict", "global-reclaim with eviction enabled: the grower is evicted, not capped",
+                 Truth("web", ("reclaim",), "batch"), _global_reclaim_setup, _global_reclaim_inject,
+                 modes=("mitigate",), note="eviction enabled", evict=True),
 )

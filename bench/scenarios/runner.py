@@ -326,6 +326,7 @@ class ScenarioSpec:
     modes: tuple[str, ...] = ("detect", "mitigate")
     teardown: Callable[[Ctx], None] | None = None
     note: str = ""
+    evict: bool = False  # its mitigate mode may evict, as with --evict (eviction is off by default)
 
 
 @dataclass
@@ -344,7 +345,7 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
     through, after cleaning up."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
-    policy = bench_policy(mode, softirq_floor, evict)
+    policy = bench_policy(mode, softirq_floor, evict or spec.evict)
     cgroups = BenchCgroups(f"{spec.name}-{mode}"[:40])
     netns = NetnsSet()
     workdir = Path(tempfile.mkdtemp(prefix=f"nn-bench-{spec.name}-", dir=workdir_base()))
