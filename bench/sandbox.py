@@ -123,11 +123,7 @@ class OwnedCgroup:
         self.add_pid(os.getpid())
 
     def pids(self) -> set[int]:
-        found: set[int] = set()
-        for d in self.dirs.values():
-            with contextlib.suppress(OSError):
-                found.update(int(p) for p in (d / "cgroup.procs").read_text().split())
-        return found
+        return cgroup_pids(self.dirs.values())
 
     def write(self, controller: str, filename: str, value: str) -> None:
         """Write a cgroup file, spelled as on v1 or v2: a v1 name where only its v2 file exists (a pure
@@ -141,13 +137,8 @@ class OwnedCgroup:
         """Kill our tasks still inside, then rmdir bottom-up. Safe to call twice."""
         deadline = time.monotonic() + timeout
         while True:
-            pids = self.pids()
-            if not pids:
+            if not kill_processes(self.dirs.values()):
                 break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
-                    os.kill(pid, signal.SIGKILL)
             if time.monotonic() > deadline:
                 break
             time.sleep(0.02)
@@ -160,6 +151,28 @@ class OwnedCgroup:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+def cgroup_pids(dirs: Iterable[Path], below: bool = False) -> set[int]:
+    """The processes in these cgroup directories (``below``: and in every cgroup under them)."""
+    found: set[int] = set()
+    for d in dirs:
+        for procs in (d.rglob("cgroup.procs") if below else [d / "cgroup.procs"]):
+            with contextlib.suppress(OSError, ValueError):
+                found.update(int(p) for p in procs.read_text().split())
+    return found
+
+
+def kill_processes(dirs: Iterable[Path], below: bool = False) -> int:
+    """SIGKILL (after SIGCONT: a stopped task dies too) every process of these cgroups of ours
+    (``below``: and of the cgroups under them); how many were signalled."""
+    n = 0
+    for pid in cgroup_pids(dirs, below):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+            n += 1
+    return n
 
 
 def _v2_cpu_max(d: Path, quota: str | None = None, period: str | None = None) -> tuple[str, str]:
@@ -254,8 +267,6 @@ def cleanup_prefix(paths: HostPaths | None = None, prefix: str | None = None) ->
         if not base.is_dir():
             continue
         for d in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            for pid in (d / "cgroup.procs").read_text().split() if (d / "cgroup.procs").exists() else []:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
+            kill_processes([d])
             _rmdir_retry(d, time.monotonic() + 5)
         _rmdir_retry(base, time.monotonic() + 5)

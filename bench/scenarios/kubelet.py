@@ -10,11 +10,9 @@ eviction is the node without the culprit, the state issue 28's counterfactual pr
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 from collections.abc import Mapping
 
+from bench.sandbox import kill_processes
 from tests.fakekube import FakeKube, make_pod
 from tests.scenario_support import PodCgroup
 
@@ -35,21 +33,7 @@ class PassKube(FakeKube):
     def remove_pod(self, namespace: str, name: str) -> bool:
         pod = self._cgroups.get(name) if namespace == NAMESPACE else None
         if pod is not None:
-            self.killed[name] = _kill_all(pod)
+            # Every process of the pod's cgroups and its containers' below them.
+            self.killed[name] = kill_processes(pod.cgroup.dirs.values(), below=True)
         return super().remove_pod(namespace, name)
 
-
-def _kill_all(pod: PodCgroup) -> int:
-    """SIGKILL every process of the pod's own cgroups (created by this pass) and of the containers'
-    below them; how many there were."""
-    pids: set[int] = set()
-    for top in pod.cgroup.dirs.values():
-        for procs in top.rglob("cgroup.procs"):
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(p) for p in procs.read_text().split())
-    n = 0
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-            n += 1
-    return n

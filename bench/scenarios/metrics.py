@@ -189,10 +189,10 @@ TickRecord = TypeVar("TickRecord", bound=tuple)  # a per-tick record of PassResu
 
 
 def ticks_within(ticks: Sequence[TickRecord], lo: float, hi: float) -> list[TickRecord]:
-    """The recorded ticks (tuples, s since onset first) whose whole interval lies in [lo, hi): runq_ticks,
-    kernel_work. A tick is recorded at its end, and covers
-    the time since the one before it: a tick loop stalled across the action (2.3 s at an eviction, under
-    global reclaim) records a tick just after ``lo`` that holds mostly the waits from before it."""
+    """The recorded ticks (tuples, s since onset first: runq_ticks, kernel_work) whose whole interval lies
+    in [lo, hi). A tick is recorded at its end and covers the time since the one before it: a tick loop
+    stalled across the action (2.3 s at an eviction, under global reclaim) records a tick just after
+    ``lo`` that holds mostly the waits from before it."""
     ticks = sorted(ticks, key=lambda t: t[0])
     starts = [ticks[0][0], *(t[0] for t in ticks[:-1])] if ticks else []
     return [t for start, t in zip(starts, ticks, strict=True) if lo <= start and t[0] < hi]
