@@ -30,7 +30,7 @@ from probes.runqlat import (
     WaitSplit,
     top_culprits,
 )
-from tests.conftest import cgroup_tids, require_tool, slowdown
+from tests.conftest import cgroup_tids, require_tool, shield, slowdown
 
 # 6 ms of CPU time (not wall time: waiting must not count as work) every 10 ms, for at most 60 s.
 # The work outlasts a scheduler slice (3 ms base on EEVDF), so the hogs preempt it in the middle of
@@ -139,6 +139,9 @@ def victim_and_hogs(make_cgroup):
     light = make_cgroup("light", controllers=("cpu", "cpuacct"))
     _set_weight(heavy, 1024)
     _set_weight(light, 256)
+    # The three take turns on the CPU: whatever else runs there (a loaded machine, another test run)
+    # must not take half of it between them, as a root-level task of equal weight would.
+    unshield = shield(victim)
     procs: list[subprocess.Popen] = []
     try:
         _start([sys.executable, "-c", VICTIM], victim, procs)
@@ -150,6 +153,7 @@ def victim_and_hogs(make_cgroup):
         for p in procs:
             p.kill()
             p.wait()
+        unshield()
 
 
 def _window(probe: RunqLatProbe, tids: list[int], seconds: float, truth) -> tuple[RunqSnapshot, RunqSnapshot, dict, dict]:
