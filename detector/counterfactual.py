@@ -97,20 +97,21 @@ class VictimWindow:
                 parts.append((t.node_moves.get(culprit, ()), t.node_ns.get(culprit, 0.0)))
             return parts
 
-        with_it = self._without(own)
-        alone = self.kernel_work_cost() if kernel_work and with_it is not None else None
+        hist = self.histogram()  # merged once for both records
+        with_it = self._without(own, hist)
+        alone = self._without(_kernel_work_alone, hist) if kernel_work and with_it is not None else None
         if alone is None:
             return with_it
         return min(with_it, alone, key=lambda c: (c.p99_without_ns, c.wait_ms_per_s_without))
 
     def kernel_work_cost(self) -> CulpritCost | None:
         """The victim over the window without the kernel work in its waits, whoever caused it."""
-        return self._without(_kernel_work_alone)
+        return self._without(_kernel_work_alone, self.histogram())
 
-    def _without(self, parts: Callable[[_Tick], list[tuple[tuple[int, ...], float]]]) -> CulpritCost | None:
-        """The window's histogram with what ``parts`` takes out of each tick, (slot moves, ns removed)
-        pairs; None when the victim did not wait."""
-        hist = self.histogram()
+    def _without(self, parts: Callable[[_Tick], list[tuple[tuple[int, ...], float]]],
+                 hist: IntervalHistogram) -> CulpritCost | None:
+        """The window's histogram ``hist`` with what ``parts`` takes out of each tick, (slot moves, ns
+        removed) pairs; None when the victim did not wait."""
         seconds = sum(t.interval_s for t in self.ticks)
         if not hist.count or seconds <= 0:
             return None

@@ -105,12 +105,14 @@ def check_pass(p: dict, rng: random.Random) -> CfCheck | None:
         return ttm - CF_WINDOW_S + COUNTERFACTUAL_SLACK_S <= t <= ttm + COUNTERFACTUAL_SLACK_S
 
     kernel_work = [(x[0], x[1]) for x in p.get("kernel_work", [])]
-    before = [t for t in ticks if -CF_WINDOW_S <= t[0] < 0]
+    # Before the onset: the ticks that began and ended in the 10 s before it, as the after window's. The
+    # window is by the ticks' ends: the last ticks the agent had when it acted.
+    before = ticks_within(ticks, -CF_WINDOW_S, 0.0)
     return CfCheck(
         scenario=p["scenario"], moved=moved, window_p99_ms=_p99_ms([t for t in ticks if in_window(t[0])]),
         without_ms=said[-1] if said else None, after_ms=_p99_ms(after), after_interval_ms=after_interval(after, rng),
         long_before=_long(before), long_after=_long(after), before_ms=_p99_ms(before),
-        kernel_work_ms_per_s=(_mean([v for t, v in kernel_work if -CF_WINDOW_S <= t < 0]),
+        kernel_work_ms_per_s=(_mean([v for _, v in ticks_within(kernel_work, -CF_WINDOW_S, 0.0)]),
                               _mean([v for t, v in kernel_work if in_window(t)]),
                               _mean([v for _, v in ticks_within(kernel_work, ttm + SETTLE_AFTER_MITIGATION_S,
                                                                  ttm + RECOVERY_WINDOW_S)])))
