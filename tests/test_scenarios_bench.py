@@ -65,6 +65,19 @@ def test_score_counts_wrong_victims_and_pre_onset_incidents_as_false():
     assert s.false_incidents == 2
 
 
+def test_a_second_true_victim_is_not_false_only_when_its_incident_is_right():
+    truth = Truth("web", ("neighbor_cpu",), "batch", also_victims=("cron",))
+    r = PassResult("cpu", "mitigate", 5, 10, incidents=[
+        IncidentRecord("web", "neighbor_cpu", ("batch", "cron"), started_s=2.0),
+        IncidentRecord("cron", "neighbor_cpu", ("batch", "web"), started_s=2.0),  # it waits behind batch too
+        IncidentRecord("cron", "neighbor_cpu", ("web",), started_s=-3.0),  # before the onset: false
+        IncidentRecord("cron", "neighbor_cpu", ("web",), started_s=4.0),  # batch not named: false
+        IncidentRecord("cron", "softirq", ("batch",), started_s=5.0),  # a cause not accepted: false
+    ])
+    s = score(truth, r)
+    assert s.detected and s.culprit_ok and s.false_incidents == 3
+
+
 def test_quiet_scenario_and_summary():
     quiet = score(Truth(None), PassResult("quiet", "detect", 5, 10, incidents=[
         IncidentRecord("web", "neighbor_cpu", (), 2.0)]))

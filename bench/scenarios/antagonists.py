@@ -7,6 +7,7 @@
     python antagonists.py server --port P --seconds S   (stops accepting on SIGUSR1)
     python antagonists.py heap --leave-free-mb N --ready F --seconds S   (anon heap; OOM-kill first)
     python antagonists.py sparseread --file F --seconds S   (page cache at memory speed, no disk)
+    python antagonists.py jobs --mean-busy-ms B --mean-gap-ms G --seconds S   (short jobs at random)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
+import random
 import resource
 import signal
 import socket
@@ -31,6 +33,19 @@ def hog(seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
+
+
+def jobs(mean_busy_ms: float, mean_gap_ms: float, seconds: float) -> None:
+    """Short CPU jobs at random: exponential lengths (capped at 10 times the mean) and gaps, as a pod
+    serving requests does. Random arrivals never phase-lock with a periodic victim, so the waits they
+    cause are the same before and after an onset (a fixed period locked in a different phase in each
+    pass). A job's length is CPU time: waiting for the CPU is not work."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0, busy_s = time.thread_time(), min(random.expovariate(1e3 / mean_busy_ms), 10 * mean_busy_ms / 1e3)
+        while time.thread_time() - t0 < busy_s:
+            pass
+        time.sleep(random.expovariate(1e3 / mean_gap_ms))
 
 
 def pagecache(path: str, mb: int, seconds: float) -> None:
@@ -151,7 +166,7 @@ def server(port: int, seconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("hog", "pagecache", "udpflood", "rtbusy", "server", "heap", "sparseread"))
+    p.add_argument("what", choices=("hog", "pagecache", "udpflood", "rtbusy", "server", "heap", "sparseread", "jobs"))
     p.add_argument("--seconds", type=float, required=True)
     p.add_argument("--file")
     p.add_argument("--mb", type=int, default=400)
@@ -159,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--leave-free-mb", type=int, default=4096)
     p.add_argument("--ready", help="heap: this file is written once the heap is held")
+    p.add_argument("--mean-busy-ms", type=float, default=0.35)
+    p.add_argument("--mean-gap-ms", type=float, default=1.4)
     a = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if a.what == "hog":
@@ -173,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         sparseread(a.file, a.seconds)
     elif a.what == "rtbusy":
         rtbusy(a.seconds)
+    elif a.what == "jobs":
+        jobs(a.mean_busy_ms, a.mean_gap_ms, a.seconds)
     else:
         server(a.port, a.seconds)
     return 0

@@ -27,6 +27,10 @@ class Truth:
     victim: str | None
     causes: tuple[str, ...] = ()  # accepted causes, first is the canonical one
     culprit: str | None = None  # pod name expected first in the culprit list; None: nobody is to blame
+    # Other pods the injection truly harms (an LS neighbour on the victim's CPU waits behind the culprit
+    # too): their incidents after the onset, with an accepted cause and the culprit named, are not
+    # false; only ``victim``'s is scored.
+    also_victims: tuple[str, ...] = ()
 
     @property
     def expects_incident(self) -> bool:
@@ -133,7 +137,9 @@ def load_samples(text: str, onset_ns: int) -> list[tuple[float, float]]:
 def score(truth: Truth, result: PassResult) -> Score:
     ours = [i for i in result.incidents if not result.pods or i.victim in result.pods]
     matching = [i for i in ours if truth.victim is not None and i.victim == truth.victim and i.started_s >= 0]
-    false = [i for i in ours if i not in matching or not truth.expects_incident]
+    also = [i for i in ours if i.victim in truth.also_victims and i.started_s >= 0 and i.cause in truth.causes
+            and (truth.culprit is None or truth.culprit in i.culprits)]
+    false = [i for i in ours if (i not in matching and i not in also) or not truth.expects_incident]
     first = matching[0] if matching and truth.expects_incident else None
     detected = (first is not None) if truth.expects_incident else None
     cause_correct = (first.cause in truth.causes) if first is not None else (None if not truth.expects_incident else False)
