@@ -317,7 +317,7 @@ def test_the_cfcheck_report_reads_a_runs_json_as_the_score_does():
     older = check_pass({k: v for k, v in p.items() if k != "kernel_work"}, random.Random(1))  # runs before the field
     assert older is not None and older.kernel_work_ms_per_s == (None, None, None)
     assert check_pass({**p, "mode": "detect"}, random.Random(1)) is None
-    from bench.scenarios.cfcheck import within
+    from bench.scenarios.metrics import cf_within as within
 
     assert within(0.3, c.after_ms) is False and within(0.11, 0.06) is True and within(0.13, 0.06) is False
     assert within(1.2, 1.0) is True and within(0.74, 1.0) is False and within(None, 1.0) is None

@@ -27,14 +27,13 @@ from bench.scenarios.metrics import (
     COUNTERFACTUAL_SLACK_S,
     RECOVERY_WINDOW_S,
     SETTLE_AFTER_MITIGATION_S,
+    cf_within,
     runq_ticks_histogram,
     ticks_within,
 )
 from probes.hist import slot_bounds_us
 
 CF_WINDOW_S = 10.0  # detector.counterfactual.WINDOW_TICKS at 1 s ticks
-WITHIN = 0.25  # issue 28: the counterfactual within 25 % of the p99 measured after the action ...
-FIRST_MOVED_MS = 0.128  # ... or both below the first slot the kernel moves waits from (bpf/runqlat.h RUNQ_CF_MIN_NS)
 LONG_WAIT_US = 1024.0  # "1 ms or more": the slots from [1024, 2048) µs up
 BOOTSTRAP_DRAWS = 2000
 
@@ -74,16 +73,6 @@ def after_interval(ticks: list[Tick], rng: random.Random) -> tuple[float, float]
         return None
     draws = sorted(_p99_ms([rng.choice(ticks) for _ in ticks]) or 0.0 for _ in range(BOOTSTRAP_DRAWS))
     return draws[int(0.025 * BOOTSTRAP_DRAWS)], draws[int(0.975 * BOOTSTRAP_DRAWS) - 1]
-
-
-def within(without_ms: float | None, after_ms: float | None) -> bool | None:
-    """Issue 28's check: |counterfactual - after| <= 25 % of after, or both under 0.128 ms (below it the
-    log2 histograms cannot tell them apart); None when either is missing."""
-    if without_ms is None or after_ms is None:
-        return None
-    if without_ms < FIRST_MOVED_MS and after_ms < FIRST_MOVED_MS:
-        return True
-    return abs(without_ms - after_ms) <= WITHIN * after_ms
 
 
 def _mean(values: list[float]) -> float | None:
@@ -147,7 +136,7 @@ def main(argv: list[str]) -> int:
             kw = " | ".join(_ms(v) for v in c.kernel_work_ms_per_s)
             print(f"| {c.scenario} | {c.moved} | {_ms(c.before_ms)} | {_ms(c.window_p99_ms)} | {_ms(c.without_ms)} | "
                   f"{_ms(c.after_ms)} | {lo_hi} | {c.long_before[0]} of {c.long_before[1]} | "
-                  f"{c.long_after[0]} of {c.long_after[1]} | {kw} | {_yes(within(c.without_ms, c.after_ms))} |")
+                  f"{c.long_after[0]} of {c.long_after[1]} | {kw} | {_yes(cf_within(c.without_ms, c.after_ms))} |")
     return 0
 
 

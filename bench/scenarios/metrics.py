@@ -107,6 +107,7 @@ class Score:
     # the first action), and its runqueue p99 measured after the action (same window as p99 after).
     runq_p99_without_culprit_ms: float | None = None
     runq_p99_after_ms: float | None = None
+    runq_p99_within: bool | None = None  # the two within 25 % (cf_within)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -176,7 +177,21 @@ def score(truth: Truth, result: PassResult) -> Score:
     )
 
 
-def _counterfactual_check(result: PassResult, ttm: float | None, moved: str | None) -> dict[str, float | None]:
+CF_WITHIN = 0.25  # issue 28: the counterfactual within 25 % of the p99 measured after the action ...
+CF_FIRST_MOVED_MS = 0.128  # ... or both below the first slot the kernel moves waits from (bpf/runqlat.h RUNQ_CF_MIN_NS)
+
+
+def cf_within(without_ms: float | None, after_ms: float | None) -> bool | None:
+    """Issue 28's check: |counterfactual - after| <= 25 % of after, or both under 0.128 ms (below it the
+    log2 histograms cannot tell them apart); None when either is missing."""
+    if without_ms is None or after_ms is None:
+        return None
+    if without_ms < CF_FIRST_MOVED_MS and after_ms < CF_FIRST_MOVED_MS:
+        return True
+    return abs(without_ms - after_ms) <= CF_WITHIN * after_ms
+
+
+def _counterfactual_check(result: PassResult, ttm: float | None, moved: str | None) -> dict[str, float | bool | None]:
     """The counterfactual the detector gave during the incident for the pod the first action ``moved`` (its
     last value before the action) and the victim's runqueue p99 over the same window as ``p99 after``
     (merged histograms of those ticks)."""
@@ -188,7 +203,9 @@ def _counterfactual_check(result: PassResult, ttm: float | None, moved: str | No
     hist = runq_ticks_histogram(ticks_within(result.runq_ticks, ttm + SETTLE_AFTER_MITIGATION_S,
                                              ttm + RECOVERY_WINDOW_S))
     measured = hist.quantile_ns(0.99) / 1e6 if hist is not None and hist.count >= 20 else None
-    return {"runq_p99_without_culprit_ms": _r(said[-1]) if said else None, "runq_p99_after_ms": _r(measured)}
+    without = said[-1] if said else None
+    return {"runq_p99_without_culprit_ms": _r(without), "runq_p99_after_ms": _r(measured),
+            "runq_p99_within": cf_within(without, measured)}  # judged on the exact values
 
 
 TickRecord = TypeVar("TickRecord", bound=tuple)  # a per-tick record of PassResult, s since onset first
@@ -257,6 +274,7 @@ COLUMNS = (
     ("p99_during_ms", "p99 during ms"), ("p99_after_ms", "p99 after ms"), ("recovered", "recovered"),
     ("false_incidents", "false inc."), ("actions", "actions"),
     ("runq_p99_without_culprit_ms", "runq p99 w/o culprit ms"), ("runq_p99_after_ms", "runq p99 after ms"),
+    ("runq_p99_within", "within 25 %"),
     ("note", "note"),
 )
 
