@@ -67,6 +67,7 @@ class _VictimState:
     recent_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_own_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_own_by_container: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    recent_steal_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     decided: tuple | None = None  # (cause, top culprit, within its request) the last decisions were made for
     cpus: tuple[int, ...] = ()  # CPUs the victim ran on lately (weight > 5 %), for a cpuset suppress
     # (failed connects, SYN retransmits, connect p99 ns) per recent tick: connect trouble is sparse
@@ -169,6 +170,7 @@ class IncidentEngine:
         state.recent_wait_ns.append(total_wait_ns)
         state.recent_own_wait_ns.append(row.own_wait_ns)
         state.recent_own_by_container.append(row.own_wait_by_container)
+        state.recent_steal_ns.append(row.steal_ms_per_s * 1e6 * row.interval_s)
         self.counterfactual.add(key, row.runq_hist, row.interval_s, row.cf_moves, row.ran_instead_ns,
                                 row.cf_node_moves, row.cf_node_ns)
         dt = row.interval_s
@@ -286,7 +288,7 @@ class IncidentEngine:
         ctx = causes.CauseContext(
             key=key, row=row, signals=signals, slo=self.slo, breached={b.signal for b in breaches},
             foreign=foreign, own_wait_ns=sum(state.recent_own_wait_ns), total_wait_ns=total_wait,
-            own_by_container=_summed(state.recent_own_by_container),
+            own_by_container=_summed(state.recent_own_by_container), steal_ns=sum(state.recent_steal_ns),
             window_s=dt * len(state.recent_wait_ns), cpu_culprits=self._cpu_culprits,
             correlation_culprits=self._correlation_culprits, reclaim_culprits=self._reclaim_culprits,
             connect_servers=self._connect_servers,
@@ -459,7 +461,11 @@ class IncidentEngine:
         # it never replaces a cause that named the pods behind it (kswapd is a root-cgroup thread; once
         # the grower is capped, what remains is the node's usual noise, not a new cause).
         nodes_own = cause == Cause.NEIGHBOR_CPU and not culprits and bool(inc.culprits)
-        if cause != inc.cause and (confidence <= inc.confidence or nodes_own):
+        # Steal blames nothing on the node, and its rule comes first: a tick that names pods instead
+        # means the hypervisor no longer explains the wait (a burst of steal at the opening tick of a
+        # neighbour's incident), and the pods are what can be acted on, whatever the first confidence.
+        stale_steal = inc.cause == Cause.HYPERVISOR_STEAL and cause != inc.cause and bool(culprits)
+        if cause != inc.cause and (confidence <= inc.confidence or nodes_own) and not stale_steal:
             pass  # the first cause stands, with its culprits: another rule's culprits are not its own
         else:
             # A rule that names no culprit this tick does not clear the ones named before for the same

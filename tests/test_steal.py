@@ -114,9 +114,13 @@ def test_this_hosts_steal_matches_the_kernel():
 # -- the cause --------------------------------------------------------------------------------------
 
 
-def _steal_signals(tmp_path, stolen_ticks_per_s: int, foreign_ns: float = 0.0, wait_ms_per_s: float = 120.0):
+def _steal_signals(tmp_path, stolen_ticks_per_s: int | list[int], foreign_ns: float | list[float] = 0.0,
+                   wait_ms_per_s: float | list[float] = 120.0, p99_ns: float | list[float] = 8e6):
     """Signals of ticks over a fake /proc/stat whose CPU 1 loses `stolen_ticks_per_s` ticks a second to
-    the hypervisor, with an LS victim on CPU 1 breaching its runqueue SLO (p99 8 ms)."""
+    the hypervisor, with an LS victim on CPU 1 breaching its runqueue SLO (p99 8 ms). A list gives each
+    of the five ticks its own value."""
+    def at(v, i):
+        return v[i] if isinstance(v, list) else v
     from detector.cgroups import CgroupResolver
     from detector.workloads import IdMapper, WorkloadIndex
     from probes.cgroupfs import discover
@@ -128,8 +132,11 @@ def _steal_signals(tmp_path, stolen_ticks_per_s: int, foreign_ns: float = 0.0, w
     layout = discover(HostPaths())
     builder = SignalBuilder(layout, IdMapper(CgroupResolver(HostPaths(), layout), WorkloadIndex(ls_globs=["/ls-*"])))
     prev = None
-    for t in range(6):
-        (tmp_path / "proc/stat").write_text(_stat(0, stolen_ticks_per_s * t))
+    ticks = len(stolen_ticks_per_s) if isinstance(stolen_ticks_per_s, list) else 5
+    stolen_total = 0
+    for t in range(ticks + 1):
+        stolen_total += at(stolen_ticks_per_s, t - 1) if t else 0
+        (tmp_path / "proc/stat").write_text(_stat(0, stolen_total))
         stolen = dataclasses.replace(probe.snapshot(), monotonic_s=float(t))  # the fake clock of these ticks
         snap = NodeSnapshot(monotonic_s=float(t), wall_s=float(t), plugins={"steal": stolen},
                             cgroup_cpus={"/ls-web": (1,)},
@@ -138,10 +145,10 @@ def _steal_signals(tmp_path, stolen_ticks_per_s: int, foreign_ns: float = 0.0, w
         if prev is not None:
             signals = builder.build(prev, snap, extra_paths=["/ls-web"])
             row = signals.workloads["/ls-web"]
-            row.runq_count, row.runq_p99_ns, row.runq_wait_ms_per_s = 1000, 8e6, wait_ms_per_s
+            row.runq_count, row.runq_p99_ns, row.runq_wait_ms_per_s = 1000, at(p99_ns, t - 1), at(wait_ms_per_s, t - 1)
             row.who_ran_instead_available = True
-            if foreign_ns:
-                row.ran_instead_ns["pod:batch"] = foreign_ns
+            if at(foreign_ns, t - 1):
+                row.ran_instead_ns["pod:batch"] = at(foreign_ns, t - 1)
             yield signals
         prev = snap
 
@@ -177,6 +184,24 @@ def test_little_steal_or_a_neighbour_that_explains_more_is_not_steal(tmp_path):
     for signals in _steal_signals(tmp_path / "b", stolen_ticks_per_s=10, foreign_ns=110e6):
         engine.step(signals, ts=0.0)
     assert [str(i.cause) for i in engine.all_incidents()] == ["neighbor_cpu"]
+
+
+def test_a_burst_of_steal_as_a_neighbour_starts_does_not_name_the_incident(tmp_path):
+    """Five quiet ticks, then a BE pod takes the victim's CPU and, in the second the incident opens, the
+    hypervisor takes 600 ms of it: the incident may open as steal, but once the steal is gone and the pod explains
+    the wait, the incident is the neighbour's (it stayed hypervisor_steal, with no culprit, for its
+    whole life in a scenario bench run)."""
+    quiet, n = 5, 5
+    engine = _engine()
+    # The burst comes in the second tick of the breach, the one the incident opens on.
+    for signals in _steal_signals(tmp_path, stolen_ticks_per_s=[0] * quiet + [0, 60] + [0] * (n - 1),
+                                  foreign_ns=[0.0] * quiet + [250e6] * (n + 1),
+                                  wait_ms_per_s=[20.0] * quiet + [300.0] * (n + 1),
+                                  p99_ns=[0.5e6] * quiet + [8e6] * (n + 1)):
+        engine.step(signals, ts=0.0)
+    incidents = engine.all_incidents()
+    assert [str(i.cause) for i in incidents] == ["neighbor_cpu"], [i.to_dict() for i in incidents]
+    assert [c.target.cgroup for c in incidents[0].culprits] == ["pod:batch"]
 
 
 @pytest.fixture

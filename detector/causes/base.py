@@ -41,6 +41,7 @@ class CauseContext:
     connect_servers: Callable[[str], tuple[list[Culprit], list[Evidence]]] = lambda key: ([], [])
     # own_wait_ns by the container it waited behind (window): name -> ns (detector/containers.py)
     own_by_container: dict[str, float] = field(default_factory=dict)
+    steal_ns: float = 0.0  # hypervisor steal on the victim's CPUs, weighted like softirq time (window)
 
     @property
     def runq_breach(self) -> bool:
