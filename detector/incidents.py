@@ -461,11 +461,9 @@ class IncidentEngine:
         # it never replaces a cause that named the pods behind it (kswapd is a root-cgroup thread; once
         # the grower is capped, what remains is the node's usual noise, not a new cause).
         nodes_own = cause == Cause.NEIGHBOR_CPU and not culprits and bool(inc.culprits)
-        # Steal blames nothing on the node, and its rule comes first: a tick that names pods instead
-        # means the hypervisor no longer explains the wait (a burst of steal at the opening tick of a
-        # neighbour's incident), and the pods are what can be acted on, whatever the first confidence.
-        stale_steal = inc.cause == Cause.HYPERVISOR_STEAL and cause != inc.cause and bool(culprits)
-        if cause != inc.cause and (confidence <= inc.confidence or nodes_own) and not stale_steal:
+        # A cause declared to yield (CauseSpec.yields_to_pods: steal) gives way to one that names pods.
+        yields = bool(culprits) and causes.spec(inc.cause).yields_to_pods
+        if cause != inc.cause and (confidence <= inc.confidence or nodes_own) and not yields:
             pass  # the first cause stands, with its culprits: another rule's culprits are not its own
         else:
             # A rule that names no culprit this tick does not clear the ones named before for the same

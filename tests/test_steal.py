@@ -117,8 +117,8 @@ def test_this_hosts_steal_matches_the_kernel():
 def _steal_signals(tmp_path, stolen_ticks_per_s: int | list[int], foreign_ns: float | list[float] = 0.0,
                    wait_ms_per_s: float | list[float] = 120.0, p99_ns: float | list[float] = 8e6):
     """Signals of ticks over a fake /proc/stat whose CPU 1 loses `stolen_ticks_per_s` ticks a second to
-    the hypervisor, with an LS victim on CPU 1 breaching its runqueue SLO (p99 8 ms). A list gives each
-    of the five ticks its own value."""
+    the hypervisor, with an LS victim on CPU 1 breaching its runqueue SLO (p99 8 ms): five ticks, or one
+    a value where lists give each tick its own (all lists as long as ``stolen_ticks_per_s``)."""
     def at(v, i):
         return v[i] if isinstance(v, list) else v
     from detector.cgroups import CgroupResolver

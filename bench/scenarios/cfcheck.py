@@ -27,6 +27,7 @@ from bench.scenarios.metrics import (
     COUNTERFACTUAL_SLACK_S,
     RECOVERY_WINDOW_S,
     SETTLE_AFTER_MITIGATION_S,
+    cell,
     cf_within,
     runq_ticks_histogram,
     ticks_within,
@@ -107,10 +108,6 @@ def check_pass(p: dict, rng: random.Random) -> CfCheck | None:
                                                                  ttm + RECOVERY_WINDOW_S)])))
 
 
-def _yes(v: bool | None) -> str:
-    return "-" if v is None else "yes" if v else "no"
-
-
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
@@ -136,7 +133,7 @@ def main(argv: list[str]) -> int:
             kw = " | ".join(_ms(v) for v in c.kernel_work_ms_per_s)
             print(f"| {c.scenario} | {c.moved} | {_ms(c.before_ms)} | {_ms(c.window_p99_ms)} | {_ms(c.without_ms)} | "
                   f"{_ms(c.after_ms)} | {lo_hi} | {c.long_before[0]} of {c.long_before[1]} | "
-                  f"{c.long_after[0]} of {c.long_after[1]} | {kw} | {_yes(cf_within(c.without_ms, c.after_ms))} |")
+                  f"{c.long_after[0]} of {c.long_after[1]} | {kw} | {cell(cf_within(c.without_ms, c.after_ms))} |")
     return 0
 
 

@@ -279,7 +279,8 @@ COLUMNS = (
 )
 
 
-def _cell(v: object) -> str:
+def cell(v: object) -> str:
+    """A table cell: '-' for None, yes/no for a bool, two decimals for a float."""
     if v is None:
         return "-"
     if isinstance(v, bool):
@@ -292,7 +293,7 @@ def _cell(v: object) -> str:
 def markdown_table(scores: Sequence[Score]) -> str:
     head = "| " + " | ".join(title for _, title in COLUMNS) + " |"
     sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
-    rows = ["| " + " | ".join(_cell(getattr(s, key)) for key, _ in COLUMNS) + " |" for s in scores]
+    rows = ["| " + " | ".join(cell(getattr(s, key)) for key, _ in COLUMNS) + " |" for s in scores]
     return "\n".join([head, sep, *rows])
 
 

@@ -128,6 +128,10 @@ class CauseSpec:
     # (detector/counterfactual.py; the probe marks those threads' slices, bpf/runqlat.bpf.c). "": none;
     # a culprit's cost is its own share only.
     kernel_work: str = ""
+    # Its evidence comes from outside the node and comes and goes (steal): an incident opened with this
+    # cause takes a later tick's cause that names pods, whatever the first confidence (its rule comes
+    # before theirs, so on that tick it no longer explains the wait; the pods are what can be acted on).
+    yields_to_pods: bool = False
 
     def say(self, code: str, **fields: Any) -> str:
         return self.messages[code].format(**fields)

@@ -24,8 +24,8 @@ def rule(ctx: CauseContext) -> Verdict | None:
     and more than what other cgroups ran for while it waited (else a neighbour is the better account),
     all three over the culprit window, the one the who-ran-instead share is summed over: one tick's
     steal against that tick's wait named the cause of a BE hog's incident (scenario bench) that opened
-    in the second its hog started. The engine lets a tick that names pods replace a steal incident's
-    cause (detector/incidents.py)."""
+    in the second its hog started. A tick that names pods replaces a steal incident's cause
+    (``yields_to_pods``)."""
     row = ctx.row
     if not ctx.runq_breach or ctx.window_s <= 0:
         return None
@@ -33,7 +33,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
     if steal < STEAL_MIN_MS_PER_S:
         return None
     wait = ctx.total_wait_ns / 1e6 / ctx.window_s
-    foreign = ctx.foreign_share * wait
+    foreign = sum(ctx.foreign.values()) / 1e6 / ctx.window_s
     if steal < STEAL_EXPLAINS * wait or steal <= foreign:
         return None
     confidence = min(1.0, steal / wait) if wait > 0 else 1.0
@@ -53,4 +53,5 @@ SPEC = CauseSpec(
            "workload to another node, use an instance type without CPU oversubscription (or dedicated "
            "tenancy), or ask the provider; suppressing pods here would not give the time back",
     blameless="the hypervisor ran something else on its CPUs (steal): no pod on the node is to blame.",
+    yields_to_pods=True,
 )
