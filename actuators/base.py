@@ -88,8 +88,9 @@ class ActionRecord:
     state: ActionState
     detail: str = ""
     at: float = field(default_factory=time.time)
-    # What the action did to its victim's signal (issue 19): before_action (median of the last samples
-    # before it), after_action (the verification median), latest, improvement_percent,
+    # What the action did to its victim's signal (issue 19): before_action (the verification baseline: the
+    # signal over the victim's breach, else the median of the last samples before it), after_action (the
+    # verification median), latest, improvement_percent,
     # decision_to_action_s (decision made -> applied), action_to_recovery_s (applied -> first sample at or
     # below half the before_action value; absent while there has been none)
     effect: dict[str, float] = field(default_factory=dict)

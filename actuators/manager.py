@@ -14,11 +14,14 @@ Limits (each refusal is an audit line with a one-line reason, never an exception
 - floors are the actuators' (minimum quota, minimum cpus).
 
 Verify/revert (PARTIES-style closed loop, which koordlet does not have): when a decision names a
-victim and a signal (lower is better), the baseline is the median of that signal over the last
-``verify_intervals`` observations before the change; after it, the next ``verify_intervals``
-observations are collected and their median compared. An improvement of at least
-``verify_min_improvement_percent`` keeps the action (VERIFIED); anything less reverts it (REVERTED,
-with both numbers in the audit line). Without a victim signal the action stays APPLIED.
+victim and a signal (lower is better), the baseline is the signal over the victim's breach as the
+detector measured it (``Decision.victim_before``: the median of its breach ticks), else the median of
+the last ``verify_intervals`` observations before the change (which, for an action taken as a breach
+opens, are mostly the quiet ticks before it); after it, the next ``verify_intervals`` observations are
+collected and their median compared. An improvement of at least ``verify_min_improvement_percent``
+keeps the action (VERIFIED); anything less reverts it (REVERTED, with both numbers in the audit line).
+Without a victim signal, or with a baseline of 0 (that signal is not what breached), the action stays
+APPLIED and its record says why.
 
 ``close()`` restores every changed file (journal), so a clean shutdown leaves the node as it was.
 """
@@ -279,7 +282,7 @@ class ActuatorManager:
             if loop is not None and isinstance(scale, (int, float)) and getattr(decision.amount, "quota_scale", None):
                 loop.track(decision, float(scale))
         if self._active[key].verification is None and decision.victim_signal and not decision.follow_up:
-            record.detail = "no baseline for the victim signal yet: not verified"
+            record.detail = _not_verified(decision)
         self._finish(record)
 
     def _end_chain(self, key: tuple[str, str], active: _Active, why: str) -> None:
@@ -365,10 +368,16 @@ class ActuatorManager:
         if decision.victim is None or not decision.victim_signal:
             return None
         key = f"{decision.victim.cgroup}:{decision.victim_signal}"
-        history = self._signals.get(key)
-        if not history:
-            return None
-        return _Verification(key, statistics.median(history), max(1, self.policy.verify_intervals))
+        needed = max(1, self.policy.verify_intervals)
+        if decision.victim_before is not None:  # the detector's: the signal over the victim's breach
+            baseline = decision.victim_before
+        else:
+            history = self._signals.get(key)
+            if not history:
+                return None
+            baseline = statistics.median(history)
+        # Nothing to improve on: a baseline of 0 would judge every action "did not help" and revert it.
+        return _Verification(key, baseline, needed) if baseline > 0 else None
 
     def _judge(self, target_key: tuple[str, str], active: _Active, v: _Verification) -> None:
         after = statistics.median(v.samples)
@@ -486,6 +495,13 @@ def target_qos(decision: Decision) -> str | None:
     if parse_cgroup_path(decision.target.cgroup).qos == "besteffort":
         return "BE"
     return None
+
+
+def _not_verified(decision: Decision) -> str:
+    """Why an action with a victim signal has no verification."""
+    if decision.victim_before == 0:
+        return f"the victim's {decision.victim_signal} was 0 over its breach: not verified"
+    return "no baseline for the victim signal yet: not verified"
 
 
 def _new_id() -> str:

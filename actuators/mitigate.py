@@ -278,7 +278,7 @@ class MitigationPlanner:
 
     def _submit(self, inc: Incident, decision: Decision) -> None:
         inc.actions.append(f"{decision.kind}:{decision.target.display}")
-        self.sink.submit(decision)
+        self.sink.submit(inc.for_verification(decision))
 
     def _pids(self, target: Target) -> list[int]:
         assert self.sampler is not None

@@ -119,6 +119,10 @@ class Decision:
     incident_id: str | None = None  # the incident it serves (None for koordlet-style threshold policies)
     victim: Target | None = None  # whose signal verify/revert watches
     victim_signal: str | None = None  # e.g. "runq_p99_ns"; lower is better
+    # The victim's signal while it breached its SLO, as the detector measured it (Incident.breach_signals):
+    # what verification compares the signal after the action with. None: the manager's recent history of
+    # the signal (which, for an action taken as the breach opens, holds the quiet ticks before it).
+    victim_before: float | None = None
     created_at: float = field(default_factory=time.time)
     # A step of a closed loop already acting on this target for this incident (the burst loop's next
     # quota scale): the manager lets it through the per-target cooldown and carries the first step's

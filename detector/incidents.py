@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 import time
 import uuid
 from collections import defaultdict, deque
@@ -56,6 +57,8 @@ CULPRIT_WINDOW_TICKS = 10  # who-ran-instead shares are summed over this many re
 CONNECT_WINDOW_TICKS = 5  # connect failures/retransmits/p99 are judged over this many recent ticks
 MAX_CULPRITS = 5
 MAX_CLOSED_KEPT = 1000
+# The victim signals the actuators verify an action with (Decision.victim_signal; lower is better).
+VERIFY_SIGNALS = ("runq_p99_ns", "reclaim_stall_ms_per_s")
 
 
 @dataclass
@@ -68,6 +71,9 @@ class _VictimState:
     recent_own_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_own_by_container: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_steal_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    # The verify signals of its breach ticks (the current breach, or the open incident's): what the
+    # incident's actions are verified against (Incident.breach_signals).
+    breach_signals: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     decided: tuple | None = None  # (cause, top culprit, within its request) the last decisions were made for
     cpus: tuple[int, ...] = ()  # CPUs the victim ran on lately (weight > 5 %), for a cpuset suppress
     # (failed connects, SYN retransmits, connect p99 ns) per recent tick: connect trouble is sparse
@@ -186,9 +192,12 @@ class IncidentEngine:
         if breaches:
             state.breach_ticks += 1
             state.clear_ticks = 0
+            state.breach_signals.append(_verify_values(row))
         else:
             state.breach_ticks = 0
             state.clear_ticks += 1
+            if state.incident is None:
+                state.breach_signals.clear()  # a breach that opened nothing is not the next one's level
         inc = state.incident
         if inc is None and breaches and state.breach_ticks >= self._breach_ticks_needed:
             return self._open(key, row, state, breaches, signals, now)
@@ -446,6 +455,7 @@ class IncidentEngine:
             updated_at=now,
             findings=findings,
             kernel_work_cost=self._kernel_work_cost(key, cause),
+            breach_signals=_medians(state.breach_signals),
         )
         state.incident = inc
         log.warning("incident %s opened: %s %s, culprits %s", inc.incident_id, inc.victim.display, cause,
@@ -476,6 +486,7 @@ class IncidentEngine:
         inc.evidence = evidence
         inc.findings = findings
         inc.kernel_work_cost = self._kernel_work_cost(key, inc.cause)
+        inc.breach_signals = _medians(state.breach_signals)
         inc.updated_at = now
         self._emit(inc, "updated")
         self._decide(inc, state)
@@ -490,6 +501,7 @@ class IncidentEngine:
             inc.evidence.append(Evidence("closed", 0.0, 0.0, note=note))
         state.incident = None
         state.decided = None
+        state.breach_signals.clear()
         self.closed.append(inc)
         log.warning("incident %s closed after %.1f s", inc.incident_id, now - inc.started_at)
         self._emit(inc, "closed")
@@ -522,7 +534,7 @@ class IncidentEngine:
         decisions = [step] if step is not None else []
         for d in decisions:
             inc.actions.append(f"{d.kind}:{d.target.display}")
-            self.sink.submit(d)
+            self.sink.submit(inc.for_verification(d))
 
     def _suppress_amount(self, culprit: Culprit, state: _VictimState) -> SuppressAmount:
         """cpuset policy: the culprit keeps every CPU but the victim's (isolation is what brings a p99
@@ -536,14 +548,31 @@ class IncidentEngine:
         return SuppressAmount(policy="cfs_quota", cpu_cores=max(0.1, round((culprit.cpu_cores or 1.0) * 0.5, 2)))
 
     def signals_for_verify(self, signals: NodeSignals) -> dict[str, float]:
-        """Victim signals for the actuators' verify/revert, keyed like DecisionSink.observe expects."""
+        """The latency-sensitive workloads' verify signals for the actuators' verify/revert, keyed as
+        DecisionSink.observe expects: by the victim's cgroup (``Decision.victim``), not by its workload
+        key (a pod's is "pod:<uid>"). A stall of 0 is a value: a victim whose reclaim stopped after a cap
+        must still be seen to have improved."""
         out = {}
         for key, row in signals.workloads.items():
-            if key in self.victims and row.runq_count:
-                out[f"{key}:runq_p99_ns"] = row.runq_p99_ns
-            if row.reclaim_stall_ms_per_s:
-                out[f"{key}:reclaim_stall_ms_per_s"] = row.reclaim_stall_ms_per_s
+            if key in self.victims:
+                cgroup = row.workload.target.cgroup
+                for name, value in _verify_values(row).items():
+                    out[f"{cgroup}:{name}"] = value
         return out
+
+
+def _verify_values(row: WorkloadSignals) -> dict[str, float]:
+    """The row's VERIFY_SIGNALS (a run-queue p99 only where it waited)."""
+    return {name: float(getattr(row, name)) for name in VERIFY_SIGNALS if name != "runq_p99_ns" or row.runq_count}
+
+
+def _medians(ticks: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Each signal's median over the ticks that have it."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for tick in ticks:
+        for k, v in tick.items():
+            values[k].append(v)
+    return {k: statistics.median(v) for k, v in values.items()}
 
 
 def _summed(ticks: Iterable[dict[str, float]]) -> dict[str, float]:

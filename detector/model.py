@@ -6,9 +6,9 @@ read the same thing; the logic that fills them lives in ``detector/incidents.py`
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
-from detector.decisions import Cause, Target
+from detector.decisions import Cause, Decision, Target
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +81,18 @@ class Incident:
     # waits, whoever caused it, refreshed every tick; what the planner costs a culprit with when it names
     # one the detector could not (the sender whose packets ksoftirqd processes). None: no such cause.
     kernel_work_cost: CulpritCost | None = None
+    # The victim's verify signals over its breach (detector.incidents.VERIFY_SIGNALS: the median of each
+    # over the breach ticks, at most the culprit window), refreshed every breach tick: what an action
+    # taken for this incident is verified against (Decision.victim_before).
+    breach_signals: dict[str, float] = field(default_factory=dict)
+
+    def for_verification(self, decision: Decision) -> Decision:
+        """``decision`` with the victim's signal over this breach as its verification baseline, where it
+        watches this incident's victim and no baseline was set."""
+        if decision.victim_before is not None or decision.victim != self.victim or not decision.victim_signal:
+            return decision
+        before = self.breach_signals.get(decision.victim_signal)
+        return decision if before is None else replace(decision, victim_before=before)
 
     @property
     def open(self) -> bool:

@@ -1,0 +1,141 @@
+"""The closed loop end to end: the incident engine's decision for a pod victim goes to the real actuator
+manager on a fake v2 host, fed each tick the way detector/runtime.py feeds it (``engine.step``, then
+``sink.observe(engine.signals_for_verify(...))``), and the action is verified or reverted on the victim's
+signal after it.
+
+Both halves were right on their own (the manager's tests feed it cgroup-path keys), and the loop was not:
+the engine keyed a pod's signals by its workload key ("pod:<uid>") where the manager looks them up by the
+victim's cgroup, so no action for a pod victim was ever verified ("no baseline for the victim signal
+yet"). And where it was, the baseline was the median of the ticks before the action, which for an action
+taken as the breach opens are mostly the quiet ones before it: nothing after could improve on those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from actuators.base import ActionState
+from actuators.cgroupfile import CgroupFiles
+from actuators.journal import Journal
+from actuators.manager import ActuatorManager
+from actuators.suppress import SuppressActuator
+from detector.decisions import ActionKind, SuppressAmount, Target
+from detector.incidents import IncidentEngine
+from detector.policy import ActuatorPolicy, Policy, ResourceThresholdStrategy
+from detector.signals import NodeSignals, WorkloadSignals
+from detector.workloads import Workload
+from tests.helpers_actuators import fake_cpu_topology, fake_v2_host
+
+LS_CG = "kubepods.slice/kubepods-burstable.slice/podls"
+BE_CG = "kubepods.slice/kubepods-besteffort.slice/podbe"
+LS = Workload("pod:ls", Target(f"/{LS_CG}", "ls", "default", "web", "LS"))
+BE = Workload("pod:be", Target(f"/{BE_CG}", "be", "default", "batch", "BE"))
+QUIET_P99_NS = 100_000.0
+BREACH_P99_NS = 20e6
+
+
+def _row(w: Workload, **kw) -> WorkloadSignals:
+    base = dict(runq_count=200, runq_wait_ms_per_s=1.0, runq_p99_ns=QUIET_P99_NS, cpu_cores=0.3,
+                throttled_ratio=0.0, throttled_ms_per_s=0.0, who_ran_instead_available=True, cpu_weights={1: 1.0})
+    base.update(kw)
+    return WorkloadSignals(w, 1.0, **base)
+
+
+def _tick(victim_p99_ns: float) -> NodeSignals:
+    if victim_p99_ns <= QUIET_P99_NS:
+        victim = _row(LS)
+    else:  # waiting behind the BE pod 80 % of the time
+        wait_ns = 300e6
+        victim = _row(LS, runq_p99_ns=victim_p99_ns, runq_wait_ms_per_s=300.0, ran_instead_ns={BE.key: 0.8 * wait_ns})
+    return NodeSignals(1.0, {LS.key: victim, BE.key: _row(BE, cpu_cores=1.0)})
+
+
+class _Loop:
+    """An engine and a manager wired as the agent wires them."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        paths = fake_v2_host(tmp_path, ["kubepods.slice", "kubepods.slice/kubepods-besteffort.slice", BE_CG,
+                                        "kubepods.slice/kubepods-burstable.slice", LS_CG])
+        fake_cpu_topology(tmp_path, ["0", "1"], {0: "0-1"})
+        self.files = CgroupFiles(paths)
+        journal = Journal(tmp_path / "journal")
+        self.t = 0.0
+        strategy = ResourceThresholdStrategy(cpu_suppress_policy="cfsQuota")
+        actuators = ActuatorPolicy(dry_run=False, verify_intervals=3, verify_min_improvement_percent=10.0)
+        self.manager = ActuatorManager([SuppressActuator(self.files, journal, strategy)], journal, actuators,
+                                       audit_log=tmp_path / "audit.jsonl", clock=lambda: self.t)
+        policy = Policy(resource_threshold=strategy, actuators=actuators)
+        self.engine = IncidentEngine(policy, sink=self.manager, clock=lambda: self.t)
+
+    def run(self, victim_p99s: list[float]) -> None:
+        for p99 in victim_p99s:
+            self.t += 1.0
+            signals = _tick(p99)
+            self.engine.step(signals, ts=self.t)
+            self.manager.observe(self.engine.signals_for_verify(signals), self.t)
+
+    def suppress(self):
+        """The suppress's record (the manager lists a record again at each change of its state)."""
+        (record,) = {id(r): r for r in self.manager.records if r.decision.kind == ActionKind.SUPPRESS}.values()
+        return record
+
+
+def _breach_until_suppressed(loop: _Loop) -> None:
+    loop.run([QUIET_P99_NS] * 6)
+    for _ in range(10):
+        loop.run([BREACH_P99_NS])
+        if loop.manager.records:
+            return
+    raise AssertionError("the engine never suppressed the BE culprit")
+
+
+def test_a_suppress_for_a_pod_victim_is_verified_against_its_breach(tmp_path):
+    loop = _Loop(tmp_path)
+    _breach_until_suppressed(loop)
+    record = loop.suppress()
+    assert record.state == ActionState.APPLIED and "not verified" not in record.detail
+    assert record.decision.target.pod == "batch"
+    assert record.effect["before_action"] == BREACH_P99_NS  # the breach's level, not the quiet ticks before it
+    assert loop.files.read_cpu_max(BE_CG).quota_us is not None  # capped
+    loop.run([2e6] * 3)  # the victim's p99 fell tenfold
+    record = loop.suppress()
+    assert record.state == ActionState.VERIFIED, record.detail
+    assert record.effect["after_action"] == 2e6
+
+
+def test_a_suppress_that_did_not_help_a_pod_victim_is_reverted(tmp_path):
+    loop = _Loop(tmp_path)
+    _breach_until_suppressed(loop)
+    loop.run([BREACH_P99_NS] * 3)
+    record = loop.suppress()
+    assert record.state == ActionState.REVERTED, record.detail
+    assert loop.files.read_cpu_max(BE_CG).quota_us is None  # back to unlimited
+
+
+def test_an_incident_carries_its_breach_level_for_verification():
+    engine = IncidentEngine(Policy())
+    for t, p99 in enumerate([QUIET_P99_NS] * 4 + [10e6, 30e6, 20e6]):
+        engine.step(_tick(p99), ts=float(t))
+    (inc,) = engine.open_incidents
+    assert inc.breach_signals["runq_p99_ns"] == 20e6  # median of the breach ticks only
+    assert inc.breach_signals["reclaim_stall_ms_per_s"] == 0.0
+    d = dataclasses.replace(engine.sink.decisions[0], victim_before=None)
+    assert inc.for_verification(d).victim_before == 20e6
+    other = dataclasses.replace(d, victim=Target("/elsewhere"))
+    assert inc.for_verification(other).victim_before is None  # another victim's decision keeps its own
+
+
+def test_a_baseline_of_zero_leaves_the_action_applied_and_says_why(tmp_path):
+    """A victim whose stall was 0 over its breach (it breached on something else) has nothing to improve
+    on: every action would be judged "did not help" and reverted."""
+    loop = _Loop(tmp_path)
+    _breach_until_suppressed(loop)
+    loop.run([2e6] * 3)  # verified: the target is free for another change
+    decision = dataclasses.replace(loop.suppress().decision, victim_signal="reclaim_stall_ms_per_s",
+                                   victim_before=0.0, amount=SuppressAmount("cfs_quota", cpu_cores=0.2))
+    loop.t += 60.0  # past the cooldown
+    loop.manager.submit(decision)
+    record = loop.manager.records[-1]
+    assert record.state == ActionState.APPLIED
+    assert record.detail == "the victim's reclaim_stall_ms_per_s was 0 over its breach: not verified"
