@@ -19,6 +19,10 @@
   after the action is 1-2 ms, not ~0, and the counterfactual has to say that much (issue 28; the
   cpu-neighbor row compares two values under 0.128 ms). The second pod waits behind the hog too: its
   incident is right (``Truth.also_victims``).
+- ``cpu-neighbor-two``: two BE hogs on the LS pod's CPU, one with twice the other's shares. The
+  incident names both; its action moves the first, and the counterfactual without it keeps the second
+  (issue 28: the held-out check's shape where the culprit moved is not all the victim waited behind,
+  and the pod left is one the agent may move next).
 """
 
 from __future__ import annotations
@@ -107,6 +111,18 @@ def _shared_inject(ctx: Ctx) -> None:
     ctx.spawn(ctx.pods["batch"], [sys.executable, ANTAGONISTS, "hog", "--seconds", str(ctx.lifetime_s)], (VICTIM_CPU,))
 
 
+def _two_setup(ctx: Ctx) -> None:
+    ls = ctx.pod("web", "LS")
+    ctx.pod("batch", "BE", shares=2048)
+    ctx.pod("batch-small", "BE", shares=1024)
+    ctx.start_victim(ls, "cpu", "--work-ms", "1.5", "--period-ms", "5")
+
+
+def _two_inject(ctx: Ctx) -> None:
+    for name in ("batch", "batch-small"):
+        ctx.spawn(ctx.pods[name], [sys.executable, ANTAGONISTS, "hog", "--seconds", str(ctx.lifetime_s)], (VICTIM_CPU,))
+
+
 MITIGATION_SCENARIOS: tuple[ScenarioSpec, ...] = (
     ScenarioSpec("self-throttle-bursty", "LS pod's own bursty side-job runs it out of a 0.5-core quota in bursts",
                  Truth("web", ("self_throttling",), None), _bursty_setup, _bursty_inject),
@@ -121,4 +137,7 @@ MITIGATION_SCENARIOS: tuple[ScenarioSpec, ...] = (
     ScenarioSpec("cpu-neighbor-shared", "BE hog on the LS pod's CPU, which a second LS pod's random short jobs (20 %) share",
                  Truth("web", ("neighbor_cpu",), "batch", also_victims=("cron",)), _shared_setup, _shared_inject,
                  modes=("mitigate",), note="the second LS pod stays"),
+    ScenarioSpec("cpu-neighbor-two", "two BE hogs (shares 2048 and 1024) on the LS pod's CPU",
+                 Truth("web", ("neighbor_cpu",), "batch"), _two_setup, _two_inject,
+                 modes=("mitigate",), note="the smaller hog stays until it is moved"),
 )
