@@ -451,7 +451,8 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                     ended_s=None if inc.ended_at is None else round(inc.ended_at - onset, 3)))
         if manager is not None:
             names = {p.path.strip("/"): name for name, p in ctx.pods.items()}
-            for rec in list(manager.records):
+            # The manager lists a record again at each change of its state: each action once, as it ended.
+            for rec in {id(r): r for r in manager.records}.values():
                 target = rec.decision.target.cgroup.strip("/")
                 result.actions.append(ActionRecordLite(
                     at_s=round(rec.at - wall_minus_mono - onset, 3), kind=str(rec.decision.kind),
