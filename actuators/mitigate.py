@@ -1,4 +1,4 @@
-"""Mitigation the incident engine's own rule (one decision per incident, the top culprit) does not reach.
+"""Mitigation the incident engine's own rule (its decisions for the ranked culprits) does not reach.
 
 :class:`MitigationPlanner` is an ``on_incident`` hook of the detector's engine (no change to the
 engine): on every tick of an open incident it may add decisions, through the same sink (the

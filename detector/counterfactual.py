@@ -33,6 +33,10 @@ cause, so a softirq sender's cost also takes out the reclaim threads' part of th
 whose DAMON scheme runs all the time, as the bench's does at 0.5-2.5 ms/s of the victim's waits, lowers
 it by that much).
 
+Several culprits at once (the BE hogs an incident's step suppresses together): each one's moves of the
+same waits, added. That is exact where no wait had two of them (a wait woken during one slice, the
+common case); a wait that two of them lengthened is moved twice, as a pod's two containers' wait is.
+
 What it is not: a prediction of the scheduler. Without the culprit another task may run in its place
 (it is the wait *behind this culprit* that is taken out), and a wait two containers of one culprit pod
 both lengthened is moved twice (the histogram is clipped at zero). The scenario bench compares it with
@@ -42,7 +46,7 @@ the p99 measured after the action moved the culprit away (docs/benchmarks.md).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from detector.model import Culprit, CulpritCost
@@ -108,6 +112,13 @@ class VictimWindow:
         """The victim over the window without the kernel work in its waits, whoever caused it."""
         return self._without(_kernel_work_alone, self.histogram())
 
+    def cost_of_set(self, culprits: Sequence[str]) -> CulpritCost | None:
+        """The victim over the window without every one of ``culprits`` (each one's moves added)."""
+        def own(t: _Tick) -> list[tuple[tuple[int, ...], float]]:
+            return [(t.moves.get(c, ()), t.removed_ns.get(c, 0.0)) for c in culprits]
+
+        return self._without(own, self.histogram())
+
     def _without(self, parts: Callable[[_Tick], list[tuple[tuple[int, ...], float]]],
                  hist: IntervalHistogram) -> CulpritCost | None:
         """The window's histogram ``hist`` with what ``parts`` takes out of each tick, (slot moves, ns
@@ -151,6 +162,10 @@ class Counterfactuals:
         w = self.windows.get(victim)
         return None if w is None else w.kernel_work_cost()
 
+    def cost_of_set(self, victim: str, culprits: Sequence[str]) -> CulpritCost | None:
+        w = self.windows.get(victim)
+        return None if w is None else w.cost_of_set(culprits)
+
     def forget(self, key: str) -> None:
         self.windows.pop(key, None)
 
@@ -179,10 +194,14 @@ def cost_of(culprit: Culprit) -> CulpritCost:
                        culprit.victim_wait_ms_per_s or 0.0, culprit.wait_ms_per_s_without or 0.0)
 
 
-def describe(culprit: str, victim: str, cost: CulpritCost, kernel_work: str = "") -> str:
+def describe(culprit: str, victim: str, cost: CulpritCost, kernel_work: str = "", together: int = 1) -> str:
     """'batch-x added 3.1 ms to web's runqueue p99 (5.0 -> 1.9 ms without it)'; with ``kernel_work``
-    ("ksoftirqd"): '... without it and the kernel work it caused (ksoftirqd) ...'."""
-    without = f"without it and the kernel work it caused ({kernel_work})" if kernel_work else "without it"
+    ("ksoftirqd"): '... without it and the kernel work it caused (ksoftirqd) ...'; for ``together``
+    culprits moved at once ('batch and batch-small'): '... without them ...'."""
+    if together > 1:
+        without = "without them"
+    else:
+        without = f"without it and the kernel work it caused ({kernel_work})" if kernel_work else "without it"
     return (f"{culprit} added {cost.added_ns / 1e6:.1f} ms to {victim}'s runqueue p99 "
             f"({cost.p99_ns / 1e6:.1f} \u2192 {cost.p99_without_ns / 1e6:.1f} ms {without}; wait "
             f"{cost.wait_ms_per_s:.0f} \u2192 {cost.wait_ms_per_s_without:.0f} ms/s)")

@@ -16,7 +16,8 @@ Per tick (``IncidentEngine.step``):
 4. Culprits are ranked by the share of the victim's wait during which they ran on its CPU (the
    runqlat victim x culprit matrix), blended with a CPI2-style correlation of their CPU use with the
    victim's latency; for global reclaim, by memory growth. The victim and idle time are never culprits.
-5. Decisions for the actuators (suppress the top BE culprit, burst a self-throttled LS victim,
+5. Decisions for the actuators (suppress the top BE culprit, and the other BE culprits that ran a fair
+   share of the wait with it; burst a self-throttled LS victim;
    evict a BE culprit of global reclaim) go to the DecisionSink when the incident opens or its cause
    or top culprit changes. The actuators apply their own limits, cooldowns and verification.
 """
@@ -38,6 +39,7 @@ from detector.baseline import Baselines
 from detector.catalog import BASELINE_SIGNALS, MIN_RUNQ_EVENTS, SLO_SIGNALS, SOFTIRQ_DELAY_MIN_MS_PER_S  # noqa: F401
 from detector.counterfactual import Counterfactuals, with_kernel_work
 from detector.decisions import (
+    ActionKind,
     Cause,
     DecisionSink,
     LoggingSink,
@@ -462,6 +464,7 @@ class IncidentEngine:
                     [c.target.display for c in culprits[:3]])
         self._emit(inc, "opened")
         self._decide(inc, state)
+        inc.moved_together_cost = self._moved_together_cost(key, inc)
         return inc
 
     def _update(self, inc, key, row, state, breaches, signals, now) -> None:
@@ -490,6 +493,7 @@ class IncidentEngine:
         inc.updated_at = now
         self._emit(inc, "updated")
         self._decide(inc, state)
+        inc.moved_together_cost = self._moved_together_cost(key, inc)
 
     def _close(self, state: _VictimState, now: float, note: str = "") -> None:
         inc = state.incident
@@ -531,10 +535,19 @@ class IncidentEngine:
         spec = causes.spec(inc.cause)
         step = None if spec.act is None else spec.act(
             inc, top, causes.ActContext(self.policy, lambda culprit: self._suppress_amount(culprit, state)))
-        decisions = [step] if step is not None else []
+        decisions = step if isinstance(step, list) else [step] if step is not None else []
         for d in decisions:
             inc.actions.append(f"{d.kind}:{d.target.display}")
             self.sink.submit(inc.for_verification(d))
+        moved = [d.target for d in decisions if d.kind == ActionKind.SUPPRESS]
+        if len(moved) > 1:
+            inc.moved_together = moved
+
+    def _moved_together_cost(self, key: str, inc: Incident) -> CulpritCost | None:
+        """The victim without all the culprits the incident's step moved together (None: fewer than two)."""
+        if len(inc.moved_together) < 2:
+            return None
+        return self.counterfactual.cost_of_set(key, [key_of(t) for t in inc.moved_together])
 
     def _suppress_amount(self, culprit: Culprit, state: _VictimState) -> SuppressAmount:
         """cpuset policy: the culprit keeps every CPU but the victim's (isolation is what brings a p99

@@ -85,6 +85,11 @@ class Incident:
     # over the breach ticks, at most the culprit window), refreshed every breach tick: what an action
     # taken for this incident is verified against (Decision.victim_before).
     breach_signals: dict[str, float] = field(default_factory=dict)
+    # The culprits its step moved together (two BE hogs suppressed at once), and the victim over the
+    # culprit window without all of them (detector/counterfactual.py), refreshed every tick; empty / None
+    # where it moved one or none (each culprit's own cost says that one).
+    moved_together: list[Target] = field(default_factory=list)
+    moved_together_cost: CulpritCost | None = None
 
     def for_verification(self, decision: Decision) -> Decision:
         """``decision`` with the victim's signal over this breach as its verification baseline, where it

@@ -324,6 +324,28 @@ def _cpu_list(cpus: tuple[int, ...]) -> str:
     return ",".join(out)
 
 
+def _culprit_lines(report: DiagnoseReport, inc: Incident) -> list[str]:
+    """The incident's ranked culprits, each with its cost to the victim, and those moved together's."""
+    culprits = culprits_of(inc)
+    if not culprits:
+        return ["  culprits: none (not a neighbour's doing)" if spec(inc.cause).blameless else "  culprits: none attributed"]
+    lines = ["  culprits (ranked):"]
+    for rank, c in enumerate(culprits, 1):
+        lines.append(
+            f"    {rank}. {c.target.display} ({c.target.qos or '?'})  score {c.score:.2f}  "
+            f"ran during {c.who_ran_instead_share:.0%} of the victim's wait  "
+            f"cpu {fmt_num(c.cpu_cores)} cores{request_note(report, c.target)}  correlation {c.correlation:+.2f}"
+            + (f"  {c.note}" if c.note else "")
+        )
+        if c.runq_p99_without_ns is not None:
+            lines.append(f"       {describe(c.target.display, inc.victim.display, cost_of(c), c.without_kernel_work)}")
+    if inc.moved_together_cost is not None:
+        names = " and ".join(t.display for t in inc.moved_together)
+        said = describe(names, inc.victim.display, inc.moved_together_cost, together=len(inc.moved_together))
+        lines.append(f"  moved together: {said}")
+    return lines
+
+
 def render_text(report: DiagnoseReport) -> str:
     lines = [
         f"noisyneighbor diagnose on {report.host} (kernel {report.kernel}): "
@@ -340,21 +362,7 @@ def render_text(report: DiagnoseReport) -> str:
             f"cause {inc.cause}  confidence {inc.confidence:.2f}  started {clock_time(inc.started_at)}  "
             f"{state_line(report, inc)}"
         )
-        culprits = culprits_of(inc)
-        if culprits:
-            lines.append("  culprits (ranked):")
-            for rank, c in enumerate(culprits, 1):
-                lines.append(
-                    f"    {rank}. {c.target.display} ({c.target.qos or '?'})  score {c.score:.2f}  "
-                    f"ran during {c.who_ran_instead_share:.0%} of the victim's wait  "
-                    f"cpu {fmt_num(c.cpu_cores)} cores{request_note(report, c.target)}  correlation {c.correlation:+.2f}"
-                    + (f"  {c.note}" if c.note else "")
-                )
-                if c.runq_p99_without_ns is not None:
-                    lines.append(f"       {describe(c.target.display, inc.victim.display, cost_of(c), c.without_kernel_work)}")
-        else:
-            lines.append("  culprits: none (not a neighbour's doing)"
-                         if spec(inc.cause).blameless else "  culprits: none attributed")
+        lines.extend(_culprit_lines(report, inc))
         lines.append("  evidence:")
         for e in evidence_of(report, inc):
             if e.signal == "closed":

@@ -83,6 +83,7 @@ INCIDENT_CONFIDENCE = "noisyneighbor_incident_confidence_ratio"
 CULPRIT_SCORE = "noisyneighbor_incident_culprit_score"
 INCIDENT_SLO_RATIO = "noisyneighbor_incident_slo_ratio"
 CULPRIT_P99_WITHOUT = "noisyneighbor_incident_culprit_runq_p99_without_seconds"
+MOVED_TOGETHER_P99_WITHOUT = "noisyneighbor_incident_moved_together_runq_p99_without_seconds"
 SLO_SIGNAL_NAMES = frozenset(s.name for s in SLO_SIGNALS)
 ACTIONS = "noisyneighbor_actions_total"
 ACTION_ACTIVE = "noisyneighbor_action_active"
@@ -183,6 +184,9 @@ _DEFS = (
               "culprit's share of each wait taken out (the counterfactual; detector/counterfactual.py); for the top culprit "
               "of a softirq incident also the node's kernel threads' share (ksoftirqd).",
               (*VICTIM_LABELS, "cause", *CULPRIT_LABELS)),
+    MetricDef(MOVED_TOGETHER_P99_WITHOUT, "gauge", "Per open incident whose step moved several culprits at once (BE "
+              "hogs suppressed together), the victim's runqueue p99 without all of them; the incident JSON names them.",
+              (*VICTIM_LABELS, "cause")),
     MetricDef(ACTIONS, "counter", "Actuator actions entering each state (planned, applied, verified, reverted, "
               "failed, refused), by kind.", ("kind", "state")),
     MetricDef(ACTION_ACTIVE, "gauge", "Actions in effect now (applied or verified, not reverted), by target.",
@@ -695,6 +699,8 @@ class Exporter:
                 node.max_gauge(CULPRIT_SCORE, labels, culprit.score)
                 if culprit.runq_p99_without_ns is not None:
                     node.set_gauge(CULPRIT_P99_WITHOUT, labels, culprit.runq_p99_without_ns / 1e9)
+            if inc.moved_together_cost is not None:
+                node.set_gauge(MOVED_TOGETHER_P99_WITHOUT, (*victim, cause), inc.moved_together_cost.p99_without_ns / 1e9)
         while len(self._incidents_seen) > self.remember_ids:
             self._incidents_seen.popitem(last=False)
         for cause, count in self._incident_counts.items():

@@ -196,6 +196,11 @@ def _plots(report: DiagnoseReport, inc: Incident) -> list[str]:
             also = f" and its {c.without_kernel_work} work" if c.without_kernel_work else ""
             chart.lines.append(Line(f"p99 without {c.target.display}{also}", [(inc.started_at, v), (end, v)], PALETTE[2],
                                     dashed=True))
+        if sig == "runq_p99_ns" and inc.moved_together_cost is not None:
+            v = inc.moved_together_cost.p99_without_ns * unit.scale
+            names = " and ".join(t.display for t in inc.moved_together)
+            chart.lines.append(Line(f"p99 without {names}", [(inc.started_at, v), (window[0][1], v)], PALETTE[3],
+                                    dashed=True))
         charts.append(chart)
     if len(culprit_keys) > 1:
         charts.append(Chart("CPU of the culprits", "cores", [

@@ -9,6 +9,8 @@ runqueue p99 and wait per second with a culprit's share of each wait taken out.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from detector.counterfactual import VictimWindow, describe
@@ -60,6 +62,22 @@ def test_window_cost_and_its_words():
     assert nobody is not None and nobody.p99_without_ns == nobody.p99_ns
     text = describe("batch", "web", cost)
     assert text.startswith("batch added ") and "ms to web's runqueue p99 (" in text and "without it" in text
+
+
+def test_culprits_moved_together_are_costed_as_one():
+    """Two hogs taking turns: 4 long waits behind one, 4 behind the other. Without either alone half the
+    tail stays; without both it is gone (each one's moves added: exact where no wait had both)."""
+    w = VictimWindow()
+    for _ in range(4):
+        w.add(_hist({4: 92, 13: 8}, 92 * 10_000 + 8 * 6_000_000), 1.0,
+              {"a": _moves({13: -4, 7: 4}), "b": _moves({13: -4, 7: 4})}, {"a": 4 * 5_900_000, "b": 4 * 5_900_000})
+    a, both = w.cost("a"), w.cost_of_set(["a", "b"])
+    assert a is not None and both is not None
+    assert 4_096_000 <= a.p99_without_ns <= 8_192_000  # the other hog's waits are still the tail
+    assert 64_000 <= both.p99_without_ns <= 128_000
+    assert both.wait_ms_per_s_without == pytest.approx((92 * 10_000 + 8 * 100_000) / 1e6)
+    text = describe("a and b", "web", both, together=2)
+    assert text.startswith("a and b added ") and "without them" in text
 
 
 def test_culprit_stats_carry_the_moves_through_add_and_delta():
@@ -238,7 +256,7 @@ def test_a_be_hogs_cost_to_the_victim_from_the_kernel(scenario):
 
 def test_the_cost_reads_in_json_text_html_and_the_metric():
     from detector.decisions import Cause, Target
-    from detector.model import Culprit, Incident
+    from detector.model import Culprit, CulpritCost, Incident
     from noisyneighbor.diagnose import DiagnoseReport, render_text
     from noisyneighbor.exporter import Exporter
     from noisyneighbor.exporter import render_text as metrics_text
@@ -258,11 +276,22 @@ def test_the_cost_reads_in_json_text_html_and_the_metric():
         in text, text
     html = render_html(report)
     assert "p99 without batch/batch-x" in html and "5.0 \u2192 1.9 ms" in html
+    together = dataclasses.replace(inc, moved_together=[batch.target, victim],
+                                   moved_together_cost=CulpritCost(5e6, 0.1e6, 120.0, 1.0))
+    assert "moved together: batch/batch-x and shop/web added 4.9 ms to shop/web's runqueue p99 (5.0 \u2192 0.1 ms " \
+        "without them" in render_text(dataclasses.replace(report, incidents=[together]))
+    assert together.to_dict()["moved_together_cost"]["p99_without_ns"] == 0.1e6
+    assert "p99 without batch/batch-x and shop/web" in render_html(dataclasses.replace(report, incidents=[together]))
     exporter = Exporter(None, node="n")
     exporter.update(NodeSnapshot(monotonic_s=1.0, wall_s=1.0), [inc])
     metrics = metrics_text(exporter).decode()
     line = next(x for x in metrics.splitlines() if x.startswith("noisyneighbor_incident_culprit_runq_p99_without_seconds{"))
     assert 'culprit_pod="batch-x"' in line and line.endswith(" 0.0019")
+    exporter.update(NodeSnapshot(monotonic_s=2.0, wall_s=2.0), [together])
+    metrics = metrics_text(exporter).decode()
+    name = "noisyneighbor_incident_moved_together_runq_p99_without_seconds{"
+    line = next(x for x in metrics.splitlines() if x.startswith(name))
+    assert 'victim_pod="web"' in line and line.endswith(" 0.0001")
 
 
 def test_the_bench_records_the_counterfactual_and_the_runq_p99_after_the_action():
@@ -278,6 +307,21 @@ def test_the_bench_records_the_counterfactual_and_the_runq_p99_after_the_action(
     s = score(Truth(victim="web", culprit="batch", causes=("neighbor_cpu",)), result)
     assert s.runq_p99_without_culprit_ms == 1.6
     assert s.runq_p99_after_ms is not None and 0.512 <= s.runq_p99_after_ms <= 1.024
+
+
+def test_the_bench_compares_pods_moved_together_with_their_joint_counterfactual():
+    from bench.scenarios.metrics import ActionRecordLite, PassResult, Truth, moved_by_first_action, score
+
+    # the same tick's two suppresses (and a later one that is not theirs)
+    assert moved_by_first_action([(2.0, "batch"), (2.01, "batch-small"), (9.0, "other")]) == "batch+batch-small"
+    assert moved_by_first_action([(2.0, "batch"), (2.0, "batch")]) == "batch"  # a record listed twice
+    result = PassResult("cpu-neighbor-two", "mitigate", 10.0, 20.0)
+    result.actions += [ActionRecordLite(3.0, "suppress", "batch-small", "verified", ""),
+                       ActionRecordLite(3.0, "suppress", "batch", "verified", "")]
+    result.counterfactual += [(3.1, "batch", 3.2), (3.1, "batch-small", 0.0), (3.1, "batch+batch-small", 0.05)]
+    result.runq_ticks += [(float(t), _hist({4: 100}, 0).slots, 0, 100) for t in range(4, 14)]
+    s = score(Truth(victim="web", culprit="batch", causes=("neighbor_cpu",)), result)
+    assert s.runq_p99_without_culprit_ms == 0.05 and s.runq_p99_within is True
 
 
 def test_the_after_window_takes_only_ticks_that_began_in_it():

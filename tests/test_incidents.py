@@ -14,6 +14,7 @@ from detector.incidents import IncidentEngine
 from detector.policy import ActuatorPolicy, Policy, ResourceThresholdStrategy, SloThresholds
 from detector.signals import IDLE, NodeSignals, WorkloadSignals
 from detector.workloads import Workload
+from probes.hist import HIST_SLOTS, IntervalHistogram
 
 LS = Workload("pod:ls", Target("/kubepods/burstable/podls", "ls", "default", "web", "LS"))
 BE = Workload("pod:be", Target("/kubepods/besteffort/podbe", "be", "default", "batch", "BE"))
@@ -99,6 +100,35 @@ def test_a_be_culprit_within_its_request_is_named_but_not_suppressed_until_one_a
     run(e, [tick(*contended(), row(LS2))])
     (decision,) = e.sink.decisions
     assert decision.kind == ActionKind.SUPPRESS and decision.target.pod == "batch"
+
+
+def test_every_be_culprit_that_ran_while_the_victim_waited_is_suppressed_with_the_top_one():
+    """Moved one at a time, the second hog takes the first one's place on the victim's CPU, however
+    little of the wait it ran at first (cpu-neighbor-two: 1-3 %, then all of it)."""
+    be2 = Workload("pod:be2", Target("/kubepods/besteffort/podbe2", "be2", "default", "batch-small", "BE"))
+    be3 = Workload("pod:be3", Target("/kubepods/besteffort/podbe3", "be3", "default", "cron-be", "BE"))
+    wait_ns = 300e6
+    hist = IntervalHistogram(tuple(92 if i == 4 else 8 if i == 13 else 0 for i in range(HIST_SLOTS)),
+                             92 * 10_000 + 8 * 6_000_000, 100, None)
+    half = tuple(-4 if i == 13 else 4 if i == 7 else 0 for i in range(HIST_SLOTS))  # 4 long waits behind each hog
+    victim = row(LS, runq_p99_ns=20e6, runq_wait_ms_per_s=300.0, runq_hist=hist, cf_moves={BE.key: half, be2.key: half},
+                 ran_instead_ns={BE.key: 0.5 * wait_ns, be2.key: 0.3 * wait_ns, LS2.key: 0.12 * wait_ns,
+                                 be3.key: 0.05 * wait_ns})
+    requests = {be3.key: 0.5}
+    policy = Policy(slo=dataclasses.replace(SloThresholds(), breach_seconds=1.0))
+    t = iter(range(10_000))
+    e = IncidentEngine(policy, sink=LoggingSink(), clock=lambda: float(next(t)), cpu_request=requests.get)
+    run(e, [tick(victim, row(BE, cpu_cores=1.0), row(be2, cpu_cores=0.6), row(LS2), row(be3, cpu_cores=0.1))])
+    (inc,) = e.open_incidents
+    assert [c.target.pod for c in inc.culprits][:2] == ["batch", "batch-small"]
+    # the two BE hogs, not the LS pod, nor the BE pod within its request
+    assert "cron-be" in [c.target.pod for c in inc.culprits]
+    assert [(d.kind, d.target.pod) for d in e.sink.decisions] == [(ActionKind.SUPPRESS, "batch"),
+                                                                (ActionKind.SUPPRESS, "batch-small")]
+    assert inc.actions == ["suppress:default/batch", "suppress:default/batch-small"]
+    # the victim without both: each alone leaves the other's long waits as its tail
+    assert [t.pod for t in inc.moved_together] == ["batch", "batch-small"]
+    assert inc.culprits[0].runq_p99_without_ns > 4e6 and inc.moved_together_cost.p99_without_ns < 128_000
 
 
 def test_ls_culprit_is_named_but_never_suppressed():

@@ -29,6 +29,7 @@ from bench.scenarios.metrics import (
     SETTLE_AFTER_MITIGATION_S,
     cell,
     cf_within,
+    moved_by_first_action,
     runq_ticks_histogram,
     ticks_within,
 )
@@ -85,7 +86,7 @@ def check_pass(p: dict, rng: random.Random) -> CfCheck | None:
     applied = [a for a in p.get("actions", []) if a["state"] in ("applied", "verified") and a["at_s"] >= 0]
     if p["mode"] != "mitigate" or not applied:
         return None
-    ttm, moved = applied[0]["at_s"], applied[0]["target"]
+    ttm, moved = applied[0]["at_s"], moved_by_first_action([(a["at_s"], a["target"]) for a in applied])
     ticks: list[Tick] = [(t[0], tuple(t[1]), t[2], t[3]) for t in p.get("runq_ticks", [])]
     after = ticks_within(ticks, ttm + SETTLE_AFTER_MITIGATION_S, ttm + RECOVERY_WINDOW_S)
     said = [x[-1] for x in p.get("counterfactual", []) if len(x) == 3 and x[1] == moved

@@ -75,7 +75,7 @@ class PassResult:
     # Per detector tick, the victim's runqueue histogram (s since onset, slots, sum ns, count), and its open
     # incident's counterfactual for each of our pods it names (s since onset, pod, victim runq p99 ms
     # without it): issue 28's check of the counterfactual against the runqueue p99 measured after the
-    # action moved that pod away.
+    # action moved that pod away. Pods its step moved together are one name, "a+b" (moved_together_name).
     runq_ticks: list[tuple[float, tuple[int, ...], int, int]] = field(default_factory=list)
     counterfactual: list[tuple[float, str, float]] = field(default_factory=list)
     # Per detector tick, the victim's wait behind the node's kernel work (s since onset, ms/s: kswapd,
@@ -173,8 +173,25 @@ def score(truth: Truth, result: PassResult) -> Score:
         time_to_mitigate_s=round(ttm, 2) if ttm is not None else None,
         p99_before_ms=_r(before), p99_during_ms=_r(during), p99_after_ms=_r(after), recovered=recovered,
         false_incidents=len(false), actions=len(applied), note=result.skipped or result.note,
-        **_counterfactual_check(result, ttm, applied[0].target if applied else truth.culprit),
+        **_counterfactual_check(result, ttm, moved_by_first_action([(a.at_s, a.target) for a in applied])
+                                if applied else truth.culprit),
     )
+
+
+MOVED_TOGETHER_S = 0.5  # actions applied this close to the first one came from the same tick's decisions
+
+
+def moved_together_name(pods: Iterable[str]) -> str:
+    """One name for pods an incident's step moved together ("a+b", sorted): the runner records their
+    joint counterfactual under it."""
+    return "+".join(sorted(set(pods)))
+
+
+def moved_by_first_action(applied: Sequence[tuple[float, str]]) -> str:
+    """What the first applied action moved, as (s since onset, target) pairs in order: its pod, or the
+    pods the same tick's actions moved with it (moved_together_name)."""
+    first = applied[0][0]
+    return moved_together_name(target for at, target in applied if at - first <= MOVED_TOGETHER_S)
 
 
 CF_WITHIN = 0.25  # issue 28: the counterfactual within 25 % of the p99 measured after the action ...

@@ -32,7 +32,7 @@ from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import CpuUsageSampler, SuppressActuator, threshold_suppress_decision
 from bench.sandbox import PREFIX, OwnedCgroup, sandbox_layout
 from bench.scenarios.kubelet import PassKube
-from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples
+from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples, moved_together_name
 from detector.counterfactual import NODE_KEY
 from detector.decisions import DecisionSink, Target
 from detector.pods import PodInfo, pod_from_dict
@@ -514,6 +514,10 @@ def _note_counterfactual(result: PassResult, scenario: Scenario, spec: ScenarioS
             name = names.get(c.target.cgroup.strip("/"))
             if name is not None and c.runq_p99_without_ns is not None:
                 result.counterfactual.append((round(t, 2), name, c.runq_p99_without_ns / 1e6))
+        together = [names.get(target.cgroup.strip("/")) for target in inc.moved_together]
+        if inc.moved_together_cost is not None and None not in together:
+            result.counterfactual.append((round(t, 2), moved_together_name(n for n in together if n),
+                                          inc.moved_together_cost.p99_without_ns / 1e6))
 
 
 def workdir_base() -> str:

@@ -92,12 +92,12 @@ class ActContext:
     suppress_amount: Callable[[Culprit], SuppressAmount]
 
 
-# The engine's step for an incident of a cause (its top culprit, or None): one decision or none.
-Act = Callable[[Incident, Culprit | None, ActContext], Decision | None]
+# The engine's step for an incident of a cause (its top culprit, or None): a decision, several, or none.
+Act = Callable[[Incident, Culprit | None, ActContext], Decision | list[Decision] | None]
 
 
 class Mitigation(StrEnum):
-    """The planner's steps beyond the engine's one decision (actuators/mitigate.py runs them)."""
+    """The planner's steps beyond the engine's decisions (actuators/mitigate.py runs them)."""
 
     TRAFFIC_AND_RT = "traffic_and_rt"  # rank pods by their own traffic and RT tasks on the victim's CPUs
     MEMORY_GROWER = "memory_grower"  # cap the BE pod that grew most in global reclaim
