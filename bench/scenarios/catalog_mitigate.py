@@ -20,9 +20,9 @@
   cpu-neighbor row compares two values under 0.128 ms). The second pod waits behind the hog too: its
   incident is right (``Truth.also_victims``).
 - ``cpu-neighbor-two``: two BE hogs on the LS pod's CPU, one with twice the other's shares. The
-  incident names both; its action moves the first, and the counterfactual without it keeps the second
-  (issue 28: the held-out check's shape where the culprit moved is not all the victim waited behind,
-  and the pod left is one the agent may move next).
+  victim waits mostly behind the bigger one; moved alone, the smaller one takes its place. The
+  incident names both and its step moves both; the check compares their joint counterfactual with the
+  p99 after (issue 28: a shape where the pod first named is not all the victim would wait behind).
 """
 
 from __future__ import annotations
@@ -139,5 +139,5 @@ MITIGATION_SCENARIOS: tuple[ScenarioSpec, ...] = (
                  modes=("mitigate",), note="the second LS pod stays"),
     ScenarioSpec("cpu-neighbor-two", "two BE hogs (shares 2048 and 1024) on the LS pod's CPU",
                  Truth("web", ("neighbor_cpu",), "batch"), _two_setup, _two_inject,
-                 modes=("mitigate",), note="the smaller hog stays until it is moved"),
+                 modes=("mitigate",), note="both hogs moved together"),
 )
