@@ -16,10 +16,11 @@ Per tick (``IncidentEngine.step``):
 4. Culprits are ranked by the share of the victim's wait during which they ran on its CPU (the
    runqlat victim x culprit matrix), blended with a CPI2-style correlation of their CPU use with the
    victim's latency; for global reclaim, by memory growth. The victim and idle time are never culprits.
-5. Decisions for the actuators (suppress the top BE culprit, and the other BE culprits that ran a fair
-   share of the wait with it; burst a self-throttled LS victim;
-   evict a BE culprit of global reclaim) go to the DecisionSink when the incident opens or its cause
-   or top culprit changes. The actuators apply their own limits, cooldowns and verification.
+5. Decisions for the actuators (suppress the top BE culprit, and with it the other BE culprits that
+   ran while the victim waited; burst a self-throttled LS victim; evict a BE culprit of global
+   reclaim) go to the DecisionSink when the incident opens or its cause or top culprit changes, each
+   with the victim's signal over its breach as what its verification compares with. The actuators
+   apply their own limits, cooldowns and verification.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """neighbor_cpu: other cgroups ran on the victim's CPUs while it waited. The engine suppresses the top
 BE culprit above its request, and with it every other BE culprit above its request that ran on the
-victim's CPUs while it waited; when that does not help the planner escalates (quota to its request, then eviction when the
-policy allows it): the steps' codes and words are here."""
+victim's CPUs while it waited; when that does not help the planner escalates (quota to its request,
+then eviction when the policy allows it): the steps' codes and words are here."""
 
 from __future__ import annotations
 
