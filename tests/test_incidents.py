@@ -104,7 +104,7 @@ def test_a_be_culprit_within_its_request_is_named_but_not_suppressed_until_one_a
 
 def test_every_be_culprit_that_ran_while_the_victim_waited_is_suppressed_with_the_top_one():
     """Moved one at a time, the second hog takes the first one's place on the victim's CPU, however
-    little of the wait it ran at first (cpu-neighbor-two: 1-3 %, then all of it)."""
+    little of the wait it ran at first (cpu-neighbor-two)."""
     be2 = Workload("pod:be2", Target("/kubepods/besteffort/podbe2", "be2", "default", "batch-small", "BE"))
     be3 = Workload("pod:be3", Target("/kubepods/besteffort/podbe3", "be3", "default", "cron-be", "BE"))
     wait_ns = 300e6

@@ -69,9 +69,10 @@ def suppress_be_culprits(inc: Incident, top: Culprit | None, ctx: ActContext) ->
     """The top culprit's step (:func:`suppress_top_be`), and the same step for every other BE culprit
     that ran on the victim's CPUs while it waited, however little, and was not suppressed for this
     incident yet. Moved one at a time, the next hog takes the first one's place: with two on the
-    victim's CPU, the one that ran 1-3 % of its wait at first took all of it once the other was moved
-    (its p99 back at 3-4 ms until the second was moved 7 s later), and the verification judged the
-    first move "did not help" and undid it (docs/benchmarks.md, cpu-neighbor-two)."""
+    victim's CPU, the one that had lengthened few of its waits (the p99 without it within 0.1 ms of the
+    p99) took them all once the other was moved (the p99 back at 2.8-3.6 ms until the second was moved
+    7 s later), and the verification judged the first move "did not help" and undid it
+    (docs/benchmarks.md, cpu-neighbor-two)."""
     first = suppress_top_be(inc, top, ctx)
     if first is None:
         return []
