@@ -562,16 +562,23 @@ class IncidentEngine:
         return SuppressAmount(policy="cfs_quota", cpu_cores=max(0.1, round((culprit.cpu_cores or 1.0) * 0.5, 2)))
 
     def signals_for_verify(self, signals: NodeSignals) -> dict[str, float]:
-        """The latency-sensitive workloads' verify signals for the actuators' verify/revert, keyed as
+        """The verify signals of the victims an action may be being verified for, keyed as
         DecisionSink.observe expects: by the victim's cgroup (``Decision.victim``), not by its workload
-        key (a pod's is "pod:<uid>"). A stall of 0 is a value: a victim whose reclaim stopped after a cap
-        must still be seen to have improved."""
+        key (a pod's is "pod:<uid>"). Those are the victims in a breach or an incident, on the tick it
+        closed and ``verify_intervals`` ticks after (a verification runs that long after its action, which
+        came while the incident was open); the others have nothing being verified, so per-tick work
+        follows the incidents, not the pod count (each decision carries its own baseline). A stall of 0
+        is a value: a victim whose reclaim stopped after a cap must be seen to have improved."""
+        # clean ticks in a row: clear_windows of them close the incident, then the verification's
+        horizon = self.slo.clear_windows + max(1, self.policy.actuators.verify_intervals)
         out = {}
         for key, row in signals.workloads.items():
-            if key in self.victims:
-                cgroup = row.workload.target.cgroup
-                for name, value in _verify_values(row).items():
-                    out[f"{cgroup}:{name}"] = value
+            state = self.victims.get(key)
+            if state is None or (state.incident is None and state.clear_ticks > horizon):
+                continue
+            cgroup = row.workload.target.cgroup
+            for name, value in _verify_values(row).items():
+                out[f"{cgroup}:{name}"] = value
         return out
 
 

@@ -22,7 +22,7 @@ from actuators.manager import ActuatorManager
 from actuators.suppress import SuppressActuator
 from detector.decisions import ActionKind, SuppressAmount, Target
 from detector.incidents import IncidentEngine
-from detector.policy import ActuatorPolicy, Policy, ResourceThresholdStrategy
+from detector.policy import ActuatorPolicy, Policy, ResourceThresholdStrategy, SloThresholds
 from detector.signals import NodeSignals, WorkloadSignals
 from detector.workloads import Workload
 from tests.helpers_actuators import fake_cpu_topology, fake_v2_host
@@ -139,3 +139,22 @@ def test_a_baseline_of_zero_leaves_the_action_applied_and_says_why(tmp_path):
     record = loop.manager.records[-1]
     assert record.state == ActionState.APPLIED
     assert record.detail == "the victim's reclaim_stall_ms_per_s was 0 over its breach: not verified"
+
+
+def test_only_victims_near_an_incident_are_sent_for_verification():
+    """Per-tick work follows the incidents: a victim long quiet has nothing being verified. One in a
+    breach or an incident is sent, and for verify_intervals ticks after its incident closed (an action
+    taken on its last open tick is verified over those)."""
+    policy = Policy(actuators=ActuatorPolicy(verify_intervals=3), slo=SloThresholds(clear_windows=5))
+    engine = IncidentEngine(policy)
+    key = f"{LS.target.cgroup}:runq_p99_ns"
+    sent, open_ = [], []
+    for t, p99 in enumerate([QUIET_P99_NS] * 10 + [BREACH_P99_NS] * 3 + [QUIET_P99_NS] * 12):
+        signals = _tick(p99)
+        engine.step(signals, ts=float(t))
+        sent.append(key in engine.signals_for_verify(signals))
+        open_.append(bool(engine.open_incidents))
+    closed = open_.index(False, open_.index(True))  # the tick it closed on: 5 clean ticks after the breach
+    assert closed == 17
+    assert not any(sent[9:10]) and all(sent[10:closed])  # quiet long enough: not sent; the breach on
+    assert all(sent[closed:closed + 4]) and not any(sent[closed + 4:])  # and 3 ticks after it closed
