@@ -514,9 +514,9 @@ def _note_counterfactual(result: PassResult, scenario: Scenario, spec: ScenarioS
             name = names.get(c.target.cgroup.strip("/"))
             if name is not None and c.runq_p99_without_ns is not None:
                 result.counterfactual.append((round(t, 2), name, c.runq_p99_without_ns / 1e6))
-        together = [names.get(target.cgroup.strip("/")) for target in inc.moved_together]
-        if inc.moved_together_cost is not None and None not in together:
-            result.counterfactual.append((round(t, 2), moved_together_name(n for n in together if n),
+        together = [names.get(target.cgroup.strip("/"), "") for target in inc.moved_together]
+        if inc.moved_together_cost is not None and all(together):  # all of them our pods
+            result.counterfactual.append((round(t, 2), moved_together_name(together),
                                           inc.moved_together_cost.p99_without_ns / 1e6))
 
 
