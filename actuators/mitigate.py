@@ -263,7 +263,7 @@ class MitigationPlanner:
                 self._submit(inc, Decision(
                     ActionKind.SUPPRESS, target, SuppressAmount("cfs_quota", cpu_cores=max(0.1, request)),
                     say(neighbor_cpu.QUOTA_TO_REQUEST, **said), incident_id=inc.incident_id, victim=inc.victim,
-                    victim_signal="runq_p99_ns", code=neighbor_cpu.QUOTA_TO_REQUEST))
+                    victim_signal=spec(inc.cause).verify_signal(inc), code=neighbor_cpu.QUOTA_TO_REQUEST))
                 return
             rung.next = "evict"
         if rung.next == "evict":
@@ -274,7 +274,8 @@ class MitigationPlanner:
             self._submit(inc, Decision(
                 ActionKind.EVICT, target, EvictAmount(reason="interference", release_cpu_cores=cpu),
                 say(neighbor_cpu.EVICT, culprit=target.display, victim=inc.victim.display),
-                incident_id=inc.incident_id, victim=inc.victim, victim_signal="runq_p99_ns", code=neighbor_cpu.EVICT))
+                incident_id=inc.incident_id, victim=inc.victim, victim_signal=spec(inc.cause).verify_signal(inc),
+                code=neighbor_cpu.EVICT))
 
     def _submit(self, inc: Incident, decision: Decision) -> None:
         inc.actions.append(f"{decision.kind}:{decision.target.display}")
@@ -345,7 +346,8 @@ class MitigationPlanner:
         self._submit(inc, Decision(
             ActionKind.SUPPRESS, top, SuppressAmount("cpuset", cpus=others),
             say(softirq.RT_MOVE, pod=top.display, victim=inc.victim.display, cpus=",".join(map(str, others))),
-            incident_id=inc.incident_id, victim=inc.victim, victim_signal="runq_p99_ns", code=softirq.RT_MOVE))
+            incident_id=inc.incident_id, victim=inc.victim, victim_signal=softirq.SPEC.verify_signal(inc),
+            code=softirq.RT_MOVE))
         return True
 
     @staticmethod
@@ -391,7 +393,8 @@ class MitigationPlanner:
         traffic = self.sampler.sample(candidates)
         if not traffic:
             return
-        decision, why = softirq_traffic_decision(inc.victim, inc.incident_id, traffic)
+        decision, why = softirq_traffic_decision(inc.victim, inc.incident_id, traffic,
+                                                 victim_signal=softirq.SPEC.verify_signal(inc))
         self.note(inc.incident_id, why)
         if decision is None:
             return

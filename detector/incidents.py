@@ -60,8 +60,9 @@ CULPRIT_WINDOW_TICKS = 10  # who-ran-instead shares are summed over this many re
 CONNECT_WINDOW_TICKS = 5  # connect failures/retransmits/p99 are judged over this many recent ticks
 MAX_CULPRITS = 5
 MAX_CLOSED_KEPT = 1000
-# The victim signals the actuators verify an action with (Decision.victim_signal; lower is better).
-VERIFY_SIGNALS = ("runq_p99_ns", "reclaim_stall_ms_per_s")
+# The victim signals the actuators verify an action with (Decision.victim_signal; lower is better):
+# every cause's (CauseSpec.verify_signals).
+VERIFY_SIGNALS = tuple(dict.fromkeys(name for s in causes.CAUSES for name in s.verify_signals))
 
 
 @dataclass
@@ -535,7 +536,8 @@ class IncidentEngine:
         state.decided = key
         spec = causes.spec(inc.cause)
         step = None if spec.act is None else spec.act(
-            inc, top, causes.ActContext(self.policy, lambda culprit: self._suppress_amount(culprit, state)))
+            inc, top, causes.ActContext(self.policy, lambda culprit: self._suppress_amount(culprit, state),
+                                        spec.verify_signal(inc)))
         decisions = step if isinstance(step, list) else [step] if step is not None else []
         for d in decisions:
             inc.actions.append(f"{d.kind}:{d.target.display}")

@@ -83,8 +83,21 @@ class _FakeSampler:
         return self.traffic
 
 
-def _incident(cause: Cause = Cause.SOFTIRQ, victim: Target = VICTIM) -> Incident:
-    return Incident("inc-1", victim, cause, started_at=0.0, confidence=0.8, signal="runq_p99_ns")
+def _incident(cause: Cause = Cause.SOFTIRQ, victim: Target = VICTIM, signal: str = "runq_p99_ns") -> Incident:
+    return Incident("inc-1", victim, cause, started_at=0.0, confidence=0.8, signal=signal)
+
+
+@pytest.mark.parametrize("breached, verified_on", [
+    ("softirq_ms_per_s", "softirq_ms_per_s"), ("softirq_delay_p99_ns", "softirq_delay_p99_ns"),
+    ("runq_p99_ns", "runq_p99_ns"), ("psi_cpu_some", "runq_p99_ns"),  # PSI is not the victim's own: its p99
+])
+def test_the_senders_quota_is_verified_on_the_signal_the_incident_breached_on(breached, verified_on) -> None:
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [VICTIM, FLOOD], _FakeSampler([PodTraffic(FLOOD, 80_000, 0.8)]),
+                                ActuatorPolicy(dry_run=False))
+    planner(_incident(signal=breached), "opened")
+    (d,) = sink.decisions
+    assert d.code == "softirq.own_traffic" and d.victim_signal == verified_on
 
 
 def test_planner_acts_once_per_incident_and_notes_why() -> None:

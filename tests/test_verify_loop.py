@@ -158,3 +158,43 @@ def test_only_victims_near_an_incident_are_sent_for_verification():
     assert closed == 17
     assert not any(sent[9:10]) and all(sent[10:closed])  # quiet long enough: not sent; the breach on
     assert all(sent[closed:closed + 4]) and not any(sent[closed + 4:])  # and 3 ticks after it closed
+
+
+def _softirq_tick(softirq_ms_per_s: float) -> NodeSignals:
+    """The victim's run-queue p99 in its bulk throughout, softirq time on its CPUs as given, and the BE
+    pod running during most of its (short) waits."""
+    wait_ns = 20e6
+    victim = _row(LS, runq_wait_ms_per_s=20.0, softirq_ms_per_s=softirq_ms_per_s, ran_instead_ns={BE.key: 0.8 * wait_ns})
+    return NodeSignals(1.0, {LS.key: victim, BE.key: _row(BE, cpu_cores=1.0)})
+
+
+def test_a_softirq_incident_s_action_is_verified_on_the_softirq_time_it_breached_on(tmp_path):
+    """Verified on the run-queue p99, which never left its bulk, an action that took the softirq work off
+    the victim's CPUs would be judged "did not help" and undone (make bench's softirq rows breached on
+    softirq time with a p99 of 0.12 ms, against an SLO of milliseconds)."""
+    loop = _Loop(tmp_path)
+    for _ in range(6):
+        loop.t += 1.0
+        signals = _softirq_tick(5.0)
+        loop.engine.step(signals, ts=loop.t)
+        loop.manager.observe(loop.engine.signals_for_verify(signals), loop.t)
+    for softirq_ms in [400.0] * 10:
+        loop.t += 1.0
+        signals = _softirq_tick(softirq_ms)
+        loop.engine.step(signals, ts=loop.t)
+        loop.manager.observe(loop.engine.signals_for_verify(signals), loop.t)
+        if loop.manager.records:
+            break
+    (inc,) = loop.engine.open_incidents
+    assert (inc.cause, inc.signal) == ("softirq", "softirq_ms_per_s")
+    record = loop.suppress()
+    assert record.decision.victim_signal == "softirq_ms_per_s"
+    assert record.effect["before_action"] == 400.0
+    for _ in range(3):  # the softirq work left its CPUs; its p99 is where it was
+        loop.t += 1.0
+        signals = _softirq_tick(40.0)
+        loop.engine.step(signals, ts=loop.t)
+        loop.manager.observe(loop.engine.signals_for_verify(signals), loop.t)
+    record = loop.suppress()
+    assert record.state == ActionState.VERIFIED, record.detail
+    assert record.effect["after_action"] == 40.0

@@ -90,6 +90,7 @@ class ActContext:
 
     policy: Policy
     suppress_amount: Callable[[Culprit], SuppressAmount]
+    victim_signal: str = VICTIM_SIGNAL  # what its decisions are verified on (CauseSpec.verify_signal)
 
 
 # The engine's step for an incident of a cause (its top culprit, or None): a decision, several, or none.
@@ -132,6 +133,15 @@ class CauseSpec:
     # cause takes a later tick's cause that names pods, whatever the first confidence (its rule comes
     # before theirs, so on that tick it no longer explains the wait; the pods are what can be acted on).
     yields_to_pods: bool = False
+    # The victim's signals its actions are verified on (Decision.victim_signal; lower is better): the
+    # one the incident breached on when it is among them, else the first (:meth:`verify_signal`).
+    verify_signals: tuple[str, ...] = (VICTIM_SIGNAL,)
+
+    def verify_signal(self, inc: Incident) -> str:
+        """What an action for ``inc`` is verified on: the signal that broke its SLO when this cause
+        verifies on it (a softirq incident that breached on softirq time is judged on softirq time, not
+        on a run-queue p99 that never left its bulk), else the cause's first."""
+        return inc.signal if inc.signal in self.verify_signals else self.verify_signals[0]
 
     def say(self, code: str, **fields: Any) -> str:
         return self.messages[code].format(**fields)

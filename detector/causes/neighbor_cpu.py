@@ -5,7 +5,7 @@ then eviction when the policy allows it): the steps' codes and words are here.""
 
 from __future__ import annotations
 
-from detector.causes.base import VICTIM_SIGNAL, ActContext, CauseContext, CauseSpec, Verdict
+from detector.causes.base import ActContext, CauseContext, CauseSpec, Verdict
 from detector.decisions import ActionKind, Cause, Decision
 from detector.model import Culprit, Evidence, Incident
 
@@ -62,7 +62,7 @@ def suppress_top_be(inc: Incident, top: Culprit | None, ctx: ActContext) -> Deci
     return Decision(ActionKind.SUPPRESS, top.target, ctx.suppress_amount(top),
                     reason=SPEC.say(SUPPRESS, culprit=top.target.display, share=top.who_ran_instead_share,
                                     victim=inc.victim.display),
-                    incident_id=inc.incident_id, victim=inc.victim, victim_signal=VICTIM_SIGNAL, code=SUPPRESS)
+                    incident_id=inc.incident_id, victim=inc.victim, victim_signal=ctx.victim_signal, code=SUPPRESS)
 
 
 def suppress_be_culprits(inc: Incident, top: Culprit | None, ctx: ActContext) -> list[Decision]:

@@ -87,11 +87,11 @@ def memory_step(inc: Incident, evict_enabled: bool) -> Step:
         return Step(EVICT, None, Decision(
             ActionKind.EVICT, top.target, EvictAmount(reason="interference"),
             SPEC.say(EVICT, culprit=top.target.display, victim=inc.victim.display),
-            incident_id=inc.incident_id, victim=inc.victim, victim_signal="reclaim_stall_ms_per_s", code=EVICT))
+            incident_id=inc.incident_id, victim=inc.victim, victim_signal=SPEC.verify_signal(inc), code=EVICT))
     return Step(CAP_GROWER, None, Decision(
         ActionKind.MEMORY_SUPPRESS, top.target, MemorySuppressAmount(),
         SPEC.say(CAP_GROWER, culprit=top.target.display, share=top.attribution, victim=inc.victim.display),
-        incident_id=inc.incident_id, victim=inc.victim, victim_signal="reclaim_stall_ms_per_s", code=CAP_GROWER))
+        incident_id=inc.incident_id, victim=inc.victim, victim_signal=SPEC.verify_signal(inc), code=CAP_GROWER))
 
 
 SPEC = CauseSpec(
@@ -101,6 +101,9 @@ SPEC = CauseSpec(
     mitigation=Mitigation.MEMORY_GROWER,
     context=context,
     kernel_work="kswapd, kcompactd, kdamond",
+    # A cap or an eviction is judged on the stall it ends: the grower's memory, not the CPU, is what it
+    # changes (a victim whose reclaim stopped after a cap has improved though it still waits on kernel work).
+    verify_signals=("reclaim_stall_ms_per_s",),
     messages={
         EVICT: "{culprit} grew memory most while {victim} stalled in global reclaim",
         GLOBAL_NO_POD_YET: "global reclaim: no pod named yet",

@@ -3,7 +3,7 @@ neighbour's fault; the engine lets an LS victim burst."""
 
 from __future__ import annotations
 
-from detector.causes.base import VICTIM_SIGNAL, ActContext, CauseContext, CauseSpec, Verdict
+from detector.causes.base import ActContext, CauseContext, CauseSpec, Verdict
 from detector.decisions import ActionKind, BurstAmount, Cause, Decision
 from detector.model import Culprit, Evidence, Incident
 
@@ -53,7 +53,7 @@ def act(inc: Incident, top: Culprit | None, ctx: ActContext) -> Decision | None:
         return None
     return Decision(ActionKind.BURST, inc.victim, BurstAmount(quota_scale=1.2),
                     reason=SPEC.say(BURST, victim=inc.victim.display, confidence=inc.confidence),
-                    incident_id=inc.incident_id, victim=inc.victim, victim_signal=VICTIM_SIGNAL, code=BURST)
+                    incident_id=inc.incident_id, victim=inc.victim, victim_signal=ctx.victim_signal, code=BURST)
 
 
 SPEC = CauseSpec(

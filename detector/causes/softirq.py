@@ -87,6 +87,9 @@ SPEC = CauseSpec(
     act=suppress_top_be,
     mitigation=Mitigation.TRAFFIC_AND_RT,
     kernel_work="ksoftirqd",
+    # Its actions are judged on what broke the SLO: softirq time on the victim's CPUs, or how late its
+    # softirqs ran; a run-queue p99 where it breached on that (or on PSI).
+    verify_signals=(VICTIM_SIGNAL, "softirq_ms_per_s", "softirq_delay_p99_ns"),
     messages={
         NO_POD_TRAFFIC: "no pod's own traffic seen: NET_RX comes from the node's devices; advice: move IRQ/RPS "
                         "steering off the victim's CPUs (the agent never changes node IRQ settings)",
