@@ -78,7 +78,8 @@ class _VictimState:
     # The verify signals of its breach ticks (the current breach, or the open incident's): what the
     # incident's actions are verified against (Incident.breach_signals).
     breach_signals: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
-    decided: tuple | None = None  # (cause, top culprit, within its request) the last decisions were made for
+    # (cause, top culprit, within its request, BE culprits that may be moved) the last decisions were made for
+    decided: tuple | None = None
     cpus: tuple[int, ...] = ()  # CPUs the victim ran on lately (weight > 5 %), for a cpuset suppress
     # (failed connects, SYN retransmits, connect p99 ns) per recent tick: connect trouble is sparse
     # (a client blocked 1-3 s in a SYN retry makes one event every few ticks), so it is judged over a window.
@@ -528,9 +529,15 @@ class IncidentEngine:
 
     # -- decisions ------------------------------------------------------------------------------
     def _decide(self, inc: Incident, state: _VictimState) -> None:
+        """The cause's step, when what it decides on changed: the top culprit, whether it is within its
+        request, or the BE culprits that ran while the victim waited above their requests (a hog that
+        starts on the victim's CPU after the step, or goes past its request, is moved the tick it is
+        seen, not once the top changes). An incident submits a step on a pod once: what follows a step
+        that did not help is the planner's ladder, not the same step again."""
         top = inc.culprits[0] if inc.culprits else None
-        # Decided again when the top culprit changes, or goes past its request (then it may be suppressed).
-        key = (inc.cause, top.target.cgroup if top else None, top is not None and top.above_request is False)
+        movable = frozenset(c.target.cgroup for c in inc.culprits
+                            if c.target.qos == "BE" and c.above_request is not False and c.who_ran_instead_share > 0)
+        key = (inc.cause, top.target.cgroup if top else None, top is not None and top.above_request is False, movable)
         if key == state.decided:
             return
         state.decided = key
@@ -538,7 +545,9 @@ class IncidentEngine:
         step = None if spec.act is None else spec.act(
             inc, top, causes.ActContext(self.policy, lambda culprit: self._suppress_amount(culprit, state),
                                         spec.verify_signal(inc)))
-        decisions = step if isinstance(step, list) else [step] if step is not None else []
+        done = set(inc.actions)
+        decisions = [d for d in (step if isinstance(step, list) else [step] if step is not None else [])
+                     if f"{d.kind}:{d.target.display}" not in done]
         for d in decisions:
             inc.actions.append(f"{d.kind}:{d.target.display}")
             self.sink.submit(inc.for_verification(d))

@@ -131,6 +131,26 @@ def test_every_be_culprit_that_ran_while_the_victim_waited_is_suppressed_with_th
     assert inc.culprits[0].runq_p99_without_ns > 4e6 and inc.moved_together_cost.p99_without_ns < 128_000
 
 
+def test_a_be_hog_that_starts_during_an_incident_is_moved_the_tick_it_is_seen_and_none_twice():
+    """The top hog was moved when the incident opened; a second one starts on the victim's CPU while the
+    first still ranks first (its share over the culprit window). It was moved only once the top changed,
+    seconds later; the first is not moved again."""
+    be2 = Workload("pod:be2", Target("/kubepods/besteffort/podbe2", "be2", "default", "batch-late", "BE"))
+    e = engine(breach_seconds=1.0)
+    run(e, [tick(*contended())])
+    assert [d.target.pod for d in e.sink.decisions] == ["batch"]
+    wait_ns = 300e6
+    late = row(LS, runq_p99_ns=20e6, runq_wait_ms_per_s=300.0,
+               ran_instead_ns={BE.key: 0.6 * wait_ns, be2.key: 0.3 * wait_ns})
+    run(e, [tick(late, row(BE, cpu_cores=1.0), row(be2, cpu_cores=0.8))])
+    (inc,) = e.open_incidents
+    assert [c.target.pod for c in inc.culprits][:2] == ["batch", "batch-late"]  # the first still ranks first
+    assert [d.target.pod for d in e.sink.decisions] == ["batch", "batch-late"]
+    run(e, [tick(late, row(BE, cpu_cores=1.0), row(be2, cpu_cores=0.8))] * 3)
+    assert [d.target.pod for d in e.sink.decisions] == ["batch", "batch-late"]
+    assert inc.actions == ["suppress:default/batch", "suppress:default/batch-late"]
+
+
 def test_ls_culprit_is_named_but_never_suppressed():
     e = engine(breach_seconds=1.0)
     wait_ns = 300e6
