@@ -366,3 +366,27 @@ def test_the_cfcheck_report_reads_a_runs_json_as_the_score_does():
     assert within(0.3, c.after_ms) is False and within(0.11, 0.06) is True and within(0.13, 0.06) is False
     assert within(1.2, 1.0) is True and within(0.74, 1.0) is False and within(None, 1.0) is None
     assert main([]) == 2 and main(["/nonexistent.json"]) == 2
+    # A cap leaves the grower running where it was: both shown, not judged; an eviction is judged.
+    assert c.in_place and not check_pass(_with_kind(p, "evict"), random.Random(1)).in_place
+
+
+def _with_kind(p: dict, kind: str) -> dict:
+    return {**p, "actions": [{**a, "kind": kind} for a in p["actions"]]}
+
+
+def test_the_bench_does_not_judge_a_counterfactual_against_a_culprit_capped_in_place():
+    """Issue 28 compares the counterfactual with the p99 after the action moved the culprit away; a memory
+    cap leaves the grower streaming through its page cache (docs/benchmarks.md, global reclaim)."""
+    from bench.scenarios.metrics import ActionRecordLite, PassResult, Truth, score
+
+    truth = Truth(victim="web", culprit="grower", causes=("reclaim",))
+    judged = {}
+    for kind in ("memory_suppress", "evict"):
+        result = PassResult("global-reclaim", "mitigate", 10.0, 20.0)
+        result.actions.append(ActionRecordLite(3.0, kind, "grower", "verified", ""))
+        result.counterfactual.append((3.1, "grower", 0.11))
+        result.runq_ticks += [(float(t), _hist({10: 99, 11: 1}, 0).slots, 0, 100) for t in range(4, 14)]
+        s = score(truth, result)
+        assert s.runq_p99_without_culprit_ms == 0.11 and s.runq_p99_after_ms is not None  # both shown
+        judged[kind] = s.runq_p99_within
+    assert judged == {"memory_suppress": None, "evict": False}

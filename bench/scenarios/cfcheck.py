@@ -11,7 +11,9 @@ p99 of a few ticks flips between the bulk and the tail (docs/benchmarks.md, glob
 Two more columns say whether the action left the culprit's effect: the victim's runqueue p99 over the
 10 s before the onset (what "without the culprit" looked like), and its wait behind the node's kernel
 work (kswapd, kcompactd, kdamond, ksoftirqd; ms/s) before the onset, over the counterfactual's window
-and after: a grower capped in place keeps streaming, and the kernel work its pages cause stays.
+and after: a grower capped in place keeps streaming, and the kernel work its pages cause stays. So the
+last column judges the two within 25 % only where the first action moved the culprit away; after a cap
+(metrics.IN_PLACE_ACTIONS) both are shown and it says "not judged: capped in place".
 
     .venv/bin/python -m bench.scenarios.cfcheck RUN.json [RUN.json ...]
 """
@@ -30,6 +32,7 @@ from bench.scenarios.metrics import (
     cell,
     cf_within,
     moved_by_first_action,
+    moves_in_place,
     runq_ticks_histogram,
     ticks_within,
 )
@@ -55,6 +58,7 @@ class CfCheck:
     before_ms: float | None = None  # the victim's runq p99 over the 10 s before the onset
     # Its wait behind the node's kernel work, ms/s: before the onset, over the window, after (None: not recorded).
     kernel_work_ms_per_s: tuple[float | None, float | None, float | None] = (None, None, None)
+    in_place: bool = False  # the first action left the culprit running where it was (a memory cap): not judged
 
 
 def _p99_ms(ticks: list[Tick]) -> float | None:
@@ -106,7 +110,12 @@ def check_pass(p: dict, rng: random.Random) -> CfCheck | None:
         kernel_work_ms_per_s=(_mean([v for _, v in ticks_within(kernel_work, -CF_WINDOW_S, 0.0)]),
                               _mean([v for t, v in kernel_work if in_window(t)]),
                               _mean([v for _, v in ticks_within(kernel_work, ttm + SETTLE_AFTER_MITIGATION_S,
-                                                                 ttm + RECOVERY_WINDOW_S)])))
+                                                                 ttm + RECOVERY_WINDOW_S)])),
+        in_place=moves_in_place(applied[0]["kind"]))
+
+
+def _judged(c: CfCheck) -> str:
+    return "not judged: capped in place" if c.in_place else cell(cf_within(c.without_ms, c.after_ms))
 
 
 def _ms(v: float | None) -> str:
@@ -134,7 +143,7 @@ def main(argv: list[str]) -> int:
             kw = " | ".join(_ms(v) for v in c.kernel_work_ms_per_s)
             print(f"| {c.scenario} | {c.moved} | {_ms(c.before_ms)} | {_ms(c.window_p99_ms)} | {_ms(c.without_ms)} | "
                   f"{_ms(c.after_ms)} | {lo_hi} | {c.long_before[0]} of {c.long_before[1]} | "
-                  f"{c.long_after[0]} of {c.long_after[1]} | {kw} | {cell(cf_within(c.without_ms, c.after_ms))} |")
+                  f"{c.long_after[0]} of {c.long_after[1]} | {kw} | {_judged(c)} |")
     return 0
 
 

@@ -448,7 +448,7 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                     culprits=tuple(names.get(c.target.cgroup, c.target.cgroup) for c in inc.culprits
                                    if c.target.cgroup.rstrip("/") not in sandbox_roots),
                     started_s=round(inc.started_at - onset, 3),
-                    ended_s=None if inc.ended_at is None else round(inc.ended_at - onset, 3)))
+                    ended_s=None if inc.ended_at is None else round(inc.ended_at - onset, 3), signal=inc.signal))
         if manager is not None:
             names = {p.path.strip("/"): name for name, p in ctx.pods.items()}
             # The manager lists a record again at each change of its state: each action once, as it ended.
