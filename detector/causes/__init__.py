@@ -4,7 +4,8 @@ A cause is one module here with its :data:`SPEC` (:class:`~detector.causes.base.
 (``rule(ctx) -> Verdict | None``: reads the victim's signals through :class:`CauseContext` and, when it
 holds, returns the cause, a confidence, the ranked culprits, the evidence it used and its findings), its
 words (the HTML heading, the advice, the no-culprit sentence), the engine's step (``act``), the
-planner's step (``mitigation``) and the outcome codes of both with their wording (``messages``).
+planner's step (``mitigation``), the victim signals their actions are verified on
+(``verify_signals``) and the outcome codes of both with their wording (``messages``).
 ``noisyneighbor diagnose`` and its HTML report, the incident engine and ``actuators/mitigate.py`` read
 the declarations; nothing keys on a message's wording.
 
