@@ -49,20 +49,21 @@ def test_own_scope_covers_our_pods_and_their_be_level_only() -> None:
     assert "outside" in plan("/nn-test-1/kubepods.slice")
 
 
-def _steady_pass(note: str) -> PassResult:
+def _steady_pass(above_own_limit: bool, note: str = "") -> PassResult:
     samples = [(-5 + i * 0.01, 2.0) for i in range(500)] + [(i * 0.01, 45.0) for i in range(1500)]
     return PassResult("self-throttle-steady", "mitigate", 5, 15,
                       incidents=[IncidentRecord("web", "self_throttling", (), started_s=2.0)],
                       actions=[ActionRecordLite(2.0, "burst", "web", "applied", "quota x1.2")],
-                      samples=samples, note=note)
+                      samples=samples, note=note, above_own_limit=above_own_limit)
 
 
 def test_steadily_above_its_limit_is_no_neighbour_action_not_a_failed_recovery() -> None:
+    """By the burst loop's verdict (PassResult.above_own_limit), never by the note's words."""
     truth = Truth("web", ("self_throttling",), None)
-    said = score(truth, _steady_pass("burst cannot help: steadily above its limit, no neighbour action"))
-    assert said.recovered is None and "no neighbour action" in said.note
-    unsaid = score(truth, _steady_pass(""))
-    assert unsaid.recovered is False
+    said = score(truth, _steady_pass(True))
+    assert said.recovered is None
+    reworded = score(truth, _steady_pass(False, "burst cannot help: steadily above its limit, no neighbour action"))
+    assert reworded.recovered is False
 
 
 def test_an_accepted_eviction_kills_the_pods_processes_and_only_its(tmp_path) -> None:

@@ -72,7 +72,7 @@ def rescore(path: str) -> int:
                                 incidents=[IncidentRecord(**{**i, "culprits": tuple(i["culprits"])}) for i in p["incidents"]],
                                 actions=[ActionRecordLite(**a) for a in p["actions"]],
                                 samples=[tuple(x) for x in p["samples"]], note=p.get("note", ""),
-                                skipped=p.get("skipped", ""),
+                                skipped=p.get("skipped", ""), above_own_limit=p.get("above_own_limit", False),
                                 pods=p.get("pods") or ["web", "batch", "flood", "server"],
                                 runq_ticks=[(x[0], tuple(x[1]), x[2], x[3]) for x in p.get("runq_ticks", [])],
                                 kernel_work=[(x[0], x[1]) for x in p.get("kernel_work", [])],

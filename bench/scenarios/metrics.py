@@ -69,6 +69,9 @@ class PassResult:
     samples: list[tuple[float, float]] = field(default_factory=list)  # (s since onset, latency ms)
     note: str = ""
     skipped: str = ""
+    # The burst loop concluded the victim is steadily above its own limit (its verdict, not its words):
+    # burst cannot help, no neighbour action is due, so the pass's recovery is not counted as a failure.
+    above_own_limit: bool = False
     pods: list[str] = field(default_factory=list)  # our pods; incidents on anything else (another test's cgroups) are ignored
     # Per detector tick: (s since onset, kswapd pages reclaimed/s, node direct reclaim ms/s): whether and
     # when the node was in global reclaim, for the scenarios that provoke it.
@@ -104,6 +107,7 @@ class Score:
     false_incidents: int
     actions: int
     note: str = ""
+    skipped: bool = False  # the pass did not run (its note says why)
     # The victim's runqueue p99 the detector said it would have without the culprit (the last value before
     # the first action), and its runqueue p99 measured after the action (same window as p99 after).
     runq_p99_without_culprit_ms: float | None = None
@@ -164,7 +168,7 @@ def score(truth: Truth, result: PassResult) -> Score:
         after = window_p99(result.samples, ttm + SETTLE_AFTER_MITIGATION_S, ttm + RECOVERY_WINDOW_S)
         if after is not None and before is not None:
             recovered = after <= RECOVERY_FACTOR * before
-        if "no neighbour action" in result.note and "steadily above its limit" in result.note:
+        if result.above_own_limit:
             recovered = None  # burst cannot help a pod steadily above its limit: said, not counted as a failure
     return Score(
         scenario=result.scenario, mode=result.mode, expected=truth.causes[0] if truth.causes else "none",
@@ -174,6 +178,7 @@ def score(truth: Truth, result: PassResult) -> Score:
         time_to_mitigate_s=round(ttm, 2) if ttm is not None else None,
         p99_before_ms=_r(before), p99_during_ms=_r(during), p99_after_ms=_r(after), recovered=recovered,
         false_incidents=len(false), actions=len(applied), note=result.skipped or result.note,
+        skipped=bool(result.skipped),
         **_counterfactual_check(result, ttm, moved_by_first_action([(a.at_s, a.target) for a in applied])
                                 if applied else truth.culprit, in_place=bool(applied) and moves_in_place(applied[0].kind)),
     )
@@ -276,7 +281,7 @@ class Summary:
 
 def summarize(scores: Sequence[Score]) -> Summary:
     """Over the detection passes (detect mode), the ones that ran."""
-    rows = [s for s in scores if s.mode == "detect" and not s.note.startswith("skipped")]
+    rows = [s for s in scores if s.mode == "detect" and not s.skipped]
     expect = [s for s in rows if s.detected is not None]
     detected = [s for s in expect if s.detected]
     true_incidents = len(detected)

@@ -33,8 +33,9 @@ from actuators.suppress import CpuUsageSampler, SuppressActuator, threshold_supp
 from bench.sandbox import PREFIX, OwnedCgroup, sandbox_layout
 from bench.scenarios.kubelet import PassKube
 from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples, moved_together_name
+from detector.causes import reclaim
 from detector.counterfactual import NODE_KEY
-from detector.decisions import DecisionSink, Target
+from detector.decisions import Cause, DecisionSink, Target
 from detector.pods import PodInfo, pod_from_dict
 from detector.policy import Policy
 from noisyneighbor.agent import ScopedActuator
@@ -353,6 +354,7 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
     trace = PassTrace()
     scenario: Scenario | None = None
     manager: ActuatorManager | None = None
+    burst: BurstActuator | None = None
     kube: PassKube | None = None
     kube_api = None  # the eviction actuator's client of it
     ctx: Ctx | None = None
@@ -375,7 +377,8 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
             journal = Journal(workdir / "journal")
             acts = [SuppressActuator(files, journal, policy.resource_threshold)]
             if mode == "mitigate":
-                acts.append(BurstActuator(files, journal, policy.cpu_burst))
+                burst = BurstActuator(files, journal, policy.cpu_burst)
+                acts.append(burst)
                 acts.append(MemorySuppressActuator(files, journal))
                 if policy.actuators.evict_enabled:
                     kube = PassKube(ctx.pods).start()
@@ -459,13 +462,19 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                     target=names.get(target, target), state=str(rec.state),
                     summary=(f"{rec.plan.summary} | {rec.detail}" if rec.plan and rec.detail else
                              rec.plan.summary if rec.plan else rec.detail)))
-            if any("steadily above its limit" in r.detail for r in manager.records):
-                verdict = "burst cannot help: steadily above its limit, no neighbour action"
+            # The burst loop's verdict on a pod of ours (it keeps one only for a pod steadily above its limit)
+            why = next((v for p in ctx.pods.values() if burst is not None and burst.loop is not None
+                        and (v := burst.loop.verdict(p.path))), None)
+            if why is not None:
+                result.above_own_limit = True
+                verdict = f"burst cannot help: steadily above its limit, no neighbour action; the burst loop: {why}"
                 result.note = "; ".join([*([result.note] if result.note else []), verdict])
-            # The planner's own "no neighbour action" verdicts (memcg reclaim at the victim's own limit)
+            # The planner's own "no neighbour action" step (memcg reclaim at the victim's own limit), by its code
             pod_paths = {p.path for p in ctx.pods.values()}
-            said = next((e.note for inc in scenario.detector.engine.all_incidents() for e in inc.evidence
-                         if "no neighbour action" in (e.note or "") and inc.victim.cgroup in pod_paths), "")
+            said = next((step.note for inc in scenario.detector.engine.all_incidents()
+                         if mode == "mitigate" and inc.cause == Cause.RECLAIM and inc.victim.cgroup in pod_paths
+                         and (step := reclaim.memory_step(inc, policy.actuators.evict_enabled)).code == reclaim.MEMCG_OWN_LIMIT
+                         and step.note), "")
             if said and said not in result.note:
                 result.note = "; ".join([*([result.note] if result.note else []), said])
     finally:
