@@ -95,14 +95,8 @@ class VictimWindow:
         own pair: a grower kswapd reclaims for never runs on the victim's CPU, nor does a sender whose
         packets ksoftirqd processes). Neither can be added to the other (a wait in both would move
         twice), so the one that takes more out is the counterfactual."""
-        def own(t: _Tick) -> list[tuple[tuple[int, ...], float]]:
-            parts = [(t.moves.get(culprit, ()), t.removed_ns.get(culprit, 0.0))]
-            if kernel_work:
-                parts.append((t.node_moves.get(culprit, ()), t.node_ns.get(culprit, 0.0)))
-            return parts
-
         hist = self.histogram()  # merged once for both records
-        with_it = self._without(own, hist)
+        with_it = self._without(_culprits_parts((culprit,), kernel_work), hist)
         alone = self._without(_kernel_work_alone, hist) if kernel_work and with_it is not None else None
         if alone is None:
             return with_it
@@ -114,10 +108,7 @@ class VictimWindow:
 
     def cost_of_set(self, culprits: Sequence[str]) -> CulpritCost | None:
         """The victim over the window without every one of ``culprits`` (each one's moves added)."""
-        def own(t: _Tick) -> list[tuple[tuple[int, ...], float]]:
-            return [(t.moves.get(c, ()), t.removed_ns.get(c, 0.0)) for c in culprits]
-
-        return self._without(own, self.histogram())
+        return self._without(_culprits_parts(culprits), self.histogram())
 
     def _without(self, parts: Callable[[_Tick], list[tuple[tuple[int, ...], float]]],
                  hist: IntervalHistogram) -> CulpritCost | None:
@@ -136,6 +127,21 @@ class VictimWindow:
         without = counterfactual_histogram(hist, tuple(moves), int(removed))
         return CulpritCost(hist.quantile_ns(0.99), without.quantile_ns(0.99), hist.sum_ns / 1e6 / seconds,
                            without.sum_ns / 1e6 / seconds)
+
+
+Parts = Callable[[_Tick], list[tuple[tuple[int, ...], float]]]  # a tick -> (slot moves, ns removed) to take out
+
+
+def _culprits_parts(culprits: Sequence[str], kernel_work: bool = False) -> Parts:
+    """What a tick takes out without ``culprits``: each one's moves, and with ``kernel_work`` the
+    further moves without the kernel work in the waits behind it (its pair's node moves)."""
+    def parts(t: _Tick) -> list[tuple[tuple[int, ...], float]]:
+        out = [(t.moves.get(c, ()), t.removed_ns.get(c, 0.0)) for c in culprits]
+        if kernel_work:
+            out += [(t.node_moves.get(c, ()), t.node_ns.get(c, 0.0)) for c in culprits]
+        return out
+
+    return parts
 
 
 def _kernel_work_alone(t: _Tick) -> list[tuple[tuple[int, ...], float]]:

@@ -91,6 +91,11 @@ class Incident:
     moved_together: list[Target] = field(default_factory=list)
     moved_together_cost: CulpritCost | None = None
 
+    @property
+    def moved_together_names(self) -> str:
+        """The pods its step moved together, as one name for the reports ('batch and batch-small')."""
+        return " and ".join(t.display for t in self.moved_together)
+
     def for_verification(self, decision: Decision) -> Decision:
         """``decision`` with the victim's signal over this breach as its verification baseline, where it
         watches this incident's victim and no baseline was set."""

@@ -340,8 +340,7 @@ def _culprit_lines(report: DiagnoseReport, inc: Incident) -> list[str]:
         if c.runq_p99_without_ns is not None:
             lines.append(f"       {describe(c.target.display, inc.victim.display, cost_of(c), c.without_kernel_work)}")
     if inc.moved_together_cost is not None:
-        names = " and ".join(t.display for t in inc.moved_together)
-        said = describe(names, inc.victim.display, inc.moved_together_cost, together=len(inc.moved_together))
+        said = describe(inc.moved_together_names, inc.victim.display, inc.moved_together_cost, together=len(inc.moved_together))
         lines.append(f"  moved together: {said}")
     return lines
 

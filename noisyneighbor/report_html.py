@@ -198,9 +198,8 @@ def _plots(report: DiagnoseReport, inc: Incident) -> list[str]:
                                     dashed=True))
         if sig == "runq_p99_ns" and inc.moved_together_cost is not None:
             v = inc.moved_together_cost.p99_without_ns * unit.scale
-            names = " and ".join(t.display for t in inc.moved_together)
-            chart.lines.append(Line(f"p99 without {names}", [(inc.started_at, v), (window[0][1], v)], PALETTE[3],
-                                    dashed=True))
+            chart.lines.append(Line(f"p99 without {inc.moved_together_names}", [(inc.started_at, v), (window[0][1], v)],
+                                    PALETTE[3], dashed=True))
         charts.append(chart)
     if len(culprit_keys) > 1:
         charts.append(Chart("CPU of the culprits", "cores", [

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 from bench.scenarios.metrics import (
     COUNTERFACTUAL_SLACK_S,
+    IN_PLACE_ACTIONS,
     RECOVERY_WINDOW_S,
     SETTLE_AFTER_MITIGATION_S,
     cell,
     cf_within,
     moved_by_first_action,
-    moves_in_place,
     runq_ticks_histogram,
     ticks_within,
 )
@@ -111,7 +111,7 @@ def check_pass(p: dict, rng: random.Random) -> CfCheck | None:
                               _mean([v for t, v in kernel_work if in_window(t)]),
                               _mean([v for _, v in ticks_within(kernel_work, ttm + SETTLE_AFTER_MITIGATION_S,
                                                                  ttm + RECOVERY_WINDOW_S)])),
-        in_place=moves_in_place(applied[0]["kind"]))
+        in_place=applied[0]["kind"] in IN_PLACE_ACTIONS)
 
 
 def _judged(c: CfCheck) -> str:

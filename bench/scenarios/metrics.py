@@ -180,7 +180,7 @@ def score(truth: Truth, result: PassResult) -> Score:
         false_incidents=len(false), actions=len(applied), note=result.skipped or result.note,
         skipped=bool(result.skipped),
         **_counterfactual_check(result, ttm, moved_by_first_action([(a.at_s, a.target) for a in applied])
-                                if applied else truth.culprit, in_place=bool(applied) and moves_in_place(applied[0].kind)),
+                                if applied else truth.culprit, in_place=bool(applied) and applied[0].kind in IN_PLACE_ACTIONS),
     )
 
 
@@ -204,12 +204,7 @@ def moved_by_first_action(applied: Sequence[tuple[float, str]]) -> str:
 # stream through its page cache, and the kernel work that stream makes stays (docs/benchmarks.md, global
 # reclaim). Issue 28 compares the counterfactual with the p99 after an action moved the culprit away, so
 # after these the two are shown and not judged.
-IN_PLACE_ACTIONS = ("memory_suppress",)
-
-
-def moves_in_place(kind: str) -> bool:
-    """True for an action (its kind, ActionKind's value) that leaves the culprit running in place."""
-    return kind in IN_PLACE_ACTIONS
+IN_PLACE_ACTIONS = ("memory_suppress",)  # ActionKind values
 
 
 CF_WITHIN = 0.25  # issue 28: the counterfactual within 25 % of the p99 measured after the action ...

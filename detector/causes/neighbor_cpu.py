@@ -67,19 +67,16 @@ def suppress_top_be(inc: Incident, top: Culprit | None, ctx: ActContext) -> Deci
 
 def suppress_be_culprits(inc: Incident, top: Culprit | None, ctx: ActContext) -> list[Decision]:
     """The top culprit's step (:func:`suppress_top_be`), and the same step for every other BE culprit
-    that ran on the victim's CPUs while it waited, however little, and was not suppressed for this
-    incident yet. Moved one at a time, the next hog takes the first one's place: with two on the
-    victim's CPU, the one that had lengthened few of its waits (the p99 without it within 0.1 ms of the
-    p99) took them all once the other was moved (the p99 back at 2.8-3.6 ms until the second was moved
-    7 s later), and the verification judged the first move "did not help" and undid it
-    (docs/benchmarks.md, cpu-neighbor-two)."""
+    that ran on the victim's CPUs while it waited, however little (the engine drops a step this
+    incident already took on a pod, IncidentEngine._decide). Moved one at a time, the next hog takes
+    the first one's place: with two on the victim's CPU, the one that had lengthened few of its waits
+    (the p99 without it within 0.1 ms of the p99) took them all once the other was moved (the p99 back
+    at 2.8-3.6 ms until the second was moved 7 s later), and the verification judged the first move
+    "did not help" and undid it (docs/benchmarks.md, cpu-neighbor-two)."""
     first = suppress_top_be(inc, top, ctx)
     if first is None:
         return []
-    done = set(inc.actions)
-    others = (suppress_top_be(inc, c, ctx) for c in inc.culprits
-              if c is not top and c.who_ran_instead_share > 0.0
-              and f"{ActionKind.SUPPRESS}:{c.target.display}" not in done)
+    others = (suppress_top_be(inc, c, ctx) for c in inc.culprits if c is not top and c.who_ran_instead_share > 0.0)
     return [first, *(d for d in others if d is not None)]
 
 
