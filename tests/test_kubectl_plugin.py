@@ -225,11 +225,29 @@ def _rss_kib(pid: int) -> int:
         return int(next(line for line in f if line.startswith("VmRSS:")).split()[1])
 
 
+def _bpf_fds(pid: int) -> dict[str, int]:
+    """The BPF objects a process holds open, by kind (bpf-prog, bpf-map, bpf_link): the kernel's own
+    count of the probe sets loaded in it."""
+    kinds: dict[str, int] = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed between the listing and the readlink
+            continue
+        if target.startswith("anon_inode:bpf"):
+            kind = target.removeprefix("anon_inode:")
+            kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
 @pytest.mark.root
-def test_a_client_costs_the_agent_no_memory_beyond_5_percent(cluster, tmp_path: Path):
-    """A fresh agent's RSS while a `top` client reads it every 0.5 s (text frames, the live view's path)
-    and after a diagnose, against its RSS before any client: within 5 % (the old exec'd top loaded a
-    second probe set in the agent's container)."""
+def test_a_client_loads_no_probe_and_costs_the_agent_no_memory_beyond_5_percent(cluster, tmp_path: Path):
+    """A `top` client reading the agent every 0.5 s (text frames, the live view's path) and a diagnose
+    load no BPF program in the agent (the old exec'd top loaded a second probe set), and cost its RSS no
+    more than 5 %. The RSS is compared after one frame and one report were served: their first use
+    imports code the agent never ran before (the report's modules, numpy pages), a one-time cost of
+    1.1-1.5 MiB here and 3 MiB in one CI run under load, which left a 5 % bound on a fresh agent within
+    a page of failing: CI failed it by 1 KiB at stop 37 (60300 KiB before, 63316 after)."""
     kube, kubeconfig = cluster
     config = write_config(tmp_path / "config.yaml", {"kubernetes": {"pod_source": "standalone"}})
     proc = AgentProcess(config, tmp_path, "--interval", "0.5", node="node-2")
@@ -237,7 +255,14 @@ def test_a_client_costs_the_agent_no_memory_beyond_5_percent(cluster, tmp_path: 
         proc.wait_ready()
         kube.pod_proxy[(NAMESPACE, "noisyneighbor-bbbbb")] = f"http://{proc.target}"
         time.sleep(3)  # past start-up: a few more ticks
+        bpf_before = _bpf_fds(proc.proc.pid)
+        fresh = _rss_kib(proc.proc.pid)
+        first = _plugin(kubeconfig, "top", "node-2", "--view", "all", "--count", "1")
+        assert first.returncode == 0 and first.stdout.count("noisyneighbor top") == 1, first.stdout + first.stderr
+        first = _plugin(kubeconfig, "diagnose", "node-2", "--duration", "1m")
+        assert first.returncode == 0, first.stdout + first.stderr
         without = max(_rss_kib(proc.proc.pid) for _ in range(3) if time.sleep(0.5) is None)
+        del kube.proxied[:]
         res = _plugin(kubeconfig, "top", "node-2", "--view", "all", "--interval", "0.5", "--count", "10")
         assert res.returncode == 0, res.stderr
         assert res.stdout.count("noisyneighbor top") == 10, res.stdout[-500:]  # ten frames, drawn by the agent
@@ -245,10 +270,14 @@ def test_a_client_costs_the_agent_no_memory_beyond_5_percent(cluster, tmp_path: 
         assert diag.returncode == 0 and "noisyneighbor diagnose on node-2" in diag.stdout, diag.stdout + diag.stderr
         assert [t.split("?")[0] for *_, t in kube.proxied] == ["/top"] * 10 + ["/diagnose"] * 2
         with_client = _rss_kib(proc.proc.pid)
+        bpf_after = _bpf_fds(proc.proc.pid)
     finally:
         proc.terminate()
-    print(f"agent RSS without a client {without / 1024:.1f} MiB, with one {with_client / 1024:.1f} MiB "
-          f"({with_client / without:.3f}x)")
+    print(f"agent RSS fresh {fresh / 1024:.1f} MiB, after a first frame and report {without / 1024:.1f} MiB, "
+          f"after ten frames and a report {with_client / 1024:.1f} MiB ({with_client / without:.3f}x); "
+          f"BPF objects {bpf_before} -> {bpf_after}")
+    assert bpf_before.get("bpf-prog", 0) > 0, bpf_before  # the agent's own probe set is counted
+    assert bpf_after == bpf_before, (bpf_before, bpf_after)
     assert with_client <= without * 1.05, (without, with_client)
 
 
