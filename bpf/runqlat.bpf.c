@@ -588,6 +588,86 @@ static __always_inline void charge_culprit(struct runq_cpu_state *cpu, __u64 vic
 		move_counterfactual(slot, full_ns, wait_ns, full_slot);
 }
 
+/*
+ * This CPU's softirq_ns at ktime `t`, known to be `floor_ns` at `floor_t` (the start of the slice `t` is
+ * in, from the ring). Exact when `t` falls within the last RUNQ_SOFTIRQ_MARKS runs of softirq work or
+ * after them. Before them (a slice with many short runs: a sender's loopback traffic runs NET_RX at
+ * every send), the work between the slice's start and the oldest remembered run is taken as spread
+ * evenly over that time. Global functions (this and the next two), each with its own lookup of the
+ * CPU's state: the verifier checks each once, not on every path of the switch program (which a static
+ * one taking `cpu` took past the verifier's limit).
+ */
+__noinline __u64 softirq_ns_at(__u64 t, __u64 floor_t, __u64 floor_ns)
+{
+	__u32 zero = 0, i;
+	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
+	__u64 at, at_t = 0, part, span;
+
+	if (!cpu)
+		return floor_ns;
+	at = cpu->softirq_ns;
+	for (i = 0; i < RUNQ_SOFTIRQ_MARKS; i++) {
+		struct runq_softirq_mark *m = &cpu->marks[(cpu->mark_head - 1 - i) & (RUNQ_SOFTIRQ_MARKS - 1)];
+
+		if (!m->exit)
+			break; /* never written */
+		if (m->exit <= t)
+			return m->total > floor_ns ? m->total : floor_ns;
+		if (m->entry <= t)
+			return m->total - (m->exit - t);
+		at = m->total - (m->exit - m->entry);
+		at_t = m->entry;
+	}
+	if (!at_t || at <= floor_ns || t <= floor_t || at_t <= t)
+		return at > floor_ns && t > floor_t ? at : floor_ns;
+	/* In 64 ns units: the product stays in 64 bits for slices up to a minute. */
+	part = ((at - floor_ns) >> 6) * ((t - floor_t) >> 6);
+	span = (at_t - floor_t) >> 6;
+	return span ? floor_ns + (part / span << 6) : floor_ns;
+}
+
+/*
+ * Softirq work's `softirq_ns` of a wait of `full_ns` out with the kernel work's `node_ns`, on the node's
+ * own pair. A pair no node task ran in this wait (after the idle task, say) is `charge`d one turn and no
+ * wait first: the softirq work is the interrupted task's in the split, the turn the kernel's, and it
+ * changes the pair's value, which is how userspace knows to read its moves.
+ */
+__noinline int move_counterfactual_softirq(__u64 victim, __u64 full_ns, __u64 node_ns, __u64 softirq_ns, __u64 charge)
+{
+	__u32 zero = 0;
+	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
+
+	if (!cpu)
+		return 0;
+	if (charge)
+		charge_culprit(cpu, victim, node_cgroup_id, 0, 1, 0, 0, 0);
+	return move_counterfactual_node(victim, node_cgroup_id, full_ns, 0, node_ns + softirq_ns);
+}
+
+/*
+ * A wait of `pending` ns woken during the slice that just ended, which had softirq work on top of it:
+ * that work's part since the wait began (`queued_ktime`) comes out with the node's kernel work. (A
+ * culprit's own pair already takes its whole slice out.)
+ */
+__noinline int softirq_in_wait(__u64 victim, __u64 queued, __u64 pending, __u64 full_ns, __u64 charge)
+{
+	__u32 zero = 0;
+	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
+	__u64 sq, ktime_off, queued_ktime;
+
+	if (!cpu)
+		return 0;
+	/* The rq clock (ring, last_queued) into ktime (marks): their offset at this switch. */
+	ktime_off = bpf_ktime_get_ns() - cpu->slice_start;
+	queued_ktime = queued + ktime_off;
+	struct runq_slice *newest = &cpu->ring[(cpu->head - 1) & (RUNQ_RING_SLOTS - 1)];
+
+	sq = cpu->softirq_ns - softirq_ns_at(queued_ktime, newest->start + ktime_off, newest->softirq_ns);
+	if (!sq || (__s64)sq < 0)
+		return 0;
+	return move_counterfactual_softirq(victim, full_ns, 0, sq < pending ? sq : pending, charge);
+}
+
 /* The state of one ring walk (bpf_loop callback context, on the caller's stack). */
 struct slice_walk {
 	struct runq_cpu_state *cpu;
@@ -599,6 +679,12 @@ struct slice_walk {
 	__u64 node;           /* of `foreign`, the kernel work's (RUNQ_SLICE_KERNEL_WORK slices of node_cgroup_id) */
 	/* Two culprits accumulated over the walk: two cgroups taking turns cost two map updates. */
 	__u64 c0, n0, t0, c1, n1, t1;
+	/*
+	 * Softirq work in the wait's slices (those not kernel work already): `softirq`, of which `s0` and
+	 * `s1` on top of c0's and c1's. `end_softirq` is the CPU's softirq_ns where the slice being charged
+	 * ends; `ktime_off` turns the rq clock into ktime (0: the counterfactual does not move this wait).
+	 */
+	__u64 softirq, s0, s1, end_softirq, ktime_off;
 	__u32 head;
 };
 
@@ -607,6 +693,7 @@ static long charge_slice(__u32 i, struct slice_walk *w)
 {
 	__u32 slot = (w->head - 1 - i) & (RUNQ_RING_SLOTS - 1);
 	__u64 start = w->cpu->ring[slot].start, cg = w->cpu->ring[slot].cgroup_id, lo, ns, turn, kernel_work;
+	__u64 sq = 0, from = w->cpu->ring[slot].softirq_ns;
 
 	if (!start || start >= w->end)
 		return 1; /* never written (just loaded) or not older: what is left is unknown */
@@ -614,6 +701,16 @@ static long charge_slice(__u32 i, struct slice_walk *w)
 	cg &= ~RUNQ_SLICE_KERNEL_WORK;
 	lo = start > w->queued ? start : w->queued;
 	ns = w->end - lo;
+	/* The softirq work in the slice's part of the wait (in a kernel-work slice it is that work already). */
+	if (start <= w->queued && w->ktime_off && !kernel_work)
+		from = softirq_ns_at(w->queued + w->ktime_off, start + w->ktime_off, from);
+	if (!kernel_work && w->ktime_off && w->end_softirq > from) {
+		sq = w->end_softirq - from;
+		if (sq > ns)
+			sq = ns;
+		w->softirq += sq;
+	}
+	w->end_softirq = w->cpu->ring[slot].softirq_ns;
 	turn = cg != w->last_cgroup_id;
 	w->last_cgroup_id = cg;
 	if (cg && cg != w->victim) {
@@ -623,9 +720,11 @@ static long charge_slice(__u32 i, struct slice_walk *w)
 		if (cg == w->c0) {
 			w->n0 += ns;
 			w->t0 += turn;
+			w->s0 += sq;
 		} else if (cg == w->c1) {
 			w->n1 += ns;
 			w->t1 += turn;
+			w->s1 += sq;
 		} else {
 			/* A third culprit: the oldest is charged before the walk knows the node's part. */
 			if (w->c1)
@@ -633,9 +732,11 @@ static long charge_slice(__u32 i, struct slice_walk *w)
 			w->c1 = w->c0;
 			w->n1 = w->n0;
 			w->t1 = w->t0;
+			w->s1 = w->s0;
 			w->c0 = cg;
 			w->n0 = ns;
 			w->t0 = 1;
+			w->s0 = sq;
 		}
 	} else if (cg) {
 		w->own += ns;
@@ -660,14 +761,16 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
 					   __u64 victim, __u64 queued, __u64 full)
 {
 	struct slice_walk w = {};
-	__u64 pending, ns;
+	__u64 pending, ns, other;
 
 	if (!cpu || !s)
 		return;
 	w.c0 = w.c1 = walk_zero;
 	w.n0 = w.n1 = walk_zero;
 	w.t0 = w.t1 = walk_zero;
+	w.s0 = w.s1 = walk_zero;
 	w.node = walk_zero;
+	w.softirq = walk_zero;
 	w.last_cgroup_id = ~walk_zero;
 	pending = cpu->slice_start - queued;
 	w.cpu = cpu;
@@ -675,22 +778,29 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
 	w.queued = queued;
 	w.full = full;
 	w.end = cpu->slice_start;
+	w.end_softirq = cpu->softirq_ns;
+	/* Only for a wait the counterfactual moves, and only if softirq work ran since the ring's oldest slice. */
+	if (full >= RUNQ_CF_MIN_NS && cpu->softirq_ns != cpu->ring[cpu->head & (RUNQ_RING_SLOTS - 1)].softirq_ns)
+		w.ktime_off = (bpf_ktime_get_ns() - cpu->slice_start) | 1;
 	w.head = cpu->head;
 	/* Kernels before bpf_loop (5.17): a wait longer than the current slice is all unknown. */
 	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop))
 		bpf_loop(RUNQ_RING_SLOTS, charge_slice, &w, 0);
 	if (w.c0) {
 		charge_culprit(cpu, victim, w.c0, w.n0, w.t0, 0, full, 0);
-		if (w.node && w.c0 != node_cgroup_id)
-			move_counterfactual_node(victim, w.c0, full, w.n0, w.node);
+		other = w.node + w.softirq - w.s0;
+		if (other && w.c0 != node_cgroup_id)
+			move_counterfactual_node(victim, w.c0, full, w.n0, other);
 	}
 	if (w.c1) {
 		charge_culprit(cpu, victim, w.c1, w.n1, w.t1, 0, full, 0);
-		if (w.node && w.c1 != node_cgroup_id)
-			move_counterfactual_node(victim, w.c1, full, w.n1, w.node);
+		other = w.node + w.softirq - w.s1;
+		if (other && w.c1 != node_cgroup_id)
+			move_counterfactual_node(victim, w.c1, full, w.n1, other);
 	}
-	if (w.node)
-		move_counterfactual_node(victim, node_cgroup_id, full, 0, w.node);
+	if (w.node || w.softirq)
+		move_counterfactual_softirq(victim, full, w.node, w.softirq,
+					    w.softirq && w.c0 != node_cgroup_id && w.c1 != node_cgroup_id);
 	s->own_wait_ns += w.own;
 	s->idle_wait_ns += w.idle;
 	s->foreign_wait_ns += w.foreign;
@@ -705,7 +815,7 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
  */
 static __always_inline void attribute_wait(struct runq_cpu_state *cpu, struct runq_cgroup_stats *s, __u64 victim,
 					   __u64 prev_cg, bool prev_kernel_work, __u64 prev_start, __u64 queued,
-					   __u64 pending, __u64 full, __u32 full_slot)
+					   __u64 pending, __u64 full, __u32 full_slot, bool prev_softirq)
 {
 	/* The common case, and all of perf's pipe ping-pong: woken during prev's slice. */
 	if (prev_start && prev_start <= queued) {
@@ -719,6 +829,9 @@ static __always_inline void attribute_wait(struct runq_cpu_state *cpu, struct ru
 			if (prev_kernel_work)
 				move_counterfactual_node(victim, prev_cg, full, 0, pending);
 		}
+		/* One compare for the waits the counterfactual does not move (perf's are µs). */
+		if (full >= RUNQ_CF_MIN_NS && prev_softirq && !prev_kernel_work)
+			softirq_in_wait(victim, queued, pending, full, prev_cg != node_cgroup_id);
 		return;
 	}
 	attribute_long_wait(cpu, s, victim, queued, full);
@@ -734,6 +847,67 @@ static __always_inline void count_foreign_preemption(struct runq_cpu_state *cpu,
 	charge_culprit(cpu, prev_cg, next_cg, 0, 0, 1, 0, 0);
 }
 
+/*
+ * Softirq work on this CPU (runq_cpu_state.softirq_ns, marks): one vector's entry to its exit; vectors
+ * handled back to back extend one run. Entry and exit of one vector run on one CPU with no switch between.
+ */
+static __always_inline void softirq_edge(bool entry)
+{
+	__u32 zero = 0;
+	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
+	struct runq_softirq_mark *m;
+	__u64 now, since;
+
+	if (!cpu)
+		return;
+	now = bpf_ktime_get_ns();
+	if (entry) {
+		cpu->softirq_entry = now;
+		return;
+	}
+	since = cpu->softirq_entry;
+	cpu->softirq_entry = 0;
+	if (!since || now <= since)
+		return; /* attached between an entry and its exit */
+	cpu->softirq_ns += now - since;
+	m = &cpu->marks[(cpu->mark_head - 1) & (RUNQ_SOFTIRQ_MARKS - 1)];
+	if (!cpu->mark_head || since > m->exit + RUNQ_SOFTIRQ_RUN_GAP_NS) {
+		m = &cpu->marks[cpu->mark_head & (RUNQ_SOFTIRQ_MARKS - 1)];
+		m->entry = since;
+		cpu->mark_head++;
+	}
+	m->exit = now;
+	m->total = cpu->softirq_ns;
+}
+
+SEC("tp_btf/softirq_entry")
+int BPF_PROG(runqlat_softirq_entry_btf, unsigned int vec_nr)
+{
+	softirq_edge(true);
+	return 0;
+}
+
+SEC("tp_btf/softirq_exit")
+int BPF_PROG(runqlat_softirq_exit_btf, unsigned int vec_nr)
+{
+	softirq_edge(false);
+	return 0;
+}
+
+SEC("raw_tp/softirq_entry")
+int BPF_PROG(runqlat_softirq_entry_raw, unsigned int vec_nr)
+{
+	softirq_edge(true);
+	return 0;
+}
+
+SEC("raw_tp/softirq_exit")
+int BPF_PROG(runqlat_softirq_exit_raw, unsigned int vec_nr)
+{
+	softirq_edge(false);
+	return 0;
+}
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
@@ -743,7 +917,7 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 	struct task_wait *w;
 	__u64 now, prev_start, queued, run_delay, pending = 0, migrated = 0, prev_cg = 0, next_cg = 0, prev_slice_id;
 	__u32 slot;
-	bool own_preemption, first_arrival, prev_kernel_work;
+	bool own_preemption, first_arrival, prev_kernel_work, prev_softirq;
 
 	if (!cpu)
 		return 0;
@@ -794,8 +968,11 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 
 		slot->start = prev_start;
 		slot->cgroup_id = prev_slice_id;
+		slot->softirq_ns = cpu->slice_softirq_ns;
 		cpu->head++;
 	}
+	prev_softirq = cpu->softirq_ns != cpu->slice_softirq_ns;
+	cpu->slice_softirq_ns = cpu->softirq_ns;
 	cpu->slice_start = now;
 	cpu->cur_pid = next_pid;
 	cpu->cur_cgroup_id = next_cg;
@@ -854,7 +1031,7 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 			s->migrated_wait_ns += migrated;
 			if (pending)
 				attribute_wait(cpu, s, next_cg, prev_cg, prev_kernel_work, prev_start, queued, pending,
-					       pending + migrated, slot);
+					       pending + migrated, slot, prev_softirq);
 		}
 		report_outlier(prev, next, next_cg, prev_cg, pending + migrated);
 	}

@@ -92,7 +92,24 @@ struct runq_counterfactual {
 /* One finished slice on a CPU: from `start` (rq clock) to the next slice's start. */
 struct runq_slice {
 	__u64 start;
-	__u64 cgroup_id; /* 0: the idle task; | RUNQ_SLICE_KERNEL_WORK: kernel work ran (kswapd, kcompactd, kdamond, ksoftirqd) */
+	__u64 cgroup_id;  /* 0: the idle task; | RUNQ_SLICE_KERNEL_WORK: kernel work ran (kswapd, kcompactd, kdamond, ksoftirqd) */
+	__u64 softirq_ns; /* the CPU's runq_cpu_state.softirq_ns when it began: the next slice's minus this is the softirq run in it */
+};
+
+/*
+ * Softirq work run at interrupt exit (or at a local_bh_enable()) runs on top of whatever task is on the
+ * CPU, in its slice: the idle task's, a victim's own thread's, a culprit's. The scheduler sees that
+ * task's time; runqlat_softirq_* sum it per CPU so a wait's part of it is taken out with the kernel work.
+ * The last runs are kept to find how much of it came after a wait began (softirq_ns_at()).
+ */
+#define RUNQ_SOFTIRQ_MARKS 8 /* power of 2 */
+#define RUNQ_SOFTIRQ_RUN_GAP_NS 2000ULL /* a vector's entry this soon after the last exit continues the run */
+
+/* A run of softirq work on a CPU: vectors handled back to back (one __do_softirq()) are one run. */
+struct runq_softirq_mark {
+	__u64 entry; /* ktime of its first softirq_entry */
+	__u64 exit;  /* ktime of its last softirq_exit */
+	__u64 total; /* runq_cpu_state.softirq_ns after it */
 };
 
 /* Set in a ring slice's cgroup_id (kernfs ids never reach bit 63: 2^31 id wraps first). */
@@ -126,6 +143,12 @@ struct runq_cpu_state {
 	struct runq_slot_cache_entry slot_cache[RUNQ_SLOT_CACHE]; /* cgroup id -> cgroup_runq slot, direct-mapped */
 	struct runq_pair_cache_entry pair_cache[RUNQ_PAIR_CACHE]; /* (victim, culprit) -> runq_culprits slot */
 	struct nn_hist hist;     /* the wait distribution of everything that ran on this CPU */
+	__u64 softirq_ns;        /* softirq work run on this CPU since load, summed (ktime ns) */
+	__u64 softirq_entry;     /* ktime of the running softirq vector's entry; 0 outside one */
+	__u64 slice_softirq_ns;  /* softirq_ns when the current slice began */
+	__u32 mark_head;         /* marks[(mark_head - 1) % RUNQ_SOFTIRQ_MARKS] is the newest run */
+	__u32 mark_pad;
+	struct runq_softirq_mark marks[RUNQ_SOFTIRQ_MARKS];
 };
 
 #endif /* NN_RUNQLAT_H */

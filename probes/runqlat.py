@@ -68,7 +68,11 @@ SPEC = ProbeSpec(
 SCHED_INFO_SPEC = ProbeSpec(
     name="runqlat",
     object_file="runqlat.bpf.o",
-    tracepoints=(Tracepoint("sched_switch", "runqlat_switch_schedinfo", "runqlat_switch_raw"),),
+    # Softirq work a wait spent on top of another task, for the counterfactual (bpf/runqlat.h): without
+    # them that work stays charged to the task it interrupted.
+    tracepoints=(Tracepoint("sched_switch", "runqlat_switch_schedinfo", "runqlat_switch_raw"),
+                 Tracepoint("softirq_entry", "runqlat_softirq_entry_btf", "runqlat_softirq_entry_raw", required=False),
+                 Tracepoint("softirq_exit", "runqlat_softirq_exit_btf", "runqlat_softirq_exit_raw", required=False)),
     btf_needs=(("member", "task_struct.sched_info"), ("member", "cfs_rq.rq"), ("member", "rq.clock")),
 )
 Flavour = Literal["auto", "sched_info", "tp_btf", "raw_tp"]
@@ -88,13 +92,14 @@ _CPU_STATE_HEAD = struct.Struct("<QQIIQQ")
 # struct runq_counterfactual: signed slot moves without the culprit, then the further moves without the
 # node's kernel threads too (node_slots)
 _COUNTERFACTUAL = struct.Struct(f"<{2 * HIST_SLOTS + 1}q")  # (+ node_ns)
-# Between its head and its histogram: the slice ring and the cgroup slot cache (16-byte entries), the
-# pair slot cache (24-byte entries).
-RUNQ_RING_SLOTS, RUNQ_SLOT_CACHE, RUNQ_PAIR_CACHE = 64, 16, 16
+# Between its head and its histogram: the slice ring (24-byte entries), the cgroup slot cache (16-byte
+# entries), the pair slot cache (24-byte entries); after it the softirq sum and its runs (never decoded).
+RUNQ_RING_SLOTS, RUNQ_SLOT_CACHE, RUNQ_PAIR_CACHE, RUNQ_SOFTIRQ_MARKS = 64, 16, 16, 8
 CGROUP_STATS_SIZE = NN_HIST_SIZE + _SPLIT_TAIL.size + _SLOT_OWNER.size
 CULPRIT_STATS_SIZE = _CULPRIT_STATS.size + _CULPRIT_KEY.size  # the counters, then the pair owning the slot
 # struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the pair cache, the CPU's histogram.
-CPU_STATE_SIZE = _CPU_STATE_HEAD.size + 16 * (RUNQ_RING_SLOTS + RUNQ_SLOT_CACHE) + 24 * RUNQ_PAIR_CACHE + NN_HIST_SIZE
+CPU_STATE_SIZE = (_CPU_STATE_HEAD.size + 24 * RUNQ_RING_SLOTS + 16 * RUNQ_SLOT_CACHE + 24 * RUNQ_PAIR_CACHE
+                  + NN_HIST_SIZE + 32 + 24 * RUNQ_SOFTIRQ_MARKS)
 # What this module decodes, per map: (key, value), checked against the object's BTF at load (engine).
 MAP_LAYOUTS = {
     "cgroup_slots": (_SLOT_OWNER, 4),  # cgroup id -> u32 slot
@@ -784,7 +789,9 @@ def _who_ran_instead(interval: RunqInterval, workload_key: WorkloadKey, out: dic
         if lost:
             ran[UNKNOWN] = ran.get(UNKNOWN, 0.0) + lost
     for (victim_id, culprit_id), pair in interval.culprits.items():
-        if not pair.wait_ns and not pair.preemptions:
+        # The node's own pair may carry only moves: waits that softirq work run on top of another task
+        # lengthened (bpf/runqlat.h).
+        if not pair.wait_ns and not pair.preemptions and not pair.cf_node_ns:
             continue
         victim = workload_key(victim_id)
         if victim is None:
@@ -799,9 +806,10 @@ def _who_ran_instead(interval: RunqInterval, workload_key: WorkloadKey, out: dic
                 by = r.setdefault("own_wait_by_cgroup", {})
                 by[culprit_id] = by.get(culprit_id, 0.0) + pair.wait_ns
         else:
-            ran = r.setdefault("ran_instead_ns", {})
-            ran[key] = ran.get(key, 0.0) + pair.wait_ns
-            r["preempted_foreign"] = r.get("preempted_foreign", 0) + pair.preemptions
+            if pair.wait_ns or pair.preemptions:
+                ran = r.setdefault("ran_instead_ns", {})
+                ran[key] = ran.get(key, 0.0) + pair.wait_ns
+                r["preempted_foreign"] = r.get("preempted_foreign", 0) + pair.preemptions
             if pair.cf_slots:  # the counterfactual: how its waits move without this culprit
                 moves = r.setdefault("cf_moves", {})
                 moves[key] = add_slots(moves.get(key, ()), pair.cf_slots, 1)
