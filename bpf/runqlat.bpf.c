@@ -613,9 +613,13 @@ __noinline __u64 softirq_ns_at(__u64 t, __u64 floor_t, __u64 floor_ns)
 			break; /* never written */
 		if (m->exit <= t)
 			return m->total > floor_ns ? m->total : floor_ns;
-		if (m->entry <= t)
-			return m->total - (m->exit - t);
-		at = m->total - (m->exit - m->entry);
+		if (m->entry <= t) {
+			/* Inside a run: its work taken as spread evenly over it (one vector: all of it). */
+			span = (m->exit - m->entry) >> 6;
+			part = ((m->total - m->before) >> 6) * ((t - m->entry) >> 6);
+			return span ? m->before + (part / span << 6) : m->before;
+		}
+		at = m->before;
 		at_t = m->entry;
 	}
 	if (!at_t || at <= floor_ns || t <= floor_t || at_t <= t)
@@ -869,13 +873,14 @@ static __always_inline void softirq_edge(bool entry)
 	cpu->softirq_entry = 0;
 	if (!since || now <= since)
 		return; /* attached between an entry and its exit */
-	cpu->softirq_ns += now - since;
 	m = &cpu->marks[(cpu->mark_head - 1) & (RUNQ_SOFTIRQ_MARKS - 1)];
 	if (!cpu->mark_head || since > m->exit + RUNQ_SOFTIRQ_RUN_GAP_NS) {
 		m = &cpu->marks[cpu->mark_head & (RUNQ_SOFTIRQ_MARKS - 1)];
 		m->entry = since;
+		m->before = cpu->softirq_ns;
 		cpu->mark_head++;
 	}
+	cpu->softirq_ns += now - since;
 	m->exit = now;
 	m->total = cpu->softirq_ns;
 }

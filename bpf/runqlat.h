@@ -105,11 +105,15 @@ struct runq_slice {
 #define RUNQ_SOFTIRQ_MARKS 8 /* power of 2 */
 #define RUNQ_SOFTIRQ_RUN_GAP_NS 2000ULL /* a vector's entry this soon after the last exit continues the run */
 
-/* A run of softirq work on a CPU: vectors handled back to back (one __do_softirq()) are one run. */
+/*
+ * A run of softirq work on a CPU: vectors handled back to back (one __do_softirq(), or a sender's sends
+ * a few µs apart) are one run, whose softirq work is total - before of its exit - entry.
+ */
 struct runq_softirq_mark {
-	__u64 entry; /* ktime of its first softirq_entry */
-	__u64 exit;  /* ktime of its last softirq_exit */
-	__u64 total; /* runq_cpu_state.softirq_ns after it */
+	__u64 entry;  /* ktime of its first softirq_entry */
+	__u64 exit;   /* ktime of its last softirq_exit */
+	__u64 before; /* runq_cpu_state.softirq_ns before it */
+	__u64 total;  /* runq_cpu_state.softirq_ns after it */
 };
 
 /* Set in a ring slice's cgroup_id (kernfs ids never reach bit 63: 2^31 id wraps first). */

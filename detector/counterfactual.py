@@ -18,7 +18,10 @@ kdamond, whose DAMON reclaim schemes page out the cold pages a grower streamed t
 kernel threads of the node (the root cgroup), so "who ran instead" charges them to the node, not to the
 pod. The probe marks their slices (by the task: PF_KSWAPD, comm "ksoftirqd/N", "kcompactdN",
 "kdamond.N"; other kernel threads and, on a v1 host, every process of the root cpu cgroup are the node
-but not this work), and keeps two per-wait records of them: per pair, how the culprit's waits move
+but not this work). Softirq work the kernel runs outside ksoftirqd (at interrupt exit, or where a
+sender re-enables bottom halves) runs on top of whatever task is on the CPU and is charged to it: the
+probe times it per CPU and counts a wait's softirq work as kernel work too, whichever slice it ran in
+(bpf/runqlat.h). It keeps two per-wait records of that work: per pair, how the culprit's waits move
 further when the kernel work in the same waits is taken out (``node_slots``), and on the node's own
 pair (``NODE_KEY``) how every wait moves without its kernel work alone, whoever else ran. For a cause
 that declares such work (``CauseSpec.kernel_work``: softirq -> ksoftirqd, reclaim -> kswapd, kcompactd,
@@ -26,10 +29,11 @@ kdamond) the incident's top BE culprit (the one its actions move; else the top o
 it too, by whichever record takes more out: a grower kswapd reclaims for, or a sender whose packets
 ksoftirqd processes, never runs on the victim's CPU, and only the second record sees its cost. The
 incident keeps the second one too (``Incident.kernel_work_cost``) for the culprit the planner names
-from its traffic. Bounds: softirq work run at interrupt exit on top of another task (the idle task, the
-victim's own) is charged to that task and stays in; kswapd reclaims for every allocation of the node,
+from its traffic. Bounds: all softirq work in a wait counts, whoever's packets (or timers) it served;
+kswapd reclaims for every allocation of the node,
 so a second grower's share of it is taken out with the top one's; the mark is one bit, not one per
-cause, so a softirq sender's cost also takes out the reclaim threads' part of the same waits (a host
+cause, so a softirq sender's cost also takes out the reclaim threads' part of the same waits and a
+grower's the softirq work in them (a host
 whose DAMON scheme runs all the time, as the bench's does at 0.5-2.5 ms/s of the victim's waits, lowers
 it by that much).
 
@@ -179,7 +183,7 @@ class Counterfactuals:
 def with_kernel_work(culprits: list[Culprit], cost: Callable[[Culprit], CulpritCost | None],
                      kernel_work: str) -> list[Culprit]:
     """The culprits, one costed without the kernel work it caused too (``kernel_work`` names it:
-    "ksoftirqd", "kswapd, kcompactd, kdamond"): the top BE one, which the cause's actions move (suppress, cap, evict), else
+    "softirq work", "kswapd, kcompactd, kdamond"): the top BE one, which the cause's actions move (suppress, cap, evict), else
     the top one. The others keep their own cost: the node's work is counted once (kswapd reclaims for
     every grower, and a non-BE grower of the node's own ranked above the BE one is not what is moved)."""
     if not culprits:
@@ -202,7 +206,7 @@ def cost_of(culprit: Culprit) -> CulpritCost:
 
 def describe(culprit: str, victim: str, cost: CulpritCost, kernel_work: str = "", together: int = 1) -> str:
     """'batch-x added 3.1 ms to web's runqueue p99 (5.0 -> 1.9 ms without it)'; with ``kernel_work``
-    ("ksoftirqd"): '... without it and the kernel work it caused (ksoftirqd) ...'; for ``together``
+    ("softirq work"): '... without it and the kernel work it caused (softirq work) ...'; for ``together``
     culprits moved at once ('batch and batch-small'): '... without them ...'."""
     if together > 1:
         without = "without them"

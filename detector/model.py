@@ -56,7 +56,7 @@ class Culprit:
     runq_p99_without_ns: float | None = None
     victim_wait_ms_per_s: float | None = None
     wait_ms_per_s_without: float | None = None
-    # Those two also without the kernel work it caused, named ("ksoftirqd", "kswapd, kcompactd, kdamond": the cause's
+    # Those two also without the kernel work it caused, named ("softirq work", "kswapd, kcompactd, kdamond": the cause's
     # CauseSpec.kernel_work), those kernel threads' part of the victim's waits; "": its own share only.
     without_kernel_work: str = ""
 

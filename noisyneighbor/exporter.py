@@ -182,7 +182,7 @@ _DEFS = (
               "attribution combined.", (*VICTIM_LABELS, "cause", *CULPRIT_LABELS)),
     MetricDef(CULPRIT_P99_WITHOUT, "gauge", "Per open incident and culprit, the victim's runqueue p99 with that "
               "culprit's share of each wait taken out (the counterfactual; detector/counterfactual.py); for the top culprit "
-              "of a softirq incident also the node's kernel threads' share (ksoftirqd).",
+              "of a softirq incident also the softirq work's share.",
               (*VICTIM_LABELS, "cause", *CULPRIT_LABELS)),
     MetricDef(MOVED_TOGETHER_P99_WITHOUT, "gauge", "Per open incident whose step moved several culprits at once (BE "
               "hogs suppressed together), the victim's runqueue p99 without all of them; the incident JSON names them.",

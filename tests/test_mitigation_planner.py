@@ -131,7 +131,7 @@ def test_the_sender_is_named_first_and_costed_by_the_kernel_work_its_packets_mad
     first = inc.culprits[0]
     assert first.target == FLOOD and first.attribution == 0.75 and first.score >= 1.0
     assert (first.victim_runq_p99_ns, first.runq_p99_without_ns) == (2_100_000, 300_000)
-    assert (first.victim_wait_ms_per_s, first.wait_ms_per_s_without, first.without_kernel_work) == (40.0, 12.0, "ksoftirqd")
+    assert (first.victim_wait_ms_per_s, first.wait_ms_per_s_without, first.without_kernel_work) == (40.0, 12.0, "softirq work")
     assert [c.target for c in inc.culprits] == [FLOOD, API]
     # The engine's step for a new top culprit does not move it off the victim's CPUs as well: it never
     # ran there (its quota is the planner's); one that did run there still is.

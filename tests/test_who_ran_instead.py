@@ -429,5 +429,5 @@ def test_map_layouts_match_the_object():
         # softirq sum (3 u64, 2 u32) and its runs.
         assert obj.map("runq_cpu").value_size == (
             _CPU_STATE_HEAD.size + 24 * RUNQ_RING_SLOTS + 16 * RUNQ_SLOT_CACHE + 24 * RUNQ_PAIR_CACHE + NN_HIST_SIZE
-            + 32 + 24 * RUNQ_SOFTIRQ_MARKS)
+            + 32 + 32 * RUNQ_SOFTIRQ_MARKS)
         assert obj.map("cgroup_slots").key_size == 8 and obj.map("cgroup_slots").value_size == 4

@@ -122,12 +122,12 @@ class CauseSpec:
     # Outcome code -> its wording (str.format fields). Decisions carry the code (Decision.code) and
     # the planner keys on codes only: rewording a message changes no decision (tests/test_causes.py).
     messages: dict[str, str] = field(default_factory=dict)
-    # The node's kernel threads that do this cause's work on a culprit's behalf ("ksoftirqd": the
-    # softirq work its packets made; "kswapd, kcompactd, kdamond": the reclaim and compaction its growth
-    # forced, and DAMON's pageout of what it streamed through) and stop when the culprit is moved away:
-    # the top BE culprit's counterfactual takes its part of each wait out too
-    # (detector/counterfactual.py; the probe marks those threads' slices, bpf/runqlat.bpf.c). "": none;
-    # a culprit's cost is its own share only.
+    # The kernel work the node does for this cause on a culprit's behalf ("softirq work": what its
+    # packets made, in ksoftirqd or on top of whatever task ran; "kswapd, kcompactd, kdamond": the
+    # reclaim and compaction its growth forced, and DAMON's pageout of what it streamed through) and
+    # stops when the culprit is moved away: the top BE culprit's counterfactual takes its part of each
+    # wait out too (detector/counterfactual.py; the probe marks those threads' slices and times softirq
+    # work, bpf/runqlat.h). "": none; a culprit's cost is its own share only.
     kernel_work: str = ""
     # Its evidence comes from outside the node and comes and goes (steal): an incident opened with this
     # cause takes a later tick's cause that names pods, whatever the first confidence (its rule comes

@@ -86,7 +86,7 @@ SPEC = CauseSpec(
     advice="softirq work lands on the victim's CPUs: steer IRQs/RPS away from them or move the traffic source",
     act=suppress_top_be,
     mitigation=Mitigation.TRAFFIC_AND_RT,
-    kernel_work="ksoftirqd",
+    kernel_work="softirq work",
     # Its actions are judged on what broke the SLO: softirq time on the victim's CPUs, or how late its
     # softirqs ran; a run-queue p99 where it breached on that (or on PSI).
     verify_signals=(VICTIM_SIGNAL, "softirq_ms_per_s", "softirq_delay_p99_ns"),
