@@ -146,13 +146,13 @@ struct runq_cpu_state {
 	struct runq_slice ring[RUNQ_RING_SLOTS];
 	struct runq_slot_cache_entry slot_cache[RUNQ_SLOT_CACHE]; /* cgroup id -> cgroup_runq slot, direct-mapped */
 	struct runq_pair_cache_entry pair_cache[RUNQ_PAIR_CACHE]; /* (victim, culprit) -> runq_culprits slot */
-	struct nn_hist hist;     /* the wait distribution of everything that ran on this CPU */
 	__u64 softirq_ns;        /* softirq work run on this CPU since load, summed (ktime ns) */
 	__u64 softirq_entry;     /* ktime of the running softirq vector's entry; 0 outside one */
 	__u64 slice_softirq_ns;  /* softirq_ns when the current slice began */
 	__u32 mark_head;         /* marks[(mark_head - 1) % RUNQ_SOFTIRQ_MARKS] is the newest run */
 	__u32 mark_pad;
 	struct runq_softirq_mark marks[RUNQ_SOFTIRQ_MARKS];
+	struct nn_hist hist;     /* the wait distribution of everything that ran on this CPU: last (userspace reads the tail) */
 };
 
 #endif /* NN_RUNQLAT_H */

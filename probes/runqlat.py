@@ -92,15 +92,16 @@ _CPU_STATE_HEAD = struct.Struct("<QQIIQQ")
 # struct runq_counterfactual: signed slot moves without the culprit, then the further moves without the
 # node's kernel threads too (node_slots)
 _COUNTERFACTUAL = struct.Struct(f"<{2 * HIST_SLOTS + 1}q")  # (+ node_ns)
-# Between its head and its histogram: the slice ring (24-byte entries), the cgroup slot cache (16-byte
-# entries), the pair slot cache (24-byte entries); after it the softirq sum and its runs (32-byte
-# entries; never decoded).
+# Between its head and its histogram (last: read as the value's tail): the slice ring (24-byte entries),
+# the cgroup slot cache (16-byte entries), the pair slot cache (24-byte entries), the softirq sums and
+# runs (32-byte entries; never decoded).
 RUNQ_RING_SLOTS, RUNQ_SLOT_CACHE, RUNQ_PAIR_CACHE, RUNQ_SOFTIRQ_MARKS = 64, 16, 16, 8
 CGROUP_STATS_SIZE = NN_HIST_SIZE + _SPLIT_TAIL.size + _SLOT_OWNER.size
 CULPRIT_STATS_SIZE = _CULPRIT_STATS.size + _CULPRIT_KEY.size  # the counters, then the pair owning the slot
-# struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the pair cache, the CPU's histogram.
+# struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the pair cache, the softirq
+# state, the CPU's histogram.
 CPU_STATE_SIZE = (_CPU_STATE_HEAD.size + 24 * RUNQ_RING_SLOTS + 16 * RUNQ_SLOT_CACHE + 24 * RUNQ_PAIR_CACHE
-                  + NN_HIST_SIZE + 32 + 32 * RUNQ_SOFTIRQ_MARKS)
+                  + 32 + 32 * RUNQ_SOFTIRQ_MARKS + NN_HIST_SIZE)
 # What this module decodes, per map: (key, value), checked against the object's BTF at load (engine).
 MAP_LAYOUTS = {
     "cgroup_slots": (_SLOT_OWNER, 4),  # cgroup id -> u32 slot

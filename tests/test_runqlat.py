@@ -170,6 +170,48 @@ def test_wait_is_attributed_to_the_wakee_not_the_waker(two_contending_cgroups):
         probe.close()
 
 
+def _cpu_schedstat(cpu: int) -> tuple[int, int] | None:
+    """/proc/schedstat's line for `cpu`: the run_delay (ns) and pcount (timeslices) of every task that
+    ran there (its rq's sched_info, version 15: the 8th and 9th fields after the name). None without
+    CONFIG_SCHEDSTATS (this host's kernel; Debian's has it)."""
+    try:
+        lines = Path("/proc/schedstat").read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if fields and fields[0] == f"cpu{cpu}":
+            return int(fields[8]), int(fields[9])
+    raise AssertionError(f"no cpu{cpu} in /proc/schedstat")
+
+
+@pytest.mark.vm
+def test_per_cpu_wait_matches_schedstat(two_contending_cgroups):
+    """The per-CPU histogram (the tail of runq_cpu's value) against the kernel's own per-CPU count of
+    the same waits, on the CPU the fixture keeps busy: every task's, not only the test's. The two are
+    read a moment apart at each end, so a few switches may fall between the reads. Without
+    /proc/schedstat: every wait is in one CPU's histogram and one cgroup's, so over all CPUs the two
+    add up to the same."""
+    cpu = os.cpu_count() - 1
+    with RunqLatProbe() as probe:
+        truth_before, before = _cpu_schedstat(cpu), probe.snapshot()
+        time.sleep(2)
+        after, truth_after = probe.snapshot(), _cpu_schedstat(cpu)
+    got = after.per_cpu[cpu].delta(before.per_cpu[cpu])
+    by_cpu = sum(h.delta(before.per_cpu[i]).count for i, h in enumerate(after.per_cpu))
+    by_cgroup = sum(h.delta(before.per_cgroup.get(cg)).count for cg, h in after.per_cgroup.items())
+    print(f"cpu{cpu}: probe {got.sum_ns / 1e6:.1f} ms in {got.count} waits; all CPUs {by_cpu} waits, all "
+          f"cgroups {by_cgroup}; schedstat {truth_before} -> {truth_after}")
+    assert got.sum_ns > 5e8, "the fixture did not contend: the test proves nothing"
+    assert abs(by_cpu - by_cgroup) <= 0.01 * by_cgroup + 20, (by_cpu, by_cgroup)
+    if truth_before is None or truth_after is None:
+        return
+    wait, slices = truth_after[0] - truth_before[0], truth_after[1] - truth_before[1]
+    assert abs(got.count - slices) <= 0.02 * slices + 20, (got.count, slices)
+    # A wait migrated in from another CPU is the arriving CPU's here and partly the other rq's there.
+    assert abs(got.sum_ns - wait) <= 0.05 * wait, (got.sum_ns, wait)
+
+
 def test_default_flavour_is_the_cheapest_the_kernel_supports():
     with RunqLatProbe() as probe:
         # This kernel has CONFIG_SCHED_INFO and FAIR_GROUP_SCHED: one sched_switch program, no wakeups
