@@ -503,6 +503,8 @@ def test_softirq_on_top_of_a_task_moves_with_the_kernel_work(make_cgroup, victim
     assert node_pair.wait_ns == 0 and node_pair.preemptions == 0 and node_pair.count > 0, node_pair
     assert 0.5 * expected <= node_pair.cf_node_ns <= 1.5 * expected, (node_pair.cf_node_ns, expected)
     assert node_pair.cf_node_ns <= SOFTIRQ_TIMING_SKEW * softirq_ns, (node_pair.cf_node_ns, softirq_ns)
+    # Each wait it moves leaves one slot for a lower one. A wait of ~4 ms less its ~28 % of softirq work
+    # may stay in its log2 slot: a run can move none.
     moves = node_pair.cf_node_slots
-    assert sum(moves) == 0 and moves[max(i for i, x in enumerate(moves) if x)] < 0, moves  # only ever shorter
+    assert sum(moves) == 0 and (not any(moves) or moves[max(i for i, x in enumerate(moves) if x)] < 0), moves
     assert sender_pair.cf_node_ns <= 0.2 * node_pair.cf_node_ns, (sender_pair.cf_node_ns, node_pair.cf_node_ns)
