@@ -30,6 +30,8 @@
  * foreign total live in the victim's cgroup_runq value that is updated anyway, so a switch between
  * tasks of one cgroup (perf bench sched pipe) adds no map update. A `prev` switched out while
  * runnable is counted as preempted by next's cgroup (own or foreign; foreign ones per culprit).
+ * softirq_entry/exit (same flavour, optional) time each CPU's softirq work, which runs on top of
+ * whatever task is there: a wait's part of it is taken out with the kernel work (runqlat.h).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
