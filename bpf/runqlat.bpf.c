@@ -659,16 +659,15 @@ __noinline int softirq_in_wait(__u64 victim, __u64 queued, __u64 pending, __u64 
 {
 	__u32 zero = 0;
 	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
-	__u64 sq, ktime_off, queued_ktime;
+	struct runq_slice *newest;
+	__u64 sq, ktime_off;
 
 	if (!cpu)
 		return 0;
 	/* The rq clock (ring, last_queued) into ktime (marks): their offset at this switch. */
 	ktime_off = bpf_ktime_get_ns() - cpu->slice_start;
-	queued_ktime = queued + ktime_off;
-	struct runq_slice *newest = &cpu->ring[(cpu->head - 1) & (RUNQ_RING_SLOTS - 1)];
-
-	sq = cpu->softirq_ns - softirq_ns_at(queued_ktime, newest->start + ktime_off, newest->softirq_ns);
+	newest = &cpu->ring[(cpu->head - 1) & (RUNQ_RING_SLOTS - 1)]; /* the slice the wait began in */
+	sq = cpu->softirq_ns - softirq_ns_at(queued + ktime_off, newest->start + ktime_off, newest->softirq_ns);
 	if (!sq || (__s64)sq < 0)
 		return 0;
 	return move_counterfactual_softirq(victim, full_ns, 0, sq < pending ? sq : pending, charge);

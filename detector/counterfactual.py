@@ -24,18 +24,17 @@ probe times it per CPU and counts a wait's softirq work as kernel work too, whic
 (bpf/runqlat.h). It keeps two per-wait records of that work: per pair, how the culprit's waits move
 further when the kernel work in the same waits is taken out (``node_slots``), and on the node's own
 pair (``NODE_KEY``) how every wait moves without its kernel work alone, whoever else ran. For a cause
-that declares such work (``CauseSpec.kernel_work``: softirq -> ksoftirqd, reclaim -> kswapd, kcompactd,
-kdamond) the incident's top BE culprit (the one its actions move; else the top one) is costed without
-it too, by whichever record takes more out: a grower kswapd reclaims for, or a sender whose packets
-ksoftirqd processes, never runs on the victim's CPU, and only the second record sees its cost. The
+that declares such work (``CauseSpec.kernel_work``: softirq -> softirq work, reclaim -> kswapd,
+kcompactd, kdamond) the incident's top BE culprit (the one its actions move; else the top one) is costed
+without it too, by whichever record takes more out: a grower kswapd reclaims for, or a sender whose
+packets the kernel processes on the victim's CPU, never runs there, and only the second record sees its
+cost. The
 incident keeps the second one too (``Incident.kernel_work_cost``) for the culprit the planner names
 from its traffic. Bounds: all softirq work in a wait counts, whoever's packets (or timers) it served;
-kswapd reclaims for every allocation of the node,
-so a second grower's share of it is taken out with the top one's; the mark is one bit, not one per
-cause, so a softirq sender's cost also takes out the reclaim threads' part of the same waits and a
-grower's the softirq work in them (a host
-whose DAMON scheme runs all the time, as the bench's does at 0.5-2.5 ms/s of the victim's waits, lowers
-it by that much).
+kswapd reclaims for every allocation of the node, so a second grower's share of it is taken out with the
+top one's; the mark is one bit, not one per cause, so a softirq sender's cost also takes out the reclaim
+threads' part of the same waits and a grower's the softirq work in them (a host whose DAMON scheme runs
+all the time, as the bench's does at 0.5-2.5 ms/s of the victim's waits, lowers it by that much).
 
 Several culprits at once (the BE hogs an incident's step suppresses together): each one's moves of the
 same waits, added. That is exact where no wait had two of them (a wait woken during one slice, the

@@ -408,3 +408,19 @@ def active_interval():
                         {(1, 2): CulpritStats(5000, 2, 1, (0,) * 4 + (1, -1) + (0,) * (HIST_SLOTS - 6),
                                               (0,) * 3 + (1, -1) + (0,) * (HIST_SLOTS - 5), 700),
                          (1, 1): CulpritStats(100, 1, 1)}, True)
+
+
+def test_a_pair_with_only_softirq_moves_is_read_and_ran_nowhere():
+    """The node's own pair after waits no node task ran in, only softirq work on top of another task: a
+    turn a wait, no wait, its kernel-work moves (bpf/runqlat.bpf.c, move_counterfactual_softirq). The
+    victim's row carries the moves; who ran instead does not list the node."""
+    from probes.hist import HIST_SLOTS, IntervalHistogram
+    from probes.runqlat import CulpritStats, RunqInterval, WaitSplit, workload_signals
+
+    waited = IntervalHistogram(tuple([0] * 12 + [3] + [0] * (HIST_SLOTS - 13)), 9_000_000, 3, None)
+    node_moves = (0,) * 11 + (2, -2) + (0,) * (HIST_SLOTS - 13)
+    interval = RunqInterval(1.0, {1: waited}, [waited], {1: WaitSplit(idle_wait_ns=9_000_000)},
+                            {(1, 7): CulpritStats(0, 3, 0, (), node_moves, 2_600_000)}, True)
+    row = workload_signals(interval, 1.0, {1: "pod:web", 7: "/"}.get)["pod:web"]
+    assert row["cf_node_moves"] == {"/": node_moves} and row["cf_node_ns"] == {"/": 2_600_000}
+    assert "/" not in row["ran_instead_ns"] and row.get("preempted_foreign", 0) == 0
