@@ -246,8 +246,9 @@ def test_a_client_loads_no_probe_and_costs_the_agent_no_memory_beyond_5_percent(
     load no BPF program in the agent (the old exec'd top loaded a second probe set), and cost its RSS no
     more than 5 %. The RSS is compared after one frame and one report were served: their first use
     imports code the agent never ran before (the report's modules, numpy pages), a one-time cost of
-    1.1-1.5 MiB here and 3 MiB in one CI run under load, which left a 5 % bound on a fresh agent within
-    a page of failing: CI failed it by 1 KiB at stop 37 (60300 KiB before, 63316 after)."""
+    1.1-1.5 MiB here and up to 3 MiB in one CI run under load, which left a 5 % bound on a fresh agent
+    within a page of failing: CI failed it by 1 KiB at stop 37 (60300 KiB before, 63316 after). That
+    first use is bounded apart, at 10 %."""
     kube, kubeconfig = cluster
     config = write_config(tmp_path / "config.yaml", {"kubernetes": {"pod_source": "standalone"}})
     proc = AgentProcess(config, tmp_path, "--interval", "0.5", node="node-2")
@@ -279,6 +280,9 @@ def test_a_client_loads_no_probe_and_costs_the_agent_no_memory_beyond_5_percent(
     assert bpf_before.get("bpf-prog", 0) > 0, bpf_before  # the agent's own probe set is counted
     assert bpf_after == bpf_before, (bpf_before, bpf_after)
     assert with_client <= without * 1.05, (without, with_client)
+    # The first use's one-time part, loosely: 2.4 % here, at most 5 % with the rest in that CI run. A
+    # second probe set parsed in the agent (vmlinux BTF) or a heavy import on the request path is more.
+    assert without <= fresh * 1.10, (fresh, without)
 
 
 @pytest.mark.root
