@@ -900,20 +900,6 @@ int BPF_PROG(runqlat_softirq_exit_btf, unsigned int vec_nr)
 	return 0;
 }
 
-SEC("raw_tp/softirq_entry")
-int BPF_PROG(runqlat_softirq_entry_raw, unsigned int vec_nr)
-{
-	softirq_edge(true);
-	return 0;
-}
-
-SEC("raw_tp/softirq_exit")
-int BPF_PROG(runqlat_softirq_exit_raw, unsigned int vec_nr)
-{
-	softirq_edge(false);
-	return 0;
-}
-
 SEC("tp_btf/sched_switch")
 int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, struct task_struct *next)
 {

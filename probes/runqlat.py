@@ -69,10 +69,11 @@ SCHED_INFO_SPEC = ProbeSpec(
     name="runqlat",
     object_file="runqlat.bpf.o",
     # Softirq work a wait spent on top of another task, for the counterfactual (bpf/runqlat.h): without
-    # them that work stays charged to the task it interrupted.
+    # them that work stays charged to the task it interrupted. This flavour is BTF-typed only (its switch
+    # program reads task_struct and the rq), so they have no raw_tp twins: the name is given twice.
     tracepoints=(Tracepoint("sched_switch", "runqlat_switch_schedinfo", "runqlat_switch_raw"),
-                 Tracepoint("softirq_entry", "runqlat_softirq_entry_btf", "runqlat_softirq_entry_raw", required=False),
-                 Tracepoint("softirq_exit", "runqlat_softirq_exit_btf", "runqlat_softirq_exit_raw", required=False)),
+                 Tracepoint("softirq_entry", "runqlat_softirq_entry_btf", "runqlat_softirq_entry_btf", required=False),
+                 Tracepoint("softirq_exit", "runqlat_softirq_exit_btf", "runqlat_softirq_exit_btf", required=False)),
     btf_needs=(("member", "task_struct.sched_info"), ("member", "cfs_rq.rq"), ("member", "rq.clock")),
 )
 Flavour = Literal["auto", "sched_info", "tp_btf", "raw_tp"]
