@@ -40,14 +40,27 @@
 #include "nn_common.h"
 #include "runqlat.h"
 
-#define MAX_CGROUPS 16384
-#define MAX_CULPRIT_PAIRS 8192 /* the loader resizes it (map_sizes) before load */
+#define MAX_CGROUPS 16384       /* the loader sizes the cgroup and pair tables (map_sizes) before load */
+#define MAX_CULPRIT_PAIRS 8192
 #define MAX_FALLBACK_TASKS 65536
+#define RUN_DELAY_TAG_SHIFT 58  /* task_run_delay: the pid's high bits above, run_delay + 1 below */
+#define RUN_DELAY_SEEN_MASK ((1ULL << RUN_DELAY_TAG_SHIFT) - 1)
 
 /* Set by the loader before load. */
 const volatile bool v1_cpu_cgroup = false;     /* key by the v1 cpu controller's cgroup */
 const volatile __u64 outlier_threshold_ns = 0; /* 0: no outlier events */
-const volatile __u32 pid_slots = 0;            /* entries of task_run_delay: pids below use it */
+const volatile __u32 pid_slots = 0;            /* entries of task_run_delay: a power of 2 */
+const volatile __u32 pid_slot_bits = 0;        /* log2(pid_slots): a pid's bits above it are its tag */
+/*
+ * The statistics tables hold `stripes` copies of each slot (a power of 2, at most the possible CPUs):
+ * CPU c writes copy c % stripes. Where every CPU has its own copy (stripes == possible CPUs) the adds
+ * are plain, as in a per-CPU map; where CPUs share one (a large node) they are atomic. The branch is
+ * on a constant: the verifier keeps one side.
+ */
+const volatile __u32 stripes = 1;
+const volatile bool stripes_shared = false;
+const volatile __u32 cgroup_slot_count = MAX_CGROUPS;     /* slots of cgroup_runq (entries / stripes) */
+const volatile __u32 pair_slot_count = MAX_CULPRIT_PAIRS; /* slots of runq_culprits and runq_cf */
 const volatile __u64 node_cgroup_id = 1;       /* the root cgroup's id (kernel threads): runq_counterfactual.node_slots */
 /* Tests: every task of this cgroup counts as kernel work (their stand-in for kswapd); 0 in the agent. */
 const volatile __u64 test_kernel_work_cgroup_id = 0;
@@ -61,8 +74,11 @@ struct {
 
 /*
  * sched_info flavour: each task's sched_info.run_delay after its last switch-in, plus one (0: not
- * seen since load), indexed by pid. An inlined array index where a task-storage get cost ~35 ns per
- * switch; the loader sizes it to the pid space (8 bytes a pid, capped), larger pids use task_wait.
+ * seen since load), at pid % pid_slots, tagged with the pid's bits above (RUN_DELAY_TAG_SHIFT). An
+ * inlined array index where a task-storage get cost ~35 ns per switch. The loader sizes it to the pid
+ * space up to 2^17 slots (1 MiB), whatever pid_max is: two live pids on one slot take it in turn, and
+ * a wait whose entry another pid holds has no migrated part (only a queued task the load balancer
+ * moved has one).
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -89,11 +105,13 @@ __u64 fallback_entries = 0;
 
 /*
  * Per cgroup: the wait distribution, and (sched_info flavour) the wait split by who ran meanwhile
- * and the preemptions (per CPU; userspace sums the CPUs). The statistics sit in a per-CPU array,
- * one slot per cgroup: `cgroup_slots` says which, and each CPU caches the answer (runq_cpu_state
- * slot_cache), so a switch costs an inlined array index where a per-CPU hash lookup cost ~60 ns.
- * New cgroups take a slot freed before (a stack userspace pushes to when it forgets a removed cgroup,
- * after zeroing the slot on every CPU), else the next never-used one.
+ * and the preemptions (userspace sums a slot's stripes). The statistics sit in a shared array,
+ * one slot of `stripes` copies per cgroup: `cgroup_slots` says which slot, and each CPU caches the
+ * index of its copy (runq_cpu_state slot_cache), so a switch costs an inlined array index where a
+ * per-CPU hash lookup cost ~60 ns. Memory is slots x stripes x value, whatever the CPU count (a
+ * per-CPU array at 192 CPUs held 254 cgroups in 16 MiB). New cgroups take a slot freed before (a
+ * stack userspace pushes to when it forgets a removed cgroup, after zeroing the slot's copies), else
+ * the next never-used one.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -109,8 +127,9 @@ struct {
 } free_slots SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MAX_CGROUPS);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE); /* userspace reads it in place: no copy of the idle slots */
+	__uint(max_entries, MAX_CGROUPS);  /* slots x stripes: slot k's copies are k * stripes + 0 .. stripes - 1 */
 	__type(key, __u32);
 	__type(value, struct runq_cgroup_stats);
 } cgroup_runq SEC(".maps");
@@ -136,8 +155,9 @@ struct {
 } free_culprit_slots SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MAX_CULPRIT_PAIRS);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, MAX_CULPRIT_PAIRS); /* slots x stripes, as cgroup_runq */
 	__type(key, __u32);
 	__type(value, struct runq_culprit_stats);
 } runq_culprits SEC(".maps");
@@ -271,24 +291,64 @@ static __always_inline __u64 take_queued_storage(struct task_struct *p)
 
 /* ---- aggregation ----------------------------------------------------------------------------- */
 
+/* Add to a statistic in a striped table: plain where this CPU has its copy alone, atomic where CPUs share one. */
+static __always_inline void stat_add(__u64 *p, __u64 v)
+{
+	if (stripes_shared) {
+		if (v)
+			__sync_fetch_and_add(p, v);
+	} else {
+		*p += v;
+	}
+}
+
+static __always_inline void stat_hist_add(struct nn_hist *h, __u32 slot, __u64 value_ns)
+{
+	if (slot >= NN_HIST_SLOTS)
+		return;
+	stat_add(&h->slots[slot], 1);
+	stat_add(&h->sum_ns, value_ns);
+	stat_add(&h->count, 1);
+	/* Shared copies: two CPUs racing here may keep the smaller of two maxima (a maximum, not a count). */
+	if (value_ns > h->max_ns)
+		h->max_ns = value_ns;
+}
+
+/* This CPU's copy of `slot` in a striped table (cgroup_runq, runq_culprits). */
+static __always_inline __u32 stripe_index(__u32 slot)
+{
+	return slot * stripes + (bpf_get_smp_processor_id() & (stripes - 1));
+}
+
 /*
- * A key's slot in a slotted per-CPU array (`stats`): from `index`, else a freed slot from
+ * A key's slot in a slotted table of `slot_count` slots: from `index`, else a freed slot from
  * `free_stack`, else the next never-used one (`taken`), indexed with BPF_NOEXIST: when another CPU
  * indexed the key first, its slot wins and ours goes back. -1 when every slot is taken or the index
  * is full. Always inlined: the verifier sees each caller's own maps.
  */
-static __always_inline int slot_of(void *index, void *free_stack, __u64 *taken, void *stats, const void *key,
+static __always_inline int slot_of(void *index, void *free_stack, __u64 *taken, __u32 slot_count, const void *key,
 				   __u32 *slot)
 {
 	__u32 *found = bpf_map_lookup_elem(index, key);
+	__u64 next;
 
 	if (found) {
 		*slot = *found;
 		return 0;
 	}
-	if (bpf_map_pop_elem(free_stack, slot))
-		*slot = __sync_fetch_and_add(taken, 1);
-	if (!bpf_map_lookup_elem(stats, slot))
+	if (bpf_map_pop_elem(free_stack, slot)) {
+		/*
+		 * A plain read first: once the table is full, every switch-in of a cgroup without a slot
+		 * would otherwise bounce this shared line between CPUs with an atomic add.
+		 */
+		if (*taken >= slot_count)
+			return -1;
+		next = __sync_fetch_and_add(taken, 1);
+		if (next >= slot_count)
+			return -1;
+		*slot = next;
+	}
+	if (*slot >= slot_count)
 		return -1;
 	if (bpf_map_update_elem(index, key, slot, BPF_NOEXIST)) {
 		bpf_map_push_elem(free_stack, slot, 0);
@@ -312,21 +372,22 @@ static __noinline struct runq_cgroup_stats *cgroup_stats_slow(struct runq_cpu_st
 
 	if (!cpu || !cgid)
 		return NULL;
-	if (slot_of(&cgroup_slots, &free_slots, &slots_taken, &cgroup_runq, &cgid, &slot)) {
-		count_drop(NN_DROP_KEY_MAP_FULL);
+	if (slot_of(&cgroup_slots, &free_slots, &slots_taken, cgroup_slot_count, &cgid, &slot)) {
+		count_drop(NN_DROP_KEY_MAP_FULL); /* the cgroups' share of it: key_map_full less culprit_drops */
 		return NULL;
 	}
+	slot = stripe_index(slot);
 	s = bpf_map_lookup_elem(&cgroup_runq, &slot);
 	if (!s) {
 		count_drop(NN_DROP_KEY_MAP_FULL);
 		return NULL;
 	}
-	/* First use of the slot on this CPU: userspace zeroed it on every CPU before freeing it. */
+	/* First use of this copy of the slot: userspace zeroed every copy before freeing it. */
 	if (s->cgroup_id != cgid)
 		s->cgroup_id = cgid;
 	e = &cpu->slot_cache[cgid & (RUNQ_SLOT_CACHE - 1)];
 	e->cgroup_id = cgid;
-	e->slot = slot;
+	e->slot = slot; /* the index of this CPU's copy */
 	return s;
 }
 
@@ -391,7 +452,7 @@ static __always_inline void account_cgroup(struct task_struct *prev, struct task
 	slot = nn_hist_slot(wait_ns);
 	nn_hist_add_at(&cpu->hist, slot, wait_ns);
 	if (s)
-		nn_hist_add_at(&s->hist, slot, wait_ns);
+		stat_hist_add(&s->hist, slot, wait_ns);
 	report_outlier(prev, next, cgid, PREV_CGID_UNREAD, wait_ns);
 }
 
@@ -424,21 +485,22 @@ static __noinline struct runq_culprit_stats *culprit_stats_slow(struct runq_cpu_
 	struct runq_culprit_key key = { .victim_cgroup_id = victim, .culprit_cgroup_id = culprit };
 	struct runq_pair_cache_entry *e;
 	struct runq_culprit_stats *c;
-	__u32 slot;
+	__u32 slot, index;
 
 	if (!cpu || !victim)
 		return NULL;
-	if (slot_of(&culprit_slots, &free_culprit_slots, &culprit_slots_taken, &runq_culprits, &key, &slot))
+	if (slot_of(&culprit_slots, &free_culprit_slots, &culprit_slots_taken, pair_slot_count, &key, &slot))
 		return NULL; /* counted by the caller */
-	c = bpf_map_lookup_elem(&runq_culprits, &slot);
+	index = stripe_index(slot);
+	c = bpf_map_lookup_elem(&runq_culprits, &index);
 	if (!c)
 		return NULL;
-	/* First use of the slot on this CPU: userspace zeroed it on every CPU before freeing it. */
+	/* First use of this copy of the slot: userspace zeroed every copy before freeing it. */
 	if (c->pair.victim_cgroup_id != victim || c->pair.culprit_cgroup_id != culprit)
 		c->pair = key;
 	e = pair_cache_entry(cpu, victim, culprit);
 	e->pair = key;
-	e->slot = slot;
+	e->slot = slot | (__u64)index << 32; /* the pair's slot (runq_cf), and this CPU's copy of it */
 	*slot_out = slot;
 	return c;
 }
@@ -567,11 +629,12 @@ static __always_inline void charge_culprit(struct runq_cpu_state *cpu, __u64 vic
 {
 	struct runq_pair_cache_entry *e = pair_cache_entry(cpu, victim, culprit);
 	struct runq_culprit_stats *c = NULL;
-	__u32 slot = 0;
+	__u32 slot = 0, index;
 
 	if (e->pair.victim_cgroup_id == victim && e->pair.culprit_cgroup_id == culprit && victim) {
-		slot = e->slot;
-		c = bpf_map_lookup_elem(&runq_culprits, &slot);
+		slot = (__u32)e->slot;
+		index = e->slot >> 32;
+		c = bpf_map_lookup_elem(&runq_culprits, &index);
 		if (c && (c->pair.victim_cgroup_id != victim || c->pair.culprit_cgroup_id != culprit))
 			c = NULL;
 	}
@@ -583,9 +646,9 @@ static __always_inline void charge_culprit(struct runq_cpu_state *cpu, __u64 vic
 		cpu->culprit_drop_ns += wait_ns;
 		return;
 	}
-	c->wait_ns += wait_ns;
-	c->count += turns;
-	c->preemptions += preemptions;
+	stat_add(&c->wait_ns, wait_ns);
+	stat_add(&c->count, turns);
+	stat_add(&c->preemptions, preemptions);
 	if (wait_ns && full_ns >= RUNQ_CF_MIN_NS)
 		move_counterfactual(slot, full_ns, wait_ns, full_slot);
 }
@@ -806,11 +869,11 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
 	if (w.node || w.softirq)
 		move_counterfactual_softirq(victim, full, w.node, w.softirq,
 					    w.softirq && w.c0 != node_cgroup_id && w.c1 != node_cgroup_id);
-	s->own_wait_ns += w.own;
-	s->idle_wait_ns += w.idle;
-	s->foreign_wait_ns += w.foreign;
+	stat_add(&s->own_wait_ns, w.own);
+	stat_add(&s->idle_wait_ns, w.idle);
+	stat_add(&s->foreign_wait_ns, w.foreign);
 	ns = w.own + w.idle + w.foreign;
-	s->unknown_wait_ns += pending > ns ? pending - ns : 0;
+	stat_add(&s->unknown_wait_ns, pending > ns ? pending - ns : 0);
 }
 
 /*
@@ -825,11 +888,11 @@ static __always_inline void attribute_wait(struct runq_cpu_state *cpu, struct ru
 	/* The common case, and all of perf's pipe ping-pong: woken during prev's slice. */
 	if (prev_start && prev_start <= queued) {
 		if (prev_cg == victim)
-			s->own_wait_ns += pending;
+			stat_add(&s->own_wait_ns, pending);
 		else if (!prev_cg)
-			s->idle_wait_ns += pending;
+			stat_add(&s->idle_wait_ns, pending);
 		else {
-			s->foreign_wait_ns += pending;
+			stat_add(&s->foreign_wait_ns, pending);
 			charge_culprit(cpu, victim, prev_cg, pending, 1, 0, full, full_slot);
 			if (prev_kernel_work)
 				move_counterfactual_node(victim, prev_cg, full, 0, pending);
@@ -848,7 +911,7 @@ static __always_inline void count_foreign_preemption(struct runq_cpu_state *cpu,
 	struct runq_cgroup_stats *s = cgroup_stats(cpu, prev_cg);
 
 	if (s)
-		s->foreign_preemptions++;
+		stat_add(&s->foreign_preemptions, 1);
 	charge_culprit(cpu, prev_cg, next_cg, 0, 0, 1, 0, 0);
 }
 
@@ -906,9 +969,9 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 	__u32 zero = 0, prev_pid = prev->pid, next_pid = next->pid;
 	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
 	struct runq_cgroup_stats *s;
-	struct task_wait *w;
 	__u64 now, prev_start, queued, run_delay, pending = 0, migrated = 0, prev_cg = 0, next_cg = 0, prev_slice_id;
-	__u32 slot;
+	__u64 *seen, seen_was, tag;
+	__u32 slot, pid_slot;
 	bool own_preemption, first_arrival, prev_kernel_work, prev_softirq;
 
 	if (!cpu)
@@ -988,39 +1051,28 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 			 */
 			run_delay = next->sched_info.run_delay;
 			first_arrival = next->sched_info.pcount == 0;
-			if (next_pid < pid_slots) {
-				__u64 *seen = bpf_map_lookup_elem(&task_run_delay, &next_pid);
-
-				if (seen) {
-					if (first_arrival)
-						migrated = run_delay;
-					else if (*seen && run_delay + 1 > *seen)
-						migrated = run_delay + 1 - *seen;
-					*seen = run_delay + pending + 1;
-				}
-			} else {
-				w = bpf_task_storage_get(&task_wait, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-				if (w) {
-					if (first_arrival)
-						migrated = run_delay;
-					else if (w->seen_valid && run_delay > w->run_delay_seen)
-						migrated = run_delay - w->run_delay_seen;
-					w->run_delay_seen = run_delay + pending;
-					w->seen_valid = 1;
-				} else {
-					count_drop(NN_DROP_TASK_STORAGE);
-				}
+			pid_slot = next_pid & (pid_slots - 1);
+			seen = bpf_map_lookup_elem(&task_run_delay, &pid_slot);
+			if (seen) {
+				tag = (__u64)(next_pid >> pid_slot_bits) << RUN_DELAY_TAG_SHIFT;
+				seen_was = *seen;
+				if (first_arrival)
+					migrated = run_delay;
+				else if ((seen_was & ~RUN_DELAY_SEEN_MASK) == tag && (seen_was & RUN_DELAY_SEEN_MASK) &&
+					 run_delay + 1 > (seen_was & RUN_DELAY_SEEN_MASK))
+					migrated = run_delay + 1 - (seen_was & RUN_DELAY_SEEN_MASK);
+				*seen = tag | ((run_delay + pending + 1) & RUN_DELAY_SEEN_MASK);
 			}
 		}
 		s = cgroup_stats(cpu, next_cg);
 		slot = nn_hist_slot(pending + migrated);
 		nn_hist_add_at(&cpu->hist, slot, pending + migrated);
 		if (s)
-			nn_hist_add_at(&s->hist, slot, pending + migrated);
+			stat_hist_add(&s->hist, slot, pending + migrated);
 		if (s) {
 			if (own_preemption)
-				s->own_preemptions++;
-			s->migrated_wait_ns += migrated;
+				stat_add(&s->own_preemptions, 1);
+			stat_add(&s->migrated_wait_ns, migrated);
 			if (pending)
 				attribute_wait(cpu, s, next_cg, prev_cg, prev_kernel_work, prev_start, queued, pending,
 					       pending + migrated, slot, prev_softirq);

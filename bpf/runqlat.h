@@ -8,11 +8,9 @@
 
 #include "nn_events.h"
 
-/* Per task (task storage): never read by userspace. */
+/* Per task (task storage, tp_btf flavour): never read by userspace. */
 struct task_wait {
-	__u64 queued_ns;      /* tp_btf flavour: when it became runnable; 0 while running or sleeping */
-	__u64 run_delay_seen; /* sched_info flavour, pids past task_run_delay: run_delay after its last switch-in */
-	__u64 seen_valid;     /* run_delay_seen is set (storage is created lazily) */
+	__u64 queued_ns; /* when it became runnable; 0 while running or sleeping */
 };
 
 /* runqlat: one runqueue wait above the outlier threshold. */

@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import errno
 import logging
+import mmap
 import os
 import platform
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ BPF_MAP_TYPE_PERCPU_HASH = 5
 BPF_MAP_TYPE_PERCPU_ARRAY = 6
 BPF_MAP_TYPE_LRU_PERCPU_HASH = 10
 BPF_MAP_TYPE_RINGBUF = 27
+BPF_F_MMAPABLE = 1 << 10  # an array userspace may mmap (include/uapi/linux/bpf.h)
 PERCPU_MAP_TYPES = frozenset({BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_LRU_PERCPU_HASH})
 BPF_STATS_RUN_TIME = 0
 BTF_KIND_STRUCT = 4
@@ -122,6 +124,7 @@ class Libbpf:
         _sig(L, "bpf_map__key_size", u32, vp)
         _sig(L, "bpf_map__value_size", u32, vp)
         _sig(L, "bpf_map__max_entries", u32, vp)
+        _sig(L, "bpf_map__map_flags", u32, vp)
         _sig(L, "bpf_map__set_max_entries", i, vp, u32)
         _sig(L, "bpf_map__initial_value", vp, vp, ctypes.POINTER(sz))
         _sig(L, "bpf_map_lookup_elem", i, i, vp, vp)
@@ -325,6 +328,19 @@ class BpfMap:
     @property
     def possible_cpus(self) -> int:
         return self._lib.possible_cpus
+
+    def mmap(self) -> mmap.mmap | None:
+        """The values of a loaded BPF_F_MMAPABLE array, mapped read-only (None for any other map, or
+        where the kernel refuses): value i at i * round_up(value_size, 8)."""
+        if self.type != BPF_MAP_TYPE_ARRAY or not self._lib.lib.bpf_map__map_flags(self._ptr) & BPF_F_MMAPABLE:
+            return None
+        size = self.max_entries * ((self.value_size + 7) // 8 * 8)
+        size = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        try:
+            return mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        except OSError as e:
+            log.info("map %s: mmap refused (%s): read with syscalls", self.name, e)
+            return None
 
     @property
     def percpu(self) -> bool:

@@ -14,11 +14,13 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from probes.base import BpfProbe
+from probes.cgroupfiles import parse_cpu_list
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.engine import (
     AttachMode,
@@ -98,6 +100,11 @@ _COUNTERFACTUAL = struct.Struct(f"<{2 * HIST_SLOTS + 1}q")  # (+ node_ns)
 # runs (32-byte entries; never decoded).
 RUNQ_RING_SLOTS, RUNQ_SLOT_CACHE, RUNQ_PAIR_CACHE, RUNQ_SOFTIRQ_MARKS = 64, 16, 16, 8
 CGROUP_STATS_SIZE = NN_HIST_SIZE + _SPLIT_TAIL.size + _SLOT_OWNER.size
+# The words of a slot's copy that move with every update of it, and its owner: a wait adds to the
+# histogram's count; a preemption of its task for another cgroup's, which adds no wait, to
+# foreign_preemptions (the split's last counter). A pair's turns, preemptions and owner.
+CGROUP_CHANGE_WORDS = (HIST_SLOTS + 1, (NN_HIST_SIZE + _SPLIT_TAIL.size) // 8 - 1, CGROUP_STATS_SIZE // 8 - 1)
+PAIR_CHANGE_WORDS = (1, 2, 3, 4)
 CULPRIT_STATS_SIZE = _CULPRIT_STATS.size + _CULPRIT_KEY.size  # the counters, then the pair owning the slot
 # struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the pair cache, the softirq
 # state, the CPU's histogram.
@@ -350,6 +357,16 @@ def top_culprits(prev: RunqSnapshot | None, cur: RunqSnapshot, victim_cgroup_id:
 
 
 SLOT_READ_AHEAD = 64  # slots read past the highest one in use: new keys take the next never-used slots
+MAX_STRIPES = 8  # copies of each statistics slot at most: memory is slots x stripes x value, whatever the CPUs
+
+
+def stripes_for(possible_cpus: int) -> tuple[int, bool]:
+    """(copies of each slot, whether CPUs share a copy): one copy per CPU up to MAX_STRIPES (a power of
+    2, so the BPF side takes a CPU's copy with a mask); past it CPUs share copies with atomic adds."""
+    stripes = 1
+    while stripes < min(possible_cpus, MAX_STRIPES):
+        stripes *= 2
+    return stripes, possible_cpus > stripes
 
 
 @dataclass(frozen=True)
@@ -359,67 +376,81 @@ class SlotChange:
     slot: int
     old_key: bytes | None
     key: bytes | None
-    raw: bytes  # its per-CPU values as read (see _Slots.values)
+    raw: bytes  # its copies as read (see _Slots.values)
 
 
 class _Slots:
-    """Statistics kept in slots of a per-CPU array (bpf/runqlat.bpf.c): `index` maps a key to its
-    slot, each CPU's copy in `stats` ends with the key it belongs to (zeros: not used on that CPU),
-    and `free` is the stack of slots the BPF side may reuse."""
+    """Statistics kept in slots of `copies` copies each (bpf/runqlat.bpf.c: a striped array, slot k's
+    copies at k * copies + i): `index` maps a key to its slot, each copy ends with the key it belongs
+    to (zeros: not used by its CPUs yet), and `free` is the stack of slots the BPF side may reuse.
+
+    The array is read in place where it is mmapable (BPF_F_MMAPABLE), else with batched syscalls. A
+    tick looks at `change_words` of each used slot's copies (counters that grow with every update, and
+    the owner) and copies out only the slots whose words moved: an idle cgroup costs those few words."""
 
     def __init__(self, probe: LoadedProbe, index: str, stats: str, free: str, value_size: int,
-                 key_size: int, also_zero: tuple[str, ...] = ()) -> None:
+                 key_size: int, copies: int, change_words: tuple[int, ...], also_zero: tuple[str, ...] = ()) -> None:
         self.probe, self.index, self.stats, self.free_stack, self.value_size = probe, index, stats, free, value_size
-        self.key_size = key_size
+        self.key_size, self.copies = key_size, copies
         self.also_zero = also_zero  # maps indexed by the same slots, zeroed with it when it is freed
-        self._stride = 0  # bytes of one slot as read: every CPU's copy, 8-byte aligned
-        self._rows = np.zeros((0, 0), dtype="<u8")  # the used slots at the last read_changed
+        self._aligned = (value_size + 7) // 8 * 8
+        self._words = self._aligned // 8 * copies  # u64 words of one slot, every copy
+        self._columns = np.array([c * (self._aligned // 8) + w for c in range(copies) for w in change_words])
+        mapped = probe.map_mmap(stats) if hasattr(probe, "map_mmap") else None
+        self._mapped = None if mapped is None else np.frombuffer(mapped, dtype="<u8")
+        self._seen = np.zeros((0, len(self._columns)), dtype="<u8")  # change words of the used slots, last read
         self._key_of: dict[int, bytes] = {}  # slot -> the key owning it at the last read_changed
+        self.bytes_read = 0  # out of the map, in all (mapped words looked at, or bytes copied by syscalls)
 
-    def _copy_layout(self) -> tuple[int, int]:
-        """(bytes per slot as read, bytes per CPU copy): the CPU count from one lookup of slot 0."""
-        if not self._stride:
-            copies = self.probe.map_lookup(self.stats, bytes(4))
-            cpus = len(copies) if isinstance(copies, list) and copies else 1
-            aligned = (self.value_size + 7) // 8 * 8
-            self._stride = aligned * cpus
-        return self._stride, (self.value_size + 7) // 8 * 8
+    @property
+    def used(self) -> int:
+        """Slots holding a key at the last read."""
+        return len(self._key_of)
+
+    def _rows(self, n: int) -> np.ndarray:
+        """The first `n` slots (fewer at the array's end) as a (slots, words) matrix: a view of the
+        mapped array, or the bytes of one batched read."""
+        if self._mapped is not None:
+            got = min(n, len(self._mapped) // self._words)
+            return self._mapped[: got * self._words].reshape(got, self._words)
+        blob = self.probe.map_array_prefix(self.stats, n * self.copies)
+        self.bytes_read += len(blob)
+        got = len(blob) // (self._words * 8)
+        return np.frombuffer(blob, dtype="<u8", count=got * self._words).reshape(got, self._words)
 
     def read_changed(self) -> list[SlotChange]:
         """The slots whose values changed since the last call (all used ones at the first).
 
-        The used slots are a prefix of the array (see :meth:`raw_items`); it is read in batches as
-        one bytes and compared with the last read as a matrix, so a tick costs Python work only for
-        the slots that changed, not one step per cgroup the node has. A slot's key comes from its
-        CPU copies' owner field; the index is read only when those disagree (a slot freed and reused
+        Slots are handed out low first (freed ones reused before new ones), so the used ones are a
+        prefix of the array; a few slots past it are looked at for new keys. A slot's key comes from
+        its copies' owner field; the index is read only when those disagree (a slot freed and reused
         while a CPU was writing it)."""
-        stride, aligned = self._copy_layout()
-        words = stride // 8
-        n = len(self._rows) + SLOT_READ_AHEAD
+        n = len(self._seen) + SLOT_READ_AHEAD
         while True:
-            blob = self.probe.map_array_prefix(self.stats, n)
-            got = len(blob) // stride
-            rows = np.frombuffer(blob, dtype="<u8", count=got * words).reshape(got, words)
-            in_use = np.flatnonzero(rows.any(axis=1))
+            rows = self._rows(n)
+            got = len(rows)
+            seen = rows[:, self._columns]
+            in_use = np.flatnonzero(seen.any(axis=1))
             used = int(in_use[-1]) + 1 if len(in_use) else 0
             if got < n or used + SLOT_READ_AHEAD // 2 <= got:  # the array's end, or room past the last used
                 break
             n *= 2
-        rows, prev = rows[:used], self._rows
-        if prev.shape[1] != words:  # the first read
-            prev = np.zeros((0, words), dtype="<u8")
+        if self._mapped is not None:
+            self.bytes_read += seen.nbytes
+        seen, prev = seen[:used], self._seen
         common = min(len(prev), used)
-        slots = np.flatnonzero((rows[:common] != prev[:common]).any(axis=1)).tolist()
-        slots += [common + int(i) for i in np.flatnonzero(rows[common:].any(axis=1))]  # newly used
+        slots = np.flatnonzero((seen[:common] != prev[:common]).any(axis=1)).tolist()
+        slots += [common + int(i) for i in np.flatnonzero(seen[common:].any(axis=1))]  # newly used
         slots += [used + int(i) for i in np.flatnonzero(prev[used:].any(axis=1))]  # freed at the end
-        self._rows = rows
+        self._seen = seen.copy()
         changes: list[SlotChange] = []
         by_index: dict[int, bytes] | None = None
         tail = self.value_size - self.key_size
         unused = bytes(self.key_size)
         for slot in slots:
-            raw = blob[slot * stride : (slot + 1) * stride] if slot < used else b""
-            owners = {raw[at + tail : at + self.value_size] for at in range(0, len(raw), aligned)} - {unused}
+            raw = rows[slot].tobytes() if slot < used else b""
+            self.bytes_read += len(raw)
+            owners = {raw[at + tail : at + self.value_size] for at in range(0, len(raw), self._aligned)} - {unused}
             if len(owners) > 1:
                 if by_index is None:
                     by_index = {int.from_bytes(v, "little"): k for k, v in self.probe.map_items(self.index)}  # type: ignore[arg-type]
@@ -432,43 +463,31 @@ class _Slots:
             changes.append(SlotChange(slot, old, key, raw))
         return changes
 
-    def indexed_keys(self) -> list[bytes]:
-        return [key for key, _ in list(self.probe.map_items(self.index))]
-
-    def raw_items(self) -> list[tuple[bytes, bytes]]:
-        """(key, its slot's per-CPU values as read: one bytes, see :meth:`values`).
-
-        Slots are handed out low first (freed ones reused before new ones), so the used ones are a
-        prefix of the array: it is read in batches up to the highest slot in use, one syscall per 256
-        slots instead of one per key."""
-        slot_of = {key: int.from_bytes(slot, "little") for key, slot in self.probe.map_items(self.index)}  # type: ignore[arg-type]
-        if not slot_of:
-            return []
-        need = max(slot_of.values()) + 1
-        raw_of: dict[int, bytes] = {}
-        for index, raw in self.probe.map_items(self.stats, split=False):
-            i = int.from_bytes(index, "little")
-            if i >= need:
-                break
-            raw_of[i] = raw  # type: ignore[assignment]
-        return [(key, raw_of[slot]) for key, slot in slot_of.items() if slot in raw_of]
-
     def values(self, key: bytes, raw: bytes) -> list[bytes]:
-        """The key's per-CPU values. A CPU's copy still marked for another key (a slot freed and
-        reused while a CPU was writing it) is left out."""
+        """The key's copies. A copy still marked for another key (a slot freed and reused while a CPU
+        was writing it) is left out."""
         at, unused = self.value_size - len(key), bytes(len(key))
-        return [v for v in self.probe.map_split(self.stats, raw) if v[at:] in (key, unused)]  # type: ignore[union-attr]
+        copies = (raw[i : i + self.value_size] for i in range(0, len(raw), self._aligned))
+        return [v for v in copies if v[at:] in (key, unused)]
 
-    def items(self) -> list[tuple[bytes, list[bytes]]]:
-        """(key, its per-CPU values), see :meth:`values`."""
-        return [(key, self.values(key, raw)) for key, raw in self.raw_items()]
+    def copies_of(self, slot: int) -> list[bytes]:
+        """A slot's copies as the kernel holds them now (one lookup each: tests and tools)."""
+        first = slot * self.copies
+        return [self.probe.map_lookup(self.stats, i.to_bytes(4, "little")) or b""  # type: ignore[misc]
+                for i in range(first, first + self.copies)]
+
+    def indexed_keys(self) -> list[bytes]:
+        """Every key the index holds now (those taken since the last read included)."""
+        return [key for key, _ in list(self.probe.map_items(self.index))]  # type: ignore[misc]
 
     def free(self, key: bytes) -> bool:
-        """Unindex a key, zero its slot on every CPU, then let the BPF side reuse the slot."""
+        """Unindex a key, zero its slot's copies, then let the BPF side reuse the slot."""
         slot = self.probe.map_lookup(self.index, key)
         if slot is None or not self.probe.map_delete(self.index, key):
             return False
-        self.probe.map_zero(self.stats, slot)  # type: ignore[arg-type]
+        first = int.from_bytes(slot, "little") * self.copies  # type: ignore[arg-type]
+        for i in range(first, first + self.copies):
+            self.probe.map_zero(self.stats, i.to_bytes(4, "little"))
         for name in self.also_zero:
             self.probe.map_zero(name, slot)  # type: ignore[arg-type]
         self.probe.map_push(self.free_stack, slot)  # type: ignore[arg-type]
@@ -476,7 +495,37 @@ class _Slots:
 
 
 PID_MAX_LIMIT = 1 << 22  # the kernel's limit on 64-bit: pid_max can be raised up to it
+MAX_PID_SLOTS = 1 << 17  # task_run_delay's entries at most (1 MiB), whatever pid_max is (systemd sets 2^22)
 MAX_FALLBACK_TASKS = 65536  # the raw_tp flavour's pid -> enqueue time hash (bpf/runqlat.bpf.c)
+MIN_CGROUP_SLOTS = 2048  # cgroups tracked at least: 250 kubelet pods (pod, pause, app) and the system's
+DEFAULT_PAIR_SLOTS = 8192
+PAIR_QUIET_S = 60.0  # a who-ran-instead pair unchanged this long gives its slot back once the table is half full
+PAIR_FULL_QUIET_S = 5.0  # ... and, past 7/8 full, any pair this quiet, least recently moved first
+
+
+def _power_of_2_at_least(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def possible_cpu_count(paths: HostPaths) -> int:
+    """The possible CPUs (what the kernel sizes per-CPU maps by): /sys/devices/system/cpu/possible."""
+    try:
+        return len(parse_cpu_list((paths.sys / "devices/system/cpu/possible").read_text())) or 1
+    except (OSError, ValueError):
+        return os.cpu_count() or 1
+
+
+def cgroup_capacity(hierarchy_root: Path | None) -> int:
+    """Cgroups to make room for: twice what the keyed hierarchy holds at load (pods come and go), and
+    never fewer than MIN_CGROUP_SLOTS; a power of 2."""
+    present = 0
+    if hierarchy_root is not None:
+        for _, dirs, _ in os.walk(hierarchy_root, onerror=lambda _e: None):
+            present += len(dirs)
+    return _power_of_2_at_least(max(MIN_CGROUP_SLOTS, 2 * present))
 
 
 def _pid_max(paths: HostPaths) -> int:
@@ -505,35 +554,46 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         outlier_threshold_ns: int = 0,
         attach_mode: Flavour = "auto",
         outlier_ring_bytes: int = 256 * 1024,
-        max_cgroups: int = 16384,
-        max_culprit_pairs: int = 8192,
-        max_pid_slots: int = PID_MAX_LIMIT,
+        max_cgroups: int | None = None,
+        max_culprit_pairs: int = DEFAULT_PAIR_SLOTS,
+        max_pid_slots: int = MAX_PID_SLOTS,
         node_cgroup_id: int | None = None,
         test_kernel_work_cgroup_id: int = 0,
     ) -> None:
-        """`max_culprit_pairs` bounds the (victim, culprit) matrix; pairs beyond it are counted in
-        drops["culprit_map_full"] and their wait in `culprit_drop_ns`. `max_pid_slots` caps the
-        pid-indexed array of the sched_info flavour (8 bytes a pid, sized to the host's pid_max):
-        tasks with larger pids are tracked in task storage instead, at ~35 ns more per switch.
+        """`max_cgroups` bounds the cgroups tracked (None: cgroup_capacity() of the keyed hierarchy);
+        cgroups beyond it are counted in drops["cgroup_map_full"]. `max_culprit_pairs` bounds the
+        (victim, culprit) matrix; pairs beyond it are counted in drops["culprit_map_full"] and their
+        wait in `culprit_drop_ns`, and pairs that stopped moving give their slots back (PAIR_QUIET_S).
+        Both tables cost slots x stripes x value whatever the CPU count (stripes_for). `max_pid_slots`
+        caps the pid-indexed array of the sched_info flavour (8 bytes a slot, sized to the host's
+        pid_max up to it: pids share slots past it).
         `node_cgroup_id`: the node's cgroup, whose kswapd, kcompactd, kdamond and ksoftirqd slices are
         the kernel work of the counterfactual's node moves (CulpritStats.cf_node_slots); None: the keyed
         hierarchy's root cgroup. Tests name a cgroup of their own, never touching the root, and make its user tasks stand
         for that kernel work with `test_kernel_work_cgroup_id` (0: none)."""
-        if max_culprit_pairs < 1 or max_cgroups < 1:
+        if max_culprit_pairs < 1 or (max_cgroups is not None and max_cgroups < 1) or max_pid_slots < 1:
             raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
-                             f"max_culprit_pairs={max_culprit_pairs})")
+                             f"max_culprit_pairs={max_culprit_pairs}, max_pid_slots={max_pid_slots})")
         self.v1_cpu = self._key_by("cpu", paths, layout)
         if node_cgroup_id is None:
             node_cgroup_id = _root_cgroup_id(self.hierarchy)
+        if max_cgroups is None:
+            max_cgroups = cgroup_capacity(Path(self.hierarchy.path_of("/")) if self.hierarchy is not None else None)
         engine = engine or LibbpfEngine(self.paths)
-        self.pid_slots = max(1, min(max_pid_slots, _pid_max(self.paths)))
+        self.cgroup_slot_count, self.pair_slot_count = max_cgroups, max_culprit_pairs
+        self.stripes, shared = stripes_for(possible_cpu_count(self.paths))
+        # A power of 2 (the BPF side masks a pid into it), at most the pid space.
+        self.pid_slots = min(_power_of_2_at_least(max_pid_slots), _power_of_2_at_least(_pid_max(self.paths)))
         sizes = {"outliers": outlier_ring_bytes, "cgroup_slots": max_cgroups, "free_slots": max_cgroups,
-                 "cgroup_runq": max_cgroups, "runq_culprits": max_culprit_pairs, "runq_cf": max_culprit_pairs,
-                 "culprit_slots": max_culprit_pairs, "free_culprit_slots": max_culprit_pairs,
-                 "task_run_delay": self.pid_slots, "fallback_queued_ns": 1}
+                 "cgroup_runq": max_cgroups * self.stripes, "runq_culprits": max_culprit_pairs * self.stripes,
+                 "runq_cf": max_culprit_pairs, "culprit_slots": max_culprit_pairs,
+                 "free_culprit_slots": max_culprit_pairs, "task_run_delay": self.pid_slots, "fallback_queued_ns": 1}
         options = {
             "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns,
-                       "pid_slots": self.pid_slots, "node_cgroup_id": node_cgroup_id,
+                       "pid_slots": self.pid_slots, "pid_slot_bits": self.pid_slots.bit_length() - 1,
+                       "stripes": self.stripes, "stripes_shared": shared,
+                       "cgroup_slot_count": max_cgroups, "pair_slot_count": max_culprit_pairs,
+                       "node_cgroup_id": node_cgroup_id,
                        "test_kernel_work_cgroup_id": test_kernel_work_cgroup_id},
             "map_sizes": sizes,
             "layouts": MAP_LAYOUTS,
@@ -543,9 +603,11 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         # added back in snapshots so the matrix stays cumulative when a pair reappears.
         self._culprit_base: dict[tuple[int, int], CulpritStats] = {}
         self._cgroups = _Slots(self.probe, "cgroup_slots", "cgroup_runq", "free_slots", CGROUP_STATS_SIZE,
-                               _SLOT_OWNER.size)
+                               _SLOT_OWNER.size, self.stripes, CGROUP_CHANGE_WORDS)
         self._pairs = _Slots(self.probe, "culprit_slots", "runq_culprits", "free_culprit_slots", CULPRIT_STATS_SIZE,
-                             _CULPRIT_KEY.size, also_zero=("runq_cf",))
+                             _CULPRIT_KEY.size, self.stripes, PAIR_CHANGE_WORDS, also_zero=("runq_cf",))
+        self._pair_moved_at: dict[tuple[int, int], float] = {}  # when each pair in the kernel last changed
+        self.pairs_given_back = 0  # pair slots freed because their pair stopped moving (cumulative)
         # What the kernel maps held at the last snapshot, decoded; only the slots that changed since are
         # decoded again (most cgroups did nothing). Snapshots get copies.
         self._per_cgroup: dict[int, LatencyHistogram] = {}
@@ -580,6 +642,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         fallback: AttachMode = "auto" if attach_mode == "auto" else attach_mode  # type: ignore[assignment]
         # The wakeup-based flavours do not fill the matrix or the pid array: no memory for them.
         self.pid_slots = 1
+        options["rodata"] = {**options["rodata"], "pid_slots": 1, "pid_slot_bits": 0}
         options["map_sizes"] = {**sizes, "runq_culprits": 1, "culprit_slots": 1, "free_culprit_slots": 1,
                                 "runq_cf": 1,
                                 "task_run_delay": 1, "fallback_queued_ns": MAX_FALLBACK_TASKS}
@@ -611,21 +674,26 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         drops = self.read_drops()
         culprit_drops = culprit_drop_ns = 0
         if self.culprits_available:
+            now = time.monotonic()
             for change in self._pairs.read_changed():
                 if change.old_key is not None and change.old_key != change.key:
                     old_pair: tuple[int, int] = _CULPRIT_KEY.unpack(change.old_key)  # type: ignore[assignment]
                     self._pairs_in_kernel.pop(old_pair, None)
+                    self._pair_moved_at.pop(old_pair, None)
                     self._total_of(old_pair)
                 if change.key is not None:
                     pair: tuple[int, int] = _CULPRIT_KEY.unpack(change.key)  # type: ignore[assignment]
                     self._pairs_in_kernel[pair] = CulpritStats.decode_percpu(
                         self._pairs.values(change.key, change.raw), self._counterfactual_raw(change.slot))
+                    self._pair_moved_at[pair] = now
                     self._total_of(pair)
             for raw in cpu_states:
                 *_, n, ns = _CPU_STATE_HEAD.unpack_from(raw)
                 culprit_drops, culprit_drop_ns = culprit_drops + n, culprit_drop_ns + ns
-            # Also in drops["key_map_full"] (the shared reason); this says which map was full.
-            drops["culprit_map_full"] = culprit_drops
+            self._give_back_quiet_pairs(now)
+        # key_map_full is the shared reason: these say which table was full.
+        drops["culprit_map_full"] = culprit_drops
+        drops["cgroup_map_full"] = max(drops.get("key_map_full", 0) - culprit_drops, 0)
         return RunqSnapshot(
             time.monotonic(), dict(self._per_cgroup), per_cpu, drops, dict(self._wait_split),
             dict(self._culprit_totals), culprit_drop_ns, self.culprits_available,
@@ -659,26 +727,58 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             removed += sum(self._pairs.free(key) for key in stale)
         return removed
 
+    def slot_copies(self, table: Literal["cgroups", "pairs"], slot: bytes | int) -> list[bytes]:
+        """The copies of one slot of a statistics table (a slot as the index holds it, or its number)."""
+        n = int.from_bytes(slot, "little") if isinstance(slot, bytes) else slot
+        return (self._cgroups if table == "cgroups" else self._pairs).copies_of(n)
+
+    @property
+    def table_use(self) -> dict[str, tuple[int, int]]:
+        """Slots in use and slots in all, per table (at the last snapshot)."""
+        use = {"cgroups": (self._cgroups.used, self.cgroup_slot_count)}
+        if self.culprits_available:
+            use["pairs"] = (self._pairs.used, self.pair_slot_count)
+        return use
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes looked at in, or copied out of, the statistics tables since load (the bench's per-tick figure)."""
+        return self._cgroups.bytes_read + self._pairs.bytes_read
+
+    def _give_back_quiet_pairs(self, now: float) -> None:
+        """Pairs that stopped moving give their slots back, so a node up for weeks with pod churn keeps
+        room for the pairs that interfere now: past half full, those quiet for PAIR_QUIET_S; past 7/8,
+        also those quiet for PAIR_FULL_QUIET_S, least recently moved first, down to 3/4."""
+        used = self._pairs.used
+        if used * 2 <= self.pair_slot_count:
+            return
+        quiet = sorted((at, pair) for pair, at in self._pair_moved_at.items() if now - at >= PAIR_FULL_QUIET_S)
+        target = self.pair_slot_count * 3 // 4 if used * 8 > self.pair_slot_count * 7 else self.pair_slot_count
+        for at, pair in quiet:
+            if now - at < PAIR_QUIET_S and used <= target:
+                break
+            used -= self._give_back(pair)
+
+    def _give_back(self, pair: tuple[int, int]) -> int:
+        """Free a live pair's slot; its totals so far stay here, so the matrix stays cumulative if it
+        comes back. (An update racing the free is lost: at most one wait's worth.)"""
+        total = self._culprit_totals.get(pair)
+        if not self._pairs.free(_CULPRIT_KEY.pack(*pair)):
+            return 0
+        self._pairs_in_kernel.pop(pair, None)
+        self._pair_moved_at.pop(pair, None)
+        if total is not None:
+            self._culprit_base[pair] = total
+        self.pairs_given_back += 1
+        return 1
+
     def forget_quiet_pairs(self, since: RunqSnapshot) -> int:
-        """Free the kernel entries of (victim, culprit) pairs that did not change since `since`, so
-        live but no longer interacting cgroups cannot keep the bounded matrix full. Their totals
-        move to this object, so snapshots stay cumulative if a pair comes back. Returns how many went.
-        (An update racing the delete, between reading a pair and deleting it, is lost: at most one
-        wait's worth per pair.)"""
+        """Free the kernel slots of (victim, culprit) pairs that did not change since `since`, now
+        (snapshots do it by themselves past half full: _give_back_quiet_pairs). Returns how many went."""
         if not self.culprits_available:
             return 0
-        removed = 0
-        for key, values in self._pairs.items():
-            pair: tuple[int, int] = _CULPRIT_KEY.unpack(key)  # type: ignore[assignment]
-            base = self._culprit_base.get(pair)
-            slot = self.probe.map_lookup("culprit_slots", key)
-            cf = self._counterfactual_raw(int.from_bytes(slot, "little")) if isinstance(slot, bytes) else None
-            total = CulpritStats.decode_percpu(values, cf)
-            total = base + total if base else total
-            if since.culprits.get(pair) == total and self._pairs.free(key):
-                self._culprit_base[pair] = total
-                removed += 1
-        return removed
+        quiet = [pair for pair in list(self._pairs_in_kernel) if since.culprits.get(pair) == self._culprit_totals.get(pair)]
+        return sum(self._give_back(pair) for pair in quiet)
 
     def poll_outliers(self, timeout_ms: int = 0) -> list[RunqOutlier]:
         return self._poll_events(timeout_ms)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -299,7 +300,7 @@ def test_cgroup_slots_are_bounded_and_a_freed_slot_starts_from_zero(two_contendi
         _signal_all(tids_b, signal.SIGCONT)  # at once: b's first switch-in takes the freed slot
         # Zeroed on every CPU: each copy is all zeros, or already marked for its new owner (b, or
         # whoever took the slot first), never still a's.
-        for v in probe.probe.map_lookup("cgroup_runq", slot_a):  # type: ignore[union-attr]
+        for v in probe.slot_copies("cgroups", slot_a):  # type: ignore[arg-type]
             assert v == bytes(len(v)) or v[-8:] not in (bytes(8), ia.to_bytes(8, "little")), v[-8:]
         time.sleep(0.5)
         _signal_all(tids_b, signal.SIGSTOP)
@@ -319,11 +320,25 @@ def test_cgroup_slots_are_bounded_and_a_freed_slot_starts_from_zero(two_contendi
     assert slot_b == slot_a or owner not in (None, ia.to_bytes(8, "little")), (slot_b, slot_a, owner)
 
 
-@pytest.mark.parametrize("pid_slots", ["array", "task_storage"])
+def _slots_apart(pids: list[int]) -> int:
+    """The fewest pid slots (a power of 2), below every one of `pids`, that give each of them a slot no
+    other thread on the host has (every thread switching in writes its slot)."""
+    others = {int(t) for t in glob.glob("/proc/[0-9]*/task/[0-9]*") for t in [t.rsplit("/", 1)[1]]} - set(pids)
+    slots = 64
+    while slots <= min(pids):
+        mine = [p & (slots - 1) for p in pids]
+        if len(set(mine)) == len(mine) and not set(mine) & {o & (slots - 1) for o in others}:
+            return slots
+        slots *= 2
+    pytest.skip(f"no slot count below pids {pids} keeps them apart from the host's {len(others)} threads")
+
+
+@pytest.mark.parametrize("pid_slots", ["array", "tagged"])
 def test_wait_of_tasks_moved_while_queued_is_whole(make_cgroup, pid_slots):
     """A queued task moved to another CPU has its wait so far added to run_delay at the dequeue; the
-    probe adds run_delay's growth since the task's last switch-in, kept in the pid-indexed array
-    (or, for pids past its end, in task storage), so the cgroup's wait equals schedstat's."""
+    probe adds run_delay's growth since the task's last switch-in, kept in the pid-indexed array: one
+    slot a pid where pid_max fits it, else at pid % slots with the pid's high bits as a tag (`tagged`:
+    fewer slots than the pids, each worker on its own), so the cgroup's wait equals schedstat's."""
     stress = require_tool("stress-ng")
     cg = make_cgroup("moved")
     hogs = subprocess.Popen(["taskset", "-c", "1", stress, "--cpu", "3", "--cpu-method", "int64", "-t", "60", "--quiet"],
@@ -338,8 +353,9 @@ def test_wait_of_tasks_moved_while_queued_is_whole(make_cgroup, pid_slots):
         assert len(workers) == 3, tasks
         _signal_all(tasks, signal.SIGSTOP)
         _wait_stopped(tasks)
-        with RunqLatProbe(max_pid_slots=PID_MAX_LIMIT if pid_slots == "array" else 1) as probe:
-            assert all((t < probe.pid_slots) == (pid_slots == "array") for t in workers)
+        slots = PID_MAX_LIMIT if pid_slots == "array" else _slots_apart(tasks)
+        with RunqLatProbe(max_pid_slots=slots) as probe:
+            assert all((t < probe.pid_slots) == (pid_slots == "array") for t in workers), (workers, probe.pid_slots)
             before, s0 = _schedstat(tasks), probe.snapshot()
             _signal_all(tasks, signal.SIGCONT)
             time.sleep(0.1)  # every worker switches in once: the probe has seen its run_delay
@@ -376,25 +392,32 @@ def test_percpu_map_entries_fit_the_budget():
     assert percpu_map_entries(10, 1 << 20, 64, 16 << 20) == 1  # never zero
 
 
-def test_per_cpu_maps_are_shrunk_to_the_memory_budget_and_still_work(two_contending_cgroups):
-    """Per-CPU maps cost entries x value x CPUs of kernel memory (hundreds of MiB on a 64-CPU node at
-    our defaults): the engine shrinks each to the budget, reports it, and the probe works within it."""
-    from probes.engine import LibbpfEngine, percpu_map_entries
+def test_statistics_tables_cost_slots_times_stripes_not_cpus(two_contending_cgroups):
+    """The cgroup and pair tables are shared arrays of `stripes` copies a slot (stripes_for: one per CPU
+    up to 8), not per-CPU maps, so their memory does not grow with the node's CPUs and no per-CPU
+    budget cuts them: every slot asked for is there. Per-CPU maps left (the CPU state, drops) still fit
+    the engine's budget, and the probe works."""
+    from probes.engine import LibbpfEngine
+    from probes.runqlat import stripes_for
 
     a, b = two_contending_cgroups
     budget = 64 << 10
-    with RunqLatProbe(engine=LibbpfEngine(percpu_map_budget_bytes=budget)) as probe:
+    with RunqLatProbe(engine=LibbpfEngine(percpu_map_budget_bytes=budget), max_cgroups=1024,
+                      max_culprit_pairs=512) as probe:
         maps = {m.name: m for m in probe.probe.obj.maps()}  # type: ignore[attr-defined]
         cpus = maps["cgroup_runq"].possible_cpus
-        assert probe.status.capped_maps["cgroup_runq"] == percpu_map_entries(16384, 344, cpus, budget)
-        assert maps["cgroup_runq"].max_entries == probe.status.capped_maps["cgroup_runq"]
+        assert (probe.stripes, cpus > probe.stripes) == stripes_for(cpus)
+        assert not maps["cgroup_runq"].percpu and not maps["runq_culprits"].percpu
+        assert maps["cgroup_runq"].max_entries == 1024 * probe.stripes and "cgroup_runq" not in probe.status.capped_maps
+        assert maps["runq_culprits"].max_entries == 512 * probe.stripes
+        assert probe.table_use["cgroups"][1] == 1024 and probe.table_use["pairs"][1] == 512
         for m in maps.values():
             if m.percpu:
                 assert m.max_entries * ((m.value_size + 7) // 8 * 8) * cpus <= budget, m.name
         time.sleep(0.3)
         snap = probe.snapshot()
     assert {os.stat(cg.path("cpu")).st_ino for cg in (a, b)} <= set(snap.per_cgroup)
-    assert snap.drops["key_map_full"] == 0
+    assert snap.drops["key_map_full"] == 0 and snap.drops["cgroup_map_full"] == 0
 
 
 def active_interval():

@@ -1,5 +1,6 @@
-"""The runqlat snapshot reads its slotted per-CPU arrays as one block and decodes only the slots that
-changed: a tick's Python work follows what ran, not how many cgroups the node has."""
+"""The runqlat snapshot reads its striped slot tables (a few change words of each slot's copies) and
+decodes only the slots that changed: a tick's Python work follows what ran, not how many cgroups the
+node has."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ KEY = struct.Struct("<Q")
 
 
 class FakeSlotMaps:
-    """A slotted per-CPU array and its index, as the kernel would hand them out."""
+    """A striped slot array (CPUS copies a slot, slot k's at k * CPUS + i) and its index, as the kernel
+    would hand them out; read with syscalls (no map_mmap)."""
 
     def __init__(self, entries: int = 4096) -> None:
         self.copies = [[bytes(VALUE)] * CPUS for _ in range(entries)]
@@ -27,7 +29,7 @@ class FakeSlotMaps:
 
     def map_array_prefix(self, name: str, n: int) -> bytes:
         self.prefix_reads.append(n)
-        return b"".join(b"".join(c) for c in self.copies[:n])
+        return b"".join(b"".join(c) for c in self.copies)[: n * VALUE]
 
     def map_lookup(self, name: str, key: bytes) -> list[bytes]:
         return list(self.copies[int.from_bytes(key, "little")])
@@ -41,7 +43,7 @@ class FakeSlotMaps:
 
 
 def _slots(maps: FakeSlotMaps) -> _Slots:
-    return _Slots(maps, "index", "stats", "free", VALUE, KEY.size)  # type: ignore[arg-type]
+    return _Slots(maps, "index", "stats", "free", VALUE, KEY.size, CPUS, (0, 1, 2))  # type: ignore[arg-type]
 
 
 def test_only_changed_slots_come_back_and_an_idle_tick_has_none() -> None:

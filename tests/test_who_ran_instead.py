@@ -339,7 +339,7 @@ def test_forgetting_quiet_pairs_keeps_the_matrix_cumulative(victim_and_hogs):
         quiet = probe.forget_quiet_pairs(frozen)
         # Its slot left the index zeroed on every CPU, ready for another pair.
         assert probe.probe.map_lookup("culprit_slots", _CULPRIT_KEY.pack(v, h)) is None
-        assert all(raw == bytes(len(raw)) for raw in probe.probe.map_lookup("runq_culprits", slot))  # type: ignore[arg-type, union-attr]
+        assert all(raw == bytes(len(raw)) for raw in probe.slot_copies("pairs", slot))  # type: ignore[arg-type]
         still = probe.snapshot()
         _thaw(everyone)
         time.sleep(0.5)
