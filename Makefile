@@ -15,7 +15,7 @@ BENCH_BPF_SRC := $(wildcard bench/bpf/*.bpf.c)
 BENCH_BPF_OUT ?= bench/.output
 PY := .venv/bin/python
 
-.PHONY: all setup run test test-vm test-vm-smoke lint bpf bench clean
+.PHONY: all setup run test test-vm test-vm-large test-vm-smoke lint bpf bench clean
 all: bpf
 
 setup:
@@ -47,6 +47,12 @@ VM_SMOKE_TESTS ?= $(shell grep -l 'pytest.mark.smoke' tests/test_*.py)
 test-vm:
 	@scripts/setup.sh vm
 	scripts/vm/run.sh $(VM_ARGS) -- .venv/bin/pytest -v -m vm -rfE -p no:cacheprovider --timeout 1200 $(PYTEST_ARGS) $(VM_TESTS)
+
+# The large-node lane: the same VM booted with possible_cpus=192 (every per-CPU map sized for a 192-CPU
+# node, 2 CPUs online), hundreds of kubelet-shaped pods (tests marked large_node; they skip elsewhere).
+test-vm-large:
+	@scripts/setup.sh vm
+	scripts/vm/run.sh $(VM_ARGS) --memory 4G --append possible_cpus=192 -- .venv/bin/pytest -v -m large_node -rfE -p no:cacheprovider --timeout 1800 $(PYTEST_ARGS) tests/test_large_node.py
 
 # CI's part of the lane (.ci/run, after the host suite): the tests marked both vm and smoke.
 test-vm-smoke:

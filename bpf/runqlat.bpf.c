@@ -76,7 +76,7 @@ struct {
  * sched_info flavour: each task's sched_info.run_delay after its last switch-in, plus one (0: not
  * seen since load), at pid % pid_slots, tagged with the pid's bits above (RUN_DELAY_TAG_SHIFT). An
  * inlined array index where a task-storage get cost ~35 ns per switch. The loader sizes it to the pid
- * space up to 2^17 slots (1 MiB), whatever pid_max is: two live pids on one slot take it in turn, and
+ * space up to 2^16 slots (512 KiB), whatever pid_max is: two live pids on one slot take it in turn, and
  * a wait whose entry another pid holds has no migrated part (only a queued task the load balancer
  * moved has one).
  */
@@ -485,14 +485,16 @@ static __noinline struct runq_culprit_stats *culprit_stats_slow(struct runq_cpu_
 	struct runq_culprit_key key = { .victim_cgroup_id = victim, .culprit_cgroup_id = culprit };
 	struct runq_pair_cache_entry *e;
 	struct runq_culprit_stats *c;
-	__u32 slot, index;
+	__u32 slot;
 
 	if (!cpu || !victim)
 		return NULL;
 	if (slot_of(&culprit_slots, &free_culprit_slots, &culprit_slots_taken, pair_slot_count, &key, &slot))
 		return NULL; /* counted by the caller */
-	index = stripe_index(slot);
-	c = bpf_map_lookup_elem(&runq_culprits, &index);
+	/* One stack slot for the pair's slot and then its copy's index: 6.1 adds up the walk's frames. */
+	*slot_out = slot;
+	slot = stripe_index(slot);
+	c = bpf_map_lookup_elem(&runq_culprits, &slot);
 	if (!c)
 		return NULL;
 	/* First use of this copy of the slot: userspace zeroed every copy before freeing it. */
@@ -500,8 +502,7 @@ static __noinline struct runq_culprit_stats *culprit_stats_slow(struct runq_cpu_
 		c->pair = key;
 	e = pair_cache_entry(cpu, victim, culprit);
 	e->pair = key;
-	e->slot = slot | (__u64)index << 32; /* the pair's slot (runq_cf), and this CPU's copy of it */
-	*slot_out = slot;
+	e->slot = *slot_out | (__u64)slot << 32; /* the pair's slot (runq_cf), and this CPU's copy of it */
 	return c;
 }
 
@@ -629,14 +630,14 @@ static __always_inline void charge_culprit(struct runq_cpu_state *cpu, __u64 vic
 {
 	struct runq_pair_cache_entry *e = pair_cache_entry(cpu, victim, culprit);
 	struct runq_culprit_stats *c = NULL;
-	__u32 slot = 0, index;
+	__u32 slot = 0;
 
 	if (e->pair.victim_cgroup_id == victim && e->pair.culprit_cgroup_id == culprit && victim) {
-		slot = (__u32)e->slot;
-		index = e->slot >> 32;
-		c = bpf_map_lookup_elem(&runq_culprits, &index);
+		slot = e->slot >> 32; /* this CPU's copy, then the pair's slot (one stack slot: see culprit_stats_slow) */
+		c = bpf_map_lookup_elem(&runq_culprits, &slot);
 		if (c && (c->pair.victim_cgroup_id != victim || c->pair.culprit_cgroup_id != culprit))
 			c = NULL;
+		slot = (__u32)e->slot;
 	}
 	if (!c)
 		c = culprit_stats_slow(cpu, victim, culprit, &slot);
@@ -753,13 +754,17 @@ struct slice_walk {
 	 * ends; `ktime_off` turns the rq clock into ktime (0: the counterfactual does not move this wait).
 	 */
 	__u64 softirq, s0, s1, end_softirq, ktime_off;
-	__u32 head;
+	/*
+	 * No copy of cpu->head (the ring does not move during the walk): 6.1 adds up the frames of the
+	 * switch program, this walk, its callback and culprit_stats_slow (each rounded up to 32 bytes)
+	 * against 512 bytes, and they come to exactly that: a byte more on any of them refuses the load.
+	 */
 };
 
 /* Charge the i-th newest finished slice's overlap with the wait. 1 stops the walk. */
 static long charge_slice(__u32 i, struct slice_walk *w)
 {
-	__u32 slot = (w->head - 1 - i) & (RUNQ_RING_SLOTS - 1);
+	__u32 slot = (w->cpu->head - 1 - i) & (RUNQ_RING_SLOTS - 1);
 	__u64 start = w->cpu->ring[slot].start, cg = w->cpu->ring[slot].cgroup_id, lo, ns, turn, kernel_work;
 	__u64 sq = 0, from = w->cpu->ring[slot].softirq_ns;
 
@@ -850,7 +855,6 @@ static __noinline void attribute_long_wait(struct runq_cpu_state *cpu, struct ru
 	/* Only for a wait the counterfactual moves, and only if softirq work ran since the ring's oldest slice. */
 	if (full >= RUNQ_CF_MIN_NS && cpu->softirq_ns != cpu->ring[cpu->head & (RUNQ_RING_SLOTS - 1)].softirq_ns)
 		w.ktime_off = (bpf_ktime_get_ns() - cpu->slice_start) | 1;
-	w.head = cpu->head;
 	/* Kernels before bpf_loop (5.17): a wait longer than the current slice is all unknown. */
 	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_loop))
 		bpf_loop(RUNQ_RING_SLOTS, charge_slice, &w, 0);
@@ -963,6 +967,32 @@ int BPF_PROG(runqlat_softirq_exit_btf, unsigned int vec_nr)
 	return 0;
 }
 
+/*
+ * The wait a task had accounted at a dequeue since it last ran (a queued task the load balancer moved):
+ * run_delay's growth since its last switch-in, from its task_run_delay slot, which is then set for
+ * this switch-in (`pending` is what sched_info_arrive() is about to add). Not inlined: its locals stay
+ * off the switch program's frame, which the deepest call chain (the ring walk's) adds up against the
+ * 512-byte limit (6.1 counted 544 with them inlined).
+ */
+static __noinline __u64 migrated_since_last_run(__u32 pid, __u64 run_delay, __u64 pending, bool first_arrival)
+{
+	__u32 pid_slot = pid & (pid_slots - 1);
+	__u64 *seen = bpf_map_lookup_elem(&task_run_delay, &pid_slot);
+	__u64 tag, was, migrated = 0;
+
+	if (!seen)
+		return 0;
+	tag = (__u64)(pid >> pid_slot_bits) << RUN_DELAY_TAG_SHIFT;
+	was = *seen;
+	if (first_arrival)
+		migrated = run_delay;
+	else if ((was & ~RUN_DELAY_SEEN_MASK) == tag && (was & RUN_DELAY_SEEN_MASK) &&
+		 run_delay + 1 > (was & RUN_DELAY_SEEN_MASK))
+		migrated = run_delay + 1 - (was & RUN_DELAY_SEEN_MASK);
+	*seen = tag | ((run_delay + pending + 1) & RUN_DELAY_SEEN_MASK);
+	return migrated;
+}
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
@@ -970,8 +1000,7 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
 	struct runq_cgroup_stats *s;
 	__u64 now, prev_start, queued, run_delay, pending = 0, migrated = 0, prev_cg = 0, next_cg = 0, prev_slice_id;
-	__u64 *seen, seen_was, tag;
-	__u32 slot, pid_slot;
+	__u32 slot;
 	bool own_preemption, first_arrival, prev_kernel_work, prev_softirq;
 
 	if (!cpu)
@@ -1051,18 +1080,7 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 			 */
 			run_delay = next->sched_info.run_delay;
 			first_arrival = next->sched_info.pcount == 0;
-			pid_slot = next_pid & (pid_slots - 1);
-			seen = bpf_map_lookup_elem(&task_run_delay, &pid_slot);
-			if (seen) {
-				tag = (__u64)(next_pid >> pid_slot_bits) << RUN_DELAY_TAG_SHIFT;
-				seen_was = *seen;
-				if (first_arrival)
-					migrated = run_delay;
-				else if ((seen_was & ~RUN_DELAY_SEEN_MASK) == tag && (seen_was & RUN_DELAY_SEEN_MASK) &&
-					 run_delay + 1 > (seen_was & RUN_DELAY_SEEN_MASK))
-					migrated = run_delay + 1 - (seen_was & RUN_DELAY_SEEN_MASK);
-				*seen = tag | ((run_delay + pending + 1) & RUN_DELAY_SEEN_MASK);
-			}
+			migrated = migrated_since_last_run(next_pid, run_delay, pending, first_arrival);
 		}
 		s = cgroup_stats(cpu, next_cg);
 		slot = nn_hist_slot(pending + migrated);

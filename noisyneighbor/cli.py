@@ -137,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated BPF probes to load (default: all)")
     agent.add_argument("--max-cgroups", type=int, default=2000, metavar="N",
                        help="cgroups with their own metric series; the rest are summed into cgroup=\"_overflow\"")
+    agent.add_argument("--runq-cgroups", type=int, default=None, metavar="N",
+                       help="cgroups the run-queue probe tracks (default: 1.5x the node's leaf cgroups at start, "
+                            "at least 2048); more are counted as dropped (cgroup_map_full)")
+    agent.add_argument("--runq-pairs", type=int, default=None, metavar="N",
+                       help="who-ran-instead (victim, culprit) pairs the probe tracks (default 8192); pairs that "
+                            "stop moving give their slots back")
     agent.add_argument("--bucket-max", type=parse_duration, default=10.0, metavar="S",
                        help="runqueue histograms: the last bucket's bound (default 10 s: le 8.39 s, then +Inf)")
     agent.add_argument("--bucket-min", type=parse_duration, default=100e-6, metavar="S",
@@ -193,7 +199,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         audit_log=args.audit_log, incident_log=args.incident_log,
         interval_s=args.interval, probes=args.probes or BPF_PROBES, max_cgroups=args.max_cgroups,
         pod_source=args.pods, act_only=tuple(args.act_only), max_bucket_seconds=args.bucket_max,
-        min_bucket_seconds=args.bucket_min,
+        min_bucket_seconds=args.bucket_min, runq_cgroups=args.runq_cgroups, runq_pairs=args.runq_pairs,
         extra_node_series=args.extra_node_series, per_cpu_series=args.per_cpu_series, btf=getattr(args, "btf", None),
     )
     if args.journal_dir:

@@ -271,6 +271,7 @@ class RunqSnapshot:
     culprits: dict[tuple[int, int], CulpritStats] = field(default_factory=dict)  # (victim, culprit) -> stats
     culprit_drop_ns: int = 0  # foreign wait whose culprit was lost to a full matrix (in foreign_wait_ns)
     culprits_available: bool = False
+    table_use: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (slots used, slots)
 
 
 @dataclass(frozen=True)
@@ -495,7 +496,7 @@ class _Slots:
 
 
 PID_MAX_LIMIT = 1 << 22  # the kernel's limit on 64-bit: pid_max can be raised up to it
-MAX_PID_SLOTS = 1 << 17  # task_run_delay's entries at most (1 MiB), whatever pid_max is (systemd sets 2^22)
+MAX_PID_SLOTS = 1 << 16  # task_run_delay's entries at most (512 KiB), whatever pid_max is (systemd sets 2^22)
 MAX_FALLBACK_TASKS = 65536  # the raw_tp flavour's pid -> enqueue time hash (bpf/runqlat.bpf.c)
 MIN_CGROUP_SLOTS = 2048  # cgroups tracked at least: 250 kubelet pods (pod, pause, app) and the system's
 DEFAULT_PAIR_SLOTS = 8192
@@ -519,13 +520,14 @@ def possible_cpu_count(paths: HostPaths) -> int:
 
 
 def cgroup_capacity(hierarchy_root: Path | None) -> int:
-    """Cgroups to make room for: twice what the keyed hierarchy holds at load (pods come and go), and
-    never fewer than MIN_CGROUP_SLOTS; a power of 2."""
-    present = 0
+    """Cgroups to make room for: the keyed hierarchy's leaves at load (where tasks run: a kubelet pod's
+    pause and app containers, not its pod cgroup) and half as many again for pods to come (dead
+    cgroups give their slots back), never fewer than MIN_CGROUP_SLOTS."""
+    leaves = 0
     if hierarchy_root is not None:
         for _, dirs, _ in os.walk(hierarchy_root, onerror=lambda _e: None):
-            present += len(dirs)
-    return _power_of_2_at_least(max(MIN_CGROUP_SLOTS, 2 * present))
+            leaves += not dirs
+    return max(MIN_CGROUP_SLOTS, leaves * 3 // 2 + 256)
 
 
 def _pid_max(paths: HostPaths) -> int:
@@ -607,6 +609,8 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         self._pairs = _Slots(self.probe, "culprit_slots", "runq_culprits", "free_culprit_slots", CULPRIT_STATS_SIZE,
                              _CULPRIT_KEY.size, self.stripes, PAIR_CHANGE_WORDS, also_zero=("runq_cf",))
         self._pair_moved_at: dict[tuple[int, int], float] = {}  # when each pair in the kernel last changed
+        self._drops_seen: dict[str, int] = {}
+        self._status_before_full: tuple[Any, str] | None = None  # (state, reason) while a table is full
         self.pairs_given_back = 0  # pair slots freed because their pair stopped moving (cumulative)
         # What the kernel maps held at the last snapshot, decoded; only the slots that changed since are
         # decoded again (most cgroups did nothing). Snapshots get copies.
@@ -694,10 +698,31 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         # key_map_full is the shared reason: these say which table was full.
         drops["culprit_map_full"] = culprit_drops
         drops["cgroup_map_full"] = max(drops.get("key_map_full", 0) - culprit_drops, 0)
+        self._report_full_tables(drops)
         return RunqSnapshot(
             time.monotonic(), dict(self._per_cgroup), per_cpu, drops, dict(self._wait_split),
-            dict(self._culprit_totals), culprit_drop_ns, self.culprits_available,
+            dict(self._culprit_totals), culprit_drop_ns, self.culprits_available, self.table_use,
         )
+
+    def _report_full_tables(self, drops: dict[str, int]) -> None:
+        """A table that lost updates since the last snapshot makes the probe degraded, saying which and
+        by how much (the agent's /readyz, top's and diagnose's status lines); it is on again once a
+        snapshot loses none. The counts stay in drops (the exporter's noisyneighbor_probe_drops_total)."""
+        lost = []
+        for table, reason in (("cgroup", "cgroup_map_full"), ("who-ran-instead pair", "culprit_map_full")):
+            grew = drops.get(reason, 0) - self._drops_seen.get(reason, 0)
+            if grew > 0:
+                used, slots = self.table_use["cgroups" if table == "cgroup" else "pairs"]
+                lost.append(f"{table} table full ({used} of {slots} slots): {grew} updates lost since the last read")
+        self._drops_seen = dict(drops)
+        status = self.probe.status
+        if lost:
+            if self._status_before_full is None:
+                self._status_before_full = (status.state, status.reason)
+            status.state, status.reason = "degraded", "; ".join(lost)
+        elif self._status_before_full is not None:
+            status.state, status.reason = self._status_before_full
+            self._status_before_full = None
 
     def _counterfactual_raw(self, slot: int) -> bytes | None:
         """The pair slot's counterfactual moves (one lookup, for the pairs that changed this tick)."""
@@ -789,6 +814,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
 
 RUNQ_LATENCY = "noisyneighbor_runqueue_latency_seconds"
 CPU_RUNQ_LATENCY = "noisyneighbor_cpu_runqueue_latency_seconds"
+TABLE_SLOTS = "noisyneighbor_runqueue_table_slots"
 
 
 def activity(snap: RunqSnapshot) -> dict[int, int]:
@@ -803,6 +829,9 @@ def cgroup_series(snap: RunqSnapshot) -> Iterator[CgroupSample]:
 def node_series(snap: RunqSnapshot) -> Iterator[NodeSample]:
     for cpu, hist in enumerate(snap.per_cpu):
         yield CPU_RUNQ_LATENCY, (str(cpu),), hist
+    for table, (used, slots) in snap.table_use.items():
+        yield TABLE_SLOTS, (table, "used"), float(used)
+        yield TABLE_SLOTS, (table, "capacity"), float(slots)
 
 
 def top_rows(view: TopInput) -> list[dict[str, Any]]:
@@ -936,11 +965,14 @@ PLUGIN = ProbePlugin(
                 "cf_moves", "cf_node_moves", "cf_node_ns"),
         workloads=workload_signals,
         every_row=lambda interval: {"who_ran_instead_available": interval.culprits_available}),
-    metrics=(RUNQ_LATENCY, CPU_RUNQ_LATENCY),
+    metrics=(RUNQ_LATENCY, CPU_RUNQ_LATENCY, TABLE_SLOTS),
     metric_specs=(
         MetricSpec(RUNQ_LATENCY, "histogram", "Runqueue wait (wakeup or preemption to running) of the cgroup's tasks."),
         MetricSpec(CPU_RUNQ_LATENCY, "histogram", "Runqueue wait of all tasks on the node (per CPU they waited on "
                    "with --per-cpu-series).", ("cpu",), per_cgroup=False, per_cpu=True),
+        MetricSpec(TABLE_SLOTS, "gauge", "Slots of the run-queue probe's kernel tables (cgroups, who-ran-instead "
+                   "pairs): used and capacity. A full table loses updates, counted in noisyneighbor_probe_drops_total "
+                   "(cgroup_map_full, culprit_map_full).", ("table", "state"), per_cgroup=False),
     ),
     cgroup_series=cgroup_series,
     node_series=node_series,

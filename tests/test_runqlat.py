@@ -282,6 +282,10 @@ def test_cgroup_slots_are_bounded_and_a_freed_slot_starts_from_zero(two_contendi
         time.sleep(0.3)  # root (this test), a and b all switch in: one of them finds no slot
         first = probe.snapshot()
         assert len(first.per_cgroup) <= 2 and first.drops["key_map_full"] > 0, first.drops
+        # The loss is said by table, and the probe is degraded while it goes on (/readyz, top, diagnose).
+        assert first.drops["cgroup_map_full"] == first.drops["key_map_full"] - first.drops["culprit_map_full"] > 0
+        assert first.table_use["cgroups"] == (2, 2)
+        assert probe.status.state == "degraded" and "cgroup table full (2 of 2 slots)" in probe.status.reason
 
     tids_b = _tids(b)
     _signal_all(tids_b, signal.SIGSTOP)

@@ -327,6 +327,48 @@ def test_forget_drops_the_pairs_of_removed_cgroups(victim_and_hogs):
 
 @pytest.mark.vm
 @pytest.mark.root
+def test_quiet_pairs_give_their_slots_back_so_a_new_culprit_is_named(victim_and_hogs, make_cgroup, monkeypatch):
+    """A node up for weeks: the pair table is small and full of pairs that stopped interfering. They
+    give their slots back (here after 0.5 s quiet instead of 60 s), so a culprit that starts later
+    has its pair and is named, and the old pairs' totals stay (the matrix stays cumulative)."""
+    from probes import runqlat
+
+    monkeypatch.setattr(runqlat, "PAIR_QUIET_S", 0.5)
+    monkeypatch.setattr(runqlat, "PAIR_FULL_QUIET_S", 0.3)
+    stress = require_tool("stress-ng")
+    victim, heavy, light = victim_and_hogs
+    v, h = _ino(victim), _ino(heavy)
+    late = make_cgroup("late", controllers=("cpu", "cpuacct"))
+    _set_weight(late, 1024)
+    procs: list[subprocess.Popen] = []
+    with RunqLatProbe(max_culprit_pairs=8) as probe:
+        time.sleep(1)
+        early = probe.snapshot()
+        assert (v, h) in early.culprits
+        _freeze(_tids(heavy) + _tids(light))  # their pairs stop moving
+        try:
+            _start([stress, "--cpu", "1", "--cpu-method", "int64", "-t", "60", "--quiet"], late, procs)
+            _wait_for_tasks({late: 2})
+            for _ in range(10):  # the agent's ticks: each snapshot gives quiet pairs back
+                time.sleep(0.3)
+                probe.snapshot()
+            before = probe.snapshot()
+            time.sleep(1)
+            after = probe.snapshot()
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+            _thaw(_tids(heavy) + _tids(light))
+    ranked = top_culprits(before, after, v, k=3)
+    print(f"given back {probe.pairs_given_back}, drops {after.drops}, tables {after.table_use}, ranked {ranked}")
+    assert probe.pairs_given_back >= 1
+    assert ranked and ranked[0].culprit_cgroup_id == _ino(late) and ranked[0].share > 0.5, ranked
+    assert after.culprits[(v, h)].wait_ns >= early.culprits[(v, h)].wait_ns  # kept when its slot went
+
+
+@pytest.mark.vm
+@pytest.mark.root
 def test_forgetting_quiet_pairs_keeps_the_matrix_cumulative(victim_and_hogs):
     victim, heavy, light = victim_and_hogs
     v, h = _ino(victim), _ino(heavy)

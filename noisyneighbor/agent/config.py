@@ -41,6 +41,8 @@ class AgentConfig:
     interval_s: float | None = None
     probes: tuple[str, ...] = BPF_PROBES
     max_cgroups: int = 2000
+    runq_cgroups: int | None = None  # the run-queue probe's cgroup table (None: sized from the node at start)
+    runq_pairs: int | None = None  # its who-ran-instead pair table (None: the probe's default)
     max_bucket_seconds: float = 10.0  # runqueue histograms: the last finite bucket's bound
     min_bucket_seconds: float = 100e-6  # and the first's (waits below it share that bucket)
     extra_node_series: bool = False  # PSI averages and /proc/stat per CPU: node_exporter has them
@@ -65,6 +67,9 @@ class AgentConfig:
             raise AgentConfigError(f"interval must be between 0.01 and 3600 s, got {self.interval_s:g}")
         if self.max_cgroups < 1:
             raise AgentConfigError(f"max cgroups must be at least 1, got {self.max_cgroups}")
+        for what, n in (("run-queue cgroups", self.runq_cgroups), ("run-queue pairs", self.runq_pairs)):
+            if n is not None and not 1 <= n <= 1 << 20:
+                raise AgentConfigError(f"{what} must be between 1 and {1 << 20}, got {n}")
         if not self.max_bucket_seconds > 0:
             raise AgentConfigError(f"bucket max must be positive, got {self.max_bucket_seconds:g} s")
         if not 0 < self.min_bucket_seconds < self.max_bucket_seconds:

@@ -199,8 +199,11 @@ class Agent:
         self._free_memory = FreeMemoryReturner()
         self._resolver = resolver
         use_btf_file(self.config.btf)  # process-wide: the probes' engines relocate against it
+        runq_tables = {k: v for k, v in (("max_cgroups", self.config.runq_cgroups),
+                                         ("max_culprit_pairs", self.config.runq_pairs)) if v is not None}
         self.collector = NodeCollector(self.paths, self.layout, probes=self.config.probes,
-                                       cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths).start()
+                                       cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths,
+                                       probe_options={"runqlat": runq_tables} if runq_tables else None).start()
         if self.config.gpu and GPU_PLUGIN not in self.collector.probes:  # else the plugin reads NVML (node_gpus)
             self.gpu = GpuCollector(self.paths)
         # Listen queues (probes/listenq.py): read on connect trouble or on a slow cadence, joined to the
@@ -452,9 +455,10 @@ class Agent:
         if self.collector is not None:
             probes = {name: {"state": st.state, "reason": st.reason, "attach_mode": st.attach_mode}
                       for name, st in self.collector.status.items()}
-        # Ready once a BPF probe is on: steal (a /proc file) alone detects nothing.
+        # Ready once a BPF probe runs (on, or degraded: a full table still measures the rest): steal (a /proc
+        # file) alone detects nothing.
         ready = self.stats.ticks >= 1 and not self._stopped and any(
-            p["state"] == "on" for name, p in probes.items() if name not in BY_NAME or BY_NAME[name].specs)
+            p["state"] != "off" for name, p in probes.items() if name not in BY_NAME or BY_NAME[name].specs)
         pods = self.pod_source.status if self.pod_source is not None else None
         acts = self.policy.actuators if self.policy is not None else None
         return {
