@@ -79,15 +79,22 @@ def pipe(loops: int, cgroups: tuple[OwnedCgroup, OwnedCgroup]) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def measure(obj_path: Path, v1_cpu: bool, pid_slots: int, loops: int, cgroups: tuple[OwnedCgroup, OwnedCgroup]) -> Run:
+def measure(obj_path: Path, probe: RunqLatProbe, loops: int, cgroups: tuple[OwnedCgroup, OwnedCgroup]) -> Run:
+    """One round of `obj_path`'s switch program alone, set up as the probe sets up its own object."""
     with BpfObject(obj_path) as obj:
         for name in obj.program_names():
             if name != PROGRAM:
                 obj.set_autoload(name, False)
-        obj.set_rodata({"v1_cpu_cgroup": v1_cpu})
+        obj.set_rodata({"v1_cpu_cgroup": probe.v1_cpu})
         with contextlib.suppress(BpfError):  # older objects kept the last run_delay in task storage only
-            obj.set_rodata({"pid_slots": pid_slots})
-            obj.map("task_run_delay").set_max_entries(pid_slots)
+            obj.set_rodata({"pid_slots": probe.pid_slots})
+            obj.map("task_run_delay").set_max_entries(probe.pid_slots)
+        with contextlib.suppress(BpfError):  # objects before the striped tables (per-CPU arrays)
+            obj.set_rodata({"pid_slot_bits": probe.pid_slots.bit_length() - 1, "stripes": probe.stripes,
+                            "stripes_shared": probe.stripes_shared, "cgroup_slot_count": probe.cgroup_slot_count,
+                            "pair_slot_count": probe.pair_slot_count})
+            obj.map("cgroup_runq").set_max_entries(probe.cgroup_slot_count * probe.stripes)
+            obj.map("runq_culprits").set_max_entries(probe.pair_slot_count * probe.stripes)
         obj.load()
         obj.attach(PROGRAM)
         ops = pipe(loops, cgroups)
@@ -103,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--object", type=Path, default=REPO / "probes/bpf_objects/runqlat.bpf.o")
     args = parser.parse_args(argv)
 
-    with RunqLatProbe() as probe:  # only to learn which cgroup hierarchy keys the maps, and pid_max
-        v1_cpu, pid_slots = probe.v1_cpu, probe.pid_slots
+    probe = RunqLatProbe()  # only to learn how the agent sets up the object here (hierarchy, pid_max, stripes)
+    probe.close()
     with tempfile.TemporaryDirectory() as tmp:
         objects = {"current": args.object}
         if args.baseline_src:
@@ -117,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.rounds):
                 for placement, cgroups in (("same cgroup", (a, a)), ("foreign", (a, b))):
                     for name, path in objects.items():
-                        results.setdefault((name, placement), []).append(measure(path, v1_cpu, pid_slots, args.loops, cgroups))
+                        results.setdefault((name, placement), []).append(measure(path, probe, args.loops, cgroups))
         finally:
             stats_fd.close()
             b.remove()

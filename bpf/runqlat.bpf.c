@@ -196,9 +196,34 @@ struct {
 } runq_cpu SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1); /* the loader sets it: the possible CPUs */
+	__type(key, __u32);
+	__type(value, struct runq_cpu_hist);
+} runq_cpu_hist SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024);
 } outliers SEC(".maps");
+
+_Static_assert(sizeof(struct runq_cpu_hist) % 64 == 0, "a CPU's histogram is whole cache lines");
+
+/* This CPU's histogram (runq_cpu_hist); its number is looked up once and kept in its state. */
+static __always_inline struct nn_hist *cpu_hist(struct runq_cpu_state *cpu)
+{
+	struct runq_cpu_hist *h;
+	__u32 i = cpu->cpu_plus_one;
+
+	if (!i) {
+		i = bpf_get_smp_processor_id() + 1;
+		cpu->cpu_plus_one = i;
+	}
+	i--;
+	h = bpf_map_lookup_elem(&runq_cpu_hist, &i);
+	return h ? &h->hist : NULL;
+}
 
 
 /* ---- start-time storage: task storage (tp_btf) or pid hash (raw_tp) ---------------------- */
@@ -443,6 +468,7 @@ static __always_inline void account_cgroup(struct task_struct *prev, struct task
 	__u32 zero = 0;
 	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
 	struct runq_cgroup_stats *s;
+	struct nn_hist *h;
 	__u32 slot;
 
 	if (!cpu)
@@ -450,7 +476,9 @@ static __always_inline void account_cgroup(struct task_struct *prev, struct task
 	s = cgroup_stats(cpu, cgid);
 	/* Both histograms at once: the slot is computed once, and is dead for the verifier after. */
 	slot = nn_hist_slot(wait_ns);
-	nn_hist_add_at(&cpu->hist, slot, wait_ns);
+	h = cpu_hist(cpu);
+	if (h)
+		nn_hist_add_at(h, slot, wait_ns);
 	if (s)
 		stat_hist_add(&s->hist, slot, wait_ns);
 	report_outlier(prev, next, cgid, PREV_CGID_UNREAD, wait_ns);
@@ -999,6 +1027,7 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 	__u32 zero = 0, prev_pid = prev->pid, next_pid = next->pid;
 	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
 	struct runq_cgroup_stats *s;
+	struct nn_hist *h;
 	__u64 now, prev_start, queued, run_delay, pending = 0, migrated = 0, prev_cg = 0, next_cg = 0, prev_slice_id;
 	__u32 slot;
 	bool own_preemption, first_arrival, prev_kernel_work, prev_softirq;
@@ -1084,7 +1113,9 @@ int BPF_PROG(runqlat_switch_schedinfo, bool preempt, struct task_struct *prev, s
 		}
 		s = cgroup_stats(cpu, next_cg);
 		slot = nn_hist_slot(pending + migrated);
-		nn_hist_add_at(&cpu->hist, slot, pending + migrated);
+		h = cpu_hist(cpu);
+		if (h)
+			nn_hist_add_at(h, slot, pending + migrated);
 		if (s)
 			stat_hist_add(&s->hist, slot, pending + migrated);
 		if (s) {

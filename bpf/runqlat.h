@@ -148,9 +148,19 @@ struct runq_cpu_state {
 	__u64 softirq_entry;     /* ktime of the running softirq vector's entry; 0 outside one */
 	__u64 slice_softirq_ns;  /* softirq_ns when the current slice began */
 	__u32 mark_head;         /* marks[(mark_head - 1) % RUNQ_SOFTIRQ_MARKS] is the newest run */
-	__u32 mark_pad;
+	__u32 cpu_plus_one;      /* this CPU's number + 1 (0: not known yet): its runq_cpu_hist entry */
 	struct runq_softirq_mark marks[RUNQ_SOFTIRQ_MARKS];
-	struct nn_hist hist;     /* the wait distribution of everything that ran on this CPU: last (userspace reads the tail) */
+};
+
+/*
+ * The wait distribution of everything that ran on one CPU, in a shared array indexed by CPU (each CPU
+ * writes only its own entry): userspace reads it in place and decodes the CPUs that moved, where the
+ * whole per-CPU state (2.5 KB a CPU) was copied out every tick. Five cache lines: no line is shared
+ * by two CPUs' entries.
+ */
+struct runq_cpu_hist {
+	struct nn_hist hist;
+	__u64 pad[5];
 };
 
 #endif /* NN_RUNQLAT_H */

@@ -109,7 +109,8 @@ CULPRIT_STATS_SIZE = _CULPRIT_STATS.size + _CULPRIT_KEY.size  # the counters, th
 # struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the pair cache, the softirq
 # state, the CPU's histogram.
 CPU_STATE_SIZE = (_CPU_STATE_HEAD.size + 24 * RUNQ_RING_SLOTS + 16 * RUNQ_SLOT_CACHE + 24 * RUNQ_PAIR_CACHE
-                  + 32 + 32 * RUNQ_SOFTIRQ_MARKS + NN_HIST_SIZE)
+                  + 32 + 32 * RUNQ_SOFTIRQ_MARKS)
+CPU_HIST_SIZE = NN_HIST_SIZE + 40  # struct runq_cpu_hist: a CPU's histogram padded to whole cache lines
 # What this module decodes, per map: (key, value), checked against the object's BTF at load (engine).
 MAP_LAYOUTS = {
     "cgroup_slots": (_SLOT_OWNER, 4),  # cgroup id -> u32 slot
@@ -119,6 +120,7 @@ MAP_LAYOUTS = {
     "free_culprit_slots": (None, 4),
     "runq_culprits": (4, CULPRIT_STATS_SIZE),
     "runq_cpu": (4, CPU_STATE_SIZE),
+    "runq_cpu_hist": (4, CPU_HIST_SIZE),
     "runq_cf": (4, _COUNTERFACTUAL.size),
     "drops": (4, 8),  # probes/base.py
 }
@@ -501,7 +503,7 @@ MAX_FALLBACK_TASKS = 65536  # the raw_tp flavour's pid -> enqueue time hash (bpf
 MIN_CGROUP_SLOTS = 2048  # cgroups tracked at least: 250 kubelet pods (pod, pause, app) and the system's
 DEFAULT_PAIR_SLOTS = 8192
 PAIR_QUIET_S = 60.0  # a who-ran-instead pair unchanged this long gives its slot back once the table is half full
-PAIR_FULL_QUIET_S = 5.0  # ... and, past 7/8 full, any pair this quiet, least recently moved first
+PAIR_FULL_QUIET_S = 1.0  # ... and, past 7/8 full, any pair this quiet, least recently moved first
 
 
 def _power_of_2_at_least(n: int) -> int:
@@ -583,17 +585,18 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             max_cgroups = cgroup_capacity(Path(self.hierarchy.path_of("/")) if self.hierarchy is not None else None)
         engine = engine or LibbpfEngine(self.paths)
         self.cgroup_slot_count, self.pair_slot_count = max_cgroups, max_culprit_pairs
-        self.stripes, shared = stripes_for(possible_cpu_count(self.paths))
+        self.stripes, self.stripes_shared = stripes_for(possible_cpu_count(self.paths))
         # A power of 2 (the BPF side masks a pid into it), at most the pid space.
         self.pid_slots = min(_power_of_2_at_least(max_pid_slots), _power_of_2_at_least(_pid_max(self.paths)))
         sizes = {"outliers": outlier_ring_bytes, "cgroup_slots": max_cgroups, "free_slots": max_cgroups,
                  "cgroup_runq": max_cgroups * self.stripes, "runq_culprits": max_culprit_pairs * self.stripes,
                  "runq_cf": max_culprit_pairs, "culprit_slots": max_culprit_pairs,
-                 "free_culprit_slots": max_culprit_pairs, "task_run_delay": self.pid_slots, "fallback_queued_ns": 1}
+                 "free_culprit_slots": max_culprit_pairs, "task_run_delay": self.pid_slots, "fallback_queued_ns": 1,
+                 "runq_cpu_hist": possible_cpu_count(self.paths)}
         options = {
             "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns,
                        "pid_slots": self.pid_slots, "pid_slot_bits": self.pid_slots.bit_length() - 1,
-                       "stripes": self.stripes, "stripes_shared": shared,
+                       "stripes": self.stripes, "stripes_shared": self.stripes_shared,
                        "cgroup_slot_count": max_cgroups, "pair_slot_count": max_culprit_pairs,
                        "node_cgroup_id": node_cgroup_id,
                        "test_kernel_work_cgroup_id": test_kernel_work_cgroup_id},
@@ -601,8 +604,10 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             "layouts": MAP_LAYOUTS,
         }
         self.probe = self._open(engine, attach_mode, options, sizes)
-        # Pairs forgotten by forget_quiet_pairs() while their cgroups live on: their totals so far,
-        # added back in snapshots so the matrix stays cumulative when a pair reappears.
+        # Pairs that gave their slots back while their cgroups live on: their totals so far, added back
+        # in snapshots so the matrix stays cumulative when a pair reappears. At most as many as the
+        # table's slots, oldest out first (a snapshot copies them every tick): one that comes back
+        # after that starts from 0, a counter reset to whoever reads it as a counter.
         self._culprit_base: dict[tuple[int, int], CulpritStats] = {}
         self._cgroups = _Slots(self.probe, "cgroup_slots", "cgroup_runq", "free_slots", CGROUP_STATS_SIZE,
                                _SLOT_OWNER.size, self.stripes, CGROUP_CHANGE_WORDS)
@@ -615,7 +620,13 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         # What the kernel maps held at the last snapshot, decoded; only the slots that changed since are
         # decoded again (most cgroups did nothing). Snapshots get copies.
         self._per_cgroup: dict[int, LatencyHistogram] = {}
-        self._per_cpu: list[tuple[bytes, LatencyHistogram]] = []  # each CPU's histogram as last read and decoded
+        self._per_cpu: list[LatencyHistogram] = []  # each CPU's histogram as last read and decoded
+        self._cpu_counts = np.zeros(0, dtype="<u8")  # their counts then
+        mapped = self.probe.map_mmap("runq_cpu_hist") if hasattr(self.probe, "map_mmap") else None
+        cpus, words = possible_cpu_count(self.paths), CPU_HIST_SIZE // 8
+        self._cpu_hist_view = None if mapped is None else (
+            np.frombuffer(mapped, dtype="<u8")[: cpus * words].reshape(cpus, words))
+        self._culprit_drops: tuple[int, int] | None = None  # summed over the CPUs' states, at the last read
         self._wait_split: dict[int, WaitSplit] = {}
         self._pairs_in_kernel: dict[tuple[int, int], CulpritStats] = {}
         self._culprit_totals: dict[tuple[int, int], CulpritStats] = {}  # in the kernel + _culprit_base
@@ -664,17 +675,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                 self._per_cgroup[cgroup_id] = LatencyHistogram.decode_percpu(values)
                 if self.culprits_available:
                     self._wait_split[cgroup_id] = WaitSplit.decode_percpu(values)
-        cpu_states: list[bytes] = self.probe.map_lookup("runq_cpu", b"\0\0\0\0") or []  # type: ignore[assignment]
-        # The per-CPU histogram closes struct runq_cpu_state. An idle CPU's is the same object again
-        # (its delta is then nothing to subtract): a 64-CPU node decoded 64 of them every tick.
-        last = self._per_cpu
-        for cpu, raw in enumerate(cpu_states):
-            hist_raw = raw[-NN_HIST_SIZE:]
-            if cpu >= len(last):
-                last.append((hist_raw, LatencyHistogram.decode(hist_raw)))
-            elif last[cpu][0] != hist_raw:
-                last[cpu] = (hist_raw, LatencyHistogram.decode(hist_raw))
-        per_cpu = [hist for _, hist in last[: len(cpu_states)]]
+        per_cpu = self._read_cpu_histograms()
         drops = self.read_drops()
         culprit_drops = culprit_drop_ns = 0
         if self.culprits_available:
@@ -691,9 +692,12 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                         self._pairs.values(change.key, change.raw), self._counterfactual_raw(change.slot))
                     self._pair_moved_at[pair] = now
                     self._total_of(pair)
-            for raw in cpu_states:
-                *_, n, ns = _CPU_STATE_HEAD.unpack_from(raw)
-                culprit_drops, culprit_drop_ns = culprit_drops + n, culprit_drop_ns + ns
+            # The CPUs' whole states (2.5 KB each) only when some update was lost since the last read.
+            if drops.get("key_map_full", 0) != self._drops_seen.get("key_map_full", 0) or self._culprit_drops is None:
+                cpu_states: list[bytes] = self.probe.map_lookup("runq_cpu", b"\0\0\0\0") or []  # type: ignore[assignment]
+                self._culprit_drops = (sum(_CPU_STATE_HEAD.unpack_from(raw)[-2] for raw in cpu_states),
+                                       sum(_CPU_STATE_HEAD.unpack_from(raw)[-1] for raw in cpu_states))
+            culprit_drops, culprit_drop_ns = self._culprit_drops
             self._give_back_quiet_pairs(now)
         # key_map_full is the shared reason: these say which table was full.
         drops["culprit_map_full"] = culprit_drops
@@ -703,6 +707,27 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             time.monotonic(), dict(self._per_cgroup), per_cpu, drops, dict(self._wait_split),
             dict(self._culprit_totals), culprit_drop_ns, self.culprits_available, self.table_use,
         )
+
+    def _read_cpu_histograms(self) -> list[LatencyHistogram]:
+        """Each CPU's wait histogram (runq_cpu_hist, in place where mapped): only the CPUs whose count
+        moved are decoded again; an idle CPU's is the same object (its delta is then nothing)."""
+        if self._cpu_hist_view is not None:
+            rows = self._cpu_hist_view
+        else:
+            blob = self.probe.map_array_values("runq_cpu_hist")
+            rows = np.frombuffer(blob, dtype="<u8").reshape(-1, CPU_HIST_SIZE // 8)
+        counts = rows[:, HIST_SLOTS + 1].copy()
+        self._cgroups.bytes_read += counts.nbytes
+        last = self._per_cpu
+        moved = range(len(rows)) if len(last) != len(rows) else np.flatnonzero(counts != self._cpu_counts).tolist()
+        if len(last) != len(rows):
+            last[:] = [LatencyHistogram.empty()] * len(rows)
+        for cpu in moved:
+            raw = rows[cpu].tobytes()[:NN_HIST_SIZE]
+            self._cgroups.bytes_read += len(raw)
+            last[cpu] = LatencyHistogram.decode(raw)
+        self._cpu_counts = counts
+        return list(last)
 
     def _report_full_tables(self, drops: dict[str, int]) -> None:
         """A table that lost updates since the last snapshot makes the probe degraded, saying which and
@@ -793,7 +818,15 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         self._pairs_in_kernel.pop(pair, None)
         self._pair_moved_at.pop(pair, None)
         if total is not None:
-            self._culprit_base[pair] = total
+            self._culprit_base.pop(pair, None)
+            self._culprit_base[pair] = total  # newest last
+            while len(self._culprit_base) > self.pair_slot_count:
+                oldest = next(iter(self._culprit_base))
+                del self._culprit_base[oldest]
+                if oldest not in self._pairs_in_kernel:
+                    self._culprit_totals.pop(oldest, None)
+                else:
+                    self._total_of(oldest)
         self.pairs_given_back += 1
         return 1
 
