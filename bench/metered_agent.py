@@ -4,8 +4,8 @@ The kernel counts what a process reads through read(2) (``rchar`` in ``/proc/<pi
 it copies out of BPF maps through bpf(2). This wraps the two calls every map read goes through
 (``BpfMap.lookup``: one value; ``BpfMap._batches``: one BPF_MAP_LOOKUP_BATCH call, only the entries
 the kernel filled) and adds up the key and value bytes copied. Tables read in place through mmap (the
-run-queue probe's striped slot arrays) have no call to wrap: their reader's own count of the words it
-looked at and the slots it copied out is added, as "<object>:<map> (mapped)". The maps each object loaded are
+run-queue probe's slot tables and CPU histograms) have no call to wrap: the probe's own count of the
+words it looked at and the slots it copied out is added, as "runqlat (mapped tables)". The maps each object loaded are
 remembered by name with their fd, so the bench can read each one's ``memlock`` from
 ``/proc/<pid>/fdinfo/<fd>``. On SIGUSR1 both are written, as JSON, to ``$NN_METER_OUT``.
 
@@ -59,24 +59,20 @@ def install(out: Path) -> None:
             LABELS[m._ptr] = label
             MAP_FDS[label] = m.fd
 
-    try:  # a tree from before the mapped tables has no such reader: nothing to add there
-        from probes.runqlat import _Slots
-    except ImportError:
-        _Slots = None  # type: ignore[assignment, misc]
-    if _Slots is not None and hasattr(_Slots, "bytes_read"):
-        read_changed = _Slots.read_changed
+    from probes.runqlat import RunqLatProbe
 
-        def metered_read_changed(self):  # type: ignore[no-untyped-def]
+    if hasattr(RunqLatProbe, "bytes_read"):  # a tree from before the mapped tables has nothing to add
+        snapshot = RunqLatProbe.snapshot
+
+        def metered_snapshot(self):  # type: ignore[no-untyped-def]
             before = self.bytes_read
-            changes = read_changed(self)
-            if getattr(self, "_mapped", None) is not None:  # syscall reads are metered at _batches
-                n = self.bytes_read - before
-                COUNTS["bpf_map_bytes"] += n
-                key = f"runqlat:{self.stats} (mapped)"
-                BY_MAP[key] = BY_MAP.get(key, 0) + n
-            return changes
+            snap = snapshot(self)
+            n = self.bytes_read - before
+            COUNTS["bpf_map_bytes"] += n
+            BY_MAP["runqlat (mapped tables)"] = BY_MAP.get("runqlat (mapped tables)", 0) + n
+            return snap
 
-        _Slots.read_changed = metered_read_changed  # type: ignore[method-assign]
+        RunqLatProbe.snapshot = metered_snapshot  # type: ignore[method-assign]
 
     libbpf.BpfMap.lookup = metered_lookup  # type: ignore[method-assign]
     libbpf.BpfMap._batches = metered_batches  # type: ignore[method-assign]

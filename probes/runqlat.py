@@ -403,7 +403,7 @@ class _Slots:
         self._mapped = None if mapped is None else np.frombuffer(mapped, dtype="<u8")
         self._seen = np.zeros((0, len(self._columns)), dtype="<u8")  # change words of the used slots, last read
         self._key_of: dict[int, bytes] = {}  # slot -> the key owning it at the last read_changed
-        self.bytes_read = 0  # out of the map, in all (mapped words looked at, or bytes copied by syscalls)
+        self.bytes_read = 0  # read in place (mapped words looked at, slots copied out); not syscalls' copies
 
     @property
     def used(self) -> int:
@@ -417,7 +417,6 @@ class _Slots:
             got = min(n, len(self._mapped) // self._words)
             return self._mapped[: got * self._words].reshape(got, self._words)
         blob = self.probe.map_array_prefix(self.stats, n * self.copies)
-        self.bytes_read += len(blob)
         got = len(blob) // (self._words * 8)
         return np.frombuffer(blob, dtype="<u8", count=got * self._words).reshape(got, self._words)
 
@@ -452,7 +451,8 @@ class _Slots:
         unused = bytes(self.key_size)
         for slot in slots:
             raw = rows[slot].tobytes() if slot < used else b""
-            self.bytes_read += len(raw)
+            if self._mapped is not None:
+                self.bytes_read += len(raw)
             owners = {raw[at + tail : at + self.value_size] for at in range(0, len(raw), self._aligned)} - {unused}
             if len(owners) > 1:
                 if by_index is None:
@@ -627,6 +627,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         self._cpu_hist_view = None if mapped is None else (
             np.frombuffer(mapped, dtype="<u8")[: cpus * words].reshape(cpus, words))
         self._culprit_drops: tuple[int, int] | None = None  # summed over the CPUs' states, at the last read
+        self._cpu_hist_bytes_read = 0
         self._wait_split: dict[int, WaitSplit] = {}
         self._pairs_in_kernel: dict[tuple[int, int], CulpritStats] = {}
         self._culprit_totals: dict[tuple[int, int], CulpritStats] = {}  # in the kernel + _culprit_base
@@ -717,14 +718,15 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             blob = self.probe.map_array_values("runq_cpu_hist")
             rows = np.frombuffer(blob, dtype="<u8").reshape(-1, CPU_HIST_SIZE // 8)
         counts = rows[:, HIST_SLOTS + 1].copy()
-        self._cgroups.bytes_read += counts.nbytes
+        mapped = self._cpu_hist_view is not None
+        self._cpu_hist_bytes_read += counts.nbytes if mapped else 0
         last = self._per_cpu
         moved = range(len(rows)) if len(last) != len(rows) else np.flatnonzero(counts != self._cpu_counts).tolist()
         if len(last) != len(rows):
             last[:] = [LatencyHistogram.empty()] * len(rows)
         for cpu in moved:
             raw = rows[cpu].tobytes()[:NN_HIST_SIZE]
-            self._cgroups.bytes_read += len(raw)
+            self._cpu_hist_bytes_read += len(raw) if mapped else 0
             last[cpu] = LatencyHistogram.decode(raw)
         self._cpu_counts = counts
         return list(last)
@@ -792,8 +794,9 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
 
     @property
     def bytes_read(self) -> int:
-        """Bytes looked at in, or copied out of, the statistics tables since load (the bench's per-tick figure)."""
-        return self._cgroups.bytes_read + self._pairs.bytes_read
+        """Bytes of the mapped tables looked at or copied out, in place, since load (no syscall copies
+        them, so nothing else counts them: bench.metered_agent adds them to its per-tick figure)."""
+        return self._cgroups.bytes_read + self._pairs.bytes_read + self._cpu_hist_bytes_read
 
     def _give_back_quiet_pairs(self, now: float) -> None:
         """Pairs that stopped moving give their slots back, so a node up for weeks with pod churn keeps
