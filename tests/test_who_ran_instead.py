@@ -467,9 +467,10 @@ def test_map_layouts_match_the_object():
         assert obj.map("cgroup_runq").value_size == CGROUP_STATS_SIZE
         assert obj.map("culprit_slots").key_size == _CULPRIT_KEY.size
         assert obj.map("runq_culprits").value_size == CULPRIT_STATS_SIZE == _CULPRIT_STATS.size + _CULPRIT_KEY.size
-        # struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the CPU's histogram, the
-        # softirq sum (3 u64, 2 u32) and its runs.
+        # struct runq_cpu_state: the decoded head, the slice ring, the slot cache, the pair cache, the
+        # softirq sum (3 u64, 2 u32) and its runs; the CPU's histogram is its own map, in whole cache lines.
         assert obj.map("runq_cpu").value_size == (
-            _CPU_STATE_HEAD.size + 24 * RUNQ_RING_SLOTS + 16 * RUNQ_SLOT_CACHE + 24 * RUNQ_PAIR_CACHE + NN_HIST_SIZE
+            _CPU_STATE_HEAD.size + 24 * RUNQ_RING_SLOTS + 16 * RUNQ_SLOT_CACHE + 24 * RUNQ_PAIR_CACHE
             + 32 + 32 * RUNQ_SOFTIRQ_MARKS)
+        assert obj.map("runq_cpu_hist").value_size == NN_HIST_SIZE + 40 == 320
         assert obj.map("cgroup_slots").key_size == 8 and obj.map("cgroup_slots").value_size == 4
