@@ -79,6 +79,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="attach a scratch disk of SIZE (e.g. 1G), formatted ext4 and mounted at "
                              "/tmp/nn-disk in the guest ($NN_VM_DISK)")
     parser.add_argument("--keep", action="store_true", help="keep the run directory (console log) afterwards")
+    parser.add_argument("--append", action="append", default=[], metavar="ARG",
+                        help="a kernel command-line argument (repeatable), e.g. possible_cpus=192: a node of "
+                             "192 CPUs to every per-CPU map, with --cpus online")
     args = parser.parse_args(own)
     if not command:
         parser.error("no command: scripts/vm/run.sh [options] -- COMMAND [ARG...]")
@@ -116,6 +119,8 @@ def main(argv: list[str]) -> int:
     kvm = kvm_works()
     if not kvm:
         vng.append("--disable-kvm")
+    for arg in args.append:
+        vng += ["--append", arg]
     if args.disk:
         disk = run_dir / "disk.img"
         subprocess.run(["truncate", "-s", args.disk, str(disk)], check=True)
@@ -128,7 +133,8 @@ def main(argv: list[str]) -> int:
     vng += ["--exec", f"bash {shlex.quote(str(run_dir / 'guest.sh'))} {shlex.quote(str(run_dir))} "
                       f"{shlex.quote(str(PROJECT))}"]
 
-    print(f"vm: {release}, {args.cpus} vCPUs, {args.memory}, {'KVM' if kvm else 'TCG'}: {shlex.join(command)}",
+    print(f"vm: {release}, {args.cpus} vCPUs, {args.memory}, {'KVM' if kvm else 'TCG'}"
+          f"{''.join(' ' + a for a in args.append)}: {shlex.join(command)}",
           file=sys.stderr, flush=True)
     venv_bin = PROJECT / ".venv" / "bin"
     child_env = dict(os.environ, PATH=f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}")
