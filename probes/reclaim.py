@@ -77,7 +77,9 @@ _KEY = struct.Struct("<QII")  # struct reclaim_key
 _STATS_TAIL = struct.Struct("<QQ")  # struct reclaim_stats after the nn_hist: nr_reclaimed, no_progress
 STATS_SIZE = NN_HIST_SIZE + _STATS_TAIL.size
 # What this module decodes, per map: (key, value), checked against the object's BTF at load (engine).
-MAP_LAYOUTS = {"cgroup_reclaim": (_KEY, STATS_SIZE), "node_reclaim": (4, STATS_SIZE), "drops": (4, 8)}
+BEGIN_SIZE = 48  # struct reclaim_begin (the raw_tp flavour's pid hash; only its keys are read, by tests)
+MAP_LAYOUTS = {"cgroup_reclaim": (_KEY, STATS_SIZE), "node_reclaim": (4, STATS_SIZE), "fallback_reclaim": (4, BEGIN_SIZE),
+               "drops": (4, 8)}
 
 
 class _ReclaimEvent(ctypes.Structure):
