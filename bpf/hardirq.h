@@ -7,8 +7,11 @@
 
 #include "nn_events.h"
 
-/* IRQ lines kept (a node's lines that ever ran a handler; the loader may cap it on many CPUs). */
+/* IRQ lines named (a node's lines that ever ran a handler). */
 #define NN_HARDIRQ_LINES 1024
+/* (CPU, IRQ line) pairs kept: lines are mostly bound to one CPU each (a multi-queue device has a
+ * line per queue); the loader may resize. */
+#define NN_HARDIRQ_PAIRS 2048
 #define NN_IRQ_NAME_LEN 32
 
 /* Per CPU: the handler in progress. Hot path only, never read by userspace. */
@@ -18,7 +21,13 @@ struct hardirq_running {
 	__u32 _pad;
 };
 
-/* Per IRQ line, per CPU: cumulative since load. */
+/* Stats key: one IRQ line on one CPU. */
+struct hardirq_key {
+	__u32 irq;
+	__u32 cpu;
+};
+
+/* Per (IRQ line, CPU), written by that CPU only: cumulative since load. */
 struct hardirq_stats {
 	struct nn_hist runtime; /* irq_handler_entry → irq_handler_exit */
 	__u64 entries;          /* handler runs: one per action of the line (one per interrupt unless shared) */

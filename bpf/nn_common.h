@@ -155,4 +155,23 @@ static __always_inline void nn_hist_add(struct nn_hist *h, __u64 value_ns)
 	nn_hist_add_at(h, nn_hist_slot(value_ns), value_ns);
 }
 
+/*
+ * The same into a histogram every CPU writes (a shared map's value, for rare events): atomic adds,
+ * so no count is lost. The max is a plain compare-and-store: two CPUs raising it at the same moment
+ * may leave the smaller of the two (an atomic max needs a compare-and-swap loop, 5.12+); sum and
+ * count stay exact.
+ */
+static __always_inline void nn_hist_add_shared(struct nn_hist *h, __u64 value_ns)
+{
+	__u32 slot = nn_hist_slot(value_ns);
+
+	if (slot >= NN_HIST_SLOTS)
+		return;
+	__sync_fetch_and_add(&h->slots[slot], 1);
+	__sync_fetch_and_add(&h->sum_ns, value_ns);
+	__sync_fetch_and_add(&h->count, 1);
+	if (value_ns > h->max_ns)
+		h->max_ns = value_ns;
+}
+
 #endif /* NN_COMMON_H */

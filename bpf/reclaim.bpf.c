@@ -12,8 +12,10 @@
  * memory.reclaim, and is then charged to the writer's memcg; khugepaged reclaims a pod's memcg when the
  * huge page it collapses for that pod is charged at its limit, and is keyed to its own (root) cgroup.
  *
- * Hot path: the begin time lives in task local storage, aggregation goes to per-CPU maps; the
- * raw_tp fallback keeps the begin state in a bounded hash by pid.
+ * Hot path: the begin time lives in task local storage; the raw_tp fallback keeps it in a bounded
+ * hash by pid (sized to one entry by the loader in tp_btf mode). Aggregation, per memcg and per
+ * node, goes to shared maps with atomic adds: reclaim passes are rare (each one takes far longer
+ * than the adds), and a per-CPU value would cost its size times the *possible* CPUs for every key.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -22,8 +24,8 @@
 #include "nn_common.h"
 #include "reclaim.h"
 
-#define MAX_KEYS 4096 /* (memcg, kind) pairs; the loader may resize */
-#define MAX_FALLBACK_TASKS 16384
+#define MAX_KEYS 1536 /* (memcg, kind) pairs, e.g. 750 pods' cgroups in direct and memcg reclaim */
+#define MAX_FALLBACK_TASKS 16384 /* raw_tp only: tasks in reclaim at once */
 
 /* Set by the loader before load. */
 const volatile bool v1_memory_cgroup = false; /* key by the v1 memory controller's cgroup */
@@ -43,9 +45,9 @@ struct {
 	__type(value, struct reclaim_begin);
 } fallback_reclaim SEC(".maps");
 
-/* Per (memcg id, kind): latency, pages (per CPU; userspace sums the CPUs). */
+/* Per (memcg id, kind): latency, pages (one copy, atomic adds). */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_KEYS);
 	__type(key, struct reclaim_key);
 	__type(value, struct reclaim_stats);
@@ -53,7 +55,7 @@ struct {
 
 /* Per kind, the whole node: index NN_RECLAIM_DIRECT is global direct reclaim (≙ allocstall_*). */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, NN_RECLAIM_KINDS);
 	__type(key, __u32);
 	__type(value, struct reclaim_stats);
@@ -149,12 +151,13 @@ static __always_inline __u64 take_hash(__u32 kind, __u32 *order, __u32 *gfp)
 
 /* ---- aggregation ----------------------------------------------------------------------------- */
 
+/* Every CPU adds to the same copy. */
 static __always_inline void add_stats(struct reclaim_stats *s, __u64 duration_ns, __u64 nr_reclaimed)
 {
-	nn_hist_add(&s->latency, duration_ns);
-	s->nr_reclaimed += nr_reclaimed;
+	nn_hist_add_shared(&s->latency, duration_ns);
+	__sync_fetch_and_add(&s->nr_reclaimed, nr_reclaimed);
 	if (!nr_reclaimed)
-		s->no_progress++;
+		__sync_fetch_and_add(&s->no_progress, 1);
 }
 
 static __always_inline void account(struct task_struct *t, __u32 kind, __u64 begin_ns, __u32 order,

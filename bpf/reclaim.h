@@ -16,7 +16,7 @@ enum nn_reclaim_kind {
 	NN_RECLAIM_KINDS = 3,
 };
 
-/* Per-CPU hash key: the memcg of the stalled task and the kind. */
+/* Hash key: the memcg of the stalled task and the kind. */
 struct reclaim_key {
 	__u64 cgroup_id;
 	__u32 kind;

@@ -24,7 +24,9 @@
  *
  * Hot path: inet_sock_set_state fires on every TCP state change and tcp_retransmit_skb on every
  * retransmit; both leave before any map access unless the transition / state is a connect's.
- * Aggregation goes to per-CPU maps. The tp_btf programs read socket and task fields with direct BTF
+ * Aggregation goes to shared maps with atomic adds: a connect is a rare event next to a context
+ * switch, and a per-CPU value would cost its size times the *possible* CPUs for every key (the
+ * per-(cgroup, netns) tables were 16 MiB each at 192 possible CPUs, capped, and held 260 keys). The tp_btf programs read socket and task fields with direct BTF
  * loads (a bpf_probe_read_kernel() call per hop is ~20 ns, and a connect reads a dozen fields); the
  * raw_tp fallback, whose pointers are untyped, uses BPF_CORE_READ. The bodies take a constant `btf`
  * flag and are always inlined, so each program keeps only its own kind of reads.
@@ -37,13 +39,21 @@
 #include "nn_common.h"
 #include "tcpconnect.h"
 
-#define MAX_INFLIGHT 65536
+/*
+ * Sizes (the loader may set the hashes'). Every hash here is preallocated: its inserts run in
+ * softirq or under a socket lock, and raw_tp programs on kernels before 6.1 may not use a
+ * run-time-allocated hash without a kernel warning. So they are sized for what a node holds:
+ * 8192 slots + 8192 overflow connects in flight at once, 1024 + 1024 (cgroup, netns) keys (a 250-pod
+ * node has ~750 cgroups: ~220 of them find their bucket taken), 1024 + 2048 destinations (LRU: the
+ * least recently used make room).
+ */
+#define MAX_INFLIGHT 8192
 #define INFLIGHT_SLOT_BITS 13 /* 8192 slots of 64 bytes */
-#define MAX_KEYS 16384
-#define CONNECT_BUCKETS 512   /* direct-mapped (cgroup, netns) buckets, see bucket_of() */
+#define MAX_KEYS 1024
+#define CONNECT_BUCKETS 1024  /* direct-mapped (cgroup, netns) buckets, see bucket_of() */
 #define DEST_BUCKETS 1024     /* and (cgroup, netns, destination) ones */
 #define GOLDEN64 0x9E3779B97F4A7C15ULL
-#define MAX_DESTS 16384
+#define MAX_DESTS 2048
 
 #ifndef AF_INET
 #define AF_INET 2
@@ -84,11 +94,10 @@ struct {
 } inflight SEC(".maps");
 
 /*
- * Per (cgroup, netns): latency distribution and outcome counters (per CPU; userspace sums). Two
- * places, merged by userspace: direct-mapped buckets (a bucket belongs to one key on every CPU: its
- * owner in connect_bucket_owner, claimed by compare-and-swap, released by userspace when the cgroup
- * is forgotten, after zeroing its counters), and a per-CPU hash for keys whose bucket another key
- * owns. A bucket costs two inlined array indexes where the hash lookup cost ~200 ns a connect,
+ * Per (cgroup, netns): latency distribution and outcome counters (shared, atomic adds). Two
+ * places, merged by userspace: direct-mapped buckets (a bucket belongs to one key: its owner in
+ * connect_bucket_owner, claimed by compare-and-swap, released by userspace when the cgroup is
+ * forgotten, after zeroing its counters), and a hash for keys whose bucket another key owns. A bucket costs two inlined array indexes where the hash lookup cost ~200 ns a connect,
  * kernel-measured (bucket array, element and value on three lines the connect path had evicted).
  * The destinations below work the same way, with the LRU hash behind their buckets.
  */
@@ -100,14 +109,14 @@ struct {
 } connect_bucket_owner SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, CONNECT_BUCKETS); /* the loader may cap it (memory budget): past it, the hash */
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CONNECT_BUCKETS);
 	__type(key, __u32);
 	__type(value, struct tcpconnect_stats);
 } connect_buckets SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_KEYS);
 	__type(key, struct tcpconnect_key);
 	__type(value, struct tcpconnect_stats);
@@ -127,14 +136,14 @@ struct {
 } dest_bucket_owner SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, DEST_BUCKETS);
 	__type(key, __u32);
 	__type(value, struct tcpconnect_dest_stats);
 } dest_buckets SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MAX_DESTS);
 	__type(key, struct tcpconnect_dest_key);
 	__type(value, struct tcpconnect_dest_stats);
@@ -376,7 +385,7 @@ static __always_inline struct tcpconnect_stats *stats_for(struct tcpconnect_key 
 	if (idx >= 0) {
 		st = bpf_map_lookup_elem(&connect_buckets, &idx);
 		if (st)
-			return st; /* else past a capped map's end */
+			return st;
 	}
 	st = bpf_map_lookup_elem(&connect_stats, key);
 	if (st)
@@ -425,21 +434,21 @@ static __always_inline void connect_end(const struct sock *sk, int newstate, boo
 	if (st) {
 		switch (outcome) {
 		case TCPC_ESTABLISHED:
-			nn_hist_add(&st->latency, latency);
-			st->successes++;
+			nn_hist_add_shared(&st->latency, latency);
+			__sync_fetch_and_add(&st->successes, 1);
 			break;
 		case TCPC_FAILED:
-			st->failures++;
+			__sync_fetch_and_add(&st->failures, 1);
 			if (err == NN_ECONNREFUSED)
-				st->refused++;
+				__sync_fetch_and_add(&st->refused, 1);
 			else if (err == NN_ETIMEDOUT)
-				st->timeouts++;
+				__sync_fetch_and_add(&st->timeouts, 1);
 			break;
 		case TCPC_ABORTED:
-			st->aborts++;
+			__sync_fetch_and_add(&st->aborts, 1);
 			break;
 		default:
-			st->local_errors++;
+			__sync_fetch_and_add(&st->local_errors, 1);
 		}
 	}
 
@@ -458,12 +467,13 @@ static __always_inline void connect_end(const struct sock *sk, int newstate, boo
 	}
 	if (ds) {
 		if (outcome == TCPC_ESTABLISHED) {
-			ds->count++;
-			ds->sum_ns += latency;
+			__sync_fetch_and_add(&ds->count, 1);
+			__sync_fetch_and_add(&ds->sum_ns, latency);
+			/* Racy compare-and-store, as nn_hist_add_shared()'s max. */
 			if (latency > ds->max_ns)
 				ds->max_ns = latency;
 		} else {
-			ds->failures++;
+			__sync_fetch_and_add(&ds->failures, 1);
 		}
 	} else {
 		count_drop(NN_DROP_KEY_MAP_FULL);
@@ -527,7 +537,7 @@ static __always_inline void on_retransmit(const struct sock *sk, int err, bool b
 	key.netns = s->netns;
 	st = stats_for(&key);
 	if (st)
-		st->syn_retransmits++;
+		__sync_fetch_and_add(&st->syn_retransmits, 1);
 }
 
 /*

@@ -46,7 +46,7 @@ struct tcpconnect_key {
 	__u32 __pad;
 };
 
-/* Per key (per CPU; userspace sums the CPUs). Counters since load. */
+/* Per key, one copy every CPU adds to (atomic adds). Counters since load. */
 struct tcpconnect_stats {
 	struct nn_hist latency;  /* connect() → ESTABLISHED of successful connects */
 	__u64 successes;

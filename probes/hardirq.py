@@ -58,9 +58,11 @@ SPEC = ProbeSpec(
 )
 
 _STATS = struct.Struct(f"<{NN_HIST_SIZE}sQ")  # struct hardirq_stats
+_KEY = struct.Struct("<II")  # struct hardirq_key: irq, cpu
 NAME_LEN = 32  # NN_IRQ_NAME_LEN
+MAX_PAIRS = 2048  # NN_HARDIRQ_PAIRS: (cpu, line) pairs kept; past it, new pairs are counted as drops
 # What this module decodes, per map: (key, value), checked against the object's BTF at load (engine).
-MAP_LAYOUTS = {"stats": (4, _STATS), "names": (4, NAME_LEN), "running": (4, 16), "drops": (4, 8)}
+MAP_LAYOUTS = {"stats": (_KEY, _STATS), "names": (4, NAME_LEN), "running": (4, 16), "drops": (4, 8)}
 
 
 @dataclass(frozen=True)
@@ -96,43 +98,32 @@ class HardirqProbe(BpfProbe[None]):
         paths: HostPaths | None = None,
         layout: Any = None,
         attach_mode: AttachMode = "auto",
+        max_pairs: int = MAX_PAIRS,
     ) -> None:
         self.paths = paths or HostPaths()
         engine = engine or LibbpfEngine(self.paths)
-        self.probe: LoadedProbe = engine.open_probe(SPEC, attach_mode=attach_mode, layouts=MAP_LAYOUTS)
-        self._zero = bytes(_STATS.size)
-        # Last read per line (all CPUs' values as read, and the pairs decoded from it) and per pair
-        # (its bytes and its decoded stats): a value that did not move is the same object again.
-        self._lines: dict[int, tuple[bytes, dict[tuple[int, int], HardirqStats]]] = {}
+        self.probe: LoadedProbe = engine.open_probe(SPEC, attach_mode=attach_mode, map_sizes={"stats": max_pairs},
+                                                    layouts=MAP_LAYOUTS)
+        # Last read per (cpu, irq) pair: its bytes and its decoded stats. A value that did not move is
+        # the same object again.
         self._decoded: dict[tuple[int, int], tuple[bytes, HardirqStats]] = {}
         self._names: dict[int, str] = {}
 
     def snapshot(self) -> HardirqSnapshot:
-        """Per (cpu, irq) with a handler run since load. Costs follow what moved: a line whose values
-        are byte for byte the last read's is not split or decoded again; names are read once per line."""
+        """Per (cpu, irq) with a handler run since load. Costs follow what moved: a pair whose value is
+        byte for byte the last read's is not decoded again; names are read once per line."""
         now = time.monotonic()
         stats: dict[tuple[int, int], HardirqStats] = {}
-        for key, raw_all in self.probe.map_items("stats", split=False):
-            irq = int.from_bytes(key, "little")
-            last = self._lines.get(irq)
-            if last is None or last[0] != raw_all:
-                last = self._lines[irq] = (raw_all, self._decode_line(irq, raw_all))  # type: ignore[arg-type]
-            stats.update(last[1])
+        for key, raw in self.probe.map_items("stats"):
+            irq, cpu = _KEY.unpack(key)
+            pair = (cpu, irq)
+            last = self._decoded.get(pair)
+            if last is None or last[0] != raw:
+                last = self._decoded[pair] = (raw, HardirqStats.decode(raw))  # type: ignore[arg-type]
+            stats[pair] = last[1]
             if irq not in self._names:
                 self._read_name(irq)
         return HardirqSnapshot(now, stats, self._names, self.read_drops())
-
-    def _decode_line(self, irq: int, raw_all: bytes) -> dict[tuple[int, int], HardirqStats]:
-        out: dict[tuple[int, int], HardirqStats] = {}
-        for cpu, raw in enumerate(self.probe.map_split("stats", raw_all)):  # type: ignore[arg-type]
-            if raw == self._zero:
-                continue  # no handler of this line ever ran on that CPU (lines are mostly bound to one)
-            key = (cpu, irq)
-            last = self._decoded.get(key)
-            if last is None or last[0] != raw:
-                last = self._decoded[key] = (raw, HardirqStats.decode(raw))  # type: ignore[arg-type]
-            out[key] = last[1]
-        return out
 
     def _read_name(self, irq: int) -> None:
         raw = self.probe.map_lookup("names", irq.to_bytes(4, "little"))

@@ -77,7 +77,9 @@ _KEY = struct.Struct("<QII")  # struct reclaim_key
 _STATS_TAIL = struct.Struct("<QQ")  # struct reclaim_stats after the nn_hist: nr_reclaimed, no_progress
 STATS_SIZE = NN_HIST_SIZE + _STATS_TAIL.size
 # What this module decodes, per map: (key, value), checked against the object's BTF at load (engine).
-MAP_LAYOUTS = {"cgroup_reclaim": (_KEY, STATS_SIZE), "node_reclaim": (4, STATS_SIZE), "drops": (4, 8)}
+BEGIN_SIZE = 48  # struct reclaim_begin (the raw_tp flavour's pid hash; only its keys are read, by tests)
+MAP_LAYOUTS = {"cgroup_reclaim": (_KEY, STATS_SIZE), "node_reclaim": (4, STATS_SIZE), "fallback_reclaim": (4, BEGIN_SIZE),
+               "drops": (4, 8)}
 
 
 class _ReclaimEvent(ctypes.Structure):
@@ -121,14 +123,6 @@ class ReclaimStats:
         pages, no_progress = _STATS_TAIL.unpack_from(raw, NN_HIST_SIZE)
         return cls(LatencyHistogram.decode(raw), pages, no_progress)
 
-    @classmethod
-    def decode_percpu(cls, raws: list[bytes]) -> ReclaimStats:
-        per_cpu = [cls.decode(r) for r in raws]
-        return cls(
-            LatencyHistogram.merge(s.latency for s in per_cpu),
-            sum(s.nr_reclaimed for s in per_cpu),
-            sum(s.no_progress for s in per_cpu),
-        )
 
 
 @dataclass(frozen=True)
@@ -284,30 +278,36 @@ class ReclaimProbe(BpfProbe["ReclaimStall"]):
         stall_threshold_ns: int = 10_000_000,
         attach_mode: AttachMode = "auto",
         stall_ring_bytes: int = 256 * 1024,
-        max_keys: int = 4096,
+        max_keys: int = 1536,
     ) -> None:
         """stall_threshold_ns: passes at least this long go to poll_stalls() (0: none)."""
         self.v1_memory = self._key_by("memory", paths, layout)
         engine = engine or LibbpfEngine(self.paths)
-        self.probe: LoadedProbe = engine.open_probe(
-            SPEC,
-            rodata={"v1_memory_cgroup": self.v1_memory, "stall_threshold_ns": stall_threshold_ns},
-            attach_mode=attach_mode,
-            map_sizes={"stalls": stall_ring_bytes, "cgroup_reclaim": max_keys},
-            layouts=MAP_LAYOUTS,
-        )
+        rodata: dict[str, int | bool] = {"v1_memory_cgroup": self.v1_memory, "stall_threshold_ns": stall_threshold_ns}
+        sizes = {"stalls": stall_ring_bytes, "cgroup_reclaim": max_keys}
+        probe: LoadedProbe | None = None
+        if attach_mode in ("auto", "tp_btf"):
+            # tp_btf keeps the begin state in task storage: the raw_tp flavour's pid hash gets one entry.
+            probe = engine.open_probe(SPEC, rodata=rodata, attach_mode=attach_mode,
+                                      map_sizes={**sizes, "fallback_reclaim": 1}, layouts=MAP_LAYOUTS)
+            if probe.status.attach_mode != "tp_btf":
+                probe.close()  # auto chose raw_tp on this kernel: load it with its full pid hash
+                probe = None
+        if probe is None:
+            probe = engine.open_probe(SPEC, rodata=rodata, attach_mode="raw_tp", map_sizes=sizes, layouts=MAP_LAYOUTS)
+        self.probe = probe
         if stall_threshold_ns:
             self._watch_events("stalls", ReclaimStall.decode)
 
     def snapshot(self) -> ReclaimSnapshot:
         per_cgroup = {}
-        for key, values in self.probe.map_items("cgroup_reclaim"):
+        for key, value in self.probe.map_items("cgroup_reclaim"):  # one copy per key, every CPU adds to it
             cgroup_id, kind, _ = _KEY.unpack(key)
-            per_cgroup[(cgroup_id, _kind_name(kind))] = ReclaimStats.decode_percpu(values)  # type: ignore[arg-type]
+            per_cgroup[(cgroup_id, _kind_name(kind))] = ReclaimStats.decode(value)  # type: ignore[arg-type]
         node = {}
         for i, kind in enumerate(KINDS):
-            values = self.probe.map_lookup("node_reclaim", i.to_bytes(4, "little")) or []
-            node[kind] = ReclaimStats.decode_percpu(values)  # type: ignore[arg-type]
+            value = self.probe.map_lookup("node_reclaim", i.to_bytes(4, "little"))
+            node[kind] = ReclaimStats.decode(value) if value else ReclaimStats.empty()  # type: ignore[arg-type]
         drops = self.read_drops()
         return ReclaimSnapshot(time.monotonic(), per_cgroup, node, drops)
 

@@ -130,7 +130,7 @@ def format_endpoint(family: int, addr: str, port: int) -> str:
 
 @dataclass(frozen=True)
 class ConnectStats:
-    """Counters of one (cgroup, netns) since load (summed over CPUs)."""
+    """Counters of one (cgroup, netns) since load (its bucket's and its hash entry's, summed)."""
 
     latency: LatencyHistogram  # successful connects
     successes: int
@@ -142,7 +142,8 @@ class ConnectStats:
     syn_retransmits: int
 
     @classmethod
-    def decode_percpu(cls, raws: Iterable[bytes]) -> ConnectStats:
+    def decode_sum(cls, raws: Iterable[bytes]) -> ConnectStats:
+        """The sum of several values of one key (the maps are shared: one value per place it is in)."""
         hists, sums = [], [0] * len(_STATS_COUNTERS)
         for raw in raws:
             hists.append(LatencyHistogram.decode(raw))
@@ -248,8 +249,8 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         outlier_threshold_ns: int = 100_000_000,
         attach_mode: AttachMode = "auto",
         outlier_ring_bytes: int = 256 * 1024,
-        max_keys: int = 16384,
-        max_destinations: int = 16384,
+        max_keys: int = 1024,
+        max_destinations: int = 2048,
     ) -> None:
         self.v1_cpu = self._key_by("cpu", paths, layout)
         engine = engine or LibbpfEngine(self.paths)
@@ -274,7 +275,7 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         """Drop removed cgroups' entries (every netns, every destination) so pod churn cannot fill
         the per-cgroup maps. Returns how many entries went.
 
-        A bucket is zeroed on every CPU, then released for another key. A connect of the removed
+        A bucket is zeroed, then released for another key. A connect of the removed
         cgroup that ends between the two (started before the cgroup went, still in flight) is
         counted for whichever key takes the bucket next: rare, and at most a few connects."""
         gone = set(cgroup_ids)
@@ -283,8 +284,7 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
             for bucket, owner in list(self.probe.map_items(owners)):
                 if _CGROUP_ID.unpack_from(owner)[0] not in gone:  # type: ignore[arg-type]
                     continue
-                if self.probe.map_lookup(buckets, bucket) is not None:  # absent past a capped map's end
-                    self.probe.map_zero(buckets, bucket)
+                self.probe.map_zero(buckets, bucket)
                 self.probe.map_zero(owners, bucket)
                 removed += 1
         for name, layout in (("connect_stats", _KEY), ("dest_stats", _DEST_KEY)):
@@ -292,8 +292,8 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
             removed += sum(self.probe.map_delete(name, key) for key in keys)
         return removed
 
-    def _owned_buckets(self, owners: str, buckets: str) -> Iterator[tuple[bytes, list[bytes]]]:
-        """(owner key, its bucket's per-CPU values) for every owned bucket. Only those are read:
+    def _owned_buckets(self, owners: str, buckets: str) -> Iterator[tuple[bytes, bytes]]:
+        """(owner key, its bucket's value) for every owned bucket. Only those are read:
         most buckets of a node are free. A netns word of 0 is a free owner or one being claimed
         (nothing counted in it yet). The owner table is read as one blob and scanned without a
         Python step per bucket: it is read every tick, and almost all of it is free."""
@@ -303,24 +303,24 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
             raise OSError(errno.EINVAL, f"{owners}: {len(blob)} bytes is not a whole number of {size}-byte owners")
         for index in _nonzero_u32(blob, size, _OWNER_NETNS.size - 4):
             owner = blob[index * size : (index + 1) * size]
-            values = self.probe.map_lookup(buckets, index.to_bytes(4, "little"))
-            if values is not None:  # absent past a capped map's end
-                yield owner, values  # type: ignore[misc]
+            value = self.probe.map_lookup(buckets, index.to_bytes(4, "little"))
+            if value is not None:
+                yield owner, value  # type: ignore[misc]
 
     def snapshot(self) -> TcpConnectSnapshot:
         # A key's counters: its bucket's (if it owns one) plus its hash entry's (if it has one).
         raws: dict[tuple[int, int], list[bytes]] = {}
-        for owner, values in self._owned_buckets("connect_bucket_owner", "connect_buckets"):
-            raws.setdefault(_KEY.unpack(owner)[:2], []).extend(values)
-        for key, values in self.probe.map_items("connect_stats"):
+        for owner, value in self._owned_buckets("connect_bucket_owner", "connect_buckets"):
+            raws.setdefault(_KEY.unpack(owner)[:2], []).append(value)
+        for key, value in self.probe.map_items("connect_stats"):
             cgroup_id, netns, _ = _KEY.unpack(key)
-            raws.setdefault((cgroup_id, netns), []).extend(values)  # type: ignore[arg-type]
-        per_key = {key: ConnectStats.decode_percpu(values) for key, values in raws.items()}
+            raws.setdefault((cgroup_id, netns), []).append(value)  # type: ignore[arg-type]
+        per_key = {key: ConnectStats.decode_sum(values) for key, values in raws.items()}
         dest_raws: dict[bytes, list[bytes]] = {}
-        for owner, values in self._owned_buckets("dest_bucket_owner", "dest_buckets"):
-            dest_raws.setdefault(owner, []).extend(values)
-        for key, values in self.probe.map_items("dest_stats"):
-            dest_raws.setdefault(key, []).extend(values)  # type: ignore[arg-type]
+        for owner, value in self._owned_buckets("dest_bucket_owner", "dest_buckets"):
+            dest_raws.setdefault(owner, []).append(value)
+        for key, value in self.probe.map_items("dest_stats"):
+            dest_raws.setdefault(key, []).append(value)  # type: ignore[arg-type]
         destinations = {}
         for key, values in dest_raws.items():
             cgroup_id, netns, family, dport, daddr = _DEST_KEY.unpack(key)

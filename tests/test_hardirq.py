@@ -146,7 +146,8 @@ def test_layouts_match_the_object():
         obj = probe.probe.obj  # type: ignore[attr-defined]
         assert obj.map("stats").value_size == hardirq._STATS.size == 35 * 8 + 8
         assert obj.map("names").value_size == hardirq.NAME_LEN
-        assert obj.map("stats").percpu and not obj.map("names").percpu
+        # Keyed by (irq, cpu), one copy: memory follows the pairs that ran, not the possible CPUs.
+        assert obj.map("stats").key_size == 8 and not obj.map("stats").percpu and not obj.map("names").percpu
 
 
 # ---- off: one line, and the others carry on -----------------------------------------------------------

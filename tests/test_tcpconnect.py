@@ -617,16 +617,16 @@ def test_forget_drops_a_removed_cgroups_entries(make_cgroup):
             # In a bucket, unless another key on this host owns the key's bucket (then in the hash).
             assert owned or any(struct.unpack_from("<Q", k)[0] == cg_id for k, _ in probe.probe.map_items("connect_stats"))
             for bucket in owned:
-                assert any(any(v) for v in probe.probe.map_lookup("connect_buckets", bucket))
+                assert any(probe.probe.map_lookup("connect_buckets", bucket))
             dest_owned = [b for b, o in probe.probe.map_items("dest_bucket_owner") if struct.unpack_from("<Q", o)[0] == cg_id]
             assert dest_owned or any(struct.unpack_from("<Q", k)[0] == cg_id for k, _ in probe.probe.map_items("dest_stats"))
             assert probe.forget([cg_id]) >= 1
             for bucket in owned:  # released for the next key, and zeroed on every CPU first
                 assert probe.probe.map_lookup("connect_bucket_owner", bucket) == bytes(16)
-                assert not any(any(v) for v in probe.probe.map_lookup("connect_buckets", bucket))
+                assert not any(probe.probe.map_lookup("connect_buckets", bucket))
             for bucket in dest_owned:
                 assert probe.probe.map_lookup("dest_bucket_owner", bucket) == bytes(32)
-                assert not any(any(v) for v in probe.probe.map_lookup("dest_buckets", bucket))
+                assert not any(probe.probe.map_lookup("dest_buckets", bucket))
             snap = probe.snapshot()
             assert not any(k[0] == cg_id for k in snap.per_key)
             assert not any(d.cgroup_id == cg_id for d in snap.destinations)
