@@ -182,6 +182,7 @@ __u64 walk_zero = 0;
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE); /* read (the pairs that moved) and zeroed (a freed slot) in place */
 	__uint(max_entries, MAX_CULPRIT_PAIRS);
 	__type(key, __u32);
 	__type(value, struct runq_counterfactual);

@@ -223,8 +223,8 @@ class LibbpfProbe:
         self._map(name).push(value)
 
     def map_mmap(self, name: str) -> memoryview | None:
-        """A BPF_F_MMAPABLE array's values in place, read-only (None: the map is not mmapable here):
-        read without a syscall or a copy, so a tick's cost follows the slots it looks at."""
+        """A BPF_F_MMAPABLE array's values in place (None: the map is not mmapable here): read, and
+        zeroed, without a syscall or a copy, so a tick's cost follows the slots it looks at."""
         if name not in self._mmaps:
             self._mmaps[name] = self._map(name).mmap()
         view = self._mmaps[name]

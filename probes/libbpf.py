@@ -330,14 +330,15 @@ class BpfMap:
         return self._lib.possible_cpus
 
     def mmap(self) -> mmap.mmap | None:
-        """The values of a loaded BPF_F_MMAPABLE array, mapped read-only (None for any other map, or
-        where the kernel refuses): value i at i * round_up(value_size, 8)."""
+        """The values of a loaded BPF_F_MMAPABLE array, mapped shared (None for any other map, or where
+        the kernel refuses): value i at i * round_up(value_size, 8). Writable: a freed slot is zeroed
+        in place rather than by a syscall per value."""
         if self.type != BPF_MAP_TYPE_ARRAY or not self._lib.lib.bpf_map__map_flags(self._ptr) & BPF_F_MMAPABLE:
             return None
         size = self.max_entries * ((self.value_size + 7) // 8 * 8)
         size = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
         try:
-            return mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            return mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as e:
             log.info("map %s: mmap refused (%s): read with syscalls", self.name, e)
             return None

@@ -382,6 +382,12 @@ class SlotChange:
     raw: bytes  # its copies as read (see _Slots.values)
 
 
+def _mapped_words(probe: LoadedProbe, name: str) -> np.ndarray | None:
+    """A mapped BPF array as u64 words (None where it is not mapped: read and zeroed by syscalls)."""
+    mapped = probe.map_mmap(name) if hasattr(probe, "map_mmap") else None
+    return None if mapped is None else np.frombuffer(mapped, dtype="<u8")
+
+
 class _Slots:
     """Statistics kept in slots of `copies` copies each (bpf/runqlat.bpf.c: a striped array, slot k's
     copies at k * copies + i): `index` maps a key to its slot, each copy ends with the key it belongs
@@ -392,15 +398,17 @@ class _Slots:
     the owner) and copies out only the slots whose words moved: an idle cgroup costs those few words."""
 
     def __init__(self, probe: LoadedProbe, index: str, stats: str, free: str, value_size: int,
-                 key_size: int, copies: int, change_words: tuple[int, ...], also_zero: tuple[str, ...] = ()) -> None:
+                 key_size: int, copies: int, change_words: tuple[int, ...],
+                 also_zero: tuple[tuple[str, int], ...] = ()) -> None:
         self.probe, self.index, self.stats, self.free_stack, self.value_size = probe, index, stats, free, value_size
         self.key_size, self.copies = key_size, copies
-        self.also_zero = also_zero  # maps indexed by the same slots, zeroed with it when it is freed
+        self.also_zero = also_zero  # (map, value size) indexed by the same slots, zeroed with it when it is freed
         self._aligned = (value_size + 7) // 8 * 8
         self._words = self._aligned // 8 * copies  # u64 words of one slot, every copy
         self._columns = np.array([c * (self._aligned // 8) + w for c in range(copies) for w in change_words])
-        mapped = probe.map_mmap(stats) if hasattr(probe, "map_mmap") else None
-        self._mapped = None if mapped is None else np.frombuffer(mapped, dtype="<u8")
+        self._mapped = _mapped_words(probe, stats)
+        # Maps zeroed with it: mapped where they can be (else a syscall zeroes the value)
+        self._also_mapped = {name: (_mapped_words(probe, name), (size + 7) // 8) for name, size in also_zero}
         self._seen = np.zeros((0, len(self._columns)), dtype="<u8")  # change words of the used slots, last read
         self._key_of: dict[int, bytes] = {}  # slot -> the key owning it at the last read_changed
         self.bytes_read = 0  # read in place (mapped words looked at, slots copied out); not syscalls' copies
@@ -488,11 +496,17 @@ class _Slots:
         slot = self.probe.map_lookup(self.index, key)
         if slot is None or not self.probe.map_delete(self.index, key):
             return False
-        first = int.from_bytes(slot, "little") * self.copies  # type: ignore[arg-type]
-        for i in range(first, first + self.copies):
-            self.probe.map_zero(self.stats, i.to_bytes(4, "little"))
-        for name in self.also_zero:
-            self.probe.map_zero(name, slot)  # type: ignore[arg-type]
+        n = int.from_bytes(slot, "little")  # type: ignore[arg-type]
+        if self._mapped is not None:
+            self._mapped[n * self._words : (n + 1) * self._words] = 0
+        else:
+            for i in range(n * self.copies, (n + 1) * self.copies):
+                self.probe.map_zero(self.stats, i.to_bytes(4, "little"))
+        for name, (words, row) in self._also_mapped.items():
+            if words is not None:
+                words[n * row : (n + 1) * row] = 0
+            else:
+                self.probe.map_zero(name, slot)  # type: ignore[arg-type]
         self.probe.map_push(self.free_stack, slot)  # type: ignore[arg-type]
         return True
 
@@ -612,7 +626,9 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         self._cgroups = _Slots(self.probe, "cgroup_slots", "cgroup_runq", "free_slots", CGROUP_STATS_SIZE,
                                _SLOT_OWNER.size, self.stripes, CGROUP_CHANGE_WORDS)
         self._pairs = _Slots(self.probe, "culprit_slots", "runq_culprits", "free_culprit_slots", CULPRIT_STATS_SIZE,
-                             _CULPRIT_KEY.size, self.stripes, PAIR_CHANGE_WORDS, also_zero=("runq_cf",))
+                             _CULPRIT_KEY.size, self.stripes, PAIR_CHANGE_WORDS,
+                             also_zero=(("runq_cf", _COUNTERFACTUAL.size),))
+        self._cf_view = _mapped_words(self.probe, "runq_cf")
         self._pair_moved_at: dict[tuple[int, int], float] = {}  # when each pair in the kernel last changed
         self._drops_seen: dict[str, int] = {}
         self._status_before_full: tuple[Any, str] | None = None  # (state, reason) while a table is full
@@ -752,7 +768,13 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             self._status_before_full = None
 
     def _counterfactual_raw(self, slot: int) -> bytes | None:
-        """The pair slot's counterfactual moves (one lookup, for the pairs that changed this tick)."""
+        """The pair slot's counterfactual moves (in place where mapped, else one lookup), for the pairs
+        that changed this tick."""
+        if self._cf_view is not None:
+            words = _COUNTERFACTUAL.size // 8
+            raw = self._cf_view[slot * words : (slot + 1) * words].tobytes()
+            self._pairs.bytes_read += len(raw)
+            return raw
         raw = self.probe.map_lookup("runq_cf", slot.to_bytes(4, "little"))
         return raw if isinstance(raw, bytes) else None
 
