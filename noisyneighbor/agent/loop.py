@@ -30,6 +30,7 @@ from detector.model import Incident
 from detector.pods import make_pod_source
 from detector.policy import Policy
 from detector.runtime import Detector
+from noisyneighbor.agent.auth import RequestAuthorizer
 from noisyneighbor.agent.client_views import AgentTop
 from noisyneighbor.agent.config import STALE_INTERVALS, AgentConfig, parse_listen, policy_for
 from noisyneighbor.agent.http_server import metrics_body, start_http_server
@@ -491,7 +492,8 @@ class Agent:
         return metrics_body(self.exporter, self.registry, accept)
 
     def _serve(self, host: str, port: int) -> None:
-        self._server, self._server_thread = start_http_server(self, host, port)
+        authorizer = RequestAuthorizer(self.config.auth) if self.config.auth is not None else None
+        self._server, self._server_thread = start_http_server(self, host, port, authorizer)
 
     def _shutdown_server(self) -> None:
         if self._server is not None:
