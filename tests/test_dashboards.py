@@ -418,13 +418,23 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
             # would put api's base quota back every tick, and no burst would be in effect to chart
             "cpu-burst-config": {"policy": "auto", "sharePoolThresholdPercent": 100},
         })
+        # Endpoint auth as the DaemonSet runs it (--auth kubernetes --auth-metrics): the apiserver (FakeKube)
+        # knows Prometheus' token and grants it get /metrics; Prometheus scrapes with it.
+        (tmp_path / "agent-sa-token").write_text("agent-token")
+        (tmp_path / "prometheus-token").write_text("prometheus-token")
+        kube.add_user("prometheus-token", "system:serviceaccount:monitoring:prometheus")
+        kube.grant("system:serviceaccount:monitoring:prometheus", "/metrics")
         # Enforcing on a shared node: the agent may only change the cgroups this test created.
         agent = AgentProcess(config, tmp_path, "--incident-log", str(tmp_path / "incidents.jsonl"),
-                             "--act-only", f"{_cpu_rel(be)}/*", "--act-only", f"{_cpu_rel(api_pod)}", node="nn-int",
-                             cgroup=agent_cg)
+                             "--act-only", f"{_cpu_rel(be)}/*", "--act-only", f"{_cpu_rel(api_pod)}",
+                             "--auth", "kubernetes", "--auth-metrics", "--auth-apiserver", kube.url,
+                             "--auth-token-file", str(tmp_path / "agent-sa-token"), node="nn-int", cgroup=agent_cg)
         rules = _write_rule_groups(tmp_path)
-        with PrometheusServer([agent.target], rule_files=[rules], target_labels=[{"cluster": "c1"}]) as prom:
+        with PrometheusServer([agent.target], rule_files=[rules], target_labels=[{"cluster": "c1"}],
+                              bearer_token_file=tmp_path / "prometheus-token") as prom:
             agent.wait_ready()
+            # Another caller without a token (any pod on the network) gets nothing.
+            unauthenticated = agent.get("/metrics")[0], agent.get("/top")[0], agent.get("/diagnose")[0]
             assert prom.wait_for(f'{ex.EXPORTER_LAST_UPDATE}{{node="nn-int"}}', timeout=20), prom.log_tail()
             time.sleep(RUN_S)
             report = _run_all_queries(prom, gpu_on=_agent_gpu_on(agent), memory_paths_differ=_memory_paths_differ(app))
@@ -458,6 +468,7 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
         print("incident:", inc["event"], inc.get("victim", {}).get("display"), inc.get("cause"),
               [c.get("target", {}).get("display") for c in inc.get("culprits") or []][:3])
     assert rc == 0, f"agent exit code {rc} after SIGTERM:\n{agent.log_tail()}"
+    assert unauthenticated == (401, 401, 401), unauthenticated
     scrape_summary = {name: [r["value"][1] for r in result] for name, result in scrapes.items()}
     print("scrapes:", scrape_summary, "targets:", targets)
     assert not empty, f"queries without data (scrapes {scrape_summary}, targets {targets}):\n" + "\n".join(empty)

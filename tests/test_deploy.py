@@ -50,7 +50,9 @@ COMPONENTS = sorted(p.parent.name for p in DEPLOY.glob("components/*/kustomizati
 # Components that only add monitoring objects (never touch the agent's objects): rendered all together
 # with every combination of the others, and each on its own.
 MONITORING_COMPONENTS = ("grafana-dashboards", "prometheusrule", "servicemonitor")
-AGENT_COMPONENTS = tuple(c for c in COMPONENTS if c not in MONITORING_COMPONENTS)
+# Also only adds an object, so it is rendered like the monitoring ones (with every combination at once).
+ADDING_COMPONENTS = (*MONITORING_COMPONENTS, "networkpolicy")
+AGENT_COMPONENTS = tuple(c for c in COMPONENTS if c not in ADDING_COMPONENTS)
 AGENT_LABELS = {"app.kubernetes.io/name": "noisyneighbor", "app.kubernetes.io/component": "agent"}
 METRICS_PORT = 9717
 EXPECTED_ARGS = [
@@ -58,9 +60,10 @@ EXPECTED_ARGS = [
     "--config", "/etc/noisyneighbor/config.yaml",
     "--node-name", "$(NODE_NAME)",
     "--host-root", "/host",
-    "--listen", f"0.0.0.0:{METRICS_PORT}",
+    "--listen", f"[::]:{METRICS_PORT}",
     "--dry-run",
     "--journal-dir", "/var/lib/noisyneighbor/journal",
+    "--auth", "kubernetes", "--auth-metrics",
 ]
 # The arguments a component appends to turn on the feature it grants for.
 COMPONENT_ARGS = {"kubelet-pod-source": ["--pods", "kubelet"], "eviction": ["--evict"], "resctrl": ["--resctrl"]}
@@ -110,7 +113,7 @@ def k8s_version() -> str:
 
 def _combos() -> list[tuple[str, ...]]:
     agent = [c for n in range(len(AGENT_COMPONENTS) + 1) for c in itertools.combinations(AGENT_COMPONENTS, n)]
-    return [(*c, *MONITORING_COMPONENTS) for c in agent] + [(), *((m,) for m in MONITORING_COMPONENTS)]
+    return [(*c, *ADDING_COMPONENTS) for c in agent] + [(), *((m,) for m in ADDING_COMPONENTS)]
 
 
 def _combo_id(combo: tuple[str, ...]) -> str:
@@ -161,7 +164,7 @@ def all_renderings() -> list[tuple[str, list[dict[str, Any]], set[str]]]:
 
 def test_every_component_is_in_a_combination() -> None:
     assert set(AGENT_COMPONENTS) >= {"namespace", "kubelet-pod-source", "eviction", "resctrl", "openshift"}
-    assert len(_combos()) == 2 ** len(AGENT_COMPONENTS) + 1 + len(MONITORING_COMPONENTS)
+    assert len(_combos()) == 2 ** len(AGENT_COMPONENTS) + 1 + len(ADDING_COMPONENTS)
 
 
 # ---- schema validation -------------------------------------------------------------------------------
@@ -188,15 +191,15 @@ def test_base_holds_no_operator_resource() -> None:
     for name in (".", "base"):
         kinds = {(d["apiVersion"], d["kind"]) for d in rendered(name)}
         assert {v for v, _ in kinds} <= BUILTIN_GROUPS, kinds
-        want = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ResourceQuota", "ConfigMap", "DaemonSet",
-                "Service"}
+        want = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "ResourceQuota", "ConfigMap",
+                "DaemonSet", "Service"}
         assert {k for _, k in kinds} == want | ({"Namespace"} if name == "." else set())
 
 
 def test_overlays_add_the_monitoring_components() -> None:
     kinds = {name: sorted(d["kind"] for d in rendered(name) if d["kind"] not in
-                          {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "DaemonSet",
-                           "ResourceQuota"})
+                          {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Service",
+                           "DaemonSet", "ResourceQuota"})
              for name in OVERLAYS}
     assert kinds == {
         "overlays/kube-prometheus-stack": ["ConfigMap", "ConfigMap", "ConfigMap", "ConfigMap", "ConfigMap", "PrometheusRule",
@@ -208,10 +211,10 @@ def test_overlays_add_the_monitoring_components() -> None:
 def test_monitoring_components_only_add_objects() -> None:
     """They never change the agent's objects, which is why the combinations carry them all at once."""
     base = {(d["kind"], d["metadata"]["name"]): d for d in combo_docs(())}
-    for m in MONITORING_COMPONENTS:
+    for m in ADDING_COMPONENTS:
         docs = {(d["kind"], d["metadata"]["name"]): d for d in combo_docs((m,))}
         assert base.items() <= docs.items(), m
-        assert all(d["kind"] in CRD_KINDS | {"ConfigMap"} for k, d in docs.items() if k not in base), m
+        assert all(d["kind"] in CRD_KINDS | {"ConfigMap", "NetworkPolicy"} for k, d in docs.items() if k not in base), m
 
 
 def test_validator_rejects_a_broken_daemonset() -> None:
@@ -235,7 +238,7 @@ def test_schema_version_is_current() -> None:
 
 DURATION = re.compile(r"^(\d+(ms|s|m|h))+$")
 ENDPOINT_FIELDS = {"port", "path", "scheme", "interval", "scrapeTimeout", "honorLabels", "relabelings",
-                   "metricRelabelings", "targetPort", "bearerTokenSecret", "tlsConfig"}
+                   "metricRelabelings", "targetPort", "bearerTokenSecret", "bearerTokenFile", "tlsConfig"}
 
 
 def test_servicemonitor_structure() -> None:
@@ -258,6 +261,8 @@ def test_servicemonitor_structure() -> None:
             assert ep["port"] in port_names
             assert ep["path"] == "/metrics"
             assert ep["scheme"] in {"http", "https"}
+            # the agent runs with --auth-metrics: a scrape without a token is 401
+            assert ep["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token", name
             assert isinstance(ep.get("honorLabels", False), bool)
             for key in ("interval", "scrapeTimeout"):
                 assert DURATION.match(ep[key]), f"{key}={ep[key]!r} is not a Prometheus duration"
@@ -342,6 +347,12 @@ CLIENT_RESOURCES = {"pod": "pods", "event": "events", "node": "nodes", "pod_evic
 # Kubernetes >= 1.32: /pods is nodes/pods; everything else on the kubelet is nodes/proxy).
 KUBELET_PATH = re.compile(r'"(/pods|/exec|/attach|/run|/portForward|/containerLogs)"')
 KUBELET_RESOURCES = {"/pods": "nodes/pods"}
+# REST paths the code POSTs to without the generated client (noisyneighbor/agent/auth.py's reviews), as
+# (group, resource): `create` in the base, where --auth kubernetes is on.
+REVIEW_PATH = re.compile(r'"/apis/([a-z0-9.]+)/v1/(tokenreviews|subjectaccessreviews)"')
+REVIEW_CALLERS = ("noisyneighbor/agent/auth.py",)
+# Roles for the people and the plugin that read the agents, never bound to the agent's ServiceAccount.
+VIEWER_ROLES = {"noisyneighbor-viewer", "noisyneighbor-client"}
 
 
 def _client_calls(text: str) -> set[tuple[str, str]]:
@@ -394,9 +405,17 @@ def test_every_module_calling_the_api_is_accounted_for() -> None:
                                  ("events", "patch")}
 
 
+def review_calls() -> set[tuple[str, str]]:
+    calls = {m for path in REVIEW_CALLERS for m in REVIEW_PATH.findall((REPO / path).read_text())}
+    assert calls == {("authentication.k8s.io", "tokenreviews"), ("authorization.k8s.io", "subjectaccessreviews")}
+    return calls
+
+
 def granted_rules(docs: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    """What the agent's roles grant (the viewer roles are for its readers: test_viewer_roles)."""
     granted: dict[tuple[str, str], set[str]] = {}
-    for role in (d for d in docs if d["kind"] in ("ClusterRole", "Role")):
+    for role in (d for d in docs if d["kind"] in ("ClusterRole", "Role")
+                 and d["metadata"]["name"] not in VIEWER_ROLES):
         for rule in role["rules"]:
             assert "resourceNames" not in rule and "nonResourceURLs" not in rule, role["metadata"]["name"]
             for group in rule["apiGroups"]:
@@ -412,6 +431,8 @@ def test_rbac_grants_exactly_the_calls_of_the_enabled_features() -> None:
             if feature is None or feature in comps:
                 for resource, verb in calls:
                     want.setdefault(("", resource), set()).add(verb)
+        for group, resource in review_calls():
+            want[(group, resource)] = {"create"}
         granted = granted_rules(docs)
         assert ("", "nodes/proxy") not in granted, f"{name}: nodes/proxy lets the token exec into any pod"
         assert not any("*" in r or "*" in str(v) for r, v in granted.items()), f"{name}: a wildcard grant"
@@ -423,15 +444,40 @@ def test_rbac_grants_exactly_the_calls_of_the_enabled_features() -> None:
 
 def test_every_role_is_bound_to_the_agent_service_account() -> None:
     for name, docs, _ in all_renderings():
-        sa = the("ServiceAccount", name, docs)
-        roles = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
-        bindings = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+        sa = next(d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "noisyneighbor")
+        roles = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"} - VIEWER_ROLES
+        bindings = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] not in VIEWER_ROLES]
         assert {b["roleRef"]["name"] for b in bindings} == roles, name
         for b in bindings:
             assert b["roleRef"]["apiGroup"] == "rbac.authorization.k8s.io" and b["roleRef"]["kind"] == "ClusterRole"
             assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                       "namespace": sa["metadata"]["namespace"]}], name
         assert the("DaemonSet", name, docs)["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_viewer_roles_grant_reading_the_agent_and_nothing_else() -> None:
+    """noisyneighbor-viewer: get on the agent's paths (the SubjectAccessReview auth.py makes), bound to the
+    plugin's ServiceAccount only; noisyneighbor-client: what the plugin does with the user's credentials, in
+    the agent's namespace, minting tokens of that one ServiceAccount."""
+    from noisyneighbor.agent.auth import OPEN_PATHS
+
+    for name, docs, _ in all_renderings():
+        viewer = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "noisyneighbor-viewer")
+        assert viewer["rules"] == [{"nonResourceURLs": ["/top", "/diagnose", "/metrics"], "verbs": ["get"]}], name
+        assert not OPEN_PATHS & set(viewer["rules"][0]["nonResourceURLs"])
+        binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding"
+                       and d["roleRef"]["name"] == "noisyneighbor-viewer")
+        sa = next(d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "noisyneighbor-viewer")
+        assert sa["automountServiceAccountToken"] is False
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "noisyneighbor-viewer",
+                                        "namespace": sa["metadata"]["namespace"]}], name
+        client = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "noisyneighbor-client")
+        assert client["metadata"]["namespace"] == sa["metadata"]["namespace"]
+        assert client["rules"] == [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+            {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["serviceaccounts/token"], "resourceNames": ["noisyneighbor-viewer"],
+             "verbs": ["create"]}], name
 
 
 # ---- the DaemonSet: capabilities, host paths, scheduling, arguments ---------------------------------------
@@ -619,6 +665,8 @@ def test_every_combination_installs_into_the_users_namespace() -> None:
             for where, value in _namespace_strings(doc):
                 if where == ".metadata.namespace" or where.endswith("].namespace"):
                     assert value == PORTABLE_NAMESPACE, f"{name}: {where} = {value!r}"
+                elif doc["kind"] == "NetworkPolicy" and where.startswith(".spec.ingress["):
+                    continue  # the scrapers' namespace (Prometheus'), not the agent's: a documented patch point
                 else:
                     pytest.fail(f"{name}: {where} = {value!r} pins a namespace")
             if doc["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:
