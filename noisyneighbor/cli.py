@@ -187,6 +187,20 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--fail-on-incident", action="store_true",
                       help="exit 3 when the window had at least one incident (for scripts and CI)")
 
+    restore = sub.add_parser(
+        "restore", parents=[common],
+        help="put back every change the node's journal records (uninstall, after a kill -9), retrying failures",
+        description="Exit 0 when the journal is empty; 1 with what is left (kept in the journal, run it again).",
+    )
+    restore.add_argument("--journal-dir", metavar="DIR", default="/var/lib/noisyneighbor/journal")
+    restore.add_argument("--attempts", type=int, default=5, metavar="N", help="tries for entries that failed")
+    restore.add_argument("--retry-interval", type=parse_duration, default=2.0, metavar="S")
+    restore.add_argument("--purge", action="store_true",
+                         help="then remove the emptied journal directory (and its parent if empty): uninstall")
+    restore.add_argument("--apiserver", metavar="URL", help="for resize entries outside a pod (default: in-cluster)")
+    restore.add_argument("--token-file", metavar="FILE", help="bearer token for --apiserver")
+    restore.add_argument("--ca-file", metavar="FILE", help="CA of --apiserver")
+
     completion = sub.add_parser(
         "completion", help="print a shell completion script (bash, or zsh through bashcompinit)",
         description="bash: source <(noisyneighbor completion bash); zsh: source <(noisyneighbor completion zsh)",
@@ -379,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_agent(args)
         if args.command == "diagnose":
             return cmd_diagnose(args, paths)
+        if args.command == "restore":
+            from noisyneighbor.lifecycle import cmd_restore
+
+            return cmd_restore(args)
     except KeyboardInterrupt:
         return EXIT_OK
     except (PolicyError, JournalError) as e:

@@ -44,7 +44,10 @@ kubernetes_validate = pytest.importorskip(
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 BASE = DEPLOY / "base"
-OVERLAYS = sorted(p.parent.relative_to(DEPLOY).as_posix() for p in DEPLOY.glob("overlays/*/kustomization.yaml"))
+# The uninstall overlay turns the agents into cleanup pods: checked on its own (test_uninstall_overlay_...).
+UNINSTALL = "overlays/uninstall"
+OVERLAYS = sorted(p.parent.relative_to(DEPLOY).as_posix() for p in DEPLOY.glob("overlays/*/kustomization.yaml")
+                  if p.parent.relative_to(DEPLOY).as_posix() != UNINSTALL)
 RENDERINGS = [".", "base", *OVERLAYS]
 COMPONENTS = sorted(p.parent.name for p in DEPLOY.glob("components/*/kustomization.yaml"))
 # Components that only add monitoring objects (never touch the agent's objects): rendered all together
@@ -763,3 +766,43 @@ def test_agent_on_a_node_without_btf_runs_and_says_why_in_readyz(tmp_path: Path)
         assert agent.get("/metrics")[0] == 200
     finally:
         assert agent.terminate() == 0, agent.log_tail()
+
+
+# ---- uninstall: the agents become cleanup pods with the same credentials and mounts ---------------------------
+
+def test_uninstall_overlay_restores_with_the_agents_credentials_then_purges() -> None:
+    """deploy/overlays/uninstall: the same ServiceAccount and grants as the install (so resize restores still
+    pass the apiserver), the same host mounts (the journal's paths), `noisyneighbor restore --purge` on the
+    node's journal, Ready only after it succeeded."""
+    import shlex
+
+    from noisyneighbor.cli import build_parser
+
+    base, docs = rendered("."), rendered(UNINSTALL)
+    key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+    assert {key(d): d for d in base if d["kind"] != "DaemonSet"} == {key(d): d for d in docs if d["kind"] != "DaemonSet"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, k8s_version(), strict=True)
+    agent_pod, pod = (the("DaemonSet", docs=d)["spec"]["template"]["spec"] for d in (base, docs))
+    assert pod["serviceAccountName"] == agent_pod["serviceAccountName"]
+    c, agent_c = pod["containers"][0], agent_pod["containers"][0]
+    assert c["command"] == ["/bin/sh", "-c"] and len(c["args"]) == 1
+    restore_cmd, *after = c["args"][0].split(" && ")
+    assert after == ["touch /tmp/restored", "exec sleep infinity"], after
+    assert c["readinessProbe"]["exec"]["command"] == ["test", "-f", "/tmp/restored"]
+    assert "livenessProbe" not in c and "startupProbe" not in c
+    argv = shlex.split(restore_cmd)
+    assert argv[0] == "noisyneighbor"
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "restore" and args.purge and args.host_root == "/host" and args.attempts * args.retry_interval >= 300
+    # The journal the agent wrote (its hostPath + "journal") is where restore looks, through a mount of /var/lib.
+    agent_journal = next(v for v in agent_pod["volumes"] if v["name"] == "journal")["hostPath"]["path"] + "/journal"
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "journal")
+    host_dir = next(v for v in pod["volumes"] if v["name"] == "journal")["hostPath"]["path"]
+    assert args.journal_dir.startswith(mount["mountPath"] + "/")
+    assert host_dir + args.journal_dir[len(mount["mountPath"]):] == agent_journal
+    # Every other mount is the agent's: the journal's cgroup paths resolve the same.
+    others = lambda cont: [m for m in cont["volumeMounts"] if m["name"] != "journal"]  # noqa: E731
+    assert others(c) == others(agent_c)
+    assert [v for v in pod["volumes"] if v["name"] != "journal"] == [v for v in agent_pod["volumes"] if v["name"] != "journal"]
+    assert c["securityContext"] == agent_c["securityContext"] and c["image"] == agent_c["image"]
