@@ -40,7 +40,9 @@ Paths served (all need ``Authorization: Bearer <token>`` when ``token`` is set, 
 - ``POST /apis/authentication.k8s.io/v1/tokenreviews`` (TokenReview: ``authenticated`` with the user of
   :meth:`add_user`'s token, else false) and ``POST /apis/authorization.k8s.io/v1/subjectaccessreviews``
   (non-resource ``get`` of a path: ``allowed`` when :meth:`grant` gave it to the user or one of its groups).
-  ``kube.reviews`` lists (kind, spec). The pod proxy drops the caller's ``Authorization`` header, as the
+  ``kube.reviews`` lists (kind, spec). ``POST /api/v1/namespaces/{ns}/serviceaccounts/{name}/token``
+  (TokenRequest, what `kubectl create token` sends) mints a token those reviews accept as that service
+  account (403 with ``token_requests_allowed = False``). The pod proxy drops the caller's ``Authorization`` header, as the
   real apiserver's authentication filter does after it authenticated the caller.
 - ``POST /api/v1/namespaces/{ns}/events`` (core/v1 Event; 409 if the name exists),
   ``PATCH /api/v1/namespaces/{ns}/events/{name}`` (merge patch), ``GET`` of one event or the list.
@@ -267,6 +269,10 @@ class FakeKube:
         self.users: dict[str, dict[str, Any]] = {}  # bearer token -> TokenReview user (add_user)
         self.grants: set[tuple[str, str]] = set()  # (user name or "group:<name>", non-resource path) (grant)
         self.reviews: list[tuple[str, dict[str, Any]]] = []  # (TokenReview|SubjectAccessReview, spec)
+        # TokenRequest (`kubectl create token SA`): a fresh token TokenReview then accepts as the service
+        # account; False answers 403, as for a user without `create serviceaccounts/token`.
+        self.token_requests_allowed = True
+        self.token_requests: list[tuple[str, str]] = []  # (namespace, service account)
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         self._eviction_responses: dict[tuple[str, str], tuple[int, str | None]] = {}
         self._failures: list[_Failure] = []
@@ -467,6 +473,20 @@ class FakeKube:
         else:
             status["error"] = "invalid bearer token"
         return 201, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec, "status": status}
+
+    def _token_request(self, namespace: str, name: str) -> tuple[int, dict[str, Any]]:
+        with self._cond:
+            self.token_requests.append((namespace, name))
+        if not self.token_requests_allowed:
+            return 403, _status(403, "Forbidden", f'serviceaccounts "{name}" is forbidden: cannot create '
+                                                  f'resource "serviceaccounts/token" in namespace "{namespace}"')
+        token = f"sa-{uuid.uuid4().hex}"
+        self.add_user(token, f"system:serviceaccount:{namespace}:{name}",
+                      ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"))
+        return 201, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                     "metadata": {"name": name, "namespace": namespace},
+                     "spec": {"audiences": [], "expirationSeconds": 600},
+                     "status": {"token": token, "expirationTimestamp": _now_iso()}}
 
     def _access_review(self, body: Any) -> tuple[int, dict[str, Any]]:
         spec = (body or {}).get("spec") or {} if isinstance(body, dict) else {}
@@ -754,6 +774,9 @@ def _make_handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                     listing["items"] = [p for p in listing["items"] if p["metadata"]["namespace"] == ns
                                         and wanted.items() <= (p["metadata"].get("labels") or {}).items()]
                     self._send_json(200, listing)
+                    return
+                if rest[0] == "serviceaccounts" and len(rest) == 3 and rest[2] == "token" and method == "POST":
+                    self._send_json(*kube._token_request(ns, rest[1]))
                     return
                 if rest[0] == "pods" and len(rest) >= 3 and rest[2] == "proxy" and method == "GET":
                     self._proxy(ns, rest[1], "/".join(rest[3:]))

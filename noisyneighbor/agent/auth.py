@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Who may read the agent's endpoints: callers the apiserver vouches for, as kube-rbac-proxy checks them.
 
-A request carries a bearer token (``Authorization: Bearer <token>``). The agent asks the apiserver
+A request carries a bearer token (``Authorization: Bearer <token>``, or through the apiserver's pod proxy,
+which strips that header, ``X-Noisyneighbor-Authorization``). The agent asks the apiserver
 who that is (a TokenReview) and whether they may ``get`` the endpoint's path as a non-resource URL
 (a SubjectAccessReview: ``nonResourceAttributes: {path: /top, verb: get}``), the check the apiserver
 itself makes for ``/metrics`` and the one kube-rbac-proxy makes by default. No token: 401; a token the
@@ -34,6 +35,9 @@ from typing import Any
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN_REVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+# Where a token arrives through the apiserver's pod proxy: the apiserver deletes ``Authorization`` once it has
+# authenticated the caller, so `kubectl noisyneighbor` sends the agent's token in this header instead.
+FORWARDED_TOKEN_HEADER = "X-Noisyneighbor-Authorization"
 # Endpoints that stay open: the kubelet's probes carry no token.
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 # At most this many cached verdicts; the oldest go first (a scanner sending random tokens cannot grow it).

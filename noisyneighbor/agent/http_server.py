@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from noisyneighbor.agent.auth import RequestAuthorizer
+from noisyneighbor.agent.auth import FORWARDED_TOKEN_HEADER, RequestAuthorizer
 from noisyneighbor.agent.client_views import BadRequest, diagnose_response
 from noisyneighbor.agent.logs import _one_line
 from noisyneighbor.exporter import Exporter, render_text
@@ -97,7 +97,8 @@ def _handler_for(agent: Any, authorizer: RequestAuthorizer | None) -> type[BaseH
 
         def _allowed(self, path: str) -> bool:
             assert authorizer is not None
-            verdict = authorizer.authorize(self.headers.get("Authorization"), path)
+            verdict = authorizer.authorize(
+                self.headers.get("Authorization") or self.headers.get(FORWARDED_TOKEN_HEADER), path)
             if verdict.code == 200:
                 return True
             if verdict.code == 503:
