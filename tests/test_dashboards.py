@@ -267,6 +267,12 @@ def test_the_runbook_check_catches_a_setting_that_does_not_exist():
     assert _runbook_config_key("key_map_full", sections, set(doc)) is None  # a label value, not a key
 
 
+def test_every_alert_waits_before_firing():
+    """A `for:` on every alert: one bad evaluation (a scrape gap, a counter's extrapolation) pages nobody."""
+    for rule in _alert_rules():
+        assert re.fullmatch(r"\d+[smh]", str(rule.get("for", ""))), f"{rule['alert']} has no for:"
+
+
 def test_availability_alerts_cover_a_dead_and_an_unready_agent():
     """An agent that cannot be scraped exports nothing: those alerts must read what Prometheus and
     kube-state-metrics know, not the agent's own series."""
