@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Write-ahead journal of every file the actuators change, so every change can be undone.
 
 The original value of a file is on disk *before* the file is first written (atomic: temp file,

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Copy the alert rules and the Grafana dashboards into deploy/'s kustomize components; write the Helm chart.
 
     deploy/generate.py            rewrite the generated files

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`kubectl noisyneighbor`: read `top` and `diagnose` of a node from the agent running there.
 
     kubectl noisyneighbor top NODE [--view V] [--once] [--json] [--interval S] [--sort K] [--limit N]

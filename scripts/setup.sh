@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Idempotent set-up for a fresh Debian 12 machine (run as root): system packages, a venv with the
 # project installed in editable mode, and the BPF objects. Quick when everything is already there.
 #   scripts/setup.sh [run|test|bench|vm]   (what the packages are for; default: run)

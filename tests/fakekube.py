@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """FakeKube: a real HTTP(S) server on 127.0.0.1 that speaks the kubelet and apiserver REST paths we use.
 
 It is a test double for the network boundary only: clients talk real HTTP (or TLS with a self-signed

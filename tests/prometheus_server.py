@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The real Prometheus server (Debian's `prometheus` binary) for tests: 127.0.0.1 only, a temp config
 and storage directory, scraping the targets it is given, stopped (and its directory removed) after.
 

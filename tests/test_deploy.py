@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """deploy/: every kustomize rendering validates against a current API schema and grants only what the code uses.
 
 Each overlay, and the base with every combination of the agent's components (under a kustomization of

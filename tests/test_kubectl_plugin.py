@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`kubectl noisyneighbor` against FakeKube through the real kubectl, reading a real agent.
 
 kubectl talks TLS with a token to the fake apiserver from a kubeconfig; the plugin finds the agent pod by
