@@ -48,6 +48,7 @@ class PrometheusServer:
         job: str = "noisyneighbor",
         target_labels: Iterable[dict[str, str]] = (),
         bearer_token_file: Path | None = None,
+        labels: dict[str, str] | None = None,
     ) -> None:
         found = shutil.which(binary)
         if found is None:
@@ -63,6 +64,8 @@ class PrometheusServer:
         self.target_labels = [dict(labels) for labels in target_labels]
         # Scrapes send this token (`authorization: credentials_file`), as a ServiceMonitor's bearerTokenFile does.
         self.bearer_token_file = bearer_token_file
+        # Target labels a ServiceMonitor's relabelings would add (e.g. app_kubernetes_io_name).
+        self.labels = dict(labels or {})
         self.port = 0
         self.dir: Path | None = None
         self.proc: subprocess.Popen | None = None
@@ -80,7 +83,8 @@ class PrometheusServer:
             shutil.copyfile(rule_file, copy)
             rules.append(str(copy))
         job: dict = {"job_name": self.job, "static_configs": [
-            {"targets": self.targets}, *({"targets": self.targets, "labels": labels} for labels in self.target_labels),
+            {"targets": self.targets, "labels": self.labels},
+            *({"targets": self.targets, "labels": {**self.labels, **labels}} for labels in self.target_labels),
         ]}
         if self.bearer_token_file is not None:
             job["authorization"] = {"type": "Bearer", "credentials_file": str(self.bearer_token_file)}

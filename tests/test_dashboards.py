@@ -116,8 +116,9 @@ def test_dashboards_are_grafana_39_with_variables_and_known_metrics():
             assert g["x"] + g["w"] <= 24
         for title, expr in generate.iter_queries(dash):
             names = METRIC_RE.findall(expr)
-            # up{job="noisyneighbor"}: what Prometheus knows of an agent it cannot scrape (it exports nothing)
-            assert names or 'up{job="noisyneighbor"' in expr, f"{name}/{title}: no noisyneighbor metric in {expr}"
+            # up{app_kubernetes_io_name=...}: what Prometheus knows of an agent it cannot scrape (it exports nothing)
+            assert names or 'up{app_kubernetes_io_name="noisyneighbor"' in expr, \
+                f"{name}/{title}: no noisyneighbor metric in {expr}"
             unknown = [n for n in names if n not in KNOWN_SAMPLES]
             assert not unknown, f"{name}/{title}: not exported: {unknown}"
 
@@ -277,7 +278,7 @@ def test_availability_alerts_cover_a_dead_and_an_unready_agent():
     """An agent that cannot be scraped exports nothing: those alerts must read what Prometheus and
     kube-state-metrics know, not the agent's own series."""
     by_name = {r["alert"]: r for r in _alert_rules()}
-    assert re.search(r'\bup\{job="noisyneighbor"\} == 0', by_name["NoisyNeighborAgentDown"]["expr"])
+    assert re.search(r'\bup\{app_kubernetes_io_name="noisyneighbor"\} == 0', by_name["NoisyNeighborAgentDown"]["expr"])
     assert not METRIC_RE.findall(by_name["NoisyNeighborAgentDown"]["expr"])
     assert "kube_daemonset_status_number_ready" in by_name["NoisyNeighborAgentNotReady"]["expr"]
 
@@ -436,8 +437,11 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
                              "--auth", "kubernetes", "--auth-metrics", "--auth-apiserver", kube.url,
                              "--auth-token-file", str(tmp_path / "agent-sa-token"), node="nn-int", cgroup=agent_cg)
         rules = _write_rule_groups(tmp_path)
+        # The job named with a prefix, as a kustomize namePrefix would: the queries select the agent by the label
+        # the ServiceMonitor copies from the pod, not by the job.
         with PrometheusServer([agent.target], rule_files=[rules], target_labels=[{"cluster": "c1"}],
-                              bearer_token_file=tmp_path / "prometheus-token") as prom:
+                              bearer_token_file=tmp_path / "prometheus-token", job="team-a-noisyneighbor",
+                              labels={"app_kubernetes_io_name": "noisyneighbor"}) as prom:
             agent.wait_ready()
             # Another caller without a token (any pod on the network) gets nothing.
             unauthenticated = agent.get("/metrics")[0], agent.get("/top")[0], agent.get("/diagnose")[0]
