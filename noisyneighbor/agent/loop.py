@@ -453,15 +453,21 @@ class Agent:
         if self.collector is not None:
             probes = {name: {"state": st.state, "reason": st.reason, "attach_mode": st.attach_mode}
                       for name, st in self.collector.status.items()}
-        # Ready once a BPF probe is on: steal (a /proc file) alone detects nothing.
-        ready = self.stats.ticks >= 1 and not self._stopped and any(
-            p["state"] == "on" for name, p in probes.items() if name not in BY_NAME or BY_NAME[name].specs)
+        # Ready once a BPF probe is on: steal (a /proc file) alone detects nothing. A kernel without BTF can run
+        # none, whatever the agent does: Ready and degraded (noisyneighbor_probe_state says off, and
+        # NoisyNeighborProbeOff names the node), so such a node never holds a DaemonSet rollout.
+        bpf = [p for name, p in probes.items() if name not in BY_NAME or BY_NAME[name].specs]
+        any_on = any(p["state"] == "on" for p in bpf)
+        no_btf = bool(bpf) and all(p["state"] == "off" and "kernel has no BTF" in (p["reason"] or "") for p in bpf)
+        ready = self.stats.ticks >= 1 and not self._stopped and (any_on or no_btf)
         pods = self.pod_source.status if self.pod_source is not None else None
         acts = self.policy.actuators if self.policy is not None else None
         return {
             "schema_version": SCHEMA_VERSION,
             "live": bool(live and not self._stopped),
             "ready": bool(ready),
+            "degraded": "kernel has no BTF: no probe can run (give the agent --btf FILE)" if no_btf and not any_on
+                        else None,
             "ticks": self.stats.ticks,
             "failed_ticks": self.stats.failures,
             "last_error": self.stats.last_error,
