@@ -72,9 +72,11 @@ bench:
 bpf: $(BPF_OBJ)
 
 # vmlinux.h from this kernel's BTF when it has one; otherwise the vendored copy (see bpf/README.md).
+# VMLINUX_SOURCE=vendored: always the vendored copy (the image build: the same header on every builder).
+VMLINUX_SOURCE ?= auto
 $(VMLINUX):
 	@mkdir -p $(@D)
-	@if [ -r /sys/kernel/btf/vmlinux ] && command -v bpftool >/dev/null; then \
+	@if [ "$(VMLINUX_SOURCE)" != vendored ] && [ -r /sys/kernel/btf/vmlinux ] && command -v bpftool >/dev/null; then \
 		bpftool btf dump file /sys/kernel/btf/vmlinux format c > $@.tmp && mv $@.tmp $@; \
 	else \
 		echo "bpf: no /sys/kernel/btf/vmlinux or bpftool: using $(VMLINUX_VENDORED)" >&2; \

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Write-ahead journal of every file the actuators change, so every change can be undone.
 
 The original value of a file is on disk *before* the file is first written (atomic: temp file,
@@ -29,6 +30,14 @@ API (paths are absolute; values are the raw strings of the file)::
   ``read``/``write`` callables to journal other kinds of files (e.g. resctrl schemata).
 
 Thread-safe (one lock); one journal directory per agent process.
+
+Format compatibility (what lets an upgrade or a rollback restore what the other version changed): the file
+says ``version`` (the entries' format) and ``min_reader_version`` (the oldest reader that can restore it).
+A reader takes every version up to its own, and a newer one whose ``min_reader_version`` it meets (it
+ignores entry fields it does not know: a newer format may add fields, never change the meaning of these).
+A journal it cannot read is refused with one line and left in place, never removed: the changes it
+records stay restorable by an agent that can. Version 1 files written before ``min_reader_version``
+existed (the format of 0.1.0) read as ``min_reader_version`` 1.
 """
 
 from __future__ import annotations
@@ -57,7 +66,11 @@ from actuators.cgroupfile import (
 
 DEFAULT_JOURNAL_DIR = Path("/var/lib/noisyneighbor/journal")
 JOURNAL_FILE = "journal.json"
+# The entries' format this code writes, and the oldest reader that can restore what it writes. Bump
+# FORMAT_VERSION for a change of format; keep MIN_READER_VERSION low as long as older readers can still
+# restore (added fields), raise it only when they could not (a changed meaning).
 FORMAT_VERSION = 1
+MIN_READER_VERSION = 1
 
 log = logging.getLogger("noisyneighbor.actuators.journal")
 
@@ -122,6 +135,23 @@ class JournalError(Exception):
     """The journal itself cannot be read or written; one line."""
 
 
+class JournalTooNew(JournalError):
+    """A journal written in a format this code cannot restore (a newer agent's); left in place."""
+
+
+_ENTRY_FIELDS = frozenset(JournalEntry.__dataclass_fields__)
+
+
+def _entry(raw: object, *, strict: bool) -> JournalEntry:
+    """One entry of the file; a newer format's fields this code does not know are dropped (``strict``
+    False), a known format's unknown field is corruption."""
+    if not isinstance(raw, dict):
+        raise TypeError(f"entry is {type(raw).__name__}, not an object")
+    if not strict:
+        raw = {k: v for k, v in raw.items() if k in _ENTRY_FIELDS}
+    return JournalEntry(**raw)
+
+
 ReadFn = Callable[[str], str]
 WriteFn = Callable[[str, str], None]
 
@@ -164,9 +194,14 @@ class Journal:
             doc = json.loads(raw)
             if not isinstance(doc, dict):
                 raise ValueError(f"top level is {type(doc).__name__}, not an object")
-            if doc.get("version") != FORMAT_VERSION:
-                raise ValueError(f"unsupported version {doc.get('version')!r}")
-            entries = [JournalEntry(**e) for e in doc["entries"]]
+            version, min_reader = doc.get("version"), doc.get("min_reader_version", 1)
+            if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+                raise ValueError(f"unsupported version {version!r}")
+            if version > FORMAT_VERSION and (not isinstance(min_reader, int) or min_reader > FORMAT_VERSION):
+                raise JournalTooNew(f"journal {self.file} is format {version}, which needs a reader of format "
+                                    f"{min_reader} or newer (this one reads up to {FORMAT_VERSION}): run the agent "
+                                    f"version that wrote it (`noisyneighbor restore`), do not remove it")
+            entries = [_entry(e, strict=version <= FORMAT_VERSION) for e in doc["entries"]]
             for e in entries:
                 _check_entry(e)
         except (ValueError, TypeError, KeyError) as e:
@@ -188,6 +223,7 @@ class Journal:
             return
         doc = {
             "version": FORMAT_VERSION,
+            "min_reader_version": MIN_READER_VERSION,
             "pid": os.getpid(),
             "saved_at": time.time(),
             "entries": [asdict(e) for e in sorted(self._entries.values(), key=lambda e: e.seq)],

@@ -35,6 +35,8 @@ SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"
 CLUSTER = 'cluster=~"$cluster"'
+# The agent's `up`, by the pod label the ServiceMonitor copies (not the job: that is the Service's name).
+AGENT_UP = 'app_kubernetes_io_name="noisyneighbor"'
 NODE = f'{CLUSTER}, node=~"$node"'
 POD = f'{NODE}, namespace="$namespace", pod="$pod"'
 VICTIM = f'{NODE}, victim_namespace="$namespace", victim_pod="$pod"'
@@ -391,7 +393,7 @@ def fleet_overview() -> dict:
     rows = [
         Row("Fleet", [
             Panel("Nodes reporting", [Query(f"count({m.EXPORTER_LAST_UPDATE}{{{NODE}}})", "nodes")], kind="stat", width=6),
-            Panel("Agents not scraped", [Query(f'count(up{{job="noisyneighbor", {CLUSTER}}} == 0) or vector(0)',
+            Panel("Agents not scraped", [Query(f'count(up{{{AGENT_UP}, {CLUSTER}}} == 0) or vector(0)',
                                                "down")], kind="stat", width=6,
                   description="Nodes whose agent Prometheus cannot scrape (NoisyNeighborAgentDown)."),
             Panel("Open incidents", [Query(f"sum({m.INCIDENTS_OPEN}{{{NODE}}}) or vector(0)", "open")], kind="stat",

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Copy the alert rules and the Grafana dashboards from dashboards/ into deploy/'s kustomize components.
+# SPDX-License-Identifier: Apache-2.0
+"""Copy the alert rules and the Grafana dashboards into deploy/'s kustomize components; write the Helm chart.
 
     deploy/generate.py            rewrite the generated files
     deploy/generate.py --check    exit 1 (and name the stale files) if any is out of date
@@ -12,6 +13,9 @@ prefix when one is given) and
 ``components/grafana-dashboards/*.json`` with the ``kustomization.yaml`` that turns each into a
 ConfigMap labelled for the Grafana sidecar. The agent's config needs no copy: the base's
 configMapGenerator reads deploy/base/config.yaml itself.
+
+Then the Helm chart, ``helm/noisyneighbor/`` (Chart.yaml, values.yaml, templates/): rendered from the
+kustomize base and each component by deploy/chart.py (needs kubectl), so it never differs from them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from chart import CHART_DIR, ChartError, chart_files  # deploy/ is not a package: its directory is on the path
 
 DEPLOY_DIR = Path(__file__).resolve().parent
 DASHBOARDS_DIR = DEPLOY_DIR.parent / "dashboards"
@@ -64,7 +71,18 @@ def wanted(runbook_url_prefix: str = DEFAULT_RUNBOOK_URL_PREFIX) -> dict[Path, s
 
 
 def stale_files(runbook_url_prefix: str = DEFAULT_RUNBOOK_URL_PREFIX) -> list[Path]:
-    return [p for p, text in wanted(runbook_url_prefix).items() if not p.exists() or p.read_text() != text]
+    files = {**wanted(runbook_url_prefix), **chart_files()}
+    stale = [p for p, text in files.items() if not p.exists() or p.read_text() != text]
+    return stale + [p for p in (CHART_DIR / "templates").glob("*.yaml") if p not in files]
+
+
+def _write(files: dict[Path, str], generated_dir: Path, pattern: str) -> None:
+    for old in generated_dir.glob(pattern):  # what is no longer generated goes too
+        if old not in files:
+            old.unlink()
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,20 +100,26 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"generate: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
         return 2
-    if args.check:
-        stale = stale_files(args.runbook_url_prefix)
-        if stale:
-            names = ", ".join(str(p.relative_to(DEPLOY_DIR)) for p in stale)
-            print(f"generate: out of date with dashboards/: {names}: run deploy/generate.py", file=sys.stderr)
-            return 1
-        return 0
-    generated = COMPONENTS / "grafana-dashboards"
-    for old in generated.glob("*.json"):  # a dashboard removed from dashboards/ leaves the component too
-        if old not in files:
-            old.unlink()
-    for path, text in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    try:
+        return _check(args) if args.check else _generate(files)
+    except ChartError as e:
+        print(f"generate: {e}", file=sys.stderr)
+        return 2
+
+
+def _check(args: argparse.Namespace) -> int:
+    stale = stale_files(args.runbook_url_prefix)
+    if stale:
+        names = ", ".join(str(p.relative_to(DEPLOY_DIR)) for p in stale)
+        print(f"generate: out of date with dashboards/ or deploy/: {names}: run deploy/generate.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _generate(files: dict[Path, str]) -> int:
+    _write(files, COMPONENTS / "grafana-dashboards", "*.json")
+    # The chart after the component copies: it is rendered from them.
+    _write(chart_files(), CHART_DIR / "templates", "*.yaml")
     return 0
 
 

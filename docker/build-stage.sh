@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The image's build stage, shared by docker/Dockerfile and scripts/build-image-stages.sh so the two
 # cannot drift: compile the BPF objects and build the wheel that ships them as package data.
 #   docker/build-stage.sh SRC_DIR DIST_DIR      (PYTHON=python3 by default)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Smoke test of an installed runtime venv, run at the end of the image build and by
 # scripts/build-image-stages.sh: the package imports, the CLI starts, the BPF objects are inside the
 # installed package, libbpf.so.1 loads, and none of it needs a compiler or the source tree.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The image's runtime stage install, shared by docker/Dockerfile and scripts/build-image-stages.sh:
 # a fresh venv that gets only the wheel (and its dependencies from the registry), no source tree.
 #   docker/install-runtime.sh WHEEL_DIR VENV_DIR      (PYTHON=python3 by default)
@@ -13,4 +14,11 @@ if ((${#found[@]} != 1)); then
   exit 1
 fi
 "$python" -m venv "$venv"
-"$venv/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check "${found[0]}"
+# LOCK (the image: docker/requirements.lock): every dependency at its locked version, checked against its
+# hashes, then the wheel alone. Without it (scripts/build-image-stages.sh on a dev machine) pip resolves.
+if [[ -n "${LOCK:-}" ]]; then
+  "$venv/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check --require-hashes --no-deps -r "$LOCK"
+  "$venv/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check --no-deps "${found[0]}"
+else
+  "$venv/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check "${found[0]}"
+fi

@@ -8,10 +8,13 @@ import logging
 import os
 import signal
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from probes.engine import ProbeError, use_btf_file
 from probes.host import HostPaths
+
+if TYPE_CHECKING:
+    from noisyneighbor.agent.auth import AuthConfig
 
 log = logging.getLogger("noisyneighbor")
 
@@ -118,8 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agent.add_argument("--config", metavar="FILE", help="policy file (ours or a Koordinator slo-controller-config)")
     agent.add_argument("--node-name", metavar="NAME", help="this node's name (default: policy, then $NODE_NAME)")
-    agent.add_argument("--listen", metavar="HOST:PORT", default="0.0.0.0:9717",
-                       help="HTTP address for /metrics, /healthz, /readyz (port 0: any free port)")
+    agent.add_argument("--listen", metavar="HOST:PORT", default="[::]:9717",
+                       help="HTTP address for /metrics, /healthz, /readyz (port 0: any free port; [::] falls "
+                            "back to 0.0.0.0 without IPv6)")
+    agent.add_argument("--auth", choices=("none", "kubernetes"), default="none",
+                       help="kubernetes: /top and /diagnose only for bearer tokens the apiserver accepts and "
+                            "authorizes (TokenReview + SubjectAccessReview on the path); /healthz, /readyz stay open")
+    agent.add_argument("--auth-metrics", action="store_true", help="with --auth kubernetes: /metrics too")
+    agent.add_argument("--auth-apiserver", metavar="URL", help="apiserver for the reviews (default: in-cluster)")
+    agent.add_argument("--auth-ca-file", metavar="FILE", help="CA of the apiserver (default: the service account's)")
+    agent.add_argument("--auth-token-file", metavar="FILE",
+                       help="the agent's own token for the reviews (default: the service account's)")
     agent.add_argument("--dry-run", action=argparse.BooleanOptionalAction, default=None,
                        help="plan and log actions without changing anything (default: the policy's actuators.dry_run)")
     # The opt-in actuators that need more than the base install (an RBAC grant, a host mount): the
@@ -181,12 +193,36 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--fail-on-incident", action="store_true",
                       help="exit 3 when the window had at least one incident (for scripts and CI)")
 
+    restore = sub.add_parser(
+        "restore", parents=[common],
+        help="put back every change the node's journal records (uninstall, after a kill -9), retrying failures",
+        description="Exit 0 when the journal is empty; 1 with what is left (kept in the journal, run it again).",
+    )
+    restore.add_argument("--journal-dir", metavar="DIR", default="/var/lib/noisyneighbor/journal")
+    restore.add_argument("--attempts", type=int, default=5, metavar="N", help="tries for entries that failed")
+    restore.add_argument("--retry-interval", type=parse_duration, default=2.0, metavar="S")
+    restore.add_argument("--purge", action="store_true",
+                         help="then remove the emptied journal directory (and its parent if empty): uninstall")
+    restore.add_argument("--apiserver", metavar="URL", help="for resize entries outside a pod (default: in-cluster)")
+    restore.add_argument("--token-file", metavar="FILE", help="bearer token for --apiserver")
+    restore.add_argument("--ca-file", metavar="FILE", help="CA of --apiserver")
+
     completion = sub.add_parser(
         "completion", help="print a shell completion script (bash, or zsh through bashcompinit)",
         description="bash: source <(noisyneighbor completion bash); zsh: source <(noisyneighbor completion zsh)",
     )
     completion.add_argument("shell", choices=("bash", "zsh"))
     return parser
+
+
+def _auth_config(args: argparse.Namespace) -> AuthConfig | None:
+    from noisyneighbor.agent.auth import AuthConfig
+
+    if args.auth == "none":
+        return None
+    defaults = AuthConfig()
+    return AuthConfig(protect_metrics=args.auth_metrics, apiserver=args.auth_apiserver,
+                      ca_file=args.auth_ca_file or defaults.ca_file, token_file=args.auth_token_file or defaults.token_file)
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -201,6 +237,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         pod_source=args.pods, act_only=tuple(args.act_only), max_bucket_seconds=args.bucket_max,
         min_bucket_seconds=args.bucket_min, runq_cgroups=args.runq_cgroups, runq_pairs=args.runq_pairs,
         extra_node_series=args.extra_node_series, per_cpu_series=args.per_cpu_series, btf=getattr(args, "btf", None),
+        auth=_auth_config(args),
     )
     if args.journal_dir:
         config.journal_dir = args.journal_dir
@@ -362,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_agent(args)
         if args.command == "diagnose":
             return cmd_diagnose(args, paths)
+        if args.command == "restore":
+            from noisyneighbor.lifecycle import cmd_restore
+
+            return cmd_restore(args)
     except KeyboardInterrupt:
         return EXIT_OK
     except (PolicyError, JournalError) as e:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`kubectl noisyneighbor`: read `top` and `diagnose` of a node from the agent running there.
 
     kubectl noisyneighbor top NODE [--view V] [--once] [--json] [--interval S] [--sort K] [--limit N]
@@ -11,20 +12,33 @@ last ``--duration`` of history. One probe set per node, the agent's: nothing is 
 container and nothing is loaded here, so a client costs the agent no memory in its cgroup (the old
 `kubectl exec ... noisyneighbor top` loaded a second probe set under the agent's memory limit).
 Everything goes through the user's kubectl (its kubeconfig, context and credential plugins); the user
-needs ``get pods`` and ``get pods/proxy`` in the agent's namespace. Exit codes: diagnose 0 clean, 3
+needs ``list pods`` and ``get pods/proxy`` in the agent's namespace. Exit codes: diagnose 0 clean, 3
 incidents with --fail-on-incident; 1 with one line on stderr when no agent pod runs on the node or
 the agent cannot be read.
+
+The agent answers /top and /diagnose only to a token the apiserver vouches for (``--auth kubernetes``).
+The apiserver's pod proxy drops the user's own ``Authorization`` header, so the plugin asks kubectl for a
+10-minute token of the ``noisyneighbor-viewer`` ServiceAccount (``kubectl create token``: the
+``noisyneighbor-client`` Role in the agent's namespace allows it) or reads ``--token-file``, and sends it
+in ``X-Noisyneighbor-Authorization`` through a ``kubectl proxy`` it runs on 127.0.0.1 for its lifetime (the
+user's credentials stay in kubectl). Without a token it reads through ``kubectl get --raw`` (an agent
+without auth).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import re
+import select
 import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -33,6 +47,11 @@ DEFAULT_SELECTOR = "app.kubernetes.io/name=noisyneighbor,app.kubernetes.io/compo
 METRICS_PORT_NAME = "metrics"  # the agent's port (deploy/base/daemonset.yaml): /metrics, /top, /diagnose
 DEFAULT_PORT = 9717  # when the pod names no port "metrics"
 EXIT_INCIDENTS = 3
+VIEWER_SERVICE_ACCOUNT = "noisyneighbor-viewer"  # deploy/base/viewer-rbac.yaml
+TOKEN_LIFETIME = "10m"
+# = noisyneighbor.agent.auth.FORWARDED_TOKEN_HEADER (not imported: that package loads the agent)
+TOKEN_HEADER = "X-Noisyneighbor-Authorization"
+PROXY_START_S = 30.0
 
 
 class PluginError(Exception):
@@ -78,6 +97,14 @@ class Kubectl:
                  for p in c.get("ports", []) if p.get("name") == METRICS_PORT_NAME]
         return pod["metadata"]["name"], int(ports[0]) if ports else DEFAULT_PORT
 
+    def create_token(self, namespace: str, service_account: str) -> tuple[str | None, str]:
+        """(token, "") of the service account, or (None, kubectl's verdict) when the user may not mint one."""
+        res = subprocess.run([*self.base(), "create", "token", service_account, "-n", namespace,
+                              "--duration", TOKEN_LIFETIME], capture_output=True, text=True)
+        if res.returncode != 0 or not res.stdout.strip():
+            return None, _verdict(res.stderr, res.returncode)
+        return res.stdout.strip(), ""
+
     def raw(self, path: str) -> bytes:
         """GET ``path`` from the apiserver (``kubectl get --raw``); the body, or PluginError with kubectl's verdict."""
         res = subprocess.run([*self.base(), "get", "--raw", path], capture_output=True)
@@ -94,19 +121,80 @@ def _verdict(stderr: str, rc: int) -> str:
     return last or f"kubectl exited {rc}"
 
 
-@dataclass(frozen=True)
+@dataclass
+class KubectlProxy:
+    """`kubectl proxy` on a free 127.0.0.1 port: requests to the apiserver with the user's credentials, and
+    the headers the plugin adds (kubectl get --raw takes none)."""
+
+    kubectl: Kubectl
+    proc: subprocess.Popen[str] | None = None
+    url: str = ""
+
+    def start(self) -> KubectlProxy:
+        self.proc = subprocess.Popen([*self.kubectl.base(), "proxy", "--port=0", "--address=127.0.0.1"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([self.proc.stdout], [], [], PROXY_START_S)
+        line = self.proc.stdout.readline() if ready and self.proc.stdout else ""
+        port = re.search(r"127\.0\.0\.1:(\d+)", line)
+        if port is None:
+            self.close()
+            raise PluginError(f"kubectl proxy did not start: {line.strip() or 'no output'}")
+        self.url = f"http://127.0.0.1:{port.group(1)}"
+        return self
+
+    def get(self, path: str, headers: dict[str, str]) -> bytes:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(self.url + path, headers=headers), timeout=60) as r:
+                return r.read()
+        except urllib.error.HTTPError as e:
+            body = " ".join(e.read().decode(errors="replace").split())[:200]
+            raise PluginError(f"cannot read the agent ({path.split('?')[0]}): HTTP {e.code}: {body}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise PluginError(f"cannot read the agent through kubectl proxy: {getattr(e, 'reason', e)}") from None
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    stream.close()
+            self.proc = None
+
+
+@dataclass
 class Agent:
-    """The agent pod on a node, read through the apiserver's pod proxy."""
+    """The agent pod on a node, read through the apiserver's pod proxy (with a token: through kubectl proxy)."""
 
     kubectl: Kubectl
     namespace: str
     pod: str
     port: int
+    token: str | None = None
+    no_token_why: str = ""  # why there is no token, for the hint when the agent says 401
+    proxy: KubectlProxy | None = field(default=None, repr=False)
 
     def get(self, endpoint: str, **params: object) -> bytes:
         query = urlencode({k: v for k, v in params.items() if v is not None})
-        return self.kubectl.raw(f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}:{self.port}/proxy/{endpoint}"
-                                + (f"?{query}" if query else ""))
+        path = (f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}:{self.port}/proxy/{endpoint}"
+                + (f"?{query}" if query else ""))
+        if self.token is None:
+            try:
+                return self.kubectl.raw(path)
+            except PluginError as e:
+                # The pod's 401 comes back through the proxy, and kubectl reads it as its own ("You must be
+                # logged in to the server"): say that it was the agent, and why the plugin had no token.
+                if any(word in str(e) for word in ("Unauthorized", "401", "logged in", "provide credentials")):
+                    raise PluginError(f"the agent asks for a token (401): {self.no_token_why}") from None
+                raise
+        if self.proxy is None:
+            self.proxy = KubectlProxy(self.kubectl).start()
+        return self.proxy.get(path, {TOKEN_HEADER: f"Bearer {self.token}"})
+
+    def close(self) -> None:
+        if self.proxy is not None:
+            self.proxy.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument("--context", default=default, help="kubeconfig context")
         parser.add_argument("--kubeconfig", default=default, help="kubeconfig file")
         parser.add_argument("--kubectl", default=default, help="kubectl binary (default: kubectl on PATH)")
+        parser.add_argument("--token-file", default=default, metavar="FILE",
+                            help="a bearer token the agent accepts (your own, with noisyneighbor-viewer bound)")
+        parser.add_argument("--viewer-serviceaccount", default=default or VIEWER_SERVICE_ACCOUNT, metavar="NAME",
+                            help=f"mint a {TOKEN_LIFETIME} token of this ServiceAccount with `kubectl create token` "
+                                 f"(default {VIEWER_SERVICE_ACCOUNT}; '' for none)")
     sub = p.add_subparsers(dest="command", required=True)
     top = sub.add_parser("top", parents=[connection], allow_abbrev=False,
                          help="NODE's interference as the agent there measures it (live on a terminal)")
@@ -160,9 +253,13 @@ def main(argv: list[str] | None = None) -> int:
             with open(html, "ab"):  # an unwritable path fails now, not after the request
                 pass
         agent = Agent(kubectl, args.namespace, *kubectl.agent_pod(args.node, args.namespace, args.selector))
-        if args.command == "top":
-            return _top(agent, args)
-        return _diagnose(agent, args, html)
+        agent.token, agent.no_token_why = _token(kubectl, args)
+        try:
+            if args.command == "top":
+                return _top(agent, args)
+            return _diagnose(agent, args, html)
+        finally:
+            agent.close()
     except PluginError as e:
         print(f"kubectl noisyneighbor: {e}", file=sys.stderr)
         return 1
@@ -171,6 +268,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _token(kubectl: Kubectl, args: argparse.Namespace) -> tuple[str | None, str]:
+    """(token, "") for the agent, or (None, why not)."""
+    if args.token_file:
+        token = Path(args.token_file).read_text().strip()
+        if not token:
+            raise PluginError(f"--token-file {args.token_file} is empty")
+        return token, ""
+    if not args.viewer_serviceaccount:
+        return None, "none asked for (--viewer-serviceaccount '')"
+    token, verdict = kubectl.create_token(args.namespace, args.viewer_serviceaccount)
+    if token is None:
+        return None, (f"kubectl create token {args.viewer_serviceaccount} failed ({verdict}): ask for the "
+                      f"noisyneighbor-client Role in {args.namespace}, or give --token-file")
+    return token, ""
 
 
 def _top(agent: Agent, args: argparse.Namespace) -> int:

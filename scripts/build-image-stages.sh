@@ -59,7 +59,7 @@ require_run "$build_stage" build build-stage.sh
 require_run "$runtime_stage" runtime install-runtime.sh
 require_run "$runtime_stage" runtime check-runtime.sh
 apt_packages() {  # the packages of the stage's `apt-get install` lines
-  grep -o 'apt-get install[^&;]*' <<<"$1" | tr ' ' '\n' | grep -Ev '^(apt-get|install|-.*|)$' | sort -u
+  grep -o 'apt-get install[^&;]*' <<<"$1" | tr ' ' '\n' | grep -Ev '^(apt-get|install|-.*|)$' | sed 's/=.*//' | sort -u
 }
 missing=()
 for pkg in $(apt_packages "$build_stage") $(apt_packages "$runtime_stage"); do

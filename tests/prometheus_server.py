@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The real Prometheus server (Debian's `prometheus` binary) for tests: 127.0.0.1 only, a temp config
 and storage directory, scraping the targets it is given, stopped (and its directory removed) after.
 
@@ -46,6 +47,8 @@ class PrometheusServer:
         binary: str = "prometheus",
         job: str = "noisyneighbor",
         target_labels: Iterable[dict[str, str]] = (),
+        bearer_token_file: Path | None = None,
+        labels: dict[str, str] | None = None,
     ) -> None:
         found = shutil.which(binary)
         if found is None:
@@ -59,6 +62,10 @@ class PrometheusServer:
         # Each also scrapes every target once more with these labels (e.g. {"cluster": "c1"}): the same
         # series with and without a label, as a multi-cluster Prometheus and a single-cluster one see them.
         self.target_labels = [dict(labels) for labels in target_labels]
+        # Scrapes send this token (`authorization: credentials_file`), as a ServiceMonitor's bearerTokenFile does.
+        self.bearer_token_file = bearer_token_file
+        # Target labels a ServiceMonitor's relabelings would add (e.g. app_kubernetes_io_name).
+        self.labels = dict(labels or {})
         self.port = 0
         self.dir: Path | None = None
         self.proc: subprocess.Popen | None = None
@@ -75,12 +82,16 @@ class PrometheusServer:
             copy = self.dir / f"rules-{i}.yaml"
             shutil.copyfile(rule_file, copy)
             rules.append(str(copy))
+        job: dict = {"job_name": self.job, "static_configs": [
+            {"targets": self.targets, "labels": self.labels},
+            *({"targets": self.targets, "labels": {**self.labels, **labels}} for labels in self.target_labels),
+        ]}
+        if self.bearer_token_file is not None:
+            job["authorization"] = {"type": "Bearer", "credentials_file": str(self.bearer_token_file)}
         config = {
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.evaluation_interval},
             "rule_files": rules,
-            "scrape_configs": [{"job_name": self.job, "static_configs": [
-                {"targets": self.targets}, *({"targets": self.targets, "labels": labels} for labels in self.target_labels),
-            ]}],
+            "scrape_configs": [job],
         }
         (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.port = _free_port()

@@ -116,8 +116,9 @@ def test_dashboards_are_grafana_39_with_variables_and_known_metrics():
             assert g["x"] + g["w"] <= 24
         for title, expr in generate.iter_queries(dash):
             names = METRIC_RE.findall(expr)
-            # up{job="noisyneighbor"}: what Prometheus knows of an agent it cannot scrape (it exports nothing)
-            assert names or 'up{job="noisyneighbor"' in expr, f"{name}/{title}: no noisyneighbor metric in {expr}"
+            # up{app_kubernetes_io_name=...}: what Prometheus knows of an agent it cannot scrape (it exports nothing)
+            assert names or 'up{app_kubernetes_io_name="noisyneighbor"' in expr, \
+                f"{name}/{title}: no noisyneighbor metric in {expr}"
             unknown = [n for n in names if n not in KNOWN_SAMPLES]
             assert not unknown, f"{name}/{title}: not exported: {unknown}"
 
@@ -267,11 +268,17 @@ def test_the_runbook_check_catches_a_setting_that_does_not_exist():
     assert _runbook_config_key("key_map_full", sections, set(doc)) is None  # a label value, not a key
 
 
+def test_every_alert_waits_before_firing():
+    """A `for:` on every alert: one bad evaluation (a scrape gap, a counter's extrapolation) pages nobody."""
+    for rule in _alert_rules():
+        assert re.fullmatch(r"\d+[smh]", str(rule.get("for", ""))), f"{rule['alert']} has no for:"
+
+
 def test_availability_alerts_cover_a_dead_and_an_unready_agent():
     """An agent that cannot be scraped exports nothing: those alerts must read what Prometheus and
     kube-state-metrics know, not the agent's own series."""
     by_name = {r["alert"]: r for r in _alert_rules()}
-    assert re.search(r'\bup\{job="noisyneighbor"\} == 0', by_name["NoisyNeighborAgentDown"]["expr"])
+    assert re.search(r'\bup\{app_kubernetes_io_name="noisyneighbor"\} == 0', by_name["NoisyNeighborAgentDown"]["expr"])
     assert not METRIC_RE.findall(by_name["NoisyNeighborAgentDown"]["expr"])
     assert "kube_daemonset_status_number_ready" in by_name["NoisyNeighborAgentNotReady"]["expr"]
 
@@ -418,13 +425,26 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
             # would put api's base quota back every tick, and no burst would be in effect to chart
             "cpu-burst-config": {"policy": "auto", "sharePoolThresholdPercent": 100},
         })
+        # Endpoint auth as the DaemonSet runs it (--auth kubernetes --auth-metrics): the apiserver (FakeKube)
+        # knows Prometheus' token and grants it get /metrics; Prometheus scrapes with it.
+        (tmp_path / "agent-sa-token").write_text("agent-token")
+        (tmp_path / "prometheus-token").write_text("prometheus-token")
+        kube.add_user("prometheus-token", "system:serviceaccount:monitoring:prometheus")
+        kube.grant("system:serviceaccount:monitoring:prometheus", "/metrics")
         # Enforcing on a shared node: the agent may only change the cgroups this test created.
         agent = AgentProcess(config, tmp_path, "--incident-log", str(tmp_path / "incidents.jsonl"),
-                             "--act-only", f"{_cpu_rel(be)}/*", "--act-only", f"{_cpu_rel(api_pod)}", node="nn-int",
-                             cgroup=agent_cg)
+                             "--act-only", f"{_cpu_rel(be)}/*", "--act-only", f"{_cpu_rel(api_pod)}",
+                             "--auth", "kubernetes", "--auth-metrics", "--auth-apiserver", kube.url,
+                             "--auth-token-file", str(tmp_path / "agent-sa-token"), node="nn-int", cgroup=agent_cg)
         rules = _write_rule_groups(tmp_path)
-        with PrometheusServer([agent.target], rule_files=[rules], target_labels=[{"cluster": "c1"}]) as prom:
+        # The job named with a prefix, as a kustomize namePrefix would: the queries select the agent by the label
+        # the ServiceMonitor copies from the pod, not by the job.
+        with PrometheusServer([agent.target], rule_files=[rules], target_labels=[{"cluster": "c1"}],
+                              bearer_token_file=tmp_path / "prometheus-token", job="team-a-noisyneighbor",
+                              labels={"app_kubernetes_io_name": "noisyneighbor"}) as prom:
             agent.wait_ready()
+            # Another caller without a token (any pod on the network) gets nothing.
+            unauthenticated = agent.get("/metrics")[0], agent.get("/top")[0], agent.get("/diagnose")[0]
             assert prom.wait_for(f'{ex.EXPORTER_LAST_UPDATE}{{node="nn-int"}}', timeout=20), prom.log_tail()
             time.sleep(RUN_S)
             report = _run_all_queries(prom, gpu_on=_agent_gpu_on(agent), memory_paths_differ=_memory_paths_differ(app))
@@ -458,6 +478,7 @@ def test_every_panel_and_alert_query_returns_data_from_real_prometheus(make_cgro
         print("incident:", inc["event"], inc.get("victim", {}).get("display"), inc.get("cause"),
               [c.get("target", {}).get("display") for c in inc.get("culprits") or []][:3])
     assert rc == 0, f"agent exit code {rc} after SIGTERM:\n{agent.log_tail()}"
+    assert unauthenticated == (401, 401, 401), unauthenticated
     scrape_summary = {name: [r["value"][1] for r in result] for name, result in scrapes.items()}
     print("scrapes:", scrape_summary, "targets:", targets)
     assert not empty, f"queries without data (scrapes {scrape_summary}, targets {targets}):\n" + "\n".join(empty)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """deploy/: every kustomize rendering validates against a current API schema and grants only what the code uses.
 
 Each overlay, and the base with every combination of the agent's components (under a kustomization of
@@ -44,13 +45,18 @@ kubernetes_validate = pytest.importorskip(
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 BASE = DEPLOY / "base"
-OVERLAYS = sorted(p.parent.relative_to(DEPLOY).as_posix() for p in DEPLOY.glob("overlays/*/kustomization.yaml"))
+# The uninstall overlay turns the agents into cleanup pods: checked on its own (test_uninstall_overlay_...).
+UNINSTALL = "overlays/uninstall"
+OVERLAYS = sorted(p.parent.relative_to(DEPLOY).as_posix() for p in DEPLOY.glob("overlays/*/kustomization.yaml")
+                  if p.parent.relative_to(DEPLOY).as_posix() != UNINSTALL)
 RENDERINGS = [".", "base", *OVERLAYS]
 COMPONENTS = sorted(p.parent.name for p in DEPLOY.glob("components/*/kustomization.yaml"))
 # Components that only add monitoring objects (never touch the agent's objects): rendered all together
 # with every combination of the others, and each on its own.
 MONITORING_COMPONENTS = ("grafana-dashboards", "prometheusrule", "servicemonitor")
-AGENT_COMPONENTS = tuple(c for c in COMPONENTS if c not in MONITORING_COMPONENTS)
+# Also only adds an object, so it is rendered like the monitoring ones (with every combination at once).
+ADDING_COMPONENTS = (*MONITORING_COMPONENTS, "networkpolicy")
+AGENT_COMPONENTS = tuple(c for c in COMPONENTS if c not in ADDING_COMPONENTS)
 AGENT_LABELS = {"app.kubernetes.io/name": "noisyneighbor", "app.kubernetes.io/component": "agent"}
 METRICS_PORT = 9717
 EXPECTED_ARGS = [
@@ -58,9 +64,10 @@ EXPECTED_ARGS = [
     "--config", "/etc/noisyneighbor/config.yaml",
     "--node-name", "$(NODE_NAME)",
     "--host-root", "/host",
-    "--listen", f"0.0.0.0:{METRICS_PORT}",
+    "--listen", f"[::]:{METRICS_PORT}",
     "--dry-run",
     "--journal-dir", "/var/lib/noisyneighbor/journal",
+    "--auth", "kubernetes", "--auth-metrics",
 ]
 # The arguments a component appends to turn on the feature it grants for.
 COMPONENT_ARGS = {"kubelet-pod-source": ["--pods", "kubelet"], "eviction": ["--evict"], "resctrl": ["--resctrl"]}
@@ -110,7 +117,7 @@ def k8s_version() -> str:
 
 def _combos() -> list[tuple[str, ...]]:
     agent = [c for n in range(len(AGENT_COMPONENTS) + 1) for c in itertools.combinations(AGENT_COMPONENTS, n)]
-    return [(*c, *MONITORING_COMPONENTS) for c in agent] + [(), *((m,) for m in MONITORING_COMPONENTS)]
+    return [(*c, *ADDING_COMPONENTS) for c in agent] + [(), *((m,) for m in ADDING_COMPONENTS)]
 
 
 def _combo_id(combo: tuple[str, ...]) -> str:
@@ -161,7 +168,7 @@ def all_renderings() -> list[tuple[str, list[dict[str, Any]], set[str]]]:
 
 def test_every_component_is_in_a_combination() -> None:
     assert set(AGENT_COMPONENTS) >= {"namespace", "kubelet-pod-source", "eviction", "resctrl", "openshift"}
-    assert len(_combos()) == 2 ** len(AGENT_COMPONENTS) + 1 + len(MONITORING_COMPONENTS)
+    assert len(_combos()) == 2 ** len(AGENT_COMPONENTS) + 1 + len(ADDING_COMPONENTS)
 
 
 # ---- schema validation -------------------------------------------------------------------------------
@@ -188,15 +195,15 @@ def test_base_holds_no_operator_resource() -> None:
     for name in (".", "base"):
         kinds = {(d["apiVersion"], d["kind"]) for d in rendered(name)}
         assert {v for v, _ in kinds} <= BUILTIN_GROUPS, kinds
-        want = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ResourceQuota", "ConfigMap", "DaemonSet",
-                "Service"}
+        want = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "ResourceQuota", "ConfigMap",
+                "DaemonSet", "Service"}
         assert {k for _, k in kinds} == want | ({"Namespace"} if name == "." else set())
 
 
 def test_overlays_add_the_monitoring_components() -> None:
     kinds = {name: sorted(d["kind"] for d in rendered(name) if d["kind"] not in
-                          {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "DaemonSet",
-                           "ResourceQuota"})
+                          {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Service",
+                           "DaemonSet", "ResourceQuota"})
              for name in OVERLAYS}
     assert kinds == {
         "overlays/kube-prometheus-stack": ["ConfigMap", "ConfigMap", "ConfigMap", "ConfigMap", "ConfigMap", "PrometheusRule",
@@ -208,10 +215,10 @@ def test_overlays_add_the_monitoring_components() -> None:
 def test_monitoring_components_only_add_objects() -> None:
     """They never change the agent's objects, which is why the combinations carry them all at once."""
     base = {(d["kind"], d["metadata"]["name"]): d for d in combo_docs(())}
-    for m in MONITORING_COMPONENTS:
+    for m in ADDING_COMPONENTS:
         docs = {(d["kind"], d["metadata"]["name"]): d for d in combo_docs((m,))}
         assert base.items() <= docs.items(), m
-        assert all(d["kind"] in CRD_KINDS | {"ConfigMap"} for k, d in docs.items() if k not in base), m
+        assert all(d["kind"] in CRD_KINDS | {"ConfigMap", "NetworkPolicy"} for k, d in docs.items() if k not in base), m
 
 
 def test_validator_rejects_a_broken_daemonset() -> None:
@@ -235,7 +242,7 @@ def test_schema_version_is_current() -> None:
 
 DURATION = re.compile(r"^(\d+(ms|s|m|h))+$")
 ENDPOINT_FIELDS = {"port", "path", "scheme", "interval", "scrapeTimeout", "honorLabels", "relabelings",
-                   "metricRelabelings", "targetPort", "bearerTokenSecret", "tlsConfig"}
+                   "metricRelabelings", "targetPort", "bearerTokenSecret", "bearerTokenFile", "tlsConfig"}
 
 
 def test_servicemonitor_structure() -> None:
@@ -258,6 +265,8 @@ def test_servicemonitor_structure() -> None:
             assert ep["port"] in port_names
             assert ep["path"] == "/metrics"
             assert ep["scheme"] in {"http", "https"}
+            # the agent runs with --auth-metrics: a scrape without a token is 401
+            assert ep["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token", name
             assert isinstance(ep.get("honorLabels", False), bool)
             for key in ("interval", "scrapeTimeout"):
                 assert DURATION.match(ep[key]), f"{key}={ep[key]!r} is not a Prometheus duration"
@@ -342,6 +351,12 @@ CLIENT_RESOURCES = {"pod": "pods", "event": "events", "node": "nodes", "pod_evic
 # Kubernetes >= 1.32: /pods is nodes/pods; everything else on the kubelet is nodes/proxy).
 KUBELET_PATH = re.compile(r'"(/pods|/exec|/attach|/run|/portForward|/containerLogs)"')
 KUBELET_RESOURCES = {"/pods": "nodes/pods"}
+# REST paths the code POSTs to without the generated client (noisyneighbor/agent/auth.py's reviews), as
+# (group, resource): `create` in the base, where --auth kubernetes is on.
+REVIEW_PATH = re.compile(r'"/apis/([a-z0-9.]+)/v1/(tokenreviews|subjectaccessreviews)"')
+REVIEW_CALLERS = ("noisyneighbor/agent/auth.py",)
+# Roles for the people and the plugin that read the agents, never bound to the agent's ServiceAccount.
+VIEWER_ROLES = {"noisyneighbor-viewer", "noisyneighbor-client"}
 
 
 def _client_calls(text: str) -> set[tuple[str, str]]:
@@ -394,9 +409,17 @@ def test_every_module_calling_the_api_is_accounted_for() -> None:
                                  ("events", "patch")}
 
 
+def review_calls() -> set[tuple[str, str]]:
+    calls = {m for path in REVIEW_CALLERS for m in REVIEW_PATH.findall((REPO / path).read_text())}
+    assert calls == {("authentication.k8s.io", "tokenreviews"), ("authorization.k8s.io", "subjectaccessreviews")}
+    return calls
+
+
 def granted_rules(docs: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    """What the agent's roles grant (the viewer roles are for its readers: test_viewer_roles)."""
     granted: dict[tuple[str, str], set[str]] = {}
-    for role in (d for d in docs if d["kind"] in ("ClusterRole", "Role")):
+    for role in (d for d in docs if d["kind"] in ("ClusterRole", "Role")
+                 and d["metadata"]["name"] not in VIEWER_ROLES):
         for rule in role["rules"]:
             assert "resourceNames" not in rule and "nonResourceURLs" not in rule, role["metadata"]["name"]
             for group in rule["apiGroups"]:
@@ -412,6 +435,8 @@ def test_rbac_grants_exactly_the_calls_of_the_enabled_features() -> None:
             if feature is None or feature in comps:
                 for resource, verb in calls:
                     want.setdefault(("", resource), set()).add(verb)
+        for group, resource in review_calls():
+            want[(group, resource)] = {"create"}
         granted = granted_rules(docs)
         assert ("", "nodes/proxy") not in granted, f"{name}: nodes/proxy lets the token exec into any pod"
         assert not any("*" in r or "*" in str(v) for r, v in granted.items()), f"{name}: a wildcard grant"
@@ -423,15 +448,40 @@ def test_rbac_grants_exactly_the_calls_of_the_enabled_features() -> None:
 
 def test_every_role_is_bound_to_the_agent_service_account() -> None:
     for name, docs, _ in all_renderings():
-        sa = the("ServiceAccount", name, docs)
-        roles = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
-        bindings = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+        sa = next(d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "noisyneighbor")
+        roles = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"} - VIEWER_ROLES
+        bindings = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] not in VIEWER_ROLES]
         assert {b["roleRef"]["name"] for b in bindings} == roles, name
         for b in bindings:
             assert b["roleRef"]["apiGroup"] == "rbac.authorization.k8s.io" and b["roleRef"]["kind"] == "ClusterRole"
             assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                       "namespace": sa["metadata"]["namespace"]}], name
         assert the("DaemonSet", name, docs)["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_viewer_roles_grant_reading_the_agent_and_nothing_else() -> None:
+    """noisyneighbor-viewer: get on the agent's paths (the SubjectAccessReview auth.py makes), bound to the
+    plugin's ServiceAccount only; noisyneighbor-client: what the plugin does with the user's credentials, in
+    the agent's namespace, minting tokens of that one ServiceAccount."""
+    from noisyneighbor.agent.auth import OPEN_PATHS
+
+    for name, docs, _ in all_renderings():
+        viewer = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "noisyneighbor-viewer")
+        assert viewer["rules"] == [{"nonResourceURLs": ["/top", "/diagnose", "/metrics"], "verbs": ["get"]}], name
+        assert not OPEN_PATHS & set(viewer["rules"][0]["nonResourceURLs"])
+        binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding"
+                       and d["roleRef"]["name"] == "noisyneighbor-viewer")
+        sa = next(d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "noisyneighbor-viewer")
+        assert sa["automountServiceAccountToken"] is False
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "noisyneighbor-viewer",
+                                        "namespace": sa["metadata"]["namespace"]}], name
+        client = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "noisyneighbor-client")
+        assert client["metadata"]["namespace"] == sa["metadata"]["namespace"]
+        assert client["rules"] == [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+            {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["serviceaccounts/token"], "resourceNames": ["noisyneighbor-viewer"],
+             "verbs": ["create"]}], name
 
 
 # ---- the DaemonSet: capabilities, host paths, scheduling, arguments ---------------------------------------
@@ -619,6 +669,8 @@ def test_every_combination_installs_into_the_users_namespace() -> None:
             for where, value in _namespace_strings(doc):
                 if where == ".metadata.namespace" or where.endswith("].namespace"):
                     assert value == PORTABLE_NAMESPACE, f"{name}: {where} = {value!r}"
+                elif doc["kind"] == "NetworkPolicy" and where.startswith(".spec.ingress["):
+                    continue  # the scrapers' namespace (Prometheus'), not the agent's: a documented patch point
                 else:
                     pytest.fail(f"{name}: {where} = {value!r} pins a namespace")
             if doc["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:
@@ -688,8 +740,9 @@ def test_container_args_parse_with_the_real_cli() -> None:
 @pytest.mark.root
 def test_agent_on_a_node_without_btf_runs_and_says_why_in_readyz(tmp_path: Path) -> None:
     """What the DaemonSet's optional BTF means: the host root as mounted on such a node (/proc, cgroups,
-    tracefs, no sys/kernel/btf), the agent runs, serves /metrics, and /readyz names each probe off with
-    the reason (not ready, so NoisyNeighborAgentNotReady and NoisyNeighborProbeOff say which nodes)."""
+    tracefs, no sys/kernel/btf), the agent runs, serves /metrics, and /readyz is 200 with a degraded status
+    naming each probe off with the reason: Ready, so the node never holds a rollout; the probe-state metric
+    (NoisyNeighborProbeOff) names the node."""
     root = tmp_path / "host"
     (root / "sys" / "fs").mkdir(parents=True)
     (root / "sys" / "kernel").mkdir()
@@ -709,9 +762,54 @@ def test_agent_on_a_node_without_btf_runs_and_says_why_in_readyz(tmp_path: Path)
             except OSError:  # not listening yet
                 continue
             health = json.loads(body)
-        assert code == 503 and health["live"] and not health["ready"], (code, health)
+        assert code == 200 and health["live"] and health["ready"], (code, health)
+        assert health["degraded"].startswith("kernel has no BTF"), health
         bpf = {n: p for n, p in health["probes"].items() if n != "steal"}  # steal reads /proc/stat: no BTF needed
         assert bpf and all(p["state"] == "off" and "BTF" in p["reason"] for p in bpf.values())
-        assert agent.get("/metrics")[0] == 200
+        code, metrics = agent.get("/metrics")
+        assert code == 200
+        off = [ln for ln in metrics.decode().splitlines()
+               if ln.startswith("noisyneighbor_probe_state{") and 'state="off"' in ln and ln.endswith(" 1.0")]
+        assert len(off) >= len(bpf), off
     finally:
         assert agent.terminate() == 0, agent.log_tail()
+
+
+# ---- uninstall: the agents become cleanup pods with the same credentials and mounts ---------------------------
+
+def test_uninstall_overlay_restores_with_the_agents_credentials_then_purges() -> None:
+    """deploy/overlays/uninstall: the same ServiceAccount and grants as the install (so resize restores still
+    pass the apiserver), the same host mounts (the journal's paths), `noisyneighbor restore --purge` on the
+    node's journal, Ready only after it succeeded."""
+    import shlex
+
+    from noisyneighbor.cli import build_parser
+
+    base, docs = rendered("."), rendered(UNINSTALL)
+    key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+    assert {key(d): d for d in base if d["kind"] != "DaemonSet"} == {key(d): d for d in docs if d["kind"] != "DaemonSet"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, k8s_version(), strict=True)
+    agent_pod, pod = (the("DaemonSet", docs=d)["spec"]["template"]["spec"] for d in (base, docs))
+    assert pod["serviceAccountName"] == agent_pod["serviceAccountName"]
+    c, agent_c = pod["containers"][0], agent_pod["containers"][0]
+    assert c["command"] == ["/bin/sh", "-c"] and len(c["args"]) == 1
+    restore_cmd, *after = c["args"][0].split(" && ")
+    assert after == ["touch /tmp/restored", "exec sleep infinity"], after
+    assert c["readinessProbe"]["exec"]["command"] == ["test", "-f", "/tmp/restored"]
+    assert "livenessProbe" not in c and "startupProbe" not in c
+    argv = shlex.split(restore_cmd)
+    assert argv[0] == "noisyneighbor"
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "restore" and args.purge and args.host_root == "/host" and args.attempts * args.retry_interval >= 300
+    # The journal the agent wrote (its hostPath + "journal") is where restore looks, through a mount of /var/lib.
+    agent_journal = next(v for v in agent_pod["volumes"] if v["name"] == "journal")["hostPath"]["path"] + "/journal"
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "journal")
+    host_dir = next(v for v in pod["volumes"] if v["name"] == "journal")["hostPath"]["path"]
+    assert args.journal_dir.startswith(mount["mountPath"] + "/")
+    assert host_dir + args.journal_dir[len(mount["mountPath"]):] == agent_journal
+    # Every other mount is the agent's: the journal's cgroup paths resolve the same.
+    others = lambda cont: [m for m in cont["volumeMounts"] if m["name"] != "journal"]  # noqa: E731
+    assert others(c) == others(agent_c)
+    assert [v for v in pod["volumes"] if v["name"] != "journal"] == [v for v in agent_pod["volumes"] if v["name"] != "journal"]
+    assert c["securityContext"] == agent_c["securityContext"] and c["image"] == agent_c["image"]

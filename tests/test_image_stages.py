@@ -44,7 +44,7 @@ def apt_packages(stage: list[str]) -> set[str]:
     pkgs: set[str] = set()
     for ins in stage:
         for m in re.finditer(r"apt-get install([^&;]*)", ins):
-            pkgs |= {w for w in m.group(1).split() if not w.startswith("-")}
+            pkgs |= {w.split("=")[0] for w in m.group(1).split() if not w.startswith("-")}
     return pkgs
 
 
@@ -87,9 +87,60 @@ def test_dockerfile_runtime_metadata() -> None:
         assert f"org.opencontainers.image.{key}=" in labels
     assert "EXPOSE 9717" in runtime
     # Both stages from one Debian bookworm Python of the version the project needs.
-    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.1[1-9]-slim-bookworm$", DOCKERFILE.read_text(), re.M)
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.1[1-9]-slim-bookworm@sha256:[0-9a-f]{64}$", DOCKERFILE.read_text(), re.M)
     assert [i for i in instructions() if i.startswith("FROM ")] == [
         "FROM ${PYTHON_IMAGE} AS build", "FROM ${PYTHON_IMAGE} AS runtime"]
+
+
+def test_dockerfile_builds_from_pinned_inputs_only() -> None:
+    """Base image by digest, Debian packages by version from a snapshot date, Python by hash, the vendored
+    vmlinux.h: nothing in the build follows a moving tag, a mirror's latest or the build host's kernel."""
+    text = DOCKERFILE.read_text()
+    froms = [i for i in instructions() if i.startswith("FROM ")]
+    assert froms and all(f.split()[1] == "${PYTHON_IMAGE}" for f in froms)
+    assert re.search(r"^ARG DEBIAN_SNAPSHOT=\d{8}T\d{6}Z$", text, re.M)
+    for name, body in stages().items():
+        runs = [i for i in body if i.startswith("RUN ")]
+        installs = [m.group(1) for i in runs for m in re.finditer(r"apt-get install([^&;]*)", i)]
+        assert installs, name
+        for words in installs:
+            for w in words.split():
+                if not w.startswith("-"):
+                    assert re.fullmatch(r"[a-z0-9.+-]+=[0-9A-Za-z.:~+-]+", w), f"{name}: {w} has no version"
+        for i in runs:
+            if "apt-get install" in i:
+                assert 'apt-snapshot.sh "${DEBIAN_SNAPSHOT}"' in i, f"{name}: apt without the snapshot"
+            assert "apt-get update" not in i, f"{name}: apt-get update of the live mirror"
+    # Python: the lock, with hashes, and nothing resolved beyond it.
+    runtime = " ".join(stages()["runtime"])
+    assert "LOCK=/usr/local/lib/noisyneighbor/requirements.lock" in runtime
+    install = (REPO / "docker" / "install-runtime.sh").read_text()
+    assert '--require-hashes --no-deps -r "$LOCK"' in install
+    lock = (REPO / "docker" / "requirements.lock").read_text()
+    pins = re.findall(r"^([a-z0-9_.-]+)==(\S+) \\$", lock, re.M)
+    assert pins and all(f"{n}=={v}" in lock for n, v in pins)
+    blocks = re.split(r"\n(?=[a-z0-9_.-]+==)", lock.split("\n", 7)[-1])
+    assert all("--hash=sha256:" in b for b in blocks if "==" in b)
+    for dep in ("prometheus-client", "kubernetes", "numpy", "pyyaml", "rich", "nvidia-ml-py"):
+        assert any(n == dep for n, _ in pins), f"{dep} is not locked"
+    # BPF: the vendored header only.
+    assert "VMLINUX_SOURCE=vendored bash docker/build-stage.sh /src /dist" in " ".join(stages()["build"])
+    assert "VMLINUX_SOURCE ?= auto" in (REPO / "Makefile").read_text()
+
+
+def test_make_uses_the_vendored_vmlinux_h_when_asked(tmp_path: Path) -> None:
+    """`make VMLINUX_SOURCE=vendored` copies bpf/vmlinux/<arch>/vmlinux.h even on a host with BTF."""
+    import platform
+    import shutil
+
+    vendored = REPO / "bpf" / "vmlinux" / platform.machine() / "vmlinux.h"
+    if not vendored.exists():
+        pytest.skip(f"no vendored vmlinux.h for {platform.machine()}")
+    shutil.copytree(REPO, tmp_path / "src", ignore=shutil.ignore_patterns(".venv", ".git", ".output", "*.o"))
+    res = subprocess.run(["make", "-s", "-C", str(tmp_path / "src"), "bpf/.output/vmlinux.h", "VMLINUX_SOURCE=vendored"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "src" / "bpf" / ".output" / "vmlinux.h").read_bytes() == vendored.read_bytes()
 
 
 def test_dockerignore_covers_gitignore() -> None:

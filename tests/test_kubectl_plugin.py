@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`kubectl noisyneighbor` against FakeKube through the real kubectl, reading a real agent.
 
 kubectl talks TLS with a token to the fake apiserver from a kubeconfig; the plugin finds the agent pod by
@@ -324,3 +325,89 @@ def test_top_on_a_terminal_is_live_and_keys_switch_the_view(cluster, agent):
     tops = [t for *_, t in kube.proxied]
     assert "color=1" in tops[0] and "width=150" in tops[0] and "view=runq" in tops[0], tops[0]
     assert any("view=tcp" in t for t in tops) and len(tops) < 40  # q ended it before --count
+
+
+# -- endpoint auth: the plugin's token through the pod proxy ---------------------------------------------------
+
+class _TopStandIn:
+    """The agent's HTTP server and authorizer (real), with a /top that returns a fixed record."""
+
+    interval_s = 1.0
+    detector = None
+
+    class top:  # the attribute the handler calls
+        @staticmethod
+        def respond(path: str, wait_s: float) -> tuple[int, bytes, str]:
+            return 200, json.dumps({"type": "interval", "node": "node-1", "cgroups": []}).encode(), "application/json"
+
+    def metrics(self, accept: str = "") -> tuple[bytes, str]:
+        return b"", "text/plain"
+
+    def health(self) -> dict:
+        return {"live": True, "ready": True}
+
+
+@pytest.fixture
+def guarded_agent(cluster, tmp_path: Path):
+    """An agent endpoint with --auth kubernetes against the same FakeKube, as node-1's agent pod."""
+    from noisyneighbor.agent.auth import AuthConfig, RequestAuthorizer
+    from noisyneighbor.agent.http_server import start_http_server
+
+    kube, kubeconfig = cluster
+    token_file = tmp_path / "agent-token"
+    token_file.write_text("s3cret")  # the agent's own token: FakeKube answers its reviews
+    authorizer = RequestAuthorizer(AuthConfig(apiserver=kube.url, ca_file=kube.ca_file, token_file=str(token_file)))
+    server, _ = start_http_server(_TopStandIn(), "127.0.0.1", 0, authorizer)
+    kube.pod_proxy[(NAMESPACE, "noisyneighbor-aaaaa")] = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield kube, kubeconfig
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_plugin_mints_a_viewer_token_and_the_agent_lets_it_read(guarded_agent):
+    from noisyneighbor.agent.auth import FORWARDED_TOKEN_HEADER
+    from noisyneighbor.kubectl_plugin import TOKEN_HEADER
+
+    assert TOKEN_HEADER == FORWARDED_TOKEN_HEADER
+    kube, kubeconfig = guarded_agent
+    for path in ("/top", "/diagnose"):
+        kube.grant("system:serviceaccount:noisyneighbor:noisyneighbor-viewer", path)
+    res = _plugin(kubeconfig, "top", "node-1", "--once", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["node"] == "node-1"
+    assert kube.token_requests == [(NAMESPACE, "noisyneighbor-viewer")]
+    [proxied] = [r for r in kube.requests if "/proxy/top" in r.path]
+    assert proxied.headers[TOKEN_HEADER].startswith("Bearer sa-")
+    # The reviews were of the viewer's token, as the service account, for /top.
+    [(_, sar)] = [r for r in kube.reviews if r[0] == "SubjectAccessReview"]
+    assert sar["user"] == "system:serviceaccount:noisyneighbor:noisyneighbor-viewer"
+    assert sar["nonResourceAttributes"] == {"path": "/top", "verb": "get"}
+
+
+def test_without_the_grant_the_plugin_says_403_in_one_line(guarded_agent):
+    _, kubeconfig = guarded_agent
+    res = _plugin(kubeconfig, "top", "node-1", "--once", "--json")
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "HTTP 403" in res.stderr and "may not get /top" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_user_who_may_not_mint_the_token_gets_401_and_what_to_ask_for(guarded_agent):
+    kube, kubeconfig = guarded_agent
+    kube.token_requests_allowed = False
+    res = _plugin(kubeconfig, "top", "node-1", "--once", "--json")
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.startswith("kubectl noisyneighbor: the agent asks for a token (401): kubectl create token "
+                                 "noisyneighbor-viewer failed (error: failed to create token: serviceaccounts "), res.stderr
+    assert "noisyneighbor-client Role" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_a_token_of_ones_own(guarded_agent, tmp_path: Path):
+    kube, kubeconfig = guarded_agent
+    kube.add_user("alice-token", "alice@example.com")
+    kube.grant("alice@example.com", "/top")
+    (tmp_path / "tok").write_text("alice-token\n")
+    res = _plugin(kubeconfig, "top", "node-1", "--once", "--json", "--token-file", str(tmp_path / "tok"))
+    assert res.returncode == 0, res.stderr
+    assert kube.token_requests == []  # nothing minted

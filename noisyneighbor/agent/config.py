@@ -8,11 +8,13 @@ from typing import Any
 
 from actuators.journal import DEFAULT_JOURNAL_DIR
 from detector.policy import POD_SOURCES, Policy, load_policy
+from noisyneighbor.agent.auth import AuthConfig, AuthSetupError
 from probes.collect import BPF_PROBES
 from probes.engine import check_btf_file
 from probes.registry import NAMES
 
-DEFAULT_LISTEN = "0.0.0.0:9717"
+# IPv6 and IPv4 on one socket; 0.0.0.0 when the node has IPv6 off (http_server.start_http_server).
+DEFAULT_LISTEN = "[::]:9717"
 # /healthz turns 503 when no tick completed for this many intervals (a stuck loop, not a slow one).
 STALE_INTERVALS = 3
 
@@ -58,6 +60,9 @@ class AgentConfig:
     # can only change cgroups they created.
     act_only: tuple[str, ...] = ()
     btf: str | None = None  # BTF of this kernel when it has no /sys/kernel/btf/vmlinux (--btf)
+    # /top and /diagnose (and /metrics if it says so) only for callers the apiserver vouches for (--auth
+    # kubernetes; the DaemonSet sets it). None: open, as for a local `noisyneighbor agent`.
+    auth: AuthConfig | None = None
 
     def validate(self) -> None:
         unknown = set(self.probes) - set(NAMES)
@@ -79,6 +84,11 @@ class AgentConfig:
             raise AgentConfigError(f"pod source must be one of {', '.join(POD_SOURCES)}, got {self.pod_source!r}")
         if self.listen is not None:
             parse_listen(self.listen)
+        if self.auth is not None and self.listen is not None:
+            try:
+                self.auth.check()
+            except AuthSetupError as e:
+                raise AgentConfigError(str(e)) from None
         if self.btf is not None:
             try:
                 check_btf_file(self.btf)

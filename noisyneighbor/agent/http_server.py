@@ -1,9 +1,16 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's HTTP endpoints on one small threaded server: ``/metrics``, ``/healthz``, ``/readyz``, and the
-read-only views `kubectl noisyneighbor` reads (``/top``, ``/diagnose``: noisyneighbor/agent/client_views.py)."""
+read-only views `kubectl noisyneighbor` reads (``/top``, ``/diagnose``: noisyneighbor/agent/client_views.py).
+
+With an :class:`~noisyneighbor.agent.auth.RequestAuthorizer`, ``/top`` and ``/diagnose`` (and ``/metrics``
+when it protects them) answer only callers the apiserver vouches for; ``/healthz`` and ``/readyz`` stay open
+for the kubelet. ``[::]`` listens on IPv6 and IPv4 (one dual-stack socket) and falls back to ``0.0.0.0``
+on a node whose kernel has IPv6 off."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import socket
@@ -15,6 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from noisyneighbor.agent.auth import FORWARDED_TOKEN_HEADER, RequestAuthorizer
 from noisyneighbor.agent.client_views import BadRequest, diagnose_response
 from noisyneighbor.agent.logs import _one_line
 from noisyneighbor.exporter import Exporter, render_text
@@ -35,6 +43,16 @@ class _RegistryCollector:
 class _DualStackServer(ThreadingHTTPServer):
     address_family = socket.AF_INET6
 
+    def server_bind(self) -> None:
+        # IPv4 too, whatever net.ipv6.bindv6only says: '[::]' must also answer an IPv4-only cluster's probes.
+        with contextlib.suppress(OSError):
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+# IPv6 is off on this node (ipv6.disable=1, or no IPv6 address to bind): '[::]' falls back to IPv4.
+_NO_IPV6 = (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT)
+
 
 def metrics_body(exporter: Exporter | None, registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
     """(body, content type) of a /metrics scrape: the exporter's series and the registry's."""
@@ -49,13 +67,15 @@ def metrics_body(exporter: Exporter | None, registry: CollectorRegistry, accept:
     return encoder(both), content_type
 
 
-def _handler_for(agent: Any) -> type[BaseHTTPRequestHandler]:
+def _handler_for(agent: Any, authorizer: RequestAuthorizer | None) -> type[BaseHTTPRequestHandler]:
     """The request handler class bound to one agent: /metrics, /healthz, /readyz, /top, /diagnose."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             try:
+                if authorizer is not None and authorizer.needs_auth(path) and not self._allowed(path):
+                    return
                 if path == "/metrics":
                     self._send(200, *agent.metrics(self.headers.get("Accept", "")))
                 elif path in ("/healthz", "/readyz"):
@@ -74,6 +94,24 @@ def _handler_for(agent: Any) -> type[BaseHTTPRequestHandler]:
                 log.error("HTTP %s failed: %s", path, _one_line(e))
                 with contextlib.suppress(Exception):
                     self._send(500, f"{_one_line(e)}\n".encode(), "text/plain")
+
+        def _allowed(self, path: str) -> bool:
+            assert authorizer is not None
+            verdict = authorizer.authorize(
+                self.headers.get("Authorization") or self.headers.get(FORWARDED_TOKEN_HEADER), path)
+            if verdict.code == 200:
+                return True
+            if verdict.code == 503:
+                log.warning("HTTP %s refused: %s", path, verdict.reason)
+            body = f"{verdict.reason}\n".encode()
+            self.send_response(verdict.code)
+            if verdict.code == 401:
+                self.send_header("WWW-Authenticate", 'Bearer realm="noisyneighbor"')
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return False
 
         def _view(self, respond: Callable[[], tuple[int, bytes, str]]) -> None:
             try:
@@ -103,12 +141,20 @@ def _handler_for(agent: Any) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def start_http_server(agent: Any, host: str, port: int) -> tuple[ThreadingHTTPServer, threading.Thread]:
+def start_http_server(agent: Any, host: str, port: int,
+                      authorizer: RequestAuthorizer | None = None) -> tuple[ThreadingHTTPServer, threading.Thread]:
     """Serve ``agent.metrics()`` and ``agent.health()`` on host:port in a daemon thread."""
-    Handler = _handler_for(agent)
+    Handler = _handler_for(agent, authorizer)
     server_class = _DualStackServer if ":" in host else ThreadingHTTPServer
     try:
-        server = server_class((host, port), Handler)
+        try:
+            server = server_class((host, port), Handler)
+        except OSError as e:
+            if host != "::" or e.errno not in _NO_IPV6:
+                raise
+            log.warning("IPv6 unavailable (%s): listening on 0.0.0.0:%d instead of [::]", e.strerror or e, port)
+            host = "0.0.0.0"
+            server = ThreadingHTTPServer((host, port), Handler)
     except OSError as e:
         raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     server.daemon_threads = True

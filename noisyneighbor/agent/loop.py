@@ -30,6 +30,7 @@ from detector.model import Incident
 from detector.pods import make_pod_source
 from detector.policy import Policy
 from detector.runtime import Detector
+from noisyneighbor.agent.auth import RequestAuthorizer
 from noisyneighbor.agent.client_views import AgentTop
 from noisyneighbor.agent.config import STALE_INTERVALS, AgentConfig, parse_listen, policy_for
 from noisyneighbor.agent.http_server import metrics_body, start_http_server
@@ -456,15 +457,21 @@ class Agent:
             probes = {name: {"state": st.state, "reason": st.reason, "attach_mode": st.attach_mode}
                       for name, st in self.collector.status.items()}
         # Ready once a BPF probe runs (on, or degraded: a full table still measures the rest): steal (a /proc
-        # file) alone detects nothing.
-        ready = self.stats.ticks >= 1 and not self._stopped and any(
-            p["state"] != "off" for name, p in probes.items() if name not in BY_NAME or BY_NAME[name].specs)
+        # file) alone detects nothing. A kernel without BTF can run none, whatever the agent does: Ready and
+        # degraded (noisyneighbor_probe_state says off, and NoisyNeighborProbeOff names the node), so such a
+        # node never holds a DaemonSet rollout.
+        bpf = [p for name, p in probes.items() if name not in BY_NAME or BY_NAME[name].specs]
+        any_on = any(p["state"] != "off" for p in bpf)
+        no_btf = bool(bpf) and all(p["state"] == "off" and "kernel has no BTF" in (p["reason"] or "") for p in bpf)
+        ready = self.stats.ticks >= 1 and not self._stopped and (any_on or no_btf)
         pods = self.pod_source.status if self.pod_source is not None else None
         acts = self.policy.actuators if self.policy is not None else None
         return {
             "schema_version": SCHEMA_VERSION,
             "live": bool(live and not self._stopped),
             "ready": bool(ready),
+            "degraded": "kernel has no BTF: no probe can run (give the agent --btf FILE)" if no_btf and not any_on
+                        else None,
             "ticks": self.stats.ticks,
             "failed_ticks": self.stats.failures,
             "last_error": self.stats.last_error,
@@ -495,7 +502,8 @@ class Agent:
         return metrics_body(self.exporter, self.registry, accept)
 
     def _serve(self, host: str, port: int) -> None:
-        self._server, self._server_thread = start_http_server(self, host, port)
+        authorizer = RequestAuthorizer(self.config.auth) if self.config.auth is not None else None
+        self._server, self._server_thread = start_http_server(self, host, port, authorizer)
 
     def _shutdown_server(self) -> None:
         if self._server is not None:

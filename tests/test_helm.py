@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Helm chart (deploy/helm/noisyneighbor) is the kustomize manifests, rendered by a real helm 4.
+
+Its templates are generated from deploy/base and deploy/components (deploy/chart.py via deploy/generate.py),
+so these tests compare parsed objects: `helm template` with the defaults against `kubectl kustomize
+deploy/base`, with every component on against the base with every component, and each component alone.
+Every rendering is validated by kubernetes-validate (strict); `helm lint` must be clean.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import require_tool
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "deploy" / "helm" / "noisyneighbor"
+sys.path.insert(0, str(REPO / "deploy"))
+import chart  # noqa: E402 - deploy/ is not a package
+
+HELM_CACHE = Path("/var/cache/noisyneighbor/helm/helm")  # where scripts/setup.sh test puts it
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+NAMESPACE = "noisyneighbor"
+
+
+def helm() -> str:
+    found = shutil.which("helm") or (str(HELM_CACHE) if HELM_CACHE.exists() else None)
+    if found is None:
+        pytest.skip("helm is not installed (scripts/setup.sh test installs it into /var/cache/noisyneighbor/helm)")
+    return found
+
+
+def helm_template(*sets: str, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    args = [helm(), "template", "nn", str(CHART), "-n", namespace]
+    for s in sets:
+        args += ["--set", s]
+    res = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return [d for d in yaml.safe_load_all(res.stdout) if d is not None]
+
+
+@functools.cache
+def _kustomize(components: tuple[str, ...]) -> str:
+    require_tool("kubectl")
+    return json.dumps(chart.render_with(components))
+
+
+def kustomized(*components: str) -> list[dict[str, Any]]:
+    return json.loads(_kustomize(tuple(components)))
+
+
+def by_key(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    out = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert len(out) == len(docs), "two objects of one kind and name"
+    return out
+
+
+def _on(*components: str) -> list[str]:
+    return [f"components.{chart.COMPONENT_VALUES[c]}=true" for c in components]
+
+
+def _assert_same(helm_docs: list[dict[str, Any]], kustomize_docs: list[dict[str, Any]]) -> None:
+    h, k = by_key(helm_docs), by_key(kustomize_docs)
+    assert h.keys() == k.keys(), (sorted(h.keys() - k.keys()), sorted(k.keys() - h.keys()))
+    for key in h:
+        assert h[key] == k[key], f"{key} differs between the chart and kustomize"
+
+
+def _validate(docs: list[dict[str, Any]]) -> None:
+    version = kubernetes_validate.latest_version()
+    for doc in docs:
+        if doc["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_helm_lint_is_clean():
+    res = subprocess.run([helm(), "lint", "--strict", str(CHART)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "[ERROR]" not in res.stdout and "[WARNING]" not in res.stdout, res.stdout + res.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in res.stdout
+
+
+def test_the_defaults_render_the_kustomize_base():
+    docs = helm_template()
+    _assert_same(docs, kustomized())
+    _validate(docs)
+
+
+def test_every_component_on_renders_the_base_with_every_component():
+    docs = helm_template(*_on(*chart.COMPONENT_VALUES))
+    _assert_same(docs, kustomized(*chart.COMPONENT_VALUES))
+    _validate(docs)
+
+
+@pytest.mark.parametrize("component", sorted(chart.COMPONENT_VALUES))
+def test_each_component_alone_renders_what_kustomize_does(component: str):
+    _assert_same(helm_template(*_on(component)), kustomized(component))
+
+
+def test_every_component_directory_has_a_switch():
+    dirs = {p.parent.name for p in (REPO / "deploy" / "components").glob("*/kustomization.yaml")}
+    assert dirs == set(chart.COMPONENT_VALUES)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values["components"]) == set(chart.COMPONENT_VALUES.values())
+    assert not any(values["components"].values()), "components are opt-in"
+
+
+def test_values_reach_the_objects(tmp_path: Path):
+    from noisyneighbor.cli import build_parser
+
+    docs = by_key(helm_template(
+        "image.repository=registry.example.com/nn", "image.tag=1.2.3", "actuators.enabled=true",
+        "probes={runqlat,softirq}", "auth.metrics=false", "resources.limits.memory=512Mi",
+        "monitoring.labels.release=kps", "dashboards.namespace=monitoring",
+        *_on("servicemonitor", "prometheusrule", "grafana-dashboards"), namespace="nn-system"))
+    ds = docs[("DaemonSet", "noisyneighbor")]
+    c = ds["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == "registry.example.com/nn:1.2.3" and ds["metadata"]["namespace"] == "nn-system"
+    args = build_parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in c["args"]])
+    assert args.dry_run is None and args.probes == ("runqlat", "softirq")
+    assert args.auth == "kubernetes" and not args.auth_metrics
+    assert c["resources"]["limits"]["memory"] == "512Mi"
+    assert docs[("ServiceMonitor", "noisyneighbor")]["metadata"]["labels"]["release"] == "kps"
+    assert docs[("PrometheusRule", "noisyneighbor")]["metadata"]["labels"]["release"] == "kps"
+    dashboards = [d for d in docs.values() if d["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
+    assert len(dashboards) == len(list((REPO / "dashboards").glob("*.json")))
+    assert {d["metadata"]["namespace"] for d in dashboards} == {"monitoring"}
+    binding = docs[("ClusterRoleBinding", "noisyneighbor")]
+    assert binding["subjects"][0]["namespace"] == "nn-system"
+    # Grafana's {{pod}} legends and the alerts' {{ $labels.node }} come through untouched, not templated.
+    rule = yaml.safe_dump(docs[("PrometheusRule", "noisyneighbor")])
+    assert "{{ $labels.node }}" in rule
+    # auth off: the agent serves everyone (an explicit choice)
+    ds_open = by_key(helm_template("auth.enabled=false"))[("DaemonSet", "noisyneighbor")]
+    assert "--auth" not in ds_open["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_generator_refuses_a_change_it_cannot_express():
+    base = {"spec": {"args": ["a", "b"], "x": 1}}
+    with pytest.raises(chart.ChartError, match="removes"):
+        chart._mark_diff(base, {"spec": {"args": ["a", "b"]}}, "eviction", "DaemonSet")
+    with pytest.raises(chart.ChartError, match="cannot express"):
+        chart._mark_diff(base, {"spec": {"args": ["b"], "x": 1}}, "eviction", "DaemonSet")
+
+
+def test_the_chart_is_in_sync_with_the_manifests():
+    res = subprocess.run([sys.executable, str(REPO / "deploy" / "generate.py"), "--check"], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
