@@ -461,6 +461,7 @@ class IncidentEngine:
             findings=findings,
             kernel_work_cost=self._kernel_work_cost(key, cause),
             breach_signals=_medians(state.breach_signals),
+            victim_cpus=list(state.cpus),
         )
         state.incident = inc
         log.warning("incident %s opened: %s %s, culprits %s", inc.incident_id, inc.victim.display, cause,
@@ -493,6 +494,7 @@ class IncidentEngine:
         inc.findings = findings
         inc.kernel_work_cost = self._kernel_work_cost(key, inc.cause)
         inc.breach_signals = _medians(state.breach_signals)
+        inc.victim_cpus = list(state.cpus)
         inc.updated_at = now
         self._emit(inc, "updated")
         self._decide(inc, state)

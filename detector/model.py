@@ -90,6 +90,9 @@ class Incident:
     # where it moved one or none (each culprit's own cost says that one).
     moved_together: list[Target] = field(default_factory=list)
     moved_together_cost: CulpritCost | None = None
+    # The CPUs the victim ran on lately (more than 5 % of its time), refreshed every tick: what the
+    # neighbour ladder's cpuset step keeps its culprit off.
+    victim_cpus: list[int] = field(default_factory=list)
 
     @property
     def moved_together_names(self) -> str:
