@@ -59,6 +59,11 @@ CULPRIT_MIN_SCORE = 0.0  # a culprit must score above this (a zero score blames 
 CULPRIT_WINDOW_TICKS = 10  # who-ran-instead shares are summed over this many recent ticks
 CONNECT_WINDOW_TICKS = 5  # connect failures/retransmits/p99 are judged over this many recent ticks
 MAX_CULPRITS = 5
+# A different cause decided on this many breach ticks in a row (and not taken at once: it was less sure
+# than the first) closes the incident and opens one for it: a victim whose situation changed (its own
+# sidecar began to spin after a neighbour) never keeps the first story for more than a few ticks.
+CAUSE_CHANGE_TICKS = 3
+CAUSE_CHANGED = "incident.cause_changed"  # the closed incident's finding: its successor has another cause
 MAX_CLOSED_KEPT = 1000
 # The victim signals the actuators verify an action with (Decision.victim_signal; lower is better):
 # every cause's (CauseSpec.verify_signals).
@@ -80,6 +85,9 @@ class _VictimState:
     breach_signals: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     # (cause, top culprit, within its request, BE culprits that may be moved) the last decisions were made for
     decided: tuple | None = None
+    # Another cause than the open incident's, and the breach ticks in a row it was decided on.
+    other_cause: tuple[Cause, int] | None = None
+    incident_ticks: int = 0  # breach ticks of the open incident since it opened
     cpus: tuple[int, ...] = ()  # CPUs the victim ran on lately (weight > 5 %), for a cpuset suppress
     # (failed connects, SYN retransmits, connect p99 ns) per recent tick: connect trouble is sparse
     # (a client blocked 1-3 s in a SYN retry makes one event every few ticks), so it is judged over a window.
@@ -147,9 +155,7 @@ class IncidentEngine:
         touched: list[Incident] = []
         for key, row in signals.workloads.items():
             if row.workload.latency_sensitive:
-                inc = self._victim_tick(key, row, values, signals, now)
-                if inc is not None:
-                    touched.append(inc)
+                touched.extend(self._victim_tick(key, row, values, signals, now))
         present = signals.workloads.keys() if signals.present is None else signals.present
         self._forget_gone(signals, present)
         touched.extend(self._quiet_victims(signals, present, now))
@@ -172,9 +178,9 @@ class IncidentEngine:
         return values
 
     def _victim_tick(self, key: str, row: WorkloadSignals, values: dict[tuple[str, str], float],
-                     signals: NodeSignals, now: float) -> Incident | None:
-        """One latency-sensitive workload's tick: its windows, breaches and baselines; the incident it
-        opened, updated or closed (None: none)."""
+                     signals: NodeSignals, now: float) -> list[Incident]:
+        """One latency-sensitive workload's tick: its windows, breaches and baselines; the incidents it
+        opened, updated or closed (two when its cause changed: the closed one and its successor)."""
         state = self.victims.setdefault(key, _VictimState())
         total_wait_ns = row.runq_wait_ms_per_s * 1e6 * row.interval_s
         state.recent_ran_instead.append(dict(row.ran_instead_ns))
@@ -205,14 +211,14 @@ class IncidentEngine:
                 state.breach_signals.clear()  # a breach that opened nothing is not the next one's level
         inc = state.incident
         if inc is None and breaches and state.breach_ticks >= self._breach_ticks_needed:
-            return self._open(key, row, state, breaches, signals, now)
+            return [self._open(key, row, state, breaches, signals, now)]
         if inc is not None and breaches:
-            self._update(inc, key, row, state, breaches, signals, now)
-            return inc
+            successor = self._update(inc, key, row, state, breaches, signals, now)
+            return [inc] if successor is None else [inc, successor]
         if inc is not None and state.clear_ticks >= self.slo.clear_windows:
             self._close(state, now)
-            return inc
-        return None
+            return [inc]
+        return []
 
     def _forget_gone(self, signals: NodeSignals, present) -> None:
         """The workload list changed: what is gone leaves the store and the baselines now, not when its
@@ -446,10 +452,12 @@ class IncidentEngine:
         return self.targets.get(key) or Target(key)
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def _open(self, key, row, state, breaches, signals, now) -> Incident:
+    def _open(self, key, row, state, breaches, signals, now, follows: str | None = None,
+              incident_id: str | None = None) -> Incident:
         cause, confidence, culprits, evidence, findings = self._diagnose(key, row, state, breaches, signals)
         inc = Incident(
-            incident_id=f"nn-{uuid.uuid4().hex[:12]}",
+            incident_id=incident_id or _new_incident_id(),
+            follows=follows,
             victim=row.workload.target,
             cause=cause,
             started_at=now,
@@ -471,7 +479,8 @@ class IncidentEngine:
         inc.moved_together_cost = self._moved_together_cost(key, inc)
         return inc
 
-    def _update(self, inc, key, row, state, breaches, signals, now) -> None:
+    def _update(self, inc, key, row, state, breaches, signals, now) -> Incident | None:
+        """The open incident on a breach tick; its successor when its cause changed (None: it stands)."""
         cause, confidence, culprits, evidence, findings = self._diagnose(key, row, state, breaches, signals)
         # A cause seen with more confidence replaces the first guess; evidence is the latest window.
         # "The node's own processes ran instead" (neighbor_cpu naming no pod) is the weakest account:
@@ -480,9 +489,21 @@ class IncidentEngine:
         nodes_own = cause == Cause.NEIGHBOR_CPU and not culprits and bool(inc.culprits)
         # A cause declared to yield (CauseSpec.yields_to_pods: steal) gives way to one that names pods.
         yields = bool(culprits) and causes.spec(inc.cause).yields_to_pods
-        if cause != inc.cause and (confidence <= inc.confidence or nodes_own) and not yields:
-            pass  # the first cause stands, with its culprits: another rule's culprits are not its own
+        takes_over = (confidence > inc.confidence and not nodes_own) or yields
+        state.incident_ticks += 1
+        if cause != inc.cause and not (takes_over and state.incident_ticks <= CAUSE_CHANGE_TICKS):
+            # The first cause stands, with its culprits (another rule's culprits are not its own), until
+            # the other cause is surer, or is decided on CAUSE_CHANGE_TICKS ticks in a row; then it is a
+            # new incident. Only in an incident's first ticks (its windows still filling) does a surer
+            # cause refine the first guess in place.
+            seen = state.other_cause[1] + 1 if state.other_cause and state.other_cause[0] == cause else 1
+            state.other_cause = (cause, seen)
+            if takes_over or (seen >= CAUSE_CHANGE_TICKS and not nodes_own):
+                why = f"surer: confidence {confidence:.2f} > {inc.confidence:.2f}" if takes_over \
+                    else f"decided {seen} ticks in a row"
+                return self._change_cause(inc, key, row, state, breaches, signals, now, cause, why)
         else:
+            state.other_cause = None
             # A rule that names no culprit this tick does not clear the ones named before for the same
             # cause (the global-reclaim grower shrinks once capped, and is still who it was); a new
             # cause never inherits another rule's culprits (they would be acted on for the wrong cause).
@@ -499,6 +520,21 @@ class IncidentEngine:
         self._emit(inc, "updated")
         self._decide(inc, state)
         inc.moved_together_cost = self._moved_together_cost(key, inc)
+        return None
+
+    def _change_cause(self, inc, key, row, state, breaches, signals, now, cause: Cause, why: str) -> Incident:
+        """Close ``inc`` saying what its cause became, and open its successor for the new cause on the same
+        breach (its breach level, for verifying the successor's actions, carries over)."""
+        successor_id = _new_incident_id()
+        inc.superseded_by = successor_id
+        if CAUSE_CHANGED not in inc.findings:
+            inc.findings.append(CAUSE_CHANGED)
+        breach_signals = list(state.breach_signals)
+        log.warning("incident %s: cause %s -> %s (%s)", inc.incident_id, inc.cause, cause, why)
+        self._close(state, now, note=f"cause changed: {inc.cause} -> {cause} ({why}), continued in {successor_id}")
+        state.breach_signals.extend(breach_signals)
+        state.other_cause = None
+        return self._open(key, row, state, breaches, signals, now, follows=inc.incident_id, incident_id=successor_id)
 
     def _close(self, state: _VictimState, now: float, note: str = "") -> None:
         inc = state.incident
@@ -510,6 +546,8 @@ class IncidentEngine:
             inc.evidence.append(Evidence("closed", 0.0, 0.0, note=note))
         state.incident = None
         state.decided = None
+        state.other_cause = None
+        state.incident_ticks = 0
         state.breach_signals.clear()
         self.closed.append(inc)
         log.warning("incident %s closed after %.1f s", inc.incident_id, now - inc.started_at)
@@ -593,6 +631,10 @@ class IncidentEngine:
             for name, value in _verify_values(row).items():
                 out[f"{cgroup}:{name}"] = value
         return out
+
+
+def _new_incident_id() -> str:
+    return f"nn-{uuid.uuid4().hex[:12]}"
 
 
 def _verify_values(row: WorkloadSignals) -> dict[str, float]:

@@ -93,6 +93,11 @@ class Incident:
     # The CPUs the victim ran on lately (more than 5 % of its time), refreshed every tick: what the
     # neighbour ladder's cpuset step keeps its culprit off.
     victim_cpus: list[int] = field(default_factory=list)
+    # A cause that changed while the victim kept breaching closes the incident and opens the next one for
+    # the new cause (detector/incidents.py, CAUSE_CHANGE_TICKS): the two are linked both ways, and the
+    # closed one's "closed" evidence says what the cause became.
+    follows: str | None = None  # the incident this one took over from (its cause changed)
+    superseded_by: str | None = None  # the incident that took over from this one
 
     @property
     def moved_together_names(self) -> str:
