@@ -47,7 +47,7 @@ from detector.decisions import (
     SuppressAmount,
     Target,
 )
-from detector.model import Culprit, CulpritCost, Evidence, Incident
+from detector.model import Culprit, CulpritCost, Evidence, Incident, TaskShare
 from detector.policy import Policy
 from detector.signals import IDLE, UNKNOWN, NodeSignals, WorkloadSignals
 from detector.store import SignalStore
@@ -134,6 +134,11 @@ class IncidentEngine:
         self._forgot_for: frozenset[str] | None = None  # the workload list the last forgetting was done for
         self.listen_join = None  # a detector.listen_join.ListenJoin when listen queues are read (the agent)
         self.counterfactual = Counterfactuals()  # each culprit's cost to each victim, per wait
+        # The node's own processes outside any pod: its workload key (the root cgroup; tests name a cgroup
+        # of their own, never touching the root) and its top commands (detector/node_tasks.py, wired by
+        # detector/runtime.py: none without a host to read).
+        self.node_key = causes.ROOT_CGROUP
+        self.node_tasks: Callable[[str], tuple[TaskShare, ...]] = lambda key: ()
 
     # -- public ---------------------------------------------------------------------------------
     @property
@@ -311,7 +316,7 @@ class IncidentEngine:
             own_by_container=_summed(state.recent_own_by_container), steal_ns=sum(state.recent_steal_ns),
             window_s=dt * len(state.recent_wait_ns), cpu_culprits=self._cpu_culprits,
             correlation_culprits=self._correlation_culprits, reclaim_culprits=self._reclaim_culprits,
-            connect_servers=self._connect_servers,
+            connect_servers=self._connect_servers, node_key=self.node_key,
         )
         verdict = causes.decide(ctx)
         culprits = verdict.culprits
@@ -365,9 +370,11 @@ class IncidentEngine:
             corr = self.store.correlation(ck, "cpu_cores", key, "runq_p99_ns", 60.0)
             score = 0.8 * (ns / foreign_total) + 0.2 * max(corr or 0.0, 0.0)
             cost = self.counterfactual.cost(key, ck)
+            tasks = self.node_tasks(ck) if ck == self.node_key else ()
             culprits.append(self._judged(Culprit(
                 self._target(ck), round(score, 4), who_ran_instead_share=round(share, 4),
                 correlation=round(corr or 0.0, 4), cpu_cores=self._last(ck, "cpu_cores"),
+                **({} if ck != self.node_key else {"tasks": tasks, "note": _node_note(share, tasks)}),
                 **({} if cost is None else {
                     "victim_runq_p99_ns": round(cost.p99_ns), "runq_p99_without_ns": round(cost.p99_without_ns),
                     "victim_wait_ms_per_s": round(cost.wait_ms_per_s, 3),
@@ -400,9 +407,10 @@ class IncidentEngine:
 
     @staticmethod
     def _ranked(culprits: list[Culprit]) -> list[Culprit]:
-        """Culprits above their request (or whose request is unknown) first, each group by score; the
-        root cgroup (kernel threads, the node itself) and zero scores are never culprits."""
-        kept = [c for c in culprits if c.target.cgroup != "/" and c.score > CULPRIT_MIN_SCORE]
+        """Culprits above their request (or whose request is unknown) first, each group by score; zero
+        scores are never culprits. The node (its processes outside pods) is one when it ran instead, named
+        with its top commands: a neighbour cause always names whom it blames (never acted on: not BE)."""
+        kept = [c for c in culprits if c.score > CULPRIT_MIN_SCORE]
         kept.sort(key=lambda c: (c.above_request is False, -c.score, c.target.cgroup))
         return kept[:MAX_CULPRITS]
 
@@ -486,7 +494,8 @@ class IncidentEngine:
         # "The node's own processes ran instead" (neighbor_cpu naming no pod) is the weakest account:
         # it never replaces a cause that named the pods behind it (kswapd is a root-cgroup thread; once
         # the grower is capped, what remains is the node's usual noise, not a new cause).
-        nodes_own = cause == Cause.NEIGHBOR_CPU and not culprits and bool(inc.culprits)
+        nodes_own = cause == Cause.NEIGHBOR_CPU and all(self._is_node(c) for c in culprits) \
+            and any(not self._is_node(c) for c in inc.culprits)
         # A cause declared to yield (CauseSpec.yields_to_pods: steal) gives way to one that names pods.
         yields = bool(culprits) and causes.spec(inc.cause).yields_to_pods
         takes_over = (confidence > inc.confidence and not nodes_own) or yields
@@ -574,7 +583,8 @@ class IncidentEngine:
         starts on the victim's CPU after the step, or goes past its request, is moved the tick it is
         seen, not once the top changes). An incident submits a step on a pod once: what follows a step
         that did not help is the planner's ladder, not the same step again."""
-        top = inc.culprits[0] if inc.culprits else None
+        # The top culprit that may be acted on: the node's own processes are named, never moved.
+        top = next((c for c in inc.culprits if not self._is_node(c)), None)
         movable = frozenset(c.target.cgroup for c in inc.culprits
                             if c.target.qos == "BE" and c.above_request is not False and c.who_ran_instead_share > 0)
         key = (inc.cause, top.target.cgroup if top else None, top is not None and top.above_request is False, movable)
@@ -594,6 +604,9 @@ class IncidentEngine:
         moved = [d.target for d in decisions if d.kind == ActionKind.SUPPRESS]
         if len(moved) > 1:
             inc.moved_together = moved
+
+    def _is_node(self, c: Culprit) -> bool:
+        return key_of(c.target) == self.node_key
 
     def _moved_together_cost(self, key: str, inc: Incident) -> CulpritCost | None:
         """The victim without all the culprits the incident's step moved together (None: fewer than two)."""
@@ -631,6 +644,13 @@ class IncidentEngine:
             for name, value in _verify_values(row).items():
                 out[f"{cgroup}:{name}"] = value
         return out
+
+
+def _node_note(share: float, tasks: tuple[TaskShare, ...]) -> str:
+    """How the node reads as a culprit: its share of the victim's wait and its top commands."""
+    said = ", ".join(f"{t.comm} (pid {t.pid}) {t.cpu_share:.0%}" for t in tasks)
+    return (f"the node's own processes outside pods ran {share:.0%} of its wait"
+            + (f"; by their CPU time: {said}" if said else ""))
 
 
 def _new_incident_id() -> str:

@@ -40,6 +40,15 @@ class CulpritCost:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskShare:
+    """One of the node's own processes (outside any pod) and its share of their CPU time (detector/node_tasks.py)."""
+
+    pid: int
+    comm: str
+    cpu_share: float  # of the node's processes' CPU time over the last tick
+
+
+@dataclass(frozen=True, slots=True)
 class Culprit:
     target: Target
     score: float  # 0..1, combined; culprits are sorted by it, highest first
@@ -59,6 +68,8 @@ class Culprit:
     # Those two also without the kernel work it caused, named ("softirq work", "kswapd, kcompactd, kdamond": the cause's
     # CauseSpec.kernel_work), those kernel threads' part of the victim's waits; "": its own share only.
     without_kernel_work: str = ""
+    # The node (its processes outside any pod) as a culprit: its top commands and their share of its CPU time.
+    tasks: tuple[TaskShare, ...] = ()
 
 
 @dataclass

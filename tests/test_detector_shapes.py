@@ -11,6 +11,7 @@ Pods are laid out as the kubelet does (systemd driver: ``kubepods-<qos>-pod<uid>
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -144,7 +145,9 @@ def test_the_neighbour_above_its_request_ranks_first(scenario):
         assert "busy within its request" in second.note, inc.to_dict()
     else:  # crowded out of the list by enough neighbours above (or without) a request: the same rule
         assert len(ranked) == MAX_CULPRITS and all(c.above_request is not False for c in inc.culprits), inc.to_dict()
-    assert all(c.target.cgroup != "/" and c.score > 0 for c in inc.culprits), inc.to_dict()
+    assert all(c.score > 0 for c in inc.culprits), inc.to_dict()
+    # The node's own processes may be named (with their commands), never suppressed.
+    assert all(c.tasks or c.target.cgroup != "/" or c.note for c in inc.culprits), inc.to_dict()
     suppressed = [d.target.cgroup for d in s.detector.sink.decisions
                   if d.kind == "suppress" and d.victim is not None and d.victim.cgroup == ls.path]
     assert suppressed and within.path not in suppressed, suppressed
@@ -227,3 +230,47 @@ def test_a_sidecar_that_starts_spinning_under_an_open_neighbour_incident_turns_i
     assert previous.cause == Cause.NEIGHBOR_CPU and previous.superseded_by == successor.incident_id
     assert previous.ended_at is not None and "incident.cause_changed" in previous.findings
     assert any(e.signal == "closed" and "self_contention" in e.note for e in previous.evidence), previous.to_dict()
+
+
+def test_the_nodes_own_processes_as_the_only_other_runner_are_a_culprit_named_by_their_top_command(scenario,
+                                                                                                  make_cgroup):
+    """Issue 41: "neighbor_cpu" with no culprit, while the node's own processes outside pods (a dd, the
+    diagnosing process itself) ran 63-99 % of the victim's wait. The node is now a culprit, named with its top
+    commands from its processes' CPU time. A test cgroup of ours stands for the root cgroup (the engine's
+    ``node_key``): nothing is ever put into the machine's real root cgroup."""
+    from tests.conftest import require_tool
+    from tests.exporter_support import cgroup_rel_path
+
+    stress = require_tool("stress-ng")
+    s = scenario(_policy(runq_p99_ms=2.0))
+    ls, containers = k8s_pod(s, "web", "LS", [{"name": "app", "requests": {"cpu": "500m"}}], cpuset=str(VICTIM_CPU))
+    node = make_cgroup("node", ("cpu", "cpuacct"))
+    node.write("cpu", "cpu.shares", "8192")  # a busy daemon the victim waits behind
+    node_key = "/" + cgroup_rel_path(node)
+    s.detector.engine.node_key = node_key
+    s.ls_worker(containers["app"], [VICTIM_CPU], seconds=20)
+    s.run_for(2)
+
+    def into_node() -> None:
+        node.preexec()
+        os.sched_setaffinity(0, {VICTIM_CPU})
+
+    daemon = subprocess.Popen([stress, "--cpu", "1", "--cpu-method", "int64", "-t", "15", "--quiet"],
+                              preexec_fn=into_node)
+    s.procs.append(daemon)
+    s.run_for(3)
+    node_pids = {int(p) for p in (node.path("cpu") / "cgroup.procs").read_text().split()}  # ground truth
+    s.run_for(7)
+    incidents = [i for i in s.incidents_for(ls) if i.cause == Cause.NEIGHBOR_CPU]
+    assert incidents, [i.to_dict() for i in s.incidents_for(ls)]
+    views = [v for v in s.views(ls) if v.cause == Cause.NEIGHBOR_CPU]
+    assert views and all(v.culprits for v in views), [v.brief() for v in views]  # never "a neighbour" naming no one
+    inc = incidents[-1]
+    named = [c for c in inc.culprits if c.target.cgroup == node_key]
+    assert named, inc.to_dict()
+    (culprit,) = named
+    assert culprit.who_ran_instead_share >= 0.5, inc.to_dict()
+    top = culprit.tasks[0]
+    assert top.comm.startswith("stress-ng") and top.pid in node_pids, (inc.to_dict(), node_pids)
+    assert top.cpu_share >= 0.5 and f"pid {top.pid}" in culprit.note, culprit
+    assert not [d for d in s.detector.sink.decisions if d.target.cgroup == node_key]  # named, never acted on

@@ -19,17 +19,10 @@ def rule(ctx: CauseContext) -> Verdict | None:
     if row.who_ran_instead_available:
         if ctx.foreign_share < NEIGHBOR_SHARE:
             return None
+        # The node's own processes (the root cgroup: system daemons, kernel threads) are a culprit like any
+        # other, named with their top commands: a neighbour cause always names whom it blames.
         culprits = ctx.cpu_culprits(ctx.key, ctx.foreign, ctx.total_wait_ns)
         confidence = ctx.foreign_share
-        node_share = ctx.node_share
-        if not culprits and node_share >= NEIGHBOR_SHARE:
-            # The node's own processes (the root cgroup: system daemons, kernel threads) ran instead.
-            # The cause is known; there is no pod to blame or act on, so no culprit.
-            return Verdict(Cause.NEIGHBOR_CPU, min(1.0, confidence), [], [
-                Evidence("who_ran_instead_foreign_share", round(ctx.foreign_share, 4), ctx.window_s,
-                         threshold=NEIGHBOR_SHARE),
-                Evidence("who_ran_instead_node_share", round(node_share, 4), ctx.window_s,
-                         note="the node's own processes outside pods (root cgroup) ran on its CPUs")])
     else:
         culprits = ctx.correlation_culprits(ctx.key, ctx.signals)
         confidence = 0.5 * culprits[0].score if culprits else 0.0
@@ -37,6 +30,9 @@ def rule(ctx: CauseContext) -> Verdict | None:
         return None
     used = [Evidence("who_ran_instead_foreign_share", round(ctx.foreign_share, 4), ctx.window_s,
                      threshold=NEIGHBOR_SHARE)] if row.who_ran_instead_available else []
+    if row.who_ran_instead_available and ctx.node_share > 0:
+        used.append(Evidence("who_ran_instead_node_share", round(ctx.node_share, 4), ctx.window_s,
+                             note="the node's own processes outside pods (root cgroup) ran on its CPUs"))
     return Verdict(Cause.NEIGHBOR_CPU, min(1.0, confidence), culprits, used)
 
 
