@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from detector.model import TaskShare
-from probes.cgroupfiles import CgroupFileParseError, parse_pid_stat
+from probes.cgroupfiles import CGROUP_PROCS, PID_STAT, CgroupFileParseError
 
 MAX_PROCS = 4096  # a root cgroup with more processes is read for its first this many
 TOP_TASKS = 3
@@ -36,15 +36,16 @@ class NodeTasks:
         if d is None:
             return ()
         try:
-            pids = [int(p) for p in (d / "cgroup.procs").read_text().split()[:MAX_PROCS]]
-        except (OSError, ValueError):
+            # cgroup.procs: the same name and format on v1 and v2
+            pids = CGROUP_PROCS.parse(2, (d / CGROUP_PROCS.name(2)).read_text())[:MAX_PROCS]
+        except (OSError, CgroupFileParseError):
             return ()
         now: dict[int, float] = {}
         comms: dict[int, str] = {}
         for pid in pids:
             try:
-                text = (self.proc / str(pid) / "stat").read_text()
-                now[pid] = parse_pid_stat(text).cpu_s
+                text = (self.proc / PID_STAT.path.format(pid=pid)).read_text()
+                now[pid] = PID_STAT.parse_text(text).cpu_s
             except (OSError, CgroupFileParseError):
                 continue  # exited since the list was read
             comms[pid] = _comm(text)

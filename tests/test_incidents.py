@@ -11,6 +11,7 @@ import json
 
 from detector.decisions import ActionKind, Cause, LoggingSink, Target
 from detector.incidents import IncidentEngine
+from detector.model import Evidence, Incident
 from detector.policy import ActuatorPolicy, Policy, ResourceThresholdStrategy, SloThresholds
 from detector.signals import IDLE, NodeSignals, WorkloadSignals
 from detector.workloads import Workload
@@ -425,3 +426,23 @@ def test_a_cause_less_sure_than_the_first_takes_over_after_a_few_ticks_as_a_new_
     events = [(json.loads(line)["event"], json.loads(line)["incident_id"])
               for line in (tmp_path / "incidents.jsonl").read_text().splitlines()]
     assert events[-2:] == [("closed", first.incident_id), ("opened", second.incident_id)]
+
+
+def test_a_cause_change_reads_in_the_text_and_html_reports():
+    """The closed incident says what its cause became; its successor says whom it follows (diagnose text and
+    HTML, which embeds the JSON with both links)."""
+    from noisyneighbor.diagnose import DiagnoseReport, render_text
+    from noisyneighbor.report_html import render_html
+
+    first = Incident("nn-a", LS.target, Cause.NEIGHBOR_CPU, 1.0, 0.97, "runq_p99_ns", ended_at=5.0,
+                     superseded_by="nn-b", findings=["incident.cause_changed"],
+                     evidence=[Evidence("closed", 0.0, 0.0, note="cause changed: neighbor_cpu -> self_contention "
+                                                                 "(decided 3 ticks in a row), continued in nn-b")])
+    second = Incident("nn-b", LS.target, Cause.SELF_CONTENTION, 5.0, 0.9, "runq_p99_ns", follows="nn-a")
+    report = DiagnoseReport(0.0, 10.0, 10, {}, [first, second], [], [])
+    text = render_text(report)
+    assert "closed: cause changed: neighbor_cpu -> self_contention" in text
+    assert "follows nn-a: the victim kept breaching, the cause changed to self_contention" in text
+    page = render_html(report)
+    assert "Continued in <a href='#nn-b'>nn-b</a>" in page and "Follows <a href='#nn-a'>nn-a</a>" in page
+    assert '"superseded_by": "nn-b"' in page and '"follows": "nn-a"' in page
