@@ -10,6 +10,7 @@ Limits (each refusal is an audit line with a one-line reason, never an exception
 - at most ``max_changes_per_minute`` applied changes in any 60 s (``evictions_per_minute`` for evictions);
 - per target, ``cooldown_seconds`` between changes, no change while the previous one is still being
   verified, and twice the cooldown after a revert, so an action that did not help is not retried at once
+  (the same incident's next, different step on it, the neighbour ladder's, is not held up by that block)
   (together with the actuators' own dead bands this is the hysteresis that keeps things from flapping);
 - floors are the actuators' (minimum quota, minimum cpus).
 
@@ -141,6 +142,8 @@ class ActuatorManager:
         self._last_change: dict[tuple[str, str], float] = {}
         self._last_incident: dict[tuple[str, str], str | None] = {}  # the incident of each key's last change
         self._blocked_until: dict[tuple[str, str], float] = {}
+        # The reverted step each block is about: (incident, step) of its decision (_ladder_step).
+        self._blocked_step: dict[tuple[str, str], tuple[str | None, str]] = {}
         self._changes: deque[tuple[float, str]] = deque()  # (time, kind) of applied changes
         self._signals: dict[str, deque[float]] = {}
         self._signal_seen: dict[str, int] = {}  # key -> the observe() call that last carried it
@@ -325,7 +328,12 @@ class ActuatorManager:
         elif kind in (ActionKind.SUPPRESS, ActionKind.EVICT, ActionKind.MEMORY_SUPPRESS) and qos != "BE":
             raise Refused(f"{kind} only touches BE targets; {decision.target.display} is {qos or 'of unknown QoS'}")
         blocked = self._blocked_until.get(key, 0.0)
-        if now < blocked:
+        incident, step = self._blocked_step.get(key, (None, ""))
+        # The same incident's next, different step on the target (the neighbour ladder's cpuset after a
+        # quota that did not help) is not the reverted action again: the block is for retrying that one.
+        next_step = decision.incident_id is not None and incident == decision.incident_id \
+            and _step_of(decision) != step
+        if now < blocked and not next_step:
             raise Refused(f"{decision.target.display} was reverted recently: blocked for {blocked - now:.0f} s more")
         if decision.follow_up:
             if kind != ActionKind.BURST:
@@ -405,6 +413,7 @@ class ActuatorManager:
         if loop is not None:
             loop.forget(target_key[1])
         self._blocked_until[target_key] = self._clock() + 2 * self.policy.cooldown_seconds
+        self._blocked_step[target_key] = (active.record.decision.incident_id, _step_of(active.record.decision))
         self.metrics.reverts.labels(kind).inc()
         record.state, record.detail = ActionState.REVERTED, f"did not help: {numbers}"
         record.outcome = ActionOutcome.DID_NOT_HELP
@@ -472,6 +481,12 @@ def _loop_of(actuator: object) -> object | None:
     if loop is None and hasattr(actuator, "inner"):
         loop = getattr(actuator.inner, "loop", None)
     return loop
+
+
+def _step_of(decision: Decision) -> str:
+    """What kind of step a decision is on its target: its kind, and for a CPU suppress its policy."""
+    amount = decision.amount
+    return f"{decision.kind}:{amount.policy}" if isinstance(amount, SuppressAmount) else str(decision.kind)
 
 
 def _back_to_base(decision: Decision) -> bool:

@@ -16,11 +16,14 @@ incident's evidence, so the incident says why something was or was not done.
 - **reclaim**: global (direct) reclaim with a BE pod that grew most (the engine's culprit) -> that pod's
   memory is capped near its usage (``memory_suppress``; the engine itself evicts when
   ``evict_enabled``); memcg reclaim at the victim's own limit -> advice only, no neighbour is blamed.
-- **neighbor_cpu escalation**: the engine isolates the culprit (cpuset). When the manager reverts that
-  because the victim did not improve, the next rung is a cfs quota down to the culprit's CPU request
-  (koordinator batch-cpu included) if it runs above it, and after that, with ``evict_enabled``,
-  eviction (Eviction API, PDBs respected by the evict actuator). Each rung waits out the manager's
-  block after a revert; each is said in the incident.
+- **neighbor_cpu escalation** (per BE culprit): the engine's first step is a cpuset off the victim's CPUs
+  where the node has CPUs enough beyond them, else a cfs quota. When the manager reverts a step because
+  the victim did not improve (its mean wait, what every neighbour step is meant to lower), or the step
+  helped while the victim kept breaching for as many ticks as it was verified over, the next step of
+  :data:`LADDER` is taken at the next tick: a cpuset off the victim's CPUs (even below the policy's CPU
+  floor), a cfs quota down to the culprit's CPU request (koordinator batch-cpu included) if it runs above
+  it, then, with ``evict_enabled``, eviction (Eviction API, PDBs respected by the evict actuator). A step
+  that helped stays in place under the next. Each step is said in the incident and the audit log.
 - **notes from the manager**: a reverted or refused action (e.g. the burst loop's "steadily above its
   limit") is copied into its incident's evidence.
 """
@@ -31,15 +34,17 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 
 from actuators.base import ActionOutcome, ActionRecord, ActionState
-from actuators.cgroupfile import CgroupFileError, CgroupFiles, Resource
+from actuators.cgroupfile import CgroupFileError, CgroupFiles, Resource, format_cpu_list
 from detector.causes import Mitigation, neighbor_cpu, reclaim, softirq, spec
 from detector.causes.softirq import softirq_traffic_decision, traffic_share
 from detector.decisions import (
     ActionKind,
+    Cause,
     Decision,
     DecisionSink,
     EvictAmount,
@@ -52,6 +57,7 @@ from detector.pods import PodInfo
 from detector.policy import ActuatorPolicy
 from probes.cgroupfiles import PID_NET_DEV, PID_STAT, PID_STATUS, SYS_CPU_ONLINE, CgroupFileParseError
 from probes.cpuacct import read_cgroup_cpu
+from probes.host import HostPaths
 
 log = logging.getLogger("noisyneighbor.mitigate")
 
@@ -150,11 +156,43 @@ class NetnsTrafficSampler:
         return out
 
 
+class LadderStep(StrEnum):
+    """The neighbour ladder's steps on one BE culprit, each taken once per incident."""
+
+    QUOTA = "quota"  # cfs quota (the engine's on a small node; the planner's: down to its request)
+    CPUSET = "cpuset"  # off the CPUs the victim runs on
+    EVICT = "evict"  # Eviction API, with evict_enabled
+
+
+# After the step before it: isolation first, then a quota to the request, then eviction. Whichever the
+# engine took first (a cpuset where the node has CPUs to spare beyond the victim's, a quota where it has
+# not) is skipped.
+LADDER = (LadderStep.CPUSET, LadderStep.QUOTA, LadderStep.EVICT)
+LADDER_CODES = frozenset({neighbor_cpu.CPUSET_AWAY, neighbor_cpu.QUOTA_TO_REQUEST, neighbor_cpu.EVICT})
+
+
+def ladder_step(decision: Decision) -> LadderStep | None:
+    """Which rung a decision is (None: not a neighbour step: a burst, a memory cap)."""
+    if decision.kind == ActionKind.EVICT:
+        return LadderStep.EVICT
+    if decision.kind == ActionKind.SUPPRESS and isinstance(decision.amount, SuppressAmount):
+        return LadderStep.CPUSET if decision.amount.policy == "cpuset" else LadderStep.QUOTA
+    return None
+
+
 @dataclass
 class _Rung:
+    """One BE culprit's ladder in one incident."""
+
     target: Target
-    next: str  # "quota" (to the request) | "evict" | "done"
-    not_before: float
+    tried: list[LadderStep] = field(default_factory=list)
+    pending: bool = False  # a step was applied and its verdict is not in yet
+    not_before: float = 0.0
+    # Breach ticks of the incident since its last step was verified (None: it was not): a step that helped
+    # while the victim keeps breaching is followed by the next one, on top of it.
+    breaches_since_verified: int | None = None
+    last: LadderStep | None = None
+    done: bool = False
 
 
 class MitigationPlanner:
@@ -178,7 +216,7 @@ class MitigationPlanner:
         self._clock = clock
         self._acted: set[str] = set()
         self._notes: dict[str, dict[str, str]] = {}  # incident -> note key -> text, in the order said
-        self._ladder: dict[str, _Rung] = {}
+        self._ladder: dict[tuple[str, str], _Rung] = {}  # (incident, culprit cgroup) -> its ladder
         self._rt_scans: dict[str, tuple[float, Target | None, float]] = {}  # incident -> (when, top BE, share)
 
     def note(self, incident_id: str | None, text: str, key: str | None = None) -> None:
@@ -208,13 +246,28 @@ class MitigationPlanner:
             return
         if record.state == ActionState.REFUSED and d.code == softirq.OWN_TRAFFIC:
             self._acted.discard(d.incident_id)  # e.g. the RT isolation of the same pod is still verified: retry
-        if d.kind == ActionKind.SUPPRESS and record.state == ActionState.VERIFIED:
-            self._ladder[d.incident_id] = _Rung(d.target, "done", 0.0)
-        elif d.kind == ActionKind.SUPPRESS and record.state == ActionState.REVERTED \
-                and record.outcome == ActionOutcome.DID_NOT_HELP:
-            was_quota = isinstance(d.amount, SuppressAmount) and d.amount.policy == "cfs_quota"
-            wait = 2 * self.policy.cooldown_seconds + 0.5  # the manager blocks the target that long after a revert
-            self._ladder[d.incident_id] = _Rung(d.target, "evict" if was_quota else "quota", self._clock() + wait)
+        step = ladder_step(d)
+        if step is None:
+            return
+        key = (d.incident_id, d.target.cgroup)
+        rung = self._ladder.get(key)
+        if record.state == ActionState.APPLIED:
+            rung = self._ladder.setdefault(key, _Rung(d.target))
+            if step not in rung.tried:
+                rung.tried.append(step)
+            rung.pending, rung.last, rung.breaches_since_verified = True, step, None
+        elif rung is None:
+            return
+        elif record.state == ActionState.VERIFIED:
+            rung.pending, rung.breaches_since_verified = False, 0
+        elif record.state == ActionState.REVERTED and record.outcome == ActionOutcome.DID_NOT_HELP:
+            # The next step at the next tick: the manager lets this incident's next, different step through
+            # its block on the target (it blocks the same step only).
+            rung.pending, rung.breaches_since_verified, rung.not_before = False, None, self._clock()
+        elif record.state in (ActionState.REFUSED, ActionState.FAILED) and d.code in LADDER_CODES:
+            if step not in rung.tried:
+                rung.tried.append(step)
+            rung.pending, rung.breaches_since_verified, rung.not_before = False, None, self._clock()
 
     def __call__(self, inc: Incident, what: str) -> None:
         try:
@@ -223,8 +276,9 @@ class MitigationPlanner:
                 self._softirq(inc)
             elif step == Mitigation.MEMORY_GROWER:
                 self._reclaim(inc)
-            if inc.open and inc.incident_id in self._ladder:
-                self._escalate(inc)
+            if inc.open:
+                for rung in [r for (i, _), r in self._ladder.items() if i == inc.incident_id]:
+                    self._escalate(inc, rung, what)
         except Exception:  # a hook must never stop detection
             log.exception("mitigation planner failed on %s", inc.incident_id)
         self._annotate(inc)
@@ -232,7 +286,8 @@ class MitigationPlanner:
             self._acted.discard(inc.incident_id)
             self._acted.discard(f"rt:{inc.incident_id}")
             self._notes.pop(inc.incident_id, None)
-            self._ladder.pop(inc.incident_id, None)
+            for key in [k for k in self._ladder if k[0] == inc.incident_id]:
+                del self._ladder[key]
             self._rt_scans.pop(inc.incident_id, None)
 
     def _reclaim(self, inc: Incident) -> None:
@@ -247,35 +302,77 @@ class MitigationPlanner:
         if step.decision is not None:
             self._submit(inc, step.decision)
 
-    def _escalate(self, inc: Incident) -> None:
-        rung = self._ladder[inc.incident_id]
-        if rung.next == "done" or self._clock() < rung.not_before:
+    def _escalate(self, inc: Incident, rung: _Rung, what: str) -> None:
+        """The culprit's next step when its last one did not help (reverted), or helped while the victim
+        kept breaching for as many ticks as the step was verified over (neighbor_cpu: verified on the mean
+        wait, which a quota lowers with the p99 still high)."""
+        if rung.done or rung.pending:
             return
+        say = neighbor_cpu.SPEC.say
+        if rung.breaches_since_verified is not None:
+            if inc.cause != Cause.NEIGHBOR_CPU:
+                return  # a verified step of another cause (the sender's quota): the victim is judged on it
+            if what == "updated":
+                rung.breaches_since_verified += 1
+            needed = max(1, self.policy.verify_intervals)
+            if rung.breaches_since_verified < needed:
+                return
+            rung.breaches_since_verified = None
+            self.note(inc.incident_id, say(neighbor_cpu.HELPED_NOT_ENOUGH, step=rung.last or "the step",
+                                           culprit=rung.target.display, victim=inc.victim.display, ticks=needed))
+        elif self._clock() < rung.not_before:
+            return
+        decision = self._next_step(inc, rung)
+        if decision is not None:
+            rung.pending = True
+            self._submit(inc, decision)
+
+    def _next_step(self, inc: Incident, rung: _Rung) -> Decision | None:
+        """The first untried rung that applies (LADDER), with its note; None when none is left."""
         target = rung.target
         say = neighbor_cpu.SPEC.say
         cpu = next((c.cpu_cores for c in inc.culprits if c.target.cgroup == target.cgroup), 0.0)
-        if rung.next == "quota":
-            request = self.request_of(target)
-            if request and cpu > request * 1.1:
-                rung.next = "waiting"  # note_record moves it on (verified: done; reverted: evict)
+        signal = spec(inc.cause).verify_signal(inc)
+        for step in LADDER:
+            if step in rung.tried:
+                continue
+            rung.tried.append(step)
+            if step == LadderStep.CPUSET:
+                if inc.cause != Cause.NEIGHBOR_CPU:
+                    continue  # softirq: the work lands where the packets are steered, not where the sender runs
+                online = self.online_cpus()
+                others = tuple(c for c in online if c not in inc.victim_cpus)
+                if not inc.victim_cpus or not others:
+                    self.note(inc.incident_id, say(neighbor_cpu.NO_OTHER_CPUS, culprit=target.display,
+                                                   victim=inc.victim.display, victim_cpus=inc.victim_cpus or online))
+                    continue
+                reason = say(neighbor_cpu.CPUSET_AWAY, culprit=target.display, victim=inc.victim.display,
+                             victim_cpus=format_cpu_list(inc.victim_cpus), cpus=format_cpu_list(others))
+                self.note(inc.incident_id, reason)
+                return Decision(ActionKind.SUPPRESS, target, SuppressAmount("cpuset", cpus=others, floor_cpus=1),
+                                reason, incident_id=inc.incident_id, victim=inc.victim, victim_signal=signal,
+                                code=neighbor_cpu.CPUSET_AWAY)
+            if step == LadderStep.QUOTA:
+                request = self.request_of(target)
+                if not (request and cpu > request * 1.1):
+                    continue
                 said = {"culprit": target.display, "cpu": cpu, "request": request}
                 self.note(inc.incident_id, say(neighbor_cpu.QUOTA_TO_REQUEST_NOTE, **said))
-                self._submit(inc, Decision(
+                return Decision(
                     ActionKind.SUPPRESS, target, SuppressAmount("cfs_quota", cpu_cores=max(0.1, request)),
                     say(neighbor_cpu.QUOTA_TO_REQUEST, **said), incident_id=inc.incident_id, victim=inc.victim,
-                    victim_signal=spec(inc.cause).verify_signal(inc), code=neighbor_cpu.QUOTA_TO_REQUEST))
-                return
-            rung.next = "evict"
-        if rung.next == "evict":
-            rung.next = "done"
-            if not self.policy.evict_enabled:
-                self.note(inc.incident_id, say(neighbor_cpu.EVICT_DISABLED, culprit=target.display))
-                return
-            self._submit(inc, Decision(
-                ActionKind.EVICT, target, EvictAmount(reason="interference", release_cpu_cores=cpu),
-                say(neighbor_cpu.EVICT, culprit=target.display, victim=inc.victim.display),
-                incident_id=inc.incident_id, victim=inc.victim, victim_signal=spec(inc.cause).verify_signal(inc),
-                code=neighbor_cpu.EVICT))
+                    victim_signal=signal, code=neighbor_cpu.QUOTA_TO_REQUEST)
+            if step == LadderStep.EVICT:
+                rung.done = True
+                if not self.policy.evict_enabled:
+                    self.note(inc.incident_id, say(neighbor_cpu.EVICT_DISABLED, culprit=target.display))
+                    return None
+                return Decision(
+                    ActionKind.EVICT, target, EvictAmount(reason="interference", release_cpu_cores=cpu),
+                    say(neighbor_cpu.EVICT, culprit=target.display, victim=inc.victim.display),
+                    incident_id=inc.incident_id, victim=inc.victim, victim_signal=signal, code=neighbor_cpu.EVICT)
+        rung.done = True
+        return None
 
     def _submit(self, inc: Incident, decision: Decision) -> None:
         inc.actions.append(f"{decision.kind}:{decision.target.display}")
@@ -371,9 +468,10 @@ class MitigationPlanner:
         inc.culprits = [first, *rest]
 
     def online_cpus(self) -> list[int]:
-        assert self.sampler is not None
+        files = getattr(self.sampler, "files", None)
+        paths = files.paths if files is not None else HostPaths()
         try:
-            return sorted(SYS_CPU_ONLINE.parse_text(SYS_CPU_ONLINE.at(self.sampler.files.paths).read_text()))
+            return sorted(SYS_CPU_ONLINE.parse_text(SYS_CPU_ONLINE.at(paths).read_text()))
         except (OSError, CgroupFileParseError):
             return []
 

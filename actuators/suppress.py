@@ -299,7 +299,7 @@ class SuppressActuator(JournaledFileActuator):
     def _plan_cpuset(self, decision: Decision, cgroup: str, amount: SuppressAmount) -> Plan:
         topo = self.topology
         usable = [c for c in topo.cpus if c not in self.excluded_cpus]
-        floor = max(1, int(self.strategy.cpu_suppress_min_cpus))
+        floor = max(1, int(self.strategy.cpu_suppress_min_cpus if amount.floor_cpus is None else amount.floor_cpus))
         # A v2 cpuset.cpus is empty until someone sets it (the kubelet never does for a pod): then the
         # cgroup has its parent's CPUs, which the effective list says; it is not a cpuset of none.
         current = self.files.read_cpus(cgroup) or self.files.read_effective_cpus(cgroup)

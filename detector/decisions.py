@@ -66,6 +66,10 @@ class SuppressAmount:
     policy: str  # "cfs_quota" | "cpuset"
     cpu_cores: float | None = None
     cpus: tuple[int, ...] | None = None
+    # The fewest CPUs a cpuset may leave (None: the policy's cpu_suppress_min_cpus). The neighbour ladder's
+    # cpuset step after a quota that did not help sets 1: on a small node the policy's floor of 2 CPUs is
+    # every CPU, and a BE pod left one CPU away from the victim beats one evicted.
+    floor_cpus: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

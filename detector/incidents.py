@@ -47,7 +47,7 @@ from detector.decisions import (
     SuppressAmount,
     Target,
 )
-from detector.model import Culprit, CulpritCost, Evidence, Incident
+from detector.model import Culprit, CulpritCost, Evidence, Incident, TaskShare
 from detector.policy import Policy
 from detector.signals import IDLE, UNKNOWN, NodeSignals, WorkloadSignals
 from detector.store import SignalStore
@@ -59,6 +59,11 @@ CULPRIT_MIN_SCORE = 0.0  # a culprit must score above this (a zero score blames 
 CULPRIT_WINDOW_TICKS = 10  # who-ran-instead shares are summed over this many recent ticks
 CONNECT_WINDOW_TICKS = 5  # connect failures/retransmits/p99 are judged over this many recent ticks
 MAX_CULPRITS = 5
+# A different cause decided on this many breach ticks in a row (and not taken at once: it was less sure
+# than the first) closes the incident and opens one for it: a victim whose situation changed (its own
+# sidecar began to spin after a neighbour) never keeps the first story for more than a few ticks.
+CAUSE_CHANGE_TICKS = 3
+CAUSE_CHANGED = "incident.cause_changed"  # the closed incident's finding: its successor has another cause
 MAX_CLOSED_KEPT = 1000
 # The victim signals the actuators verify an action with (Decision.victim_signal; lower is better):
 # every cause's (CauseSpec.verify_signals).
@@ -80,6 +85,9 @@ class _VictimState:
     breach_signals: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     # (cause, top culprit, within its request, BE culprits that may be moved) the last decisions were made for
     decided: tuple | None = None
+    # Another cause than the open incident's, and the breach ticks in a row it was decided on.
+    other_cause: tuple[Cause, int] | None = None
+    incident_ticks: int = 0  # breach ticks of the open incident since it opened
     cpus: tuple[int, ...] = ()  # CPUs the victim ran on lately (weight > 5 %), for a cpuset suppress
     # (failed connects, SYN retransmits, connect p99 ns) per recent tick: connect trouble is sparse
     # (a client blocked 1-3 s in a SYN retry makes one event every few ticks), so it is judged over a window.
@@ -126,6 +134,11 @@ class IncidentEngine:
         self._forgot_for: frozenset[str] | None = None  # the workload list the last forgetting was done for
         self.listen_join = None  # a detector.listen_join.ListenJoin when listen queues are read (the agent)
         self.counterfactual = Counterfactuals()  # each culprit's cost to each victim, per wait
+        # The node's own processes outside any pod: its workload key (the root cgroup; tests name a cgroup
+        # of their own, never touching the root) and its top commands (detector/node_tasks.py, wired by
+        # detector/runtime.py: none without a host to read).
+        self.node_key = causes.ROOT_CGROUP
+        self.node_tasks: Callable[[str], tuple[TaskShare, ...]] = lambda key: ()
 
     # -- public ---------------------------------------------------------------------------------
     @property
@@ -147,9 +160,7 @@ class IncidentEngine:
         touched: list[Incident] = []
         for key, row in signals.workloads.items():
             if row.workload.latency_sensitive:
-                inc = self._victim_tick(key, row, values, signals, now)
-                if inc is not None:
-                    touched.append(inc)
+                touched.extend(self._victim_tick(key, row, values, signals, now))
         present = signals.workloads.keys() if signals.present is None else signals.present
         self._forget_gone(signals, present)
         touched.extend(self._quiet_victims(signals, present, now))
@@ -172,9 +183,9 @@ class IncidentEngine:
         return values
 
     def _victim_tick(self, key: str, row: WorkloadSignals, values: dict[tuple[str, str], float],
-                     signals: NodeSignals, now: float) -> Incident | None:
-        """One latency-sensitive workload's tick: its windows, breaches and baselines; the incident it
-        opened, updated or closed (None: none)."""
+                     signals: NodeSignals, now: float) -> list[Incident]:
+        """One latency-sensitive workload's tick: its windows, breaches and baselines; the incidents it
+        opened, updated or closed (two when its cause changed: the closed one and its successor)."""
         state = self.victims.setdefault(key, _VictimState())
         total_wait_ns = row.runq_wait_ms_per_s * 1e6 * row.interval_s
         state.recent_ran_instead.append(dict(row.ran_instead_ns))
@@ -205,14 +216,14 @@ class IncidentEngine:
                 state.breach_signals.clear()  # a breach that opened nothing is not the next one's level
         inc = state.incident
         if inc is None and breaches and state.breach_ticks >= self._breach_ticks_needed:
-            return self._open(key, row, state, breaches, signals, now)
+            return [self._open(key, row, state, breaches, signals, now)]
         if inc is not None and breaches:
-            self._update(inc, key, row, state, breaches, signals, now)
-            return inc
+            successor = self._update(inc, key, row, state, breaches, signals, now)
+            return [inc] if successor is None else [inc, successor]
         if inc is not None and state.clear_ticks >= self.slo.clear_windows:
             self._close(state, now)
-            return inc
-        return None
+            return [inc]
+        return []
 
     def _forget_gone(self, signals: NodeSignals, present) -> None:
         """The workload list changed: what is gone leaves the store and the baselines now, not when its
@@ -305,7 +316,7 @@ class IncidentEngine:
             own_by_container=_summed(state.recent_own_by_container), steal_ns=sum(state.recent_steal_ns),
             window_s=dt * len(state.recent_wait_ns), cpu_culprits=self._cpu_culprits,
             correlation_culprits=self._correlation_culprits, reclaim_culprits=self._reclaim_culprits,
-            connect_servers=self._connect_servers,
+            connect_servers=self._connect_servers, node_key=self.node_key,
         )
         verdict = causes.decide(ctx)
         culprits = verdict.culprits
@@ -359,9 +370,11 @@ class IncidentEngine:
             corr = self.store.correlation(ck, "cpu_cores", key, "runq_p99_ns", 60.0)
             score = 0.8 * (ns / foreign_total) + 0.2 * max(corr or 0.0, 0.0)
             cost = self.counterfactual.cost(key, ck)
+            tasks = self.node_tasks(ck) if ck == self.node_key else ()
             culprits.append(self._judged(Culprit(
                 self._target(ck), round(score, 4), who_ran_instead_share=round(share, 4),
                 correlation=round(corr or 0.0, 4), cpu_cores=self._last(ck, "cpu_cores"),
+                **({} if ck != self.node_key else {"tasks": tasks, "note": _node_note(share, tasks)}),
                 **({} if cost is None else {
                     "victim_runq_p99_ns": round(cost.p99_ns), "runq_p99_without_ns": round(cost.p99_without_ns),
                     "victim_wait_ms_per_s": round(cost.wait_ms_per_s, 3),
@@ -394,9 +407,10 @@ class IncidentEngine:
 
     @staticmethod
     def _ranked(culprits: list[Culprit]) -> list[Culprit]:
-        """Culprits above their request (or whose request is unknown) first, each group by score; the
-        root cgroup (kernel threads, the node itself) and zero scores are never culprits."""
-        kept = [c for c in culprits if c.target.cgroup != "/" and c.score > CULPRIT_MIN_SCORE]
+        """Culprits above their request (or whose request is unknown) first, each group by score; zero
+        scores are never culprits. The node (its processes outside pods) is one when it ran instead, named
+        with its top commands: a neighbour cause always names whom it blames (never acted on: not BE)."""
+        kept = [c for c in culprits if c.score > CULPRIT_MIN_SCORE]
         kept.sort(key=lambda c: (c.above_request is False, -c.score, c.target.cgroup))
         return kept[:MAX_CULPRITS]
 
@@ -446,10 +460,12 @@ class IncidentEngine:
         return self.targets.get(key) or Target(key)
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def _open(self, key, row, state, breaches, signals, now) -> Incident:
+    def _open(self, key, row, state, breaches, signals, now, follows: str | None = None,
+              incident_id: str | None = None) -> Incident:
         cause, confidence, culprits, evidence, findings = self._diagnose(key, row, state, breaches, signals)
         inc = Incident(
-            incident_id=f"nn-{uuid.uuid4().hex[:12]}",
+            incident_id=incident_id or _new_incident_id(),
+            follows=follows,
             victim=row.workload.target,
             cause=cause,
             started_at=now,
@@ -461,6 +477,7 @@ class IncidentEngine:
             findings=findings,
             kernel_work_cost=self._kernel_work_cost(key, cause),
             breach_signals=_medians(state.breach_signals),
+            victim_cpus=list(state.cpus),
         )
         state.incident = inc
         log.warning("incident %s opened: %s %s, culprits %s", inc.incident_id, inc.victim.display, cause,
@@ -470,18 +487,32 @@ class IncidentEngine:
         inc.moved_together_cost = self._moved_together_cost(key, inc)
         return inc
 
-    def _update(self, inc, key, row, state, breaches, signals, now) -> None:
+    def _update(self, inc, key, row, state, breaches, signals, now) -> Incident | None:
+        """The open incident on a breach tick; its successor when its cause changed (None: it stands)."""
         cause, confidence, culprits, evidence, findings = self._diagnose(key, row, state, breaches, signals)
         # A cause seen with more confidence replaces the first guess; evidence is the latest window.
         # "The node's own processes ran instead" (neighbor_cpu naming no pod) is the weakest account:
         # it never replaces a cause that named the pods behind it (kswapd is a root-cgroup thread; once
         # the grower is capped, what remains is the node's usual noise, not a new cause).
-        nodes_own = cause == Cause.NEIGHBOR_CPU and not culprits and bool(inc.culprits)
+        nodes_own = cause == Cause.NEIGHBOR_CPU and all(self._is_node(c) for c in culprits) \
+            and any(not self._is_node(c) for c in inc.culprits)
         # A cause declared to yield (CauseSpec.yields_to_pods: steal) gives way to one that names pods.
         yields = bool(culprits) and causes.spec(inc.cause).yields_to_pods
-        if cause != inc.cause and (confidence <= inc.confidence or nodes_own) and not yields:
-            pass  # the first cause stands, with its culprits: another rule's culprits are not its own
+        takes_over = (confidence > inc.confidence and not nodes_own) or yields
+        state.incident_ticks += 1
+        if cause != inc.cause and not (takes_over and state.incident_ticks <= CAUSE_CHANGE_TICKS):
+            # The first cause stands, with its culprits (another rule's culprits are not its own), until
+            # the other cause is surer, or is decided on CAUSE_CHANGE_TICKS ticks in a row; then it is a
+            # new incident. Only in an incident's first ticks (its windows still filling) does a surer
+            # cause refine the first guess in place.
+            seen = state.other_cause[1] + 1 if state.other_cause and state.other_cause[0] == cause else 1
+            state.other_cause = (cause, seen)
+            if takes_over or (seen >= CAUSE_CHANGE_TICKS and not nodes_own):
+                why = f"surer: confidence {confidence:.2f} > {inc.confidence:.2f}" if takes_over \
+                    else f"decided {seen} ticks in a row"
+                return self._change_cause(inc, key, row, state, breaches, signals, now, cause, why)
         else:
+            state.other_cause = None
             # A rule that names no culprit this tick does not clear the ones named before for the same
             # cause (the global-reclaim grower shrinks once capped, and is still who it was); a new
             # cause never inherits another rule's culprits (they would be acted on for the wrong cause).
@@ -493,10 +524,26 @@ class IncidentEngine:
         inc.findings = findings
         inc.kernel_work_cost = self._kernel_work_cost(key, inc.cause)
         inc.breach_signals = _medians(state.breach_signals)
+        inc.victim_cpus = list(state.cpus)
         inc.updated_at = now
         self._emit(inc, "updated")
         self._decide(inc, state)
         inc.moved_together_cost = self._moved_together_cost(key, inc)
+        return None
+
+    def _change_cause(self, inc, key, row, state, breaches, signals, now, cause: Cause, why: str) -> Incident:
+        """Close ``inc`` saying what its cause became, and open its successor for the new cause on the same
+        breach (its breach level, for verifying the successor's actions, carries over)."""
+        successor_id = _new_incident_id()
+        inc.superseded_by = successor_id
+        if CAUSE_CHANGED not in inc.findings:
+            inc.findings.append(CAUSE_CHANGED)
+        breach_signals = list(state.breach_signals)
+        log.warning("incident %s: cause %s -> %s (%s)", inc.incident_id, inc.cause, cause, why)
+        self._close(state, now, note=f"cause changed: {inc.cause} -> {cause} ({why}), continued in {successor_id}")
+        state.breach_signals.extend(breach_signals)
+        state.other_cause = None
+        return self._open(key, row, state, breaches, signals, now, follows=inc.incident_id, incident_id=successor_id)
 
     def _close(self, state: _VictimState, now: float, note: str = "") -> None:
         inc = state.incident
@@ -508,6 +555,8 @@ class IncidentEngine:
             inc.evidence.append(Evidence("closed", 0.0, 0.0, note=note))
         state.incident = None
         state.decided = None
+        state.other_cause = None
+        state.incident_ticks = 0
         state.breach_signals.clear()
         self.closed.append(inc)
         log.warning("incident %s closed after %.1f s", inc.incident_id, now - inc.started_at)
@@ -534,7 +583,8 @@ class IncidentEngine:
         starts on the victim's CPU after the step, or goes past its request, is moved the tick it is
         seen, not once the top changes). An incident submits a step on a pod once: what follows a step
         that did not help is the planner's ladder, not the same step again."""
-        top = inc.culprits[0] if inc.culprits else None
+        # The top culprit that may be acted on: the node's own processes are named, never moved.
+        top = next((c for c in inc.culprits if not self._is_node(c)), None)
         movable = frozenset(c.target.cgroup for c in inc.culprits
                             if c.target.qos == "BE" and c.above_request is not False and c.who_ran_instead_share > 0)
         key = (inc.cause, top.target.cgroup if top else None, top is not None and top.above_request is False, movable)
@@ -554,6 +604,9 @@ class IncidentEngine:
         moved = [d.target for d in decisions if d.kind == ActionKind.SUPPRESS]
         if len(moved) > 1:
             inc.moved_together = moved
+
+    def _is_node(self, c: Culprit) -> bool:
+        return key_of(c.target) == self.node_key
 
     def _moved_together_cost(self, key: str, inc: Incident) -> CulpritCost | None:
         """The victim without all the culprits the incident's step moved together (None: fewer than two)."""
@@ -591,6 +644,17 @@ class IncidentEngine:
             for name, value in _verify_values(row).items():
                 out[f"{cgroup}:{name}"] = value
         return out
+
+
+def _node_note(share: float, tasks: tuple[TaskShare, ...]) -> str:
+    """How the node reads as a culprit: its share of the victim's wait and its top commands."""
+    said = ", ".join(f"{t.comm} (pid {t.pid}) {t.cpu_share:.0%}" for t in tasks)
+    return (f"the node's own processes outside pods ran {share:.0%} of its wait"
+            + (f"; by their CPU time: {said}" if said else ""))
+
+
+def _new_incident_id() -> str:
+    return f"nn-{uuid.uuid4().hex[:12]}"
 
 
 def _verify_values(row: WorkloadSignals) -> dict[str, float]:

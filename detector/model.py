@@ -40,6 +40,15 @@ class CulpritCost:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskShare:
+    """One of the node's own processes (outside any pod) and its share of their CPU time (detector/node_tasks.py)."""
+
+    pid: int
+    comm: str
+    cpu_share: float  # of the node's processes' CPU time over the last tick
+
+
+@dataclass(frozen=True, slots=True)
 class Culprit:
     target: Target
     score: float  # 0..1, combined; culprits are sorted by it, highest first
@@ -59,6 +68,8 @@ class Culprit:
     # Those two also without the kernel work it caused, named ("softirq work", "kswapd, kcompactd, kdamond": the cause's
     # CauseSpec.kernel_work), those kernel threads' part of the victim's waits; "": its own share only.
     without_kernel_work: str = ""
+    # The node (its processes outside any pod) as a culprit: its top commands and their share of its CPU time.
+    tasks: tuple[TaskShare, ...] = ()
 
 
 @dataclass
@@ -90,6 +101,14 @@ class Incident:
     # where it moved one or none (each culprit's own cost says that one).
     moved_together: list[Target] = field(default_factory=list)
     moved_together_cost: CulpritCost | None = None
+    # The CPUs the victim ran on lately (more than 5 % of its time), refreshed every tick: what the
+    # neighbour ladder's cpuset step keeps its culprit off.
+    victim_cpus: list[int] = field(default_factory=list)
+    # A cause that changed while the victim kept breaching closes the incident and opens the next one for
+    # the new cause (detector/incidents.py, CAUSE_CHANGE_TICKS): the two are linked both ways, and the
+    # closed one's "closed" evidence says what the cause became.
+    follows: str | None = None  # the incident this one took over from (its cause changed)
+    superseded_by: str | None = None  # the incident that took over from this one
 
     @property
     def moved_together_names(self) -> str:

@@ -17,6 +17,7 @@ from detector.cgroups import CgroupResolver
 from detector.decisions import DecisionSink, Target
 from detector.incidents import IncidentEngine
 from detector.model import Incident
+from detector.node_tasks import NodeTasks
 from detector.policy import Policy
 from detector.signals import NodeSignals, SignalBuilder
 from detector.workloads import IdMapper, PodLike, WorkloadIndex
@@ -65,6 +66,10 @@ class Detector:
         self.builder = SignalBuilder(self.layout, self.ids)
         self.engine = IncidentEngine(self.policy, sink=sink, on_incident=on_incident, clock=clock,
                                      cpu_request=self.index.cpu_request_of)
+        cpu = self.layout.cpu
+        # The node as a culprit: its top commands, from its cgroup's processes (detector/node_tasks.py).
+        self.engine.node_tasks = NodeTasks(lambda key: None if cpu is None else cpu.path_of(key),
+                                           self.paths.proc).top
         self.prev: NodeSnapshot | None = None
         self.last: NodeSignals | None = None
         self._pod_paths: list[str] = []

@@ -361,6 +361,8 @@ def render_text(report: DiagnoseReport) -> str:
             f"cause {inc.cause}  confidence {inc.confidence:.2f}  started {clock_time(inc.started_at)}  "
             f"{state_line(report, inc)}"
         )
+        if inc.follows:  # the same breach, told anew: its cause changed (detector/incidents.py)
+            lines.append(f"  follows {inc.follows}: the victim kept breaching, the cause changed to {inc.cause}")
         lines.extend(_culprit_lines(report, inc))
         lines.append("  evidence:")
         for e in evidence_of(report, inc):

@@ -99,6 +99,18 @@ def _header(report: DiagnoseReport) -> str:
     )
 
 
+def _lineage(inc: Incident) -> list[str]:
+    """The incidents before and after this one on the same breach (its cause changed)."""
+    out = []
+    if inc.follows:
+        out.append(f"<p>Follows <a href='#{escape(inc.follows)}'>{escape(inc.follows)}</a>: the victim kept "
+                   f"breaching and the cause changed.</p>")
+    if inc.superseded_by:
+        out.append(f"<p>Continued in <a href='#{escape(inc.superseded_by)}'>{escape(inc.superseded_by)}</a>: "
+                   f"its cause changed.</p>")
+    return out
+
+
 def _card(report: DiagnoseReport, inc: Incident) -> str:
     still_open = report.is_still_open(inc)
     victim = inc.victim
@@ -111,6 +123,7 @@ def _card(report: DiagnoseReport, inc: Incident) -> str:
         f"confidence {inc.confidence:.2f}, incident {escape(inc.incident_id)}"
         + (f", CPU request {request:.2f} cores" if request else "") + "</p>",
     ]
+    out.extend(_lineage(inc))
     culprits = culprits_of(inc)
     if culprits:
         out.append("<h3>Culprits</h3><table><tr><th>#</th><th>workload</th><th>class</th>"

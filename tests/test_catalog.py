@@ -112,14 +112,15 @@ def test_self_contention_when_its_own_threads_fill_its_cpus():
         < causes.RULES.index(causes.neighbor_cpu.rule)
 
 
-def test_the_nodes_own_processes_are_a_neighbour_without_a_culprit():
+def test_the_nodes_own_processes_are_a_neighbour_named_as_the_culprit():
     """Seen under CI load: the victim waited behind processes in the root cgroup (the load generator,
-    system daemons), which are never culprits. The cause is still the CPU neighbour, not 'unknown'."""
+    system daemons). The cause is the CPU neighbour, not 'unknown', and the node is its culprit (issue 41:
+    a neighbour cause that named no one)."""
     row = _row(runq_wait_ms_per_s=300.0, throttled_ms_per_s=0.0, throttled_ratio=0.0, cpu_cores=0.3)
     ctx = _ctx(row, own=0.01e9, foreign={"/": 0.9e9})
-    ctx.cpu_culprits = lambda k, f, t: [Culprit(Target(c), 0.5) for c in f if c != "/"]  # the root is never one
+    ctx.cpu_culprits = lambda k, f, t: [Culprit(Target(c), 0.5) for c in f]  # the engine's: the root included
     v = causes.decide(ctx)
-    assert v.cause == Cause.NEIGHBOR_CPU and v.culprits == []
+    assert v.cause == Cause.NEIGHBOR_CPU and [c.target.cgroup for c in v.culprits] == ["/"]
     node = [e for e in v.evidence if e.signal == "who_ran_instead_node_share"]
     assert len(node) == 1 and node[0].value == 0.9 and "outside pods" in node[0].note
     # A little root time with no pod culprit is not enough to name a neighbour.
@@ -137,7 +138,7 @@ def test_every_rule_is_one_function_and_the_fallback_always_holds():
 # -- culprits against their requests ----------------------------------------------------------------
 
 
-def test_culprits_above_their_request_rank_first_and_root_or_zero_never_rank():
+def test_culprits_above_their_request_rank_first_the_node_by_its_score_and_zero_never():
     requests = {"pod:a": 2.0, "pod:b": 0.1}
     engine = IncidentEngine(cpu_request=requests.get)
     within = Culprit(Target("/k/a", "a", "batch", "a", "BE"), 0.6, cpu_cores=0.5)
@@ -145,9 +146,9 @@ def test_culprits_above_their_request_rank_first_and_root_or_zero_never_rank():
     root = Culprit(Target("/"), 0.9)
     zero = Culprit(Target("/k/z", "z", "batch", "z", "BE"), 0.0)
     ranked = engine._ranked([engine._judged(c) for c in (within, above, root, zero)])
-    assert [c.target.pod for c in ranked] == ["b", "a"]
-    assert ranked[0].above_request is True and ranked[0].cpu_request_cores == 0.1
-    assert ranked[1].above_request is False and "busy within its request" in ranked[1].note
+    assert [c.target.cgroup for c in ranked] == ["/", "/k/b", "/k/a"]  # the node: no request, so with those above
+    assert ranked[1].above_request is True and ranked[1].cpu_request_cores == 0.1
+    assert ranked[2].above_request is False and "busy within its request" in ranked[2].note
 
 
 # -- the exporter's incident metrics ----------------------------------------------------------------

@@ -19,6 +19,7 @@ from actuators.manager import ActuatorManager
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import SuppressActuator
 from bench.sandbox import PREFIX
+from detector.causes import neighbor_cpu
 from detector.causes.softirq import softirq_traffic_decision
 from detector.decisions import (
     ActionKind,
@@ -279,6 +280,12 @@ def _neighbor(culprit_cores: float = 1.0) -> Incident:
     return inc
 
 
+def _applied_then(planner: MitigationPlanner, d: Decision, state: ActionState, detail: str) -> None:
+    """The manager's records of one action: applied, then its verdict."""
+    planner.note_record(_record(d, ActionState.APPLIED, ""))
+    planner.note_record(_record(d, state, detail))
+
+
 def test_neighbor_escalation_isolation_then_quota_to_request_then_evict() -> None:
     now = [100.0]
     sink = LoggingSink()
@@ -289,22 +296,78 @@ def test_neighbor_escalation_isolation_then_quota_to_request_then_evict() -> Non
     cpuset = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "engine", incident_id="inc-1")
     planner(inc, "opened")
     assert sink.decisions == []  # the engine's isolation goes first
-    planner.note_record(_record(cpuset, ActionState.REVERTED, "did not help: runq_p99_ns 5 -> 5"))
+    planner.note_record(_record(cpuset, ActionState.APPLIED, ""))
     planner(inc, "updated")
-    assert sink.decisions == []  # the manager still blocks the target after the revert
-    now[0] += 7.0
-    planner(inc, "updated")
+    assert sink.decisions == []  # its verdict is not in
+    planner.note_record(_record(cpuset, ActionState.REVERTED, "did not help: runq_wait_ms_per_s 5 -> 5"))
+    now[0] += 1.0
+    planner(inc, "updated")  # the next tick: the next step (the manager lets the incident's next step through)
     quota = sink.decisions[-1]
     assert quota.kind == ActionKind.SUPPRESS and quota.amount == SuppressAmount("cfs_quota", cpu_cores=0.5)
+    assert quota.code == neighbor_cpu.QUOTA_TO_REQUEST
     planner(inc, "updated")
     assert len(sink.decisions) == 1  # waits for the verdict on the quota
-    planner.note_record(_record(quota, ActionState.REVERTED, "did not help: runq_p99_ns 5 -> 5"))
-    now[0] += 7.0
+    _applied_then(planner, quota, ActionState.REVERTED, "did not help: runq_wait_ms_per_s 5 -> 5")
+    now[0] += 1.0
     planner(inc, "updated")
     evict = sink.decisions[-1]
     assert evict.kind == ActionKind.EVICT and evict.target == FLOOD and evict.incident_id == "inc-1"
     planner(inc, "updated")
     assert len(sink.decisions) == 2
+
+
+def test_neighbor_ladder_after_a_quota_moves_the_culprit_off_the_victims_cpus() -> None:
+    """A small node (the engine's first step a quota: a cpuset would leave the BE pod fewer CPUs than the
+    policy's floor): the quota did not help, so the next tick moves the culprit off the victim's CPUs, below
+    that floor; that not helping either, eviction (off: said, nothing more)."""
+    now = [0.0]
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False, evict_enabled=False),
+                                clock=lambda: now[0])
+    inc = _neighbor()
+    inc.victim_cpus = [1]
+    planner.online_cpus = lambda: [0, 1]  # type: ignore[method-assign]
+    quota = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=0.35), "engine",
+                     incident_id="inc-1", code=neighbor_cpu.SUPPRESS)
+    _applied_then(planner, quota, ActionState.REVERTED, "did not help: x")
+    now[0] += 1.0
+    planner(inc, "updated")
+    (cpuset,) = sink.decisions
+    assert cpuset.target == FLOOD and cpuset.code == neighbor_cpu.CPUSET_AWAY
+    assert cpuset.amount == SuppressAmount("cpuset", cpus=(0,), floor_cpus=1)
+    assert cpuset.victim_signal == neighbor_cpu.VERIFY_SIGNAL
+    assert any("cpuset off its CPUs 1 to CPUs 0" in e.note for e in inc.evidence), inc.evidence
+    _applied_then(planner, cpuset, ActionState.REVERTED, "did not help: x")
+    now[0] += 1.0
+    planner(inc, "updated")
+    assert len(sink.decisions) == 1 and any("eviction is disabled" in e.note for e in inc.evidence)
+
+
+def test_neighbor_ladder_goes_on_when_a_step_helped_but_the_victim_still_breaches() -> None:
+    """A quota verified (the victim's mean wait fell) while the incident keeps breaching: after as many breach
+    ticks as the verification took, the next step goes on top; a victim that stopped breaching gets none."""
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False, verify_intervals=3))
+    planner.online_cpus = lambda: [0, 1]  # type: ignore[method-assign]
+    inc = _neighbor()
+    inc.victim_cpus = [1]
+    quota = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=0.35), "engine",
+                     incident_id="inc-1", code=neighbor_cpu.SUPPRESS)
+    _applied_then(planner, quota, ActionState.VERIFIED, "victim improved")
+    planner(inc, "updated")
+    planner(inc, "updated")
+    assert sink.decisions == []
+    planner(inc, "updated")
+    (cpuset,) = sink.decisions
+    assert cpuset.amount.policy == "cpuset" and any("helped, yet" in e.note for e in inc.evidence)
+    # the same, for an incident that closes once the step is verified: nothing more
+    inc2 = _neighbor()
+    inc2.incident_id = "inc-2"
+    _applied_then(planner, Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=0.35),
+                                    "engine", incident_id="inc-2"), ActionState.VERIFIED, "victim improved")
+    inc2.ended_at = 5.0
+    planner(inc2, "closed")
+    assert len(sink.decisions) == 1
 
 
 def test_neighbor_escalation_stops_when_it_helped_or_eviction_is_off() -> None:
@@ -314,21 +377,22 @@ def test_neighbor_escalation_stops_when_it_helped_or_eviction_is_off() -> None:
                                 request_of=lambda t: None, clock=lambda: now[0])
     cpuset = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "engine", incident_id="inc-1")
     inc = _neighbor()
-    planner.note_record(_record(cpuset, ActionState.VERIFIED, "victim improved"))
+    _applied_then(planner, cpuset, ActionState.VERIFIED, "victim improved")
     now[0] += 100
-    planner(inc, "updated")
+    inc.culprits = []  # the victim stopped breaching: the engine stops calling; an "opened"-only hook moves nothing
+    planner(inc, "opened")
     assert sink.decisions == []
     inc2 = _neighbor()
     inc2.incident_id = "inc-2"
-    planner.note_record(_record(Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "e",
-                                         incident_id="inc-2"), ActionState.REVERTED, "did not help: x"))
+    _applied_then(planner, Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "e",
+                                    incident_id="inc-2"), ActionState.REVERTED, "did not help: x")
     now[0] += 100
     planner(inc2, "updated")  # no request known: straight to eviction, which policy forbids
     assert sink.decisions == []
     assert any("eviction is disabled" in e.note for e in inc2.evidence)
     # a non-BE target never enters the ladder
     ls = Decision(ActionKind.SUPPRESS, API, SuppressAmount("cpuset", cpus=(0,)), "e", incident_id="inc-3")
-    planner.note_record(_record(ls, ActionState.REVERTED, "did not help: x"))
+    _applied_then(planner, ls, ActionState.REVERTED, "did not help: x")
     inc3 = _neighbor()
     inc3.incident_id = "inc-3"
     now[0] += 100

@@ -19,7 +19,9 @@ from actuators.base import ActionState
 from actuators.cgroupfile import CgroupFiles
 from actuators.journal import Journal
 from actuators.manager import ActuatorManager
+from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import SuppressActuator
+from detector.causes import neighbor_cpu
 from detector.decisions import ActionKind, SuppressAmount, Target
 from detector.incidents import IncidentEngine
 from detector.policy import ActuatorPolicy, Policy, ResourceThresholdStrategy, SloThresholds
@@ -45,9 +47,10 @@ def _row(w: Workload, **kw) -> WorkloadSignals:
 def _tick(victim_p99_ns: float) -> NodeSignals:
     if victim_p99_ns <= QUIET_P99_NS:
         victim = _row(LS)
-    else:  # waiting behind the BE pod 80 % of the time
-        wait_ns = 300e6
-        victim = _row(LS, runq_p99_ns=victim_p99_ns, runq_wait_ms_per_s=300.0, ran_instead_ns={BE.key: 0.8 * wait_ns})
+    else:  # waiting behind the BE pod 80 % of the time, 300 ms/s at the breach's p99 and in proportion to it
+        wait_ms = 300.0 * victim_p99_ns / BREACH_P99_NS
+        victim = _row(LS, runq_p99_ns=victim_p99_ns, runq_wait_ms_per_s=wait_ms,
+                      ran_instead_ns={BE.key: 0.8 * wait_ms * 1e6})
     return NodeSignals(1.0, {LS.key: victim, BE.key: _row(BE, cpu_cores=1.0)})
 
 
@@ -55,7 +58,7 @@ class _Loop:
     """An engine and a manager wired as the agent wires them."""
 
     def __init__(self, tmp_path: Path) -> None:
-        paths = fake_v2_host(tmp_path, ["kubepods.slice", "kubepods.slice/kubepods-besteffort.slice", BE_CG,
+        paths = fake_v2_host(tmp_path, cpus="0-1", cgroups=["kubepods.slice", "kubepods.slice/kubepods-besteffort.slice", BE_CG,
                                         "kubepods.slice/kubepods-burstable.slice", LS_CG])
         fake_cpu_topology(tmp_path, ["0", "1"], {0: "0-1"})
         self.files = CgroupFiles(paths)
@@ -96,12 +99,15 @@ def test_a_suppress_for_a_pod_victim_is_verified_against_its_breach(tmp_path):
     record = loop.suppress()
     assert record.state == ActionState.APPLIED and "not verified" not in record.detail
     assert record.decision.target.pod == "batch"
-    assert record.effect["before_action"] == BREACH_P99_NS  # the breach's level, not the quiet ticks before it
+    # Verified on the victim's mean wait (neighbor_cpu.VERIFY_SIGNAL) at the breach's level, not the quiet
+    # ticks before it.
+    assert record.decision.victim_signal == "runq_wait_ms_per_s"
+    assert record.effect["before_action"] == 300.0
     assert loop.files.read_cpu_max(BE_CG).quota_us is not None  # capped
-    loop.run([2e6] * 3)  # the victim's p99 fell tenfold
+    loop.run([2e6] * 3)  # the victim's wait fell tenfold
     record = loop.suppress()
     assert record.state == ActionState.VERIFIED, record.detail
-    assert record.effect["after_action"] == 2e6
+    assert record.effect["after_action"] == 30.0
 
 
 def test_a_suppress_that_did_not_help_a_pod_victim_is_reverted(tmp_path):
@@ -113,6 +119,34 @@ def test_a_suppress_that_did_not_help_a_pod_victim_is_reverted(tmp_path):
     assert loop.files.read_cpu_max(BE_CG).quota_us is None  # back to unlimited
 
 
+def test_a_quota_that_did_not_help_is_followed_by_a_cpuset_off_the_victims_cpus_at_the_next_tick(tmp_path):
+    """The ladder through the real manager (issue 41): a 2-CPU node, so the engine's step is a quota (a cpuset
+    would leave the BE pod fewer CPUs than the policy's floor of 2); the victim's wait does not fall, the
+    quota is reverted, and the next tick the planner moves the BE pod off the victim's CPU (1): the
+    manager's block after the revert is for the same step again, not for this incident's next one."""
+    loop = _Loop(tmp_path)
+    for cg in (BE_CG, *(BE_CG.rsplit("/", n)[0] for n in (1, 2))):  # what the kernel shows of an unset cpuset
+        (tmp_path / "sys/fs/cgroup" / cg / "cpuset.cpus.effective").write_text("0-1\n")
+    planner = MitigationPlanner(loop.manager, lambda: [], NetnsTrafficSampler(loop.files), loop.manager.policy)
+    loop.engine.on_incident.append(planner)
+    loop.manager.on_record.append(planner.note_record)
+    _breach_until_suppressed(loop)
+    assert loop.suppress().decision.amount.policy == "cfs_quota"
+    # Judged on its 3rd sample (the tick it was applied on is the 1st): did not help, reverted; the tick
+    # after: the next step.
+    loop.run([BREACH_P99_NS] * 3)
+    records = {id(r): r for r in loop.manager.records if r.decision.kind == ActionKind.SUPPRESS}.values()
+    quota, cpuset = sorted(records, key=lambda r: r.decision.created_at)
+    assert quota.state == ActionState.REVERTED and loop.files.read_cpu_max(BE_CG).quota_us is None
+    assert cpuset.state == ActionState.APPLIED, cpuset.detail
+    assert cpuset.decision.code == neighbor_cpu.CPUSET_AWAY
+    assert loop.files.read_cpus(BE_CG) == (0,)  # off CPU 1, where the victim runs
+    (inc,) = loop.engine.open_incidents
+    assert any("cpuset off its CPUs 1 to CPUs 0" in e.note for e in inc.evidence), inc.evidence
+    loop.run([2e6] * 3)
+    assert cpuset.state == ActionState.VERIFIED, cpuset.detail
+
+
 def test_an_incident_carries_its_breach_level_for_verification():
     engine = IncidentEngine(Policy())
     for t, p99 in enumerate([QUIET_P99_NS] * 4 + [10e6, 30e6, 20e6]):
@@ -120,8 +154,9 @@ def test_an_incident_carries_its_breach_level_for_verification():
     (inc,) = engine.open_incidents
     assert inc.breach_signals["runq_p99_ns"] == 20e6  # median of the breach ticks only
     assert inc.breach_signals["reclaim_stall_ms_per_s"] == 0.0
+    assert inc.breach_signals["runq_wait_ms_per_s"] == 300.0
     d = dataclasses.replace(engine.sink.decisions[0], victim_before=None)
-    assert inc.for_verification(d).victim_before == 20e6
+    assert inc.for_verification(d).victim_before == 300.0  # its verify signal's: the mean wait
     other = dataclasses.replace(d, victim=Target("/elsewhere"))
     assert inc.for_verification(other).victim_before is None  # another victim's decision keeps its own
 

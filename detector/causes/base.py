@@ -42,6 +42,7 @@ class CauseContext:
     # own_wait_ns by the container it waited behind (window): name -> ns (detector/containers.py)
     own_by_container: dict[str, float] = field(default_factory=dict)
     steal_ns: float = 0.0  # hypervisor steal on the victim's CPUs, weighted like softirq time (window)
+    node_key: str = ROOT_CGROUP  # the workload key of the node's own processes (IncidentEngine.node_key)
 
     @property
     def runq_breach(self) -> bool:
@@ -54,7 +55,7 @@ class CauseContext:
     @property
     def node_share(self) -> float:
         """Share of its wait behind the root cgroup: the node's own processes, kernel threads included."""
-        return self.foreign.get(ROOT_CGROUP, 0.0) / self.total_wait_ns if self.total_wait_ns > 0 else 0.0
+        return self.foreign.get(self.node_key, 0.0) / self.total_wait_ns if self.total_wait_ns > 0 else 0.0
 
     @property
     def own_share(self) -> float:
