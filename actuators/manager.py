@@ -77,9 +77,6 @@ class ActuatorMetrics:
     """Prometheus series of the manager, registered in the registry passed in."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.actions = Counter(
-            "noisyneighbor_actuator_actions", "Actions by kind and resulting state (planned = dry-run).",
-            ["kind", "state"], registry=registry)
         self.reverts = Counter(
             "noisyneighbor_actuator_reverts", "Actions reverted because the victim did not improve.", ["kind"],
             registry=registry)
@@ -434,7 +431,6 @@ class ActuatorManager:
                 hook(record)
             except Exception:  # a broken hook must not stop the manager
                 log.exception("actuator record hook failed")
-        self.metrics.actions.labels(str(record.decision.kind), str(record.state)).inc()
         self._refresh_gauges()
         self._audit(record)
 
