@@ -161,10 +161,8 @@ static __always_inline void nn_hist_add(struct nn_hist *h, __u64 value_ns)
  * may leave the smaller of the two (an atomic max needs a compare-and-swap loop, 5.12+); sum and
  * count stay exact.
  */
-static __always_inline void nn_hist_add_shared(struct nn_hist *h, __u64 value_ns)
+static __always_inline void nn_hist_add_shared_at(struct nn_hist *h, __u32 slot, __u64 value_ns)
 {
-	__u32 slot = nn_hist_slot(value_ns);
-
 	if (slot >= NN_HIST_SLOTS)
 		return;
 	__sync_fetch_and_add(&h->slots[slot], 1);
@@ -172,6 +170,11 @@ static __always_inline void nn_hist_add_shared(struct nn_hist *h, __u64 value_ns
 	__sync_fetch_and_add(&h->count, 1);
 	if (value_ns > h->max_ns)
 		h->max_ns = value_ns;
+}
+
+static __always_inline void nn_hist_add_shared(struct nn_hist *h, __u64 value_ns)
+{
+	nn_hist_add_shared_at(h, nn_hist_slot(value_ns), value_ns);
 }
 
 #endif /* NN_COMMON_H */

@@ -330,14 +330,10 @@ static __always_inline void stat_add(__u64 *p, __u64 v)
 
 static __always_inline void stat_hist_add(struct nn_hist *h, __u32 slot, __u64 value_ns)
 {
-	if (slot >= NN_HIST_SLOTS)
-		return;
-	stat_add(&h->slots[slot], 1);
-	stat_add(&h->sum_ns, value_ns);
-	stat_add(&h->count, 1);
-	/* Shared copies: two CPUs racing here may keep the smaller of two maxima (a maximum, not a count). */
-	if (value_ns > h->max_ns)
-		h->max_ns = value_ns;
+	if (stripes_shared)
+		nn_hist_add_shared_at(h, slot, value_ns);
+	else
+		nn_hist_add_at(h, slot, value_ns);
 }
 
 /* This CPU's copy of `slot` in a striped table (cgroup_runq, runq_culprits). */
