@@ -602,11 +602,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         self.stripes, self.stripes_shared = stripes_for(possible_cpu_count(self.paths))
         # A power of 2 (the BPF side masks a pid into it), at most the pid space.
         self.pid_slots = min(_power_of_2_at_least(max_pid_slots), _power_of_2_at_least(_pid_max(self.paths)))
-        sizes = {"outliers": outlier_ring_bytes, "cgroup_slots": max_cgroups, "free_slots": max_cgroups,
-                 "cgroup_runq": max_cgroups * self.stripes, "runq_culprits": max_culprit_pairs * self.stripes,
-                 "runq_cf": max_culprit_pairs, "culprit_slots": max_culprit_pairs,
-                 "free_culprit_slots": max_culprit_pairs, "task_run_delay": self.pid_slots, "fallback_queued_ns": 1,
-                 "runq_cpu_hist": possible_cpu_count(self.paths)}
+        sizes = self._map_sizes(outlier_ring_bytes)
         options = {
             "rodata": {"v1_cpu_cgroup": self.v1_cpu, "outlier_threshold_ns": outlier_threshold_ns,
                        "pid_slots": self.pid_slots, "pid_slot_bits": self.pid_slots.bit_length() - 1,
@@ -618,6 +614,25 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             "layouts": MAP_LAYOUTS,
         }
         self.probe = self._open(engine, attach_mode, options, sizes)
+        self._init_readers()
+        self.culprits_available = self.probe.status.attach_mode == "sched_info"
+        self.culprits_unavailable_reason = None if self.culprits_available else (
+            f"who-ran-instead needs the sched_info flavour, this is {self.probe.status.attach_mode}"
+        )
+        if outlier_threshold_ns:
+            self._watch_events("outliers", RunqOutlier.decode)
+
+    def _map_sizes(self, outlier_ring_bytes: int) -> dict[str, int]:
+        """Entries of each sized map (ring buffers: bytes): the tables are slots x stripes."""
+        cgroups, pairs = self.cgroup_slot_count, self.pair_slot_count
+        return {"outliers": outlier_ring_bytes, "cgroup_slots": cgroups, "free_slots": cgroups,
+                "cgroup_runq": cgroups * self.stripes, "runq_culprits": pairs * self.stripes,
+                "runq_cf": pairs, "culprit_slots": pairs, "free_culprit_slots": pairs,
+                "task_run_delay": self.pid_slots, "fallback_queued_ns": 1,
+                "runq_cpu_hist": possible_cpu_count(self.paths)}
+
+    def _init_readers(self) -> None:
+        """The reader's state over the loaded maps: the slot tables, the CPU histograms, the totals."""
         # Pairs that gave their slots back while their cgroups live on: their totals so far, added back
         # in snapshots so the matrix stays cumulative when a pair reappears. At most as many as the
         # table's slots, oldest out first (a snapshot copies them every tick): one that comes back
@@ -647,12 +662,6 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         self._wait_split: dict[int, WaitSplit] = {}
         self._pairs_in_kernel: dict[tuple[int, int], CulpritStats] = {}
         self._culprit_totals: dict[tuple[int, int], CulpritStats] = {}  # in the kernel + _culprit_base
-        self.culprits_available = self.probe.status.attach_mode == "sched_info"
-        self.culprits_unavailable_reason = None if self.culprits_available else (
-            f"who-ran-instead needs the sched_info flavour, this is {self.probe.status.attach_mode}"
-        )
-        if outlier_threshold_ns:
-            self._watch_events("outliers", RunqOutlier.decode)
 
     def _open(self, engine: Engine, attach_mode: Flavour, options: dict[str, Any], sizes: dict[str, int]) -> LoadedProbe:
         """The sched_info flavour when asked for or where it loads (auto), else the wakeup-based ones."""

@@ -22,6 +22,7 @@ int runqlat_switch_schedinfo(unsigned long long *ctx)
 	struct task_struct *next = (struct task_struct *)ctx[2];
 	__u32 zero = 0;
 	struct runq_cpu_state *cpu = bpf_map_lookup_elem(&runq_cpu, &zero);
+	struct nn_hist *h;
 	__u64 now, queued, pending = 0;
 
 	if (!cpu)
@@ -32,7 +33,9 @@ int runqlat_switch_schedinfo(unsigned long long *ctx)
 			now = prev->se.cfs_rq->rq->clock;
 			pending = now > queued ? now - queued : 0;
 		}
-		nn_hist_add(&cpu->hist, pending);
+		h = cpu_hist(cpu);
+		if (h)
+			nn_hist_add(h, pending);
 	}
 	return 0;
 }
