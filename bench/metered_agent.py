@@ -4,10 +4,11 @@ The kernel counts what a process reads through read(2) (``rchar`` in ``/proc/<pi
 it copies out of BPF maps through bpf(2). This wraps the two calls every map read goes through
 (``BpfMap.lookup``: one value; ``BpfMap._batches``: one BPF_MAP_LOOKUP_BATCH call, only the entries
 the kernel filled) and adds up the key and value bytes copied. Tables read in place through mmap (the
-run-queue probe's slot tables and CPU histograms) have no call to wrap: the probe's own count of the
-words it looked at and the slots it copied out is added, as "runqlat (mapped tables)". The maps each object loaded are
-remembered by name with their fd, so the bench can read each one's ``memlock`` from
-``/proc/<pid>/fdinfo/<fd>``. On SIGUSR1 both are written, as JSON, to ``$NN_METER_OUT``.
+run-queue probe's slot tables and CPU histograms, the softirq probe's stats) have no call to wrap: each
+probe's own count of the words it looked at and the slots it copied out is added, as "runqlat (mapped
+tables)" and "softirq (mapped stats)". The maps each object loaded are remembered by name with their
+fd, so the bench can read each one's ``memlock`` from ``/proc/<pid>/fdinfo/<fd>``. On SIGUSR1 both
+are written, as JSON, to ``$NN_METER_OUT``.
 
     NN_METER_OUT=/tmp/meter.json python -m bench.metered_agent agent --dry-run ...
 """
@@ -40,6 +41,21 @@ def _add(m: libbpf.BpfMap, nbytes: int) -> None:
     BY_MAP[key] = BY_MAP.get(key, 0) + nbytes
 
 
+def _meter_mapped_reads(cls: type, label: str) -> None:
+    """Add what a probe's snapshot looked at or copied out of its mapped maps (its own count)."""
+    snapshot = cls.snapshot
+
+    def metered_snapshot(self):  # type: ignore[no-untyped-def]
+        before = self.bytes_read
+        snap = snapshot(self)
+        n = self.bytes_read - before
+        COUNTS["bpf_map_bytes"] += n
+        BY_MAP[label] = BY_MAP.get(label, 0) + n
+        return snap
+
+    cls.snapshot = metered_snapshot  # type: ignore[attr-defined]
+
+
 def install(out: Path) -> None:
     lookup, batches, load = libbpf.BpfMap.lookup, libbpf.BpfMap._batches, libbpf.BpfObject.load
 
@@ -60,19 +76,11 @@ def install(out: Path) -> None:
             MAP_FDS[label] = m.fd
 
     from probes.runqlat import RunqLatProbe
+    from probes.softirq import SoftirqProbe
 
-    if hasattr(RunqLatProbe, "bytes_read"):  # a tree from before the mapped tables has nothing to add
-        snapshot = RunqLatProbe.snapshot
-
-        def metered_snapshot(self):  # type: ignore[no-untyped-def]
-            before = self.bytes_read
-            snap = snapshot(self)
-            n = self.bytes_read - before
-            COUNTS["bpf_map_bytes"] += n
-            BY_MAP["runqlat (mapped tables)"] = BY_MAP.get("runqlat (mapped tables)", 0) + n
-            return snap
-
-        RunqLatProbe.snapshot = metered_snapshot  # type: ignore[method-assign]
+    for cls, label in ((RunqLatProbe, "runqlat (mapped tables)"), (SoftirqProbe, "softirq (mapped stats)")):
+        if hasattr(cls, "bytes_read"):  # a tree from before its mapped tables has nothing to add
+            _meter_mapped_reads(cls, label)
 
     libbpf.BpfMap.lookup = metered_lookup  # type: ignore[method-assign]
     libbpf.BpfMap._batches = metered_batches  # type: ignore[method-assign]

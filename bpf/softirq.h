@@ -31,11 +31,16 @@ struct softirq_pending {
 	__u32 run_raise_tgid;
 };
 
-/* Per CPU, per vector: cumulative since load. */
+/*
+ * Per CPU, per vector: cumulative since load. One slot of the `stats` array (CPU c's vector v at
+ * c * NN_NR_SOFTIRQS + v), written only by its CPU, padded to whole cache lines so two CPUs never
+ * write the same line.
+ */
 struct softirq_stats {
 	struct nn_hist delay;   /* raise → entry, only for entries whose raise was seen */
 	struct nn_hist runtime; /* entry → exit */
 	__u64 entries;          /* every softirq_entry, raise seen or not: matches /proc/softirqs */
+	__u64 _pad;
 };
 
 /* A softirq run whose raise → entry delay or entry → exit run time reached the threshold. */

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from probes.cgroupfiles import parse_cpu_list
+
 # Errors that mean "the file or the object behind it went away while we looked": a cgroup removed
 # mid-read gives ENOENT or ENODEV, a task that exited gives ESRCH.
 VANISHED_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ESRCH, errno.ENOTDIR})
@@ -115,3 +117,11 @@ class HotFiles:
 
     def __len__(self) -> int:
         return len(self._fds)
+
+
+def possible_cpu_count(paths: HostPaths) -> int:
+    """The possible CPUs (what the kernel sizes per-CPU maps by): /sys/devices/system/cpu/possible."""
+    try:
+        return len(parse_cpu_list((paths.sys / "devices/system/cpu/possible").read_text())) or 1
+    except (OSError, ValueError):
+        return os.cpu_count() or 1

@@ -20,7 +20,6 @@ from typing import Any, Literal
 import numpy as np
 
 from probes.base import BpfProbe
-from probes.cgroupfiles import parse_cpu_list
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.engine import (
     AttachMode,
@@ -41,7 +40,7 @@ from probes.hist import (
     counterfactual_histogram,  # noqa: F401  (re-exported)
     merge_intervals,
 )
-from probes.host import HostPaths
+from probes.host import HostPaths, possible_cpu_count
 from probes.plugin import (
     IDLE,
     UNKNOWN,
@@ -525,14 +524,6 @@ def _power_of_2_at_least(n: int) -> int:
     while p < n:
         p *= 2
     return p
-
-
-def possible_cpu_count(paths: HostPaths) -> int:
-    """The possible CPUs (what the kernel sizes per-CPU maps by): /sys/devices/system/cpu/possible."""
-    try:
-        return len(parse_cpu_list((paths.sys / "devices/system/cpu/possible").read_text())) or 1
-    except (OSError, ValueError):
-        return os.cpu_count() or 1
 
 
 def cgroup_capacity(hierarchy_root: Path | None) -> int:

@@ -18,11 +18,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from probes.base import BpfProbe
 from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
 from probes.hist import NN_HIST_SIZE, IntervalHistogram, LatencyHistogram, merge_intervals
-from probes.host import HostPaths
+from probes.host import HostPaths, possible_cpu_count
 from probes.plugin import MetricSpec, NodeSample, ProbePlugin, SignalExtractor, TopColumn, TopInput, TopTable
 from probes.units import fmt_us
 
@@ -40,7 +42,10 @@ SPEC = ProbeSpec(
 VECTORS = ("HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU")
 DEFAULT_STALL_THRESHOLD_NS = 10_000_000
 
-_STATS = struct.Struct(f"<{NN_HIST_SIZE}s{NN_HIST_SIZE}sQ")  # struct softirq_stats
+_STATS = struct.Struct(f"<{NN_HIST_SIZE}s{NN_HIST_SIZE}sQ8x")  # struct softirq_stats
+# The words of a CPU's vector that move with every update: `entries` (entry: it and the delay
+# histogram) and the run-time histogram's count (exit). Neither moved: the slot is as last read.
+_CHANGE_WORDS = [(2 * NN_HIST_SIZE) // 8, (NN_HIST_SIZE + NN_HIST_SIZE - 16) // 8]
 # What this module decodes, per map: (key, value), checked against the object's BTF at load (engine).
 MAP_LAYOUTS = {"stats": (4, _STATS), "drops": (4, 8)}
 
@@ -147,37 +152,49 @@ class SoftirqProbe(BpfProbe["SoftirqStall"]):
         self.v1_cpu = self._key_by("cpu", paths, layout)
         self.stall_threshold_ns = stall_threshold_ns
         engine = engine or LibbpfEngine(self.paths)
+        self.cpus = possible_cpu_count(self.paths)
         self.probe: LoadedProbe = engine.open_probe(
             SPEC,
             rodata={"v1_cpu_cgroup": self.v1_cpu, "stall_threshold_ns": stall_threshold_ns},
             attach_mode=attach_mode,
-            map_sizes={"stalls": stall_ring_bytes},
+            map_sizes={"stalls": stall_ring_bytes, "stats": self.cpus * len(VECTORS)},
             layouts=MAP_LAYOUTS,
         )
         if stall_threshold_ns:
             self._watch_events("stalls", SoftirqStall.decode)
-        self._decoded: dict[tuple[int, str], tuple[bytes, SoftirqStats]] = {}  # last read, as read and decoded
+        mapped = self.probe.map_mmap("stats") if hasattr(self.probe, "map_mmap") else None
+        words = _STATS.size // 8
+        self._mapped = None if mapped is None else (
+            np.frombuffer(mapped, dtype="<u8")[: self.cpus * len(VECTORS) * words].reshape(-1, words))
+        self._seen = np.zeros((0, len(_CHANGE_WORDS)), dtype="<u8")  # change words at the last read
+        self._stats: dict[tuple[int, str], SoftirqStats] = {}  # every CPU x vector, as last decoded
+        self.bytes_read = 0  # looked at or copied out in place (no syscall copies it, so nothing else counts it)
 
     def snapshot(self) -> SoftirqSnapshot:
         """Per (cpu, vector) for every possible CPU and every vector, plus drop counters.
 
-        A CPU x vector whose value is byte for byte the last read's is the same SoftirqStats object
-        again: on a large node most of them did not move (idle CPUs, vectors nobody raises), and
-        decoding 2 x 64 CPUs x 10 vectors histograms every tick was most of the probe's cost.
-        """
+        Only the CPU x vector slots whose counters moved since the last read are copied out and
+        decoded (read in place where the array is mapped); the others are the same SoftirqStats
+        object again, so a tick's work follows the CPUs that were busy, not the node's size."""
         now = time.monotonic()
-        stats: dict[tuple[int, str], SoftirqStats] = {}
-        decoded = self._decoded
-        for vec, name in enumerate(VECTORS):
-            values = self.probe.map_lookup("stats", vec.to_bytes(4, "little")) or []
-            for cpu, raw in enumerate(values):  # type: ignore[arg-type]
-                key = (cpu, name)
-                last = decoded.get(key)
-                if last is None or last[0] != raw:
-                    last = decoded[key] = (raw, SoftirqStats.decode(raw))  # type: ignore[arg-type]
-                stats[key] = last[1]
-        drops = self.read_drops()
-        return SoftirqSnapshot(now, stats, drops)
+        if self._mapped is not None:
+            rows = self._mapped
+        else:
+            blob = self.probe.map_array_values("stats")
+            rows = np.frombuffer(blob, dtype="<u8").reshape(-1, _STATS.size // 8)
+        seen = rows[:, _CHANGE_WORDS]
+        if len(self._seen) != len(seen):
+            moved: list[int] = list(range(len(seen)))
+        else:
+            moved = np.flatnonzero((seen != self._seen).any(axis=1)).tolist()
+        self._seen = seen  # fancy indexing copied them
+        for slot in moved:
+            raw = rows[slot].tobytes()
+            cpu, vec = divmod(slot, len(VECTORS))
+            self._stats[(cpu, VECTORS[vec])] = SoftirqStats.decode(raw)
+        if self._mapped is not None:
+            self.bytes_read += seen.nbytes + len(moved) * _STATS.size
+        return SoftirqSnapshot(now, dict(self._stats), self.read_drops())
 
     def poll_stalls(self, timeout_ms: int = 0) -> list[SoftirqStall]:
         """Stall events since the last call (waits up to timeout_ms for the first one)."""

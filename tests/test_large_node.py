@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.host import HostPaths
-from probes.runqlat import RunqLatProbe, possible_cpu_count
+from probes.host import HostPaths, possible_cpu_count
+from probes.runqlat import RunqLatProbe
 from tests.kubelet_pods import KubeletNode, pure_v2
 
 pytestmark = [pytest.mark.vm, pytest.mark.large_node, pytest.mark.slow]
