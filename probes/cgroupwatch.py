@@ -65,6 +65,9 @@ class _Watched:
     turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at its last wheel turn
 
 
+FILES_KEPT_PER_CGROUP = 6  # at most, of an active cgroup: CPU usage and stat, per-CPU usage, memory, pressure
+
+
 class CgroupWatch:
     """The readings of every listed cgroup, kept current at a cost that follows activity."""
 
@@ -199,6 +202,9 @@ class CgroupWatch:
         due_full = self._wheel[t % self.slow_refresh_ticks] | self._unread
         self._unread = set()
         due_cpu = (active_set | reclaim_set | self._moving) - due_full
+        # Those are read again next tick, through open files: room for all of them (usage, cpu.stat,
+        # per-CPU usage, memory and pressure files), or each read would reopen its file.
+        self.hot.fit(FILES_KEPT_PER_CGROUP * len(due_cpu))
         due_psi = {p for p in psi_every_tick if p in self.watched} - due_full - due_cpu
         changed: set[str] = set()
         for path in due_full:

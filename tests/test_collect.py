@@ -147,3 +147,34 @@ def test_a_followed_cgroups_files_stay_open_and_close_when_it_goes(make_cgroup):
     finally:
         hog.kill()
         hog.wait()
+
+
+def test_open_files_fit_what_is_read_every_tick(tmp_path, monkeypatch):
+    """Past its bound, the least recently used file is closed just before it is read again, so every
+    read reopens: the bound follows the files read each tick, and shrinks back (closing the least
+    recently used) when fewer are."""
+    from probes import host
+
+    files = []
+    for i in range(400):
+        f = tmp_path / f"f{i}"
+        f.write_text(str(i))
+        files.append(str(f))
+    opens = Counter()
+    real_open = os.open
+    monkeypatch.setattr(host.os, "open", lambda path, *a, **kw: (opens.update([path]), real_open(path, *a, **kw))[1])
+    hot = host.HotFiles()
+    try:
+        for _ in range(2):
+            assert [hot.read(f) for f in files] == [str(i) for i in range(400)]
+        assert sum(opens.values()) == 800, "at the default bound of 256, 400 files a tick are reopened each read"
+        opens.clear()
+        hot.fit(400)
+        for _ in range(3):
+            assert [hot.read(f) for f in files] == [str(i) for i in range(400)]
+        assert sum(opens.values()) == 400 - 256, "once they fit, each file is opened once"
+        assert len(hot._fds) == 400
+        hot.fit(10)
+        assert len(hot._fds) == 256 and list(hot._fds) == files[-256:], "the least recently used are closed"
+    finally:
+        hot.close()
