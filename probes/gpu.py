@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 
 from probes.cgroupfs import self_cgroups
@@ -46,7 +47,18 @@ class GpuStatus:
         return f"gpu: {self.state}{': ' + self.reason if self.reason else ''}"
 
 
+# NVML's first open in nvmlInit: without this device node it cannot succeed.
+NVIDIA_CONTROL_DEVICE = Path("/dev/nvidiactl")
+
+
+class NvidiaDeviceAbsent(Exception):
+    """No NVIDIA control device here: NVML is not even imported."""
+
+
 def _load_nvml() -> ModuleType:
+    # Checked before the import: importing pynvml costs 4 MiB of RSS for good, on every node without a GPU.
+    if not NVIDIA_CONTROL_DEVICE.exists():
+        raise NvidiaDeviceAbsent(f"no {NVIDIA_CONTROL_DEVICE} (no NVIDIA driver or device visible here)")
     import pynvml  # nvidia-ml-py; imported lazily so nodes without it pay nothing
 
     return pynvml
@@ -63,6 +75,9 @@ class GpuCollector:
             count = nvml.nvmlDeviceGetCount()
         except ImportError:
             self._off("not present: the pynvml module (nvidia-ml-py) is not installed")
+            return
+        except NvidiaDeviceAbsent as e:
+            self._off(f"not present: {e}")
             return
         except Exception as e:  # pynvml raises NVMLError subclasses; a missing library is the common one
             self._off(f"not present: {_nvml_reason(e)}")

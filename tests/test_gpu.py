@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from probes.gpu import GpuCollector
+from probes.gpu import NVIDIA_CONTROL_DEVICE, GpuCollector
 
 
 def _nvml_works() -> bool:
@@ -31,6 +34,18 @@ def test_no_nvml_here_is_not_present_once_and_never_fails(caplog):
     assert gpu.collect() == [] and gpu.collect() == []
     assert sum("gpu: off" in r.message for r in caplog.records) == 1
     gpu.close()
+
+
+def test_a_node_without_an_nvidia_device_does_not_import_nvml():
+    """pynvml is 4 MiB of the agent's RSS for good once imported: without /dev/nvidiactl, where NVML
+    cannot start, it is not imported at all."""
+    if NVIDIA_CONTROL_DEVICE.exists():
+        pytest.skip("this node has an NVIDIA control device")
+    code = ("import sys; from probes.gpu import GpuCollector; g = GpuCollector(); "
+            "print(g.status.reason); print('pynvml' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent).stdout.splitlines()
+    assert out == [f"not present: no {NVIDIA_CONTROL_DEVICE} (no NVIDIA driver or device visible here)", "False"], out
 
 
 class _FakeNvml:
