@@ -22,6 +22,11 @@ def feed(store: SignalStore, series: dict[tuple[str, str], np.ndarray], t0: floa
     return stamps
 
 
+def as_stored(values: np.ndarray) -> np.ndarray:
+    """The values as the store keeps them (float32, read back as float64): the statistics are exact on these."""
+    return values.astype(np.float32).astype(np.float64)
+
+
 def expected_stats(values: np.ndarray) -> WindowStats:
     present = values[~np.isnan(values)]
     return WindowStats(
@@ -49,6 +54,7 @@ def test_window_stats_match_numpy(seconds: float) -> None:
     raw[rng.choice(120, size=15, replace=False)] = np.nan  # missing ticks
     raw[-1] = 5.0  # the last tick is present, so "last" is well defined for every window
     other = rng.normal(size=120)
+    raw, other = as_stored(raw), as_stored(other)
     store = SignalStore()
     stamps = feed(store, {("pod-a", "runq_p99_ns"): raw, ("pod-b", "runq_p99_ns"): other})
     now = stamps[-1]
@@ -309,6 +315,7 @@ def test_stats_frame_rows_equal_per_entity_stats_and_numpy() -> None:
     rng = np.random.default_rng(13)
     data = rng.normal(size=(90, 200))
     data[rng.random(data.shape) < 0.2] = np.nan
+    data = as_stored(data)
     store = SignalStore()
     feed(store, {(f"e{j}", "s"): data[:, j] for j in range(200)})
     table = store.stats_frame("s", 30)
@@ -319,6 +326,18 @@ def test_stats_frame_rows_equal_per_entity_stats_and_numpy() -> None:
         assert_stats_equal(got, want)
         row = table[f"e{j}"]
         assert row.n == want.n and row.p90 == pytest.approx(want.p90, rel=1e-12)
+
+
+def test_values_are_kept_to_float32_precision() -> None:
+    """The store keeps 7 significant digits (float32): a value comes back within half a float32 ulp."""
+    rng = np.random.default_rng(17)
+    raw = rng.lognormal(mean=15, sigma=3.0, size=50)
+    store = SignalStore()
+    feed(store, {("pod-a", "runq_p99_ns"): raw})
+    got = store.window("pod-a", "runq_p99_ns", 1000).values
+    assert got.dtype == np.float64
+    assert np.array_equal(got, as_stored(raw))
+    assert np.allclose(got, raw, rtol=2**-24, atol=0)
 
 
 def test_empty_tick_advances_time() -> None:
