@@ -140,6 +140,8 @@ class SoftirqSnapshot:
 
 
 class SoftirqProbe(BpfProbe["SoftirqStall"]):
+    bytes_read: int = 0  # stats looked at or copied out in place since load (no syscall copies them)
+
     def __init__(
         self,
         engine: Engine | None = None,
@@ -168,7 +170,6 @@ class SoftirqProbe(BpfProbe["SoftirqStall"]):
             np.frombuffer(mapped, dtype="<u8")[: self.cpus * len(VECTORS) * words].reshape(-1, words))
         self._seen = np.zeros((0, len(_CHANGE_WORDS)), dtype="<u8")  # change words at the last read
         self._stats: dict[tuple[int, str], SoftirqStats] = {}  # every CPU x vector, as last decoded
-        self.bytes_read = 0  # looked at or copied out in place (no syscall copies it, so nothing else counts it)
 
     def snapshot(self) -> SoftirqSnapshot:
         """Per (cpu, vector) for every possible CPU and every vector, plus drop counters.
