@@ -122,9 +122,10 @@ class HotFiles:
         return None
 
     def fit(self, files: int) -> None:
-        """Keep room for `files` open (at least 256, at most half the process's descriptors); when
-        fewer are needed than are open, the least recently used are closed."""
-        self.max_open = max(256, min(files, self._limit))
+        """Keep room for `files` open (at least 256, at most half the process's descriptors). Room
+        grows at once and shrinks by 1 % a tick: the files read per tick swing from tick to tick, and
+        closing what is read again a tick later is the cost this class avoids."""
+        self.max_open = max(256, min(max(files, self.max_open * 99 // 100), self._limit))
         while len(self._fds) > self.max_open:
             os.close(self._fds.pop(next(iter(self._fds))))
 
