@@ -19,7 +19,7 @@ from detector.decisions import ActionKind, BurstAmount, Decision, Target
 from detector.policy import ActuatorPolicy, CpuBurstStrategy
 from probes.cgroupfs import discover
 from probes.host import HostPaths
-from tests.conftest import shield
+from testkit.sandbox import shield
 from tests.helpers_actuators import fake_v2_host
 
 # 30 ms of CPU every 300 ms: 0.1 cores on average, half of a 0.2-core quota, but each burst is more

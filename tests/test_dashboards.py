@@ -22,9 +22,10 @@ import yaml
 
 from noisyneighbor import exporter as ex
 from probes.cgroupfs import discover
-from tests.conftest import require_tool, shield
-from tests.exporter_support import CONTROLLERS, REPO, AgentProcess, write_config
-from tests.fakekube import FakeKube, make_pod
+from testkit.exporter_support import CONTROLLERS, REPO, AgentProcess, write_config
+from testkit.fakekube import FakeKube, make_pod
+from testkit.sandbox import shield
+from testkit.tools import require_tool
 from tests.prometheus_server import PrometheusServer
 
 DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards"
@@ -285,7 +286,7 @@ def test_availability_alerts_cover_a_dead_and_an_unready_agent():
 
 # -- integration -------------------------------------------------------------------------------------
 
-LS_WORKER = REPO / "tests" / "workloads" / "ls_worker.py"
+LS_WORKER = REPO / "testkit" / "workloads" / "ls_worker.py"
 CONNECTOR = r"""
 import socket, sys, time
 port, closed, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])

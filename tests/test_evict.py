@@ -19,7 +19,7 @@ from detector.decisions import ActionKind, Decision, EvictAmount, Target
 from detector.model import Culprit, Incident
 from detector.pods import pod_from_dict
 from detector.policy import ActuatorPolicy, ResourceThresholdStrategy
-from tests.fakekube import FakeKube, make_pod
+from testkit.fakekube import FakeKube, make_pod
 
 GiB = 2**30
 

@@ -36,8 +36,8 @@ from probes.listenq import (
     read_local_addrs,
 )
 from probes.tcpconnect import ConnectStats, DestKey, DestStats, TcpConnectSnapshot
+from testkit.exporter_support import cgroup_rel_path, write_config
 from tests.conftest import readline_within
-from tests.exporter_support import cgroup_rel_path, write_config
 from tests.test_tcpconnect import OwnedNetns
 
 PORT = 7200

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.sandbox import OwnedCgroup
 from probes.cgroupfs import discover
 from probes.engine import ProbeError
 from probes.hist import HIST_SLOTS, LatencyHistogram
@@ -40,7 +39,8 @@ from probes.reclaim import (
     summarize,
     summarize_node,
 )
-from tests.conftest import require_tool
+from testkit.sandbox import OwnedCgroup
+from testkit.tools import require_tool
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 ROOT = Path(__file__).resolve().parent.parent

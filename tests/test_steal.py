@@ -206,7 +206,7 @@ def test_a_burst_of_steal_as_a_neighbour_starts_does_not_name_the_incident(tmp_p
 
 @pytest.fixture
 def scenario(make_cgroup):
-    from tests.scenario_support import scenario_harness
+    from testkit.scenario_support import scenario_harness
     from tests.test_detector_scenarios import VICTIM_CPU, _policy
 
     yield from scenario_harness(make_cgroup, VICTIM_CPU, _policy)
