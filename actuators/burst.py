@@ -170,7 +170,6 @@ class QuotaLevel:
 class _BucketState:
     scale: float = 1.0
     tokens_core_s: float = 0.0
-    throttled_last: bool = False
 
 
 @dataclass
@@ -214,7 +213,6 @@ class CfsQuotaBurstController:
             st.scale, why = min(top, st.scale * SCALE_UP), "throttled last sample: scale up"
         else:
             why = ""
-        st.throttled_last = throttled
         if abs(st.scale - old) < 1e-9:
             return None
         return Decision(ActionKind.BURST, target, BurstAmount(quota_scale=st.scale),

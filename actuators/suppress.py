@@ -11,8 +11,7 @@ koordlet (qosmanager ``cpusuppress``), every round::
   round; LSE/reserved CPUs excluded; whole hyperthread-sibling groups first, spread across NUMA
   nodes; written as the union of old and new sets top-down, then the new set bottom-up, on the
   target and every cgroup below it (a v1 child's cpuset must stay inside its parent's).
-- Restore on disable: quota unlimited, cpuset back to all CPUs minus the excluded ones
-  (:meth:`SuppressActuator.restore_decision`); at shutdown the journal restores originals.
+- Restore: at shutdown the journal restores the original values.
 
 Beyond koordlet: :func:`incident_suppress_decisions` caps the ranked culprit cgroups of an incident
 first, and only falls back to the whole BE tier for what they cannot cover.
@@ -29,12 +28,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from actuators.base import FileWrite, Plan, Refused
-from actuators.cgroupfile import CgroupFiles, CgroupVanished, Resource, format_cpu_list
+from actuators.cgroupfile import CgroupFiles, CgroupVanished, Resource
 from actuators.journal import Journal, JournaledFileActuator
 from detector.decisions import ActionKind, Decision, SuppressAmount, Target
 from detector.model import Incident
 from detector.policy import ResourceThresholdStrategy
-from probes.cgroupfiles import PROC_STAT, SYS_CPU_ONLINE, SYS_CPU_THREAD_SIBLINGS, SYS_NODE_CPULIST, USER_HZ
+from probes.cgroupfiles import (
+    PROC_STAT,
+    SYS_CPU_ONLINE,
+    SYS_CPU_THREAD_SIBLINGS,
+    SYS_NODE_CPULIST,
+    USER_HZ,
+    format_cpu_list,
+)
 from probes.cpuacct import read_cgroup_cpu
 from probes.host import HostPaths, read_text_or_none
 
@@ -344,13 +350,6 @@ class SuppressActuator(JournaledFileActuator):
                 old = format_cpu_list(set(olds[cg]) | set(new))
                 writes.append(FileWrite(str(self.files.path(Resource.CPUSET_CPUS, cg)), old, format_cpu_list(new)))
         return writes
-
-    def restore_decision(self, target: Target, policy: str) -> Decision:
-        """Suppress off (koordlet's restore): quota unlimited, or the cpuset back to all usable CPUs."""
-        usable = tuple(c for c in self.topology.cpus if c not in self.excluded_cpus)
-        amount = (SuppressAmount("cfs_quota", cpu_cores=self.capacity_cores) if normalize_policy(policy) == "cfsQuota"
-                  else SuppressAmount("cpuset", cpus=usable))
-        return Decision(ActionKind.SUPPRESS, target, amount, "suppress disabled: restore")
 
 
 # -- decisions ----------------------------------------------------------------------------------

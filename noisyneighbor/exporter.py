@@ -471,7 +471,6 @@ class Exporter:
         self.hierarchies = {plugin.id_controller: self.layout.hierarchy_for(plugin.id_controller) or self.layout.v2
                             for plugin in PLUGINS}
         self.cpu_hierarchy = self.layout.hierarchy_for("cpu") or self.layout.v2
-        self.memory_hierarchy = self.layout.hierarchy_for("memory") or self.layout.v2
         self.node = node or socket.gethostname()
         self.max_cgroups = max_cgroups
         self.remember_ids = remember_ids

@@ -246,22 +246,6 @@ def read_netns(pid: int, proc: str = "/proc") -> ListenQueueSnapshot | None:
     return ListenQueueSnapshot(pid, netns, time.monotonic(), listeners, counters)
 
 
-def read_namespaces(pids: list[int], proc: str = "/proc") -> dict[int, ListenQueueSnapshot]:
-    """One snapshot per distinct network namespace among `pids` (netns inode -> snapshot)."""
-    seen: dict[int, ListenQueueSnapshot] = {}
-    for pid in pids:
-        try:
-            ino = os.stat(f"{proc}/{pid}/ns/net").st_ino
-        except OSError:
-            continue
-        if ino in seen:
-            continue
-        snap = read_netns(pid, proc)
-        if snap is not None:
-            seen[snap.netns] = snap
-    return seen
-
-
 def read_local_addrs(pid: int, proc: str = "/proc") -> frozenset[str]:
     """The addresses local to <pid>'s network namespace (IPv4 from net/fib_trie's `/32 host LOCAL`
     entries, IPv6 from net/if_inet6), read from /proc without entering the namespace; empty if gone."""

@@ -36,8 +36,9 @@ from probes.reclaim import (
     ReclaimStall,
     ReclaimStats,
     _ReclaimEvent,
+    delta,
+    node_rows,
     summarize,
-    summarize_node,
 )
 from testkit.sandbox import OwnedCgroup
 from testkit.tools import require_tool
@@ -242,7 +243,7 @@ def test_memcg_reclaim_attributed_and_pages_match_memory_stat(limited_and_siblin
     if row["max_exact"]:
         assert row["max_us"] * 1e3 == pytest.approx(max(s.duration_ns for s in mine))
     assert not any(r["cgroup_id"] == run.ids[sibling] for r in rows)
-    assert summarize_node(run.snap0, run.snap1)["memcg"]["count"] == node_memcg[0]
+    assert node_rows(delta(run.snap0, run.snap1))["memcg"]["count"] == node_memcg[0]
 
 
 @pytest.mark.vm
@@ -479,9 +480,9 @@ def test_summarize_rows():
     assert r["mean_us"] == 1000.0 and r["max_exact"] and r["max_us"] == 1000.0
     assert 512 <= r["p99_us"] <= 1000
     assert rows[1]["max_exact"] and rows[1]["max_us"] == 700.0
-    node = summarize_node(prev, cur)
+    node = node_rows(delta(prev, cur))
     assert set(node) == {"memcg", "direct"} and node["memcg"]["pages"] == 640
-    assert summarize(cur, cur) == [] and summarize_node(cur, cur) == {}
+    assert summarize(cur, cur) == [] and node_rows(delta(cur, cur)) == {}
 
 
 @pytest.mark.vm

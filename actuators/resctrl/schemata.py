@@ -14,7 +14,6 @@ from detector.policy import ResourceQosStrategy
 QOS_GROUPS = ("LSR", "LS", "BE")
 AMD_MB_UNLIMITED = 2048  # AMD MBA takes absolute units; 2048 means "no limit"
 INTEL_MB_MAX = 100
-MONITOR_FILES = ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes")
 
 
 # -- info, schemata, masks --------------------------------------------------------------------
