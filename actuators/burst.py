@@ -25,14 +25,15 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from actuators.base import FileWrite, Plan, Refused
 from actuators.cgroupfile import CgroupFileError, CgroupFiles, CgroupVanished, Resource
 from actuators.journal import Journal, JournaledFileActuator
-from actuators.suppress import read_proc_stat_cpu
 from detector.decisions import ActionKind, BurstAmount, Decision, Target
 from detector.policy import CpuBurstStrategy
 from probes.cpuacct import read_cgroup_cpu
+from probes.procstat import ProcStatReader
 
 SCALE_UP = 1.2
 SCALE_DOWN = 0.8
@@ -43,12 +44,13 @@ class BurstActuator(JournaledFileActuator):
     kind = ActionKind.BURST
 
     def __init__(self, files: CgroupFiles, journal: Journal, strategy: CpuBurstStrategy | None = None,
-                 *, closed_loop: bool = True) -> None:
+                 *, closed_loop: bool = True, proc_stat: ProcStatReader | None = None) -> None:
         super().__init__(journal)
         self.files = files
         self.strategy = strategy or CpuBurstStrategy(policy="auto")
-        # koordlet's per-tick quota scaling for the targets this actuator scaled (the manager drives it)
-        self.loop: QuotaBurstLoop | None = QuotaBurstLoop(self) if closed_loop else None
+        # koordlet's per-tick quota scaling for the targets this actuator scaled (the manager drives it);
+        # proc_stat: the collector's reader (the agent's), whose reading of this tick the loop takes
+        self.loop: QuotaBurstLoop | None = QuotaBurstLoop(self, proc_stat=proc_stat) if closed_loop else None
 
     def base_quota_us(self, cgroup: str) -> tuple[int | None, int]:
         """(quota before we touched it or None if unlimited, period)."""
@@ -252,13 +254,17 @@ class QuotaBurstLoop:
     """
 
     def __init__(self, actuator: BurstActuator, clock: Callable[[], float] = time.monotonic,
-                 read_node: Callable[[], tuple[int, int, int]] | None = None) -> None:
+                 read_node: Callable[[], tuple[int, int, int]] | None = None,
+                 proc_stat: ProcStatReader | None = None) -> None:
         self.actuator = actuator
         self.controller = CfsQuotaBurstController(actuator.strategy)
         self.tracked: dict[str, _Tracked] = {}
         self._verdicts: dict[str, tuple[float, str]] = {}
         self._clock = clock
-        self._read_node = read_node or (lambda: read_proc_stat_cpu(actuator.files.paths))
+        # /proc/stat once a tick: given the collector's reader, its reading of this tick (the manager
+        # steps the loop after the collector read it); else a reader of its own, read at each step
+        reader = proc_stat or ProcStatReader(actuator.files.paths)
+        self._read_node = read_node or partial(reader.node_ticks, read_now=proc_stat is None)
         self._node_prev: tuple[int, int, int] | None = None
 
     def track(self, decision: Decision, scale: float) -> None:
