@@ -109,10 +109,10 @@ class BurstActuator(JournaledFileActuator):
         levels = self.quota_levels(cgroup)
         if not levels:
             raise Refused(f"{decision.target.display} has no cfs quota at any level: nothing throttles it")
-        if amount.quota_scale is not None and policy not in ("cfsQuotaBurstOnly", "auto"):
+        if amount.quota_scale is not None and not self.strategy.cfs_quota_burst_enabled:
             raise Refused(f"quota scaling is off under policy {policy}")
-        want_burst = amount.burst_us is not None or (amount.quota_scale is None and policy in ("cpuBurstOnly", "auto"))
-        if want_burst and policy not in ("cpuBurstOnly", "auto"):
+        want_burst = amount.burst_us is not None or (amount.quota_scale is None and self.strategy.cpu_burst_enabled)
+        if want_burst and not self.strategy.cpu_burst_enabled:
             raise Refused(f"cfs burst is off under policy {policy}")
         if want_burst and all(lv.burst_us is None for lv in levels):
             raise Refused("this kernel has no CFS burst (cpu.cfs_burst_us / cpu.max.burst)")
@@ -197,7 +197,7 @@ class CfsQuotaBurstController:
         share_pool_usage_percent: float,
         interval_s: float,
     ) -> Decision | None:
-        if self.strategy.policy not in ("cfsQuotaBurstOnly", "auto"):
+        if not self.strategy.cfs_quota_burst_enabled:
             return None
         st = self.states.setdefault(target.cgroup, _BucketState())
         cap = self.capacity_core_s(base_cores)
