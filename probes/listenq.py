@@ -372,10 +372,6 @@ class ListenReport:
     namespaces: dict[int, NetnsReading]  # netns inode ->
     errors: tuple[str, ...] = ()  # "listenq: <reason> (netns <inode>, pid <pid>)"
 
-    def by_owner(self) -> dict[str, NetnsReading]:
-        """Owners with a namespace of their own (not the node's, not shared) -> its reading."""
-        return {r.owners[0]: r for r in self.namespaces.values() if not r.shared and r.owners}
-
 
 # Without connect trouble, listen queues are read this often (a slow census for the metrics).
 CADENCE_S = 30.0

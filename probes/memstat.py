@@ -99,18 +99,6 @@ class NodeVmstat:
     def allocstall_total(self) -> int:
         return sum(self.allocstall.values())
 
-    @property
-    def cgroup_reclaim_pgsteal(self) -> int | None:
-        """Pages reclaimed by cgroup reclaim (limits, memory.reclaim, v1 soft limits), node-wide.
-
-        pgsteal_{anon,file} count every LRU reclaim; pgsteal_{kswapd,direct,khugepaged,proactive}
-        only non-cgroup reclaim (mm/vmscan.c: `if (!cgroup_reclaim(sc)) __count_vm_events(...)`).
-        """
-        if self.pgsteal_anon is None or self.pgsteal_file is None:
-            return None
-        global_keys = ("pgsteal_kswapd", "pgsteal_direct", "pgsteal_khugepaged", "pgsteal_proactive")
-        return self.pgsteal_anon + self.pgsteal_file - sum(self.raw.get(k, 0) for k in global_keys)
-
 
 # -- parsing ------------------------------------------------------------------------------------
 
@@ -285,11 +273,6 @@ class NodeMemory:
     managed_pages: int  # pages the allocator manages now
     present_pages: int  # pages present; much more than managed when the kernel initialises memory
     # lazily (deferred struct page init grown on demand): zones then grow before they reclaim
-
-    @property
-    def not_yet_managed_pages(self) -> int:
-        """Present but not handed to the allocator (reserved memory, or deferred init still to come)."""
-        return max(self.present_pages - self.managed_pages, 0)
 
 
 def parse_zoneinfo_watermarks(text: str) -> dict[str, int]:

@@ -35,7 +35,14 @@ sys.modules[_spec.name] = generate  # dataclasses look their module up while the
 _spec.loader.exec_module(generate)
 
 METRIC_RE = re.compile(r"\bnoisyneighbor_[a-z0-9_]+")
-KNOWN_SAMPLES = {n: d.name for d in ex.METRICS.values() for n in d.sample_names}
+
+
+def _sample_names(d: ex.MetricDef) -> tuple[str, ...]:
+    """The names a family's series appear under in Prometheus."""
+    return (f"{d.name}_bucket", f"{d.name}_sum", f"{d.name}_count") if d.type == "histogram" else (d.name,)
+
+
+KNOWN_SAMPLES = {n: d.name for d in ex.METRICS.values() for n in _sample_names(d)}
 
 # Queries that may come back empty in the integration test, by a selector in the query that cannot
 # match anything on this machine. Everything else must have data from the real agent.

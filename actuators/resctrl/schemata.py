@@ -45,12 +45,6 @@ class ResctrlInfo:
     mb: MbInfo | None
     vendor: str
 
-    @property
-    def max_groups(self) -> int:
-        """Control groups the hardware allows, the default group included (the smallest closid count)."""
-        counts = [r.num_closids for r in (self.l3, self.mb) if r is not None]
-        return min(counts) if counts else 0
-
 
 def _read_int(fs: ResctrlFs, path: Path, base: int = 10) -> int:
     text = fs.read(path).strip()
