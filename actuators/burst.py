@@ -25,14 +25,15 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from actuators.base import FileWrite, Plan, Refused
 from actuators.cgroupfile import CgroupFileError, CgroupFiles, CgroupVanished, Resource
 from actuators.journal import Journal, JournaledFileActuator
-from actuators.suppress import read_proc_stat_cpu
 from detector.decisions import ActionKind, BurstAmount, Decision, Target
 from detector.policy import CpuBurstStrategy
 from probes.cpuacct import read_cgroup_cpu
+from probes.procstat import ProcStatReader
 
 SCALE_UP = 1.2
 SCALE_DOWN = 0.8
@@ -43,12 +44,13 @@ class BurstActuator(JournaledFileActuator):
     kind = ActionKind.BURST
 
     def __init__(self, files: CgroupFiles, journal: Journal, strategy: CpuBurstStrategy | None = None,
-                 *, closed_loop: bool = True) -> None:
+                 *, closed_loop: bool = True, proc_stat: ProcStatReader | None = None) -> None:
         super().__init__(journal)
         self.files = files
         self.strategy = strategy or CpuBurstStrategy(policy="auto")
-        # koordlet's per-tick quota scaling for the targets this actuator scaled (the manager drives it)
-        self.loop: QuotaBurstLoop | None = QuotaBurstLoop(self) if closed_loop else None
+        # koordlet's per-tick quota scaling for the targets this actuator scaled (the manager drives it);
+        # proc_stat: the collector's reader (the agent's), whose reading of this tick the loop takes
+        self.loop: QuotaBurstLoop | None = QuotaBurstLoop(self, proc_stat=proc_stat) if closed_loop else None
 
     def base_quota_us(self, cgroup: str) -> tuple[int | None, int]:
         """(quota before we touched it or None if unlimited, period)."""
@@ -107,10 +109,10 @@ class BurstActuator(JournaledFileActuator):
         levels = self.quota_levels(cgroup)
         if not levels:
             raise Refused(f"{decision.target.display} has no cfs quota at any level: nothing throttles it")
-        if amount.quota_scale is not None and policy not in ("cfsQuotaBurstOnly", "auto"):
+        if amount.quota_scale is not None and not self.strategy.cfs_quota_burst_enabled:
             raise Refused(f"quota scaling is off under policy {policy}")
-        want_burst = amount.burst_us is not None or (amount.quota_scale is None and policy in ("cpuBurstOnly", "auto"))
-        if want_burst and policy not in ("cpuBurstOnly", "auto"):
+        want_burst = amount.burst_us is not None or (amount.quota_scale is None and self.strategy.cpu_burst_enabled)
+        if want_burst and not self.strategy.cpu_burst_enabled:
             raise Refused(f"cfs burst is off under policy {policy}")
         if want_burst and all(lv.burst_us is None for lv in levels):
             raise Refused("this kernel has no CFS burst (cpu.cfs_burst_us / cpu.max.burst)")
@@ -170,7 +172,6 @@ class QuotaLevel:
 class _BucketState:
     scale: float = 1.0
     tokens_core_s: float = 0.0
-    throttled_last: bool = False
 
 
 @dataclass
@@ -196,7 +197,7 @@ class CfsQuotaBurstController:
         share_pool_usage_percent: float,
         interval_s: float,
     ) -> Decision | None:
-        if self.strategy.policy not in ("cfsQuotaBurstOnly", "auto"):
+        if not self.strategy.cfs_quota_burst_enabled:
             return None
         st = self.states.setdefault(target.cgroup, _BucketState())
         cap = self.capacity_core_s(base_cores)
@@ -214,7 +215,6 @@ class CfsQuotaBurstController:
             st.scale, why = min(top, st.scale * SCALE_UP), "throttled last sample: scale up"
         else:
             why = ""
-        st.throttled_last = throttled
         if abs(st.scale - old) < 1e-9:
             return None
         return Decision(ActionKind.BURST, target, BurstAmount(quota_scale=st.scale),
@@ -254,13 +254,17 @@ class QuotaBurstLoop:
     """
 
     def __init__(self, actuator: BurstActuator, clock: Callable[[], float] = time.monotonic,
-                 read_node: Callable[[], tuple[int, int, int]] | None = None) -> None:
+                 read_node: Callable[[], tuple[int, int, int]] | None = None,
+                 proc_stat: ProcStatReader | None = None) -> None:
         self.actuator = actuator
         self.controller = CfsQuotaBurstController(actuator.strategy)
         self.tracked: dict[str, _Tracked] = {}
         self._verdicts: dict[str, tuple[float, str]] = {}
         self._clock = clock
-        self._read_node = read_node or (lambda: read_proc_stat_cpu(actuator.files.paths))
+        # /proc/stat once a tick: given the collector's reader, its reading of this tick (the manager
+        # steps the loop after the collector read it); else a reader of its own, read at each step
+        reader = proc_stat or ProcStatReader(actuator.files.paths)
+        self._read_node = read_node or partial(reader.node_ticks, read_now=proc_stat is None)
         self._node_prev: tuple[int, int, int] | None = None
 
     def track(self, decision: Decision, scale: float) -> None:

@@ -21,11 +21,11 @@ API (all cgroup paths are relative to the hierarchy root, e.g. ``kubepods.slice/
 
 - ``files = CgroupFiles(HostPaths.under(tmp))`` (default: the real host).
 - Typed reads: ``read_cpu_max(cg) -> CpuMax``, ``read_burst_us``, ``read_shares`` (v1 units, v2 weight
-  converted), ``read_cpus`` / ``read_mems`` (sorted tuples; a v2 ``cpuset.cpus`` is empty until set: the parent's CPUs,
+  converted), ``read_cpus`` (a sorted tuple; a v2 ``cpuset.cpus`` is empty until set: the parent's CPUs,
   which ``read_effective_cpus`` gives), ``read_tasks``, ``read_procs``.
 - Planned writes (nothing is written, :class:`actuators.base.FileWrite` with old and new raw values,
   ready for :meth:`actuators.journal.Journal.apply`): ``quota_writes(cg, quota_us)``,
-  ``burst_write(cg, burst_us)``, ``shares_write(cg, shares)``, ``cpus_write(cg, cpus)``.
+  ``burst_write(cg, burst_us)``, ``shares_write(cg, shares)``.
 - Raw access: ``path(resource, cg)``, ``read_raw``, ``write_raw``; module functions
   :func:`read_file` / :func:`write_file` work on absolute paths (the journal uses them).
 - ``descendants(resource, cg)``: the cgroup and every cgroup below it, top-down.
@@ -63,7 +63,6 @@ from probes.cgroupfiles import (
     CgroupFile,
     CgroupFileParseError,
     CpuMax,
-    format_cpu_list,
     parse_cpu_list,
 )
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
@@ -290,9 +289,6 @@ class CgroupFiles:
     def read_effective_cpus(self, cgroup: str) -> tuple[int, ...]:
         return self._read_list(Resource.CPUSET_EFFECTIVE_CPUS, cgroup)
 
-    def read_mems(self, cgroup: str) -> tuple[int, ...]:
-        return self._read_list(Resource.CPUSET_MEMS, cgroup)
-
     def read_tasks(self, cgroup: str) -> list[int]:
         return list(self._read(Resource.TASKS, cgroup))
 
@@ -348,12 +344,6 @@ class CgroupFiles:
         path = self.path(Resource.CPU_SHARES, cgroup)
         value = shares_to_weight(shares) if self.version(Resource.CPU_SHARES) == 2 else max(2, shares)
         return FileWrite(str(path), read_file(path).strip(), str(value))
-
-    def cpus_write(self, cgroup: str, cpus: tuple[int, ...] | list[int] | set[int]) -> FileWrite:
-        if not cpus:
-            raise CgroupFileError(f"refusing an empty cpuset for {cgroup or '/'}")
-        path = self.path(Resource.CPUSET_CPUS, cgroup)
-        return FileWrite(str(path), read_file(path).strip(), format_cpu_list(set(cpus)))
 
     # -- kubepods ------------------------------------------------------------------------------
     def kubepods_driver(self) -> str | None:

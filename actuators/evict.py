@@ -39,7 +39,6 @@ from typing import Any
 
 from actuators.base import ActionError, ApiCall, Plan, Refused
 from detector.decisions import ActionKind, Decision, EvictAmount, Target
-from detector.model import Incident
 from detector.pods import PodInfo
 from detector.policy import ActuatorPolicy, ResourceThresholdStrategy
 
@@ -112,31 +111,6 @@ def memory_release(capacity_bytes: int, used_bytes: int, rt: ResourceThresholdSt
     if used_percent < rt.memory_evict_threshold_percent:
         return 0
     return max(0, int(capacity_bytes * (used_percent - rt.memory_evict_lower) / 100))
-
-
-def be_target(cgroup: str = "") -> Target:
-    return Target(cgroup=cgroup, qos="BE")
-
-
-def cpu_satisfaction_decision(release_cores: float, be_cgroup: str = "") -> Decision | None:
-    if release_cores <= 0:
-        return None
-    return Decision(ActionKind.EVICT, be_target(be_cgroup), EvictAmount("cpu_satisfaction", release_cpu_cores=release_cores),
-                    reason=f"BE CPU satisfaction too low: release {release_cores:.2f} cores of BE requests")
-
-
-def memory_threshold_decision(release_bytes: int, be_cgroup: str = "") -> Decision | None:
-    if release_bytes <= 0:
-        return None
-    return Decision(ActionKind.EVICT, be_target(be_cgroup), EvictAmount("memory_threshold", release_memory_bytes=release_bytes),
-                    reason=f"node memory above the eviction threshold: release {release_bytes / 2**20:.0f} MiB")
-
-
-def culprit_scores(incident: Incident | None) -> dict[str, float]:
-    """Pod uid -> culprit score of an incident (the map :class:`EvictActuator` ranks by)."""
-    if incident is None:
-        return {}
-    return {c.target.pod_uid: c.score for c in incident.culprits if c.target.pod_uid}
 
 
 # -- records ----------------------------------------------------------------------------------

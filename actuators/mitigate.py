@@ -39,7 +39,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from actuators.base import ActionOutcome, ActionRecord, ActionState
-from actuators.cgroupfile import CgroupFileError, CgroupFiles, Resource, format_cpu_list
+from actuators.cgroupfile import CgroupFileError, CgroupFiles, Resource
 from detector.causes import Mitigation, neighbor_cpu, reclaim, softirq, spec
 from detector.causes.softirq import softirq_traffic_decision, traffic_share
 from detector.decisions import (
@@ -55,7 +55,7 @@ from detector.decisions import (
 from detector.model import Culprit, Evidence, Incident
 from detector.pods import PodInfo
 from detector.policy import ActuatorPolicy
-from probes.cgroupfiles import PID_NET_DEV, PID_STAT, PID_STATUS, SYS_CPU_ONLINE, CgroupFileParseError
+from probes.cgroupfiles import PID_NET_DEV, PID_STAT, PID_STATUS, SYS_CPU_ONLINE, CgroupFileParseError, format_cpu_list
 from probes.cpuacct import read_cgroup_cpu
 from probes.host import HostPaths
 

@@ -11,8 +11,7 @@ koordlet (qosmanager ``cpusuppress``), every round::
   round; LSE/reserved CPUs excluded; whole hyperthread-sibling groups first, spread across NUMA
   nodes; written as the union of old and new sets top-down, then the new set bottom-up, on the
   target and every cgroup below it (a v1 child's cpuset must stay inside its parent's).
-- Restore on disable: quota unlimited, cpuset back to all CPUs minus the excluded ones
-  (:meth:`SuppressActuator.restore_decision`); at shutdown the journal restores originals.
+- Restore: at shutdown the journal restores the original values.
 
 Beyond koordlet: :func:`incident_suppress_decisions` caps the ranked culprit cgroups of an incident
 first, and only falls back to the whole BE tier for what they cannot cover.
@@ -29,14 +28,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from actuators.base import FileWrite, Plan, Refused
-from actuators.cgroupfile import CgroupFiles, CgroupVanished, Resource, format_cpu_list
+from actuators.cgroupfile import CgroupFiles, CgroupVanished, Resource
 from actuators.journal import Journal, JournaledFileActuator
 from detector.decisions import ActionKind, Decision, SuppressAmount, Target
 from detector.model import Incident
 from detector.policy import ResourceThresholdStrategy
-from probes.cgroupfiles import PROC_STAT, SYS_CPU_ONLINE, SYS_CPU_THREAD_SIBLINGS, SYS_NODE_CPULIST, USER_HZ
+from probes.cgroupfiles import (
+    SYS_CPU_ONLINE,
+    SYS_CPU_THREAD_SIBLINGS,
+    SYS_NODE_CPULIST,
+    format_cpu_list,
+)
 from probes.cpuacct import read_cgroup_cpu
 from probes.host import HostPaths, read_text_or_none
+from probes.procstat import ProcStatReader
 
 MIN_QUOTA_US = 2000
 DEAD_BAND_FRACTION = 0.01  # of node capacity
@@ -82,20 +87,6 @@ def be_allowed_cores(inputs: SuppressInputs, threshold_percent: float) -> float:
             - inputs.host_apps_used_cores - inputs.system_cores)
 
 
-def read_proc_stat_cpu(paths: HostPaths) -> tuple[int, int, int]:
-    """(busy ticks, total ticks, CPU count) from /proc/stat (probes.cgroupfiles.PROC_STAT's one parser;
-    malformed lines skipped); guest time is already in user/nice."""
-    path = PROC_STAT.at(paths)
-    text = read_text_or_none(path)
-    if text is None:
-        raise FileNotFoundError(f"{path} is missing")
-    node, per_cpu = PROC_STAT.parse_text(text)
-    if node is None:
-        return 0, 0, len(per_cpu)
-    tick_ns = 1_000_000_000 // USER_HZ
-    return node.busy_ns // tick_ns, node.total_ns // tick_ns, len(per_cpu)
-
-
 class CpuUsageSampler:
     """Node and cgroup CPU use between two calls of :meth:`sample`, as :class:`SuppressInputs`."""
 
@@ -112,6 +103,7 @@ class CpuUsageSampler:
         self.be_cgroups = list(be_cgroups)
         self.host_app_cgroups = list(host_app_cgroups)
         self.node_reserved_cores = node_reserved_cores
+        self._proc_stat = ProcStatReader(files.paths)  # read at each sample: its interval is the caller's
         self._prev: tuple[tuple[int, int, int], dict[str, int]] | None = None
 
     def _usage_ns(self) -> dict[str, int]:
@@ -123,7 +115,7 @@ class CpuUsageSampler:
 
     def sample(self) -> SuppressInputs | None:
         """None on the first call (no interval yet) or when the node counters did not move."""
-        node = read_proc_stat_cpu(self.files.paths)
+        node = self._proc_stat.node_ticks(read_now=True)
         usage = self._usage_ns()
         prev, self._prev = self._prev, (node, usage)
         if prev is None:
@@ -344,13 +336,6 @@ class SuppressActuator(JournaledFileActuator):
                 old = format_cpu_list(set(olds[cg]) | set(new))
                 writes.append(FileWrite(str(self.files.path(Resource.CPUSET_CPUS, cg)), old, format_cpu_list(new)))
         return writes
-
-    def restore_decision(self, target: Target, policy: str) -> Decision:
-        """Suppress off (koordlet's restore): quota unlimited, or the cpuset back to all usable CPUs."""
-        usable = tuple(c for c in self.topology.cpus if c not in self.excluded_cpus)
-        amount = (SuppressAmount("cfs_quota", cpu_cores=self.capacity_cores) if normalize_policy(policy) == "cfsQuota"
-                  else SuppressAmount("cpuset", cpus=usable))
-        return Decision(ActionKind.SUPPRESS, target, amount, "suppress disabled: restore")
 
 
 # -- decisions ----------------------------------------------------------------------------------

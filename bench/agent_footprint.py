@@ -3,7 +3,7 @@
 
 The agent runs as a subprocess, as deployed: all four BPF probes, the detector, dry-run actuators, the
 exporter and its HTTP server scraped like Prometheus would, and the **kubelet** pod source pointed at
-a kubelet-shaped ``/pods`` endpoint on loopback (``tests/fakekube.py``). Pods are real: each one is a
+a kubelet-shaped ``/pods`` endpoint on loopback (``testkit/fakekube.py``). Pods are real: each one is a
 pod cgroup plus one container cgroup (``kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid>
 .slice/cri-containerd-<id>.scope``, cpu/cpuacct/cpuset/memory, under our ``nn-test-<pid>`` prefix)
 holding one task. Most tasks sleep; ``--busy`` of them wake every 100 ms for ~2 ms of CPU, so the node
@@ -54,8 +54,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.sandbox import OwnedCgroup, cleanup_prefix  # noqa: E402
-from tests.fakekube import FakeKube, container_id_for, make_pod  # noqa: E402
+from testkit.fakekube import FakeKube, container_id_for, make_pod  # noqa: E402
+from testkit.sandbox import OwnedCgroup, cleanup_prefix  # noqa: E402
 
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
 # Targets of the node-scale issue, % of one core by pod count, and RSS at 300 pods.

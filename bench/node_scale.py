@@ -4,7 +4,7 @@
 
 The real ``noisyneighbor agent`` (all default probes, detector, dry-run actuators, exporter) runs as a
 subprocess under bench.metered_agent, with the kubelet pod source pointed at a kubelet-shaped ``/pods``
-on loopback (``tests/fakekube.py``), as in bench.agent_footprint. ``--pods`` idle pods are made as the
+on loopback (``testkit/fakekube.py``), as in bench.agent_footprint. ``--pods`` idle pods are made as the
 kubelet's systemd driver makes them (pod slice + one container scope holding a task that wakes every
 ``--wake-every`` s), two thirds Burstable, a third BestEffort. After ``--settle`` s, over ``--window`` s:
 
@@ -47,8 +47,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.agent_footprint import AgentUnderTest, PodFleet  # noqa: E402
-from bench.sandbox import cleanup_prefix  # noqa: E402
-from tests.fakekube import FakeKube  # noqa: E402
+from testkit.fakekube import FakeKube  # noqa: E402
+from testkit.sandbox import cleanup_prefix  # noqa: E402
 
 
 def possible_cpus() -> int:

@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.sandbox import OwnedCgroup
 from probes.libbpf import BpfError, BpfObject, RunTimeStats
 from probes.runqlat import RunqLatProbe
+from testkit.sandbox import OwnedCgroup
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = "runqlat_switch_schedinfo"

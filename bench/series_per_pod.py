@@ -37,8 +37,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.agent_footprint import CONTROLLERS, AgentUnderTest, pod_name  # noqa: E402
-from bench.sandbox import OwnedCgroup, cleanup_prefix  # noqa: E402
 from detector.runtime import POD_LIST_MAX_AGE_S  # noqa: E402
+from testkit.sandbox import OwnedCgroup, cleanup_prefix  # noqa: E402
 
 BUDGET_PER_IDLE_POD = 30
 

@@ -3,9 +3,9 @@
 
 The agent (`python -m noisyneighbor.cli agent`, all four probes, enforcing actuators limited by
 ``--act-only`` to the BestEffort QoS cgroup this script creates) reads pods from the fake kubelet
-(tests/fakekube.py). Owned test cgroups are laid out like kubelet's (under ``nn-test-<pid>``):
+(testkit/fakekube.py). Owned test cgroups are laid out like kubelet's (under ``nn-test-<pid>``):
 
-- an LS pod running tests/workloads/ls_worker.py and a BE pod running two CPU hogs, both on the last
+- an LS pod running testkit/workloads/ls_worker.py and a BE pod running two CPU hogs, both on the last
   CPU: the detector keeps opening neighbour incidents and the actuators keep suppressing the BE level;
 - churn: every ``--churn-every`` seconds a BE pod appears (cgroup, a short CPU burst, listed by the
   kubelet) and the oldest churn pod goes: unlisted, its tasks killed, its cgroup removed whenever that
@@ -45,13 +45,13 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.sandbox import OwnedCgroup, cleanup_prefix  # noqa: E402
 from probes.cgroupfs import discover  # noqa: E402
-from tests.exporter_support import CONTROLLERS, AgentProcess, write_config  # noqa: E402
-from tests.fakekube import FakeKube, make_pod  # noqa: E402
+from testkit.exporter_support import CONTROLLERS, AgentProcess, write_config  # noqa: E402
+from testkit.fakekube import FakeKube, make_pod  # noqa: E402
+from testkit.sandbox import OwnedCgroup, cleanup_prefix  # noqa: E402
 
 NODE = "nn-soak"
-LS_WORKER = REPO / "tests" / "workloads" / "ls_worker.py"
+LS_WORKER = REPO / "testkit" / "workloads" / "ls_worker.py"
 BURST = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
 ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|Traceback")
 HASH_MAP_TYPES = {"hash", "lru_hash", "percpu_hash", "lru_percpu_hash"}

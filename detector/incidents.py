@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from detector import causes
 from detector.baseline import Baselines
-from detector.catalog import BASELINE_SIGNALS, MIN_RUNQ_EVENTS, SLO_SIGNALS, SOFTIRQ_DELAY_MIN_MS_PER_S  # noqa: F401
+from detector.catalog import BASELINE_SIGNALS, SLO_SIGNALS
 from detector.counterfactual import Counterfactuals, with_kernel_work
 from detector.decisions import (
     ActionKind,

@@ -82,7 +82,6 @@ class WorkloadSignals:
     own_wait_by_container: dict[str, float] = field(default_factory=dict)
     own_wait_by_cgroup: dict[int, float] = field(default_factory=dict)  # the same by cgroup id (runqlat plugin)
     preempted_foreign: int = 0
-    preempted_own: int = 0
     who_ran_instead_available: bool = False
     # CPU accounting
     cpu_cores: float | None = None
@@ -111,7 +110,6 @@ class WorkloadSignals:
     # PSI (percent of wall time, like avg10), when the cgroup has v2 pressure files
     psi_cpu_some: float | None = None
     psi_memory_some: float | None = None
-    psi_memory_full: float | None = None
     psi_io_some: float | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -393,7 +391,6 @@ class SignalBuilder:
                     r.psi_cpu_some = None if rate.some is None else rate.some * 100
                 elif resource == "memory":
                     r.psi_memory_some = None if rate.some is None else rate.some * 100
-                    r.psi_memory_full = None if rate.full is None else rate.full * 100
                 elif resource == "io":
                     r.psi_io_some = None if rate.some is None else rate.some * 100
 

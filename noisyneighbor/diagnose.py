@@ -26,6 +26,7 @@ from detector.model import Incident
 from detector.runtime import Detector
 from detector.workloads import key_of
 from noisyneighbor.output import SCHEMA_VERSION, iso_utc
+from probes.cgroupfiles import format_cpu_list
 from probes.collect import NodeCollector
 
 # What would help, per cause: from the cause declarations (detector/causes).
@@ -301,7 +302,7 @@ def describe_amount(d: Decision) -> str:
     a = d.amount
     if isinstance(a, SuppressAmount):
         if a.policy == "cpuset" and a.cpus:
-            return f"to CPUs {_cpu_list(a.cpus)} (cpuset)"
+            return f"to CPUs {format_cpu_list(a.cpus)} (cpuset)"
         if a.cpu_cores is not None:
             return f"to {a.cpu_cores:.2f} CPU cores (CFS quota)"
         return f"({a.policy})"
@@ -311,17 +312,6 @@ def describe_amount(d: Decision) -> str:
 
 def vars_of(amount: Any) -> dict[str, Any]:
     return {name: getattr(amount, name) for name in amount.__dataclass_fields__}
-
-
-def _cpu_list(cpus: tuple[int, ...]) -> str:
-    """(0, 1, 2, 5) -> '0-2,5', the kernel's cpulist format."""
-    out: list[str] = []
-    for c in sorted(cpus):
-        if out and out[-1].split("-")[-1] == str(c - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{c}"
-        else:
-            out.append(str(c))
-    return ",".join(out)
 
 
 def _culprit_lines(report: DiagnoseReport, inc: Incident) -> list[str]:

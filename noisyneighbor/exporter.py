@@ -134,13 +134,6 @@ class MetricDef:
     def all_labels(self) -> tuple[str, ...]:
         return (NODE_LABEL, *(CGROUP_LABELS if self.per_cgroup else ()), *self.labels)
 
-    @property
-    def sample_names(self) -> tuple[str, ...]:
-        """The names series appear under in Prometheus."""
-        if self.type == "histogram":
-            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
-        return (self.name,)
-
 
 _DEFS = (
     MetricDef(NODE_ALLOCSTALLS, "counter", "Global direct reclaim passes (/proc/vmstat allocstall_*), by zone.",
@@ -471,7 +464,6 @@ class Exporter:
         self.hierarchies = {plugin.id_controller: self.layout.hierarchy_for(plugin.id_controller) or self.layout.v2
                             for plugin in PLUGINS}
         self.cpu_hierarchy = self.layout.hierarchy_for("cpu") or self.layout.v2
-        self.memory_hierarchy = self.layout.hierarchy_for("memory") or self.layout.v2
         self.node = node or socket.gethostname()
         self.max_cgroups = max_cgroups
         self.remember_ids = remember_ids

@@ -19,11 +19,12 @@ from typing import Any
 from probes.cgroupfs import CgroupLayout, discover
 from probes.cgroupwatch import CgroupWatch, changed_ids
 from probes.engine import ProbeError, ProbeStatus, ProgramStats
-from probes.host import HostPaths, read_text_or_none
+from probes.host import HostPaths
 from probes.memstat import read_node_vmstat
+from probes.procstat import ProcStatReader
 from probes.psi import read_node_psi
 from probes.registry import BY_NAME, DEFAULT_NAMES, NAMES, PLUGINS
-from probes.snapshot import NodeSnapshot, parse_proc_stat
+from probes.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,12 @@ class NodeCollector:
         cgroup_paths: Callable[[], Iterable[str]] | None = None,
         probe_options: dict[str, dict[str, Any]] | None = None,
         psi_paths: Callable[[], Iterable[str]] | None = None,
+        proc_stat: ProcStatReader | None = None,
     ) -> None:
         self.paths = paths or HostPaths()
+        # /proc/stat, read once at the start of each tick; the probes that read it (and whoever else the
+        # caller hands this reader, e.g. the burst actuator) take that reading
+        self.proc_stat = proc_stat or ProcStatReader(self.paths)
         self.layout = layout or discover(self.paths)
         self.wanted = tuple(probes)
         unknown = set(self.wanted) - set(NAMES)
@@ -79,8 +84,10 @@ class NodeCollector:
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> NodeCollector:
         for name in self.wanted:
+            plugin = BY_NAME[name]
+            shared = {"proc_stat": self.proc_stat} if plugin.reads_proc_stat else {}
             try:
-                probe = BY_NAME[name].open(paths=self.paths, layout=self.layout, **self.options.get(name, {}))
+                probe = plugin.open(paths=self.paths, layout=self.layout, **shared, **self.options.get(name, {}))
             except ProbeError as e:
                 reason = str(e).removeprefix(f"{name}: ")
                 self.status[name] = ProbeStatus(name, "off", reason=reason)
@@ -106,6 +113,7 @@ class NodeCollector:
     def collect(self) -> NodeSnapshot:
         errors: list[str] = []
         snaps: dict[str, Any] = {}
+        stat = self.proc_stat.read()  # before the probes: those that read /proc/stat take this reading
         for name, probe in self.probes.items():
             try:
                 snaps[name] = probe.snapshot()
@@ -126,8 +134,6 @@ class NodeCollector:
         self._ticks += 1
         bpf_programs = self._program_stats
 
-        stat_text = read_text_or_none(self.paths.proc / "stat")
-        node_cpu, per_cpu = parse_proc_stat(stat_text) if stat_text else (None, {})
         watch = self.watch
         watch.set_listed(self.cgroup_paths())
         active, reclaiming = self._active_paths(snaps)
@@ -137,8 +143,8 @@ class NodeCollector:
             wall_s=time.time(),
             **{plugin.snapshot_field: snaps.get(plugin.name) for plugin in FIELD_PLUGINS},
             plugins={plugin.name: snaps[plugin.name] for plugin in OTHER_PLUGINS if plugin.name in snaps},
-            node_cpu=node_cpu,
-            node_cpu_per_cpu=per_cpu,
+            node_cpu=stat.node if stat is not None else None,
+            node_cpu_per_cpu=stat.per_cpu if stat is not None else {},
             node_psi=read_node_psi(self.paths),
             node_vmstat=read_node_vmstat(self.paths),
             # Copies (C-speed): the watch updates its dicts in place next tick.

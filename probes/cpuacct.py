@@ -77,18 +77,6 @@ def _v1_limits(quota_text: str | None, period_text: str | None) -> CpuMax | None
         return None
 
 
-def _parse_int(text: str) -> int | None:
-    try:
-        return int(text.strip())
-    except ValueError:
-        return None
-
-
-def _read_int(path: Path) -> int | None:
-    text = _read(path)
-    return None if text is None else _parse_int(text)
-
-
 def _read(path: Path) -> str | None:
     try:
         return read_text_or_none(path)
@@ -151,7 +139,8 @@ def read_v1_cpu_stat(
     """
     if cpuacct_dir is None:
         return None
-    usage = _read_int(cpuacct_dir / CPUACCT_USAGE.name(1))
+    usage_text = _read(cpuacct_dir / CPUACCT_USAGE.name(1))
+    usage = None if usage_text is None else CPUACCT_USAGE.parse_or_none(1, usage_text)
     acct = _read_counters(cpuacct_dir / CPUACCT_STAT.name(1))
     if usage is None or acct is None:
         return None
@@ -249,7 +238,7 @@ def cpu_stat_unavailable_reason(layout: CgroupLayout, cgroup_path: str) -> str |
         ) or _parse_problem(dirs.cpu_dir / CPU_MAX.name(2), CPU_MAX.parse_v2)
     elif dirs.cpuacct_dir is not None:
         problem = _file_problem(
-            dirs.cpuacct_dir / CPUACCT_USAGE.name(1), lambda t: _parse_int(t) is not None, "not an integer"
+            dirs.cpuacct_dir / CPUACCT_USAGE.name(1), lambda t: CPUACCT_USAGE.parse_or_none(1, t) is not None, "not an integer"
         ) or _file_problem(dirs.cpuacct_dir / CPUACCT_STAT.name(1), lambda _: True, "")
     else:
         problem = None
@@ -390,7 +379,7 @@ class CgroupCpuReader:
         if self.usage_file is None or self.acct_file is None:
             return None
         usage_text = read_small(self.usage_file)
-        usage = None if usage_text is None else _parse_int(usage_text)
+        usage = None if usage_text is None else CPUACCT_USAGE.parse_or_none(1, usage_text)
         if usage is None:
             return None
         # The user/system split (cpuacct.stat) is read with the limits, not every tick: nothing per tick

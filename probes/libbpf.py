@@ -23,12 +23,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 # enum bpf_map_type values we care about (uapi/linux/bpf.h)
-BPF_MAP_TYPE_HASH = 1
 BPF_MAP_TYPE_ARRAY = 2
 BPF_MAP_TYPE_PERCPU_HASH = 5
 BPF_MAP_TYPE_PERCPU_ARRAY = 6
 BPF_MAP_TYPE_LRU_PERCPU_HASH = 10
-BPF_MAP_TYPE_RINGBUF = 27
 BPF_F_MMAPABLE = 1 << 10  # an array userspace may mmap (include/uapi/linux/bpf.h)
 PERCPU_MAP_TYPES = frozenset({BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_LRU_PERCPU_HASH})
 BPF_STATS_RUN_TIME = 0
@@ -511,13 +509,11 @@ class RingBuffer:
     def __init__(self, bpf_map: BpfMap, callback: Callable[[bytes], None]) -> None:
         self._lib = bpf_map._lib
         self._callback = callback
-        self.callback_errors = 0
 
         def on_sample(_ctx: int, data: int, size: int) -> int:
             try:
                 self._callback(ctypes.string_at(data, size))
             except Exception:  # a decoder bug must not unwind through C frames
-                self.callback_errors += 1
                 log.exception("ring buffer %s: callback failed", bpf_map.name)
             return 0
 

@@ -246,22 +246,6 @@ def read_netns(pid: int, proc: str = "/proc") -> ListenQueueSnapshot | None:
     return ListenQueueSnapshot(pid, netns, time.monotonic(), listeners, counters)
 
 
-def read_namespaces(pids: list[int], proc: str = "/proc") -> dict[int, ListenQueueSnapshot]:
-    """One snapshot per distinct network namespace among `pids` (netns inode -> snapshot)."""
-    seen: dict[int, ListenQueueSnapshot] = {}
-    for pid in pids:
-        try:
-            ino = os.stat(f"{proc}/{pid}/ns/net").st_ino
-        except OSError:
-            continue
-        if ino in seen:
-            continue
-        snap = read_netns(pid, proc)
-        if snap is not None:
-            seen[snap.netns] = snap
-    return seen
-
-
 def read_local_addrs(pid: int, proc: str = "/proc") -> frozenset[str]:
     """The addresses local to <pid>'s network namespace (IPv4 from net/fib_trie's `/32 host LOCAL`
     entries, IPv6 from net/if_inet6), read from /proc without entering the namespace; empty if gone."""
@@ -387,10 +371,6 @@ class ListenReport:
     reason: str  # "connect trouble" | "cadence"
     namespaces: dict[int, NetnsReading]  # netns inode ->
     errors: tuple[str, ...] = ()  # "listenq: <reason> (netns <inode>, pid <pid>)"
-
-    def by_owner(self) -> dict[str, NetnsReading]:
-        """Owners with a namespace of their own (not the node's, not shared) -> its reading."""
-        return {r.owners[0]: r for r in self.namespaces.values() if not r.shared and r.owners}
 
 
 # Without connect trouble, listen queues are read this often (a slow census for the metrics).

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from probes.cgroupfiles import (  # the kernel files table
     MEMORY_EVENTS,
@@ -36,7 +37,7 @@ from probes.cgroupfiles import (  # the kernel files table
     MEMORY_USAGE,
     PROC_VMSTAT,
     PROC_ZONEINFO,
-    V1_UNLIMITED_AT,
+    CgroupFile,
     parse_flat_keyed,
 )
 from probes.cgroupfs import CgroupLayout
@@ -98,35 +99,14 @@ class NodeVmstat:
     def allocstall_total(self) -> int:
         return sum(self.allocstall.values())
 
-    @property
-    def cgroup_reclaim_pgsteal(self) -> int | None:
-        """Pages reclaimed by cgroup reclaim (limits, memory.reclaim, v1 soft limits), node-wide.
-
-        pgsteal_{anon,file} count every LRU reclaim; pgsteal_{kswapd,direct,khugepaged,proactive}
-        only non-cgroup reclaim (mm/vmscan.c: `if (!cgroup_reclaim(sc)) __count_vm_events(...)`).
-        """
-        if self.pgsteal_anon is None or self.pgsteal_file is None:
-            return None
-        global_keys = ("pgsteal_kswapd", "pgsteal_direct", "pgsteal_khugepaged", "pgsteal_proactive")
-        return self.pgsteal_anon + self.pgsteal_file - sum(self.raw.get(k, 0) for k in global_keys)
-
 
 # -- parsing ------------------------------------------------------------------------------------
 
 
-def _int_or_none(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text.strip())
-    except ValueError:
-        return None
-
-
-def _v2_limit(text: str | None) -> int | None:
-    if text is None or text.strip() == "max":
-        return None
-    return _int_or_none(text)
+def _value(file: CgroupFile[Any], version: int, text: str | None) -> int | None:
+    """A declared file's value through its one parser; None when the file was not read or its text is
+    malformed (a torn read skips the value)."""
+    return None if text is None else file.parse_or_none(version, text)
 
 
 def parse_v1(
@@ -144,12 +124,11 @@ def parse_v1(
     def h(key: str) -> int | None:  # hierarchical value when the kernel prints one
         return stat.get(f"total_{key}", stat.get(key))
 
-    limit = _int_or_none(limit_text)
     oom = parse_flat_keyed(oom_control_text) if oom_control_text is not None else {}
     return MemStat(
         cgroup_version=1,
-        usage_bytes=_int_or_none(usage_text),
-        limit_bytes=None if limit is None or limit >= V1_UNLIMITED_AT else limit,
+        usage_bytes=_value(MEMORY_USAGE, 1, usage_text),
+        limit_bytes=_value(MEMORY_MAX, 1, limit_text),  # v1's page-rounded LONG_MAX reads as no limit
         anon_bytes=h("rss"),
         file_bytes=h("cache"),
         pgfault=h("pgfault"),
@@ -160,7 +139,7 @@ def parse_v1(
         pgsteal=h("pgsteal"),
         pgpgin=h("pgpgin"),
         pgpgout=h("pgpgout"),
-        failcnt=_int_or_none(failcnt_text),
+        failcnt=_value(MEMORY_FAILCNT, 1, failcnt_text),
         events_oom_kill=oom.get("oom_kill"),
         stat=stat,
         events=oom,
@@ -181,8 +160,8 @@ def parse_v2(
     ev = {name: events.get(name) for name in _V2_EVENTS}
     return MemStat(
         cgroup_version=2,
-        usage_bytes=_int_or_none(current_text),
-        limit_bytes=_v2_limit(max_text),
+        usage_bytes=_value(MEMORY_USAGE, 2, current_text),
+        limit_bytes=_value(MEMORY_MAX, 2, max_text),
         anon_bytes=stat["anon"],
         file_bytes=stat["file"],
         pgfault=stat.get("pgfault"),
@@ -294,11 +273,6 @@ class NodeMemory:
     managed_pages: int  # pages the allocator manages now
     present_pages: int  # pages present; much more than managed when the kernel initialises memory
     # lazily (deferred struct page init grown on demand): zones then grow before they reclaim
-
-    @property
-    def not_yet_managed_pages(self) -> int:
-        """Present but not handed to the allocator (reserved memory, or deferred init still to come)."""
-        return max(self.present_pages - self.managed_pages, 0)
 
 
 def parse_zoneinfo_watermarks(text: str) -> dict[str, int]:

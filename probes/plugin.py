@@ -179,6 +179,9 @@ class ProbePlugin:
     snapshot_field: str | None
     specs: tuple[ProbeSpec, ...]  # its BPF object and programs with their attach flavours, cheapest first
     factory: Callable[..., Any]  # factory(paths=, layout=, attach_mode=, **options) -> the loaded probe
+    # True: its snapshot reads /proc/stat, and factory(proc_stat=) gets the collector's reader, which reads
+    # the file once a tick for every user (probes/procstat.py)
+    reads_proc_stat: bool = field(default=False, kw_only=True)
     # Cumulative activity per cgroup id in one snapshot (grows while the cgroup is active): which cgroups
     # to read this tick, which removed cgroups to forget from the kernel map. None: no per-cgroup map.
     activity: Callable[[Any], dict[int, int]] | None = None

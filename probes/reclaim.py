@@ -253,11 +253,6 @@ def rows(interval: ReclaimInterval) -> list[dict]:
     return out
 
 
-def summarize_node(prev: ReclaimSnapshot, cur: ReclaimSnapshot) -> dict[str, dict]:
-    """:func:`node_rows` of :func:`delta`."""
-    return node_rows(delta(prev, cur))
-
-
 def node_rows(interval: ReclaimInterval) -> dict[str, dict]:
     """Node totals per kind for the interval (same fields as rows); kinds with no pass are absent."""
     dt = max(interval.interval_s, 1e-9)

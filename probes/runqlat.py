@@ -968,7 +968,6 @@ def _who_ran_instead(interval: RunqInterval, workload_key: WorkloadKey, out: dic
             continue
         r = out.setdefault(victim, {})
         r["own_wait_ns"] = r.get("own_wait_ns", 0.0) + split.own_wait_ns
-        r["preempted_own"] = r.get("preempted_own", 0) + split.own_preemptions
         if split.own_wait_ns:  # behind its own cgroup's tasks (the detector names the container)
             by = r.setdefault("own_wait_by_cgroup", {})
             by[victim_id] = by.get(victim_id, 0.0) + split.own_wait_ns
@@ -991,7 +990,6 @@ def _who_ran_instead(interval: RunqInterval, workload_key: WorkloadKey, out: dic
         key = UNKNOWN if culprit is None else culprit
         if key == victim:
             r["own_wait_ns"] = r.get("own_wait_ns", 0.0) + pair.wait_ns
-            r["preempted_own"] = r.get("preempted_own", 0) + pair.preemptions
             if pair.wait_ns:  # behind a sibling container of the same pod
                 by = r.setdefault("own_wait_by_cgroup", {})
                 by[culprit_id] = by.get(culprit_id, 0.0) + pair.wait_ns
@@ -1018,7 +1016,7 @@ PLUGIN = ProbePlugin(
              "who_ran_instead_own_share"),
     signal_extractor=SignalExtractor(
         stage="tasks",
-        fields=("runq_count", "runq_wait_ms_per_s", "runq_p99_ns", "runq_max_ns", "own_wait_ns", "preempted_own",
+        fields=("runq_count", "runq_wait_ms_per_s", "runq_p99_ns", "runq_max_ns", "own_wait_ns",
                 "ran_instead_ns", "preempted_foreign", "who_ran_instead_available", "runq_hist", "own_wait_by_cgroup",
                 "cf_moves", "cf_node_moves", "cf_node_ns"),
         workloads=workload_signals,

@@ -23,10 +23,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from probes.cgroupfiles import parse_proc_stat
+from probes.cgroupfiles import CpuTimes
 from probes.engine import ProbeError, ProbeStatus
-from probes.host import HostPaths, read_text_or_none
+from probes.host import HostPaths
 from probes.plugin import MetricSpec, ProbePlugin, SignalExtractor
+from probes.procstat import ProcStatReader
 
 NAME = "steal"
 CPU_STEAL = "noisyneighbor_cpu_steal_seconds_total"
@@ -59,12 +60,11 @@ class StealInterval:
         return {cpu: ns / 1e6 / self.interval_s for cpu, ns in self.steal_ns.items() if ns}
 
 
-def parse_steal(text: str) -> tuple[dict[int, int], dict[int, int]]:
-    """(steal ns, accounted ns) per CPU from /proc/stat, through the one /proc/stat parser.
+def steal_of(per_cpu: dict[int, CpuTimes]) -> tuple[dict[int, int], dict[int, int]]:
+    """(steal ns, accounted ns) per CPU from /proc/stat's per-CPU lines (the one /proc/stat parser's).
 
     A line short of the steal column (kernels before 2.6.11) reads as no steal; junk lines are left out.
     """
-    _, per_cpu = parse_proc_stat(text)
     steal = {cpu: t.steal_ns for cpu, t in per_cpu.items()}
     total = {cpu: t.busy_ns + t.idle_ns + t.iowait_ns for cpu, t in per_cpu.items()}
     return steal, total
@@ -75,21 +75,27 @@ class StealProbe:
 
     hierarchy = None  # per CPU, not per cgroup
 
-    def __init__(self, paths: HostPaths | None = None, layout: Any = None, attach_mode: str = "auto") -> None:
-        self.path = (paths or HostPaths()).proc / "stat"
-        text = read_text_or_none(self.path)
-        if text is None:
+    def __init__(self, paths: HostPaths | None = None, layout: Any = None, attach_mode: str = "auto",
+                 proc_stat: ProcStatReader | None = None) -> None:
+        # Given the collector's reader, a snapshot takes the reading the collector made at the start of
+        # the tick (/proc/stat once a tick); alone (tests, a caller without a collector), it reads itself.
+        self._shared = proc_stat is not None
+        self.proc_stat = proc_stat or ProcStatReader(paths)
+        self.path = self.proc_stat.path
+        reading = self.proc_stat.read()
+        if reading is None:
             raise ProbeError(f"{NAME}: {self.path} is missing")
-        steal, _ = parse_steal(text)
-        if not steal:
+        if not reading.per_cpu:
             raise ProbeError(f"{NAME}: {self.path} has no per-CPU lines")
         self.status = ProbeStatus(NAME, "on")
         self.status.attach_mode = "/proc/stat"  # "steal: on (/proc/stat)", as the BPF probes say their flavour
 
     def snapshot(self) -> StealSnapshot:
-        text = read_text_or_none(self.path)
-        steal, total = parse_steal(text or "")
-        return StealSnapshot(time.monotonic(), steal, total)
+        reading = self.proc_stat.latest if self._shared else self.proc_stat.read()
+        if reading is None:
+            return StealSnapshot(time.monotonic(), {}, {})
+        steal, total = steal_of(reading.per_cpu)
+        return StealSnapshot(reading.monotonic_s, steal, total)
 
     def close(self) -> None:
         pass
@@ -135,7 +141,7 @@ def node_series(snap: StealSnapshot) -> Iterator[tuple[str, tuple[str, ...], flo
 
 
 PLUGIN = ProbePlugin(
-    name=NAME, snapshot_field=None, specs=(), factory=StealProbe, delta=delta,
+    name=NAME, snapshot_field=None, specs=(), factory=StealProbe, reads_proc_stat=True, delta=delta,
     signals=("steal_ms_per_s",),
     signal_extractor=SignalExtractor(stage="cpus", fields=("steal_ms_per_s",), node_fields=("steal_ms_per_s_by_cpu",),
                                      node=node_signals, exposure=exposure),

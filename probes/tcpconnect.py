@@ -266,7 +266,6 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         if probe is None:
             probe = engine.open_probe(SPEC_RAW, rodata=rodata, attach_mode="raw_tp", map_sizes=sizes, layouts=MAP_LAYOUTS)
         self.probe = probe
-        self.stale_starts_swept = 0
         self._last_sweep = time.monotonic()
         if outlier_threshold_ns:
             self._watch_events("outliers", ConnectOutlier.decode)
@@ -372,7 +371,6 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
                 swept += 1
         stale = [key for key, value in self.probe.map_items("inflight") if _START_TS.unpack_from(value)[0] < cutoff]  # type: ignore[arg-type]
         swept += sum(1 for key in stale if self.probe.map_delete("inflight", key))
-        self.stale_starts_swept += swept
         return swept
 
     def poll_outliers(self, timeout_ms: int = 0) -> list[ConnectOutlier]:

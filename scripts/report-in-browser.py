@@ -6,7 +6,7 @@ JSON.parse reads the embedded report, and a screenshot is written.
     sudo scripts/report-in-browser.py --screenshot report.png      # makes a report first (root: BPF, cgroups)
 
 Without --html it runs a real `diagnose` next to a latency-sensitive worker held at 0.2 cores by its
-own CFS quota (it wants 0.3), in a cgroup it creates under its own (bench.sandbox) and removes
+own CFS quota (it wants 0.3), in a cgroup it creates under its own (testkit.sandbox) and removes
 at the end, so the page has an incident card and plots. Needs Debian's `chromium` package
 (apt-get install chromium). Exit 0 when every check passed, 1 (one line on stderr) otherwise.
 """
@@ -56,13 +56,13 @@ def browser(*args: str) -> subprocess.CompletedProcess[str]:
 
 def make_report(out: Path, seconds: int) -> None:
     sys.path.insert(0, str(REPO))
-    from bench.sandbox import OwnedCgroup
+    from testkit.sandbox import OwnedCgroup
 
     config = out.with_suffix(".policy.yaml")
     config.write_text("slo: {runq_p99_ms: 2.0}\n")
     with OwnedCgroup("report-browser-ls", ("cpu",)) as cg:
         cg.write("cpu", "cpu.cfs_quota_us", "20000")
-        worker = subprocess.Popen([sys.executable, str(REPO / "tests" / "workloads" / "ls_worker.py"),
+        worker = subprocess.Popen([sys.executable, str(REPO / "testkit" / "workloads" / "ls_worker.py"),
                                    "--seconds", str(seconds + 30)], preexec_fn=cg.preexec, stdout=subprocess.DEVNULL)
         try:
             rel = str(cg.dirs["cpu"].relative_to(cg.layout.hierarchy_for("cpu").mount))

@@ -1,50 +1,21 @@
-"""Shared fixtures: root/kernel checks and owned test cgroups that are always removed."""
+"""Fixtures of the product's tests: owned test cgroups that are always removed, a scratch disk, a veth pair.
+The session-wide hooks (root checks, cleanup at exit) are in the repository's conftest.py; the helpers the
+bench shares (sandbox, timing, tools) in testkit/."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
 import selectors
-import shutil
-import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from bench.sandbox import OwnedCgroup, cleanup_prefix
-
-# cpu.shares of this process's nn-test-<pid> directory while a test's pods interfere on purpose: 16
-# times a nice-0 task's, so a CPU hog in a test pod gets ~16/17 of its CPU against one other task or
-# cgroup at the root (other test runs, CI load), not half, and stays the main neighbour the test
-# builds. Only ever written on that directory, which this process created.
-SHIELD_SHARES = 16384
-
-
-# A fixed amount of pure-Python work, and the seconds it takes on the reference machine (2 cores of the
-# developers' kind, quiet: 0.095-0.10 s of CPU). Tests that wait for Python processes to do something
-# (an agent starting, a detection) scale their deadlines by how much slower this machine runs it now:
-# a TCG guest (the VM lane) about 10 times, a loaded CI host 2-3 times. Never below 1.
-_CALIBRATION_LOOPS = 1_000_000
-_CALIBRATION_REFERENCE_S = 0.1
-
-
-@functools.cache
-def slowdown() -> float:
-    """How many times slower than the reference machine this one runs Python now (≥ 1); the median
-    of three timings of the same loop, measured once per session."""
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        x = 0
-        for i in range(_CALIBRATION_LOOPS):
-            x += i * i % 7
-        times.append(time.perf_counter() - start)
-    return max(1.0, sorted(times)[1] / _CALIBRATION_REFERENCE_S)
+from testkit.sandbox import OwnedCgroup
+from testkit.timing import slowdown
+from testkit.tools import require_tool
 
 
 def readline_within(p: subprocess.Popen, timeout: float) -> str:
@@ -56,34 +27,6 @@ def readline_within(p: subprocess.Popen, timeout: float) -> str:
         if not sel.select(timeout):
             raise AssertionError(f"no output from {p.args[-3:]} within {timeout} s")
     return p.stdout.readline().strip()
-
-
-def _term_as_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # A TERM (a cancelled CI job, scripts/ci-under-load.sh stopped) ends the session the way Ctrl-C
-    # does, so fixture teardown still removes the owned test cgroups; Python's default for TERM is
-    # to die on the spot and leave them behind.
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _term_as_interrupt)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.geteuid() == 0:
-        return
-    skip = pytest.mark.skip(reason="needs root: loads BPF programs and creates cgroups on the real kernel")
-    for item in items:
-        if "root" in item.keywords:
-            item.add_marker(skip)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _remove_owned_cgroups_at_exit():
-    yield
-    if os.geteuid() == 0:
-        cleanup_prefix()
 
 
 @pytest.fixture
@@ -100,25 +43,6 @@ def make_cgroup(request: pytest.FixtureRequest):
     yield factory
     for cg in reversed(created):
         cg.remove()
-
-
-def shield(cg: OwnedCgroup, shares: int = SHIELD_SHARES) -> Callable[[], None]:
-    """Give the nn-test-<pid> directory above `cg` `shares` of CPU weight (cpu.weight on v2);
-    returns the function that puts the old value back (a no-op once the directory is gone)."""
-    top = cg.path("cpu")
-    while top.name != cg.prefix:
-        top = top.parent
-    path, value = top / "cpu.shares", str(shares)
-    if not path.exists():
-        path, value = top / "cpu.weight", str(max(1, min(10000, shares * 100 // 1024)))
-    old = path.read_text().strip()
-    path.write_text(value)
-
-    def restore() -> None:
-        with contextlib.suppress(OSError):  # removed with the last test cgroup below it
-            path.write_text(old)
-
-    return restore
 
 
 def _fs_type(path: Path) -> str:
@@ -176,13 +100,6 @@ def read_terminal(leader: int, timeout: float = 120.0) -> bytes:
             break
         out += chunk
     return out
-
-
-def require_tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} is not installed (scripts/setup.sh test installs it)")
-    return path
 
 
 @pytest.fixture

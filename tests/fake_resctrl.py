@@ -197,11 +197,6 @@ class FakeResctrl:
         (self.resctrl / "info/last_cmd_status").write_text(message or "ok\n")
 
     # -- test helpers --------------------------------------------------------------------------
-    def set_monitoring(self, group: str, domain: int, *, llc: str, total: str, local: str) -> None:
-        md = self._group_dir(group) / "mon_data" / f"mon_L3_{domain:02d}"
-        for name, value in (("llc_occupancy", llc), ("mbm_total_bytes", total), ("mbm_local_bytes", local)):
-            (md / name).write_text(f"{value}\n")
-
     def group_of(self, tid: int) -> str | None:
         return next((g for g, ts in self.tasks.items() if tid in ts), None)
 

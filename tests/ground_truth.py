@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from probes.memstat import NodeVmstat
+
 # The softirq probe's BPF program misses a small share of the runs /proc/softirqs counts. Measured
 # on this machine (kernel 6.18, 2 CPUs, tp_btf and raw_tp alike): over one window perf's count of
 # irq:softirq_entry equalled /proc/softirqs exactly (850 and 6596 on the two CPUs) while the probe
@@ -47,3 +49,15 @@ def softirq_in_flight(ncpu: int) -> int:
     /proc/softirqs right before the softirq_entry tracepoint, and softirqs do not nest, so at most
     one per CPU sits between the two."""
     return ncpu
+
+
+def cgroup_reclaim_pgsteal(vmstat: NodeVmstat) -> int | None:
+    """Pages reclaimed by cgroup reclaim (limits, memory.reclaim, v1 soft limits), node-wide, from /proc/vmstat.
+
+    pgsteal_{anon,file} count every LRU reclaim; pgsteal_{kswapd,direct,khugepaged,proactive}
+    only non-cgroup reclaim (mm/vmscan.c: `if (!cgroup_reclaim(sc)) __count_vm_events(...)`).
+    """
+    if vmstat.pgsteal_anon is None or vmstat.pgsteal_file is None:
+        return None
+    global_keys = ("pgsteal_kswapd", "pgsteal_direct", "pgsteal_khugepaged", "pgsteal_proactive")
+    return vmstat.pgsteal_anon + vmstat.pgsteal_file - sum(vmstat.raw.get(k, 0) for k in global_keys)

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.sandbox import OwnedCgroup
 from probes.cgroupfs import CgroupLayout, discover, self_cgroups
 from probes.host import HostPaths
-from tests.conftest import shield, slowdown
-from tests.fakekube import _quantity_value, container_id_for, make_pod
+from testkit.fakekube import _quantity_value, container_id_for, make_pod
+from testkit.sandbox import OwnedCgroup, shield
+from testkit.timing import slowdown
 
 POD_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids")
 V2_CONTROLLERS = ("cpuset", "cpu", "io", "memory", "pids")

@@ -14,12 +14,12 @@ from actuators.cgroupfile import (
     CgroupVanished,
     CgroupWriteError,
     Resource,
-    format_cpu_list,
     parse_cpu_list,
     shares_to_weight,
     weight_to_shares,
 )
 from actuators.journal import Journal
+from probes.cgroupfiles import format_cpu_list
 from probes.cgroupfs import discover
 from probes.host import HostPaths
 from tests.helpers_actuators import fake_v1_host, fake_v2_host

@@ -24,10 +24,11 @@ from noisyneighbor import exporter as ex
 from noisyneighbor.agent import IncidentLog, JsonLogFormatter
 from noisyneighbor.cli import build_parser, parse_duration
 from noisyneighbor.output import SCHEMA_VERSION, iso_utc
-from tests.conftest import require_tool, slowdown
-from tests.exporter_support import REPO, AgentProcess, cgroup_rel_path, free_port, write_config
+from testkit.exporter_support import REPO, AgentProcess, cgroup_rel_path, free_port, write_config
+from testkit.timing import slowdown
+from testkit.tools import require_tool
 
-LS_WORKER = REPO / "tests" / "workloads" / "ls_worker.py"
+LS_WORKER = REPO / "testkit" / "workloads" / "ls_worker.py"
 HOG = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\nwhile time.monotonic() < end:\n    pass\n"
 STANDALONE = {"kubernetes": {"pod_source": "standalone"}}
 
@@ -296,7 +297,7 @@ def test_removed_pod_leaves_no_series_store_rows_baselines_or_map_entries(make_c
     from detector import runtime
     from noisyneighbor.agent import Agent, AgentConfig
     from noisyneighbor.sections import FORGET_AFTER_INTERVALS
-    from tests.fakekube import FakeKube, container_id_for, make_pod
+    from testkit.fakekube import FakeKube, container_id_for, make_pod
 
     monkeypatch.setattr(runtime, "POD_LIST_INTERVAL_S", 0.2)  # relist as soon as the pod list changes
     uid = str(uuid.uuid4())

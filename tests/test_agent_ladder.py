@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from actuators.cgroupfile import parse_cpu_list
-from tests.conftest import shield, slowdown
-from tests.exporter_support import REPO, AgentProcess, cgroup_rel_path, write_config
+from testkit.exporter_support import REPO, AgentProcess, cgroup_rel_path, write_config
+from testkit.sandbox import shield
+from testkit.timing import slowdown
 
 SPIN = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\nwhile time.monotonic() < end:\n    pass\n"
 QUIET_S = 12.0  # the victim without the spinners on its CPU: its quiet p99

@@ -19,7 +19,7 @@ from detector.decisions import ActionKind, BurstAmount, Decision, Target
 from detector.policy import ActuatorPolicy, CpuBurstStrategy
 from probes.cgroupfs import discover
 from probes.host import HostPaths
-from tests.conftest import shield
+from testkit.sandbox import shield
 from tests.helpers_actuators import fake_v2_host
 
 # 30 ms of CPU every 300 ms: 0.1 cores on average, half of a 0.2-core quota, but each burst is more
@@ -130,3 +130,32 @@ def test_cfs_burst_cuts_throttling_of_real_ls_cgroup(make_cgroup, tmp_path: Path
         manager.close()
         unshield()
     assert files.read_burst_us(rel) == 0 and files.read_cpu_max(rel).quota_us == 20_000
+
+
+
+def test_the_burst_loop_takes_the_tick_reading_of_the_reader_it_is_given(tmp_path: Path):
+    """/proc/stat once a tick (issue 42): given the collector's reader, the loop's share-pool figure is
+    from the collector's reading of the tick; the loop itself reads nothing (a file changed since, unread,
+    moves nothing)."""
+    from types import SimpleNamespace
+
+    from actuators.burst import QuotaBurstLoop
+    from probes.procstat import ProcStatReader
+
+    paths = HostPaths.under(tmp_path)
+    paths.proc.mkdir(parents=True)
+    stat = paths.proc / "stat"
+
+    def write(busy: int, idle: int) -> None:
+        stat.write_text(f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\ncpu0 {busy} 0 0 {idle} 0 0 0 0 0 0\n")
+
+    reader = ProcStatReader(paths)
+    loop = QuotaBurstLoop(SimpleNamespace(strategy=CpuBurstStrategy(policy="auto")), proc_stat=reader)
+    assert loop._share_pool_percent() is None  # no reading yet: no figure (as a missing file gave)
+    write(100, 900)
+    reader.read()  # the collector, at the start of a tick
+    assert loop._share_pool_percent() is None  # the first reading: no interval yet
+    write(400, 1600)  # +300 busy of +1000
+    assert loop._share_pool_percent() is None  # not read by the collector yet: the loop did not read it
+    reader.read()
+    assert loop._share_pool_percent() == pytest.approx(30.0)

@@ -24,7 +24,7 @@ from detector.decisions import ActionKind, BurstAmount, Decision, SuppressAmount
 from detector.policy import ActuatorPolicy, CpuBurstStrategy
 from probes.cgroupfs import discover
 from probes.host import HostPaths
-from tests.scenario_support import LS_WORKER
+from testkit.scenario_support import LS_WORKER
 
 CONTROLLERS = ("cpu", "cpuacct")
 

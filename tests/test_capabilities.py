@@ -17,8 +17,9 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import readline_within, require_tool
-from tests.exporter_support import REPO
+from testkit.exporter_support import REPO
+from testkit.tools import require_tool
+from tests.conftest import readline_within
 from tests.test_tcpconnect import OwnedNetns
 
 PORT = 7300

@@ -153,9 +153,12 @@ def test_the_parser_copies_are_gone():
     """One parser each: cpu.max (was also in probes/cpuacct.py), `key value` counters (cpuacct.py and
     memstat.py each had a copy), /proc/stat (probes/snapshot.py and actuators/suppress.py), cpu lists
     (actuators/mitigate.py had one without the MAX_CPUS guard), cgroup.procs (read and split in
-    probes/listenq.py)."""
+    probes/listenq.py); issue 42's: memory limits and integers (memstat.py's _v2_limit and _int_or_none,
+    cpuacct.py's _parse_int: parse_limit and parse_int through the declared files), the cpu list format
+    (noisyneighbor/diagnose.py's _cpu_list: format_cpu_list)."""
     copies = {"parse_cpu_max", "parse_keyed_counters", "parse_flat_keyed", "parse_proc_stat", "parse_cpu_ranges",
-              "parse_cpu_list", "netdev_packets", "parse_netdev_packets"}
+              "parse_cpu_list", "netdev_packets", "parse_netdev_packets",
+              "_v2_limit", "_int_or_none", "_parse_int", "_cpu_list", "format_cpu_list"}
     defined = {(str(path.relative_to(RUNTIME)), node.name) for path, tree in _runtime_sources()
                for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name in copies}
     assert defined == set()
@@ -165,8 +168,8 @@ def test_the_parser_copies_are_gone():
 
 
 def test_proc_stat_ticks_for_suppress_are_what_the_old_reader_computed(tmp_path: Path):
-    from actuators.suppress import read_proc_stat_cpu
     from probes.host import HostPaths
+    from probes.procstat import ProcStatReader
 
     paths = HostPaths.under(tmp_path)
     paths.proc.mkdir(parents=True)
@@ -174,7 +177,7 @@ def test_proc_stat_ticks_for_suppress_are_what_the_old_reader_computed(tmp_path:
         "cpu  100 5 50 1000 20 3 7 1 0 0\ncpu0 50 2 25 500 10 1 3 1 0 0\ncpu1 50 3 25 500 10 2 4 0 0 0\n"
         "cpu2 x 1\nintr 1 2 3\n")
     # busy = total - idle - iowait over the eight fields; CPUs counted by their lines (a bad line skipped)
-    assert read_proc_stat_cpu(paths) == (166, 1186, 2)
+    assert ProcStatReader(paths).node_ticks(read_now=True) == (166, 1186, 2)
 
 
 def test_a_task_file_the_kernel_would_not_write_reads_as_gone(tmp_path: Path):

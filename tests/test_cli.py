@@ -24,11 +24,12 @@ from noisyneighbor.cli import build_parser
 from noisyneighbor.diagnose import DiagnoseReport, render_text
 from noisyneighbor.output import SCHEMA_VERSION, package_version
 from noisyneighbor.report_html import render_html
-from tests.conftest import read_terminal, require_tool
-from tests.exporter_support import REPO, cgroup_rel_path, write_config
+from testkit.exporter_support import REPO, cgroup_rel_path, write_config
+from testkit.tools import require_tool
+from tests.conftest import read_terminal
 
 CLI = [sys.executable, "-m", "noisyneighbor.cli"]
-LS_WORKER = REPO / "tests" / "workloads" / "ls_worker.py"
+LS_WORKER = REPO / "testkit" / "workloads" / "ls_worker.py"
 
 
 def _run(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:

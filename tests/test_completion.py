@@ -10,7 +10,7 @@ import pytest
 
 from noisyneighbor.cli import build_parser
 from noisyneighbor.top import VIEW_CHOICES
-from tests.conftest import require_tool
+from testkit.tools import require_tool
 
 CLI = [sys.executable, "-m", "noisyneighbor.cli"]
 

@@ -13,7 +13,7 @@ import pytest
 
 from detector.containers import POD_ITSELF, containers_by_pod, largest_share, may_use
 from probes.cpuacct import CgroupCpuStat
-from tests.scenario_support import IncidentView, scenario_harness
+from testkit.scenario_support import IncidentView, scenario_harness
 from tests.test_detector_scenarios import VICTIM_CPU, _policy
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.sandbox import OwnedCgroup
 from probes.cgroupfiles import CPU_MAX
 from probes.cgroupfs import discover
 from probes.cpuacct import (
@@ -27,7 +26,8 @@ from probes.cpuacct import (
     read_v1_cpu_stat,
 )
 from probes.host import HostPaths
-from tests.conftest import shield, slowdown
+from testkit.sandbox import OwnedCgroup, shield
+from testkit.timing import slowdown
 
 POD = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice"
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")

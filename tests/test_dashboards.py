@@ -22,9 +22,10 @@ import yaml
 
 from noisyneighbor import exporter as ex
 from probes.cgroupfs import discover
-from tests.conftest import require_tool, shield
-from tests.exporter_support import CONTROLLERS, REPO, AgentProcess, write_config
-from tests.fakekube import FakeKube, make_pod
+from testkit.exporter_support import CONTROLLERS, REPO, AgentProcess, write_config
+from testkit.fakekube import FakeKube, make_pod
+from testkit.sandbox import shield
+from testkit.tools import require_tool
 from tests.prometheus_server import PrometheusServer
 
 DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards"
@@ -34,7 +35,14 @@ sys.modules[_spec.name] = generate  # dataclasses look their module up while the
 _spec.loader.exec_module(generate)
 
 METRIC_RE = re.compile(r"\bnoisyneighbor_[a-z0-9_]+")
-KNOWN_SAMPLES = {n: d.name for d in ex.METRICS.values() for n in d.sample_names}
+
+
+def _sample_names(d: ex.MetricDef) -> tuple[str, ...]:
+    """The names a family's series appear under in Prometheus."""
+    return (f"{d.name}_bucket", f"{d.name}_sum", f"{d.name}_count") if d.type == "histogram" else (d.name,)
+
+
+KNOWN_SAMPLES = {n: d.name for d in ex.METRICS.values() for n in _sample_names(d)}
 
 # Queries that may come back empty in the integration test, by a selector in the query that cannot
 # match anything on this machine. Everything else must have data from the real agent.
@@ -285,7 +293,7 @@ def test_availability_alerts_cover_a_dead_and_an_unready_agent():
 
 # -- integration -------------------------------------------------------------------------------------
 
-LS_WORKER = REPO / "tests" / "workloads" / "ls_worker.py"
+LS_WORKER = REPO / "testkit" / "workloads" / "ls_worker.py"
 CONNECTOR = r"""
 import socket, sys, time
 port, closed, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])

@@ -34,8 +34,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import require_tool
-from tests.exporter_support import AgentProcess, write_config
+from testkit.exporter_support import AgentProcess, write_config
+from testkit.tools import require_tool
 from tests.test_capabilities import NEEDED_FOR
 
 kubernetes_validate = pytest.importorskip(

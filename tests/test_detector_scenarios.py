@@ -17,7 +17,7 @@ from detector.causes import SELF_THROTTLE_SHARE
 from detector.decisions import Cause
 from detector.incidents import CULPRIT_WINDOW_TICKS
 from detector.policy import Policy, SloThresholds
-from tests.scenario_support import IncidentView, Scenario, scenario_harness
+from testkit.scenario_support import IncidentView, Scenario, scenario_harness
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ from detector.decisions import Cause
 from detector.incidents import MAX_CULPRITS
 from detector.policy import load_policy
 from detector.runtime import Detector
-from tests.scenario_support import PodCgroup, Scenario, scenario_harness
+from testkit.scenario_support import PodCgroup, Scenario, scenario_harness
 from tests.test_detector_scenarios import VICTIM_CPU, _policy
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -238,8 +238,8 @@ def test_the_nodes_own_processes_as_the_only_other_runner_are_a_culprit_named_by
     diagnosing process itself) ran 63-99 % of the victim's wait. The node is now a culprit, named with its top
     commands from its processes' CPU time. A test cgroup of ours stands for the root cgroup (the engine's
     ``node_key``): nothing is ever put into the machine's real root cgroup."""
-    from tests.conftest import require_tool
-    from tests.exporter_support import cgroup_rel_path
+    from testkit.exporter_support import cgroup_rel_path
+    from testkit.tools import require_tool
 
     stress = require_tool("stress-ng")
     s = scenario(_policy(runq_p99_ms=2.0))

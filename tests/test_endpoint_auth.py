@@ -20,8 +20,8 @@ import pytest
 
 from noisyneighbor.agent.auth import AuthConfig, RequestAuthorizer
 from noisyneighbor.agent.http_server import start_http_server
-from tests.exporter_support import AgentProcess, write_config
-from tests.fakekube import FakeKube
+from testkit.exporter_support import AgentProcess, write_config
+from testkit.fakekube import FakeKube
 
 AGENT_TOKEN = "agent-sa-token"
 VIEWER, STRANGER = "viewer-token", "stranger-token"

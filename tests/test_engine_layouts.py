@@ -28,7 +28,8 @@ from probes.engine import (
     layout_size,
 )
 from probes.host import HostPaths
-from probes.libbpf import BPF_MAP_TYPE_RINGBUF, BpfObject
+from probes.libbpf import BpfObject
+from testkit.bpf_maps import BPF_MAP_TYPE_RINGBUF
 
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 # module, its probe class, its object file

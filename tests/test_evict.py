@@ -9,17 +9,14 @@ from actuators.evict import (
     BeCpuSample,
     EvictActuator,
     PodUsage,
-    cpu_satisfaction_decision,
     cpu_satisfaction_release,
-    culprit_scores,
     memory_release,
-    memory_threshold_decision,
 )
 from detector.decisions import ActionKind, Decision, EvictAmount, Target
 from detector.model import Culprit, Incident
 from detector.pods import pod_from_dict
 from detector.policy import ActuatorPolicy, ResourceThresholdStrategy
-from tests.fakekube import FakeKube, make_pod
+from testkit.fakekube import FakeKube, make_pod
 
 GiB = 2**30
 
@@ -96,7 +93,7 @@ def test_interference_without_amount_evicts_the_top_culprit_only(kube):
     a, b = be_pod(kube, "a"), be_pod(kube, "b")
     incident = Incident("i1", Target("victim"), cause="neighbor_cpu", started_at=0, confidence=1, signal="runq_p99_ns",
                         culprits=[Culprit(Target("x", pod_uid=b), 0.8), Culprit(Target("y", pod_uid=a), 0.3)])
-    act = evictor(kube, clock, scores=culprit_scores(incident))
+    act = evictor(kube, clock, scores={c.target.pod_uid: c.score for c in incident.culprits})
     act.apply(act.plan(decision()))
     assert evicted(kube) == ["b"]
 
@@ -274,9 +271,6 @@ def test_cpu_satisfaction_release():
     assert cpu_satisfaction_release(window, 1000.0, rt, 1.0) == pytest.approx(10 * (0.9 - 0.5))
     # a stale newest sample: no decision
     assert cpu_satisfaction_release(samples(300, 4, 10, 3.8, end=990.0), 1000.0, rt, 1.0) == 0.0
-    d = cpu_satisfaction_decision(5.0)
-    assert d is not None and d.amount == EvictAmount("cpu_satisfaction", release_cpu_cores=5.0) and d.target.qos == "BE"
-    assert cpu_satisfaction_decision(0.0) is None
 
 
 def test_memory_release():
@@ -287,8 +281,6 @@ def test_memory_release():
     assert memory_release(cap, 69 * GiB, rt) == 0
     assert memory_release(cap, 80 * GiB, ResourceThresholdStrategy(memory_evict_lower_percent=50)) == 30 * GiB
     assert memory_release(0, 1, rt) == 0
-    d = memory_threshold_decision(7 * GiB)
-    assert d is not None and d.amount.release_memory_bytes == 7 * GiB and d.amount.reason == "memory_threshold"
 
 
 def test_prepare_loads_the_client_before_the_first_eviction(kube):

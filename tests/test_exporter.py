@@ -23,8 +23,8 @@ from probes.cgroupfs import discover
 from probes.hist import HIST_SLOTS, LatencyHistogram
 from probes.snapshot import NodeSnapshot
 from probes.softirq import read_proc_softirqs
-from tests.conftest import require_tool
-from tests.exporter_support import CONTROLLERS, ProbeSet, Scraper, pod_cgroup_name, rel_path, samples
+from testkit.exporter_support import CONTROLLERS, ProbeSet, Scraper, pod_cgroup_name, rel_path, samples
+from testkit.tools import require_tool
 from tests.ground_truth import softirq_in_flight, softirq_missed_allowance
 
 # Needs CPU every 5 ms (1.5 ms of work): a sleeper alone would be favoured by wakeup preemption and

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import require_tool
+from testkit.tools import require_tool
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 

@@ -178,7 +178,8 @@ def test_build_image_stages(tmp_path: Path) -> None:
     objects = sorted(p.name for p in (site / "probes" / "bpf_objects").glob("*.bpf.o"))
     want = sorted(p.name[: -len(".c")] + ".o" for p in (REPO / "bpf").glob("*.bpf.c"))
     assert objects == want
-    assert not (site / "tests").exists(), "tests shipped in the wheel"
+    for unshipped in ("tests", "testkit", "bench"):
+        assert not (site / unshipped).exists(), f"{unshipped} shipped in the wheel"
 
     check = REPO / "docker" / "check-runtime.sh"
     # The runtime check can fail: on this build host clang exists, so the image-mode check refuses it...

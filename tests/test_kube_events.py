@@ -9,7 +9,7 @@ import pytest
 from detector.decisions import Cause, Target
 from detector.kube_events import REASON_DETECTED, REASON_RESOLVED, IncidentEventPoster, event_name
 from detector.model import Culprit, Evidence, Incident
-from tests.fakekube import FakeKube, make_pod
+from testkit.fakekube import FakeKube, make_pod
 
 UID = "5dbe5657-826e-43bf-a3e6-b69f854fd160"
 

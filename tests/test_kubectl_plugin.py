@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import require_tool
-from tests.exporter_support import AgentProcess, write_config
-from tests.fakekube import FakeKube, make_pod
+from testkit.exporter_support import AgentProcess, write_config
+from testkit.fakekube import FakeKube, make_pod
+from testkit.tools import require_tool
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_LABELS = {"app.kubernetes.io/name": "noisyneighbor", "app.kubernetes.io/component": "agent"}

@@ -15,7 +15,7 @@ APACHE_FILES = [
     "noisyneighbor/kubectl_plugin.py", "actuators/journal.py", "deploy/generate.py", "deploy/chart.py",
     "docker/build-stage.sh", "docker/install-runtime.sh", "docker/check-runtime.sh", "docker/apt-snapshot.sh",
     "scripts/setup.sh", "tests/test_endpoint_auth.py", "tests/test_lifecycle.py", "tests/test_helm.py",
-    "tests/test_quickstart.py", "tests/test_licenses.py", "tests/fakekube.py",
+    "tests/test_quickstart.py", "tests/test_licenses.py", "testkit/fakekube.py",
 ]
 
 

@@ -23,7 +23,7 @@ from actuators.journal import FORMAT_VERSION, Journal, JournalTooNew
 from actuators.resize import ResizeIO, resize_path
 from noisyneighbor.agent.wiring import JournalIO
 from noisyneighbor.lifecycle import ApiserverAccess, restore
-from tests.fakekube import FakeKube, make_pod
+from testkit.fakekube import FakeKube, make_pod
 
 REPO = Path(__file__).resolve().parent.parent
 TODAYS_JOURNAL = REPO / "tests" / "data" / "journal-format-1.json"  # written by 3e004f2's Journal

@@ -151,7 +151,7 @@ def test_the_sandbox_layout_finds_a_test_pods_memory_cgroup_by_its_cpu_path(tmp_
     # (cpu:/ but memory:/process_api/<id> on the machine this was written on). The detector names a
     # pod by its cpu path; memory suppress must write in the pod's memory cgroup, not at that path in
     # the memory hierarchy (where it does not exist, or is another cgroup).
-    from bench.sandbox import sandbox_layout
+    from testkit.sandbox import sandbox_layout
 
     paths = HostPaths.under(tmp_path)
     (paths.proc / "self").mkdir(parents=True)
@@ -169,7 +169,7 @@ def test_the_sandbox_layout_finds_a_test_pods_memory_cgroup_by_its_cpu_path(tmp_
 
 @pytest.mark.root
 def test_the_sandbox_layout_reaches_a_real_owned_memory_cgroup(make_cgroup) -> None:
-    from bench.sandbox import sandbox_layout
+    from testkit.sandbox import sandbox_layout
 
     cg = make_cgroup("pod", ("cpu", "memory"))
     layout = discover(HostPaths())

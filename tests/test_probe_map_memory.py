@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 
 from probes.hardirq import HardirqProbe
-from probes.libbpf import BPF_MAP_TYPE_RINGBUF
 from probes.reclaim import ReclaimProbe
 from probes.softirq import VECTORS, SoftirqProbe
 from probes.tcpconnect import TcpConnectProbe
+from testkit.bpf_maps import BPF_MAP_TYPE_RINGBUF
 
 LARGE_NODE_CPUS = 192
 # The four probes' share of the agent's 24 MiB at 192 possible CPUs (runqlat takes most of the rest).

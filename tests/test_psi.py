@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.sandbox import OwnedCgroup
 from probes.cgroupfs import discover
 from probes.cgroupwatch import CgroupWatch
 from probes.host import HostPaths
@@ -33,6 +32,7 @@ from probes.psi import (
     read_pressure_file,
     validate_trigger,
 )
+from testkit.sandbox import OwnedCgroup
 from tests.conftest import readline_within
 from tests.test_reclaim import PAGE_CACHE_WORKLOAD
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import require_tool
+from testkit.tools import require_tool
 from tests.test_helm import helm
 
 REPO = Path(__file__).resolve().parent.parent

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.sandbox import OwnedCgroup
 from probes.cgroupfs import discover
 from probes.engine import ProbeError
 from probes.hist import HIST_SLOTS, LatencyHistogram
@@ -37,10 +36,13 @@ from probes.reclaim import (
     ReclaimStall,
     ReclaimStats,
     _ReclaimEvent,
+    delta,
+    node_rows,
     summarize,
-    summarize_node,
 )
-from tests.conftest import require_tool
+from testkit.sandbox import OwnedCgroup
+from testkit.tools import require_tool
+from tests.ground_truth import cgroup_reclaim_pgsteal
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,7 +175,7 @@ def test_memcg_reclaim_attributed_and_pages_match_memory_stat(limited_and_siblin
     cache_growth = (m1.file_bytes - m0.file_bytes) // PAGE
     expected = size // PAGE + refaulted - cache_growth
     vm0, vm1 = run.vm0, run.vm1
-    node_cgroup_pgsteal = vm1.cgroup_reclaim_pgsteal - vm0.cgroup_reclaim_pgsteal
+    node_cgroup_pgsteal = cgroup_reclaim_pgsteal(vm1) - cgroup_reclaim_pgsteal(vm0)
     node_memcg = _node_delta(run.snap0, run.snap1, "memcg")
     node_soft = _node_delta(run.snap0, run.snap1, "softlimit")
     mine = [s for s in run.stalls if s.cgroup_id == run.ids[limited]]
@@ -242,7 +244,7 @@ def test_memcg_reclaim_attributed_and_pages_match_memory_stat(limited_and_siblin
     if row["max_exact"]:
         assert row["max_us"] * 1e3 == pytest.approx(max(s.duration_ns for s in mine))
     assert not any(r["cgroup_id"] == run.ids[sibling] for r in rows)
-    assert summarize_node(run.snap0, run.snap1)["memcg"]["count"] == node_memcg[0]
+    assert node_rows(delta(run.snap0, run.snap1))["memcg"]["count"] == node_memcg[0]
 
 
 @pytest.mark.vm
@@ -294,7 +296,7 @@ with open("/proc/self/oom_score_adj", "w") as f:
 m0 = read_node_memory()
 # One and a half times what the allocator can still hand out (zones still grown on demand included):
 # holes of a sparse file cost no disk, and the cache of it is clean, reclaimable at once.
-size = 3 * (m0.free_pages + m0.not_yet_managed_pages) * PAGE // 2
+size = 3 * (m0.free_pages + max(m0.present_pages - m0.managed_pages, 0)) * PAGE // 2  # + not yet managed
 size -= size % WINDOW
 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
 os.ftruncate(fd, size)
@@ -310,7 +312,8 @@ while read_node_vmstat().allocstall_total - stalls0 < stalls_wanted:
     filled += WINDOW
 m1 = read_node_memory()
 print(json.dumps({"state": state, "filled": filled, "fill_s": time.monotonic() - t0, "free": m1.free_pages,
-                  "not_yet_managed": m1.not_yet_managed_pages, "wmark_high": m1.wmark_high_pages}), flush=True)
+                  "not_yet_managed": max(m1.present_pages - m1.managed_pages, 0),
+                  "wmark_high": m1.wmark_high_pages}), flush=True)
 sys.stdin.readline()
 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 os.close(fd)
@@ -479,9 +482,9 @@ def test_summarize_rows():
     assert r["mean_us"] == 1000.0 and r["max_exact"] and r["max_us"] == 1000.0
     assert 512 <= r["p99_us"] <= 1000
     assert rows[1]["max_exact"] and rows[1]["max_us"] == 700.0
-    node = summarize_node(prev, cur)
+    node = node_rows(delta(prev, cur))
     assert set(node) == {"memcg", "direct"} and node["memcg"]["pages"] == 640
-    assert summarize(cur, cur) == [] and summarize_node(cur, cur) == {}
+    assert summarize(cur, cur) == [] and node_rows(delta(cur, cur)) == {}
 
 
 @pytest.mark.vm

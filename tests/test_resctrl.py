@@ -376,23 +376,6 @@ def test_task_failure_rolls_back_everything(tmp_path, sleepers):
     assert fake.snapshot() == before and fake.group_of(a) == ""
 
 
-# -- monitoring -------------------------------------------------------------------------------
-
-
-def test_monitoring_counters_per_domain(tmp_path):
-    fake, act = make(tmp_path, INTEL_2S)
-    act.apply(act.plan(decision("BE", 0, 30)))
-    fake.set_monitoring("BE", 0, llc="1048576", total="123456789", local="100000000")
-    fake.set_monitoring("BE", 1, llc="Unavailable", total="Error", local="42")
-    mon = {d.domain: d for d in act.read_monitoring("BE")}
-    assert (mon[0].llc_occupancy_bytes, mon[0].mbm_total_bytes, mon[0].mbm_local_bytes) == (1048576, 123456789, 100000000)
-    assert (mon[1].llc_occupancy_bytes, mon[1].mbm_total_bytes, mon[1].mbm_local_bytes) == (None, None, 42)
-    no_mon_fake = FakeResctrl(tmp_path / "nm", FakeMachine(**{**INTEL_2S.__dict__, "monitoring": False}))
-    no_mon = ResctrlActuator(HostPaths.under(no_mon_fake.root), fs=no_mon_fake.fs, journal_dir=tmp_path / "j",
-                             task_source=lambda t: [])
-    assert no_mon.read_monitoring("") == []
-
-
 def test_koordinator_qos_strategy_defaults_applied_as_one_plan(tmp_path):
     fake, act = make(tmp_path, INTEL_2S)
     assert qos_strategy_decisions(ResourceQosStrategy()) == []  # resctrlQOS is off by default

@@ -15,7 +15,7 @@ from actuators.manager import ActuatorManager
 from actuators.resize import ResizeIO, ResizeSuppressActuator, resize_path
 from detector.decisions import ActionKind, Decision, SuppressAmount, Target
 from detector.policy import ActuatorPolicy
-from tests.fakekube import FakeKube, make_pod
+from testkit.fakekube import FakeKube, make_pod
 
 UID = "2f0c3c1e-0000-4000-8000-000000000001"
 

@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.sandbox import OwnedCgroup
-from bench.variant_objects import build
 from probes.engine import LibbpfEngine, ProbeError
 from probes.runqlat import PID_MAX_LIMIT, RunqLatProbe
-from tests.conftest import cgroup_tids, require_tool, shield, slowdown
+from testkit.sandbox import OwnedCgroup, shield
+from testkit.timing import slowdown
+from testkit.tools import require_tool
+from testkit.variant_objects import build
+from tests.conftest import cgroup_tids
 from tests.ground_truth import SCHED_SWITCH_LOSS, missed_allowance
 
-PINGPONG = Path(__file__).parent / "workloads" / "pingpong.py"
+PINGPONG = Path(__file__).resolve().parent.parent / "testkit" / "workloads" / "pingpong.py"
 pytestmark = [pytest.mark.root, pytest.mark.vm]
 
 

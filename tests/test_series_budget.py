@@ -27,7 +27,7 @@ from probes.hist import HIST_SLOTS, LatencyHistogram
 from probes.runqlat import RunqSnapshot
 from probes.snapshot import NodeSnapshot
 from probes.softirq import VECTORS, SoftirqSnapshot, SoftirqStats
-from tests.exporter_support import AgentProcess, write_config
+from testkit.exporter_support import AgentProcess, write_config
 
 HIST_SERIES = 20  # a histogram's series with the default buckets: 17 buckets, +Inf, _sum, _count
 SOFTIRQ = tuple(name.removesuffix("_total")

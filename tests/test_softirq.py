@@ -29,7 +29,7 @@ from probes.softirq import (
     read_proc_softirqs,
     summarize,
 )
-from tests.conftest import slowdown
+from testkit.timing import slowdown
 from tests.ground_truth import softirq_missed_allowance
 
 pytestmark = [pytest.mark.root, pytest.mark.vm]

@@ -10,6 +10,7 @@ import pytest
 
 from detector.signals import SignalBuilder
 from probes import steal
+from probes.cgroupfiles import parse_proc_stat
 from probes.engine import ProbeError
 from probes.host import HostPaths
 from probes.registry import BY_NAME
@@ -25,6 +26,10 @@ def _stat(s0: int, s1: int) -> str:
     return STAT.format(s0=s0, s1=s1, s0s1=s0 + s1)
 
 
+def _parse_steal(text: str) -> tuple[dict[int, int], dict[int, int]]:
+    return steal.steal_of(parse_proc_stat(text)[1])
+
+
 def _host(tmp_path, text: str) -> HostPaths:
     (tmp_path / "proc").mkdir(parents=True, exist_ok=True)
     (tmp_path / "proc/stat").write_text(text)
@@ -32,11 +37,11 @@ def _host(tmp_path, text: str) -> HostPaths:
 
 
 def test_parse_takes_the_eighth_column_per_cpu():
-    s, total = steal.parse_steal(_stat(7, 0))
+    s, total = _parse_steal(_stat(7, 0))
     assert s == {0: 7 * 10_000_000, 1: 0}
     assert total[0] == (100 + 50 + 500 + 5 + 2 + 7) * 10_000_000
     # a line short of the steal column (ancient kernels) reads as no steal; a line with junk is left out
-    assert steal.parse_steal("cpu0 1 2 3 4\ncpu1 1 2 3 4 5 6 7 x\n") == ({0: 0}, {0: 10 * 10_000_000})
+    assert _parse_steal("cpu0 1 2 3 4\ncpu1 1 2 3 4 5 6 7 x\n") == ({0: 0}, {0: 10 * 10_000_000})
 
 
 def test_probe_interval_and_series_from_a_fake_proc_stat(tmp_path):
@@ -106,9 +111,34 @@ def test_this_hosts_steal_matches_the_kernel():
     """The probe's per-CPU steal is /proc/stat's, read at the same moment (ticks, so exact)."""
     probe = steal.StealProbe()
     snap = probe.snapshot()
-    again, _ = steal.parse_steal(Path("/proc/stat").read_text())
+    again, _ = _parse_steal(Path("/proc/stat").read_text())
     for cpu, ns in snap.steal_ns.items():
         assert ns <= again[cpu] <= ns + 2 * 10_000_000 * 100  # grows by at most 2 s of ticks meanwhile
+
+
+def test_a_collector_tick_reads_proc_stat_once_and_the_probe_takes_that_reading(monkeypatch):
+    """/proc/stat once a tick (issue 42): the collector reads it at the start of the tick and the steal
+    probe takes that reading, so the node's CPU times and the probe's steal are the same read."""
+    from probes import procstat
+    from probes.collect import NodeCollector
+
+    reads: list[Path] = []
+    real = procstat.read_text_or_none
+
+    def counted(path: Path) -> str | None:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(procstat, "read_text_or_none", counted)
+    with NodeCollector(probes=("steal",)) as collector:
+        assert collector.status["steal"].state == "on"
+        for _ in range(2):
+            reads.clear()
+            snap = collector.collect()
+            assert reads == [HostPaths().proc / "stat"]
+            stolen = snap.probe("steal")
+            assert stolen.steal_ns == {cpu: t.steal_ns for cpu, t in snap.node_cpu_per_cpu.items()}
+            assert stolen.monotonic_s == collector.proc_stat.latest.monotonic_s
 
 
 # -- the cause --------------------------------------------------------------------------------------
@@ -206,7 +236,7 @@ def test_a_burst_of_steal_as_a_neighbour_starts_does_not_name_the_incident(tmp_p
 
 @pytest.fixture
 def scenario(make_cgroup):
-    from tests.scenario_support import scenario_harness
+    from testkit.scenario_support import scenario_harness
     from tests.test_detector_scenarios import VICTIM_CPU, _policy
 
     yield from scenario_harness(make_cgroup, VICTIM_CPU, _policy)

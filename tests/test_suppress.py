@@ -29,11 +29,12 @@ from detector.policy import ResourceThresholdStrategy
 from probes.cgroupfs import discover
 from probes.cpuacct import read_cgroup_cpu
 from probes.host import HostPaths
-from tests.conftest import require_tool, shield
+from testkit.sandbox import shield
+from testkit.tools import require_tool
 from tests.helpers_actuators import fake_cpu_topology, fake_v1_host, tree_hashes
 
 REPO = Path(__file__).resolve().parents[1]
-LS_WORKER = Path(__file__).parent / "workloads" / "ls_worker.py"
+LS_WORKER = Path(__file__).resolve().parent.parent / "testkit" / "workloads" / "ls_worker.py"
 LAST_CPU = str((os.cpu_count() or 1) - 1)
 
 

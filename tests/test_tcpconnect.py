@@ -36,7 +36,9 @@ from probes.tcpconnect import (
     TcpConnectSnapshot,
     summarize,
 )
-from tests.conftest import readline_within, require_tool, slowdown
+from testkit.timing import slowdown
+from testkit.tools import require_tool
+from tests.conftest import readline_within
 
 P_OK, P_CLOSED, P_DROP = 7000, 7001, 7010  # P_DROP...P_DROP+3: first SYN of each connect dropped
 HOSTS = {4: "127.0.0.1", 6: "::1"}

@@ -39,7 +39,8 @@ from probes.host import HostPaths
 from probes.reclaim import ReclaimSnapshot, ReclaimStats
 from probes.runqlat import RunqSnapshot
 from probes.softirq import SoftirqStall
-from tests.conftest import read_terminal, require_tool
+from testkit.tools import require_tool
+from tests.conftest import read_terminal
 
 CLI = [sys.executable, "-m", "noisyneighbor.cli"]
 

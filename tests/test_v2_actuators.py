@@ -26,15 +26,15 @@ from actuators.cgroupfile import CgroupFiles, Resource, parse_cpu_list
 from actuators.journal import Journal
 from actuators.memory import MemorySuppressActuator
 from actuators.suppress import SuppressActuator
-from bench.sandbox import sandbox_layout
 from detector.decisions import ActionKind, BurstAmount, Decision, MemorySuppressAmount, SuppressAmount, Target
 from detector.policy import CpuBurstStrategy, ResourceThresholdStrategy
 from probes.cgroupfs import discover, self_cgroups
 from probes.cpuacct import read_cgroup_cpu
-from tests.conftest import slowdown
-from tests.exporter_support import REPO, AgentProcess, write_config
+from testkit.exporter_support import REPO, AgentProcess, write_config
+from testkit.sandbox import sandbox_layout
+from testkit.scenario_support import LS_WORKER
+from testkit.timing import slowdown
 from tests.kubelet_pods import BE_NEIGHBOUR_SHARES, KContainer, KPod, KubeletNode, pure_v2
-from tests.scenario_support import LS_WORKER
 from tests.test_v2_pods import SPIN, VICTIM_CPU
 
 pytestmark = [pytest.mark.root, pytest.mark.vm]

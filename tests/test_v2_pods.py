@@ -29,10 +29,10 @@ from detector.pods.model import pod_from_dict
 from detector.workloads import WorkloadIndex
 from probes.cgroupfiles import CPUSET_EFFECTIVE_CPUS
 from probes.cgroupfs import discover
-from tests.conftest import slowdown
+from testkit.scenario_support import LS_WORKER, Scenario
+from testkit.timing import slowdown
 from tests.ground_truth import SCHED_SWITCH_LOSS, missed_allowance
 from tests.kubelet_pods import BE_NEIGHBOUR_SHARES, KPod, KubeletNode, pure_v2
-from tests.scenario_support import LS_WORKER, Scenario
 
 pytestmark = [pytest.mark.root, pytest.mark.vm]
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.sandbox import OwnedCgroup
 from probes.hist import LatencyHistogram
 from probes.runqlat import (
     _CULPRIT_KEY,
@@ -30,7 +29,10 @@ from probes.runqlat import (
     WaitSplit,
     top_culprits,
 )
-from tests.conftest import cgroup_tids, require_tool, shield, slowdown
+from testkit.sandbox import OwnedCgroup, shield
+from testkit.timing import slowdown
+from testkit.tools import require_tool
+from tests.conftest import cgroup_tids
 
 # 6 ms of CPU time (not wall time: waiting must not count as work) every 10 ms, for at most 60 s.
 # The work outlasts a scheduler slice (3 ms base on EEVDF), so the hogs preempt it in the middle of

@@ -28,12 +28,11 @@ lines, masks) and :mod:`~actuators.resctrl.actuator` (:class:`ResctrlActuator`).
 re-exported so ``from actuators.resctrl import X`` keeps working.
 """
 
-from actuators.resctrl.actuator import DomainMonitoring, ResctrlActuator, TaskAssignment, cgroup_task_source
+from actuators.resctrl.actuator import ResctrlActuator, TaskAssignment, cgroup_task_source
 from actuators.resctrl.fs import KernelResctrlFs, ResctrlFileIO, ResctrlFs
 from actuators.resctrl.schemata import (
     AMD_MB_UNLIMITED,
     INTEL_MB_MAX,
-    MONITOR_FILES,
     QOS_GROUPS,
     L3Info,
     MbInfo,
@@ -50,10 +49,8 @@ from actuators.resctrl.support import CpuRdtFlags, ResctrlSupport, detect_suppor
 __all__ = [
     "AMD_MB_UNLIMITED",
     "INTEL_MB_MAX",
-    "MONITOR_FILES",
     "QOS_GROUPS",
     "CpuRdtFlags",
-    "DomainMonitoring",
     "KernelResctrlFs",
     "L3Info",
     "MbInfo",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -17,7 +16,6 @@ from actuators.cgroupfile import (
 from actuators.journal import DEFAULT_JOURNAL_DIR, Journal, JournalError, PlanKeys
 from actuators.resctrl.fs import KernelResctrlFs, ResctrlFileIO, ResctrlFs, _one_line
 from actuators.resctrl.schemata import (
-    MONITOR_FILES,
     QOS_GROUPS,
     ResctrlInfo,
     format_line,
@@ -33,7 +31,7 @@ from probes.host import VANISHED_ERRNOS, HostPaths, read_text_or_none
 log = logging.getLogger("actuators.resctrl")  # the name it had as one module
 
 
-# -- tasks and monitoring ---------------------------------------------------------------------
+# -- tasks --------------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -43,14 +41,6 @@ class TaskAssignment:
     already: int = 0  # ids that were in the group before
     vanished: list[int] = field(default_factory=list)  # exited before we could move them (ESRCH)
     moved_from: dict[int, str] = field(default_factory=dict)  # tid -> group it was in ("" = default)
-
-
-@dataclass(frozen=True, slots=True)
-class DomainMonitoring:
-    domain: int
-    llc_occupancy_bytes: int | None
-    mbm_total_bytes: int | None
-    mbm_local_bytes: int | None
 
 
 def _parse_tids(text: str | None) -> set[int]:
@@ -316,30 +306,3 @@ class ResctrlActuator:
         errors.extend(f"group {g} still exists" for g in state.created if g.is_dir())
         if errors:
             raise ActionError("resctrl revert incomplete: " + "; ".join(errors))
-
-    # -- monitoring ----------------------------------------------------------------------------
-    def read_monitoring(self, group: str) -> list[DomainMonitoring]:
-        """LLC occupancy and MBM byte counters per L3 domain; empty without monitoring.
-
-        The kernel prints ``Unavailable`` (no RMID counter yet) or ``Error``: those read as None.
-        """
-        mon_data = self.group_dir(group) / "mon_data"
-        if not mon_data.is_dir():
-            return []
-        result: list[DomainMonitoring] = []
-        for entry in sorted(mon_data.iterdir()):
-            prefix = "mon_L3_"
-            if not entry.name.startswith(prefix) or not entry.name[len(prefix):].isdigit():
-                continue
-            values: dict[str, int | None] = {}
-            for name in MONITOR_FILES:
-                try:
-                    text = self.fs.read(entry / name).strip()
-                except OSError as e:
-                    if e.errno not in (*VANISHED_ERRNOS, errno.EINVAL, errno.EIO):
-                        raise
-                    text = ""
-                values[name] = int(text) if text.isdigit() else None
-            result.append(DomainMonitoring(int(entry.name[len(prefix):]), values["llc_occupancy"],
-                                           values["mbm_total_bytes"], values["mbm_local_bytes"]))
-        return result

@@ -14,7 +14,6 @@ from detector.policy import ResourceQosStrategy
 QOS_GROUPS = ("LSR", "LS", "BE")
 AMD_MB_UNLIMITED = 2048  # AMD MBA takes absolute units; 2048 means "no limit"
 INTEL_MB_MAX = 100
-MONITOR_FILES = ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes")
 
 
 # -- info, schemata, masks --------------------------------------------------------------------
@@ -45,12 +44,6 @@ class ResctrlInfo:
     l3: L3Info | None
     mb: MbInfo | None
     vendor: str
-
-    @property
-    def max_groups(self) -> int:
-        """Control groups the hardware allows, the default group included (the smallest closid count)."""
-        counts = [r.num_closids for r in (self.l3, self.mb) if r is not None]
-        return min(counts) if counts else 0
 
 
 def _read_int(fs: ResctrlFs, path: Path, base: int = 10) -> int:

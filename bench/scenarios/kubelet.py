@@ -2,7 +2,7 @@
 
 The agent evicts through the Eviction API (actuators/evict.py), and the bench's pods are cgroups with
 processes, not pods of a cluster. ``PassKube`` serves them on the apiserver's real REST paths
-(tests/fakekube.py) and does what the kubelet does once the apiserver accepted an eviction and the pod's
+(testkit/fakekube.py) and does what the kubelet does once the apiserver accepted an eviction and the pod's
 grace period ran out: it kills the pod's processes (every task of its own cgroup), then deletes the pod.
 A memory grower's heap is freed that way, which a cap at its usage never does: the state after an
 eviction is the node without the culprit, the state issue 28's counterfactual predicts.
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from bench.sandbox import kill_processes
-from tests.fakekube import FakeKube, make_pod
-from tests.scenario_support import PodCgroup
+from testkit.fakekube import FakeKube, make_pod
+from testkit.sandbox import kill_processes
+from testkit.scenario_support import PodCgroup
 
 GRACE_S = 0.5  # accepted eviction -> processes killed (a BE batch pod stops at once; the kubelet's default is 30 s)
 NAMESPACE = "default"  # as the bench's pods are named (default/web, default/batch)

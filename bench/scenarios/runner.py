@@ -1,6 +1,6 @@
 """One scenario pass: test pods, the detector (and optionally actuators) in-process, an antagonist at a known time.
 
-The wiring (collector -> detector -> sink) is :func:`attach_sink` over ``tests.scenario_support.Scenario``;
+The wiring (collector -> detector -> sink) is :func:`attach_sink` over ``testkit.scenario_support.Scenario``;
 when ``noisyneighbor.agent.Agent`` exists this is the one place to switch to it. Everything a pass
 creates (cgroups, processes, network namespaces, files, cgroup writes through the actuator journal) is
 undone in ``finally``, also on Ctrl-C.
@@ -30,7 +30,6 @@ from actuators.manager import ActuatorManager
 from actuators.memory import MemorySuppressActuator
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import CpuUsageSampler, SuppressActuator, threshold_suppress_decision
-from bench.sandbox import PREFIX, OwnedCgroup, sandbox_layout
 from bench.scenarios.kubelet import PassKube
 from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples, moved_together_name
 from detector.causes import reclaim
@@ -41,7 +40,8 @@ from detector.policy import Policy
 from noisyneighbor.agent import ScopedActuator
 from probes.cgroupfs import discover, self_cgroups
 from probes.host import HostPaths
-from tests.scenario_support import PodCgroup, Scenario
+from testkit.sandbox import PREFIX, OwnedCgroup, sandbox_layout
+from testkit.scenario_support import PodCgroup, Scenario
 
 REPO = Path(__file__).resolve().parents[2]
 VICTIM_CPU = 1

@@ -4,7 +4,7 @@ Modes (all write ``<monotonic ns> <latency ns>`` lines to ``--out``, flushed twi
 killed worker still leaves its samples; CLOCK_MONOTONIC is shared with the runner process):
 
 - ``cpu``: W ms of CPU work every P ms; latency = end of the work - when it was due (wakeup delay +
-  work), the ls_worker victim of tests/workloads with a per-request log. ``--alloc-kb`` also touches
+  work), the ls_worker victim of testkit/workloads with a per-request log. ``--alloc-kb`` also touches
   that much fresh memory per request, so a pod at its memory limit reclaims in the victim's path.
 - ``tcp``: a loopback request/response pair (the process forks a server that does W ms of work per
   request); latency = the client's round trip.

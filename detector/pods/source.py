@@ -27,7 +27,6 @@ class SourceStatus:
     source: str  # "kubelet", "apiserver", "standalone"
     ok: bool
     reason: str = ""  # one line; empty when ok
-    last_success: float | None = None  # time.time() of the last good list
     pods: int = 0
 
     @property
@@ -66,7 +65,6 @@ class _CachingSource:
         self._gone: dict[str, tuple[PodInfo, float]] = {}
         self._ok = False
         self._reason = "no pod list yet"
-        self._last_success: float | None = None
 
     def pods(self) -> list[PodInfo]:
         with self._lock:
@@ -85,7 +83,7 @@ class _CachingSource:
     @property
     def status(self) -> SourceStatus:
         with self._lock:
-            return SourceStatus(self.name, self._ok, "" if self._ok else self._reason, self._last_success, len(self._pods))
+            return SourceStatus(self.name, self._ok, "" if self._ok else self._reason, len(self._pods))
 
     def close(self) -> None:
         return None
@@ -116,7 +114,7 @@ class _CachingSource:
 
     def _succeeded(self) -> None:
         now = self._clock()
-        self._ok, self._reason, self._last_success = True, "", now
+        self._ok, self._reason = True, ""
         self._gone = {u: g for u, g in self._gone.items() if now - g[1] <= self.vanish_grace_seconds}
 
     def _failed(self, reason: str) -> None:

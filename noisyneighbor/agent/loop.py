@@ -59,6 +59,7 @@ from probes.gpu import GpuCollector, GpuDevice
 from probes.gpu_pods import NAME as GPU_PLUGIN
 from probes.host import HostPaths
 from probes.listenq import ListenReport, ListenWatch
+from probes.procstat import ProcStatReader
 from probes.registry import BY_NAME
 from probes.snapshot import NodeSnapshot
 from probes.tcpconnect import TcpConnectSnapshot
@@ -104,6 +105,8 @@ class Agent:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.policy: Policy | None = None
         self.paths = HostPaths.under(config.host_root) if config.host_root else HostPaths()
+        # /proc/stat once a tick: the collector reads it, the burst actuator's loop takes that reading
+        self.proc_stat = ProcStatReader(self.paths)
         self.layout: CgroupLayout | None = None
         self.pod_source: Any = None
         self.collector: NodeCollector | None = None
@@ -204,7 +207,8 @@ class Agent:
                                          ("max_culprit_pairs", self.config.runq_pairs)) if v is not None}
         self.collector = NodeCollector(self.paths, self.layout, probes=self.config.probes,
                                        cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths,
-                                       probe_options={"runqlat": runq_tables} if runq_tables else None).start()
+                                       probe_options={"runqlat": runq_tables} if runq_tables else None,
+                                       proc_stat=self.proc_stat).start()
         if self.config.gpu and GPU_PLUGIN not in self.collector.probes:  # else the plugin reads NVML (node_gpus)
             self.gpu = GpuCollector(self.paths)
         # Listen queues (probes/listenq.py): read on connect trouble or on a slow cadence, joined to the
@@ -249,7 +253,7 @@ class Agent:
         suppress = suppress_actuator(policy, files, self._journal, resize)
         actuators: list[Actuator] = [
             *([suppress] if suppress is not None else []),
-            BurstActuator(files, self._journal, policy.cpu_burst),
+            BurstActuator(files, self._journal, policy.cpu_burst, proc_stat=self.proc_stat),
             MemorySuppressActuator(files, self._journal),
         ]
         if policy.actuators.resctrl_enabled:

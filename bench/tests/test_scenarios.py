@@ -108,9 +108,9 @@ def test_bcc_output_parsers():
 @pytest.mark.slow
 def test_quick_cpu_neighbour_pass_runs_and_cleans_up():
     """One short real pass: pods, victim, hog at onset, detector; everything removed afterwards."""
-    from bench.sandbox import PREFIX
     from bench.scenarios.catalog import by_name
     from bench.scenarios.runner import Timing, run_pass
+    from testkit.sandbox import PREFIX
 
     spec = by_name(["cpu-neighbor"])[0]
     result, trace = run_pass(spec, "detect", Timing(baseline_s=3.0, run_s=5.0))

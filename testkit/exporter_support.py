@@ -28,7 +28,6 @@ import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.sandbox import OwnedCgroup
 from detector.cgroups import CgroupResolver
 from detector.decisions import Target
 from noisyneighbor.exporter import Exporter, Labeler, ResolverLabeler
@@ -43,7 +42,8 @@ from probes.runqlat import RunqLatProbe
 from probes.snapshot import NodeSnapshot, parse_proc_stat
 from probes.softirq import SoftirqProbe
 from probes.tcpconnect import TcpConnectProbe
-from tests.conftest import slowdown
+from testkit.sandbox import OwnedCgroup
+from testkit.timing import slowdown
 
 CONTROLLERS = ("cpu", "cpuacct", "memory", "unified")
 

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from bench.variant_objects import build
 from probes.engine import LibbpfEngine
 from probes.runqlat import RunqLatProbe
-from tests.conftest import require_tool
+from testkit.tools import require_tool
+from testkit.variant_objects import build
 
 pytestmark = pytest.mark.root
 

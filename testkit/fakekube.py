@@ -7,7 +7,7 @@ TLS verification, JSON parsing and error handling. Every request is recorded.
 
 Quick use::
 
-    from tests.fakekube import FakeKube, make_pod
+    from testkit.fakekube import FakeKube, make_pod
 
     with FakeKube(token="s3cret", tls=True, node_name="node-1") as kube:
         kube.add_pod(make_pod("web-0", uid="1111...", qos_class="LS", requests={"cpu": "1", "memory": "1Gi"}))

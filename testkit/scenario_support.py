@@ -25,15 +25,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.sandbox import OwnedCgroup, write_cgroup_file
 from detector.decisions import Cause
 from detector.model import Incident
 from detector.pods import KubeletPodSource
 from detector.policy import Policy
 from detector.runtime import Detector
 from probes.collect import NodeCollector
-from tests.conftest import shield
-from tests.fakekube import FakeKube, container_id_for, make_pod
+from testkit.fakekube import FakeKube, container_id_for, make_pod
+from testkit.sandbox import OwnedCgroup, shield, write_cgroup_file
 
 WORKLOADS = Path(__file__).parent / "workloads"
 LS_WORKER = WORKLOADS / "ls_worker.py"
