@@ -9,6 +9,7 @@ the victim. Counters are cumulative like the histograms: diff two snapshots (`to
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import struct
 import time
@@ -515,7 +516,8 @@ MAX_PID_SLOTS = 1 << 16  # task_run_delay's entries at most (512 KiB), whatever 
 MAX_FALLBACK_TASKS = 65536  # the raw_tp flavour's pid -> enqueue time hash (bpf/runqlat.bpf.c)
 MIN_CGROUP_SLOTS = 2048  # cgroups tracked at least: 250 kubelet pods (pod, pause, app) and the system's
 DEFAULT_PAIR_SLOTS = 8192
-PAIR_QUIET_S = 60.0  # a who-ran-instead pair unchanged this long gives its slot back once the table is half full
+PAIR_QUIET_S = 60.0  # a who-ran-instead pair unchanged this long gives its slot back (its totals are kept)
+PAIR_SWEEP_S = 5.0  # how often quiet pairs are looked for (at once when the table is past 7/8 full)
 PAIR_FULL_QUIET_S = 1.0  # ... and, past 7/8 full, any pair this quiet, least recently moved first
 
 
@@ -638,6 +640,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         self._pair_moved_at: dict[tuple[int, int], float] = {}  # when each pair in the kernel last changed
         self._drops_seen: dict[str, int] = {}
         self._status_before_full: tuple[Any, str] | None = None  # (state, reason) while a table is full
+        self._quiet_swept_at = -math.inf
         self.pairs_given_back = 0  # pair slots freed because their pair stopped moving (cumulative)
         # What the kernel maps held at the last snapshot, decoded; only the slots that changed since are
         # decoded again (most cgroups did nothing). Snapshots get copies.
@@ -822,13 +825,21 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
 
     def _give_back_quiet_pairs(self, now: float) -> None:
         """Pairs that stopped moving give their slots back, so a node up for weeks with pod churn keeps
-        room for the pairs that interfere now: past half full, those quiet for PAIR_QUIET_S; past 7/8,
-        also those quiet for PAIR_FULL_QUIET_S, least recently moved first, down to 3/4."""
+        room for the pairs that interfere now, and a tick looks only at live pairs (each costs the
+        reader its change words, 8 copies x 4 words at 8+ CPUs, every tick): those quiet for
+        PAIR_QUIET_S, looked for every PAIR_SWEEP_S; past 7/8 full, at once, also those quiet for
+        PAIR_FULL_QUIET_S, least recently moved first, down to 3/4. Their totals stay here."""
         used = self._pairs.used
-        if used * 2 <= self.pair_slot_count:
+        crowded = used * 8 > self.pair_slot_count * 7
+        if not crowded and now - self._quiet_swept_at < PAIR_SWEEP_S:
+            return
+        self._quiet_swept_at = now
+        if not crowded:
+            for pair in [pair for pair, at in self._pair_moved_at.items() if now - at >= PAIR_QUIET_S]:
+                self._give_back(pair)
             return
         quiet = sorted((at, pair) for pair, at in self._pair_moved_at.items() if now - at >= PAIR_FULL_QUIET_S)
-        target = self.pair_slot_count * 3 // 4 if used * 8 > self.pair_slot_count * 7 else self.pair_slot_count
+        target = self.pair_slot_count * 3 // 4
         for at, pair in quiet:
             if now - at < PAIR_QUIET_S and used <= target:
                 break
@@ -857,7 +868,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
 
     def forget_quiet_pairs(self, since: RunqSnapshot) -> int:
         """Free the kernel slots of (victim, culprit) pairs that did not change since `since`, now
-        (snapshots do it by themselves past half full: _give_back_quiet_pairs). Returns how many went."""
+        (snapshots do it by themselves after PAIR_QUIET_S: _give_back_quiet_pairs). Returns how many went."""
         if not self.culprits_available:
             return 0
         quiet = [pair for pair in list(self._pairs_in_kernel) if since.culprits.get(pair) == self._culprit_totals.get(pair)]

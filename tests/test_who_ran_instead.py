@@ -337,6 +337,7 @@ def test_quiet_pairs_give_their_slots_back_so_a_new_culprit_is_named(victim_and_
 
     monkeypatch.setattr(runqlat, "PAIR_QUIET_S", 0.5)
     monkeypatch.setattr(runqlat, "PAIR_FULL_QUIET_S", 0.3)
+    monkeypatch.setattr(runqlat, "PAIR_SWEEP_S", 0.3)
     stress = require_tool("stress-ng")
     victim, heavy, light = victim_and_hogs
     v, h = _ino(victim), _ino(heavy)
