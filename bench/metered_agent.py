@@ -31,6 +31,7 @@ from probes import libbpf  # noqa: E402
 COUNTS = {"bpf_map_bytes": 0, "bpf_map_calls": 0}
 BY_MAP: dict[str, int] = {}
 MAP_FDS: dict[str, int] = {}
+MAPPED_SCANNED: dict[str, int] = {}  # of BY_MAP's mapped entries: the bytes only looked at in place
 LABELS: dict[int, str] = {}  # libbpf's map pointer -> "<object>:<map>" (map names repeat across objects)
 
 
@@ -42,15 +43,17 @@ def _add(m: libbpf.BpfMap, nbytes: int) -> None:
 
 
 def _meter_mapped_reads(cls: type, label: str) -> None:
-    """Add what a probe's snapshot looked at or copied out of its mapped maps (its own count)."""
+    """Add what a probe's snapshot looked at or copied out of its mapped maps (its own counts), split
+    into the counters looked at in place and the values copied out."""
     snapshot = cls.snapshot
 
     def metered_snapshot(self):  # type: ignore[no-untyped-def]
-        before = self.bytes_read
+        read, scanned = self.bytes_read, getattr(self, "bytes_scanned", 0)
         snap = snapshot(self)
-        n = self.bytes_read - before
+        n, looked = self.bytes_read - read, getattr(self, "bytes_scanned", 0) - scanned
         COUNTS["bpf_map_bytes"] += n
         BY_MAP[label] = BY_MAP.get(label, 0) + n
+        MAPPED_SCANNED[label] = MAPPED_SCANNED.get(label, 0) + looked
         return snap
 
     cls.snapshot = metered_snapshot  # type: ignore[attr-defined]
@@ -88,7 +91,7 @@ def install(out: Path) -> None:
 
     def dump(*_: object) -> None:
         tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**COUNTS, "by_map": BY_MAP, "map_fds": MAP_FDS}))
+        tmp.write_text(json.dumps({**COUNTS, "by_map": BY_MAP, "mapped_scanned": MAPPED_SCANNED, "map_fds": MAP_FDS}))
         tmp.replace(out)
 
     signal.signal(signal.SIGUSR1, dump)

@@ -169,6 +169,8 @@ def run(args: argparse.Namespace) -> dict:
                 ticks = h1["ticks"] - h0["ticks"]
                 per_tick = max(ticks, 1)
                 by_map = {k: round((v - m0["by_map"].get(k, 0)) / per_tick) for k, v in m1["by_map"].items()}
+                scanned = {k: round((v - m0.get("mapped_scanned", {}).get(k, 0)) / per_tick)
+                           for k, v in m1.get("mapped_scanned", {}).items()}
                 results[name].update({
                     "window_s": round(w1 - w0, 1), "ticks": ticks,
                     "failed_ticks": h1.get("failed_ticks", 0) - h0.get("failed_ticks", 0),
@@ -179,6 +181,11 @@ def run(args: argparse.Namespace) -> dict:
                     "bpf_calls_per_tick": round((m1["bpf_map_calls"] - m0["bpf_map_calls"]) / per_tick, 1),
                     "bpf_bytes_per_tick_by_map": dict(sorted(((k, v) for k, v in by_map.items() if v),
                                                              key=lambda kv: -kv[1])),
+                    # Of the mapped maps' bytes: counters only looked at in place to find what moved
+                    # (no copy); the rest of their bytes were values copied out.
+                    "mapped_bytes_scanned_per_tick": scanned,
+                    "bpf_bytes_copied_per_tick": round((m1["bpf_map_bytes"] - m0["bpf_map_bytes"]) / per_tick)
+                    - sum(scanned.values()),
                     "read_bytes_per_tick": round((r1 - r0) / per_tick),
                     **count_scrape(text, pod_cgroups)})
                 progress(started, f"agent {name} measured")
@@ -216,6 +223,8 @@ def render(r: dict) -> str:
             f"  bytes read per tick: BPF maps {a['bpf_bytes_per_tick']} ({a['bpf_calls_per_tick']} calls), "
             f"read(2) {a['read_bytes_per_tick']}; by map: " + ", ".join(
                 f"{k} {v}" for k, v in list(a["bpf_bytes_per_tick_by_map"].items())[:6]),
+            f"  of which copied out {a.get('bpf_bytes_copied_per_tick', '?')}, looked at in place "
+            + (", ".join(f"{k} {v}" for k, v in a.get("mapped_bytes_scanned_per_tick", {}).items()) or "-"),
             f"  series: {a['series']} in all, {a['node_level_series']} node-level, {a['series_with_cpu_label']} with a "
             f"cpu label; per idle pod min {s['min']} median {s['median']} max {s['max']}",
             "  node-level series by family: " + ", ".join(

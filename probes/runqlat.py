@@ -412,6 +412,7 @@ class _Slots:
         self._seen = np.zeros((0, len(self._columns)), dtype="<u8")  # change words of the used slots, last read
         self._key_of: dict[int, bytes] = {}  # slot -> the key owning it at the last read_changed
         self.bytes_read = 0  # read in place (mapped words looked at, slots copied out); not syscalls' copies
+        self.bytes_scanned = 0  # the part of it that was change words looked at in place (nothing copied)
 
     @property
     def used(self) -> int:
@@ -447,6 +448,7 @@ class _Slots:
             n *= 2
         if self._mapped is not None:
             self.bytes_read += seen.nbytes
+            self.bytes_scanned += seen.nbytes
         seen, prev = seen[:used], self._seen
         common = min(len(prev), used)
         slots = np.flatnonzero((seen[:common] != prev[:common]).any(axis=1)).tolist()
@@ -653,6 +655,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             np.frombuffer(mapped, dtype="<u8")[: cpus * words].reshape(cpus, words))
         self._culprit_drops: tuple[int, int] | None = None  # summed over the CPUs' states, at the last read
         self._cpu_hist_bytes_read = 0
+        self._cpu_hist_bytes_scanned = 0
         self._wait_split: dict[int, WaitSplit] = {}
         self._pairs_in_kernel: dict[tuple[int, int], CulpritStats] = {}
         self._culprit_totals: dict[tuple[int, int], CulpritStats] = {}  # in the kernel + _culprit_base
@@ -739,6 +742,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         counts = rows[:, HIST_SLOTS + 1].copy()
         mapped = self._cpu_hist_view is not None
         self._cpu_hist_bytes_read += counts.nbytes if mapped else 0
+        self._cpu_hist_bytes_scanned += counts.nbytes if mapped else 0
         last = self._per_cpu
         moved = range(len(rows)) if len(last) != len(rows) else np.flatnonzero(counts != self._cpu_counts).tolist()
         if len(last) != len(rows):
@@ -822,6 +826,11 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         """Bytes of the mapped tables looked at or copied out, in place, since load (no syscall copies
         them, so nothing else counts them: bench.metered_agent adds them to its per-tick figure)."""
         return self._cgroups.bytes_read + self._pairs.bytes_read + self._cpu_hist_bytes_read
+
+    @property
+    def bytes_scanned(self) -> int:
+        """The part of bytes_read that was counters looked at in place to find what moved (no copy)."""
+        return self._cgroups.bytes_scanned + self._pairs.bytes_scanned + self._cpu_hist_bytes_scanned
 
     def _give_back_quiet_pairs(self, now: float) -> None:
         """Pairs that stopped moving give their slots back, so a node up for weeks with pod churn keeps

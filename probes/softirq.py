@@ -141,6 +141,7 @@ class SoftirqSnapshot:
 
 class SoftirqProbe(BpfProbe["SoftirqStall"]):
     bytes_read: int = 0  # stats looked at or copied out in place since load (no syscall copies them)
+    bytes_scanned: int = 0  # the part of it that was counters looked at in place (nothing copied)
 
     def __init__(
         self,
@@ -195,6 +196,7 @@ class SoftirqProbe(BpfProbe["SoftirqStall"]):
             self._stats[(cpu, VECTORS[vec])] = SoftirqStats.decode(raw)
         if self._mapped is not None:
             self.bytes_read += seen.nbytes + len(moved) * _STATS.size
+            self.bytes_scanned += seen.nbytes
         return SoftirqSnapshot(now, dict(self._stats), self.read_drops())
 
     def poll_stalls(self, timeout_ms: int = 0) -> list[SoftirqStall]:
