@@ -34,8 +34,8 @@ def test_libbpf_tools_runqlat_capture_gives_its_p99_bucket():
     # 1,923 waits; the 99th (1,904th) falls in 8 -> 15 µs (1,901 waits below it).
     text = (DATA / "libbpf-tools-runqlat-p.txt").read_text()
     assert hist_p99_upper(text) == 15.0
-    run = PeerRun(TOOL["runqlat"], ["runqlat", "-p", "42", "4", "1"], 4, started_s=0.1, traced_from_s=0.3,
-                  ended_s=4.4, output=text)
+    run = PeerRun(TOOL["runqlat"], ["runqlat", "-p", "42", "4", "1"], 4, started_s=0.1, ended_s=4.4, output=text)
+    assert run.traced_from_s == pytest.approx(0.4)  # the 4 s before it exited
     ticks = [(1.0 + i, (0,) * 20, 0, 0) for i in range(4)]  # our ticks saw no wait: no p99 of ours
     row = peer_row(run, "cpu-neighbor", ticks, [])
     assert row["peer_p99_us_log2_upper"] == 15.0 and row["error"] == "" and row["ours_runq_p99_us"] is None
@@ -58,7 +58,7 @@ def test_libbpf_tools_softirqs_capture_gives_net_rx_per_second():
     # Captured on this host: `softirqs 2 1` during a loopback TCP stream.
     text = (DATA / "libbpf-tools-softirqs.txt").read_text()
     assert softirq_usecs(text) == 389326.0
-    run = PeerRun(TOOL["softirqs"], ["softirqs", "2", "1"], 2, traced_from_s=0.5, ended_s=2.6, output=text)
+    run = PeerRun(TOOL["softirqs"], ["softirqs", "2", "1"], 2, started_s=0.1, ended_s=2.6, output=text)
     row = peer_row(run, "softirq-netrx", [], [(1.0, 0.0, 150.0), (2.0, 0.0, 170.0), (9.0, 0.0, 999.0)])
     assert row["peer_net_rx_ms_per_s_all_cpus"] == 194.7
     assert row["ours_softirq_ms_per_s_victim_cpu_median_tick"] == 170.0  # the tick at 9 s is outside its window
@@ -143,3 +143,10 @@ def test_score_judges_on_counts_only_when_asked(judge):
     assert s.recovered is judge  # counts: the BE pod left the CPU; p99: 9 ms against 1 ms before
     assert s.counts_recovery.startswith("recovered on counts")
     assert ("recovered on counts" in s.note) is judge
+
+
+def test_libbpf_tools_runqlat_capture_of_the_cpu_neighbor_scenario():
+    # Captured by `python -m bench.scenarios --only cpu-neighbor softirq-netrx --modes detect` on this host
+    # (2026-11-28 11:25 UTC): `runqlat -p <victim> 11 1` behind the BE hog. 2,076 waits, the 99th
+    # percentile's (the 2,056th) in 2048 -> 4095 µs, 1,670 below it; ours in the same window was 3,996 µs.
+    assert hist_p99_upper((DATA / "libbpf-tools-runqlat-cpu-neighbor.txt").read_text()) == 4095.0

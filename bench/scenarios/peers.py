@@ -96,8 +96,13 @@ class PeerRun:
     argv: list[str]
     seconds: int  # the interval the tool traces and then prints
     started_s: float = 0.0  # relative to onset
-    traced_from_s: float | None = None  # its first line: printed once its programs are attached
     ended_s: float = 0.0
+
+    @property
+    def traced_from_s(self) -> float:
+        """Both kinds attach, sleep ``seconds``, print and exit: the window they traced is the ``seconds``
+        before their exit (their banner cannot tell: a pipe holds libbpf-tools' stdout until they exit)."""
+        return max(self.started_s, self.ended_s - self.seconds)
     output: str = ""
     error: str = ""
     thread: threading.Thread | None = field(default=None, repr=False)
@@ -117,20 +122,14 @@ def start_peer(tool: PeerTool, ctx: Ctx, onset: float, run_s: float) -> PeerRun:
         run.started_s = time.monotonic() - onset
         try:
             with subprocess.Popen(run.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
-                watchdog = threading.Timer(seconds + 60, p.kill)  # a tool that never prints its interval
-                watchdog.start()
-                lines = []
-                assert p.stdout is not None
-                for line in p.stdout:
-                    if run.traced_from_s is None:
-                        run.traced_from_s = time.monotonic() - onset
-                    lines.append(line)
-                err = p.stderr.read() if p.stderr else ""
-                rc = p.wait()
-                watchdog.cancel()
-            run.output = "".join(lines)
-            if rc != 0:
-                run.error = (err.strip().splitlines() or [f"exit {rc}"])[-1]
+                try:
+                    out, err = p.communicate(timeout=seconds + 60)  # a tool that never prints its interval
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    raise
+            run.output = out
+            if p.returncode != 0:
+                run.error = (err.strip().splitlines() or [f"exit {p.returncode}"])[-1]
         except (OSError, subprocess.TimeoutExpired) as e:
             run.error = str(e).splitlines()[0]
         run.ended_s = time.monotonic() - onset
@@ -144,7 +143,7 @@ def peer_row(run: PeerRun, scenario: str, runq_ticks: list, trace_ticks: list) -
     """One peer beside ours over the window the peer traced: for runqlat its p99 (the upper bound of its
     log2 bucket) and the victim pod's runqueue p99 from our per-tick histograms of the ticks inside that
     window; for softirqs its NET_RX time on all CPUs and ours on the victim's CPU (median tick)."""
-    lo = run.traced_from_s if run.traced_from_s is not None else run.started_s
+    lo = run.traced_from_s
     row: dict = {"scenario": scenario, "tool": run.tool.command, "package": run.tool.package, "argv": run.argv,
                  "window_s": [round(lo, 1), round(run.ended_s, 1)], "error": run.error, "output": run.output}
     if run.tool.measures == "runqlat":
@@ -179,8 +178,9 @@ def peers_markdown(rows: list[dict]) -> list[str]:
             peer, ours = r.get("peer_net_rx_ms_per_s_all_cpus"), r.get("ours_softirq_ms_per_s_victim_cpu_median_tick")
             unit = "ms/s"
         peer_cell, ours_cell = ("-" if v is None else f"{v:g} {unit}" for v in (peer, ours))
+        window = f"{r['window_s'][0]}-{r['window_s'][1]}" if r.get("output") else "-"  # not run: no window
         out.append(f"| {r.get('scenario', '-')} | {r['tool']} ({r['package']}) | {measure} | "
-                   f"{r['window_s'][0]}-{r['window_s'][1]} | {peer_cell} | {ours_cell} | {r.get('error') or ''} |")
+                   f"{window} | {peer_cell} | {ours_cell} | {r.get('error') or ''} |")
     return out
 
 
