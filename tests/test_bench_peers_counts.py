@@ -13,12 +13,12 @@ import pytest
 
 from bench.scenarios import peers
 from bench.scenarios.counts import (
-    ALLOCSTALL,
     BE_CPU_ON_VICTIM,
+    GLOBAL_RECLAIM_SCAN,
     VICTIM_THROTTLED,
     CountSampler,
-    allocstall_total,
     count_recovery,
+    global_reclaim_scanned,
     nr_throttled,
     rate,
 )
@@ -82,8 +82,8 @@ def test_bcc_is_not_run_against_another_kernels_headers(tmp_path, monkeypatch):
 
 def test_count_parsers_on_the_kernels_own_files():
     vmstat = Path("/proc/vmstat").read_text()
-    want = sum(int(v) for k, v in (line.split() for line in vmstat.splitlines()) if k.startswith("allocstall_"))
-    assert allocstall_total(vmstat) == want
+    fields = dict(line.split() for line in vmstat.splitlines())
+    assert global_reclaim_scanned(vmstat) == int(fields["pgscan_kswapd"]) + int(fields["pgscan_direct"])
     assert nr_throttled("nr_periods 10\nnr_throttled 7\nthrottled_usec 5\n") == 7
     assert nr_throttled("usage_usec 5\n") is None
 
@@ -126,10 +126,10 @@ def test_count_recovery_is_the_rise_undone():
     assert ok is not None and ok.recovered is True and ok.during == 900 and ok.after == 0
     half = count_recovery(_totals(VICTIM_THROTTLED, 0, 10, 5, 4), "self_throttling", 8.0, 4.0, 6.0, 14.0)
     assert half is not None and half.recovered is False
-    flat = count_recovery(_totals(ALLOCSTALL, 3, 3, 0, 4), "reclaim", 8.0, 4.0, 6.0, 14.0)
+    flat = count_recovery(_totals(GLOBAL_RECLAIM_SCAN, 3, 3, 0, 4), "reclaim", 8.0, 4.0, 6.0, 14.0)
     assert flat is not None and flat.recovered is None  # no rise to undo: not judged
     assert count_recovery([], "softirq", 8.0, 4.0, 6.0, 14.0) is None
-    assert rate(_totals(ALLOCSTALL, 2, 2, 2, 4), ALLOCSTALL, -8.0, 0.0) == 2.0
+    assert rate(_totals(GLOBAL_RECLAIM_SCAN, 2, 2, 2, 4), GLOBAL_RECLAIM_SCAN, -8.0, 0.0) == 2.0
 
 
 @pytest.mark.parametrize("judge", [True, False])
@@ -150,3 +150,15 @@ def test_libbpf_tools_runqlat_capture_of_the_cpu_neighbor_scenario():
     # (2026-11-28 11:25 UTC): `runqlat -p <victim> 11 1` behind the BE hog. 2,076 waits, the 99th
     # percentile's (the 2,056th) in 2048 -> 4095 µs, 1,670 below it; ours in the same window was 3,996 µs.
     assert hist_p99_upper((DATA / "libbpf-tools-runqlat-cpu-neighbor.txt").read_text()) == 4095.0
+
+
+def test_an_action_reverted_as_not_helping_is_judged_on_what_followed_it():
+    # The VM lane's cpu-neighbor (2026-11-28 11:34 UTC): a quota on the BE pod at +2.3 s, reverted as "did
+    # not help"; the BE pod kept ~670 ms/s of the victim's CPU until the end.
+    result = PassResult("cpu-neighbor", "mitigate", 8.0, 24.0,
+                        incidents=[IncidentRecord("web", "neighbor_cpu", ("batch",), 2.1, 12.1, "runq_p99_ns")],
+                        actions=[ActionRecordLite(2.3, "suppress", "batch", "reverted", "quota 0.20 cores")],
+                        counts=_totals(BE_CPU_ON_VICTIM, 0, 670, 670, 2), judge_on_counts=True)
+    s = score(Truth("web", ("neighbor_cpu",), "batch"), result)
+    assert s.recovered is False and s.actions == 0  # no action in place; the victim's CPU still the BE pod's
+    assert s.counts_recovery.startswith("not recovered on counts")

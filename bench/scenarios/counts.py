@@ -8,8 +8,10 @@ changes. Per scenario cause, the count that says whether the action undid the an
   (``/proc/<tid>/schedstat``, first field) while its allowed CPUs include the victim's; a task the
   cpuset action moved off the victim's CPU adds nothing after it;
 - ``self_throttling``: the victim pod's throttled periods (``nr_throttled`` in its ``cpu.stat``, v1 and v2);
-- ``reclaim``: the node's entries into direct reclaim (the ``allocstall_*`` lines of ``/proc/vmstat``,
-  counted for global reclaim only, not for a memory cgroup's own).
+- ``reclaim``: the pages the node's global reclaim scanned, kswapd's and direct (``pgscan_kswapd`` +
+  ``pgscan_direct`` in ``/proc/vmstat``: the kernel counts a memory cgroup's own reclaim, memory.high's,
+  only in that cgroup's memory.stat). In the VM lane's global-reclaim the node reclaimed through kswapd
+  (25,000-51,000 pages/s) with no entry into direct reclaim (allocstall 0) at all.
 
 Each is sampled as a running total once per detector tick; the judgement compares its rate per second
 before the onset, in the seconds that led to the first action, and after it (``count_recovery``).
@@ -25,13 +27,13 @@ from typing import Protocol
 
 BE_CPU_ON_VICTIM = "be_cpu_on_victim_cpu_ms"
 VICTIM_THROTTLED = "victim_nr_throttled"
-ALLOCSTALL = "node_allocstall"
+GLOBAL_RECLAIM_SCAN = "node_global_reclaim_scanned_pages"
 
-COUNT_OF_CAUSE = {"neighbor_cpu": BE_CPU_ON_VICTIM, "self_throttling": VICTIM_THROTTLED, "reclaim": ALLOCSTALL}
+COUNT_OF_CAUSE = {"neighbor_cpu": BE_CPU_ON_VICTIM, "self_throttling": VICTIM_THROTTLED, "reclaim": GLOBAL_RECLAIM_SCAN}
 COUNT_LABEL = {
     BE_CPU_ON_VICTIM: "BE pods' CPU time on the victim's CPU, ms/s",
     VICTIM_THROTTLED: "victim pod's throttled periods/s",
-    ALLOCSTALL: "node's direct-reclaim entries/s (allocstall)",
+    GLOBAL_RECLAIM_SCAN: "pages/s the node's global reclaim scanned (pgscan_kswapd + pgscan_direct)",
 }
 UNDONE_SHARE = 0.9  # recovered: the action undid at least 90 % of the rise the antagonist made in the count
 DURING_S = 3.0  # the rate the action acted on: the seconds that led to it
@@ -56,10 +58,10 @@ def _read(path: str) -> str:
         return ""
 
 
-def allocstall_total(vmstat: str) -> int:
-    """The sum of ``/proc/vmstat``'s allocstall_<zone> lines: entries into global direct reclaim."""
+def global_reclaim_scanned(vmstat: str) -> int:
+    """``/proc/vmstat``'s pgscan_kswapd + pgscan_direct: pages scanned by the node's global reclaim."""
     return sum(int(parts[1]) for line in vmstat.splitlines()
-               if (parts := line.split()) and len(parts) == 2 and parts[0].startswith("allocstall_"))
+               if (parts := line.split()) and len(parts) == 2 and parts[0] in ("pgscan_kswapd", "pgscan_direct"))
 
 
 def nr_throttled(cpu_stat: str) -> int | None:
@@ -103,7 +105,7 @@ class CountSampler:
             if allowed & self.victim_cpus:
                 self._be_on_victim_ns += delta
         out = {BE_CPU_ON_VICTIM: self._be_on_victim_ns / 1e6,
-               ALLOCSTALL: float(allocstall_total(_read(str(self.proc / "vmstat"))))}
+               GLOBAL_RECLAIM_SCAN: float(global_reclaim_scanned(_read(str(self.proc / "vmstat"))))}
         throttled = nr_throttled(victim_cpu_stat) if victim_cpu_stat else None
         if throttled is not None:
             out[VICTIM_THROTTLED] = float(throttled)

@@ -175,14 +175,16 @@ def score(truth: Truth, result: PassResult) -> Score:
         after = window_p99(result.samples, ttm + SETTLE_AFTER_MITIGATION_S, ttm + RECOVERY_WINDOW_S)
         if after is not None and before is not None:
             recovered = after <= RECOVERY_FACTOR * before
-    on_counts = (count_recovery(result.counts, truth.causes[0], result.baseline_s, ttm, ttm + SETTLE_AFTER_MITIGATION_S,
-                                min(ttm + RECOVERY_WINDOW_S, result.run_s))
-                 if ttm is not None and result.counts and truth.causes else None)
+    # On counts, the first action in any state: one reverted as "did not help" is judged on what followed it.
+    acted = min((a.at_s for a in result.actions if a.at_s >= 0), default=None)
+    on_counts = (count_recovery(result.counts, truth.causes[0], result.baseline_s, acted,
+                                acted + SETTLE_AFTER_MITIGATION_S, min(acted + RECOVERY_WINDOW_S, result.run_s))
+                 if acted is not None and result.counts and truth.causes else None)
     note = result.skipped or result.note
     if on_counts is not None and result.judge_on_counts:
         recovered = on_counts.recovered
         note = "; ".join([*([note] if note else []), on_counts.summary()])
-    if ttm is not None and result.above_own_limit:
+    if acted is not None and result.above_own_limit:
         recovered = None  # burst cannot help a pod steadily above its limit: said, not counted as a failure
     return Score(
         scenario=result.scenario, mode=result.mode, expected=truth.causes[0] if truth.causes else "none",
