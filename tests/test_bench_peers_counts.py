@@ -62,6 +62,9 @@ def test_libbpf_tools_softirqs_capture_gives_net_rx_per_second():
     row = peer_row(run, "softirq-netrx", [], [(1.0, 0.0, 150.0), (2.0, 0.0, 170.0), (9.0, 0.0, 999.0)])
     assert row["peer_net_rx_ms_per_s_all_cpus"] == 194.7
     assert row["ours_softirq_ms_per_s_victim_cpu_median_tick"] == 170.0  # the tick at 9 s is outside its window
+    not_run = PeerRun(TOOL["softirqs-bpfcc"], ["softirqs-bpfcc", "2", "1"], 2, error="not run on 6.18: ...")
+    row = peer_row(not_run, "softirq-netrx", [], [(0.2, 0.0, 41.0)])
+    assert row["ours_softirq_ms_per_s_victim_cpu_median_tick"] is None and row["error"].startswith("not run")
 
 
 def test_bcc_is_not_run_against_another_kernels_headers(tmp_path, monkeypatch):

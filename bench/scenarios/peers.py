@@ -144,10 +144,11 @@ def peer_row(run: PeerRun, scenario: str, runq_ticks: list, trace_ticks: list) -
     log2 bucket) and the victim pod's runqueue p99 from our per-tick histograms of the ticks inside that
     window; for softirqs its NET_RX time on all CPUs and ours on the victim's CPU (median tick)."""
     lo = run.traced_from_s
+    ran = run.ended_s > 0  # not started (cannot_run): no window, and nothing of ours to set beside it
     row: dict = {"scenario": scenario, "tool": run.tool.command, "package": run.tool.package, "argv": run.argv,
                  "window_s": [round(lo, 1), round(run.ended_s, 1)], "error": run.error, "output": run.output}
     if run.tool.measures == "runqlat":
-        hist = runq_ticks_histogram(ticks_within(runq_ticks, lo, run.ended_s + 0.5))
+        hist = runq_ticks_histogram(ticks_within(runq_ticks, lo, run.ended_s + 0.5)) if ran else None
         ours = hist.quantile_ns(0.99) / 1e3 if hist is not None and hist.count >= 20 else None
         peer = hist_p99_upper(run.output)
         row |= {"peer_p99_us_log2_upper": peer, "ours_runq_p99_us": None if ours is None else round(ours, 1)}
@@ -155,7 +156,7 @@ def peer_row(run: PeerRun, scenario: str, runq_ticks: list, trace_ticks: list) -
             row["error"] = f"printed no histogram: no run-queue wait of pid {run.argv[2]} traced in its window"
     else:
         usecs = softirq_usecs(run.output)
-        ours_ms = [t[2] for t in trace_ticks if lo <= t[0] <= run.ended_s + 0.5]
+        ours_ms = [t[2] for t in trace_ticks if ran and lo <= t[0] <= run.ended_s + 0.5]
         row |= {"peer_net_rx_ms_per_s_all_cpus": None if usecs is None else round(usecs / 1e3 / run.seconds, 1),
                 "ours_softirq_ms_per_s_victim_cpu_median_tick":
                     round(sorted(ours_ms)[len(ours_ms) // 2], 1) if ours_ms else None}
