@@ -75,7 +75,7 @@ bench:
 .PHONY: bench-vm-mitigate
 bench-vm-mitigate:
 	@scripts/setup.sh vm
-	scripts/vm/run.sh --cpus 2 --memory 4G --disk 1G --timeout 900 $(VM_ARGS) -- .venv/bin/python -m bench.scenarios \
+	scripts/vm/run.sh --cpus 2 --memory 4G $(VM_ARGS) -- .venv/bin/python -m bench.scenarios \
 		--only cpu-neighbor self-throttle-bursty global-reclaim --modes mitigate --no-peers --no-overhead \
 		--softirq-floor --judge-counts --run-s 24 --markdown $(BENCH_ARGS)
 
