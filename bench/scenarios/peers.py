@@ -97,15 +97,15 @@ class PeerRun:
     seconds: int  # the interval the tool traces and then prints
     started_s: float = 0.0  # relative to onset
     ended_s: float = 0.0
+    output: str = ""
+    error: str = ""
+    thread: threading.Thread | None = field(default=None, repr=False)
 
     @property
     def traced_from_s(self) -> float:
         """Both kinds attach, sleep ``seconds``, print and exit: the window they traced is the ``seconds``
         before their exit (their banner cannot tell: a pipe holds libbpf-tools' stdout until they exit)."""
         return max(self.started_s, self.ended_s - self.seconds)
-    output: str = ""
-    error: str = ""
-    thread: threading.Thread | None = field(default=None, repr=False)
 
 
 def start_peer(tool: PeerTool, ctx: Ctx, onset: float, run_s: float) -> PeerRun:
