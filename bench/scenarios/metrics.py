@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 
+from bench.scenarios.counts import count_recovery
 from probes.hist import IntervalHistogram, merge_intervals
 
 RECOVERY_FACTOR = 1.5  # "LS p99 back within 1.5x of the quiet baseline"
@@ -86,6 +87,11 @@ class PassResult:
     # kcompactd, kdamond, ksoftirqd slices in its waits of 128 µs or more): whether an action left the
     # kernel work a culprit caused (a capped grower still streaming, pages DAMON keeps paging out).
     kernel_work: list[tuple[float, float]] = field(default_factory=list)
+    # Per detector tick, running totals of the kernel's counts a mitigation moves (s since onset, counter,
+    # total: bench/scenarios/counts.py), and whether "recovered" is judged on them instead of the victim's
+    # p99 (--judge-counts: the VM lane, whose latencies under TCG are not exact).
+    counts: list[tuple[float, str, float]] = field(default_factory=list)
+    judge_on_counts: bool = False
 
 
 @dataclass
@@ -113,6 +119,7 @@ class Score:
     runq_p99_without_culprit_ms: float | None = None
     runq_p99_after_ms: float | None = None
     runq_p99_within: bool | None = None  # the two within 25 % (cf_within)
+    counts_recovery: str = ""  # the judgement on the kernel's counts (counts.py), whether or not it decided
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -168,8 +175,17 @@ def score(truth: Truth, result: PassResult) -> Score:
         after = window_p99(result.samples, ttm + SETTLE_AFTER_MITIGATION_S, ttm + RECOVERY_WINDOW_S)
         if after is not None and before is not None:
             recovered = after <= RECOVERY_FACTOR * before
-        if result.above_own_limit:
-            recovered = None  # burst cannot help a pod steadily above its limit: said, not counted as a failure
+    # On counts, the first action in any state: one reverted as "did not help" is judged on what followed it.
+    acted = min((a.at_s for a in result.actions if a.at_s >= 0), default=None)
+    on_counts = (count_recovery(result.counts, truth.causes[0], result.baseline_s, acted,
+                                acted + SETTLE_AFTER_MITIGATION_S, min(acted + RECOVERY_WINDOW_S, result.run_s))
+                 if acted is not None and result.counts and truth.causes else None)
+    note = result.skipped or result.note
+    if on_counts is not None and result.judge_on_counts:
+        recovered = on_counts.recovered
+        note = "; ".join([*([note] if note else []), on_counts.summary()])
+    if acted is not None and result.above_own_limit:
+        recovered = None  # burst cannot help a pod steadily above its limit: said, not counted as a failure
     return Score(
         scenario=result.scenario, mode=result.mode, expected=truth.causes[0] if truth.causes else "none",
         detected=detected, cause=first.cause if first else (false[0].cause if false else ""),
@@ -177,8 +193,8 @@ def score(truth: Truth, result: PassResult) -> Score:
         time_to_detect_s=round(first.started_s, 2) if first else None,
         time_to_mitigate_s=round(ttm, 2) if ttm is not None else None,
         p99_before_ms=_r(before), p99_during_ms=_r(during), p99_after_ms=_r(after), recovered=recovered,
-        false_incidents=len(false), actions=len(applied), note=result.skipped or result.note,
-        skipped=bool(result.skipped),
+        false_incidents=len(false), actions=len(applied), note=note,
+        skipped=bool(result.skipped), counts_recovery=on_counts.summary() if on_counts is not None else "",
         **_counterfactual_check(result, ttm, moved_by_first_action([(a.at_s, a.target) for a in applied])
                                 if applied else truth.culprit, in_place=bool(applied) and applied[0].kind in IN_PLACE_ACTIONS),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import re
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.scenarios.metrics import runq_ticks_histogram, ticks_within
 from bench.scenarios.runner import REPO, Ctx
 
 HIST_ROW = re.compile(r"^\s*(\d+)\s*->\s*(\d+)\s*:\s*(\d+)")
@@ -33,45 +35,101 @@ def hist_p99_upper(text: str) -> float | None:
     return float(rows[-1][1])
 
 
+@dataclass(frozen=True)
+class PeerTool:
+    """A peer tool as users run it: bcc's runtime-compiled Python tool, or libbpf-tools' CO-RE binary."""
+
+    command: str  # what users type: runqlat, runqlat-bpfcc, softirqs, softirqs-bpfcc
+    package: str  # the Debian package that has it (scripts/setup.sh bench installs both)
+    measures: str  # "runqlat" (a log2 histogram of run-queue waits) or "softirqs" (softirq time by kind)
+    load_s: int  # seconds from start to tracing: bcc compiles its C with clang first, libbpf-tools only load
+    on_other_headers: str = ""  # what it did on 6.18 with 6.1's headers (bcc only), seen 2026-11-28
+
+    @property
+    def compiles_at_run_time(self) -> bool:
+        return self.package == "bpfcc-tools"
+
+
+PEER_TOOLS: tuple[PeerTool, ...] = (
+    PeerTool("runqlat", "libbpf-tools", "runqlat", 2),
+    PeerTool("runqlat-bpfcc", "bpfcc-tools", "runqlat", 8, "its -p filter matched no task: an empty histogram"),
+    PeerTool("softirqs", "libbpf-tools", "softirqs", 2),
+    PeerTool("softirqs-bpfcc", "bpfcc-tools", "softirqs", 8, "it failed to compile"),
+)
+
+
+def headers_release(build_dir: Path) -> str | None:
+    """The kernel release the headers under ``build_dir`` are of (their utsrelease.h); None: none there."""
+    try:
+        text = (build_dir / "include" / "generated" / "utsrelease.h").read_text()
+    except OSError:
+        return None
+    m = re.search(r'UTS_RELEASE\s+"([^"]+)"', text)
+    return m[1] if m else None
+
+
+def cannot_run(tool: PeerTool, running: str | None = None, modules: Path = Path("/lib/modules"),
+               btf: Path = Path("/sys/kernel/btf/vmlinux")) -> str:
+    """Why ``tool`` cannot give a true answer on the running kernel, in one line; "" when it can.
+    bcc compiles against /lib/modules/<release>/build: headers of another release give it another kernel's
+    struct offsets (on 6.18 with Debian's 6.1 headers, bench/bcc_env.sh's link, runqlat-bpfcc -p read
+    task_struct's tgid at 6.1's offset and matched no task: an empty histogram; softirqs-bpfcc did not
+    compile). libbpf-tools relocate against the running kernel's BTF."""
+    running = running or platform.release()
+    if shutil.which(tool.command) is None:
+        return f"{tool.command} is not installed (scripts/setup.sh bench installs {tool.package})"
+    if tool.compiles_at_run_time:
+        have = headers_release(modules / running / "build")
+        if have is None:
+            return f"not run: no kernel headers for {running} (bcc compiles against /lib/modules/{running}/build)"
+        if have != running:
+            return (f"not run on {running}: bcc compiles against {have}'s headers, another kernel's struct offsets "
+                    f"(on 6.18: {tool.on_other_headers}); libbpf-tools' {tool.measures} is the row to read")
+    elif not btf.exists():
+        return f"not run: no kernel BTF at {btf} (libbpf-tools relocate against it)"
+    return ""
+
+
 @dataclass
 class PeerRun:
-    tool: str
+    tool: PeerTool
     argv: list[str]
+    seconds: int  # the interval the tool traces and then prints
     started_s: float = 0.0  # relative to onset
     ended_s: float = 0.0
     output: str = ""
     error: str = ""
     thread: threading.Thread | None = field(default=None, repr=False)
 
+    @property
+    def traced_from_s(self) -> float:
+        """Both kinds attach, sleep ``seconds``, print and exit: the window they traced is the ``seconds``
+        before their exit (their banner cannot tell: a pipe holds libbpf-tools' stdout until they exit)."""
+        return max(self.started_s, self.ended_s - self.seconds)
 
-def start_bcc_runqlat(ctx: Ctx, onset: float, seconds: int) -> PeerRun:
-    """runqlat-bpfcc for the victim's pid over ``seconds`` (after its own compile time), in a thread."""
-    tool = shutil.which("runqlat-bpfcc")
-    run = PeerRun("runqlat-bpfcc", [tool or "runqlat-bpfcc", "-p", str(ctx.victim.pid if ctx.victim else 0),
-                                    str(seconds), "1"])
-    if tool is None:
-        run.error = "runqlat-bpfcc is not installed (bench/bcc_env.sh installs bpfcc-tools)"
+
+def start_peer(tool: PeerTool, ctx: Ctx, onset: float, run_s: float) -> PeerRun:
+    """``tool`` over what is left of the run after its own load time, in a thread; with the victim's pid
+    for runqlat (-p: that process's threads), node-wide for softirqs. Not started where it cannot run."""
+    seconds = max(3, int(run_s) - tool.load_s - 1)
+    pid = [] if tool.measures != "runqlat" else ["-p", str(ctx.victim.pid if ctx.victim else 0)]
+    run = PeerRun(tool, [shutil.which(tool.command) or tool.command, *pid, str(seconds), "1"], seconds)
+    run.error = cannot_run(tool)
+    if run.error:
         return run
-    return _start(run, onset, seconds)
 
-
-def start_bcc_softirqs(onset: float, seconds: int) -> PeerRun:
-    tool = shutil.which("softirqs-bpfcc")
-    run = PeerRun("softirqs-bpfcc", [tool or "softirqs-bpfcc", str(seconds), "1"])
-    if tool is None:
-        run.error = "softirqs-bpfcc is not installed"
-        return run
-    return _start(run, onset, seconds)
-
-
-def _start(run: PeerRun, onset: float, seconds: int) -> PeerRun:
     def target() -> None:
         run.started_s = time.monotonic() - onset
         try:
-            p = subprocess.run(run.argv, capture_output=True, text=True, timeout=seconds + 60)
-            run.output = p.stdout
+            with subprocess.Popen(run.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+                try:
+                    out, err = p.communicate(timeout=seconds + 60)  # a tool that never prints its interval
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    raise
+            run.output = out
             if p.returncode != 0:
-                run.error = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+                run.error = (err.strip().splitlines() or [f"exit {p.returncode}"])[-1]
         except (OSError, subprocess.TimeoutExpired) as e:
             run.error = str(e).splitlines()[0]
         run.ended_s = time.monotonic() - onset
@@ -79,6 +137,52 @@ def _start(run: PeerRun, onset: float, seconds: int) -> PeerRun:
     run.thread = threading.Thread(target=target, daemon=True)
     run.thread.start()
     return run
+
+
+def peer_row(run: PeerRun, scenario: str, runq_ticks: list, trace_ticks: list) -> dict:
+    """One peer beside ours over the window the peer traced: for runqlat its p99 (the upper bound of its
+    log2 bucket) and the victim pod's runqueue p99 from our per-tick histograms of the ticks inside that
+    window; for softirqs its NET_RX time on all CPUs and ours on the victim's CPU (median tick)."""
+    lo = run.traced_from_s
+    ran = run.ended_s > 0  # not started (cannot_run): no window, and nothing of ours to set beside it
+    row: dict = {"scenario": scenario, "tool": run.tool.command, "package": run.tool.package, "argv": run.argv,
+                 "window_s": [round(lo, 1), round(run.ended_s, 1)], "error": run.error, "output": run.output}
+    if run.tool.measures == "runqlat":
+        hist = runq_ticks_histogram(ticks_within(runq_ticks, lo, run.ended_s + 0.5)) if ran else None
+        ours = hist.quantile_ns(0.99) / 1e3 if hist is not None and hist.count >= 20 else None
+        peer = hist_p99_upper(run.output)
+        row |= {"peer_p99_us_log2_upper": peer, "ours_runq_p99_us": None if ours is None else round(ours, 1)}
+        if peer is None and not run.error:
+            row["error"] = f"printed no histogram: no run-queue wait of pid {run.argv[2]} traced in its window"
+    else:
+        usecs = softirq_usecs(run.output)
+        ours_ms = [t[2] for t in trace_ticks if ran and lo <= t[0] <= run.ended_s + 0.5]
+        row |= {"peer_net_rx_ms_per_s_all_cpus": None if usecs is None else round(usecs / 1e3 / run.seconds, 1),
+                "ours_softirq_ms_per_s_victim_cpu_median_tick":
+                    round(sorted(ours_ms)[len(ours_ms) // 2], 1) if ours_ms else None}
+        if usecs is None and not run.error:
+            row["error"] = "printed no net_rx row: no NET_RX softirq ran in its window"
+    return row
+
+
+def peers_markdown(rows: list[dict]) -> list[str]:
+    """The peer rows as a table: the peer's number beside ours, or why the peer has none."""
+    out = ["| scenario | peer (package) | measure | traced, s after onset | peer | ours, same window | why none |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "peer_p99_us_log2_upper" in r:
+            measure = "victim's run-queue p99 (peer: its log2 bucket's upper bound)"
+            peer, ours = r.get("peer_p99_us_log2_upper"), r.get("ours_runq_p99_us")
+            unit = "µs"
+        else:
+            measure = "NET_RX softirq time (peer: all CPUs; ours: the victim's CPU, median tick)"
+            peer, ours = r.get("peer_net_rx_ms_per_s_all_cpus"), r.get("ours_softirq_ms_per_s_victim_cpu_median_tick")
+            unit = "ms/s"
+        peer_cell, ours_cell = ("-" if v is None else f"{v:g} {unit}" for v in (peer, ours))
+        window = f"{r['window_s'][0]}-{r['window_s'][1]}" if r.get("output") else "-"  # not run: no window
+        out.append(f"| {r.get('scenario', '-')} | {r['tool']} ({r['package']}) | {measure} | "
+                   f"{window} | {peer_cell} | {ours_cell} | {r.get('error') or ''} |")
+    return out
 
 
 def softirq_usecs(text: str, kind: str = "net_rx") -> float | None:

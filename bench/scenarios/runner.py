@@ -30,6 +30,7 @@ from actuators.manager import ActuatorManager
 from actuators.memory import MemorySuppressActuator
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
 from actuators.suppress import CpuUsageSampler, SuppressActuator, threshold_suppress_decision
+from bench.scenarios.counts import CountSampler
 from bench.scenarios.kubelet import PassKube
 from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples, moved_together_name
 from detector.causes import reclaim
@@ -339,19 +340,23 @@ class PassTrace:
 
 def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
              during: Callable[[Ctx, float], None] | None = None,
-             softirq_floor: SoftirqFloor | None = None, evict: bool = False) -> tuple[PassResult, PassTrace]:
+             softirq_floor: SoftirqFloor | None = None, evict: bool = False,
+             judge_on_counts: bool = False) -> tuple[PassResult, PassTrace]:
     """Run one scenario in one mode. ``during(ctx, onset_monotonic)`` is called right after the injection
     (the bcc peers hook in there). ``evict``: the mitigate mode may evict, through a fake apiserver whose
-    accepted evictions kill the pod's processes (bench/scenarios/kubelet.py). Raises KeyboardInterrupt
-    through, after cleaning up."""
+    accepted evictions kill the pod's processes (bench/scenarios/kubelet.py). ``judge_on_counts``: its
+    "recovered" is judged on the kernel's counts (bench/scenarios/counts.py), sampled every tick in any case.
+    Raises KeyboardInterrupt through, after cleaning up."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
     policy = bench_policy(mode, softirq_floor, evict or spec.evict)
     cgroups = BenchCgroups(f"{spec.name}-{mode}"[:40])
     netns = NetnsSet()
     workdir = Path(tempfile.mkdtemp(prefix=f"nn-bench-{spec.name}-", dir=workdir_base()))
-    result = PassResult(spec.name, mode, timing.baseline_s, timing.run_s, note=spec.note)
+    result = PassResult(spec.name, mode, timing.baseline_s, timing.run_s, note=spec.note,
+                        judge_on_counts=judge_on_counts)
     trace = PassTrace()
+    counts = CountSampler(frozenset({VICTIM_CPU}))
     scenario: Scenario | None = None
     manager: ActuatorManager | None = None
     burst: BurstActuator | None = None
@@ -407,6 +412,8 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
             next_at = time.monotonic()
             while time.monotonic() < end:
                 next_at += timing.interval_s
+                t_counts = round(time.monotonic() - t0, 2)
+                result.counts += [(t_counts, k, v) for k, v in counts.sample_pods(ctx.pods, spec.truth.victim).items()]
                 if mode != "none":
                     tick = scenario.detector.step(scenario.collector.collect())
                     if tick is not None:
