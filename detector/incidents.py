@@ -80,6 +80,8 @@ class _VictimState:
     recent_own_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_own_by_container: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_steal_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    # ns of its waits the node's kernel work ran in (softirq work, kernel threads: the node pair's cf_node_ns)
+    recent_kernel_work_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     # The verify signals of its breach ticks (the current breach, or the open incident's): what the
     # incident's actions are verified against (Incident.breach_signals).
     breach_signals: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
@@ -193,6 +195,7 @@ class IncidentEngine:
         state.recent_own_wait_ns.append(row.own_wait_ns)
         state.recent_own_by_container.append(row.own_wait_by_container)
         state.recent_steal_ns.append(row.steal_ms_per_s * 1e6 * row.interval_s)
+        state.recent_kernel_work_ns.append(row.cf_node_ns.get(self.node_key, 0.0))
         self.counterfactual.add(key, row.runq_hist, row.interval_s, row.cf_moves, row.ran_instead_ns,
                                 row.cf_node_moves, row.cf_node_ns)
         dt = row.interval_s
@@ -304,9 +307,10 @@ class IncidentEngine:
     def _diagnose(
         self, key: str, row: WorkloadSignals, state: _VictimState, breaches: list[Breach], signals: NodeSignals
     ) -> tuple[Cause, float, list[Culprit], list[Evidence], list[str]]:
-        """The cause rules (``detector.causes``) in order; the evidence is the breaches, the victim's
-        context (wait, throttling, softirq, reclaim) and what the deciding rule used; the findings are
-        the deciding rule's and every cause's context codes of this tick."""
+        """The cause rules (``detector.causes``), ranked by the share of the wait each explains; the
+        evidence is the breaches, the victim's context (wait, throttling, softirq, reclaim) and what the
+        deciding rule used; the findings are the deciding rule's and every cause's context codes of this
+        tick."""
         dt = row.interval_s
         ran, total_wait = self._recent_ran_instead(state)
         foreign = {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)}
@@ -317,6 +321,7 @@ class IncidentEngine:
             window_s=dt * len(state.recent_wait_ns), cpu_culprits=self._cpu_culprits,
             correlation_culprits=self._correlation_culprits, reclaim_culprits=self._reclaim_culprits,
             connect_servers=self._connect_servers, node_key=self.node_key,
+            kernel_work_ns=sum(state.recent_kernel_work_ns),
         )
         verdict = causes.decide(ctx)
         culprits = verdict.culprits

@@ -43,6 +43,10 @@ class CauseContext:
     own_by_container: dict[str, float] = field(default_factory=dict)
     steal_ns: float = 0.0  # hypervisor steal on the victim's CPUs, weighted like softirq time (window)
     node_key: str = ROOT_CGROUP  # the workload key of the node's own processes (IncidentEngine.node_key)
+    # ns of its wait (window) the node's kernel work ran in: softirq work on top of whatever task was on the
+    # CPU, and the kernel threads' slices (ksoftirqd, kswapd, kcompactd, kdamond): the node's own pair's
+    # cf_node_ns (bpf/runqlat.bpf.c, move_counterfactual_softirq), in the waits of 128 us and more.
+    kernel_work_ns: float = 0.0
 
     @property
     def runq_breach(self) -> bool:
@@ -62,6 +66,22 @@ class CauseContext:
         return min(1.0, self.own_wait_ns / self.total_wait_ns) if self.total_wait_ns > 0 else 0.0
 
     @property
+    def kernel_work_share(self) -> float:
+        """Share of its wait the node's kernel work ran in (softirq work on top of tasks, kernel threads)."""
+        return min(1.0, self.kernel_work_ns / self.total_wait_ns) if self.total_wait_ns > 0 else 0.0
+
+    @property
+    def foreign_tasks_share(self) -> float:
+        """Share of its wait other cgroups' tasks ran in, their own time only: the kernel work in those
+        waits (softirq work on top of their slices, the kernel threads' slices, both counted under the
+        task or the root cgroup) taken out. The probe does not say on top of whose slice the softirq
+        work ran, so the part on top of the victim's own or the idle task is taken out too: this share
+        errs low by at most that part."""
+        if self.total_wait_ns <= 0:
+            return 0.0
+        return max(0.0, sum(self.foreign.values()) - self.kernel_work_ns) / self.total_wait_ns
+
+    @property
     def throttle_share(self) -> float:
         """Throttled time over its runqueue wait (or the throttled ratio when it barely waited)."""
         row = self.row
@@ -79,6 +99,9 @@ class Verdict:
     culprits: list[Culprit] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)  # what the rule used, beyond the breaches
     findings: tuple[str, ...] = ()  # structured codes of what the rule found (Incident.findings)
+    # The part of the victim's wait this cause explains (0..1), from the wait's split: the ranking's key
+    # (detector.causes.decide). Each rule gives its own; see the module docstring for the convention.
+    share: float = 0.0
 
 
 Rule = Callable[[CauseContext], Verdict | None]

@@ -29,7 +29,8 @@ def rule(ctx: CauseContext) -> Verdict | None:
     row = ctx.row
     if ctx.breached & {"reclaim_stall_ms_per_s", "psi_memory_some"} and row.reclaim_stall_ms_per_s > 0:
         confidence = min(1.0, row.reclaim_stall_ms_per_s / (2 * ctx.slo.reclaim_stall_ms_per_s))
-        return Verdict(Cause.RECLAIM, confidence, ctx.reclaim_culprits(ctx.key, row, ctx.signals, None))
+        return Verdict(Cause.RECLAIM, confidence, ctx.reclaim_culprits(ctx.key, row, ctx.signals, None),
+                       share=share(ctx))
     kswapd = ctx.signals.kswapd_pages_per_s
     node_share = ctx.node_share
     if not (ctx.runq_breach and kswapd >= KSWAPD_ACTIVE_PAGES_PER_S and node_share >= NEIGHBOR_SHARE):
@@ -39,7 +40,23 @@ def rule(ctx: CauseContext) -> Verdict | None:
                  note="the node reclaims in the background (global reclaim)"),
         Evidence("who_ran_instead_node_share", round(node_share, 4), ctx.window_s, threshold=NEIGHBOR_SHARE,
                  note="kernel threads (root cgroup: kswapd) ran on its CPUs while it waited"),
-    ], findings=(KSWAPD,))
+    ], findings=(KSWAPD,), share=share(ctx))
+
+
+def share(ctx: CauseContext) -> float:
+    """Its part of the victim's delay: the stall in its own allocations against the stall and the
+    runqueue wait together (both time it wanted to make progress and did not), and, while kswapd
+    reclaims for the node, the kernel work in its waits (kswapd is a root-cgroup thread: its slices
+    are the node's share too, which counts the waits under 128 us the kernel-work count leaves out).
+    The larger of the two; the run queue within its SLO, the stall is all that breached."""
+    row = ctx.row
+    if not ctx.runq_breach:
+        return 1.0
+    stall, wait = row.reclaim_stall_ms_per_s, row.runq_wait_ms_per_s
+    parts = [stall / (stall + wait) if stall > 0 else 0.0]
+    if ctx.signals.kswapd_pages_per_s >= KSWAPD_ACTIVE_PAGES_PER_S and row.who_ran_instead_available:
+        parts.append(max(ctx.kernel_work_share, ctx.node_share))
+    return max(parts)
 
 
 def context(row: WorkloadSignals) -> tuple[str, ...]:
