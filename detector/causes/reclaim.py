@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from detector.causes.base import CauseContext, CauseSpec, Mitigation, Verdict
+from detector.causes.base import KSWAPD_ACTIVE_PAGES_PER_S, CauseContext, CauseSpec, Mitigation, Verdict
 from detector.causes.neighbor_cpu import NEIGHBOR_SHARE  # kernel threads (kswapd) ran for this share of its wait
 from detector.decisions import ActionKind, Cause, Decision, EvictAmount, MemorySuppressAmount
 from detector.model import Evidence, Incident
 from detector.signals import WorkloadSignals
-
-KSWAPD_ACTIVE_PAGES_PER_S = 2560.0  # kswapd reclaimed 10 MiB/s or more: the node is in global reclaim
 
 # Findings (Incident.findings, refreshed every tick): the node reclaims, not only the victim's memcg.
 KSWAPD = "reclaim.kswapd"  # kswapd ran on the victim's CPUs while the node reclaimed in the background
@@ -46,8 +44,8 @@ def rule(ctx: CauseContext) -> Verdict | None:
 def share(ctx: CauseContext) -> float:
     """Its part of the victim's delay: the stall in its own allocations against the stall and the
     runqueue wait together (both time it wanted to make progress and did not), and, while kswapd
-    reclaims for the node, the kernel work in its waits (kswapd is a root-cgroup thread: its slices
-    are the node's share too, which counts the waits under 128 us the kernel-work count leaves out).
+    reclaims for the node, the kernel work in its waits (kswapd is a root-cgroup thread: the node's
+    share counts when larger, see CauseContext.kernel_work_share).
     The larger of the two; the run queue within its SLO, the stall is all that breached."""
     row = ctx.row
     if not ctx.runq_breach:
@@ -55,7 +53,7 @@ def share(ctx: CauseContext) -> float:
     stall, wait = row.reclaim_stall_ms_per_s, row.runq_wait_ms_per_s
     parts = [stall / (stall + wait) if stall > 0 else 0.0]
     if ctx.signals.kswapd_pages_per_s >= KSWAPD_ACTIVE_PAGES_PER_S and row.who_ran_instead_available:
-        parts.append(max(ctx.kernel_work_share, ctx.node_share))
+        parts.append(ctx.kernel_work_share)
     return max(parts)
 
 

@@ -30,7 +30,8 @@ def rule(ctx: CauseContext) -> Verdict | None:
 def share(ctx: CauseContext) -> float:
     """Its part of the wait: the softirq work in the victim's waits, run on top of whichever task held
     the CPU or in ksoftirqd (the probe counts it with the other kernel threads' slices: while kswapd
-    also runs, reclaim's rule claims the same part, and the declaration order puts reclaim first).
+    also runs, reclaim's rule claims the same part, and the declaration order puts reclaim first; the
+    node's share counts when larger, see CauseContext.kernel_work_share).
     Breached on softirq time or delay alone (the run queue within its SLO), it is all that breached."""
     if not ctx.runq_breach:
         return 1.0
