@@ -469,3 +469,22 @@ def test_a_cause_change_reads_in_the_text_and_html_reports():
     page = render_html(report)
     assert "Continued in <a href='#nn-b'>nn-b</a>" in page and "Follows <a href='#nn-a'>nn-a</a>" in page
     assert '"superseded_by": "nn-b"' in page and '"follows": "nn-a"' in page
+
+
+def test_a_step_on_a_culprit_is_verified_against_the_ticks_it_ran_on():
+    """cpu-neighbor-shared after global reclaim (docs/benchmarks.md, issue 41): the victim breached behind
+    another LS pod before the BE hog came; the hog's step, taken the tick it was first seen, was judged
+    against the breach level of the ticks before it (117.9 ms/s, 4 of 5 without the hog) and undone as
+    "did not help" (141.4 after). Its baseline is the wait on the ticks the hog ran on."""
+    e = engine(breach_seconds=1.0)
+    behind_ls2 = row(LS, runq_p99_ns=20e6, runq_wait_ms_per_s=100.0, ran_instead_ns={LS2.key: 40e6})
+    run(e, [tick(behind_ls2, row(LS2, cpu_cores=0.3))] * 4)
+    assert e.sink.decisions == []  # an LS neighbour: named, never moved
+    with_hog = row(LS, runq_p99_ns=20e6, runq_wait_ms_per_s=300.0,
+                   ran_instead_ns={BE.key: 290e6, LS2.key: 5e6})
+    run(e, [tick(with_hog, row(BE, cpu_cores=1.0), row(LS2, cpu_cores=0.3))])
+    (d,) = e.sink.decisions
+    assert d.target.pod == "batch" and d.victim_signal == "runq_wait_ms_per_s"
+    assert d.victim_before == 300.0  # the incident's level over its 5 breach ticks: 100
+    (inc,) = e.open_incidents
+    assert inc.breach_signals["runq_wait_ms_per_s"] == 100.0
