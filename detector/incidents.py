@@ -42,6 +42,7 @@ from detector.counterfactual import Counterfactuals, with_kernel_work
 from detector.decisions import (
     ActionKind,
     Cause,
+    Decision,
     DecisionSink,
     LoggingSink,
     SuppressAmount,
@@ -80,9 +81,15 @@ class _VictimState:
     recent_own_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_own_by_container: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_steal_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    # ns of its waits the node's kernel work ran in (softirq work, kernel threads: the node pair's cf_node_ns)
+    recent_kernel_work_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     # The verify signals of its breach ticks (the current breach, or the open incident's): what the
     # incident's actions are verified against (Incident.breach_signals).
     breach_signals: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    # Who ran instead of it on each of those breach ticks (workload keys): a step on a culprit is verified
+    # against the breach ticks the culprit ran on, not ticks before it came (cpu-neighbor-shared after a
+    # breach behind another pod: a cpuset judged against 4 ticks before the hog, "-20 %", was undone).
+    breach_ran: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     # (cause, top culprit, within its request, BE culprits that may be moved) the last decisions were made for
     decided: tuple | None = None
     # Another cause than the open incident's, and the breach ticks in a row it was decided on.
@@ -193,6 +200,7 @@ class IncidentEngine:
         state.recent_own_wait_ns.append(row.own_wait_ns)
         state.recent_own_by_container.append(row.own_wait_by_container)
         state.recent_steal_ns.append(row.steal_ms_per_s * 1e6 * row.interval_s)
+        state.recent_kernel_work_ns.append(row.cf_node_ns.get(self.node_key, 0.0))
         self.counterfactual.add(key, row.runq_hist, row.interval_s, row.cf_moves, row.ran_instead_ns,
                                 row.cf_node_moves, row.cf_node_ns)
         dt = row.interval_s
@@ -209,11 +217,13 @@ class IncidentEngine:
             state.breach_ticks += 1
             state.clear_ticks = 0
             state.breach_signals.append(_verify_values(row))
+            state.breach_ran.append(frozenset(k for k, ns in row.ran_instead_ns.items() if ns > 0))
         else:
             state.breach_ticks = 0
             state.clear_ticks += 1
             if state.incident is None:
                 state.breach_signals.clear()  # a breach that opened nothing is not the next one's level
+                state.breach_ran.clear()
         inc = state.incident
         if inc is None and breaches and state.breach_ticks >= self._breach_ticks_needed:
             return [self._open(key, row, state, breaches, signals, now)]
@@ -304,9 +314,10 @@ class IncidentEngine:
     def _diagnose(
         self, key: str, row: WorkloadSignals, state: _VictimState, breaches: list[Breach], signals: NodeSignals
     ) -> tuple[Cause, float, list[Culprit], list[Evidence], list[str]]:
-        """The cause rules (``detector.causes``) in order; the evidence is the breaches, the victim's
-        context (wait, throttling, softirq, reclaim) and what the deciding rule used; the findings are
-        the deciding rule's and every cause's context codes of this tick."""
+        """The cause rules (``detector.causes``), ranked by the share of the wait each explains; the
+        evidence is the breaches, the victim's context (wait, throttling, softirq, reclaim) and what the
+        deciding rule used; the findings are the deciding rule's and every cause's context codes of this
+        tick."""
         dt = row.interval_s
         ran, total_wait = self._recent_ran_instead(state)
         foreign = {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)}
@@ -317,6 +328,7 @@ class IncidentEngine:
             window_s=dt * len(state.recent_wait_ns), cpu_culprits=self._cpu_culprits,
             correlation_culprits=self._correlation_culprits, reclaim_culprits=self._reclaim_culprits,
             connect_servers=self._connect_servers, node_key=self.node_key,
+            kernel_work_ns=sum(state.recent_kernel_work_ns),
         )
         verdict = causes.decide(ctx)
         culprits = verdict.culprits
@@ -539,9 +551,11 @@ class IncidentEngine:
         if CAUSE_CHANGED not in inc.findings:
             inc.findings.append(CAUSE_CHANGED)
         breach_signals = list(state.breach_signals)
+        breach_ran = list(state.breach_ran)
         log.warning("incident %s: cause %s -> %s (%s)", inc.incident_id, inc.cause, cause, why)
         self._close(state, now, note=f"cause changed: {inc.cause} -> {cause} ({why}), continued in {successor_id}")
         state.breach_signals.extend(breach_signals)
+        state.breach_ran.extend(breach_ran)
         state.other_cause = None
         return self._open(key, row, state, breaches, signals, now, follows=inc.incident_id, incident_id=successor_id)
 
@@ -558,6 +572,7 @@ class IncidentEngine:
         state.other_cause = None
         state.incident_ticks = 0
         state.breach_signals.clear()
+        state.breach_ran.clear()
         self.closed.append(inc)
         log.warning("incident %s closed after %.1f s", inc.incident_id, now - inc.started_at)
         self._emit(inc, "closed")
@@ -600,10 +615,19 @@ class IncidentEngine:
                      if f"{d.kind}:{d.target.display}" not in done]
         for d in decisions:
             inc.actions.append(f"{d.kind}:{d.target.display}")
-            self.sink.submit(inc.for_verification(d))
+            self.sink.submit(inc.for_verification(self._since_culprit(d, state)))
         moved = [d.target for d in decisions if d.kind == ActionKind.SUPPRESS]
         if len(moved) > 1:
             inc.moved_together = moved
+
+    @staticmethod
+    def _since_culprit(d: Decision, state: _VictimState) -> Decision:
+        """``d`` verified against the victim's signal over the breach ticks its target ran instead of it
+        (the incident's breach level when it ran on none of them, or the decision watches another)."""
+        ticks = [v for v, ran in zip(state.breach_signals, state.breach_ran, strict=False)
+                 if key_of(d.target) in ran]
+        before = _medians(ticks).get(d.victim_signal) if ticks and d.victim_before is None else None
+        return d if before is None else replace(d, victim_before=before)
 
     def _is_node(self, c: Culprit) -> bool:
         return key_of(c.target) == self.node_key

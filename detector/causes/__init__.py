@@ -1,20 +1,45 @@
-"""Why a victim suffers: one declaration per cause, tried in order; the first rule that holds names it.
+"""Why a victim suffers: one declaration per cause; of the rules that hold, the one that explains the
+largest share of the victim's wait names it.
 
 A cause is one module here with its :data:`SPEC` (:class:`~detector.causes.base.CauseSpec`): its rule
 (``rule(ctx) -> Verdict | None``: reads the victim's signals through :class:`CauseContext` and, when it
-holds, returns the cause, a confidence, the ranked culprits, the evidence it used and its findings), its
-words (the HTML heading, the advice, the no-culprit sentence), the engine's step (``act``), the
-planner's step (``mitigation``), the victim signals their actions are verified on
-(``verify_signals``) and the outcome codes of both with their wording (``messages``).
-``noisyneighbor diagnose`` and its HTML report, the incident engine and ``actuators/mitigate.py`` read
-the declarations; nothing keys on a message's wording.
+holds, returns the cause, a confidence, the ranked culprits, the evidence it used, its findings and
+its ``share``: the part of the victim's wait it explains), its words (the HTML heading, the advice,
+the no-culprit sentence), the engine's step (``act``), the planner's step (``mitigation``), the victim
+signals their actions are verified on (``verify_signals``) and the outcome codes of both with their
+wording (``messages``). ``noisyneighbor diagnose`` and its HTML report, the incident engine and
+``actuators/mitigate.py`` read the declarations; nothing keys on a message's wording.
 
-The order protects neighbours from false blame: what the victim does to itself (its own CPU limit,
-its own threads) is ruled on before anyone else is blamed. Adding a cause: a :class:`Cause` member
-(detector/decisions.py), its module here, one line in :data:`CAUSES`, one test.
+The ranking (:func:`decide`, issue 41). The run-queue probe splits each wait of the victim: who ran
+instead (its own tasks, each other cgroup, the node's processes), and the kernel work inside it
+(softirq work on top of whichever task held the CPU, ksoftirqd, kswapd and the other kernel threads).
+Each rule's thresholds say whether its cause is there at all; its ``share`` says how much of the wait
+it explains, from that split:
+
+- neighbor_cpu: other cgroups' tasks' own time (the kernel work on top of their slices taken out),
+  outside the time the victim sat throttled at its own limit;
+- self_contention: the wait behind its own tasks; self_throttling: the time throttled over the wait
+  (or the throttled ratio, throttled in most periods while others ran for a minority of its wait);
+- softirq: the kernel work in its waits; reclaim: the stall in its own allocations against the stall
+  and the wait together, or while kswapd reclaims, the kernel work (or the node's share) in its waits;
+- hypervisor_steal: steal on its CPUs over the wait; network_connect: none of a runqueue wait.
+
+So a neighbour that ran 95 % of the wait is the cause though softirq time on the CPU passes its SLO,
+and softirq or reclaim wins only where its work is the larger part of the wait. A cause breached on
+another signal than the run queue (softirq time or delay, the reclaim stall, the connect path) while
+the run queue is within its SLO takes share 1: it is all that breached. Ties, to the last digit, go to
+the declaration order, which protects neighbours from false blame: what the victim does to itself (its
+own CPU limit, its own threads) is ruled on before anyone else is blamed, steal before the pods. Without
+the probe's split (``who_ran_instead_available`` false: no run-queue probe) there are no shares and the
+first rule that holds, in that order, names the cause, as before. psi_unknown (share 0) always holds.
+
+Adding a cause: a :class:`Cause` member (detector/decisions.py), its module here with its share, one line
+in :data:`CAUSES`, one test.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from detector.causes import (
     hypervisor_steal,
@@ -40,8 +65,9 @@ from detector.causes.reclaim import KSWAPD_ACTIVE_PAGES_PER_S
 from detector.causes.self_contention import SELF_CONTENTION_SHARE
 from detector.causes.self_throttling import FOREIGN_MINORITY, SELF_THROTTLE_RATIO, SELF_THROTTLE_SHARE
 from detector.decisions import Cause
+from detector.model import Evidence
 
-# Evaluated in this order; the first verdict wins. psi_unknown always holds (the fallback).
+# Ranked by share (ties and no split: this order). psi_unknown always holds (the fallback).
 CAUSES: tuple[CauseSpec, ...] = (
     self_throttling.SPEC,
     reclaim.SPEC,
@@ -62,11 +88,21 @@ def spec(cause: Cause | str) -> CauseSpec:
 
 
 def decide(ctx: CauseContext, rules: tuple[Rule, ...] = RULES) -> Verdict:
-    for rule in rules:
-        verdict = rule(ctx)
-        if verdict is not None:
-            return verdict
-    return psi_unknown.rule(ctx)
+    """The verdict of the rule that holds with the largest share of the victim's wait (ties: the first
+    in ``rules``); without the probe's split, the first rule that holds. The winner's evidence gets the
+    ranking (``cause_wait_share``: its share, and every other holding cause's)."""
+    held = [v for v in (rule(ctx) for rule in rules) if v is not None]
+    if not held:
+        return psi_unknown.rule(ctx)
+    if not ctx.row.who_ran_instead_available:
+        return held[0]
+    best = max(held, key=lambda v: v.share)  # max() keeps the first of equals: the declaration order
+    if len(held) == 1:
+        return best
+    ranking = ", ".join(f"{v.cause} {v.share:.0%}" for v in sorted(held, key=lambda v: -v.share))
+    return replace(best, evidence=[*best.evidence, Evidence(
+        "cause_wait_share", round(best.share, 4), ctx.window_s,
+        note=f"share of its wait each cause that held explains: {ranking}")])
 
 
 def check_causes(specs: tuple[CauseSpec, ...] = CAUSES) -> None:

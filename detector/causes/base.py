@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from detector.policy import Policy, SloThresholds
 
 ROOT_CGROUP = "/"  # the workload key of the node's processes outside any pod
+KSWAPD_ACTIVE_PAGES_PER_S = 2560.0  # kswapd reclaimed 10 MiB/s or more: the node is in global reclaim
 VICTIM_SIGNAL = "runq_p99_ns"  # what verify/revert watches for a CPU action
 
 
@@ -43,6 +44,10 @@ class CauseContext:
     own_by_container: dict[str, float] = field(default_factory=dict)
     steal_ns: float = 0.0  # hypervisor steal on the victim's CPUs, weighted like softirq time (window)
     node_key: str = ROOT_CGROUP  # the workload key of the node's own processes (IncidentEngine.node_key)
+    # ns of its wait (window) the node's kernel work ran in: softirq work on top of whatever task was on the
+    # CPU, and the kernel threads' slices (ksoftirqd, kswapd, kcompactd, kdamond): the node's own pair's
+    # cf_node_ns (bpf/runqlat.bpf.c, move_counterfactual_softirq), in the waits of 128 us and more.
+    kernel_work_ns: float = 0.0
 
     @property
     def runq_breach(self) -> bool:
@@ -62,6 +67,39 @@ class CauseContext:
         return min(1.0, self.own_wait_ns / self.total_wait_ns) if self.total_wait_ns > 0 else 0.0
 
     @property
+    def node_kernel_work(self) -> bool:
+        """The node does kernel work on the victim's CPUs beyond the usual: softirq time there past its
+        SLO, or kswapd reclaiming for the node."""
+        return (self.row.softirq_ms_per_s >= self.slo.softirq_ms_per_s
+                or self.signals.kswapd_pages_per_s >= KSWAPD_ACTIVE_PAGES_PER_S)
+
+    @property
+    def kernel_work_share(self) -> float:
+        """Share of its wait the node's kernel work ran in (softirq work on top of tasks, kernel threads).
+        The probe counts it in the waits of 128 us and more only; while the node does kernel work beyond
+        the usual (:attr:`node_kernel_work`), the node's whole share of the wait (ksoftirqd and kswapd are
+        root-cgroup threads) is taken when larger: under a NET_RX flood on the victim's CPU, ksoftirqd ran
+        62 of its 131 ms of wait, in many short waits, where the count had 36 (tests/test_cause_ranking_kernel.py).
+        A node daemon busy on its CPUs at that time is counted as that kernel work."""
+        if self.total_wait_ns <= 0:
+            return 0.0
+        work = self.kernel_work_ns
+        if self.node_kernel_work:
+            work = max(work, self.foreign.get(self.node_key, 0.0))
+        return min(1.0, work / self.total_wait_ns)
+
+    @property
+    def foreign_tasks_share(self) -> float:
+        """Share of its wait other cgroups' tasks ran in, their own time only: the kernel work in those
+        waits (:attr:`kernel_work_share`: softirq work on top of their slices, the kernel threads' slices,
+        both counted under the task or the root cgroup) taken out. The probe does not say on top of whose
+        slice the softirq work ran, so the part on top of the victim's own or the idle task is taken out
+        too: this share errs low by at most that part."""
+        if self.total_wait_ns <= 0:
+            return 0.0
+        return max(0.0, self.foreign_share - self.kernel_work_share)
+
+    @property
     def throttle_share(self) -> float:
         """Throttled time over its runqueue wait (or the throttled ratio when it barely waited)."""
         row = self.row
@@ -79,6 +117,9 @@ class Verdict:
     culprits: list[Culprit] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)  # what the rule used, beyond the breaches
     findings: tuple[str, ...] = ()  # structured codes of what the rule found (Incident.findings)
+    # The part of the victim's wait this cause explains (0..1), from the wait's split: the ranking's key
+    # (detector.causes.decide). Each rule gives its own; see the module docstring for the convention.
+    share: float = 0.0
 
 
 Rule = Callable[[CauseContext], Verdict | None]

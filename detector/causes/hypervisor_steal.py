@@ -36,14 +36,14 @@ def rule(ctx: CauseContext) -> Verdict | None:
     foreign = sum(ctx.foreign.values()) / 1e6 / ctx.window_s
     if steal < STEAL_EXPLAINS * wait or steal <= foreign:
         return None
-    confidence = min(1.0, steal / wait) if wait > 0 else 1.0
+    confidence = min(1.0, steal / wait) if wait > 0 else 1.0  # also its part of the wait
     cpus = sorted(c for c, w in row.cpu_weights.items() if w > 0.05)
     return Verdict(Cause.HYPERVISOR_STEAL, confidence, [], [
         Evidence("steal_ms_per_s", round(steal, 2), ctx.window_s, threshold=STEAL_MIN_MS_PER_S,
                  note=f"the hypervisor ran something else on its CPUs {cpus} ({steal / 10:.1f} % of their time); "
                       f"runqueue wait {wait:.1f} ms/s, {foreign:.1f} ms/s of it behind other cgroups "
                       f"(over {ctx.window_s:.0f} s)"),
-    ])
+    ], share=confidence)
 
 
 SPEC = CauseSpec(

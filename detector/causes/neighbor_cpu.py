@@ -33,7 +33,16 @@ def rule(ctx: CauseContext) -> Verdict | None:
     if row.who_ran_instead_available and ctx.node_share > 0:
         used.append(Evidence("who_ran_instead_node_share", round(ctx.node_share, 4), ctx.window_s,
                              note="the node's own processes outside pods (root cgroup) ran on its CPUs"))
-    return Verdict(Cause.NEIGHBOR_CPU, min(1.0, confidence), culprits, used)
+    return Verdict(Cause.NEIGHBOR_CPU, min(1.0, confidence), culprits, used, share=share(ctx))
+
+
+def share(ctx: CauseContext) -> float:
+    """Its part of the wait: other cgroups' tasks' own time (the kernel work on top of their slices is
+    softirq's or reclaim's), outside the time the victim sat throttled at its own limit (whoever ran
+    then, its own limit held it back: self_throttling's part)."""
+    if not ctx.row.who_ran_instead_available:
+        return 0.0
+    return max(0.0, ctx.foreign_tasks_share - ctx.throttle_share)
 
 
 SUPPRESS = "neighbor_cpu.suppress"  # the engine's step: suppress the top BE culprit (and the others that ran with it)

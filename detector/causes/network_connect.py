@@ -16,7 +16,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
         Evidence("connect_failures_per_s", row.connect_failures_per_s, dt),
         Evidence("syn_retransmits_per_s", row.syn_retransmits_per_s, dt),
         *more,
-    ])
+    ], share=0.0 if ctx.runq_breach else 1.0)  # the connect path explains none of a runqueue wait
 
 
 SPEC = CauseSpec(

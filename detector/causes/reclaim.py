@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from detector.causes.base import CauseContext, CauseSpec, Mitigation, Verdict
+from detector.causes.base import KSWAPD_ACTIVE_PAGES_PER_S, CauseContext, CauseSpec, Mitigation, Verdict
 from detector.causes.neighbor_cpu import NEIGHBOR_SHARE  # kernel threads (kswapd) ran for this share of its wait
 from detector.decisions import ActionKind, Cause, Decision, EvictAmount, MemorySuppressAmount
 from detector.model import Evidence, Incident
 from detector.signals import WorkloadSignals
-
-KSWAPD_ACTIVE_PAGES_PER_S = 2560.0  # kswapd reclaimed 10 MiB/s or more: the node is in global reclaim
 
 # Findings (Incident.findings, refreshed every tick): the node reclaims, not only the victim's memcg.
 KSWAPD = "reclaim.kswapd"  # kswapd ran on the victim's CPUs while the node reclaimed in the background
@@ -29,7 +27,8 @@ def rule(ctx: CauseContext) -> Verdict | None:
     row = ctx.row
     if ctx.breached & {"reclaim_stall_ms_per_s", "psi_memory_some"} and row.reclaim_stall_ms_per_s > 0:
         confidence = min(1.0, row.reclaim_stall_ms_per_s / (2 * ctx.slo.reclaim_stall_ms_per_s))
-        return Verdict(Cause.RECLAIM, confidence, ctx.reclaim_culprits(ctx.key, row, ctx.signals, None))
+        return Verdict(Cause.RECLAIM, confidence, ctx.reclaim_culprits(ctx.key, row, ctx.signals, None),
+                       share=share(ctx))
     kswapd = ctx.signals.kswapd_pages_per_s
     node_share = ctx.node_share
     if not (ctx.runq_breach and kswapd >= KSWAPD_ACTIVE_PAGES_PER_S and node_share >= NEIGHBOR_SHARE):
@@ -39,7 +38,23 @@ def rule(ctx: CauseContext) -> Verdict | None:
                  note="the node reclaims in the background (global reclaim)"),
         Evidence("who_ran_instead_node_share", round(node_share, 4), ctx.window_s, threshold=NEIGHBOR_SHARE,
                  note="kernel threads (root cgroup: kswapd) ran on its CPUs while it waited"),
-    ], findings=(KSWAPD,))
+    ], findings=(KSWAPD,), share=share(ctx))
+
+
+def share(ctx: CauseContext) -> float:
+    """Its part of the victim's delay: the stall in its own allocations against the stall and the
+    runqueue wait together (both time it wanted to make progress and did not), and, while kswapd
+    reclaims for the node, the kernel work in its waits (kswapd is a root-cgroup thread: the node's
+    share counts when larger, see CauseContext.kernel_work_share).
+    The larger of the two; the run queue within its SLO, the stall is all that breached."""
+    row = ctx.row
+    if not ctx.runq_breach:
+        return 1.0
+    stall, wait = row.reclaim_stall_ms_per_s, row.runq_wait_ms_per_s
+    parts = [stall / (stall + wait) if stall > 0 else 0.0]
+    if ctx.signals.kswapd_pages_per_s >= KSWAPD_ACTIVE_PAGES_PER_S and row.who_ran_instead_available:
+        parts.append(ctx.kernel_work_share)
+    return max(parts)
 
 
 def context(row: WorkloadSignals) -> tuple[str, ...]:

@@ -31,7 +31,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
     for name, share in largest_share(ctx.own_by_container, own_total, CONTAINER_MIN_SHARE):
         used.append(Evidence("who_ran_instead_container_share", round(share, 4), ctx.window_s, container=name,
                              note=f"of its wait behind its own tasks: behind container {name}"))
-    return Verdict(Cause.SELF_CONTENTION, own, [], used)
+    return Verdict(Cause.SELF_CONTENTION, own, [], used, share=own)  # its part: the wait behind its own tasks
 
 
 CONTAINER_MIN_SHARE = 0.2  # a container behind which it spent at least this share of its own wait is named

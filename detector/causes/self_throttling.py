@@ -41,7 +41,12 @@ def rule(ctx: CauseContext) -> Verdict | None:
                              note=f"container {c.name} at its own limit: {quota_text(c.quota_cores)}, "
                                   f"{c.cpu_cores:.2f} cores used, throttled {c.throttled_ms_per_s:.0f} ms/s"))
     share = max([ctx.throttle_share, ratio if pod_hit else 0.0, *(c.throttled_ratio for c in hit)])
-    return Verdict(Cause.SELF_THROTTLING, min(1.0, share), [], used)
+    # Its part of the wait: the time throttled at its own limit (the pod's, or a container's) over the
+    # wait; held by the throttled ratio alone (throttled in most periods while others ran for a minority
+    # of its wait: a victim that barely waits between its throttled periods), that ratio stands for it.
+    in_wait = max([ctx.throttle_share, *(c.throttled_ms_per_s / wait for c in hit if wait > 0.5)])
+    part = in_wait if in_wait >= SELF_THROTTLE_SHARE else share
+    return Verdict(Cause.SELF_THROTTLING, min(1.0, share), [], used, share=min(1.0, part))
 
 
 BURST = "self_throttling.burst"

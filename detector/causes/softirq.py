@@ -20,7 +20,22 @@ def rule(ctx: CauseContext) -> Verdict | None:
     confidence = min(1.0, row.softirq_ms_per_s / (2 * limit))
     used = [Evidence("softirq_ms_per_s", row.softirq_ms_per_s, row.interval_s, threshold=limit,
                      note=f"on CPUs {sorted(row.cpu_weights)}")]
-    return Verdict(Cause.SOFTIRQ, confidence, ctx.cpu_culprits(ctx.key, ctx.foreign, ctx.total_wait_ns), used)
+    if ctx.runq_breach and row.who_ran_instead_available:
+        used.append(Evidence("who_ran_instead_kernel_work_share", round(ctx.kernel_work_share, 4), ctx.window_s,
+                             note="softirq work (on top of tasks, and ksoftirqd) and kernel threads in its waits"))
+    return Verdict(Cause.SOFTIRQ, confidence, ctx.cpu_culprits(ctx.key, ctx.foreign, ctx.total_wait_ns), used,
+                   share=share(ctx))
+
+
+def share(ctx: CauseContext) -> float:
+    """Its part of the wait: the softirq work in the victim's waits, run on top of whichever task held
+    the CPU or in ksoftirqd (the probe counts it with the other kernel threads' slices: while kswapd
+    also runs, reclaim's rule claims the same part, and the declaration order puts reclaim first; the
+    node's share counts when larger, see CauseContext.kernel_work_share).
+    Breached on softirq time or delay alone (the run queue within its SLO), it is all that breached."""
+    if not ctx.runq_breach:
+        return 1.0
+    return ctx.kernel_work_share if ctx.row.who_ran_instead_available else 0.0
 
 
 SOFTIRQ_TRAFFIC_MIN_PPS = 2000.0  # below this a pod's packets are not what keeps a CPU in NET_RX
