@@ -21,7 +21,7 @@ from detector.cgroups import CgroupResolver, parse_cgroup_path
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.collect import cgroup_activity
 from probes.cpuacct import CgroupCpuStat, cpu_delta, read_cgroup_cpu
-from probes.engine import ProbeError, ProbeStatus
+from probes.engine import ProbeError, ProbeOffCode, ProbeStatus
 from probes.host import HostPaths
 from probes.plugin import ProbePlugin, TopInput, TopTable
 from probes.psi import (
@@ -222,7 +222,8 @@ class OffSource:
     def __init__(self, name: str, error: ProbeError | str) -> None:
         self.name = name
         self.error = str(error)
-        self.status = ProbeStatus(name, "off", reason=self.error.removeprefix(f"{name}: off: "))
+        self.status = ProbeStatus(name, "off", reason=self.error.removeprefix(f"{name}: off: "),
+                                  code=error.code if isinstance(error, ProbeError) else ProbeOffCode.UNAVAILABLE)
 
     def start(self) -> None:
         pass
