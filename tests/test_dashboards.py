@@ -43,6 +43,8 @@ ALLOWED_EMPTY = {
     'kind="evict"': "no apiserver here: eviction needs the Kubernetes API, so the evict actuator is off",
     'state=~"refused|failed"': "nothing in this scenario is refused or fails for certain (refusals here come only "
     "from decisions on other work's cgroups outside --act-only, which may or may not happen)",
+    'code="no_btf"': "this kernel has BTF, so noisyneighbor_agent_degraded{code=\"no_btf\"} is absent here; "
+    "tests/test_deploy.py's agent on a host root without BTF reads it",
     'state="reverted"': "applied actions are held for the whole run (verify_intervals above it) so that "
     "'in effect' panels have data; the revert path is tested in test_actuator_framework",
 }
@@ -281,6 +283,36 @@ def test_availability_alerts_cover_a_dead_and_an_unready_agent():
     assert re.search(r'\bup\{app_kubernetes_io_name="noisyneighbor"\} == 0', by_name["NoisyNeighborAgentDown"]["expr"])
     assert not METRIC_RE.findall(by_name["NoisyNeighborAgentDown"]["expr"])
     assert "kube_daemonset_status_number_ready" in by_name["NoisyNeighborAgentNotReady"]["expr"]
+    assert 'kube_daemonset_labels{label_app_kubernetes_io_name="noisyneighbor"}' in \
+        by_name["NoisyNeighborAgentNotReady"]["expr"]
+
+
+# Labels that select the agent whatever its objects are called: the pod label the ServiceMonitor copies onto
+# its targets, and the DaemonSet label kube-state-metrics exports (with its allowlist).
+AGENT_SELECTING_LABELS = {"app_kubernetes_io_name", "label_app_kubernetes_io_name"}
+LITERAL_MATCHER = re.compile(r'\b(\w+)\s*(?:=~|!~|!=|=)\s*"([^"]*)"')
+
+
+def _name_selectors(expr: str) -> list[str]:
+    """Matchers on a literal value naming the agent ("noisyneighbor" in it) by any label but the selecting ones:
+    job, daemonset, service, pod, container, namespace all change with a namePrefix, a Helm release, a namespace."""
+    return [f'{label}="{value}"' for label, value in LITERAL_MATCHER.findall(expr)
+            if "noisyneighbor" in value.lower() and label not in AGENT_SELECTING_LABELS]
+
+
+def test_no_alert_or_dashboard_query_selects_the_agent_by_a_name():
+    queries = [(f"alert {r['alert']}", r["expr"]) for r in _alert_rules()]
+    for name, text in generate.build_all().items():
+        dash = __import__("json").loads(text)
+        queries += [(f"{name}/{title}", expr) for title, expr in generate.iter_queries(dash)]
+        queries += [(f"{name} variable {v['name']}", str(v.get("definition", ""))) for v in dash["templating"]["list"]]
+    assert len(queries) > 20
+    named = {where: found for where, expr in queries if (found := _name_selectors(expr))}
+    assert not named, named
+    # the check itself: what the alerts had before they selected by label
+    assert _name_selectors('kube_daemonset_status_number_ready{daemonset=~"(.+-)?noisyneighbor(-.+)?"}')
+    assert _name_selectors('up{job="noisyneighbor"} == 0')
+    assert not _name_selectors('up{app_kubernetes_io_name="noisyneighbor"} == 0')
 
 
 # -- integration -------------------------------------------------------------------------------------
