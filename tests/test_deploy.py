@@ -818,3 +818,24 @@ def test_uninstall_overlay_restores_with_the_agents_credentials_then_purges() ->
     assert others(c) == others(agent_c)
     assert [v for v in pod["volumes"] if v["name"] != "journal"] == [v for v in agent_pod["volumes"] if v["name"] != "journal"]
     assert c["securityContext"] == agent_c["securityContext"] and c["image"] == agent_c["image"]
+
+
+# ---- AppArmor and the update strategy: said where they are set ---------------------------------------------
+
+def test_apparmor_is_unconfined_with_the_reason_and_max_surge_0_is_explained():
+    """Every rendering (base, overlays, uninstall) runs the agent with AppArmor Unconfined (Kubernetes >= 1.30
+    field), and the manifest says why next to it: the runtime's default profile refuses the ptrace-read checks
+    of other pods' processes. maxSurge is 0 with the reason (one journal per node) above it."""
+    for name in (".", "base", "overlays/kube-prometheus-stack", UNINSTALL):
+        pod = the("DaemonSet", name)["spec"]["template"]["spec"]
+        assert pod["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert "container.apparmor.security.beta.kubernetes.io/agent" not in \
+            (the("DaemonSet", name)["spec"]["template"]["metadata"].get("annotations") or {}), name
+        rollout = the("DaemonSet", name)["spec"]["updateStrategy"]["rollingUpdate"]
+        assert rollout["maxSurge"] == 0, name
+    text = (BASE / "daemonset.yaml").read_text()
+    apparmor = text[:text.index("type: Unconfined")].rsplit("seccompProfile", 1)[1]
+    assert "ptrace" in apparmor and "/proc/<pid>/ns/net" in apparmor and "Localhost" in apparmor, apparmor
+    surge = text[:text.index("maxSurge: 0")].rsplit("maxUnavailable", 1)[1]
+    assert "journal" in surge and "one agent per node" in surge, surge
