@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Prometheus exporter: the latest NodeSnapshot, incidents and actions as metric families.
 
 The agent loop calls :meth:`Exporter.update` once per tick and only keeps that tick; the series

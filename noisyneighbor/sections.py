@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What each view of `noisyneighbor top` shows: one source per probe, each turning two readings into an interval.
 
 A source wraps one probe (or, for PSI, kernel files): `start()` takes the baseline, `collect()` returns

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The per-tick collector: every probe and kernel file read once into a :class:`NodeSnapshot`.
 
 It knows nothing of pods: the caller says which cgroup paths to watch (``cgroup_paths``), usually the

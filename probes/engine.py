@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The probe engine: load a probe's BPF object, pick the attach mode the kernel supports, attach.
 
 `Engine` is the small interface a second backend (a bcc engine for kernels without BTF) implements;

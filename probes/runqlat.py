@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Runqueue latency per cgroup and per CPU, and who ran instead (decoder for bpf/runqlat.bpf.c).
 
 Who ran instead (sched_info flavour): every wait of a cgroup's tasks is split by what ran on the CPU

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures: root/kernel checks and owned test cgroups that are always removed."""
 
 from __future__ import annotations

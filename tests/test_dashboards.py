@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Dashboards and alert rules: in sync with the exporter, unit-tested with promtool, and every query run
 by the real Prometheus against the real agent (probes, detector, actuators) while test cgroups interfere."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The engine checks each probe's declared map layouts against the object's BTF, and loads objects
 against a given BTF file (--btf) for kernels without /sys/kernel/btf/vmlinux."""
 

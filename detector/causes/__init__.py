@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Why a victim suffers: one declaration per cause, tried in order; the first rule that holds names it.
 
 A cause is one module here with its :data:`SPEC` (:class:`~detector.causes.base.CauseSpec`): its rule

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What `kubectl noisyneighbor top|diagnose NODE` reads from the running agent: ``/top`` and ``/diagnose``.
 
 One probe set per node: the agent's. ``/top`` is `noisyneighbor top`'s frame made from the agent's own

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's loop: start-up wiring, one tick (``Agent.step``) at the interval, health, graceful stop."""
 
 from __future__ import annotations
