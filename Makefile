@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # noisyneighbor — build, run, test. Everything a fresh machine needs is installed by scripts/setup.sh.
 SHELL := /bin/bash
 ARCH := $(shell uname -m | sed -e 's/x86_64/x86/' -e 's/aarch64/arm64/')

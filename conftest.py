@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Session-wide pytest hooks for every test directory (tests/ and bench/tests/): a TERM ends the session
 the way Ctrl-C does, tests marked root skip without root, and the owned test cgroups go at exit.
 Fixtures for the product's tests are in tests/conftest.py."""

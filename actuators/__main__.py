@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Small runner: apply one suppress/burst through the manager and hold it until SIGTERM; or reconcile.
 
     python -m actuators apply-suppress --cgroup <path> --policy cfsQuota --cores 0.5 --journal DIR [--dry-run]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one small interface every actuator implements: plan -> apply -> verify -> revert.
 
 - ``plan`` turns a detector :class:`~detector.decisions.Decision` into concrete, reviewable steps

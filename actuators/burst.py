@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU burst for throttled LS cgroups: CFS burst and cfs quota scaling, koordlet's rules.
 
 A victim whose cause is ``self_throttling`` hit its own cfs quota: no neighbor is at fault, and the

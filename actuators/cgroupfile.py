@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cgroup files behind resource names, the same for cgroup v1, v2 and hybrid hosts.
 
 Actuators never spell a cgroup file name: they ask :class:`CgroupFiles` for a *resource* of a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Eviction actuator: BE pods out through the Kubernetes Eviction API, PDB-aware, never a raw kill.
 
 Koordlet stops containers through the runtime and so ignores PodDisruptionBudgets (its issue

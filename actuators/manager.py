@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The actuator manager: the :class:`~detector.decisions.DecisionSink` that turns decisions into actions.
 
 For every decision: route it to the actuator of its kind, check the limits, plan, then either log

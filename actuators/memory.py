@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """BE memory suppress: cap a BestEffort pod's memory near its usage when its growth drives global reclaim.
 
 Global (direct) reclaim stalls every pod's allocations, the LS victim's too, while a BE pod's page

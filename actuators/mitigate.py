@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Mitigation the incident engine's own rule (its decisions for the ranked culprits) does not reach.
 
 :class:`MitigationPlanner` is an ``on_incident`` hook of the detector's engine (no change to the

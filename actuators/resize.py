@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """BE CPU suppress through the Kubernetes in-place pod resize (``pods/{name}/resize``), not a cgroup write.
 
 A cgroup write under a pod is the kubelet's to overwrite (koordlet issue #1734): at its next sync it

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU suppress of best-effort cgroups: koordlet's formula and both of its policies, plus culprits first.
 
 koordlet (qosmanager ``cpusuppress``), every round::

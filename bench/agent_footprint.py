@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Footprint of the real `noisyneighbor agent` at node scale: CPU, memory, series and map entries vs pods.
 
 The agent runs as a subprocess, as deployed: all four BPF probes, the detector, dry-run actuators, the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Make bcc's runtime-compiled tools (runqlat-bpfcc) work on this machine, for bench/overhead.py.
 #
 # bcc compiles its BPF C at run time with clang and needs kernel headers under

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cost per BPF program invocation, measured by the kernel (BPF_ENABLE_STATS run_time_ns/run_cnt).
 
 Throughput ratios are noisy on a shared 2-CPU VM; the kernel's own per-program accounting is not.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """CPU and memory cost of the detector's per-tick path on synthetic cgroups (no BPF, no sleeping).
 
 Feeds N synthetic cgroups at a simulated 1 Hz (realistic per-workload levels with noise, plus

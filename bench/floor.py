@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Attach empty programs to tracepoints until SIGTERM: the overhead bench's floor arm.
 
 `python -m bench.floor [--wakeup] [--all-probes]`: sched_switch only (the tracepoint our default

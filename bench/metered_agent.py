@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`noisyneighbor <args>` with a meter on what it copies out of BPF maps, for bench.node_scale.
 
 The kernel counts what a process reads through read(2) (``rchar`` in ``/proc/<pid>/io``) but not what

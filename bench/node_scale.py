@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """What the agent costs on a large node, in counts and bytes: RSS, BPF map memory, bytes read per tick,
 ``/metrics`` series per idle pod and per node (issue 25 item 6).
 

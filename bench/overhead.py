@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Throughput cost of BPF probes, side by side, in one run.
 
 Arms (``--arms``):

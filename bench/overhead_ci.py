@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """How precise a `bench/overhead.py` median loss is: bootstrap intervals from its saved JSON.
 
 One overhead run gives, per workload and arm, the median over rounds of (arm / the same round's

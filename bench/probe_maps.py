@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """BPF map memory of the tcpconnect, reclaim, hardirq and softirq probes, each loaded alone with its
 defaults: per map its type, max_entries and the kernel's ``memlock`` (``/proc/self/fdinfo``).
 

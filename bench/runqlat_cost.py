@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel-measured cost of the sched_info runqlat program, with and without the who-ran-instead matrix.
 
 `perf bench sched pipe` pinned to one CPU, under BPF_ENABLE_STATS, in two placements:

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Metric series the real agent exports per idle pod, against the budget (issue 17: <= 30 per idle pod).
 
 Starts `noisyneighbor agent` (all probes, dry-run, standalone pod source) as in bench.agent_footprint,

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Soak: the real agent, actuators enforcing, for many minutes of pod churn and a misbehaving pod source.
 
 The agent (`python -m noisyneighbor.cli agent`, all four probes, enforcing actuators limited by

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Build a BPF object directory in which runqlat is a stripped bench variant; the other probes as built.
 
 `noisyneighbor` loads its objects from `NN_BPF_OBJECT_DIR` when set, so an overhead arm can run the

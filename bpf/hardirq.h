@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0
 /*
  * hardirq probe: map values (mirrored by struct in probes/hardirq.py, sizes checked at load).
  * Fixed-width types only, every struct padded to 8 bytes.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0
 /* Helpers shared by every noisyneighbor BPF program. */
 #ifndef NN_COMMON_H
 #define NN_COMMON_H

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0
 /*
  * Map value and event layouts shared between the BPF programs and their Python decoders
  * (the probes/ modules mirror these structs with ctypes; tests check the sizes match the BTF).

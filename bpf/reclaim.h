@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0
 /*
  * reclaim: map value and event layouts shared between bpf/reclaim.bpf.c and probes/reclaim.py
  * (which mirrors them with struct/ctypes). Fixed-width types only, every struct padded to 8 bytes.

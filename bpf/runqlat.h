@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0
 /*
  * runqlat: map value and event layouts shared between bpf/runqlat.bpf.c and probes/runqlat.py
  * (which mirrors them with struct/ctypes and declares the map sizes it decodes: MAP_LAYOUTS, checked

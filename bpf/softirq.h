@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0
 /*
  * softirq probe: map values and the stall event (mirrored by ctypes/struct in probes/softirq.py).
  * Fixed-width types only, every struct padded to 8 bytes.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0
 /*
  * tcpconnect: map value and event layouts shared with probes/tcpconnect.py (ctypes mirrors them).
  * Only fixed-width types, every struct padded to 8 bytes. Needs nn_events.h (struct nn_hist).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Grafana dashboards for noisyneighbor, generated from the exporter's metric name constants.
 
     .venv/bin/python dashboards/generate.py          # (re)write dashboards/*.json

@@ -157,6 +157,7 @@ def _values_sentinels(doc: dict[str, Any], namespace: str) -> dict[str, Any]:
         c["image"] = "__IMAGE__"
         c["imagePullPolicy"] = "__PULL_POLICY__"
         c["resources"] = "__RESOURCES__"
+        doc["spec"]["template"]["spec"]["securityContext"]["appArmorProfile"] = "__APPARMOR__"
         args = []
         for a in c["args"]:
             args.append({"--dry-run": "__IF_DRYRUN__--dry-run", "--auth-metrics": "__IF_AUTHMETRICS__--auth-metrics"}
@@ -228,6 +229,10 @@ def _to_template(text: str) -> str:
             out.append(f"{ind}{{{{- end }}}}")
             i = j
             continue
+        if body == "appArmorProfile: __APPARMOR__":
+            out += [f"{ind}appArmorProfile:", f"{ind}  {{{{- toYaml .Values.appArmorProfile | nindent {len(ind) + 2} }}}}"]
+            i += 1
+            continue
         if body == "resources: __RESOURCES__":
             out += [f"{ind}resources:", f"{ind}  {{{{- toYaml .Values.resources | nindent {len(ind) + 2} }}}}"]
             i += 1
@@ -283,7 +288,7 @@ description: eBPF noisy-neighbour detector for Kubernetes nodes (a DaemonSet), i
 type: application
 version: {version}
 appVersion: "{version}"
-kubeVersion: ">=1.25.0-0"
+kubeVersion: ">=1.30.0-0"
 """
 
 VALUES_YAML = """\
@@ -314,6 +319,18 @@ probes: []
 # Requests and limits from the measured footprint (deploy/README.md, "Sizing").
 resources:
 {resources}
+# The pod's AppArmor profile (Kubernetes >= 1.30, hence the chart's kubeVersion). Unconfined, because the
+# runtime's default profile allows ptrace only between processes of that profile, and the agent's reads of
+# other pods' processes are ptrace-read checks (/proc/<pid>/ns/net to enter a pod's network namespace for
+# the listen queues, /proc/<pid>/fd): under RuntimeDefault they fail for privileged and Unconfined pods and
+# host daemons. deploy/base/daemonset.yaml says it in full. A profile of yours loaded on every node:
+# {{type: Localhost, localhostProfile: NAME}}.
+appArmorProfile:
+{apparmor}
+# Not a value: the update strategy's maxSurge stays 0 (one agent per node: the node's journal of the changes
+# it made belongs to one process; a surge pod would restore or re-apply what the old one still manages).
+# Rollouts replace 10 % of the agents at a time (maxUnavailable), each restoring its changes at SIGTERM.
+
 # The kustomize components, one switch each (deploy/README.md lists what each adds and needs).
 components:
   namespace: false            # the Namespace object, Pod Security `privileged` (or label yours)
@@ -341,13 +358,16 @@ dashboards:
 
 def chart_meta_files(base: list[dict[str, Any]], version: str) -> dict[Path, str]:
     """Chart.yaml and values.yaml, their defaults taken from the base."""
-    c = next(d for d in base if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    ds_pod = next(d for d in base if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    c = ds_pod["containers"][0]
     repository, _, tag = c["image"].rpartition(":")
     resources = yaml.safe_dump(c["resources"], sort_keys=False, default_flow_style=False)
+    apparmor = yaml.safe_dump(ds_pod["securityContext"]["appArmorProfile"], sort_keys=False, default_flow_style=False)
     return {
         CHART_DIR / "Chart.yaml": CHART_YAML.format(version=version),
         CHART_DIR / "values.yaml": VALUES_YAML.format(repository=repository, tag=tag, pull_policy=c["imagePullPolicy"],
-                                                      resources="".join(f"  {ln}\n" for ln in resources.splitlines())),
+                                                      resources="".join(f"  {ln}\n" for ln in resources.splitlines()),
+                                                      apparmor="".join(f"  {ln}\n" for ln in apparmor.splitlines())),
     }
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Robust per-(entity, signal) baselines: what "normal" looks like, so the engine can score deviations.
 
 API (the incident engine builds on exactly this)::

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the node can still give batch (BE) pods: koordinator's batch allocatable, CPU and memory.
 
 koord-manager (slo-controller, batch resource plugin) computes, per node and resource::

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The signal catalog: every signal the detector breaches on, learns or cites as evidence, once.
 
 Each entry says what the number is (unit and how it reads to a human), the SLO bounding it when it

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cgroup id <-> path resolution and Kubernetes pod attribution.
 
 The BPF programs key everything by a cgroup *id*: the kernfs node id of the task's cgroup, in the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A pod's containers as the self causes need them: what the pod may use, and whose turn it was.
 
 What a pod "may use" is not its pod cgroup's: the kubelet's static CPU manager pins each container's

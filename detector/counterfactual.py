@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What each culprit costs the victim, in the victim's own units: its runqueue p99 and wait per second
 with that culprit's share of each wait taken out.
 

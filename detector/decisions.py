@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the detector asks the actuators to do: the one contract between detector/ and actuators/.
 
 Data flows one way (probes -> detector -> actuators): the detector builds :class:`Decision` objects

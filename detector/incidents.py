@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The incident engine: per-tick workload signals in; incidents with cause, culprits and evidence out.
 
 Per tick (``IncidentEngine.step``):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Incidents as Kubernetes Events on the victim pod, so ``kubectl describe pod`` shows them.
 
 One Event per (incident, victim pod), named ``<pod>.nn<hash of the incident id>`` like the kubelet's

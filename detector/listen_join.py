@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Who stalled clients wait on: connect trouble joined to the listen queues of the node's pods.
 
 A listener whose accept queue is full drops SYNs (and handshake-completing ACKs): its clients see

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The detector's output records: incidents with victim, cause, ranked culprits and evidence.
 
 These are plain data so the CLI report, the exporter, Kubernetes Events and the incident log all

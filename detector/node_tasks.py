@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The node's own processes (those of a cgroup outside any pod: the root cgroup's by default) ranked by the
 CPU time they used between two reads: the commands an incident names when "the node" ran on the victim's
 CPUs instead of it, so that a neighbour cause always says whom it blames.

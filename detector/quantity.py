@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kubernetes resource quantities ("500m", "1Gi", "2", "1e3") as exact Decimals.
 
 The grammar is apimachinery's ``resource.Quantity``::

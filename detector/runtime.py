@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The detector as one object: NodeSnapshots in, signals, incidents and decisions out.
 
 ``Detector.step(snapshot)`` is what the agent loop and ``noisyneighbor diagnose`` call once per

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-workload signals for one interval: two cumulative NodeSnapshots in, one row per workload out.
 
 Everything the incident engine reasons with lands here, in one row type, with the units in the field

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The detector's short-term memory: per entity and signal, one float per tick, for the last few minutes.
 
 An *entity* is a string key (a pod UID, a cgroup path, ...); a *signal* is a string such as

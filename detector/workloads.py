@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Workloads: the units the detector reasons about (a pod, or in standalone mode a cgroup).
 
 The BPF maps are keyed by the *leaf* cgroup a task is in (a container), the cgroup files by any

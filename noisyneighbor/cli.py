@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The `noisyneighbor` command line."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shell completion for `noisyneighbor`, generated from the argparse parser so it cannot drift from it.
 
     source <(noisyneighbor completion bash)          # bash; zsh: autoload bashcompinit && bashcompinit first

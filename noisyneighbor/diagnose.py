@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`noisyneighbor diagnose`: run the probes and the detector for a window, then print a report.
 
 The report says who suffered (victims), why (cause), because of whom (ranked culprits), on what

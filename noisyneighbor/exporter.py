@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Prometheus exporter: the latest NodeSnapshot, incidents and actions as metric families.
 
 The agent loop calls :meth:`Exporter.update` once per tick and only keeps that tick; the series
@@ -51,6 +52,7 @@ from detector.cgroups import CgroupResolver, parse_cgroup_path
 from detector.decisions import ActionKind, SuppressAmount, Target
 from detector.model import Incident
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
+from probes.collect import degraded_code
 from probes.hist import HIST_SLOTS, LatencyHistogram, slot_bounds_us
 from probes.host import HostPaths
 from probes.registry import PLUGINS
@@ -92,6 +94,7 @@ BATCH_ALLOCATABLE_CPU = "noisyneighbor_node_batch_allocatable_cpu_cores"
 BATCH_ALLOCATABLE_MEMORY = "noisyneighbor_node_batch_allocatable_memory_bytes"
 PROBE_UP = "noisyneighbor_probe_up"
 PROBE_STATE = "noisyneighbor_probe_state"
+AGENT_DEGRADED = "noisyneighbor_agent_degraded"
 PROBE_DROPS = "noisyneighbor_probe_drops_total"
 BPF_RUN_SECONDS = "noisyneighbor_bpf_program_run_seconds_total"
 BPF_RUNS = "noisyneighbor_bpf_program_runs_total"
@@ -193,6 +196,9 @@ _DEFS = (
     MetricDef(PROBE_UP, "gauge", "1 while the probe collects (on or degraded), 0 when it is off.", ("probe",)),
     MetricDef(PROBE_STATE, "gauge", "The state each probe is in (on, degraded, off): one series per probe, always 1.",
               ("probe", "state")),
+    MetricDef(AGENT_DEGRADED, "gauge", "1 while the agent is Ready but can measure nothing on this node, by code "
+              "(no_btf: the kernel has no BTF and no --btf file was given, so no BPF probe can load); absent "
+              "otherwise. /readyz says the same with the text.", ("code",)),
     MetricDef(PROBE_DROPS, "counter", "Events a BPF probe could not record, by reason.", ("probe", "reason")),
     MetricDef(BPF_RUN_SECONDS, "counter", "Kernel time in the agent's BPF programs (counted while the agent holds "
               "BPF_ENABLE_STATS, no sysctl needed).", ("program",)),
@@ -659,6 +665,9 @@ class Exporter:
         for name, status in snap.probe_status.items():
             node.set_gauge(PROBE_UP, (name,), 0.0 if status.state == "off" else 1.0)
             node.set_gauge(PROBE_STATE, (name, status.state), 1.0)
+        degraded = degraded_code(snap.probe_status)
+        if degraded is not None:
+            node.set_gauge(AGENT_DEGRADED, (str(degraded),), 1.0)
         for plugin in PLUGINS:
             probe_snap = snap.probe(plugin.name)
             if probe_snap is None:

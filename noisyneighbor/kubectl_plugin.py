@@ -1,10 +1,16 @@
+#!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """`kubectl noisyneighbor`: read `top` and `diagnose` of a node from the agent running there.
 
     kubectl noisyneighbor top NODE [--view V] [--once] [--json] [--interval S] [--sort K] [--limit N]
     kubectl noisyneighbor diagnose NODE [--duration 5m] [--json] [--html report.html] [--fail-on-incident]
 
-kubectl finds this as ``kubectl-noisyneighbor`` on PATH (installed with the package). It looks the
+One file, Python's standard library only (3.9 or later), so it runs wherever kubectl and a python3 do:
+installed with the package (the ``kubectl-noisyneighbor`` script), or this file alone as
+``kubectl-noisyneighbor`` on PATH (the krew archive, deploy/krew/). It keeps no list of views or sort
+columns: the agent says which it has and their keys (``/top?format=keys``) and refuses others.
+
+kubectl finds this as ``kubectl-noisyneighbor`` on PATH. It looks the
 agent pod up by node (``spec.nodeName``) and label, then reads the agent's read-only endpoints through
 the apiserver's pod proxy (``kubectl get --raw /api/v1/namespaces/NS/pods/POD:9717/proxy/top``): ``/top``
 is the agent's latest interval as top shows it, ``/diagnose`` the diagnose report over the agent's own
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import select
 import shutil
@@ -38,8 +45,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 from urllib.parse import urlencode
 
 DEFAULT_NAMESPACE = "noisyneighbor"
@@ -52,6 +61,10 @@ TOKEN_LIFETIME = "10m"
 # = noisyneighbor.agent.auth.FORWARDED_TOKEN_HEADER (not imported: that package loads the agent)
 TOKEN_HEADER = "X-Noisyneighbor-Authorization"
 PROXY_START_S = 30.0
+DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+# The terminal (live top): the alternate screen with the cursor hidden, and back.
+ENTER_SCREEN, LEAVE_SCREEN = "\x1b[?1049h\x1b[?25l", "\x1b[?25h\x1b[?1049l"
+HOME_AND_CLEAR, DIM, RESET = "\x1b[H\x1b[2J", "\x1b[2m", "\x1b[0m"
 
 
 class PluginError(Exception):
@@ -197,9 +210,24 @@ class Agent:
             self.proxy.close()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from noisyneighbor.cli import parse_duration
+def parse_duration(text: str) -> float:
+    """'30', '30s', '2m', '1.5h', '500ms' -> seconds (> 0), as `noisyneighbor` reads durations."""
+    raw = text.strip().lower()
+    number, scale = raw, 1.0
+    for unit in sorted(DURATION_UNITS, key=len, reverse=True):
+        if raw.endswith(unit):
+            number, scale = raw[: -len(unit)], DURATION_UNITS[unit]
+            break
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration (like 30, 30s, 2m): {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"duration must be > 0, got {text!r}")
+    return value
 
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kubectl noisyneighbor", allow_abbrev=False,
         description="Read top or diagnose of NODE from the noisyneighbor agent running there (read-only).",
@@ -222,8 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     top = sub.add_parser("top", parents=[connection], allow_abbrev=False,
                          help="NODE's interference as the agent there measures it (live on a terminal)")
     top.add_argument("node", metavar="NODE")
-    top.add_argument("--view", default="runq", help="runq, softirq, reclaim, tcp, psi, gpu or all (default: runq)")
-    top.add_argument("--sort", default="wait", help="runq sort column: wait, p99, p50, max, events, name")
+    # The agent checks both and names what it has (a 400 otherwise): no list of them kept here.
+    top.add_argument("--view", default="runq", help="a view of the agent's `top`, or all (default: runq)")
+    top.add_argument("--sort", default="wait", help="runq's sort column (default: wait)")
     top.add_argument("--limit", type=int, metavar="N", help="show at most N rows per view")
     top.add_argument("--interval", type=parse_duration, default=1.0, metavar="S", help="read the agent every S seconds")
     top.add_argument("--once", action="store_true", help="print one interval and exit")
@@ -288,7 +317,7 @@ def _token(kubectl: Kubectl, args: argparse.Namespace) -> tuple[str | None, str]
 
 def _top(agent: Agent, args: argparse.Namespace) -> int:
     out = sys.stdout
-    params = {"view": args.view, "sort": args.sort, "limit": args.limit}
+    params: dict[str, object] = {"view": args.view, "sort": args.sort, "limit": args.limit}
     if not args.json and not args.once and out.isatty():
         return _live_top(agent, args, params)
     shown = 0
@@ -307,34 +336,86 @@ def _top(agent: Agent, args: argparse.Namespace) -> int:
     return 0
 
 
-def _live_top(agent: Agent, args: argparse.Namespace, params: dict) -> int:
+@dataclass(frozen=True)
+class TopKeys:
+    """What the agent's `top` offers (``/top?format=keys``): key -> view, key -> sort column, the hint line."""
+
+    view_keys: dict[str, str]
+    sort_keys: dict[str, str]
+    hint: str
+
+    @classmethod
+    def of(cls, agent: Agent) -> TopKeys:
+        try:
+            keys = json.loads(agent.get("top", format="keys"))
+            return cls(dict(keys["view_keys"]), dict(keys["sort_keys"]), str(keys["hint"]))
+        except (ValueError, KeyError, TypeError):
+            raise PluginError("the agent's /top?format=keys is not what this plugin reads: an older agent? "
+                              "use --once, or a plugin of the agent's version") from None
+
+
+@contextlib.contextmanager
+def _cbreak(stream: TextIO) -> Iterator[bool]:
+    """Single-key input on a terminal; a no-op (False) when stdin is not one."""
+    if not stream.isatty():
+        yield False
+        return
+    import termios
+    import tty
+
+    fd = stream.fileno()
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        yield True
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def _read_key(timeout: float) -> str | None:
+    ready, _, _ = select.select([sys.stdin], [], [], max(timeout, 0))
+    return os.read(sys.stdin.fileno(), 1).decode(errors="ignore") if ready else None
+
+
+def _screen(body: str, hint: str, rows: int) -> str:
+    """One redraw: the agent's frame (its colours) cropped to the terminal, the keys' hint dimmed below."""
+    lines = body.rstrip("\n").split("\n")[: max(rows - 1, 1)]
+    return HOME_AND_CLEAR + "\n".join(lines) + "\n" + DIM + hint + RESET
+
+
+def _live_top(agent: Agent, args: argparse.Namespace, params: dict[str, object]) -> int:
     """On a terminal: the agent's frame redrawn every --interval; keys switch views and sort as in `top`."""
-    from rich.console import Console, Group
-    from rich.live import Live
-    from rich.text import Text
-
-    from noisyneighbor.top import _cbreak, _read_key
-    from noisyneighbor.views import KEYS_HINT, SORT_HOTKEYS, VIEW_HOTKEYS
-
-    console = Console()
+    keys_of = TopKeys.of(agent)
+    out = sys.stdout
     shown = 0
-    with _cbreak(sys.stdin) as keys, Live(console=console, auto_refresh=False, screen=True) as live:
-        deadline = time.monotonic()
-        while args.count is None or shown < args.count:
-            key = _read_key(deadline - time.monotonic()) if keys else time.sleep(max(deadline - time.monotonic(), 0))
-            if key in ("q", "Q"):
-                return 0
-            if key in SORT_HOTKEYS:
-                params["sort"] = SORT_HOTKEYS[key]
-            elif key in VIEW_HOTKEYS:
-                params["view"] = VIEW_HOTKEYS[key]
-            elif time.monotonic() < deadline:
-                continue
-            else:
-                deadline = time.monotonic() + args.interval
-                shown += 1
-            body = agent.get("top", format="text", color=1, width=console.width, **params)
-            live.update(Group(Text.from_ansi(body.decode(errors="replace")), Text(KEYS_HINT, style="dim")), refresh=True)
+    out.write(ENTER_SCREEN)
+    try:
+        with _cbreak(sys.stdin) as keys:
+            deadline = time.monotonic()
+            while args.count is None or shown < args.count:
+                if keys:
+                    key = _read_key(deadline - time.monotonic())
+                else:
+                    time.sleep(max(deadline - time.monotonic(), 0))
+                    key = None
+                if key in ("q", "Q"):
+                    return 0
+                if key in keys_of.sort_keys:
+                    params["sort"] = keys_of.sort_keys[key]
+                elif key in keys_of.view_keys:
+                    params["view"] = keys_of.view_keys[key]
+                elif time.monotonic() < deadline:
+                    continue
+                else:
+                    deadline = time.monotonic() + args.interval
+                    shown += 1
+                size = shutil.get_terminal_size((160, 40))
+                body = agent.get("top", format="text", color=1, width=size.columns, **params)
+                out.write(_screen(body.decode(errors="replace"), keys_of.hint, size.lines))
+                out.flush()
+    finally:
+        out.write(LEAVE_SCREEN)
+        out.flush()
     return 0
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every metric the agent exports, by constant name: the exporter's own and each probe plugin's (which
 its module defines with the plugin). dashboards/generate.py reads them here."""
 

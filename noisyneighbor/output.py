@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What every JSON document the CLI prints has in common: a schema version and one time format.
 
 Consumers (scripts, the kubectl plugin, dashboards fed from saved reports) key on

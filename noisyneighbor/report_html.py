@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The diagnose report as one self-contained HTML page, written to read like an incident summary.
 
 A header (host, kernel, window, probes), then one card per incident: victim, cause, state, ranked

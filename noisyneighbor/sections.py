@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What each view of `noisyneighbor top` shows: one source per probe, each turning two readings into an interval.
 
 A source wraps one probe (or, for PSI, kernel files): `start()` takes the baseline, `collect()` returns
@@ -21,7 +22,7 @@ from detector.cgroups import CgroupResolver, parse_cgroup_path
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.collect import cgroup_activity
 from probes.cpuacct import CgroupCpuStat, cpu_delta, read_cgroup_cpu
-from probes.engine import ProbeError, ProbeStatus
+from probes.engine import ProbeError, ProbeOffCode, ProbeStatus
 from probes.host import HostPaths
 from probes.plugin import ProbePlugin, TopInput, TopTable
 from probes.psi import (
@@ -222,7 +223,8 @@ class OffSource:
     def __init__(self, name: str, error: ProbeError | str) -> None:
         self.name = name
         self.error = str(error)
-        self.status = ProbeStatus(name, "off", reason=self.error.removeprefix(f"{name}: off: "))
+        self.status = ProbeStatus(name, "off", reason=self.error.removeprefix(f"{name}: off: "),
+                                  code=error.code if isinstance(error, ProbeError) else ProbeOffCode.UNAVAILABLE)
 
     def start(self) -> None:
         pass

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Inline SVG time-series charts for the diagnose report: no JavaScript, no external assets.
 
 One chart has a clock-time x axis (the wall clock the text report uses), a left y axis in the unit

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`noisyneighbor top`: live per-cgroup / per-CPU interference, one view per probe.
 
 Views: runq (runqueue latency per cgroup), softirq (per CPU and vector), reclaim (per memory

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Rendering of `noisyneighbor top`: one renderer per view over shared cell formatting and table layout.
 
 Renderers take the sections built by `noisyneighbor.sections` and return rich renderables; they

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What every BPF probe shares: its drop counters, its event ring buffer, closing.
 
 Each probe keeps its own maps and decoding (ebpf_exporter style); this is only the plumbing around

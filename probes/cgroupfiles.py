@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every kernel file the runtime reads or writes, declared once: cgroup files with their controller and
 their v1 and v2 names, /proc and /sys files with their path, and the one parser of each.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cgroup hierarchies on this host, v1, v2 and hybrid, behind one small abstraction.
 
 Discovery looks at the cgroup root only (no mountinfo), so a temp dir laid out like

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which cgroups' files to read this tick: the cost follows what happened, not how many cgroups exist.
 
 A node with 300 pods has ~900 pod, container and QoS cgroups, and almost all of them are idle almost

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The per-tick collector: every probe and kernel file read once into a :class:`NodeSnapshot`.
 
 It knows nothing of pods: the caller says which cgroup paths to watch (``cgroup_paths``), usually the
@@ -13,12 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from probes.cgroupfs import CgroupLayout, discover
 from probes.cgroupwatch import CgroupWatch, changed_ids
-from probes.engine import ProbeError, ProbeStatus, ProgramStats
+from probes.engine import ProbeError, ProbeOffCode, ProbeStatus, ProgramStats
 from probes.host import HostPaths
 from probes.memstat import read_node_vmstat
 from probes.procstat import ProcStatReader
@@ -44,6 +45,23 @@ def cgroup_activity(probe: str, snap: Any) -> dict[int, int]:
         return {}
     activity = BY_NAME[probe].activity
     return {} if activity is None else activity(snap)
+
+
+# What each degraded code says to people (the /readyz "degraded" text beside the code).
+DEGRADED_TEXT: dict[ProbeOffCode, str] = {
+    ProbeOffCode.NO_BTF: "kernel has no BTF: no probe can run (give the agent --btf FILE)",
+}
+
+
+def degraded_code(status: Mapping[str, ProbeStatus]) -> ProbeOffCode | None:
+    """Why the node as a whole can measure nothing, whatever the agent does: NO_BTF when every BPF probe
+    is off because the kernel has no BTF (steal, a /proc file, needs none and detects nothing alone).
+    None otherwise: a probe off for another reason is that probe's problem (its own status and alert).
+    Readiness, /readyz's degraded status and the noisyneighbor_agent_degraded metric all read this."""
+    bpf = [st for name, st in status.items() if name not in BY_NAME or BY_NAME[name].specs]
+    if bpf and all(st.state == "off" and st.code == ProbeOffCode.NO_BTF for st in bpf):
+        return ProbeOffCode.NO_BTF
+    return None
 
 
 class NodeCollector:
@@ -90,7 +108,7 @@ class NodeCollector:
                 probe = plugin.open(paths=self.paths, layout=self.layout, **shared, **self.options.get(name, {}))
             except ProbeError as e:
                 reason = str(e).removeprefix(f"{name}: ")
-                self.status[name] = ProbeStatus(name, "off", reason=reason)
+                self.status[name] = ProbeStatus(name, "off", reason=reason, code=e.code)
                 log.warning("probe %s off: %s", name, reason)
                 continue
             self.probes[name] = probe

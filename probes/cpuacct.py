@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-cgroup CPU accounting: usage, user/system split, CFS bandwidth throttling and the quota.
 
 Everything is normalised to nanoseconds (times) and microseconds (quota/period, as configured).

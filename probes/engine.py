@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The probe engine: load a probe's BPF object, pick the attach mode the kernel supports, attach.
 
 `Engine` is the small interface a second backend (a bcc engine for kernels without BTF) implements;
@@ -15,6 +16,7 @@ import os
 import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -33,8 +35,26 @@ AttachMode = Literal["auto", "tp_btf", "raw_tp"]
 BtfNeed = tuple[str, str]  # ("var", name) or ("member", "struct.member")
 
 
+class ProbeOffCode(StrEnum):
+    """Why a probe is off, for programs: readiness, the agent's degraded status and metric, alerts. The
+    message beside it is for people and may change wording; code never reads it."""
+
+    NO_BTF = "no_btf"  # the kernel has no BTF and no --btf file was given: no CO-RE probe can load
+    NO_KERNEL_BTF_FOR_TP_BTF = "no_kernel_btf_for_tp_btf"  # tp_btf asked for on a kernel without its own BTF
+    OBJECT_MISSING = "object_missing"  # the BPF object was not built
+    TRACEPOINT_MISSING = "tracepoint_missing"  # a required tracepoint is not in this kernel
+    LAYOUT_MISMATCH = "layout_mismatch"  # the object's map layouts differ from what the decoder reads
+    LOAD_FAILED = "load_failed"  # libbpf (or the BTF file) refused: the message has the errno
+    UNAVAILABLE = "unavailable"  # anything else a probe needs is missing (a /proc file, a device)
+
+
 class ProbeError(RuntimeError):
-    """A probe cannot run here. The message is one line: what is missing and what is off."""
+    """A probe cannot run here. The message is one line: what is missing and what is off; `code` says
+    the same for programs."""
+
+    def __init__(self, message: str, code: ProbeOffCode = ProbeOffCode.UNAVAILABLE) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def btf_file() -> Path | None:
@@ -132,7 +152,8 @@ def missing_btf_features(spec: ProbeSpec) -> list[str]:
 class ProbeStatus:
     name: str
     state: Literal["on", "degraded", "off"]
-    reason: str = ""
+    reason: str = ""  # for people: what is missing, in words
+    code: ProbeOffCode | None = None  # why it is off, for programs (None unless off)
     attach_mode: str | None = None
     attached: list[str] = field(default_factory=list)
     # Per-CPU maps shrunk to fit the memory budget on this host: map name -> entries it holds.
@@ -287,40 +308,44 @@ class LibbpfEngine:
         `layouts` is what the probe decodes (checked against the object before load)."""
         path = self.object_dir / spec.object_file
         if not path.is_file():
-            raise ProbeError(f"{spec.name}: off: BPF object {path} missing (build it with `make bpf`)")
+            raise ProbeError(f"{spec.name}: off: BPF object {path} missing (build it with `make bpf`)",
+                             ProbeOffCode.OBJECT_MISSING)
         kernel_btf = self.paths.btf_vmlinux.exists()
         if not kernel_btf and self.btf_path is None:
             raise ProbeError(
                 f"{spec.name}: off: kernel has no BTF ({self.paths.btf_vmlinux} absent); "
-                "CO-RE probes need CONFIG_DEBUG_INFO_BTF or a BTF file for this kernel (--btf FILE)"
+                "CO-RE probes need CONFIG_DEBUG_INFO_BTF or a BTF file for this kernel (--btf FILE)",
+                ProbeOffCode.NO_BTF,
             )
         typed = self._typed_tracepoints(spec, kernel_btf)
 
         mode = attach_mode
         if mode == "tp_btf" and not kernel_btf:  # e.g. runqlat's sched_info flavour: it falls back
-            raise ProbeError(f"{spec.name}: off: tp_btf needs the kernel's own BTF ({self.paths.btf_vmlinux} absent)")
+            raise ProbeError(f"{spec.name}: off: tp_btf needs the kernel's own BTF ({self.paths.btf_vmlinux} absent)",
+                             ProbeOffCode.NO_KERNEL_BTF_FOR_TP_BTF)
         if mode == "auto":
             # One mode per probe: the two variants keep their state in different maps.
             mode = "tp_btf" if all(typed[tp.name] for tp in spec.tracepoints if tp.required) else "raw_tp"
         missing_required = [tp.name for tp in spec.tracepoints if tp.required and not self._exists(tp.name, typed)]
         if missing_required:
-            raise ProbeError(f"{spec.name}: off: kernel lacks tracepoint(s) {', '.join(missing_required)}")
+            raise ProbeError(f"{spec.name}: off: kernel lacks tracepoint(s) {', '.join(missing_required)}",
+                             ProbeOffCode.TRACEPOINT_MISSING)
 
         try:
             obj = BpfObject(path, btf_custom_path=self.btf_path)
         except (BpfError, LibbpfMissing) as e:
-            raise ProbeError(f"{spec.name}: off: {e}") from None
+            raise ProbeError(f"{spec.name}: off: {e}", ProbeOffCode.LOAD_FAILED) from None
         mismatches = layout_mismatches(obj, layouts or {})
         if mismatches:
             obj.close()
             raise ProbeError(f"{spec.name}: off: {'; '.join(mismatches)} (rebuild with `make bpf`, or the "
-                             "decoder does not follow bpf/*.h)")
+                             "decoder does not follow bpf/*.h)", ProbeOffCode.LAYOUT_MISMATCH)
         status = ProbeStatus(spec.name, "on", attach_mode=mode)
         try:
             self._load_and_attach(obj, spec, mode, typed, status, rodata, map_sizes)
         except BpfError as e:
             obj.close()
-            raise ProbeError(f"{spec.name}: off: {e}") from None
+            raise ProbeError(f"{spec.name}: off: {e}", ProbeOffCode.LOAD_FAILED) from None
         log.info("%s", status.line())
         return LibbpfProbe(obj, status)
 
@@ -331,9 +356,10 @@ class LibbpfEngine:
                 # Without its own BTF the kernel cannot attach tp_btf programs, whatever the file says.
                 return {tp.name: kernel_btf and btf.has_btf_tracepoint(tp.name) for tp in spec.tracepoints}
         except BpfError as e:
-            raise ProbeError(f"{spec.name}: off: {e.strerror if self.btf_path else e}") from None
+            raise ProbeError(f"{spec.name}: off: {e.strerror if self.btf_path else e}",
+                             ProbeOffCode.LOAD_FAILED) from None
         except LibbpfMissing as e:
-            raise ProbeError(f"{spec.name}: off: {e}") from None
+            raise ProbeError(f"{spec.name}: off: {e}", ProbeOffCode.LOAD_FAILED) from None
 
     def _load_and_attach(self, obj: BpfObject, spec: ProbeSpec, mode: str, typed: dict[str, bool],
                          status: ProbeStatus, rodata: dict[str, int | bool] | None,

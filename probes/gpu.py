@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU utilisation and memory per device and per process, through NVML (pynvml).
 
 A node without the NVML library or without a GPU is the normal case, not an error: the collector

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU use per cgroup as a probe plugin: which pods and containers hold GPU memory, on which GPUs.
 
 :mod:`probes.gpu` reads NVML: per device its utilisation and memory, and per process its GPU memory

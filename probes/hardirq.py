@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Hard IRQ handler time per CPU and IRQ line (decoder for bpf/hardirq.bpf.c).
 
 Why it matters: a device interrupt's handler runs on whichever CPU the interrupt lands on, taking that

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Log2 latency histograms as the BPF programs keep them (`struct nn_hist` in bpf/nn_events.h)."""
 
 from __future__ import annotations

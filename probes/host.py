@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where the host's pseudo-filesystems are.
 
 Every host path the project reads or writes goes through :class:`HostPaths`, so tests (and an agent

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A thin, typed ctypes layer over the system libbpf (`libbpf.so.1`).
 
 Only what the probes need: open an object, set read-only config (`const volatile` globals) before

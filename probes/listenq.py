@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Listen-queue health per network namespace: accept backlogs and the kernel's TCP counters.
 
 For each LISTEN socket of a namespace, netlink sock_diag (inet_diag, read straight off the netlink socket) reports

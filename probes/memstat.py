@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-cgroup memory accounting (memory.stat, memory.events, limits) for v1 and v2, and the node's
 reclaim counters in /proc/vmstat: the kernel's own numbers next to what probes/reclaim.py measures.
 

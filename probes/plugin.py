@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The probe plugin interface: what a probe declares so the collector, exporter, ``top``, the agent and
 the benches can use it without naming it (the list of plugins is probes/registry.py).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """/proc/stat read once a tick and shared by its users.
 
 The collector reads it at the start of each tick (:meth:`ProcStatReader.read`) for the node's CPU

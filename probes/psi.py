@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pressure stall information (PSI): node-wide and per-cgroup readings, rates, and kernel triggers.
 
 File format (kernel/sched/psi.c, psi_show):

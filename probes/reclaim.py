@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Memory reclaim stalls per memory cgroup and for the node (decoder for bpf/reclaim.bpf.c).
 
 Three kinds of reclaim, each a begin → end pair of vmscan tracepoints in the stalled task:

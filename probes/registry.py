@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The probe registry: every probe the agent and ``top`` run, one line each. Each probe declares itself
 as a :class:`~probes.plugin.ProbePlugin` (the interface, in probes/plugin.py) at the end of its own
 module (``PLUGIN``): its BPF object and programs with their attach flavours, how to open it, which

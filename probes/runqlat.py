@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Runqueue latency per cgroup and per CPU, and who ran instead (decoder for bpf/runqlat.bpf.c).
 
 Who ran instead (sched_info flavour): every wait of a cgroup's tasks is split by what ran on the CPU
@@ -662,7 +663,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
 
     def _open(self, engine: Engine, attach_mode: Flavour, options: dict[str, Any], sizes: dict[str, int]) -> LoadedProbe:
         """The sched_info flavour when asked for or where it loads (auto), else the wakeup-based ones."""
-        sched_info_error = None
+        sched_info_error: ProbeError | None = None
         if attach_mode in ("auto", "sched_info"):
             missing = missing_btf_features(SCHED_INFO_SPEC) if isinstance(engine, LibbpfEngine) else ["libbpf engine"]
             if not missing:
@@ -671,11 +672,11 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                     probe.status.attach_mode = "sched_info"
                     return probe
                 except ProbeError as e:
-                    sched_info_error = str(e)
+                    sched_info_error = e
             else:
-                sched_info_error = f"runqlat: sched_info flavour unavailable: no {', '.join(missing)}"
-            if sched_info_error and attach_mode == "sched_info":
-                raise ProbeError(sched_info_error)
+                sched_info_error = ProbeError(f"runqlat: sched_info flavour unavailable: no {', '.join(missing)}")
+            if sched_info_error is not None and attach_mode == "sched_info":
+                raise sched_info_error
         # Here: a wakeup-based flavour was asked for, or auto found no sched_info flavour.
         fallback: AttachMode = "auto" if attach_mode == "auto" else attach_mode  # type: ignore[assignment]
         # The wakeup-based flavours do not fill the matrix or the pid array: no memory for them.

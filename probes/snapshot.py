@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One tick of everything the probes know: the single object the detector, exporter and CLI read.
 
 Every field is *cumulative* (counters since the probe loaded, or since boot for /proc files), so

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Softirq delay and run time per CPU and vector, and stall events (decoder for bpf/softirq.bpf.c).
 
 Softirq time is charged to the CPU it ran on, never to the task that happened to be `current`:

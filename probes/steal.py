@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Hypervisor steal per CPU, as a probe plugin: the time each vCPU was runnable but the hypervisor ran
 something else (``/proc/stat``'s 8th column, ``steal``).
 

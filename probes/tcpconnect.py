@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """TCP connect latency and outcomes per (cgroup, network namespace) (decoder for bpf/tcpconnect.bpf.c).
 
 What the counters mean, against the kernel's own per-namespace MIBs (`/proc/<pid>/net/snmp`, Tcp):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """How a value reads as text in ``top`` (the units a :class:`probes.plugin.TopColumn` names, and a
 plugin's footer line). Plain strings: rendering them is noisyneighbor/views.py's job."""
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Run docker/Dockerfile's stages on this machine, without a container engine:
 #   1. a clean copy of the tree (the files git tracks or would track, as a build context holds them);
 #   2. the build stage: docker/build-stage.sh (make bpf + the wheel) into a dist dir;

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The CI command (.ci/run: setup, lint, the whole suite) on a busy machine, as CI machines are:
 # stress-ng keeps CPU 0 busy and a second process does file IO for the whole run. A test that
 # only passes on an idle machine fails here instead of on someone's landing.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Open a `noisyneighbor diagnose --html` report in headless Chromium: it renders, the browser's own
 JSON.parse reads the embedded report, and a screenshot is written.
 

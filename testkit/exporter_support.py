@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared by test_exporter and test_dashboards: real probes -> NodeSnapshot -> Exporter -> HTTP scrape.
 
 The snapshot is built here from the probes and the /proc and cgroup readers (the agent's collector

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cgroups we own: created for tests, benchmarks and scenarios, removed afterwards (testkit: bench and tests only,
 not part of the shipped packages, nothing under noisyneighbor/, probes/, detector/ or actuators/ imports it).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Interference scenarios on the real kernel: test cgroups laid out as pods, served by a fake kubelet.
 
 A scenario creates pod cgroups (kubepods tree under our nn-test prefix, so the resolver and the

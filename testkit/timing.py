@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """How much slower than the reference machine this one runs Python now: the deadlines of tests and bench
 runs that wait for Python processes scale by it."""
 

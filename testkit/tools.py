@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tools a test needs from the machine (ip, clang, make, ...): a test without one skips, it does not fail."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A BPF object directory in which runqlat is a variant built from bench/bpf/ (the other probes as built):
 the bench's stripped cost arms (bench/variant_objects.py) and the tests' fault-injection object
 (tests/test_runqlat.py: task storage that refuses every create) load it through the engine's object_dir.

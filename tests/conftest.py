@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures of the product's tests: owned test cgroups that are always removed, a scratch disk, a veth pair.
 The session-wide hooks (root checks, cleanup at exit) are in the repository's conftest.py; the helpers the
 bench shares (sandbox, timing, tools) in testkit/."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A temp-dir resctrl filesystem that refuses what the kernel refuses.
 
 :func:`build` lays out ``<root>/sys/fs/resctrl`` exactly like the kernel does (``info/L3``,

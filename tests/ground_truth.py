@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a probe counter may differ by from the kernel's own counter read at another instant.
 
 Counters are read one at a time (a per-CPU map CPU by CPU, a /proc file line by line), so the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fake hosts (temp dirs laid out like /sys/fs/cgroup and /sys/devices) and small helpers for actuator tests."""
 
 from __future__ import annotations

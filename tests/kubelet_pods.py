@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pods laid out as the kubelet and containerd make them, under our nn-test prefix, on v1 and v2.
 
 Made by hand, the way the kubelet (pod and QoS cgroups) and runc under containerd (container cgroups)

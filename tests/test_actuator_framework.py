@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cgroup file abstraction, journal, and the actuator manager (dry-run, limits, verify/revert)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`noisyneighbor agent` and `diagnose` as a user runs them: real subprocesses, real BPF, real cgroups.
 
 The agent is started with a temp policy and a free port; what it serves (/readyz, /healthz, /metrics)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The enforcing agent's neighbour ladder on real processes (issue 41): a BE pod with two CPU spinners on an LS
 victim's CPU, the agent as a user runs it (default verify window and cool-down), acting only on this test's
 cgroups (``--act-only``). Ground truth: the victim's own response times (bench.scenarios.victim logs each

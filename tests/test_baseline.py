@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Baselines: convergence, freezing, score sign and scale, the Caelus rule, NaN and bad input, bounds."""
 
 from __future__ import annotations

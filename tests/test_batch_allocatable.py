@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Batch allocatable (detector/batch.py): koordinator's three formulas against hand-computed values, the
 reservation sources (kubelet config, node annotation and status, policy), Prod/Mid vs Batch from the
 detector's QoS mapping, and the exported series."""

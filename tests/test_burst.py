@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU burst: CFS burst on a real self-throttled LS cgroup, and koordlet's quota-scaling loop."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 19, self-throttling: why quota scaling left the victim at 35 ms, and the closed loop that fixes it.
 
 Real cgroups (under nn-test-<pid>, removed at teardown) on the real kernel: the pod + container

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The DaemonSet's capabilities, derived from what the shipped code does, on this kernel.
 
 One child process runs each privileged thing the agent does (load and attach its BPF probes, hold

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The signal catalog and the cause rules, without the kernel: what each reads and checks."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cause is the one that explains the largest share of the victim's wait (issue 41, Deliver 3):
 detector.causes.decide ranks the rules that hold by the share each gives from the wait's split.
 Synthetic evidence; the real-kernel check is tests/test_cause_ranking_kernel.py."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cause is the larger share of the victim's wait, on the real kernel (issue 41, Deliver 3): an LS
 victim on one CPU with both a BE hog on that CPU and NET_RX work steered to it, each dominant in turn.
 

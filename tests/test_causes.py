@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One declaration per cause (detector/causes): the registry is complete, every reader takes its words
 from it, and the planner keys on codes, never on wording: rewording every message changes no decision."""
 

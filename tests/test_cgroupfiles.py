@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """probes/cgroupfiles.py: cgroup files the probes and the actuators both read are declared once, so the
 same bad text gives the same one-line parse error on both sides (the probes skip it, the actuators
 report it), on v1 and v2 spellings alike. Temp file trees only: no real cgroup is touched."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """detector.cgroups: path parsing, id <-> path resolution on fake hosts and on this kernel."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The command line's contract with scripts and people: version, exit codes, pipes, JSON shape, reports.
 
 Each test here pins one defect a user hit (issue 17): it runs the real CLI (subprocess, real BPF)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NodeCollector on real cgroups: one snapshot per tick, idle cgroups not re-read every tick."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`noisyneighbor completion bash`: the script, sourced in a real bash, completes what the parser accepts."""
 
 from __future__ import annotations

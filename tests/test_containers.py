@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """detector/containers.py and the container split of a pod's own wait, on real cgroups laid out as the
 kubelet's static CPU manager does: each container pinned by its own cpuset, the pod cgroup on every CPU.
 

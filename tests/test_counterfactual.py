@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The counterfactual per culprit (detector/counterfactual.py, runq_cf in bpf/runqlat.bpf.c): the victim's
 runqueue p99 and wait per second with a culprit's share of each wait taken out.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-cgroup CPU accounting: v1 (separate and co-mounted cpu,cpuacct) and v2 files, deltas, real kernel."""
 
 from __future__ import annotations

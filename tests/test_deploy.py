@@ -741,8 +741,9 @@ def test_container_args_parse_with_the_real_cli() -> None:
 def test_agent_on_a_node_without_btf_runs_and_says_why_in_readyz(tmp_path: Path) -> None:
     """What the DaemonSet's optional BTF means: the host root as mounted on such a node (/proc, cgroups,
     tracefs, no sys/kernel/btf), the agent runs, serves /metrics, and /readyz is 200 with a degraded status
-    naming each probe off with the reason: Ready, so the node never holds a rollout; the probe-state metric
-    (NoisyNeighborProbeOff) names the node."""
+    naming each probe off with the reason: Ready, so the node never holds a rollout. Readiness keys on the
+    status code (no_btf), never on the text; noisyneighbor_agent_degraded{code="no_btf"} (what
+    NoisyNeighborNodeWithoutBTF reads) is on /metrics."""
     root = tmp_path / "host"
     (root / "sys" / "fs").mkdir(parents=True)
     (root / "sys" / "kernel").mkdir()
@@ -763,14 +764,18 @@ def test_agent_on_a_node_without_btf_runs_and_says_why_in_readyz(tmp_path: Path)
                 continue
             health = json.loads(body)
         assert code == 200 and health["live"] and health["ready"], (code, health)
-        assert health["degraded"].startswith("kernel has no BTF"), health
+        assert health["degraded_code"] == "no_btf" and health["degraded"], health  # the code, and text for people
         bpf = {n: p for n, p in health["probes"].items() if n != "steal"}  # steal reads /proc/stat: no BTF needed
-        assert bpf and all(p["state"] == "off" and "BTF" in p["reason"] for p in bpf.values())
+        assert bpf and all(p["state"] == "off" and p["code"] == "no_btf" and p["reason"] for p in bpf.values()), bpf
+        assert health["probes"]["steal"]["state"] == "on" and health["probes"]["steal"]["code"] is None
         code, metrics = agent.get("/metrics")
         assert code == 200
-        off = [ln for ln in metrics.decode().splitlines()
+        lines = metrics.decode().splitlines()
+        off = [ln for ln in lines
                if ln.startswith("noisyneighbor_probe_state{") and 'state="off"' in ln and ln.endswith(" 1.0")]
         assert len(off) >= len(bpf), off
+        degraded = [ln for ln in lines if ln.startswith("noisyneighbor_agent_degraded{")]
+        assert len(degraded) == 1 and 'code="no_btf"' in degraded[0] and degraded[0].endswith(" 1.0"), degraded
     finally:
         assert agent.terminate() == 0, agent.log_tail()
 
@@ -813,3 +818,24 @@ def test_uninstall_overlay_restores_with_the_agents_credentials_then_purges() ->
     assert others(c) == others(agent_c)
     assert [v for v in pod["volumes"] if v["name"] != "journal"] == [v for v in agent_pod["volumes"] if v["name"] != "journal"]
     assert c["securityContext"] == agent_c["securityContext"] and c["image"] == agent_c["image"]
+
+
+# ---- AppArmor and the update strategy: said where they are set ---------------------------------------------
+
+def test_apparmor_is_unconfined_with_the_reason_and_max_surge_0_is_explained():
+    """Every rendering (base, overlays, uninstall) runs the agent with AppArmor Unconfined (Kubernetes >= 1.30
+    field), and the manifest says why next to it: the runtime's default profile refuses the ptrace-read checks
+    of other pods' processes. maxSurge is 0 with the reason (one journal per node) above it."""
+    for name in (".", "base", "overlays/kube-prometheus-stack", UNINSTALL):
+        pod = the("DaemonSet", name)["spec"]["template"]["spec"]
+        assert pod["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert "container.apparmor.security.beta.kubernetes.io/agent" not in \
+            (the("DaemonSet", name)["spec"]["template"]["metadata"].get("annotations") or {}), name
+        rollout = the("DaemonSet", name)["spec"]["updateStrategy"]["rollingUpdate"]
+        assert rollout["maxSurge"] == 0, name
+    text = (BASE / "daemonset.yaml").read_text()
+    apparmor = text[:text.index("type: Unconfined")].rsplit("seccompProfile", 1)[1]
+    assert "ptrace" in apparmor and "/proc/<pid>/ns/net" in apparmor and "Localhost" in apparmor, apparmor
+    surge = text[:text.index("maxSurge: 0")].rsplit("maxUnavailable", 1)[1]
+    assert "journal" in surge and "one agent per node" in surge, surge

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every valid configuration through ``Detector.step`` on random snapshots: no exception, ever.
 
 The configurations are drawn from the declarations the policy validates against (the `slo:` settings in

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Detector acceptance on the real kernel: test cgroups labelled as pods, fake kubelet metadata.
 
 Each scenario has ground truth (victim, cause, culprit, onset) and checks what the detector said.

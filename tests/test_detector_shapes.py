@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pod shapes the first scenarios did not use (issue 16), on the real kernel with kubelet-served pod JSON.
 
 - a pod with two containers, only one of them limited (the pod cgroup has no quota), at its limit;

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The engine checks each probe's declared map layouts against the object's BTF, and loads objects
 against a given BTF file (--btf) for kernels without /sys/kernel/btf/vmlinux."""
 
@@ -23,6 +24,7 @@ from probes.engine import (
     OBJECT_DIR,
     LibbpfEngine,
     ProbeError,
+    ProbeOffCode,
     check_btf_file,
     layout_mismatches,
     layout_size,
@@ -157,8 +159,9 @@ def test_a_kernel_without_btf_loads_with_a_btf_file(tmp_path, name):
     probe takes its raw_tp flavour (runqlat's sched_info one is refused and it falls back)."""
     _, probe_class, _ = PROBES[name]
     no_kernel_btf = HostPaths(sys=tmp_path)  # no kernel/btf/vmlinux (and no tracefs: attach decides)
-    with pytest.raises(ProbeError, match=r"no BTF.*--btf FILE"):
+    with pytest.raises(ProbeError, match=r"no BTF.*--btf FILE") as refused:
         probe_class(engine=LibbpfEngine(paths=no_kernel_btf))
+    assert refused.value.code == ProbeOffCode.NO_BTF  # what readiness and the degraded metric key on
     engine = LibbpfEngine(paths=no_kernel_btf, btf_path=VMLINUX_BTF)
     with probe_class(engine=engine) as probe:
         assert probe.status.state in ("on", "degraded") and probe.status.attach_mode == "raw_tp", probe.status.line()

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Eviction actuator against FakeKube over real HTTP, with the kubernetes client pointed at it."""
 
 from __future__ import annotations

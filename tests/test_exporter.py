@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The exporter on real probes: every number a scrape shows is checked against the probe snapshot it
 came from and, where the kernel keeps the same count, against the kernel file read around it."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fuzzing every input the agent parses from outside: kubelet /pods JSON, the apiserver watch stream,
 the policy file (ours and Koordinator's ConfigMap), cgroup and /proc stat files, and the actuator
 journal read back at start.

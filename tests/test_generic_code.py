@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The generic side names no probe, and the runtime stays small and acyclic.
 
 - exporter.py, sections.py, views.py and detector/signals.py loop over probes.registry: none of them

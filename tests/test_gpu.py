@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU collector: absent NVML on this machine, and the mapping logic against a stand-in NVML."""
 
 from __future__ import annotations

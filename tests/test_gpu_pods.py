@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """probes/gpu_pods.py, the GPU-per-pod plugin: off with "no GPU" here (this machine has none), and against
 a stand-in NVML with /proc/<pid>/cgroup files in a temp dir, GPU memory per pod on /metrics."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Hard IRQ probe: its handler runs per CPU and line against the kernel's own count (/proc/interrupts)
 while real block IO raises the disk's interrupts; its decoder, interval, series, top rows and signals
 from fake snapshots; the off path."""

@@ -157,3 +157,17 @@ def test_the_chart_is_in_sync_with_the_manifests():
     res = subprocess.run([sys.executable, str(REPO / "deploy" / "generate.py"), "--check"], capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr
+
+
+def test_apparmor_and_max_surge_in_the_values():
+    """values.yaml says why the profile is Unconfined and that maxSurge stays 0; the value reaches the pod."""
+    values = (CHART / "values.yaml").read_text()
+    assert yaml.safe_load(values)["appArmorProfile"] == {"type": "Unconfined"}
+    assert "ptrace" in values and "maxSurge stays 0" in values and "journal" in values
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"] == ">=1.30.0-0"  # the field's version
+    for sets, want in (((), {"type": "Unconfined"}),
+                       (("appArmorProfile.type=Localhost", "appArmorProfile.localhostProfile=nn-agent"),
+                        {"type": "Localhost", "localhostProfile": "nn-agent"})):
+        [ds] = [d for d in helm_template(*sets) if d["kind"] == "DaemonSet"]
+        assert ds["spec"]["template"]["spec"]["securityContext"]["appArmorProfile"] == want
+        assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0

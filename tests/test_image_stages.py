@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """docker/Dockerfile and scripts/build-image-stages.sh: the image's stages, run on this machine.
 
 No container engine runs here, so the slow test runs the Dockerfile's stages through the shared scripts

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's in-cluster apiserver client is built at its first use, not at start."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The incident engine's rules on constructed signals: hysteresis, cause order, culprits, decisions, log.
 
 The real-kernel scenarios are in test_detector_scenarios.py; here each rule is pinned on numbers

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One interval layer (issue 18): each probe plugin's ``delta(prev, cur)`` is what both ``top`` and the
 agent's detector (detector.signals.SignalBuilder) read. The same snapshots through both give the same
 numbers; the detector gets its BPF inputs only from the plugins' deltas; a delta's work follows the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Incidents posted as core/v1 Events on the victim pod, against FakeKube over real HTTPS."""
 
 from __future__ import annotations

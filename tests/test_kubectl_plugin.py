@@ -5,16 +5,24 @@ kubectl talks TLS with a token to the fake apiserver from a kubeconfig; the plug
 node and label, then reads the agent's /top and /diagnose through the apiserver's pod proxy
 (`kubectl get --raw .../pods/POD:9717/proxy/top`), which the fake forwards to a real `noisyneighbor
 agent` process started here (standalone pod source, its own BPF probes). The client path must load no
-probe and exec nothing into the agent's container: one probe set per node, the agent's.
+probe and exec nothing into the agent's container: one probe set per node, the agent's. The plugin is
+one file of the standard library: every test runs it with `python -I -S` (no site-packages, no
+PYTHONPATH, not even this repository), as krew installs it.
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import importlib.util
 import json
 import os
+import re
+import stat
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -26,7 +34,10 @@ from testkit.tools import require_tool
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_LABELS = {"app.kubernetes.io/name": "noisyneighbor", "app.kubernetes.io/component": "agent"}
-PLUGIN = Path(sys.executable).parent / "kubectl-noisyneighbor"
+PLUGIN_FILE = REPO / "noisyneighbor" / "kubectl_plugin.py"
+# Isolated: only the standard library can be imported, whatever the venv or the working directory hold.
+PLUGIN = [sys.executable, "-I", "-S", str(PLUGIN_FILE)]
+KREW_MANIFEST = REPO / "deploy" / "krew" / "noisyneighbor.yaml"
 NAMESPACE = "noisyneighbor"
 
 
@@ -72,15 +83,67 @@ def agent(tmp_path_factory):
 # The plugin's environment: no BPF objects where it runs, so a probe it loaded could not be `on`.
 def _plugin(kubeconfig: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, NN_BPF_OBJECT_DIR="/nonexistent-nn-bpf-objects")
-    return subprocess.run([str(PLUGIN), "--kubeconfig", str(kubeconfig), *args], capture_output=True, text=True,
+    return subprocess.run([*PLUGIN, "--kubeconfig", str(kubeconfig), *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 
-def test_plugin_is_installed_where_kubectl_finds_it():
+def _krew_build():
+    spec = importlib.util.spec_from_file_location("nn_krew_build", REPO / "deploy" / "krew" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_krew_archive_installs_a_plugin_kubectl_finds_and_runs(tmp_path: Path):
+    """What krew unpacks (the release zip deploy/krew/build.py makes): kubectl lists the plugin and runs it
+    from PATH with the system's python3 alone."""
     kubectl = require_tool("kubectl")
-    env = dict(os.environ, PATH=f"{PLUGIN.parent}:{os.environ['PATH']}")
+    archive = tmp_path / "plugin.zip"
+    archive.write_bytes(_krew_build().archive_bytes())
+    with zipfile.ZipFile(archive) as zf:
+        assert sorted(zf.namelist()) == ["LICENSE", "kubectl-noisyneighbor"]
+        zf.extractall(tmp_path / "bin")
+        mode = zf.getinfo("kubectl-noisyneighbor").external_attr >> 16
+    assert stat.S_ISREG(mode) and stat.S_IMODE(mode) == 0o755
+    binary = tmp_path / "bin" / "kubectl-noisyneighbor"
+    assert binary.read_bytes() == PLUGIN_FILE.read_bytes()
+    binary.chmod(0o755)  # zipfile does not apply modes; krew does
+    env = dict(os.environ, PATH=f"{binary.parent}:{os.environ['PATH']}")
     res = subprocess.run([kubectl, "plugin", "list"], capture_output=True, text=True, timeout=60, env=env)
-    assert str(PLUGIN) in res.stdout, res.stdout + res.stderr
+    assert str(binary) in res.stdout, res.stdout + res.stderr
+    env["PYTHONPATH"] = "/nonexistent"  # nothing but the interpreter's own library
+    res = subprocess.run([kubectl, "noisyneighbor", "top", "--help"], capture_output=True, text=True, timeout=60,
+                         env=env, cwd=tmp_path)
+    assert res.returncode == 0 and "--view" in res.stdout, res.stdout + res.stderr
+
+
+def test_the_krew_manifest_is_a_plugin_manifest_with_the_archives_sha256():
+    """deploy/krew/noisyneighbor.yaml against krew's Plugin schema (v1alpha2, as krew-index validates it),
+    its sha256 the archive's this tree makes (build.py fills it; a plugin change without a refresh fails)."""
+    doc = yaml.safe_load(KREW_MANIFEST.read_text())
+    assert doc["apiVersion"] == "krew.googlecontainertools.github.com/v1alpha2" and doc["kind"] == "Plugin"
+    assert set(doc) == {"apiVersion", "kind", "metadata", "spec"}
+    name = doc["metadata"]["name"]
+    assert re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) and KREW_MANIFEST.name == f"{name}.yaml"
+    spec = doc["spec"]
+    assert set(spec) <= {"version", "homepage", "shortDescription", "description", "caveats", "platforms"}
+    build = _krew_build()
+    assert spec["version"] == f"v{build.version()}" and re.fullmatch(r"v\d+\.\d+\.\d+", spec["version"])
+    assert spec["homepage"].startswith("https://") and 0 < len(spec["shortDescription"]) <= 50
+    assert spec["description"].strip() and spec["platforms"]
+    sha = hashlib.sha256(build.archive_bytes()).hexdigest()
+    for platform in spec["platforms"]:
+        assert set(platform) <= {"selector", "uri", "sha256", "bin", "files"}
+        assert set(platform["selector"]) <= {"matchLabels", "matchExpressions"}
+        for expr in platform["selector"].get("matchExpressions", []):
+            assert expr["key"] in ("os", "arch") and expr["operator"] in ("In", "NotIn") and expr["values"]
+            assert set(expr["values"]) <= {"linux", "darwin"}  # a Python script is no Windows executable
+        assert platform["uri"] == f"{build.RELEASES}/{spec['version']}/{build.archive_name(build.version())}"
+        assert platform["sha256"] == sha, "run deploy/krew/build.py (the plugin or the LICENSE changed)"
+        assert platform["bin"] == "kubectl-noisyneighbor"
+        assert {(f["from"], f["to"]) for f in platform["files"]} == {("kubectl-noisyneighbor", "."), ("LICENSE", ".")}
+    assert build.main(["--check"]) == 0
+    assert build.archive_bytes() == build.archive_bytes()  # reproducible: the sha is the files', not the build's
 
 
 @pytest.mark.root
@@ -116,18 +179,51 @@ def test_top_reads_the_agent_of_that_node_through_the_pod_proxy_and_runs_no_prob
     assert "runqlat: on" in res.stdout and "\x1b[" not in res.stdout
 
 
-def test_the_client_loads_no_probe_module():
-    """The plugin process imports no probe (nothing that could load BPF): it only reads the agent."""
-    code = ("import sys; from noisyneighbor import kubectl_plugin; kubectl_plugin.build_parser(); "
-            "from probes.registry import PLUGINS; print([p.factory.__module__ for p in PLUGINS])")
-    probe_modules = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                              timeout=60, cwd=REPO).stdout.replace("'", '"'))
-    code = ("import sys; from noisyneighbor import kubectl_plugin; kubectl_plugin.build_parser(); "
-            "print(sorted(sys.modules))")
-    loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                           timeout=60, cwd=REPO).stdout.replace("'", '"')))
-    assert probe_modules and not loaded & {*probe_modules, "probes.collect", "probes.registry"}, \
-        loaded & {*probe_modules, "probes.collect"}
+def _imported_modules(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_plugin_imports_only_the_standard_library():
+    """Every import in the file (top level and inside functions) is the standard library's, and run isolated
+    (-I -S) it parses its arguments and loads nothing else: no rich, no numpy, no kubernetes client, no probe,
+    not this repository's packages."""
+    imported = _imported_modules(ast.parse(PLUGIN_FILE.read_text()))
+    assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"}, imported - set(sys.stdlib_module_names)
+    assert {"termios", "tty", "urllib"} <= imported  # the live view's keys and the proxy: found by the walk
+    code = ("import importlib.util, json, sys; spec = importlib.util.spec_from_file_location('kp', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(spec); sys.modules['kp'] = m; spec.loader.exec_module(m); "
+            "m.build_parser(); "
+            "print(json.dumps(sorted(sys.modules)))")
+    res = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(PLUGIN_FILE)], capture_output=True, text=True,
+                         timeout=60, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    loaded = {name.split(".")[0] for name in json.loads(res.stdout)} - {"kp", "__main__"}
+    assert loaded <= set(sys.stdlib_module_names), loaded - set(sys.stdlib_module_names)
+    assert not loaded & {"noisyneighbor", "probes", "detector", "actuators", "rich", "numpy", "kubernetes", "yaml"}
+
+
+def test_the_plugin_keeps_no_list_of_views_the_agent_tells_it():
+    """The views and sort columns are the agent's (/top?format=keys, from noisyneighbor.views' registry):
+    no view name but the default is written in the plugin."""
+    from noisyneighbor.agent.client_views import top_keys
+    from noisyneighbor.sections import SORT_KEYS
+    from noisyneighbor.top import VIEW_CHOICES
+    from noisyneighbor.views import SORT_HOTKEYS, VIEW_HOTKEYS
+
+    literals = {node.value for node in ast.walk(ast.parse(PLUGIN_FILE.read_text()))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert not literals & (set(VIEW_CHOICES) - {"runq"}), literals & set(VIEW_CHOICES)
+    # "name" is also a Kubernetes object's field the plugin reads, not a sort column
+    assert not literals & (set(SORT_KEYS) - {"wait", "name"}), literals & set(SORT_KEYS)
+    keys = json.loads(json.dumps(top_keys()))  # what the endpoint sends
+    assert keys["view_keys"] == VIEW_HOTKEYS and keys["sort_keys"] == SORT_HOTKEYS
+    assert keys["views"] == list(VIEW_CHOICES) and set(keys["sorts"]) == set(SORT_KEYS)
 
 
 @pytest.mark.root
@@ -297,7 +393,7 @@ def test_top_on_a_terminal_is_live_and_keys_switch_the_view(cluster, agent):
     proc, _ = agent
     kube.pod_proxy[(NAMESPACE, "noisyneighbor-aaaaa")] = f"http://{proc.target}"
     leader, follower = pty.openpty()
-    child = subprocess.Popen([str(PLUGIN), "--kubeconfig", str(kubeconfig), "top", "node-1", "--interval", "0.5",
+    child = subprocess.Popen([*PLUGIN, "--kubeconfig", str(kubeconfig), "top", "node-1", "--interval", "0.5",
                               "--count", "40"], stdin=follower, stdout=follower, stderr=subprocess.PIPE,
                              env=dict(os.environ, TERM="xterm-256color", COLUMNS="150", LINES="50"))
     os.close(follower)
@@ -322,7 +418,8 @@ def test_top_on_a_terminal_is_live_and_keys_switch_the_view(cluster, agent):
             child.kill()
         os.close(leader)
     assert sent == ["t", "q"], screen[-2000:]
-    tops = [t for *_, t in kube.proxied]
+    keys, *tops = [t for *_, t in kube.proxied]
+    assert keys.startswith("/top?") and "format=keys" in keys  # the agent's views and keys, asked once
     assert "color=1" in tops[0] and "width=150" in tops[0] and "view=runq" in tops[0], tops[0]
     assert any("view=tcp" in t for t in tops) and len(tops) < 40  # q ended it before --count
 

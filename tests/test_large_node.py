@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A large node: hundreds of kubelet-shaped pods on a node of 192 possible CPUs (the VM lane booted with
 ``possible_cpus=192``: every per-CPU map is sized for 192 CPUs, 2 of them online).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Listen queues wired into the agent: a server whose accept queue is full is named in its clients'
 connect incident and exported per pod, checked against the kernel (`ss -lnt`, /proc/<pid>/net/netstat).
 

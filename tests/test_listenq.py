@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Listen-queue health (probes/listenq.py) against a listener that never accepts, in a test namespace."""
 
 from __future__ import annotations

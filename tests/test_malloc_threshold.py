@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent fixes glibc's mmap threshold: per-tick buffers of a few hundred KiB stay mmapped
 (returned to the kernel when freed) instead of moving to the heap once a larger block was freed."""
 

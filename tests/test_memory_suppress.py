@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 19, reclaim: BE memory suppress on a real memory cgroup, refusals, and the planner's choice per kind."""
 
 from __future__ import annotations

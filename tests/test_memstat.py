@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """memory.stat / memory.events readers: v2 and v1 fixture hosts, vanished cgroups, /proc/vmstat, real kernel."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Labels and health series that let the exporter's metrics join the rest of a monitoring stack (issue 17).
 
 cAdvisor and kube-state-metrics key containers by namespace/pod/container with `container` the

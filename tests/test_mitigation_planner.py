@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 19: softirq from a pod's traffic, the planner's incident notes, and the refusals that keep non-BE pods
 untouched (pure: no root needed, except the last test, which sends real packets through a test netns)."""
 

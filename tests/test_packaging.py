@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The wheel ships every package: setuptools installs only the packages pyproject.toml lists, so a
 module split into a package (detector.pods, ...) must be listed or the image lacks it."""
 

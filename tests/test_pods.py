@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pod sources against FakeKube over real HTTP/TLS, the PodIndex, and the standalone source on a temp tree."""
 
 from __future__ import annotations

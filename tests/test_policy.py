@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Policy loading: defaults, our format, the Koordinator ConfigMap (real examples from the seed notes), bad input."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel memory of the tcpconnect, reclaim, hardirq and softirq probes' maps on a large node.
 
 The kernel sizes a per-CPU map by the *possible* CPUs: on a 192-CPU node a per-CPU value of V bytes

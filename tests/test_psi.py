@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PSI: parsing, node and per-cgroup readings, rates, and kernel triggers (temp-dir hosts + real kernel)."""
 
 from __future__ import annotations

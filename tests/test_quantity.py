@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """detector.quantity against the Kubernetes Python client's parser, and the import it saves."""
 
 from __future__ import annotations

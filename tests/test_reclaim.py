@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reclaim probe vs the kernel's own accounting: memory.stat of the limited cgroup, /proc/vmstat.
 
 The workload is page cache, never anon: a 64 MiB v1 memory cgroup writes and re-reads a 256 MiB file

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """probes/registry.py: one declaration per probe, checked against what the rest of the code knows:
 the signal catalog, the exporter's metrics, the snapshot's fields, top's views and the BPF objects."""
 

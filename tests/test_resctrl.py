@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Resctrl actuator against a kernel-like fake resctrl fs (this host has no RDT) and the real host's status."""
 
 from __future__ import annotations

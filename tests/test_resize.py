@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 19: BE suppress as an in-place pod resize on the local API server fake's real REST path, with the
 journal's semantics (journaled, reverted when the victim did not improve, restored on shutdown and
 after a crash) and its refusals (non-BE, no CPU limit: the QoS class is immutable)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Runqueue latency probe vs the kernel's own accounting (/proc/<pid>/task/<tid>/schedstat)."""
 
 from __future__ import annotations

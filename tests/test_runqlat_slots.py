@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The runqlat snapshot reads its striped slot tables (a few change words of each slot's copies) and
 decodes only the slots that changed: a tick's Python work follows what ran, not how many cgroups the
 node has."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """testkit/sandbox.py's v1 -> v2 file spelling: tests and benches set cgroup files by their v1 names; on a
 pure cgroup v2 host the same setting goes to the v2 file (checked here on files in a temp dir; the VM
 lane runs the scenario bench and the tests on real v2 cgroups)."""

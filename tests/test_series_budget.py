@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The per-node series budget (noisyneighbor.exporter.NODE_SERIES_BUDGET): what one node exports without a
 cgroup label stays within it at any CPU count. What grows with CPUs (the runqueue histogram of all tasks,
 softirq per CPU x vector) is summed over CPUs unless ``--per-cpu-series`` asks for it per CPU.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The shipped packages (pyproject's [tool.setuptools] packages) import nothing from bench/, tests/ or
 testkit/: test and bench helpers such as the owned-cgroup sandbox (testkit/sandbox.py) are not installed
 with the agent, so an import of them would fail on a node. And tests/ and bench/ do not import each other:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Signals come from the plugins: each probe plugin's ``signal_extractor`` (probes/plugin.py) produces
 exactly the fields it declares, and every catalog signal a plugin names (``ProbePlugin.signals``) is
 one of them or derived by the detector from them. A plugin's test module (tests/test_<module>.py)

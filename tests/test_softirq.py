@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Softirq probe vs the kernel's own count (/proc/softirqs), a NET_RX flood between two test network
 namespaces, and stall events from bottom halves held off on one CPU."""
 

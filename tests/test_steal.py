@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """probes/steal.py: hypervisor steal per CPU from /proc/stat, as a plugin — parsing, the interval, the
 exported per-CPU counters, the detector's per-workload join; and this VM's own steal against the kernel."""
 

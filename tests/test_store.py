@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """SignalStore: window statistics against numpy, bounds, correlation, NaN handling, bad input, cost."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU suppress on real cgroups (cfsQuota and cpuset), via the runner; plus the formula and CPU picking."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """TCP connect probe vs the kernel's own per-namespace MIBs (/proc/<pid>/net/snmp, netstat).
 
 Everything runs in a network namespace this test creates (`nn-test-<pid>-...`, removed at teardown even

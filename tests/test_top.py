@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`noisyneighbor top` end to end: real probes, a fake pod laid out like the kubelet's systemd driver, and
 workloads in test cgroups for each view (memcg reclaim, loopback connects, a CPU-throttled spinner)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The VM lane is what it says: the pinned kernel, a pure cgroup v2 hierarchy with the controllers a
 kubelet needs enabled at the root, and the probes' view of it agreeing (scripts/vm/)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pods as the kubelet and containerd lay them out, on the real kernel: this v1 hybrid host and the VM
 lane's pure cgroup v2 (Debian 12's 6.1).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The closed loop end to end: the incident engine's decision for a pod victim goes to the real actuator
 manager on a fake v2 host, fed each tick the way detector/runtime.py feeds it (``engine.step``, then
 ``sink.observe(engine.signals_for_verify(...))``), and the action is verified or reverted on the victim's

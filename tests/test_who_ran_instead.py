@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Who ran instead: the victim x culprit matrix of runqlat's sched_info flavour vs kernel ground truth.
 
 Scenario (see /work/shared/reference/detection.md): a single-threaded victim that needs CPU (1.5 ms of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Resctrl (Intel RDT / AMD PQoS) actuator: L3 cache ways and memory bandwidth per QoS group.
 
 Koordlet's layout: one control group per QoS class (``LSR``, ``LS``, ``BE``) directly under the

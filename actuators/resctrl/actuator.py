@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The resctrl actuator: applies schemata and moves the pods' tasks into the QoS groups, journalled."""
 
 from __future__ import annotations

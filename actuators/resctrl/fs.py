@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The filesystem seam every resctrl read, write, mkdir and rmdir goes through (the kernel's, or a test's
 fake that validates like the kernel and fills ``info/last_cmd_status``)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Resctrl's ``info`` directory, ``schemata`` lines, L3 cache-way masks and memory-bandwidth values,
 and the decisions a ``resource-qos-config`` strategy asks for."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Whether this node can use resctrl: the CPU's RDT flags in ``/proc/cpuinfo`` and the resctrl mount."""
 
 from __future__ import annotations

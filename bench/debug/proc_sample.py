@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-CPU steal and named kernel threads' CPU time, sampled every ``--interval`` s (bench/debug/README.md).
 
     taskset -c 0 .venv/bin/python -m bench.debug.proc_sample --seconds 150 --threads kswapd0,kdamond.0

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Interference scenario benchmark: test pods, a victim that measures itself, antagonists at a known onset,
 the detector detection-only then with actuators, and baselines (no agent, koordlet's threshold policy, bcc).
 

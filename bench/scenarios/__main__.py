@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """python -m bench.scenarios: run the interference scenarios and print one report (see bench/scenarios/__init__.py)."""
 
 from __future__ import annotations

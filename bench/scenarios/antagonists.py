@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Antagonists (and the connect scenario's server), run as separate processes inside test pods.
 
     python antagonists.py hog --seconds S

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The scenarios: each with ground truth (victim, accepted causes, culprit) and an onset (the injection)."""
 
 from __future__ import annotations

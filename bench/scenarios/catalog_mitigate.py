@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Scenarios for the mitigation side (issue 19), kept apart from catalog.py so its rows merge easily.
 
 - ``self-throttle-bursty``: the LS pod's own batch side-job bursts (60 ms of CPU every 500 ms) next to

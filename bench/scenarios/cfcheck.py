@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 28's counterfactual check of a scenario run, pass by pass, from its ``--json`` file.
 
 For every mitigate pass that took an action: the victim's runqueue p99 over the counterfactual's window

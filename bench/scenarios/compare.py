@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Two scenario bench runs side by side (``--json`` results of ``python -m bench.scenarios``): per scenario
 and mode, on which kernel and cgroup hierarchy each ran, detected / cause / culprit rank in each, whether
 they agree, and how many incidents the victim had from the onset (one per continuous antagonist: the

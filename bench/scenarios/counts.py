@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The kernel's counts a mitigation moves, to judge "recovered" where latency is not exact.
 
 In the VM lane (Debian's 6.1 under qemu TCG) every instruction is emulated: the victim's latencies are

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The apiserver and kubelet of a bench pass, for ``--evict``: an eviction that really removes the pod.
 
 The agent evicts through the Eviction API (actuators/evict.py), and the bench's pods are cgroups with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Scoring and reporting for the scenario benchmark: pure functions over plain records (unit-tested).
 
 Times are seconds relative to the scenario's onset (the moment the antagonist was injected); the

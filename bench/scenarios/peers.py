@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Observability peers (bcc tools) next to our numbers, plus the agent's startup time and RSS, plus overhead.py."""
 
 from __future__ import annotations

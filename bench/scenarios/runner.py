@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One scenario pass: test pods, the detector (and optionally actuators) in-process, an antagonist at a known time.
 
 The wiring (collector -> detector -> sink) is :func:`attach_sink` over ``testkit.scenario_support.Scenario``;

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The LS victim for scenarios: it logs every response time, so the runner can cut before/during/after windows.
 
 Modes (all write ``<monotonic ns> <latency ns>`` lines to ``--out``, flushed twice a second, so a

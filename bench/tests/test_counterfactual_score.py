@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The bench's side of the counterfactual (bench/scenarios/metrics.py, cfcheck.py): the culprit's
 counterfactual p99 recorded before the action, compared with the victim's runqueue p99 after it."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 19's bench side: the mitigate pass acts only on its own pods, and a pod steadily above its limit is
 reported as 'no neighbour action', not as a failed recovery."""
 

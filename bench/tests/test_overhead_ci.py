@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bench/overhead_ci.py: bootstrap intervals of overhead.py's paired median loss, from its JSON."""
 
 from __future__ import annotations

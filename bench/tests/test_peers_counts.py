@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The scenario bench's peer columns (libbpf-tools and bcc, parsed from their real captured output) and the
 kernel counts the VM lane judges "recovered" on (bench/scenarios/counts.py)."""
 

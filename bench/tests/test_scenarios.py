@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The scenario benchmark: its scoring/report code on fixed records, and one short real scenario."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bench/variant_objects.py: the stripped runqlat it builds keeps the per-CPU histogram and nothing per cgroup."""
 
 from __future__ import annotations

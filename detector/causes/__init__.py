@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Why a victim suffers: one declaration per cause; of the rules that hold, the one that explains the
 largest share of the victim's wait names it.
 

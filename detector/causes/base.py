@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What every cause declaration is made of: the context its rule reads, the verdict it returns, and the
 declaration itself (:class:`CauseSpec`): rule, words, the engine's step and the planner's outcome codes."""
 

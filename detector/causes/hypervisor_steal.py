@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hypervisor_steal: the hypervisor takes the victim's CPUs (``steal`` in /proc/stat, probes/steal.py).
 
 On a cloud VM a vCPU is runnable but not running while the host runs something else; the task that

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """neighbor_cpu: other cgroups ran on the victim's CPUs while it waited. The engine suppresses the top
 BE culprit above its request, and with it every other BE culprit above its request that ran on the
 victim's CPUs while it waited; when that does not help the planner escalates (quota to its request,

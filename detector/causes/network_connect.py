@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """network_connect: the connect path (SYN drops, retransmits, full accept queues of the servers)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """psi_unknown: pressure without an attributable mechanism (the fallback: its rule always holds)."""
 
 from __future__ import annotations

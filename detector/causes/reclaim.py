@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """reclaim: the victim stalls in reclaim in its own allocations, or global reclaim's kswapd runs on its
 CPUs. Global reclaim is blamed on the pods holding and growing memory: the planner evicts the top BE one
 (evict_enabled), else caps its memory; reclaim at the victim's own limit is advice only."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """self_contention: the victim's own threads fill the CPUs it may use. Not a neighbour's fault."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """self_throttling: the victim sits at its own CPU limit (the pod's, or one container's). Never a
 neighbour's fault; the engine lets an LS victim burst."""
 

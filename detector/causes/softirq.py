@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """softirq: softirq/IRQ work on the CPUs the victim runs on. The engine suppresses the top BE culprit
 (as for neighbor_cpu); the planner weighs the pods' own traffic (a BE pod carrying most of the packets
 gets a cfs quota: it sends less) and real-time tasks on the victim's CPUs (a BE pod's are moved off

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pod metadata for the detector: who a cgroup belongs to, its QoS class, requests, priority, owner.
 
 One module per job:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """List + watch ``/api/v1/pods`` of one node through the apiserver, as a pod source."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which pod source to use (``pod_source`` in the policy; ``auto``: the apiserver in a cluster, else the
 kubelet if it answers, else standalone).
 

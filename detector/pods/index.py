@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """cgroup path -> :class:`PodInfo` and :class:`~detector.decisions.Target`, over a pod source."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The kubelet's ``GET /pods`` as a pod source (HTTPS 10250 with a token and CA, or the read-only port), polled."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pod records (:class:`PodInfo`, :class:`ContainerInfo`) and their parsing from v1 Pod objects and PodLists,
 with the koordinator QoS class each pod maps to."""
 

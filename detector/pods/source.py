@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What every pod source shares: the :class:`PodSource` interface, its :class:`SourceStatus`, and the
 last-good-list bookkeeping (:class:`_CachingSource`) that keeps pods resolvable through a stale source."""
 

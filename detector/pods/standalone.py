@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """No Kubernetes: cgroups that are workloads (systemd units, container scopes) as a pod source."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's policy: SLO thresholds, actuator limits and Koordinator's strategies, from one file.
 
 Two input shapes are accepted, YAML or JSON (JSON is YAML, so one parser reads both):

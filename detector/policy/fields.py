@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Typed, range-checked dataclass fields from a parsed mapping: key matching that ignores case, ``_``
 and ``-``, coercion to the field's type, and the one-line error naming the key path."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Koordinator's three ``slo-controller-config`` strategies (resource-threshold, cpu-burst, resource-qos)
 translated into our records: a JSON string or mapping, layered ``clusterStrategy`` + the first
 matching ``nodeStrategies`` entry, and the Koordinator keys we accept and ignore."""

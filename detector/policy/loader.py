@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loading a policy file: either shape (ours or a whole Koordinator ConfigMap), then the cross-field checks."""
 
 from __future__ import annotations

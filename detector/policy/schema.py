@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The policy's records (:class:`Policy` and its sections), their one-line :class:`PolicyError`, and the
 value rules beyond the type: ranges, choices and the spellings of a choice that mean the same."""
 

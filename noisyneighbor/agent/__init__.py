@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`noisyneighbor agent`: the per-node daemon. Probes -> detector -> actuators, exported over HTTP.
 
 One tick (``Agent.step``): the collector reads every probe and cgroup file into a NodeSnapshot, the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What `kubectl noisyneighbor top|diagnose NODE` reads from the running agent: ``/top`` and ``/diagnose``.
 
 One probe set per node: the agent's. ``/top`` is `noisyneighbor top`'s frame made from the agent's own
@@ -33,7 +34,7 @@ log = logging.getLogger("noisyneighbor.agent")
 IDLE_SECONDS = 60.0
 # The longest /diagnose window: the detector's store keeps about this much history per signal.
 MAX_DIAGNOSE_WINDOW_S = 3600.0
-FORMATS = ("json", "text")
+FORMATS = ("json", "text", "keys")
 
 
 class BadRequest(ValueError):
@@ -137,7 +138,8 @@ class AgentTop:
 
     # -- the endpoint -------------------------------------------------------------------------------
     def respond(self, path: str, wait_s: float) -> tuple[int, bytes, str]:
-        """(status, body, content type) of ``GET /top?view=&sort=&limit=&format=json|text&width=&color=``."""
+        """(status, body, content type) of ``GET /top?view=&sort=&limit=&format=json|text&width=&color=``;
+        ``format=keys``: the views, sort columns and their keys (what a client offers and binds, never a copy)."""
         from noisyneighbor.sections import SORT_KEYS
         from noisyneighbor.top import VIEW_CHOICES, frame_record, views_of
 
@@ -145,6 +147,8 @@ class AgentTop:
         view = params.get("view", "all")
         sort = params.get("sort", "wait")
         fmt = params.get("format", "json")
+        if fmt == "keys":
+            return 200, json.dumps(top_keys()).encode() + b"\n", "application/json"
         if view not in VIEW_CHOICES:
             raise BadRequest(f"view must be one of {', '.join(VIEW_CHOICES)}, got {view!r}")
         if sort not in SORT_KEYS:
@@ -176,6 +180,17 @@ class AgentTop:
             record["views"] = views_of(view)
             return 200, json.dumps(record).encode() + b"\n", "application/json"
         return 200, _render(frame, views_of(view), statuses, sort, limit, width, color).encode(), "text/plain"
+
+
+def top_keys() -> dict[str, Any]:
+    """``/top?format=keys``: the views and sort columns `top` has and the keys that switch them, from the
+    registry (noisyneighbor.views), for the kubectl plugin, which keeps no list of its own."""
+    from noisyneighbor.sections import SORT_KEYS
+    from noisyneighbor.top import VIEW_CHOICES
+    from noisyneighbor.views import KEYS_HINT, SORT_HOTKEYS, VIEW_HOTKEYS
+
+    return {"views": list(VIEW_CHOICES), "sorts": sorted(SORT_KEYS), "view_keys": dict(VIEW_HOTKEYS),
+            "sort_keys": dict(SORT_HOTKEYS), "hint": KEYS_HINT}
 
 
 def _render(frame: Any, views: list[str], statuses: dict, sort: str, limit: int | None, width: int,

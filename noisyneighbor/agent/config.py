@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's command-line configuration and the policy it yields (the file plus the command line's overrides)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's incident log file (JSON lines, the CLI's JSON conventions)."""
 
 from __future__ import annotations

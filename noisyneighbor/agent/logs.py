@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's log line format (one JSON object per line) and the one-line form of an exception."""
 
 from __future__ import annotations

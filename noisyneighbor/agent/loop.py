@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's loop: start-up wiring, one tick (``Agent.step``) at the interval, health, graceful stop."""
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ from noisyneighbor.exporter import Exporter, ResolverLabeler
 from noisyneighbor.output import SCHEMA_VERSION
 from noisyneighbor.sections import DeadCgroups
 from probes.cgroupfs import CgroupLayout, discover
-from probes.collect import NodeCollector
-from probes.engine import use_btf_file
+from probes.collect import DEGRADED_TEXT, NodeCollector, degraded_code
+from probes.engine import ProbeOffCode, use_btf_file
 from probes.gpu import GpuCollector, GpuDevice
 from probes.gpu_pods import NAME as GPU_PLUGIN
 from probes.host import HostPaths
@@ -457,25 +458,25 @@ class Agent:
         since = now - self.stats.started_monotonic if age is None else age
         live = since <= limit + (30.0 if age is None else 0.0)
         probes = {}
-        if self.collector is not None:
-            probes = {name: {"state": st.state, "reason": st.reason, "attach_mode": st.attach_mode}
-                      for name, st in self.collector.status.items()}
+        status = self.collector.status if self.collector is not None else {}
+        probes = {name: {"state": st.state, "reason": st.reason, "code": st.code, "attach_mode": st.attach_mode}
+                  for name, st in status.items()}
         # Ready once a BPF probe runs (on, or degraded: a full table still measures the rest): steal (a /proc
         # file) alone detects nothing. A kernel without BTF can run none, whatever the agent does: Ready and
-        # degraded (noisyneighbor_probe_state says off, and NoisyNeighborProbeOff names the node), so such a
-        # node never holds a DaemonSet rollout.
-        bpf = [p for name, p in probes.items() if name not in BY_NAME or BY_NAME[name].specs]
-        any_on = any(p["state"] != "off" for p in bpf)
-        no_btf = bool(bpf) and all(p["state"] == "off" and "kernel has no BTF" in (p["reason"] or "") for p in bpf)
-        ready = self.stats.ticks >= 1 and not self._stopped and (any_on or no_btf)
+        # degraded (degraded_code; noisyneighbor_agent_degraded{code="no_btf"} and NoisyNeighborNodeWithoutBTF
+        # name the node), so such a node never holds a DaemonSet rollout.
+        any_on = any(st.state != "off" for name, st in status.items() if name not in BY_NAME or BY_NAME[name].specs)
+        degraded = degraded_code(status)
+        ready = self.stats.ticks >= 1 and not self._stopped and (any_on or degraded == ProbeOffCode.NO_BTF)
         pods = self.pod_source.status if self.pod_source is not None else None
         acts = self.policy.actuators if self.policy is not None else None
         return {
             "schema_version": SCHEMA_VERSION,
             "live": bool(live and not self._stopped),
             "ready": bool(ready),
-            "degraded": "kernel has no BTF: no probe can run (give the agent --btf FILE)" if no_btf and not any_on
-                        else None,
+            # For programs (the code) and for people (the text): never parse the text.
+            "degraded_code": degraded,
+            "degraded": DEGRADED_TEXT[degraded] if degraded is not None else None,
             "ticks": self.stats.ticks,
             "failed_ticks": self.stats.failures,
             "last_error": self.stats.last_error,

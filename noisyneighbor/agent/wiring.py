@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The parts the agent wires between probes, detector and actuators: pod-metadata labels for the exporter,
 the ``--act-only`` scope around an actuator, and the optional Kubernetes and BPF-stats parts."""
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Fetch and unpack the VM lane's kernel (scripts/vm/kernel.env) into its cache outside the repository.
 # A no-op when the kernel and its modules are already there. Never touches /boot or /lib/modules.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs inside the VM (scripts/vm/run.py starts it as the guest's command): prepares the cgroup v2
 # hierarchy the way a systemd/kubelet node has it, runs the command written by the host into
 # OUTDIR/cmd from the project root, and leaves its output and exit status in OUTDIR for the host.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Run one command inside the VM lane: Debian 12's 6.1 kernel (scripts/vm/kernel.env) under qemu with
 virtme-ng, this machine's root shared read-only, the project tree shared read-write, a pure cgroup v2
 hierarchy with every controller enabled in the root's subtree_control (scripts/vm/guest.sh).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A latency-sensitive worker: W ms of CPU work every P ms, for D seconds (or until killed).
 
 A victim that only sleeps is favoured by wakeup preemption and shows no interference

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One side of a pipe ping-pong: `pingpong.py ping|pong READ_FD WRITE_FD ROUNDS WORK_US`.
 
 Each round waits for a byte, burns WORK_US of CPU, answers. With the two sides in different cgroups
