@@ -11,6 +11,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, TextIO
 
+from noisyneighbor.kubectl_plugin import parse_duration  # one stdlib-only file (krew ships it alone)
 from probes.engine import ProbeError, use_btf_file
 from probes.host import HostPaths
 
@@ -34,27 +35,6 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-_DURATION_UNITS = {"us": 1e-6, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """'30', '30s', '2m', '1.5h', '500ms', '100us' -> seconds (> 0)."""
-    raw = text.strip().lower()
-    for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
-        if raw.endswith(unit):
-            number, scale = raw[: -len(unit)], _DURATION_UNITS[unit]
-            break
-    else:
-        number, scale = raw, 1.0
-    try:
-        value = float(number) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a duration (like 30, 30s, 2m): {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"duration must be > 0, got {text!r}")
     return value
 
 

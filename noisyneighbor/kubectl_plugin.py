@@ -355,7 +355,7 @@ class TopKeys:
 
 
 @contextlib.contextmanager
-def _cbreak(stream: TextIO) -> Iterator[bool]:
+def cbreak(stream: TextIO) -> Iterator[bool]:
     """Single-key input on a terminal; a no-op (False) when stdin is not one."""
     if not stream.isatty():
         yield False
@@ -372,7 +372,7 @@ def _cbreak(stream: TextIO) -> Iterator[bool]:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def _read_key(timeout: float) -> str | None:
+def read_key(timeout: float) -> str | None:
     ready, _, _ = select.select([sys.stdin], [], [], max(timeout, 0))
     return os.read(sys.stdin.fileno(), 1).decode(errors="ignore") if ready else None
 
@@ -390,11 +390,11 @@ def _live_top(agent: Agent, args: argparse.Namespace, params: dict[str, object])
     shown = 0
     out.write(ENTER_SCREEN)
     try:
-        with _cbreak(sys.stdin) as keys:
+        with cbreak(sys.stdin) as keys:
             deadline = time.monotonic()
             while args.count is None or shown < args.count:
                 if keys:
-                    key = _read_key(deadline - time.monotonic())
+                    key = read_key(deadline - time.monotonic())
                 else:
                     time.sleep(max(deadline - time.monotonic(), 0))
                     key = None

@@ -17,16 +17,11 @@ selected views' own probes could start.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
-import os
-import select
 import sys
-import termios
 import time
-import tty
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
@@ -34,6 +29,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+# The terminal helpers live in the kubectl plugin: it is one stdlib-only file (krew ships it alone).
+from noisyneighbor.kubectl_plugin import cbreak, read_key
 from noisyneighbor.output import SCHEMA_VERSION, now_iso
 from noisyneighbor.sections import (
     ALL_VIEWS,
@@ -139,28 +136,6 @@ def frame_record(frame: Frame, sort_key: str = "wait", limit: int | None = None)
     return record
 
 
-@contextlib.contextmanager
-def _cbreak(stream: TextIO) -> Iterator[bool]:
-    """Single-key input on a terminal; a no-op (False) when stdin is not one."""
-    if not stream.isatty():
-        yield False
-        return
-    fd = stream.fileno()
-    saved = termios.tcgetattr(fd)
-    try:
-        tty.setcbreak(fd)
-        yield True
-    finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
-
-
-def _read_key(timeout: float) -> str | None:
-    ready, _, _ = select.select([sys.stdin], [], [], max(timeout, 0))
-    if ready:
-        return os.read(sys.stdin.fileno(), 1).decode(errors="ignore")
-    return None
-
-
 def _rows_per_view(height: int, views: Sequence[str]) -> int:
     # Per view: a title, a table header and a footer line; psi adds its node table and two notes.
     fixed = 2 + 3 * len(views) + (8 if "psi" in views else 0)
@@ -183,13 +158,13 @@ def _run_live(sources: Sequence[Source], statuses: dict[str, Any], console: Cons
             )
 
     # screen=True: the alternate screen, so the table neither scrolls the terminal nor stays under the prompt.
-    with _cbreak(sys.stdin) as keys, Live(console=console, auto_refresh=False, screen=True) as live:
+    with cbreak(sys.stdin) as keys, Live(console=console, auto_refresh=False, screen=True) as live:
         # Something at once: the probes' states and that the first interval is being measured.
         live.update(Group(render_frame(now_iso(), {}, shown_views, statuses, keys=True),
                           Text("measuring the first interval…", style="dim")), refresh=True)
         deadline = time.monotonic() + min(interval_s, FIRST_FRAME_S)
         while count is None or shown < count:
-            key = _read_key(deadline - time.monotonic()) if keys else time.sleep(max(deadline - time.monotonic(), 0))
+            key = read_key(deadline - time.monotonic()) if keys else time.sleep(max(deadline - time.monotonic(), 0))
             if key in ("q", "Q"):
                 return 0
             if key in SORT_HOTKEYS:
