@@ -190,11 +190,14 @@ class SoftirqProbe(BpfProbe["SoftirqStall"]):
             moved: list[int] = list(range(len(seen)))
         else:
             moved = np.flatnonzero((seen != self._seen).any(axis=1)).tolist()
-        self._seen = seen  # fancy indexing copied them
         for slot in moved:
             raw = rows[slot].tobytes()
             cpu, vec = divmod(slot, len(VECTORS))
             self._stats[(cpu, VECTORS[vec])] = SoftirqStats.decode(raw)
+            # What was decoded, not what was looked at: the CPU may have counted a run in between,
+            # and the next read must compare against the copy it holds.
+            seen[slot] = np.frombuffer(raw, dtype="<u8")[_CHANGE_WORDS]
+        self._seen = seen  # fancy indexing copied them
         if self._mapped is not None:
             self.bytes_read += seen.nbytes + len(moved) * _STATS.size
             self.bytes_scanned += seen.nbytes
