@@ -165,6 +165,18 @@ struct {
 __u64 culprit_slots_taken = 0; /* never-used pair slots handed out so far */
 
 /*
+ * The pair slots handed to a new pair, in the order taken: the reader looks at a pair's slot only when
+ * its victim's cgroup slot moved (every charge of a pair is made with a change to its victim's own
+ * statistics) or when it is here, so an idle pod's pairs cost it nothing a tick. As many entries as
+ * pair slots: a slot is taken once until userspace frees it again, after emptying this queue.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__uint(max_entries, MAX_CULPRIT_PAIRS);
+	__uint(value_size, sizeof(__u32));
+} new_culprit_slots SEC(".maps");
+
+/*
  * Zero at run time, unknown to the verifier (.bss is writable, so its loads are not constants): the
  * ring walk's culprit accumulators start from it. Started from literal zeros, a verifier that checks a
  * bpf_loop() callback as if it ran once (6.1 does; "verify callbacks as if they are called unknown
@@ -349,7 +361,7 @@ static __always_inline __u32 stripe_index(__u32 slot)
  * is full. Always inlined: the verifier sees each caller's own maps.
  */
 static __always_inline int slot_of(void *index, void *free_stack, __u64 *taken, __u32 slot_count, const void *key,
-				   __u32 *slot)
+				   __u32 *slot, void *taken_queue)
 {
 	__u32 *found = bpf_map_lookup_elem(index, key);
 	__u64 next;
@@ -378,7 +390,10 @@ static __always_inline int slot_of(void *index, void *free_stack, __u64 *taken, 
 		if (!found)
 			return -1;
 		*slot = *found;
+		return 0;
 	}
+	if (taken_queue)
+		bpf_map_push_elem(taken_queue, slot, 0);
 	return 0;
 }
 
@@ -394,7 +409,7 @@ static __noinline struct runq_cgroup_stats *cgroup_stats_slow(struct runq_cpu_st
 
 	if (!cpu || !cgid)
 		return NULL;
-	if (slot_of(&cgroup_slots, &free_slots, &slots_taken, cgroup_slot_count, &cgid, &slot)) {
+	if (slot_of(&cgroup_slots, &free_slots, &slots_taken, cgroup_slot_count, &cgid, &slot, NULL)) {
 		count_drop(NN_DROP_KEY_MAP_FULL); /* the cgroups' share of it: key_map_full less culprit_drops */
 		return NULL;
 	}
@@ -514,7 +529,8 @@ static __noinline struct runq_culprit_stats *culprit_stats_slow(struct runq_cpu_
 
 	if (!cpu || !victim)
 		return NULL;
-	if (slot_of(&culprit_slots, &free_culprit_slots, &culprit_slots_taken, pair_slot_count, &key, &slot))
+	if (slot_of(&culprit_slots, &free_culprit_slots, &culprit_slots_taken, pair_slot_count, &key, &slot,
+		    &new_culprit_slots))
 		return NULL; /* counted by the caller */
 	/* One stack slot for the pair's slot and then its copy's index: 6.1 adds up the walk's frames. */
 	*slot_out = slot;

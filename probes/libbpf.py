@@ -128,6 +128,7 @@ class Libbpf:
         _sig(L, "bpf_map__initial_value", vp, vp, ctypes.POINTER(sz))
         _sig(L, "bpf_map_lookup_elem", i, i, vp, vp)
         _sig(L, "bpf_map_update_elem", i, i, vp, vp, ctypes.c_uint64)
+        _sig(L, "bpf_map_lookup_and_delete_elem", i, i, vp, vp)
         _sig(L, "bpf_map_delete_elem", i, i, vp)
         _sig(L, "bpf_map_get_next_key", i, i, vp, vp)
         _sig(L, "bpf_map_lookup_batch", i, i, vp, vp, vp, vp, ctypes.POINTER(u32), ctypes.POINTER(_BatchOpts))
@@ -384,6 +385,16 @@ class BpfMap:
         vbuf = ctypes.create_string_buffer(value, self.value_size)
         if self._lib.lib.bpf_map_update_elem(self.fd, None, vbuf, BPF_ANY):
             raise BpfError(f"bpf_map_update_elem({self.name})", ctypes.get_errno())
+
+    def pop(self) -> bytes | None:
+        """Take the next value of a queue or stack map (None: it is empty)."""
+        vbuf = ctypes.create_string_buffer(self.value_size)
+        if self._lib.lib.bpf_map_lookup_and_delete_elem(self.fd, None, vbuf):
+            e = ctypes.get_errno()
+            if e == errno.ENOENT:
+                return None
+            raise BpfError(f"bpf_map_lookup_and_delete_elem({self.name})", e)
+        return vbuf.raw
 
     def delete(self, key: bytes) -> bool:
         kbuf = ctypes.create_string_buffer(key, self.key_size)

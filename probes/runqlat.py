@@ -14,7 +14,7 @@ import math
 import os
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -412,6 +412,7 @@ class _Slots:
         self._also_mapped = {name: (_mapped_words(probe, name), (size + 7) // 8) for name, size in also_zero}
         self._seen = np.zeros((0, len(self._columns)), dtype="<u8")  # change words of the used slots, last read
         self._key_of: dict[int, bytes] = {}  # slot -> the key owning it at the last read_changed
+        self._freed: list[tuple[int, bytes]] = []  # (slot, key) freed by userspace since the last read_changed
         self.bytes_read = 0  # read in place (mapped words looked at, slots copied out); not syscalls' copies
         self.bytes_scanned = 0  # the part of it that was change words looked at in place (nothing copied)
 
@@ -430,13 +431,19 @@ class _Slots:
         got = len(blob) // (self._words * 8)
         return np.frombuffer(blob, dtype="<u8", count=got * self._words).reshape(got, self._words)
 
-    def read_changed(self) -> list[SlotChange]:
-        """The slots whose values changed since the last call (all used ones at the first).
+    def read_changed(self, candidates: Iterable[int] | None = None) -> list[SlotChange]:
+        """The slots whose values changed since the last call (all used ones at the first), and those
+        userspace freed since.
 
-        Slots are handed out low first (freed ones reused before new ones), so the used ones are a
-        prefix of the array; a few slots past it are looked at for new keys. A slot's key comes from
-        its copies' owner field; the index is read only when those disagree (a slot freed and reused
-        while a CPU was writing it)."""
+        `candidates`: look only at these slots (the caller knows nothing else can have moved; mapped
+        arrays only). Else every used slot: slots are handed out low first (freed ones reused before new
+        ones), so the used ones are a prefix of the array; a few slots past it are looked at for new keys.
+        A slot's key comes from its copies' owner field; the index is read only when those disagree (a
+        slot freed and reused while a CPU was writing it)."""
+        changes = [SlotChange(slot, old, None, b"") for slot, old in self._freed]
+        self._freed.clear()
+        if candidates is not None and self._mapped is not None:
+            return changes + self._read_candidates(candidates)
         n = len(self._seen) + SLOT_READ_AHEAD
         while True:
             rows = self._rows(n)
@@ -456,26 +463,51 @@ class _Slots:
         slots += [common + int(i) for i in np.flatnonzero(seen[common:].any(axis=1))]  # newly used
         slots += [used + int(i) for i in np.flatnonzero(prev[used:].any(axis=1))]  # freed at the end
         self._seen = seen.copy()
-        changes: list[SlotChange] = []
-        by_index: dict[int, bytes] | None = None
+        by_index: dict[int, bytes] = {}
+        for slot in slots:
+            changes.append(self._change(slot, rows[slot].tobytes() if slot < used else b"", by_index))
+        return changes
+
+    def _read_candidates(self, candidates: Iterable[int]) -> list[SlotChange]:
+        """read_changed over the given slots only, in place: their change words against the last look."""
+        assert self._mapped is not None
+        rows = self._mapped[: len(self._mapped) // self._words * self._words].reshape(-1, self._words)
+        slots = np.fromiter(candidates, dtype=np.int64)
+        slots = np.unique(slots[(slots >= 0) & (slots < len(rows))])
+        if not len(slots):
+            return []
+        seen = rows[slots[:, None], self._columns[None, :]]
+        self.bytes_read += seen.nbytes
+        self.bytes_scanned += seen.nbytes
+        if len(self._seen) <= slots[-1]:
+            grown = np.zeros((int(slots[-1]) + 1, len(self._columns)), dtype="<u8")
+            grown[: len(self._seen)] = self._seen
+            self._seen = grown
+        moved = slots[(seen != self._seen[slots]).any(axis=1)]
+        self._seen[slots] = seen
+        by_index: dict[int, bytes] = {}
+        used = seen.any(axis=1)
+        in_use = {int(slot) for slot in slots[used]}
+        return [self._change(slot, rows[slot].tobytes() if slot in in_use else b"", by_index)
+                for slot in moved.tolist()]
+
+    def _change(self, slot: int, raw: bytes, by_index: dict[int, bytes]) -> SlotChange:
+        """A moved slot as read (`raw` empty: nothing in it now), its key from its copies' owners."""
+        if self._mapped is not None:
+            self.bytes_read += len(raw)
         tail = self.value_size - self.key_size
         unused = bytes(self.key_size)
-        for slot in slots:
-            raw = rows[slot].tobytes() if slot < used else b""
-            if self._mapped is not None:
-                self.bytes_read += len(raw)
-            owners = {raw[at + tail : at + self.value_size] for at in range(0, len(raw), self._aligned)} - {unused}
-            if len(owners) > 1:
-                if by_index is None:
-                    by_index = {int.from_bytes(v, "little"): k for k, v in self.probe.map_items(self.index)}  # type: ignore[arg-type]
-                key = by_index.get(slot)
-            else:
-                key = owners.pop() if owners else None
-            old = self._key_of.pop(slot, None)
-            if key is not None:
-                self._key_of[slot] = key
-            changes.append(SlotChange(slot, old, key, raw))
-        return changes
+        owners = {raw[at + tail : at + self.value_size] for at in range(0, len(raw), self._aligned)} - {unused}
+        if len(owners) > 1:
+            if not by_index:
+                by_index.update({int.from_bytes(v, "little"): k for k, v in self.probe.map_items(self.index)})  # type: ignore[arg-type]
+            key = by_index.get(slot)
+        else:
+            key = owners.pop() if owners else None
+        old = self._key_of.pop(slot, None)
+        if key is not None:
+            self._key_of[slot] = key
+        return SlotChange(slot, old, key, raw)
 
     def values(self, key: bytes, raw: bytes) -> list[bytes]:
         """The key's copies. A copy still marked for another key (a slot freed and reused while a CPU
@@ -500,6 +532,10 @@ class _Slots:
         if slot is None or not self.probe.map_delete(self.index, key):
             return False
         n = int.from_bytes(slot, "little")  # type: ignore[arg-type]
+        # Said by the next read_changed, whatever the BPF side does with the slot meanwhile.
+        self._freed.append((n, self._key_of.pop(n, key)))
+        if n < len(self._seen):
+            self._seen[n] = 0
         if self._mapped is not None:
             self._mapped[n * self._words : (n + 1) * self._words] = 0
         else:
@@ -623,7 +659,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         cgroups, pairs = self.cgroup_slot_count, self.pair_slot_count
         return {"outliers": outlier_ring_bytes, "cgroup_slots": cgroups, "free_slots": cgroups,
                 "cgroup_runq": cgroups * self.stripes, "runq_culprits": pairs * self.stripes,
-                "runq_cf": pairs, "culprit_slots": pairs, "free_culprit_slots": pairs,
+                "runq_cf": pairs, "culprit_slots": pairs, "free_culprit_slots": pairs, "new_culprit_slots": pairs,
                 "task_run_delay": self.pid_slots, "fallback_queued_ns": 1,
                 "runq_cpu_hist": possible_cpu_count(self.paths)}
 
@@ -641,6 +677,14 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                              also_zero=(("runq_cf", _COUNTERFACTUAL.size),))
         self._cf_view = _mapped_words(self.probe, "runq_cf")
         self._pair_moved_at: dict[tuple[int, int], float] = {}  # when each pair in the kernel last changed
+        # Which pair slots to look at in a tick (_pair_candidates): each victim's slots, the victims that
+        # moved and the slots handed to new pairs at the last read.
+        self._slots_of_victim: dict[int, set[int]] = {}
+        self._victims_moved_last: set[int] = set()
+        self._new_pair_slots_last: set[int] = set()
+        self._new_pair_queue = True
+        self._pairs_read_once = False
+        self._pair_scan_lost = 0
         self._drops_seen: dict[str, int] = {}
         self._status_before_full: tuple[Any, str] | None = None  # (state, reason) while a table is full
         self._quiet_swept_at = -math.inf
@@ -688,6 +732,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         return engine.open_probe(SPEC, attach_mode=fallback, **options)
 
     def snapshot(self) -> RunqSnapshot:
+        moved_cgroups: set[int] = set()
         for change in self._cgroups.read_changed():
             if change.old_key is not None and change.old_key != change.key:
                 gone = _SLOT_OWNER.unpack(change.old_key)[0]
@@ -695,6 +740,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                 self._wait_split.pop(gone, None)
             if change.key is not None:
                 cgroup_id = _SLOT_OWNER.unpack(change.key)[0]
+                moved_cgroups.add(cgroup_id)
                 values = self._cgroups.values(change.key, change.raw)
                 self._per_cgroup[cgroup_id] = LatencyHistogram.decode_percpu(values)
                 if self.culprits_available:
@@ -704,7 +750,11 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         culprit_drops = culprit_drop_ns = 0
         if self.culprits_available:
             now = time.monotonic()
-            for change in self._pairs.read_changed():
+            for change in self._pairs.read_changed(self._pair_candidates(moved_cgroups, drops)):
+                if change.old_key is not None:
+                    self._slots_of_victim.get(_CULPRIT_KEY.unpack(change.old_key)[0], set()).discard(change.slot)
+                if change.key is not None:
+                    self._slots_of_victim.setdefault(_CULPRIT_KEY.unpack(change.key)[0], set()).add(change.slot)
                 if change.old_key is not None and change.old_key != change.key:
                     old_pair: tuple[int, int] = _CULPRIT_KEY.unpack(change.old_key)  # type: ignore[assignment]
                     self._pairs_in_kernel.pop(old_pair, None)
@@ -731,6 +781,36 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             time.monotonic(), dict(self._per_cgroup), per_cpu, drops, dict(self._wait_split),
             dict(self._culprit_totals), culprit_drop_ns, self.culprits_available, self.table_use,
         )
+
+    def _pair_candidates(self, moved_cgroups: set[int], drops: dict[str, int]) -> set[int] | None:
+        """The pair slots that can have moved since the last read (None: look at every used one).
+
+        Every charge of a pair comes with a change to its victim's own cgroup slot in the same program
+        run (a wait in its histogram, or a foreign preemption), so only the pairs of victims whose slot
+        moved, this tick or the last (the two updates may straddle the reads), and the slots the BPF side
+        handed to new pairs (new_culprit_slots, this tick's and the last's: indexed before they are
+        written) can have moved. Everything is looked at on the first read, where the queue cannot be
+        read, and while updates are lost (a victim without a cgroup slot still charges its pairs)."""
+        new: list[int] | None = [] if self._new_pair_queue else None
+        while new is not None:
+            try:
+                raw = self.probe.map_pop("new_culprit_slots")
+            except (AttributeError, KeyError, OSError):  # a probe without the queue: every tick looks at all
+                self._new_pair_queue, new = False, None
+                break
+            if raw is None:
+                break
+            new.append(int.from_bytes(raw, "little"))
+        lost = drops.get("key_map_full", 0)
+        whole = new is None or lost != self._pair_scan_lost or not self._pairs_read_once
+        self._pair_scan_lost, self._pairs_read_once = lost, True
+        victims, self._victims_moved_last = moved_cgroups | self._victims_moved_last, moved_cgroups
+        fresh, self._new_pair_slots_last = set(new or ()) | self._new_pair_slots_last, set(new or ())
+        if whole:
+            return None
+        for victim in victims:
+            fresh |= self._slots_of_victim.get(victim, set())
+        return fresh
 
     def _read_cpu_histograms(self) -> list[LatencyHistogram]:
         """Each CPU's wait histogram (runq_cpu_hist, in place where mapped): only the CPUs whose count

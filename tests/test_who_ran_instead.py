@@ -24,6 +24,7 @@ from probes.runqlat import (
     _CULPRIT_KEY,
     CULPRIT_IDLE,
     CULPRIT_UNKNOWN,
+    PAIR_CHANGE_WORDS,
     CulpritStats,
     RunqLatProbe,
     RunqSnapshot,
@@ -299,6 +300,46 @@ def test_matrix_is_bounded_and_losses_are_counted(victim_and_hogs):
     if snap.wait_split.get(v) and snap.wait_split[v].foreign_wait_ns:
         unknown = [r for r in top_culprits(None, snap, v, k=10) if r.culprit_cgroup_id == CULPRIT_UNKNOWN]
         assert unknown, "lost foreign wait must show up as unknown, not vanish from the shares"
+
+
+@pytest.mark.vm
+@pytest.mark.root
+def test_a_tick_looks_only_at_the_pairs_of_victims_that_moved(victim_and_hogs):
+    """An idle pod's pairs cost a tick nothing (issue 39: reads follow what moved): while the victim is
+    frozen its pairs are not looked at, while the hogs' pairs (they preempt each other) are; once it
+    runs again its pairs are read, so the matrix still holds every ns of foreign wait."""
+    victim, heavy, light = victim_and_hogs
+    v = _ino(victim)
+    everyone = _tids(victim) + _tids(heavy) + _tids(light)
+    with RunqLatProbe() as probe:
+        time.sleep(1)
+        probe.snapshot()  # the first read looks at every used slot
+        _freeze(_tids(victim))
+        for _ in range(2):  # it moved before the freeze: its pairs are looked at in this tick and the next
+            probe.snapshot()
+        scanned = probe._pairs.bytes_scanned
+        time.sleep(0.5)
+        idle = probe.snapshot()
+        per_slot = len(PAIR_CHANGE_WORDS) * probe.stripes * 8
+        looked_at = (probe._pairs.bytes_scanned - scanned) // per_slot
+        mine = [pair for pair in idle.culprits if pair[0] == v]
+        used = probe._pairs.used
+        _thaw(_tids(victim))
+        time.sleep(1)
+        _freeze(everyone)
+        # Stop counting before the last read, so the two tables read one after the other agree to the ns.
+        probe.probe.obj.detach("runqlat_switch_schedinfo")  # type: ignore[attr-defined]
+        time.sleep(0.05)
+        snap = probe.snapshot()
+        _thaw(everyone)
+    foreign_total = sum(s.foreign_wait_ns for s in snap.wait_split.values())
+    in_matrix = sum(s.wait_ns for s in snap.culprits.values())
+    print(f"pair slots used {used}, the victim's {len(mine)}, looked at in the idle tick {looked_at}; "
+          f"matrix {in_matrix / 1e6:.3f} ms + lost {snap.culprit_drop_ns / 1e6:.3f} of {foreign_total / 1e6:.3f} ms")
+    assert len(mine) >= 2  # (victim, heavy), (victim, light)
+    assert looked_at <= used - len(mine)
+    assert snap.wait_split[v].foreign_wait_ns > idle.wait_split[v].foreign_wait_ns  # it waited again
+    assert in_matrix + snap.culprit_drop_ns == foreign_total
 
 
 @pytest.mark.vm
