@@ -622,7 +622,7 @@ def test_container_env_ports_probes() -> None:
     assert svc["spec"]["ports"][0]["port"] == METRICS_PORT and svc["spec"]["ports"][0]["targetPort"] == "metrics"
 
 
-# bench/agent_footprint.py, docs/benchmarks.md ("Agent footprint at node scale", round 5): steady RSS and
+# bench/agent_footprint.py, docs/benchmarks-history.md ("Agent footprint at node scale (issue 14)", round 5): steady RSS and
 # its peak, MiB, by pods; the BPF maps (kernel memory charged to the container) on a 2-CPU and on a 64-CPU node.
 FOOTPRINT_RSS_MIB = {0: (53.8, 59.8), 300: (82.3, 90.6), 1000: (142.6, 165.6)}
 BPF_MAPS_MIB = {"2 CPUs": 42, "64 CPUs": 130}
