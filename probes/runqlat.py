@@ -573,11 +573,12 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         max_pid_slots: int = MAX_PID_SLOTS,
         node_cgroup_id: int | None = None,
         test_kernel_work_cgroup_id: int = 0,
+        pair_quiet_s: float = PAIR_QUIET_S,
     ) -> None:
         """`max_cgroups` bounds the cgroups tracked (None: cgroup_capacity() of the keyed hierarchy);
         cgroups beyond it are counted in drops["cgroup_map_full"]. `max_culprit_pairs` bounds the
         (victim, culprit) matrix; pairs beyond it are counted in drops["culprit_map_full"] and their
-        wait in `culprit_drop_ns`, and pairs that stopped moving give their slots back (PAIR_QUIET_S).
+        wait in `culprit_drop_ns`, and pairs that stopped moving for `pair_quiet_s` give their slots back.
         Both tables cost slots x stripes x value whatever the CPU count (stripes_for). `max_pid_slots`
         caps the pid-indexed array of the sched_info flavour (8 bytes a slot, sized to the host's
         pid_max up to it: pids share slots past it).
@@ -588,6 +589,9 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         if max_culprit_pairs < 1 or (max_cgroups is not None and max_cgroups < 1) or max_pid_slots < 1:
             raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
                              f"max_culprit_pairs={max_culprit_pairs}, max_pid_slots={max_pid_slots})")
+        if not pair_quiet_s > 0:
+            raise ValueError(f"runqlat: pair_quiet_s must be positive, got {pair_quiet_s:g}")
+        self.pair_quiet_s = pair_quiet_s
         self.v1_cpu = self._key_by("cpu", paths, layout)
         if node_cgroup_id is None:
             node_cgroup_id = _root_cgroup_id(self.hierarchy)
@@ -837,21 +841,22 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         """Pairs that stopped moving give their slots back, so a node up for weeks with pod churn keeps
         room for the pairs that interfere now, and a tick looks only at live pairs (each costs the
         reader its change words, 8 copies x 4 words at 8+ CPUs, every tick): those quiet for
-        PAIR_QUIET_S, looked for every PAIR_SWEEP_S; past 7/8 full, at once, also those quiet for
-        PAIR_FULL_QUIET_S, least recently moved first, down to 3/4. Their totals stay here."""
+        pair_quiet_s (PAIR_QUIET_S unless configured), looked for every PAIR_SWEEP_S; past 7/8 full,
+        at once, also those quiet for PAIR_FULL_QUIET_S, least recently moved first, down to 3/4.
+        Their totals stay here."""
         used = self._pairs.used
         crowded = used * 8 > self.pair_slot_count * 7
         if not crowded and now - self._quiet_swept_at < PAIR_SWEEP_S:
             return
         self._quiet_swept_at = now
         if not crowded:
-            for pair in [pair for pair, at in self._pair_moved_at.items() if now - at >= PAIR_QUIET_S]:
+            for pair in [pair for pair, at in self._pair_moved_at.items() if now - at >= self.pair_quiet_s]:
                 self._give_back(pair)
             return
         quiet = sorted((at, pair) for pair, at in self._pair_moved_at.items() if now - at >= PAIR_FULL_QUIET_S)
         target = self.pair_slot_count * 3 // 4
         for at, pair in quiet:
-            if now - at < PAIR_QUIET_S and used <= target:
+            if now - at < self.pair_quiet_s and used <= target:
                 break
             used -= self._give_back(pair)
 
@@ -878,7 +883,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
 
     def forget_quiet_pairs(self, since: RunqSnapshot) -> int:
         """Free the kernel slots of (victim, culprit) pairs that did not change since `since`, now
-        (snapshots do it by themselves after PAIR_QUIET_S: _give_back_quiet_pairs). Returns how many went."""
+        (snapshots do it by themselves after pair_quiet_s: _give_back_quiet_pairs). Returns how many went."""
         if not self.culprits_available:
             return 0
         quiet = [pair for pair in list(self._pairs_in_kernel) if since.culprits.get(pair) == self._culprit_totals.get(pair)]
