@@ -7,10 +7,10 @@ exporter, the kubelet pod source on the fake kubelet of testkit/fakekube.py; ``-
 ``--act-only`` on this bench's own cgroups: it detects, it changes nothing). The pods are kubelet-shaped
 (pod and container cgroups under ``nn-test-<pid>``, bench.agent_footprint.PodFleet), ``--pods`` alive at
 any time; each pod's task wakes every ``--wake-every`` seconds for a short CPU burst, so pods wait
-behind each other and fill the who-ran-instead pair table. After a warm-up the churn starts:
-``--churn-pods`` pods replaced every ``--churn-every`` seconds (thousands over the run). Every
-``--episode-every`` seconds an episode: a known BestEffort hog pinned next to a known latency-sensitive
-victim on the last CPU; the incident the agent opens for the victim must name the hog first.
+behind each other and fill the who-ran-instead pair table. Churn: ``--churn-pods`` pods replaced every
+``--churn-every`` seconds. Every ``--episode-every`` seconds during churn an episode: a known BestEffort
+hog pinned next to a known latency-sensitive victim on the last CPU (the bench and the agent keep off
+that CPU); the incident the agent opens for the victim must name the hog first.
 
 Time is compressed through the agent's own config (stated in the output): the pod source's vanish grace
 (``kubernetes.vanish_grace_seconds``, 60 s by default) and the quiet-pair age
@@ -20,13 +20,14 @@ here hold the slot and series turnover of hours at the default timings.
 Checkpoints every ``--checkpoint-every`` seconds print, from the agent: pair and cgroup table use,
 ``culprit_map_full`` / ``cgroup_map_full`` / ``key_map_full`` drops, /metrics series (all, and those of
 this bench's live and removed pods), map entries, RSS and the BPF map memory (memlock of the agent's
-maps, from /proc/<pid>/fdinfo). "steady" is the checkpoint at the end of the warm-up (``--pods`` pods,
-no churn, no episode yet); "end" the one after the churn stops and the timings above have passed
-(``--grace`` + ``--pair-quiet`` + the sweep and forget periods + a margin). Exit 1 on: any drop, an
-episode whose incident names another culprit or that opens none, a failed agent tick, a removed pod's
-series at the end, or end vs steady outside the bounds (BOUNDS, printed with the result).
+maps, from /proc/<pid>/fdinfo). The run: ``--warmup`` s with the pods started together ("start",
+printed only); a warm-up churn that replaces every pod once, then the settle below ("steady": a node
+that has seen churn); ``--minutes`` of churn (thousands of pods), then the settle ("end"). The settle is
+``--grace`` + ``--pair-quiet`` + the kubelet poll, sweep and forget periods + a margin. Exit 1 on: any
+drop, an episode whose incident names another culprit first or that opens none, a failed agent tick,
+a removed pod's series at the end, or end vs steady outside the bounds (BOUNDS, printed with the result).
 
-    sudo .venv/bin/python -m bench.soak                        # make bench-soak: ~13 min, ~3,000 pods
+    sudo .venv/bin/python -m bench.soak                        # make bench-soak: ~13 min, 3,300 pods
     sudo .venv/bin/python -m bench.soak --minutes 2 --pods 100 --json /tmp/soak.json
 """
 
@@ -80,7 +81,9 @@ BOUNDS = {
 }
 # Sleeping most of the time, then ~2 ms of shell arithmetic (dash: ~1 us a loop): pods wait behind each
 # other's bursts, so pairs form between pods, not only behind the episode's hog.
-WAKER = "sleep 0.05; while :; do sleep {every:g}; i=0; while [ $i -lt {loops} ]; do i=$((i+1)); done; done"
+# A pod's task first takes back every CPU (the bench itself keeps off the episodes' CPU: see run()).
+WAKER = ("taskset -p -c {cpus} $$ >/dev/null; sleep 0.05; "
+         "while :; do sleep {every:g}; i=0; while [ $i -lt {loops} ]; do i=$((i+1)); done; done")
 
 
 @dataclass
@@ -112,7 +115,8 @@ class Episode:
     victim: str  # namespace/pod
     hog: str
     opened_after_s: float | None = None
-    culprits: list[str] = field(default_factory=list)  # of the opened incident, ranked
+    cause: str = ""
+    culprits: list[str] = field(default_factory=list)  # of the opened incident, ranked: "name (who-ran-instead share)"
     ok: bool = False
     why: str = ""
 
@@ -122,6 +126,7 @@ class Result:
     settings: dict
     checkpoints: list[Checkpoint] = field(default_factory=list)
     episodes: list[Episode] = field(default_factory=list)
+    start: Checkpoint | None = None  # the pods started together, no churn yet (printed, not judged)
     steady: Checkpoint | None = None
     end: Checkpoint | None = None
     pods_made: int = 0
@@ -209,7 +214,7 @@ class SoakFleet(PodFleet):
 
     def __init__(self, kube: FakeKube, wake_every_s: float, burst_loops: int) -> None:
         super().__init__(kube, wake_every_s)
-        self.sleeper = WAKER.format(every=wake_every_s, loops=burst_loops)
+        self.sleeper = WAKER.format(cpus=f"0-{(os.cpu_count() or 1) - 1}", every=wake_every_s, loops=burst_loops)
         self.made = 0
 
     def add(self, busy: bool = False) -> Pod:
@@ -286,15 +291,15 @@ class Episodes:
             return
         if opened is not None:
             episode.opened_after_s = round(now - started, 1)
+            episode.cause = str(opened.get("cause", ""))
             ranked = [c.get("target", {}) for c in opened.get("culprits", [])]
-            episode.culprits = [f"{t.get('namespace')}/{t.get('pod')}" if t.get("pod") else str(t.get("cgroup"))
-                                for t in ranked]
+            episode.culprits = [_culprit_text(c) for c in opened.get("culprits", [])]
             episode.ok = bool(ranked) and ranked[0].get("pod_uid") == hog.uid
             episode.why = "" if episode.ok else "no culprit named" if not ranked else "another culprit named first"
         else:
             episode.why = f"no incident for the victim in {self.timeout:g} s"
         self.log(f"  episode {len(self.done) + 1}: {episode.victim} next to {episode.hog}: "
-                 + (f"incident after {episode.opened_after_s:g} s, culprits {episode.culprits[:3]}"
+                 + (f"{episode.cause} incident after {episode.opened_after_s:g} s, culprits {episode.culprits[:3]}"
                     if opened is not None else episode.why) + f" -> {'OK' if episode.ok else 'WRONG'}")
         self.stop()
         self.next_at = now + self.every
@@ -334,6 +339,15 @@ class Episodes:
                 self.done.append(episode)
 
 
+def _culprit_text(c: dict) -> str:
+    """A culprit of the incident log: its pod (or cgroup), its who-ran-instead share, and for the node
+    (its processes outside pods) the top commands."""
+    t = c.get("target", {})
+    name = f"{t.get('namespace')}/{t.get('pod')}" if t.get("pod") else str(t.get("cgroup"))
+    tasks = ", ".join(f"{x.get('comm')} {x.get('cpu_share', 0):.0%}" for x in c.get("tasks", [])[:3])
+    return f"{name} ({c.get('who_ran_instead_share', 0):.0%})" + (f" [{tasks}]" if tasks else "")
+
+
 # ---- the run ------------------------------------------------------------------------------------
 
 
@@ -362,6 +376,8 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None] = pr
     fleet = SoakFleet(kube, args.wake_every, args.burst_loops)
     agent: AgentProcess | None = None
     episodes: Episodes | None = None
+    all_cpus = os.sched_getaffinity(0)
+    harness_cpus = all_cpus - {max(all_cpus)} or all_cpus
     try:
         config = write_config(workdir / "config.yaml", {
             "interval_seconds": INTERVAL_S,
@@ -370,6 +386,10 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None] = pr
             "kubernetes": {"pod_source": "kubelet", "kubelet_url": kube.url, "kubelet_token_file": None,
                            "kubelet_ca_file": None, "vanish_grace_seconds": args.grace},
         })
+        # The bench (which makes 5 pods a second) and the agent keep off the last CPU, where the episodes'
+        # victim and hog run: their own CPU time there would be the node's (cgroup "/") and compete with
+        # the victim like a culprit. The pods' tasks take every CPU back (WAKER).
+        os.sched_setaffinity(0, harness_cpus)
         fleet.grow_to(1, 0)
         act_only = _own_glob(fleet.pods[0].container_cgroup)
         agent = AgentProcess(config, workdir, "--dry-run", "--act-only", act_only, "--incident-log",
@@ -380,7 +400,8 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None] = pr
         log(f"soak: agent pid {agent.proc.pid}; {args.pods} pods in {time.monotonic() - t0:.0f} s; compressed "
             f"timings: vanish grace {args.grace:g} s (default 60), quiet-pair age {args.pair_quiet:g} s (default 60); "
             f"warm-up {args.warmup:g} s, churn {args.minutes:g} min ({args.churn_pods} pods every "
-            f"{args.churn_every:g} s), an episode every {args.episode_every:g} s; act-only {act_only} (dry run)")
+            f"{args.churn_every:g} s), an episode every {args.episode_every:g} s on CPU {max(all_cpus)} (the bench and the "
+            f"agent on {sorted(harness_cpus)}); act-only {act_only} (dry run)")
 
         def take(phase: str) -> Checkpoint:
             if agent.proc.poll() is not None:
@@ -390,24 +411,33 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None] = pr
             log(render_checkpoint(c))
             return c
 
-        _wait(args.warmup, lambda: None)
-        result.steady = take("steady")
-        churn = Churner(fleet, args.churn_pods, args.churn_every)
         episodes = Episodes(kube, incident_log, args.episode_every, args.episode_timeout, t0, log)
-        churn_end = time.monotonic() + args.minutes * 60
-        next_checkpoint = time.monotonic() + args.checkpoint_every
-        while time.monotonic() < churn_end:
-            churn()
-            episodes()
-            if time.monotonic() >= next_checkpoint:
-                take("churn")
-                next_checkpoint += args.checkpoint_every
-            time.sleep(0.2)
-        episodes.stop()
         settle = settle_seconds(args.grace, args.pair_quiet)
-        log(f"soak: churn stopped; settling {settle:g} s (grace + kubelet poll + quiet-pair age + sweep + forget "
-            f"+ 10 s)")
-        _wait(settle, lambda: None)
+
+        def churn_for(seconds: float) -> None:
+            churn = Churner(fleet, args.churn_pods, args.churn_every)
+            until = time.monotonic() + seconds
+            next_checkpoint = time.monotonic() + args.checkpoint_every
+            while time.monotonic() < until:
+                churn()
+                episodes()
+                if time.monotonic() >= next_checkpoint:
+                    take("churn")
+                    next_checkpoint += args.checkpoint_every
+                time.sleep(0.2)
+            episodes.stop()
+            log(f"soak: churn stopped; settling {settle:g} s (grace + kubelet poll + quiet-pair age + sweep + "
+                f"forget + 10 s)")
+            _wait(settle, lambda: None)
+
+        # Warm-up: the pods start together, then every one of them is replaced once, with episodes, so
+        # the steady level is that of a node that has seen churn (pods of mixed ages, the agent's memory
+        # past its first incidents and departed pods), not that of a fresh start.
+        _wait(args.warmup, lambda: None)
+        result.start = take("start")
+        churn_for(args.pods / args.churn_pods * args.churn_every)
+        result.steady = take("steady")
+        churn_for(args.minutes * 60)
         result.end = take("end")
         result.episodes = episodes.done
         result.pods_made = fleet.made
@@ -417,6 +447,7 @@ def run(args: argparse.Namespace, workdir: Path, log: Callable[[str], None] = pr
         result.agent_exit = agent.terminate()
         agent = None
     finally:
+        os.sched_setaffinity(0, all_cpus)
         if episodes is not None:
             episodes.stop()
         if agent is not None:
@@ -468,18 +499,20 @@ def render(r: Result) -> str:
              f"(all victims), settings {json.dumps(r.settings)}"]
     churn = [c for c in r.checkpoints if c.phase == "churn"]
     if r.steady and r.end:
-        lines += ["", "| | steady | churn (median) | churn (max) | end | bound |", "|---|---|---|---|---|---|"]
+        lines += ["", "| | start | steady | churn (median) | churn (max) | end | bound |", "|---|---|---|---|---|---|---|"]
         for what in ("pair_slots_used", "cgroup_slots_used", "series", "own_series", "removed_pod_series",
                      "map_entries", "rss_mib", "map_memlock_kib"):
             values = [getattr(c, what) for c in churn] or [0]
             factor, plus = BOUNDS.get(what, (0, 0))
             bound = f"<= {factor:g} x steady" + (f" + {plus}" if plus else "") if what in BOUNDS else \
                 "0" if what == "removed_pod_series" else ""
-            lines.append(f"| {what} | {getattr(r.steady, what)} | {statistics.median(values):g} | {max(values):g} | "
+            start = getattr(r.start, what) if r.start else ""
+            lines.append(f"| {what} | {start} | {getattr(r.steady, what)} | {statistics.median(values):g} | {max(values):g} | "
                          f"{getattr(r.end, what)} | {bound} |")
-        lines.append(f"| drops ({', '.join(DROP_REASONS)}) | {sum(r.steady.drops.values())} | | "
+        lines.append(f"| drops ({', '.join(DROP_REASONS)}) | | {sum(r.steady.drops.values())} | | "
                      f"{max(sum(c.drops.values()) for c in churn) if churn else 0} | {sum(r.end.drops.values())} | 0 |")
-        lines.append(f"| peak RSS (VmHWM, MiB) | {r.steady.hwm_mib} | | | {r.end.hwm_mib} | |")
+        lines.append(f"| peak RSS (VmHWM, MiB) | {r.start.hwm_mib if r.start else ''} | {r.steady.hwm_mib} | | | "
+                     f"{r.end.hwm_mib} | |")
     lines.append("")
     lines.append("PASS" if not r.failures else "FAIL:\n  " + "\n  ".join(r.failures))
     return "\n".join(lines)
@@ -487,8 +520,9 @@ def render(r: Result) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--minutes", type=float, default=10.0, help="minutes of churn (default 10)")
-    p.add_argument("--warmup", type=float, default=60.0, help="seconds at --pods pods before the steady checkpoint")
+    p.add_argument("--minutes", type=float, default=9.0, help="minutes of churn after the warm-up (default 9)")
+    p.add_argument("--warmup", type=float, default=60.0,
+                   help="seconds at --pods pods before the warm-up's churn (one replacement of every pod)")
     p.add_argument("--pods", type=int, default=300, help="pods alive at any time (default 300)")
     p.add_argument("--churn-pods", type=int, default=5, help="pods replaced each --churn-every seconds")
     p.add_argument("--churn-every", type=float, default=1.0)
