@@ -119,6 +119,7 @@ class Episode:
     culprits: list[str] = field(default_factory=list)  # of the opened incident, ranked: "name (who-ran-instead share)"
     ok: bool = False
     why: str = ""
+    record: dict = field(default_factory=dict)  # the opened incident as logged, kept when it is wrong (--json)
 
 
 @dataclass
@@ -296,6 +297,7 @@ class Episodes:
             episode.culprits = [_culprit_text(c) for c in opened.get("culprits", [])]
             episode.ok = bool(ranked) and ranked[0].get("pod_uid") == hog.uid
             episode.why = "" if episode.ok else "no culprit named" if not ranked else "another culprit named first"
+            episode.record = {} if episode.ok else opened
         else:
             episode.why = f"no incident for the victim in {self.timeout:g} s"
         self.log(f"  episode {len(self.done) + 1}: {episode.victim} next to {episode.hog}: "
