@@ -618,14 +618,13 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
                              f"max_culprit_pairs={max_culprit_pairs}, max_pid_slots={max_pid_slots})")
         if not pair_quiet_s > 0:
             raise ValueError(f"runqlat: pair_quiet_s must be positive, got {pair_quiet_s:g}")
-        self.pair_quiet_s = pair_quiet_s
         self.v1_cpu = self._key_by("cpu", paths, layout)
         if node_cgroup_id is None:
             node_cgroup_id = _root_cgroup_id(self.hierarchy)
         if max_cgroups is None:
             max_cgroups = cgroup_capacity(Path(self.hierarchy.path_of("/")) if self.hierarchy is not None else None)
         engine = engine or LibbpfEngine(self.paths)
-        self.cgroup_slot_count, self.pair_slot_count = max_cgroups, max_culprit_pairs
+        self.cgroup_slot_count, self.pair_slot_count, self.pair_quiet_s = max_cgroups, max_culprit_pairs, pair_quiet_s
         self.stripes, self.stripes_shared = stripes_for(possible_cpu_count(self.paths))
         # A power of 2 (the BPF side masks a pid into it), at most the pid space.
         self.pid_slots = min(_power_of_2_at_least(max_pid_slots), _power_of_2_at_least(_pid_max(self.paths)))
