@@ -80,6 +80,15 @@ bench-vm-mitigate:
 		--only cpu-neighbor self-throttle-bursty global-reclaim --modes mitigate --no-peers --no-overhead \
 		--softirq-floor --judge-counts --run-s 24 --markdown $(BENCH_ARGS)
 
+# The churn soak (issue 39, bench/soak.py): one agent, 300 pods alive, 3,300 made (each replaced once
+# to warm up, then 9 minutes of churn) with compressed vanish-grace and quiet-pair timings, a known hog
+# next to a known victim every 45 s; exits 1 on a table drop, a wrong culprit, or series/RSS/tables not
+# back to steady. ~13 min.
+#   make bench-soak BENCH_ARGS="--minutes 2 --pods 100 --json /tmp/soak.json"
+.PHONY: bench-soak
+bench-soak:
+	$(PY) -m bench.soak $(BENCH_ARGS)
+
 bpf: $(BPF_OBJ)
 
 # vmlinux.h from this kernel's BTF when it has one; otherwise the vendored copy (see bpf/README.md).

@@ -240,6 +240,33 @@ class CulpritStats:
         )
 
 
+_HIST_WORDS = NN_HIST_SIZE // 8  # a copy's histogram: HIST_SLOTS slots, sum_ns, count, max_ns
+_SPLIT_WORDS = _SPLIT_TAIL.size // 8  # then its wait split's counters
+
+
+def decode_cgroup_slots(copies: list[list[bytes]]) -> list[tuple[LatencyHistogram, WaitSplit]]:
+    """Each moved cgroup slot's histogram and wait split from its copies (struct runq_cgroup_stats), all
+    slots at once: the copies' counters summed and their all-time maxima's largest taken in numpy, one
+    call each for every slot of the tick, where decoding and merging each copy field by field in Python
+    was most of a tick with hundreds of busy pods. The same values as LatencyHistogram.decode_percpu and
+    WaitSplit.decode_percpu of each slot's copies (counters are u64 in the kernel: sums of a slot's at
+    most 8 copies stay below 2^64 for centuries of waits)."""
+    out: list[tuple[LatencyHistogram, WaitSplit]] = [(LatencyHistogram.empty(), WaitSplit())] * len(copies)
+    filled = [i for i, values in enumerate(copies) if values]
+    if not filled:
+        return out
+    words = _HIST_WORDS + _SPLIT_WORDS
+    blob = b"".join(v[: words * 8] for i in filled for v in copies[i])
+    rows = np.frombuffer(blob, dtype="<u8").reshape(-1, words)
+    starts = np.cumsum([0] + [len(copies[i]) for i in filled[:-1]])
+    sums = np.add.reduceat(rows, starts, axis=0).tolist()
+    peaks = np.maximum.reduceat(rows[:, _HIST_WORDS - 1], starts).tolist()
+    for i, row, peak in zip(filled, sums, peaks, strict=True):
+        out[i] = (LatencyHistogram(tuple(row[:HIST_SLOTS]), row[HIST_SLOTS], row[HIST_SLOTS + 1], peak),
+                  WaitSplit(*row[_HIST_WORDS:]))
+    return out
+
+
 def _fields(split: WaitSplit) -> tuple[int, ...]:
     return (split.own_wait_ns, split.foreign_wait_ns, split.idle_wait_ns, split.unknown_wait_ns, split.migrated_wait_ns,
             split.own_preemptions, split.foreign_preemptions)
@@ -609,11 +636,12 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         max_pid_slots: int = MAX_PID_SLOTS,
         node_cgroup_id: int | None = None,
         test_kernel_work_cgroup_id: int = 0,
+        pair_quiet_s: float = PAIR_QUIET_S,
     ) -> None:
         """`max_cgroups` bounds the cgroups tracked (None: cgroup_capacity() of the keyed hierarchy);
         cgroups beyond it are counted in drops["cgroup_map_full"]. `max_culprit_pairs` bounds the
         (victim, culprit) matrix; pairs beyond it are counted in drops["culprit_map_full"] and their
-        wait in `culprit_drop_ns`, and pairs that stopped moving give their slots back (PAIR_QUIET_S).
+        wait in `culprit_drop_ns`, and pairs that stopped moving for `pair_quiet_s` give their slots back.
         Both tables cost slots x stripes x value whatever the CPU count (stripes_for). `max_pid_slots`
         caps the pid-indexed array of the sched_info flavour (8 bytes a slot, sized to the host's
         pid_max up to it: pids share slots past it).
@@ -624,13 +652,15 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         if max_culprit_pairs < 1 or (max_cgroups is not None and max_cgroups < 1) or max_pid_slots < 1:
             raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
                              f"max_culprit_pairs={max_culprit_pairs}, max_pid_slots={max_pid_slots})")
+        if not pair_quiet_s > 0:
+            raise ValueError(f"runqlat: pair_quiet_s must be positive, got {pair_quiet_s:g}")
         self.v1_cpu = self._key_by("cpu", paths, layout)
         if node_cgroup_id is None:
             node_cgroup_id = _root_cgroup_id(self.hierarchy)
         if max_cgroups is None:
             max_cgroups = cgroup_capacity(Path(self.hierarchy.path_of("/")) if self.hierarchy is not None else None)
         engine = engine or LibbpfEngine(self.paths)
-        self.cgroup_slot_count, self.pair_slot_count = max_cgroups, max_culprit_pairs
+        self.cgroup_slot_count, self.pair_slot_count, self.pair_quiet_s = max_cgroups, max_culprit_pairs, pair_quiet_s
         self.stripes, self.stripes_shared = stripes_for(possible_cpu_count(self.paths))
         # A power of 2 (the BPF side masks a pid into it), at most the pid space.
         self.pid_slots = min(_power_of_2_at_least(max_pid_slots), _power_of_2_at_least(_pid_max(self.paths)))
@@ -732,25 +762,28 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         return engine.open_probe(SPEC, attach_mode=fallback, **options)
 
     def snapshot(self) -> RunqSnapshot:
-        moved_cgroups: set[int] = set()
+        moved: list[int] = []
+        copies: list[list[bytes]] = []
         for change in self._cgroups.read_changed():
             if change.old_key is not None and change.old_key != change.key:
                 gone = _SLOT_OWNER.unpack(change.old_key)[0]
                 self._per_cgroup.pop(gone, None)
                 self._wait_split.pop(gone, None)
             if change.key is not None:
-                cgroup_id = _SLOT_OWNER.unpack(change.key)[0]
-                moved_cgroups.add(cgroup_id)
-                values = self._cgroups.values(change.key, change.raw)
-                self._per_cgroup[cgroup_id] = LatencyHistogram.decode_percpu(values)
-                if self.culprits_available:
-                    self._wait_split[cgroup_id] = WaitSplit.decode_percpu(values)
+                moved.append(_SLOT_OWNER.unpack(change.key)[0])
+                copies.append(self._cgroups.values(change.key, change.raw))
+        # Decoded after the slots given up this tick are dropped: a cgroup whose slot moved within the
+        # tick keeps the histogram of its new one.
+        for cgroup_id, (hist, split) in zip(moved, decode_cgroup_slots(copies), strict=True):
+            self._per_cgroup[cgroup_id] = hist
+            if self.culprits_available:
+                self._wait_split[cgroup_id] = split
         per_cpu = self._read_cpu_histograms()
         drops = self.read_drops()
         culprit_drops = culprit_drop_ns = 0
         if self.culprits_available:
             now = time.monotonic()
-            for change in self._pairs.read_changed(self._pair_candidates(moved_cgroups, drops)):
+            for change in self._pairs.read_changed(self._pair_candidates(set(moved), drops)):
                 if change.old_key is not None:
                     self._slots_of_victim.get(_CULPRIT_KEY.unpack(change.old_key)[0], set()).discard(change.slot)
                 if change.key is not None:
@@ -917,21 +950,22 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         """Pairs that stopped moving give their slots back, so a node up for weeks with pod churn keeps
         room for the pairs that interfere now, and a tick looks only at live pairs (each costs the
         reader its change words, 8 copies x 4 words at 8+ CPUs, every tick): those quiet for
-        PAIR_QUIET_S, looked for every PAIR_SWEEP_S; past 7/8 full, at once, also those quiet for
-        PAIR_FULL_QUIET_S, least recently moved first, down to 3/4. Their totals stay here."""
+        pair_quiet_s (PAIR_QUIET_S unless configured), looked for every PAIR_SWEEP_S; past 7/8 full,
+        at once, also those quiet for PAIR_FULL_QUIET_S, least recently moved first, down to 3/4.
+        Their totals stay here."""
         used = self._pairs.used
         crowded = used * 8 > self.pair_slot_count * 7
         if not crowded and now - self._quiet_swept_at < PAIR_SWEEP_S:
             return
         self._quiet_swept_at = now
         if not crowded:
-            for pair in [pair for pair, at in self._pair_moved_at.items() if now - at >= PAIR_QUIET_S]:
+            for pair in [pair for pair, at in self._pair_moved_at.items() if now - at >= self.pair_quiet_s]:
                 self._give_back(pair)
             return
         quiet = sorted((at, pair) for pair, at in self._pair_moved_at.items() if now - at >= PAIR_FULL_QUIET_S)
         target = self.pair_slot_count * 3 // 4
         for at, pair in quiet:
-            if now - at < PAIR_QUIET_S and used <= target:
+            if now - at < self.pair_quiet_s and used <= target:
                 break
             used -= self._give_back(pair)
 
@@ -958,7 +992,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
 
     def forget_quiet_pairs(self, since: RunqSnapshot) -> int:
         """Free the kernel slots of (victim, culprit) pairs that did not change since `since`, now
-        (snapshots do it by themselves after PAIR_QUIET_S: _give_back_quiet_pairs). Returns how many went."""
+        (snapshots do it by themselves after pair_quiet_s: _give_back_quiet_pairs). Returns how many went."""
         if not self.culprits_available:
             return 0
         quiet = [pair for pair in list(self._pairs_in_kernel) if since.culprits.get(pair) == self._culprit_totals.get(pair)]

@@ -347,10 +347,12 @@ def test_auto_reaches_the_kubelet_at_host_ip_and_says_so_once(token_file: str, c
     with FakeKube(token="s3cret", tls=True) as kube:
         kube.add_pod(make_pod("a", uid=UID_A))
         caplog.set_level("INFO", logger="noisyneighbor.pods")
-        src = make_pod_source(_auto_policy(kube, token_file), environ={"HOST_IP": "127.0.0.1"})
+        src = make_pod_source(_auto_policy(kube, token_file, pod_vanish_grace_seconds=7.0),
+                              environ={"HOST_IP": "127.0.0.1"})
         try:
             assert isinstance(src, KubeletPodSource) and [p.uid for p in src.pods()] == [UID_A]
             assert kube.requests_to("/pods")[-1].headers["Authorization"] == "Bearer s3cret"
+            assert src.vanish_grace_seconds == 7.0  # kubernetes.vanish_grace_seconds
         finally:
             src.close()
     lines = [r.getMessage() for r in caplog.records if "pod source auto" in r.getMessage()]
@@ -367,12 +369,12 @@ def test_auto_in_a_cluster_watches_the_apiserver_and_never_asks_the_kubelet(toke
     with FakeKube(token="s3cret", tls=True) as kube:
         kube.add_pod(make_pod("a", uid=UID_A))
         monkeypatch.setattr(ApiserverPodSource, "in_cluster",
-                            classmethod(lambda cls, node: cls(kube.api_client(token="s3cret"), node)))
+                            classmethod(lambda cls, node, **kw: cls(kube.api_client(token="s3cret"), node, **kw)))
         caplog.set_level("INFO", logger="noisyneighbor.pods")
-        src = make_pod_source(_auto_policy(kube, token_file), environ={
+        src = make_pod_source(_auto_policy(kube, token_file, pod_vanish_grace_seconds=7.0), environ={
             "HOST_IP": "127.0.0.1", "KUBERNETES_SERVICE_HOST": "10.96.0.1", "NODE_NAME": kube.node_name})
         try:
-            assert isinstance(src, ApiserverPodSource)
+            assert isinstance(src, ApiserverPodSource) and src.vanish_grace_seconds == 7.0
             assert src.synced.wait(10) and [p.uid for p in src.pods()] == [UID_A]
             assert kube.requests_to("/pods") == []  # the kubelet's path: never asked
             [listing, *_] = kube.requests_to("/api/v1/pods")

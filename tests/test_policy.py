@@ -90,6 +90,22 @@ resource-qos-config: {beClass: {resctrlQOS: {enable: true, catRangeEndPercent: 2
     assert p.resource_qos.ls == ResourceQosStrategy().ls
 
 
+def test_churn_timings_pod_vanish_grace_and_quiet_pair_age(tmp_path: Path):
+    """The two timings a node with pod churn lives by (and the soak bench compresses): how long a gone pod
+    stays named, and how long a who-ran-instead pair may stay quiet before its kernel slot goes."""
+    assert (Policy().pod_vanish_grace_seconds, Policy().runq_pair_quiet_seconds) == (60.0, 60.0)
+    p = load_policy(_write(tmp_path, "runq_pair_quiet_seconds: 10\nkubernetes: {vanish_grace_seconds: 5}\n"))
+    assert (p.pod_vanish_grace_seconds, p.runq_pair_quiet_seconds) == (5.0, 10.0)
+    path = _write(tmp_path, "runq_pair_quiet_seconds: 0\n")
+    with pytest.raises(PolicyError) as e:
+        load_policy(path)
+    assert str(e.value).startswith(f"{path}: runq_pair_quiet_seconds: ") and "\n" not in str(e.value)
+    path = _write(tmp_path, "kubernetes: {vanish_grace_seconds: -1}\n")
+    with pytest.raises(PolicyError) as e:
+        load_policy(path)
+    assert str(e.value).startswith(f"{path}: kubernetes.vanish_grace_seconds: ")
+
+
 def test_our_format_json_and_cfs_quota_alias(tmp_path: Path):
     doc = {"resource_threshold": {"cpu_suppress_policy": "cfs_quota"}, "slo": {"runq_p99_ms": 1}}
     p = load_policy(_write(tmp_path, json.dumps(doc), "p.json"))

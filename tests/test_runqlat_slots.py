@@ -95,3 +95,28 @@ def test_a_slot_whose_cpu_copies_disagree_takes_its_key_from_the_index() -> None
     (change,) = slots.read_changed()
     assert maps.index_reads == 1 and change.key == KEY.pack(42) and change.old_key == KEY.pack(41)
     assert slots.values(change.key, change.raw) == [maps.copies[0][1]]  # the stale copy is left out
+
+
+def test_moved_cgroup_slots_decode_at_once_as_copy_by_copy() -> None:
+    """decode_cgroup_slots (all of a tick's moved slots in one numpy pass) gives what decoding and
+    merging each copy does: summed slots, sums, counts and split counters, the largest all-time max;
+    a slot none of whose copies are its own decodes empty."""
+    import random
+
+    from probes.hist import HIST_SLOTS, LatencyHistogram
+    from probes.runqlat import CGROUP_STATS_SIZE, WaitSplit, decode_cgroup_slots
+
+    rng = random.Random(39)
+
+    def copy() -> bytes:
+        words = [rng.randrange(1 << rng.choice((8, 20, 40, 60))) for _ in range(HIST_SLOTS + 3 + 7)]
+        return struct.pack(f"<{len(words)}Q", *words) + KEY.pack(rng.randrange(1, 1 << 63))
+
+    slots = [[copy() for _ in range(n)] for n in (2, 1, 0, 8, 3, 2)]
+    assert all(len(v) == CGROUP_STATS_SIZE for values in slots for v in values)
+    got = decode_cgroup_slots(slots)
+    want = [(LatencyHistogram.decode_percpu(values), WaitSplit.decode_percpu(values)) for values in slots]
+    assert got == want
+    assert got[2] == (LatencyHistogram.empty(), WaitSplit())
+    assert decode_cgroup_slots([]) == [] and decode_cgroup_slots([[]]) == [(LatencyHistogram.empty(), WaitSplit())]
+    assert all(type(n) is int for n in got[0][0].slots)  # Python ints, as struct gives: no numpy scalars leak

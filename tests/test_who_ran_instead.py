@@ -377,7 +377,6 @@ def test_quiet_pairs_give_their_slots_back_so_a_new_culprit_is_named(victim_and_
     has its pair and is named, and the old pairs' totals stay (the matrix stays cumulative)."""
     from probes import runqlat
 
-    monkeypatch.setattr(runqlat, "PAIR_QUIET_S", 0.5)
     monkeypatch.setattr(runqlat, "PAIR_FULL_QUIET_S", 0.3)
     monkeypatch.setattr(runqlat, "PAIR_SWEEP_S", 0.3)
     stress = require_tool("stress-ng")
@@ -386,7 +385,7 @@ def test_quiet_pairs_give_their_slots_back_so_a_new_culprit_is_named(victim_and_
     late = make_cgroup("late", controllers=("cpu", "cpuacct"))
     _set_weight(late, 1024)
     procs: list[subprocess.Popen] = []
-    with RunqLatProbe(max_culprit_pairs=8) as probe:
+    with RunqLatProbe(max_culprit_pairs=8, pair_quiet_s=0.5) as probe:
         time.sleep(1)
         early = probe.snapshot()
         assert (v, h) in early.culprits

@@ -32,20 +32,21 @@ def make_pod_source(policy: Policy, paths: HostPaths | None = None,
     source it chose and why (the others' reasons included)."""
     env = os.environ if environ is None else environ
     mode = policy.pod_source
+    grace = policy.pod_vanish_grace_seconds
     if mode == "standalone":
-        return StandalonePodSource.from_policy(policy, paths)
+        return StandalonePodSource.from_policy(policy, paths, vanish_grace_seconds=grace)
     if mode == "kubelet":
-        return KubeletPodSource.from_policy(policy, env)
+        return KubeletPodSource.from_policy(policy, env, vanish_grace_seconds=grace)
     in_cluster = bool(env.get("KUBERNETES_SERVICE_HOST"))
     node = policy.node_name or env.get("NODE_NAME")
     if mode == "apiserver":
         if not node:
             raise ValueError("pod_source apiserver needs kubernetes.node_name (or the NODE_NAME environment variable)")
-        return ApiserverPodSource.in_cluster(node).start()
+        return ApiserverPodSource.in_cluster(node, vanish_grace_seconds=grace).start()
     if in_cluster and node:
         log.info("pod source auto: chose apiserver (list+watch of the pods of node %s; the kubelet source is "
                  "opt-in: pod_source kubelet)", node)
-        return ApiserverPodSource.in_cluster(node).start()
+        return ApiserverPodSource.in_cluster(node, vanish_grace_seconds=grace).start()
     why_not_kubelet = _try_kubelet(policy, env)
     if isinstance(why_not_kubelet, KubeletPodSource):
         kubelet = why_not_kubelet
@@ -55,7 +56,7 @@ def make_pod_source(policy: Policy, paths: HostPaths | None = None,
         "no node name (kubernetes.node_name or NODE_NAME)"
     log.info("pod source auto: chose standalone (cgroup globs): kubelet not usable: %s; apiserver: %s",
              why_not_kubelet, why_not_apiserver)
-    return StandalonePodSource.from_policy(policy, paths)
+    return StandalonePodSource.from_policy(policy, paths, vanish_grace_seconds=grace)
 
 
 def _try_kubelet(policy: Policy, env: Mapping[str, str]) -> KubeletPodSource | str:
@@ -63,7 +64,7 @@ def _try_kubelet(policy: Policy, env: Mapping[str, str]) -> KubeletPodSource | s
     if not policy.kubelet_read_only_port and not (policy.kubelet_token_file and Path(policy.kubelet_token_file).exists()):
         return f"no token file {policy.kubelet_token_file} and no read-only port"
     try:
-        kubelet = KubeletPodSource.from_policy(policy, env)
+        kubelet = KubeletPodSource.from_policy(policy, env, vanish_grace_seconds=policy.pod_vanish_grace_seconds)
     except ValueError as e:
         return str(e)
     if kubelet.refresh():

@@ -104,7 +104,7 @@ def _from_ours(doc: Mapping, ctx: _Ctx) -> Policy:
     sections = {"slo": "slo", "actuators": "actuators", "kubernetes": "kubernetes", "standalone": "standalone"}
     koord_by_norm = {_norm(k): v for k, v in KOORD_KEYS.items()}
     koord_by_norm.update({_norm(v): v for v in KOORD_KEYS.values()})  # resource_threshold, cpu_burst...
-    top_fields = {"interval_seconds", "incident_log", "node_name"}
+    top_fields = {"interval_seconds", "incident_log", "node_name", "runq_pair_quiet_seconds"}
     known = {_norm(k): k for k in (*sections, *top_fields)}
     fields: dict[str, Any] = {}
     for raw_key, value in doc.items():
@@ -139,6 +139,7 @@ _KUBE_FIELDS = {
     "kubelet_ca_file": "kubelet_ca_file",
     "kubelet_insecure_skip_verify": "kubelet_insecure_skip_verify",
     "kubelet_read_only_port": "kubelet_read_only_port",
+    "vanish_grace_seconds": "pod_vanish_grace_seconds",
 }
 _STANDALONE_FIELDS = {"ls_cgroups": "ls_cgroups", "be_cgroups": "be_cgroups"}
 _POLICY_FIELD_TYPES = typing.get_type_hints(Policy)

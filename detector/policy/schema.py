@@ -152,6 +152,13 @@ class Policy:
     kubelet_ca_file: str | None = f"{_SA_DIR}/ca.crt"
     kubelet_insecure_skip_verify: bool = False
     kubelet_read_only_port: int | None = None  # e.g. 10255; plain HTTP, no auth, when set
+    # A pod gone from the pod list stays resolvable (its series and incidents keep its name) this long,
+    # so the last samples of a pod that just ended are still named; then its series go.
+    pod_vanish_grace_seconds: float = 60.0
+    # A who-ran-instead pair that stopped moving gives its kernel slot back after this long (its totals
+    # are kept: probes/runqlat.py PAIR_QUIET_S). Shorter frees slots sooner on a node with heavy churn;
+    # the soak bench (bench/soak.py) shortens it and the grace above to compress hours into minutes.
+    runq_pair_quiet_seconds: float = 60.0
     incident_log: str | None = None
     # Standalone mode (no Kubernetes): cgroup path globs (fnmatch, relative to the hierarchy root,
     # no leading slash) naming latency-sensitive and best-effort cgroups. Tuples: Policy is frozen.
@@ -203,6 +210,8 @@ _RANGES: dict[type, dict[str, _Range]] = {
     Policy: {
         "interval_seconds": (0.01, 3600),
         "kubelet_read_only_port": (1, 65535),
+        "pod_vanish_grace_seconds": (0, 86400),
+        "runq_pair_quiet_seconds": (1, 86400),
     },
 }
 

@@ -204,11 +204,12 @@ class Agent:
         self._free_memory = FreeMemoryReturner()
         self._resolver = resolver
         use_btf_file(self.config.btf)  # process-wide: the probes' engines relocate against it
-        runq_tables = {k: v for k, v in (("max_cgroups", self.config.runq_cgroups),
-                                         ("max_culprit_pairs", self.config.runq_pairs)) if v is not None}
+        runq_options: dict[str, float] = {k: v for k, v in (("max_cgroups", self.config.runq_cgroups),
+                                                            ("max_culprit_pairs", self.config.runq_pairs)) if v is not None}
+        runq_options["pair_quiet_s"] = policy.runq_pair_quiet_seconds
         self.collector = NodeCollector(self.paths, self.layout, probes=self.config.probes,
                                        cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths,
-                                       probe_options={"runqlat": runq_tables} if runq_tables else None,
+                                       probe_options={"runqlat": runq_options},
                                        proc_stat=self.proc_stat).start()
         if self.config.gpu and GPU_PLUGIN not in self.collector.probes:  # else the plugin reads NVML (node_gpus)
             self.gpu = GpuCollector(self.paths)
