@@ -175,9 +175,6 @@ class ProbePlugin:
 
     name: str  # the probe's name: ProbeSpec.name, ProbeStatus.name, the `probe` metric label, --probes
     default: bool = field(default=True, kw_only=True)  # loaded when --probes is not given
-    # The NodeSnapshot attribute that carries its snapshot (None while it is off); None: a probe added
-    # later, whose snapshot is in NodeSnapshot.plugins[name] (read either through snap.probe(name)).
-    snapshot_field: str | None
     specs: tuple[ProbeSpec, ...]  # its BPF object and programs with their attach flavours, cheapest first
     factory: Callable[..., Any]  # factory(paths=, layout=, attach_mode=, **options) -> the loaded probe
     # True: its snapshot reads /proc/stat, and factory(proc_stat=) gets the collector's reader, which reads

@@ -414,7 +414,7 @@ def workload_signals(interval: ReclaimInterval, dt: float, workload_key: Workloa
 
 
 PLUGIN = ProbePlugin(
-    name="reclaim", snapshot_field="reclaim", specs=(SPEC,), factory=ReclaimProbe,
+    name="reclaim", specs=(SPEC,), factory=ReclaimProbe,
     activity=activity, activity_is_reclaim=True, delta=delta, map_entries=lambda s: len(s.per_cgroup),
     id_controller="memory",
     signals=("reclaim_stall_ms_per_s",),

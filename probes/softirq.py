@@ -400,7 +400,7 @@ def exposure(weights: dict[int, float], node: dict[str, Any]) -> dict[str, Any]:
 
 
 PLUGIN = ProbePlugin(
-    name="softirq", snapshot_field="softirq", specs=(SPEC,), factory=SoftirqProbe, delta=delta,
+    name="softirq", specs=(SPEC,), factory=SoftirqProbe, delta=delta,
     signals=("softirq_ms_per_s", "softirq_delay_p99_ns"),
     signal_extractor=SignalExtractor(
         stage="cpus", fields=("softirq_ms_per_s", "softirq_delay_p99_ns"),
