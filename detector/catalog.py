@@ -274,6 +274,9 @@ def check_plugin_signals(plugins: Iterable[Any]) -> None:
         unknown = [name for name in plugin.signals if name not in SIGNALS]
         if unknown:
             raise CatalogError(f"probe {plugin.name!r} feeds signal(s) not in the catalog: {', '.join(unknown)}")
+        plots = [name for name in plugin.victim_plots if name not in plugin.signals]
+        if plots:
+            raise CatalogError(f"probe {plugin.name!r} plots signal(s) it does not feed: {', '.join(plots)}")
         extractor = plugin.signal_extractor
         if extractor is None:
             continue

@@ -195,6 +195,8 @@ class ProbePlugin:
     # detector.catalog signal names computed from it (by signal_extractor), those its extractor declares
     # (SignalExtractor.signal_specs) included
     signals: tuple[str, ...] = ()
+    # Of those, the ones `noisyneighbor diagnose` plots for an incident's victim (from the detector's store)
+    victim_plots: tuple[str, ...] = ()
     signal_extractor: SignalExtractor | None = None
     metrics: tuple[str, ...] = ()  # exporter metric names filled from it (besides the per-probe health ones)
     # Metrics it defines, and their values from one (cumulative) snapshot: per cgroup (labelled by the
@@ -202,6 +204,10 @@ class ProbePlugin:
     metric_specs: tuple[MetricSpec, ...] = ()
     cgroup_series: Callable[[Any], Iterable[CgroupSample]] | None = None
     node_series: Callable[[Any], Iterable[NodeSample]] | None = None
+    # Its node series read from the node's shared /proc readings (the NodeSnapshot the collector makes, e.g.
+    # /proc/vmstat's allocstall for reclaim) rather than from its own snapshot: exported whether or not the
+    # probe loaded, as the kernel counts them either way.
+    shared_node_series: Callable[[Any], Iterable[NodeSample]] | None = None
     flavours: tuple[str, ...] = ()  # its own attach modes beyond the engine's (auto, tp_btf, raw_tp)
     top_view: str | None = None  # its view in `noisyneighbor top` (--view)
     # That view as a declared table (rows from ``delta``), served by noisyneighbor/sections.py's

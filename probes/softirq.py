@@ -401,6 +401,7 @@ def exposure(weights: dict[int, float], node: dict[str, Any]) -> dict[str, Any]:
 
 PLUGIN = ProbePlugin(
     name="softirq", specs=(SPEC,), factory=SoftirqProbe, delta=delta,
+    victim_plots=("softirq_ms_per_s",),
     signals=("softirq_ms_per_s", "softirq_delay_p99_ns"),
     signal_extractor=SignalExtractor(
         stage="cpus", fields=("softirq_ms_per_s", "softirq_delay_p99_ns"),
