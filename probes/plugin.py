@@ -128,6 +128,12 @@ class SignalSpec:
     scale: float = 1.0  # raw value x scale = value in ``unit``
     noise_floor: float | None = None  # smallest spread worth calling noise, in its raw unit
     default: float | None = 0.0  # its value where nothing set it (None: unknown, NaN in the store)
+    # What the detector's time-series store keeps of it: "set" (its value on the rows an extractor set it
+    # on: a probe that is off adds no series), "always" (also its default on every other row: a signal
+    # with a baseline, where a quiet tick is a 0 and not a gap), "never" (evidence only, not stored).
+    stored: str = "set"
+    # Shown in every incident's context while non-zero, with this note from the victim's row (None: not).
+    context_note: Callable[[Any], str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

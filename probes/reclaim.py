@@ -43,6 +43,7 @@ from probes.memstat import read_node_vmstat
 from probes.plugin import (
     CgroupSample,
     MetricSpec,
+    NodeFieldSpec,
     NodeSample,
     ProbePlugin,
     SignalExtractor,
@@ -432,7 +433,8 @@ PLUGIN = ProbePlugin(
     signal_extractor=SignalExtractor(
         stage="memory", fields=("reclaim_stall_ms_per_s", "reclaim_by_kind_ms_per_s", "reclaim_pages_per_s"),
         node_fields=("node_direct_reclaim_ms_per_s",), workloads=workload_signals,
-        node=lambda interval, dt: {"node_direct_reclaim_ms_per_s": interval.node_direct.latency.sum_ns / 1e6 / dt}),
+        node=lambda interval, dt: {"node_direct_reclaim_ms_per_s": interval.node_direct.latency.sum_ns / 1e6 / dt},
+        node_specs=(NodeFieldSpec("node_direct_reclaim_ms_per_s", default=float),)),
     metrics=(RECLAIM_LATENCY, RECLAIM_PAGES, NODE_RECLAIM_LATENCY, NODE_RECLAIM_PAGES, NODE_ALLOCSTALLS),
     metric_specs=(
         MetricSpec(RECLAIM_LATENCY, "histogram", "Reclaim passes the cgroup's tasks stalled in, by kind (direct, memcg, "
