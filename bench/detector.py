@@ -172,7 +172,7 @@ class SyntheticNode:
                         ran_instead[self.keys[j]] = 0.15 * wait_ns
             quota = self.quota[i]
             throttled = cols["throttled_ratio"][i]
-            rows[key] = WorkloadSignals(
+            rows[key] = WorkloadSignals.of(
                 workload=w,
                 interval_s=1.0,
                 runq_count=500,
@@ -199,7 +199,7 @@ class SyntheticNode:
                 connect_p99_ns=cols["connect_p99_ns"][i] if self.has_connects[i] else 0.0,
                 psi_cpu_some=cols["psi_cpu_some"][i],
             )
-        return NodeSignals(
+        return NodeSignals.of(
             interval_s=1.0,
             workloads=rows,
             softirq_ms_per_s_by_cpu={0: 5.0, 1: 5.0},

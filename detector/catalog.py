@@ -182,14 +182,17 @@ _OWN: tuple[Signal, ...] = (
 )
 
 
-def plugin_signals(plugins: Iterable[Any]) -> tuple[Signal, ...]:
+def plugin_signals(plugins: Iterable[Any], declared: Iterable[str] = ()) -> tuple[Signal, ...]:
     """The signals the probe plugins declare themselves (``SignalExtractor.signal_specs``), as evidence
-    entries: no SLO, no baseline (those are the detector's to declare, on its own entries)."""
+    entries: no SLO, no baseline (those are the detector's to declare, on its own entries). Those in
+    ``declared`` (the detector's own entries: an SLO or a baseline on a plugin's signal) are not repeated."""
+    skip = set(declared)
     return tuple(Signal(spec.name, spec.label, spec.unit, spec.scale, noise_floor=spec.noise_floor)
-                 for p in plugins if p.signal_extractor is not None for spec in p.signal_extractor.signal_specs)
+                 for p in plugins if p.signal_extractor is not None for spec in p.signal_extractor.signal_specs
+                 if spec.name not in skip)
 
 
-_ALL: tuple[Signal, ...] = (*_OWN, *plugin_signals(PLUGINS))
+_ALL: tuple[Signal, ...] = (*_OWN, *plugin_signals(PLUGINS, declared=(s.name for s in _OWN)))
 
 
 SIGNALS: dict[str, Signal] = {s.name: s for s in _ALL}
@@ -274,6 +277,9 @@ def check_plugin_signals(plugins: Iterable[Any]) -> None:
         unknown = [name for name in plugin.signals if name not in SIGNALS]
         if unknown:
             raise CatalogError(f"probe {plugin.name!r} feeds signal(s) not in the catalog: {', '.join(unknown)}")
+        plots = [name for name in plugin.victim_plots if name not in plugin.signals]
+        if plots:
+            raise CatalogError(f"probe {plugin.name!r} plots signal(s) it does not feed: {', '.join(plots)}")
         extractor = plugin.signal_extractor
         if extractor is None:
             continue

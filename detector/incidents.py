@@ -51,7 +51,7 @@ from detector.decisions import (
 )
 from detector.model import Culprit, CulpritCost, Evidence, Incident, TaskShare
 from detector.policy import Policy
-from detector.signals import IDLE, UNKNOWN, NodeSignals, WorkloadSignals
+from detector.signals import CONTEXT_SIGNALS, IDLE, UNKNOWN, NodeSignals, WorkloadSignals
 from detector.store import SignalStore
 from detector.workloads import key_of
 
@@ -347,8 +347,9 @@ class IncidentEngine:
                                     note=f"throttled ratio {row.throttled_ratio or 0:.2f}, {quota}"))
         if row.who_ran_instead_available:
             context.append(Evidence("who_ran_instead_foreign_share", ctx.foreign_share, ctx.window_s))
-        if row.softirq_ms_per_s:
-            context.append(Evidence("softirq_ms_per_s", row.softirq_ms_per_s, dt, note=f"on CPUs {sorted(row.cpu_weights)}"))
+        for spec in CONTEXT_SIGNALS:  # the probe plugins' (SignalSpec.context_note)
+            if value := getattr(row, spec.name):
+                context.append(Evidence(spec.name, value, dt, note=spec.context_note(row)))  # type: ignore[misc]
         if row.reclaim_stall_ms_per_s:
             context.append(Evidence("reclaim_stall_ms_per_s", row.reclaim_stall_ms_per_s, dt,
                                     note=", ".join(f"{k} {v:.1f}" for k, v in sorted(row.reclaim_by_kind_ms_per_s.items()))))

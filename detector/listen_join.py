@@ -32,11 +32,13 @@ from detector.decisions import Target
 from detector.model import Culprit, Evidence
 from probes.hist import HIST_SLOTS, slot_bounds_us
 from probes.listenq import ListenReport, ListenSocket, NetnsReading
+from probes.tcpconnect import PLUGIN as TCP_PLUGIN
 from probes.tcpconnect import TcpConnectSnapshot
 from probes.tcpconnect import delta as tcp_delta
 
 log = logging.getLogger(__name__)
 
+PROBE = TCP_PLUGIN.name  # the probe whose connects it joins (NodeSnapshot.probe(PROBE))
 WINDOW_S = 60.0  # a client's failed/slow destinations are remembered this long
 REPORT_MAX_AGE_S = 90.0  # an older listen report names nobody (a cadence read is every 30 s)
 PORT_ONLY_WEIGHT = 0.5

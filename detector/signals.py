@@ -92,9 +92,6 @@ class WorkloadSignals:
     containers: dict[str, ContainerCpu] = field(default_factory=dict)  # container cgroup path -> its CPU
     cpus_allowed: int | None = None  # CPUs in its effective cpuset, when read
     may_use: MayUse | None = None  # pods: its containers' cpuset union and quota sum (detector/containers.py)
-    # softirq on the CPUs it ran on
-    softirq_ms_per_s: float = 0.0  # weighted softirq run time on its CPUs
-    softirq_delay_p99_ns: float = 0.0  # worst CPU's raise->entry p99 among its CPUs (weight > 5 %)
     steal_ms_per_s: float = 0.0  # hypervisor steal on the CPUs it ran on, weighted like softirq (probes/steal.py)
     cpu_weights: dict[int, float] = field(default_factory=dict)
     # memory reclaim stalls in its own allocations, by kind (direct = global, memcg, softlimit)
@@ -121,6 +118,19 @@ class WorkloadSignals:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return spec.default
 
+    @classmethod
+    def of(cls, workload: Workload, interval_s: float, **values: Any) -> WorkloadSignals:
+        """A row from field values, the plugin-declared signals among them (the dataclass's own
+        constructor knows only its own fields)."""
+        own = {k: v for k, v in values.items() if k in _ROW_OWN_FIELDS}
+        row = cls(workload, interval_s, **own)
+        for name, value in values.items():
+            if name not in own:
+                if name not in PLUGIN_SIGNALS:
+                    raise TypeError(f"WorkloadSignals has no field {name!r}")
+                setattr(row, name, value)
+        return row
+
     def as_store_values(self) -> dict[str, float]:
         """The numeric signals the time-series store keeps (NaN for unknown), the plugin-declared ones
         after the row's own."""
@@ -132,14 +142,14 @@ class WorkloadSignals:
         # Only those an extractor set on this row: a probe that is off (hardirq is not loaded by
         # default) adds no series per workload to the store.
         own = self.__dict__
-        plugins = {name: v(x) for name in PLUGIN_SIGNALS
-                   if name in own and ((x := own[name]) is None or isinstance(x, int | float))}
+        plugins = {name: v(x) for name, spec in PLUGIN_SIGNALS.items() if spec.stored != "never"
+                   and (name in own or spec.stored == "always")
+                   and ((x := own.get(name, spec.default)) is None or isinstance(x, int | float))}
         return {
             "runq_p99_ns": self.runq_p99_ns if self.runq_count else nan,
             "runq_wait_ms_per_s": self.runq_wait_ms_per_s,
             "cpu_cores": v(self.cpu_cores),
             "throttled_ratio": v(self.throttled_ratio),
-            "softirq_ms_per_s": self.softirq_ms_per_s,
             "steal_ms_per_s": self.steal_ms_per_s,
             "reclaim_stall_ms_per_s": self.reclaim_stall_ms_per_s,
             "connect_p99_ns": self.connect_p99_ns if self.connects else nan,
@@ -153,10 +163,7 @@ class WorkloadSignals:
 class NodeSignals:
     interval_s: float
     workloads: dict[str, WorkloadSignals]
-    # set by the probe plugins' extractors (their defaults: the probe is off)
-    softirq_ms_per_s_by_cpu: dict[int, float] = field(default_factory=dict)
-    softirq_delay_p99_ns_by_cpu: dict[int, float] = field(default_factory=dict)
-    node_direct_reclaim_ms_per_s: float = 0.0
+    # (the probe plugins' node fields are declared by the plugins: SignalExtractor.node_specs)
     node_cpu_busy: float | None = None  # 0..ncpu cores busy
     node_psi: dict[str, float] = field(default_factory=dict)  # "cpu_some" -> percent
     online_cpus: tuple[int, ...] = ()
@@ -205,6 +212,9 @@ def _plugin_fields() -> tuple[dict[str, SignalSpec], dict[str, NodeFieldSpec]]:
 # Plugin-declared fields by name (probes.registry, fixed at import like the registry itself).
 PLUGIN_SIGNALS, PLUGIN_NODE_FIELDS = _plugin_fields()
 _NODE_OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeSignals))
+_ROW_OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(WorkloadSignals))
+# The plugin signals shown in every incident's context while non-zero (SignalSpec.context_note).
+CONTEXT_SIGNALS: tuple[SignalSpec, ...] = tuple(spec for spec in PLUGIN_SIGNALS.values() if spec.context_note is not None)
 
 
 def probe_delta(name: str, prev: NodeSnapshot, cur: NodeSnapshot) -> Any:

@@ -50,7 +50,16 @@ def _probe_list(text: str) -> tuple[str, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     from noisyneighbor.output import package_version
+    from noisyneighbor.sections import DEFAULT_SORT, SORT_VIEWS, VIEWS
     from noisyneighbor.top import SORT_KEYS, VIEW_CHOICES
+    from noisyneighbor.views import VIEW_HOTKEYS, VIEW_TITLES
+    from probes.registry import ENGINE_ATTACH_MODES, PLUGINS
+
+    # --attach-mode: "auto", each probe's own flavours (ProbePlugin.flavours, with its probe), the engine's.
+    own_flavours = tuple((p.name, mode) for p in PLUGINS for mode in p.flavours)
+    attach_modes = ("auto", *(mode for _, mode in own_flavours), *(m for m in ENGINE_ATTACH_MODES if m != "auto"))
+    # The probes with node metric families that grow with the CPUs (MetricSpec.per_cpu): --per-cpu-series.
+    per_cpu_probes = tuple(p.name for p in PLUGINS if any(spec.per_cpu for spec in p.metric_specs))
 
     parser = argparse.ArgumentParser(
         prog="noisyneighbor",
@@ -73,25 +82,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     top = sub.add_parser(
         "top", parents=[common],
-        help="live interference per cgroup / pod / CPU: runqueue, softirq, reclaim, TCP connects, pressure",
-        description="One view per probe. On a terminal every probe is loaded and keys switch views "
-        "(r runq, s softirq, c reclaim, t tcp, p psi, a all); piped or --json, only the probes of --view load.",
+        help="live interference per cgroup / pod / CPU, one view per probe: " + ", ".join(VIEWS),
+        description="One view per probe: " + "; ".join(f"{view}: {VIEW_TITLES[view]}" for view in VIEWS)
+        + ". On a terminal every probe is loaded and keys switch views ("
+        + ", ".join(f"{key} {view}" for key, view in VIEW_HOTKEYS.items())
+        + "); piped or --json, only the probes of --view load.",
     )
-    top.add_argument("--view", choices=VIEW_CHOICES, default="runq", help="what to show (default: runq)")
+    top.add_argument("--view", choices=VIEW_CHOICES, default=VIEWS[0], help=f"what to show (default: {VIEWS[0]})")
     top.add_argument("--interval", type=_positive_float, default=1.0, metavar="S", help="refresh every S seconds")
     top.add_argument("--once", action="store_true", help="print one interval and exit")
     top.add_argument("--json", action="store_true", help="JSON (with --once: one record; else JSON lines)")
     top.add_argument("--count", type=int, metavar="N", help="stop after N intervals")
-    top.add_argument("--sort", choices=sorted(SORT_KEYS), default="wait", help="runq sort column (default: wait)")
+    top.add_argument("--sort", choices=sorted(SORT_KEYS), default=DEFAULT_SORT,
+                     help=f"{', '.join(SORT_VIEWS)} sort column (default: {DEFAULT_SORT})")
     top.add_argument(
         "--cgroup", metavar="PATH", help="only this cgroup and its descendants (path in each view's hierarchy)"
     )
     top.add_argument("--limit", type=int, metavar="N", help="show at most N rows per view")
     top.add_argument(
         "--attach-mode",
-        choices=("auto", "sched_info", "tp_btf", "raw_tp"),
+        choices=attach_modes,
         default="auto",
-        help="force a tracepoint flavour (sched_info: runqlat only; the other probes then use auto)",
+        help="force a tracepoint flavour ("
+        + "; ".join(f"{mode}: {name} only" for name, mode in own_flavours) + "; the other probes then use auto)",
     )
 
     agent = sub.add_parser(
@@ -144,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--extra-node-series", action="store_true",
                        help="also export PSI averages and /proc/stat per CPU and mode (node_exporter has both)")
     agent.add_argument("--per-cpu-series", action="store_true",
-                       help="export the node's runqueue and softirq histograms per CPU (softirq: per CPU x vector, "
-                            "~41 series a pair, ~26k at 64 CPUs), not summed over CPUs")
+                       help="export the node series that grow with its CPUs per CPU, not summed over CPUs (those "
+                            f"of {', '.join(per_cpu_probes)}; e.g. ~26k more series at 64 CPUs)")
     agent.add_argument("--pods", choices=("auto", "kubelet", "apiserver", "standalone"), default=None,
                        help="pod metadata source (default: the policy's)")
     agent.add_argument("--act-only", action="append", default=[], metavar="GLOB",

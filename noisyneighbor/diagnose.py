@@ -29,6 +29,7 @@ from detector.workloads import key_of
 from noisyneighbor.output import SCHEMA_VERSION, iso_utc
 from probes.cgroupfiles import format_cpu_list
 from probes.collect import NodeCollector
+from probes.registry import PLUGINS
 
 # What would help, per cause: from the cause declarations (detector/causes).
 ADVICE: dict[Cause, str] = {s.cause: s.advice for s in CAUSES}
@@ -210,7 +211,9 @@ def _top_workloads(detector: Detector, limit: int = 10) -> list[dict[str, Any]]:
     return rows[:limit]
 
 
-VICTIM_SIGNALS = ("runq_p99_ns", "runq_wait_ms_per_s", "throttled_ratio", "softirq_ms_per_s", "reclaim_stall_ms_per_s")
+# What the report plots for a victim: its CPU throttling (the detector's own, from the cgroup files) and
+# each probe plugin's victim signals (ProbePlugin.victim_plots), in registry order.
+VICTIM_SIGNALS: tuple[str, ...] = ("throttled_ratio", *(name for p in PLUGINS for name in p.victim_plots))
 assert set(VICTIM_SIGNALS) <= CATALOG.keys()
 
 

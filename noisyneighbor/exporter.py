@@ -61,7 +61,6 @@ from probes.snapshot import CpuTimes, NodeSnapshot
 log = logging.getLogger(__name__)
 
 # -- metric names (shared with dashboards/generate.py) ----------------------------------------------
-NODE_ALLOCSTALLS = "noisyneighbor_node_allocstalls_total"
 LISTEN_OVERFLOWS = "noisyneighbor_listen_overflows_total"
 LISTEN_QUEUE_FILL = "noisyneighbor_listen_queue_fill_ratio"
 PSI_STALL = "noisyneighbor_psi_stall_seconds_total"
@@ -139,8 +138,6 @@ class MetricDef:
 
 
 _DEFS = (
-    MetricDef(NODE_ALLOCSTALLS, "counter", "Global direct reclaim passes (/proc/vmstat allocstall_*), by zone.",
-              ("zone",)),
     MetricDef(LISTEN_OVERFLOWS, "counter", "TcpExt ListenOverflows of the pod's own network namespace (SYNs and "
               "handshake ACKs dropped because an accept queue was full), at the last listen-queue read (on "
               "connect trouble, else every 30 s); from its first overflow.", per_cgroup=True),
@@ -178,7 +175,7 @@ _DEFS = (
               "attribution combined.", (*VICTIM_LABELS, "cause", *CULPRIT_LABELS)),
     MetricDef(CULPRIT_P99_WITHOUT, "gauge", "Per open incident and culprit, the victim's runqueue p99 with that "
               "culprit's share of each wait taken out (the counterfactual; detector/counterfactual.py); for the top culprit "
-              "of a softirq incident also the softirq work's share.",
+              "of a cause that declares kernel work (CauseSpec.kernel_work) also that work's share.",
               (*VICTIM_LABELS, "cause", *CULPRIT_LABELS)),
     MetricDef(MOVED_TOGETHER_P99_WITHOUT, "gauge", "Per open incident whose step moved several culprits at once (BE "
               "hogs suppressed together), the victim's runqueue p99 without all of them; the incident JSON names them.",
@@ -216,6 +213,7 @@ _DEFS = (*(MetricDef(spec.name, spec.type, spec.help, spec.labels, spec.per_cgro
                      spec.per_cpu_labels) for plugin in PLUGINS for spec in plugin.metric_specs), *_DEFS)
 _CGROUP_SERIES = tuple(plugin for plugin in PLUGINS if plugin.cgroup_series is not None)
 _NODE_SERIES = tuple(plugin for plugin in PLUGINS if plugin.node_series is not None)
+_SHARED_NODE_SERIES = tuple(plugin for plugin in PLUGINS if plugin.shared_node_series is not None)
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
 
 # Metrics whose series grow with the node's CPUs: their `cpu` label (and any other label that grows with
@@ -645,9 +643,9 @@ class Exporter:
                     if d.per_cpu and not self.per_cpu_series:  # summed over CPUs: the cpu label goes
                         labels = d.lean_labels(labels)
                     node.add(d.type, metric, labels, value)
-        if snap.node_vmstat is not None:
-            for zone, passes in snap.node_vmstat.allocstall.items():
-                node.add_counter(NODE_ALLOCSTALLS, (zone,), float(passes))
+        for plugin in _SHARED_NODE_SERIES:  # from the node's /proc readings, the probe loaded or not
+            for metric, labels, value in plugin.shared_node_series(snap):  # type: ignore[misc]
+                node.add(METRICS[metric].type, metric, labels, value)
         if snap.node_psi is not None:
             for reading in snap.node_psi.readings.values():
                 _add_psi(node, reading, PSI_STALL, PSI_AVG if self.extra_node_series else None)

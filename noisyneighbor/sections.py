@@ -56,6 +56,9 @@ VIEW_SOURCES: dict[str, tuple[str, ...]] = {
 }
 # --sort: every declared table's sort options (the live view's sort keys follow its sort_hotkeys).
 SORT_KEYS: dict[str, str] = {option: key for table in TABLES.values() for option, key in table.sort_keys.items()}
+# The views that sort by --sort, and its default: the first option of the first table that has any.
+SORT_VIEWS: tuple[str, ...] = tuple(view for view, table in TABLES.items() if table.sort_keys)
+DEFAULT_SORT: str = next(iter(SORT_KEYS), "name")
 SOURCE_VIEW = {sources[0]: view for view, sources in VIEW_SOURCES.items()}
 # Collection order: psi reads the sections of the same interval that list its cgroups.
 SOURCE_ORDER = (*(p.name for p in _VIEW_PLUGINS), "psi")

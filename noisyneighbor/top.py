@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """`noisyneighbor top`: live per-cgroup / per-CPU interference, one view per probe.
 
-Views: runq (runqueue latency per cgroup), softirq (per CPU and vector), reclaim (per memory
-cgroup), tcp (connects per cgroup and netns), psi (node and cgroup pressure, CPU throttling), or all
-of them; gpu (GPU memory per cgroup, a plugin's declared table) only when asked for. Reads only:
+Views: one per registered probe that declares a table (probes.registry, ``ProbePlugin.top_table``), and
+psi (node and cgroup pressure, CPU throttling), or all of them (the probes loaded by default); a probe
+loaded only when asked for shows only when its view is asked for. Reads only:
 the probes measure, `sections` turns their snapshots into interval rows, the resolver names
 cgroups, `views` renders. Output adapts to where it goes: a live, resizable table on a terminal
 (keys switch views); plain text tables when piped; JSON lines with `--json` (first a status record
@@ -34,6 +34,7 @@ from noisyneighbor.kubectl_plugin import cbreak, read_key
 from noisyneighbor.output import SCHEMA_VERSION, now_iso
 from noisyneighbor.sections import (
     ALL_VIEWS,
+    DEFAULT_SORT,
     SOURCE_ORDER,
     SOURCE_VIEW,
     TABLES,
@@ -111,7 +112,7 @@ def collect(sources: Sequence[Source]) -> Frame:
     return Frame(now_iso(), sections)
 
 
-def frame_record(frame: Frame, sort_key: str = "wait", limit: int | None = None) -> dict:
+def frame_record(frame: Frame, sort_key: str = DEFAULT_SORT, limit: int | None = None) -> dict:
     """The JSON interval record: every view whose probe is on adds one key holding its section, except a
     table declared ``record_top_level`` (the first view's: cgroups, cpus, drops, as before views)."""
     record: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "ts": frame.ts, "interval_s": frame.interval_s}
@@ -189,7 +190,7 @@ def run_top(
     interval_s: float = 1.0,
     once: bool = False,
     as_json: bool = False,
-    sort_key: str = "wait",
+    sort_key: str = DEFAULT_SORT,
     limit: int | None = None,
     count: int | None = None,
     out: TextIO = sys.stdout,

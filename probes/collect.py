@@ -30,9 +30,6 @@ from probes.snapshot import NodeSnapshot
 log = logging.getLogger(__name__)
 
 BPF_PROBES = DEFAULT_NAMES  # the registry's probes loaded by default, in collection order
-# Probes whose snapshot has a NodeSnapshot attribute of its own, and the others (NodeSnapshot.plugins).
-FIELD_PLUGINS = tuple(p for p in PLUGINS if p.snapshot_field is not None)
-OTHER_PLUGINS = tuple(p for p in PLUGINS if p.snapshot_field is None)
 PROGRAM_STATS_EVERY_TICKS = 5  # BPF programs' run counts (kernel.bpf_stats_enabled) are this stale at most
 
 
@@ -159,8 +156,7 @@ class NodeCollector:
         return NodeSnapshot(
             monotonic_s=time.monotonic(),
             wall_s=time.time(),
-            **{plugin.snapshot_field: snaps.get(plugin.name) for plugin in FIELD_PLUGINS},
-            plugins={plugin.name: snaps[plugin.name] for plugin in OTHER_PLUGINS if plugin.name in snaps},
+            plugins={plugin.name: snaps[plugin.name] for plugin in PLUGINS if plugin.name in snaps},
             node_cpu=stat.node if stat is not None else None,
             node_cpu_per_cpu=stat.per_cpu if stat is not None else {},
             node_psi=read_node_psi(self.paths),

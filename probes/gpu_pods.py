@@ -137,7 +137,7 @@ TOP_TABLE = TopTable(
 
 
 PLUGIN = ProbePlugin(
-    name=NAME, default=False, snapshot_field=None, specs=(), factory=GpuPodsProbe, delta=delta,
+    name=NAME, default=False, specs=(), factory=GpuPodsProbe, delta=delta,
     metrics=(CGROUP_GPU_MEMORY, CGROUP_GPU_PROCESSES),
     metric_specs=(
         MetricSpec(CGROUP_GPU_MEMORY, "gauge", "GPU memory held by the cgroup's processes, over every GPU (NVML)."),

@@ -253,7 +253,7 @@ def exposure(weights: dict[int, float], node: dict[str, Any]) -> dict[str, Any]:
 
 
 PLUGIN = ProbePlugin(
-    name=NAME, snapshot_field=None, specs=(SPEC,), factory=HardirqProbe, delta=delta,
+    name=NAME, specs=(SPEC,), factory=HardirqProbe, delta=delta,
     # ~0.3 µs a device interrupt over empty programs on the same tracepoints (kernel-counted, tp_btf, dev VM):
     # cheap, but on by default it would change the default probe set (`top --view all`, /readyz). Asked for
     # with --probes …,hardirq.

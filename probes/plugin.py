@@ -128,6 +128,12 @@ class SignalSpec:
     scale: float = 1.0  # raw value x scale = value in ``unit``
     noise_floor: float | None = None  # smallest spread worth calling noise, in its raw unit
     default: float | None = 0.0  # its value where nothing set it (None: unknown, NaN in the store)
+    # What the detector's time-series store keeps of it: "set" (its value on the rows an extractor set it
+    # on: a probe that is off adds no series), "always" (also its default on every other row: a signal
+    # with a baseline, where a quiet tick is a 0 and not a gap), "never" (evidence only, not stored).
+    stored: str = "set"
+    # Shown in every incident's context while non-zero, with this note from the victim's row (None: not).
+    context_note: Callable[[Any], str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +181,6 @@ class ProbePlugin:
 
     name: str  # the probe's name: ProbeSpec.name, ProbeStatus.name, the `probe` metric label, --probes
     default: bool = field(default=True, kw_only=True)  # loaded when --probes is not given
-    # The NodeSnapshot attribute that carries its snapshot (None while it is off); None: a probe added
-    # later, whose snapshot is in NodeSnapshot.plugins[name] (read either through snap.probe(name)).
-    snapshot_field: str | None
     specs: tuple[ProbeSpec, ...]  # its BPF object and programs with their attach flavours, cheapest first
     factory: Callable[..., Any]  # factory(paths=, layout=, attach_mode=, **options) -> the loaded probe
     # True: its snapshot reads /proc/stat, and factory(proc_stat=) gets the collector's reader, which reads
@@ -198,6 +201,8 @@ class ProbePlugin:
     # detector.catalog signal names computed from it (by signal_extractor), those its extractor declares
     # (SignalExtractor.signal_specs) included
     signals: tuple[str, ...] = ()
+    # Of those, the ones `noisyneighbor diagnose` plots for an incident's victim (from the detector's store)
+    victim_plots: tuple[str, ...] = ()
     signal_extractor: SignalExtractor | None = None
     metrics: tuple[str, ...] = ()  # exporter metric names filled from it (besides the per-probe health ones)
     # Metrics it defines, and their values from one (cumulative) snapshot: per cgroup (labelled by the
@@ -205,6 +210,10 @@ class ProbePlugin:
     metric_specs: tuple[MetricSpec, ...] = ()
     cgroup_series: Callable[[Any], Iterable[CgroupSample]] | None = None
     node_series: Callable[[Any], Iterable[NodeSample]] | None = None
+    # Its node series read from the node's shared /proc readings (the NodeSnapshot the collector makes, e.g.
+    # /proc/vmstat's allocstall for reclaim) rather than from its own snapshot: exported whether or not the
+    # probe loaded, as the kernel counts them either way.
+    shared_node_series: Callable[[Any], Iterable[NodeSample]] | None = None
     flavours: tuple[str, ...] = ()  # its own attach modes beyond the engine's (auto, tp_btf, raw_tp)
     top_view: str | None = None  # its view in `noisyneighbor top` (--view)
     # That view as a declared table (rows from ``delta``), served by noisyneighbor/sections.py's

@@ -43,6 +43,7 @@ from probes.memstat import read_node_vmstat
 from probes.plugin import (
     CgroupSample,
     MetricSpec,
+    NodeFieldSpec,
     NodeSample,
     ProbePlugin,
     SignalExtractor,
@@ -328,6 +329,7 @@ RECLAIM_LATENCY = "noisyneighbor_reclaim_latency_seconds"
 RECLAIM_PAGES = "noisyneighbor_reclaim_pages_total"
 NODE_RECLAIM_LATENCY = "noisyneighbor_node_reclaim_latency_seconds"
 NODE_RECLAIM_PAGES = "noisyneighbor_node_reclaim_pages_total"
+NODE_ALLOCSTALLS = "noisyneighbor_node_allocstalls_total"
 
 
 def activity(snap: ReclaimSnapshot) -> dict[int, int]:
@@ -413,16 +415,27 @@ def workload_signals(interval: ReclaimInterval, dt: float, workload_key: Workloa
     return out
 
 
+def allocstall_series(node: Any) -> Iterator[NodeSample]:
+    """Global direct reclaim passes by zone from the node's /proc/vmstat reading (NodeSnapshot.node_vmstat,
+    read once a tick by the collector): what the kernel counts of direct reclaim, BPF or not."""
+    vmstat = node.node_vmstat
+    if vmstat is not None:
+        for zone, passes in vmstat.allocstall.items():
+            yield NODE_ALLOCSTALLS, (zone,), float(passes)
+
+
 PLUGIN = ProbePlugin(
-    name="reclaim", snapshot_field="reclaim", specs=(SPEC,), factory=ReclaimProbe,
+    name="reclaim", specs=(SPEC,), factory=ReclaimProbe,
     activity=activity, activity_is_reclaim=True, delta=delta, map_entries=lambda s: len(s.per_cgroup),
     id_controller="memory",
+    victim_plots=("reclaim_stall_ms_per_s",),
     signals=("reclaim_stall_ms_per_s",),
     signal_extractor=SignalExtractor(
         stage="memory", fields=("reclaim_stall_ms_per_s", "reclaim_by_kind_ms_per_s", "reclaim_pages_per_s"),
         node_fields=("node_direct_reclaim_ms_per_s",), workloads=workload_signals,
-        node=lambda interval, dt: {"node_direct_reclaim_ms_per_s": interval.node_direct.latency.sum_ns / 1e6 / dt}),
-    metrics=(RECLAIM_LATENCY, RECLAIM_PAGES, NODE_RECLAIM_LATENCY, NODE_RECLAIM_PAGES),
+        node=lambda interval, dt: {"node_direct_reclaim_ms_per_s": interval.node_direct.latency.sum_ns / 1e6 / dt},
+        node_specs=(NodeFieldSpec("node_direct_reclaim_ms_per_s", default=float),)),
+    metrics=(RECLAIM_LATENCY, RECLAIM_PAGES, NODE_RECLAIM_LATENCY, NODE_RECLAIM_PAGES, NODE_ALLOCSTALLS),
     metric_specs=(
         MetricSpec(RECLAIM_LATENCY, "histogram", "Reclaim passes the cgroup's tasks stalled in, by kind (direct, memcg, "
                    "softlimit; softlimit passes are also inside direct ones).", ("kind",)),
@@ -430,9 +443,12 @@ PLUGIN = ProbePlugin(
         MetricSpec(NODE_RECLAIM_LATENCY, "histogram", "Reclaim passes on the node, by kind.", ("kind",), per_cgroup=False),
         MetricSpec(NODE_RECLAIM_PAGES, "counter", "Pages freed by reclaim passes on the node, by kind.", ("kind",),
                    per_cgroup=False),
+        MetricSpec(NODE_ALLOCSTALLS, "counter", "Global direct reclaim passes (/proc/vmstat allocstall_*), by zone.",
+                   ("zone",), per_cgroup=False),
     ),
     cgroup_series=cgroup_series,
     node_series=node_series,
+    shared_node_series=allocstall_series,
     top_view="reclaim",
     top_table=TOP_TABLE,
     top_options={"stall_threshold_ns": 0},  # no stall ring buffer: top shows the histograms only

@@ -1145,8 +1145,9 @@ def _who_ran_instead(interval: RunqInterval, workload_key: WorkloadKey, out: dic
 
 
 PLUGIN = ProbePlugin(
-    name="runqlat", snapshot_field="runq", specs=(SCHED_INFO_SPEC, SPEC), factory=RunqLatProbe,
+    name="runqlat", specs=(SCHED_INFO_SPEC, SPEC), factory=RunqLatProbe,
     flavours=("sched_info",), activity=activity, delta=delta, map_entries=lambda s: len(s.per_cgroup),
+    victim_plots=("runq_p99_ns", "runq_wait_ms_per_s"),
     signals=("runq_p99_ns", "runq_wait_ms_per_s", "runq_wait_share", "who_ran_instead_foreign_share",
              "who_ran_instead_own_share"),
     signal_extractor=SignalExtractor(

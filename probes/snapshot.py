@@ -5,7 +5,8 @@ Every field is *cumulative* (counters since the probe loaded, or since boot for 
 consumers diff two snapshots for an interval and the exporter can publish counters and histograms
 as they are. Per-cgroup file readings are keyed by cgroup path (relative to its hierarchy root);
 BPF readings are keyed by cgroup id, which ``detector.cgroups.CgroupResolver`` turns into paths.
-A probe that is off or degraded leaves its field None and says why in ``probe_status``.
+Each registered probe's snapshot is in ``plugins`` under the probe's name (``snap.probe(name)``); a probe
+that is off or failed has none there and says why in ``probe_status``.
 """
 
 from __future__ import annotations
@@ -21,22 +22,13 @@ from probes.libbpf import ProgramStats
 from probes.listenq import ListenReport
 from probes.memstat import MemStat, NodeVmstat
 from probes.psi import NodePsi, PsiReading
-from probes.reclaim import ReclaimSnapshot
-from probes.registry import BY_NAME, PLUGINS
-from probes.runqlat import RunqSnapshot
-from probes.softirq import SoftirqSnapshot
-from probes.tcpconnect import TcpConnectSnapshot
+from probes.registry import PLUGINS
 
 
 @dataclass(frozen=True)
 class NodeSnapshot:
     monotonic_s: float
     wall_s: float
-    # BPF probes (None: off or failed; see probe_status)
-    runq: RunqSnapshot | None = None
-    softirq: SoftirqSnapshot | None = None
-    reclaim: ReclaimSnapshot | None = None
-    tcp: TcpConnectSnapshot | None = None
     # files
     node_cpu: CpuTimes | None = None
     node_cpu_per_cpu: dict[int, CpuTimes] = field(default_factory=dict)
@@ -59,8 +51,8 @@ class NodeSnapshot:
     # The last read of the pods' listen queues (probes.listenq.ListenWatch: read on connect trouble or every
     # 30 s, so it may be older than this tick; see its monotonic_s). None: never read.
     listen: ListenReport | None = None
-    # Snapshots of registered probes without a field of their own (probes.registry: snapshot_field None),
-    # by probe name; read any probe's through probe(name).
+    # Every registered probe's snapshot (probes.registry) by the probe's name; absent while it is off or its
+    # snapshot failed this tick. Read through probe(name).
     plugins: dict[str, Any] = field(default_factory=dict)
     # the agent's own health
     probe_status: dict[str, ProbeStatus] = field(default_factory=dict)
@@ -68,12 +60,8 @@ class NodeSnapshot:
     errors: list[str] = field(default_factory=list)  # one-line problems met while collecting this tick
 
     def probe(self, name: str) -> Any:
-        """A registered probe's snapshot by its name, None while it is off: the snapshot as a mapping
-        of plugin snapshots (the four first probes keep their attributes, ``snap.runq`` and so on)."""
-        found = BY_NAME.get(name)
-        if found is None or found.snapshot_field is None:
-            return self.plugins.get(name)
-        return getattr(self, found.snapshot_field)
+        """A registered probe's snapshot by its name, None while it is off."""
+        return self.plugins.get(name)
 
     def probe_snapshots(self) -> dict[str, Any]:
         """Every registered probe's snapshot by name (None while it is off), in registry order."""

@@ -26,7 +26,17 @@ from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
 from probes.hist import NN_HIST_SIZE, IntervalHistogram, LatencyHistogram, merge_intervals
 from probes.host import HostPaths, possible_cpu_count
-from probes.plugin import MetricSpec, NodeSample, ProbePlugin, SignalExtractor, TopColumn, TopInput, TopTable
+from probes.plugin import (
+    MetricSpec,
+    NodeFieldSpec,
+    NodeSample,
+    ProbePlugin,
+    SignalExtractor,
+    SignalSpec,
+    TopColumn,
+    TopInput,
+    TopTable,
+)
 from probes.units import fmt_us
 
 SPEC = ProbeSpec(
@@ -400,12 +410,20 @@ def exposure(weights: dict[int, float], node: dict[str, Any]) -> dict[str, Any]:
 
 
 PLUGIN = ProbePlugin(
-    name="softirq", snapshot_field="softirq", specs=(SPEC,), factory=SoftirqProbe, delta=delta,
+    name="softirq", specs=(SPEC,), factory=SoftirqProbe, delta=delta,
+    victim_plots=("softirq_ms_per_s",),
     signals=("softirq_ms_per_s", "softirq_delay_p99_ns"),
     signal_extractor=SignalExtractor(
         stage="cpus", fields=("softirq_ms_per_s", "softirq_delay_p99_ns"),
         node_fields=("softirq_ms_per_s_by_cpu", "softirq_delay_p99_ns_by_cpu"), node=node_signals,
-        exposure=exposure),
+        exposure=exposure,
+        signal_specs=(
+            # The detector's SLOs on both are in its catalog (detector/catalog.py).
+            SignalSpec("softirq_ms_per_s", "Softirq time on its CPUs", "ms/s", noise_floor=1.0, stored="always",
+                       context_note=lambda row: f"on CPUs {sorted(row.cpu_weights)}"),
+            SignalSpec("softirq_delay_p99_ns", "Softirq delay p99", "ms", 1e-6, noise_floor=5_000.0, stored="never"),
+        ),
+        node_specs=(NodeFieldSpec("softirq_ms_per_s_by_cpu"), NodeFieldSpec("softirq_delay_p99_ns_by_cpu"))),
     metrics=(SOFTIRQ_DELAY, SOFTIRQ_RUNTIME, SOFTIRQ_ENTRIES),
     metric_specs=(
         MetricSpec(SOFTIRQ_DELAY, "histogram", "Softirq raise to handler entry, per vector (and CPU with "

@@ -142,7 +142,7 @@ def node_series(snap: StealSnapshot) -> Iterator[tuple[str, tuple[str, ...], flo
 
 
 PLUGIN = ProbePlugin(
-    name=NAME, snapshot_field=None, specs=(), factory=StealProbe, reads_proc_stat=True, delta=delta,
+    name=NAME, specs=(), factory=StealProbe, reads_proc_stat=True, delta=delta,
     signals=("steal_ms_per_s",),
     signal_extractor=SignalExtractor(stage="cpus", fields=("steal_ms_per_s",), node_fields=("steal_ms_per_s_by_cpu",),
                                      node=node_signals, exposure=exposure),

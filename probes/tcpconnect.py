@@ -564,7 +564,7 @@ def workload_signals(interval: TcpConnectInterval, dt: float, workload_key: Work
 
 
 PLUGIN = ProbePlugin(
-    name="tcpconnect", snapshot_field="tcp", specs=(SPEC_BTF, SPEC_RAW), factory=TcpConnectProbe,
+    name="tcpconnect", specs=(SPEC_BTF, SPEC_RAW), factory=TcpConnectProbe,
     activity=activity, delta=delta, map_entries=lambda s: len(s.per_key),
     signals=("connect_p99_ns", "syn_retransmits_per_s", "connect_failures_per_s"),
     signal_extractor=SignalExtractor(

@@ -88,8 +88,7 @@ class ProbeSet:
         p = self.probes
         return NodeSnapshot(
             monotonic_s=time.monotonic(), wall_s=time.time(),
-            runq=p["runqlat"].snapshot(), softirq=p["softirq"].snapshot(),
-            reclaim=p["reclaim"].snapshot(), tcp=p["tcpconnect"].snapshot(),
+            plugins={name: probe.snapshot() for name, probe in p.items()},
             node_cpu=node_cpu, node_cpu_per_cpu=per_cpu, node_psi=read_node_psi(), node_vmstat=read_node_vmstat(),
             cgroup_cpu=cgroup_cpu, cgroup_mem=cgroup_mem, cgroup_psi=cgroup_psi,
             probe_status={name: probe.status for name, probe in p.items()},

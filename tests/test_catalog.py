@@ -75,7 +75,7 @@ def _ctx(row: WorkloadSignals, own: float = 0.0, foreign: dict | None = None, to
          breached=("runq_p99_ns",)) -> causes.CauseContext:
     none = lambda *a: []  # noqa: E731
     return causes.CauseContext(
-        key="pod:v", row=row, signals=NodeSignals(1.0, {"pod:v": row}, {}, {}, 0.0, None, {}), slo=SloThresholds(),
+        key="pod:v", row=row, signals=NodeSignals(1.0, {"pod:v": row}), slo=SloThresholds(),
         breached=set(breached), foreign=foreign or {}, own_wait_ns=own, total_wait_ns=total, window_s=10.0,
         cpu_culprits=lambda k, f, t: [Culprit(Target(c), 0.5) for c in f], correlation_culprits=none,
         reclaim_culprits=none,

@@ -29,7 +29,7 @@ def _row(**kw) -> WorkloadSignals:
 
 def _ctx(row: WorkloadSignals, foreign: dict[str, float], kernel_work: float = 0.0, own: float = 0.0,
          kswapd: float = 0.0, steal: float = 0.0, breached=("runq_p99_ns",)) -> causes.CauseContext:
-    signals = NodeSignals(1.0, {"pod:v": row}, {}, {}, 0.0, None, {})
+    signals = NodeSignals(1.0, {"pod:v": row})
     signals.kswapd_pages_per_s = kswapd
     return causes.CauseContext(
         key="pod:v", row=row, signals=signals, slo=SloThresholds(), breached=set(breached),

@@ -110,35 +110,36 @@ def _snapshots(seed: int):
         scale = rng.choice((4, 12, 20, HIST_SLOTS - 1))
         p = prev
         runq = RunqSnapshot(
-            t, {i: _hist(rng, p.runq.per_cgroup.get(i) if p else None, scale) for i in ids},
-            [_hist(rng, p.runq.per_cpu[c] if p else None, scale) for c in CPUS], {},
-            wait_split={i: WaitSplit(*(_grow(rng, getattr(p.runq.wait_split.get(i), f, 0) if p else 0, 10**8)
+            t, {i: _hist(rng, p.probe("runqlat").per_cgroup.get(i) if p else None, scale) for i in ids},
+            [_hist(rng, p.probe("runqlat").per_cpu[c] if p else None, scale) for c in CPUS], {},
+            wait_split={i: WaitSplit(*(_grow(rng, getattr(p.probe("runqlat").wait_split.get(i), f, 0) if p else 0, 10**8)
                                        for f in ("own_wait_ns", "foreign_wait_ns", "idle_wait_ns",
                                                  "unknown_wait_ns", "migrated_wait_ns", "own_preemptions",
                                                  "foreign_preemptions"))) for i in ids},
-            culprits={(v, c): CulpritStats(_grow(rng, p.runq.culprits[(v, c)].wait_ns if p else 0, 10**8),
-                                           _grow(rng, p.runq.culprits[(v, c)].count if p else 0, 50),
-                                           _grow(rng, p.runq.culprits[(v, c)].preemptions if p else 0, 50))
+            culprits={(v, c): CulpritStats(_grow(rng, p.probe("runqlat").culprits[(v, c)].wait_ns if p else 0, 10**8),
+                                           _grow(rng, p.probe("runqlat").culprits[(v, c)].count if p else 0, 50),
+                                           _grow(rng, p.probe("runqlat").culprits[(v, c)].preemptions if p else 0, 50))
                       for v in ids for c in ids if v != c},
             culprits_available=bool(seed % 3),
         )
         sirq = SoftirqSnapshot(t, {(c, v): SoftirqStats(
-            _hist(rng, p.softirq.stats[(c, v)].delay if p else None, scale),
-            _hist(rng, p.softirq.stats[(c, v)].runtime if p else None, scale),
-            _grow(rng, p.softirq.stats[(c, v)].entries if p else 0, 1000)) for v in VECTORS for c in CPUS}, {})
+            _hist(rng, p.probe("softirq").stats[(c, v)].delay if p else None, scale),
+            _hist(rng, p.probe("softirq").stats[(c, v)].runtime if p else None, scale),
+            _grow(rng, p.probe("softirq").stats[(c, v)].entries if p else 0, 1000)) for v in VECTORS for c in CPUS}, {})
         rec = ReclaimSnapshot(
-            t, {(i, k): ReclaimStats(_hist(rng, p.reclaim.per_cgroup[(i, k)].latency if p else None, scale),
-                                     _grow(rng, p.reclaim.per_cgroup[(i, k)].nr_reclaimed if p else 0, 10**5), 0)
+            t, {(i, k): ReclaimStats(_hist(rng, p.probe("reclaim").per_cgroup[(i, k)].latency if p else None, scale),
+                                     _grow(rng, p.probe("reclaim").per_cgroup[(i, k)].nr_reclaimed if p else 0, 10**5), 0)
                 for i in ids for k in KINDS},
-            {k: ReclaimStats(_hist(rng, p.reclaim.node[k].latency if p else None, scale),
-                             _grow(rng, p.reclaim.node[k].nr_reclaimed if p else 0, 10**5), 0) for k in KINDS}, {})
+            {k: ReclaimStats(_hist(rng, p.probe("reclaim").node[k].latency if p else None, scale),
+                             _grow(rng, p.probe("reclaim").node[k].nr_reclaimed if p else 0, 10**5), 0) for k in KINDS}, {})
 
         def connect(old: ConnectStats | None, scale: int = scale) -> ConnectStats:
             fields = [_grow(rng, getattr(old, f) if old else 0, 3) for f in (
                 "successes", "failures", "refused", "timeouts", "aborts", "local_errors", "syn_retransmits")]
             return ConnectStats(_hist(rng, old.latency if old else None, scale), *fields)
 
-        tcp = TcpConnectSnapshot(t, {(i, 1): connect(p.tcp.per_key.get((i, 1)) if p else None) for i in ids}, {}, {})
+        tcp = TcpConnectSnapshot(t, {(i, 1): connect(p.probe("tcpconnect").per_key.get((i, 1)) if p else None)
+                                     for i in ids}, {}, {})
         cpu = {}
         mem = {}
         psi = {}
@@ -155,7 +156,8 @@ def _snapshots(seed: int):
                                                   _grow(rng, 0, 10**6)), None) for r in ("cpu", "memory", "io")}
         vmstat = NodeVmstat({"normal": _grow(rng, p.node_vmstat.allocstall["normal"] if p else 0, 100)}, None, None,
                             None, _grow(rng, p.node_vmstat.pgsteal_kswapd if p else 0, 10**6), None, None)
-        snap = NodeSnapshot(t, t, runq, sirq, rec, tcp, node_vmstat=vmstat, cgroup_cpu=cpu, cgroup_mem=mem,
+        snap = NodeSnapshot(t, t, plugins={"runqlat": runq, "softirq": sirq, "reclaim": rec, "tcpconnect": tcp},
+                            node_vmstat=vmstat, cgroup_cpu=cpu, cgroup_mem=mem,
                             cgroup_psi=psi, cgroup_cpus={path: CPUS for path in PATHS},
                             cgroup_cpu_percpu={path: tuple(rng.randrange(0, 10**9) for _ in CPUS) for path in PATHS})
         prev = snap

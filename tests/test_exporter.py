@@ -156,7 +156,7 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
 
     # Runqueue histogram of the victim: exactly the probe's numbers, as a cumulative histogram.
     victim_id = os.stat(victim.path("cpu")).st_ino
-    hist = snap.runq.per_cgroup[victim_id]
+    hist = snap.probe("runqlat").per_cgroup[victim_id]
     assert hist.count > 50, "the victim barely ran: the test proves nothing"
     labels = {"cgroup": victim_cpu_path, "pod": "victim", "namespace": "nn-test", "qos": "LS", "node": "test-node"}
     assert _series(scrape, runqlat.RUNQ_LATENCY + "_count", **labels) == hist.count
@@ -175,10 +175,10 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     assert float(ex.BUCKET_LES[10]) == 1024e-6  # slot 10 holds [512, 1024) µs
     # The hog is BestEffort -> Koordinator class BE.
     hog_count = _series(scrape, runqlat.RUNQ_LATENCY + "_count", pod="hog", qos="BE")
-    assert hog_count == snap.runq.per_cgroup[os.stat(hog.path("cpu")).st_ino].count
+    assert hog_count == snap.probe("runqlat").per_cgroup[os.stat(hog.path("cpu")).st_ino].count
 
     # The node's runqueue histogram: every CPU's, summed (per CPU with per_cpu_series).
-    assert _series(scrape, runqlat.CPU_RUNQ_LATENCY + "_count") == sum(h.count for h in snap.runq.per_cpu)
+    assert _series(scrape, runqlat.CPU_RUNQ_LATENCY + "_count") == sum(h.count for h in snap.probe("runqlat").per_cpu)
 
     # cgroup CPU usage against cpuacct.usage read around the snapshot.
     usage = _series(scrape, ex.CGROUP_CPU_USAGE, **labels)
@@ -201,8 +201,8 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     def entries(s: dict) -> float:
         return sum(samples(s, softirq.SOFTIRQ_ENTRIES).values())
 
-    assert entries(scrape1) == sum(first.softirq.entries().values())
-    assert entries(scrape) == sum(snap.softirq.entries().values())
+    assert entries(scrape1) == sum(first.probe("softirq").entries().values())
+    assert entries(scrape) == sum(snap.probe("softirq").entries().values())
     # Against /proc/softirqs: reads were proc0, snapshot 1, proc1 ... proc2, snapshot 2, proc3, each
     # counter once per read. Every run the probe counted between its snapshots happened between
     # proc0 and proc3, but for one per CPU entered (kernel count bumped) before proc0 and traced
@@ -214,7 +214,7 @@ def test_scrape_matches_probes_and_kernel_files(probes, scraper, make_cgroup):
     assert grew <= softirq_proc3 - softirq_proc0 + in_flight
     assert grew >= inner - in_flight - softirq_missed_allowance(inner), (grew, inner)
     # Node level by default: one series per vector, the sum over CPUs (per CPU with per_cpu_series).
-    timer = [s for (_, vector), s in snap.softirq.stats.items() if vector == "TIMER"]
+    timer = [s for (_, vector), s in snap.probe("softirq").stats.items() if vector == "TIMER"]
     assert _series(scrape, softirq.SOFTIRQ_RUNTIME + "_count", vector="TIMER") == sum(s.runtime.count for s in timer)
     assert _series(scrape, softirq.SOFTIRQ_DELAY + "_sum", vector="TIMER") == \
         pytest.approx(sum(s.delay.sum_ns for s in timer) / 1e9)
@@ -254,7 +254,7 @@ def test_connect_histogram_and_outcomes(probes, scraper, make_cgroup):
     scraper.exporter.update(snap)
     scrape = scraper.scrape()
     client_id = os.stat(client.path("cpu")).st_ino
-    mine = [s for (cg, _), s in snap.tcp.per_key.items() if cg == client_id]
+    mine = [s for (cg, _), s in snap.probe("tcpconnect").per_key.items() if cg == client_id]
     labels = {"pod": "client", "cgroup": rel_path(client, "cpu", probes.layout.hierarchy_for("cpu"))}
     # Ground truth is the client's own count; the histogram holds successful connects only.
     assert _series(scrape, tcpconnect.CONNECT_LATENCY + "_count", **labels) == done == sum(s.latency.count for s in mine)
@@ -276,7 +276,7 @@ def test_reclaim_histogram_per_memory_cgroup(probes, scraper, make_cgroup, tmp_p
     snap = probes.snapshot([limited])
     scraper.exporter.update(snap)
     scrape = scraper.scrape()
-    stats = snap.reclaim.cgroup(os.stat(limited.path("memory")).st_ino, "memcg")
+    stats = snap.probe("reclaim").cgroup(os.stat(limited.path("memory")).st_ino, "memcg")
     labels = {"pod": "filler", "cgroup": rel_path(limited, "memory", mem_h), "kind": "memcg"}
     assert stats.count > 10, "the writer never hit its limit: the test proves nothing"
     assert _series(scrape, reclaim.RECLAIM_LATENCY + "_count", **labels) == stats.count
@@ -289,7 +289,7 @@ def test_reclaim_histogram_per_memory_cgroup(probes, scraper, make_cgroup, tmp_p
     # Memory gauges come from the same cgroup's files.
     assert _series(scrape, ex.CGROUP_MEMORY_LIMIT, pod="filler") == limit
     node = _series(scrape, reclaim.NODE_RECLAIM_LATENCY + "_count", kind="memcg")
-    assert node == snap.reclaim.node["memcg"].count >= stats.count
+    assert node == snap.probe("reclaim").node["memcg"].count >= stats.count
 
 
 @pytest.mark.root
@@ -304,7 +304,7 @@ def test_removed_cgroup_series_disappear(probes, scraper, make_cgroup):
     snap = probes.snapshot([])
     # The BPF map still holds the removed cgroup (forgetting it is the agent's job): the exporter must
     # drop it by itself.
-    assert gone_id in snap.runq.per_cgroup
+    assert gone_id in snap.probe("runqlat").per_cgroup
     scraper.exporter.update(snap)
     scrape = scraper.scrape()
     assert not [k for k in scrape if ("pod", "shortlived") in k[1]]
@@ -325,7 +325,7 @@ def test_cap_folds_the_rest_into_overflow(probes, make_cgroup):
         labeler, h = scraper.exporter.labeler, scraper.exporter.cpu_hierarchy
 
         def resolve() -> dict[int, str | None]:
-            return {i: getattr(labeler.target_for_id(i, h), "cgroup", None) for i in snap.runq.per_cgroup}
+            return {i: getattr(labeler.target_for_id(i, h), "cgroup", None) for i in snap.probe("runqlat").per_cgroup}
 
         before = resolve()
         scraper.exporter.update(snap)
@@ -337,7 +337,7 @@ def test_cap_folds_the_rest_into_overflow(probes, make_cgroup):
         cgroups = {dict(k)["cgroup"] for k in counts}
         assert ex.OVERFLOW_CGROUP in cgroups and len(cgroups) == 3
         # Nothing is lost: the overflow holds the sum of every resolvable cgroup not shown on its own.
-        count_of = {i: hist.count for i, hist in snap.runq.per_cgroup.items()}
+        count_of = {i: hist.count for i, hist in snap.probe("runqlat").per_cgroup.items()}
         resolvable = sum(count_of[i] for i in stable if before[i] is not None)
         assert resolvable <= sum(counts.values()) <= resolvable + sum(count_of[i] for i in changed)
         files = set(snap.cgroup_cpu) | set(snap.cgroup_mem) | set(snap.cgroup_psi)
@@ -503,7 +503,8 @@ def test_unchanged_histograms_are_not_rendered_again(monkeypatch) -> None:
     h0, h1 = (LatencyHistogram(tuple([i + 1] * HIST_SLOTS), 1000 * (i + 1), HIST_SLOTS * (i + 1), 5) for i in range(2))
 
     def snap(per_cpu: list) -> NodeSnapshot:
-        return NodeSnapshot(monotonic_s=1.0, wall_s=100.0, runq=RunqSnapshot(1.0, {}, per_cpu, {}, {}, {}, 0, False))
+        return NodeSnapshot(monotonic_s=1.0, wall_s=100.0,
+                            plugins={"runqlat": RunqSnapshot(1.0, {}, per_cpu, {}, {}, {}, 0, False)})
 
     exporter, _ = _exporter(per_cpu_series=True)
     rendered: list[LatencyHistogram] = []

@@ -58,7 +58,7 @@ def _vocabulary() -> tuple[set[str], set[str], set[str]]:
     fields: set[str] = set()
     strings: set[str] = set()
     for p in PLUGINS:
-        own = {p.name, p.top_view, p.snapshot_field, p.factory.__module__.rsplit(".", 1)[-1]} - {None}
+        own = {p.name, p.top_view, p.factory.__module__.rsplit(".", 1)[-1]} - {None}
         names |= own  # type: ignore[arg-type]
         strings |= own  # type: ignore[arg-type]
         strings |= {spec.name for spec in p.metric_specs} | set(p.metrics)

@@ -28,11 +28,11 @@ def row(w: Workload, **kw) -> WorkloadSignals:
     base = dict(runq_count=200, runq_wait_ms_per_s=1.0, runq_p99_ns=100_000.0, cpu_cores=0.3,
                 throttled_ratio=0.0, throttled_ms_per_s=0.0, who_ran_instead_available=True, cpu_weights={1: 1.0})
     base.update(kw)
-    return WorkloadSignals(w, 1.0, **base)
+    return WorkloadSignals.of(w, 1.0, **base)
 
 
 def tick(*rows: WorkloadSignals) -> NodeSignals:
-    return NodeSignals(1.0, {r.workload.key: r for r in rows}, {}, {}, 0.0, 1.0, {})
+    return NodeSignals(1.0, {r.workload.key: r for r in rows}, node_cpu_busy=1.0)
 
 
 def contended(wait_ms: float = 300.0, be_share: float = 0.8) -> tuple[WorkloadSignals, WorkloadSignals]:

@@ -67,8 +67,10 @@ def _pair(rng: random.Random) -> tuple[NodeSnapshot, NodeSnapshot]:
         _hist(rng, s.latency), s.successes + 5, s.failures + 2, s.refused + 2, 0, s.aborts + 1, 0, s.syn_retransmits + 4)
         for k, s in tcp.per_key.items()}, {}, {})
     cpus = {0: None, 1: None}
-    return (NodeSnapshot(10.0, 0.0, runq, sirq, rec, tcp, node_cpu_per_cpu=cpus),  # type: ignore[arg-type]
-            NodeSnapshot(12.0, 0.0, runq2, sirq2, rec2, tcp2, node_cpu_per_cpu=cpus))  # type: ignore[arg-type]
+    return (NodeSnapshot(10.0, 0.0, plugins={"runqlat": runq, "softirq": sirq, "reclaim": rec, "tcpconnect": tcp},
+                         node_cpu_per_cpu=cpus),
+            NodeSnapshot(12.0, 0.0, plugins={"runqlat": runq2, "softirq": sirq2, "reclaim": rec2, "tcpconnect": tcp2},
+                         node_cpu_per_cpu=cpus))
 
 
 def _builder() -> SignalBuilder:
@@ -82,7 +84,7 @@ def test_top_and_the_detector_read_the_same_interval(seed):
     signals = _builder().build(prev, cur)
     by_path = {r.workload.target.cgroup: r for r in signals.workloads.values()}
 
-    runq = table_section(runqlat.PLUGIN, prev.runq, cur.runq, _Resolver())["cgroups"]  # type: ignore[arg-type]
+    runq = table_section(runqlat.PLUGIN, prev.probe("runqlat"), cur.probe("runqlat"), _Resolver())["cgroups"]  # type: ignore[arg-type]
     assert runq, "some cgroups waited"
     for row in runq:
         w = by_path[PATHS[row["cgroup_id"]]]
@@ -90,12 +92,12 @@ def test_top_and_the_detector_read_the_same_interval(seed):
         assert (w.runq_p99_ns, w.runq_max_ns) == (row["p99_us"] * 1e3, row["max_us"] * 1e3)
     assert {r["cgroup_id"] for r in runq} == {i for i, p in PATHS.items() if by_path.get(p) and by_path[p].runq_count}
 
-    for row in reclaim_rows(prev.reclaim, cur.reclaim):  # type: ignore[arg-type]
+    for row in reclaim_rows(prev.probe("reclaim"), cur.probe("reclaim")):  # type: ignore[arg-type]
         w = by_path[PATHS[row["cgroup_id"]]]
         assert w.reclaim_by_kind_ms_per_s[row["kind"]] == row["stall_ms_per_s"]
         assert w.reclaim_pages_per_s == row["pages_per_s"]
 
-    tcp = tcp_rows(prev.tcp, cur.tcp)  # type: ignore[arg-type]
+    tcp = tcp_rows(prev.probe("tcpconnect"), cur.probe("tcpconnect"))  # type: ignore[arg-type]
     assert tcp
     for row in tcp:
         w = by_path[PATHS[row["cgroup_id"]]]
@@ -105,7 +107,7 @@ def test_top_and_the_detector_read_the_same_interval(seed):
             assert row["latency_p99_ms"] == pytest.approx(w.connect_p99_ns / 1e6, abs=1e-3)
 
     per_cpu: dict[int, float] = {}
-    for row in softirq_rows(prev.softirq, cur.softirq, include_idle=True):  # type: ignore[arg-type]
+    for row in softirq_rows(prev.probe("softirq"), cur.probe("softirq"), include_idle=True):  # type: ignore[arg-type]
         per_cpu[row["cpu"]] = per_cpu.get(row["cpu"], 0.0) + row["runtime_s"] * 1e3 / 2.0
     assert per_cpu == pytest.approx(signals.softirq_ms_per_s_by_cpu)
 

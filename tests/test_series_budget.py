@@ -51,8 +51,8 @@ def _large_node_snapshot(cpus: int) -> NodeSnapshot:
     hist = LatencyHistogram(tuple(range(HIST_SLOTS)), 10**9, sum(range(HIST_SLOTS)), 10**6)
     stats = {(cpu, vector): SoftirqStats(hist, hist, 7) for cpu in range(cpus) for vector in VECTORS}
     return NodeSnapshot(monotonic_s=1.0, wall_s=100.0,
-                        runq=RunqSnapshot(1.0, {}, [hist] * cpus, {}, {}, {}, 0, False),
-                        softirq=SoftirqSnapshot(1.0, stats, {}))
+                        plugins={"runqlat": RunqSnapshot(1.0, {}, [hist] * cpus, {}, {}, {}, 0, False),
+                                 "softirq": SoftirqSnapshot(1.0, stats, {})})
 
 
 @pytest.mark.parametrize("cpus", [2, 64, 192])
@@ -74,7 +74,8 @@ def test_node_series_do_not_grow_with_cpus_unless_asked(cpus: int) -> None:
     lean_scrape = {(s.name, frozenset(s.labels.items())): s.value
                    for f in text_string_to_metric_families(render_text(lean).decode()) for s in f.samples}
     assert lean_scrape[(softirq.SOFTIRQ_ENTRIES, frozenset({("node", "n1"), ("vector", "NET_RX")}))] == 7 * cpus
-    assert lean_scrape[(runqlat.CPU_RUNQ_LATENCY + "_count", frozenset({("node", "n1")}))] == cpus * snap.runq.per_cpu[0].count
+    assert lean_scrape[(runqlat.CPU_RUNQ_LATENCY + "_count", frozenset({("node", "n1")}))] \
+        == cpus * snap.probe("runqlat").per_cpu[0].count
 
 
 def test_labels_that_grow_with_cpus_are_dropped_together_unless_asked() -> None:

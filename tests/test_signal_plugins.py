@@ -92,7 +92,7 @@ def _fake_plugin() -> ProbePlugin:
         return {"fakeirq_ms_per_s": sum(w * by_cpu.get(cpu, 0.0) for cpu, w in weights.items())}
 
     return ProbePlugin(
-        name="fakeirq", snapshot_field=None, specs=(), factory=object, delta=lambda prev, cur: cur,
+        name="fakeirq", specs=(), factory=object, delta=lambda prev, cur: cur,
         signals=(FAKE_SIGNAL.name,),
         signal_extractor=SignalExtractor(
             stage="cpus", fields=(FAKE_SIGNAL.name,), node_fields=(FAKE_NODE.name,),

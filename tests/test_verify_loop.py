@@ -42,7 +42,7 @@ def _row(w: Workload, **kw) -> WorkloadSignals:
     base = dict(runq_count=200, runq_wait_ms_per_s=1.0, runq_p99_ns=QUIET_P99_NS, cpu_cores=0.3,
                 throttled_ratio=0.0, throttled_ms_per_s=0.0, who_ran_instead_available=True, cpu_weights={1: 1.0})
     base.update(kw)
-    return WorkloadSignals(w, 1.0, **base)
+    return WorkloadSignals.of(w, 1.0, **base)
 
 
 def _tick(victim_p99_ns: float) -> NodeSignals:

@@ -26,6 +26,7 @@ from actuators.resctrl import KernelResctrlFs, ResctrlActuator, ResctrlFileIO, r
 from detector.batch import apply_node
 from detector.cgroups import CgroupResolver
 from detector.decisions import Target
+from detector.listen_join import PROBE as LISTEN_JOIN_PROBE
 from detector.listen_join import ListenJoin
 from detector.model import Incident
 from detector.pods import make_pod_source
@@ -63,7 +64,6 @@ from probes.listenq import ListenReport, ListenWatch
 from probes.procstat import ProcStatReader
 from probes.registry import BY_NAME
 from probes.snapshot import NodeSnapshot
-from probes.tcpconnect import TcpConnectSnapshot
 
 log = logging.getLogger("noisyneighbor.agent")
 
@@ -131,7 +131,7 @@ class Agent:
         self.listen_join: ListenJoin | None = None
         self._listen_report: ListenReport | None = None
         self._listen_errors: set[str] = set()
-        self._prev_tcp: TcpConnectSnapshot | None = None
+        self._prev_tcp: Any = None  # the connect probe's last snapshot (detector.listen_join.PROBE)
         self._stop = threading.Event()
         self._stopped = False
         self._lock = threading.Lock()  # one tick at a time; stop waits for the running tick
@@ -348,8 +348,9 @@ class Agent:
             return snapshot
         errors: list[str] = []
         try:
-            trouble = self.listen_join.observe_tcp(self._prev_tcp, snapshot.tcp)
-            self._prev_tcp = snapshot.tcp
+            tcp = snapshot.probe(LISTEN_JOIN_PROBE)
+            trouble = self.listen_join.observe_tcp(self._prev_tcp, tcp)
+            self._prev_tcp = tcp
             reason = self.listen_watch.due(trouble)
             if reason is not None:
                 index = self.detector.index
@@ -359,7 +360,7 @@ class Agent:
                 self._listen_report = report
                 self.listen_join.observe_report(report)
         except Exception as e:  # listen queues are extra evidence: never worth the tick's detection
-            self._prev_tcp = snapshot.tcp
+            self._prev_tcp = snapshot.probe(LISTEN_JOIN_PROBE)
             errors = [f"listenq: {type(e).__name__}: {_one_line(e)}"]
         for error in errors:
             why = error.split(" (netns ", 1)[0]

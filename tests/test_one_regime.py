@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One regime for probes (issue 42, item 1): a probe's name appears in the code of its own module, its
+cause module and the registry only (its BPF and the docs are not Python). Everything else (the snapshot,
+the signal rows, the exporter, metric_names, diagnose, top and the CLI) takes the probe from its plugin.
+
+"Appears" means in code: identifiers (split at ``_`` and at case changes, so ``SoftirqSnapshot`` and
+``softirq_ms_per_s`` name softirq) and string literals; comments and docstrings are prose about the kernel
+(softirq work, memory reclaim, steal time) and are not counted. The files still naming a probe today are
+listed below with the reason; a new one fails, and so does an entry that is no longer needed, so the
+lists only shrink.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+
+from probes.registry import PLUGINS
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNTIME_PACKAGES = ("probes", "detector", "actuators", "noisyneighbor")
+
+# Issue 42 item 2 (another change this round) moves the cause plans out of actuators/mitigate.py into
+# detector/causes/* and makes the Cause enum come from the cause registry: until then these files name
+# the probes whose causes they plan or enumerate. Not counted against the bound below.
+BEING_MOVED = frozenset({
+    "actuators/mitigate.py",
+    "detector/decisions.py",
+    "detector/causes/__init__.py",
+    "detector/causes/base.py",
+})
+
+# Files besides a probe's own that still name it, and why (today's honest state).
+_CATALOG = "detector/catalog.py"
+_WHY_CATALOG = "the SLOs and gates on the probe's signals are the detector's (issue 42 item 6 moves them)"
+_SIGNALS = "detector/signals.py"
+_WHY_SIGNALS = "WorkloadSignals still declares the probe's row fields (its store values and their defaults)"
+_INCIDENTS = "detector/incidents.py"
+_WHY_INCIDENTS = "the victim's context evidence names the probe's signals"
+KNOWN: dict[str, dict[str, str]] = {
+    "runqlat": {
+        "noisyneighbor/agent/loop.py": "the agent's --runq-cgroups/--runq-pairs are the probe's table options",
+    },
+    "softirq": {
+        "probes/cgroupfiles.py": "the kernel-file table: /proc/softirqs and /proc/stat's softirq column",
+        "probes/runqlat.py": "runqlat's BPF times the softirq work run inside a wait (the counterfactual)",
+        _CATALOG: _WHY_CATALOG,
+    },
+    "reclaim": {
+        "probes/cgroupwatch.py": "memory reclaim as a kernel event: the watch reads memory.stat of reclaiming cgroups",
+        "probes/collect.py": "the same: which cgroups are reclaiming (ProbePlugin.activity_is_reclaim)",
+        "probes/plugin.py": "ProbePlugin.activity_is_reclaim: the plugin contract's word for that",
+        "detector/batch.py": "koordinator's batch formula reads memory the kernel can reclaim",
+        "detector/policy/schema.py": "the reclaim cause's policy settings",
+        _CATALOG: _WHY_CATALOG,
+        _SIGNALS: _WHY_SIGNALS,
+        _INCIDENTS: _WHY_INCIDENTS,
+    },
+    "gpu": {
+        "probes/gpu.py": "the NVML reader the plugin and the agent share (the word is the hardware's)",
+        "probes/snapshot.py": "NodeSnapshot.gpus: the node's devices, whoever read NVML this tick",
+        "noisyneighbor/exporter.py": "the node's GPU device metrics, from NodeSnapshot.gpus (not the plugin's)",
+        "noisyneighbor/agent/config.py": "the agent's gpu setting: NVML read for the device metrics",
+        "noisyneighbor/agent/loop.py": "the same, and whether the plugin already reads NVML",
+    },
+    "tcpconnect": {
+        "detector/listen_join.py": "joins the connect probe's failures to the servers' listen queues",
+    },
+    "steal": {
+        "probes/cgroupfiles.py": "the kernel-file table: /proc/stat's steal column",
+        _CATALOG: "the steal signal's catalog entry (evidence of the hypervisor_steal cause)",
+        _SIGNALS: _WHY_SIGNALS,
+        _INCIDENTS: "the steal window the hypervisor_steal cause reads",
+    },
+}
+
+# At most this many runtime files name softirq outside BEING_MOVED (issue 42's acceptance: <= 6): the
+# softirq module, its cause module, the registry, and KNOWN["softirq"].
+SOFTIRQ_FILES_BOUND = 6
+
+
+def _words(text: str) -> list[str]:
+    """Lower-case words of an identifier or string: split at non-letters and at case changes."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", text)
+    return [w for w in re.split(r"[^a-zA-Z0-9]+", spaced.lower()) if w]
+
+
+def _names(words: list[str], name: list[str]) -> bool:
+    n = len(name)
+    return any(words[i:i + n] == name for i in range(len(words) - n + 1))
+
+
+def mentions(source: str, probe: str) -> list[int]:
+    """Lines whose code (identifiers and string literals, not comments or docstrings) names ``probe``."""
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            docstrings.add(body[0].lineno)
+    name = _words(probe)
+    lines = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.STRING and tok.start[0] in docstrings:
+            continue
+        code = tok.type in (tokenize.NAME, tokenize.STRING) or tok.type == getattr(tokenize, "FSTRING_MIDDLE", -1)
+        if code and _names(_words(tok.string), name):
+            lines.append(tok.start[0])
+    return lines
+
+
+def _runtime_files() -> list[str]:
+    return sorted(str(f.relative_to(ROOT)) for pkg in RUNTIME_PACKAGES for f in (ROOT / pkg).rglob("*.py"))
+
+
+def files_naming(*words: str) -> set[str]:
+    return {f for f in _runtime_files() for w in words if mentions((ROOT / f).read_text(), w)}
+
+
+def _module_name(plugin) -> str:
+    return plugin.factory.__module__.rsplit(".", 1)[-1]
+
+
+def own_files(plugin) -> set[str]:
+    """Its module, the registry, and its cause module (detector/causes/<...name...>.py)."""
+    module = plugin.factory.__module__.replace(".", "/") + ".py"
+    causes = {str(f.relative_to(ROOT)) for f in (ROOT / "detector" / "causes").glob(f"*{plugin.name}*.py")}
+    return {module, "probes/registry.py", *causes}
+
+
+@pytest.mark.parametrize("plugin", PLUGINS, ids=lambda p: p.name)
+def test_a_probe_is_named_only_where_it_lives(plugin):
+    naming = files_naming(plugin.name, _module_name(plugin))
+    known = KNOWN.get(plugin.name, {})
+    extra = sorted(naming - own_files(plugin) - BEING_MOVED - known.keys())
+    assert not extra, f"{plugin.name} is named outside its module, cause and the registry: {extra}"
+    stale = sorted(known.keys() - naming)
+    assert not stale, f"KNOWN[{plugin.name!r}] lists files that no longer name it (drop them): {stale}"
+
+
+def test_softirq_is_in_few_runtime_files():
+    naming = files_naming("softirq") - BEING_MOVED
+    assert len(naming) <= SOFTIRQ_FILES_BOUND, sorted(naming)
+
+
+def test_the_check_sees_a_name_and_skips_prose():
+    source = ('"""Softirq work is prose here."""\n'
+              "x = SoftirqSnapshot  # softirq in a comment\n"
+              "y = 'noisyneighbor_softirq_runtime_seconds'\n"
+              "z = snap.probe(NAME)\n"
+              "w = row.gpu_pods_seen\n")
+    assert mentions(source, "softirq") == [2, 3]
+    assert mentions(source, "gpu_pods") == [5]
+    assert mentions(source, "steal") == []
