@@ -25,7 +25,14 @@ from detector.decisions import ActionKind, Decision
 
 
 class Refused(Exception):
-    """A decision the actuator will not carry out; ``str(exc)`` is one line for the audit log."""
+    """A decision the actuator will not carry out; ``str(exc)`` is one line for the audit log, ``outcome``
+    the code a hook keys on (a limit that passes, WAIT, or a step already judged, TRIED_BEFORE; NONE: this
+    target never) and ``retry_in_s`` when a WAIT ends."""
+
+    def __init__(self, message: str, outcome: ActionOutcome | None = None, retry_in_s: float | None = None) -> None:
+        super().__init__(message)
+        self.outcome = outcome if outcome is not None else ActionOutcome.NONE
+        self.retry_in_s = retry_in_s
 
 
 class ActionError(RuntimeError):
@@ -77,6 +84,11 @@ class ActionOutcome(StrEnum):
     NONE = ""
     IMPROVED = "improved"  # verified: the victim's signal improved enough
     DID_NOT_HELP = "did_not_help"  # reverted: the victim's signal did not improve within the window
+    # refused for now: a limit that passes (cool-down, rate limit, a verification in progress, a recent revert)
+    WAIT = "wait"
+    # refused: the same step on the same target did not help the same victim lately (DID_NOT_HELP_MEMORY_S)
+    TRIED_BEFORE = "tried_before"
+    IN_PLACE = "in_place"  # refused: the same step for the same victim is in effect on the target already
 
 
 @dataclass

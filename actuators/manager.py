@@ -11,8 +11,11 @@ Limits (each refusal is an audit line with a one-line reason, never an exception
 - at most ``max_changes_per_minute`` applied changes in any 60 s (``evictions_per_minute`` for evictions);
 - per target, ``cooldown_seconds`` between changes, no change while the previous one is still being
   verified, and twice the cooldown after a revert, so an action that did not help is not retried at once
-  (the same incident's next, different step on it, the neighbour ladder's, is not held up by that block)
-  (together with the actuators' own dead bands this is the hysteresis that keeps things from flapping);
+  (the same victim's next, different step on it, the neighbour ladder's, is not held up by that block);
+  the same step for the same victim is not retried for ``DID_NOT_HELP_MEMORY_S`` after it did not help,
+  whichever incident asks (together with the actuators' own dead bands this is the hysteresis that keeps
+  things from flapping). A refusal carries its code (``Refused.outcome``): WAIT for a limit that passes,
+  TRIED_BEFORE for a step already judged, so the planner's ladder retries or moves on without reading words;
 - floors are the actuators' (minimum quota, minimum cpus).
 
 Verify/revert (PARTIES-style closed loop, which koordlet does not have): when a decision names a
@@ -48,7 +51,7 @@ from actuators.base import ActionError, ActionOutcome, ActionRecord, ActionState
 from actuators.cgroupfile import CgroupFileError
 from actuators.journal import Journal, JournalError
 from detector.cgroups import parse_cgroup_path
-from detector.decisions import ActionKind, BurstAmount, Decision, SuppressAmount
+from detector.decisions import DID_NOT_HELP_MEMORY_S, ActionKind, BurstAmount, Decision, SuppressAmount
 from detector.policy import ActuatorPolicy
 
 log = logging.getLogger("noisyneighbor.actuators")
@@ -140,8 +143,10 @@ class ActuatorManager:
         self._last_change: dict[tuple[str, str], float] = {}
         self._last_incident: dict[tuple[str, str], str | None] = {}  # the incident of each key's last change
         self._blocked_until: dict[tuple[str, str], float] = {}
-        # The reverted step each block is about: (incident, step) of its decision (_ladder_step).
+        # The reverted step each block is about: (victim, step) of its decision (_step_of).
         self._blocked_step: dict[tuple[str, str], tuple[str | None, str]] = {}
+        # (key, victim, step) -> when it was judged "did not help": not retried within DID_NOT_HELP_MEMORY_S
+        self._did_not_help: dict[tuple[tuple[str, str], str, str], float] = {}
         self._changes: deque[tuple[float, str]] = deque()  # (time, kind) of applied changes
         self._signals: dict[str, deque[float]] = {}
         self._signal_seen: dict[str, int] = {}  # key -> the observe() call that last carried it
@@ -243,7 +248,10 @@ class ActuatorManager:
             if decision.follow_up and not self.policy.dry_run and not _gives_back(plan, previous_active):
                 self._check_rate(kind, now)
         except Refused as e:
-            self._finish(ActionRecord(action_id, None, decision, ActionState.REFUSED, _one_line(e)))
+            record = ActionRecord(action_id, None, decision, ActionState.REFUSED, _one_line(e), outcome=e.outcome)
+            if e.retry_in_s is not None:
+                record.effect["retry_in_s"] = round(e.retry_in_s, 3)
+            self._finish(record)
             return
         except (CgroupFileError, ValueError, OSError) as e:
             self._finish(ActionRecord(action_id, None, decision, ActionState.REFUSED, f"cannot plan: {_one_line(e)}"))
@@ -325,28 +333,45 @@ class ActuatorManager:
                 raise Refused(f"{decision.target.display}: {verdict}")
         elif kind in (ActionKind.SUPPRESS, ActionKind.EVICT, ActionKind.MEMORY_SUPPRESS) and qos != "BE":
             raise Refused(f"{kind} only touches BE targets; {decision.target.display} is {qos or 'of unknown QoS'}")
+        victim, step = _victim_of(decision), _step_of(decision)
         blocked = self._blocked_until.get(key, 0.0)
-        incident, step = self._blocked_step.get(key, (None, ""))
-        # The same incident's next, different step on the target (the neighbour ladder's cpuset after a
-        # quota that did not help) is not the reverted action again: the block is for retrying that one.
-        next_step = decision.incident_id is not None and incident == decision.incident_id \
-            and _step_of(decision) != step
+        blocked_victim, blocked_step = self._blocked_step.get(key, (None, ""))
+        # The same victim's next, different step on the target (the neighbour ladder's cpuset after a
+        # quota that did not help, also from the victim's next incident) is not the reverted action again:
+        # the block is for retrying that one.
+        next_step = victim is not None and blocked_victim == victim and step != blocked_step
         if now < blocked and not next_step:
-            raise Refused(f"{decision.target.display} was reverted recently: blocked for {blocked - now:.0f} s more")
+            raise Refused(f"{decision.target.display} was reverted recently: blocked for {blocked - now:.0f} s more",
+                          ActionOutcome.WAIT, blocked - now)
+        judged = self._did_not_help.get((key, victim or "", step))
+        if victim is not None and judged is not None and now - judged < DID_NOT_HELP_MEMORY_S:
+            who = decision.victim.display if decision.victim is not None else victim
+            raise Refused(f"{step} on {decision.target.display} did not help {who} {now - judged:.0f} s ago: "
+                          f"not retried for {DID_NOT_HELP_MEMORY_S - (now - judged):.0f} s more", ActionOutcome.TRIED_BEFORE)
+        in_place = self._active.get(key)
+        if in_place is not None and not decision.follow_up and in_place.record.decision.amount == decision.amount \
+                and _victim_of(in_place.record.decision) == victim:
+            # The victim's next incident asks for what its last one left in place (a step that helped stays
+            # while the culprit runs): applied again it would be verified again, and undone if the victim,
+            # better already, improved no further.
+            raise Refused(f"{step} on {decision.target.display} is in place already ({in_place.record.state})",
+                          ActionOutcome.IN_PLACE)
         if decision.follow_up:
             if kind != ActionKind.BURST:
                 raise Refused(f"follow-up steps are for the burst loop only, not {kind}")
             return  # the loop's own pace; the rate limit is checked once the plan says which way it goes
         if key in self._active and self._active[key].verification is not None:
-            raise Refused(f"previous {kind} on {decision.target.display} is still being verified")
+            raise Refused(f"previous {kind} on {decision.target.display} is still being verified", ActionOutcome.WAIT,
+                          float(self.policy.verify_intervals))
         last = self._last_change.get(key)
         # One incident's own next step on a target it already changed (the traffic cap after moving an
         # RT pod off the victim's CPUs) is its plan, not flapping: no cooldown. A step while the last
-        # one is being verified was refused above; another incident's change waits.
+        # one is being verified was refused above; another incident's change waits (WAIT: the ladder retries).
         same_incident = decision.incident_id is not None and self._last_incident.get(key) == decision.incident_id
         if last is not None and now - last < self.policy.cooldown_seconds and not same_incident:
             raise Refused(f"cooldown: last change to {decision.target.display} {now - last:.0f} s ago "
-                          f"(< {self.policy.cooldown_seconds:g} s)")
+                          f"(< {self.policy.cooldown_seconds:g} s)", ActionOutcome.WAIT,
+                          self.policy.cooldown_seconds - (now - last))
         if self.policy.dry_run:
             return  # dry-run changes nothing, so the rate limit does not apply
         self._check_rate(kind, now)
@@ -411,7 +436,12 @@ class ActuatorManager:
         if loop is not None:
             loop.forget(target_key[1])
         self._blocked_until[target_key] = self._clock() + 2 * self.policy.cooldown_seconds
-        self._blocked_step[target_key] = (active.record.decision.incident_id, _step_of(active.record.decision))
+        victim = _victim_of(active.record.decision)
+        self._blocked_step[target_key] = (victim, _step_of(active.record.decision))
+        if victim is not None:
+            now = self._clock()
+            self._did_not_help = {k: t for k, t in self._did_not_help.items() if now - t < DID_NOT_HELP_MEMORY_S}
+            self._did_not_help[(target_key, victim, _step_of(active.record.decision))] = now
         self.metrics.reverts.labels(kind).inc()
         record.state, record.detail = ActionState.REVERTED, f"did not help: {numbers}"
         record.outcome = ActionOutcome.DID_NOT_HELP
@@ -478,6 +508,11 @@ def _loop_of(actuator: object) -> object | None:
     if loop is None and hasattr(actuator, "inner"):
         loop = getattr(actuator.inner, "loop", None)
     return loop
+
+
+def _victim_of(decision: Decision) -> str | None:
+    """The victim cgroup a decision acts for (None: none named), the key of its ladder and its limits."""
+    return decision.victim.cgroup.strip("/") if decision.victim is not None else None
 
 
 def _step_of(decision: Decision) -> str:

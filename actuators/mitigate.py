@@ -24,7 +24,13 @@ incident's evidence, so the incident says why something was or was not done.
   :data:`LADDER` is taken at the next tick: a cpuset off the victim's CPUs (even below the policy's CPU
   floor), a cfs quota down to the culprit's CPU request (koordinator batch-cpu included) if it runs above
   it, then, with ``evict_enabled``, eviction (Eviction API, PDBs respected by the evict actuator). A step
-  that helped stays in place under the next. Each step is said in the incident and the audit log.
+  that helped stays in place under the next. Each step is said in the incident and the audit log. The
+  ladder belongs to the (victim, culprit) pair, not to one incident: an incident that closes while the
+  culprit still runs (on 6.1 the waking victim preempts a hog, so it stops breaching for a few ticks) and
+  opens again continues where it stopped, for ``DID_NOT_HELP_MEMORY_S`` after the last one closed; a step
+  judged "did not help" is not taken again in that time (the manager refuses it, TRIED_BEFORE). The
+  victim's CPUs are those its busy tasks may run on: on cgroup v2 the detector's are the cgroup's whole
+  effective cpuset, which a pinned victim does not narrow, and with them no cpuset step was ever taken.
 - **notes from the manager**: a reverted or refused action (e.g. the burst loop's "steadily above its
   limit") is copied into its incident's evidence.
 """
@@ -44,6 +50,7 @@ from actuators.cgroupfile import CgroupFileError, CgroupFiles, Resource
 from detector.causes import Mitigation, neighbor_cpu, reclaim, softirq, spec
 from detector.causes.softirq import softirq_traffic_decision, traffic_share
 from detector.decisions import (
+    DID_NOT_HELP_MEMORY_S,
     ActionKind,
     Cause,
     Decision,
@@ -93,6 +100,7 @@ def requests_from(pods: Callable[[], Iterable[PodInfo]]) -> Callable[[Target], f
 
 
 RT_RESCAN_S = 5.0  # an open softirq incident's RT ranking is read again at most this often
+BUSY_TASK_SHARE = 0.05  # a victim task with this share of its tasks' CPU time says where the victim runs
 
 
 class NetnsTrafficSampler:
@@ -183,9 +191,12 @@ def ladder_step(decision: Decision) -> LadderStep | None:
 
 @dataclass
 class _Rung:
-    """One BE culprit's ladder in one incident."""
+    """One BE culprit's ladder for one victim, across that victim's incidents (module doc)."""
 
     target: Target
+    victim: str  # the victim's cgroup, without slashes around it
+    incident_id: str | None  # the victim's incident it serves now (or served last)
+    closed_at: float | None = None  # when that incident closed, while no other is open
     tried: list[LadderStep] = field(default_factory=list)
     pending: bool = False  # a step was applied and its verdict is not in yet
     not_before: float = 0.0
@@ -217,7 +228,7 @@ class MitigationPlanner:
         self._clock = clock
         self._acted: set[str] = set()
         self._notes: dict[str, dict[str, str]] = {}  # incident -> note key -> text, in the order said
-        self._ladder: dict[tuple[str, str], _Rung] = {}  # (incident, culprit cgroup) -> its ladder
+        self._ladder: dict[tuple[str, str], _Rung] = {}  # (victim cgroup, culprit cgroup) -> its ladder
         self._rt_scans: dict[str, tuple[float, Target | None, float]] = {}  # incident -> (when, top BE, share)
 
     def note(self, incident_id: str | None, text: str, key: str | None = None) -> None:
@@ -248,12 +259,13 @@ class MitigationPlanner:
         if record.state == ActionState.REFUSED and d.code == softirq.OWN_TRAFFIC:
             self._acted.discard(d.incident_id)  # e.g. the RT isolation of the same pod is still verified: retry
         step = ladder_step(d)
-        if step is None:
+        if step is None or d.victim is None:
             return
-        key = (d.incident_id, d.target.cgroup)
+        key = (d.victim.cgroup.strip("/"), d.target.cgroup.strip("/"))
         rung = self._ladder.get(key)
         if record.state == ActionState.APPLIED:
-            rung = self._ladder.setdefault(key, _Rung(d.target))
+            rung = self._ladder.setdefault(key, _Rung(d.target, key[0], d.incident_id))
+            rung.incident_id = d.incident_id
             if step not in rung.tried:
                 rung.tried.append(step)
             rung.pending, rung.last, rung.breaches_since_verified = True, step, None
@@ -262,9 +274,22 @@ class MitigationPlanner:
         elif record.state == ActionState.VERIFIED:
             rung.pending, rung.breaches_since_verified = False, 0
         elif record.state == ActionState.REVERTED and record.outcome == ActionOutcome.DID_NOT_HELP:
-            # The next step at the next tick: the manager lets this incident's next, different step through
+            # The next step at the next tick: the manager lets this victim's next, different step through
             # its block on the target (it blocks the same step only).
             rung.pending, rung.breaches_since_verified, rung.not_before = False, None, self._clock()
+        elif record.state == ActionState.REFUSED and record.outcome == ActionOutcome.WAIT:
+            if d.code in LADDER_CODES:  # ours: the same step again once the limit passes, not the next one
+                if step in rung.tried:
+                    rung.tried.remove(step)
+                rung.pending = False
+                rung.not_before = self._clock() + max(1.0, record.effect.get("retry_in_s", 1.0))
+        elif record.state == ActionState.REFUSED and record.outcome in (ActionOutcome.TRIED_BEFORE,
+                                                                       ActionOutcome.IN_PLACE):
+            # The victim's next incident asked for a step its ladder has taken: judged already, or in place.
+            if step not in rung.tried:
+                rung.tried.append(step)
+            if d.code in LADDER_CODES:
+                rung.pending, rung.not_before = False, self._clock()
         elif record.state in (ActionState.REFUSED, ActionState.FAILED) and d.code in LADDER_CODES:
             if step not in rung.tried:
                 rung.tried.append(step)
@@ -278,7 +303,14 @@ class MitigationPlanner:
             elif step == Mitigation.MEMORY_GROWER:
                 self._reclaim(inc)
             if inc.open:
-                for rung in [r for (i, _), r in self._ladder.items() if i == inc.incident_id]:
+                for rung in self._rungs_of(inc):
+                    if rung.incident_id != inc.incident_id:
+                        self.note(inc.incident_id, neighbor_cpu.SPEC.say(
+                            neighbor_cpu.LADDER_CONTINUED, culprit=rung.target.display, victim=inc.victim.display,
+                            incident=rung.incident_id or "-", tried=", ".join(rung.tried) or "nothing",
+                            memory_s=DID_NOT_HELP_MEMORY_S), key=f"{neighbor_cpu.LADDER_CONTINUED}:{rung.target.cgroup}")
+                        rung.incident_id = inc.incident_id
+                    rung.closed_at = None
                     self._escalate(inc, rung, what)
         except Exception:  # a hook must never stop detection
             log.exception("mitigation planner failed on %s", inc.incident_id)
@@ -287,9 +319,23 @@ class MitigationPlanner:
             self._acted.discard(inc.incident_id)
             self._acted.discard(f"rt:{inc.incident_id}")
             self._notes.pop(inc.incident_id, None)
-            for key in [k for k in self._ladder if k[0] == inc.incident_id]:
-                del self._ladder[key]
+            now = self._clock()
+            for rung in self._rungs_of(inc):
+                rung.closed_at = now  # kept: the victim's next incident with this culprit continues it
             self._rt_scans.pop(inc.incident_id, None)
+        self._forget_old_ladders()
+
+    def _rungs_of(self, inc: Incident) -> list[_Rung]:
+        victim = inc.victim.cgroup.strip("/")
+        return [r for r in self._ladder.values() if r.victim == victim]
+
+    def _forget_old_ladders(self) -> None:
+        """A ladder whose victim has had no incident for DID_NOT_HELP_MEMORY_S starts over: the manager
+        no longer refuses the steps it judged by then."""
+        now = self._clock()
+        for key in [k for k, r in self._ladder.items()
+                    if r.closed_at is not None and not r.pending and now - r.closed_at >= DID_NOT_HELP_MEMORY_S]:
+            del self._ladder[key]
 
     def _reclaim(self, inc: Incident) -> None:
         key = f"mem:{inc.incident_id}"
@@ -342,13 +388,14 @@ class MitigationPlanner:
                 if inc.cause != Cause.NEIGHBOR_CPU:
                     continue  # softirq: the work lands where the packets are steered, not where the sender runs
                 online = self.online_cpus()
-                others = tuple(c for c in online if c not in inc.victim_cpus)
-                if not inc.victim_cpus or not others:
+                victim_cpus = self.victim_cpus(inc)
+                others = tuple(c for c in online if c not in victim_cpus)
+                if not victim_cpus or not others:
                     self.note(inc.incident_id, say(neighbor_cpu.NO_OTHER_CPUS, culprit=target.display,
-                                                   victim=inc.victim.display, victim_cpus=inc.victim_cpus or online))
+                                                   victim=inc.victim.display, victim_cpus=victim_cpus or online))
                     continue
                 reason = say(neighbor_cpu.CPUSET_AWAY, culprit=target.display, victim=inc.victim.display,
-                             victim_cpus=format_cpu_list(inc.victim_cpus), cpus=format_cpu_list(others))
+                             victim_cpus=format_cpu_list(victim_cpus), cpus=format_cpu_list(others))
                 self.note(inc.incident_id, reason)
                 return Decision(ActionKind.SUPPRESS, target, SuppressAmount("cpuset", cpus=others, floor_cpus=1),
                                 reason, incident_id=inc.incident_id, victim=inc.victim, victim_signal=signal,
@@ -467,6 +514,22 @@ class MitigationPlanner:
                             victim_wait_ms_per_s=round(cost.wait_ms_per_s, 3),
                             wait_ms_per_s_without=round(cost.wait_ms_per_s_without, 3), without_kernel_work=kernel_work)
         inc.culprits = [first, *rest]
+
+    def victim_cpus(self, inc: Incident) -> list[int]:
+        """The CPUs the victim runs on: those the detector saw it use (``inc.victim_cpus``: per-CPU usage on
+        v1; on v2 the cgroup's whole effective cpuset, which a victim pinned inside it does not narrow),
+        narrowed to the CPUs its busy tasks may run on (their allowed CPUs; a task with under
+        ``BUSY_TASK_SHARE`` of the victim's CPU time, a pause process, does not widen them)."""
+        seen = set(inc.victim_cpus)
+        proc = getattr(self.sampler, "proc", None)
+        allowed: set[int] = set()
+        if proc is not None and getattr(self.sampler, "files", None) is not None:
+            tasks = [got for pid in self._pids(inc.victim) if (got := task_sched(proc, pid)) is not None]
+            total = sum(cpu_s for _, cpu_s, _ in tasks)
+            for _, cpu_s, cpus in tasks:
+                if total <= 0 or cpu_s >= BUSY_TASK_SHARE * total:
+                    allowed |= cpus
+        return sorted((seen & allowed) or allowed or seen)
 
     def online_cpus(self) -> list[int]:
         files = getattr(self.sampler, "files", None)

@@ -43,6 +43,12 @@ class Cause(StrEnum):
     PSI_UNKNOWN = "psi_unknown"  # pressure without an attributable mechanism
 
 
+# A step judged "did not help" a victim (reverted) is not taken again on the same target for the same victim
+# for this long, by any incident of that victim: an incident that closes while its culprit still runs (the
+# victim stopped breaching for a few ticks) and opens again continues its ladder, it does not start over.
+DID_NOT_HELP_MEMORY_S = 300.0
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """A cgroup, and the pod it belongs to when there is one."""

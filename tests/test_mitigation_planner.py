@@ -294,7 +294,8 @@ def test_neighbor_escalation_isolation_then_quota_to_request_then_evict() -> Non
                                                                          cooldown_seconds=3.0),
                                 request_of=lambda t: 0.5 if t == FLOOD else None, clock=lambda: now[0])
     inc = _neighbor()
-    cpuset = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "engine", incident_id="inc-1")
+    cpuset = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "engine", incident_id="inc-1",
+                      victim=VICTIM)
     planner(inc, "opened")
     assert sink.decisions == []  # the engine's isolation goes first
     planner.note_record(_record(cpuset, ActionState.APPLIED, ""))
@@ -329,7 +330,7 @@ def test_neighbor_ladder_after_a_quota_moves_the_culprit_off_the_victims_cpus() 
     inc.victim_cpus = [1]
     planner.online_cpus = lambda: [0, 1]  # type: ignore[method-assign]
     quota = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=0.35), "engine",
-                     incident_id="inc-1", code=neighbor_cpu.SUPPRESS)
+                     incident_id="inc-1", victim=VICTIM, code=neighbor_cpu.SUPPRESS)
     _applied_then(planner, quota, ActionState.REVERTED, "did not help: x")
     now[0] += 1.0
     planner(inc, "updated")
@@ -353,7 +354,7 @@ def test_neighbor_ladder_goes_on_when_a_step_helped_but_the_victim_still_breache
     inc = _neighbor()
     inc.victim_cpus = [1]
     quota = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=0.35), "engine",
-                     incident_id="inc-1", code=neighbor_cpu.SUPPRESS)
+                     incident_id="inc-1", victim=VICTIM, code=neighbor_cpu.SUPPRESS)
     _applied_then(planner, quota, ActionState.VERIFIED, "victim improved")
     planner(inc, "updated")
     planner(inc, "updated")
@@ -365,10 +366,39 @@ def test_neighbor_ladder_goes_on_when_a_step_helped_but_the_victim_still_breache
     inc2 = _neighbor()
     inc2.incident_id = "inc-2"
     _applied_then(planner, Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=0.35),
-                                    "engine", incident_id="inc-2"), ActionState.VERIFIED, "victim improved")
+                                    "engine", incident_id="inc-2", victim=VICTIM), ActionState.VERIFIED, "victim improved")
     inc2.ended_at = 5.0
     planner(inc2, "closed")
     assert len(sink.decisions) == 1
+
+
+def test_a_reopened_incident_continues_the_ladder_of_the_victims_last_one() -> None:
+    """The VM lane's failure (issue 41): the quota did not help, the incident closed before the next tick
+    (6.1's CFS lets the waking victim preempt the hog) and the next incident for the same victim and hog
+    started with nothing. The ladder belongs to the (victim, culprit) pair: the next incident goes on with
+    the cpuset, and says so."""
+    now = [0.0]
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False, evict_enabled=False),
+                                clock=lambda: now[0])
+    planner.online_cpus = lambda: [0, 1]  # type: ignore[method-assign]
+    inc = _neighbor()
+    inc.victim_cpus = [1]
+    quota = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=0.21), "engine",
+                     incident_id="inc-1", victim=VICTIM, code=neighbor_cpu.SUPPRESS)
+    _applied_then(planner, quota, ActionState.REVERTED, "did not help: x")
+    inc.ended_at = 1.0
+    planner(inc, "closed")
+    assert sink.decisions == []
+    now[0] += 5.0
+    inc2 = _neighbor()
+    inc2.incident_id = "inc-2"
+    inc2.victim_cpus = [1]
+    planner(inc2, "opened")
+    (cpuset,) = sink.decisions
+    assert cpuset.code == neighbor_cpu.CPUSET_AWAY and cpuset.incident_id == "inc-2"
+    assert cpuset.amount == SuppressAmount("cpuset", cpus=(0,), floor_cpus=1)
+    assert any("goes on (tried: quota)" in e.note for e in inc2.evidence), inc2.evidence
 
 
 def test_neighbor_escalation_stops_when_it_helped_or_eviction_is_off() -> None:
@@ -376,7 +406,8 @@ def test_neighbor_escalation_stops_when_it_helped_or_eviction_is_off() -> None:
     sink = LoggingSink()
     planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False, evict_enabled=False),
                                 request_of=lambda t: None, clock=lambda: now[0])
-    cpuset = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "engine", incident_id="inc-1")
+    cpuset = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "engine", incident_id="inc-1",
+                      victim=VICTIM)
     inc = _neighbor()
     _applied_then(planner, cpuset, ActionState.VERIFIED, "victim improved")
     now[0] += 100
@@ -386,13 +417,13 @@ def test_neighbor_escalation_stops_when_it_helped_or_eviction_is_off() -> None:
     inc2 = _neighbor()
     inc2.incident_id = "inc-2"
     _applied_then(planner, Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "e",
-                                    incident_id="inc-2"), ActionState.REVERTED, "did not help: x")
+                                    incident_id="inc-2", victim=VICTIM), ActionState.REVERTED, "did not help: x")
     now[0] += 100
     planner(inc2, "updated")  # no request known: straight to eviction, which policy forbids
     assert sink.decisions == []
     assert any("eviction is disabled" in e.note for e in inc2.evidence)
     # a non-BE target never enters the ladder
-    ls = Decision(ActionKind.SUPPRESS, API, SuppressAmount("cpuset", cpus=(0,)), "e", incident_id="inc-3")
+    ls = Decision(ActionKind.SUPPRESS, API, SuppressAmount("cpuset", cpus=(0,)), "e", incident_id="inc-3", victim=VICTIM)
     _applied_then(planner, ls, ActionState.REVERTED, "did not help: x")
     inc3 = _neighbor()
     inc3.incident_id = "inc-3"

@@ -93,6 +93,10 @@ class PassResult:
     # p99 (--judge-counts: the VM lane, whose latencies under TCG are not exact).
     counts: list[tuple[float, str, float]] = field(default_factory=list)
     judge_on_counts: bool = False
+    # The manager's audit log lines and each incident's mitigation notes (its evidence, in order): what the
+    # agent did and why, step by step, so a run that did not recover can be read afterwards.
+    audit: list[dict] = field(default_factory=list)
+    incident_notes: list[tuple[str, float, tuple[str, ...]]] = field(default_factory=list)  # (victim, started_s, notes)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -460,6 +461,9 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                                    if c.target.cgroup.rstrip("/") not in sandbox_roots),
                     started_s=round(inc.started_at - onset, 3),
                     ended_s=None if inc.ended_at is None else round(inc.ended_at - onset, 3), signal=inc.signal))
+                result.incident_notes.append((names.get(inc.victim.cgroup, inc.victim.cgroup),
+                                              round(inc.started_at - onset, 3),
+                                              tuple(e.note for e in inc.evidence if e.signal == "mitigation" and e.note)))
         if manager is not None:
             names = {p.path.strip("/"): name for name, p in ctx.pods.items()}
             # The manager lists a record again at each change of its state: each action once, as it ended.
@@ -511,6 +515,10 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
         cgroups.remove_all()
         if ctx is not None and ctx.victim_log is not None and ctx.victim_log.exists() and onset_ns is not None:
             result.samples = load_samples(ctx.victim_log.read_text(), onset_ns)
+        audit = workdir / "audit.jsonl"
+        if audit.exists():
+            with contextlib.suppress(OSError, ValueError):
+                result.audit = [json.loads(line) for line in audit.read_text().splitlines() if line.strip()]
         shutil.rmtree(workdir, ignore_errors=True)
     return result, trace
 

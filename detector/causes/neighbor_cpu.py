@@ -54,6 +54,7 @@ NO_OTHER_CPUS = "neighbor_cpu.no_other_cpus"  # the victim ran on every online C
 HELPED_NOT_ENOUGH = "neighbor_cpu.helped_not_enough"  # verified, yet the victim still breaches: next step on top
 EVICT = "neighbor_cpu.evict"  # suppressing did not help: evict (evict_enabled)
 EVICT_DISABLED = "neighbor_cpu.evict_disabled"
+LADDER_CONTINUED = "neighbor_cpu.ladder_continued"  # the victim's next incident with the same culprit goes on
 # What a neighbour step is verified on: the victim's wait per second. Every step (a quota, a cpuset, an
 # eviction) is meant to take the culprit's slices out of the victim's waits, which the mean wait shows at
 # once; a quota leaves the culprit's bursts (3 BE threads under a quota still run back to back), so the
@@ -113,6 +114,8 @@ SPEC = CauseSpec(
         CPUSET_AWAY: "{culprit}: the quota did not give {victim} its latency back: cpuset off its CPUs {victim_cpus} "
                      "to CPUs {cpus}",
         NO_OTHER_CPUS: "{culprit} cannot be moved off {victim}'s CPUs: {victim} ran on every online CPU {victim_cpus}",
+        LADDER_CONTINUED: "{culprit}: the ladder of {victim}'s incident {incident} goes on (tried: {tried}); a step "
+                          "that did not help is not taken again within {memory_s:.0f} s",
         HELPED_NOT_ENOUGH: "{step} on {culprit} helped, yet {victim} still breached its SLO in {ticks} ticks after: "
                            "the next step goes on top of it",
     },
