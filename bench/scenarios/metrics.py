@@ -180,8 +180,10 @@ def score(truth: Truth, result: PassResult) -> Score:
         after = window_p99(result.samples, ttm + SETTLE_AFTER_MITIGATION_S, ttm + RECOVERY_WINDOW_S)
         if after is not None and before is not None:
             recovered = after <= RECOVERY_FACTOR * before
-    # On counts, the first action in any state: one reverted as "did not help" is judged on what followed it.
-    acted = min((a.at_s for a in result.actions if a.at_s >= 0), default=None)
+    # On counts, from the first action left in place, as the p99 (a ladder's step that did not help and was
+    # undone is not the mitigation: the one after it is); with none left in place, from the first action in
+    # any state, so one reverted as "did not help" is judged on what followed it.
+    acted = ttm if ttm is not None else min((a.at_s for a in result.actions if a.at_s >= 0), default=None)
     on_counts = (count_recovery(result.counts, truth.causes[0], result.baseline_s, acted,
                                 acted + SETTLE_AFTER_MITIGATION_S, min(acted + RECOVERY_WINDOW_S, result.run_s))
                  if acted is not None and result.counts and truth.causes else None)

@@ -172,3 +172,27 @@ def test_an_action_reverted_as_not_helping_is_judged_on_what_followed_it():
     s = score(Truth("web", ("neighbor_cpu",), "batch"), result)
     assert s.recovered is False and s.actions == 0  # no action in place; the victim's CPU still the BE pod's
     assert s.counts_recovery.startswith("not recovered on counts")
+
+
+def _ladder_totals(quota_at: float, cpuset_at: float) -> list[tuple[float, str, float]]:
+    """BE CPU time on the victim's CPU: none before the onset, 300 ms/s from it, more under a quota that
+    did not help, none once a cpuset moved the BE pod off that CPU."""
+    out, total = [], 0.0
+    for t in range(-8, 24):
+        total += 0 if t <= 0 else 300 if t <= quota_at else 500 if t <= cpuset_at else 0
+        out.append((float(t), BE_CPU_ON_VICTIM, total))
+    return out
+
+
+def test_a_ladder_is_judged_from_the_step_left_in_place():
+    # The VM lane's cpu-neighbor (2026-11-28 15:26 UTC): a quota at +2.4 s reverted as "did not help", then a
+    # cpuset off the victim's CPU at +7.4 s, verified and kept. Judged from the first action, the window
+    # mostly held the quota and the row read "no"; the p99 was already judged from the step in place.
+    result = PassResult("cpu-neighbor", "mitigate", 8.0, 24.0,
+                        incidents=[IncidentRecord("web", "neighbor_cpu", ("batch",), 2.2, 18.4, "runq_p99_ns")],
+                        actions=[ActionRecordLite(2.4, "suppress", "batch", "reverted", "quota 0.21 cores"),
+                                 ActionRecordLite(7.4, "suppress", "batch", "verified", "cpuset 0")],
+                        counts=_ladder_totals(2.4, 7.4), judge_on_counts=True)
+    s = score(Truth("web", ("neighbor_cpu",), "batch"), result)
+    assert s.time_to_mitigate_s == 7.4
+    assert s.recovered is True and s.counts_recovery.startswith("recovered on counts")
