@@ -266,6 +266,11 @@ class ActuatorManager:
         except (ActionError, JournalError, CgroupFileError) as e:
             self._finish(ActionRecord(action_id, plan, decision, ActionState.FAILED, _one_line(e)))
             return
+        self._record_applied(decision, kind, key, actuator, plan, action_id, now)
+
+    def _record_applied(self, decision: Decision, kind: ActionKind, key: tuple[str, str], actuator: Actuator,
+                        plan: Plan, action_id: str, now: float) -> None:
+        """An applied action: counted for the limits, put in place of the target's last, verified."""
         self._changes.append((now, str(kind)))
         self._last_change[key] = now
         self._last_incident[key] = decision.incident_id
@@ -333,6 +338,30 @@ class ActuatorManager:
                 raise Refused(f"{decision.target.display}: {verdict}")
         elif kind in (ActionKind.SUPPRESS, ActionKind.EVICT, ActionKind.MEMORY_SUPPRESS) and qos != "BE":
             raise Refused(f"{kind} only touches BE targets; {decision.target.display} is {qos or 'of unknown QoS'}")
+        self._check_repeat(decision, key, now)
+        if decision.follow_up:
+            if kind != ActionKind.BURST:
+                raise Refused(f"follow-up steps are for the burst loop only, not {kind}")
+            return  # the loop's own pace; the rate limit is checked once the plan says which way it goes
+        if key in self._active and self._active[key].verification is not None:
+            raise Refused(f"previous {kind} on {decision.target.display} is still being verified", ActionOutcome.WAIT,
+                          float(self.policy.verify_intervals))
+        last = self._last_change.get(key)
+        # One incident's own next step on a target it already changed (the traffic cap after moving an
+        # RT pod off the victim's CPUs) is its plan, not flapping: no cooldown. A step while the last
+        # one is being verified was refused above; another incident's change waits (WAIT: the ladder retries).
+        same_incident = decision.incident_id is not None and self._last_incident.get(key) == decision.incident_id
+        if last is not None and now - last < self.policy.cooldown_seconds and not same_incident:
+            raise Refused(f"cooldown: last change to {decision.target.display} {now - last:.0f} s ago "
+                          f"(< {self.policy.cooldown_seconds:g} s)", ActionOutcome.WAIT,
+                          self.policy.cooldown_seconds - (now - last))
+        if self.policy.dry_run:
+            return  # dry-run changes nothing, so the rate limit does not apply
+        self._check_rate(kind, now)
+
+    def _check_repeat(self, decision: Decision, key: tuple[str, str], now: float) -> None:
+        """Refuse a step the target's last revert blocks, one that did not help the same victim lately, or
+        one already in place for it."""
         victim, step = _victim_of(decision), _step_of(decision)
         blocked = self._blocked_until.get(key, 0.0)
         blocked_victim, blocked_step = self._blocked_step.get(key, (None, ""))
@@ -356,25 +385,6 @@ class ActuatorManager:
             # better already, improved no further.
             raise Refused(f"{step} on {decision.target.display} is in place already ({in_place.record.state})",
                           ActionOutcome.IN_PLACE)
-        if decision.follow_up:
-            if kind != ActionKind.BURST:
-                raise Refused(f"follow-up steps are for the burst loop only, not {kind}")
-            return  # the loop's own pace; the rate limit is checked once the plan says which way it goes
-        if key in self._active and self._active[key].verification is not None:
-            raise Refused(f"previous {kind} on {decision.target.display} is still being verified", ActionOutcome.WAIT,
-                          float(self.policy.verify_intervals))
-        last = self._last_change.get(key)
-        # One incident's own next step on a target it already changed (the traffic cap after moving an
-        # RT pod off the victim's CPUs) is its plan, not flapping: no cooldown. A step while the last
-        # one is being verified was refused above; another incident's change waits (WAIT: the ladder retries).
-        same_incident = decision.incident_id is not None and self._last_incident.get(key) == decision.incident_id
-        if last is not None and now - last < self.policy.cooldown_seconds and not same_incident:
-            raise Refused(f"cooldown: last change to {decision.target.display} {now - last:.0f} s ago "
-                          f"(< {self.policy.cooldown_seconds:g} s)", ActionOutcome.WAIT,
-                          self.policy.cooldown_seconds - (now - last))
-        if self.policy.dry_run:
-            return  # dry-run changes nothing, so the rate limit does not apply
-        self._check_rate(kind, now)
 
     def _check_rate(self, kind: ActionKind, now: float) -> None:
         while self._changes and now - self._changes[0][0] >= 60.0:

@@ -303,7 +303,10 @@ class MitigationPlanner:
             elif step == Mitigation.MEMORY_GROWER:
                 self._reclaim(inc)
             if inc.open:
+                blamed = {c.target.cgroup for c in inc.culprits}
                 for rung in self._rungs_of(inc):
+                    if rung.incident_id != inc.incident_id and rung.target.cgroup not in blamed:
+                        continue  # the victim's next incident continues a culprit's ladder only if it blames it
                     if rung.incident_id != inc.incident_id:
                         self.note(inc.incident_id, neighbor_cpu.SPEC.say(
                             neighbor_cpu.LADDER_CONTINUED, culprit=rung.target.display, victim=inc.victim.display,

@@ -119,6 +119,7 @@ MAP_LAYOUTS = {
     "cgroup_runq": (4, CGROUP_STATS_SIZE),
     "culprit_slots": (_CULPRIT_KEY, 4),
     "free_culprit_slots": (None, 4),
+    "new_culprit_slots": (None, 4),
     "runq_culprits": (4, CULPRIT_STATS_SIZE),
     "runq_cpu": (4, CPU_STATE_SIZE),
     "runq_cpu_hist": (4, CPU_HIST_SIZE),
@@ -757,7 +758,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         self.pid_slots = 1
         options["rodata"] = {**options["rodata"], "pid_slots": 1, "pid_slot_bits": 0}
         options["map_sizes"] = {**sizes, "runq_culprits": 1, "culprit_slots": 1, "free_culprit_slots": 1,
-                                "runq_cf": 1,
+                                "runq_cf": 1, "new_culprit_slots": 1,
                                 "task_run_delay": 1, "fallback_queued_ns": MAX_FALLBACK_TASKS}
         return engine.open_probe(SPEC, attach_mode=fallback, **options)
 

@@ -86,7 +86,8 @@ def _planner_story() -> tuple[list[tuple], list[str], list[str]]:
 
     neighbour = Incident("inc-n", VICTIM, Cause.NEIGHBOR_CPU, 0.0, 0.8, "runq_p99_ns",
                          culprits=[Culprit(FLOOD, 0.9, who_ran_instead_share=0.8, cpu_cores=1.0)])
-    cpuset = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "engine", incident_id="inc-n")
+    cpuset = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0,)), "engine", incident_id="inc-n",
+                      victim=VICTIM)
     planner.note_record(ActionRecord("c1", None, cpuset, ActionState.APPLIED, "words"))
     planner.note_record(ActionRecord("c1", None, cpuset, ActionState.REVERTED, "any words at all",
                                      outcome=ActionOutcome.DID_NOT_HELP))
