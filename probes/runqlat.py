@@ -786,7 +786,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             now = time.monotonic()
             for change in self._pairs.read_changed(self._pair_candidates(set(moved), drops)):
                 if change.old_key is not None:
-                    self._slots_of_victim.get(_CULPRIT_KEY.unpack(change.old_key)[0], set()).discard(change.slot)
+                    self._forget_pair_slot(_CULPRIT_KEY.unpack(change.old_key)[0], change.slot)
                 if change.key is not None:
                     self._slots_of_victim.setdefault(_CULPRIT_KEY.unpack(change.key)[0], set()).add(change.slot)
                 if change.old_key is not None and change.old_key != change.key:
@@ -815,6 +815,14 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             time.monotonic(), dict(self._per_cgroup), per_cpu, drops, dict(self._wait_split),
             dict(self._culprit_totals), culprit_drop_ns, self.culprits_available, self.table_use,
         )
+
+    def _forget_pair_slot(self, victim: int, slot: int) -> None:
+        """A pair slot its victim no longer holds; a victim with none left is dropped (pod churn)."""
+        slots = self._slots_of_victim.get(victim)
+        if slots is not None:
+            slots.discard(slot)
+            if not slots:
+                del self._slots_of_victim[victim]
 
     def _pair_candidates(self, moved_cgroups: set[int], drops: dict[str, int]) -> set[int] | None:
         """The pair slots that can have moved since the last read (None: look at every used one).
