@@ -14,7 +14,7 @@ import math
 import os
 import struct
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -56,6 +56,7 @@ from probes.plugin import (
     TopTable,
     WorkloadKey,
 )
+from probes.striped_slots import StripedSlots, mapped_words
 from probes.units import fmt_us
 
 SPEC = ProbeSpec(
@@ -388,7 +389,6 @@ def top_culprits(prev: RunqSnapshot | None, cur: RunqSnapshot, victim_cgroup_id:
     return ranked[:k]
 
 
-SLOT_READ_AHEAD = 64  # slots read past the highest one in use: new keys take the next never-used slots
 MAX_STRIPES = 8  # copies of each statistics slot at most: memory is slots x stripes x value, whatever the CPUs
 
 
@@ -399,183 +399,6 @@ def stripes_for(possible_cpus: int) -> tuple[int, bool]:
     while stripes < min(possible_cpus, MAX_STRIPES):
         stripes *= 2
     return stripes, possible_cpus > stripes
-
-
-@dataclass(frozen=True)
-class SlotChange:
-    """A slot whose values changed since the last read: the key it held then and holds now (None: free)."""
-
-    slot: int
-    old_key: bytes | None
-    key: bytes | None
-    raw: bytes  # its copies as read (see _Slots.values)
-
-
-def _mapped_words(probe: LoadedProbe, name: str) -> np.ndarray | None:
-    """A mapped BPF array as u64 words (None where it is not mapped: read and zeroed by syscalls)."""
-    mapped = probe.map_mmap(name) if hasattr(probe, "map_mmap") else None
-    return None if mapped is None else np.frombuffer(mapped, dtype="<u8")
-
-
-class _Slots:
-    """Statistics kept in slots of `copies` copies each (bpf/runqlat.bpf.c: a striped array, slot k's
-    copies at k * copies + i): `index` maps a key to its slot, each copy ends with the key it belongs
-    to (zeros: not used by its CPUs yet), and `free` is the stack of slots the BPF side may reuse.
-
-    The array is read in place where it is mmapable (BPF_F_MMAPABLE), else with batched syscalls. A
-    tick looks at `change_words` of each used slot's copies (counters that grow with every update, and
-    the owner) and copies out only the slots whose words moved: an idle cgroup costs those few words."""
-
-    def __init__(self, probe: LoadedProbe, index: str, stats: str, free: str, value_size: int,
-                 key_size: int, copies: int, change_words: tuple[int, ...],
-                 also_zero: tuple[tuple[str, int], ...] = ()) -> None:
-        self.probe, self.index, self.stats, self.free_stack, self.value_size = probe, index, stats, free, value_size
-        self.key_size, self.copies = key_size, copies
-        self.also_zero = also_zero  # (map, value size) indexed by the same slots, zeroed with it when it is freed
-        self._aligned = (value_size + 7) // 8 * 8
-        self._words = self._aligned // 8 * copies  # u64 words of one slot, every copy
-        self._columns = np.array([c * (self._aligned // 8) + w for c in range(copies) for w in change_words])
-        self._mapped = _mapped_words(probe, stats)
-        # Maps zeroed with it: mapped where they can be (else a syscall zeroes the value)
-        self._also_mapped = {name: (_mapped_words(probe, name), (size + 7) // 8) for name, size in also_zero}
-        self._seen = np.zeros((0, len(self._columns)), dtype="<u8")  # change words of the used slots, last read
-        self._key_of: dict[int, bytes] = {}  # slot -> the key owning it at the last read_changed
-        self._freed: list[tuple[int, bytes]] = []  # (slot, key) freed by userspace since the last read_changed
-        self.bytes_read = 0  # read in place (mapped words looked at, slots copied out); not syscalls' copies
-        self.bytes_scanned = 0  # the part of it that was change words looked at in place (nothing copied)
-
-    @property
-    def used(self) -> int:
-        """Slots holding a key at the last read."""
-        return len(self._key_of)
-
-    def _rows(self, n: int) -> np.ndarray:
-        """The first `n` slots (fewer at the array's end) as a (slots, words) matrix: a view of the
-        mapped array, or the bytes of one batched read."""
-        if self._mapped is not None:
-            got = min(n, len(self._mapped) // self._words)
-            return self._mapped[: got * self._words].reshape(got, self._words)
-        blob = self.probe.map_array_prefix(self.stats, n * self.copies)
-        got = len(blob) // (self._words * 8)
-        return np.frombuffer(blob, dtype="<u8", count=got * self._words).reshape(got, self._words)
-
-    def read_changed(self, candidates: Iterable[int] | None = None) -> list[SlotChange]:
-        """The slots whose values changed since the last call (all used ones at the first), and those
-        userspace freed since.
-
-        `candidates`: look only at these slots (the caller knows nothing else can have moved; mapped
-        arrays only). Else every used slot: slots are handed out low first (freed ones reused before new
-        ones), so the used ones are a prefix of the array; a few slots past it are looked at for new keys.
-        A slot's key comes from its copies' owner field; the index is read only when those disagree (a
-        slot freed and reused while a CPU was writing it)."""
-        changes = [SlotChange(slot, old, None, b"") for slot, old in self._freed]
-        self._freed.clear()
-        if candidates is not None and self._mapped is not None:
-            return changes + self._read_candidates(candidates)
-        n = len(self._seen) + SLOT_READ_AHEAD
-        while True:
-            rows = self._rows(n)
-            got = len(rows)
-            seen = rows[:, self._columns]
-            in_use = np.flatnonzero(seen.any(axis=1))
-            used = int(in_use[-1]) + 1 if len(in_use) else 0
-            if got < n or used + SLOT_READ_AHEAD // 2 <= got:  # the array's end, or room past the last used
-                break
-            n *= 2
-        if self._mapped is not None:
-            self.bytes_read += seen.nbytes
-            self.bytes_scanned += seen.nbytes
-        seen, prev = seen[:used], self._seen
-        common = min(len(prev), used)
-        slots = np.flatnonzero((seen[:common] != prev[:common]).any(axis=1)).tolist()
-        slots += [common + int(i) for i in np.flatnonzero(seen[common:].any(axis=1))]  # newly used
-        slots += [used + int(i) for i in np.flatnonzero(prev[used:].any(axis=1))]  # freed at the end
-        self._seen = seen.copy()
-        by_index: dict[int, bytes] = {}
-        for slot in slots:
-            changes.append(self._change(slot, rows[slot].tobytes() if slot < used else b"", by_index))
-        return changes
-
-    def _read_candidates(self, candidates: Iterable[int]) -> list[SlotChange]:
-        """read_changed over the given slots only, in place: their change words against the last look."""
-        assert self._mapped is not None
-        rows = self._mapped[: len(self._mapped) // self._words * self._words].reshape(-1, self._words)
-        slots = np.fromiter(candidates, dtype=np.int64)
-        slots = np.unique(slots[(slots >= 0) & (slots < len(rows))])
-        if not len(slots):
-            return []
-        seen = rows[slots[:, None], self._columns[None, :]]
-        self.bytes_read += seen.nbytes
-        self.bytes_scanned += seen.nbytes
-        if len(self._seen) <= slots[-1]:
-            grown = np.zeros((int(slots[-1]) + 1, len(self._columns)), dtype="<u8")
-            grown[: len(self._seen)] = self._seen
-            self._seen = grown
-        moved = slots[(seen != self._seen[slots]).any(axis=1)]
-        self._seen[slots] = seen
-        by_index: dict[int, bytes] = {}
-        used = seen.any(axis=1)
-        in_use = {int(slot) for slot in slots[used]}
-        return [self._change(slot, rows[slot].tobytes() if slot in in_use else b"", by_index)
-                for slot in moved.tolist()]
-
-    def _change(self, slot: int, raw: bytes, by_index: dict[int, bytes]) -> SlotChange:
-        """A moved slot as read (`raw` empty: nothing in it now), its key from its copies' owners."""
-        if self._mapped is not None:
-            self.bytes_read += len(raw)
-        tail = self.value_size - self.key_size
-        unused = bytes(self.key_size)
-        owners = {raw[at + tail : at + self.value_size] for at in range(0, len(raw), self._aligned)} - {unused}
-        if len(owners) > 1:
-            if not by_index:
-                by_index.update({int.from_bytes(v, "little"): k for k, v in self.probe.map_items(self.index)})  # type: ignore[arg-type]
-            key = by_index.get(slot)
-        else:
-            key = owners.pop() if owners else None
-        old = self._key_of.pop(slot, None)
-        if key is not None:
-            self._key_of[slot] = key
-        return SlotChange(slot, old, key, raw)
-
-    def values(self, key: bytes, raw: bytes) -> list[bytes]:
-        """The key's copies. A copy still marked for another key (a slot freed and reused while a CPU
-        was writing it) is left out."""
-        at, unused = self.value_size - len(key), bytes(len(key))
-        copies = (raw[i : i + self.value_size] for i in range(0, len(raw), self._aligned))
-        return [v for v in copies if v[at:] in (key, unused)]
-
-    def copies_of(self, slot: int) -> list[bytes]:
-        """A slot's copies as the kernel holds them now (one lookup each: tests and tools)."""
-        first = slot * self.copies
-        return [self.probe.map_lookup(self.stats, i.to_bytes(4, "little")) or b""  # type: ignore[misc]
-                for i in range(first, first + self.copies)]
-
-    def indexed_keys(self) -> list[bytes]:
-        """Every key the index holds now (those taken since the last read included)."""
-        return [key for key, _ in list(self.probe.map_items(self.index))]  # type: ignore[misc]
-
-    def free(self, key: bytes) -> bool:
-        """Unindex a key, zero its slot's copies, then let the BPF side reuse the slot."""
-        slot = self.probe.map_lookup(self.index, key)
-        if slot is None or not self.probe.map_delete(self.index, key):
-            return False
-        n = int.from_bytes(slot, "little")  # type: ignore[arg-type]
-        # Said by the next read_changed, whatever the BPF side does with the slot meanwhile.
-        self._freed.append((n, self._key_of.pop(n, key)))
-        if n < len(self._seen):
-            self._seen[n] = 0
-        if self._mapped is not None:
-            self._mapped[n * self._words : (n + 1) * self._words] = 0
-        else:
-            for i in range(n * self.copies, (n + 1) * self.copies):
-                self.probe.map_zero(self.stats, i.to_bytes(4, "little"))
-        for name, (words, row) in self._also_mapped.items():
-            if words is not None:
-                words[n * row : (n + 1) * row] = 0
-            else:
-                self.probe.map_zero(name, slot)  # type: ignore[arg-type]
-        self.probe.map_push(self.free_stack, slot)  # type: ignore[arg-type]
-        return True
 
 
 PID_MAX_LIMIT = 1 << 22  # the kernel's limit on 64-bit: pid_max can be raised up to it
@@ -621,6 +444,171 @@ def _root_cgroup_id(hierarchy: Hierarchy | None) -> int:
         return os.stat(hierarchy.path_of("/")).st_ino if hierarchy is not None else 1
     except OSError:
         return 1
+
+
+class PairTable:
+    """Who ran instead's table of (victim, culprit) pairs: which of its slots a tick reads, the pairs'
+    cumulative totals (kept across a slot given back), and quiet pairs giving their slots back."""
+
+    def __init__(self, probe: LoadedProbe, slot_count: int, stripes: int, quiet_s: float) -> None:
+        self.probe, self.slot_count, self.quiet_s = probe, slot_count, quiet_s
+        self.slots = StripedSlots(probe, "culprit_slots", "runq_culprits", "free_culprit_slots", CULPRIT_STATS_SIZE,
+                                  _CULPRIT_KEY.size, stripes, PAIR_CHANGE_WORDS,
+                                  also_zero=(("runq_cf", _COUNTERFACTUAL.size),))
+        self._cf_view = mapped_words(probe, "runq_cf")
+        # Pairs that gave their slots back while their cgroups live on: their totals so far, added back
+        # in snapshots so the matrix stays cumulative when a pair reappears. At most as many as the
+        # table's slots, oldest out first (a snapshot copies them every tick): one that comes back
+        # after that starts from 0, a counter reset to whoever reads it as a counter.
+        self._base: dict[tuple[int, int], CulpritStats] = {}
+        self._in_kernel: dict[tuple[int, int], CulpritStats] = {}  # decoded at the last read
+        self.totals: dict[tuple[int, int], CulpritStats] = {}  # in the kernel + _base
+        self._moved_at: dict[tuple[int, int], float] = {}  # when each pair in the kernel last changed
+        # Which slots to look at in a tick (_candidates): each victim's slots, the victims that moved and
+        # the slots handed to new pairs at the last read.
+        self._slots_of_victim: dict[int, set[int]] = {}
+        self._victims_moved_last: set[int] = set()
+        self._new_slots_last: set[int] = set()
+        self._new_queue = True
+        self._read_once = False
+        self._scan_lost = 0
+        self._quiet_swept_at = -math.inf
+        self.given_back = 0  # slots freed because their pair stopped moving (cumulative)
+
+    def read(self, moved_cgroups: set[int], drops: dict[str, int], now: float) -> None:
+        """Decode the pairs that moved since the last read, then give back the slots of quiet ones."""
+        for change in self.slots.read_changed(self._candidates(moved_cgroups, drops)):
+            if change.old_key is not None:
+                self._forget_slot(_CULPRIT_KEY.unpack(change.old_key)[0], change.slot)
+            if change.key is not None:
+                self._slots_of_victim.setdefault(_CULPRIT_KEY.unpack(change.key)[0], set()).add(change.slot)
+            if change.old_key is not None and change.old_key != change.key:
+                old_pair: tuple[int, int] = _CULPRIT_KEY.unpack(change.old_key)  # type: ignore[assignment]
+                self._in_kernel.pop(old_pair, None)
+                self._moved_at.pop(old_pair, None)
+                self._total_of(old_pair)
+            if change.key is not None:
+                pair: tuple[int, int] = _CULPRIT_KEY.unpack(change.key)  # type: ignore[assignment]
+                self._in_kernel[pair] = CulpritStats.decode_percpu(
+                    self.slots.values(change.key, change.raw), self._counterfactual_raw(change.slot))
+                self._moved_at[pair] = now
+                self._total_of(pair)
+        self._give_back_quiet(now)
+
+    def _forget_slot(self, victim: int, slot: int) -> None:
+        """A pair slot its victim no longer holds; a victim with none left is dropped (pod churn)."""
+        slots = self._slots_of_victim.get(victim)
+        if slots is not None:
+            slots.discard(slot)
+            if not slots:
+                del self._slots_of_victim[victim]
+
+    def _candidates(self, moved_cgroups: set[int], drops: dict[str, int]) -> set[int] | None:
+        """The pair slots that can have moved since the last read (None: look at every used one).
+
+        Every charge of a pair comes with a change to its victim's own cgroup slot in the same program
+        run (a wait in its histogram, or a foreign preemption), so only the pairs of victims whose slot
+        moved, this tick or the last (the two updates may straddle the reads), and the slots the BPF side
+        handed to new pairs (new_culprit_slots, this tick's and the last's: indexed before they are
+        written) can have moved. Everything is looked at on the first read, where the queue cannot be
+        read, and while updates are lost (a victim without a cgroup slot still charges its pairs)."""
+        new: list[int] | None = [] if self._new_queue else None
+        while new is not None:
+            try:
+                raw = self.probe.map_pop("new_culprit_slots")
+            except (AttributeError, KeyError, OSError):  # a probe without the queue: every tick looks at all
+                self._new_queue, new = False, None
+                break
+            if raw is None:
+                break
+            new.append(int.from_bytes(raw, "little"))
+        lost = drops.get("key_map_full", 0)
+        whole = new is None or lost != self._scan_lost or not self._read_once
+        self._scan_lost, self._read_once = lost, True
+        victims, self._victims_moved_last = moved_cgroups | self._victims_moved_last, moved_cgroups
+        fresh, self._new_slots_last = set(new or ()) | self._new_slots_last, set(new or ())
+        if whole:
+            return None
+        for victim in victims:
+            fresh |= self._slots_of_victim.get(victim, set())
+        return fresh
+
+    def _counterfactual_raw(self, slot: int) -> bytes | None:
+        """The pair slot's counterfactual moves (in place where mapped, else one lookup), for the pairs
+        that changed this tick."""
+        if self._cf_view is not None:
+            words = _COUNTERFACTUAL.size // 8
+            raw = self._cf_view[slot * words : (slot + 1) * words].tobytes()
+            self.slots.bytes_read += len(raw)
+            return raw
+        raw = self.probe.map_lookup("runq_cf", slot.to_bytes(4, "little"))
+        return raw if isinstance(raw, bytes) else None
+
+    def _total_of(self, pair: tuple[int, int]) -> None:
+        """A pair's cumulative total: what the kernel holds plus what was forgotten while it lived on."""
+        in_kernel, base = self._in_kernel.get(pair), self._base.get(pair)
+        total = in_kernel + base if in_kernel is not None and base is not None else in_kernel or base
+        if total is None:
+            self.totals.pop(pair, None)
+        else:
+            self.totals[pair] = total
+
+    def forget(self, gone: set[int]) -> int:
+        """Drop the pairs of removed cgroups (as victim or culprit); how many kernel slots went."""
+        self._base = {pair: c for pair, c in self._base.items() if not gone.intersection(pair)}
+        for pair in [p for p in self.totals if gone.intersection(p) and p not in self._in_kernel]:
+            del self.totals[pair]
+        stale = [key for key in self.slots.indexed_keys() if gone.intersection(_CULPRIT_KEY.unpack(key))]
+        return sum(self.slots.free(key) for key in stale)
+
+    def _give_back_quiet(self, now: float) -> None:
+        """Pairs that stopped moving give their slots back, so a node up for weeks with pod churn keeps
+        room for the pairs that interfere now, and a tick looks only at live pairs (each costs the
+        reader its change words, 8 copies x 4 words at 8+ CPUs, every tick): those quiet for
+        quiet_s (PAIR_QUIET_S unless configured), looked for every PAIR_SWEEP_S; past 7/8 full,
+        at once, also those quiet for PAIR_FULL_QUIET_S, least recently moved first, down to 3/4.
+        Their totals stay here."""
+        used = self.slots.used
+        crowded = used * 8 > self.slot_count * 7
+        if not crowded and now - self._quiet_swept_at < PAIR_SWEEP_S:
+            return
+        self._quiet_swept_at = now
+        if not crowded:
+            for pair in [pair for pair, at in self._moved_at.items() if now - at >= self.quiet_s]:
+                self.give_back(pair)
+            return
+        quiet = sorted((at, pair) for pair, at in self._moved_at.items() if now - at >= PAIR_FULL_QUIET_S)
+        target = self.slot_count * 3 // 4
+        for at, pair in quiet:
+            if now - at < self.quiet_s and used <= target:
+                break
+            used -= self.give_back(pair)
+
+    def give_back(self, pair: tuple[int, int]) -> int:
+        """Free a live pair's slot; its totals so far stay here, so the matrix stays cumulative if it
+        comes back. (An update racing the free is lost: at most one wait's worth.)"""
+        total = self.totals.get(pair)
+        if not self.slots.free(_CULPRIT_KEY.pack(*pair)):
+            return 0
+        self._in_kernel.pop(pair, None)
+        self._moved_at.pop(pair, None)
+        if total is not None:
+            self._base.pop(pair, None)
+            self._base[pair] = total  # newest last
+            while len(self._base) > self.slot_count:
+                oldest = next(iter(self._base))
+                del self._base[oldest]
+                if oldest not in self._in_kernel:
+                    self.totals.pop(oldest, None)
+                else:
+                    self._total_of(oldest)
+        self.given_back += 1
+        return 1
+
+    def give_back_unchanged(self, since: dict[tuple[int, int], CulpritStats]) -> int:
+        """Free the slots of the pairs whose totals are still those of `since`; how many went."""
+        quiet = [pair for pair in list(self._in_kernel) if since.get(pair) == self.totals.get(pair)]
+        return sum(self.give_back(pair) for pair in quiet)
 
 
 class RunqLatProbe(BpfProbe[RunqOutlier]):
@@ -696,30 +684,11 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
 
     def _init_readers(self) -> None:
         """The reader's state over the loaded maps: the slot tables, the CPU histograms, the totals."""
-        # Pairs that gave their slots back while their cgroups live on: their totals so far, added back
-        # in snapshots so the matrix stays cumulative when a pair reappears. At most as many as the
-        # table's slots, oldest out first (a snapshot copies them every tick): one that comes back
-        # after that starts from 0, a counter reset to whoever reads it as a counter.
-        self._culprit_base: dict[tuple[int, int], CulpritStats] = {}
-        self._cgroups = _Slots(self.probe, "cgroup_slots", "cgroup_runq", "free_slots", CGROUP_STATS_SIZE,
+        self._cgroups = StripedSlots(self.probe, "cgroup_slots", "cgroup_runq", "free_slots", CGROUP_STATS_SIZE,
                                _SLOT_OWNER.size, self.stripes, CGROUP_CHANGE_WORDS)
-        self._pairs = _Slots(self.probe, "culprit_slots", "runq_culprits", "free_culprit_slots", CULPRIT_STATS_SIZE,
-                             _CULPRIT_KEY.size, self.stripes, PAIR_CHANGE_WORDS,
-                             also_zero=(("runq_cf", _COUNTERFACTUAL.size),))
-        self._cf_view = _mapped_words(self.probe, "runq_cf")
-        self._pair_moved_at: dict[tuple[int, int], float] = {}  # when each pair in the kernel last changed
-        # Which pair slots to look at in a tick (_pair_candidates): each victim's slots, the victims that
-        # moved and the slots handed to new pairs at the last read.
-        self._slots_of_victim: dict[int, set[int]] = {}
-        self._victims_moved_last: set[int] = set()
-        self._new_pair_slots_last: set[int] = set()
-        self._new_pair_queue = True
-        self._pairs_read_once = False
-        self._pair_scan_lost = 0
+        self.pairs = PairTable(self.probe, self.pair_slot_count, self.stripes, self.pair_quiet_s)
         self._drops_seen: dict[str, int] = {}
         self._status_before_full: tuple[Any, str] | None = None  # (state, reason) while a table is full
-        self._quiet_swept_at = -math.inf
-        self.pairs_given_back = 0  # pair slots freed because their pair stopped moving (cumulative)
         # What the kernel maps held at the last snapshot, decoded; only the slots that changed since are
         # decoded again (most cgroups did nothing). Snapshots get copies.
         self._per_cgroup: dict[int, LatencyHistogram] = {}
@@ -733,8 +702,6 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         self._cpu_hist_bytes_read = 0
         self._cpu_hist_bytes_scanned = 0
         self._wait_split: dict[int, WaitSplit] = {}
-        self._pairs_in_kernel: dict[tuple[int, int], CulpritStats] = {}
-        self._culprit_totals: dict[tuple[int, int], CulpritStats] = {}  # in the kernel + _culprit_base
 
     def _open(self, engine: Engine, attach_mode: Flavour, options: dict[str, Any], sizes: dict[str, int]) -> LoadedProbe:
         """The sched_info flavour when asked for or where it loads (auto), else the wakeup-based ones."""
@@ -784,75 +751,21 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         culprit_drops = culprit_drop_ns = 0
         if self.culprits_available:
             now = time.monotonic()
-            for change in self._pairs.read_changed(self._pair_candidates(set(moved), drops)):
-                if change.old_key is not None:
-                    self._forget_pair_slot(_CULPRIT_KEY.unpack(change.old_key)[0], change.slot)
-                if change.key is not None:
-                    self._slots_of_victim.setdefault(_CULPRIT_KEY.unpack(change.key)[0], set()).add(change.slot)
-                if change.old_key is not None and change.old_key != change.key:
-                    old_pair: tuple[int, int] = _CULPRIT_KEY.unpack(change.old_key)  # type: ignore[assignment]
-                    self._pairs_in_kernel.pop(old_pair, None)
-                    self._pair_moved_at.pop(old_pair, None)
-                    self._total_of(old_pair)
-                if change.key is not None:
-                    pair: tuple[int, int] = _CULPRIT_KEY.unpack(change.key)  # type: ignore[assignment]
-                    self._pairs_in_kernel[pair] = CulpritStats.decode_percpu(
-                        self._pairs.values(change.key, change.raw), self._counterfactual_raw(change.slot))
-                    self._pair_moved_at[pair] = now
-                    self._total_of(pair)
+            self.pairs.read(set(moved), drops, now)
             # The CPUs' whole states (2.5 KB each) only when some update was lost since the last read.
             if drops.get("key_map_full", 0) != self._drops_seen.get("key_map_full", 0) or self._culprit_drops is None:
                 cpu_states: list[bytes] = self.probe.map_lookup("runq_cpu", b"\0\0\0\0") or []  # type: ignore[assignment]
                 self._culprit_drops = (sum(_CPU_STATE_HEAD.unpack_from(raw)[-2] for raw in cpu_states),
                                        sum(_CPU_STATE_HEAD.unpack_from(raw)[-1] for raw in cpu_states))
             culprit_drops, culprit_drop_ns = self._culprit_drops
-            self._give_back_quiet_pairs(now)
         # key_map_full is the shared reason: these say which table was full.
         drops["culprit_map_full"] = culprit_drops
         drops["cgroup_map_full"] = max(drops.get("key_map_full", 0) - culprit_drops, 0)
         self._report_full_tables(drops)
         return RunqSnapshot(
             time.monotonic(), dict(self._per_cgroup), per_cpu, drops, dict(self._wait_split),
-            dict(self._culprit_totals), culprit_drop_ns, self.culprits_available, self.table_use,
+            dict(self.pairs.totals), culprit_drop_ns, self.culprits_available, self.table_use,
         )
-
-    def _forget_pair_slot(self, victim: int, slot: int) -> None:
-        """A pair slot its victim no longer holds; a victim with none left is dropped (pod churn)."""
-        slots = self._slots_of_victim.get(victim)
-        if slots is not None:
-            slots.discard(slot)
-            if not slots:
-                del self._slots_of_victim[victim]
-
-    def _pair_candidates(self, moved_cgroups: set[int], drops: dict[str, int]) -> set[int] | None:
-        """The pair slots that can have moved since the last read (None: look at every used one).
-
-        Every charge of a pair comes with a change to its victim's own cgroup slot in the same program
-        run (a wait in its histogram, or a foreign preemption), so only the pairs of victims whose slot
-        moved, this tick or the last (the two updates may straddle the reads), and the slots the BPF side
-        handed to new pairs (new_culprit_slots, this tick's and the last's: indexed before they are
-        written) can have moved. Everything is looked at on the first read, where the queue cannot be
-        read, and while updates are lost (a victim without a cgroup slot still charges its pairs)."""
-        new: list[int] | None = [] if self._new_pair_queue else None
-        while new is not None:
-            try:
-                raw = self.probe.map_pop("new_culprit_slots")
-            except (AttributeError, KeyError, OSError):  # a probe without the queue: every tick looks at all
-                self._new_pair_queue, new = False, None
-                break
-            if raw is None:
-                break
-            new.append(int.from_bytes(raw, "little"))
-        lost = drops.get("key_map_full", 0)
-        whole = new is None or lost != self._pair_scan_lost or not self._pairs_read_once
-        self._pair_scan_lost, self._pairs_read_once = lost, True
-        victims, self._victims_moved_last = moved_cgroups | self._victims_moved_last, moved_cgroups
-        fresh, self._new_pair_slots_last = set(new or ()) | self._new_pair_slots_last, set(new or ())
-        if whole:
-            return None
-        for victim in victims:
-            fresh |= self._slots_of_victim.get(victim, set())
-        return fresh
 
     def _read_cpu_histograms(self) -> list[LatencyHistogram]:
         """Each CPU's wait histogram (runq_cpu_hist, in place where mapped): only the CPUs whose count
@@ -897,115 +810,44 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
             status.state, status.reason = self._status_before_full
             self._status_before_full = None
 
-    def _counterfactual_raw(self, slot: int) -> bytes | None:
-        """The pair slot's counterfactual moves (in place where mapped, else one lookup), for the pairs
-        that changed this tick."""
-        if self._cf_view is not None:
-            words = _COUNTERFACTUAL.size // 8
-            raw = self._cf_view[slot * words : (slot + 1) * words].tobytes()
-            self._pairs.bytes_read += len(raw)
-            return raw
-        raw = self.probe.map_lookup("runq_cf", slot.to_bytes(4, "little"))
-        return raw if isinstance(raw, bytes) else None
-
-    def _total_of(self, pair: tuple[int, int]) -> None:
-        """A pair's cumulative total: what the kernel holds plus what was forgotten while it lived on."""
-        in_kernel, base = self._pairs_in_kernel.get(pair), self._culprit_base.get(pair)
-        total = in_kernel + base if in_kernel is not None and base is not None else in_kernel or base
-        if total is None:
-            self._culprit_totals.pop(pair, None)
-        else:
-            self._culprit_totals[pair] = total
-
     def forget(self, cgroup_ids: list[int]) -> int:
         """Drop removed cgroups from the kernel maps (as victim or culprit) so pod churn cannot fill
         them. Returns how many map entries went. (Only for cgroups that are gone: a live one's
         counters would start again from zero, less what a CPU wrote into the slot meanwhile.)"""
         gone = set(cgroup_ids)
         removed = sum(self._cgroups.free(_SLOT_OWNER.pack(cg)) for cg in gone)
-        self._culprit_base = {pair: c for pair, c in self._culprit_base.items() if not gone.intersection(pair)}
-        for pair in [p for p in self._culprit_totals if gone.intersection(p) and p not in self._pairs_in_kernel]:
-            del self._culprit_totals[pair]
         if self.culprits_available and gone:
-            stale = [key for key in self._pairs.indexed_keys() if gone.intersection(_CULPRIT_KEY.unpack(key))]
-            removed += sum(self._pairs.free(key) for key in stale)
+            removed += self.pairs.forget(gone)
         return removed
 
     def slot_copies(self, table: Literal["cgroups", "pairs"], slot: bytes | int) -> list[bytes]:
         """The copies of one slot of a statistics table (a slot as the index holds it, or its number)."""
         n = int.from_bytes(slot, "little") if isinstance(slot, bytes) else slot
-        return (self._cgroups if table == "cgroups" else self._pairs).copies_of(n)
+        return (self._cgroups if table == "cgroups" else self.pairs.slots).copies_of(n)
 
     @property
     def table_use(self) -> dict[str, tuple[int, int]]:
         """Slots in use and slots in all, per table (at the last snapshot)."""
         use = {"cgroups": (self._cgroups.used, self.cgroup_slot_count)}
         if self.culprits_available:
-            use["pairs"] = (self._pairs.used, self.pair_slot_count)
+            use["pairs"] = (self.pairs.slots.used, self.pair_slot_count)
         return use
 
     @property
     def bytes_read(self) -> int:
         """Bytes of the mapped tables looked at or copied out, in place, since load (no syscall copies
         them, so nothing else counts them: bench.metered_agent adds them to its per-tick figure)."""
-        return self._cgroups.bytes_read + self._pairs.bytes_read + self._cpu_hist_bytes_read
+        return self._cgroups.bytes_read + self.pairs.slots.bytes_read + self._cpu_hist_bytes_read
 
     @property
     def bytes_scanned(self) -> int:
         """The part of bytes_read that was counters looked at in place to find what moved (no copy)."""
-        return self._cgroups.bytes_scanned + self._pairs.bytes_scanned + self._cpu_hist_bytes_scanned
-
-    def _give_back_quiet_pairs(self, now: float) -> None:
-        """Pairs that stopped moving give their slots back, so a node up for weeks with pod churn keeps
-        room for the pairs that interfere now, and a tick looks only at live pairs (each costs the
-        reader its change words, 8 copies x 4 words at 8+ CPUs, every tick): those quiet for
-        pair_quiet_s (PAIR_QUIET_S unless configured), looked for every PAIR_SWEEP_S; past 7/8 full,
-        at once, also those quiet for PAIR_FULL_QUIET_S, least recently moved first, down to 3/4.
-        Their totals stay here."""
-        used = self._pairs.used
-        crowded = used * 8 > self.pair_slot_count * 7
-        if not crowded and now - self._quiet_swept_at < PAIR_SWEEP_S:
-            return
-        self._quiet_swept_at = now
-        if not crowded:
-            for pair in [pair for pair, at in self._pair_moved_at.items() if now - at >= self.pair_quiet_s]:
-                self._give_back(pair)
-            return
-        quiet = sorted((at, pair) for pair, at in self._pair_moved_at.items() if now - at >= PAIR_FULL_QUIET_S)
-        target = self.pair_slot_count * 3 // 4
-        for at, pair in quiet:
-            if now - at < self.pair_quiet_s and used <= target:
-                break
-            used -= self._give_back(pair)
-
-    def _give_back(self, pair: tuple[int, int]) -> int:
-        """Free a live pair's slot; its totals so far stay here, so the matrix stays cumulative if it
-        comes back. (An update racing the free is lost: at most one wait's worth.)"""
-        total = self._culprit_totals.get(pair)
-        if not self._pairs.free(_CULPRIT_KEY.pack(*pair)):
-            return 0
-        self._pairs_in_kernel.pop(pair, None)
-        self._pair_moved_at.pop(pair, None)
-        if total is not None:
-            self._culprit_base.pop(pair, None)
-            self._culprit_base[pair] = total  # newest last
-            while len(self._culprit_base) > self.pair_slot_count:
-                oldest = next(iter(self._culprit_base))
-                del self._culprit_base[oldest]
-                if oldest not in self._pairs_in_kernel:
-                    self._culprit_totals.pop(oldest, None)
-                else:
-                    self._total_of(oldest)
-        self.pairs_given_back += 1
-        return 1
+        return self._cgroups.bytes_scanned + self.pairs.slots.bytes_scanned + self._cpu_hist_bytes_scanned
 
     def forget_quiet_pairs(self, since: RunqSnapshot) -> int:
         """Free the kernel slots of (victim, culprit) pairs that did not change since `since`, now
-        (snapshots do it by themselves after pair_quiet_s: _give_back_quiet_pairs). Returns how many went."""
-        if not self.culprits_available:
-            return 0
-        quiet = [pair for pair in list(self._pairs_in_kernel) if since.culprits.get(pair) == self._culprit_totals.get(pair)]
-        return sum(self._give_back(pair) for pair in quiet)
+        (snapshots do it by themselves after pair_quiet_s: PairTable). Returns how many went."""
+        return self.pairs.give_back_unchanged(since.culprits) if self.culprits_available else 0
 
     def poll_outliers(self, timeout_ms: int = 0) -> list[RunqOutlier]:
         return self._poll_events(timeout_ms)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import struct
 
-from probes.runqlat import SLOT_READ_AHEAD, _Slots
+from probes.striped_slots import SLOT_READ_AHEAD, StripedSlots
 
 VALUE = 24  # two counters, then the owner key (8 bytes), like struct runq_cgroup_stats' tail
 CPUS = 2
@@ -43,8 +43,8 @@ class FakeSlotMaps:
         return [raw[i * VALUE:(i + 1) * VALUE] for i in range(CPUS)]
 
 
-def _slots(maps: FakeSlotMaps) -> _Slots:
-    return _Slots(maps, "index", "stats", "free", VALUE, KEY.size, CPUS, (0, 1, 2))  # type: ignore[arg-type]
+def _slots(maps: FakeSlotMaps) -> StripedSlots:
+    return StripedSlots(maps, "index", "stats", "free", VALUE, KEY.size, CPUS, (0, 1, 2))  # type: ignore[arg-type]
 
 
 def test_only_changed_slots_come_back_and_an_idle_tick_has_none() -> None:

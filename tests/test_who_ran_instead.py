@@ -317,13 +317,13 @@ def test_a_tick_looks_only_at_the_pairs_of_victims_that_moved(victim_and_hogs):
         _freeze(_tids(victim))
         for _ in range(2):  # it moved before the freeze: its pairs are looked at in this tick and the next
             probe.snapshot()
-        scanned = probe._pairs.bytes_scanned
+        scanned = probe.pairs.slots.bytes_scanned
         time.sleep(0.5)
         idle = probe.snapshot()
         per_slot = len(PAIR_CHANGE_WORDS) * probe.stripes * 8
-        looked_at = (probe._pairs.bytes_scanned - scanned) // per_slot
+        looked_at = (probe.pairs.slots.bytes_scanned - scanned) // per_slot
         mine = [pair for pair in idle.culprits if pair[0] == v]
-        used = probe._pairs.used
+        used = probe.pairs.slots.used
         _thaw(_tids(victim))
         time.sleep(1)
         _freeze(everyone)
@@ -405,8 +405,8 @@ def test_quiet_pairs_give_their_slots_back_so_a_new_culprit_is_named(victim_and_
                 p.wait()
             _thaw(_tids(heavy) + _tids(light))
     ranked = top_culprits(before, after, v, k=3)
-    print(f"given back {probe.pairs_given_back}, drops {after.drops}, tables {after.table_use}, ranked {ranked}")
-    assert probe.pairs_given_back >= 1
+    print(f"given back {probe.pairs.given_back}, drops {after.drops}, tables {after.table_use}, ranked {ranked}")
+    assert probe.pairs.given_back >= 1
     assert ranked and ranked[0].culprit_cgroup_id == _ino(late) and ranked[0].share > 0.5, ranked
     assert after.culprits[(v, h)].wait_ns >= early.culprits[(v, h)].wait_ns  # kept when its slot went
 
