@@ -244,6 +244,34 @@ def read_kubelet_config(path: str | Path, capacity_memory_bytes: float = 0.0) ->
     return kubelet_reservation(doc, capacity_memory_bytes, source=str(p))
 
 
+KUBELET_DEFAULT_MAX_PODS = 110  # the kubelet's maxPods where its configuration does not set it
+
+
+def kubelet_max_pods(path: str | Path) -> int | None:
+    """The pods the kubelet may run (its configuration's ``maxPods``, the kubelet's default where the
+    file does not set it); None when there is no such file or it cannot be read as one."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if isinstance(doc, Mapping) and isinstance(doc.get("kubeletconfig"), Mapping):
+        doc = doc["kubeletconfig"]
+    if not isinstance(doc, Mapping):
+        return None
+    value = doc.get("maxPods", KUBELET_DEFAULT_MAX_PODS)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def node_max_pods(node: Mapping[str, Any]) -> int | None:
+    """The pods the node object says it holds (``status.capacity.pods``: the kubelet's maxPods)."""
+    raw = ((node.get("status") or {}).get("capacity") or {}).get("pods") if isinstance(node, Mapping) else None
+    try:
+        pods = int(str(raw))
+    except ValueError:
+        return None
+    return pods if pods > 0 else None
+
+
 def annotation_reservation(annotations: Mapping[str, str], source: str = RESERVATION_ANNOTATION) -> Reservation | None:
     """Node.Anno.Reserved from the node's ``node.koordinator.sh/reservation`` annotation; None without one."""
     raw = annotations.get(RESERVATION_ANNOTATION)

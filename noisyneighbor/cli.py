@@ -144,11 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--max-cgroups", type=int, default=2000, metavar="N",
                        help="cgroups with their own metric series; the rest are summed into cgroup=\"_overflow\"")
     agent.add_argument("--runq-cgroups", type=int, default=None, metavar="N",
-                       help="cgroups the run-queue probe tracks (default: 1.5x the node's leaf cgroups at start, "
-                            "at least 2048); more are counted as dropped (cgroup_map_full)")
+                       help="cgroups the run-queue probe tracks (default: 3 per pod the node may run, from its "
+                            "capacity.pods or the kubelet's maxPods, or 1.5x its leaf cgroups at start if more; "
+                            "+256, at least 2048); more are counted as dropped (cgroup_map_full)")
     agent.add_argument("--runq-pairs", type=int, default=None, metavar="N",
-                       help="who-ran-instead (victim, culprit) pairs the probe tracks (default 8192); pairs that "
-                            "stop moving give their slots back")
+                       help="who-ran-instead (victim, culprit) pairs the probe tracks (default: 4 per cgroup "
+                            "slot, at least 8192); pairs that stop moving give their slots back")
     agent.add_argument("--bucket-max", type=parse_duration, default=10.0, metavar="S",
                        help="runqueue histograms: the last bucket's bound (default 10 s: le 8.39 s, then +Inf)")
     agent.add_argument("--bucket-min", type=parse_duration, default=100e-6, metavar="S",

@@ -405,7 +405,12 @@ PID_MAX_LIMIT = 1 << 22  # the kernel's limit on 64-bit: pid_max can be raised u
 MAX_PID_SLOTS = 1 << 16  # task_run_delay's entries at most (512 KiB), whatever pid_max is (systemd sets 2^22)
 MAX_FALLBACK_TASKS = 65536  # the raw_tp flavour's pid -> enqueue time hash (bpf/runqlat.bpf.c)
 MIN_CGROUP_SLOTS = 2048  # cgroups tracked at least: 250 kubelet pods (pod, pause, app) and the system's
-DEFAULT_PAIR_SLOTS = 8192
+MIN_PAIR_SLOTS = 8192  # who-ran-instead pairs tracked at least
+# Pair slots per cgroup slot: 600 kubelet-shaped pods (1,200 leaves, 2,057 cgroup slots) all waking 3 times
+# a second made 5,100-8,200 pairs within 3 s (make test-vm-large, 2026-11-28), held in 8,192 slots with
+# quiet pairs giving theirs back at the agent's 1 s tick.
+PAIRS_PER_CGROUP = 4
+CGROUP_HEADROOM = 256  # cgroup slots beyond what the node holds: system units, cgroups of pods starting
 PAIR_QUIET_S = 60.0  # a who-ran-instead pair unchanged this long gives its slot back (its totals are kept)
 PAIR_SWEEP_S = 5.0  # how often quiet pairs are looked for (at once when the table is past 7/8 full)
 PAIR_FULL_QUIET_S = 1.0  # ... and, past 7/8 full, any pair this quiet, least recently moved first
@@ -418,15 +423,22 @@ def _power_of_2_at_least(n: int) -> int:
     return p
 
 
-def cgroup_capacity(hierarchy_root: Path | None) -> int:
+def cgroup_capacity(hierarchy_root: Path | None, expected_cgroups: int = 0) -> int:
     """Cgroups to make room for: the keyed hierarchy's leaves at load (where tasks run: a kubelet pod's
     pause and app containers, not its pod cgroup) and half as many again for pods to come (dead
-    cgroups give their slots back), never fewer than MIN_CGROUP_SLOTS."""
+    cgroups give their slots back), or the cgroups the node is expected to hold (`expected_cgroups`:
+    the caller's, e.g. from the kubelet's maxPods) if more, plus CGROUP_HEADROOM; never fewer than
+    MIN_CGROUP_SLOTS."""
     leaves = 0
     if hierarchy_root is not None:
         for _, dirs, _ in os.walk(hierarchy_root, onerror=lambda _e: None):
             leaves += not dirs
-    return max(MIN_CGROUP_SLOTS, leaves * 3 // 2 + 256)
+    return max(MIN_CGROUP_SLOTS, max(leaves * 3 // 2, expected_cgroups) + CGROUP_HEADROOM)
+
+
+def pair_capacity(cgroup_slots: int) -> int:
+    """Who-ran-instead pairs to make room for with this many cgroup slots (PAIRS_PER_CGROUP each)."""
+    return max(MIN_PAIR_SLOTS, PAIRS_PER_CGROUP * cgroup_slots)
 
 
 def _pid_max(paths: HostPaths) -> int:
@@ -621,16 +633,18 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         attach_mode: Flavour = "auto",
         outlier_ring_bytes: int = 256 * 1024,
         max_cgroups: int | None = None,
-        max_culprit_pairs: int = DEFAULT_PAIR_SLOTS,
+        max_culprit_pairs: int | None = None,
         max_pid_slots: int = MAX_PID_SLOTS,
         node_cgroup_id: int | None = None,
         test_kernel_work_cgroup_id: int = 0,
         pair_quiet_s: float = PAIR_QUIET_S,
+        expected_cgroups: int = 0,
     ) -> None:
-        """`max_cgroups` bounds the cgroups tracked (None: cgroup_capacity() of the keyed hierarchy);
-        cgroups beyond it are counted in drops["cgroup_map_full"]. `max_culprit_pairs` bounds the
-        (victim, culprit) matrix; pairs beyond it are counted in drops["culprit_map_full"] and their
-        wait in `culprit_drop_ns`, and pairs that stopped moving for `pair_quiet_s` give their slots back.
+        """`max_cgroups` bounds the cgroups tracked (None: cgroup_capacity() of the keyed hierarchy and
+        `expected_cgroups`); cgroups beyond it are counted in drops["cgroup_map_full"]. `max_culprit_pairs`
+        bounds the (victim, culprit) matrix (None: pair_capacity() of the cgroup slots); pairs beyond it
+        are counted in drops["culprit_map_full"] and their wait in `culprit_drop_ns`, and pairs that
+        stopped moving for `pair_quiet_s` give their slots back.
         Both tables cost slots x stripes x value whatever the CPU count (stripes_for). `max_pid_slots`
         caps the pid-indexed array of the sched_info flavour (8 bytes a slot, sized to the host's
         pid_max up to it: pids share slots past it).
@@ -638,16 +652,21 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         the kernel work of the counterfactual's node moves (CulpritStats.cf_node_slots); None: the keyed
         hierarchy's root cgroup. Tests name a cgroup of their own, never touching the root, and make its user tasks stand
         for that kernel work with `test_kernel_work_cgroup_id` (0: none)."""
-        if max_culprit_pairs < 1 or (max_cgroups is not None and max_cgroups < 1) or max_pid_slots < 1:
+        if (max_culprit_pairs is not None and max_culprit_pairs < 1) or (max_cgroups is not None and max_cgroups < 1) \
+                or max_pid_slots < 1 or expected_cgroups < 0:
             raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
-                             f"max_culprit_pairs={max_culprit_pairs}, max_pid_slots={max_pid_slots})")
+                             f"max_culprit_pairs={max_culprit_pairs}, max_pid_slots={max_pid_slots}, "
+                             f"expected_cgroups={expected_cgroups})")
         if not pair_quiet_s > 0:
             raise ValueError(f"runqlat: pair_quiet_s must be positive, got {pair_quiet_s:g}")
         self.v1_cpu = self._key_by("cpu", paths, layout)
         if node_cgroup_id is None:
             node_cgroup_id = _root_cgroup_id(self.hierarchy)
         if max_cgroups is None:
-            max_cgroups = cgroup_capacity(Path(self.hierarchy.path_of("/")) if self.hierarchy is not None else None)
+            max_cgroups = cgroup_capacity(Path(self.hierarchy.path_of("/")) if self.hierarchy is not None else None,
+                                          expected_cgroups)
+        if max_culprit_pairs is None:
+            max_culprit_pairs = pair_capacity(max_cgroups)
         engine = engine or LibbpfEngine(self.paths)
         self.cgroup_slot_count, self.pair_slot_count, self.pair_quiet_s = max_cgroups, max_culprit_pairs, pair_quiet_s
         self.stripes, self.stripes_shared = stripes_for(possible_cpu_count(self.paths))

@@ -758,7 +758,7 @@ def _make_handler(kube: FakeKube) -> type[BaseHTTPRequestHandler]:
                 node_uid = str(uuid.uuid5(uuid.NAMESPACE_DNS, kube.node_name))
                 self._send_json(200, {"kind": "Node", "apiVersion": "v1",
                                       "metadata": {"name": kube.node_name, "labels": kube.node_labels, "uid": node_uid},
-                                      "status": {"capacity": {"cpu": "2", "memory": "4Gi"}}})
+                                      "status": {"capacity": {"cpu": "2", "memory": "4Gi", "pods": "110"}}})
                 return
             if method == "POST" and parts == ["apis", "authentication.k8s.io", "v1", "tokenreviews"]:
                 self._send_json(*kube._token_review(body))

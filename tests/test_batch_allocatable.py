@@ -169,3 +169,33 @@ def test_exported_per_policy():
     assert f'noisyneighbor_node_batch_allocatable_cpu_cores{{node="n1",policy="usage"}} {cpu}' in text
     assert 'noisyneighbor_node_batch_allocatable_memory_bytes{node="n1",policy="maxUsageRequest"}' in text
     assert 'noisyneighbor_node_batch_allocatable_cpu_cores{node="n1",policy="request"} 2.4' in text
+
+
+def test_the_pods_a_node_may_run_from_its_object_or_the_kubelet_config(tmp_path):
+    """What sizes the run-queue tables (issue 39): the node object's capacity.pods, else the kubelet
+    configuration's maxPods (the kubelet's 110 where unset), else nothing known."""
+    from detector.batch import KUBELET_DEFAULT_MAX_PODS, kubelet_max_pods, node_max_pods
+    from noisyneighbor.agent.wiring import CGROUPS_PER_POD, expected_runq_cgroups
+
+    assert node_max_pods({"status": {"capacity": {"cpu": "2", "pods": "250"}}}) == 250
+    assert node_max_pods({"status": {"capacity": {"cpu": "2"}}}) is None
+    assert node_max_pods({"status": {"capacity": {"pods": "many"}}}) is None
+    config = tmp_path / "var/lib/kubelet/config.yaml"
+    assert kubelet_max_pods(config) is None
+    config.parent.mkdir(parents=True)
+    config.write_text("kind: KubeletConfiguration\nmaxPods: 500\n")
+    assert kubelet_max_pods(config) == 500
+    config.write_text(json.dumps({"kubeletconfig": {"kubeReserved": {"cpu": "1"}}}))
+    assert kubelet_max_pods(config) == KUBELET_DEFAULT_MAX_PODS
+    config.write_text("maxPods: [")
+    assert kubelet_max_pods(config) is None
+    config.write_text("maxPods: -3\n")
+    assert kubelet_max_pods(config) is None
+
+    policy = Policy()
+    config.write_text("maxPods: 500\n")
+    assert expected_runq_cgroups(policy, {"status": {"capacity": {"pods": "250"}}}, tmp_path)[0] == 250 * CGROUPS_PER_POD
+    n, why = expected_runq_cgroups(policy, None, tmp_path)
+    assert n == 500 * CGROUPS_PER_POD and "maxPods" in why
+    config.unlink()
+    assert expected_runq_cgroups(policy, None, tmp_path)[0] == 0

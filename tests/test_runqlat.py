@@ -456,3 +456,25 @@ def test_a_pair_with_only_softirq_moves_is_read_and_ran_nowhere():
     row = workload_signals(interval, 1.0, {1: "pod:web", 7: "/"}.get)["pod:web"]
     assert row["cf_node_moves"] == {"/": node_moves} and row["cf_node_ns"] == {"/": 2_600_000}
     assert "/" not in row["ran_instead_ns"] and row.get("preempted_foreign", 0) == 0
+
+
+def test_the_tables_are_sized_for_the_pods_the_node_may_run():
+    """Issue 39: capacity follows what the node holds. Told how many cgroups the node may hold (the agent
+    derives it from the node's pod capacity), the probe makes room for them beyond what it finds at start,
+    and for PAIRS_PER_CGROUP pairs a cgroup slot; the kernel's own map sizes (bpf map info) say so."""
+    from probes.runqlat import CGROUP_HEADROOM, MIN_CGROUP_SLOTS, MIN_PAIR_SLOTS, PAIRS_PER_CGROUP, cgroup_capacity
+
+    assert cgroup_capacity(None) == MIN_CGROUP_SLOTS and cgroup_capacity(None, 1000) == MIN_CGROUP_SLOTS
+    expected = 3000  # e.g. a node of maxPods 1000
+    with RunqLatProbe(expected_cgroups=expected) as probe:
+        maps = {m.name: m for m in probe.probe.obj.maps()}  # type: ignore[attr-defined]
+        cgroups = maps["cgroup_slots"].max_entries
+        assert cgroups >= expected + CGROUP_HEADROOM and probe.table_use["cgroups"] == (probe.table_use["cgroups"][0], cgroups)
+        assert maps["cgroup_runq"].max_entries == cgroups * probe.stripes
+        if probe.culprits_available:
+            pairs = maps["culprit_slots"].max_entries
+            assert pairs == max(MIN_PAIR_SLOTS, PAIRS_PER_CGROUP * cgroups) == probe.table_use["pairs"][1]
+            assert maps["runq_culprits"].max_entries == pairs * probe.stripes
+            assert maps["new_culprit_slots"].max_entries == pairs == maps["free_culprit_slots"].max_entries
+    with pytest.raises(ValueError, match="expected_cgroups=-1"):
+        RunqLatProbe(expected_cgroups=-1)

@@ -47,6 +47,7 @@ from noisyneighbor.agent.wiring import (
     _event_poster,
     _evict_actuator,
     _fix_large_allocations_to_mmap,
+    expected_runq_cgroups,
     read_own_node,
     resize_io,
     suppress_actuator,
@@ -207,10 +208,15 @@ class Agent:
         runq_options: dict[str, float] = {k: v for k, v in (("max_cgroups", self.config.runq_cgroups),
                                                             ("max_culprit_pairs", self.config.runq_pairs)) if v is not None}
         runq_options["pair_quiet_s"] = policy.runq_pair_quiet_seconds
+        runq_options["expected_cgroups"], sized_by = expected_runq_cgroups(policy, node_object, self.paths.proc.parent)
         self.collector = NodeCollector(self.paths, self.layout, probes=self.config.probes,
                                        cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths,
                                        probe_options={"runqlat": runq_options},
                                        proc_stat=self.proc_stat).start()
+        runq_tables = getattr(self.collector.probes.get("runqlat"), "table_use", {})
+        if runq_tables:
+            log.info("run-queue tables: %s (expected cgroups: %s)",
+                     ", ".join(f"{slots} {table} slots" for table, (_, slots) in runq_tables.items()), sized_by)
         if self.config.gpu and GPU_PLUGIN not in self.collector.probes:  # else the plugin reads NVML (node_gpus)
             self.gpu = GpuCollector(self.paths)
         # Listen queues (probes/listenq.py): read on connect trouble or on a slow cadence, joined to the

@@ -10,9 +10,11 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from actuators.base import Actuator, Plan, Refused
+from detector.batch import kubelet_max_pods, node_max_pods
 from detector.decisions import Decision, Target
 from detector.policy import Policy
 from noisyneighbor.agent.logs import _one_line
@@ -172,6 +174,25 @@ class JournalIO:
     def write(self, path: str, value: str) -> None:
         io = self._resize_io(path)
         (io or self.files).write(path, value)
+
+
+# A kubelet pod's cgroups where tasks run (the run-queue table's keys): its pause container and, allowing
+# for a sidecar, two app containers.
+CGROUPS_PER_POD = 3
+
+
+def expected_runq_cgroups(policy: Policy, node: dict[str, Any] | None, host_root: Path) -> tuple[int, str]:
+    """The cgroups the run-queue table must make room for on this node, and where the count came from:
+    the pods the node may run (the node object's ``status.capacity.pods``, else the kubelet
+    configuration's ``maxPods``) times CGROUPS_PER_POD; 0 where neither is known (the probe then sizes
+    its table from the cgroups it finds at start)."""
+    pods, source = (node_max_pods(node), "the node's capacity.pods") if node is not None else (None, "")
+    config = policy.colocation.kubelet_config_file
+    if pods is None and config:
+        pods, source = kubelet_max_pods(host_root / config.lstrip("/")), f"maxPods in {config}"
+    if pods is None:
+        return 0, "no pod capacity known: sized from the cgroups at start"
+    return pods * CGROUPS_PER_POD, f"{pods} pods ({source}) x {CGROUPS_PER_POD} cgroups"
 
 
 def resize_io(policy: Policy) -> Any | None:
