@@ -215,8 +215,8 @@ class Agent:
                                        proc_stat=self.proc_stat).start()
         runq_tables = getattr(self.collector.probes.get("runqlat"), "table_use", {})
         if runq_tables:
-            log.info("run-queue tables: %s (expected cgroups: %s)",
-                     ", ".join(f"{slots} {table} slots" for table, (_, slots) in runq_tables.items()), sized_by)
+            log.info("run-queue tables: %s slots (expected cgroups: %s)",
+                     ", ".join(f"{table} {slots}" for table, (_, slots) in runq_tables.items()), sized_by)
         if self.config.gpu and GPU_PLUGIN not in self.collector.probes:  # else the plugin reads NVML (node_gpus)
             self.gpu = GpuCollector(self.paths)
         # Listen queues (probes/listenq.py): read on connect trouble or on a slow cadence, joined to the
