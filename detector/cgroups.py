@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, cast
 
+from probes.cgroup_handle import is_cgroupfs, path_by_id
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.host import HostPaths
 
@@ -260,6 +261,9 @@ class CgroupResolver:
         self.rescan_interval = rescan_interval
         self._clock = clock
         self._indexes: dict[Path, _Index] = {}
+        # Hierarchies where a lookup by handle (probes/cgroup_handle.py) can / cannot be used.
+        self._handles: set[Path] = set()
+        self._no_handles: set[Path] = set()
         self._lock = threading.RLock()  # the exporter and the event loop may share one resolver
 
     # -- public API -------------------------------------------------------------------------
@@ -273,6 +277,9 @@ class CgroupResolver:
             info = index.by_id.get(cgroup_id)
             if info is not None or cgroup_id in index.negatives:
                 return info
+            found = self._by_handle(h, index, cgroup_id)
+            if found is not None or cgroup_id in index.negatives:
+                return found
             if self._clock() - index.scanned_at < self.rescan_interval:
                 # Too soon to walk again. Not negative yet: the cgroup may be newer than the walk,
                 # and the next walk will tell.
@@ -335,6 +342,31 @@ class CgroupResolver:
             return sorted(index.by_id.values(), key=lambda i: i.path)
 
     # -- internals --------------------------------------------------------------------------
+    def _by_handle(self, h: Hierarchy, index: _Index, cgroup_id: int) -> CgroupInfo | None:
+        """A cgroup newer than the last walk, looked up by its id in one system call (a pod that just
+        started is then named in the tick it first runs, not after the next walk); a removed one joins
+        the negatives. None also where handles cannot be used: the caller walks."""
+        if h.mount in self._no_handles:
+            return None
+        if h.mount not in self._handles and not is_cgroupfs(h.mount):
+            self._no_handles.add(h.mount)
+            return None
+        self._handles.add(h.mount)
+        found = path_by_id(h.mount, cgroup_id)
+        if found.state == "unsupported":
+            self._no_handles.add(h.mount)
+            return None
+        if found.state == "gone" or found.path is None:
+            if len(index.negatives) < _MAX_NEGATIVES:
+                index.negatives.add(cgroup_id)
+            return None
+        if (old := index.by_path.get(found.path)) is not None:  # removed and recreated under the same name
+            index.by_id.pop(old, None)
+        info = _make_info(found.path, cgroup_id, h, h.path_of(found.path))
+        index.by_id[cgroup_id] = info
+        index.by_path[found.path] = cgroup_id
+        return info
+
     def _hierarchy(self, hierarchy: Hierarchy | None) -> Hierarchy | None:
         return hierarchy if hierarchy is not None else self.layout.cpu
 

@@ -449,3 +449,36 @@ def test_parsed_paths_of_removed_cgroups_are_not_kept(v2_host: tuple[HostPaths, 
     assert gone not in cache.current and gone not in cache.previous
     assert all(p in cache.current for p in TREE)  # the live ones are carried over by the walk
     assert parse_cgroup_path(gone).path == gone  # and a path asked again is simply parsed again
+
+
+@pytest.mark.root
+def test_a_cgroup_newer_than_the_walk_is_named_at_once_by_its_handle(make_cgroup, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A pod that starts between walks was unknown until the next one (5 s in the agent): an incident
+    opened meanwhile blamed nobody for its wait (issue 39's soak, 4 of 13 episodes). Its id opens its
+    directory by handle (open_by_handle_at), so it is named in one system call and no walk; a removed
+    cgroup's id is known dead the same way. Ground truth: the directory's inode is the id BPF reports."""
+    layout = discover()
+    assert layout.cpu is not None
+    walks: list[Path] = []
+    real_walk = CgroupResolver._walk
+
+    def counting_walk(self: CgroupResolver, h, known):  # type: ignore[no-untyped-def]
+        walks.append(h.mount)
+        return real_walk(self, h, known)
+
+    monkeypatch.setattr(CgroupResolver, "_walk", counting_walk)
+    r = CgroupResolver(rescan_interval=3600.0)
+    root = r.resolve(os.stat(layout.cpu.mount).st_ino)
+    assert root is not None and root.path == "/" and len(walks) == 1
+    cg = make_cgroup("late", ("cpu",))  # made after the walk
+    d = cg.path("cpu")
+    rel = "/" + d.relative_to(layout.cpu.mount).as_posix()
+    ino = os.stat(d).st_ino
+    info = r.resolve(ino)
+    assert info is not None and (info.path, info.fs_path, info.id) == (rel, d, ino)
+    assert len(walks) == 1, "named by its handle, not by another walk"
+    assert r.id_of(rel) == ino
+    cg.remove()
+    gone = ino + (1 << 40)  # an id no cgroup has: a later generation of the same inode number
+    assert r.resolve(gone) is None and len(walks) == 1
+    assert gone in r._indexes[layout.cpu.mount].negatives
