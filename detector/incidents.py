@@ -411,9 +411,18 @@ class IncidentEngine:
 
     def _judged(self, c: Culprit) -> Culprit:
         """The culprit with its CPU request and whether it used more than that (pods with a spec)."""
-        request = self.cpu_request(key_of(c.target))
+        key = key_of(c.target)
+        request = self.cpu_request(key)
         if request is None:
             return c
+        if request == 0 and c.who_ran_instead_share > 0:  # it asked for no CPU, and ran while the victim waited
+            return replace(c, cpu_request_cores=0.0, above_request=True, note=f"above its request: it requests no CPU "
+                           f"and ran {c.who_ran_instead_share:.0%} of the victim's wait")
+        stats = self.store.stats(key, "cpu_cores", 10.0)
+        if stats.empty or stats.last is None or math.isnan(stats.last):
+            # A pod that just started has no CPU use measured yet (two reads of its cpu.stat): not
+            # "within its request", which would rank it after every pod above theirs.
+            return replace(c, cpu_request_cores=round(request, 4), note="CPU use not measured yet")
         above = c.cpu_cores > request
         note = f"above its request ({c.cpu_cores:.2f} of {request:.2f} cores)" if above \
             else f"busy within its request ({c.cpu_cores:.2f} of {request:.2f} cores)"
