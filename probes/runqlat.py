@@ -412,8 +412,11 @@ MIN_PAIR_SLOTS = 8192  # who-ran-instead pairs tracked at least
 PAIRS_PER_CGROUP = 4
 CGROUP_HEADROOM = 256  # cgroup slots beyond what the node holds: system units, cgroups of pods starting
 PAIR_QUIET_S = 60.0  # a who-ran-instead pair unchanged this long gives its slot back (its totals are kept)
-PAIR_SWEEP_S = 5.0  # how often quiet pairs are looked for (at once when the table is past 7/8 full)
-PAIR_FULL_QUIET_S = 1.0  # ... and, past 7/8 full, any pair this quiet, least recently moved first
+PAIR_SWEEP_S = 5.0  # how often quiet pairs are looked for (at once when the table is crowded)
+PAIR_FULL_QUIET_S = 1.0  # ... and, when crowded, any pair this quiet, least recently moved first
+# Crowded: past 3/4 full, given back down to 1/2. A quarter of the table is the room new pairs have between
+# two reads: at 7/8 (1,024 of 8,192) the soak's churn lost 438 pairs in its first minute (2026-11-28).
+PAIR_CROWDED, PAIR_CROWDED_TARGET = (3, 4), (1, 2)
 
 
 def _power_of_2_at_least(n: int) -> int:
@@ -577,11 +580,12 @@ class PairTable:
         """Pairs that stopped moving give their slots back, so a node up for weeks with pod churn keeps
         room for the pairs that interfere now, and a tick looks only at live pairs (each costs the
         reader its change words, 8 copies x 4 words at 8+ CPUs, every tick): those quiet for
-        quiet_s (PAIR_QUIET_S unless configured), looked for every PAIR_SWEEP_S; past 7/8 full,
-        at once, also those quiet for PAIR_FULL_QUIET_S, least recently moved first, down to 3/4.
+        quiet_s (PAIR_QUIET_S unless configured), looked for every PAIR_SWEEP_S; once crowded
+        (PAIR_CROWDED), at once, also those quiet for PAIR_FULL_QUIET_S, least recently moved first, down
+        to PAIR_CROWDED_TARGET.
         Their totals stay here."""
         used = self.slots.used
-        crowded = used * 8 > self.slot_count * 7
+        crowded = used * PAIR_CROWDED[1] > self.slot_count * PAIR_CROWDED[0]
         if not crowded and now - self._quiet_swept_at < PAIR_SWEEP_S:
             return
         self._quiet_swept_at = now
@@ -590,7 +594,7 @@ class PairTable:
                 self.give_back(pair)
             return
         quiet = sorted((at, pair) for pair, at in self._moved_at.items() if now - at >= PAIR_FULL_QUIET_S)
-        target = self.slot_count * 3 // 4
+        target = self.slot_count * PAIR_CROWDED_TARGET[0] // PAIR_CROWDED_TARGET[1]
         for at, pair in quiet:
             if now - at < self.quiet_s and used <= target:
                 break
