@@ -63,7 +63,7 @@ class _Watched:
     mem_reader: MemStatReader | None = None
     psi_probe_file: str | None = None  # the v2 cpu.pressure whose presence says it has PSI files
     last_limits_tick: int = -1_000_000
-    turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at its last wheel turn
+    turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at their last read
     psi_texts: list[str | None] = field(default_factory=list)  # its pressure files' text at their last read
 
 
@@ -226,8 +226,9 @@ class CgroupWatch:
         return changed
 
     def _unchanged(self, w: _Watched, file: str | None, kind: str) -> bool:
-        """On a wheel turn of a cgroup read before: is its usage file the same text as at its last turn?
-        (Then the other files of that kind are not read: an idle cgroup's turn costs a few small reads.)"""
+        """On a wheel turn of a cgroup read before: is its usage file the same text as at its last read (a
+        turn, or a read because it ran)? Then the other files of that kind are not read: the readings are
+        current, and an idle cgroup's turn costs a few small reads."""
         if file is None:
             return False
         text = read_small(file)
@@ -240,7 +241,18 @@ class CgroupWatch:
         path = w.path
         # Wheel turns come once per cgroup per turn of the wheel: plain reads. A cgroup read outside
         # its turn is active, and likely read again next tick: its files stay open.
-        read = read_small if full else self.hot.read
+        plain = read_small if full else self.hot.read
+        noted = {w.usage_file: "cpu", w.memory_usage_file: "memory"}
+
+        def read(file: str) -> str | None:
+            # The usage files' text of every read is noted: a wheel turn that finds the same text skips
+            # that kind's other files, also when the cgroup was read (it ran) since its last turn.
+            text = plain(file)
+            kind = noted.get(file)
+            if kind is not None:
+                w.turn_text[kind] = text
+            return text
+
         moving = False
         replaced = False
         if not (full and path in self.cpu and self._unchanged(w, w.usage_file, "cpu")):
@@ -263,13 +275,13 @@ class CgroupWatch:
         else:
             self._moving.discard(path)
         if memory and not (full and path in self.mem and self._unchanged(w, w.memory_usage_file, "memory")):
-            replaced = True
             mem = w.mem_reader.read(read) if w.mem_reader is not None else None
             w.last_memory_tick = t
-            if mem is None:
-                self.mem.pop(path, None)
+            if mem is None:  # no memory files (no such controller for it, or gone): new only if it had some
+                replaced = self.mem.pop(path, None) is not None or replaced
             else:
                 self.mem[path] = mem
+                replaced = True
         if full:
             if w.cpuset_file is not None:
                 text = read_small(w.cpuset_file)
