@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from probes.cgroupfiles import (
@@ -241,18 +241,7 @@ class CgroupWatch:
         path = w.path
         # Wheel turns come once per cgroup per turn of the wheel: plain reads. A cgroup read outside
         # its turn is active, and likely read again next tick: its files stay open.
-        plain = read_small if full else self.hot.read
-        noted = {w.usage_file: "cpu", w.memory_usage_file: "memory"}
-
-        def read(file: str) -> str | None:
-            # The usage files' text of every read is noted: a wheel turn that finds the same text skips
-            # that kind's other files, also when the cgroup was read (it ran) since its last turn.
-            text = plain(file)
-            kind = noted.get(file)
-            if kind is not None:
-                w.turn_text[kind] = text
-            return text
-
+        read = _noting_usage(w, read_small if full else self.hot.read)
         moving = False
         replaced = False
         if not (full and path in self.cpu and self._unchanged(w, w.usage_file, "cpu")):
@@ -340,6 +329,21 @@ def _totals(readings: Mapping[str, PsiReading]) -> list[tuple[str, int | None, i
     """The stall totals of a cgroup's pressure readings (what its rates are made of)."""
     return [(resource, r.some.total_us if r.some else None, r.full.total_us if r.full else None)
             for resource, r in readings.items()]
+
+def _noting_usage(w: _Watched, read: Callable[[str], str | None]) -> Callable[[str], str | None]:
+    """``read`` that notes the text of ``w``'s usage files: a wheel turn that finds the same text skips that
+    kind's other files, also when the cgroup was read (it ran) since its last turn."""
+    kinds = {w.usage_file: "cpu", w.memory_usage_file: "memory"}
+
+    def noting(file: str) -> str | None:
+        text = read(file)
+        kind = kinds.get(file)
+        if kind is not None:
+            w.turn_text[kind] = text
+        return text
+
+    return noting
+
 
 def changed_ids(before: Mapping[int, int] | None, now: Mapping[int, int]) -> list[int]:
     """Ids whose activity count differs from ``before`` (all of them when there is no before)."""
