@@ -421,6 +421,68 @@ class _ActionSeen:
     suppress: SuppressAmount | None
 
 
+class _EventCounts:
+    """What must see every tick, not only the scraped one: incidents opened and actions entering each state
+    are counted once per id (the last ``remember`` ids of each are remembered), and the open incidents'
+    and active actions' gauges."""
+
+    def __init__(self, remember: int) -> None:
+        self.remember = remember
+        self._incidents_seen: OrderedDict[str, None] = OrderedDict()
+        self._incident_counts: Counter[str] = Counter()
+        self._actions_seen: OrderedDict[str, _ActionSeen] = OrderedDict()
+        self._action_counts: Counter[tuple[str, str]] = Counter()
+
+    def incident_series(self, incidents: list[Incident], node: _SeriesData) -> None:
+        for inc in incidents:
+            if inc.incident_id not in self._incidents_seen:
+                self._incident_counts[str(inc.cause)] += 1
+            self._incidents_seen[inc.incident_id] = None
+            self._incidents_seen.move_to_end(inc.incident_id)
+            if not inc.open:
+                continue
+            victim = _target_values(inc.victim)
+            cause = str(inc.cause)
+            node.add_gauge(INCIDENTS_OPEN, (*victim, cause), 1.0)
+            node.set_gauge(INCIDENT_CONFIDENCE, (*victim, cause), inc.confidence)
+            for e in inc.evidence:  # the breaches: catalogued SLO signals compared with their bound
+                if e.signal in SLO_SIGNAL_NAMES and e.threshold and e.threshold > 0:
+                    node.max_gauge(INCIDENT_SLO_RATIO, (*victim, cause, e.signal), e.value / e.threshold)
+            for culprit in inc.culprits:
+                labels = (*victim, cause, *_target_values(culprit.target))
+                node.max_gauge(CULPRIT_SCORE, labels, culprit.score)
+                if culprit.runq_p99_without_ns is not None:
+                    node.set_gauge(CULPRIT_P99_WITHOUT, labels, culprit.runq_p99_without_ns / 1e9)
+            if inc.moved_together_cost is not None:
+                node.set_gauge(MOVED_TOGETHER_P99_WITHOUT, (*victim, cause), inc.moved_together_cost.p99_without_ns / 1e9)
+        while len(self._incidents_seen) > self.remember:
+            self._incidents_seen.popitem(last=False)
+        for cause, count in self._incident_counts.items():
+            node.add_counter(INCIDENTS, (cause,), float(count))
+
+    def action_series(self, actions: list[ActionRecord], node: _SeriesData) -> None:
+        for record in actions:
+            kind = str(record.decision.kind)
+            seen = self._actions_seen.get(record.action_id)
+            if seen is None or seen.state != record.state:
+                self._action_counts[(kind, str(record.state))] += 1
+            amount = record.decision.amount
+            suppress = amount if isinstance(amount, SuppressAmount) else None
+            self._actions_seen[record.action_id] = _ActionSeen(kind, record.state, record.decision.target, suppress)
+            self._actions_seen.move_to_end(record.action_id)
+        while len(self._actions_seen) > self.remember:
+            self._actions_seen.popitem(last=False)
+        for (kind, state), count in self._action_counts.items():
+            node.add_counter(ACTIONS, (kind, state), float(count))
+        for seen in self._actions_seen.values():
+            if seen.state not in (ActionState.APPLIED, ActionState.VERIFIED):
+                continue
+            target = (seen.target.namespace or "", seen.target.pod or "", _cgroup_label(seen.target.cgroup))
+            node.add_gauge(ACTION_ACTIVE, (seen.kind, str(seen.state), *target), 1.0)
+            if seen.kind == ActionKind.SUPPRESS and seen.suppress is not None and seen.suppress.cpu_cores is not None:
+                node.set_gauge(ACTION_SUPPRESS_CORES, (seen.suppress.policy, *target), seen.suppress.cpu_cores)
+
+
 class Exporter:
     """Holds the latest state; registers itself as a collector in `registry`.
 
@@ -475,10 +537,7 @@ class Exporter:
         self._built: _State | None = None
         self._update_lock = threading.Lock()
         self._exported: set[SeriesKey] = set()
-        self._incidents_seen: OrderedDict[str, None] = OrderedDict()
-        self._incident_counts: Counter[str] = Counter()
-        self._actions_seen: OrderedDict[str, _ActionSeen] = OrderedDict()
-        self._action_counts: Counter[tuple[str, str]] = Counter()
+        self._events = _EventCounts(remember_ids)
         if registry is not None:
             registry.register(self)
 
@@ -495,8 +554,8 @@ class Exporter:
         """
         with self._update_lock:
             node = _SeriesData()
-            self._incident_series(list(incidents), node)
-            self._action_series(list(actions), node)
+            self._events.incident_series(list(incidents), node)
+            self._events.action_series(list(actions), node)
             if batch is not None:
                 for resource, metric in (("cpu", BATCH_ALLOCATABLE_CPU), ("memory", BATCH_ALLOCATABLE_MEMORY)):
                     for policy, value in batch.values()[resource].items():
@@ -677,55 +736,6 @@ class Exporter:
         for prog in snap.bpf_programs:
             node.add_counter(BPF_RUN_SECONDS, (prog.name,), prog.run_time_ns / 1e9)
             node.add_counter(BPF_RUNS, (prog.name,), float(prog.run_count))
-
-    def _incident_series(self, incidents: list[Incident], node: _SeriesData) -> None:
-        for inc in incidents:
-            if inc.incident_id not in self._incidents_seen:
-                self._incident_counts[str(inc.cause)] += 1
-            self._incidents_seen[inc.incident_id] = None
-            self._incidents_seen.move_to_end(inc.incident_id)
-            if not inc.open:
-                continue
-            victim = _target_values(inc.victim)
-            cause = str(inc.cause)
-            node.add_gauge(INCIDENTS_OPEN, (*victim, cause), 1.0)
-            node.set_gauge(INCIDENT_CONFIDENCE, (*victim, cause), inc.confidence)
-            for e in inc.evidence:  # the breaches: catalogued SLO signals compared with their bound
-                if e.signal in SLO_SIGNAL_NAMES and e.threshold and e.threshold > 0:
-                    node.max_gauge(INCIDENT_SLO_RATIO, (*victim, cause, e.signal), e.value / e.threshold)
-            for culprit in inc.culprits:
-                labels = (*victim, cause, *_target_values(culprit.target))
-                node.max_gauge(CULPRIT_SCORE, labels, culprit.score)
-                if culprit.runq_p99_without_ns is not None:
-                    node.set_gauge(CULPRIT_P99_WITHOUT, labels, culprit.runq_p99_without_ns / 1e9)
-            if inc.moved_together_cost is not None:
-                node.set_gauge(MOVED_TOGETHER_P99_WITHOUT, (*victim, cause), inc.moved_together_cost.p99_without_ns / 1e9)
-        while len(self._incidents_seen) > self.remember_ids:
-            self._incidents_seen.popitem(last=False)
-        for cause, count in self._incident_counts.items():
-            node.add_counter(INCIDENTS, (cause,), float(count))
-
-    def _action_series(self, actions: list[ActionRecord], node: _SeriesData) -> None:
-        for record in actions:
-            kind = str(record.decision.kind)
-            seen = self._actions_seen.get(record.action_id)
-            if seen is None or seen.state != record.state:
-                self._action_counts[(kind, str(record.state))] += 1
-            amount = record.decision.amount
-            suppress = amount if isinstance(amount, SuppressAmount) else None
-            self._actions_seen[record.action_id] = _ActionSeen(kind, record.state, record.decision.target, suppress)
-            self._actions_seen.move_to_end(record.action_id)
-        while len(self._actions_seen) > self.remember_ids:
-            self._actions_seen.popitem(last=False)
-        for (kind, state), count in self._action_counts.items():
-            node.add_counter(ACTIONS, (kind, state), float(count))
-        for seen in self._actions_seen.values():
-            if seen.state not in (ActionState.APPLIED, ActionState.VERIFIED):
-                continue
-            target = (seen.target.namespace or "", seen.target.pod or "", _cgroup_label(seen.target.cgroup))
-            node.add_gauge(ACTION_ACTIVE, (seen.kind, str(seen.state), *target), 1.0)
-            if seen.kind == ActionKind.SUPPRESS and seen.suppress is not None and seen.suppress.cpu_cores is not None:
-                node.set_gauge(ACTION_SUPPRESS_CORES, (seen.suppress.policy, *target), seen.suppress.cpu_cores)
 
     # -- scrape --------------------------------------------------------------------------------
     def describe(self) -> list[Metric]:

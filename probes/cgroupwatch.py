@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from probes.cgroupfiles import (
@@ -41,7 +41,7 @@ from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.cpuacct import CgroupCpuReader, CgroupCpuStat
 from probes.host import HotFiles, read_small
 from probes.memstat import MemStat, MemStatReader
-from probes.psi import RESOURCES, PsiReading, read_pressure_file
+from probes.psi import RESOURCES, PsiReading, parse_pressure
 
 SLOW_REFRESH_TICKS = 30  # every cgroup is read at least this often (ticks), activity or not
 MEMORY_REFRESH_TICKS = 5  # memory.stat of an active cgroup that is not reclaiming: at most this often
@@ -63,7 +63,8 @@ class _Watched:
     mem_reader: MemStatReader | None = None
     psi_probe_file: str | None = None  # the v2 cpu.pressure whose presence says it has PSI files
     last_limits_tick: int = -1_000_000
-    turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at its last wheel turn
+    turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at their last read
+    psi_texts: list[str | None] = field(default_factory=list)  # its pressure files' text at their last read
 
 
 FILES_KEPT_PER_CGROUP = 6  # at most, of an active cgroup: CPU usage and stat, per-CPU usage, memory, pressure
@@ -90,6 +91,7 @@ class CgroupWatch:
         self._unread: set[str] = set()  # listed, not read yet
         self._listed_last: object = None
         self._moving: set[str] = set()  # CPU usage moved at the last read: read again next tick
+        self._psi_moved: set[str] = set()  # its last new pressure reading had stall totals moving
         self._path_of_id: dict[tuple[str, int], str] = {}
         self._ids_of_path: dict[str, list[tuple[str, int]]] = {}
         self.tick_count = 0
@@ -157,10 +159,12 @@ class CgroupWatch:
         w = self.watched.pop(path)
         # An open file pins a removed cgroup in the kernel: close this one's now.
         self.hot.close([*(w.cpu_reader.files() if w.cpu_reader else ()), *(w.mem_reader.files() if w.mem_reader else ()),
-                        *((w.percpu_file,) if w.percpu_file else ())])
+                        *((w.percpu_file,) if w.percpu_file else ()),
+                        *(os.path.join(w.psi_dir, f"{r}.pressure") for r in RESOURCES if w.psi_dir is not None)])
         self._wheel[w.slot].discard(path)
         self._unread.discard(path)
         self._moving.discard(path)
+        self._psi_moved.discard(path)
         for key in self._ids_of_path.pop(path, ()):
             if self._path_of_id.get(key) == path:
                 del self._path_of_id[key]
@@ -203,10 +207,10 @@ class CgroupWatch:
         due_full = self._wheel[t % self.slow_refresh_ticks] | self._unread
         self._unread = set()
         due_cpu = (active_set | reclaim_set | self._moving) - due_full
+        due_psi = {p for p in psi_every_tick if p in self.watched} - due_full - due_cpu
         # Those are read again next tick, through open files: room for all of them (usage, cpu.stat,
         # per-CPU usage, memory and pressure files), or each read would reopen its file.
-        self.hot.fit(FILES_KEPT_PER_CGROUP * len(due_cpu))
-        due_psi = {p for p in psi_every_tick if p in self.watched} - due_full - due_cpu
+        self.hot.fit(FILES_KEPT_PER_CGROUP * len(due_cpu) + len(RESOURCES) * len(due_psi))
         changed: set[str] = set()
         for path in due_full:
             if self._read(self.watched[path], t, full=True, memory=True, errors=errors):
@@ -217,13 +221,14 @@ class CgroupWatch:
             self._read(w, t, full=False, memory=memory, errors=errors)
             changed.add(path)
         for path in due_psi:
-            if self._read_psi(self.watched[path]):
+            if self._read_psi(self.watched[path], hot=True):
                 changed.add(path)
         return changed
 
     def _unchanged(self, w: _Watched, file: str | None, kind: str) -> bool:
-        """On a wheel turn of a cgroup read before: is its usage file the same text as at its last turn?
-        (Then the other files of that kind are not read: an idle cgroup's turn costs a few small reads.)"""
+        """On a wheel turn of a cgroup read before: is its usage file the same text as at its last read (a
+        turn, or a read because it ran)? Then the other files of that kind are not read: the readings are
+        current, and an idle cgroup's turn costs a few small reads."""
         if file is None:
             return False
         text = read_small(file)
@@ -236,7 +241,7 @@ class CgroupWatch:
         path = w.path
         # Wheel turns come once per cgroup per turn of the wheel: plain reads. A cgroup read outside
         # its turn is active, and likely read again next tick: its files stay open.
-        read = read_small if full else self.hot.read
+        read = _noting_usage(w, read_small if full else self.hot.read)
         moving = False
         replaced = False
         if not (full and path in self.cpu and self._unchanged(w, w.usage_file, "cpu")):
@@ -259,13 +264,13 @@ class CgroupWatch:
         else:
             self._moving.discard(path)
         if memory and not (full and path in self.mem and self._unchanged(w, w.memory_usage_file, "memory")):
-            replaced = True
             mem = w.mem_reader.read(read) if w.mem_reader is not None else None
             w.last_memory_tick = t
-            if mem is None:
-                self.mem.pop(path, None)
+            if mem is None:  # no memory files (no such controller for it, or gone): new only if it had some
+                replaced = self.mem.pop(path, None) is not None or replaced
             else:
                 self.mem[path] = mem
+                replaced = True
         if full:
             if w.cpuset_file is not None:
                 text = read_small(w.cpuset_file)
@@ -281,23 +286,63 @@ class CgroupWatch:
                 except ValueError:
                     if errors is not None:
                         errors.append(f"{path}: malformed cpuacct.usage_percpu")
-        return self._read_psi(w) or replaced
+        return self._read_psi(w, hot=not full) or replaced
 
-    def _read_psi(self, w: _Watched) -> bool:
+    def _read_psi(self, w: _Watched, hot: bool = False) -> bool:
+        """Read its pressure files; False when nothing is new for the detector: the files hold the text of
+        the last read (no stall since, averages unchanged) and that read already said its stalls stopped.
+
+        Then the readings stay the same objects (consumers skip them: no row, no store sample) and only
+        their time moves, so the next stall's rate is taken over the ticks since this read, not since the
+        last change. The one read after a stall that finds the totals standing still is new (a rate of 0
+        ends the stall), the reads after it are not. ``hot``: read every tick, so its files stay open."""
         if w.psi_dir is None:
             return False
+        path = w.path
+        read = self.hot.read if hot else read_small
+        texts = [read(os.path.join(w.psi_dir, f"{resource}.pressure")) for resource in RESOURCES]
+        if texts == w.psi_texts and path in self.psi and path not in self._psi_moved:
+            self.psi_read_s[path] = time.monotonic()
+            return False
+        w.psi_texts = texts
         readings: dict[str, PsiReading] = {}
-        for resource in RESOURCES:
-            reading = read_pressure_file(os.path.join(w.psi_dir, f"{resource}.pressure"), resource)
-            if reading is not None:
-                readings[resource] = reading
+        for resource, text in zip(RESOURCES, texts, strict=True):
+            lines = parse_pressure(text) if text is not None else None
+            if lines:
+                readings[resource] = PsiReading(resource, lines.get("some"), lines.get("full"))
         if readings:
-            self.psi[w.path] = readings
-            self.psi_read_s[w.path] = time.monotonic()
+            before = self.psi.get(path)
+            if before is not None and _totals(before) != _totals(readings):
+                self._psi_moved.add(path)
+            else:
+                self._psi_moved.discard(path)
+            self.psi[path] = readings
+            self.psi_read_s[path] = time.monotonic()
         else:
-            self.psi.pop(w.path, None)
-            self.psi_read_s.pop(w.path, None)
+            self._psi_moved.discard(path)
+            self.psi.pop(path, None)
+            self.psi_read_s.pop(path, None)
         return True
+
+
+def _totals(readings: Mapping[str, PsiReading]) -> list[tuple[str, int | None, int | None]]:
+    """The stall totals of a cgroup's pressure readings (what its rates are made of)."""
+    return [(resource, r.some.total_us if r.some else None, r.full.total_us if r.full else None)
+            for resource, r in readings.items()]
+
+def _noting_usage(w: _Watched, read: Callable[[str], str | None]) -> Callable[[str], str | None]:
+    """``read`` that notes the text of ``w``'s usage files: a wheel turn that finds the same text skips that
+    kind's other files, also when the cgroup was read (it ran) since its last turn."""
+    kinds = {w.usage_file: "cpu", w.memory_usage_file: "memory"}
+
+    def noting(file: str) -> str | None:
+        text = read(file)
+        kind = kinds.get(file)
+        if kind is not None:
+            w.turn_text[kind] = text
+        return text
+
+    return noting
 
 
 def changed_ids(before: Mapping[int, int] | None, now: Mapping[int, int]) -> list[int]:

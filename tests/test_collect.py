@@ -50,13 +50,18 @@ def test_idle_cgroup_keeps_its_reading_and_a_busy_one_is_read_again(make_cgroup)
             assert second.cgroup_cpu[paths[1]].usage_ns > first.cgroup_cpu[paths[1]].usage_ns
             assert second.changed_paths == {paths[1]}
             assert second.cgroup_cpus[paths[0]] == tuple(range(len(second.node_cpu_per_cpu)))
-            # On its turn of the slow wheel an idle cgroup is read again, and shows the same numbers.
+            # On its turn of the slow wheel an idle cgroup's usage is looked at: the same text as at its
+            # last read keeps the same reading (nothing new, no consumer work) ...
+            for _ in range(c.watch.slow_refresh_ticks):
+                assert paths[0] not in c.collect().changed_paths
+            assert c.collect().cgroup_cpu[paths[0]] is first.cgroup_cpu[paths[0]]
+            # ... and a run no probe saw (none is loaded here) is read on its next turn.
+            subprocess.run([sys.executable, "-c", "sum(range(10**6))"], preexec_fn=idle.preexec, check=True)
             for _ in range(c.watch.slow_refresh_ticks):
                 third = c.collect()
                 if paths[0] in third.changed_paths:
                     break
-            assert third.cgroup_cpu[paths[0]] is not first.cgroup_cpu[paths[0]]
-            assert third.cgroup_cpu[paths[0]].usage_ns == first.cgroup_cpu[paths[0]].usage_ns
+            assert third.cgroup_cpu[paths[0]].usage_ns > first.cgroup_cpu[paths[0]].usage_ns
             # A cgroup that disappears drops out of the next snapshot.
             idle.remove()
             paths.pop(0)

@@ -114,7 +114,7 @@ def test_full_accept_queue_is_named_in_the_clients_connect_incident(make_cgroup,
                                   journal_dir=str(tmp_path / "journal"),
                                   incident_log=str(tmp_path / "incidents.jsonl"))).start()
         agent.step()  # the first read of every owner's namespace (the cadence is due at start)
-        first = agent.listen_watch.reads
+        first = agent.listen.watch.reads
         assert first == 1
 
         client = subprocess.Popen(["ip", "netns", "exec", veth_pair["a"], sys.executable, "-c", CLIENT,
@@ -132,7 +132,7 @@ def test_full_accept_queue_is_named_in_the_clients_connect_incident(make_cgroup,
                 if inc.victim.cgroup == "/" + cli_rel and inc.cause == Cause.NETWORK_CONNECT \
                         and any(c.target.cgroup == "/" + srv_rel for c in inc.culprits):
                     named = inc
-        report = agent._listen_report
+        report = agent.listen.report
         assert named is not None, (f"no connect incident naming the server; open: "
                                    f"{agent.detector.engine.open_incidents}; report: {report}")
 
@@ -153,7 +153,7 @@ def test_full_accept_queue_is_named_in_the_clients_connect_incident(make_cgroup,
         assert veth_pair["dst"] in reading.local_addrs
         print(f"agent: queue {listener.queue_len}/{listener.backlog_max}, ListenOverflows {seen} "
               f"(+{reading.overflows_delta}); kernel: ss {recv_q}/{send_q}, ListenOverflows {overflows_before} -> "
-              f"{overflows_after}; reads {agent.listen_watch.reads}")
+              f"{overflows_after}; reads {agent.listen.watch.reads}")
 
         server_entry = next(c for c in named.culprits if c.target.cgroup == "/" + srv_rel)
         assert 0 < server_entry.score <= 1

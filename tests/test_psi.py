@@ -35,6 +35,7 @@ from probes.psi import (
 )
 from testkit.sandbox import OwnedCgroup
 from tests.conftest import readline_within
+from tests.helpers_actuators import fake_v2_host
 from tests.test_reclaim import PAGE_CACHE_WORKLOAD
 
 CPU_TEXT = (
@@ -583,6 +584,66 @@ def test_pod_cpu_psi_is_the_kernels_and_counts_the_stall(make_cgroup) -> None:
     assert stalled_us <= (a1["some"] - b0["some"])
     rate = psi_rate(got0, got1, t1 - t0)
     assert rate.some is not None and rate.some >= 0.8
+
+
+def test_the_read_after_a_stall_is_new_and_the_reads_after_it_are_not(tmp_path: Path) -> None:
+    """Pressure files with the text of the last read are not new, except on the one read after the totals
+    moved: its rate of 0 is what ends the stall for the detector (else the last rate would stand)."""
+    paths = fake_v2_host(tmp_path, ["kubepods.slice", "kubepods.slice/pod"])
+    cpu_file = tmp_path / "sys/fs/cgroup/kubepods.slice/pod/cpu.pressure"
+    write(cpu_file, pressure_text(1000, 500))
+    watch = CgroupWatch(discover(paths), slow_refresh_ticks=1000)
+    pod = "/kubepods.slice/pod"
+    watch.set_listed({pod})
+
+    def tick() -> bool:
+        return pod in watch.tick(psi_every_tick=[pod])
+
+    assert tick() and tick()  # first sight, and its CPU usage read once more (first sight counts as moving)
+    assert not tick()  # the same text: nothing new
+    write(cpu_file, pressure_text(3000, 1500))
+    assert tick() and watch.psi[pod]["cpu"].some.total_us == 3000  # it stalled
+    stalled = watch.psi[pod]
+    assert tick() and watch.psi[pod] is not stalled  # standing still after a stall: new (rate 0)
+    assert watch.psi[pod]["cpu"] == stalled["cpu"]
+    assert not tick() and not tick()  # standing still again: nothing new
+
+
+@pytest.mark.root
+@pytest.mark.vm
+def test_an_idle_pods_psi_is_not_new_until_it_stalls(make_cgroup) -> None:
+    """A latency-sensitive pod's pressure files are read every tick. While the pod is idle they say the same
+    thing tick after tick: the watch keeps the same reading objects (the detector skips them: no row),
+    moves only their read time (the next stall's rate is over one tick) and does not call the pod changed.
+    The tick its tasks stall, the reading is new and lies between the kernel's totals read around it."""
+    pod_rel, psi_dir, ctr = _pod_with_a_container(make_cgroup, ("cpu",))
+    watch = CgroupWatch(discover())
+    watch.set_listed({pod_rel})
+    assert pod_rel in watch.tick(psi_every_tick=[pod_rel])  # first sight: read in full
+    watch.tick(psi_every_tick=[pod_rel])  # first sight counts as moving: its CPU usage is read once more
+    first = watch.psi[pod_rel]
+    for _ in range(3):  # nothing runs in it: no stall, its averages stay 0.00
+        t_before = watch.psi_read_s[pod_rel]
+        time.sleep(0.05)
+        assert pod_rel not in watch.tick(psi_every_tick=[pod_rel])
+        assert watch.psi[pod_rel] is first
+        assert watch.psi_read_s[pod_rel] > t_before
+    cpu = max(os.sched_getaffinity(0))
+    procs = [spawn_busy(ctr, 120, cpu) for _ in range(3)]
+    try:
+        wait_spinning(procs)  # two of the three wait at every instant from here on
+        time.sleep(0.5)
+        before = raw_totals(psi_dir / "cpu.pressure")
+        changed = watch.tick(psi_every_tick=[pod_rel])
+        after = raw_totals(psi_dir / "cpu.pressure")
+    finally:
+        stop_all(procs)
+    assert pod_rel in changed
+    got = watch.psi[pod_rel]["cpu"]
+    assert watch.psi[pod_rel] is not first
+    _assert_between(before, got, after)
+    assert got.some is not None and first["cpu"].some is not None
+    assert got.some.total_us > first["cpu"].some.total_us
 
 
 @pytest.mark.root

@@ -10,7 +10,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from detector.store import SignalStore, StoreError, WindowStats
+from detector.runtime import store_for
+from detector.store import DEFAULT_RETENTION_S, SignalStore, StoreError, WindowStats
 
 
 def feed(store: SignalStore, series: dict[tuple[str, str], np.ndarray], t0: float = 100.0, dt: float = 1.0) -> list[float]:
@@ -369,3 +370,16 @@ def test_churn_leaves_the_arrays_at_the_size_the_live_entities_need() -> None:
     assert store.frame("cpu", 30, "last") == {e: float(900 + i) for i, e in enumerate(steady)}
     store.add(11.0, {("new", "cpu"): 5.0})  # a row freed by the shrink is usable
     assert store.stats("new", "cpu", 30).last == 5.0 and len(store) == 41
+
+
+@pytest.mark.parametrize("interval_s", [0.5, 1.0, 5.0])
+def test_the_detectors_store_holds_its_retention_at_its_interval_and_little_more(interval_s):
+    """The detector sizes its store by its tick interval: every tick of the retention is kept (ticks a
+    little early included), and the arrays have no room for ticks 0.8 s apart when it ticks every 1 s."""
+    store = store_for(interval_s)
+    ticks = round(DEFAULT_RETENTION_S / interval_s)
+    for i in range(2 * ticks):  # a whole retention and more, every tick 5 % early
+        store.add(i * interval_s * 0.95, {("pod", "cpu_cores"): float(i)})
+    kept = store.window("pod", "cpu_cores", DEFAULT_RETENTION_S).values
+    assert len(kept) == math.ceil(DEFAULT_RETENTION_S / (0.95 * interval_s))
+    assert store.tick_capacity <= ticks * 1.06 + 5

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -16,54 +15,42 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from actuators.base import ActionRecord, Actuator
-from actuators.burst import BurstActuator
 from actuators.cgroupfile import CgroupFiles
 from actuators.journal import Journal
 from actuators.manager import ActuatorManager
-from actuators.memory import MemorySuppressActuator
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler, requests_from
-from actuators.resctrl import KernelResctrlFs, ResctrlActuator, ResctrlFileIO, resctrl_root
 from detector.batch import apply_node
 from detector.cgroups import CgroupResolver
-from detector.decisions import Target
-from detector.listen_join import PROBE as LISTEN_JOIN_PROBE
-from detector.listen_join import ListenJoin
 from detector.model import Incident
 from detector.pods import make_pod_source
 from detector.policy import Policy
 from detector.runtime import Detector
 from noisyneighbor.agent.auth import RequestAuthorizer
+from noisyneighbor.agent.build import build_actuators, build_exporter, build_journal
 from noisyneighbor.agent.client_views import AgentTop
-from noisyneighbor.agent.config import STALE_INTERVALS, AgentConfig, parse_listen, policy_for
+from noisyneighbor.agent.config import AgentConfig, parse_listen, policy_for
+from noisyneighbor.agent.health import agent_health
 from noisyneighbor.agent.http_server import metrics_body, start_http_server
 from noisyneighbor.agent.incident_log import IncidentLog
+from noisyneighbor.agent.listen import ListenQueues
 from noisyneighbor.agent.logs import _one_line
 from noisyneighbor.agent.wiring import (
     FreeMemoryReturner,
-    JournalIO,
-    PodMetadataLabeler,
-    ScopedActuator,
     _enable_bpf_stats,
     _event_poster,
-    _evict_actuator,
     _fix_large_allocations_to_mmap,
     expected_runq_cgroups,
     read_own_node,
-    resize_io,
-    suppress_actuator,
 )
-from noisyneighbor.exporter import Exporter, ResolverLabeler
-from noisyneighbor.output import SCHEMA_VERSION
+from noisyneighbor.exporter import Exporter
 from noisyneighbor.sections import DeadCgroups
 from probes.cgroupfs import CgroupLayout, discover
-from probes.collect import DEGRADED_TEXT, NodeCollector, degraded_code
-from probes.engine import ProbeOffCode, use_btf_file
+from probes.collect import NodeCollector
+from probes.engine import use_btf_file
 from probes.gpu import GpuCollector, GpuDevice
 from probes.gpu_pods import NAME as GPU_PLUGIN
 from probes.host import HostPaths
-from probes.listenq import ListenReport, ListenWatch
 from probes.procstat import ProcStatReader
-from probes.registry import BY_NAME
 from probes.snapshot import NodeSnapshot
 
 log = logging.getLogger("noisyneighbor.agent")
@@ -128,11 +115,7 @@ class Agent:
         self._listed: frozenset[str] = frozenset()
         self._server: ThreadingHTTPServer | None = None
         self._server_thread: threading.Thread | None = None
-        self.listen_watch: ListenWatch | None = None
-        self.listen_join: ListenJoin | None = None
-        self._listen_report: ListenReport | None = None
-        self._listen_errors: set[str] = set()
-        self._prev_tcp: Any = None  # the connect probe's last snapshot (detector.listen_join.PROBE)
+        self.listen: ListenQueues | None = None  # the pods' listen queues, joined to connect incidents
         self._stop = threading.Event()
         self._stopped = False
         self._lock = threading.Lock()  # one tick at a time; stop waits for the running tick
@@ -182,8 +165,9 @@ class Agent:
         starter = getattr(self.pod_source, "start", None)
         if callable(starter):
             starter()  # kubelet: poll in the background so a slow kubelet never stalls a tick
-        actuators = self._build_actuators(policy)
-        assert self._journal is not None
+        self._journal, resize = build_journal(self.config, policy, self.paths, self._given_actuators is not None)
+        actuators = self._given_actuators if self._given_actuators is not None else build_actuators(
+            self.config, policy, self.paths, self.layout, self._journal, resize, self.pod_source, self.proc_stat)
         self.manager = ActuatorManager(
             actuators, self._journal, policy.actuators,
             registry=self.registry, audit_log=self.config.audit_log,
@@ -199,7 +183,8 @@ class Agent:
         node_object = read_own_node(policy)
         if node_object is not None:
             apply_node(self.detector.batch, node_object)
-        self.exporter = self._build_exporter(policy, resolver)
+        self.exporter = build_exporter(self.config, policy, self.paths, self.layout, resolver, self.pod_source,
+                                       self._qos_of_path, self._container_name)
         self._run_stats = _enable_bpf_stats()
         _fix_large_allocations_to_mmap()
         self._free_memory = FreeMemoryReturner()
@@ -219,12 +204,9 @@ class Agent:
                      ", ".join(f"{table} {slots}" for table, (_, slots) in runq_tables.items()), sized_by)
         if self.config.gpu and GPU_PLUGIN not in self.collector.probes:  # else the plugin reads NVML (node_gpus)
             self.gpu = GpuCollector(self.paths)
-        # Listen queues (probes/listenq.py): read on connect trouble or on a slow cadence, joined to the
-        # connect incidents of the clients (detector/listen_join.py) and exported per pod.
-        self.listen_watch = ListenWatch(str(self.paths.proc), self._cgroup_dir)
-        self.listen_join = ListenJoin(self._workload_of_id, self._target_of_owner,
-                                      slow_ns=policy.slo.connect_p99_ms * 1e6)
-        self.detector.engine.listen_join = self.listen_join
+        self.listen = ListenQueues(str(self.paths.proc), self.layout, self.detector,
+                                   slow_ns=policy.slo.connect_p99_ms * 1e6)
+        self.detector.engine.listen_join = self.listen.join
         # Per-cause mitigation beyond the engine's one decision (actuators/mitigate.py): softirq from a
         # pod's traffic, RT tasks starving the victim's CPUs, BE-driven reclaim, the neighbour escalation;
         # through the same manager, so dry-run, --act-only, the journal and verify/revert hold.
@@ -235,44 +217,6 @@ class Agent:
         self.manager.on_record.append(self.planner.note_record)
         if self.config.listen is not None:
             self._serve(*parse_listen(self.config.listen))
-
-    def _build_exporter(self, policy: Policy, resolver: CgroupResolver) -> Exporter:
-        labeler = PodMetadataLabeler(ResolverLabeler(resolver), self.pod_source.get, self._qos_of_path)
-        # Not in self.registry: /metrics writes the exporter's series directly (render_text) and
-        # adds the registry's (actuator metrics); OpenMetrics scrapes get both through one registry.
-        return Exporter(None, labeler, paths=self.paths, layout=self.layout,
-                        node=policy.node_name or os.environ.get("NODE_NAME") or None,
-                        max_cgroups=self.config.max_cgroups,
-                        max_bucket_seconds=self.config.max_bucket_seconds,
-                        min_bucket_seconds=self.config.min_bucket_seconds,
-                        extra_node_series=self.config.extra_node_series,
-                        per_cpu_series=self.config.per_cpu_series,
-                        container_name=self._container_name)
-
-    def _build_actuators(self, policy: Policy) -> list[Actuator]:
-        # One journal for cgroup and resctrl files, so a crash leaves one file to reconcile from.
-        # In-place resize entries (cpuSuppressVia resize) go through the apiserver.
-        resize = resize_io(policy) if self._given_actuators is None else None
-        io = JournalIO(ResctrlFileIO(resctrl_root(self.paths), KernelResctrlFs()), resize)
-        self._journal = Journal(self.config.journal_dir, read=io.read, write=io.write)
-        if self._given_actuators is not None:
-            return self._given_actuators
-        files = CgroupFiles(self.paths, self.layout)
-        suppress = suppress_actuator(policy, files, self._journal, resize)
-        actuators: list[Actuator] = [
-            *([suppress] if suppress is not None else []),
-            BurstActuator(files, self._journal, policy.cpu_burst, proc_stat=self.proc_stat),
-            MemorySuppressActuator(files, self._journal),
-        ]
-        if policy.actuators.resctrl_enabled:
-            actuators.append(ResctrlActuator(self.paths, journal=self._journal))
-        if policy.actuators.evict_enabled:
-            evict = _evict_actuator(policy, self.pod_source)
-            if evict is not None:
-                actuators.append(evict)
-        if self.config.act_only:
-            actuators = [ScopedActuator(a, self.config.act_only) for a in actuators]
-        return actuators
 
     def _cgroup_paths(self) -> frozenset[str]:
         """The detector's cgroups (workloads and pods) plus the QoS-level and container cgroups.
@@ -320,7 +264,8 @@ class Agent:
             gpus = node_gpus(snapshot, self.gpu)
             if gpus:
                 snapshot = dataclasses.replace(snapshot, gpus=gpus)
-            snapshot = self._listen_queues(snapshot)
+            if self.listen is not None:
+                snapshot = self.listen.attach(snapshot)
             self.detector.step(snapshot)
             self.exporter.update(snapshot, self.incidents(), self.actions(), batch=self.detector.batch_allocatable)
             self._note_snapshot(snapshot)
@@ -346,51 +291,6 @@ class Agent:
             if dead is None:
                 dead = self._dead[name] = DeadCgroups(forget, self._resolver, probe.hierarchy)
             dead.update(before, now, changed)
-
-    def _listen_queues(self, snapshot: NodeSnapshot) -> NodeSnapshot:
-        """Read the pods' listen queues when this tick's connects had trouble (failed, SYN retransmitted,
-        slow) or the slow cadence is due; every snapshot carries the last read."""
-        if self.listen_watch is None or self.listen_join is None or self.detector is None:
-            return snapshot
-        errors: list[str] = []
-        try:
-            tcp = snapshot.probe(LISTEN_JOIN_PROBE)
-            trouble = self.listen_join.observe_tcp(self._prev_tcp, tcp)
-            self._prev_tcp = tcp
-            reason = self.listen_watch.due(trouble)
-            if reason is not None:
-                index = self.detector.index
-                owners = [p for p in self.detector.cgroup_paths() if p != "/" and index.is_workload_root(p)]
-                report = self.listen_watch.read(owners, reason)
-                errors = list(report.errors)
-                self._listen_report = report
-                self.listen_join.observe_report(report)
-        except Exception as e:  # listen queues are extra evidence: never worth the tick's detection
-            self._prev_tcp = snapshot.probe(LISTEN_JOIN_PROBE)
-            errors = [f"listenq: {type(e).__name__}: {_one_line(e)}"]
-        for error in errors:
-            why = error.split(" (netns ", 1)[0]
-            if why not in self._listen_errors:  # once per reason: a missing capability fails every netns
-                self._listen_errors.add(why)
-                log.warning("%s (the first; each reason is logged once)", error)
-        if self._listen_report is None:
-            return snapshot
-        return dataclasses.replace(snapshot, listen=self._listen_report)
-
-    def _cgroup_dir(self, path: str):
-        hierarchy = self.layout.hierarchy_for("cpu") if self.layout is not None else None
-        return hierarchy.path_of(path) if hierarchy is not None else None
-
-    def _workload_of_id(self, cgroup_id: int) -> str | None:
-        """The workload key of a tcpconnect cgroup id (keyed like runqlat: the cpu hierarchy)."""
-        if self.detector is None:
-            return None
-        w = self.detector.ids.workload_of(cgroup_id, self.detector.builder.cpu_h)
-        return w.key if w is not None else None
-
-    def _target_of_owner(self, path: str) -> Target:
-        assert self.detector is not None
-        return self.detector.index.workload_of(path).target
 
     def _note_snapshot(self, snapshot: NodeSnapshot) -> None:
         for error in snapshot.errors:
@@ -457,57 +357,14 @@ class Agent:
         return list(self.manager.records) if self.manager is not None else []
 
     def health(self) -> dict[str, Any]:
-        """What /healthz and /readyz answer: liveness, readiness and why."""
-        now = time.monotonic()
-        last = self.stats.last_tick_monotonic
-        age = None if last is None else now - last
-        limit = STALE_INTERVALS * self.interval_s + max(self.stats.last_tick_seconds, 0.0)
-        # Before the first tick (start-up loads the BPF objects) the clock runs from the start instead.
-        since = now - self.stats.started_monotonic if age is None else age
-        live = since <= limit + (30.0 if age is None else 0.0)
-        probes = {}
-        status = self.collector.status if self.collector is not None else {}
-        probes = {name: {"state": st.state, "reason": st.reason, "code": st.code, "attach_mode": st.attach_mode}
-                  for name, st in status.items()}
-        # Ready once a BPF probe runs (on, or degraded: a full table still measures the rest): steal (a /proc
-        # file) alone detects nothing. A kernel without BTF can run none, whatever the agent does: Ready and
-        # degraded (degraded_code; noisyneighbor_agent_degraded{code="no_btf"} and NoisyNeighborNodeWithoutBTF
-        # name the node), so such a node never holds a DaemonSet rollout.
-        any_on = any(st.state != "off" for name, st in status.items() if name not in BY_NAME or BY_NAME[name].specs)
-        degraded = degraded_code(status)
-        ready = self.stats.ticks >= 1 and not self._stopped and (any_on or degraded == ProbeOffCode.NO_BTF)
-        pods = self.pod_source.status if self.pod_source is not None else None
-        acts = self.policy.actuators if self.policy is not None else None
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "live": bool(live and not self._stopped),
-            "ready": bool(ready),
-            # For programs (the code) and for people (the text): never parse the text.
-            "degraded_code": degraded,
-            "degraded": DEGRADED_TEXT[degraded] if degraded is not None else None,
-            "ticks": self.stats.ticks,
-            "failed_ticks": self.stats.failures,
-            "last_error": self.stats.last_error,
-            "last_tick_age_seconds": None if age is None else round(age, 3),
-            "interval_seconds": self.interval_s,
-            "probes": probes,
-            "gpu": None if self.gpu is None else {"state": self.gpu.status.state, "reason": self.gpu.status.reason},
-            "pod_source": None if pods is None else {"source": pods.source, "ok": pods.ok, "reason": pods.reason,
-                                                      "pods": pods.pods},
-            "actuators": None if acts is None or self.manager is None else {
-                "mode": "dry-run" if acts.dry_run else "enforcing",
-                "kinds": sorted(str(k) for k in self.manager.actuators),
-                "active": len(self.manager.active_records()),
-                "journal": str(self.manager.journal.directory),
-            },
-            "open_incidents": len(self.detector.engine.open_incidents) if self.detector is not None else 0,
-            "listen_queues": None if self.listen_watch is None else {
-                "reads": self.listen_watch.reads,
-                "last_reason": self._listen_report.reason if self._listen_report else None,
-                "namespaces": len(self._listen_report.namespaces) if self._listen_report else 0,
-                "errors": sorted(self._listen_errors)[-5:],
-            },
-        }
+        """What /healthz and /readyz answer: liveness, readiness and why (and the agent's own NVML reader)."""
+        out = agent_health(self)
+        out["gpu"] = None if self.gpu is None else {"state": self.gpu.status.state, "reason": self.gpu.status.reason}
+        return out
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
 
     # -- HTTP -------------------------------------------------------------------------------------
     def metrics(self, accept: str = "") -> tuple[bytes, str]:
