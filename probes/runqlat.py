@@ -452,6 +452,18 @@ def _pid_max(paths: HostPaths) -> int:
         return PID_MAX_LIMIT
 
 
+def _check_sizes(max_cgroups: int | None, max_culprit_pairs: int | None, max_pid_slots: int, expected_cgroups: int,
+                 pair_quiet_s: float) -> None:
+    """One line for table sizes that cannot be (a probe is never opened with them)."""
+    if (max_culprit_pairs is not None and max_culprit_pairs < 1) or (max_cgroups is not None and max_cgroups < 1) \
+            or max_pid_slots < 1 or expected_cgroups < 0:
+        raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
+                         f"max_culprit_pairs={max_culprit_pairs}, max_pid_slots={max_pid_slots}, "
+                         f"expected_cgroups={expected_cgroups})")
+    if not pair_quiet_s > 0:
+        raise ValueError(f"runqlat: pair_quiet_s must be positive, got {pair_quiet_s:g}")
+
+
 def _root_cgroup_id(hierarchy: Hierarchy | None) -> int:
     """The cgroup id (its kernfs inode) of the hierarchy's root: 1 on every kernel this runs on; the
     stat says so where the hierarchy is mounted, and 1 stands in where it is not."""
@@ -656,21 +668,14 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         the kernel work of the counterfactual's node moves (CulpritStats.cf_node_slots); None: the keyed
         hierarchy's root cgroup. Tests name a cgroup of their own, never touching the root, and make its user tasks stand
         for that kernel work with `test_kernel_work_cgroup_id` (0: none)."""
-        if (max_culprit_pairs is not None and max_culprit_pairs < 1) or (max_cgroups is not None and max_cgroups < 1) \
-                or max_pid_slots < 1 or expected_cgroups < 0:
-            raise ValueError(f"runqlat: map sizes must be >= 1 (max_cgroups={max_cgroups}, "
-                             f"max_culprit_pairs={max_culprit_pairs}, max_pid_slots={max_pid_slots}, "
-                             f"expected_cgroups={expected_cgroups})")
-        if not pair_quiet_s > 0:
-            raise ValueError(f"runqlat: pair_quiet_s must be positive, got {pair_quiet_s:g}")
+        _check_sizes(max_cgroups, max_culprit_pairs, max_pid_slots, expected_cgroups, pair_quiet_s)
         self.v1_cpu = self._key_by("cpu", paths, layout)
         if node_cgroup_id is None:
             node_cgroup_id = _root_cgroup_id(self.hierarchy)
         if max_cgroups is None:
             max_cgroups = cgroup_capacity(Path(self.hierarchy.path_of("/")) if self.hierarchy is not None else None,
                                           expected_cgroups)
-        if max_culprit_pairs is None:
-            max_culprit_pairs = pair_capacity(max_cgroups)
+        max_culprit_pairs = max_culprit_pairs or pair_capacity(max_cgroups)
         engine = engine or LibbpfEngine(self.paths)
         self.cgroup_slot_count, self.pair_slot_count, self.pair_quiet_s = max_cgroups, max_culprit_pairs, pair_quiet_s
         self.stripes, self.stripes_shared = stripes_for(possible_cpu_count(self.paths))

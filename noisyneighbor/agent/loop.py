@@ -198,10 +198,7 @@ class Agent:
                                        cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths,
                                        probe_options={"runqlat": runq_options},
                                        proc_stat=self.proc_stat).start()
-        runq_tables = getattr(self.collector.probes.get("runqlat"), "table_use", {})
-        if runq_tables:
-            log.info("run-queue tables: %s slots (expected cgroups: %s)",
-                     ", ".join(f"{table} {slots}" for table, (_, slots) in runq_tables.items()), sized_by)
+        _log_table_sizes(self.collector, sized_by)
         if self.config.gpu and GPU_PLUGIN not in self.collector.probes:  # else the plugin reads NVML (node_gpus)
             self.gpu = GpuCollector(self.paths)
         self.listen = ListenQueues(str(self.paths.proc), self.layout, self.detector,
@@ -382,3 +379,9 @@ class Agent:
             self._server = None
 
 
+def _log_table_sizes(collector: NodeCollector, sized_by: str) -> None:
+    """The run-queue probe's table sizes at start, and what sized them (issue 39: capacity from the node)."""
+    runq_tables = getattr(collector.probes.get("runqlat"), "table_use", {})
+    if runq_tables:
+        log.info("run-queue tables: %s slots (expected cgroups: %s)",
+                 ", ".join(f"{table} {slots}" for table, (_, slots) in runq_tables.items()), sized_by)
