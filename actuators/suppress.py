@@ -29,19 +29,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from actuators.base import FileWrite, Plan, Refused
-from actuators.cgroupfile import CgroupFiles, CgroupVanished, Resource
+from actuators.cgroupfile import CgroupFiles, CgroupVanished
 from actuators.journal import Journal, JournaledFileActuator
 from detector.decisions import ActionKind, Decision, SuppressAmount, Target
 from detector.model import Incident
 from detector.policy import ResourceThresholdStrategy
 from probes.cgroupfiles import (
+    CPU_BURST,
+    CPUSET_CPUS,
     SYS_CPU_ONLINE,
     SYS_CPU_THREAD_SIBLINGS,
     SYS_NODE_CPULIST,
     format_cpu_list,
 )
 from probes.cpuacct import read_cgroup_cpu
-from probes.host import HostPaths, read_text_or_none
+from probes.host import HostPaths
 from probes.procstat import ProcStatReader
 
 MIN_QUOTA_US = 2000
@@ -156,22 +158,18 @@ class CpuTopology:
 
     @classmethod
     def read(cls, paths: HostPaths) -> CpuTopology:
-        online = SYS_CPU_ONLINE.at(paths)
-        online_text = read_text_or_none(online)
-        if online_text is None:
-            raise FileNotFoundError(f"{online} is missing")
-        cpus = SYS_CPU_ONLINE.parse_text(online_text)
+        cpus = SYS_CPU_ONLINE.read_or_none(paths)
+        if cpus is None:
+            raise FileNotFoundError(f"{SYS_CPU_ONLINE.at(paths)} is missing")
         siblings: dict[int, tuple[int, ...]] = {}
         for c in cpus:
-            text = read_text_or_none(SYS_CPU_THREAD_SIBLINGS.at(paths, cpu=c))
-            group = SYS_CPU_THREAD_SIBLINGS.parse_text(text) if text else (c,)
+            group = SYS_CPU_THREAD_SIBLINGS.read_or_none(paths, cpu=c) or (c,)
             siblings[c] = tuple(x for x in group if x in cpus) or (c,)
         node_of = dict.fromkeys(cpus, 0)
         node_dir = SYS_NODE_CPULIST.at(paths, node=0).parent.parent
         if node_dir.is_dir():
             for d in sorted(node_dir.glob("node[0-9]*")):
-                text = read_text_or_none(SYS_NODE_CPULIST.at(paths, node=d.name[4:]))
-                for c in SYS_NODE_CPULIST.parse_text(text) if text else ():
+                for c in SYS_NODE_CPULIST.read_or_none(paths, node=d.name[4:]) or ():
                     if c in node_of:
                         node_of[c] = int(d.name[4:])
         return cls(cpus, siblings, node_of)
@@ -285,7 +283,7 @@ class SuppressActuator(JournaledFileActuator):
         )
 
     def _burst_or_none(self, cgroup: str) -> int | None:
-        if not self.files.exists(Resource.CPU_BURST, cgroup):
+        if not self.files.exists(CPU_BURST, cgroup):
             return None
         return self.files.read_burst_us(cgroup)
 
@@ -324,18 +322,18 @@ class SuppressActuator(JournaledFileActuator):
 
     def cpuset_writes(self, cgroup: str, new: Sequence[int]) -> list[FileWrite]:
         """Union of old and new top-down, then new bottom-up, over the cgroup and everything below it."""
-        tree = self.files.descendants(Resource.CPUSET_CPUS, cgroup)
+        tree = self.files.descendants(CPUSET_CPUS, cgroup)
         olds = {cg: self.files.read_cpus(cg) for cg in tree}
         writes: list[FileWrite] = []
         for cg in tree:
             union = set(olds[cg]) | set(new)
             if union != set(olds[cg]):
-                writes.append(FileWrite(str(self.files.path(Resource.CPUSET_CPUS, cg)), format_cpu_list(olds[cg]),
+                writes.append(FileWrite(str(self.files.path(CPUSET_CPUS, cg)), format_cpu_list(olds[cg]),
                                         format_cpu_list(union)))
         for cg in reversed(tree):
             if set(new) != set(olds[cg]):
                 old = format_cpu_list(set(olds[cg]) | set(new))
-                writes.append(FileWrite(str(self.files.path(Resource.CPUSET_CPUS, cg)), old, format_cpu_list(new)))
+                writes.append(FileWrite(str(self.files.path(CPUSET_CPUS, cg)), old, format_cpu_list(new)))
         return writes
 
 

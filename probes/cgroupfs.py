@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from probes.cgroupfiles import CGROUP_CONTROLLERS, PID_CGROUP
-from probes.host import HostPaths, read_text_or_none
+from probes.cgroupfiles import CGROUP_CONTROLLERS, PID_CGROUP, CgroupFileParseError
+from probes.host import HostPaths
 
 V1_CONTROLLERS = frozenset(
     {"cpu", "cpuacct", "cpuset", "memory", "blkio", "io", "pids", "devices", "freezer", "net_cls",
@@ -68,7 +68,7 @@ class CgroupLayout:
 
 def _v2_controllers(mount: Path) -> frozenset[str]:
     try:
-        return frozenset(CGROUP_CONTROLLERS.parse(2, (mount / CGROUP_CONTROLLERS.name(2)).read_text()))
+        return CGROUP_CONTROLLERS.read(mount, 2)
     except OSError:
         return frozenset()
 
@@ -100,17 +100,7 @@ def discover(paths: HostPaths | None = None) -> CgroupLayout:
 def self_cgroups(paths: HostPaths | None = None, pid: int | str = "self") -> dict[str, str]:
     """The cgroup path of a process per controller (`cpu`, `memory`, ...) and `""` for v2."""
     paths = paths or HostPaths()
-    result: dict[str, str] = {}
-    for line in PID_CGROUP.at(paths, pid=pid).read_text().splitlines():
-        hier_id, controllers, path = line.split(":", 2)
-        if hier_id == "0":
-            result[""] = path
-            continue
-        for c in controllers.split(","):
-            if c.startswith("name="):
-                continue
-            result[c] = path
-    return result
+    return PID_CGROUP.read(paths, pid=pid)
 
 
 def v2_cgroup_path(paths: HostPaths | None = None, pid: int | str = "self") -> str | None:
@@ -120,10 +110,8 @@ def v2_cgroup_path(paths: HostPaths | None = None, pid: int | str = "self") -> s
     A v2 cgroup removed while the task is still being torn down reads as `/a/b (deleted)`.
     """
     paths = paths or HostPaths()
-    text = read_text_or_none(PID_CGROUP.at(paths, pid=pid))
-    if text is None:
+    try:
+        cgroups = PID_CGROUP.read_or_none(paths, pid=pid)
+    except CgroupFileParseError:
         return None
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            return line[3:].strip() or None
-    return None
+    return None if cgroups is None else cgroups.get("", "").strip() or None

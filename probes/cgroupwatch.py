@@ -41,7 +41,7 @@ from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.cpuacct import CgroupCpuReader, CgroupCpuStat
 from probes.host import HotFiles, read_small
 from probes.memstat import MemStat, MemStatReader
-from probes.psi import RESOURCES, PsiReading, read_pressure_file
+from probes.psi import RESOURCES, PsiReading, read_cgroup_pressure
 
 SLOW_REFRESH_TICKS = 30  # every cgroup is read at least this often (ticks), activity or not
 MEMORY_REFRESH_TICKS = 5  # memory.stat of an active cgroup that is not reclaiming: at most this often
@@ -277,10 +277,10 @@ class CgroupWatch:
             text = read(w.percpu_file)
             if text is not None:
                 try:
-                    self.percpu[path] = tuple(int(x) for x in text.split())
-                except ValueError:
+                    self.percpu[path] = CPUACCT_USAGE_PERCPU.parse(1, text)
+                except CgroupFileParseError as e:
                     if errors is not None:
-                        errors.append(f"{path}: malformed cpuacct.usage_percpu")
+                        errors.append(f"{path}: cpuacct.usage_percpu {e}")
         return self._read_psi(w) or replaced
 
     def _read_psi(self, w: _Watched) -> bool:
@@ -288,7 +288,7 @@ class CgroupWatch:
             return False
         readings: dict[str, PsiReading] = {}
         for resource in RESOURCES:
-            reading = read_pressure_file(os.path.join(w.psi_dir, f"{resource}.pressure"), resource)
+            reading = read_cgroup_pressure(w.psi_dir, resource)
             if reading is not None:
                 readings[resource] = reading
         if readings:

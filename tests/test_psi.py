@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from probes.cgroupfiles import parse_pressure
 from probes.cgroupfs import discover
 from probes.cgroupwatch import CgroupWatch
 from probes.host import HostPaths
@@ -26,11 +27,10 @@ from probes.psi import (
     cgroup_psi_source,
     cgroup_psi_source_for_pid,
     has_cap_sys_resource,
-    parse_pressure,
     psi_rate,
+    read_cgroup_pressure,
     read_cgroup_psi,
     read_node_psi,
-    read_pressure_file,
     validate_trigger,
 )
 from testkit.sandbox import OwnedCgroup
@@ -139,12 +139,14 @@ def test_parse_first_duplicate_wins() -> None:
     assert parse_pressure(text)["some"].total_us == 5
 
 
-def test_read_pressure_file_bad_inputs(tmp_path: Path) -> None:
-    assert read_pressure_file(tmp_path / "cpu.pressure") is None  # missing
-    assert read_pressure_file(write(tmp_path / "io.pressure", "junk\n")) is None
+def test_read_cgroup_pressure_bad_inputs(tmp_path: Path) -> None:
+    assert read_cgroup_pressure(tmp_path, "cpu") is None  # missing
+    write(tmp_path / "io.pressure", "junk\n")
+    assert read_cgroup_pressure(tmp_path, "io") is None
     (tmp_path / "memory.pressure").mkdir()
-    assert read_pressure_file(tmp_path / "memory.pressure") is None  # EISDIR: unreadable, no traceback
-    reading = read_pressure_file(write(tmp_path / "irq.pressure", IRQ_TEXT))
+    assert read_cgroup_pressure(tmp_path, "memory") is None  # EISDIR: unreadable, no traceback
+    write(tmp_path / "irq.pressure", IRQ_TEXT)
+    reading = read_cgroup_pressure(tmp_path, "irq")
     assert reading is not None and reading.resource == "irq" and reading.some is None
     assert reading.full is not None and reading.full.total_us == 80506377366
 
@@ -324,10 +326,14 @@ def test_trigger_validation_accepts_kernel_rules() -> None:
 
 def test_has_cap_sys_resource(tmp_path: Path) -> None:
     # This machine's root has every capability but CAP_SYS_RESOURCE (bit 24).
-    assert not has_cap_sys_resource(write(tmp_path / "a", "Name:\tx\nCapEff:\t000001fffeffffff\n"))
-    assert has_cap_sys_resource(write(tmp_path / "b", "CapEff:\t0000000001000000\n"))
-    assert not has_cap_sys_resource(write(tmp_path / "c", "CapEff:\tzz\n"))
-    assert not has_cap_sys_resource(tmp_path / "missing")
+    host = HostPaths.under(tmp_path)
+    write(host.proc / "1/status", "Name:\tx\nCapEff:\t000001fffeffffff\n")
+    write(host.proc / "2/status", "CapEff:\t0000000001000000\n")
+    write(host.proc / "3/status", "CapEff:\tzz\n")
+    assert not has_cap_sys_resource(host, 1)
+    assert has_cap_sys_resource(host, 2)
+    assert not has_cap_sys_resource(host, 3)
+    assert not has_cap_sys_resource(host, 4)  # missing
 
 
 def open_fds() -> set[str]:

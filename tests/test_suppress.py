@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from actuators.base import Refused
-from actuators.cgroupfile import CgroupFiles, Resource, parse_cpu_list
+from actuators.cgroupfile import CgroupFiles, parse_cpu_list
 from actuators.journal import Journal
 from actuators.suppress import (
     CpuTopology,
@@ -27,6 +27,7 @@ from actuators.suppress import (
 from detector.decisions import ActionKind, Cause, Decision, SuppressAmount, Target
 from detector.model import Culprit, Incident
 from detector.policy import ResourceThresholdStrategy
+from probes.cgroupfiles import CPU_MAX
 from probes.cgroupfs import discover
 from probes.cpuacct import read_cgroup_cpu
 from probes.host import HostPaths
@@ -165,7 +166,7 @@ def test_cfs_quota_suppress_caps_be_and_helps_ls(make_cgroup, hog, tmp_path: Pat
                                "--period-ms", "5", "--seconds", "60"], preexec_fn=ls.preexec, stdout=subprocess.DEVNULL)
     be_rel, ls_ino, be_ino = _rel(hog), os.stat(ls.path("cpu")).st_ino, os.stat(hog.path("cpu")).st_ino
     files = CgroupFiles()
-    original = files.read_raw(Resource.CPU_QUOTA, be_rel)
+    original = files.read_raw(CPU_MAX, be_rel)
     try:
         with RunqLatProbe() as probe:
             time.sleep(1.0)
@@ -206,7 +207,7 @@ def test_cfs_quota_suppress_caps_be_and_helps_ls(make_cgroup, hog, tmp_path: Pat
             assert be_wait_after < 0.5 * be_wait_before
         assert files.read_cpu_max(be_rel).quota_us == round(planned * 100_000)
         assert _stop(runner, signal.SIGTERM) == 0
-        assert files.read_raw(Resource.CPU_QUOTA, be_rel) == original
+        assert files.read_raw(CPU_MAX, be_rel) == original
         audit = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
         assert [a["state"] for a in audit if a.get("event") == "action"] == ["applied", "reverted"]
     finally:
@@ -219,7 +220,7 @@ def test_cfs_quota_suppress_caps_be_and_helps_ls(make_cgroup, hog, tmp_path: Pat
 def test_kill9_then_reconcile_restores(hog, tmp_path: Path) -> None:
     be_rel = _rel(hog)
     files = CgroupFiles()
-    original = files.read_raw(Resource.CPU_QUOTA, be_rel)
+    original = files.read_raw(CPU_MAX, be_rel)
     runner, out = _runner("apply-suppress", "--cgroup", be_rel, "--policy", "cfsQuota", "--cores", "0.3",
                           "--journal", str(tmp_path / "j"))
     assert out["state"] == "applied"
@@ -229,8 +230,8 @@ def test_kill9_then_reconcile_restores(hog, tmp_path: Path) -> None:
     rec = subprocess.run([sys.executable, "-m", "actuators", "reconcile", "--journal", str(tmp_path / "j")], cwd=REPO,
                          capture_output=True, text=True, timeout=30)
     assert rec.returncode == 0, rec.stderr
-    assert json.loads(rec.stdout)["restored"] == [str(files.path(Resource.CPU_QUOTA, be_rel))]
-    assert files.read_raw(Resource.CPU_QUOTA, be_rel) == original
+    assert json.loads(rec.stdout)["restored"] == [str(files.path(CPU_MAX, be_rel))]
+    assert files.read_raw(CPU_MAX, be_rel) == original
     # a second reconcile has nothing left to do
     rec = subprocess.run([sys.executable, "-m", "actuators", "reconcile", "--journal", str(tmp_path / "j")], cwd=REPO,
                          capture_output=True, text=True, timeout=30)
