@@ -239,8 +239,8 @@ FILE_OPENERS_ALLOWED = {
     "actuators/resctrl/fs.py:KernelResctrlFs.read": "resctrl files",
     "actuators/resctrl/fs.py:KernelResctrlFs.write": "resctrl files",
     # not kernel files
-    "actuators/journal.py:Journal._load": "the actuator journal",
-    "actuators/journal.py:Journal._save": "the actuator journal (directory fsync)",
+    "actuators/journal.py:JournalStore.load": "the actuator journal",
+    "actuators/journal.py:JournalStore.save": "the actuator journal (directory fsync)",
     "actuators/manager.py:ActuatorManager._audit_raw": "the audit log",
     "detector/incidents.py:IncidentEngine._emit": "the incident log",
     "detector/batch.py:read_kubelet_config": "the kubelet's config file",
@@ -301,5 +301,5 @@ def test_the_opener_scan_finds_what_it_must(tmp_path: Path):
     openers = _file_openers()
     assert openers["probes/cgroupfiles.py:_read_text"] > 0  # os.open
     assert openers["actuators/cgroupfile.py:read_file"] > 0  # open()
-    assert openers["actuators/journal.py:Journal._load"] > 0  # Path.read_text
+    assert openers["actuators/journal.py:JournalStore.load"] > 0  # Path.read_text
     assert openers["probes/memstat.py:MemStatReader.read"] > 0  # read_small
