@@ -2,25 +2,22 @@
 """The cgroup files of :mod:`probes.cgroupfiles`, found in their hierarchy, for cgroup v1, v2 and hybrid hosts.
 
 Actuators never spell a cgroup file name: they hand :class:`CgroupFiles` a declaration of the kernel-file
-table (``CPU_MAX``, ``CPU_WEIGHT``, ``CPUSET_CPUS``, ``CGROUP_THREADS``, ``MEMORY_HIGH``...) and a cgroup,
+table (``CPU_MAX``, ``CPU_BURST``, ``CPUSET_CPUS``, ``CGROUP_PROCS``, ``MEMORY_HIGH``...) and a cgroup,
 and get the declaration's file in the hierarchy of its controller (found through
 :class:`probes.cgroupfs.CgroupLayout`), read through its one parser. The table has the v1 and v2 names.
 
 API (all cgroup paths are relative to the hierarchy root, e.g. ``kubepods.slice/kubepods-besteffort.slice``):
 
 - ``files = CgroupFiles(HostPaths.under(tmp))`` (default: the real host).
-- Typed reads: ``read_cpu_max(cg) -> CpuMax``, ``read_burst_us``, ``read_shares`` (v1 units, v2 weight
-  converted), ``read_cpus`` (a sorted tuple; a v2 ``cpuset.cpus`` is empty until set: the parent's CPUs,
-  which ``read_effective_cpus`` gives), ``read_tasks``, ``read_procs``.
+- Typed reads: ``read(file, cg)`` through the declaration's parser, and ``read_cpu_max(cg) -> CpuMax``,
+  ``read_burst_us``, ``read_cpus`` (a sorted tuple; a v2 ``cpuset.cpus`` is empty until set: the parent's
+  CPUs, which ``read_effective_cpus`` gives), ``read_procs``.
 - Planned writes (nothing is written, :class:`actuators.base.FileWrite` with old and new raw values,
   ready for :meth:`actuators.journal.Journal.apply`): ``quota_writes(cg, quota_us)``,
-  ``burst_write(cg, burst_us)``, ``shares_write(cg, shares)``.
-- Raw access: ``path(file, cg)``, ``paths(file, cg)`` (v1 CFS bandwidth is two files), ``read_raw``,
-  ``write_raw``; module functions
-  :func:`read_file` / :func:`write_file` work on absolute paths (the journal uses them).
+  ``burst_write(cg, burst_us)``.
+- Raw access: ``path(file, cg)``, ``paths_of(file, cg)`` (v1 CFS bandwidth is two files), ``read_raw``;
+  module functions :func:`read_file` / :func:`write_file` work on absolute paths (the journal uses them).
 - ``descendants(file, cg)``: the cgroup and every cgroup below it, top-down.
-- ``kubepods_driver()`` -> "systemd" | "cgroupfs" | None and ``qos_cgroup("besteffort")`` ->
-  ``kubepods.slice/kubepods-besteffort.slice`` or ``kubepods/besteffort``, detected by which root exists.
 
 The files the probes read too (``cpu.max`` / CFS quota and period, ``cpuset.cpus``) are declared once
 in :mod:`probes.cgroupfiles` with their parsers; a malformed value is the parser's one-line message
@@ -41,10 +38,8 @@ from typing import Any
 from actuators.base import FileWrite
 from probes.cgroupfiles import (
     CGROUP_PROCS,
-    CGROUP_THREADS,
     CPU_BURST,
     CPU_MAX,
-    CPU_WEIGHT,
     CPUSET_CPUS,
     CPUSET_EFFECTIVE_CPUS,
     CPUSET_MEMS,
@@ -76,18 +71,6 @@ class CgroupWriteError(CgroupFileError):
     def __init__(self, message: str, errno_: int | None = None) -> None:
         super().__init__(message)
         self.errno = errno_
-
-
-# -- kernel conversions -------------------------------------------------------------------------
-
-# kernel/sched/core.c: cpu.weight is the v1 share weight scaled so that the default 1024 <-> 100,
-# rounded to nearest (DIV_ROUND_CLOSEST), weight clamped to [1, 10000], shares to [2, 262144].
-def shares_to_weight(shares: int) -> int:
-    return min(10_000, max(1, (shares * 100 + 512) // 1024))
-
-
-def weight_to_shares(weight: int) -> int:
-    return min(262_144, max(2, (weight * 1024 + 50) // 100))
 
 
 def same_value(a: str | None, b: str | None) -> bool:
@@ -209,9 +192,6 @@ class CgroupFiles:
     def read_raw(self, file: CgroupFile[Any], cgroup: str) -> str:
         return read_file(self.path(file, cgroup))
 
-    def write_raw(self, file: CgroupFile[Any], cgroup: str, value: str) -> None:
-        write_file(self.path(file, cgroup), value)
-
     def descendants(self, file: CgroupFile[Any], cgroup: str) -> list[str]:
         """The cgroup and all cgroups below it in the file's hierarchy, parents before children."""
         top = self.dir(file, cgroup)
@@ -240,18 +220,11 @@ class CgroupFiles:
     def read_burst_us(self, cgroup: str) -> int:
         return self.read(CPU_BURST, cgroup)
 
-    def read_shares(self, cgroup: str) -> int:
-        value = self.read(CPU_WEIGHT, cgroup)
-        return weight_to_shares(value) if self.version(CPU_WEIGHT) == 2 else value
-
     def read_cpus(self, cgroup: str) -> tuple[int, ...]:
         return self.read(CPUSET_CPUS, cgroup)
 
     def read_effective_cpus(self, cgroup: str) -> tuple[int, ...]:
         return self.read(CPUSET_EFFECTIVE_CPUS, cgroup)
-
-    def read_tasks(self, cgroup: str) -> list[int]:
-        return list(self.read(CGROUP_THREADS, cgroup))
 
     def read_procs(self, cgroup: str) -> list[int]:
         return list(self.read(CGROUP_PROCS, cgroup))
@@ -280,30 +253,3 @@ class CgroupFiles:
             raise CgroupFileError(f"cfs burst must be >= 0, got {burst_us}")
         path = self.path(CPU_BURST, cgroup)
         return FileWrite(str(path), read_file(path).strip(), str(burst_us))
-
-    def shares_write(self, cgroup: str, shares: int) -> FileWrite:
-        path = self.path(CPU_WEIGHT, cgroup)
-        value = shares_to_weight(shares) if self.version(CPU_WEIGHT) == 2 else max(2, shares)
-        return FileWrite(str(path), read_file(path).strip(), str(value))
-
-    # -- kubepods ------------------------------------------------------------------------------
-    def kubepods_driver(self) -> str | None:
-        """"systemd" when ``kubepods.slice`` exists in the cpu hierarchy, "cgroupfs" for ``kubepods``."""
-        h = self.hierarchy(CPU_MAX)
-        if (h.mount / "kubepods.slice").is_dir():
-            return "systemd"
-        if (h.mount / "kubepods").is_dir():
-            return "cgroupfs"
-        return None
-
-    def qos_cgroup(self, qos: str, driver: str | None = None) -> str:
-        """The kubepods QoS cgroup path: "besteffort", "burstable" or "guaranteed" (= the kubepods root)."""
-        qos = qos.lower()
-        if qos not in ("besteffort", "burstable", "guaranteed"):
-            raise ValueError(f"unknown Kubernetes QoS class {qos!r} (besteffort, burstable, guaranteed)")
-        driver = driver or self.kubepods_driver()
-        if driver is None:
-            raise ResourceUnavailable("no kubepods cgroup (kubepods.slice or kubepods) on this host")
-        if driver == "systemd":
-            return "kubepods.slice" if qos == "guaranteed" else f"kubepods.slice/kubepods-{qos}.slice"
-        return "kubepods" if qos == "guaranteed" else f"kubepods/{qos}"

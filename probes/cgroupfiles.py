@@ -9,7 +9,6 @@ declaration              controller v1 file(s)                                  
 ======================== ========== ============================================ =========================
 CPU_MAX                  cpu        ``cpu.cfs_quota_us`` + ``cpu.cfs_period_us`` ``cpu.max``
 CPU_BURST                cpu        ``cpu.cfs_burst_us``                         ``cpu.max.burst``
-CPU_WEIGHT               cpu        ``cpu.shares``                               ``cpu.weight``
 CPU_STAT                 cpu        ``cpu.stat``                                 ``cpu.stat``
 CPUACCT_USAGE            cpuacct    ``cpuacct.usage``                            -
 CPUACCT_USAGE_PERCPU     cpuacct    ``cpuacct.usage_percpu``                     -
@@ -285,7 +284,7 @@ def format_cpu_list(cpus: tuple[int, ...] | list[int] | set[int] | frozenset[int
 
 
 def parse_int(text: str) -> int:
-    """One integer (cpu.shares, memory.current, cpuacct.usage)."""
+    """One integer (cpu.max.burst, memory.current, cpuacct.usage)."""
     try:
         return int(text.strip())
     except ValueError:
@@ -606,8 +605,6 @@ CPUSET_EFFECTIVE_CPUS: CgroupFile[tuple[int, ...]] = CgroupFile(
     "cpuset", ("cpuset.effective_cpus",), "cpuset.cpus.effective", parse_cpu_list, parse_cpu_list
 )
 CPU_BURST: CgroupFile[int] = CgroupFile("cpu", ("cpu.cfs_burst_us",), "cpu.max.burst", parse_int, parse_int)
-# v1 shares and v2 weight are different units: actuators.cgroupfile converts (kernel/sched/core.c).
-CPU_WEIGHT: CgroupFile[int] = CgroupFile("cpu", ("cpu.shares",), "cpu.weight", parse_int, parse_int)
 CPU_STAT: CgroupFile[dict[str, int]] = CgroupFile("cpu", ("cpu.stat",), "cpu.stat", parse_flat_keyed, parse_flat_keyed)
 CPUACCT_USAGE: CgroupFile[int] = CgroupFile("cpuacct", ("cpuacct.usage",), None, parse_int, parse_int)
 CPUACCT_USAGE_PERCPU: CgroupFile[tuple[int, ...]] = CgroupFile(

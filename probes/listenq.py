@@ -320,11 +320,6 @@ def socket_owners(inodes: set[int], pids: list[int], proc: str = "/proc") -> dic
     return found
 
 
-def socket_owner(inode: int, pids: list[int], proc: str = "/proc") -> int | None:
-    """The first of `pids` holding socket inode `inode` open."""
-    return socket_owners({inode}, pids, proc).get(inode)
-
-
 @dataclass(frozen=True)
 class NetnsReading:
     """One namespace in a :class:`ListenReport`: its listeners and counters, who lives in it."""

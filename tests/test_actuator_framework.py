@@ -15,11 +15,10 @@ from actuators.cgroupfile import (
     CgroupVanished,
     CgroupWriteError,
     parse_cpu_list,
-    shares_to_weight,
-    weight_to_shares,
+    write_file,
 )
 from actuators.journal import Journal
-from probes.cgroupfiles import CGROUP_THREADS, CPU_BURST, CPU_MAX, CPU_WEIGHT, CPUSET_CPUS, format_cpu_list
+from probes.cgroupfiles import CGROUP_THREADS, CPU_BURST, CPU_MAX, CPUSET_CPUS, format_cpu_list
 from probes.cgroupfs import discover
 from probes.host import HostPaths
 from tests.helpers_actuators import fake_v1_host, fake_v2_host
@@ -36,7 +35,6 @@ def test_v2_formats_on_fake_host(tmp_path: Path) -> None:
     assert files.layout.mode == "v2"
     assert files.path(CPU_MAX, BE).name == "cpu.max"
     assert files.path(CPU_BURST, BE).name == "cpu.max.burst"
-    assert files.path(CPU_WEIGHT, BE).name == "cpu.weight"
     assert files.path(CGROUP_THREADS, BE).name == "cgroup.threads"
     assert files.read_cpu_max(BE).quota_us is None
     [w] = files.quota_writes(BE, 50_000)
@@ -46,41 +44,24 @@ def test_v2_formats_on_fake_host(tmp_path: Path) -> None:
     [w] = files.quota_writes(BE, None)
     assert w.new == "max 100000"
     assert files.burst_write(BE, 20_000).new == "20000"
-    # cpu.weight written in v2 units from v1 shares, read back in shares
-    sw = files.shares_write(BE, 2)
-    assert sw.new == "1"
-    (tmp_path / "sys/fs/cgroup" / BE / "cpu.weight").write_text("39\n")
-    assert files.read_shares(BE) == weight_to_shares(39)
     (tmp_path / "sys/fs/cgroup" / BE / "cgroup.threads").write_text("11\n12\n")
-    assert files.read_tasks(BE) == [11, 12]
-    assert files.kubepods_driver() == "systemd"
-    assert files.qos_cgroup("besteffort") == BE
-    assert files.qos_cgroup("guaranteed") == "kubepods.slice"
+    assert files.read(CGROUP_THREADS, BE) == (11, 12)
 
 
 def test_v1_formats_and_cgroupfs_driver(tmp_path: Path) -> None:
     paths = fake_v1_host(tmp_path, ["kubepods", "kubepods/besteffort"])
     files = CgroupFiles(paths)
-    assert files.kubepods_driver() == "cgroupfs"
-    be = files.qos_cgroup("besteffort")
-    assert be == "kubepods/besteffort"
+    be = "kubepods/besteffort"
     assert files.path(CPU_MAX, be) == tmp_path / "sys/fs/cgroup/cpu/kubepods/besteffort/cpu.cfs_quota_us"
     assert files.path(CPUSET_CPUS, be).parent == tmp_path / "sys/fs/cgroup/cpuset/kubepods/besteffort"
     writes = files.quota_writes(be, 30_000, period_us=50_000)
     assert [(Path(w.path).name, w.old, w.new) for w in writes] == [
         ("cpu.cfs_period_us", "100000", "50000"), ("cpu.cfs_quota_us", "-1", "30000")]
-    assert files.read_shares(be) == 1024
+    assert files.read(CGROUP_THREADS, be) == ()
     assert files.descendants(CPUSET_CPUS, "kubepods") == ["kubepods", "kubepods/besteffort"]
 
 
-def test_kernel_share_weight_conversion() -> None:
-    # kernel: weight = DIV_ROUND_CLOSEST(shares * 100, 1024), clamped [1, 10000]
-    assert shares_to_weight(1024) == 100
-    assert shares_to_weight(2) == 1
-    assert shares_to_weight(262144) == 10000
-    assert shares_to_weight(512) == 50
-    assert weight_to_shares(100) == 1024
-    assert weight_to_shares(1) == 10
+def test_cpu_list_format() -> None:
     assert parse_cpu_list("0-2,5,7-8\n") == (0, 1, 2, 5, 7, 8)
     assert format_cpu_list({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
     assert parse_cpu_list("") == ()
@@ -175,7 +156,7 @@ def test_failed_multi_file_change_rolls_back_real_cgroup(make_cgroup, tmp_path: 
     # the kernel rule that shapes the undo order: burst may not exceed quota
     journal.apply("ok", [*files.quota_writes(rel, 50_000), files.burst_write(rel, 50_000)])
     with pytest.raises(CgroupWriteError):
-        files.write_raw(CPU_MAX, rel, "30000")
+        write_file(files.path(CPU_MAX, rel), "30000")
     assert journal.restore_all().ok
     assert {r: files.read_raw(r, rel) for r in before} == before
 
