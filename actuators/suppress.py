@@ -14,9 +14,6 @@ koordlet (qosmanager ``cpusuppress``), every round::
   target and every cgroup below it (a v1 child's cpuset must stay inside its parent's).
 - Restore: at shutdown the journal restores the original values.
 
-Beyond koordlet: :func:`incident_suppress_decisions` caps the ranked culprit cgroups of an incident
-first, and only falls back to the whole BE tier for what they cannot cover.
-
 Inputs come from :class:`CpuUsageSampler` (``/proc/stat`` and per-cgroup cpuacct under the host root),
 so tests can fake them.
 """
@@ -32,7 +29,6 @@ from actuators.base import FileWrite, Plan, Refused
 from actuators.cgroupfile import CgroupFiles, CgroupVanished
 from actuators.journal import Journal, JournaledFileActuator
 from detector.decisions import ActionKind, Decision, SuppressAmount, Target
-from detector.model import Incident
 from detector.policy import ResourceThresholdStrategy
 from probes.cgroupfiles import (
     CPU_BURST,
@@ -354,39 +350,4 @@ def threshold_suppress_decision(
     target = Target(be_cgroup, qos="BE", pod=display)
     return Decision(ActionKind.SUPPRESS, target, SuppressAmount("cfs_quota" if policy == "cfsQuota" else "cpuset",
                                                                 cpu_cores=cores), reason)
-
-
-def incident_suppress_decisions(
-    incident: Incident,
-    inputs: SuppressInputs,
-    strategy: ResourceThresholdStrategy,
-    be_cgroup: str,
-    victim_signal: str | None = None,
-    min_cores: float = 0.1,
-) -> list[Decision]:
-    """Culprits first: cap the incident's BE culprits (highest score first) by the BE excess; whatever they
-    cannot cover falls back to the whole BE tier. Each decision names the incident and its victim."""
-    allowed = be_allowed_cores(inputs, strategy.cpu_suppress_threshold_percent)
-    excess = inputs.be_used_cores - max(0.0, allowed)
-    policy = "cfs_quota" if normalize_policy(strategy.cpu_suppress_policy) == "cfsQuota" else "cpuset"
-    signal = victim_signal or incident.signal
-    decisions: list[Decision] = []
-    for culprit in sorted(incident.culprits, key=lambda c: -c.score):
-        if excess <= 0:
-            break
-        if (culprit.target.qos or "").upper() != "BE" or culprit.cpu_cores <= min_cores:
-            continue
-        cut = min(excess, culprit.cpu_cores - min_cores)
-        cap = culprit.cpu_cores - cut
-        excess -= cut
-        decisions.append(Decision(
-            ActionKind.SUPPRESS, culprit.target, SuppressAmount(policy, cpu_cores=cap),
-            f"culprit of {incident.incident_id} (score {culprit.score:.2f}, {culprit.cpu_cores:.2f} cores): cap to {cap:.2f}",
-            incident_id=incident.incident_id, victim=incident.victim, victim_signal=signal))
-    if excess > 0:
-        tier = threshold_suppress_decision(inputs, strategy, be_cgroup)
-        if tier is not None:
-            decisions.append(Decision(tier.kind, tier.target, tier.amount, tier.reason + " (culprits did not cover it)",
-                                      incident_id=incident.incident_id, victim=incident.victim, victim_signal=signal))
-    return decisions
 

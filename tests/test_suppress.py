@@ -22,10 +22,8 @@ from actuators.suppress import (
     SuppressActuator,
     SuppressInputs,
     be_allowed_cores,
-    incident_suppress_decisions,
 )
-from detector.decisions import ActionKind, Cause, Decision, SuppressAmount, Target
-from detector.model import Culprit, Incident
+from detector.decisions import ActionKind, Decision, SuppressAmount, Target
 from detector.policy import ResourceThresholdStrategy
 from probes.cgroupfiles import CPU_MAX
 from probes.cgroupfs import discover
@@ -80,26 +78,6 @@ def test_quota_floor_dead_band_and_growth_cap(tmp_path: Path) -> None:
     with pytest.raises(Refused, match="below 1 %"):
         act.plan(decide(1.025))  # 1.02 -> 1.025 cores: 0.05 % of capacity
     assert act.plan(decide(0.5)).writes[-1].new == "50000"  # shrinking is not capped
-
-
-def test_culprits_first(tmp_path: Path) -> None:
-    strategy = ResourceThresholdStrategy(cpu_suppress_threshold_percent=50, cpu_suppress_policy="cfsQuota")
-    victim = Target("kubepods/burstable/podv", qos="LS")
-    a = Culprit(Target("kubepods/besteffort/poda", qos="BE"), score=0.9, cpu_cores=1.0)
-    b = Culprit(Target("kubepods/besteffort/podb", qos="BE"), score=0.5, cpu_cores=2.0)
-    ls = Culprit(Target("kubepods/burstable/podl", qos="LS"), score=0.95, cpu_cores=3.0)
-    incident = Incident("inc-7", victim, Cause.NEIGHBOR_CPU, 0.0, 0.9, "runq_p99_ns", culprits=[b, ls, a])
-    # capacity 4, threshold 50 %: 2 - non-BE pods 1 - system 0 = 1 core allowed; BE uses 3 -> 2 over
-    inputs = SuppressInputs(4, 4, 4, 3)
-    ds = incident_suppress_decisions(incident, inputs, strategy, "kubepods/besteffort")
-    assert [d.target.cgroup for d in ds] == ["kubepods/besteffort/poda", "kubepods/besteffort/podb"]
-    assert ds[0].amount.cpu_cores == pytest.approx(0.1)  # a gives 0.9 of the 2 cores
-    assert ds[1].amount.cpu_cores == pytest.approx(2.0 - 1.1)
-    assert all(d.incident_id == "inc-7" and d.victim == victim for d in ds)
-    # culprits that cannot cover the excess: the whole BE tier follows
-    small = Incident("inc-8", victim, Cause.NEIGHBOR_CPU, 0.0, 0.9, "runq_p99_ns", culprits=[a])
-    ds = incident_suppress_decisions(small, inputs, strategy, "kubepods/besteffort")
-    assert [d.target.cgroup for d in ds] == ["kubepods/besteffort/poda", "kubepods/besteffort"]
 
 
 # -- real cgroups -------------------------------------------------------------------------------
