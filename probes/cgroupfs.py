@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from probes.cgroupfiles import CGROUP_CONTROLLERS, PID_CGROUP, CgroupFileParseError
+from probes.cgroupfiles import CGROUP_CONTROLLERS, PID_CGROUP
 from probes.host import HostPaths
 
 V1_CONTROLLERS = frozenset(
@@ -103,15 +103,3 @@ def self_cgroups(paths: HostPaths | None = None, pid: int | str = "self") -> dic
     return PID_CGROUP.read(paths, pid=pid)
 
 
-def v2_cgroup_path(paths: HostPaths | None = None, pid: int | str = "self") -> str | None:
-    """The cgroup v2 path of a process (its `0::` line), or None if it exited or has no v2 line.
-
-    On hybrid hosts this is where the task's PSI is accounted, whatever its v1 cgroups are.
-    A v2 cgroup removed while the task is still being torn down reads as `/a/b (deleted)`.
-    """
-    paths = paths or HostPaths()
-    try:
-        cgroups = PID_CGROUP.read_or_none(paths, pid=pid)
-    except CgroupFileParseError:
-        return None
-    return None if cgroups is None else cgroups.get("", "").strip() or None

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal, NamedTuple
 
 from probes.cgroupfiles import CGROUP_PRESSURE, CPU_PRESSURE, PID_STATUS, PRESSURE, PROC_PRESSURE, PsiLine
-from probes.cgroupfs import CgroupLayout, v2_cgroup_path
+from probes.cgroupfs import CgroupLayout
 from probes.host import HostPaths
 
 RESOURCES: tuple[str, ...] = ("cpu", "memory", "io", "irq")
@@ -172,27 +172,6 @@ def cgroup_psi_source(layout: CgroupLayout, v2_path: str) -> CgroupPsiSource:
     """
     if layout.v2 is None:
         return CgroupPsiSource(None, "no cgroup v2 hierarchy on this host: per-cgroup PSI exists only in v2")
-    return _psi_state_of(layout.v2.path_of(v2_path))
-
-
-def cgroup_psi_source_for_pid(
-    layout: CgroupLayout, pid: int | str, paths: HostPaths | None = None
-) -> CgroupPsiSource:
-    """Per-cgroup PSI for the v2 cgroup a task is in (its `0::` line in /proc/<pid>/cgroup)."""
-    paths = paths or HostPaths()
-    if layout.v2 is None:
-        return CgroupPsiSource(None, "no cgroup v2 hierarchy on this host: per-cgroup PSI exists only in v2")
-    v2_path = v2_cgroup_path(paths, pid)
-    if v2_path is None:
-        if not (paths.proc / str(pid)).is_dir():
-            return CgroupPsiSource(None, f"pid {pid} exited")
-        return CgroupPsiSource(None, f"pid {pid} has no '0::' line in /proc/{pid}/cgroup")
-    if v2_path.endswith(" (deleted)"):
-        removed = v2_path.removesuffix(" (deleted)")
-        return CgroupPsiSource(None, f"pid {pid}'s v2 cgroup {removed} was removed")
-    if v2_path.startswith("/.."):
-        # Seen through a cgroup namespace: the path is relative to our namespace root.
-        return CgroupPsiSource(None, f"pid {pid}'s v2 cgroup {v2_path} is outside our cgroup namespace")
     return _psi_state_of(layout.v2.path_of(v2_path))
 
 

@@ -25,7 +25,6 @@ from probes.psi import (
     PsiTriggerWatcher,
     cgroup_psi_scope,
     cgroup_psi_source,
-    cgroup_psi_source_for_pid,
     has_cap_sys_resource,
     psi_rate,
     read_cgroup_pressure,
@@ -236,35 +235,6 @@ def test_psi_scope_per_layout(hybrid_host: Path, tmp_path_factory: pytest.TempPa
     assert cgroup_psi_scope(discover(HostPaths.under(v1_only))).startswith("none: no cgroup v2")
 
 
-def test_hybrid_pid_maps_to_unified_tree(hybrid_host: Path) -> None:
-    paths = HostPaths.under(hybrid_host)
-    layout = discover(paths)
-    assert layout.mode == "hybrid"
-    source = cgroup_psi_source_for_pid(layout, 42, paths)
-    assert source.available
-    assert source.cgroup_dir == hybrid_host / "sys/fs/cgroup/unified/system.slice/app.service"
-    assert set(read_cgroup_psi(source.cgroup_dir)) == {"cpu", "memory", "io"}
-
-
-@pytest.mark.parametrize(
-    ("cgroup_file", "expected"),
-    [
-        (None, "exited"),
-        ("1:cpu:/a\n", "no '0::' line"),
-        ("0::/system.slice/app.service (deleted)\n", "was removed"),
-        ("0::/../../outside\n", "outside our cgroup namespace"),
-        ("0::/not/there\n", "does not exist"),
-    ],
-)
-def test_pid_mapping_degrades_with_a_reason(hybrid_host: Path, cgroup_file: str | None, expected: str) -> None:
-    paths = HostPaths.under(hybrid_host)
-    if cgroup_file is not None:
-        write(hybrid_host / "proc/77/cgroup", cgroup_file)
-    source = cgroup_psi_source_for_pid(discover(paths), 77, paths)
-    assert not source.available
-    assert expected in (source.reason or "")
-
-
 # -- rates --------------------------------------------------------------------------------------
 
 
@@ -429,12 +399,13 @@ def test_node_psi_matches_the_files_read_back_to_back() -> None:
 
 @pytest.mark.vm
 @pytest.mark.root
-def test_real_cgroup_psi_follows_the_task(make_cgroup) -> None:
+def test_real_cgroup_psi_of_a_busy_cgroup(make_cgroup) -> None:
     require_unified_tree()
     cg = make_cgroup("psi", ("unified",))
     proc = spawn_busy(cg, 0.5)
     try:
-        source = cgroup_psi_source_for_pid(discover(), proc.pid)
+        layout = discover()
+        source = cgroup_psi_source(layout, "/" + str(cg.path("unified").relative_to(layout.v2.mount)))
         assert source.available, source.reason
         assert source.cgroup_dir == cg.path("unified")
         readings = read_cgroup_psi(source.cgroup_dir)
