@@ -101,5 +101,3 @@ def self_cgroups(paths: HostPaths | None = None, pid: int | str = "self") -> dic
     """The cgroup path of a process per controller (`cpu`, `memory`, ...) and `""` for v2."""
     paths = paths or HostPaths()
     return PID_CGROUP.read(paths, pid=pid)
-
-
