@@ -18,10 +18,7 @@ from actuators.cgroupfile import CgroupFiles, parse_cpu_list
 from actuators.journal import Journal
 from actuators.suppress import (
     CpuTopology,
-    CpuUsageSampler,
     SuppressActuator,
-    SuppressInputs,
-    be_allowed_cores,
 )
 from detector.decisions import ActionKind, Decision, SuppressAmount, Target
 from detector.policy import ResourceThresholdStrategy
@@ -29,6 +26,7 @@ from probes.cgroupfiles import CPU_MAX
 from probes.cgroupfs import discover
 from probes.cpuacct import read_cgroup_cpu
 from probes.host import HostPaths
+from testkit.koordlet_threshold import CpuUsageSampler, SuppressInputs, be_allowed_cores
 from testkit.sandbox import shield
 from testkit.tools import require_tool
 from tests.helpers_actuators import fake_cpu_topology, fake_v1_host, tree_hashes
