@@ -22,7 +22,8 @@ from probes.cgroupfiles import (
 )
 from probes.cgroupfs import discover
 from probes.cgroupwatch import CgroupWatch
-from probes.cpuacct import CgroupCpuReader, cpu_stat_unavailable_reason, read_cgroup_cpu
+from probes.cpuacct import CgroupCpuReader, read_cgroup_cpu
+from testkit.cpu_reasons import cpu_stat_unavailable_reason
 from tests.helpers_actuators import fake_v1_host, fake_v2_host
 
 CG = "kubepods.slice/kubepods-besteffort.slice"

@@ -20,12 +20,12 @@ from probes.cpuacct import (
     CgroupCpuReader,
     CgroupCpuStat,
     cpu_delta,
-    cpu_stat_unavailable_reason,
     locate_cpu_stat_dirs,
     read_cgroup_cpu,
     read_v1_cpu_stat,
 )
 from probes.host import HostPaths
+from testkit.cpu_reasons import cpu_stat_unavailable_reason
 from testkit.sandbox import OwnedCgroup, shield
 from testkit.timing import slowdown
 
