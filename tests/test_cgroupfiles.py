@@ -304,3 +304,26 @@ def test_the_opener_scan_finds_what_it_must(tmp_path: Path):
     assert openers["actuators/cgroupfile.py:read_file"] > 0  # open()
     assert openers["actuators/journal.py:JournalStore.load"] > 0  # Path.read_text
     assert openers["probes/memstat.py:MemStatReader.read"] > 0  # read_small
+
+
+def test_a_row_reads_itself_and_a_gone_task_reads_as_none(tmp_path: Path):
+    """KernelFile.read / read_or_none: the parsed value, None when the task exited (ESRCH/ENOENT from the
+    kernel), the parser's one-line error when the text is not the kernel's."""
+    import subprocess
+    import sys
+
+    from probes.cgroupfiles import PID_CGROUP, PID_STAT
+    from probes.host import HostPaths
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert PID_STAT.read_or_none(HostPaths(), pid=child.pid) is None  # reaped: /proc/<pid> is gone
+    assert PID_STAT.read(HostPaths(), pid="self").cpu_s >= 0
+    fake = HostPaths.under(tmp_path)
+    (fake.proc / "7").mkdir(parents=True)
+    (fake.proc / "7/cgroup").write_text("0::/a.slice\n3:cpu,cpuacct:/b\n1:name=systemd:/c\n")
+    assert PID_CGROUP.read(fake, pid=7) == {"": "/a.slice", "cpu": "/b", "cpuacct": "/b"}
+    (fake.proc / "7/cgroup").write_text("garbage\n")
+    with pytest.raises(CgroupFileParseError) as e:
+        PID_CGROUP.read_or_none(fake, pid=7)
+    assert "\n" not in str(e.value) and "garbage" in str(e.value)
