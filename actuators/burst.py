@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from actuators.base import FileWrite, Plan, Refused
-from actuators.cgroupfile import CgroupFileError, CgroupFiles, CgroupVanished, Resource
+from actuators.cgroupfile import CgroupFileError, CgroupFiles, CgroupVanished
 from actuators.journal import Journal, JournaledFileActuator
 from detector.decisions import ActionKind, BurstAmount, Decision, Target
 from detector.policy import CpuBurstStrategy
+from probes.cgroupfiles import CPU_BURST, CPU_MAX
 from probes.cpuacct import read_cgroup_cpu
 from probes.procstat import ProcStatReader
 
@@ -56,13 +57,13 @@ class BurstActuator(JournaledFileActuator):
     def base_quota_us(self, cgroup: str) -> tuple[int | None, int]:
         """(quota before we touched it or None if unlimited, period)."""
         current = self.files.read_cpu_max(cgroup)
-        if self.files.version(Resource.CPU_QUOTA) == 1:
-            original = self.journal.original(str(self.files.path(Resource.CPU_QUOTA, cgroup)))
+        if self.files.version(CPU_MAX) == 1:
+            original = self.journal.original(str(self.files.path(CPU_MAX, cgroup)))
             if original is not None:
                 q = int(original)
                 return (None if q < 0 else q), current.period_us
         else:
-            original = self.journal.original(str(self.files.path(Resource.CPU_QUOTA, cgroup)))
+            original = self.journal.original(str(self.files.path(CPU_MAX, cgroup)))
             if original is not None:
                 q_txt, p_txt = original.split()
                 return (None if q_txt == "max" else int(q_txt)), int(p_txt)
@@ -77,13 +78,13 @@ class BurstActuator(JournaledFileActuator):
         with a quota is scaled by the same factor (which keeps child <= parent, as cgroup v1 demands).
         """
         levels: list[QuotaLevel] = []
-        for cg in self.files.descendants(Resource.CPU_QUOTA, cgroup):
+        for cg in self.files.descendants(CPU_MAX, cgroup):
             base, period = self.base_quota_us(cg)
             if base is None:
                 continue
             current = self.files.read_cpu_max(cg)
             cur = current.quota_us if current.quota_us is not None else base
-            has_burst = self.files.exists(Resource.CPU_BURST, cg)
+            has_burst = self.files.exists(CPU_BURST, cg)
             levels.append(QuotaLevel(cg, base, period, cur, self.files.read_burst_us(cg) if has_burst else None))
         return levels
 

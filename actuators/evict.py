@@ -22,9 +22,6 @@ Limits: a per-node rate limit (``evictions_per_minute`` pods in any 60 s) and a 
 after an eviction (CPU 20 s, memory 4 s, koordlet's defaults); the clock is injectable. A 429 is
 recorded and the next candidate is tried; the PDB-blocked pod is skipped by later plans for
 ``pdb_backoff_seconds``. A 404 means the pod is already gone (recorded, not counted).
-
-Koordlet's two threshold triggers are here too, as pure functions that build decisions:
-:func:`cpu_satisfaction_release` and :func:`memory_release`.
 """
 
 from __future__ import annotations
@@ -34,84 +31,19 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from actuators.base import ActionError, ApiCall, Plan, Refused
 from detector.decisions import ActionKind, Decision, EvictAmount, Target
 from detector.pods import PodInfo
-from detector.policy import ActuatorPolicy, ResourceThresholdStrategy
+from detector.policy import ActuatorPolicy
 
 log = logging.getLogger("noisyneighbor.actuators.evict")
 
 REASONS = ("interference", "cpu_satisfaction", "memory_threshold")
 _NO_EVICTION_PRIORITY = math.inf  # pods without the annotation go after annotated ones
-
-
-# -- koordlet's triggers ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class BeCpuSample:
-    """One collection of the BE class's CPU: what it may use (real limit), asked for, and used, in cores."""
-
-    at: float
-    real_limit_cores: float
-    request_cores: float
-    usage_cores: float
-
-
-def _release_by_satisfaction(request: float, real_limit: float, usage: float, rt: ResourceThresholdStrategy) -> float:
-    if request <= 0 or real_limit <= 0:
-        return 0.0
-    if usage / real_limit < rt.cpu_evict_be_usage_threshold_percent / 100:
-        return 0.0  # BE is not using what it has: a low satisfaction is not hurting it
-    satisfaction = real_limit / request
-    # koordlet: no release while satisfaction > lower (so exactly at the lower bound it evicts)
-    if satisfaction > rt.cpu_evict_be_satisfaction_lower_percent / 100:
-        return 0.0
-    gap = rt.cpu_evict_be_satisfaction_upper_percent / 100 - satisfaction
-    return max(0.0, request * gap)
-
-
-def cpu_satisfaction_release(
-    samples: Sequence[BeCpuSample], now: float, rt: ResourceThresholdStrategy, interval_seconds: float
-) -> float:
-    """Cores of BE requests to evict, koordlet's CPU-evict rule; 0 when nothing should go.
-
-    Over the window (``cpu_evict_time_window_seconds``) the averages must show BE usage/limit at or
-    above the usage threshold and satisfaction (real limit / request) at or below the lower percent;
-    release = request * (upper% - satisfaction). The same is computed on the current sample (the
-    newest within two intervals) and the smaller of the two wins. With fewer than a third of the
-    samples the window should hold, nothing is decided.
-    """
-    window = rt.cpu_evict_time_window_seconds
-    in_window = [s for s in samples if now - window <= s.at <= now]
-    expected = window / interval_seconds
-    if not in_window or len(in_window) < expected / 3:
-        return 0.0
-    n = len(in_window)
-    by_window = _release_by_satisfaction(
-        sum(s.request_cores for s in in_window) / n, sum(s.real_limit_cores for s in in_window) / n,
-        sum(s.usage_cores for s in in_window) / n, rt)
-    if by_window <= 0:
-        return 0.0
-    current = max(in_window, key=lambda s: s.at)
-    if now - current.at > 2 * interval_seconds:
-        return 0.0
-    by_current = _release_by_satisfaction(current.request_cores, current.real_limit_cores, current.usage_cores, rt)
-    return min(by_window, by_current) if by_current > 0 else 0.0
-
-
-def memory_release(capacity_bytes: int, used_bytes: int, rt: ResourceThresholdStrategy) -> int:
-    """Bytes to free, koordlet's memory-evict rule: from threshold% used, down to lower% (threshold - 2)."""
-    if capacity_bytes <= 0:
-        return 0
-    used_percent = used_bytes * 100 / capacity_bytes
-    if used_percent < rt.memory_evict_threshold_percent:
-        return 0
-    return max(0, int(capacity_bytes * (used_percent - rt.memory_evict_lower) / 100))
 
 
 # -- records ----------------------------------------------------------------------------------

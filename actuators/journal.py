@@ -156,38 +156,26 @@ ReadFn = Callable[[str], str]
 WriteFn = Callable[[str, str], None]
 
 
-class Journal:
-    def __init__(
-        self,
-        directory: str | os.PathLike[str] = DEFAULT_JOURNAL_DIR,
-        *,
-        read: ReadFn | None = None,
-        write: WriteFn | None = None,
-    ) -> None:
-        self.directory = Path(directory)
-        self._read: ReadFn = read or read_file
-        self._write: WriteFn = write or write_file
-        self._lock = threading.RLock()
-        self._entries: dict[str, JournalEntry] = {}
-        self._seq = 0
-        # per action, what it wrote (in memory: after a crash only originals matter)
-        self._actions: dict[str, list[AppliedWrite]] = {}
+class JournalStore:
+    """The journal's file: its format and versions (module docstring), read whole, saved atomically."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise JournalError(f"cannot create journal directory {self.directory}: {e.strerror or e}") from None
-        self._load()
 
     @property
     def file(self) -> Path:
         return self.directory / JOURNAL_FILE
 
-    # -- persistence -------------------------------------------------------------------------
-    def _load(self) -> None:
+    def load(self) -> list[JournalEntry]:
+        """The entries on disk ([] without a file); JournalError when the file is unreadable, corrupt or too new."""
         try:
             raw = self.file.read_text()
         except FileNotFoundError:
-            return
+            return []
         except OSError as e:
             raise JournalError(f"cannot read journal {self.file}: {e.strerror or e}") from None
         try:
@@ -208,17 +196,17 @@ class Journal:
             # The reason may quote the file (a key with a newline in it): one line, whatever it holds.
             reason = " ".join(str(e).split())
             raise JournalError(f"journal {self.file} is corrupt ({reason}); inspect it, then remove it") from None
-        self._entries = {e.path: e for e in entries}
-        self._seq = max((e.seq for e in entries), default=0)
+        return entries
 
-    def _save(self, *, sync_directory: bool = True) -> None:
+    def save(self, entries: Iterable[JournalEntry], *, sync_directory: bool = True) -> None:
         """Put the entries on disk: a temp file, fsynced, renamed over the journal.
 
         ``sync_directory=False`` leaves the rename itself to the next commit of the filesystem: after a
         crash the journal is then the previous version or this one, both complete. Apply uses it for the
         state after its writes: the version before them (made durable first) already restores them.
         """
-        if not self._entries:
+        ordered = sorted(entries, key=lambda e: e.seq)
+        if not ordered:
             self._remove_file()
             return
         doc = {
@@ -226,7 +214,7 @@ class Journal:
             "min_reader_version": MIN_READER_VERSION,
             "pid": os.getpid(),
             "saved_at": time.time(),
-            "entries": [asdict(e) for e in sorted(self._entries.values(), key=lambda e: e.seq)],
+            "entries": [asdict(e) for e in ordered],
         }
         data = json.dumps(doc, indent=1, sort_keys=True).encode()
         try:
@@ -260,6 +248,40 @@ class Journal:
             pass
         except OSError as e:
             raise JournalError(f"cannot remove empty journal {self.file}: {e.strerror or e}") from None
+
+
+class Journal:
+    """Owned files, their originals and what each action wrote; the file side is :class:`JournalStore`."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] = DEFAULT_JOURNAL_DIR,
+        *,
+        read: ReadFn | None = None,
+        write: WriteFn | None = None,
+    ) -> None:
+        self._store = JournalStore(Path(directory))
+        self.directory = self._store.directory
+        self._read: ReadFn = read or read_file
+        self._write: WriteFn = write or write_file
+        self._lock = threading.RLock()
+        self._entries: dict[str, JournalEntry] = {}
+        self._seq = 0
+        # per action, what it wrote (in memory: after a crash only originals matter)
+        self._actions: dict[str, list[AppliedWrite]] = {}
+        self._load()
+
+    @property
+    def file(self) -> Path:
+        return self._store.file
+
+    def _load(self) -> None:
+        entries = self._store.load()
+        self._entries = {e.path: e for e in entries}
+        self._seq = max((e.seq for e in entries), default=0)
+
+    def _save(self, *, sync_directory: bool = True) -> None:
+        self._store.save(self._entries.values(), sync_directory=sync_directory)
 
     # -- queries -----------------------------------------------------------------------------
     def owned(self) -> dict[str, JournalEntry]:

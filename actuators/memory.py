@@ -24,9 +24,10 @@ from __future__ import annotations
 import os
 
 from actuators.base import FileWrite, Plan, Refused
-from actuators.cgroupfile import CgroupFileError, CgroupFiles, CgroupVanished, Resource
+from actuators.cgroupfile import CgroupFileError, CgroupFiles, CgroupVanished
 from actuators.journal import Journal, JournaledFileActuator
 from detector.decisions import ActionKind, Decision, MemorySuppressAmount
+from probes.cgroupfiles import MEMORY_HIGH, MEMORY_USAGE
 from probes.memstat import read_memstat, read_node_memory
 
 UNLIMITED_V1 = 1 << 62  # v1 reads an unlimited limit as a page-rounded 2^63 - 1
@@ -54,8 +55,8 @@ class MemorySuppressActuator(JournaledFileActuator):
                           f"{decision.target.qos or 'of unknown QoS'}")
         cgroup = decision.target.cgroup.strip("/")
         try:
-            usage = int(self.files.read_raw(Resource.MEMORY_USAGE, cgroup).strip())
-            limit_text = self.files.read_raw(Resource.MEMORY_LIMIT, cgroup).strip()
+            usage = int(self.files.read_raw(MEMORY_USAGE, cgroup).strip())
+            limit_text = self.files.read_raw(MEMORY_HIGH, cgroup).strip()
         except CgroupVanished as e:
             raise Refused(f"target is gone: {e}") from None
         except (CgroupFileError, ValueError) as e:
@@ -69,7 +70,7 @@ class MemorySuppressActuator(JournaledFileActuator):
                           f"{amount.floor_bytes >> 20} MiB floor")
         if limit is not None and cap >= limit:
             raise Refused(f"{decision.target.display} already has a memory limit of {limit >> 20} MiB <= {cap >> 20} MiB")
-        path = self.files.path(Resource.MEMORY_LIMIT, cgroup)
+        path = self.files.path(MEMORY_HIGH, cgroup)
         write = FileWrite(str(path), limit_text, str(cap))
         return Plan(decision, f"memory suppress {decision.target.display}: limit "
                               f"{'none' if limit is None else f'{limit >> 20} MiB'} -> {cap >> 20} MiB "

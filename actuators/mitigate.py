@@ -46,7 +46,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from actuators.base import ActionOutcome, ActionRecord, ActionState
-from actuators.cgroupfile import CgroupFileError, CgroupFiles, Resource
+from actuators.cgroupfile import CgroupFileError, CgroupFiles
 from detector.causes import Mitigation, neighbor_cpu, reclaim, softirq, spec
 from detector.causes.softirq import softirq_traffic_decision, traffic_share
 from detector.decisions import (
@@ -63,7 +63,16 @@ from detector.decisions import (
 from detector.model import Culprit, Evidence, Incident
 from detector.pods import PodInfo
 from detector.policy import ActuatorPolicy
-from probes.cgroupfiles import PID_NET_DEV, PID_STAT, PID_STATUS, SYS_CPU_ONLINE, CgroupFileParseError, format_cpu_list
+from probes.cgroupfiles import (
+    CPU_MAX,
+    PID_NET_DEV,
+    PID_NS_NET,
+    PID_STAT,
+    PID_STATUS,
+    SYS_CPU_ONLINE,
+    CgroupFileParseError,
+    format_cpu_list,
+)
 from probes.cpuacct import read_cgroup_cpu
 from probes.host import HostPaths
 
@@ -77,11 +86,11 @@ def task_sched(proc: Path, pid: int) -> tuple[int, float, set[int]] | None:
     """(scheduling policy, CPU seconds, allowed CPUs) of a task; None when it is gone or its files are
     not what the kernel writes (probes.cgroupfiles: PID_STAT, PID_STATUS and their one parser each)."""
     try:
-        stat = PID_STAT.parse_text((proc / PID_STAT.path.format(pid=pid)).read_text())
-        allowed = PID_STATUS.parse_text((proc / PID_STATUS.path.format(pid=pid)).read_text())
+        stat = PID_STAT.read(HostPaths(proc=proc), pid=pid)
+        status = PID_STATUS.read(HostPaths(proc=proc), pid=pid)
     except (OSError, CgroupFileParseError):
         return None
-    return stat.policy, stat.cpu_s, set(allowed)
+    return stat.policy, stat.cpu_s, set(status.cpus_allowed)
 
 
 def requests_from(pods: Callable[[], Iterable[PodInfo]]) -> Callable[[Target], float | None]:
@@ -109,7 +118,6 @@ class NetnsTrafficSampler:
     def __init__(self, files: CgroupFiles, clock: Callable[[], float] = time.monotonic,
                  min_interval_s: float = 0.5) -> None:
         self.files = files
-        self.proc = Path(files.paths.proc)
         self._clock = clock
         self.min_interval_s = min_interval_s
         self._prev: dict[str, tuple[float, int, int]] = {}  # cgroup -> (t, packets, usage ns)
@@ -117,14 +125,14 @@ class NetnsTrafficSampler:
 
     def _host_netns(self) -> int | None:
         try:
-            return os.stat(self.proc / "1/ns/net").st_ino
+            return os.stat(PID_NS_NET.at(self.files.paths, pid=1)).st_ino
         except OSError:
             return None
 
     def _one(self, cgroup: str) -> tuple[int | None, int, bool] | None:
         """(netns packets or None, usage ns, host network) of a pod cgroup; None when it is gone."""
         try:
-            tree = self.files.descendants(Resource.CPU_QUOTA, cgroup)
+            tree = self.files.descendants(CPU_MAX, cgroup)
             pids = [p for cg in tree for p in self.files.read_procs(cg)]
         except (CgroupFileError, OSError):
             return None
@@ -133,11 +141,11 @@ class NetnsTrafficSampler:
         host = self._host_netns()
         for pid in pids:
             try:
-                ino = os.stat(self.proc / f"{pid}/ns/net").st_ino
-                text = (self.proc / PID_NET_DEV.path.format(pid=pid)).read_text()
+                ino = os.stat(PID_NS_NET.at(self.files.paths, pid=pid)).st_ino
+                packets = PID_NET_DEV.read(self.files.paths, pid=pid)
             except OSError:
                 continue  # exited: try the next task
-            return PID_NET_DEV.parse_text(text), usage, host is not None and ino == host
+            return packets, usage, host is not None and ino == host
         return None, usage, False
 
     def sample(self, targets: Iterable[Target]) -> list[PodTraffic]:
@@ -433,7 +441,7 @@ class MitigationPlanner:
         assert self.sampler is not None
         files = self.sampler.files
         try:
-            return [p for cg in files.descendants(Resource.CPU_QUOTA, target.cgroup.strip("/"))
+            return [p for cg in files.descendants(CPU_MAX, target.cgroup.strip("/"))
                     for p in files.read_procs(cg)]
         except (CgroupFileError, OSError):
             return []
@@ -538,7 +546,7 @@ class MitigationPlanner:
         files = getattr(self.sampler, "files", None)
         paths = files.paths if files is not None else HostPaths()
         try:
-            return sorted(SYS_CPU_ONLINE.parse_text(SYS_CPU_ONLINE.at(paths).read_text()))
+            return sorted(SYS_CPU_ONLINE.read(paths))
         except (OSError, CgroupFileParseError):
             return []
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""CPU suppress of best-effort cgroups: koordlet's formula and both of its policies, plus culprits first.
+"""CPU suppress of best-effort cgroups: koordlet's formula and both of its policies.
 
 koordlet (qosmanager ``cpusuppress``), every round::
 
@@ -14,35 +14,30 @@ koordlet (qosmanager ``cpusuppress``), every round::
   target and every cgroup below it (a v1 child's cpuset must stay inside its parent's).
 - Restore: at shutdown the journal restores the original values.
 
-Beyond koordlet: :func:`incident_suppress_decisions` caps the ranked culprit cgroups of an incident
-first, and only falls back to the whole BE tier for what they cannot cover.
-
-Inputs come from :class:`CpuUsageSampler` (``/proc/stat`` and per-cgroup cpuacct under the host root),
-so tests can fake them.
+koordlet's threshold trigger itself (its inputs from /proc/stat and cpuacct, the tier-wide decision) is
+not the agent's: the bench's koordlet scenario and the tests take it from ``testkit.koordlet_threshold``.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from actuators.base import FileWrite, Plan, Refused
-from actuators.cgroupfile import CgroupFiles, CgroupVanished, Resource
+from actuators.cgroupfile import CgroupFiles, CgroupVanished
 from actuators.journal import Journal, JournaledFileActuator
-from detector.decisions import ActionKind, Decision, SuppressAmount, Target
-from detector.model import Incident
+from detector.decisions import ActionKind, Decision, SuppressAmount
 from detector.policy import ResourceThresholdStrategy
 from probes.cgroupfiles import (
+    CPU_BURST,
+    CPUSET_CPUS,
     SYS_CPU_ONLINE,
     SYS_CPU_THREAD_SIBLINGS,
     SYS_NODE_CPULIST,
     format_cpu_list,
 )
-from probes.cpuacct import read_cgroup_cpu
-from probes.host import HostPaths, read_text_or_none
-from probes.procstat import ProcStatReader
+from probes.host import HostPaths
 
 MIN_QUOTA_US = 2000
 DEAD_BAND_FRACTION = 0.01  # of node capacity
@@ -59,92 +54,6 @@ def normalize_policy(policy: str) -> str:
     raise ValueError(f"unknown CPU suppress policy {policy!r} (cpuset or cfsQuota)")
 
 
-# -- inputs -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SuppressInputs:
-    """CPU use over the last interval, in cores."""
-
-    capacity_cores: float
-    node_used_cores: float
-    pods_used_cores: float  # all pods, BE included
-    be_used_cores: float
-    host_apps_used_cores: float = 0.0  # non-BE host applications with their own cgroups
-    node_reserved_cores: float = 0.0
-
-    @property
-    def non_be_pods_cores(self) -> float:
-        return max(0.0, self.pods_used_cores - self.be_used_cores)
-
-    @property
-    def system_cores(self) -> float:
-        return max(self.node_used_cores - self.pods_used_cores - self.host_apps_used_cores, self.node_reserved_cores)
-
-
-def be_allowed_cores(inputs: SuppressInputs, threshold_percent: float) -> float:
-    """koordlet's formula; may be negative (then the floor applies)."""
-    return (inputs.capacity_cores * threshold_percent / 100.0 - inputs.non_be_pods_cores
-            - inputs.host_apps_used_cores - inputs.system_cores)
-
-
-class CpuUsageSampler:
-    """Node and cgroup CPU use between two calls of :meth:`sample`, as :class:`SuppressInputs`."""
-
-    def __init__(
-        self,
-        files: CgroupFiles,
-        pods_cgroup: str,
-        be_cgroups: Sequence[str],
-        host_app_cgroups: Sequence[str] = (),
-        node_reserved_cores: float = 0.0,
-    ) -> None:
-        self.files = files
-        self.pods_cgroup = pods_cgroup
-        self.be_cgroups = list(be_cgroups)
-        self.host_app_cgroups = list(host_app_cgroups)
-        self.node_reserved_cores = node_reserved_cores
-        self._proc_stat = ProcStatReader(files.paths)  # read at each sample: its interval is the caller's
-        self._prev: tuple[tuple[int, int, int], dict[str, int]] | None = None
-
-    def _usage_ns(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for cg in {self.pods_cgroup, *self.be_cgroups, *self.host_app_cgroups}:
-            stat = read_cgroup_cpu(self.files.layout, cg)
-            out[cg] = stat.usage_ns if stat is not None else 0
-        return out
-
-    def sample(self) -> SuppressInputs | None:
-        """None on the first call (no interval yet) or when the node counters did not move."""
-        node = self._proc_stat.node_ticks(read_now=True)
-        usage = self._usage_ns()
-        prev, self._prev = self._prev, (node, usage)
-        if prev is None:
-            return None
-        (busy0, total0, _), usage0 = prev
-        busy1, total1, ncpu = node
-        if total1 <= total0 or ncpu == 0:
-            return None
-        # ticks summed over CPUs -> wall seconds of the interval = dticks / ncpu / USER_HZ; cores = ns / wall ns
-        wall_ns = (total1 - total0) / ncpu / _user_hz() * 1e9
-
-        def cores(names: Iterable[str]) -> float:
-            return sum(max(0, usage[n] - usage0.get(n, usage[n])) for n in names) / wall_ns
-
-        return SuppressInputs(
-            capacity_cores=float(ncpu),
-            node_used_cores=ncpu * (busy1 - busy0) / (total1 - total0),
-            pods_used_cores=cores([self.pods_cgroup]),
-            be_used_cores=cores(self.be_cgroups),
-            host_apps_used_cores=cores(self.host_app_cgroups),
-            node_reserved_cores=self.node_reserved_cores,
-        )
-
-
-def _user_hz() -> int:
-    return os.sysconf("SC_CLK_TCK")
-
-
 # -- CPU topology -------------------------------------------------------------------------------
 
 
@@ -156,22 +65,18 @@ class CpuTopology:
 
     @classmethod
     def read(cls, paths: HostPaths) -> CpuTopology:
-        online = SYS_CPU_ONLINE.at(paths)
-        online_text = read_text_or_none(online)
-        if online_text is None:
-            raise FileNotFoundError(f"{online} is missing")
-        cpus = SYS_CPU_ONLINE.parse_text(online_text)
+        cpus = SYS_CPU_ONLINE.read_or_none(paths)
+        if cpus is None:
+            raise FileNotFoundError(f"{SYS_CPU_ONLINE.at(paths)} is missing")
         siblings: dict[int, tuple[int, ...]] = {}
         for c in cpus:
-            text = read_text_or_none(SYS_CPU_THREAD_SIBLINGS.at(paths, cpu=c))
-            group = SYS_CPU_THREAD_SIBLINGS.parse_text(text) if text else (c,)
+            group = SYS_CPU_THREAD_SIBLINGS.read_or_none(paths, cpu=c) or (c,)
             siblings[c] = tuple(x for x in group if x in cpus) or (c,)
         node_of = dict.fromkeys(cpus, 0)
         node_dir = SYS_NODE_CPULIST.at(paths, node=0).parent.parent
         if node_dir.is_dir():
             for d in sorted(node_dir.glob("node[0-9]*")):
-                text = read_text_or_none(SYS_NODE_CPULIST.at(paths, node=d.name[4:]))
-                for c in SYS_NODE_CPULIST.parse_text(text) if text else ():
+                for c in SYS_NODE_CPULIST.read_or_none(paths, node=d.name[4:]) or ():
                     if c in node_of:
                         node_of[c] = int(d.name[4:])
         return cls(cpus, siblings, node_of)
@@ -285,7 +190,7 @@ class SuppressActuator(JournaledFileActuator):
         )
 
     def _burst_or_none(self, cgroup: str) -> int | None:
-        if not self.files.exists(Resource.CPU_BURST, cgroup):
+        if not self.files.exists(CPU_BURST, cgroup):
             return None
         return self.files.read_burst_us(cgroup)
 
@@ -324,71 +229,16 @@ class SuppressActuator(JournaledFileActuator):
 
     def cpuset_writes(self, cgroup: str, new: Sequence[int]) -> list[FileWrite]:
         """Union of old and new top-down, then new bottom-up, over the cgroup and everything below it."""
-        tree = self.files.descendants(Resource.CPUSET_CPUS, cgroup)
+        tree = self.files.descendants(CPUSET_CPUS, cgroup)
         olds = {cg: self.files.read_cpus(cg) for cg in tree}
         writes: list[FileWrite] = []
         for cg in tree:
             union = set(olds[cg]) | set(new)
             if union != set(olds[cg]):
-                writes.append(FileWrite(str(self.files.path(Resource.CPUSET_CPUS, cg)), format_cpu_list(olds[cg]),
+                writes.append(FileWrite(str(self.files.path(CPUSET_CPUS, cg)), format_cpu_list(olds[cg]),
                                         format_cpu_list(union)))
         for cg in reversed(tree):
             if set(new) != set(olds[cg]):
                 old = format_cpu_list(set(olds[cg]) | set(new))
-                writes.append(FileWrite(str(self.files.path(Resource.CPUSET_CPUS, cg)), old, format_cpu_list(new)))
+                writes.append(FileWrite(str(self.files.path(CPUSET_CPUS, cg)), old, format_cpu_list(new)))
         return writes
-
-
-# -- decisions ----------------------------------------------------------------------------------
-
-
-def threshold_suppress_decision(
-    inputs: SuppressInputs, strategy: ResourceThresholdStrategy, be_cgroup: str, display: str | None = None
-) -> Decision | None:
-    """koordlet's threshold policy for the whole BE tier; None when disabled."""
-    if not strategy.enable:
-        return None
-    allowed = be_allowed_cores(inputs, strategy.cpu_suppress_threshold_percent)
-    policy = normalize_policy(strategy.cpu_suppress_policy)
-    cores = max(allowed, MIN_QUOTA_US / 100_000 if policy == "cfsQuota" else float(strategy.cpu_suppress_min_cpus))
-    reason = (f"node {inputs.node_used_cores:.2f}/{inputs.capacity_cores:.0f} cores used, threshold "
-              f"{strategy.cpu_suppress_threshold_percent} %: BE allowed {allowed:.2f} cores (uses {inputs.be_used_cores:.2f})")
-    target = Target(be_cgroup, qos="BE", pod=display)
-    return Decision(ActionKind.SUPPRESS, target, SuppressAmount("cfs_quota" if policy == "cfsQuota" else "cpuset",
-                                                                cpu_cores=cores), reason)
-
-
-def incident_suppress_decisions(
-    incident: Incident,
-    inputs: SuppressInputs,
-    strategy: ResourceThresholdStrategy,
-    be_cgroup: str,
-    victim_signal: str | None = None,
-    min_cores: float = 0.1,
-) -> list[Decision]:
-    """Culprits first: cap the incident's BE culprits (highest score first) by the BE excess; whatever they
-    cannot cover falls back to the whole BE tier. Each decision names the incident and its victim."""
-    allowed = be_allowed_cores(inputs, strategy.cpu_suppress_threshold_percent)
-    excess = inputs.be_used_cores - max(0.0, allowed)
-    policy = "cfs_quota" if normalize_policy(strategy.cpu_suppress_policy) == "cfsQuota" else "cpuset"
-    signal = victim_signal or incident.signal
-    decisions: list[Decision] = []
-    for culprit in sorted(incident.culprits, key=lambda c: -c.score):
-        if excess <= 0:
-            break
-        if (culprit.target.qos or "").upper() != "BE" or culprit.cpu_cores <= min_cores:
-            continue
-        cut = min(excess, culprit.cpu_cores - min_cores)
-        cap = culprit.cpu_cores - cut
-        excess -= cut
-        decisions.append(Decision(
-            ActionKind.SUPPRESS, culprit.target, SuppressAmount(policy, cpu_cores=cap),
-            f"culprit of {incident.incident_id} (score {culprit.score:.2f}, {culprit.cpu_cores:.2f} cores): cap to {cap:.2f}",
-            incident_id=incident.incident_id, victim=incident.victim, victim_signal=signal))
-    if excess > 0:
-        tier = threshold_suppress_decision(inputs, strategy, be_cgroup)
-        if tier is not None:
-            decisions.append(Decision(tier.kind, tier.target, tier.amount, tier.reason + " (culprits did not cover it)",
-                                      incident_id=incident.incident_id, victim=incident.victim, victim_signal=signal))
-    return decisions
-

@@ -228,8 +228,8 @@ def kubelet_reservation(doc: Any, capacity_memory_bytes: float = 0.0, source: st
     return Reservation(cpu, memory, source)
 
 
-def read_kubelet_config(path: str | Path, capacity_memory_bytes: float = 0.0) -> Reservation | None:
-    """The kubelet's reservation from its config file; None when there is no such file."""
+def _load_kubelet_config(path: str | Path) -> Any:
+    """The kubelet's config file as a YAML document; None when there is no such file."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -238,10 +238,15 @@ def read_kubelet_config(path: str | Path, capacity_memory_bytes: float = 0.0) ->
     except (OSError, UnicodeDecodeError) as e:
         raise ReservationError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     try:
-        doc = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError:
         raise ReservationError(f"{p}: not valid YAML") from None
-    return kubelet_reservation(doc, capacity_memory_bytes, source=str(p))
+
+
+def read_kubelet_config(path: str | Path, capacity_memory_bytes: float = 0.0) -> Reservation | None:
+    """The kubelet's reservation from its config file; None when there is no such file."""
+    doc = _load_kubelet_config(path)
+    return None if doc is None else kubelet_reservation(doc, capacity_memory_bytes, source=str(path))
 
 
 KUBELET_DEFAULT_MAX_PODS = 110  # the kubelet's maxPods where its configuration does not set it
@@ -251,8 +256,8 @@ def kubelet_max_pods(path: str | Path) -> int | None:
     """The pods the kubelet may run (its configuration's ``maxPods``, the kubelet's default where the
     file does not set it); None when there is no such file or it cannot be read as one."""
     try:
-        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        doc = _load_kubelet_config(path)
+    except ReservationError:
         return None
     if isinstance(doc, Mapping) and isinstance(doc.get("kubeletconfig"), Mapping):
         doc = doc["kubeletconfig"]

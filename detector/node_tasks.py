@@ -14,13 +14,10 @@ from pathlib import Path
 
 from detector.model import TaskShare
 from probes.cgroupfiles import CGROUP_PROCS, PID_STAT, CgroupFileParseError
+from probes.host import HostPaths
 
 MAX_PROCS = 4096  # a root cgroup with more processes is read for its first this many
 TOP_TASKS = 3
-
-
-def _comm(stat_text: str) -> str:
-    return stat_text[stat_text.find("(") + 1:stat_text.rfind(")")]
 
 
 class NodeTasks:
@@ -29,7 +26,7 @@ class NodeTasks:
 
     def __init__(self, cgroup_dir: Callable[[str], Path | None], proc: Path = Path("/proc")) -> None:
         self.cgroup_dir = cgroup_dir
-        self.proc = proc
+        self.paths = HostPaths(proc=proc)
         self._prev: dict[str, dict[int, float]] = {}  # key -> pid -> CPU seconds at the previous read
 
     def top(self, key: str, n: int = TOP_TASKS) -> tuple[TaskShare, ...]:
@@ -38,18 +35,17 @@ class NodeTasks:
             return ()
         try:
             # cgroup.procs: the same name and format on v1 and v2
-            pids = CGROUP_PROCS.parse(2, (d / CGROUP_PROCS.name(2)).read_text())[:MAX_PROCS]
+            pids = CGROUP_PROCS.read(d, 2)[:MAX_PROCS]
         except (OSError, CgroupFileParseError):
             return ()
         now: dict[int, float] = {}
         comms: dict[int, str] = {}
         for pid in pids:
             try:
-                text = (self.proc / PID_STAT.path.format(pid=pid)).read_text()
-                now[pid] = PID_STAT.parse_text(text).cpu_s
+                stat = PID_STAT.read(self.paths, pid=pid)
             except (OSError, CgroupFileParseError):
                 continue  # exited since the list was read
-            comms[pid] = _comm(text)
+            now[pid], comms[pid] = stat.cpu_s, stat.comm
         prev = self._prev.get(key)
         self._prev[key] = now
         if prev is None:

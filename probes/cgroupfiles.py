@@ -9,7 +9,6 @@ declaration              controller v1 file(s)                                  
 ======================== ========== ============================================ =========================
 CPU_MAX                  cpu        ``cpu.cfs_quota_us`` + ``cpu.cfs_period_us`` ``cpu.max``
 CPU_BURST                cpu        ``cpu.cfs_burst_us``                         ``cpu.max.burst``
-CPU_WEIGHT               cpu        ``cpu.shares``                               ``cpu.weight``
 CPU_STAT                 cpu        ``cpu.stat``                                 ``cpu.stat``
 CPUACCT_USAGE            cpuacct    ``cpuacct.usage``                            -
 CPUACCT_USAGE_PERCPU     cpuacct    ``cpuacct.usage_percpu``                     -
@@ -31,35 +30,46 @@ CGROUP_THREADS           cpu        ``tasks``                                   
 ======================== ========== ============================================ =========================
 
 /proc and /sys files (:class:`KernelFile`, paths under ``HostPaths.proc`` / ``HostPaths.sys``):
-PROC_STAT, PROC_VMSTAT, PROC_ZONEINFO, PROC_SOFTIRQS, PROC_PRESSURE, PID_CGROUP, PID_STAT, PID_STATUS,
-PID_NET_DEV, PID_NET_SNMP, PID_NET_NETSTAT, PID_NET_FIB_TRIE, PID_NET_IF_INET6, PID_MAX, PROC_SELF_FDINFO,
-SYS_CPU_ONLINE,
-SYS_CPU_THREAD_SIBLINGS, SYS_NODE_CPULIST, PROC_CPUINFO, PROC_MOUNTS.
+PROC_STAT, PROC_VMSTAT, PROC_ZONEINFO, PROC_PRESSURE, PID_CGROUP, PID_STAT, PID_STATUS,
+PID_NET_DEV, PID_NET_SNMP, PID_NET_NETSTAT, PID_NET_FIB_TRIE, PID_NET_IF_INET6, PID_NS_NET, PID_MAX,
+PROC_SELF_FDINFO, SYS_CPU_ONLINE, SYS_CPU_POSSIBLE, SYS_CPU_THREAD_SIBLINGS, SYS_NODE_CPULIST, PROC_CPUINFO,
+PROC_MOUNTS.
+
+Every read goes through a declaration: ``KernelFile.read(paths, pid=42)`` / ``read_or_none``, and
+``CgroupFile.read(cgroup_dir, version)`` / ``read_or_none`` (``path`` and ``paths`` where a caller keeps the
+file open itself, as the per-tick readers and the PSI triggers do). The actuators write through
+``actuators.cgroupfile.CgroupFiles``, which finds a declaration's file in its hierarchy.
 
 A parser declared here raises :class:`CgroupFileParseError` (one line, the bad text quoted) on anything
 the kernel would not have written, or skips what it cannot read where the file is a list of counters
 (``parse_flat_keyed``). Who reads decides what bad input means: a probe reader must not fail a tick,
 so it catches the error and skips the value (:meth:`CgroupFile.parse_or_none`); an actuator must not plan
 from a guess, so the error surfaces (``actuators.cgroupfile`` prefixes the file's path). Both sides give
-the same message for the same text because there is one parser. A parser that builds a probe's own
-record lives with that probe and is named here by its dotted path (``"probes.psi:parse_pressure"``),
-resolved when used, so this module imports no probe.
+the same message for the same text because there is one parser. Every parser is a function of this
+module: it imports no probe and no actuator (the probes build their records from what it returns).
 
 ``probes/`` never imports ``actuators/``; the actuators import this module.
 """
 
 from __future__ import annotations
 
-import importlib
+import contextlib
+import errno
+import math
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
 MAX_CPUS = 8192  # the kernel's largest NR_CPUS: a list naming CPUs past it is not the kernel's
+
+# Errors that mean "the file or the object behind it went away while we looked": a cgroup removed
+# mid-read gives ENOENT or ENODEV, a task that exited gives ESRCH.
+VANISHED_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ESRCH, errno.ENOTDIR})
 
 
 class CgroupFileParseError(ValueError):
@@ -82,17 +92,20 @@ class CpuMax:
         return None if self.quota_us is None else self.quota_us / self.period_us
 
 
-Parser = Callable[..., Any] | str  # a function, or "module:function" resolved when first used
+Parser = Callable[..., Any]
 
 
-def _resolve(parser: Parser) -> Callable[..., Any]:
-    if callable(parser):
-        return parser
-    module, _, name = parser.partition(":")
-    found: Any = importlib.import_module(module)
-    for part in name.split("."):  # "module:Class.method" for a reader that is a method
-        found = getattr(found, part)
-    return found
+def _read_text(path: str | os.PathLike[str]) -> str:
+    """A pseudo-file whole, by one open and few reads (no text wrapper: some are read every tick).
+    OSError as the kernel gave it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while len(chunks[-1]) == 65536:  # kernfs hands a file out whole when the buffer is larger
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +135,44 @@ class CgroupFile(Generic[T]):
 
     def parse(self, version: int, *texts: str) -> T:
         """The value from the texts of :meth:`names` (in that order); CgroupFileParseError if malformed."""
-        return _resolve(self.parse_v1)(*texts) if version == 1 else _resolve(self.parse_v2)(*texts)
+        return self.parse_v1(*texts) if version == 1 else self.parse_v2(*texts)
+
+    def path(self, cgroup_dir: str | os.PathLike[str], version: int) -> Path:
+        """The (first) file of the cgroup at ``cgroup_dir`` in a hierarchy of ``version``."""
+        return Path(cgroup_dir, self.name(version))
+
+    def paths(self, cgroup_dir: str | os.PathLike[str], version: int) -> tuple[Path, ...]:
+        """Every file the value is read from (v1 CFS bandwidth: quota, then period)."""
+        return tuple(Path(cgroup_dir, n) for n in self.names(version))
+
+    def raw(self, cgroup_dir: str | os.PathLike[str], version: int, part: int = 0) -> str | None:
+        """The raw text of the file (``part``: which of the v1 names), for a reader that parses several
+        files together; None when the cgroup or the file is gone, other OSErrors raised."""
+        try:
+            return _read_text(os.path.join(cgroup_dir, self.names(version)[part]))
+        except OSError as e:
+            if e.errno in VANISHED_ERRNOS:
+                return None
+            raise
+
+    def read(self, cgroup_dir: str | os.PathLike[str], version: int) -> T:
+        """The value of the cgroup at ``cgroup_dir``; OSError when a file cannot be read (KeyError when the
+        version has no such file), CgroupFileParseError when it is malformed."""
+        names = self.names(version)
+        if not names:
+            raise KeyError(f"{self.v2_name or self.v1_names} has no cgroup v{version} file")
+        return self.parse(version, *(_read_text(os.path.join(cgroup_dir, n)) for n in names))
+
+    def read_or_none(self, cgroup_dir: str | os.PathLike[str], version: int) -> T | None:
+        """A probe reader's view: None when the cgroup vanished or the text is malformed."""
+        try:
+            return self.read(cgroup_dir, version)
+        except OSError as e:
+            if e.errno in VANISHED_ERRNOS:
+                return None
+            raise
+        except CgroupFileParseError:
+            return None
 
     def parse_or_none(self, version: int, *texts: str) -> T | None:
         """A reader's view: the value, or None when the text is malformed (it skips the value)."""
@@ -139,8 +189,7 @@ class KernelFile(Generic[T]):
 
     root: str  # "proc" | "sys": the HostPaths attribute it lives under
     path: str
-    parse: Parser | None  # None: parsed line by line inside its one reader (``reader``)
-    reader: str = ""  # "module:function" that reads it, where the parse is not a function of its own
+    parse: Parser | None  # None: a file opened for its descriptor, never read (PID_NS_NET)
 
     def at(self, paths: Any, **fields: object) -> Path:
         """The file under ``paths`` (a HostPaths): ``PID_STAT.at(paths, pid=42)``."""
@@ -148,8 +197,21 @@ class KernelFile(Generic[T]):
 
     def parse_text(self, text: str) -> T:
         if self.parse is None:
-            raise TypeError(f"{self.path} is parsed by {self.reader}")
-        return _resolve(self.parse)(text)
+            raise TypeError(f"{self.path} is opened, not read")
+        return self.parse(text)
+
+    def read(self, paths: Any, **fields: object) -> T:
+        """The parsed file under ``paths``; OSError when unreadable, CgroupFileParseError when malformed."""
+        return self.parse_text(_read_text(os.path.join(getattr(paths, self.root), self.path.format(**fields))))
+
+    def read_or_none(self, paths: Any, **fields: object) -> T | None:
+        """None when the file (or the task behind it) is gone; other errors as :meth:`read` raises them."""
+        try:
+            return self.read(paths, **fields)
+        except OSError as e:
+            if e.errno in VANISHED_ERRNOS:
+                return None
+            raise
 
 
 # -- parsers ------------------------------------------------------------------------------------
@@ -222,7 +284,7 @@ def format_cpu_list(cpus: tuple[int, ...] | list[int] | set[int] | frozenset[int
 
 
 def parse_int(text: str) -> int:
-    """One integer (cpu.shares, memory.current, cpuacct.usage)."""
+    """One integer (cpu.max.burst, memory.current, cpuacct.usage)."""
     try:
         return int(text.strip())
     except ValueError:
@@ -331,6 +393,7 @@ class TaskStat:
 
     policy: int  # SCHED_OTHER 0, SCHED_FIFO 1, SCHED_RR 2, ...
     cpu_s: float  # utime + stime
+    comm: str = ""  # the command, between the first "(" and the last ")"
 
 
 def parse_pid_stat(text: str) -> TaskStat:
@@ -338,17 +401,32 @@ def parse_pid_stat(text: str) -> TaskStat:
     fields = text.rpartition(")")[2].split()
     # fields[0] is field 3 (state): utime 14, stime 15, policy 41
     try:
-        return TaskStat(int(fields[38]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+        return TaskStat(int(fields[38]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"),
+                        text[text.find("(") + 1:text.rfind(")")])
     except (IndexError, ValueError):
         raise CgroupFileParseError(f"not a task's stat line ({_quoted(text)})") from None
 
 
-def parse_cpus_allowed(text: str) -> tuple[int, ...]:
-    """/proc/<pid>/status: the CPUs the task may run on (Cpus_allowed_list), through the cpu-list guard."""
+@dataclass(frozen=True, slots=True)
+class TaskStatus:
+    """What /proc/<pid>/status says of a task's CPUs and capabilities."""
+
+    cpus_allowed: tuple[int, ...]  # Cpus_allowed_list, through the cpu-list guard; () when absent
+    cap_eff: int | None  # CapEff bits; None when absent or not hex
+
+
+def parse_task_status(text: str) -> TaskStatus:
+    """/proc/<pid>/status: Cpus_allowed_list and CapEff."""
+    cpus: tuple[int, ...] = ()
+    cap_eff: int | None = None
     for line in text.splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            return parse_cpu_list(line.split(":", 1)[1])
-    return ()
+        key, _, value = line.partition(":")
+        if key == "Cpus_allowed_list":
+            cpus = parse_cpu_list(value)
+        elif key == "CapEff":
+            with contextlib.suppress(ValueError):
+                cap_eff = int(value.strip(), 16)
+    return TaskStatus(cpus, cap_eff)
 
 
 def parse_netdev_packets(text: str) -> int:
@@ -366,6 +444,154 @@ def parse_netdev_packets(text: str) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class PsiLine:
+    """One "some" or "full" line of a pressure file."""
+
+    avg10: float  # percent of wall time stalled, averaged over 10 s
+    avg60: float
+    avg300: float
+    total_us: int  # cumulative stall time since the group was created
+
+
+def parse_pressure(text: str) -> dict[str, PsiLine]:
+    """The "some"/"full" lines of a pressure file; unparsable or incomplete lines are skipped."""
+    lines: dict[str, PsiLine] = {}
+    for raw in text.splitlines():
+        fields = raw.split()
+        if not fields or fields[0] not in ("some", "full") or fields[0] in lines:
+            continue
+        values = dict(f.split("=", 1) for f in fields[1:] if "=" in f)
+        try:
+            line = PsiLine(
+                avg10=float(values["avg10"]),
+                avg60=float(values["avg60"]),
+                avg300=float(values["avg300"]),
+                total_us=int(values["total"]),
+            )
+        except (KeyError, ValueError):
+            continue
+        averages = (line.avg10, line.avg60, line.avg300)
+        if line.total_us < 0 or not all(math.isfinite(a) and a >= 0 for a in averages):
+            continue
+        lines[fields[0]] = line
+    return lines
+
+
+def parse_zoneinfo_watermarks(text: str) -> dict[str, int]:
+    """{min, low, high, managed, present}: pages summed over every zone of every node in /proc/zoneinfo."""
+    sums = {"min": 0, "low": 0, "high": 0, "managed": 0, "present": 0}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0] in sums and fields[1].isdigit():
+            sums[fields[0]] += int(fields[1])
+    return sums
+
+
+def parse_proc_pairs(text: str) -> dict[str, dict[str, int]]:
+    """/proc/net/snmp and netstat: pairs of lines `Prefix: names...` / `Prefix: values...`."""
+    out: dict[str, dict[str, int]] = {}
+    lines = text.splitlines()
+    for header, values in zip(lines[::2], lines[1::2], strict=False):
+        prefix, _, names = header.partition(":")
+        vprefix, _, nums = values.partition(":")
+        if prefix != vprefix:
+            continue
+        with contextlib.suppress(ValueError):
+            out[prefix] = dict(zip(names.split(), (int(v) for v in nums.split()), strict=False))
+    return out
+
+
+def parse_fib_trie_local(text: str) -> frozenset[str]:
+    """The IPv4 addresses of a net/fib_trie's `/32 host LOCAL` entries: the namespace's own addresses."""
+    out: set[str] = set()
+    last = ""
+    for line in text.splitlines():
+        entry = line.strip()
+        if entry.startswith("|-- "):
+            last = entry[4:]
+        elif entry.startswith("/32 host LOCAL") and last:
+            out.add(last)
+    return frozenset(out)
+
+
+def parse_if_inet6(text: str) -> frozenset[str]:
+    """The IPv6 addresses of net/if_inet6 (first column, 32 hex digits); other lines skipped."""
+    out: set[str] = set()
+    for line in text.splitlines():
+        raw = line.split()[0] if line.split() else ""
+        if len(raw) == 32:
+            with contextlib.suppress(ValueError):
+                out.add(socket.inet_ntop(socket.AF_INET6, bytes.fromhex(raw)))
+    return frozenset(out)
+
+
+def parse_fdinfo(text: str) -> dict[str, int]:
+    """`key: value` lines of /proc/<pid>/fdinfo/<fd> whose value is a number (a BPF program's run_cnt,
+    run_time_ns, recursion_misses); the others are skipped."""
+    fields: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if value.strip().isdigit():
+            fields[key.strip()] = int(value)
+    return fields
+
+
+class Mount(NamedTuple):
+    source: str
+    target: str
+    fstype: str
+
+
+def parse_mounts(text: str) -> tuple[Mount, ...]:
+    """/proc/mounts: (source, mount point, filesystem type) of each line; short lines skipped."""
+    return tuple(Mount(*f[:3]) for f in (line.split() for line in text.splitlines()) if len(f) > 2)
+
+
+@dataclass(frozen=True, slots=True)
+class CpuInfo:
+    """The first processor block of /proc/cpuinfo: what every CPU of the node shares."""
+
+    vendor_id: str  # "GenuineIntel", "AuthenticAMD", ...; "" when the file has none
+    flags: frozenset[str]
+
+
+def parse_cpuinfo(text: str) -> CpuInfo:
+    """Vendor and flags from the first processor block of /proc/cpuinfo."""
+    vendor_id = ""
+    flags: frozenset[str] = frozenset()
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key = key.strip()
+        if key == "vendor_id" and not vendor_id:
+            vendor_id = value.strip()
+        elif key == "flags" and not flags:
+            flags = frozenset(value.split())
+        if vendor_id and flags:
+            break
+    return CpuInfo(vendor_id, flags)
+
+
+def parse_pid_cgroup(text: str) -> dict[str, str]:
+    """/proc/<pid>/cgroup: the cgroup path per controller (`cpu`, `memory`, ...) and `""` for v2's `0::`
+    line. Named v1 hierarchies (`name=systemd`) are left out; a line without two colons is refused."""
+    result: dict[str, str] = {}
+    for line in text.splitlines():
+        hier_id, sep, rest = line.partition(":")
+        controllers, sep2, path = rest.partition(":")
+        if not (sep and sep2):
+            raise CgroupFileParseError(f"not a /proc/<pid>/cgroup line ({_quoted(line)})")
+        if hier_id == "0":
+            result[""] = path
+            continue
+        for c in controllers.split(","):
+            if not c.startswith("name="):
+                result[c] = path
+    return result
+
+
 # -- declarations -------------------------------------------------------------------------------
 
 CPU_MAX: CgroupFile[CpuMax] = CgroupFile(
@@ -379,8 +605,6 @@ CPUSET_EFFECTIVE_CPUS: CgroupFile[tuple[int, ...]] = CgroupFile(
     "cpuset", ("cpuset.effective_cpus",), "cpuset.cpus.effective", parse_cpu_list, parse_cpu_list
 )
 CPU_BURST: CgroupFile[int] = CgroupFile("cpu", ("cpu.cfs_burst_us",), "cpu.max.burst", parse_int, parse_int)
-# v1 shares and v2 weight are different units: actuators.cgroupfile converts (kernel/sched/core.c).
-CPU_WEIGHT: CgroupFile[int] = CgroupFile("cpu", ("cpu.shares",), "cpu.weight", parse_int, parse_int)
 CPU_STAT: CgroupFile[dict[str, int]] = CgroupFile("cpu", ("cpu.stat",), "cpu.stat", parse_flat_keyed, parse_flat_keyed)
 CPUACCT_USAGE: CgroupFile[int] = CgroupFile("cpuacct", ("cpuacct.usage",), None, parse_int, parse_int)
 CPUACCT_USAGE_PERCPU: CgroupFile[tuple[int, ...]] = CgroupFile(
@@ -402,15 +626,13 @@ MEMORY_HIGH: CgroupFile[int | None] = CgroupFile("memory", ("memory.limit_in_byt
 MEMORY_FAILCNT: CgroupFile[int] = CgroupFile("memory", ("memory.failcnt",), None, parse_int, parse_int)
 MEMORY_EVENTS: CgroupFile[dict[str, int]] = CgroupFile("memory", ("memory.oom_control",), "memory.events",
                                                        parse_flat_keyed, parse_flat_keyed)
-CPU_PRESSURE: CgroupFile[Any] = CgroupFile("cpu", (), "cpu.pressure", "probes.psi:parse_pressure",
-                                           "probes.psi:parse_pressure")
-MEMORY_PRESSURE: CgroupFile[Any] = CgroupFile("memory", (), "memory.pressure", "probes.psi:parse_pressure",
-                                              "probes.psi:parse_pressure")
-IO_PRESSURE: CgroupFile[Any] = CgroupFile("io", (), "io.pressure", "probes.psi:parse_pressure",
-                                          "probes.psi:parse_pressure")
-IRQ_PRESSURE: CgroupFile[Any] = CgroupFile("", (), "irq.pressure", "probes.psi:parse_pressure",
-                                           "probes.psi:parse_pressure")  # CONFIG_IRQ_TIME_ACCOUNTING only
-PRESSURE: dict[str, CgroupFile[Any]] = {"cpu": CPU_PRESSURE, "memory": MEMORY_PRESSURE, "io": IO_PRESSURE,
+CPU_PRESSURE: CgroupFile[dict[str, PsiLine]] = CgroupFile("cpu", (), "cpu.pressure", parse_pressure, parse_pressure)
+MEMORY_PRESSURE: CgroupFile[dict[str, PsiLine]] = CgroupFile("memory", (), "memory.pressure", parse_pressure,
+                                                             parse_pressure)
+IO_PRESSURE: CgroupFile[dict[str, PsiLine]] = CgroupFile("io", (), "io.pressure", parse_pressure, parse_pressure)
+IRQ_PRESSURE: CgroupFile[dict[str, PsiLine]] = CgroupFile("", (), "irq.pressure", parse_pressure,
+                                                          parse_pressure)  # CONFIG_IRQ_TIME_ACCOUNTING only
+PRESSURE: dict[str, CgroupFile[dict[str, PsiLine]]] = {"cpu": CPU_PRESSURE, "memory": MEMORY_PRESSURE, "io": IO_PRESSURE,
                                         "irq": IRQ_PRESSURE}
 CGROUP_PRESSURE: CgroupFile[int] = CgroupFile("", (), "cgroup.pressure", parse_int, parse_int)  # "0": PSI off here
 CGROUP_CONTROLLERS: CgroupFile[frozenset[str]] = CgroupFile("", (), "cgroup.controllers", parse_words, parse_words)
@@ -421,23 +643,25 @@ CGROUP_THREADS: CgroupFile[tuple[int, ...]] = CgroupFile("cpu", ("tasks",), "cgr
 # -- /proc and /sys -----------------------------------------------------------------------------
 
 PROC_STAT: KernelFile[tuple[CpuTimes | None, dict[int, CpuTimes]]] = KernelFile("proc", "stat", parse_proc_stat)
-PROC_VMSTAT: KernelFile[Any] = KernelFile("proc", "vmstat", "probes.memstat:parse_vmstat")
-PROC_ZONEINFO: KernelFile[dict[str, int]] = KernelFile("proc", "zoneinfo", "probes.memstat:parse_zoneinfo_watermarks")
-PROC_SOFTIRQS: KernelFile[Any] = KernelFile("proc", "softirqs", None, "probes.softirq:read_proc_softirqs")
-PROC_PRESSURE: KernelFile[Any] = KernelFile("proc", "pressure/{resource}", "probes.psi:parse_pressure")
-PID_CGROUP: KernelFile[Any] = KernelFile("proc", "{pid}/cgroup", None, "probes.cgroupfs:self_cgroups")
+PROC_VMSTAT: KernelFile[dict[str, int]] = KernelFile("proc", "vmstat", parse_flat_keyed)
+PROC_ZONEINFO: KernelFile[dict[str, int]] = KernelFile("proc", "zoneinfo", parse_zoneinfo_watermarks)
+PROC_PRESSURE: KernelFile[dict[str, PsiLine]] = KernelFile("proc", "pressure/{resource}", parse_pressure)
+PID_CGROUP: KernelFile[dict[str, str]] = KernelFile("proc", "{pid}/cgroup", parse_pid_cgroup)
 PID_STAT: KernelFile[TaskStat] = KernelFile("proc", "{pid}/stat", parse_pid_stat)
-PID_STATUS: KernelFile[tuple[int, ...]] = KernelFile("proc", "{pid}/status", parse_cpus_allowed)
+PID_STATUS: KernelFile[TaskStatus] = KernelFile("proc", "{pid}/status", parse_task_status)
 PID_NET_DEV: KernelFile[int] = KernelFile("proc", "{pid}/net/dev", parse_netdev_packets)
-PID_NET_SNMP: KernelFile[Any] = KernelFile("proc", "{pid}/net/snmp", "probes.listenq:_parse_proc_pairs")
-PID_NET_NETSTAT: KernelFile[Any] = KernelFile("proc", "{pid}/net/netstat", "probes.listenq:_parse_proc_pairs")
-PID_NET_FIB_TRIE: KernelFile[Any] = KernelFile("proc", "{pid}/net/fib_trie", None, "probes.listenq:read_local_addrs")
-PID_NET_IF_INET6: KernelFile[Any] = KernelFile("proc", "{pid}/net/if_inet6", None, "probes.listenq:read_local_addrs")
+PID_NET_SNMP: KernelFile[dict[str, dict[str, int]]] = KernelFile("proc", "{pid}/net/snmp", parse_proc_pairs)
+PID_NET_NETSTAT: KernelFile[dict[str, dict[str, int]]] = KernelFile("proc", "{pid}/net/netstat", parse_proc_pairs)
+PID_NET_FIB_TRIE: KernelFile[frozenset[str]] = KernelFile("proc", "{pid}/net/fib_trie", parse_fib_trie_local)
+PID_NET_IF_INET6: KernelFile[frozenset[str]] = KernelFile("proc", "{pid}/net/if_inet6", parse_if_inet6)
+# A task's network namespace ("thread-self": the calling thread's): opened for setns(), never read.
+PID_NS_NET: KernelFile[None] = KernelFile("proc", "{pid}/ns/net", None)
 PID_MAX: KernelFile[int] = KernelFile("proc", "sys/kernel/pid_max", parse_int)
-# A BPF program's run count and time (kernel.bpf_stats_enabled), read every tick without pathlib.
-PROC_SELF_FDINFO: KernelFile[Any] = KernelFile("proc", "self/fdinfo/{fd}", None, "probes.libbpf:BpfObject.program_stats")
-PROC_CPUINFO: KernelFile[Any] = KernelFile("proc", "cpuinfo", "actuators.resctrl.support:parse_cpuinfo")
-PROC_MOUNTS: KernelFile[Any] = KernelFile("proc", "mounts", None, "actuators.resctrl.support:detect_support")
+# A BPF program's run count and time (kernel.bpf_stats_enabled), read every tick.
+PROC_SELF_FDINFO: KernelFile[dict[str, int]] = KernelFile("proc", "self/fdinfo/{fd}", parse_fdinfo)
+PROC_CPUINFO: KernelFile[CpuInfo] = KernelFile("proc", "cpuinfo", parse_cpuinfo)
+PROC_MOUNTS: KernelFile[tuple[Mount, ...]] = KernelFile("proc", "mounts", parse_mounts)
+SYS_CPU_POSSIBLE: KernelFile[tuple[int, ...]] = KernelFile("sys", "devices/system/cpu/possible", parse_cpu_list)
 SYS_CPU_ONLINE: KernelFile[tuple[int, ...]] = KernelFile("sys", "devices/system/cpu/online", parse_cpu_list)
 SYS_CPU_THREAD_SIBLINGS: KernelFile[tuple[int, ...]] = KernelFile(
     "sys", "devices/system/cpu/cpu{cpu}/topology/thread_siblings_list", parse_cpu_list)

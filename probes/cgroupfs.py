@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from probes.cgroupfiles import CGROUP_CONTROLLERS, PID_CGROUP
-from probes.host import HostPaths, read_text_or_none
+from probes.host import HostPaths
 
 V1_CONTROLLERS = frozenset(
     {"cpu", "cpuacct", "cpuset", "memory", "blkio", "io", "pids", "devices", "freezer", "net_cls",
@@ -68,7 +68,7 @@ class CgroupLayout:
 
 def _v2_controllers(mount: Path) -> frozenset[str]:
     try:
-        return frozenset(CGROUP_CONTROLLERS.parse(2, (mount / CGROUP_CONTROLLERS.name(2)).read_text()))
+        return CGROUP_CONTROLLERS.read(mount, 2)
     except OSError:
         return frozenset()
 
@@ -100,30 +100,4 @@ def discover(paths: HostPaths | None = None) -> CgroupLayout:
 def self_cgroups(paths: HostPaths | None = None, pid: int | str = "self") -> dict[str, str]:
     """The cgroup path of a process per controller (`cpu`, `memory`, ...) and `""` for v2."""
     paths = paths or HostPaths()
-    result: dict[str, str] = {}
-    for line in PID_CGROUP.at(paths, pid=pid).read_text().splitlines():
-        hier_id, controllers, path = line.split(":", 2)
-        if hier_id == "0":
-            result[""] = path
-            continue
-        for c in controllers.split(","):
-            if c.startswith("name="):
-                continue
-            result[c] = path
-    return result
-
-
-def v2_cgroup_path(paths: HostPaths | None = None, pid: int | str = "self") -> str | None:
-    """The cgroup v2 path of a process (its `0::` line), or None if it exited or has no v2 line.
-
-    On hybrid hosts this is where the task's PSI is accounted, whatever its v1 cgroups are.
-    A v2 cgroup removed while the task is still being torn down reads as `/a/b (deleted)`.
-    """
-    paths = paths or HostPaths()
-    text = read_text_or_none(PID_CGROUP.at(paths, pid=pid))
-    if text is None:
-        return None
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            return line[3:].strip() or None
-    return None
+    return PID_CGROUP.read(paths, pid=pid)

@@ -35,13 +35,14 @@ from probes.cgroupfiles import (
     CPUACCT_USAGE_PERCPU,
     CPUSET_EFFECTIVE_CPUS,
     MEMORY_USAGE,
+    PRESSURE,
     CgroupFileParseError,
 )
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.cpuacct import CgroupCpuReader, CgroupCpuStat
 from probes.host import HotFiles, read_small
 from probes.memstat import MemStat, MemStatReader
-from probes.psi import RESOURCES, PsiReading, parse_pressure
+from probes.psi import RESOURCES, PsiReading
 
 SLOW_REFRESH_TICKS = 30  # every cgroup is read at least this often (ticks), activity or not
 MEMORY_REFRESH_TICKS = 5  # memory.stat of an active cgroup that is not reclaiming: at most this often
@@ -282,10 +283,10 @@ class CgroupWatch:
             text = read(w.percpu_file)
             if text is not None:
                 try:
-                    self.percpu[path] = tuple(int(x) for x in text.split())
-                except ValueError:
+                    self.percpu[path] = CPUACCT_USAGE_PERCPU.parse(1, text)
+                except CgroupFileParseError as e:
                     if errors is not None:
-                        errors.append(f"{path}: malformed cpuacct.usage_percpu")
+                        errors.append(f"{path}: cpuacct.usage_percpu {e}")
         return self._read_psi(w, hot=not full) or replaced
 
     def _read_psi(self, w: _Watched, hot: bool = False) -> bool:
@@ -300,14 +301,17 @@ class CgroupWatch:
             return False
         path = w.path
         read = self.hot.read if hot else read_small
-        texts = [read(os.path.join(w.psi_dir, f"{resource}.pressure")) for resource in RESOURCES]
+        texts = [read(str(PRESSURE[resource].path(w.psi_dir, 2))) for resource in RESOURCES]
         if texts == w.psi_texts and path in self.psi and path not in self._psi_moved:
             self.psi_read_s[path] = time.monotonic()
             return False
         w.psi_texts = texts
         readings: dict[str, PsiReading] = {}
         for resource, text in zip(RESOURCES, texts, strict=True):
-            lines = parse_pressure(text) if text is not None else None
+            try:
+                lines = PRESSURE[resource].parse(2, text) if text is not None else None
+            except CgroupFileParseError:
+                lines = None
             if lines:
                 readings[resource] = PsiReading(resource, lines.get("some"), lines.get("full"))
         if readings:

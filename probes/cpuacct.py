@@ -17,21 +17,22 @@ cgroup v2:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from probes.cgroupfiles import (
     CPU_MAX,
     CPU_STAT,
     CPUACCT_STAT,
     CPUACCT_USAGE,
+    CgroupFile,
     CgroupFileParseError,
     CpuMax,
     parse_flat_keyed,
 )
 from probes.cgroupfs import CgroupLayout
-from probes.host import ReadText, read_small, read_text_or_none
+from probes.host import ReadText, read_small
 
 NS_PER_US = 1_000
 NS_PER_S = 1_000_000_000
@@ -64,8 +65,6 @@ class CgroupCpuStat:
 # -- parsing ------------------------------------------------------------------------------------
 
 
-# `key value` lines as ints (cpu.stat, cpuacct.stat): the one parser of probes.cgroupfiles.
-parse_keyed_counters = parse_flat_keyed
 
 
 def _v1_limits(quota_text: str | None, period_text: str | None) -> CpuMax | None:
@@ -78,16 +77,16 @@ def _v1_limits(quota_text: str | None, period_text: str | None) -> CpuMax | None
         return None
 
 
-def _read(path: Path) -> str | None:
+def _read(file: CgroupFile[Any], cgroup_dir: Path, version: int, part: int = 0) -> str | None:
     try:
-        return read_text_or_none(path)
+        return file.raw(cgroup_dir, version, part)
     except OSError:
-        return None  # unreadable counts as missing; cpu_stat_unavailable_reason() says why
+        return None  # unreadable counts as missing
 
 
-def _read_counters(path: Path) -> dict[str, int] | None:
-    text = _read(path)
-    return None if text is None else parse_keyed_counters(text)
+def _read_counters(file: CgroupFile[dict[str, int]], cgroup_dir: Path, version: int) -> dict[str, int] | None:
+    text = _read(file, cgroup_dir, version)
+    return None if text is None else file.parse(version, text)
 
 
 # -- readers ------------------------------------------------------------------------------------
@@ -95,12 +94,12 @@ def _read_counters(path: Path) -> dict[str, int] | None:
 
 def read_v2_cpu_stat(cgroup_dir: Path) -> CgroupCpuStat | None:
     """One v2 cgroup; None when it vanished or cpu.stat/cpu.max are unusable."""
-    stat = _read_counters(cgroup_dir / CPU_STAT.name(2))
+    stat = _read_counters(CPU_STAT, cgroup_dir, 2)
     if stat is None or "usage_usec" not in stat:
         return None
     quota_us: int | None = None
     period_us: int | None = None
-    cpu_max = _read(cgroup_dir / CPU_MAX.name(2))
+    cpu_max = _read(CPU_MAX, cgroup_dir, 2)
     if cpu_max is not None:
         parsed = CPU_MAX.parse_or_none(2, cpu_max)
         if parsed is None:
@@ -140,9 +139,9 @@ def read_v1_cpu_stat(
     """
     if cpuacct_dir is None:
         return None
-    usage_text = _read(cpuacct_dir / CPUACCT_USAGE.name(1))
+    usage_text = _read(CPUACCT_USAGE, cpuacct_dir, 1)
     usage = None if usage_text is None else CPUACCT_USAGE.parse_or_none(1, usage_text)
-    acct = _read_counters(cpuacct_dir / CPUACCT_STAT.name(1))
+    acct = _read_counters(CPUACCT_STAT, cpuacct_dir, 1)
     if usage is None or acct is None:
         return None
     ticks = clock_ticks or os.sysconf("SC_CLK_TCK")
@@ -151,9 +150,8 @@ def read_v1_cpu_stat(
     quota_us: int | None = None
     period_us: int | None = None
     if cpu_dir is not None:
-        cpu_stat = _read_counters(cpu_dir / CPU_STAT.name(1))
-        quota_name, period_name = CPU_MAX.v1_names
-        limits = _v1_limits(_read(cpu_dir / quota_name), _read(cpu_dir / period_name))
+        cpu_stat = _read_counters(CPU_STAT, cpu_dir, 1)
+        limits = _v1_limits(_read(CPU_MAX, cpu_dir, 1, 0), _read(CPU_MAX, cpu_dir, 1, 1))  # quota, period
         if cpu_stat is None or limits is None:
             if not cpu_dir.is_dir():
                 return None
@@ -211,72 +209,13 @@ def locate_cpu_stat_dirs(layout: CgroupLayout, cgroup_path: str) -> CpuStatDirs 
 
 
 def read_cgroup_cpu(layout: CgroupLayout, cgroup_path: str) -> CgroupCpuStat | None:
-    """CPU accounting of one cgroup, v1 or v2; None when unavailable (see cpu_stat_unavailable_reason)."""
+    """CPU accounting of one cgroup, v1 or v2; None when unavailable (testkit.cpu_reasons says why)."""
     dirs = locate_cpu_stat_dirs(layout, cgroup_path)
     if dirs is None:
         return None
     if dirs.cgroup_version == 2:
         return read_v2_cpu_stat(dirs.cpu_dir) if dirs.cpu_dir is not None else None
     return read_v1_cpu_stat(dirs.cpu_dir, dirs.cpuacct_dir)
-
-
-def cpu_stat_unavailable_reason(layout: CgroupLayout, cgroup_path: str) -> str | None:
-    """One line on why read_cgroup_cpu() gives None for this cgroup; None if it reads fine now.
-
-    Kept apart from the reader so the per-tick path stays a handful of reads.
-    """
-    dirs = locate_cpu_stat_dirs(layout, cgroup_path)
-    if dirs is None:
-        return "no cgroup hierarchy has the cpu or cpuacct controller"
-    if dirs.cgroup_version == 1 and dirs.cpuacct_dir is None:
-        return "no v1 cpuacct hierarchy: CPU usage is only accounted there"
-    for d in (dirs.cpu_dir, dirs.cpuacct_dir):
-        if d is not None and not d.is_dir():
-            return f"cgroup {d} does not exist (removed?)"
-    if dirs.cgroup_version == 2 and dirs.cpu_dir is not None:
-        problem = _file_problem(
-            dirs.cpu_dir / CPU_STAT.name(2), lambda t: "usage_usec" in parse_keyed_counters(t), "no usage_usec line"
-        ) or _parse_problem(dirs.cpu_dir / CPU_MAX.name(2), CPU_MAX.parse_v2)
-    elif dirs.cpuacct_dir is not None:
-        problem = _file_problem(
-            dirs.cpuacct_dir / CPUACCT_USAGE.name(1), lambda t: CPUACCT_USAGE.parse_or_none(1, t) is not None, "not an integer"
-        ) or _file_problem(dirs.cpuacct_dir / CPUACCT_STAT.name(1), lambda _: True, "")
-    else:
-        problem = None
-    if problem:
-        return problem
-    if read_cgroup_cpu(layout, cgroup_path) is None:
-        return "files changed while being read (cgroup removed?)"
-    return None
-
-
-def _file_problem(
-    path: Path, valid: Callable[[str], bool], complaint: str, *, optional: bool = False
-) -> str | None:
-    try:
-        text = read_text_or_none(path)
-    except OSError as e:
-        return f"{path}: {e.strerror or e}"
-    if text is None:
-        return None if optional else f"{path} absent"
-    if not valid(text):
-        return f"{path}: {complaint} ({text.strip()[:40]!r})"
-    return None
-
-
-def _parse_problem(path: Path, parse: Callable[[str], object]) -> str | None:
-    """The parser's own one-line complaint about an optional file: what an actuator reading it says."""
-    try:
-        text = read_text_or_none(path)
-    except OSError as e:
-        return f"{path}: {e.strerror or e}"
-    if text is None:
-        return None
-    try:
-        parse(text)
-    except CgroupFileParseError as e:
-        return f"{path}: {e}"
-    return None
 
 
 # -- deltas -------------------------------------------------------------------------------------
@@ -389,7 +328,7 @@ class CgroupCpuReader:
             acct_text = read_small(self.acct_file)
             if acct_text is None:
                 return None
-            self._acct = parse_keyed_counters(acct_text)
+            self._acct = parse_flat_keyed(acct_text)
         acct = self._acct
         if limits and self.quota_file is not None and self.period_file is not None:
             limits_v1 = _v1_limits(read_small(self.quota_file), read_small(self.period_file))
@@ -405,14 +344,14 @@ class CgroupCpuReader:
             stat_text = read_small(self.stat_file)
             if stat_text is None:
                 return None  # vanished since the limits were read
-            stat = parse_keyed_counters(stat_text)
+            stat = parse_flat_keyed(stat_text)
         return _v1_stat(usage, acct.get("user"), acct.get("system"), self.ticks, stat, self.quota_us, self.period_us)
 
     def _read_v2(self, limits: bool, read_small: ReadText) -> CgroupCpuStat | None:
         if self.stat_file is None:
             return None
         text = read_small(self.stat_file)
-        stat = None if text is None else parse_keyed_counters(text)
+        stat = None if text is None else parse_flat_keyed(text)
         if stat is None or "usage_usec" not in stat:
             return None
         if limits and self.max_file is not None:

@@ -170,7 +170,6 @@ class LoadedProbe(Protocol):
     status: ProbeStatus
 
     def map_items(self, name: str, split: bool = True) -> Iterator[tuple[bytes, bytes | list[bytes]]]: ...
-    def map_split(self, name: str, raw: bytes) -> bytes | list[bytes]: ...
     def map_array_values(self, name: str) -> bytes: ...
     def map_array_prefix(self, name: str, n: int) -> bytes: ...
     def map_lookup(self, name: str, key: bytes) -> bytes | list[bytes] | None: ...
@@ -215,9 +214,6 @@ class LibbpfProbe:
 
     def map_items(self, name: str, split: bool = True) -> Iterator[tuple[bytes, bytes | list[bytes]]]:
         return self._map(name).items(split=split)
-
-    def map_split(self, name: str, raw: bytes) -> bytes | list[bytes]:
-        return self._map(name).split(raw)
 
     def map_array_values(self, name: str) -> bytes:
         """Every value of an array map in index order, one bytes (see BpfMap.array_values)."""

@@ -7,18 +7,13 @@ running in a container with the host mounted elsewhere) can point it at a temp d
 
 from __future__ import annotations
 
-import errno
 import os
 import resource
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from probes.cgroupfiles import parse_cpu_list
-
-# Errors that mean "the file or the object behind it went away while we looked": a cgroup removed
-# mid-read gives ENOENT or ENODEV, a task that exited gives ESRCH.
-VANISHED_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ESRCH, errno.ENOTDIR})
+from probes.cgroupfiles import SYS_CPU_POSSIBLE
 
 
 @dataclass(frozen=True)
@@ -40,17 +35,6 @@ class HostPaths:
     @property
     def tracefs(self) -> Path:
         return self.sys / "kernel/tracing"
-
-
-def read_text_or_none(path: str | os.PathLike[str]) -> str | None:
-    """Read a small pseudo-file; None when it vanished (cgroup removed, task exited)."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError as e:
-        if e.errno in VANISHED_ERRNOS:
-            return None
-        raise
 
 
 def read_small(path: str) -> str | None:
@@ -144,6 +128,6 @@ class HotFiles:
 def possible_cpu_count(paths: HostPaths) -> int:
     """The possible CPUs (what the kernel sizes per-CPU maps by): /sys/devices/system/cpu/possible."""
     try:
-        return len(parse_cpu_list((paths.sys / "devices/system/cpu/possible").read_text())) or 1
+        return len(SYS_CPU_POSSIBLE.read(paths)) or 1
     except (OSError, ValueError):
         return os.cpu_count() or 1

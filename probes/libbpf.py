@@ -21,6 +21,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from probes.cgroupfiles import PROC_SELF_FDINFO
+from probes.host import HostPaths
+
+# A descriptor of this process is in this process's /proc, whatever HostPaths the agent reads the host by.
+_OWN_HOST = HostPaths()
+
 log = logging.getLogger(__name__)
 
 # enum bpf_map_type values we care about (uapi/linux/bpf.h)
@@ -667,14 +673,8 @@ class BpfObject:
         stats = []
         for name in self._links:
             fd = self.program_fd(name)
-            fields: dict[str, int] = {}
             try:
-                with open(f"/proc/self/fdinfo/{fd}", "rb", buffering=0) as f:  # read every tick: no pathlib
-                    text = f.read(4096).decode()
-                for line in text.splitlines():
-                    key, _, value = line.partition(":")
-                    if value.strip().isdigit():
-                        fields[key.strip()] = int(value)
+                fields = PROC_SELF_FDINFO.read(_OWN_HOST, fd=fd)
             except OSError:
                 continue
             stats.append(

@@ -38,12 +38,24 @@ from probes.cgroupfiles import (  # the kernel files table
     PID_NET_IF_INET6,
     PID_NET_NETSTAT,
     PID_NET_SNMP,
+    PID_NS_NET,
 )
+from probes.host import HostPaths
 
 CLONE_NEWNET = 0x40000000
 NETLINK_SOCK_DIAG = 4
 TCP_LISTEN_STATE = 10  # TCP_LISTEN in the kernel's numbering
 _GONE = (errno.ENOENT, errno.ESRCH, errno.EINVAL)
+# The calling thread's namespace is in this process's /proc, whatever /proc the tasks are read from.
+_OWN_NETNS = str(PID_NS_NET.at(HostPaths(), pid="thread-self"))
+
+
+def _host(proc: str) -> HostPaths:
+    return HostPaths(proc=Path(proc))
+
+
+def _netns_path(proc: str, pid: int | str) -> str:
+    return str(PID_NS_NET.at(_host(proc), pid=pid))
 
 
 @dataclass(frozen=True)
@@ -103,25 +115,11 @@ class ListenQueueSnapshot:
         return [s for s in self.listeners if s.full]
 
 
-def _parse_proc_pairs(text: str) -> dict[str, dict[str, int]]:
-    """/proc/net/snmp and netstat: pairs of lines `Prefix: names...` / `Prefix: values...`."""
-    out: dict[str, dict[str, int]] = {}
-    lines = text.splitlines()
-    for header, values in zip(lines[::2], lines[1::2], strict=False):
-        prefix, _, names = header.partition(":")
-        vprefix, _, nums = values.partition(":")
-        if prefix != vprefix:
-            continue
-        with contextlib.suppress(ValueError):
-            out[prefix] = dict(zip(names.split(), (int(v) for v in nums.split()), strict=False))
-    return out
-
-
 def read_counters(pid: int, proc: str = "/proc") -> TcpCounters | None:
     """The TCP counters of <pid>'s network namespace; None if the process is gone."""
     try:
-        snmp = _parse_proc_pairs(Path(proc, PID_NET_SNMP.path.format(pid=pid)).read_text())
-        netstat = _parse_proc_pairs(Path(proc, PID_NET_NETSTAT.path.format(pid=pid)).read_text())
+        snmp = PID_NET_SNMP.read(_host(proc), pid=pid)
+        netstat = PID_NET_NETSTAT.read(_host(proc), pid=pid)
     except OSError as e:
         if e.errno in _GONE:
             return None
@@ -147,7 +145,7 @@ def _socket_in_netns(ns_fd: int) -> socket.socket:
 
     def run() -> None:
         try:
-            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            own = os.open(_OWN_NETNS, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
             result["error"] = e
             return
@@ -227,7 +225,7 @@ def _query_listeners(sock: socket.socket) -> list[ListenSocket]:
 def read_netns(pid: int, proc: str = "/proc") -> ListenQueueSnapshot | None:
     """Listen queues and TCP counters of <pid>'s network namespace; None if the process is gone."""
     try:
-        ns_fd = os.open(f"{proc}/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        ns_fd = os.open(_netns_path(proc, pid), os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
         if e.errno in _GONE:
             return None
@@ -237,7 +235,7 @@ def read_netns(pid: int, proc: str = "/proc") -> ListenQueueSnapshot | None:
         counters = read_counters(pid, proc)
         if counters is None:
             return None
-        if netns == os.stat("/proc/thread-self/ns/net").st_ino:
+        if netns == os.stat(_OWN_NETNS).st_ino:
             sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG)
         else:
             sock = _socket_in_netns(ns_fd)
@@ -250,25 +248,14 @@ def read_netns(pid: int, proc: str = "/proc") -> ListenQueueSnapshot | None:
 def read_local_addrs(pid: int, proc: str = "/proc") -> frozenset[str]:
     """The addresses local to <pid>'s network namespace (IPv4 from net/fib_trie's `/32 host LOCAL`
     entries, IPv6 from net/if_inet6), read from /proc without entering the namespace; empty if gone."""
-    out: set[str] = set()
     try:
-        trie = Path(proc, PID_NET_FIB_TRIE.path.format(pid=pid)).read_text()
+        ipv4 = PID_NET_FIB_TRIE.read(_host(proc), pid=pid)
     except OSError:
         return frozenset()
-    last = ""
-    for line in trie.splitlines():
-        text = line.strip()
-        if text.startswith("|-- "):
-            last = text[4:]
-        elif text.startswith("/32 host LOCAL") and last:
-            out.add(last)
-    with contextlib.suppress(OSError):
-        for line in Path(proc, PID_NET_IF_INET6.path.format(pid=pid)).read_text().splitlines():
-            raw = line.split()[0] if line.split() else ""
-            if len(raw) == 32:
-                with contextlib.suppress(ValueError):
-                    out.add(socket.inet_ntop(socket.AF_INET6, bytes.fromhex(raw)))
-    return frozenset(out)
+    try:
+        return ipv4 | PID_NET_IF_INET6.read(_host(proc), pid=pid)
+    except OSError:
+        return ipv4
 
 
 # ---- owners: which cgroup's tasks live in which network namespace --------------------------------
@@ -284,7 +271,7 @@ def first_pid(cgroup_dir: Path) -> int | None:
         below: list[Path] = []
         for d in level:
             try:
-                for pid in CGROUP_PROCS.parse(2, (d / CGROUP_PROCS.name(2)).read_text()):
+                for pid in CGROUP_PROCS.read(d, 2):
                     return pid
                 below.extend(Path(e.path) for e in os.scandir(d) if e.is_dir(follow_symlinks=False))
             except (OSError, ValueError):
@@ -301,7 +288,7 @@ def pids_of(cgroup_dir: Path) -> list[int]:
         below: list[Path] = []
         for d in level:
             try:
-                out.extend(CGROUP_PROCS.parse(2, (d / CGROUP_PROCS.name(2)).read_text()))
+                out.extend(CGROUP_PROCS.read(d, 2))
                 below.extend(Path(e.path) for e in os.scandir(d) if e.is_dir(follow_symlinks=False))
             except (OSError, ValueError):
                 continue
@@ -331,11 +318,6 @@ def socket_owners(inodes: set[int], pids: list[int], proc: str = "/proc") -> dic
                 if len(found) == len(want):
                     return found
     return found
-
-
-def socket_owner(inode: int, pids: list[int], proc: str = "/proc") -> int | None:
-    """The first of `pids` holding socket inode `inode` open."""
-    return socket_owners({inode}, pids, proc).get(inode)
 
 
 @dataclass(frozen=True)
@@ -423,7 +405,7 @@ class ListenWatch:
         cached = self._owner_ns.get(owner)
         if cached is not None:
             with contextlib.suppress(OSError):
-                if os.stat(f"{self.proc}/{cached[0]}/ns/net").st_ino == cached[1]:
+                if os.stat(_netns_path(self.proc, cached[0])).st_ino == cached[1]:
                     return cached
         directory = self.cgroup_dir(owner)
         pid = first_pid(directory) if directory is not None else None
@@ -431,7 +413,7 @@ class ListenWatch:
             self._owner_ns.pop(owner, None)
             return None
         try:
-            found = (pid, os.stat(f"{self.proc}/{pid}/ns/net").st_ino)
+            found = (pid, os.stat(_netns_path(self.proc, pid)).st_ino)
         except OSError:
             self._owner_ns.pop(owner, None)
             return None
@@ -488,7 +470,7 @@ class ListenWatch:
         for gone in set(self._owner_ns) - set(owners):
             del self._owner_ns[gone]
         try:
-            node_ns = os.stat(f"{self.proc}/1/ns/net").st_ino
+            node_ns = os.stat(_netns_path(self.proc, 1)).st_ino
         except OSError:
             node_ns = None
         namespaces: dict[int, NetnsReading] = {}

@@ -39,10 +39,11 @@ from probes.cgroupfiles import (  # the kernel files table
     PROC_VMSTAT,
     PROC_ZONEINFO,
     CgroupFile,
+    KernelFile,
     parse_flat_keyed,
 )
 from probes.cgroupfs import CgroupLayout
-from probes.host import HostPaths, ReadText, read_small, read_text_or_none
+from probes.host import HostPaths, ReadText, read_small
 
 ALLOCSTALL_PREFIX = "allocstall_"
 _V2_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
@@ -186,8 +187,8 @@ def parse_v2(
     )
 
 
-def parse_vmstat(text: str) -> NodeVmstat:
-    raw = parse_flat_keyed(text)
+def node_vmstat(raw: dict[str, int]) -> NodeVmstat:
+    """The reclaim counters of /proc/vmstat's `key value` lines (PROC_VMSTAT's parse)."""
     return NodeVmstat(
         allocstall={k[len(ALLOCSTALL_PREFIX):]: v for k, v in raw.items() if k.startswith(ALLOCSTALL_PREFIX)},
         pgscan_direct=raw.get("pgscan_direct"),
@@ -203,19 +204,26 @@ def parse_vmstat(text: str) -> NodeVmstat:
 # -- readers ------------------------------------------------------------------------------------
 
 
-def _read(path: Path) -> str | None:
+def _read(file: CgroupFile[Any], cgroup_dir: Path, version: int) -> str | None:
     try:
-        return read_text_or_none(path)
+        return file.raw(cgroup_dir, version)
+    except OSError:
+        return None  # unreadable counts as missing
+
+
+def _read_node_file(file: KernelFile[dict[str, int]], paths: HostPaths) -> dict[str, int] | None:
+    try:
+        return file.read_or_none(paths)
     except OSError:
         return None  # unreadable counts as missing
 
 
 def read_v1_memstat(cgroup_dir: Path) -> MemStat | None:
     """One cgroup in the v1 memory hierarchy; None when it vanished (or is not a memory cgroup)."""
-    stat = _read(cgroup_dir / MEMORY_STAT.name(1))
+    stat = _read(MEMORY_STAT, cgroup_dir, 1)
     if stat is None:
         return None
-    files = [_read(cgroup_dir / f) for f in MemStatReader.V1_FILES]
+    files = [_read(f, cgroup_dir, 1) for f in MemStatReader.V1_DECLARED]
     if any(t is None for t in files[:3]) and not cgroup_dir.is_dir():
         return None  # removed between the reads
     return parse_v1(stat, *files)
@@ -226,10 +234,10 @@ def read_v2_memstat(cgroup_dir: Path) -> MemStat | None:
 
     The v2 root has memory.stat but no memory.events/current/max: those fields are None there.
     """
-    stat = _read(cgroup_dir / MEMORY_STAT.name(2))
+    stat = _read(MEMORY_STAT, cgroup_dir, 2)
     if stat is None:
         return None
-    files = [_read(cgroup_dir / f) for f in MemStatReader.V2_FILES]
+    files = [_read(f, cgroup_dir, 2) for f in MemStatReader.V2_DECLARED]
     if any(t is None for t in files) and not cgroup_dir.is_dir():
         return None
     return parse_v2(stat, *files)
@@ -250,8 +258,8 @@ def read_memstat(layout: CgroupLayout, cgroup_path: str) -> MemStat | None:
 
 def read_node_vmstat(paths: HostPaths | None = None) -> NodeVmstat | None:
     paths = paths or HostPaths()
-    text = _read(PROC_VMSTAT.at(paths))
-    return None if text is None else parse_vmstat(text)
+    raw = _read_node_file(PROC_VMSTAT, paths)
+    return None if raw is None else node_vmstat(raw)
 
 
 # -- the node's free memory against its watermarks ------------------------------------------------
@@ -276,26 +284,12 @@ class NodeMemory:
     # lazily (deferred struct page init grown on demand): zones then grow before they reclaim
 
 
-def parse_zoneinfo_watermarks(text: str) -> dict[str, int]:
-    """{min, low, high, managed, present}: pages summed over every zone of every node in /proc/zoneinfo."""
-    sums = {"min": 0, "low": 0, "high": 0, "managed": 0, "present": 0}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) == 2 and fields[0] in sums and fields[1].isdigit():
-            sums[fields[0]] += int(fields[1])
-    return sums
-
-
 def read_node_memory(paths: HostPaths | None = None) -> NodeMemory | None:
     """The node's free memory and watermarks; None when /proc/vmstat or /proc/zoneinfo is unreadable."""
     paths = paths or HostPaths()
-    vmstat, zoneinfo = _read(PROC_VMSTAT.at(paths)), _read(PROC_ZONEINFO.at(paths))
-    if vmstat is None or zoneinfo is None:
+    raw, zones = _read_node_file(PROC_VMSTAT, paths), _read_node_file(PROC_ZONEINFO, paths)
+    if raw is None or zones is None or "nr_free_pages" not in raw:
         return None
-    raw = parse_flat_keyed(vmstat)
-    if "nr_free_pages" not in raw:
-        return None
-    zones = parse_zoneinfo_watermarks(zoneinfo)
     return NodeMemory(
         free_pages=raw["nr_free_pages"],
         file_pages=raw.get("nr_active_file", 0) + raw.get("nr_inactive_file", 0),
@@ -308,8 +302,10 @@ class MemStatReader:
     """One cgroup's memory accounting, read often: the file paths are built once (the per-tick cost
     was mostly pathlib), the results are those of :func:`read_memstat`."""
 
-    V1_FILES = tuple(f.name(1) for f in (MEMORY_USAGE, MEMORY_MAX, MEMORY_FAILCNT, MEMORY_EVENTS))
-    V2_FILES = tuple(f.name(2) for f in (MEMORY_EVENTS, MEMORY_USAGE, MEMORY_MAX))
+    V1_DECLARED = (MEMORY_USAGE, MEMORY_MAX, MEMORY_FAILCNT, MEMORY_EVENTS)  # parse_v1's order
+    V2_DECLARED = (MEMORY_EVENTS, MEMORY_USAGE, MEMORY_MAX)  # parse_v2's order
+    V1_FILES = tuple(f.name(1) for f in V1_DECLARED)
+    V2_FILES = tuple(f.name(2) for f in V2_DECLARED)
 
     def __init__(self, layout: CgroupLayout, cgroup_path: str) -> None:
         hierarchy = layout.hierarchy_for("memory")

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from probes.cgroupfiles import PROC_STAT, USER_HZ, CpuTimes
-from probes.host import HostPaths, read_text_or_none
+from probes.host import HostPaths
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,16 +38,17 @@ class ProcStatReader:
     """Reads /proc/stat under ``paths``; :attr:`latest` is the last reading, for the tick's other users."""
 
     def __init__(self, paths: HostPaths | None = None) -> None:
-        self.path = PROC_STAT.at(paths or HostPaths())
+        self.paths = paths or HostPaths()
+        self.path = PROC_STAT.at(self.paths)
         self.latest: ProcStatReading | None = None
 
     def read(self) -> ProcStatReading | None:
         """Read the file now (None when it is missing) and keep the reading as :attr:`latest`."""
-        text = read_text_or_none(self.path)
-        if text is None:
+        found = PROC_STAT.read_or_none(self.paths)
+        if found is None:
             self.latest = None
             return None
-        node, per_cpu = PROC_STAT.parse_text(text)
+        node, per_cpu = found
         self.latest = ProcStatReading(time.monotonic(), node, per_cpu)
         return self.latest
 

@@ -27,13 +27,15 @@ import math
 import os
 import select
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from probes.cgroupfiles import CGROUP_PRESSURE, CPU_PRESSURE, PROC_PRESSURE
-from probes.cgroupfs import CgroupLayout, v2_cgroup_path
-from probes.host import HostPaths, read_text_or_none
+from probes.cgroupfiles import CGROUP_PRESSURE, CPU_PRESSURE, PID_STATUS, PRESSURE, PROC_PRESSURE, PsiLine
+from probes.cgroupfs import CgroupLayout
+from probes.host import HostPaths
 
 RESOURCES: tuple[str, ...] = ("cpu", "memory", "io", "irq")
 StallKind = Literal["some", "full"]
@@ -50,14 +52,6 @@ CAP_SYS_RESOURCE = 24
 
 
 @dataclass(frozen=True)
-class PsiLine:
-    avg10: float  # percent of wall time stalled, averaged over 10 s
-    avg60: float
-    avg300: float
-    total_us: int  # cumulative stall time since the group was created
-
-
-@dataclass(frozen=True)
 class PsiReading:
     resource: str  # "cpu" | "memory" | "io" | "irq"
     some: PsiLine | None  # None only for irq, which reports "full" alone
@@ -65,30 +59,6 @@ class PsiReading:
 
 
 # -- parsing and reading ----------------------------------------------------------------------
-
-
-def parse_pressure(text: str) -> dict[str, PsiLine]:
-    """The "some"/"full" lines of a pressure file; unparsable or incomplete lines are skipped."""
-    lines: dict[str, PsiLine] = {}
-    for raw in text.splitlines():
-        fields = raw.split()
-        if not fields or fields[0] not in ("some", "full") or fields[0] in lines:
-            continue
-        values = dict(f.split("=", 1) for f in fields[1:] if "=" in f)
-        try:
-            line = PsiLine(
-                avg10=float(values["avg10"]),
-                avg60=float(values["avg60"]),
-                avg300=float(values["avg300"]),
-                total_us=int(values["total"]),
-            )
-        except (KeyError, ValueError):
-            continue
-        averages = (line.avg10, line.avg60, line.avg300)
-        if line.total_us < 0 or not all(math.isfinite(a) and a >= 0 for a in averages):
-            continue
-        lines[fields[0]] = line
-    return lines
 
 
 def resource_of(path: Path) -> str:
@@ -101,26 +71,26 @@ class _Unreadable(NamedTuple):
     absent: bool  # the file does not exist (as opposed to: exists but unreadable / garbage)
 
 
-def _load_pressure(path: Path, resource: str) -> PsiReading | _Unreadable:
+def _load_pressure(read: Callable[[], dict[str, PsiLine] | None], path: Path, resource: str) -> PsiReading | _Unreadable:
+    """One pressure file through its declaration's ``read_or_none`` (``path`` names it in reasons)."""
     try:
-        text = read_text_or_none(path)
+        lines = read()
     except OSError as e:
         hint = ""
         if e.errno == errno.EOPNOTSUPP:
             hint = " (IRQ time accounting off at run time)" if resource == "irq" else " (PSI disabled)"
         return _Unreadable(f"{path}: {e.strerror or e}{hint}", absent=False)
-    if text is None:
+    if lines is None:
         return _Unreadable(f"{path} absent", absent=True)
-    lines = parse_pressure(text)
     if not lines:
         return _Unreadable(f"{path}: no parsable some/full line", absent=False)
     return PsiReading(resource, lines.get("some"), lines.get("full"))
 
 
-def read_pressure_file(path: str | os.PathLike[str], resource: str | None = None) -> PsiReading | None:
-    """One pressure file; None when it is absent, vanished, unreadable or holds no valid line."""
-    path = Path(path)
-    result = _load_pressure(path, resource or resource_of(path))
+def read_cgroup_pressure(cgroup_dir: str | os.PathLike[str], resource: str) -> PsiReading | None:
+    """One pressure file of a v2 cgroup; None when it is absent, vanished, unreadable or holds no valid line."""
+    declared = PRESSURE[resource]
+    result = _load_pressure(partial(declared.read_or_none, cgroup_dir, 2), declared.path(cgroup_dir, 2), resource)
     return result if isinstance(result, PsiReading) else None
 
 
@@ -144,7 +114,8 @@ def read_node_psi(paths: HostPaths | None = None) -> NodePsi:
             unavailable[r] = f"{r}: {pressure_dir} absent (kernel without CONFIG_PSI, or booted with psi=0)"
         return NodePsi(readings, unavailable)
     for r in RESOURCES:
-        result = _load_pressure(pressure_dir / r, r)
+        result = _load_pressure(partial(PROC_PRESSURE.read_or_none, paths, resource=r),
+                                PROC_PRESSURE.at(paths, resource=r), r)
         if isinstance(result, PsiReading):
             readings[r] = result
         elif result.absent and r == "irq":
@@ -156,10 +127,9 @@ def read_node_psi(paths: HostPaths | None = None) -> NodePsi:
 
 def read_cgroup_psi(cgroup_dir: str | os.PathLike[str]) -> dict[str, PsiReading]:
     """The pressure files of one v2 cgroup; empty when it vanished or its PSI is off."""
-    cgroup_dir = Path(cgroup_dir)
     readings: dict[str, PsiReading] = {}
     for r in RESOURCES:
-        reading = read_pressure_file(cgroup_dir / f"{r}.pressure", r)
+        reading = read_cgroup_pressure(cgroup_dir, r)
         if reading is not None:
             readings[r] = reading
     return readings
@@ -205,36 +175,15 @@ def cgroup_psi_source(layout: CgroupLayout, v2_path: str) -> CgroupPsiSource:
     return _psi_state_of(layout.v2.path_of(v2_path))
 
 
-def cgroup_psi_source_for_pid(
-    layout: CgroupLayout, pid: int | str, paths: HostPaths | None = None
-) -> CgroupPsiSource:
-    """Per-cgroup PSI for the v2 cgroup a task is in (its `0::` line in /proc/<pid>/cgroup)."""
-    paths = paths or HostPaths()
-    if layout.v2 is None:
-        return CgroupPsiSource(None, "no cgroup v2 hierarchy on this host: per-cgroup PSI exists only in v2")
-    v2_path = v2_cgroup_path(paths, pid)
-    if v2_path is None:
-        if not (paths.proc / str(pid)).is_dir():
-            return CgroupPsiSource(None, f"pid {pid} exited")
-        return CgroupPsiSource(None, f"pid {pid} has no '0::' line in /proc/{pid}/cgroup")
-    if v2_path.endswith(" (deleted)"):
-        removed = v2_path.removesuffix(" (deleted)")
-        return CgroupPsiSource(None, f"pid {pid}'s v2 cgroup {removed} was removed")
-    if v2_path.startswith("/.."):
-        # Seen through a cgroup namespace: the path is relative to our namespace root.
-        return CgroupPsiSource(None, f"pid {pid}'s v2 cgroup {v2_path} is outside our cgroup namespace")
-    return _psi_state_of(layout.v2.path_of(v2_path))
-
-
 def _psi_state_of(cgroup_dir: Path) -> CgroupPsiSource:
     try:
-        enabled = read_text_or_none(cgroup_dir / CGROUP_PRESSURE.name(2))
+        enabled = CGROUP_PRESSURE.read_or_none(cgroup_dir, 2)
     except OSError as e:
         return CgroupPsiSource(cgroup_dir, f"{cgroup_dir}/cgroup.pressure: {e.strerror or e}")
     if not cgroup_dir.is_dir():
         return CgroupPsiSource(None, f"cgroup {cgroup_dir} does not exist (removed?)")
     # cgroup.pressure appeared in 6.1; older kernels have PSI always on for every v2 cgroup.
-    if enabled is not None and enabled.strip() == "0":
+    if enabled == 0:
         return CgroupPsiSource(cgroup_dir, f"PSI disabled for {cgroup_dir} (cgroup.pressure = 0)")
     if not (cgroup_dir / CPU_PRESSURE.name(2)).exists():
         return CgroupPsiSource(
@@ -278,19 +227,13 @@ def psi_rate(prev: PsiReading, cur: PsiReading, elapsed_s: float) -> PsiRate:
 # -- triggers -----------------------------------------------------------------------------------
 
 
-def has_cap_sys_resource(status_path: str | os.PathLike[str] = "/proc/self/status") -> bool:
+def has_cap_sys_resource(paths: HostPaths | None = None, pid: int | str = "self") -> bool:
     """Whether this process may use sub-2 s trigger windows (CAP_SYS_RESOURCE in CapEff)."""
     try:
-        text = read_text_or_none(status_path)
-    except OSError:
+        status = PID_STATUS.read_or_none(paths or HostPaths(), pid=pid)
+    except (OSError, ValueError):
         return False
-    for line in (text or "").splitlines():
-        if line.startswith("CapEff:"):
-            try:
-                return bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1)
-            except (IndexError, ValueError):
-                return False
-    return False
+    return status is not None and status.cap_eff is not None and bool(status.cap_eff >> CAP_SYS_RESOURCE & 1)
 
 
 def validate_trigger(
@@ -438,7 +381,7 @@ def _why_gone(path: Path) -> str:
     cgroup_dir = path.parent
     if path.name.endswith(".pressure"):
         with contextlib.suppress(OSError):
-            if (read_text_or_none(cgroup_dir / CGROUP_PRESSURE.name(2)) or "").strip() == "0":
+            if CGROUP_PRESSURE.read_or_none(cgroup_dir, 2) == 0:
                 return f"PSI was disabled for {cgroup_dir} (cgroup.pressure = 0)"
         # rmdir takes a cgroup's files away before its directory: a pressure file gone while PSI is on
         # is the cgroup going (in a TCG guest the poll woke between the two).

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from probes.base import BpfProbe
+from probes.cgroupfiles import PID_MAX
 from probes.cgroupfs import CgroupLayout, Hierarchy
 from probes.engine import (
     AttachMode,
@@ -447,7 +448,7 @@ def pair_capacity(cgroup_slots: int) -> int:
 def _pid_max(paths: HostPaths) -> int:
     """The host's pid_max (pids are below it); the kernel's limit if it cannot be read."""
     try:
-        return int((paths.proc / "sys/kernel/pid_max").read_text())
+        return PID_MAX.read(paths)
     except (OSError, ValueError):
         return PID_MAX_LIMIT
 

@@ -4,7 +4,7 @@
 Softirq time is charged to the CPU it ran on, never to the task that happened to be `current`:
 everything here is keyed by (cpu, vector). Stall events name the tasks that were current at the
 raise and at the run, so the detector can join "which pods ran on the CPUs that stalled".
-Ground truth: `/proc/softirqs` (:func:`read_proc_softirqs`) counts the same entries. Measured on
+Ground truth: `/proc/softirqs` (``testkit.procfiles.read_proc_softirqs``) counts the same entries. Measured on
 kernel 6.18 the BPF program sees 97-100 % of them (perf sees them all, no recursion misses are
 recorded; the missing runs are TIMER, SCHED and RCU ones): `entries` is a floor, never above the kernel.
 """
@@ -217,25 +217,6 @@ class SoftirqProbe(BpfProbe["SoftirqStall"]):
         """Stall events since the last call (waits up to timeout_ms for the first one)."""
         return self._poll_events(timeout_ms)
 
-
-
-def read_proc_softirqs(paths: HostPaths | None = None) -> dict[tuple[int, str], int]:
-    """/proc/softirqs as {(cpu, vector name): count} — the kernel's own count of softirq runs.
-    Columns or counts that are not numbers are skipped; an empty file gives {}."""
-    paths = paths or HostPaths()
-    lines = (paths.proc / "softirqs").read_text().splitlines()
-    if not lines:
-        return {}
-    cpus = [int(c[3:]) for c in lines[0].split() if c.startswith("CPU") and c[3:].isascii() and c[3:].isdigit()]
-    out: dict[tuple[int, str], int] = {}
-    for line in lines[1:]:
-        name, _, rest = line.partition(":")
-        if not rest:
-            continue
-        for cpu, count in zip(cpus, rest.split(), strict=False):
-            if count.isascii() and count.isdigit():
-                out[(cpu, name.strip())] = int(count)
-    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,13 +14,11 @@ from actuators.cgroupfile import (
     CgroupFiles,
     CgroupVanished,
     CgroupWriteError,
-    Resource,
     parse_cpu_list,
-    shares_to_weight,
-    weight_to_shares,
+    write_file,
 )
 from actuators.journal import Journal
-from probes.cgroupfiles import format_cpu_list
+from probes.cgroupfiles import CGROUP_THREADS, CPU_BURST, CPU_MAX, CPUSET_CPUS, format_cpu_list
 from probes.cgroupfs import discover
 from probes.host import HostPaths
 from tests.helpers_actuators import fake_v1_host, fake_v2_host
@@ -35,10 +33,9 @@ def test_v2_formats_on_fake_host(tmp_path: Path) -> None:
     paths = fake_v2_host(tmp_path, ["kubepods.slice", BE])
     files = CgroupFiles(paths)
     assert files.layout.mode == "v2"
-    assert files.path(Resource.CPU_QUOTA, BE).name == "cpu.max"
-    assert files.path(Resource.CPU_BURST, BE).name == "cpu.max.burst"
-    assert files.path(Resource.CPU_SHARES, BE).name == "cpu.weight"
-    assert files.path(Resource.TASKS, BE).name == "cgroup.threads"
+    assert files.path(CPU_MAX, BE).name == "cpu.max"
+    assert files.path(CPU_BURST, BE).name == "cpu.max.burst"
+    assert files.path(CGROUP_THREADS, BE).name == "cgroup.threads"
     assert files.read_cpu_max(BE).quota_us is None
     [w] = files.quota_writes(BE, 50_000)
     assert (w.old, w.new) == ("max 100000", "50000 100000")
@@ -47,41 +44,24 @@ def test_v2_formats_on_fake_host(tmp_path: Path) -> None:
     [w] = files.quota_writes(BE, None)
     assert w.new == "max 100000"
     assert files.burst_write(BE, 20_000).new == "20000"
-    # cpu.weight written in v2 units from v1 shares, read back in shares
-    sw = files.shares_write(BE, 2)
-    assert sw.new == "1"
-    (tmp_path / "sys/fs/cgroup" / BE / "cpu.weight").write_text("39\n")
-    assert files.read_shares(BE) == weight_to_shares(39)
     (tmp_path / "sys/fs/cgroup" / BE / "cgroup.threads").write_text("11\n12\n")
-    assert files.read_tasks(BE) == [11, 12]
-    assert files.kubepods_driver() == "systemd"
-    assert files.qos_cgroup("besteffort") == BE
-    assert files.qos_cgroup("guaranteed") == "kubepods.slice"
+    assert files.read(CGROUP_THREADS, BE) == (11, 12)
 
 
 def test_v1_formats_and_cgroupfs_driver(tmp_path: Path) -> None:
     paths = fake_v1_host(tmp_path, ["kubepods", "kubepods/besteffort"])
     files = CgroupFiles(paths)
-    assert files.kubepods_driver() == "cgroupfs"
-    be = files.qos_cgroup("besteffort")
-    assert be == "kubepods/besteffort"
-    assert files.path(Resource.CPU_QUOTA, be) == tmp_path / "sys/fs/cgroup/cpu/kubepods/besteffort/cpu.cfs_quota_us"
-    assert files.path(Resource.CPUSET_CPUS, be).parent == tmp_path / "sys/fs/cgroup/cpuset/kubepods/besteffort"
+    be = "kubepods/besteffort"
+    assert files.path(CPU_MAX, be) == tmp_path / "sys/fs/cgroup/cpu/kubepods/besteffort/cpu.cfs_quota_us"
+    assert files.path(CPUSET_CPUS, be).parent == tmp_path / "sys/fs/cgroup/cpuset/kubepods/besteffort"
     writes = files.quota_writes(be, 30_000, period_us=50_000)
     assert [(Path(w.path).name, w.old, w.new) for w in writes] == [
         ("cpu.cfs_period_us", "100000", "50000"), ("cpu.cfs_quota_us", "-1", "30000")]
-    assert files.read_shares(be) == 1024
-    assert files.descendants(Resource.CPUSET_CPUS, "kubepods") == ["kubepods", "kubepods/besteffort"]
+    assert files.read(CGROUP_THREADS, be) == ()
+    assert files.descendants(CPUSET_CPUS, "kubepods") == ["kubepods", "kubepods/besteffort"]
 
 
-def test_kernel_share_weight_conversion() -> None:
-    # kernel: weight = DIV_ROUND_CLOSEST(shares * 100, 1024), clamped [1, 10000]
-    assert shares_to_weight(1024) == 100
-    assert shares_to_weight(2) == 1
-    assert shares_to_weight(262144) == 10000
-    assert shares_to_weight(512) == 50
-    assert weight_to_shares(100) == 1024
-    assert weight_to_shares(1) == 10
+def test_cpu_list_format() -> None:
     assert parse_cpu_list("0-2,5,7-8\n") == (0, 1, 2, 5, 7, 8)
     assert format_cpu_list({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
     assert parse_cpu_list("") == ()
@@ -118,7 +98,7 @@ def test_journal_original_on_disk_before_write_and_restored_once(tmp_path: Path)
     assert all(doc["entries"][0]["original"] == "max 100000" for doc in seen_on_disk)
     assert len(journal.owned()) == 1
     report = journal.restore_all()
-    assert report.restored == [str(files.path(Resource.CPU_QUOTA, BE))]
+    assert report.restored == [str(files.path(CPU_MAX, BE))]
     assert files.read_cpu_max(BE).quota_us is None
     assert journal.owned() == {}
     assert not (jdir / "journal.json").exists()  # an empty journal is no file
@@ -132,7 +112,7 @@ def test_journal_reconcile_after_crash_restores_and_reown_keeps(tmp_path: Path) 
     reowned = Journal(jdir).reconcile(reown=True)
     assert len(reowned.reowned) == 2 and files.read_cpu_max(BE).quota_us == 50_000
     report = Journal(jdir).reconcile()
-    assert sorted(report.restored) == sorted(str(files.path(r, BE)) for r in (Resource.CPU_QUOTA, Resource.CPU_BURST))
+    assert sorted(report.restored) == sorted(str(files.path(r, BE)) for r in (CPU_MAX, CPU_BURST))
     assert files.read_cpu_max(BE).quota_us is None and files.read_burst_us(BE) == 0
 
 
@@ -140,7 +120,7 @@ def test_journal_leaves_foreign_changes_alone(tmp_path: Path) -> None:
     files = CgroupFiles(fake_v2_host(tmp_path, [BE]))
     journal = Journal(tmp_path / "j")
     journal.apply("a1", files.quota_writes(BE, 50_000))
-    files.path(Resource.CPU_QUOTA, BE).write_text("70000 100000\n")  # kubelet re-applied its own value
+    files.path(CPU_MAX, BE).write_text("70000 100000\n")  # kubelet re-applied its own value
     report = journal.restore_all()
     assert report.foreign and not report.restored
     assert files.read_cpu_max(BE).quota_us == 70_000
@@ -164,10 +144,10 @@ def test_failed_multi_file_change_rolls_back_real_cgroup(make_cgroup, tmp_path: 
     files = CgroupFiles(HostPaths(), layout)
     rel = str(cg.path("cpu").relative_to(layout.hierarchy_for("cpu").mount))
     assert str(cg.path("cpuset").relative_to(layout.hierarchy_for("cpuset").mount)) == rel
-    before = {r: files.read_raw(r, rel) for r in (Resource.CPU_QUOTA, Resource.CPU_BURST, Resource.CPUSET_CPUS)}
+    before = {r: files.read_raw(r, rel) for r in (CPU_MAX, CPU_BURST, CPUSET_CPUS)}
     journal = Journal(tmp_path / "j")
     writes = [*files.quota_writes(rel, 50_000), files.burst_write(rel, 20_000),
-              FileWrite(str(files.path(Resource.CPUSET_CPUS, rel)), before[Resource.CPUSET_CPUS].strip(), "4096")]
+              FileWrite(str(files.path(CPUSET_CPUS, rel)), before[CPUSET_CPUS].strip(), "4096")]
     with pytest.raises(ActionError) as exc:
         journal.apply("bad", writes)
     assert "rolled back 2" in str(exc.value) and "\n" not in str(exc.value)
@@ -176,7 +156,7 @@ def test_failed_multi_file_change_rolls_back_real_cgroup(make_cgroup, tmp_path: 
     # the kernel rule that shapes the undo order: burst may not exceed quota
     journal.apply("ok", [*files.quota_writes(rel, 50_000), files.burst_write(rel, 50_000)])
     with pytest.raises(CgroupWriteError):
-        files.write_raw(Resource.CPU_QUOTA, rel, "30000")
+        write_file(files.path(CPU_MAX, rel), "30000")
     assert journal.restore_all().ok
     assert {r: files.read_raw(r, rel) for r in before} == before
 

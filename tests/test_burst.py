@@ -13,11 +13,12 @@ from prometheus_client import CollectorRegistry
 
 from actuators.base import ActionState, Refused
 from actuators.burst import BurstActuator, CfsQuotaBurstController
-from actuators.cgroupfile import CgroupFiles, Resource
+from actuators.cgroupfile import CgroupFiles
 from actuators.journal import Journal
 from actuators.manager import ActuatorManager
 from detector.decisions import ActionKind, BurstAmount, Decision, Target
 from detector.policy import ActuatorPolicy, CpuBurstStrategy
+from probes.cgroupfiles import CPU_BURST, CPU_MAX
 from probes.cgroupfs import discover
 from probes.host import HostPaths
 from testkit.sandbox import shield
@@ -44,7 +45,7 @@ def _decide(cgroup: str, qos: str = "LS", **amount) -> Decision:
 def test_quota_scaling_plan_clamped_and_ordered(tmp_path: Path) -> None:
     ls = "kubepods.slice/kubepods-burstable.slice/pod1"
     files = CgroupFiles(fake_v2_host(tmp_path, ["kubepods.slice", "kubepods.slice/kubepods-burstable.slice", ls]))
-    files.path(Resource.CPU_QUOTA, ls).write_text("50000 100000\n")
+    files.path(CPU_MAX, ls).write_text("50000 100000\n")
     journal = Journal(tmp_path / "j")
     act = BurstActuator(files, journal, CpuBurstStrategy(policy="auto", cfs_quota_burst_percent=300))
     plan = act.plan(_decide(ls, burst_us=None))
@@ -96,7 +97,7 @@ def test_cfs_burst_cuts_throttling_of_real_ls_cgroup(make_cgroup, tmp_path: Path
     layout = discover(HostPaths())
     rel = str(ls.path("cpu").relative_to(layout.hierarchy_for("cpu").mount))
     files = CgroupFiles(HostPaths(), layout)
-    if not files.exists(Resource.CPU_BURST, rel):
+    if not files.exists(CPU_BURST, rel):
         pytest.skip("kernel without CFS burst (cpu.cfs_burst_us)")
     # First on its CPU against the rest of the node: a 30 ms burst that waits behind other test runs
     # and CI load is stretched over more than its quota periods and is seldom throttled at all.

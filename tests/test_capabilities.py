@@ -67,9 +67,9 @@ def listen_queues():
     assert snap is not None and any(s.port == @PORT@ for s in snap.listeners), snap
 
 def socket_owner():
-    from probes.listenq import read_netns, socket_owner
+    from probes.listenq import read_netns, socket_owners
     (s,) = [s for s in read_netns(pid).listeners if s.port == @PORT@]
-    assert socket_owner(s.inode, [pid]) == pid, "not found"
+    assert socket_owners({s.inode}, [pid]).get(s.inode) == pid, "not found"
 
 def cgroup_write():
     with open(cgroup_file) as f:

@@ -14,19 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from probes.cgroupfiles import CPU_MAX
+from probes.cgroupfiles import CPU_MAX, parse_flat_keyed
 from probes.cgroupfs import discover
 from probes.cpuacct import (
     CgroupCpuReader,
     CgroupCpuStat,
     cpu_delta,
-    cpu_stat_unavailable_reason,
     locate_cpu_stat_dirs,
-    parse_keyed_counters,
     read_cgroup_cpu,
     read_v1_cpu_stat,
 )
 from probes.host import HostPaths
+from testkit.cpu_reasons import cpu_stat_unavailable_reason
 from testkit.sandbox import OwnedCgroup, shield
 from testkit.timing import slowdown
 
@@ -92,9 +91,9 @@ BOTH_READERS = pytest.mark.parametrize("read_cpu", [read_cgroup_cpu, _lean_read]
 # -- parsing ------------------------------------------------------------------------------------
 
 
-def test_parse_keyed_counters_skips_garbage() -> None:
+def test_parse_flat_keyed_skips_garbage() -> None:
     text = "usage_usec 10\nbroken\nnr_periods x\n\nthree fields here\nnr_throttled 2\n"
-    assert parse_keyed_counters(text) == {"usage_usec": 10, "nr_throttled": 2}
+    assert parse_flat_keyed(text) == {"usage_usec": 10, "nr_throttled": 2}
 
 
 @pytest.mark.parametrize(

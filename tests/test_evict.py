@@ -7,16 +7,13 @@ import pytest
 
 from actuators.base import ActionError, Refused
 from actuators.evict import (
-    BeCpuSample,
     EvictActuator,
     PodUsage,
-    cpu_satisfaction_release,
-    memory_release,
 )
 from detector.decisions import ActionKind, Decision, EvictAmount, Target
 from detector.model import Culprit, Incident
 from detector.pods import pod_from_dict
-from detector.policy import ActuatorPolicy, ResourceThresholdStrategy
+from detector.policy import ActuatorPolicy
 from testkit.fakekube import FakeKube, make_pod
 
 GiB = 2**30
@@ -249,39 +246,6 @@ def test_plan_refusals(kube):
         act.plan(decision("whim"))
     with pytest.raises(Refused, match="bad release"):
         act.plan(decision("cpu_satisfaction", cores=-1.0))
-
-
-# -- koordlet's triggers ----------------------------------------------------------------------
-
-
-def samples(n: int, limit: float, request: float, usage: float, end: float = 1000.0) -> list[BeCpuSample]:
-    return [BeCpuSample(end - i, limit, request, usage) for i in range(n)]
-
-
-def test_cpu_satisfaction_release():
-    rt = ResourceThresholdStrategy()
-    # satisfaction 4/10 = 0.4 <= 0.6, usage 3.8/4 = 95 % >= 90 %: release 10 * (0.9 - 0.4) = 5 cores
-    assert cpu_satisfaction_release(samples(300, 4, 10, 3.8), 1000.0, rt, 1.0) == pytest.approx(5.0)
-    assert cpu_satisfaction_release(samples(100, 4, 10, 3.8), 1000.0, rt, 1.0) == pytest.approx(5.0)
-    assert cpu_satisfaction_release(samples(99, 4, 10, 3.8), 1000.0, rt, 1.0) == 0.0  # < 1/3 of the window
-    assert cpu_satisfaction_release(samples(300, 4, 10, 3.0), 1000.0, rt, 1.0) == 0.0  # usage 75 % < 90 %
-    assert cpu_satisfaction_release(samples(300, 7, 10, 7.0), 1000.0, rt, 1.0) == 0.0  # satisfaction 70 % > 60 %
-    assert cpu_satisfaction_release(samples(300, 6, 10, 6.0), 1000.0, rt, 1.0) == pytest.approx(3.0)  # at 60 %
-    # the current sample releases less than the window average: the smaller wins
-    window = [*samples(299, 2, 10, 2.0, end=999.0), BeCpuSample(1000.0, 5, 10, 5.0)]
-    assert cpu_satisfaction_release(window, 1000.0, rt, 1.0) == pytest.approx(10 * (0.9 - 0.5))
-    # a stale newest sample: no decision
-    assert cpu_satisfaction_release(samples(300, 4, 10, 3.8, end=990.0), 1000.0, rt, 1.0) == 0.0
-
-
-def test_memory_release():
-    rt = ResourceThresholdStrategy()
-    cap = 100 * GiB
-    assert memory_release(cap, 75 * GiB, rt) == 7 * GiB  # down to 70 - 2 = 68 %
-    assert memory_release(cap, 70 * GiB, rt) == 2 * GiB
-    assert memory_release(cap, 69 * GiB, rt) == 0
-    assert memory_release(cap, 80 * GiB, ResourceThresholdStrategy(memory_evict_lower_percent=50)) == 30 * GiB
-    assert memory_release(0, 1, rt) == 0
 
 
 def test_prepare_loads_the_client_before_the_first_eviction(kube):

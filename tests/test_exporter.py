@@ -23,8 +23,8 @@ from probes import reclaim, runqlat, softirq, tcpconnect
 from probes.cgroupfs import discover
 from probes.hist import HIST_SLOTS, LatencyHistogram
 from probes.snapshot import NodeSnapshot
-from probes.softirq import read_proc_softirqs
 from testkit.exporter_support import CONTROLLERS, ProbeSet, Scraper, pod_cgroup_name, rel_path, samples
+from testkit.procfiles import read_proc_softirqs
 from testkit.tools import require_tool
 from tests.ground_truth import softirq_in_flight, softirq_missed_allowance
 

@@ -43,14 +43,11 @@ from detector.policy import (
     ResourceThresholdStrategy,
     parse_policy,
 )
-from probes.cgroupfiles import CPU_MAX, CgroupFileParseError
-from probes.cpuacct import parse_keyed_counters
+from probes.cgroupfiles import CPU_MAX, CgroupFileParseError, parse_pressure, parse_proc_pairs
 from probes.host import HostPaths
-from probes.listenq import _parse_proc_pairs
-from probes.memstat import parse_flat_keyed, parse_v1, parse_v2, parse_vmstat
-from probes.psi import parse_pressure
+from probes.memstat import node_vmstat, parse_flat_keyed, parse_v1, parse_v2
 from probes.snapshot import parse_proc_stat
-from probes.softirq import read_proc_softirqs
+from testkit.procfiles import read_proc_softirqs
 
 EXAMPLES = int(os.environ.get("NN_FUZZ_EXAMPLES", "150"))
 fuzz = settings(
@@ -279,19 +276,19 @@ stat_files = st.one_of(
 @fuzz
 @given(stat_files)
 def test_stat_file_parsers_skip_bad_lines(text: str) -> None:
-    counters = parse_keyed_counters(text)  # cpu.stat, cpuacct.stat
+    counters = parse_flat_keyed(text)  # cpu.stat, cpuacct.stat
     assert all(isinstance(v, int) for v in counters.values())
     assert all(isinstance(v, int) for v in parse_flat_keyed(text).values())  # memory.stat, vmstat
     got = CPU_MAX.parse_or_none(2, text)
     assert got is None or (got.period_us > 0 and (got.quota_us is None or got.quota_us > 0))
     parse_v1(text, text, text, text, text)
     parse_v2(text, text, text, text)
-    parse_vmstat(text).allocstall_total  # noqa: B018 - the property reads the sum
+    node_vmstat(parse_flat_keyed(text)).allocstall_total  # noqa: B018 - the property reads the sum
     for line in parse_pressure(text).values():  # *.pressure
         assert line.total_us >= 0
     _total, per_cpu = parse_proc_stat(text)
     assert all(isinstance(c, int) for c in per_cpu)
-    pairs = _parse_proc_pairs(text)  # /proc/net/snmp, netstat
+    pairs = parse_proc_pairs(text)  # /proc/net/snmp, netstat
     assert all(isinstance(v, int) for kv in pairs.values() for v in kv.values())
 
 

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from actuators.base import ActionState, Refused
-from actuators.cgroupfile import CgroupFiles, Resource
+from actuators.cgroupfile import CgroupFiles
 from actuators.journal import Journal
 from actuators.manager import ActuatorManager
 from actuators.memory import MemorySuppressActuator
@@ -21,6 +21,7 @@ from actuators.mitigate import MitigationPlanner
 from detector.decisions import ActionKind, Cause, Decision, LoggingSink, MemorySuppressAmount, Target
 from detector.model import Culprit, Incident
 from detector.policy import ActuatorPolicy
+from probes.cgroupfiles import CPU_MAX, MEMORY_HIGH, MEMORY_USAGE
 from probes.cgroupfs import discover
 from probes.host import HostPaths
 
@@ -45,7 +46,7 @@ def test_be_memory_capped_at_usage_and_restored(make_cgroup, tmp_path: Path) -> 
     layout = discover(HostPaths())
     rel = str(be.path("memory").relative_to(layout.hierarchy_for("memory").mount))
     files = CgroupFiles(HostPaths(), layout)
-    original = files.read_raw(Resource.MEMORY_LIMIT, rel).strip()
+    original = files.read_raw(MEMORY_HIGH, rel).strip()
     proc = subprocess.Popen([sys.executable, "-c", FILL, str(tmp_path / "fill"), "64"], preexec_fn=be.preexec)
     journal = Journal(tmp_path / "j")
     manager = ActuatorManager([MemorySuppressActuator(files, journal)], journal, ActuatorPolicy(dry_run=False),
@@ -53,13 +54,13 @@ def test_be_memory_capped_at_usage_and_restored(make_cgroup, tmp_path: Path) -> 
     try:
         import time
         deadline = time.monotonic() + 20
-        while int(files.read_raw(Resource.MEMORY_USAGE, rel)) < 48 << 20 and time.monotonic() < deadline:
+        while int(files.read_raw(MEMORY_USAGE, rel)) < 48 << 20 and time.monotonic() < deadline:
             time.sleep(0.2)
-        usage = int(files.read_raw(Resource.MEMORY_USAGE, rel))
+        usage = int(files.read_raw(MEMORY_USAGE, rel))
         manager.submit(_decision(rel))
         rec = manager.records[-1]
         assert rec.state == ActionState.APPLIED, rec.detail
-        limit = int(files.read_raw(Resource.MEMORY_LIMIT, rel))
+        limit = int(files.read_raw(MEMORY_HIGH, rel))
         print(rec.plan.summary)
         assert usage * 0.8 <= limit <= usage * 1.1
         for qos in ("LS", "LSR", "SYSTEM", None):  # never a non-BE pod
@@ -71,7 +72,7 @@ def test_be_memory_capped_at_usage_and_restored(make_cgroup, tmp_path: Path) -> 
         proc.kill()
         proc.wait()
         manager.close()
-    assert files.read_raw(Resource.MEMORY_LIMIT, rel).strip() == original and not journal.owned()
+    assert files.read_raw(MEMORY_HIGH, rel).strip() == original and not journal.owned()
 
 
 def _reclaim_incident(culprits: list[Culprit]) -> Incident:
@@ -162,10 +163,10 @@ def test_the_sandbox_layout_finds_a_test_pods_memory_cgroup_by_its_cpu_path(tmp_
     pod = "nn-test-1/kubepods.slice/batch"
     files = CgroupFiles(paths, sandbox_layout(paths))
     cpu_path = f"{cpu_own.rstrip('/')}/{pod}"
-    assert files.dir(Resource.MEMORY_LIMIT, cpu_path) == paths.cgroup_root / "memory/process_api/abc" / pod
-    assert files.dir(Resource.CPU_QUOTA, cpu_path) == paths.cgroup_root / "cpu,cpuacct" / cpu_path.lstrip("/")
+    assert files.dir(MEMORY_HIGH, cpu_path) == paths.cgroup_root / "memory/process_api/abc" / pod
+    assert files.dir(CPU_MAX, cpu_path) == paths.cgroup_root / "cpu,cpuacct" / cpu_path.lstrip("/")
     plain = CgroupFiles(paths, discover(paths))
-    assert plain.dir(Resource.MEMORY_LIMIT, cpu_path) == paths.cgroup_root / "memory" / cpu_path.lstrip("/")
+    assert plain.dir(MEMORY_HIGH, cpu_path) == paths.cgroup_root / "memory" / cpu_path.lstrip("/")
 
 
 @pytest.mark.root
@@ -176,8 +177,8 @@ def test_the_sandbox_layout_reaches_a_real_owned_memory_cgroup(make_cgroup) -> N
     layout = discover(HostPaths())
     cpu_path = "/" + str(cg.path("cpu").relative_to(layout.hierarchy_for("cpu").mount))
     files = CgroupFiles(HostPaths(), sandbox_layout())
-    assert files.path(Resource.MEMORY_LIMIT, cpu_path).exists()
-    assert files.dir(Resource.MEMORY_LIMIT, cpu_path) == cg.path("memory")
+    assert files.path(MEMORY_HIGH, cpu_path).exists()
+    assert files.dir(MEMORY_HIGH, cpu_path) == cg.path("memory")
 
 
 def test_planner_waits_for_a_culprit_of_global_reclaim_instead_of_calling_it_the_victims_limit() -> None:

@@ -13,10 +13,10 @@ from probes.host import HostPaths
 from probes.memstat import (
     MemStat,
     MemStatReader,
+    node_vmstat,
     parse_flat_keyed,
     parse_v1,
     parse_v2,
-    parse_vmstat,
     read_memstat,
     read_node_vmstat,
     read_v1_memstat,
@@ -311,7 +311,7 @@ def test_vmstat_reclaim_counters(tmp_path: Path) -> None:
     # pgsteal_{anon,file} count every reclaim; minus the global kinds leaves cgroup-limit reclaim.
     assert cgroup_reclaim_pgsteal(node) == 184284 - 1000 - 500
     assert read_node_vmstat(HostPaths.under(tmp_path / "nothing")) is None
-    old = parse_vmstat("allocstall 7\npgsteal_direct 1\n")  # pre-4.8 single counter: not a zone
+    old = node_vmstat(parse_flat_keyed("allocstall 7\npgsteal_direct 1\n"))  # pre-4.8 single counter: not a zone
     assert old.allocstall_total == 0 and cgroup_reclaim_pgsteal(old) is None
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from probes.cgroupfiles import parse_pressure
 from probes.cgroupfs import discover
 from probes.cgroupwatch import CgroupWatch
 from probes.host import HostPaths
@@ -24,13 +25,11 @@ from probes.psi import (
     PsiTriggerWatcher,
     cgroup_psi_scope,
     cgroup_psi_source,
-    cgroup_psi_source_for_pid,
     has_cap_sys_resource,
-    parse_pressure,
     psi_rate,
+    read_cgroup_pressure,
     read_cgroup_psi,
     read_node_psi,
-    read_pressure_file,
     validate_trigger,
 )
 from testkit.sandbox import OwnedCgroup
@@ -140,12 +139,14 @@ def test_parse_first_duplicate_wins() -> None:
     assert parse_pressure(text)["some"].total_us == 5
 
 
-def test_read_pressure_file_bad_inputs(tmp_path: Path) -> None:
-    assert read_pressure_file(tmp_path / "cpu.pressure") is None  # missing
-    assert read_pressure_file(write(tmp_path / "io.pressure", "junk\n")) is None
+def test_read_cgroup_pressure_bad_inputs(tmp_path: Path) -> None:
+    assert read_cgroup_pressure(tmp_path, "cpu") is None  # missing
+    write(tmp_path / "io.pressure", "junk\n")
+    assert read_cgroup_pressure(tmp_path, "io") is None
     (tmp_path / "memory.pressure").mkdir()
-    assert read_pressure_file(tmp_path / "memory.pressure") is None  # EISDIR: unreadable, no traceback
-    reading = read_pressure_file(write(tmp_path / "irq.pressure", IRQ_TEXT))
+    assert read_cgroup_pressure(tmp_path, "memory") is None  # EISDIR: unreadable, no traceback
+    write(tmp_path / "irq.pressure", IRQ_TEXT)
+    reading = read_cgroup_pressure(tmp_path, "irq")
     assert reading is not None and reading.resource == "irq" and reading.some is None
     assert reading.full is not None and reading.full.total_us == 80506377366
 
@@ -235,35 +236,6 @@ def test_psi_scope_per_layout(hybrid_host: Path, tmp_path_factory: pytest.TempPa
     assert cgroup_psi_scope(discover(HostPaths.under(v1_only))).startswith("none: no cgroup v2")
 
 
-def test_hybrid_pid_maps_to_unified_tree(hybrid_host: Path) -> None:
-    paths = HostPaths.under(hybrid_host)
-    layout = discover(paths)
-    assert layout.mode == "hybrid"
-    source = cgroup_psi_source_for_pid(layout, 42, paths)
-    assert source.available
-    assert source.cgroup_dir == hybrid_host / "sys/fs/cgroup/unified/system.slice/app.service"
-    assert set(read_cgroup_psi(source.cgroup_dir)) == {"cpu", "memory", "io"}
-
-
-@pytest.mark.parametrize(
-    ("cgroup_file", "expected"),
-    [
-        (None, "exited"),
-        ("1:cpu:/a\n", "no '0::' line"),
-        ("0::/system.slice/app.service (deleted)\n", "was removed"),
-        ("0::/../../outside\n", "outside our cgroup namespace"),
-        ("0::/not/there\n", "does not exist"),
-    ],
-)
-def test_pid_mapping_degrades_with_a_reason(hybrid_host: Path, cgroup_file: str | None, expected: str) -> None:
-    paths = HostPaths.under(hybrid_host)
-    if cgroup_file is not None:
-        write(hybrid_host / "proc/77/cgroup", cgroup_file)
-    source = cgroup_psi_source_for_pid(discover(paths), 77, paths)
-    assert not source.available
-    assert expected in (source.reason or "")
-
-
 # -- rates --------------------------------------------------------------------------------------
 
 
@@ -325,10 +297,14 @@ def test_trigger_validation_accepts_kernel_rules() -> None:
 
 def test_has_cap_sys_resource(tmp_path: Path) -> None:
     # This machine's root has every capability but CAP_SYS_RESOURCE (bit 24).
-    assert not has_cap_sys_resource(write(tmp_path / "a", "Name:\tx\nCapEff:\t000001fffeffffff\n"))
-    assert has_cap_sys_resource(write(tmp_path / "b", "CapEff:\t0000000001000000\n"))
-    assert not has_cap_sys_resource(write(tmp_path / "c", "CapEff:\tzz\n"))
-    assert not has_cap_sys_resource(tmp_path / "missing")
+    host = HostPaths.under(tmp_path)
+    write(host.proc / "1/status", "Name:\tx\nCapEff:\t000001fffeffffff\n")
+    write(host.proc / "2/status", "CapEff:\t0000000001000000\n")
+    write(host.proc / "3/status", "CapEff:\tzz\n")
+    assert not has_cap_sys_resource(host, 1)
+    assert has_cap_sys_resource(host, 2)
+    assert not has_cap_sys_resource(host, 3)
+    assert not has_cap_sys_resource(host, 4)  # missing
 
 
 def open_fds() -> set[str]:
@@ -424,12 +400,13 @@ def test_node_psi_matches_the_files_read_back_to_back() -> None:
 
 @pytest.mark.vm
 @pytest.mark.root
-def test_real_cgroup_psi_follows_the_task(make_cgroup) -> None:
+def test_real_cgroup_psi_of_a_busy_cgroup(make_cgroup) -> None:
     require_unified_tree()
     cg = make_cgroup("psi", ("unified",))
     proc = spawn_busy(cg, 0.5)
     try:
-        source = cgroup_psi_source_for_pid(discover(), proc.pid)
+        layout = discover()
+        source = cgroup_psi_source(layout, "/" + str(cg.path("unified").relative_to(layout.v2.mount)))
         assert source.available, source.reason
         assert source.cgroup_dir == cg.path("unified")
         readings = read_cgroup_psi(source.cgroup_dir)

@@ -19,12 +19,13 @@ from actuators.resctrl import (
     detect_support,
     l3_mask,
     mb_value,
-    parse_cpuinfo,
     parse_schemata,
     qos_strategy_decisions,
+    rdt_flags,
 )
 from detector.decisions import ActionKind, Decision, ResctrlAmount, Target
 from detector.policy import ResctrlQos, ResourceQosStrategy
+from probes.cgroupfiles import parse_cpuinfo
 from probes.host import HostPaths
 from tests.fake_resctrl import (
     AMD_1D,
@@ -70,14 +71,14 @@ def sleepers():
 
 
 def test_cpuinfo_flags_from_sample_files():
-    intel = parse_cpuinfo(INTEL_CPUINFO)
+    intel = rdt_flags(parse_cpuinfo(INTEL_CPUINFO))
     assert (intel.vendor, intel.cat_l3, intel.mba, intel.cqm_llc, intel.cqm_mbm_total, intel.cqm_mbm_local) == \
         ("intel", True, True, True, True, True)
-    amd = parse_cpuinfo(AMD_CPUINFO)
+    amd = rdt_flags(parse_cpuinfo(AMD_CPUINFO))
     assert (amd.vendor, amd.cat_l3, amd.mba) == ("amd", True, True)
-    none = parse_cpuinfo(NO_RDT_CPUINFO)
+    none = rdt_flags(parse_cpuinfo(NO_RDT_CPUINFO))
     assert (none.cat_l3, none.mba, none.cqm_llc) == (False, False, False)
-    assert parse_cpuinfo("").vendor == "unknown"
+    assert rdt_flags(parse_cpuinfo("")).vendor == "unknown"
 
 
 def test_support_detection_on_fake_hosts(tmp_path):
@@ -103,7 +104,7 @@ def test_support_detection_on_fake_hosts(tmp_path):
 
 def test_real_host_reports_unavailable():
     support = detect_support(HostPaths())
-    real_flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
+    real_flags = rdt_flags(parse_cpuinfo(Path("/proc/cpuinfo").read_text()))
     real_mounted = "resctrl" in Path("/proc/filesystems").read_text() and any(
         line.split()[2] == "resctrl" for line in Path("/proc/mounts").read_text().splitlines())
     if (real_flags.cat_l3 or real_flags.mba) and real_mounted:

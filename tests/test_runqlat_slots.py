@@ -39,9 +39,6 @@ class FakeSlotMaps:
         self.index_reads += 1
         return [(k, v.to_bytes(4, "little")) for k, v in self.index.items()]
 
-    def map_split(self, name: str, raw: bytes) -> list[bytes]:
-        return [raw[i * VALUE:(i + 1) * VALUE] for i in range(CPUS)]
-
 
 def _slots(maps: FakeSlotMaps) -> StripedSlots:
     return StripedSlots(maps, "index", "stats", "free", VALUE, KEY.size, CPUS, (0, 1, 2))  # type: ignore[arg-type]

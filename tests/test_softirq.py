@@ -27,9 +27,9 @@ from probes.softirq import (
     SoftirqProbe,
     SoftirqSnapshot,
     SoftirqStats,
-    read_proc_softirqs,
     summarize,
 )
+from testkit.procfiles import read_proc_softirqs
 from testkit.timing import slowdown
 from tests.ground_truth import softirq_missed_allowance
 
@@ -449,7 +449,7 @@ def test_kernel_without_btf_is_one_clear_line(tmp_path):
 
 # ---- parsing and summaries (no kernel needed) -----------------------------------------------------------
 
-PROC_SOFTIRQS = """\
+SOFTIRQS_TEXT = """\
                     CPU0       CPU1       CPU2
           HI:          1          0          0
        TIMER:      15129      15417         12
@@ -464,16 +464,16 @@ PROC_SOFTIRQS = """\
 """
 
 
-def test_read_proc_softirqs_parses_every_cpu_and_vector(tmp_path):
+def test_proc_softirqs_parses_every_cpu_and_vector(tmp_path):
     (tmp_path / "proc").mkdir()
-    (tmp_path / "proc" / "softirqs").write_text(PROC_SOFTIRQS)
+    (tmp_path / "proc" / "softirqs").write_text(SOFTIRQS_TEXT)
     got = read_proc_softirqs(HostPaths.under(tmp_path))
     assert len(got) == 30
     assert got[(1, "NET_RX")] == 1589222 and got[(2, "RCU")] == 9 and got[(0, "HI")] == 1
     assert {v for _, v in got} == set(VECTORS)
 
 
-def test_read_proc_softirqs_on_this_kernel_has_every_vector():
+def test_proc_softirqs_on_this_kernel_has_every_vector():
     got = read_proc_softirqs()
     assert {v for _, v in got} == set(VECTORS)
     assert {c for c, _ in got} == set(range(len({c for c, _ in got})))

@@ -120,17 +120,18 @@ def test_this_hosts_steal_matches_the_kernel():
 def test_a_collector_tick_reads_proc_stat_once_and_the_probe_takes_that_reading(monkeypatch):
     """/proc/stat once a tick (issue 42): the collector reads it at the start of the tick and the steal
     probe takes that reading, so the node's CPU times and the probe's steal are the same read."""
-    from probes import procstat
+    from probes import cgroupfiles
     from probes.collect import NodeCollector
 
     reads: list[Path] = []
-    real = procstat.read_text_or_none
+    real = cgroupfiles._read_text  # every read of a declared /proc file goes through it
 
-    def counted(path: Path) -> str | None:
-        reads.append(path)
+    def counted(path: str) -> str:
+        if Path(path) == HostPaths().proc / "stat":
+            reads.append(Path(path))
         return real(path)
 
-    monkeypatch.setattr(procstat, "read_text_or_none", counted)
+    monkeypatch.setattr(cgroupfiles, "_read_text", counted)
     with NodeCollector(probes=("steal",)) as collector:
         assert collector.status["steal"].state == "on"
         for _ in range(2):

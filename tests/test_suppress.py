@@ -14,22 +14,19 @@ from pathlib import Path
 import pytest
 
 from actuators.base import Refused
-from actuators.cgroupfile import CgroupFiles, Resource, parse_cpu_list
+from actuators.cgroupfile import CgroupFiles, parse_cpu_list
 from actuators.journal import Journal
 from actuators.suppress import (
     CpuTopology,
-    CpuUsageSampler,
     SuppressActuator,
-    SuppressInputs,
-    be_allowed_cores,
-    incident_suppress_decisions,
 )
-from detector.decisions import ActionKind, Cause, Decision, SuppressAmount, Target
-from detector.model import Culprit, Incident
+from detector.decisions import ActionKind, Decision, SuppressAmount, Target
 from detector.policy import ResourceThresholdStrategy
+from probes.cgroupfiles import CPU_MAX
 from probes.cgroupfs import discover
 from probes.cpuacct import read_cgroup_cpu
 from probes.host import HostPaths
+from testkit.koordlet_threshold import CpuUsageSampler, SuppressInputs, be_allowed_cores
 from testkit.sandbox import shield
 from testkit.tools import require_tool
 from tests.helpers_actuators import fake_cpu_topology, fake_v1_host, tree_hashes
@@ -79,26 +76,6 @@ def test_quota_floor_dead_band_and_growth_cap(tmp_path: Path) -> None:
     with pytest.raises(Refused, match="below 1 %"):
         act.plan(decide(1.025))  # 1.02 -> 1.025 cores: 0.05 % of capacity
     assert act.plan(decide(0.5)).writes[-1].new == "50000"  # shrinking is not capped
-
-
-def test_culprits_first(tmp_path: Path) -> None:
-    strategy = ResourceThresholdStrategy(cpu_suppress_threshold_percent=50, cpu_suppress_policy="cfsQuota")
-    victim = Target("kubepods/burstable/podv", qos="LS")
-    a = Culprit(Target("kubepods/besteffort/poda", qos="BE"), score=0.9, cpu_cores=1.0)
-    b = Culprit(Target("kubepods/besteffort/podb", qos="BE"), score=0.5, cpu_cores=2.0)
-    ls = Culprit(Target("kubepods/burstable/podl", qos="LS"), score=0.95, cpu_cores=3.0)
-    incident = Incident("inc-7", victim, Cause.NEIGHBOR_CPU, 0.0, 0.9, "runq_p99_ns", culprits=[b, ls, a])
-    # capacity 4, threshold 50 %: 2 - non-BE pods 1 - system 0 = 1 core allowed; BE uses 3 -> 2 over
-    inputs = SuppressInputs(4, 4, 4, 3)
-    ds = incident_suppress_decisions(incident, inputs, strategy, "kubepods/besteffort")
-    assert [d.target.cgroup for d in ds] == ["kubepods/besteffort/poda", "kubepods/besteffort/podb"]
-    assert ds[0].amount.cpu_cores == pytest.approx(0.1)  # a gives 0.9 of the 2 cores
-    assert ds[1].amount.cpu_cores == pytest.approx(2.0 - 1.1)
-    assert all(d.incident_id == "inc-7" and d.victim == victim for d in ds)
-    # culprits that cannot cover the excess: the whole BE tier follows
-    small = Incident("inc-8", victim, Cause.NEIGHBOR_CPU, 0.0, 0.9, "runq_p99_ns", culprits=[a])
-    ds = incident_suppress_decisions(small, inputs, strategy, "kubepods/besteffort")
-    assert [d.target.cgroup for d in ds] == ["kubepods/besteffort/poda", "kubepods/besteffort"]
 
 
 # -- real cgroups -------------------------------------------------------------------------------
@@ -165,7 +142,7 @@ def test_cfs_quota_suppress_caps_be_and_helps_ls(make_cgroup, hog, tmp_path: Pat
                                "--period-ms", "5", "--seconds", "60"], preexec_fn=ls.preexec, stdout=subprocess.DEVNULL)
     be_rel, ls_ino, be_ino = _rel(hog), os.stat(ls.path("cpu")).st_ino, os.stat(hog.path("cpu")).st_ino
     files = CgroupFiles()
-    original = files.read_raw(Resource.CPU_QUOTA, be_rel)
+    original = files.read_raw(CPU_MAX, be_rel)
     try:
         with RunqLatProbe() as probe:
             time.sleep(1.0)
@@ -206,7 +183,7 @@ def test_cfs_quota_suppress_caps_be_and_helps_ls(make_cgroup, hog, tmp_path: Pat
             assert be_wait_after < 0.5 * be_wait_before
         assert files.read_cpu_max(be_rel).quota_us == round(planned * 100_000)
         assert _stop(runner, signal.SIGTERM) == 0
-        assert files.read_raw(Resource.CPU_QUOTA, be_rel) == original
+        assert files.read_raw(CPU_MAX, be_rel) == original
         audit = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
         assert [a["state"] for a in audit if a.get("event") == "action"] == ["applied", "reverted"]
     finally:
@@ -219,7 +196,7 @@ def test_cfs_quota_suppress_caps_be_and_helps_ls(make_cgroup, hog, tmp_path: Pat
 def test_kill9_then_reconcile_restores(hog, tmp_path: Path) -> None:
     be_rel = _rel(hog)
     files = CgroupFiles()
-    original = files.read_raw(Resource.CPU_QUOTA, be_rel)
+    original = files.read_raw(CPU_MAX, be_rel)
     runner, out = _runner("apply-suppress", "--cgroup", be_rel, "--policy", "cfsQuota", "--cores", "0.3",
                           "--journal", str(tmp_path / "j"))
     assert out["state"] == "applied"
@@ -229,8 +206,8 @@ def test_kill9_then_reconcile_restores(hog, tmp_path: Path) -> None:
     rec = subprocess.run([sys.executable, "-m", "actuators", "reconcile", "--journal", str(tmp_path / "j")], cwd=REPO,
                          capture_output=True, text=True, timeout=30)
     assert rec.returncode == 0, rec.stderr
-    assert json.loads(rec.stdout)["restored"] == [str(files.path(Resource.CPU_QUOTA, be_rel))]
-    assert files.read_raw(Resource.CPU_QUOTA, be_rel) == original
+    assert json.loads(rec.stdout)["restored"] == [str(files.path(CPU_MAX, be_rel))]
+    assert files.read_raw(CPU_MAX, be_rel) == original
     # a second reconcile has nothing left to do
     rec = subprocess.run([sys.executable, "-m", "actuators", "reconcile", "--journal", str(tmp_path / "j")], cwd=REPO,
                          capture_output=True, text=True, timeout=30)

@@ -19,16 +19,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from actuators.burst import BurstActuator
-from actuators.cgroupfile import CgroupFiles, Resource, parse_cpu_list
+from actuators.cgroupfile import CgroupFiles, parse_cpu_list
 from actuators.journal import Journal
 from actuators.memory import MemorySuppressActuator
 from actuators.suppress import SuppressActuator
 from detector.decisions import ActionKind, BurstAmount, Decision, MemorySuppressAmount, SuppressAmount, Target
 from detector.policy import CpuBurstStrategy, ResourceThresholdStrategy
+from probes.cgroupfiles import CPU_BURST, CPU_MAX, CPUSET_CPUS, MEMORY_HIGH, MEMORY_USAGE, CgroupFile
 from probes.cgroupfs import discover, self_cgroups
 from probes.cpuacct import read_cgroup_cpu
 from testkit.exporter_support import REPO, AgentProcess, write_config
@@ -87,18 +89,18 @@ def _usage_cores(rel: str, seconds: float) -> tuple[float, float]:
     return (b.usage_ns - a.usage_ns) / ((t1 - t0) * 1e9), (b.nr_throttled - a.nr_throttled) / periods if periods else 0.0
 
 
-def _file(files: CgroupFiles, resource: Resource, rel: str) -> str:
+def _file(files: CgroupFiles, resource: CgroupFile[Any], rel: str) -> str:
     return files.read_raw(resource, rel).strip()
 
 
-def _same_as(files: CgroupFiles, key: tuple[Resource, str], original: str) -> bool:
+def _same_as(files: CgroupFiles, key: tuple[CgroupFile[Any], str], original: str) -> bool:
     """The file holds its original value, or, for an empty v2 cpuset the kernel would not set again on a
     cgroup with tasks, the parent's effective list it stood for (actuators.cgroupfile.write_file)."""
     resource, cg = key
     now = _file(files, resource, cg)
     if now == original:
         return True
-    if resource != Resource.CPUSET_CPUS or original:
+    if resource != CPUSET_CPUS or original:
         return False
     return parse_cpu_list(now) == files.read_effective_cpus(str(Path(cg).parent))
 
@@ -134,9 +136,9 @@ def _spinning_be_pod(node: KubeletNode, n: int = 2) -> tuple[KPod, KContainer]:
 def test_cfs_quota_suppress_writes_the_pods_cpu_max_and_the_kernel_holds_it(node, tmp_path):
     be, _ = _spinning_be_pod(node)
     files = CgroupFiles(layout=sandbox_layout())
-    quota_file = files.path(Resource.CPU_QUOTA, be.rel)
+    quota_file = files.path(CPU_MAX, be.rel)
     assert quota_file.name == ("cpu.max" if pure_v2() else "cpu.cfs_quota_us")
-    original = _file(files, Resource.CPU_QUOTA, be.rel)
+    original = _file(files, CPU_MAX, be.rel)
     act = SuppressActuator(files, Journal(tmp_path / "j"), ResourceThresholdStrategy(cpu_suppress_policy="cfsQuota"))
     plan = act.plan(Decision(ActionKind.SUPPRESS, Target(be.path, qos="BE"), SuppressAmount("cfs_quota", cpu_cores=0.3), "t"))
     assert [w.path for w in plan.writes] == [str(quota_file)]
@@ -151,7 +153,7 @@ def test_cfs_quota_suppress_writes_the_pods_cpu_max_and_the_kernel_holds_it(node
     assert used >= 0.15, "the spinners got too little CPU to show the cap binds"
     assert throttled >= 0.5
     act.revert(plan)
-    assert _file(files, Resource.CPU_QUOTA, be.rel) == original
+    assert _file(files, CPU_MAX, be.rel) == original
     assert Journal(tmp_path / "j").owned() == {}
 
 
@@ -164,13 +166,13 @@ def test_cpuset_suppress_keeps_every_child_within_its_parent_and_reverts(node, t
     _tasks_in(job, 1, 30 * slowdown())
     files = CgroupFiles(layout=sandbox_layout())
     tree = [be.rel, be.sandbox_container.path.lstrip("/"), job.path.lstrip("/")]
-    before = {cg: _file(files, Resource.CPUSET_CPUS, cg) for cg in tree}
+    before = {cg: _file(files, CPUSET_CPUS, cg) for cg in tree}
     every = _allowed(sleeper.pid)
     act = SuppressActuator(files, Journal(tmp_path / "j"), ResourceThresholdStrategy(cpu_suppress_policy="cpuset",
                                                                                     cpu_suppress_min_cpus=1))
     plan = act.plan(Decision(ActionKind.SUPPRESS, Target(be.path, qos="BE"), SuppressAmount("cpuset", cpus=(0,)), "t"))
     act.apply(plan)
-    cpuset_h = files.hierarchy(Resource.CPUSET_CPUS)
+    cpuset_h = files.hierarchy(CPUSET_CPUS)
     eff_name = "cpuset.cpus.effective" if cpuset_h.version == 2 else "cpuset.effective_cpus"
 
     def effective(cg: str) -> str:
@@ -184,7 +186,7 @@ def test_cpuset_suppress_keeps_every_child_within_its_parent_and_reverts(node, t
     assert len(effective(qos).split(",")) >= 1 and effective(qos) != "0"
     act.revert(plan)
     for cg in tree:
-        now = _file(files, Resource.CPUSET_CPUS, cg)
+        now = _file(files, CPUSET_CPUS, cg)
         # An empty v2 list ("the parent's") that 6.1 refuses to set again on a cgroup with tasks comes back
         # as the parent's effective list (actuators.cgroupfile.write_file): the same CPUs.
         assert now == before[cg] or (before[cg] == "" and parse_cpu_list(now) == parse_cpu_list(effective(qos))), \
@@ -202,11 +204,11 @@ def test_burst_writes_cpu_max_burst_and_scales_quota_on_pod_and_container(node, 
                             "limits": {"cpu": "500m", "memory": "128Mi"}}])
     main = api.containers["main"]
     levels = [api.rel, main.path.lstrip("/")]
-    if not all(files.exists(Resource.CPU_BURST, cg) for cg in levels):
+    if not all(files.exists(CPU_BURST, cg) for cg in levels):
         pytest.skip("this kernel has no CFS burst file (cpu.max.burst / cpu.cfs_burst_us)")
     burst_name = "cpu.max.burst" if pure_v2() else "cpu.cfs_burst_us"
-    assert files.path(Resource.CPU_BURST, api.rel).name == burst_name
-    before = {cg: (_file(files, Resource.CPU_QUOTA, cg), _file(files, Resource.CPU_BURST, cg)) for cg in levels}
+    assert files.path(CPU_BURST, api.rel).name == burst_name
+    before = {cg: (_file(files, CPU_MAX, cg), _file(files, CPU_BURST, cg)) for cg in levels}
     journal = Journal(tmp_path / "j")
     act = BurstActuator(files, journal, CpuBurstStrategy(policy="auto", cpu_burst_percent=100), closed_loop=False)
     burst = act.plan(Decision(ActionKind.BURST, Target(api.path, qos="LS"), BurstAmount(), "t"))
@@ -217,7 +219,7 @@ def test_burst_writes_cpu_max_burst_and_scales_quota_on_pod_and_container(node, 
     bursty = ("import time\nend = time.monotonic() + 600\nwhile time.monotonic() < end:\n"
               "    time.sleep(0.4)\n    t = time.thread_time() + 0.08\n    while time.thread_time() < t:\n        pass\n")
     node.start(main, [sys.executable, "-c", bursty], [VICTIM_CPU])
-    stat = files.dir(Resource.CPU_QUOTA, main.path.lstrip("/")) / "cpu.stat"
+    stat = files.dir(CPU_MAX, main.path.lstrip("/")) / "cpu.stat"
     deadline = time.monotonic() + 20 * slowdown()
     bursts = 0
     while time.monotonic() < deadline:
@@ -237,10 +239,10 @@ def test_burst_writes_cpu_max_burst_and_scales_quota_on_pod_and_container(node, 
     for cg in levels:
         assert files.read_cpu_max(cg).cores == pytest.approx(0.6)
     if pure_v2():
-        assert _file(files, Resource.CPU_QUOTA, api.rel) == "60000 100000"
+        assert _file(files, CPU_MAX, api.rel) == "60000 100000"
     act.revert(scale)
     act.revert(burst)
-    assert {cg: (_file(files, Resource.CPU_QUOTA, cg), _file(files, Resource.CPU_BURST, cg)) for cg in levels} == before
+    assert {cg: (_file(files, CPU_MAX, cg), _file(files, CPU_BURST, cg)) for cg in levels} == before
     assert journal.owned() == {}
 
 
@@ -253,21 +255,21 @@ def test_memory_suppress_sets_memory_high_and_the_kernel_throttles_above_it(node
     hog = node.start(job, [sys.executable, "-c", MEMORY_HOG], stdout=subprocess.PIPE, text=True)
     assert hog.stdout.readline().strip() == "ready"
     files = CgroupFiles(layout=sandbox_layout())
-    limit_file = files.path(Resource.MEMORY_LIMIT, be.rel)
+    limit_file = files.path(MEMORY_HIGH, be.rel)
     assert limit_file.name == ("memory.high" if pure_v2() else "memory.limit_in_bytes")
-    original = _file(files, Resource.MEMORY_LIMIT, be.rel)
+    original = _file(files, MEMORY_HIGH, be.rel)
     act = MemorySuppressActuator(files, Journal(tmp_path / "j"))
     plan = act.plan(Decision(ActionKind.MEMORY_SUPPRESS, Target(be.path, qos="BE"),
                              MemorySuppressAmount(headroom=0.05, floor_bytes=16 << 20, give_back_to_node=False), "t"))
-    usage = int(_file(files, Resource.MEMORY_USAGE, be.rel))
+    usage = int(_file(files, MEMORY_USAGE, be.rel))
     cap = int(plan.writes[0].new)
     assert usage * 0.9 <= cap <= usage * 1.1, (usage, cap)
     act.apply(plan)
-    assert int(_file(files, Resource.MEMORY_LIMIT, be.rel)) == cap
+    assert int(_file(files, MEMORY_HIGH, be.rel)) == cap
     if pure_v2():
         # memory.high throttles (and tries to reclaim) above it, never OOM-kills: the 32 MiB more the hog
         # asks for arrive late, and the kernel counts each time the cgroup went over
-        events = files.dir(Resource.MEMORY_LIMIT, be.rel) / "memory.events"
+        events = files.dir(MEMORY_HIGH, be.rel) / "memory.events"
         high_before = int(dict(x.split() for x in events.read_text().splitlines())["high"])
         hog.send_signal(signal.SIGUSR1)
         assert hog.stdout.readline().strip() == "grown"
@@ -275,7 +277,7 @@ def test_memory_suppress_sets_memory_high_and_the_kernel_throttles_above_it(node
         assert high_after > high_before, (high_before, high_after)
         assert hog.poll() is None, "memory.high must not kill"
     act.revert(plan)
-    assert _file(files, Resource.MEMORY_LIMIT, be.rel) == original
+    assert _file(files, MEMORY_HIGH, be.rel) == original
 
 
 # -- SIGTERM and kill -9 + restart ----------------------------------------------------------------
@@ -293,12 +295,12 @@ def test_sigterm_and_kill9_restore_cpuset_burst_and_memory_high(node, tmp_path):
     _tasks_in(be.containers["job"], 1, 30 * slowdown())
     time.sleep(1.0 * slowdown())  # the hog has its memory
     watched = {
-        (Resource.CPUSET_CPUS, be.rel), (Resource.CPUSET_CPUS, be.containers["job"].path.lstrip("/")),
-        (Resource.CPU_QUOTA, api.rel), (Resource.MEMORY_LIMIT, be.rel),
+        (CPUSET_CPUS, be.rel), (CPUSET_CPUS, be.containers["job"].path.lstrip("/")),
+        (CPU_MAX, api.rel), (MEMORY_HIGH, be.rel),
     }
-    has_burst = files.exists(Resource.CPU_BURST, api.rel)
+    has_burst = files.exists(CPU_BURST, api.rel)
     if has_burst:
-        watched.add((Resource.CPU_BURST, api.rel))
+        watched.add((CPU_BURST, api.rel))
     original = {k: _file(files, *k) for k in watched}
     journal = tmp_path / "journal"
     cpus = ["--policy", "cpuset", "--cores", "1", "--min-cpus", "1"]
@@ -312,11 +314,11 @@ def test_sigterm_and_kill9_restore_cpuset_burst_and_memory_high(node, tmp_path):
         # The runner and the agent name a pod by its cpu path in every hierarchy, as on a node; here this
         # process's memory cgroup is another than its cpu cgroup, so our pods' memory paths differ.
         runs = [r for r in runs if r[0] != "apply-memory-suppress"]
-        watched.discard((Resource.MEMORY_LIMIT, be.rel))
-        original.pop((Resource.MEMORY_LIMIT, be.rel))
+        watched.discard((MEMORY_HIGH, be.rel))
+        original.pop((MEMORY_HIGH, be.rel))
         print("memory suppress runs skipped: this host nests our memory cgroups under another parent than cpu")
 
-    def changed() -> set[tuple[Resource, str]]:
+    def changed() -> set[tuple[CgroupFile[Any], str]]:
         return {k for k in watched if not _same_as(files, k, original[k])}
 
     # SIGTERM: each one restores what it wrote
@@ -334,11 +336,11 @@ def test_sigterm_and_kill9_restore_cpuset_burst_and_memory_high(node, tmp_path):
         p.kill()
         p.wait()
     made = {r[0] for r in runs}
-    expected = {(Resource.CPU_QUOTA, api.rel)}
+    expected = {(CPU_MAX, api.rel)}
     if "apply-memory-suppress" in made:
-        expected.add((Resource.MEMORY_LIMIT, be.rel))
+        expected.add((MEMORY_HIGH, be.rel))
     if "apply-suppress" in made:
-        expected.add((Resource.CPUSET_CPUS, be.rel))
+        expected.add((CPUSET_CPUS, be.rel))
     assert expected <= changed()
     assert len(json.loads((journal / "journal.json").read_text())["entries"]) >= len(expected)
     # ... until the agent starts again with that journal
@@ -371,7 +373,7 @@ def test_enforcing_agent_suppresses_the_be_pod_and_restores_after_sigterm_and_ki
     ls = node.pod("web", [{"name": "main", "requests": {"cpu": "500m"}}])
     be = node.pod("batch", [{"name": "job"}])
     node.weigh(be, BE_NEIGHBOUR_SHARES)  # a neighbour of the victim, not crowded out by the rest of a loaded host
-    original = _file(files, Resource.CPU_QUOTA, be.rel)
+    original = _file(files, CPU_MAX, be.rel)
     spinners: list[subprocess.Popen] = []
 
     def workloads() -> None:
@@ -414,8 +416,8 @@ def test_enforcing_agent_suppresses_the_be_pod_and_restores_after_sigterm_and_ki
                 time.sleep(0.5)
             assert applied, f"no suppress applied; audit {agent.audit()}\n{agent.log_tail()}"
             assert applied[0]["target"].strip("/") == be.rel, applied[0]
-            assert [w["path"] for w in applied[0]["writes"]] == [str(files.path(Resource.CPU_QUOTA, be.rel))]
-            assert _file(files, Resource.CPU_QUOTA, be.rel) != original
+            assert [w["path"] for w in applied[0]["writes"]] == [str(files.path(CPU_MAX, be.rel))]
+            assert _file(files, CPU_MAX, be.rel) != original
         except BaseException:
             agent.terminate(timeout=60 * slow)  # a failed wait must not leave an enforcing agent running
             raise
@@ -430,14 +432,14 @@ def test_enforcing_agent_suppresses_the_be_pod_and_restores_after_sigterm_and_ki
     finally:
         rc = agent.terminate(timeout=60 * slowdown())
     assert rc == 0, agent.log_tail()
-    assert _file(files, Resource.CPU_QUOTA, be.rel) == original, "SIGTERM did not restore the BE pod's quota"
+    assert _file(files, CPU_MAX, be.rel) == original, "SIGTERM did not restore the BE pod's quota"
     # kill -9 after it acted: the quota stays cut ...
     second = tmp_path / "second"
     second.mkdir()
     agent = run_until_applied(second)
     agent.proc.kill()
     agent.proc.wait()
-    cut = _file(files, Resource.CPU_QUOTA, be.rel)
+    cut = _file(files, CPU_MAX, be.rel)
     assert cut != original
     for p in spinners:  # the neighbour is gone: the restarted agent has nothing to act on
         p.kill()
@@ -446,7 +448,7 @@ def test_enforcing_agent_suppresses_the_be_pod_and_restores_after_sigterm_and_ki
     again = agent_off_the_victims_cpu(second)
     try:
         again.wait_ready(timeout=120 * slow)
-        assert _file(files, Resource.CPU_QUOTA, be.rel) == original, "the restart did not restore the quota"
+        assert _file(files, CPU_MAX, be.rel) == original, "the restart did not restore the quota"
         assert any(a.get("event") == "reconcile" for a in again.audit())
     finally:
         rc = again.terminate(timeout=60 * slow)

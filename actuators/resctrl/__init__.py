@@ -45,7 +45,7 @@ from actuators.resctrl.schemata import (
     qos_strategy_decisions,
     read_info,
 )
-from actuators.resctrl.support import CpuRdtFlags, ResctrlSupport, detect_support, parse_cpuinfo, resctrl_root
+from actuators.resctrl.support import CpuRdtFlags, ResctrlSupport, detect_support, rdt_flags, resctrl_root
 
 __all__ = [
     "AMD_MB_UNLIMITED",
@@ -66,9 +66,9 @@ __all__ = [
     "format_line",
     "l3_mask",
     "mb_value",
-    "parse_cpuinfo",
     "parse_schemata",
     "qos_strategy_decisions",
+    "rdt_flags",
     "read_info",
     "resctrl_root",
 ]

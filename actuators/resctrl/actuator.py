@@ -27,7 +27,8 @@ from actuators.resctrl.schemata import (
 )
 from actuators.resctrl.support import ResctrlSupport, detect_support, resctrl_root
 from detector.decisions import ActionKind, Decision, ResctrlAmount, Target
-from probes.host import VANISHED_ERRNOS, HostPaths, read_text_or_none
+from probes.cgroupfiles import CGROUP_THREADS, VANISHED_ERRNOS, CgroupFileParseError, parse_pids
+from probes.host import HostPaths
 
 log = logging.getLogger("actuators.resctrl")  # the name it had as one module
 
@@ -44,10 +45,6 @@ class TaskAssignment:
     moved_from: dict[int, str] = field(default_factory=dict)  # tid -> group it was in ("" = default)
 
 
-def _parse_tids(text: str | None) -> set[int]:
-    return {int(t) for t in (text or "").split() if t.isdigit()}
-
-
 def cgroup_task_source(paths: HostPaths) -> Callable[[Target], list[int]]:
     """Thread ids of a target cgroup and its descendants, from the cpu hierarchy (v1 ``tasks``, v2 ``cgroup.threads``)."""
     from probes.cgroupfs import discover
@@ -56,11 +53,11 @@ def cgroup_task_source(paths: HostPaths) -> Callable[[Target], list[int]]:
         hierarchy = discover(paths).cpu
         if hierarchy is None or not target.cgroup:
             return []
-        name = "tasks" if hierarchy.version == 1 else "cgroup.threads"
+        name = CGROUP_THREADS.name(hierarchy.version)
         found: set[int] = set()
         for dirpath, _dirs, files in os.walk(hierarchy.path_of(target.cgroup)):
             if name in files:
-                found |= _parse_tids(read_text_or_none(Path(dirpath) / name))
+                found.update(CGROUP_THREADS.read_or_none(dirpath, hierarchy.version) or ())
         return sorted(found)
 
     return tids
@@ -244,8 +241,8 @@ class ResctrlActuator:
         owner: dict[int, str] = {}
         for group in ("", *QOS_GROUPS):
             tasks = self.group_dir(group) / "tasks"
-            with contextlib.suppress(OSError):
-                for tid in _parse_tids(self.fs.read(tasks)):
+            with contextlib.suppress(OSError, CgroupFileParseError):
+                for tid in parse_pids(self.fs.read(tasks)):  # a resctrl group's tasks: cgroup.threads' format
                     owner[tid] = group
         return owner
 
@@ -259,9 +256,11 @@ class ResctrlActuator:
         """Fills ``result`` as it goes, so a failure part way leaves an exact record of what moved."""
         tasks_path = self.group_dir(group) / "tasks"
         try:
-            present = _parse_tids(self.fs.read(tasks_path))
+            present = set(parse_pids(self.fs.read(tasks_path)))
         except OSError as e:
             raise ActionError(f"resctrl: cannot read {tasks_path}: {e.strerror or e}") from None
+        except CgroupFileParseError as e:
+            raise ActionError(f"resctrl: {tasks_path}: {e}") from None
         owners = self._current_groups_of()
         for tid in dict.fromkeys(tids):
             if tid in present:

@@ -17,7 +17,7 @@ from actuators.cgroupfile import (
     read_file,
     write_file,
 )
-from probes.host import VANISHED_ERRNOS
+from probes.cgroupfiles import VANISHED_ERRNOS
 
 # -- the filesystem seam ----------------------------------------------------------------------
 

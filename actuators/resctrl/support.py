@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from probes.host import HostPaths, read_text_or_none
+from probes.cgroupfiles import PROC_CPUINFO, PROC_MOUNTS, CpuInfo
+from probes.host import HostPaths
 
 # -- support detection ------------------------------------------------------------------------
 
@@ -21,21 +22,9 @@ class CpuRdtFlags:
     cqm_mbm_local: bool = False
 
 
-def parse_cpuinfo(text: str) -> CpuRdtFlags:
-    """Vendor and RDT flags from the first processor block of ``/proc/cpuinfo``."""
-    vendor_id = ""
-    flags: set[str] = set()
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep:
-            continue
-        key = key.strip()
-        if key == "vendor_id" and not vendor_id:
-            vendor_id = value.strip()
-        elif key == "flags" and not flags:
-            flags = set(value.split())
-        if vendor_id and flags:
-            break
+def rdt_flags(info: CpuInfo) -> CpuRdtFlags:
+    """Vendor and RDT flags of the CPU (``/proc/cpuinfo``'s first processor block)."""
+    vendor_id, flags = info.vendor_id, info.flags
     vendor = {"GenuineIntel": "intel", "AuthenticAMD": "amd", "HygonGenuine": "amd"}.get(
         vendor_id, "other" if vendor_id else "unknown")
     return CpuRdtFlags(
@@ -82,12 +71,10 @@ def detect_support(paths: HostPaths | None = None) -> ResctrlSupport:
     paths = paths or HostPaths()
     root = resctrl_root(paths)
     try:
-        cpuinfo = (paths.proc / "cpuinfo").read_text(encoding="utf-8", errors="replace")
+        cpu = rdt_flags(PROC_CPUINFO.read(paths))
     except OSError as e:
-        return ResctrlSupport(CpuRdtFlags("unknown"), False, root, f"cannot read {paths.proc / 'cpuinfo'}: {e.strerror}")
-    cpu = parse_cpuinfo(cpuinfo)
-    mounts = read_text_or_none(paths.proc / "mounts") or ""
-    mounted = any(len(f) > 2 and f[2] == "resctrl" for f in (line.split() for line in mounts.splitlines()))
+        return ResctrlSupport(CpuRdtFlags("unknown"), False, root, f"cannot read {PROC_CPUINFO.at(paths)}: {e.strerror}")
+    mounted = any(m.fstype == "resctrl" for m in PROC_MOUNTS.read_or_none(paths) or ())
     if not (cpu.cat_l3 or cpu.mba):
         reason = f"the CPU ({cpu.vendor}) has neither cat_l3 nor mba in /proc/cpuinfo flags"
     elif not mounted:

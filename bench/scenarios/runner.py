@@ -31,7 +31,7 @@ from actuators.journal import Journal
 from actuators.manager import ActuatorManager
 from actuators.memory import MemorySuppressActuator
 from actuators.mitigate import MitigationPlanner, NetnsTrafficSampler
-from actuators.suppress import CpuUsageSampler, SuppressActuator, threshold_suppress_decision
+from actuators.suppress import SuppressActuator
 from bench.scenarios.counts import CountSampler
 from bench.scenarios.kubelet import PassKube
 from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples, moved_together_name
@@ -43,6 +43,7 @@ from detector.policy import Policy
 from noisyneighbor.agent import ScopedActuator
 from probes.cgroupfs import discover, self_cgroups
 from probes.host import HostPaths
+from testkit.koordlet_threshold import CpuUsageSampler, threshold_suppress_decision
 from testkit.sandbox import PREFIX, OwnedCgroup, sandbox_layout
 from testkit.scenario_support import PodCgroup, Scenario
 
