@@ -60,6 +60,9 @@ KNOWN: dict[str, dict[str, str]] = {
         _SIGNALS: _WHY_SIGNALS,
         _INCIDENTS: _WHY_INCIDENTS,
     },
+    "hardirq": {
+        _CATALOG: "the SLO on the probe's signal is the detector's (the hardirq cause rules on it)",
+    },
     "gpu": {
         "probes/gpu.py": "the NVML reader the plugin and the agent share (the word is the hardware's)",
         "probes/snapshot.py": "NodeSnapshot.gpus: the node's devices, whoever read NVML this tick",
