@@ -343,3 +343,36 @@ def test_an_interrupt_storm_is_named_by_its_line_and_device_as_proc_interrupts_s
     assert [s.key for s in steps] == [NoteKey(cause.AFFINITY, (str(irq),))]
     assert isinstance(steps[0], Note) and f"IRQ {irq} ({top.name})" in steps[0].text
     assert f"/proc/irq/{irq}/smp_affinity_list" in steps[0].text and f"CPUs {cpu}" in steps[0].text
+
+
+def test_the_hardirq_rule_holds_past_its_slo_and_its_share_is_the_handler_time_over_the_wait():
+    """The rule on a run-queue breach: held when the handler time on its CPUs is past the SLO (its share the
+    handler time over the wait, at most 1), not held under it; the line with the most time where the
+    victim ran is named (the interval of active_interval(): line 36 on CPU 0, 41 on CPU 1 only)."""
+    from detector import causes
+    from detector.causes import hardirq as cause
+    from detector.decisions import Cause, Target
+    from detector.policy import SloThresholds
+    from detector.signals import NodeSignals, WorkloadSignals
+    from detector.workloads import Workload
+
+    node = hardirq.PLUGIN.signal_extractor.node(active_interval(), 1.0)  # CPU 0: 3 ms/s; CPU 1: 0.4 + 0.1
+
+    def ctx(weights: dict[int, float], slo: float) -> causes.CauseContext:
+        row = WorkloadSignals(Workload("pod:v", Target("/v")), 1.0)
+        row.cpu_weights = weights
+        row.hardirq_ms_per_s = hardirq.PLUGIN.signal_extractor.exposure(weights, node)["hardirq_ms_per_s"]
+        row.runq_wait_ms_per_s = 2.0
+        return causes.CauseContext(
+            key="pod:v", row=row, signals=NodeSignals.of(1.0, {"pod:v": row}, **node),
+            slo=SloThresholds(hardirq_ms_per_s=slo), breached={"runq_p99_ns"}, foreign={}, own_wait_ns=0.0,
+            total_wait_ns=0.0, window_s=1.0, cpu_culprits=lambda *a: [], correlation_culprits=lambda *a: [],
+            reclaim_culprits=lambda *a: [])
+
+    held = cause.rule(ctx({0: 1.0}, 1.0))
+    assert held is not None and held.cause == Cause.HARDIRQ and held.share == 1.0  # 3 ms/s of handlers > 2 of wait
+    assert next(e.value for e in held.evidence if e.signal == cause.IRQ_LINE) == 36
+    held = cause.rule(ctx({1: 1.0}, 0.25))
+    assert held is not None and held.share == pytest.approx(0.25)  # 0.5 ms/s over 2 ms/s of wait
+    assert [(e.value, e.note) for e in held.evidence if e.signal == cause.IRQ_LINE] == [(36, "virtio1-req.0")]
+    assert cause.rule(ctx({1: 1.0}, 100.0)) is None  # under its SLO
