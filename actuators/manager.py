@@ -4,7 +4,7 @@
 For every decision: route it to the actuator of its kind, check the limits, plan, then either log
 the plan (dry-run) or apply it through the journal, and watch whether it helped.
 
-Limits (each refusal is an audit line with a one-line reason, never an exception to the caller):
+Limits (actuators/limits.py; each refusal is an audit line with a one-line reason, never an exception to the caller):
 - a kind disabled in :class:`detector.policy.ActuatorPolicy` is refused;
 - only BE targets are suppressed/throttled; LS, LSR, LSE and SYSTEM are never touched, except by burst
   (which only ever gives CPU: it is refused for LSR, LSE and BE, like koordlet);
@@ -50,8 +50,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from actuators.base import ActionError, ActionOutcome, ActionRecord, ActionState, Actuator, Plan, Refused
 from actuators.cgroupfile import CgroupFileError
 from actuators.journal import Journal, JournalError
-from detector.cgroups import parse_cgroup_path
-from detector.decisions import DID_NOT_HELP_MEMORY_S, ActionKind, BurstAmount, Decision, SuppressAmount
+from actuators.limits import ActionLimits, InPlace, loop_of
+from detector.decisions import ActionKind, BurstAmount, Decision, SuppressAmount
 from detector.policy import ActuatorPolicy
 
 log = logging.getLogger("noisyneighbor.actuators")
@@ -59,7 +59,6 @@ log = logging.getLogger("noisyneighbor.actuators")
 # "Recovered": the victim's signal at or below this share of its value before the action (the manager knows
 # no quiet baseline; the bench judges recovery against one, 1.5x its quiet p99).
 RECOVERY_SHARE = 0.5
-NO_BURST_QOS = frozenset({"LSR", "LSE", "BE"})
 SIGNAL_PRUNE_EVERY = 15  # observe() calls between looks for victim histories nobody feeds any more
 # ...and how many calls without a value make one forgotten. A removed pod's history waited this long: at
 # 300 (5 min), 5 minutes of pod churn left ~300 KiB of them (tracemalloc, bench/agent_footprint.py). A
@@ -140,14 +139,7 @@ class ActuatorManager:
         self.records: deque[ActionRecord] = deque(maxlen=keep_records)
         self.planned: deque[Plan] = deque(maxlen=keep_records)  # dry-run output, newest last
         self._active: dict[tuple[str, str], _Active] = {}  # (kind, target cgroup) -> action in effect
-        self._last_change: dict[tuple[str, str], float] = {}
-        self._last_incident: dict[tuple[str, str], str | None] = {}  # the incident of each key's last change
-        self._blocked_until: dict[tuple[str, str], float] = {}
-        # The reverted step each block is about: (victim, step) of its decision (_step_of).
-        self._blocked_step: dict[tuple[str, str], tuple[str | None, str]] = {}
-        # (key, victim, step) -> when it was judged "did not help": not retried within DID_NOT_HELP_MEMORY_S
-        self._did_not_help: dict[tuple[tuple[str, str], str, str], float] = {}
-        self._changes: deque[tuple[float, str]] = deque()  # (time, kind) of applied changes
+        self.limits = ActionLimits(lambda: self.policy)
         self._signals: dict[str, deque[float]] = {}
         self._signal_seen: dict[str, int] = {}  # key -> the observe() call that last carried it
         self._observed = 0
@@ -207,7 +199,7 @@ class ActuatorManager:
     def _follow(self, now: float) -> None:
         """One step of every actuator's closed loop (the burst loop): its decisions are follow-ups."""
         for actuator in list(self.actuators.values()):
-            loop = _loop_of(actuator)
+            loop = loop_of(actuator)
             if loop is None or not getattr(loop, "tracked", None):
                 continue
             try:
@@ -242,11 +234,11 @@ class ActuatorManager:
             self._end_chain(key, previous_active, decision.reason)
             return
         try:
-            self._check_limits(decision, kind, key, actuator, now)
+            self.limits.check(decision, kind, key, actuator, _in_place(self._active.get(key)), now)
             assert actuator is not None
             plan = actuator.plan(decision)
             if decision.follow_up and not self.policy.dry_run and not _gives_back(plan, previous_active):
-                self._check_rate(kind, now)
+                self.limits.check_rate(kind, now)
         except Refused as e:
             record = ActionRecord(action_id, None, decision, ActionState.REFUSED, _one_line(e), outcome=e.outcome)
             if e.retry_in_s is not None:
@@ -271,9 +263,7 @@ class ActuatorManager:
     def _record_applied(self, decision: Decision, kind: ActionKind, key: tuple[str, str], actuator: Actuator,
                         plan: Plan, action_id: str, now: float) -> None:
         """An applied action: counted for the limits, put in place of the target's last, verified."""
-        self._changes.append((now, str(kind)))
-        self._last_change[key] = now
-        self._last_incident[key] = decision.incident_id
+        self.limits.applied(decision, kind, key, now)
         previous = self._active.pop(key, None)
         if previous is not None:
             previous.record.detail = f"superseded by {action_id}"
@@ -291,7 +281,7 @@ class ActuatorManager:
             record.effect.update({"applied_at": now,
                                   "decision_to_action_s": round(max(0.0, time.time() - decision.created_at), 3),
                                   **({"before_action": v.baseline} if v is not None else {})})
-            loop = _loop_of(actuator)
+            loop = loop_of(actuator)
             scale = plan.details.get("scale")
             if loop is not None and isinstance(scale, (int, float)) and getattr(decision.amount, "quota_scale", None):
                 loop.track(decision, float(scale))
@@ -302,7 +292,7 @@ class ActuatorManager:
     def _end_chain(self, key: tuple[str, str], active: _Active, why: str) -> None:
         """A loop's step back to the base: undo every step through the journal (originals back exactly)."""
         try:
-            self._revert_all(active)
+            _revert_all(active)
         except (ActionError, JournalError, CgroupFileError) as e:
             active.record.state, active.record.detail = ActionState.FAILED, f"revert failed: {_one_line(e)}; {why}"
             self._finish(active.record)
@@ -310,91 +300,6 @@ class ActuatorManager:
         self._active.pop(key, None)
         active.record.state, active.record.detail = ActionState.REVERTED, why
         self._finish(active.record)
-
-    @staticmethod
-    def _revert_all(active: _Active) -> None:
-        for plan in reversed([*active.chain, *([active.record.plan] if active.record.plan else [])]):
-            active.actuator.revert(plan)
-
-    def _check_limits(
-        self, decision: Decision, kind: ActionKind, key: tuple[str, str], actuator: Actuator | None, now: float
-    ) -> None:
-        if actuator is None:
-            raise Refused(f"no actuator for {kind}")
-        enabled = {
-            ActionKind.SUPPRESS: self.policy.suppress_enabled, ActionKind.EVICT: self.policy.evict_enabled,
-            ActionKind.BURST: self.policy.burst_enabled, ActionKind.RESCTRL: self.policy.resctrl_enabled,
-            ActionKind.MEMORY_SUPPRESS: self.policy.suppress_enabled,
-        }.get(kind, False)
-        if not enabled:
-            raise Refused(f"{kind} is disabled by policy")
-        qos = target_qos(decision)
-        if kind == ActionKind.BURST:
-            if qos in NO_BURST_QOS:
-                raise Refused(f"burst is not for {qos} targets ({decision.target.display})")
-            loop = _loop_of(actuator)
-            verdict = loop.verdict(decision.target.cgroup) if loop is not None else None
-            if verdict and not decision.follow_up:
-                raise Refused(f"{decision.target.display}: {verdict}")
-        elif kind in (ActionKind.SUPPRESS, ActionKind.EVICT, ActionKind.MEMORY_SUPPRESS) and qos != "BE":
-            raise Refused(f"{kind} only touches BE targets; {decision.target.display} is {qos or 'of unknown QoS'}")
-        self._check_repeat(decision, key, now)
-        if decision.follow_up:
-            if kind != ActionKind.BURST:
-                raise Refused(f"follow-up steps are for the burst loop only, not {kind}")
-            return  # the loop's own pace; the rate limit is checked once the plan says which way it goes
-        if key in self._active and self._active[key].verification is not None:
-            raise Refused(f"previous {kind} on {decision.target.display} is still being verified", ActionOutcome.WAIT,
-                          float(self.policy.verify_intervals))
-        last = self._last_change.get(key)
-        # One incident's own next step on a target it already changed (the traffic cap after moving an
-        # RT pod off the victim's CPUs) is its plan, not flapping: no cooldown. A step while the last
-        # one is being verified was refused above; another incident's change waits (WAIT: the ladder retries).
-        same_incident = decision.incident_id is not None and self._last_incident.get(key) == decision.incident_id
-        if last is not None and now - last < self.policy.cooldown_seconds and not same_incident:
-            raise Refused(f"cooldown: last change to {decision.target.display} {now - last:.0f} s ago "
-                          f"(< {self.policy.cooldown_seconds:g} s)", ActionOutcome.WAIT,
-                          self.policy.cooldown_seconds - (now - last))
-        if self.policy.dry_run:
-            return  # dry-run changes nothing, so the rate limit does not apply
-        self._check_rate(kind, now)
-
-    def _check_repeat(self, decision: Decision, key: tuple[str, str], now: float) -> None:
-        """Refuse a step the target's last revert blocks, one that did not help the same victim lately, or
-        one already in place for it."""
-        victim, step = _victim_of(decision), _step_of(decision)
-        blocked = self._blocked_until.get(key, 0.0)
-        blocked_victim, blocked_step = self._blocked_step.get(key, (None, ""))
-        # The same victim's next, different step on the target (the neighbour ladder's cpuset after a
-        # quota that did not help, also from the victim's next incident) is not the reverted action again:
-        # the block is for retrying that one.
-        next_step = victim is not None and blocked_victim == victim and step != blocked_step
-        if now < blocked and not next_step:
-            raise Refused(f"{decision.target.display} was reverted recently: blocked for {blocked - now:.0f} s more",
-                          ActionOutcome.WAIT, blocked - now)
-        judged = self._did_not_help.get((key, victim or "", step))
-        if victim is not None and judged is not None and now - judged < DID_NOT_HELP_MEMORY_S:
-            who = decision.victim.display if decision.victim is not None else victim
-            raise Refused(f"{step} on {decision.target.display} did not help {who} {now - judged:.0f} s ago: "
-                          f"not retried for {DID_NOT_HELP_MEMORY_S - (now - judged):.0f} s more", ActionOutcome.TRIED_BEFORE)
-        in_place = self._active.get(key)
-        if in_place is not None and not decision.follow_up and in_place.record.decision.amount == decision.amount \
-                and _victim_of(in_place.record.decision) == victim:
-            # The victim's next incident asks for what its last one left in place (a step that helped stays
-            # while the culprit runs): applied again it would be verified again, and undone if the victim,
-            # better already, improved no further.
-            raise Refused(f"{step} on {decision.target.display} is in place already ({in_place.record.state})",
-                          ActionOutcome.IN_PLACE)
-
-    def _check_rate(self, kind: ActionKind, now: float) -> None:
-        while self._changes and now - self._changes[0][0] >= 60.0:
-            self._changes.popleft()
-        if kind == ActionKind.EVICT:
-            n = sum(1 for _, k in self._changes if k == str(ActionKind.EVICT))
-            if n >= self.policy.evictions_per_minute:
-                raise Refused(f"rate limit: {n} evictions in the last minute")
-        if len(self._changes) >= self.policy.max_changes_per_minute:
-            raise Refused(f"rate limit: {len(self._changes)} changes in the last minute")
 
     def _prune_signals(self) -> None:
         """Forget the history of keys no tick has carried for a while: removed pods' victims would
@@ -436,22 +341,16 @@ class ActuatorManager:
             self._finish(record)
             return
         try:
-            self._revert_all(active)
+            _revert_all(active)
         except (ActionError, JournalError, CgroupFileError) as e:
             record.state, record.detail = ActionState.FAILED, f"revert failed: {_one_line(e)}; {numbers}"
             self._finish(record)
             return
         self._active.pop(target_key, None)
-        loop = _loop_of(active.actuator)
+        loop = loop_of(active.actuator)
         if loop is not None:
             loop.forget(target_key[1])
-        self._blocked_until[target_key] = self._clock() + 2 * self.policy.cooldown_seconds
-        victim = _victim_of(active.record.decision)
-        self._blocked_step[target_key] = (victim, _step_of(active.record.decision))
-        if victim is not None:
-            now = self._clock()
-            self._did_not_help = {k: t for k, t in self._did_not_help.items() if now - t < DID_NOT_HELP_MEMORY_S}
-            self._did_not_help[(target_key, victim, _step_of(active.record.decision))] = now
+        self.limits.did_not_help(active.record.decision, target_key, self._clock())
         self.metrics.reverts.labels(kind).inc()
         record.state, record.detail = ActionState.REVERTED, f"did not help: {numbers}"
         record.outcome = ActionOutcome.DID_NOT_HELP
@@ -512,23 +411,10 @@ class ActuatorManager:
             return [a.record for a in self._active.values()]
 
 
-def _loop_of(actuator: object) -> object | None:
-    """An actuator's closed loop, also through a wrapper (the agent's --act-only ScopedActuator)."""
-    loop = getattr(actuator, "loop", None)
-    if loop is None and hasattr(actuator, "inner"):
-        loop = getattr(actuator.inner, "loop", None)
-    return loop
-
-
-def _victim_of(decision: Decision) -> str | None:
-    """The victim cgroup a decision acts for (None: none named), the key of its ladder and its limits."""
-    return decision.victim.cgroup.strip("/") if decision.victim is not None else None
-
-
-def _step_of(decision: Decision) -> str:
-    """What kind of step a decision is on its target: its kind, and for a CPU suppress its policy."""
-    amount = decision.amount
-    return f"{decision.kind}:{amount.policy}" if isinstance(amount, SuppressAmount) else str(decision.kind)
+def _revert_all(active: _Active) -> None:
+    """Undo an action in effect, every step of a loop's chain, newest first."""
+    for plan in reversed([*active.chain, *([active.record.plan] if active.record.plan else [])]):
+        active.actuator.revert(plan)
 
 
 def _back_to_base(decision: Decision) -> bool:
@@ -545,13 +431,11 @@ def _gives_back(plan: Plan, previous: _Active | None) -> bool:
     return isinstance(new, (int, float)) and isinstance(old, (int, float)) and new < old
 
 
-def target_qos(decision: Decision) -> str | None:
-    """The target's koordinator class; without one, a path in the besteffort QoS cgroup counts as BE."""
-    if decision.target.qos:
-        return decision.target.qos.upper()
-    if parse_cgroup_path(decision.target.cgroup).qos == "besteffort":
-        return "BE"
-    return None
+def _in_place(active: _Active | None) -> InPlace | None:
+    """What the target's action in effect is, for the repeat check (None: nothing in effect)."""
+    if active is None:
+        return None
+    return InPlace(active.record.decision, str(active.record.state), active.verification is not None)
 
 
 def _not_verified(decision: Decision) -> str:

@@ -155,6 +155,12 @@ _OWN: tuple[Signal, ...] = (
            Slo("softirq_delay_p99_ms", 2.0, to_raw=1e6, gate=_softirq_delay_gate,
                doc=f"checked with at least {SOFTIRQ_DELAY_MIN_MS_PER_S:g} ms/s of softirq on its CPUs"),
            noise_floor=5_000.0),
+    # The hard IRQ probe's signal (probes/hardirq.py declares it; the SLO is the detector's): device
+    # interrupt handlers on its CPUs, the hardirq cause's evidence (detector/causes/hardirq.py).
+    Signal("hardirq_ms_per_s", "Hard IRQ handler time on its CPUs", "ms/s",
+           slo=Slo("hardirq_ms_per_s", 100.0, range=(0, 1000),
+                   doc="device interrupt handler time on its CPUs (a tenth of a CPU) before it is a breach"),
+           noise_floor=1.0),
     Signal("psi_cpu_some", "CPU pressure (some)", "%", slo=Slo("psi_cpu_some_percent", 20.0, range=_PERCENT),
            noise_floor=0.5),
     Signal("psi_memory_some", "Memory pressure (some)", "%",

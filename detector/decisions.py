@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class ActionKind(StrEnum):
@@ -28,19 +28,6 @@ class ActionKind(StrEnum):
     BURST = "burst"  # cfs burst / quota scaling for a throttled LS pod
     RESCTRL = "resctrl"  # L3 CAT / MBA for a QoS group
     MEMORY_SUPPRESS = "memory_suppress"  # lower a BE pod's memory limit/high toward its usage
-
-
-class Cause(StrEnum):
-    """Why a victim suffers; the detector names exactly one per incident."""
-
-    NEIGHBOR_CPU = "neighbor_cpu"  # other cgroups ran while it waited on its CPUs
-    SELF_THROTTLING = "self_throttling"  # it hit its own cfs quota: never a neighbor's fault
-    HYPERVISOR_STEAL = "hypervisor_steal"  # the hypervisor takes its CPUs (steal): no pod to blame
-    SELF_CONTENTION = "self_contention"  # its own threads outnumber the CPUs it may use: not a neighbor's fault
-    SOFTIRQ = "softirq"  # softirq/IRQ work on the CPUs it runs on
-    RECLAIM = "reclaim"  # memcg or global reclaim stalls in its allocations
-    NETWORK_CONNECT = "network_connect"  # connect path: SYN drops, retransmits, listen overflow
-    PSI_UNKNOWN = "psi_unknown"  # pressure without an attributable mechanism
 
 
 # A step judged "did not help" a victim (reverted) is not taken again on the same target for the same victim
@@ -194,3 +181,14 @@ class PodTraffic:
     packets_per_s: float
     cpu_cores: float = 0.0
     host_network: bool = False  # the pod shares the node's netns: its counters are the node's, not its own
+
+
+def __getattr__(name: str) -> Any:
+    """``Cause``, the enum of why a victim suffers, is built by the cause registry from its declarations
+    (detector/causes/__init__.py: one member per cause module); it is offered here too, where the rest of
+    the detector -> actuators contract is. Looked up on first use: the registry imports this module."""
+    if name == "Cause":
+        from detector.causes import Cause
+
+        return Cause
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,8 +8,12 @@ read the same thing; the logic that fills them lives in ``detector/incidents.py`
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from detector.decisions import Cause, Decision, Target
+from detector.decisions import Decision, Target
+
+if TYPE_CHECKING:
+    from detector.causes import Cause
 
 
 @dataclass(frozen=True, slots=True)

@@ -482,14 +482,15 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                 result.above_own_limit = True
                 verdict = f"burst cannot help: steadily above its limit, no neighbour action; the burst loop: {why}"
                 result.note = "; ".join([*([result.note] if result.note else []), verdict])
-            # The planner's own "no neighbour action" step (memcg reclaim at the victim's own limit), by its code
+            # The planner's own "no neighbour action" step (memcg reclaim at the victim's own limit), by its
+            # code: the first incident whose memory step has it says it, once.
             pod_paths = {p.path for p in ctx.pods.values()}
-            said = next((step.note for inc in scenario.detector.engine.all_incidents()
-                         if mode == "mitigate" and inc.cause == Cause.RECLAIM and inc.victim.cgroup in pod_paths
-                         and (step := reclaim.memory_step(inc, policy.actuators.evict_enabled)).code == reclaim.MEMCG_OWN_LIMIT
-                         and step.note), "")
-            if said and said not in result.note:
-                result.note = "; ".join([*([result.note] if result.note else []), said])
+            own_limit = next((step for inc in scenario.detector.engine.all_incidents()
+                              if mode == "mitigate" and inc.cause == Cause.RECLAIM and inc.victim.cgroup in pod_paths
+                              and (step := reclaim.memory_step(inc, policy.actuators.evict_enabled)).code
+                              == reclaim.MEMCG_OWN_LIMIT), None)
+            if own_limit is not None and own_limit.note:
+                result.note = "; ".join([*([result.note] if result.note else []), own_limit.note])
     finally:
         if ctx is not None and ctx.victim is not None and ctx.victim.poll() is None:
             ctx.victim.send_signal(signal.SIGTERM)  # first, so its log is flushed before the rest stops

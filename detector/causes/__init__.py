@@ -6,7 +6,7 @@ A cause is one module here with its :data:`SPEC` (:class:`~detector.causes.base.
 (``rule(ctx) -> Verdict | None``: reads the victim's signals through :class:`CauseContext` and, when it
 holds, returns the cause, a confidence, the ranked culprits, the evidence it used, its findings and
 its ``share``: the part of the victim's wait it explains), its words (the HTML heading, the advice,
-the no-culprit sentence), the engine's step (``act``), the planner's step (``mitigation``), the victim
+the no-culprit sentence), the engine's step (``act``), the planner's (``plan``, and ``ladder`` across incidents), the victim
 signals their actions are verified on (``verify_signals``) and the outcome codes of both with their
 wording (``messages``). ``noisyneighbor diagnose`` and its HTML report, the incident engine and
 ``actuators/mitigate.py`` read the declarations; nothing keys on a message's wording.
@@ -34,15 +34,18 @@ own CPU limit, its own threads) is ruled on before anyone else is blamed, steal 
 the probe's split (``who_ran_instead_available`` false: no run-queue probe) there are no shares and the
 first rule that holds, in that order, names the cause, as before. psi_unknown (share 0) always holds.
 
-Adding a cause: a :class:`Cause` member (detector/decisions.py), its module here with its share, one line
-in :data:`CAUSES`, one test.
+Adding a cause: its module here (its NAME, rule and share, words, codes and plan), one line in
+:data:`CAUSES` (its place in the ranking) and one at the end of :data:`ADDED` (the :class:`Cause` enum is
+built from it), one test.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from enum import StrEnum
 
 from detector.causes import (
+    hardirq,
     hypervisor_steal,
     neighbor_cpu,
     network_connect,
@@ -57,7 +60,6 @@ from detector.causes.base import (
     ActContext,
     CauseContext,
     CauseSpec,
-    Mitigation,
     Rule,
     Verdict,
 )
@@ -65,7 +67,6 @@ from detector.causes.neighbor_cpu import NEIGHBOR_SHARE
 from detector.causes.reclaim import KSWAPD_ACTIVE_PAGES_PER_S
 from detector.causes.self_contention import SELF_CONTENTION_SHARE
 from detector.causes.self_throttling import FOREIGN_MINORITY, SELF_THROTTLE_RATIO, SELF_THROTTLE_SHARE
-from detector.decisions import Cause
 from detector.model import Evidence
 
 # Ranked by share (ties and no split: this order). psi_unknown always holds (the fallback).
@@ -73,13 +74,29 @@ CAUSES: tuple[CauseSpec, ...] = (
     self_throttling.SPEC,
     reclaim.SPEC,
     softirq.SPEC,
+    hardirq.SPEC,
     self_contention.SPEC,
     hypervisor_steal.SPEC,  # before neighbor_cpu: stolen time must not be blamed on a pod
     neighbor_cpu.SPEC,
     network_connect.SPEC,
     psi_unknown.SPEC,
 )
-BY_CAUSE: dict[Cause, CauseSpec] = {s.cause: s for s in CAUSES}
+# The order the causes were added in: the Cause enum's (what reports and tests iterate), a new one last.
+ADDED: tuple[CauseSpec, ...] = (
+    neighbor_cpu.SPEC,
+    self_throttling.SPEC,
+    hypervisor_steal.SPEC,
+    self_contention.SPEC,
+    softirq.SPEC,
+    reclaim.SPEC,
+    network_connect.SPEC,
+    psi_unknown.SPEC,
+    hardirq.SPEC,
+)
+# Why a victim suffers, one member per declared cause (its NAME; NEIGHBOR_CPU = "neighbor_cpu"): the
+# detector names exactly one per incident. detector.decisions offers it too.
+Cause = StrEnum("Cause", [(s.cause.upper(), s.cause) for s in ADDED])  # type: ignore[misc]
+BY_CAUSE: dict[Cause, CauseSpec] = {Cause(s.cause): s for s in CAUSES}
 RULES: tuple[Rule, ...] = tuple(s.rule for s in CAUSES)
 
 
@@ -92,9 +109,9 @@ def decide(ctx: CauseContext, rules: tuple[Rule, ...] = RULES) -> Verdict:
     """The verdict of the rule that holds with the largest share of the victim's wait (ties: the first
     in ``rules``); without the probe's split, the first rule that holds. The winner's evidence gets the
     ranking (``cause_wait_share``: its share, and every other holding cause's)."""
-    held = [v for v in (rule(ctx) for rule in rules) if v is not None]
+    held = [replace(v, cause=Cause(v.cause)) for v in (rule(ctx) for rule in rules) if v is not None]
     if not held:
-        return psi_unknown.rule(ctx)
+        return replace(fallback := psi_unknown.rule(ctx), cause=Cause(fallback.cause))
     if not ctx.row.who_ran_instead_available:
         return held[0]
     best = max(held, key=lambda v: v.share)  # max() keeps the first of equals: the declaration order
@@ -112,13 +129,16 @@ def check_causes(specs: tuple[CauseSpec, ...] = CAUSES) -> None:
     missing = set(Cause) - set(causes)
     if missing or len(causes) != len(set(causes)):
         raise RuntimeError(f"causes: every Cause declared once (missing {sorted(missing)}, declared {causes})")
-    if specs[-1].cause != Cause.PSI_UNKNOWN:
+    if specs[-1].cause != psi_unknown.NAME:
         raise RuntimeError("causes: the fallback psi_unknown must be tried last")
 
 
 check_causes()
+if sorted(s.cause for s in ADDED) != sorted(s.cause for s in CAUSES):
+    raise RuntimeError("causes: ADDED and CAUSES hold the same declarations")
 
 __all__ = [
+    "ADDED",
     "BY_CAUSE",
     "CAUSES",
     "FOREIGN_MINORITY",
@@ -130,9 +150,9 @@ __all__ = [
     "SELF_THROTTLE_RATIO",
     "SELF_THROTTLE_SHARE",
     "ActContext",
+    "Cause",
     "CauseContext",
     "CauseSpec",
-    "Mitigation",
     "Rule",
     "Verdict",
     "decide",

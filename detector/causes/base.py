@@ -1,15 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """What every cause declaration is made of: the context its rule reads, the verdict it returns, and the
-declaration itself (:class:`CauseSpec`): rule, words, the engine's step and the planner's outcome codes."""
+declaration itself (:class:`CauseSpec`): rule, words, the engine's step, the planner's plan and the outcome codes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from detector.decisions import Cause, Decision, SuppressAmount
+from detector.causes.plan import Ladder, Plan
+from detector.decisions import Decision, SuppressAmount
 from detector.model import Culprit, Evidence, Incident
 from detector.signals import NodeSignals, WorkloadSignals
 
@@ -113,7 +113,7 @@ class CauseContext:
 
 @dataclass(frozen=True)
 class Verdict:
-    cause: Cause
+    cause: str  # the cause module's NAME; detector.causes.decide returns it as its Cause member
     confidence: float
     culprits: list[Culprit] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)  # what the rule used, beyond the breaches
@@ -140,18 +140,11 @@ class ActContext:
 Act = Callable[[Incident, Culprit | None, ActContext], Decision | list[Decision] | None]
 
 
-class Mitigation(StrEnum):
-    """The planner's steps beyond the engine's decisions (actuators/mitigate.py runs them)."""
-
-    TRAFFIC_AND_RT = "traffic_and_rt"  # rank pods by their own traffic and RT tasks on the victim's CPUs
-    MEMORY_GROWER = "memory_grower"  # cap the BE pod that grew most in global reclaim
-
-
 @dataclass(frozen=True)
 class CauseSpec:
     """One cause, declared once: how it is recognised, how it reads to a human, what is done about it."""
 
-    cause: Cause
+    cause: str  # its NAME: the registry makes it a member of the Cause enum
     rule: Rule
     title: str  # the HTML report's heading: "<victim> suffers from <title>"
     advice: str  # what would help, for diagnose's text and HTML
@@ -159,7 +152,13 @@ class CauseSpec:
     # (not a neighbour's doing)"); None: a neighbour may be at fault ("none attributed" when none is).
     blameless: str | None = None
     act: Act | None = None  # the engine's step when an incident opens or its top culprit changes
-    mitigation: Mitigation | None = None  # the planner's extra step, when it has one
+    # The planner's steps beyond the engine's (detector/causes/plan.py): ``plan`` on each tick of an open
+    # incident of this cause; ``ladder``, a factory of a stateful plan that runs on every open incident and
+    # hears every action's result (neighbor_cpu's quota -> cpuset -> evict, per victim and culprit).
+    plan: Plan | None = None
+    ladder: Callable[[], Ladder] | None = None
+    # Outcome code -> the once-per-incident step (PlanContext.mark) a refusal of it lets the plan take again.
+    retry_when_refused: Mapping[str, str] = field(default_factory=dict)
     # Findings of every tick from the victim's row, whichever rule decided (Incident.findings).
     context: Callable[[WorkloadSignals], tuple[str, ...]] | None = None
     # Outcome code -> its wording (str.format fields). Decisions carry the code (Decision.code) and

@@ -10,8 +10,9 @@ dedicated tenancy, or fewer vCPUs than the host can give)."""
 from __future__ import annotations
 
 from detector.causes.base import CauseContext, CauseSpec, Verdict
-from detector.decisions import Cause
 from detector.model import Evidence
+
+NAME = "hypervisor_steal"  # its member of the Cause enum, which the registry builds (detector/causes/__init__.py)
 
 # Steal on its CPUs (weighted by where it ran) of at least 5 % of a CPU: what cloud monitoring calls
 # significant steal. Below it, the few ms/s an oversubscribed-but-healthy VM shows (this project's CI
@@ -39,7 +40,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
         return None
     confidence = min(1.0, steal / wait) if wait > 0 else 1.0  # also its part of the wait
     cpus = sorted(c for c, w in row.cpu_weights.items() if w > 0.05)
-    return Verdict(Cause.HYPERVISOR_STEAL, confidence, [], [
+    return Verdict(NAME, confidence, [], [
         Evidence("steal_ms_per_s", round(steal, 2), ctx.window_s, threshold=STEAL_MIN_MS_PER_S,
                  note=f"the hypervisor ran something else on its CPUs {cpus} ({steal / 10:.1f} % of their time); "
                       f"runqueue wait {wait:.1f} ms/s, {foreign:.1f} ms/s of it behind other cgroups "
@@ -48,7 +49,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
 
 
 SPEC = CauseSpec(
-    Cause.HYPERVISOR_STEAL, rule,
+    NAME, rule,
     title="the hypervisor taking its CPUs (steal)",
     advice="the hypervisor takes CPU time from this VM (steal): no pod on the node is at fault; move the "
            "workload to another node, use an instance type without CPU oversubscription (or dedicated "

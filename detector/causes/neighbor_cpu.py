@@ -6,9 +6,25 @@ then eviction when the policy allows it): the steps' codes and words are here.""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple
+
 from detector.causes.base import ActContext, CauseContext, CauseSpec, Verdict
-from detector.decisions import ActionKind, Cause, Decision
+from detector.causes.plan import Note, NoteKey, PlanContext, PlanStep, StepOutcome, StepResult, Submit
+from detector.decisions import (
+    DID_NOT_HELP_MEMORY_S,
+    ActionKind,
+    Decision,
+    EvictAmount,
+    SuppressAmount,
+    Target,
+)
 from detector.model import Culprit, Evidence, Incident
+from probes.cgroupfiles import format_cpu_list
+
+NAME = "neighbor_cpu"  # its member of the Cause enum, which the registry builds (detector/causes/__init__.py)
 
 NEIGHBOR_SHARE = 0.3  # foreign cgroups ran for at least this share of its wait
 
@@ -34,7 +50,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
     if row.who_ran_instead_available and ctx.node_share > 0:
         used.append(Evidence("who_ran_instead_node_share", round(ctx.node_share, 4), ctx.window_s,
                              note="the node's own processes outside pods (root cgroup) ran on its CPUs"))
-    return Verdict(Cause.NEIGHBOR_CPU, min(1.0, confidence), culprits, used, share=share(ctx))
+    return Verdict(NAME, min(1.0, confidence), culprits, used, share=share(ctx))
 
 
 def share(ctx: CauseContext) -> float:
@@ -97,11 +113,223 @@ def suppress_be_culprits(inc: Incident, top: Culprit | None, ctx: ActContext) ->
     return [first, *(d for d in others if d is not None)]
 
 
+class LadderStep(StrEnum):
+    """The neighbour ladder's steps on one BE culprit, each taken once per incident."""
+
+    QUOTA = "quota"  # cfs quota (the engine's on a small node; the ladder's: down to its request)
+    CPUSET = "cpuset"  # off the CPUs the victim runs on
+    EVICT = "evict"  # Eviction API, with evict_enabled
+
+
+# After the step before it: isolation first, then a quota to the request, then eviction. Whichever the
+# engine took first (a cpuset where the node has CPUs to spare beyond the victim's, a quota where it has
+# not) is skipped.
+LADDER = (LadderStep.CPUSET, LadderStep.QUOTA, LadderStep.EVICT)
+LADDER_CODES = frozenset({CPUSET_AWAY, QUOTA_TO_REQUEST, EVICT})
+
+
+def ladder_step(decision: Decision) -> LadderStep | None:
+    """Which rung a decision is (None: not a neighbour step: a burst, a memory cap)."""
+    if decision.kind == ActionKind.EVICT:
+        return LadderStep.EVICT
+    if decision.kind == ActionKind.SUPPRESS and isinstance(decision.amount, SuppressAmount):
+        return LadderStep.CPUSET if decision.amount.policy == "cpuset" else LadderStep.QUOTA
+    return None
+
+
+class PairKey(NamedTuple):
+    """A ladder's key: the victim's and the culprit's cgroups, without slashes around them."""
+
+    victim: str
+    culprit: str
+
+
+@dataclass
+class Rung:
+    """One BE culprit's ladder for one victim, across that victim's incidents (:class:`NeighborLadder`)."""
+
+    target: Target
+    victim: str  # the victim's cgroup, without slashes around it
+    incident_id: str | None  # the victim's incident it serves now (or served last)
+    closed_at: float | None = None  # when that incident closed, while no other is open
+    tried: list[LadderStep] = field(default_factory=list)
+    pending: bool = False  # a step was applied and its verdict is not in yet
+    not_before: float = 0.0
+    # Breach ticks of the incident since its last step was verified (None: it was not): a step that helped
+    # while the victim keeps breaching is followed by the next one, on top of it.
+    breaches_since_verified: int | None = None
+    last: LadderStep | None = None
+    done: bool = False
+
+
+class NeighborLadder:
+    """Per (victim, BE culprit): when a step is reverted (did not help) or helped while the victim kept
+    breaching for as many ticks as it was verified over, the next step of :data:`LADDER` is taken at the
+    next tick: a cpuset off the victim's CPUs (even below the policy's CPU floor), a cfs quota down to the
+    culprit's CPU request (koordinator batch-cpu included) if it runs above it, then, with
+    ``evict_enabled``, eviction. A step that helped stays in place under the next. The ladder belongs to
+    the pair, not to one incident: an incident that closes while the culprit still runs (on 6.1 the
+    waking victim preempts a hog, so it stops breaching for a few ticks) and opens again continues where
+    it stopped, for ``DID_NOT_HELP_MEMORY_S`` after the last one closed; a step judged "did not help" is
+    not taken again in that time (the manager refuses it: StepOutcome.JUDGED). Any BE suppress with a
+    victim starts one (the engine's first step, softirq's traffic cap and RT move included)."""
+
+    def __init__(self) -> None:
+        self.rungs: dict[PairKey, Rung] = {}
+
+    def on_result(self, result: StepResult, now: float) -> None:
+        """An action's result moves its pair's ladder (keyed on outcomes and codes, never on words)."""
+        d, outcome = result.decision, result.outcome
+        step = ladder_step(d)
+        if step is None or d.victim is None or d.incident_id is None or (d.target.qos or "").upper() != "BE":
+            return
+        key = PairKey(d.victim.cgroup.strip("/"), d.target.cgroup.strip("/"))
+        rung = self.rungs.get(key)
+        ours = d.code in LADDER_CODES
+        if outcome == StepOutcome.APPLIED:
+            rung = self.rungs.setdefault(key, Rung(d.target, key.victim, d.incident_id))
+            rung.incident_id = d.incident_id
+            if step not in rung.tried:
+                rung.tried.append(step)
+            rung.pending, rung.last, rung.breaches_since_verified = True, step, None
+        elif rung is None:
+            return
+        elif outcome == StepOutcome.VERIFIED:
+            rung.pending, rung.breaches_since_verified = False, 0
+        elif outcome == StepOutcome.DID_NOT_HELP:
+            # The next step at the next tick: the manager lets this victim's next, different step through
+            # its block on the target (it blocks the same step only).
+            rung.pending, rung.breaches_since_verified, rung.not_before = False, None, now
+        elif outcome == StepOutcome.WAIT:
+            if ours:  # the same step again once the limit passes, not the next one
+                if step in rung.tried:
+                    rung.tried.remove(step)
+                rung.pending = False
+                rung.not_before = now + max(1.0, result.retry_in_s)
+        elif outcome == StepOutcome.JUDGED:
+            # The victim's next incident asked for a step its ladder has taken: judged already, or in place.
+            if step not in rung.tried:
+                rung.tried.append(step)
+            if ours:
+                rung.pending, rung.not_before = False, now
+        elif outcome == StepOutcome.REFUSED and ours:
+            if step not in rung.tried:
+                rung.tried.append(step)
+            rung.pending, rung.breaches_since_verified, rung.not_before = False, None, now
+
+    def plan(self, ctx: PlanContext) -> Iterator[PlanStep]:
+        """The victim's ladders on a tick of its open incident: those of the culprits it blames go on."""
+        inc = ctx.incident
+        blamed = {c.target.cgroup for c in inc.culprits}
+        for rung in self._rungs_of(inc):
+            if rung.incident_id != inc.incident_id and rung.target.cgroup not in blamed:
+                continue  # the victim's next incident continues a culprit's ladder only if it blames it
+            if rung.incident_id != inc.incident_id:
+                yield Note(NoteKey(LADDER_CONTINUED, (rung.target.cgroup,)), SPEC.say(
+                    LADDER_CONTINUED, culprit=rung.target.display, victim=inc.victim.display,
+                    incident=rung.incident_id or "-", tried=", ".join(rung.tried) or "nothing",
+                    memory_s=DID_NOT_HELP_MEMORY_S))
+                rung.incident_id = inc.incident_id
+            rung.closed_at = None
+            yield from self._escalate(ctx, rung)
+
+    def on_closed(self, inc: Incident, now: float) -> None:
+        for rung in self._rungs_of(inc):
+            rung.closed_at = now  # kept: the victim's next incident with this culprit continues it
+
+    def forget_old(self, now: float) -> None:
+        """A ladder whose victim has had no incident for DID_NOT_HELP_MEMORY_S starts over: the manager
+        no longer refuses the steps it judged by then."""
+        for key in [k for k, r in self.rungs.items()
+                    if r.closed_at is not None and not r.pending and now - r.closed_at >= DID_NOT_HELP_MEMORY_S]:
+            del self.rungs[key]
+
+    def _rungs_of(self, inc: Incident) -> list[Rung]:
+        victim = inc.victim.cgroup.strip("/")
+        return [r for r in self.rungs.values() if r.victim == victim]
+
+    def _escalate(self, ctx: PlanContext, rung: Rung) -> Iterator[PlanStep]:
+        """The culprit's next step when its last one did not help (reverted), or helped while the victim
+        kept breaching for as many ticks as the step was verified over (verified on the mean wait, which
+        a quota lowers with the p99 still high)."""
+        inc = ctx.incident
+        if rung.done or rung.pending:
+            return
+        if rung.breaches_since_verified is not None:
+            if inc.cause != NAME:
+                return  # a verified step of another cause (the sender's quota): the victim is judged on it
+            if ctx.what == "updated":
+                rung.breaches_since_verified += 1
+            needed = max(1, ctx.policy.verify_intervals)
+            if rung.breaches_since_verified < needed:
+                return
+            rung.breaches_since_verified = None
+            step = rung.last or "the step"
+            yield Note(NoteKey(HELPED_NOT_ENOUGH, (rung.target.cgroup, step)), SPEC.say(
+                HELPED_NOT_ENOUGH, step=step, culprit=rung.target.display, victim=inc.victim.display, ticks=needed))
+        elif ctx.now < rung.not_before:
+            return
+        for out in self._next_step(ctx, rung):
+            if isinstance(out, Submit):
+                rung.pending = True
+            yield out
+
+    def _next_step(self, ctx: PlanContext, rung: Rung) -> list[PlanStep]:
+        """The first untried rung that applies (LADDER), with its notes; none left: its notes only."""
+        inc, target = ctx.incident, rung.target
+        subject = (target.cgroup,)
+        cpu = next((c.cpu_cores for c in inc.culprits if c.target.cgroup == target.cgroup), 0.0)
+        said: list[PlanStep] = []
+        for step in LADDER:
+            if step in rung.tried:
+                continue
+            rung.tried.append(step)
+            if step == LadderStep.CPUSET:
+                if inc.cause != NAME:
+                    continue  # softirq: the work lands where the packets are steered, not where the sender runs
+                online = ctx.host.online_cpus()
+                victim_cpus = ctx.host.victim_cpus(inc)
+                others = tuple(c for c in online if c not in victim_cpus)
+                if not victim_cpus or not others:
+                    said.append(Note(NoteKey(NO_OTHER_CPUS, subject), SPEC.say(
+                        NO_OTHER_CPUS, culprit=target.display, victim=inc.victim.display,
+                        victim_cpus=victim_cpus or online)))
+                    continue
+                reason = SPEC.say(CPUSET_AWAY, culprit=target.display, victim=inc.victim.display,
+                                  victim_cpus=format_cpu_list(victim_cpus), cpus=format_cpu_list(others))
+                return [*said, Note(NoteKey(CPUSET_AWAY, subject), reason), Submit(Decision(
+                    ActionKind.SUPPRESS, target, SuppressAmount("cpuset", cpus=others, floor_cpus=1), reason,
+                    incident_id=inc.incident_id, victim=inc.victim, victim_signal=ctx.verify_signal,
+                    code=CPUSET_AWAY))]
+            if step == LadderStep.QUOTA:
+                request = ctx.host.request_of(target)
+                if not (request and cpu > request * 1.1):
+                    continue
+                fields = {"culprit": target.display, "cpu": cpu, "request": request}
+                return [*said, Note(NoteKey(QUOTA_TO_REQUEST_NOTE, subject), SPEC.say(QUOTA_TO_REQUEST_NOTE, **fields)),
+                        Submit(Decision(
+                            ActionKind.SUPPRESS, target, SuppressAmount("cfs_quota", cpu_cores=max(0.1, request)),
+                            SPEC.say(QUOTA_TO_REQUEST, **fields), incident_id=inc.incident_id, victim=inc.victim,
+                            victim_signal=ctx.verify_signal, code=QUOTA_TO_REQUEST))]
+            if step == LadderStep.EVICT:
+                rung.done = True
+                if not ctx.policy.evict_enabled:
+                    return [*said, Note(NoteKey(EVICT_DISABLED, subject),
+                                        SPEC.say(EVICT_DISABLED, culprit=target.display))]
+                return [*said, Submit(Decision(
+                    ActionKind.EVICT, target, EvictAmount(reason="interference", release_cpu_cores=cpu),
+                    SPEC.say(EVICT, culprit=target.display, victim=inc.victim.display),
+                    incident_id=inc.incident_id, victim=inc.victim, victim_signal=ctx.verify_signal, code=EVICT))]
+        rung.done = True
+        return said
+
+
 SPEC = CauseSpec(
-    Cause.NEIGHBOR_CPU, rule,
+    NAME, rule,
     title="neighbours' CPU use",
     advice="suppress or move the top culprit (BE CPU quota / cpuset), or give the victim dedicated CPUs",
     act=suppress_be_culprits,
+    ladder=NeighborLadder,
     messages={
         SUPPRESS: "{culprit} ran {share:.0%} of {victim}'s runqueue wait",
         QUOTA_TO_REQUEST_NOTE: "isolation did not help: {culprit} uses {cpu:.2f} cores, above its {request:.2f}-core "

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from detector.causes.base import CauseContext, CauseSpec, Verdict
-from detector.decisions import Cause
 from detector.model import Evidence
+
+NAME = "network_connect"  # its member of the Cause enum, which the registry builds (detector/causes/__init__.py)
 
 
 def rule(ctx: CauseContext) -> Verdict | None:
@@ -13,7 +14,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
         return None
     row, dt = ctx.row, ctx.row.interval_s
     servers, more = ctx.connect_servers(ctx.key)
-    return Verdict(Cause.NETWORK_CONNECT, 0.7, servers, [
+    return Verdict(NAME, 0.7, servers, [
         Evidence("connect_failures_per_s", row.connect_failures_per_s, dt),
         Evidence("syn_retransmits_per_s", row.syn_retransmits_per_s, dt),
         *more,
@@ -21,7 +22,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
 
 
 SPEC = CauseSpec(
-    Cause.NETWORK_CONNECT, rule,
+    NAME, rule,
     title="the TCP connect path",
     advice="connects stall (SYN drops/retransmits): check the server's accept backlog and ListenOverflows",
 )

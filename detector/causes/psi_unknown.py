@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 from detector.causes.base import CauseContext, CauseSpec, Verdict
-from detector.decisions import Cause
+
+NAME = "psi_unknown"  # its member of the Cause enum, which the registry builds (detector/causes/__init__.py)
 
 
 def rule(ctx: CauseContext) -> Verdict:
-    return Verdict(Cause.PSI_UNKNOWN, 0.3)
+    return Verdict(NAME, 0.3)
 
 
 SPEC = CauseSpec(
-    Cause.PSI_UNKNOWN, rule,
+    NAME, rule,
     title="pressure without an attributable mechanism",
     advice="pressure without an attributable mechanism: check IO and node-level pressure",
 )

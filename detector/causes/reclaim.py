@@ -5,13 +5,17 @@ CPUs. Global reclaim is blamed on the pods holding and growing memory: the plann
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from detector.causes.base import KSWAPD_ACTIVE_PAGES_PER_S, CauseContext, CauseSpec, Mitigation, Verdict
+from detector.causes.base import KSWAPD_ACTIVE_PAGES_PER_S, CauseContext, CauseSpec, Verdict
 from detector.causes.neighbor_cpu import NEIGHBOR_SHARE  # kernel threads (kswapd) ran for this share of its wait
-from detector.decisions import ActionKind, Cause, Decision, EvictAmount, MemorySuppressAmount
+from detector.causes.plan import Note, NoteKey, PlanContext, PlanStep, Submit
+from detector.decisions import ActionKind, Decision, EvictAmount, MemorySuppressAmount
 from detector.model import Evidence, Incident
 from detector.signals import WorkloadSignals
+
+NAME = "reclaim"  # its member of the Cause enum, which the registry builds (detector/causes/__init__.py)
 
 # Findings (Incident.findings, refreshed every tick): the node reclaims, not only the victim's memcg.
 KSWAPD = "reclaim.kswapd"  # kswapd ran on the victim's CPUs while the node reclaimed in the background
@@ -28,13 +32,13 @@ def rule(ctx: CauseContext) -> Verdict | None:
     row = ctx.row
     if ctx.breached & {"reclaim_stall_ms_per_s", "psi_memory_some"} and row.reclaim_stall_ms_per_s > 0:
         confidence = min(1.0, row.reclaim_stall_ms_per_s / (2 * ctx.slo.reclaim_stall_ms_per_s))
-        return Verdict(Cause.RECLAIM, confidence, ctx.reclaim_culprits(ctx.key, row, ctx.signals, None),
+        return Verdict(NAME, confidence, ctx.reclaim_culprits(ctx.key, row, ctx.signals, None),
                        share=share(ctx))
     kswapd = ctx.signals.kswapd_pages_per_s
     node_share = ctx.node_share
     if not (ctx.runq_breach and kswapd >= KSWAPD_ACTIVE_PAGES_PER_S and node_share >= NEIGHBOR_SHARE):
         return None
-    return Verdict(Cause.RECLAIM, min(1.0, node_share), ctx.reclaim_culprits(ctx.key, row, ctx.signals, True), [
+    return Verdict(NAME, min(1.0, node_share), ctx.reclaim_culprits(ctx.key, row, ctx.signals, True), [
         Evidence("kswapd_pages_per_s", round(kswapd, 1), row.interval_s, threshold=KSWAPD_ACTIVE_PAGES_PER_S,
                  note="the node reclaims in the background (global reclaim)"),
         Evidence("who_ran_instead_node_share", round(node_share, 4), ctx.window_s, threshold=NEIGHBOR_SHARE,
@@ -110,11 +114,27 @@ def memory_step(inc: Incident, evict_enabled: bool) -> Step:
         incident_id=inc.incident_id, victim=inc.victim, victim_signal=SPEC.verify_signal(inc), code=CAP_GROWER))
 
 
+MEMORY_STEP = "memory"  # the memory step, settled once per incident (Step.final)
+
+
+def plan(ctx: PlanContext) -> Iterator[PlanStep]:
+    """:func:`memory_step` on each tick until it is settled for the incident."""
+    if ctx.done(MEMORY_STEP):
+        return
+    step = memory_step(ctx.incident, ctx.policy.evict_enabled)
+    if step.final:
+        ctx.mark(MEMORY_STEP)
+    if step.note is not None:
+        yield Note(NoteKey(step.code), step.note)
+    if step.decision is not None:
+        yield Submit(step.decision)
+
+
 SPEC = CauseSpec(
-    Cause.RECLAIM, rule,
+    NAME, rule,
     title="memory reclaim",
     advice="the victim stalls in memory reclaim: raise its memory limit, or evict the BE pod growing its memory",
-    mitigation=Mitigation.MEMORY_GROWER,
+    plan=plan,
     context=context,
     kernel_work="kswapd, kcompactd, kdamond",
     # A cap or an eviction is judged on the stall it ends: the grower's memory, not the CPU, is what it

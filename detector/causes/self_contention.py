@@ -6,9 +6,10 @@ from __future__ import annotations
 from detector.causes.base import CauseContext, CauseSpec, Verdict
 from detector.causes.self_throttling import quota_text
 from detector.containers import largest_share
-from detector.decisions import Cause
 from detector.model import Evidence
 from detector.signals import WorkloadSignals
+
+NAME = "self_contention"  # its member of the Cause enum, which the registry builds (detector/causes/__init__.py)
 
 SELF_CONTENTION_SHARE = 0.5  # its own threads ran for at least this share of its wait
 
@@ -32,7 +33,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
     for name, share in largest_share(ctx.own_by_container, own_total, CONTAINER_MIN_SHARE):
         used.append(Evidence("who_ran_instead_container_share", round(share, 4), ctx.window_s, container=name,
                              note=f"of its wait behind its own tasks: behind container {name}"))
-    return Verdict(Cause.SELF_CONTENTION, own, [], used, share=own)  # its part: the wait behind its own tasks
+    return Verdict(NAME, own, [], used, share=own)  # its part: the wait behind its own tasks
 
 
 CONTAINER_MIN_SHARE = 0.2  # a container behind which it spent at least this share of its own wait is named
@@ -66,7 +67,7 @@ def may_use_text(row: WorkloadSignals) -> str:
 
 
 SPEC = CauseSpec(
-    Cause.SELF_CONTENTION, rule,
+    NAME, rule,
     title="its own threads outnumbering the CPUs it may use (self-contention)",
     advice="the victim's own threads outnumber the CPUs it may use (its cpuset or quota): give it more "
            "CPUs, or run fewer busy threads (size thread pools to its CPUs); no neighbour is at fault",

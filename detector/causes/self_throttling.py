@@ -5,8 +5,10 @@ neighbour's fault; the engine lets an LS victim burst."""
 from __future__ import annotations
 
 from detector.causes.base import ActContext, CauseContext, CauseSpec, Verdict
-from detector.decisions import ActionKind, BurstAmount, Cause, Decision
+from detector.decisions import ActionKind, BurstAmount, Decision
 from detector.model import Culprit, Evidence, Incident
+
+NAME = "self_throttling"  # its member of the Cause enum, which the registry builds (detector/causes/__init__.py)
 
 SELF_THROTTLE_SHARE = 0.5  # throttled time explains at least this share of its runqueue wait, or
 SELF_THROTTLE_RATIO = 0.9  # ... it was throttled in at least this share of its CFS periods
@@ -47,7 +49,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
     # of its wait: a victim that barely waits between its throttled periods), that ratio stands for it.
     in_wait = max([ctx.throttle_share, *(c.throttled_ms_per_s / wait for c in hit if wait > 0.5)])
     part = in_wait if in_wait >= SELF_THROTTLE_SHARE else share
-    return Verdict(Cause.SELF_THROTTLING, min(1.0, share), [], used, share=min(1.0, part))
+    return Verdict(NAME, min(1.0, share), [], used, share=min(1.0, part))
 
 
 BURST = "self_throttling.burst"
@@ -63,7 +65,7 @@ def act(inc: Incident, top: Culprit | None, ctx: ActContext) -> Decision | None:
 
 
 SPEC = CauseSpec(
-    Cause.SELF_THROTTLING, rule,
+    NAME, rule,
     title="its own CPU limit (self-throttling)",
     advice="the victim hits its own CPU limit (the container named in the evidence, when one): "
            "raise that limit or enable CPU burst; no neighbour is at fault",

@@ -6,10 +6,15 @@ them). Anything else is advice: the agent never changes node IRQ settings."""
 
 from __future__ import annotations
 
-from detector.causes.base import VICTIM_SIGNAL, CauseContext, CauseSpec, Mitigation, Verdict
+from collections.abc import Iterator
+
+from detector.causes.base import VICTIM_SIGNAL, CauseContext, CauseSpec, Verdict
 from detector.causes.neighbor_cpu import suppress_top_be
-from detector.decisions import ActionKind, Cause, Decision, PodTraffic, SuppressAmount, Target
+from detector.causes.plan import Note, NoteKey, PlanContext, PlanStep, RtTasks, Submit, rank_first
+from detector.decisions import ActionKind, Decision, PodTraffic, SuppressAmount, Target
 from detector.model import Evidence
+
+NAME = "softirq"  # its member of the Cause enum, which the registry builds (detector/causes/__init__.py)
 
 
 def rule(ctx: CauseContext) -> Verdict | None:
@@ -24,7 +29,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
     if ctx.runq_breach and row.who_ran_instead_available:
         used.append(Evidence("who_ran_instead_kernel_work_share", round(ctx.kernel_work_share, 4), ctx.window_s,
                              note="softirq work (on top of tasks, and ksoftirqd) and kernel threads in its waits"))
-    return Verdict(Cause.SOFTIRQ, confidence, ctx.cpu_culprits(ctx.key, ctx.foreign, ctx.total_wait_ns), used,
+    return Verdict(NAME, confidence, ctx.cpu_culprits(ctx.key, ctx.foreign, ctx.total_wait_ns), used,
                    share=share(ctx))
 
 
@@ -67,21 +72,34 @@ def softirq_traffic_decision(
     the same rule that names it), at least ``min_cores``: a fifth of its CPU, as before, still sent a
     fifth of the flood, and the victim stayed at 1.7x its quiet p99 (make bench, softirq-netrx).
     """
+    decision, note = _traffic_verdict(victim, incident_id, traffic, min_cores=min_cores, victim_signal=victim_signal)
+    return decision, note.text
+
+
+def _traffic_verdict(
+    victim: Target, incident_id: str | None, traffic: list[PodTraffic], *, min_cores: float = 0.02,
+    victim_signal: str = VICTIM_SIGNAL,
+) -> tuple[Decision | None, Note]:
+    """:func:`softirq_traffic_decision`, its note keyed by its outcome code."""
     own = _pods_traffic(victim, traffic)
     total = sum(t.packets_per_s for t in own)
     if not own or total <= 0:
-        return None, SPEC.say(NO_POD_TRAFFIC)
+        return None, _note(NO_POD_TRAFFIC)
     top = max(own, key=lambda t: t.packets_per_s)
     share = top.packets_per_s / total
     said = {"pod": top.target.display, "pps": top.packets_per_s, "share": share}
     if top.packets_per_s < SOFTIRQ_TRAFFIC_MIN_PPS or share < SOFTIRQ_TRAFFIC_SHARE:
-        return None, SPEC.say(NO_DOMINANT_TRAFFIC, **said)
+        return None, _note(NO_DOMINANT_TRAFFIC, **said)
     if (top.target.qos or "").upper() != "BE":
-        return None, SPEC.say(SOURCE_NOT_BE, qos=top.target.qos or "of unknown QoS", **said)
+        return None, _note(SOURCE_NOT_BE, qos=top.target.qos or "of unknown QoS", **said)
     cap = round(max(min_cores, top.cpu_cores * SOFTIRQ_TRAFFIC_MIN_PPS / top.packets_per_s), 2)
-    reason = SPEC.say(OWN_TRAFFIC, victim=victim.display, cpu=top.cpu_cores, cap=cap, **said)
-    return Decision(ActionKind.SUPPRESS, top.target, SuppressAmount("cfs_quota", cpu_cores=cap), reason,
-                    incident_id=incident_id, victim=victim, victim_signal=victim_signal, code=OWN_TRAFFIC), reason
+    note = _note(OWN_TRAFFIC, victim=victim.display, cpu=top.cpu_cores, cap=cap, **said)
+    return Decision(ActionKind.SUPPRESS, top.target, SuppressAmount("cfs_quota", cpu_cores=cap), note.text,
+                    incident_id=incident_id, victim=victim, victim_signal=victim_signal, code=OWN_TRAFFIC), note
+
+
+def _note(code: str, *subject: str, **fields: object) -> Note:
+    return Note(NoteKey(code, subject), SPEC.say(code, **fields))
 
 
 def _pods_traffic(victim: Target, traffic: list[PodTraffic]) -> list[PodTraffic]:
@@ -96,12 +114,73 @@ def traffic_share(victim: Target, traffic: list[PodTraffic], target: Target) -> 
     return sum(t.packets_per_s for t in own if t.target.cgroup == target.cgroup) / total if total > 0 else 0.0
 
 
+RT_STEP = "rt"  # one RT move per incident, whatever came of it
+TRAFFIC_STEP = "traffic"  # one traffic cap per incident (again when refused)
+
+
+def plan(ctx: PlanContext) -> Iterator[PlanStep]:
+    """RT tasks on the victim's CPUs first (a BE pod's are moved off them, once per incident; the ranking
+    puts the top BE one first in the culprits every tick), else the pods' own traffic (a BE pod carrying
+    most of it gets a cfs quota, once per incident). A victim that is not a known pod: nothing to weigh."""
+    inc = ctx.incident
+    candidates = list(ctx.candidates())
+    victim = inc.victim.cgroup.strip("/")
+    if victim not in {t.cgroup.strip("/") for t in candidates}:
+        return
+    first = not ctx.done(RT_STEP)
+    ctx.mark(RT_STEP)
+    rt = ctx.host.rt_tasks(inc, candidates, fresh=first)
+    steps = _rt_plan(ctx, rt, act=first) if rt is not None else []
+    yield from steps
+    if any(isinstance(s, Submit) for s in steps) or ctx.done(TRAFFIC_STEP):
+        return  # moved, or acted (or refused) once: no more sampling of every pod's traffic for it
+    traffic = ctx.host.sample_traffic(candidates)
+    if not traffic:
+        return
+    decision, note = _traffic_verdict(inc.victim, inc.incident_id, traffic, victim_signal=ctx.verify_signal)
+    yield note
+    if decision is None:
+        return
+    # The sender is the culprit, though it never ran on the victim's CPUs: its packets' kernel work did.
+    rank_first(inc, decision.target, traffic_share(inc.victim, traffic, decision.target), SPEC.kernel_work)
+    if not ctx.policy.suppress_enabled:
+        return
+    ctx.mark(TRAFFIC_STEP)
+    yield Submit(decision)
+
+
+def _rt_plan(ctx: PlanContext, rt: RtTasks, act: bool) -> list[PlanStep]:
+    """Rank pods with RT tasks allowed on the victim's CPUs (every tick: the top BE one is put first in the
+    incident's culprits, as the engine's who-ran-instead ranking can miss it); with ``act``, move it off
+    those CPUs. A non-BE pod with RT tasks is named, never touched."""
+    inc = ctx.incident
+    if not rt.ranked:
+        return []
+    cpus = sorted(rt.victim_cpus)
+    ranking = ", ".join(SPEC.say(RT_TASK, pod=t.display, qos=t.qos or "?", cpu_s=s) for s, t in rt.ranked)
+    steps: list[PlanStep] = [Note(NoteKey(RT_TASKS, tuple(map(str, cpus))), SPEC.say(RT_TASKS, cpus=cpus,
+                                                                                      ranking=ranking))]
+    top = next((t for _, t in rt.ranked if (t.qos or "").upper() == "BE"), None)
+    if top is None:
+        return [*steps, _note(RT_NOT_BE)]
+    rank_first(inc, top, next(x for x, t in rt.ranked if t is top) / sum(x for x, _ in rt.ranked))
+    others = tuple(c for c in ctx.host.online_cpus() if c not in rt.victim_cpus)
+    if not act or not others:
+        return steps
+    return [*steps, Submit(Decision(
+        ActionKind.SUPPRESS, top, SuppressAmount("cpuset", cpus=others),
+        SPEC.say(RT_MOVE, pod=top.display, victim=inc.victim.display, cpus=",".join(map(str, others))),
+        incident_id=inc.incident_id, victim=inc.victim, victim_signal=ctx.verify_signal, code=RT_MOVE))]
+
+
 SPEC = CauseSpec(
-    Cause.SOFTIRQ, rule,
+    NAME, rule,
     title="softirq work on its CPUs",
     advice="softirq work lands on the victim's CPUs: steer IRQs/RPS away from them or move the traffic source",
     act=suppress_top_be,
-    mitigation=Mitigation.TRAFFIC_AND_RT,
+    plan=plan,
+    # A refused traffic cap (the RT isolation of the same pod still being verified) is tried again.
+    retry_when_refused={OWN_TRAFFIC: TRAFFIC_STEP},
     kernel_work="softirq work",
     # Its actions are judged on what broke the SLO: softirq time on the victim's CPUs, or how late its
     # softirqs ran; a run-queue p99 where it breached on that (or on PSI).
