@@ -146,7 +146,7 @@ def test_culprits_above_their_request_rank_first_the_node_by_its_score_and_zero_
     above = Culprit(Target("/k/b", "b", "batch", "b", "BE"), 0.4, cpu_cores=0.5)
     root = Culprit(Target("/"), 0.9)
     zero = Culprit(Target("/k/z", "z", "batch", "z", "BE"), 0.0)
-    ranked = engine._ranked([engine._judged(c) for c in (within, above, root, zero)])
+    ranked = engine.culprit_finder.ranked([engine.culprit_finder.judged(c) for c in (within, above, root, zero)])
     assert [c.target.cgroup for c in ranked] == ["/", "/k/b", "/k/a"]  # the node: no request, so with those above
     assert ranked[1].above_request is True and ranked[1].cpu_request_cores == 0.1
     assert ranked[2].above_request is False and "busy within its request" in ranked[2].note
