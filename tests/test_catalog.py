@@ -148,16 +148,16 @@ def test_culprits_above_their_request_rank_first_the_node_by_its_score_and_zero_
     zero = Culprit(Target("/k/z", "z", "batch", "z", "BE"), 0.0)
     # Not measured yet (a pod that just started): not judged within its request, so not ranked after
     # every pod above theirs (issue 39's soak: a new BE hog was cut from the list of five).
-    unmeasured = engine._judged(within)
+    unmeasured = engine.culprit_finder.judged(within)
     assert unmeasured.above_request is None and "not measured" in unmeasured.note
     engine.store.add(1.0, {("pod:a", "cpu_cores"): 0.5, ("pod:b", "cpu_cores"): 0.5})
-    ranked = engine._ranked([engine._judged(c) for c in (within, above, root, zero)])
+    ranked = engine.culprit_finder.ranked([engine.culprit_finder.judged(c) for c in (within, above, root, zero)])
     assert [c.target.cgroup for c in ranked] == ["/", "/k/b", "/k/a"]  # the node: no request, so with those above
     assert ranked[1].above_request is True and ranked[1].cpu_request_cores == 0.1
     assert ranked[2].above_request is False and "busy within its request" in ranked[2].note
     # A pod that requests no CPU and ran while the victim waited is above its request, measured or not.
     requests["pod:n"] = 0.0
-    new = engine._judged(Culprit(Target("/k/n", "n", "batch", "n", "BE"), 0.9, who_ran_instead_share=0.9))
+    new = engine.culprit_finder.judged(Culprit(Target("/k/n", "n", "batch", "n", "BE"), 0.9, who_ran_instead_share=0.9))
     assert new.above_request is True and "requests no CPU" in new.note
 
 

@@ -142,13 +142,13 @@ def _engine_decisions() -> list[tuple]:
     sink = LoggingSink()
     policy = Policy(actuators=ActuatorPolicy(evict_enabled=True))
     engine = IncidentEngine(policy, sink=sink)
-    from detector.incidents import _VictimState
+    from detector.incident_diagnosis import VictimState
 
     for n, cause in enumerate(Cause):
         victim = Target(f"/v{n}", qos="LS")
         culprit = Culprit(BATCH, 0.9, who_ran_instead_share=0.7, cpu_cores=1.0)
         inc = Incident(f"inc-{n}", victim, cause, 0.0, 0.8, "runq_p99_ns", culprits=[culprit])
-        engine._decide(inc, _VictimState())
+        engine._decide(inc, VictimState())
     return _decisions(sink)
 
 

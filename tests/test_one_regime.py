@@ -39,8 +39,6 @@ _CATALOG = "detector/catalog.py"
 _WHY_CATALOG = "the SLOs and gates on the probe's signals are the detector's (issue 42 item 6 moves them)"
 _SIGNALS = "detector/signals.py"
 _WHY_SIGNALS = "WorkloadSignals still declares the probe's row fields (its store values and their defaults)"
-_INCIDENTS = "detector/incidents.py"
-_WHY_INCIDENTS = "the victim's context evidence names the probe's signals"
 KNOWN: dict[str, dict[str, str]] = {
     "runqlat": {
         "noisyneighbor/agent/loop.py": "the agent's --runq-cgroups/--runq-pairs are the probe's table options",
@@ -58,7 +56,8 @@ KNOWN: dict[str, dict[str, str]] = {
         "detector/policy/schema.py": "the reclaim cause's policy settings",
         _CATALOG: _WHY_CATALOG,
         _SIGNALS: _WHY_SIGNALS,
-        _INCIDENTS: _WHY_INCIDENTS,
+        "detector/incident_culprits.py": "the reclaim cause's culprit callback (who holds and grows the memory)",
+        "detector/incident_diagnosis.py": "the victim's context evidence (split from incidents.py) names the signal",
     },
     "hardirq": {
         _CATALOG: "the SLO on the probe's signal is the detector's (the hardirq cause rules on it)",
@@ -77,7 +76,7 @@ KNOWN: dict[str, dict[str, str]] = {
         "probes/cgroupfiles.py": "the kernel-file table: /proc/stat's steal column",
         _CATALOG: "the steal signal's catalog entry (evidence of the hypervisor_steal cause)",
         _SIGNALS: _WHY_SIGNALS,
-        _INCIDENTS: "the steal window the hypervisor_steal cause reads",
+        "detector/incident_diagnosis.py": "the same window, handed to the causes (split from incidents.py)",
     },
 }
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from bench.scenarios.metrics import Truth
 from bench.scenarios.runner import OTHER_CPU, VICTIM_CPU, Ctx, ScenarioSpec
+from bench.scenarios.settle import wait_for_free_page_reporting
 
 ANTAGONISTS = str(Path(__file__).with_name("antagonists.py"))
 
@@ -97,6 +98,16 @@ def _global_reclaim_inject(ctx: Ctx) -> None:
                                   "--seconds", str(ctx.lifetime_s)], (OTHER_CPU,))
 
 
+def _global_reclaim_teardown(ctx: Ctx) -> None:
+    """The heap is gone: wait until the hypervisor has taken its ~20 GiB back (bench/scenarios/settle.py),
+    or the next pass's victim loses its CPU to the host's work for it every 2.5 s for ~35 s."""
+    settled = wait_for_free_page_reporting()
+    if settled.how != "none":
+        said = "" if settled.reported_mib is None else f", {settled.reported_mib:.0f} MiB reported"
+        print(f"  waited {settled.waited_s:.1f} s for the free page reporting of the freed heap ({settled.how}{said})",
+              file=sys.stderr, flush=True)
+
+
 def _shared_setup(ctx: Ctx) -> None:
     ls = ctx.pod("web", "LS")
     ctx.pod("batch", "BE", shares=2048)
@@ -131,10 +142,11 @@ MITIGATION_SCENARIOS: tuple[ScenarioSpec, ...] = (
                  Truth("web", ("self_throttling",), None), _steady_setup, _steady_inject,
                  note=NO_NEIGHBOUR_ACTION),
     ScenarioSpec("global-reclaim", "BE job holding most of the memory streams its input through the page cache",
-                 Truth("web", ("reclaim",), "batch"), _global_reclaim_setup, _global_reclaim_inject),
+                 Truth("web", ("reclaim",), "batch"), _global_reclaim_setup, _global_reclaim_inject,
+                 teardown=_global_reclaim_teardown),
     ScenarioSpec("global-reclaim-evict", "global-reclaim with eviction enabled: the grower is evicted, not capped",
                  Truth("web", ("reclaim",), "batch"), _global_reclaim_setup, _global_reclaim_inject,
-                 modes=("mitigate",), note="eviction enabled", evict=True),
+                 modes=("mitigate",), note="eviction enabled", evict=True, teardown=_global_reclaim_teardown),
     ScenarioSpec("cpu-neighbor-shared", "BE hog on the LS pod's CPU, which a second LS pod's random short jobs (20 %) share",
                  Truth("web", ("neighbor_cpu",), "batch", also_victims=("cron",)), _shared_setup, _shared_inject,
                  modes=("mitigate",), note="the second LS pod stays"),

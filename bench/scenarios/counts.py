@@ -154,12 +154,17 @@ class CountRecovery:
 def count_recovery(samples: Sequence[tuple[float, str, float]], cause: str, baseline_s: float, ttm: float,
                    after_lo: float, after_hi: float) -> CountRecovery | None:
     """Recovered on the count of ``cause``: its rate after the action back within 10 % of the rise the
-    antagonist made (from before the onset to the ``DURING_S`` seconds before the action)."""
+    antagonist made (from before the onset to the ``DURING_S`` seconds sampled before the action)."""
     counter = COUNT_OF_CAUSE.get(cause)
     if counter is None:
         return None
     before = rate(samples, counter, -baseline_s, 0.0)
-    during = rate(samples, counter, max(0.0, ttm - DURING_S), ttm)
+    # The seconds that led to the action, as sampled: the DURING_S seconds up to the last sample at or
+    # before it. A sample is taken once per detector tick, and under TCG a tick takes seconds: in the VM
+    # lane's global-reclaim (2026-11-28 15:26 UTC) no sample fell in the 3 s before the action, and the
+    # row was not judged.
+    last = max((t for t, c, _ in samples if c == counter and t <= ttm), default=ttm)
+    during = rate(samples, counter, max(0.0, last - DURING_S), last)
     after = rate(samples, counter, after_lo, after_hi)
     recovered = None
     if None not in (before, during, after) and during > before:  # type: ignore[operator]

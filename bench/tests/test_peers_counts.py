@@ -142,6 +142,21 @@ def test_count_recovery_is_the_rise_undone():
     assert rate(_totals(GLOBAL_RECLAIM_SCAN, 2, 2, 2, 4), GLOBAL_RECLAIM_SCAN, -8.0, 0.0) == 2.0
 
 
+def test_count_recovery_judges_the_rise_from_sparse_samples():
+    # One sample per detector tick, and a tick of several seconds (the VM lane, TCG): none in the 3 s
+    # before an action at 16.76 s; the rise is read up to the last sample before it.
+    every = 4.0
+    totals, total = [], 0.0
+    for i in range(-3, 7):
+        t = 1.5 + i * every  # ..., 9.5, 13.5, then 17.5: after the action
+        total += every * (0 if t <= 0 else 40_000 if t <= 16.76 else 0)
+        totals.append((t, GLOBAL_RECLAIM_SCAN, total))
+    judged = count_recovery(totals, "reclaim", 8.0, 16.76, 18.76, 24.0)
+    assert judged is not None and judged.during == 40_000 and judged.after == 0 and judged.recovered is True
+    capped = [(t, c, v if t <= 16.76 else v + 40_000 * (t - 16.76)) for t, c, v in totals]  # still scanning
+    assert count_recovery(capped, "reclaim", 8.0, 16.76, 18.76, 24.0).recovered is False
+
+
 @pytest.mark.parametrize("judge", [True, False])
 def test_score_judges_on_counts_only_when_asked(judge):
     samples = [(-5 + i * 0.01, 1.0) for i in range(500)] + [(i * 0.01, 9.0) for i in range(1400)]  # p99 never back

@@ -1,0 +1,171 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Culprit naming for the incident engine: who ran on the victim's CPU while it waited, who correlates with
+its latency where no one is seen running, who holds and grows the node's memory in global reclaim, and
+which servers' full accept queues its connects went to. Split out of ``detector/incidents.py`` (issue 42).
+
+Culprits are ranked by the share of the victim's wait during which they ran on its CPU (the runqlat
+victim x culprit matrix), blended with a CPI2-style correlation of their CPU use with the victim's
+latency; for global reclaim, by memory growth. The victim and idle time are never culprits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+from detector import causes
+from detector.counterfactual import Counterfactuals
+from detector.decisions import Target
+from detector.model import Culprit, Evidence, TaskShare
+from detector.signals import NodeSignals, WorkloadSignals
+from detector.store import SignalStore
+from detector.workloads import key_of
+
+CULPRIT_MIN_SCORE = 0.0  # a culprit must score above this (a zero score blames nobody)
+MAX_CULPRITS = 5
+
+
+class CulpritFinder:
+    """The cause rules' culprit callbacks (``causes.CauseContext``), over the engine's store and
+    counterfactuals. ``targets``, ``node_tasks``, ``listen_join`` and ``cpu_request`` are wired from
+    outside (the engine's record of the tick, detector/runtime.py, the agent)."""
+
+    def __init__(self, store: SignalStore, counterfactual: Counterfactuals,
+                 cpu_request: Callable[[str], float | None]) -> None:
+        self.store = store
+        self.counterfactual = counterfactual
+        self.cpu_request = cpu_request  # workload key -> its CPU request in cores (None: unknown)
+        # workload key -> Target as last seen: rows come only for workloads that moved, and a culprit
+        # idle this tick is still named by its cgroup (forgotten with the workload when it goes)
+        self.targets: dict[str, Target] = {}
+        # The node's own processes outside any pod: its workload key (the root cgroup; tests name a cgroup
+        # of their own, never touching the root) and its top commands (detector/node_tasks.py, wired by
+        # detector/runtime.py: none without a host to read).
+        self.node_key = causes.ROOT_CGROUP
+        self.node_tasks: Callable[[str], tuple[TaskShare, ...]] = lambda key: ()
+        self.listen_join = None  # a detector.listen_join.ListenJoin when listen queues are read (the agent)
+
+    def connect_servers(self, key: str) -> tuple[list[Culprit], list[Evidence]]:
+        """The servers whose full accept queues a victim's connects went to (detector/listen_join.py)."""
+        return self.listen_join.servers_for(key) if self.listen_join is not None else ([], [])
+
+    def cpu_culprits(self, key: str, foreign: dict[str, float], total_wait: float) -> list[Culprit]:
+        """Who ran instead of the victim (``foreign``: workload key -> ns of its waits), by share and correlation."""
+        if not foreign or total_wait <= 0:
+            return []
+        foreign_total = sum(foreign.values())
+        culprits = []
+        for ck, ns in foreign.items():
+            share = ns / total_wait
+            corr = self.store.correlation(ck, "cpu_cores", key, "runq_p99_ns", 60.0)
+            score = 0.8 * (ns / foreign_total) + 0.2 * max(corr or 0.0, 0.0)
+            cost = self.counterfactual.cost(key, ck)
+            tasks = self.node_tasks(ck) if ck == self.node_key else ()
+            culprits.append(self.judged(Culprit(
+                self.target(ck), round(score, 4), who_ran_instead_share=round(share, 4),
+                correlation=round(corr or 0.0, 4), cpu_cores=self.last(ck, "cpu_cores"),
+                **({} if ck != self.node_key else {"tasks": tasks, "note": node_note(share, tasks)}),
+                **({} if cost is None else {
+                    "victim_runq_p99_ns": round(cost.p99_ns), "runq_p99_without_ns": round(cost.p99_without_ns),
+                    "victim_wait_ms_per_s": round(cost.wait_ms_per_s, 3),
+                    "wait_ms_per_s_without": round(cost.wait_ms_per_s_without, 3)}))))
+        return self.ranked(culprits)
+
+    def correlation_culprits(self, key: str, signals: NodeSignals) -> list[Culprit]:
+        """No who-ran-instead matrix (tp_btf/raw_tp flavours): CPI2-style, suspects' CPU use vs victim latency."""
+        culprits = []
+        for ck, row in signals.workloads.items():
+            if ck == key or row.cpu_cores is None or row.cpu_cores < 0.25:  # CPI2 ignores < 0.25 CPU
+                continue
+            if not set(row.cpu_weights) & set(signals.workloads[key].cpu_weights):
+                continue
+            corr = self.store.correlation(ck, "cpu_cores", key, "runq_p99_ns", 60.0) or 0.0
+            score = min(1.0, row.cpu_cores) * (0.5 + 0.5 * max(corr, 0.0))
+            culprits.append(self.judged(Culprit(self.target(ck), round(score, 4), correlation=round(corr, 4),
+                                                cpu_cores=round(row.cpu_cores, 4))))
+        return self.ranked(culprits)
+
+    def judged(self, c: Culprit) -> Culprit:
+        """The culprit with its CPU request and whether it used more than that (pods with a spec)."""
+        key = key_of(c.target)
+        request = self.cpu_request(key)
+        if request is None:
+            return c
+        if request == 0 and c.who_ran_instead_share > 0:  # it asked for no CPU, and ran while the victim waited
+            return replace(c, cpu_request_cores=0.0, above_request=True, note=f"above its request: it requests no CPU "
+                           f"and ran {c.who_ran_instead_share:.0%} of the victim's wait")
+        stats = self.store.stats(key, "cpu_cores", 10.0)
+        if stats.empty or stats.last is None or math.isnan(stats.last):
+            # A pod that just started has no CPU use measured yet (two reads of its cpu.stat): not
+            # "within its request", which would rank it after every pod above theirs.
+            return replace(c, cpu_request_cores=round(request, 4), note="CPU use not measured yet")
+        above = c.cpu_cores > request
+        note = f"above its request ({c.cpu_cores:.2f} of {request:.2f} cores)" if above \
+            else f"busy within its request ({c.cpu_cores:.2f} of {request:.2f} cores)"
+        return replace(c, cpu_request_cores=round(request, 4), above_request=above, note=note)
+
+    @staticmethod
+    def ranked(culprits: list[Culprit]) -> list[Culprit]:
+        """Culprits above their request (or whose request is unknown) first, each group by score; zero
+        scores are never culprits. The node (its processes outside pods) is one when it ran instead, named
+        with its top commands: a neighbour cause always names whom it blames (never acted on: not BE)."""
+        kept = [c for c in culprits if c.score > CULPRIT_MIN_SCORE]
+        kept.sort(key=lambda c: (c.above_request is False, -c.score, c.target.cgroup))
+        return kept[:MAX_CULPRITS]
+
+    def reclaim_culprits(self, key: str, row: WorkloadSignals, signals: NodeSignals,
+                         global_reclaim: bool | None = None) -> list[Culprit]:
+        """Global reclaim: the pods by the memory they hold plus what they grew over the last minute (in
+        bytes, so a small pod's small growth does not outrank the pod that fills the node); memcg reclaim
+        is the pod's own. ``global_reclaim`` None: global when the victim stalled in direct (not memcg)
+        reclaim.
+
+        Growth alone misses the usual grower: once the node is full, kswapd takes its pages as fast as
+        it charges new ones, so its usage is flat by the time reclaim hurts anyone (and memory.stat of
+        an active pod is read every few ticks, so its first reading may already be on that plateau)."""
+        if global_reclaim is None:
+            global_reclaim = row.reclaim_by_kind_ms_per_s.get("direct", 0.0) > 0
+        if not global_reclaim:
+            return []
+        growth: dict[str, float] = {}
+        held: dict[str, float] = {}
+        for ck in signals.workloads:
+            if ck == key:
+                continue
+            w = self.store.window(ck, "memory_bytes", 60.0).values
+            if len(w) == 0:
+                continue
+            held[ck] = max(float(w[-1]), 0.0)
+            if len(w) >= 2 and w[-1] > w[0]:
+                growth[ck] = float(w[-1] - w[0])
+        weight = {ck: held[ck] + growth.get(ck, 0.0) for ck in held}
+        total = sum(weight.values())
+        culprits = []
+        for ck in held:
+            share = weight[ck] / total if total > 0 else 0.0
+            culprits.append(Culprit(self.target(ck), round(share, 4), attribution=round(share, 4),
+                                    cpu_cores=self.last(ck, "cpu_cores"),
+                                    note=f"grew {growth.get(ck, 0.0) / 2**20:.0f} MiB in the last minute, "
+                                         f"holds {held[ck] / 2**20:.0f} MiB"))
+        kept = [c for c in culprits if c.target.cgroup != "/" and c.score > CULPRIT_MIN_SCORE]
+        kept.sort(key=lambda c: (-c.score, c.target.cgroup))
+        return kept[:MAX_CULPRITS]
+
+    def last(self, entity: str, signal: str) -> float:
+        s = self.store.stats(entity, signal, 10.0)
+        return 0.0 if s.empty or s.last is None or math.isnan(s.last) else round(float(s.last), 4)
+
+    def target(self, key: str) -> Target:
+        return self.targets.get(key) or Target(key)
+
+    def is_node(self, c: Culprit) -> bool:
+        """The culprit is the node's own processes outside pods (named, never moved)."""
+        return key_of(c.target) == self.node_key
+
+
+def node_note(share: float, tasks: tuple[TaskShare, ...]) -> str:
+    """How the node reads as a culprit: its share of the victim's wait and its top commands."""
+    said = ", ".join(f"{t.comm} (pid {t.pid}) {t.cpu_share:.0%}" for t in tasks)
+    return (f"the node's own processes outside pods ran {share:.0%} of its wait"
+            + (f"; by their CPU time: {said}" if said else ""))

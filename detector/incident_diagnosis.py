@@ -1,0 +1,184 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A victim's windows, its breaches and the diagnosis of its wait, for the incident engine (split out of
+``detector/incidents.py``, issue 42).
+
+- Breach: a signal crosses its absolute SLO, or is k sigma above its own baseline while also at least
+  half way to the SLO (so a quiet pod with a tight baseline does not page anyone over 200 µs); connect
+  trouble is judged over a window of ticks.
+- Diagnosis: the cause rules (``detector.causes``), ranked by the share of the wait each explains, in an
+  order that protects neighbours from false blame; the evidence is the breaches, the victim's context
+  and what the deciding rule used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from detector import causes
+from detector.baseline import Baselines
+from detector.catalog import SLO_SIGNALS
+from detector.counterfactual import with_kernel_work
+from detector.decisions import Cause
+from detector.incident_culprits import CulpritFinder
+from detector.model import Culprit, CulpritCost, Evidence, Incident
+from detector.policy import SloThresholds
+from detector.signals import CONTEXT_SIGNALS, IDLE, UNKNOWN, NodeSignals, WorkloadSignals
+from detector.workloads import key_of
+
+CULPRIT_WINDOW_TICKS = 10  # who-ran-instead shares are summed over this many recent ticks
+CONNECT_WINDOW_TICKS = 5  # connect failures/retransmits/p99 are judged over this many recent ticks
+
+
+@dataclass
+class VictimState:
+    breach_ticks: int = 0
+    clear_ticks: int = 0
+    incident: Incident | None = None
+    recent_ran_instead: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    recent_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    recent_own_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    recent_own_by_container: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    recent_steal_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    # ns of its waits the node's kernel work ran in (softirq work, kernel threads: the node pair's cf_node_ns)
+    recent_kernel_work_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    # The verify signals of its breach ticks (the current breach, or the open incident's): what the
+    # incident's actions are verified against (Incident.breach_signals).
+    breach_signals: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    # Who ran instead of it on each of those breach ticks (workload keys): a step on a culprit is verified
+    # against the breach ticks the culprit ran on, not ticks before it came (cpu-neighbor-shared after a
+    # breach behind another pod: a cpuset judged against 4 ticks before the hog, "-20 %", was undone).
+    breach_ran: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    # (cause, top culprit, within its request, BE culprits that may be moved) the last decisions were made for
+    decided: tuple | None = None
+    # Another cause than the open incident's, and the breach ticks in a row it was decided on.
+    other_cause: tuple[Cause, int] | None = None
+    incident_ticks: int = 0  # breach ticks of the open incident since it opened
+    cpus: tuple[int, ...] = ()  # CPUs the victim ran on lately (weight > 5 %), for a cpuset suppress
+    # (failed connects, SYN retransmits, connect p99 ns) per recent tick: connect trouble is sparse
+    # (a client blocked 1-3 s in a SYN retry makes one event every few ticks), so it is judged over a window.
+    recent_connect: deque = field(default_factory=lambda: deque(maxlen=CONNECT_WINDOW_TICKS))
+
+    def add_tick(self, row: WorkloadSignals, node_key: str) -> None:
+        """The row's wait, who ran instead and kernel work into the recent windows."""
+        self.recent_ran_instead.append(dict(row.ran_instead_ns))
+        self.recent_wait_ns.append(row.runq_wait_ms_per_s * 1e6 * row.interval_s)
+        self.recent_own_wait_ns.append(row.own_wait_ns)
+        self.recent_own_by_container.append(row.own_wait_by_container)
+        self.recent_steal_ns.append(row.steal_ms_per_s * 1e6 * row.interval_s)
+        self.recent_kernel_work_ns.append(row.cf_node_ns.get(node_key, 0.0))
+        dt = row.interval_s
+        self.recent_connect.append((row.connect_failures_per_s * dt, row.syn_retransmits_per_s * dt,
+                                    row.connect_p99_ns if row.connects else 0.0))
+
+
+@dataclass(frozen=True)
+class Breach:
+    signal: str
+    value: float
+    threshold: float
+    baseline: float | None = None
+    rule: str = "slo"  # "slo" | "k_sigma"
+
+
+def breaches(key: str, row: WorkloadSignals, state: VictimState, slo: SloThresholds, baselines: Baselines) -> list[Breach]:
+    """The signals of ``row`` that breach this tick (SLO or k sigma), and a broken connect path."""
+    out: list[Breach] = []
+    window = list(state.recent_connect)
+    for sig in SLO_SIGNALS:  # catalog order; each SLO's gate says whether this tick's reading counts
+        value = sig.breach_value(row, window)
+        threshold = sig.threshold(slo)
+        if value is None or math.isnan(value) or threshold is None:
+            continue
+        if value > threshold:
+            out.append(Breach(sig.name, value, threshold, _baseline_value(key, sig.name, slo, baselines)))
+            continue
+        if not sig.k_sigma or value < threshold / 2:
+            continue
+        score = baselines.score(key, sig.name, value)
+        if score is not None and score > slo.k_sigma:
+            out.append(Breach(sig.name, value, threshold, _baseline_value(key, sig.name, slo, baselines),
+                              rule="k_sigma"))
+    failed = sum(f for f, _, _ in window)
+    retransmits = sum(r for _, r, _ in window)
+    # SYNs dropped (each retransmit is a second or more added to a connect) and connects given up,
+    # or SYNs dropped again and again: the connect path is broken.
+    if retransmits >= 2 or (retransmits >= 1 and failed >= 1):
+        out.append(Breach("syn_retransmits_per_s", retransmits / (len(window) * row.interval_s), 0.0,
+                          rule=f"{failed:.0f} failed, {retransmits:.0f} SYN retransmits in {len(window)} ticks"))
+    return out
+
+
+def _baseline_value(key: str, signal: str, slo: SloThresholds, baselines: Baselines) -> float | None:
+    b = baselines.get(key, signal)
+    return None if b is None or b.n < slo.min_baseline_samples else b.ewma
+
+
+def diagnose(key: str, row: WorkloadSignals, state: VictimState, found: list[Breach], signals: NodeSignals,
+             slo: SloThresholds, finder: CulpritFinder) -> tuple[Cause, float, list[Culprit], list[Evidence], list[str]]:
+    """The cause rules (``detector.causes``), ranked by the share of the wait each explains; the
+    evidence is the breaches, the victim's context (wait, throttling, softirq, reclaim) and what the
+    deciding rule used; the findings are the deciding rule's and every cause's context codes of this
+    tick."""
+    dt = row.interval_s
+    ran, total_wait = recent_ran_instead(state)
+    foreign = {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)}
+    ctx = causes.CauseContext(
+        key=key, row=row, signals=signals, slo=slo, breached={b.signal for b in found},
+        foreign=foreign, own_wait_ns=sum(state.recent_own_wait_ns), total_wait_ns=total_wait,
+        own_by_container=summed(state.recent_own_by_container), steal_ns=sum(state.recent_steal_ns),
+        window_s=dt * len(state.recent_wait_ns), cpu_culprits=finder.cpu_culprits,
+        correlation_culprits=finder.correlation_culprits, reclaim_culprits=finder.reclaim_culprits,
+        connect_servers=finder.connect_servers, node_key=finder.node_key,
+        kernel_work_ns=sum(state.recent_kernel_work_ns),
+    )
+    verdict = causes.decide(ctx)
+    culprits = verdict.culprits
+    kernel_work = causes.spec(verdict.cause).kernel_work
+    if kernel_work:
+        culprits = with_kernel_work(culprits, lambda c: finder.counterfactual.cost(key, key_of(c.target), True),
+                                    kernel_work)
+    evidence = [
+        Evidence(b.signal, b.value, dt, threshold=b.threshold, baseline=b.baseline, note=b.rule) for b in found
+    ]
+    context = [Evidence("runq_wait_ms_per_s", row.runq_wait_ms_per_s, dt)]
+    if row.throttled_ms_per_s is not None:
+        quota = "no quota" if row.quota_cores is None else f"quota {row.quota_cores:.2f} cores"
+        context.append(Evidence("throttled_ms_per_s", row.throttled_ms_per_s, dt,
+                                note=f"throttled ratio {row.throttled_ratio or 0:.2f}, {quota}"))
+    if row.who_ran_instead_available:
+        context.append(Evidence("who_ran_instead_foreign_share", ctx.foreign_share, ctx.window_s))
+    for spec in CONTEXT_SIGNALS:  # the probe plugins' (SignalSpec.context_note)
+        if value := getattr(row, spec.name):
+            context.append(Evidence(spec.name, value, dt, note=spec.context_note(row)))  # type: ignore[misc]
+    if row.reclaim_stall_ms_per_s:
+        context.append(Evidence("reclaim_stall_ms_per_s", row.reclaim_stall_ms_per_s, dt,
+                                note=", ".join(f"{k} {v:.1f}" for k, v in sorted(row.reclaim_by_kind_ms_per_s.items()))))
+    used = {e.signal for e in verdict.evidence}
+    evidence += [e for e in context if e.signal not in used] + list(verdict.evidence)
+    findings = [*verdict.findings, *(f for spec in causes.CAUSES if spec.context for f in spec.context(row))]
+    return verdict.cause, verdict.confidence, culprits, evidence, findings
+
+
+def kernel_work_cost(key: str, cause: Cause, finder: CulpritFinder) -> CulpritCost | None:
+    """The victim without the kernel work its cause declares (None: it declares none)."""
+    return finder.counterfactual.kernel_work_cost(key) if causes.spec(cause).kernel_work else None
+
+
+def recent_ran_instead(state: VictimState) -> tuple[dict[str, float], float]:
+    """Who ran instead of the victim over its recent ticks (workload key -> ns), and its total wait (ns)."""
+    ran: dict[str, float] = defaultdict(float)
+    for tick in state.recent_ran_instead:
+        for k, v in tick.items():
+            ran[k] += v
+    return ran, sum(state.recent_wait_ns)
+
+
+def summed(ticks: Iterable[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for tick in ticks:
+        for k, v in tick.items():
+            out[k] += v
+    return dict(out)
