@@ -259,8 +259,8 @@ def test_rescan_after_interval_picks_up_new_and_removed(v2_host: tuple[HostPaths
     assert r.id_of("/system.slice/sshd.service") is None
 
 
-def test_rescans_are_rate_limited(v2_host: tuple[HostPaths, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    paths, root = v2_host
+def _count_walks(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The hierarchies CgroupResolver walks from now on, one entry a walk."""
     walks: list[Path] = []
     real_walk = CgroupResolver._walk
 
@@ -269,6 +269,12 @@ def test_rescans_are_rate_limited(v2_host: tuple[HostPaths, Path], monkeypatch: 
         return real_walk(self, h, known)
 
     monkeypatch.setattr(CgroupResolver, "_walk", counting_walk)
+    return walks
+
+
+def test_rescans_are_rate_limited(v2_host: tuple[HostPaths, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    paths, root = v2_host
+    walks = _count_walks(monkeypatch)
     clock = FakeClock()
     r = CgroupResolver(paths, rescan_interval=1.0, clock=clock)
     unknown = range(10**9, 10**9 + 500)
@@ -459,14 +465,7 @@ def test_a_cgroup_newer_than_the_walk_is_named_at_once_by_its_handle(make_cgroup
     cgroup's id is known dead the same way. Ground truth: the directory's inode is the id BPF reports."""
     layout = discover()
     assert layout.cpu is not None
-    walks: list[Path] = []
-    real_walk = CgroupResolver._walk
-
-    def counting_walk(self: CgroupResolver, h, known):  # type: ignore[no-untyped-def]
-        walks.append(h.mount)
-        return real_walk(self, h, known)
-
-    monkeypatch.setattr(CgroupResolver, "_walk", counting_walk)
+    walks = _count_walks(monkeypatch)
     r = CgroupResolver(rescan_interval=3600.0)
     root = r.resolve(os.stat(layout.cpu.mount).st_ino)
     assert root is not None and root.path == "/" and len(walks) == 1
