@@ -95,8 +95,7 @@ class CulpritFinder:
         if request == 0 and c.who_ran_instead_share > 0:  # it asked for no CPU, and ran while the victim waited
             return replace(c, cpu_request_cores=0.0, above_request=True, note=f"above its request: it requests no CPU "
                            f"and ran {c.who_ran_instead_share:.0%} of the victim's wait")
-        stats = self.store.stats(key, "cpu_cores", 10.0)
-        if stats.empty or stats.last is None or math.isnan(stats.last):
+        if self.measured(key, "cpu_cores") is None:
             # A pod that just started has no CPU use measured yet (two reads of its cpu.stat): not
             # "within its request", which would rank it after every pod above theirs.
             return replace(c, cpu_request_cores=round(request, 4), note="CPU use not measured yet")
@@ -152,9 +151,13 @@ class CulpritFinder:
         kept.sort(key=lambda c: (-c.score, c.target.cgroup))
         return kept[:MAX_CULPRITS]
 
-    def last(self, entity: str, signal: str) -> float:
+    def measured(self, entity: str, signal: str) -> float | None:
+        """The signal's last value in the last 10 s; None when none was measured (a pod that just started)."""
         s = self.store.stats(entity, signal, 10.0)
-        return 0.0 if s.empty or s.last is None or math.isnan(s.last) else round(float(s.last), 4)
+        return None if s.empty or s.last is None or math.isnan(s.last) else round(float(s.last), 4)
+
+    def last(self, entity: str, signal: str) -> float:
+        return self.measured(entity, signal) or 0.0
 
     def target(self, key: str) -> Target:
         return self.targets.get(key) or Target(key)

@@ -52,15 +52,22 @@ def cpu_stat_unavailable_reason(layout: CgroupLayout, cgroup_path: str) -> str |
     return None
 
 
+def _raw(file: CgroupFile[Any], cgroup_dir: Path, version: int) -> tuple[Path, str | None, str | None]:
+    """(path, its text or None when absent, a one-line error when it cannot be read)."""
+    path = file.path(cgroup_dir, version)
+    try:
+        return path, file.raw(cgroup_dir, version), None
+    except OSError as e:
+        return path, None, f"{path}: {e.strerror or e}"
+
+
 def _file_problem(
     file: CgroupFile[Any], cgroup_dir: Path, version: int, valid: Callable[[str], bool], complaint: str,
     *, optional: bool = False,
 ) -> str | None:
-    path = file.path(cgroup_dir, version)
-    try:
-        text = file.raw(cgroup_dir, version)
-    except OSError as e:
-        return f"{path}: {e.strerror or e}"
+    path, text, error = _raw(file, cgroup_dir, version)
+    if error is not None:
+        return error
     if text is None:
         return None if optional else f"{path} absent"
     if not valid(text):
@@ -70,13 +77,9 @@ def _file_problem(
 
 def _parse_problem(file: CgroupFile[Any], cgroup_dir: Path, version: int) -> str | None:
     """The parser's own one-line complaint about an optional file: what an actuator reading it says."""
-    path = file.path(cgroup_dir, version)
-    try:
-        text = file.raw(cgroup_dir, version)
-    except OSError as e:
-        return f"{path}: {e.strerror or e}"
-    if text is None:
-        return None
+    path, text, error = _raw(file, cgroup_dir, version)
+    if error is not None or text is None:
+        return error
     try:
         file.parse(version, text)
     except CgroupFileParseError as e:
