@@ -41,7 +41,7 @@ from detector.causes.plan import (
     Submit,
 )
 from detector.decisions import Decision, DecisionSink, PodTraffic, Target
-from detector.model import Evidence, Incident
+from detector.model import Culprit, Evidence, Incident
 from detector.pods import PodInfo
 from detector.policy import ActuatorPolicy
 from probes.cgroupfiles import CPU_MAX, PID_NET_DEV, PID_NS_NET, PID_STAT, PID_STATUS, SYS_CPU_ONLINE, CgroupFileParseError
@@ -274,6 +274,7 @@ class MitigationPlanner:
         self._clock = clock
         self.host = HostView(sampler, clock)
         self._done: set[StepKey] = set()  # the plans' once-per-incident steps taken
+        self._found: dict[StepKey, Culprit] = {}  # what those steps found, for the incident's later ticks
         self._notes: dict[str, dict[NoteKey, str]] = {}  # incident -> note key -> text, in the order said
         self.ladders: list[Ladder] = [s.ladder() for s in CAUSES if s.ladder is not None]
         # A refusal of these codes lets their plan take its once-per-incident step again.
@@ -330,7 +331,7 @@ class MitigationPlanner:
             if inc.open:
                 cause = spec(inc.cause)
                 ctx = PlanContext(inc, what, self._clock(), self.policy, cause.verify_signal(inc), self.candidates,
-                                  self, self._done)
+                                  self, self._done, self._found)
                 if cause.plan is not None:
                     self._run(inc, cause.plan(ctx))
                 for ladder in self.ladders:
@@ -341,6 +342,7 @@ class MitigationPlanner:
         now = self._clock()
         if what == "closed":
             self._done = {k for k in self._done if k.incident_id != inc.incident_id}
+            self._found = {k: v for k, v in self._found.items() if k.incident_id != inc.incident_id}
             self._notes.pop(inc.incident_id, None)
             self.host.forget(inc.incident_id)
             for ladder in self.ladders:

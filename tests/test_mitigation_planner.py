@@ -147,6 +147,32 @@ def test_the_sender_is_named_first_and_costed_by_the_kernel_work_its_packets_mad
     assert suppress_top_be(inc, shared, ctx) is not None
 
 
+def test_the_sender_stays_first_while_the_incident_lives_and_is_forgotten_when_it_closes() -> None:
+    """The traffic is sampled once per incident; the engine's ranking is made again every tick (here: the
+    node's root cgroup alone, as who-ran-instead sees the victim's CPU). The sender found stays first,
+    as it was costed when found, until the incident closes (then the next incident samples again)."""
+    from detector.model import Culprit
+
+    sink = LoggingSink()
+    sampler = _FakeSampler([PodTraffic(FLOOD, 60_000, 0.8), PodTraffic(API, 20_000, 0.2)])
+    planner = MitigationPlanner(sink, lambda: [VICTIM, FLOOD, API], sampler, ActuatorPolicy(dry_run=False))
+    inc = _incident()
+    planner(inc, "opened")
+    found = inc.culprits[0]
+    assert found.target == FLOOD and found.attribution == 0.75
+    node = Culprit(Target(cgroup="/"), 0.9, who_ran_instead_share=0.8)
+    for _ in range(3):
+        inc.culprits = [node]  # the engine's tick
+        planner(inc, "updated")
+        assert inc.culprits == [found, node]
+    assert sampler.calls == 1
+    planner(inc, "closed")
+    again = _incident()
+    again.culprits = [node]
+    planner(again, "opened")  # a new incident with the same id: nothing kept from the closed one
+    assert sampler.calls == 2
+
+
 def test_planner_never_names_a_non_be_source_and_ignores_victims_it_does_not_know() -> None:
     sink = LoggingSink()
     planner = MitigationPlanner(sink, lambda: [VICTIM, API], _FakeSampler([PodTraffic(API, 80_000, 0.8)]))

@@ -117,12 +117,21 @@ class PlanContext:
     candidates: Callable[[], Iterable[Target]]
     host: PlanHost
     done_steps: set[StepKey] = field(default_factory=set)  # the planner's: steps taken once per incident
+    # The planner's too, forgotten with done_steps when the incident closes: what a step found that later
+    # ticks need without doing the step again (softirq's traffic source, sampled once, stays its culprit).
+    found: dict[StepKey, Culprit] = field(default_factory=dict)
 
     def done(self, step: str) -> bool:
         return StepKey(self.incident.incident_id, step) in self.done_steps
 
     def mark(self, step: str) -> None:
         self.done_steps.add(StepKey(self.incident.incident_id, step))
+
+    def keep(self, step: str, culprit: Culprit) -> None:
+        self.found[StepKey(self.incident.incident_id, step)] = culprit
+
+    def kept(self, step: str) -> Culprit | None:
+        return self.found.get(StepKey(self.incident.incident_id, step))
 
 
 Plan = Callable[[PlanContext], Iterator[PlanStep]]
@@ -141,13 +150,13 @@ class Ladder(Protocol):
     def forget_old(self, now: float) -> None: ...
 
 
-def rank_first(inc: Incident, target: Target, share: float, kernel_work: str = "") -> None:
+def rank_first(inc: Incident, target: Target, share: float, kernel_work: str = "") -> Culprit:
     """Put ``target`` first in the incident's culprits, keeping what the engine knew of it. With
     ``kernel_work`` (the cause's, e.g. "ksoftirqd") a culprit the engine had no cost for is costed
     by the victim's waits without that work (Incident.kernel_work_cost): a sender whose packets
-    ksoftirqd processes never runs on the victim's CPU, its kernel work does."""
+    ksoftirqd processes never runs on the victim's CPU, its kernel work does. Returns that culprit."""
     if inc.culprits and inc.culprits[0].target.cgroup == target.cgroup:
-        return
+        return inc.culprits[0]
     old = next((c for c in inc.culprits if c.target.cgroup == target.cgroup), None)
     rest = [c for c in inc.culprits if c.target.cgroup != target.cgroup]
     score = round(max([1.0, *(c.score for c in rest)]), 4)
@@ -159,3 +168,4 @@ def rank_first(inc: Incident, target: Target, share: float, kernel_work: str = "
                         victim_wait_ms_per_s=round(cost.wait_ms_per_s, 3),
                         wait_ms_per_s_without=round(cost.wait_ms_per_s_without, 3), without_kernel_work=kernel_work)
     inc.culprits = [first, *rest]
+    return first

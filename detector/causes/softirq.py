@@ -132,6 +132,11 @@ def plan(ctx: PlanContext) -> Iterator[PlanStep]:
     rt = ctx.host.rt_tasks(inc, candidates, fresh=first)
     steps = _rt_plan(ctx, rt, act=first) if rt is not None else []
     yield from steps
+    sender = ctx.kept(TRAFFIC_STEP)
+    if sender is not None and not any(isinstance(s, Submit) for s in steps):
+        # The traffic is sampled once, the engine's ranking is made again every tick: the sender found
+        # stays the incident's first culprit for as long as it lives, as it was costed when found.
+        inc.culprits = [sender, *(c for c in inc.culprits if c.target.cgroup != sender.target.cgroup)]
     if any(isinstance(s, Submit) for s in steps) or ctx.done(TRAFFIC_STEP):
         return  # moved, or acted (or refused) once: no more sampling of every pod's traffic for it
     traffic = ctx.host.sample_traffic(candidates)
@@ -142,7 +147,8 @@ def plan(ctx: PlanContext) -> Iterator[PlanStep]:
     if decision is None:
         return
     # The sender is the culprit, though it never ran on the victim's CPUs: its packets' kernel work did.
-    rank_first(inc, decision.target, traffic_share(inc.victim, traffic, decision.target), SPEC.kernel_work)
+    ctx.keep(TRAFFIC_STEP, rank_first(inc, decision.target, traffic_share(inc.victim, traffic, decision.target),
+                                      SPEC.kernel_work))
     if not ctx.policy.suppress_enabled:
         return
     ctx.mark(TRAFFIC_STEP)
