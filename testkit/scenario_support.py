@@ -102,7 +102,7 @@ class Scenario:
 
     # -- pods and workloads ---------------------------------------------------------------------
     def pod(self, name: str, qos_class: str, shares: int | None = None, memory_limit: int | None = None,
-            cpu_quota_cores: float | None = None) -> PodCgroup:
+            cpu_quota_cores: float | None = None, cpu_period_us: int | None = None) -> PodCgroup:
         uid = str(uuid.uuid4())
         k8s = "besteffort" if qos_class == "BE" else "burstable"
         cg = self.make_cgroup(
@@ -112,7 +112,10 @@ class Scenario:
         if shares is not None:
             cg.write("cpu", "cpu.shares", str(shares))
         if cpu_quota_cores is not None:
-            cg.write("cpu", "cpu.cfs_quota_us", str(int(cpu_quota_cores * 100_000)))
+            period = cpu_period_us or 100_000
+            if cpu_period_us is not None:
+                cg.write("cpu", "cpu.cfs_period_us", str(period))
+            cg.write("cpu", "cpu.cfs_quota_us", str(int(cpu_quota_cores * period)))
         if memory_limit is not None:
             cg.write("memory", "memory.limit_in_bytes", str(memory_limit))
         requests = {} if qos_class == "BE" else {"cpu": "500m", "memory": "256Mi"}
