@@ -136,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.json:
+        try:  # said before the run, not after it (in the VM lane only the work tree is writable)
+            open(args.json, "a", encoding="utf-8").close()
+        except OSError as e:
+            print(f"error: --json {args.json}: {e.strerror}", file=sys.stderr)
+            return 2
     # The harness (collector, detector, report) runs in this process, in no test pod: kept off the
     # victim's CPU it measures the victim instead of being its neighbour (run 2 of the quiet-machine
     # bench saw the detector, rightly, blame "/" — this process — in the busy-harmless scenario).
