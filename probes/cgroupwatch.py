@@ -275,7 +275,10 @@ class CgroupWatch:
         if full:
             if w.cpuset_file is not None:
                 text = read_small(w.cpuset_file)
-                if text is not None:
+                # The same text as at its last turn: the parsed set is current (cpusets change rarely,
+                # and parsing every idle cgroup's list on each turn was a visible part of the wheel).
+                if text is not None and (text != w.turn_text.get("cpuset") or path not in self.cpus):
+                    w.turn_text["cpuset"] = text
                     with contextlib.suppress(CgroupFileParseError):  # a value we cannot trust is skipped
                         self.cpus[path] = CPUSET_EFFECTIVE_CPUS.parse(self.cpuset_h.version, text)
             w.psi_dir = self._psi_dir(w)
