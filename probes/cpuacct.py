@@ -38,7 +38,7 @@ NS_PER_US = 1_000
 NS_PER_S = 1_000_000_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per watched cgroup: no per-instance dict
 class CgroupCpuStat:
     cgroup_version: int  # 1 or 2: which files the numbers came from
     usage_ns: int

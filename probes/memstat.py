@@ -49,7 +49,7 @@ ALLOCSTALL_PREFIX = "allocstall_"
 _V2_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per watched cgroup: no per-instance dict
 class MemStat:
     """One memory cgroup, v1 or v2, normalised. None: this kernel/version does not have it."""
 
@@ -117,8 +117,10 @@ def parse_v1(
     limit_text: str | None = None,
     failcnt_text: str | None = None,
     oom_control_text: str | None = None,
+    keep_raw: bool = True,
 ) -> MemStat | None:
-    """A v1 memory cgroup from its files' contents; None if memory.stat is not a v1 one."""
+    """A v1 memory cgroup from its files' contents; None if memory.stat is not a v1 one. ``keep_raw``: keep
+    the files' every key in ``stat`` and ``events`` (else empty: the named fields only)."""
     stat = parse_flat_keyed(stat_text)
     if "cache" not in stat and "total_cache" not in stat:
         return None
@@ -143,8 +145,8 @@ def parse_v1(
         pgpgout=h("pgpgout"),
         failcnt=_value(MEMORY_FAILCNT, 1, failcnt_text),
         events_oom_kill=oom.get("oom_kill"),
-        stat=stat,
-        events=oom,
+        stat=stat if keep_raw else {},
+        events=oom if keep_raw else {},
     )
 
 
@@ -153,8 +155,10 @@ def parse_v2(
     events_text: str | None = None,
     current_text: str | None = None,
     max_text: str | None = None,
+    keep_raw: bool = True,
 ) -> MemStat | None:
-    """A v2 memory cgroup from its files' contents; None if memory.stat is not a v2 one."""
+    """A v2 memory cgroup from its files' contents; None if memory.stat is not a v2 one. ``keep_raw``: as
+    :func:`parse_v1`'s."""
     stat = parse_flat_keyed(stat_text)
     if "anon" not in stat or "file" not in stat:
         return None
@@ -182,8 +186,8 @@ def parse_v2(
         events_oom=ev["oom"],
         events_oom_kill=ev["oom_kill"],
         events_oom_group_kill=ev["oom_group_kill"],
-        stat=stat,
-        events=events,
+        stat=stat if keep_raw else {},
+        events=events if keep_raw else {},
     )
 
 
@@ -328,4 +332,6 @@ class MemStatReader:
         required = files[:3] if self.version == 1 else files  # v1: oom_control may be absent
         if any(t is None for t in required) and not os.path.isdir(self.dir):
             return None  # removed between the reads
-        return parse_v1(stat, *files) if self.version == 1 else parse_v2(stat, *files)
+        # The named fields only: memory.stat's ~40 keys kept for every watched cgroup were ~3 KiB each of
+        # the agent's memory (thousands of cgroups at node scale), and nothing reads them from the watch.
+        return parse_v1(stat, *files, keep_raw=False) if self.version == 1 else parse_v2(stat, *files, keep_raw=False)
