@@ -48,7 +48,7 @@ SLOW_REFRESH_TICKS = 30  # every cgroup is read at least this often (ticks), act
 MEMORY_REFRESH_TICKS = 5  # memory.stat of an active cgroup that is not reclaiming: at most this often
 
 
-@dataclass
+@dataclass(slots=True)  # one per watched cgroup: no per-instance dict
 class _Watched:
     """One listed cgroup: its file names (built once) and when it was last read."""
 
