@@ -140,7 +140,9 @@ class ActuatorManager:
         self.planned: deque[Plan] = deque(maxlen=keep_records)  # dry-run output, newest last
         self._active: dict[tuple[str, str], _Active] = {}  # (kind, target cgroup) -> action in effect
         self.limits = ActionLimits(lambda: self.policy)
-        self._signals: dict[str, deque[float]] = {}
+        # key -> its last verify_intervals values. Tuples, not deques: one per pod and signal, and a deque's
+        # first block is ~600 bytes whatever its maxlen (3 MiB of the agent at 1,000 pods, tracemalloc).
+        self._signals: dict[str, tuple[float, ...]] = {}
         self._signal_seen: dict[str, int] = {}  # key -> the observe() call that last carried it
         self._observed = 0
         # called with every finished record (the mitigation planner copies reverts/refusals into incidents)
@@ -166,7 +168,8 @@ class ActuatorManager:
             window = max(1, self.policy.verify_intervals)
             self._observed += 1
             for key, value in signals.items():
-                self._signals.setdefault(key, deque(maxlen=window)).append(float(value))
+                kept = self._signals.get(key, ())[1 - window:] if window > 1 else ()
+                self._signals[key] = (*kept, float(value))
                 self._signal_seen[key] = self._observed
             if self._observed % SIGNAL_PRUNE_EVERY == 0:
                 self._prune_signals()
@@ -303,7 +306,7 @@ class ActuatorManager:
 
     def _prune_signals(self) -> None:
         """Forget the history of keys no tick has carried for a while: removed pods' victims would
-        otherwise stay here forever, one deque each, and pod churn would grow the agent without end.
+        otherwise stay here forever, one history each, and pod churn would grow the agent without end.
         (A victim quiet that long has no "before" worth comparing with anyway.)"""
         horizon = self._observed - SIGNAL_HISTORY_IDLE_OBSERVES
         for key in [k for k, seen in self._signal_seen.items() if seen < horizon]:

@@ -67,7 +67,13 @@ class CgroupInfo(CgroupIdentity):
 
     id: int
     hierarchy_version: int
-    fs_path: Path
+    mount: Path  # its hierarchy's mount point (shared by every cgroup of the hierarchy)
+
+    @property
+    def fs_path(self) -> Path:
+        """Its directory on this host. Made when asked: a Path kept per cgroup and hierarchy was ~1 KiB
+        each of the agent's memory (thousands at 1,000 pods) for a value almost never read."""
+        return self.mount / self.path.lstrip("/")
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,7 +321,7 @@ class CgroupResolver:
             if index is not None and (old := index.by_path.get(norm)) != st.st_ino:
                 if old is not None:  # removed and recreated under the same name since the walk
                     index.by_id.pop(old, None)
-                info = _make_info(norm, st.st_ino, h, fs_path)
+                info = _make_info(norm, st.st_ino, h)
                 index.by_id[info.id] = info
                 index.by_path[norm] = info.id
                 index.negatives.discard(info.id)
@@ -362,7 +368,7 @@ class CgroupResolver:
             return None
         if (old := index.by_path.get(found.path)) is not None:  # removed and recreated under the same name
             index.by_id.pop(old, None)
-        info = _make_info(found.path, cgroup_id, h, h.path_of(found.path))
+        info = _make_info(found.path, cgroup_id, h)
         index.by_id[cgroup_id] = info
         index.by_path[found.path] = cgroup_id
         return info
@@ -404,19 +410,19 @@ class CgroupResolver:
             return found
         if not stat.S_ISDIR(root.st_mode):
             return found
-        found[root.st_ino] = _make_info("/", root.st_ino, h, h.mount)
+        found[root.st_ino] = _make_info("/", root.st_ino, h)
         stack: list[tuple[str, str]] = [(os.fspath(h.mount), "")]
         while stack:
             fs_dir, rel = stack.pop()
             try:
+                # Most entries are the cgroup's control files: dropped in one pass (cgroupfs gives each
+                # entry's type with its name, so is_dir makes no system call).
                 with os.scandir(fs_dir) as it:
-                    entries = list(it)
+                    subdirs = [entry for entry in it if entry.is_dir(follow_symlinks=False)]
             except OSError:
                 continue  # removed (ENOENT/ENODEV), replaced by a file (ENOTDIR), or unreadable
-            for entry in entries:
+            for entry in subdirs:
                 try:
-                    if not entry.is_dir(follow_symlinks=False):
-                        continue
                     ino = entry.inode()
                 except OSError:
                     continue
@@ -426,15 +432,15 @@ class CgroupResolver:
                     found[ino] = info
                     parse_cgroup_path(child)  # still there: its parsed identity stays cached
                 else:
-                    found[ino] = _make_info(child, ino, h, Path(entry.path))
+                    found[ino] = _make_info(child, ino, h)
                 stack.append((entry.path, child))
         return found
 
 
-def _make_info(path: str, cgroup_id: int, h: Hierarchy, fs_path: Path) -> CgroupInfo:
+def _make_info(path: str, cgroup_id: int, h: Hierarchy) -> CgroupInfo:
     ident = parse_cgroup_path(path)
     return CgroupInfo(
         path=ident.path, kind=ident.kind, pod_uid=ident.pod_uid, container_id=ident.container_id,
         runtime=ident.runtime, qos=ident.qos, display=ident.display,
-        id=cgroup_id, hierarchy_version=h.version, fs_path=fs_path,
+        id=cgroup_id, hierarchy_version=h.version, mount=h.mount,
     )

@@ -33,6 +33,7 @@ Every series carries a ``node`` label (the exporter runs once per node, and a Da
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
@@ -519,6 +520,7 @@ class Exporter:
         self.top_slot = top_slot_for(max_bucket_seconds)
         # render_text's histogram lines of the last scrape, by (metric, label text): (histogram, text)
         self.hist_text: dict[tuple[str, str], tuple[LatencyHistogram, str]] = {}
+        self.prefix_text: dict[SeriesKey, str] = {}  # render_text's label text of each cgroup of the last scrape
         self.bottom_slot = min(bottom_slot_for(min_bucket_seconds), self.top_slot)
         self.extra_node_series = extra_node_series
         self.per_cpu_series = per_cpu_series
@@ -770,6 +772,28 @@ def _label_text(names: tuple[str, ...], values: Iterable[str]) -> str:
     return ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True))
 
 
+def _cgroup_prefixes(exporter: Exporter, state: _State, node_prefix: str) -> list[tuple[str, _SeriesData]]:
+    """Each cgroup's label text with its series. A cgroup's labels are the same scrape after scrape (its
+    key holds them all): the text is made once and kept for the cgroups of this scrape only."""
+    last, kept = exporter.prefix_text, {}
+    out: list[tuple[str, _SeriesData]] = []
+    for key, data in state.cgroups.items():
+        prefix = last.get(key)
+        if prefix is None:
+            prefix = f"{node_prefix},{_label_text(CGROUP_LABELS, key.values())}"
+        kept[key] = prefix
+        out.append((prefix, data))
+    exporter.prefix_text = kept
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _own_label_text(names: tuple[str, ...], labels: tuple[str, ...]) -> str:
+    """A metric's own labels' text: they take few values (a resource and a kind, a direction), so the text
+    is made once, not once per cgroup and scrape (bounded: labels of many values just miss)."""
+    return _label_text(names, labels)
+
+
 def render_text(exporter: Exporter) -> bytes:
     """The exporter's series in the Prometheus text format (0.0.4), written directly.
 
@@ -784,8 +808,7 @@ def render_text(exporter: Exporter) -> bytes:
     # histograms are kept for the next, so removed cgroups leave nothing behind.
     last_text, hist_text = exporter.hist_text, {}
     node_prefix = f'{NODE_LABEL}="{_escape(exporter.node)}"'
-    cgroup_prefixes = [(f"{node_prefix},{_label_text(CGROUP_LABELS, key.values())}", data)
-                       for key, data in state.cgroups.items()]
+    cgroup_prefixes = _cgroup_prefixes(exporter, state, node_prefix)
     for d in _DEFS:
         lines: list[str] = []
         names = exporter.label_names(d)
@@ -793,7 +816,7 @@ def render_text(exporter: Exporter) -> bytes:
         for prefix, data in sources:
             if d.type == "histogram":
                 for labels, hist in data.hists.get(d.name, {}).items():
-                    head = f"{prefix},{_label_text(names, labels)}" if labels else prefix
+                    head = f"{prefix},{_own_label_text(names, labels)}" if labels else prefix
                     cached = last_text.get((d.name, head))
                     if cached is not None and cached[0] is hist:
                         text = cached[1]
@@ -808,7 +831,7 @@ def render_text(exporter: Exporter) -> bytes:
                 continue
             source = data.counters if d.type == "counter" else data.gauges
             for labels, value in source.get(d.name, {}).items():
-                head = f"{prefix},{_label_text(names, labels)}" if labels else prefix
+                head = f"{prefix},{_own_label_text(names, labels)}" if labels else prefix
                 lines.append(f"{d.name}{{{head}}} {floatToGoString(value)}")
         if lines:
             help_text = d.help.replace("\\", "\\\\").replace("\n", "\\n")

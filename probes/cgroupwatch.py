@@ -48,7 +48,7 @@ SLOW_REFRESH_TICKS = 30  # every cgroup is read at least this often (ticks), act
 MEMORY_REFRESH_TICKS = 5  # memory.stat of an active cgroup that is not reclaiming: at most this often
 
 
-@dataclass
+@dataclass(slots=True)  # one per watched cgroup: no per-instance dict
 class _Watched:
     """One listed cgroup: its file names (built once) and when it was last read."""
 
@@ -275,7 +275,10 @@ class CgroupWatch:
         if full:
             if w.cpuset_file is not None:
                 text = read_small(w.cpuset_file)
-                if text is not None:
+                # The same text as at its last turn: the parsed set is current (cpusets change rarely,
+                # and parsing every idle cgroup's list on each turn was a visible part of the wheel).
+                if text is not None and (text != w.turn_text.get("cpuset") or path not in self.cpus):
+                    w.turn_text["cpuset"] = text
                     with contextlib.suppress(CgroupFileParseError):  # a value we cannot trust is skipped
                         self.cpus[path] = CPUSET_EFFECTIVE_CPUS.parse(self.cpuset_h.version, text)
             w.psi_dir = self._psi_dir(w)

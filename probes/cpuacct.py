@@ -38,7 +38,7 @@ NS_PER_US = 1_000
 NS_PER_S = 1_000_000_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per watched cgroup: no per-instance dict
 class CgroupCpuStat:
     cgroup_version: int  # 1 or 2: which files the numbers came from
     usage_ns: int
@@ -275,7 +275,7 @@ def _optional_rate(before: int | None, after: int | None, elapsed_ns: float) -> 
 
 
 class CgroupCpuReader:
-    """One cgroup's CPU accounting, read often and cheaply: file paths built once, and the limit
+    """One cgroup's CPU accounting, read often and cheaply: directories resolved once, and the limit
     files (quota, period) only when asked (``limits=True``: first read, wheel turns, now and then
     while it runs), since only an actuator or a resize changes them. ``cpu.stat`` (v1) is read only
     while a quota is set: without one nothing is throttled and its counters stand still. The v1
@@ -290,17 +290,38 @@ class CgroupCpuReader:
         cpu = str(dirs.cpu_dir) if dirs is not None and dirs.cpu_dir is not None else None
         acct = str(dirs.cpuacct_dir) if dirs is not None and dirs.cpuacct_dir is not None else None
         self.cpu_dir = cpu
-        self.usage_file = f"{acct}/cpuacct.usage" if acct else None
-        self.acct_file = f"{acct}/cpuacct.stat" if acct else None
-        self.stat_file = f"{cpu}/cpu.stat" if cpu else None
-        self.quota_file = f"{cpu}/{CPU_MAX.v1_names[0]}" if cpu and self.version == 1 else None
-        self.period_file = f"{cpu}/{CPU_MAX.v1_names[1]}" if cpu and self.version == 1 else None
-        self.max_file = f"{cpu}/{CPU_MAX.v2_name}" if cpu and self.version == 2 else None
+        # Only the directories are kept (the file paths are made when read): six full paths kept per
+        # watched cgroup were ~1 KiB each of the agent's memory at node scale.
+        self.acct_dir = acct or None
         self.quota_us: int | None = None
         self.period_us: int | None = None
         self.bandwidth = False  # v1: the cpu controller has CFS bandwidth files
         self._limits_read = False
         self._acct: dict[str, int] | None = None  # v1 cpuacct.stat as of the last read of the limits
+
+    @property
+    def usage_file(self) -> str | None:
+        return f"{self.acct_dir}/cpuacct.usage" if self.acct_dir else None
+
+    @property
+    def acct_file(self) -> str | None:
+        return f"{self.acct_dir}/cpuacct.stat" if self.acct_dir else None
+
+    @property
+    def stat_file(self) -> str | None:
+        return f"{self.cpu_dir}/cpu.stat" if self.cpu_dir else None
+
+    @property
+    def quota_file(self) -> str | None:
+        return f"{self.cpu_dir}/{CPU_MAX.v1_names[0]}" if self.cpu_dir and self.version == 1 else None
+
+    @property
+    def period_file(self) -> str | None:
+        return f"{self.cpu_dir}/{CPU_MAX.v1_names[1]}" if self.cpu_dir and self.version == 1 else None
+
+    @property
+    def max_file(self) -> str | None:
+        return f"{self.cpu_dir}/{CPU_MAX.v2_name}" if self.cpu_dir and self.version == 2 else None
 
     def files(self) -> list[str]:
         """Every file it may read (to close them where they are kept open)."""
