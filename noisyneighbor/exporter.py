@@ -33,7 +33,6 @@ Every series carries a ``node`` label (the exporter runs once per node, and a Da
 
 from __future__ import annotations
 
-import functools
 import logging
 import socket
 import threading
@@ -521,6 +520,7 @@ class Exporter:
         # render_text's histogram lines of the last scrape, by (metric, label text): (histogram, text)
         self.hist_text: dict[tuple[str, str], tuple[LatencyHistogram, str]] = {}
         self.prefix_text: dict[SeriesKey, str] = {}  # render_text's label text of each cgroup of the last scrape
+        self.own_label_text: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}  # _own_label_text's
         self.bottom_slot = min(bottom_slot_for(min_bucket_seconds), self.top_slot)
         self.extra_node_series = extra_node_series
         self.per_cpu_series = per_cpu_series
@@ -787,11 +787,18 @@ def _cgroup_prefixes(exporter: Exporter, state: _State, node_prefix: str) -> lis
     return out
 
 
-@functools.lru_cache(maxsize=4096)
-def _own_label_text(names: tuple[str, ...], labels: tuple[str, ...]) -> str:
+OWN_LABEL_TEXTS = 4096  # labels of many values (a device, a CPU) would just miss
+
+
+def _own_label_text(exporter: Exporter, names: tuple[str, ...], labels: tuple[str, ...]) -> str:
     """A metric's own labels' text: they take few values (a resource and a kind, a direction), so the text
-    is made once, not once per cgroup and scrape (bounded: labels of many values just miss)."""
-    return _label_text(names, labels)
+    is made once, not once per cgroup and scrape (kept by the exporter; past OWN_LABEL_TEXTS, made anew)."""
+    text = exporter.own_label_text.get((names, labels))
+    if text is None:
+        text = _label_text(names, labels)
+        if len(exporter.own_label_text) < OWN_LABEL_TEXTS:
+            exporter.own_label_text[(names, labels)] = text
+    return text
 
 
 def render_text(exporter: Exporter) -> bytes:
@@ -816,7 +823,7 @@ def render_text(exporter: Exporter) -> bytes:
         for prefix, data in sources:
             if d.type == "histogram":
                 for labels, hist in data.hists.get(d.name, {}).items():
-                    head = f"{prefix},{_own_label_text(names, labels)}" if labels else prefix
+                    head = f"{prefix},{_own_label_text(exporter, names, labels)}" if labels else prefix
                     cached = last_text.get((d.name, head))
                     if cached is not None and cached[0] is hist:
                         text = cached[1]
@@ -831,7 +838,7 @@ def render_text(exporter: Exporter) -> bytes:
                 continue
             source = data.counters if d.type == "counter" else data.gauges
             for labels, value in source.get(d.name, {}).items():
-                head = f"{prefix},{_own_label_text(names, labels)}" if labels else prefix
+                head = f"{prefix},{_own_label_text(exporter, names, labels)}" if labels else prefix
                 lines.append(f"{d.name}{{{head}}} {floatToGoString(value)}")
         if lines:
             help_text = d.help.replace("\\", "\\\\").replace("\n", "\\n")
