@@ -14,7 +14,6 @@ import math
 import os
 import struct
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -416,13 +415,9 @@ CGROUP_HEADROOM = 256  # cgroup slots beyond what the node holds: system units, 
 PAIR_QUIET_S = 60.0  # a who-ran-instead pair unchanged this long gives its slot back (its totals are kept)
 PAIR_SWEEP_S = 5.0  # how often quiet pairs are looked for (at once when the table is crowded)
 PAIR_FULL_QUIET_S = 1.0  # ... and, when crowded, any pair this quiet, least recently moved first
-# Crowded: less than the room new pairs need free; then given back until twice that room is free. The room
-# is what new pairs take between two give-backs: a quarter of the table at least, and PAIR_ROOM_READS
-# times the most pairs one read found new among the last PAIR_ARRIVAL_READS (a churn burst, a tick late
-# on a loaded node). A fixed 1,024 of 8,192 lost 438 pairs in the soak's first minute of churn, with
-# 6,393 pairs alive at steady (2026-11-28).
-PAIR_MIN_ROOM = (1, 4)
-PAIR_ROOM_READS, PAIR_ARRIVAL_READS = 2, 60
+# Crowded: past 3/4 full, given back down to 1/2. A quarter of the table is the room new pairs have between
+# two reads: at 7/8 (1,024 of 8,192) the soak's churn lost 438 pairs in its first minute (2026-11-28).
+PAIR_CROWDED, PAIR_CROWDED_TARGET = (3, 4), (1, 2)
 
 
 def _power_of_2_at_least(n: int) -> int:
@@ -506,14 +501,11 @@ class PairTable:
         self._read_once = False
         self._scan_lost = 0
         self._quiet_swept_at = -math.inf
-        self._arrivals: deque[int] = deque(maxlen=PAIR_ARRIVAL_READS)  # pairs new to a slot, per read
         self.given_back = 0  # slots freed because their pair stopped moving (cumulative)
 
     def read(self, moved_cgroups: set[int], drops: dict[str, int], now: float) -> None:
         """Decode the pairs that moved since the last read, then give back the slots of quiet ones."""
-        first, arrived = not self._read_once, 0  # the first read finds every pair there is: not a rate
         for change in self.slots.read_changed(self._candidates(moved_cgroups, drops)):
-            arrived += change.key is not None and change.old_key != change.key
             if change.old_key is not None:
                 self._forget_slot(_CULPRIT_KEY.unpack(change.old_key)[0], change.slot)
             if change.key is not None:
@@ -529,16 +521,7 @@ class PairTable:
                     self.slots.values(change.key, change.raw), self._counterfactual_raw(change.slot))
                 self._moved_at[pair] = now
                 self._total_of(pair)
-        if not first:
-            self._arrivals.append(arrived)
         self._give_back_quiet(now)
-
-    @property
-    def room(self) -> int:
-        """Free slots the table keeps for the pairs to come before the next give-back (PAIR_MIN_ROOM,
-        PAIR_ROOM_READS): the pairs that were new at each of the last reads say how fast they come."""
-        least = self.slot_count * PAIR_MIN_ROOM[0] // PAIR_MIN_ROOM[1]
-        return min(self.slot_count, max(least, PAIR_ROOM_READS * max(self._arrivals, default=0)))
 
     def _forget_slot(self, victim: int, slot: int) -> None:
         """A pair slot its victim no longer holds; a victim with none left is dropped (pod churn)."""
@@ -610,12 +593,12 @@ class PairTable:
         """Pairs that stopped moving give their slots back, so a node up for weeks with pod churn keeps
         room for the pairs that interfere now, and a tick looks only at live pairs (each costs the
         reader its change words, 8 copies x 4 words at 8+ CPUs, every tick): those quiet for
-        quiet_s (PAIR_QUIET_S unless configured), looked for every PAIR_SWEEP_S; once crowded (fewer
-        than `room` slots free), at once, also those quiet for PAIR_FULL_QUIET_S, least recently moved
-        first, until twice `room` is free.
+        quiet_s (PAIR_QUIET_S unless configured), looked for every PAIR_SWEEP_S; once crowded
+        (PAIR_CROWDED), at once, also those quiet for PAIR_FULL_QUIET_S, least recently moved first, down
+        to PAIR_CROWDED_TARGET.
         Their totals stay here."""
-        used, room = self.slots.used, self.room
-        crowded = self.slot_count - used < room
+        used = self.slots.used
+        crowded = used * PAIR_CROWDED[1] > self.slot_count * PAIR_CROWDED[0]
         if not crowded and now - self._quiet_swept_at < PAIR_SWEEP_S:
             return
         self._quiet_swept_at = now
@@ -624,7 +607,7 @@ class PairTable:
                 self.give_back(pair)
             return
         quiet = sorted((at, pair) for pair, at in self._moved_at.items() if now - at >= PAIR_FULL_QUIET_S)
-        target = max(self.slot_count - 2 * room, 0)
+        target = self.slot_count * PAIR_CROWDED_TARGET[0] // PAIR_CROWDED_TARGET[1]
         for at, pair in quiet:
             if now - at < self.quiet_s and used <= target:
                 break
