@@ -149,8 +149,8 @@ def test_the_sender_is_named_first_and_costed_by_the_kernel_work_its_packets_mad
 
 def test_the_sender_stays_first_while_the_incident_lives_and_is_forgotten_when_it_closes() -> None:
     """The traffic is sampled once per incident; the engine's ranking is made again every tick (here: the
-    node's root cgroup alone, as who-ran-instead sees the victim's CPU). The sender found stays first,
-    as it was costed when found, until the incident closes (then the next incident samples again)."""
+    node's root cgroup alone, as who-ran-instead sees the victim's CPU). The sender found stays first
+    (costed by each tick's kernel work, rank_first), until the incident closes (then the next samples again)."""
     from detector.model import Culprit
 
     sink = LoggingSink()

@@ -135,8 +135,8 @@ def plan(ctx: PlanContext) -> Iterator[PlanStep]:
     sender = ctx.kept(TRAFFIC_STEP)
     if sender is not None and not any(isinstance(s, Submit) for s in steps):
         # The traffic is sampled once, the engine's ranking is made again every tick: the sender found
-        # stays the incident's first culprit for as long as it lives, as it was costed when found.
-        inc.culprits = [sender, *(c for c in inc.culprits if c.target.cgroup != sender.target.cgroup)]
+        # stays the incident's first culprit for as long as it lives, costed by this tick's kernel work.
+        rank_first(inc, sender.target, sender.attribution, SPEC.kernel_work)
     if any(isinstance(s, Submit) for s in steps) or ctx.done(TRAFFIC_STEP):
         return  # moved, or acted (or refused) once: no more sampling of every pod's traffic for it
     traffic = ctx.host.sample_traffic(candidates)
