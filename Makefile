@@ -38,8 +38,10 @@ test:
 # does not boot or runs past its time is a failure. VM_ARGS="--cpus 4 --memory 4G --disk 1G --timeout 3600"
 # (--disk: an ext4 scratch disk, for page cache a memory cgroup can reclaim; see tests/conftest.py disk_dir).
 # The per-test timeout is raised for TCG, where Python runs about 10 times slower; -v names each test
-# as it starts (a slow guest is otherwise silent for minutes).
-VM_ARGS ?= --disk 1G --timeout 5400
+# as it starts (a slow guest is otherwise silent for minutes). 4 GiB of guest memory: twice in a 2 GiB
+# guest the whole lane stopped making progress (pytest's own per-test timeout never fired) in tests that
+# flood softirq or kill agents; with 4 GiB the same tree ran green in 9 minutes.
+VM_ARGS ?= --memory 4G --disk 1G --timeout 5400
 # Only the files holding vm tests are collected in the guest: importing every test module there
 # takes minutes under TCG.
 VM_TESTS ?= $(shell grep -l 'pytest.mark.vm' tests/test_*.py)
