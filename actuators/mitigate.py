@@ -41,7 +41,7 @@ from detector.causes.plan import (
     Submit,
 )
 from detector.decisions import Decision, DecisionSink, PodTraffic, Target
-from detector.model import Culprit, Evidence, Incident
+from detector.model import CLEAN, Culprit, Evidence, Incident
 from detector.pods import PodInfo
 from detector.policy import ActuatorPolicy
 from probes.cgroupfiles import CPU_MAX, PID_NET_DEV, PID_NS_NET, PID_STAT, PID_STATUS, SYS_CPU_ONLINE, CgroupFileParseError
@@ -332,7 +332,11 @@ class MitigationPlanner:
                 cause = spec(inc.cause)
                 ctx = PlanContext(inc, what, self._clock(), self.policy, cause.verify_signal(inc), self.candidates,
                                   self, self._done, self._found)
-                if cause.plan is not None:
+                # A clean tick (the incident in its clear windows) decides nothing new for the cause; a
+                # ladder goes on: its step undone as "did not help" while the incident is still open is
+                # followed by the next (on 6.1 a victim that preempts the hog stops breaching for a few
+                # ticks: it closed with the BE pod back on its CPU and nothing more tried, issue 41).
+                if cause.plan is not None and what != CLEAN:
                     self._run(inc, cause.plan(ctx))
                 for ladder in self.ladders:
                     self._run(inc, ladder.plan(ctx))

@@ -39,12 +39,12 @@ from detector.decisions import Cause, DecisionSink, LoggingSink
 from detector.incident_culprits import MAX_CULPRITS, CulpritFinder
 from detector.incident_diagnosis import CULPRIT_WINDOW_TICKS, VictimState, breaches, diagnose, kernel_work_cost
 from detector.incident_steps import decide, medians, moved_together_cost, signals_for_verify, verify_values
-from detector.model import Evidence, Incident
+from detector.model import CLEAN, TRANSITIONS, Evidence, Incident
 from detector.policy import Policy
 from detector.signals import NodeSignals, WorkloadSignals
 from detector.store import SignalStore
 
-__all__ = ["CAUSE_CHANGE_TICKS", "CULPRIT_WINDOW_TICKS", "MAX_CULPRITS", "IncidentEngine"]
+__all__ = ["CAUSE_CHANGE_TICKS", "CLEAN", "CULPRIT_WINDOW_TICKS", "MAX_CULPRITS", "TRANSITIONS", "IncidentEngine"]
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +182,8 @@ class IncidentEngine:
         if inc is not None and state.clear_ticks >= self.slo.clear_windows:
             self._close(state, now)
             return [inc]
+        if inc is not None:
+            self._emit(inc, CLEAN)  # one of its clear windows: still open, nothing changed in it
         return []
 
     def _forget_gone(self, signals: NodeSignals, present) -> None:
@@ -219,6 +221,8 @@ class IncidentEngine:
                     inc = state.incident
                     self._close(state, now)
                     touched.append(inc)
+                elif state.incident is not None:
+                    self._emit(state.incident, CLEAN)
         return touched
 
     def close(self) -> None:
@@ -336,7 +340,7 @@ class IncidentEngine:
         self._emit(inc, "closed")
 
     def _emit(self, inc: Incident, what: str) -> None:
-        if self._log_path and what != "updated":
+        if self._log_path and what in TRANSITIONS:
             try:
                 line = json.dumps({"event": what, **inc.to_dict()}, sort_keys=True, default=str)
                 with open(self._log_path, "a", encoding="utf-8") as f:

@@ -77,6 +77,13 @@ class Culprit:
     tasks: tuple[TaskShare, ...] = ()
 
 
+# What an on_incident hook is told with the incident (detector/incidents.py): "opened", "updated" (a breach
+# tick of an open incident), CLEAN (a tick of an open incident without a breach: one of its clear windows,
+# so a ladder whose step was undone goes on while the incident lives) and "closed". Logs keep TRANSITIONS.
+CLEAN = "clean"
+TRANSITIONS = ("opened", "closed")
+
+
 @dataclass
 class Incident:
     incident_id: str

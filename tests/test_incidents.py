@@ -13,7 +13,7 @@ import json
 from detector.causes import ROOT_CGROUP
 from detector.decisions import ActionKind, Cause, LoggingSink, Target
 from detector.incidents import IncidentEngine
-from detector.model import Evidence, Incident
+from detector.model import CLEAN, Evidence, Incident
 from detector.policy import ActuatorPolicy, Policy, ResourceThresholdStrategy, SloThresholds
 from detector.signals import IDLE, NodeSignals, WorkloadSignals
 from detector.workloads import Workload
@@ -56,16 +56,22 @@ def run(e: IncidentEngine, ticks: list[NodeSignals]) -> None:
 
 def test_breach_must_last_breach_seconds_and_clear_windows_close_it(tmp_path):
     e = engine(tmp_path, breach_seconds=2.0, clear_windows=3)
+    told: list[str] = []
+    e.on_incident.append(lambda inc, what: told.append(what))
     quiet = tick(row(LS), row(BE))
     bad = tick(*contended())
     run(e, [quiet, bad])
     assert e.open_incidents == []  # one tick of breach is not enough
     run(e, [bad])
     assert len(e.open_incidents) == 1
+    run(e, [bad])
     run(e, [quiet, quiet])
     assert len(e.open_incidents) == 1  # two clear windows of three
     run(e, [quiet])
     assert e.open_incidents == [] and len(e.closed) == 1
+    # The hooks hear every tick of the open incident, its clear windows too (a ladder goes on in them);
+    # the log keeps the transitions only.
+    assert told == ["opened", "updated", CLEAN, CLEAN, "closed"]
     lines = [json.loads(x) for x in (tmp_path / "incidents.jsonl").read_text().splitlines()]
     assert [x["event"] for x in lines] == ["opened", "closed"]
     assert lines[0]["victim"]["pod"] == "web" and lines[0]["cause"] == "neighbor_cpu"

@@ -31,7 +31,7 @@ from detector.decisions import (
     SuppressAmount,
     Target,
 )
-from detector.model import Incident
+from detector.model import CLEAN, Incident
 from detector.policy import ActuatorPolicy
 from noisyneighbor.agent import ScopedActuator
 from probes.cgroupfiles import parse_netdev_packets
@@ -369,6 +369,39 @@ def test_neighbor_ladder_after_a_quota_moves_the_culprit_off_the_victims_cpus() 
     now[0] += 1.0
     planner(inc, "updated")
     assert len(sink.decisions) == 1 and any("eviction is disabled" in e.note for e in inc.evidence)
+
+
+def test_neighbor_ladder_goes_on_in_the_incidents_clear_windows() -> None:
+    """The quota was undone as "did not help" while the victim sat in its incident's clear windows (on 6.1 a
+    waking victim preempts the hog and stops breaching for a few ticks): the next clean tick moves the hog off
+    the victim's CPUs; before, nothing ran until the incident closed with the hog back on its CPU (make
+    bench-vm-mitigate, 2026-11-29: 1 run of 4). A clean tick runs no cause plan, and a verified step is not
+    followed on clean ticks (only breach ticks count against it)."""
+    now = [0.0]
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False, verify_intervals=1),
+                                clock=lambda: now[0])
+    planner.online_cpus = lambda: [0, 1]  # type: ignore[method-assign]
+    inc = _neighbor()
+    inc.victim_cpus = [1]
+    quota = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=0.35), "engine",
+                     incident_id="inc-1", victim=VICTIM, code=neighbor_cpu.SUPPRESS)
+    planner(inc, "opened")
+    planner.note_record(_record(quota, ActionState.APPLIED, ""))
+    planner(inc, CLEAN)
+    assert sink.decisions == []  # the quota's verdict is not in
+    planner.note_record(_record(quota, ActionState.REVERTED, "did not help: x"))
+    now[0] += 1.0
+    planner(inc, CLEAN)
+    (cpuset,) = sink.decisions
+    assert cpuset.code == neighbor_cpu.CPUSET_AWAY and cpuset.amount.cpus == (0,)
+    assert any("cpuset off its CPUs 1 to CPUs 0" in e.note for e in inc.evidence), inc.evidence
+    planner.note_record(_record(cpuset, ActionState.APPLIED, ""))
+    planner.note_record(_record(cpuset, ActionState.VERIFIED, "victim improved"))
+    for _ in range(3):
+        now[0] += 1.0
+        planner(inc, CLEAN)
+    assert len(sink.decisions) == 1  # helped, and the victim does not breach: nothing on top
 
 
 def test_neighbor_ladder_goes_on_when_a_step_helped_but_the_victim_still_breaches() -> None:

@@ -7,7 +7,7 @@ import json
 import logging
 from typing import Any
 
-from detector.model import Incident
+from detector.model import TRANSITIONS, Incident
 from noisyneighbor.output import SCHEMA_VERSION, iso_utc
 
 log = logging.getLogger("noisyneighbor.agent")
@@ -32,7 +32,7 @@ class IncidentLog:
         return {"schema_version": SCHEMA_VERSION, "event": event, **d}
 
     def write(self, inc: Incident, event: str) -> None:
-        if event == "updated":  # every tick of an open incident: the log keeps the transitions
+        if event not in TRANSITIONS:  # every tick of an open incident: the log keeps the transitions
             return
         try:
             line = json.dumps(self.record(inc, event), sort_keys=True, default=str)
