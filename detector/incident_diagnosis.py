@@ -132,7 +132,7 @@ def diagnose(key: str, row: WorkloadSignals, state: VictimState, found: list[Bre
         window_s=dt * len(state.recent_wait_ns), cpu_culprits=finder.cpu_culprits,
         correlation_culprits=finder.correlation_culprits, reclaim_culprits=finder.reclaim_culprits,
         connect_servers=finder.connect_servers, node_key=finder.node_key,
-        kernel_work_ns=sum(state.recent_kernel_work_ns),
+        kernel_work_ns=sum(state.recent_kernel_work_ns), idle_wait_ns=ran.get(IDLE, 0.0),
     )
     verdict = causes.decide(ctx)
     culprits = verdict.culprits

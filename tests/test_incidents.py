@@ -181,6 +181,27 @@ def test_self_throttling_is_never_blamed_on_a_neighbor():
     assert e.sink.decisions[0].target.pod == "web"
 
 
+def test_a_bursty_pod_at_its_quota_stays_self_throttling_while_its_tasks_wait_beside_an_idle_cpu():
+    """Two tasks on a throttled CPU each wait the whole throttled time: the wait is about twice the group's
+    throttled time, which alone explains 0.43 of it. The wait beside an idle CPU is that throttled wait
+    (bench self-throttle-bursty, 2026-11-29: 234 of 293 ms/s beside an idle CPU, 126 ms/s throttled, 57
+    behind its own side job): the incident says self_throttling on every tick, never "no known cause"."""
+    e = engine(breach_seconds=1.0)
+    victim = row(LS, runq_p99_ns=47e6, runq_wait_ms_per_s=293.0, throttled_ratio=0.4, throttled_ms_per_s=126.0,
+                 quota_cores=0.5, cpu_cores=0.37, own_wait_ns=57e6, ran_instead_ns={IDLE: 234e6, BE.key: 2e6})
+    for _ in range(8):
+        run(e, [tick(victim, row(BE, cpu_cores=0.01))])
+    (inc,) = e.open_incidents
+    assert inc.cause == Cause.SELF_THROTTLING and not e.closed and inc.culprits == []
+    # An idle CPU beside the wait of a victim that is not throttled explains nothing of it.
+    e2 = engine(breach_seconds=1.0)
+    free = row(LS, runq_p99_ns=47e6, runq_wait_ms_per_s=293.0, throttled_ratio=0.0, throttled_ms_per_s=0.0,
+               cpu_cores=0.37, own_wait_ns=57e6, ran_instead_ns={IDLE: 234e6, BE.key: 2e6})
+    run(e2, [tick(free, row(BE, cpu_cores=0.01))])
+    (other,) = e2.open_incidents
+    assert other.cause != Cause.SELF_THROTTLING
+
+
 def test_cause_is_the_one_that_explains_the_larger_share_of_the_wait():
     """Issue 41: softirq time on the CPU or a reclaim stall no longer outranks a neighbour that ran most
     of the wait; each wins only for the part of the wait it explains (detector.causes.decide)."""
