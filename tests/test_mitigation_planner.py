@@ -313,6 +313,21 @@ def _applied_then(planner: MitigationPlanner, d: Decision, state: ActionState, d
     planner.note_record(_record(d, state, detail))
 
 
+def _ladder_on_a_small_node(policy: ActuatorPolicy, quota_cores: float) -> tuple[list[float], LoggingSink,
+                                                                                MitigationPlanner, Incident, Decision]:
+    """A planner on a 2-CPU node with a neighbour incident (the victim on CPU 1) and the engine's first step,
+    a quota on the hog: (clock, sink, planner, incident, that quota)."""
+    now = [0.0]
+    sink = LoggingSink()
+    planner = MitigationPlanner(sink, lambda: [], policy=policy, clock=lambda: now[0])
+    planner.online_cpus = lambda: [0, 1]  # type: ignore[method-assign]
+    inc = _neighbor()
+    inc.victim_cpus = [1]
+    quota = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=quota_cores), "engine",
+                     incident_id="inc-1", victim=VICTIM, code=neighbor_cpu.SUPPRESS)
+    return now, sink, planner, inc, quota
+
+
 def test_neighbor_escalation_isolation_then_quota_to_request_then_evict() -> None:
     now = [100.0]
     sink = LoggingSink()
@@ -348,15 +363,7 @@ def test_neighbor_ladder_after_a_quota_moves_the_culprit_off_the_victims_cpus() 
     """A small node (the engine's first step a quota: a cpuset would leave the BE pod fewer CPUs than the
     policy's floor): the quota did not help, so the next tick moves the culprit off the victim's CPUs, below
     that floor; that not helping either, eviction (off: said, nothing more)."""
-    now = [0.0]
-    sink = LoggingSink()
-    planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False, evict_enabled=False),
-                                clock=lambda: now[0])
-    inc = _neighbor()
-    inc.victim_cpus = [1]
-    planner.online_cpus = lambda: [0, 1]  # type: ignore[method-assign]
-    quota = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=0.35), "engine",
-                     incident_id="inc-1", victim=VICTIM, code=neighbor_cpu.SUPPRESS)
+    now, sink, planner, inc, quota = _ladder_on_a_small_node(ActuatorPolicy(dry_run=False, evict_enabled=False), 0.35)
     _applied_then(planner, quota, ActionState.REVERTED, "did not help: x")
     now[0] += 1.0
     planner(inc, "updated")
@@ -377,15 +384,7 @@ def test_neighbor_ladder_goes_on_in_the_incidents_clear_windows() -> None:
     the victim's CPUs; before, nothing ran until the incident closed with the hog back on its CPU (make
     bench-vm-mitigate, 2026-11-29: 1 run of 4). A clean tick runs no cause plan, and a verified step is not
     followed on clean ticks (only breach ticks count against it)."""
-    now = [0.0]
-    sink = LoggingSink()
-    planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False, verify_intervals=1),
-                                clock=lambda: now[0])
-    planner.online_cpus = lambda: [0, 1]  # type: ignore[method-assign]
-    inc = _neighbor()
-    inc.victim_cpus = [1]
-    quota = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=0.35), "engine",
-                     incident_id="inc-1", victim=VICTIM, code=neighbor_cpu.SUPPRESS)
+    now, sink, planner, inc, quota = _ladder_on_a_small_node(ActuatorPolicy(dry_run=False, verify_intervals=1), 0.35)
     planner(inc, "opened")
     planner.note_record(_record(quota, ActionState.APPLIED, ""))
     planner(inc, CLEAN)
@@ -436,15 +435,7 @@ def test_a_reopened_incident_continues_the_ladder_of_the_victims_last_one() -> N
     (6.1's CFS lets the waking victim preempt the hog) and the next incident for the same victim and hog
     started with nothing. The ladder belongs to the (victim, culprit) pair: the next incident goes on with
     the cpuset, and says so."""
-    now = [0.0]
-    sink = LoggingSink()
-    planner = MitigationPlanner(sink, lambda: [], policy=ActuatorPolicy(dry_run=False, evict_enabled=False),
-                                clock=lambda: now[0])
-    planner.online_cpus = lambda: [0, 1]  # type: ignore[method-assign]
-    inc = _neighbor()
-    inc.victim_cpus = [1]
-    quota = Decision(ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=0.21), "engine",
-                     incident_id="inc-1", victim=VICTIM, code=neighbor_cpu.SUPPRESS)
+    now, sink, planner, inc, quota = _ladder_on_a_small_node(ActuatorPolicy(dry_run=False, evict_enabled=False), 0.21)
     _applied_then(planner, quota, ActionState.REVERTED, "did not help: x")
     inc.ended_at = 1.0
     planner(inc, "closed")
