@@ -7,6 +7,10 @@ one), the BE cgroup's cpuset and cpuacct files and its tasks' allowed CPUs (/pro
 Before the ladder went on, the agent capped the BE pod with a quota (the node has 2 CPUs, fewer than the
 cpuset floor leaves), judged it on the run-queue p99 ("did not help", 4.0 -> 3.9 ms), undid it, and then
 did nothing more: the victim stayed at 3.6x its quiet p99 until SIGTERM.
+
+In the VM lane (cgroup v2 on 6.1 under TCG, ``NN_VM=1``) latencies are inexact, so there the test judges what
+the issue asks of the lane on the kernel's files: the spinners moved off the victim's CPU and kept off it
+while they run, still running elsewhere, and everything put back at SIGTERM; the p99 bounds hold on the host.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ def _usage_s(cg) -> float:
     return int(stat["usage_usec"]) / 1e6
 
 
+@pytest.mark.vm
 @pytest.mark.root
 @pytest.mark.slow
 def test_enforcing_agent_moves_two_be_spinners_off_the_victims_cpu_and_the_victim_stays_back(make_cgroup, tmp_path):
@@ -96,21 +101,26 @@ def test_enforcing_agent_moves_two_be_spinners_off_the_victims_cpu_and_the_victi
     procs: list[subprocess.Popen] = []
     agent = None
     try:
+        # The agent (and this process) off the victim's CPU: there they would be neighbours of their own. It
+        # starts first: under TCG its start takes minutes, longer than a victim started before it would run.
+        os.sched_setaffinity(0, others)
+        agent = AgentProcess(config, tmp_path, "--act-only", cgroup_rel_path(be), "--interval", "1")
+        assert agent.wait_ready()["actuators"]["mode"] == "enforcing"
+        run_s = f"{QUIET_S + MOVED_WITHIN_S * sd + SETTLE_S + 2 * WINDOW_S + 30:.0f}"
         victim = subprocess.Popen(
             ["taskset", "-c", str(cpu), sys.executable, "-m", "bench.scenarios.victim", "cpu", "--out", str(log),
-             "--seconds", "240", "--work-ms", "1.5", "--period-ms", "5"],
+             "--seconds", run_s, "--work-ms", "1.5", "--period-ms", "5"],
             cwd=REPO, preexec_fn=ls.preexec, stdout=subprocess.DEVNULL)
         procs.append(victim)
         # The spinners start on the other CPU: the victim's quiet p99 is measured with the node as it will be
         # once they are moved there (this machine's CPUs are vCPUs: a busy one slows its sibling's work by
         # up to a fifth, measured here), so the acceptance bound compares like with like.
-        spinners = [subprocess.Popen(["taskset", "-c", ",".join(map(str, others)), sys.executable, "-c", SPIN, "240"],
+        spinners = [subprocess.Popen(["taskset", "-c", ",".join(map(str, others)), sys.executable, "-c", SPIN, run_s],
                                      preexec_fn=be.preexec) for _ in range(2)]
         procs += spinners
-        # The agent (and this process) off the victim's CPU: there they would be neighbours of their own.
-        os.sched_setaffinity(0, others)
-        agent = AgentProcess(config, tmp_path, "--act-only", cgroup_rel_path(be), "--interval", "1")
-        assert agent.wait_ready()["actuators"]["mode"] == "enforcing"
+        started = time.monotonic() + 30 * sd
+        while not (log.exists() and log.stat().st_size) and time.monotonic() < started:
+            time.sleep(0.2)  # the victim's first requests logged
         t_quiet = time.monotonic()
         time.sleep(QUIET_S)
         quiet_p99, quiet_n = _p99(_samples(log), t_quiet, t_quiet + QUIET_S)
@@ -152,18 +162,27 @@ def test_enforcing_agent_moves_two_be_spinners_off_the_victims_cpu_and_the_victi
           f"move {[f'{p:.2f} ms ({n})' for p, n in after]}; moved {t_moved - t_on:.1f} s after the spinners started; "
           f"BE used {(usage1 - usage0) / (start + 2 * WINDOW_S - t_moved):.2f} cores after; actions "
           f"{[(a['state'], a['summary'], a['detail']) for a in audit]}")
-    assert hurt_p99 > 1.5 * quiet_p99, "the spinners did not hurt the victim: this test could not fail"
+    exact_latency = os.environ.get("NN_VM") != "1"  # the VM lane's guest runs under TCG
+    if exact_latency:
+        assert hurt_p99 > 1.5 * quiet_p99, "the spinners did not hurt the victim: this test could not fail"
     assert moved_to == others and all(a == others for a in allowed), (moved_to, allowed)
     # Still running, elsewhere (under the quota the ladder kept: it helped before the move, and stays).
     assert all(alive) and usage1 - usage0 >= 0.25 * (time_after := start + 2 * WINDOW_S - t_moved), \
         (usage1 - usage0, time_after)
     for p99, _ in after:
-        assert p99 <= RECOVERED_P99_RATIO * quiet_p99, (quiet_p99, after)
+        assert not exact_latency or p99 <= RECOVERED_P99_RATIO * quiet_p99, (quiet_p99, after)
     # The step that moved them stayed: not reverted within the windows.
     cpuset_records = [a for a in audit if a["kind"] == "suppress" and a["details"].get("policy") == "cpuset"]
     assert cpuset_records and all(a["state"] in ("applied", "verified") for a in cpuset_records), cpuset_records
     # SIGTERM put every file back.
     assert rc == 0, agent.log_tail()
-    assert cpuset_file.read_text().strip() == cpuset_before and quota_file.read_text().strip() == quota_before
+    # An empty v2 cpuset (the parent's CPUs) comes back as the parent's effective list where the kernel
+    # (6.1) refuses to empty the cpuset of a cgroup with tasks: the same CPUs (actuators.cgroupfile.write_file).
+    cpuset_after = cpuset_file.read_text().strip()
+    parent_cpus = (cpuset_file.parent.parent / "cpuset.cpus.effective")
+    assert cpuset_after == cpuset_before or (
+        cpuset_before == "" and parent_cpus.exists()
+        and parse_cpu_list(cpuset_after) == parse_cpu_list(parent_cpus.read_text())), (cpuset_before, cpuset_after)
+    assert quota_file.read_text().strip() == quota_before
     journal = agent.journal / "journal.json"
     assert not journal.exists() or json.loads(journal.read_text())["entries"] == []
