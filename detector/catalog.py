@@ -293,6 +293,10 @@ def check_plugin_signals(plugins: Iterable[Any]) -> None:
             if spec.name not in extractor.fields or spec.name not in plugin.signals:
                 raise CatalogError(f"probe {plugin.name!r} declares signal {spec.name!r} but its extractor's "
                                    "fields and the signals it feeds must both name it")
+        for row_spec in extractor.row_specs:
+            if row_spec.name not in extractor.fields:
+                raise CatalogError(f"probe {plugin.name!r} declares row field {row_spec.name!r} that its "
+                                   "extractor's fields do not name")
         for node_spec in extractor.node_specs:
             if node_spec.name not in extractor.node_fields:
                 raise CatalogError(f"probe {plugin.name!r} declares node field {node_spec.name!r} that its "

@@ -132,8 +132,21 @@ class SignalSpec:
     # on: a probe that is off adds no series), "always" (also its default on every other row: a signal
     # with a baseline, where a quiet tick is a 0 and not a gap), "never" (evidence only, not stored).
     stored: str = "set"
+    # The row field (a count of the events the value is a statistic of) that must be non-zero for the
+    # stored value to be one: without events a p99 is unknown (NaN in the store), not 0. None: always.
+    stored_when: str | None = None
     # Shown in every incident's context while non-zero, with this note from the victim's row (None: not).
     context_note: Callable[[Any], str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RowFieldSpec:
+    """A WorkloadSignals field a plugin adds that is no catalog signal (a count of events, a histogram, a
+    split by kind or by culprit that causes and the counterfactual read): every row has it, made from
+    ``default`` where no extractor set it (a fresh one per row, so no two share it); never stored."""
+
+    name: str
+    default: Callable[[], Any] = float
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +175,8 @@ class SignalExtractor:
     declared and not produced, or produced and not declared. A field the detector's row types do not
     have is declared here too, with its default: ``signal_specs`` (workload fields, each a catalog
     signal the plugin lists in ``ProbePlugin.signals``) and ``node_specs`` (node fields);
-    ``detector.catalog.check_plugin_signals`` refuses one that is not among ``fields`` / ``node_fields``."""
+    ``row_specs`` (workload fields that are no catalog signal); ``detector.catalog.check_plugin_signals``
+    refuses one that is not among ``fields`` / ``node_fields``."""
 
     stage: str  # one of SIGNAL_STAGES
     fields: tuple[str, ...]  # WorkloadSignals fields (from workloads, exposure and every_row)
@@ -173,6 +187,7 @@ class SignalExtractor:
     every_row: Callable[[Any], dict[str, Any]] | None = None
     signal_specs: tuple[SignalSpec, ...] = ()  # the fields above WorkloadSignals does not declare itself
     node_specs: tuple[NodeFieldSpec, ...] = ()  # the node_fields NodeSignals does not declare itself
+    row_specs: tuple[RowFieldSpec, ...] = ()  # the fields above that are no catalog signal
 
 
 @dataclass(frozen=True)

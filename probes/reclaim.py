@@ -46,7 +46,9 @@ from probes.plugin import (
     NodeFieldSpec,
     NodeSample,
     ProbePlugin,
+    RowFieldSpec,
     SignalExtractor,
+    SignalSpec,
     TopColumn,
     TopInput,
     TopTable,
@@ -434,6 +436,11 @@ PLUGIN = ProbePlugin(
         stage="memory", fields=("reclaim_stall_ms_per_s", "reclaim_by_kind_ms_per_s", "reclaim_pages_per_s"),
         node_fields=("node_direct_reclaim_ms_per_s",), workloads=workload_signals,
         node=lambda interval, dt: {"node_direct_reclaim_ms_per_s": interval.node_direct.latency.sum_ns / 1e6 / dt},
+        # Its stall is stored every tick (a baseline is learned for it: a quiet tick is a 0, not a gap).
+        signal_specs=(SignalSpec("reclaim_stall_ms_per_s", "Memory reclaim stall", "ms/s", noise_floor=0.5,
+                                 stored="always"),),
+        # The stall by kind (direct = global, memcg, softlimit) and the pages reclaimed, for the cause.
+        row_specs=(RowFieldSpec("reclaim_by_kind_ms_per_s", dict), RowFieldSpec("reclaim_pages_per_s")),
         node_specs=(NodeFieldSpec("node_direct_reclaim_ms_per_s", default=float),)),
     metrics=(RECLAIM_LATENCY, RECLAIM_PAGES, NODE_RECLAIM_LATENCY, NODE_RECLAIM_PAGES, NODE_ALLOCSTALLS),
     metric_specs=(

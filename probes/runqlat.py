@@ -51,7 +51,9 @@ from probes.plugin import (
     MetricSpec,
     NodeSample,
     ProbePlugin,
+    RowFieldSpec,
     SignalExtractor,
+    SignalSpec,
     TopColumn,
     TopInput,
     TopTable,
@@ -1036,7 +1038,27 @@ PLUGIN = ProbePlugin(
                 "ran_instead_ns", "preempted_foreign", "who_ran_instead_available", "runq_hist", "own_wait_by_cgroup",
                 "cf_moves", "cf_node_moves", "cf_node_ns"),
         workloads=workload_signals,
-        every_row=lambda interval: {"who_ran_instead_available": interval.culprits_available}),
+        every_row=lambda interval: {"who_ran_instead_available": interval.culprits_available},
+        signal_specs=(
+            # Stored every tick; the p99 is unknown (NaN) in a tick the workload never switched in.
+            SignalSpec("runq_p99_ns", "Run-queue wait p99", "ms", 1e-6, noise_floor=5_000.0, stored="always",
+                       stored_when="runq_count"),
+            SignalSpec("runq_wait_ms_per_s", "Run-queue wait per second", "ms/s", stored="always"),
+        ),
+        row_specs=(
+            RowFieldSpec("runq_count", int), RowFieldSpec("runq_max_ns"),
+            # its waits this tick (all its cgroups), for the counterfactual
+            RowFieldSpec("runq_hist", lambda: None),
+            # culprit workload key -> how its wait histogram moves without that culprit
+            # (detector/counterfactual.py), and the further moves without the node's kernel threads in
+            # the same waits (ksoftirqd, kswapd, kcompactd, kdamond) with the node's ns in those waits
+            RowFieldSpec("cf_moves", dict), RowFieldSpec("cf_node_moves", dict), RowFieldSpec("cf_node_ns", dict),
+            # who ran instead: culprit workload key -> ns of this workload's wait while it ran on the CPU
+            RowFieldSpec("ran_instead_ns", dict),
+            # wait behind its own tasks, and the same by the cgroup id it waited behind
+            RowFieldSpec("own_wait_ns"), RowFieldSpec("own_wait_by_cgroup", dict),
+            RowFieldSpec("preempted_foreign", int), RowFieldSpec("who_ran_instead_available", bool),
+        )),
     metrics=(RUNQ_LATENCY, CPU_RUNQ_LATENCY, TABLE_SLOTS),
     metric_specs=(
         MetricSpec(RUNQ_LATENCY, "histogram", "Runqueue wait (wakeup or preemption to running) of the cgroup's tasks."),

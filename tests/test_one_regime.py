@@ -37,8 +37,6 @@ BEING_MOVED = frozenset({
 # Files besides a probe's own that still name it, and why (today's honest state).
 _CATALOG = "detector/catalog.py"
 _WHY_CATALOG = "the SLOs and gates on the probe's signals are the detector's (issue 42 item 6 moves them)"
-_SIGNALS = "detector/signals.py"
-_WHY_SIGNALS = "WorkloadSignals still declares the probe's row fields (its store values and their defaults)"
 KNOWN: dict[str, dict[str, str]] = {
     "runqlat": {
         "noisyneighbor/agent/loop.py": "the agent's --runq-cgroups/--runq-pairs are the probe's table options",
@@ -55,7 +53,6 @@ KNOWN: dict[str, dict[str, str]] = {
         "detector/batch.py": "koordinator's batch formula reads memory the kernel can reclaim",
         "detector/policy/schema.py": "the reclaim cause's policy settings",
         _CATALOG: _WHY_CATALOG,
-        _SIGNALS: _WHY_SIGNALS,
         "detector/incident_culprits.py": "the reclaim cause's culprit callback (who holds and grows the memory)",
         "detector/incident_diagnosis.py": "the victim's context evidence (split from incidents.py) names the signal",
     },
@@ -75,7 +72,6 @@ KNOWN: dict[str, dict[str, str]] = {
     "steal": {
         "probes/cgroupfiles.py": "the kernel-file table: /proc/stat's steal column",
         _CATALOG: "the steal signal's catalog entry (evidence of the hypervisor_steal cause)",
-        _SIGNALS: _WHY_SIGNALS,
         "detector/incident_diagnosis.py": "the same window, handed to the causes (split from incidents.py)",
     },
 }
