@@ -49,6 +49,7 @@ from probes.plugin import (
     RowFieldSpec,
     SignalExtractor,
     SignalSpec,
+    SloSpec,
     TopColumn,
     TopInput,
     TopTable,
@@ -438,7 +439,9 @@ PLUGIN = ProbePlugin(
         node=lambda interval, dt: {"node_direct_reclaim_ms_per_s": interval.node_direct.latency.sum_ns / 1e6 / dt},
         # Its stall is stored every tick (a baseline is learned for it: a quiet tick is a 0, not a gap).
         signal_specs=(SignalSpec("reclaim_stall_ms_per_s", "Memory reclaim stall", "ms/s", noise_floor=0.5,
-                                 stored="always"),),
+                                 stored="always", baseline=True,
+                                 slo=SloSpec("reclaim_stall_ms_per_s", 20.0, check_order=30, range=(0, 1000),
+                                             divides=True)),),
         # The stall by kind (direct = global, memcg, softlimit) and the pages reclaimed, for the cause.
         row_specs=(RowFieldSpec("reclaim_by_kind_ms_per_s", dict), RowFieldSpec("reclaim_pages_per_s")),
         node_specs=(NodeFieldSpec("node_direct_reclaim_ms_per_s", default=float),)),

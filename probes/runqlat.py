@@ -54,6 +54,7 @@ from probes.plugin import (
     RowFieldSpec,
     SignalExtractor,
     SignalSpec,
+    SloSpec,
     TopColumn,
     TopInput,
     TopTable,
@@ -1026,6 +1027,15 @@ def _who_ran_instead(interval: RunqInterval, workload_key: WorkloadKey, out: dic
                 node_ns[key] = node_ns.get(key, 0.0) + pair.cf_node_ns
 
 
+MIN_RUNQ_EVENTS = 20  # fewer switch-ins than this in a tick: a p99 means nothing
+
+
+def p99_to_check(row: Any) -> float | None:
+    """The victim's run-queue wait p99 its SLO checks this tick (its WorkloadSignals row), None: too few
+    waits for a p99."""
+    return row.runq_p99_ns if row.runq_count >= MIN_RUNQ_EVENTS else None
+
+
 PLUGIN = ProbePlugin(
     name="runqlat", specs=(SCHED_INFO_SPEC, SPEC), factory=RunqLatProbe,
     flavours=("sched_info",), activity=activity, delta=delta, map_entries=lambda s: len(s.per_cgroup),
@@ -1042,7 +1052,9 @@ PLUGIN = ProbePlugin(
         signal_specs=(
             # Stored every tick; the p99 is unknown (NaN) in a tick the workload never switched in.
             SignalSpec("runq_p99_ns", "Run-queue wait p99", "ms", 1e-6, noise_floor=5_000.0, stored="always",
-                       stored_when="runq_count"),
+                       stored_when="runq_count", baseline=True, k_sigma=True,
+                       slo=SloSpec("runq_p99_ms", 5.0, check_order=10, to_raw=1e6, gate=p99_to_check,
+                                   doc=f"checked when it switched in at least {MIN_RUNQ_EVENTS} times in the tick")),
             SignalSpec("runq_wait_ms_per_s", "Run-queue wait per second", "ms/s", stored="always"),
         ),
         row_specs=(

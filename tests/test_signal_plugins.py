@@ -223,3 +223,28 @@ def test_a_declared_row_field_the_extractor_does_not_name_is_refused(monkeypatch
         fake.signal_extractor, row_specs=(RowFieldSpec("fakeirq_lines", dict),)))
     with pytest.raises(catalog.CatalogError, match="declares row field 'fakeirq_lines'"):
         catalog.check_plugin_signals([stray])
+
+
+def test_a_plugin_declared_slo_is_the_catalogs_in_its_check_order():
+    """A plugin's SloSpec becomes the catalog's Slo (its policy key, default, range, gate on the row),
+    placed among every SLO by check_order: the breach checks' order and SloThresholds' fields."""
+    from probes.plugin import SloSpec
+
+    fake = _fake_plugin()
+    slo = SloSpec("fakeirq_ms_per_s", 50.0, check_order=65, range=(0, 1000),
+                  gate=lambda row: row.fakeirq_ms_per_s if row.cpu_cores else None)
+    declared = dataclasses.replace(FAKE_SIGNAL, slo=slo, baseline=True)
+    fake = dataclasses.replace(fake, signal_extractor=dataclasses.replace(fake.signal_extractor, signal_specs=(declared,)))
+    (entry,) = catalog.plugin_signals([fake])
+    assert (entry.slo.field, entry.slo.default, entry.slo.range, entry.baseline) == ("fakeirq_ms_per_s", 50.0, (0, 1000), True)
+    ordered = [s.slo.field for s in catalog._in_order((*catalog.SIGNALS.values(), entry)) if s.slo is not None]
+    assert ordered == [*[s.slo.field for s in catalog.SLO_SIGNALS][:6], "fakeirq_ms_per_s",
+                       *[s.slo.field for s in catalog.SLO_SIGNALS][6:]]
+    assert ordered[5:8] == ["hardirq_ms_per_s", "fakeirq_ms_per_s", "psi_cpu_some_percent"]
+
+    class Row:
+        fakeirq_ms_per_s, cpu_cores = 70.0, 0.0
+
+    assert entry.breach_value(Row()) is None  # gated out: it did not run
+    Row.cpu_cores = 0.5
+    assert entry.breach_value(Row()) == 70.0
