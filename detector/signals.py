@@ -202,6 +202,8 @@ def _plugin_fields() -> tuple[dict[str, SignalSpec], dict[str, RowFieldSpec], di
 PLUGIN_SIGNALS, PLUGIN_ROW_FIELDS, PLUGIN_NODE_FIELDS = _plugin_fields()
 _NODE_OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeSignals))
 _ROW_OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(WorkloadSignals))
+# The plugin signals whose ns over a victim's recent ticks the causes read (SignalSpec.summed_over_window).
+WINDOW_SIGNALS: tuple[str, ...] = tuple(spec.name for spec in PLUGIN_SIGNALS.values() if spec.summed_over_window)
 # The plugin signals shown in every incident's context while non-zero (SignalSpec.context_note).
 CONTEXT_SIGNALS: tuple[SignalSpec, ...] = tuple(spec for spec in PLUGIN_SIGNALS.values() if spec.context_note is not None)
 

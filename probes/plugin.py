@@ -160,6 +160,9 @@ class SignalSpec:
     stored_when: str | None = None
     # Shown in every incident's context while non-zero, with this note from the victim's row (None: not).
     context_note: Callable[[Any], str] | None = None
+    # A rate in ms/s whose ns over the victim's recent ticks (the window its who-ran-instead shares are
+    # summed over) the cause rules read: CauseContext.window_ns[name].
+    summed_over_window: bool = False
 
 
 @dataclass(frozen=True, slots=True)

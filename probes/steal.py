@@ -149,7 +149,7 @@ PLUGIN = ProbePlugin(
         node=node_signals, exposure=exposure,
         # Stored every tick (0 where it ran on no stolen CPU): the hypervisor_steal cause's evidence.
         signal_specs=(SignalSpec("steal_ms_per_s", "Hypervisor steal on its CPUs", "ms/s", noise_floor=1.0,
-                                 stored="always"),),
+                                 stored="always", summed_over_window=True),),
         node_specs=(NodeFieldSpec("steal_ms_per_s_by_cpu"),)),
     metrics=(CPU_STEAL,),
     metric_specs=(MetricSpec(CPU_STEAL, "counter", "Time the hypervisor ran something else while this vCPU was "

@@ -52,7 +52,7 @@ KNOWN: dict[str, dict[str, str]] = {
         "detector/batch.py": "koordinator's batch formula reads memory the kernel can reclaim",
         "detector/policy/schema.py": "the reclaim cause's policy settings",
         "detector/incident_culprits.py": "the reclaim cause's culprit callback (who holds and grows the memory)",
-        "detector/incident_diagnosis.py": "the victim's context evidence (split from incidents.py) names the signal",
+        "detector/incident_diagnosis.py": "hands the reclaim cause its culprit callback (CauseContext.reclaim_culprits)",
     },
     "gpu": {
         "probes/gpu.py": "the NVML reader the plugin and the agent share (the word is the hardware's)",
@@ -66,7 +66,6 @@ KNOWN: dict[str, dict[str, str]] = {
     },
     "steal": {
         "probes/cgroupfiles.py": "the kernel-file table: /proc/stat's steal column",
-        "detector/incident_diagnosis.py": "the same window, handed to the causes (split from incidents.py)",
     },
 }
 
