@@ -127,19 +127,19 @@ class WorkloadSignals:
         # by default) adds no series per workload to the store; "always": the default elsewhere.
         own = self.__dict__
         for spec in PLUGIN_SIGNALS.values():
-            if spec.stored == "never":
+            stored = spec.stored
+            if stored == "never":
                 continue
-            if spec.name in own:
-                x = own[spec.name]
-            elif spec.stored == "always":
+            x = own.get(spec.name, _UNSET)
+            if x is _UNSET:
+                if stored != "always":
+                    continue
                 x = spec.default
-            else:
+            elif x is not None and not isinstance(x, int | float):
                 continue
-            if x is not None and not isinstance(x, int | float):
-                continue
-            if spec.stored_when is not None and not getattr(self, spec.stored_when):
-                x = None  # a statistic of no events: unknown
-            values[spec.name] = v(x)
+            if spec.stored_when is not None and not own.get(spec.stored_when):
+                x = None  # a statistic of no events (its count unset or 0): unknown
+            values[spec.name] = nan if x is None else float(x)
         return values
 
 
@@ -198,6 +198,7 @@ def _plugin_fields() -> tuple[dict[str, SignalSpec], dict[str, RowFieldSpec], di
     return signals, row_fields, node
 
 
+_UNSET = object()  # a row attribute no extractor set
 # Plugin-declared fields by name (probes.registry, fixed at import like the registry itself).
 PLUGIN_SIGNALS, PLUGIN_ROW_FIELDS, PLUGIN_NODE_FIELDS = _plugin_fields()
 _NODE_OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeSignals))
