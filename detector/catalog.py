@@ -13,10 +13,10 @@ declarations), the exporter's incident metrics and ``noisyneighbor diagnose`` re
 The catalog imports nothing of the policy (the policy reads it): adding an SLO is one :class:`Slo`
 on its signal, and the policy file accepts the key, range-checks it and defaults it from there.
 
-A probe plugin may declare signals of its own (``SignalExtractor.signal_specs``, probes/plugin.py): each
-becomes an evidence entry here (:func:`plugin_signals`), after the detector's own, so adding a probe with
-a new signal needs no edit in this file. What the detector does with one beyond showing and storing it
-(an SLO, a baseline, a cause) is declared here and in detector/causes/ as for any signal.
+A probe declares its own signals with its plugin (``SignalExtractor.signal_specs``, probes/plugin.py),
+their SLO (``SloSpec``, plain data made into a :class:`Slo` here), baseline and k-sigma rule included:
+each becomes an entry here (:func:`plugin_signals`), so adding a probe with a new signal, SLO'd or not,
+needs no edit in this file. The SLOs, the catalog's own and the plugins', are in ``check_order``.
 """
 
 from __future__ import annotations
@@ -29,9 +29,6 @@ from typing import Any
 from probes.registry import PLUGINS
 
 Range = tuple[float | None, float | None]  # (min, max) of a setting; None: unbounded on that side
-
-MIN_RUNQ_EVENTS = 20  # fewer switch-ins than this in a tick: a p99 means nothing
-SOFTIRQ_DELAY_MIN_MS_PER_S = 10.0  # softirq time on its CPUs below which a late softirq is not a breach
 
 # What a breach check reads: (the victim's WorkloadSignals row, its recent connect window of
 # (failed, retransmits, p99 ns) per tick) -> the value to compare with the SLO, None: not checked.
@@ -53,6 +50,9 @@ class Slo:
     divides: bool = False  # a cause rule divides by it: the lower bound is exclusive (0 is refused)
     gate: Gate | None = None  # None: the row's attribute named like the signal, every tick
     doc: str = ""
+    # Its place among every SLO, lowest first: the breach checks' order and SloThresholds' field order
+    # (the plugins' SLOs say theirs: SloSpec.check_order).
+    check_order: int = 0
 
     def problem(self, value: float) -> str | None:
         """What is wrong with ``value`` for this field (one phrase), None when it is valid."""
@@ -115,62 +115,29 @@ class Signal:
         return f"{value * self.scale:.3g} {self.unit}".replace(" %", "%")
 
 
-def _runq_gate(row: Any, window: Sequence[tuple[float, float, float]]) -> float | None:
-    return row.runq_p99_ns if row.runq_count >= MIN_RUNQ_EVENTS else None
-
-
 def _connect_gate(row: Any, window: Sequence[tuple[float, float, float]]) -> float | None:
     # Connect trouble is sparse: the worst p99 of the recent window, when any connect completed in it.
     return max((p for _, _, p in window), default=0.0) or None
 
 
-def _softirq_delay_gate(row: Any, window: Sequence[tuple[float, float, float]]) -> float | None:
-    # A late softirq matters when there is softirq work to be late: a quiet CPU's occasional timer
-    # softirq deferred to ksoftirqd has a long raise->entry delay and steals nothing.
-    if row.softirq_delay_p99_ns and row.cpu_cores and row.cpu_cores > 0.05 \
-            and row.softirq_ms_per_s >= SOFTIRQ_DELAY_MIN_MS_PER_S:
-        return row.softirq_delay_p99_ns
-    return None
-
-
 _PERCENT: Range = (0, 100)
 
+# The detector's own signals. A probe's signal, its SLO included, is declared with its plugin (above,
+# through plugin_signals); the SLOs here say where they come among the plugins' (check_order): the
+# run queue's is 10, reclaim's 30, softirq's 40 and 50, hardirq's 60.
 _OWN: tuple[Signal, ...] = (
-    # -- signals with an SLO: a latency-sensitive workload breaches on these (checked in this order) -
-    Signal("runq_p99_ns", "Run-queue wait p99", "ms", 1e-6,
-           Slo("runq_p99_ms", 5.0, to_raw=1e6, gate=_runq_gate,
-               doc=f"checked when it switched in at least {MIN_RUNQ_EVENTS} times in the tick"),
-           k_sigma=True, baseline=True, noise_floor=5_000.0),
+    # -- signals with an SLO: a latency-sensitive workload breaches on these ------------------------
     Signal("connect_p99_ns", "TCP connect p99", "ms", 1e-6,
-           Slo("connect_p99_ms", 200.0, to_raw=1e6, gate=_connect_gate, doc="worst p99 of the recent ticks"),
+           Slo("connect_p99_ms", 200.0, to_raw=1e6, gate=_connect_gate, doc="worst p99 of the recent ticks",
+               check_order=20),
            baseline=True, noise_floor=20_000.0),
-    Signal("reclaim_stall_ms_per_s", "Memory reclaim stall", "ms/s",
-           slo=Slo("reclaim_stall_ms_per_s", 20.0, range=(0, 1000), divides=True),
-           baseline=True, noise_floor=0.5),
-    Signal("softirq_ms_per_s", "Softirq time on its CPUs", "ms/s",
-           slo=Slo("softirq_ms_per_s", 100.0, range=(0, 1000), divides=True,
-                   doc="softirq run time on its CPUs (a tenth of a CPU) before it is a breach"),
-           baseline=True, noise_floor=1.0),
-    Signal("softirq_delay_p99_ns", "Softirq delay p99", "ms", 1e-6,
-           Slo("softirq_delay_p99_ms", 2.0, to_raw=1e6, gate=_softirq_delay_gate,
-               doc=f"checked with at least {SOFTIRQ_DELAY_MIN_MS_PER_S:g} ms/s of softirq on its CPUs"),
-           noise_floor=5_000.0),
-    # The hard IRQ probe's signal (probes/hardirq.py declares it; the SLO is the detector's): device
-    # interrupt handlers on its CPUs, the hardirq cause's evidence (detector/causes/hardirq.py).
-    Signal("hardirq_ms_per_s", "Hard IRQ handler time on its CPUs", "ms/s",
-           slo=Slo("hardirq_ms_per_s", 100.0, range=(0, 1000),
-                   doc="device interrupt handler time on its CPUs (a tenth of a CPU) before it is a breach"),
-           noise_floor=1.0),
-    Signal("psi_cpu_some", "CPU pressure (some)", "%", slo=Slo("psi_cpu_some_percent", 20.0, range=_PERCENT),
-           noise_floor=0.5),
+    Signal("psi_cpu_some", "CPU pressure (some)", "%",
+           slo=Slo("psi_cpu_some_percent", 20.0, range=_PERCENT, check_order=70), noise_floor=0.5),
     Signal("psi_memory_some", "Memory pressure (some)", "%",
-           slo=Slo("psi_memory_some_percent", 10.0, range=_PERCENT), noise_floor=0.5),
-    Signal("psi_io_some", "IO pressure (some)", "%", slo=Slo("psi_io_some_percent", 20.0, range=_PERCENT),
-           noise_floor=0.5),
+           slo=Slo("psi_memory_some_percent", 10.0, range=_PERCENT, check_order=80), noise_floor=0.5),
+    Signal("psi_io_some", "IO pressure (some)", "%",
+           slo=Slo("psi_io_some_percent", 20.0, range=_PERCENT, check_order=90), noise_floor=0.5),
     # -- evidence and culprit signals (no SLO of their own) ------------------------------------------
-    Signal("syn_retransmits_per_s", "SYN retransmits", "/s"),
-    Signal("connect_failures_per_s", "Failed connects", "/s"),
-    Signal("runq_wait_ms_per_s", "Run-queue wait per second", "ms/s"),
     Signal("runq_wait_share", "Share of time waiting", "%", 100.0, noise_floor=0.005),
     Signal("throttled_ratio", "Periods throttled at its CPU limit", "%", 100.0, noise_floor=0.01),
     Signal("throttled_ms_per_s", "Time throttled at its CPU limit", "ms/s"),
@@ -182,23 +149,43 @@ _OWN: tuple[Signal, ...] = (
            100.0),
     Signal("cause_wait_share", "Share of its wait the cause explains", "%", 100.0),
     Signal("runnable_per_cpu", "Its threads per CPU it may use", "x"),
-    Signal("steal_ms_per_s", "Hypervisor steal on its CPUs", "ms/s", noise_floor=1.0),
     Signal("who_ran_instead_container_share", "Own wait behind one of its containers", "%", 100.0),
     Signal("container_throttled_ratio", "Periods a container was throttled at its limit", "%", 100.0),
 )
 
 
+def _plugin_slo(spec: Any) -> Slo:
+    """A plugin's SloSpec as the catalog's Slo: its gate reads the row alone (the connect window is the
+    detector's own SLO's)."""
+    read: Callable[[Any], float | None] | None = spec.gate
+
+    def gate(row: Any, window: Sequence[tuple[float, float, float]]) -> float | None:
+        return read(row)  # type: ignore[misc]
+
+    return Slo(spec.field, spec.default, to_raw=spec.to_raw, range=spec.range, divides=spec.divides,
+               gate=None if read is None else gate, doc=spec.doc, check_order=spec.check_order)
+
+
 def plugin_signals(plugins: Iterable[Any], declared: Iterable[str] = ()) -> tuple[Signal, ...]:
-    """The signals the probe plugins declare themselves (``SignalExtractor.signal_specs``), as evidence
-    entries: no SLO, no baseline (those are the detector's to declare, on its own entries). Those in
-    ``declared`` (the detector's own entries: an SLO or a baseline on a plugin's signal) are not repeated."""
+    """The signals the probe plugins declare themselves (``SignalExtractor.signal_specs``), with their SLO,
+    baseline and k-sigma rule as declared. Those in ``declared`` (the detector's own entries) are not
+    repeated."""
     skip = set(declared)
-    return tuple(Signal(spec.name, spec.label, spec.unit, spec.scale, noise_floor=spec.noise_floor)
+    return tuple(Signal(spec.name, spec.label, spec.unit, spec.scale,
+                        slo=None if spec.slo is None else _plugin_slo(spec.slo), k_sigma=spec.k_sigma,
+                        baseline=spec.baseline, noise_floor=spec.noise_floor)
                  for p in plugins if p.signal_extractor is not None for spec in p.signal_extractor.signal_specs
                  if spec.name not in skip)
 
 
-_ALL: tuple[Signal, ...] = (*_OWN, *plugin_signals(PLUGINS, declared=(s.name for s in _OWN)))
+def _in_order(signals: Iterable[Signal]) -> tuple[Signal, ...]:
+    """The SLO'd signals first, in check_order (ties: as declared), then the evidence as declared."""
+    listed = tuple(signals)
+    slo = sorted((s for s in listed if s.slo is not None), key=lambda s: s.slo.check_order if s.slo else 0)
+    return (*slo, *(s for s in listed if s.slo is None))
+
+
+_ALL: tuple[Signal, ...] = _in_order((*_OWN, *plugin_signals(PLUGINS, declared=(s.name for s in _OWN))))
 
 
 SIGNALS: dict[str, Signal] = {s.name: s for s in _ALL}
@@ -293,6 +280,10 @@ def check_plugin_signals(plugins: Iterable[Any]) -> None:
             if spec.name not in extractor.fields or spec.name not in plugin.signals:
                 raise CatalogError(f"probe {plugin.name!r} declares signal {spec.name!r} but its extractor's "
                                    "fields and the signals it feeds must both name it")
+        for row_spec in extractor.row_specs:
+            if row_spec.name not in extractor.fields:
+                raise CatalogError(f"probe {plugin.name!r} declares row field {row_spec.name!r} that its "
+                                   "extractor's fields do not name")
         for node_spec in extractor.node_specs:
             if node_spec.name not in extractor.node_fields:
                 raise CatalogError(f"probe {plugin.name!r} declares node field {node_spec.name!r} that its "

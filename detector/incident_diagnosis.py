@@ -25,7 +25,7 @@ from detector.decisions import Cause
 from detector.incident_culprits import CulpritFinder
 from detector.model import Culprit, CulpritCost, Evidence, Incident
 from detector.policy import SloThresholds
-from detector.signals import CONTEXT_SIGNALS, IDLE, UNKNOWN, NodeSignals, WorkloadSignals
+from detector.signals import CONTEXT_SIGNALS, IDLE, UNKNOWN, WINDOW_SIGNALS, NodeSignals, WorkloadSignals
 from detector.workloads import key_of
 
 CULPRIT_WINDOW_TICKS = 10  # who-ran-instead shares are summed over this many recent ticks
@@ -41,7 +41,9 @@ class VictimState:
     recent_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_own_wait_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     recent_own_by_container: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
-    recent_steal_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
+    # ns per tick of the plugins' signals summed over the window (SignalSpec.summed_over_window), by name
+    recent_window_ns: dict[str, deque] = field(
+        default_factory=lambda: {name: deque(maxlen=CULPRIT_WINDOW_TICKS) for name in WINDOW_SIGNALS})
     # ns of its waits the node's kernel work ran in (softirq work, kernel threads: the node pair's cf_node_ns)
     recent_kernel_work_ns: deque = field(default_factory=lambda: deque(maxlen=CULPRIT_WINDOW_TICKS))
     # The verify signals of its breach ticks (the current breach, or the open incident's): what the
@@ -67,7 +69,8 @@ class VictimState:
         self.recent_wait_ns.append(row.runq_wait_ms_per_s * 1e6 * row.interval_s)
         self.recent_own_wait_ns.append(row.own_wait_ns)
         self.recent_own_by_container.append(row.own_wait_by_container)
-        self.recent_steal_ns.append(row.steal_ms_per_s * 1e6 * row.interval_s)
+        for name, recent in self.recent_window_ns.items():
+            recent.append(getattr(row, name) * 1e6 * row.interval_s)
         self.recent_kernel_work_ns.append(row.cf_node_ns.get(node_key, 0.0))
         dt = row.interval_s
         self.recent_connect.append((row.connect_failures_per_s * dt, row.syn_retransmits_per_s * dt,
@@ -119,7 +122,7 @@ def _baseline_value(key: str, signal: str, slo: SloThresholds, baselines: Baseli
 def diagnose(key: str, row: WorkloadSignals, state: VictimState, found: list[Breach], signals: NodeSignals,
              slo: SloThresholds, finder: CulpritFinder) -> tuple[Cause, float, list[Culprit], list[Evidence], list[str]]:
     """The cause rules (``detector.causes``), ranked by the share of the wait each explains; the
-    evidence is the breaches, the victim's context (wait, throttling, softirq, reclaim) and what the
+    evidence is the breaches, the victim's context (wait, throttling, the plugins' context signals) and what the
     deciding rule used; the findings are the deciding rule's and every cause's context codes of this
     tick."""
     dt = row.interval_s
@@ -128,7 +131,8 @@ def diagnose(key: str, row: WorkloadSignals, state: VictimState, found: list[Bre
     ctx = causes.CauseContext(
         key=key, row=row, signals=signals, slo=slo, breached={b.signal for b in found},
         foreign=foreign, own_wait_ns=sum(state.recent_own_wait_ns), total_wait_ns=total_wait,
-        own_by_container=summed(state.recent_own_by_container), steal_ns=sum(state.recent_steal_ns),
+        own_by_container=summed(state.recent_own_by_container),
+        window_ns={name: sum(recent) for name, recent in state.recent_window_ns.items()},
         window_s=dt * len(state.recent_wait_ns), cpu_culprits=finder.cpu_culprits,
         correlation_culprits=finder.correlation_culprits, reclaim_culprits=finder.reclaim_culprits,
         connect_servers=finder.connect_servers, node_key=finder.node_key,
@@ -153,9 +157,6 @@ def diagnose(key: str, row: WorkloadSignals, state: VictimState, found: list[Bre
     for spec in CONTEXT_SIGNALS:  # the probe plugins' (SignalSpec.context_note)
         if value := getattr(row, spec.name):
             context.append(Evidence(spec.name, value, dt, note=spec.context_note(row)))  # type: ignore[misc]
-    if row.reclaim_stall_ms_per_s:
-        context.append(Evidence("reclaim_stall_ms_per_s", row.reclaim_stall_ms_per_s, dt,
-                                note=", ".join(f"{k} {v:.1f}" for k, v in sorted(row.reclaim_by_kind_ms_per_s.items()))))
     used = {e.signal for e in verdict.evidence}
     evidence += [e for e in context if e.signal not in used] + list(verdict.evidence)
     findings = [*verdict.findings, *(f for spec in causes.CAUSES if spec.context for f in spec.context(row))]

@@ -15,10 +15,11 @@ reach a workload through its CPU weights: the share of its own CPU time spent on
 ``cpuacct.usage_percpu``; on v2 its effective cpuset, uniformly), made here, read by the extractor's
 ``exposure``.
 
-The row types declare the fields of the probes that came first; a plugin declares any others itself
-(``SignalExtractor.signal_specs`` / ``node_specs``): every row and node has them, at their declared
-default until an extractor sets them (so a cause or ``diagnose`` reading one never meets an
-AttributeError while the probe is off), and the store keeps the workload ones.
+The row types declare what the detector reads itself (the cgroup files); every probe declares its own
+fields with its plugin (``SignalExtractor.signal_specs`` for catalog signals, ``row_specs`` for other
+row fields, ``node_specs``): every row and node has them, at their declared default until an extractor
+sets them (so a cause or ``diagnose`` reading one never meets an AttributeError while the probe is
+off), and the store keeps the signals as each declares (``SignalSpec.stored``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ from typing import Any
 from detector.containers import POD_ITSELF, MayUse, containers_by_pod, may_use
 from detector.workloads import IdMapper, Workload
 from probes.cgroupfs import CgroupLayout
-from probes.hist import IntervalHistogram
-from probes.plugin import IDLE, UNKNOWN, NodeFieldSpec, SignalSpec  # noqa: F401  (IDLE, UNKNOWN: re-exported for detector/incidents.py)
+from probes.plugin import IDLE, UNKNOWN, NodeFieldSpec, RowFieldSpec, SignalSpec  # noqa: F401  (IDLE, UNKNOWN: re-exported for detector/incidents.py)
 from probes.psi import psi_rate
 from probes.registry import BY_NAME, PLUGINS
 from probes.snapshot import NodeSnapshot
@@ -65,25 +65,10 @@ class ContainerCpu:
 class WorkloadSignals:
     workload: Workload
     interval_s: float
-    # runqueue (all the workload's tasks)
-    runq_count: int = 0
-    runq_wait_ms_per_s: float = 0.0
-    runq_p99_ns: float = 0.0
-    runq_max_ns: float = 0.0
-    runq_hist: IntervalHistogram | None = None  # its waits this tick (all its cgroups), for the counterfactual
-    # culprit workload key -> how its wait histogram moves without that culprit (detector/counterfactual.py)
-    cf_moves: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    # ... and their further moves without the node's kernel threads in the same waits (ksoftirqd, kswapd, kcompactd, kdamond)
-    cf_node_moves: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    cf_node_ns: dict[str, float] = field(default_factory=dict)  # culprit key -> the node's ns in those waits
-    # who ran instead: culprit workload key -> ns of this workload's wait while it ran on the CPU
-    ran_instead_ns: dict[str, float] = field(default_factory=dict)
-    own_wait_ns: float = 0.0  # wait behind its own tasks
-    # the same by container: name (detector.containers.POD_ITSELF for the pod cgroup) -> ns behind it
+    # (the probe plugins' fields are declared by the plugins: SignalExtractor.signal_specs / row_specs)
+    # its own wait split by the container it waited behind: name (detector.containers.POD_ITSELF for the
+    # pod cgroup) -> ns, named here from a plugin's split by cgroup id (own_wait_by_cgroup)
     own_wait_by_container: dict[str, float] = field(default_factory=dict)
-    own_wait_by_cgroup: dict[int, float] = field(default_factory=dict)  # the same by cgroup id (runqlat plugin)
-    preempted_foreign: int = 0
-    who_ran_instead_available: bool = False
     # CPU accounting
     cpu_cores: float | None = None
     quota_cores: float | None = None
@@ -92,31 +77,28 @@ class WorkloadSignals:
     containers: dict[str, ContainerCpu] = field(default_factory=dict)  # container cgroup path -> its CPU
     cpus_allowed: int | None = None  # CPUs in its effective cpuset, when read
     may_use: MayUse | None = None  # pods: its containers' cpuset union and quota sum (detector/containers.py)
-    steal_ms_per_s: float = 0.0  # hypervisor steal on the CPUs it ran on, weighted like softirq (probes/steal.py)
     cpu_weights: dict[int, float] = field(default_factory=dict)
-    # memory reclaim stalls in its own allocations, by kind (direct = global, memcg, softlimit)
-    reclaim_stall_ms_per_s: float = 0.0
-    reclaim_by_kind_ms_per_s: dict[str, float] = field(default_factory=dict)
-    reclaim_pages_per_s: float = 0.0
     memory_usage_bytes: int | None = None
     memory_limit_bytes: int | None = None
-    # connect path
-    connects: int = 0
-    connect_p99_ns: float = 0.0
-    connect_failures_per_s: float = 0.0  # refused, timed out, or abandoned by the application while connecting
-    syn_retransmits_per_s: float = 0.0
     # PSI (percent of wall time, like avg10), when the cgroup has v2 pressure files
     psi_cpu_some: float | None = None
     psi_memory_some: float | None = None
     psi_io_some: float | None = None
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached when the row has no such attribute: a plugin-declared signal no extractor set
-        # on it (its probe is off, or nothing moved for this workload) reads as its declared default.
+        # Only reached when the row has no such attribute: a plugin-declared field no extractor set on
+        # it (its probe is off, or nothing moved for this workload) reads as its declared default. A
+        # signal's default is a number, read as is; another field's is made once and kept on the row,
+        # so what a reader adds to it (a dict, say) stays.
         spec = PLUGIN_SIGNALS.get(name)
-        if spec is None:
+        if spec is not None:
+            return spec.default
+        row_field = PLUGIN_ROW_FIELDS.get(name)
+        if row_field is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return spec.default
+        value = row_field.default()
+        setattr(self, name, value)
+        return value
 
     @classmethod
     def of(cls, workload: Workload, interval_s: float, **values: Any) -> WorkloadSignals:
@@ -126,37 +108,39 @@ class WorkloadSignals:
         row = cls(workload, interval_s, **own)
         for name, value in values.items():
             if name not in own:
-                if name not in PLUGIN_SIGNALS:
+                if name not in PLUGIN_SIGNALS and name not in PLUGIN_ROW_FIELDS:
                     raise TypeError(f"WorkloadSignals has no field {name!r}")
                 setattr(row, name, value)
         return row
 
     def as_store_values(self) -> dict[str, float]:
-        """The numeric signals the time-series store keeps (NaN for unknown), the plugin-declared ones
-        after the row's own."""
+        """The numeric signals the time-series store keeps (NaN for unknown): the row's own, then the
+        plugin-declared ones as their ``stored`` says."""
         nan = math.nan
 
         def v(x: float | None) -> float:
             return nan if x is None else float(x)
 
-        # Only those an extractor set on this row: a probe that is off (hardirq is not loaded by
-        # default) adds no series per workload to the store.
+        values = {"cpu_cores": v(self.cpu_cores), "throttled_ratio": v(self.throttled_ratio),
+                  "psi_cpu_some": v(self.psi_cpu_some), "psi_memory_some": v(self.psi_memory_some)}
+        # "set": only those an extractor set on this row, so a probe that is off (hardirq is not loaded
+        # by default) adds no series per workload to the store; "always": the default elsewhere.
         own = self.__dict__
-        plugins = {name: v(x) for name, spec in PLUGIN_SIGNALS.items() if spec.stored != "never"
-                   and (name in own or spec.stored == "always")
-                   and ((x := own.get(name, spec.default)) is None or isinstance(x, int | float))}
-        return {
-            "runq_p99_ns": self.runq_p99_ns if self.runq_count else nan,
-            "runq_wait_ms_per_s": self.runq_wait_ms_per_s,
-            "cpu_cores": v(self.cpu_cores),
-            "throttled_ratio": v(self.throttled_ratio),
-            "steal_ms_per_s": self.steal_ms_per_s,
-            "reclaim_stall_ms_per_s": self.reclaim_stall_ms_per_s,
-            "connect_p99_ns": self.connect_p99_ns if self.connects else nan,
-            "psi_cpu_some": v(self.psi_cpu_some),
-            "psi_memory_some": v(self.psi_memory_some),
-            **plugins,
-        }
+        for spec in PLUGIN_SIGNALS.values():
+            stored = spec.stored
+            if stored == "never":
+                continue
+            x = own.get(spec.name, _UNSET)
+            if x is _UNSET:
+                if stored != "always":
+                    continue
+                x = spec.default
+            elif x is not None and not isinstance(x, int | float):
+                continue
+            if spec.stored_when is not None and not own.get(spec.stored_when):
+                x = None  # a statistic of no events (its count unset or 0): unknown
+            values[spec.name] = nan if x is None else float(x)
+        return values
 
 
 @dataclass
@@ -173,7 +157,6 @@ class NodeSignals:
     # Pages kswapd reclaimed per second (/proc/vmstat pgsteal_kswapd): global reclaim in the background,
     # whose CPU time is a kernel thread's (the root cgroup) on whichever CPU kswapd ran.
     kswapd_pages_per_s: float = 0.0
-    steal_ms_per_s_by_cpu: dict[int, float] = field(default_factory=dict)  # hypervisor steal (probes/steal.py)
 
     def __getattr__(self, name: str) -> Any:
         # A plugin-declared node field no extractor set (its probe off): made from its declared default
@@ -197,22 +180,31 @@ class NodeSignals:
         return node
 
 
-def _plugin_fields() -> tuple[dict[str, SignalSpec], dict[str, NodeFieldSpec]]:
-    """The fields the plugins declare for the rows and the node; one that a row type already has is a
-    mistake (its default would never be read), refused at import."""
-    signals = {s.name: s for p in PLUGINS if p.signal_extractor is not None for s in p.signal_extractor.signal_specs}
-    node = {s.name: s for p in PLUGINS if p.signal_extractor is not None for s in p.signal_extractor.node_specs}
-    for row_type, declared in ((WorkloadSignals, signals), (NodeSignals, node)):
-        clash = sorted(declared.keys() & {f.name for f in dataclasses.fields(row_type)})
+def _plugin_fields() -> tuple[dict[str, SignalSpec], dict[str, RowFieldSpec], dict[str, NodeFieldSpec]]:
+    """The fields the plugins declare for the rows (signals, other fields) and the node; one that a row
+    type already has, or that two declarations name, is a mistake (a default would never be read),
+    refused at import."""
+    extractors = [p.signal_extractor for p in PLUGINS if p.signal_extractor is not None]
+    signals = {s.name: s for e in extractors for s in e.signal_specs}
+    row_fields = {s.name: s for e in extractors for s in e.row_specs}
+    node = {s.name: s for e in extractors for s in e.node_specs}
+    twice = sorted(signals.keys() & row_fields.keys())
+    if twice:
+        raise TypeError(f"probe plugins declare row field(s) as a signal and as a field: {', '.join(twice)}")
+    for row_type, declared in ((WorkloadSignals, signals.keys() | row_fields.keys()), (NodeSignals, node.keys())):
+        clash = sorted(declared & {f.name for f in dataclasses.fields(row_type)})
         if clash:
             raise TypeError(f"probe plugins declare {row_type.__name__} field(s) it has already: {', '.join(clash)}")
-    return signals, node
+    return signals, row_fields, node
 
 
+_UNSET = object()  # a row attribute no extractor set
 # Plugin-declared fields by name (probes.registry, fixed at import like the registry itself).
-PLUGIN_SIGNALS, PLUGIN_NODE_FIELDS = _plugin_fields()
+PLUGIN_SIGNALS, PLUGIN_ROW_FIELDS, PLUGIN_NODE_FIELDS = _plugin_fields()
 _NODE_OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeSignals))
 _ROW_OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(WorkloadSignals))
+# The plugin signals whose ns over a victim's recent ticks the causes read (SignalSpec.summed_over_window).
+WINDOW_SIGNALS: tuple[str, ...] = tuple(spec.name for spec in PLUGIN_SIGNALS.values() if spec.summed_over_window)
 # The plugin signals shown in every incident's context while non-zero (SignalSpec.context_note).
 CONTEXT_SIGNALS: tuple[SignalSpec, ...] = tuple(spec for spec in PLUGIN_SIGNALS.values() if spec.context_note is not None)
 

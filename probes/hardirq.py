@@ -43,6 +43,7 @@ from probes.plugin import (
     ProbePlugin,
     SignalExtractor,
     SignalSpec,
+    SloSpec,
     TopColumn,
     TopInput,
     TopTable,
@@ -170,7 +171,9 @@ def delta(prev: HardirqSnapshot | None, cur: HardirqSnapshot) -> HardirqInterval
 HARDIRQ_RUNTIME = "noisyneighbor_hardirq_runtime_seconds"
 HARDIRQ_ENTRIES = "noisyneighbor_hardirq_entries_total"
 # The detector's names for what this probe feeds (declared below, so detector/ needs no edit).
-SIGNAL = SignalSpec("hardirq_ms_per_s", "Hard IRQ handler time on its CPUs", "ms/s", noise_floor=1.0)
+SIGNAL = SignalSpec("hardirq_ms_per_s", "Hard IRQ handler time on its CPUs", "ms/s", noise_floor=1.0,
+                    slo=SloSpec("hardirq_ms_per_s", 100.0, check_order=60, range=(0, 1000),
+                                doc="device interrupt handler time on its CPUs (a tenth of a CPU) before it is a breach"))
 BY_CPU = NodeFieldSpec("hardirq_ms_per_s_by_cpu")
 # Per CPU, each IRQ line's handler ms per second and its name: which line and device an interrupt storm
 # on a victim's CPUs comes from (detector/causes/hardirq.py names it).

@@ -115,12 +115,32 @@ SIGNAL_STAGES = ("tasks", "cpus", "memory", "network")
 
 
 @dataclass(frozen=True, slots=True)
+class SloSpec:
+    """The SLO bounding a plugin's signal, as plain data (probes/ does not import detector/): the
+    detector's catalog makes its ``Slo`` of it, the policy's ``slo:`` key ``field`` with its default and
+    range, a field of SloThresholds."""
+
+    field: str  # the SloThresholds field and policy key, in the SLO's unit ("runq_p99_ms")
+    default: float
+    # Its place among every SLO (the catalog's own and the plugins'), lowest first: the order the breach
+    # checks run in and the SloThresholds fields (the policy's `slo:` keys) come in.
+    check_order: int
+    to_raw: float = 1.0  # field value x to_raw = threshold in the signal's raw unit
+    range: tuple[float | None, float | None] = (0, None)  # valid values of the field (None: unbounded)
+    divides: bool = False  # a cause rule divides by it: the lower bound is exclusive (0 is refused)
+    # (the victim's WorkloadSignals row) -> the value to compare with the SLO this tick, None: not checked.
+    # None: the row's value of the signal, every tick.
+    gate: Callable[[Any], float | None] | None = None
+    doc: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SignalSpec:
     """A workload signal a plugin adds to the detector, declared with the plugin so that a new probe
     needs no edit in detector/: a WorkloadSignals field (``default`` on every row nothing set it on,
-    the probe off included) and its detector.catalog entry, as evidence: ``diagnose`` names it, the
-    time-series store keeps it. An SLO, a baseline or a cause rule reading it is the detector's, declared
-    there (detector/catalog.py, detector/causes/)."""
+    the probe off included) and its detector.catalog entry: ``diagnose`` names it, the time-series
+    store keeps it, and with an ``slo`` the detector breaches on it. A cause rule reading it is the
+    detector's (detector/causes/)."""
 
     name: str  # the WorkloadSignals field and catalog name, its unit in the name ("hardirq_ms_per_s")
     label: str  # what a human calls it (diagnose, the HTML report)
@@ -128,12 +148,31 @@ class SignalSpec:
     scale: float = 1.0  # raw value x scale = value in ``unit``
     noise_floor: float | None = None  # smallest spread worth calling noise, in its raw unit
     default: float | None = 0.0  # its value where nothing set it (None: unknown, NaN in the store)
+    slo: SloSpec | None = None  # the SLO bounding it (None: evidence only)
+    baseline: bool = False  # a baseline is learned for it (for the k-sigma rule and the evidence)
+    k_sigma: bool = False  # also breaches at k sigma above its own baseline (and half way to the SLO)
     # What the detector's time-series store keeps of it: "set" (its value on the rows an extractor set it
     # on: a probe that is off adds no series), "always" (also its default on every other row: a signal
     # with a baseline, where a quiet tick is a 0 and not a gap), "never" (evidence only, not stored).
     stored: str = "set"
+    # The row field (a count of the events the value is a statistic of) that must be non-zero for the
+    # stored value to be one: without events a p99 is unknown (NaN in the store), not 0. None: always.
+    stored_when: str | None = None
     # Shown in every incident's context while non-zero, with this note from the victim's row (None: not).
     context_note: Callable[[Any], str] | None = None
+    # A rate in ms/s whose ns over the victim's recent ticks (the window its who-ran-instead shares are
+    # summed over) the cause rules read: CauseContext.window_ns[name].
+    summed_over_window: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RowFieldSpec:
+    """A WorkloadSignals field a plugin adds that is no catalog signal (a count of events, a histogram, a
+    split by kind or by culprit that causes and the counterfactual read): every row has it, made from
+    ``default`` where no extractor set it (a fresh one per row, so no two share it); never stored."""
+
+    name: str
+    default: Callable[[], Any] = float
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +201,8 @@ class SignalExtractor:
     declared and not produced, or produced and not declared. A field the detector's row types do not
     have is declared here too, with its default: ``signal_specs`` (workload fields, each a catalog
     signal the plugin lists in ``ProbePlugin.signals``) and ``node_specs`` (node fields);
-    ``detector.catalog.check_plugin_signals`` refuses one that is not among ``fields`` / ``node_fields``."""
+    ``row_specs`` (workload fields that are no catalog signal); ``detector.catalog.check_plugin_signals``
+    refuses one that is not among ``fields`` / ``node_fields``."""
 
     stage: str  # one of SIGNAL_STAGES
     fields: tuple[str, ...]  # WorkloadSignals fields (from workloads, exposure and every_row)
@@ -173,6 +213,7 @@ class SignalExtractor:
     every_row: Callable[[Any], dict[str, Any]] | None = None
     signal_specs: tuple[SignalSpec, ...] = ()  # the fields above WorkloadSignals does not declare itself
     node_specs: tuple[NodeFieldSpec, ...] = ()  # the node_fields NodeSignals does not declare itself
+    row_specs: tuple[RowFieldSpec, ...] = ()  # the fields above that are no catalog signal
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,10 @@ from probes.plugin import (
     NodeFieldSpec,
     NodeSample,
     ProbePlugin,
+    RowFieldSpec,
     SignalExtractor,
+    SignalSpec,
+    SloSpec,
     TopColumn,
     TopInput,
     TopTable,
@@ -424,6 +427,11 @@ def allocstall_series(node: Any) -> Iterator[NodeSample]:
             yield NODE_ALLOCSTALLS, (zone,), float(passes)
 
 
+def by_kind_note(row: Any) -> str:
+    """The victim's stall by kind, for its incident's context line: "direct 3.0, memcg 12.5"."""
+    return ", ".join(f"{k} {v:.1f}" for k, v in sorted(row.reclaim_by_kind_ms_per_s.items()))
+
+
 PLUGIN = ProbePlugin(
     name="reclaim", specs=(SPEC,), factory=ReclaimProbe,
     activity=activity, activity_is_reclaim=True, delta=delta, map_entries=lambda s: len(s.per_cgroup),
@@ -434,6 +442,13 @@ PLUGIN = ProbePlugin(
         stage="memory", fields=("reclaim_stall_ms_per_s", "reclaim_by_kind_ms_per_s", "reclaim_pages_per_s"),
         node_fields=("node_direct_reclaim_ms_per_s",), workloads=workload_signals,
         node=lambda interval, dt: {"node_direct_reclaim_ms_per_s": interval.node_direct.latency.sum_ns / 1e6 / dt},
+        # Its stall is stored every tick (a baseline is learned for it: a quiet tick is a 0, not a gap).
+        signal_specs=(SignalSpec("reclaim_stall_ms_per_s", "Memory reclaim stall", "ms/s", noise_floor=0.5,
+                                 stored="always", baseline=True, context_note=by_kind_note,
+                                 slo=SloSpec("reclaim_stall_ms_per_s", 20.0, check_order=30, range=(0, 1000),
+                                             divides=True)),),
+        # The stall by kind (direct = global, memcg, softlimit) and the pages reclaimed, for the cause.
+        row_specs=(RowFieldSpec("reclaim_by_kind_ms_per_s", dict), RowFieldSpec("reclaim_pages_per_s")),
         node_specs=(NodeFieldSpec("node_direct_reclaim_ms_per_s", default=float),)),
     metrics=(RECLAIM_LATENCY, RECLAIM_PAGES, NODE_RECLAIM_LATENCY, NODE_RECLAIM_PAGES, NODE_ALLOCSTALLS),
     metric_specs=(

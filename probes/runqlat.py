@@ -51,7 +51,10 @@ from probes.plugin import (
     MetricSpec,
     NodeSample,
     ProbePlugin,
+    RowFieldSpec,
     SignalExtractor,
+    SignalSpec,
+    SloSpec,
     TopColumn,
     TopInput,
     TopTable,
@@ -1024,6 +1027,15 @@ def _who_ran_instead(interval: RunqInterval, workload_key: WorkloadKey, out: dic
                 node_ns[key] = node_ns.get(key, 0.0) + pair.cf_node_ns
 
 
+MIN_RUNQ_EVENTS = 20  # fewer switch-ins than this in a tick: a p99 means nothing
+
+
+def p99_to_check(row: Any) -> float | None:
+    """The victim's run-queue wait p99 its SLO checks this tick (its WorkloadSignals row), None: too few
+    waits for a p99."""
+    return row.runq_p99_ns if row.runq_count >= MIN_RUNQ_EVENTS else None
+
+
 PLUGIN = ProbePlugin(
     name="runqlat", specs=(SCHED_INFO_SPEC, SPEC), factory=RunqLatProbe,
     flavours=("sched_info",), activity=activity, delta=delta, map_entries=lambda s: len(s.per_cgroup),
@@ -1036,7 +1048,29 @@ PLUGIN = ProbePlugin(
                 "ran_instead_ns", "preempted_foreign", "who_ran_instead_available", "runq_hist", "own_wait_by_cgroup",
                 "cf_moves", "cf_node_moves", "cf_node_ns"),
         workloads=workload_signals,
-        every_row=lambda interval: {"who_ran_instead_available": interval.culprits_available}),
+        every_row=lambda interval: {"who_ran_instead_available": interval.culprits_available},
+        signal_specs=(
+            # Stored every tick; the p99 is unknown (NaN) in a tick the workload never switched in.
+            SignalSpec("runq_p99_ns", "Run-queue wait p99", "ms", 1e-6, noise_floor=5_000.0, stored="always",
+                       stored_when="runq_count", baseline=True, k_sigma=True,
+                       slo=SloSpec("runq_p99_ms", 5.0, check_order=10, to_raw=1e6, gate=p99_to_check,
+                                   doc=f"checked when it switched in at least {MIN_RUNQ_EVENTS} times in the tick")),
+            SignalSpec("runq_wait_ms_per_s", "Run-queue wait per second", "ms/s", stored="always"),
+        ),
+        row_specs=(
+            RowFieldSpec("runq_count", int), RowFieldSpec("runq_max_ns"),
+            # its waits this tick (all its cgroups), for the counterfactual
+            RowFieldSpec("runq_hist", lambda: None),
+            # culprit workload key -> how its wait histogram moves without that culprit
+            # (detector/counterfactual.py), and the further moves without the node's kernel threads in
+            # the same waits (ksoftirqd, kswapd, kcompactd, kdamond) with the node's ns in those waits
+            RowFieldSpec("cf_moves", dict), RowFieldSpec("cf_node_moves", dict), RowFieldSpec("cf_node_ns", dict),
+            # who ran instead: culprit workload key -> ns of this workload's wait while it ran on the CPU
+            RowFieldSpec("ran_instead_ns", dict),
+            # wait behind its own tasks, and the same by the cgroup id it waited behind
+            RowFieldSpec("own_wait_ns"), RowFieldSpec("own_wait_by_cgroup", dict),
+            RowFieldSpec("preempted_foreign", int), RowFieldSpec("who_ran_instead_available", bool),
+        )),
     metrics=(RUNQ_LATENCY, CPU_RUNQ_LATENCY, TABLE_SLOTS),
     metric_specs=(
         MetricSpec(RUNQ_LATENCY, "histogram", "Runqueue wait (wakeup or preemption to running) of the cgroup's tasks."),

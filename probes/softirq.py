@@ -33,6 +33,7 @@ from probes.plugin import (
     ProbePlugin,
     SignalExtractor,
     SignalSpec,
+    SloSpec,
     TopColumn,
     TopInput,
     TopTable,
@@ -390,6 +391,19 @@ def exposure(weights: dict[int, float], node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+DELAY_MIN_MS_PER_S = 10.0  # softirq time on its CPUs below which a late softirq is not a breach
+
+
+def delay_to_check(row: Any) -> float | None:
+    """The victim's softirq delay p99 its SLO checks this tick (its WorkloadSignals row), None: not
+    checked. A late softirq matters when there is softirq work to be late: a quiet CPU's occasional timer
+    softirq deferred to ksoftirqd has a long raise->entry delay and steals nothing."""
+    if row.softirq_delay_p99_ns and row.cpu_cores and row.cpu_cores > 0.05 \
+            and row.softirq_ms_per_s >= DELAY_MIN_MS_PER_S:
+        return row.softirq_delay_p99_ns
+    return None
+
+
 PLUGIN = ProbePlugin(
     name="softirq", specs=(SPEC,), factory=SoftirqProbe, delta=delta,
     victim_plots=("softirq_ms_per_s",),
@@ -399,10 +413,13 @@ PLUGIN = ProbePlugin(
         node_fields=("softirq_ms_per_s_by_cpu", "softirq_delay_p99_ns_by_cpu"), node=node_signals,
         exposure=exposure,
         signal_specs=(
-            # The detector's SLOs on both are in its catalog (detector/catalog.py).
             SignalSpec("softirq_ms_per_s", "Softirq time on its CPUs", "ms/s", noise_floor=1.0, stored="always",
-                       context_note=lambda row: f"on CPUs {sorted(row.cpu_weights)}"),
-            SignalSpec("softirq_delay_p99_ns", "Softirq delay p99", "ms", 1e-6, noise_floor=5_000.0, stored="never"),
+                       baseline=True, context_note=lambda row: f"on CPUs {sorted(row.cpu_weights)}",
+                       slo=SloSpec("softirq_ms_per_s", 100.0, check_order=40, range=(0, 1000), divides=True,
+                                   doc="softirq run time on its CPUs (a tenth of a CPU) before it is a breach")),
+            SignalSpec("softirq_delay_p99_ns", "Softirq delay p99", "ms", 1e-6, noise_floor=5_000.0, stored="never",
+                       slo=SloSpec("softirq_delay_p99_ms", 2.0, check_order=50, to_raw=1e6, gate=delay_to_check,
+                                   doc=f"checked with at least {DELAY_MIN_MS_PER_S:g} ms/s of softirq on its CPUs")),
         ),
         node_specs=(NodeFieldSpec("softirq_ms_per_s_by_cpu"), NodeFieldSpec("softirq_delay_p99_ns_by_cpu"))),
     metrics=(SOFTIRQ_DELAY, SOFTIRQ_RUNTIME, SOFTIRQ_ENTRIES),

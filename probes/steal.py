@@ -27,7 +27,7 @@ from typing import Any
 from probes.cgroupfiles import CpuTimes
 from probes.engine import ProbeError, ProbeStatus
 from probes.host import HostPaths
-from probes.plugin import MetricSpec, ProbePlugin, SignalExtractor
+from probes.plugin import MetricSpec, NodeFieldSpec, ProbePlugin, SignalExtractor, SignalSpec
 from probes.procstat import ProcStatReader
 
 NAME = "steal"
@@ -144,8 +144,13 @@ def node_series(snap: StealSnapshot) -> Iterator[tuple[str, tuple[str, ...], flo
 PLUGIN = ProbePlugin(
     name=NAME, specs=(), factory=StealProbe, reads_proc_stat=True, delta=delta,
     signals=("steal_ms_per_s",),
-    signal_extractor=SignalExtractor(stage="cpus", fields=("steal_ms_per_s",), node_fields=("steal_ms_per_s_by_cpu",),
-                                     node=node_signals, exposure=exposure),
+    signal_extractor=SignalExtractor(
+        stage="cpus", fields=("steal_ms_per_s",), node_fields=("steal_ms_per_s_by_cpu",),
+        node=node_signals, exposure=exposure,
+        # Stored every tick (0 where it ran on no stolen CPU): the hypervisor_steal cause's evidence.
+        signal_specs=(SignalSpec("steal_ms_per_s", "Hypervisor steal on its CPUs", "ms/s", noise_floor=1.0,
+                                 stored="always", summed_over_window=True),),
+        node_specs=(NodeFieldSpec("steal_ms_per_s_by_cpu"),)),
     metrics=(CPU_STEAL,),
     metric_specs=(MetricSpec(CPU_STEAL, "counter", "Time the hypervisor ran something else while this vCPU was "
                              "runnable (/proc/stat steal), summed over CPUs (per CPU with --per-cpu-series); CPUs with no "

@@ -31,7 +31,18 @@ from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
 from probes.hist import HIST_SLOTS, IntervalHistogram, LatencyHistogram, merge_intervals
 from probes.host import HostPaths
-from probes.plugin import CgroupSample, MetricSpec, ProbePlugin, SignalExtractor, TopColumn, TopInput, TopTable, WorkloadKey
+from probes.plugin import (
+    CgroupSample,
+    MetricSpec,
+    ProbePlugin,
+    RowFieldSpec,
+    SignalExtractor,
+    SignalSpec,
+    TopColumn,
+    TopInput,
+    TopTable,
+    WorkloadKey,
+)
 
 _STATE = Tracepoint("inet_sock_set_state", "tcpconnect_state_btf", "tcpconnect_state_raw")
 # Without it only syn_retransmits stay 0.
@@ -569,7 +580,16 @@ PLUGIN = ProbePlugin(
     signals=("connect_p99_ns", "syn_retransmits_per_s", "connect_failures_per_s"),
     signal_extractor=SignalExtractor(
         stage="network", fields=("connects", "connect_p99_ns", "connect_failures_per_s", "syn_retransmits_per_s"),
-        workloads=workload_signals),
+        workloads=workload_signals,
+        signal_specs=(
+            # The p99 is stored every tick, unknown (NaN) in a tick with no connect that completed.
+            SignalSpec("connect_p99_ns", "TCP connect p99", "ms", 1e-6, noise_floor=20_000.0, stored="always",
+                       stored_when="connects"),
+            SignalSpec("syn_retransmits_per_s", "SYN retransmits", "/s", stored="never"),
+            # refused, timed out, or abandoned by the application while connecting
+            SignalSpec("connect_failures_per_s", "Failed connects", "/s", stored="never"),
+        ),
+        row_specs=(RowFieldSpec("connects", int),)),
     metrics=(CONNECT_LATENCY, CONNECT_SUCCESSES, CONNECT_FAILURES, CONNECT_ERRORS, CONNECT_SYN_RETRANSMITS),
     metric_specs=(
         MetricSpec(CONNECT_LATENCY, "histogram", "TCP connect() to ESTABLISHED of successful connects."),

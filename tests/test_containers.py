@@ -102,10 +102,10 @@ def test_self_contention_names_the_sidecar_and_counts_the_pinned_cpus():
     from detector.signals import NodeSignals, WorkloadSignals
     from detector.workloads import Workload
 
-    row = WorkloadSignals(Workload("pod:v", Target("/kubepods.slice/v", "v", qos="LS")), 1.0, runq_count=500,
-                          runq_wait_ms_per_s=900.0, runq_p99_ns=9e6, who_ran_instead_available=True, cpu_cores=1.0,
-                          cpus_allowed=2, may_use=may_use([APP, SIDECAR], {APP: (1,), SIDECAR: (1,)},
-                                                          {APP: _cpu(None), SIDECAR: _cpu(None)}))
+    row = WorkloadSignals.of(Workload("pod:v", Target("/kubepods.slice/v", "v", qos="LS")), 1.0, runq_count=500,
+                             runq_wait_ms_per_s=900.0, runq_p99_ns=9e6, who_ran_instead_available=True, cpu_cores=1.0,
+                             cpus_allowed=2, may_use=may_use([APP, SIDECAR], {APP: (1,), SIDECAR: (1,)},
+                                                             {APP: _cpu(None), SIDECAR: _cpu(None)}))
     none = lambda *a: []  # noqa: E731
     ctx = causes.CauseContext(
         key="pod:v", row=row, signals=NodeSignals(1.0, {"pod:v": row}), slo=SloThresholds(),

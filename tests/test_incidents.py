@@ -355,9 +355,8 @@ def test_the_grower_is_costed_by_the_kswapd_work_in_the_victims_waits():
 
     def with_waits(signals: NodeSignals) -> NodeSignals:
         v = signals.workloads[LS.key]
-        signals.workloads[LS.key] = dataclasses.replace(
-            v, runq_hist=IntervalHistogram(tuple(slots), 190 * 10_000 + 10 * 6_000_000, 200, None),
-            cf_node_moves={"/": tuple(moves)}, cf_node_ns={"/": 10 * 5_800_000})
+        v.runq_hist = IntervalHistogram(tuple(slots), 190 * 10_000 + 10 * 6_000_000, 200, None)
+        v.cf_node_moves, v.cf_node_ns = {"/": tuple(moves)}, {"/": 10 * 5_800_000}
         return signals
 
     e = engine(breach_seconds=1.0)

@@ -35,10 +35,6 @@ BEING_MOVED = frozenset({
 })
 
 # Files besides a probe's own that still name it, and why (today's honest state).
-_CATALOG = "detector/catalog.py"
-_WHY_CATALOG = "the SLOs and gates on the probe's signals are the detector's (issue 42 item 6 moves them)"
-_SIGNALS = "detector/signals.py"
-_WHY_SIGNALS = "WorkloadSignals still declares the probe's row fields (its store values and their defaults)"
 KNOWN: dict[str, dict[str, str]] = {
     "runqlat": {
         "noisyneighbor/agent/loop.py": "the agent's --runq-cgroups/--runq-pairs are the probe's table options",
@@ -46,7 +42,8 @@ KNOWN: dict[str, dict[str, str]] = {
     "softirq": {
         "probes/cgroupfiles.py": "the kernel-file table: /proc/softirqs and /proc/stat's softirq column",
         "probes/runqlat.py": "runqlat's BPF times the softirq work run inside a wait (the counterfactual)",
-        _CATALOG: _WHY_CATALOG,
+        "detector/catalog.py": "the label of the kernel-work share (a share the detector derives from the "
+                               "run-queue probe's waits) says what that work is: softirq work, kernel threads",
     },
     "reclaim": {
         "probes/cgroupwatch.py": "memory reclaim as a kernel event: the watch reads memory.stat of reclaiming cgroups",
@@ -54,13 +51,8 @@ KNOWN: dict[str, dict[str, str]] = {
         "probes/plugin.py": "ProbePlugin.activity_is_reclaim: the plugin contract's word for that",
         "detector/batch.py": "koordinator's batch formula reads memory the kernel can reclaim",
         "detector/policy/schema.py": "the reclaim cause's policy settings",
-        _CATALOG: _WHY_CATALOG,
-        _SIGNALS: _WHY_SIGNALS,
         "detector/incident_culprits.py": "the reclaim cause's culprit callback (who holds and grows the memory)",
-        "detector/incident_diagnosis.py": "the victim's context evidence (split from incidents.py) names the signal",
-    },
-    "hardirq": {
-        _CATALOG: "the SLO on the probe's signal is the detector's (the hardirq cause rules on it)",
+        "detector/incident_diagnosis.py": "hands the reclaim cause its culprit callback (CauseContext.reclaim_culprits)",
     },
     "gpu": {
         "probes/gpu.py": "the NVML reader the plugin and the agent share (the word is the hardware's)",
@@ -74,9 +66,6 @@ KNOWN: dict[str, dict[str, str]] = {
     },
     "steal": {
         "probes/cgroupfiles.py": "the kernel-file table: /proc/stat's steal column",
-        _CATALOG: "the steal signal's catalog entry (evidence of the hypervisor_steal cause)",
-        _SIGNALS: _WHY_SIGNALS,
-        "detector/incident_diagnosis.py": "the same window, handed to the causes (split from incidents.py)",
     },
 }
 

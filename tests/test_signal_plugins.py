@@ -17,13 +17,20 @@ import pytest
 
 from detector import catalog
 from detector import signals as signals_module
-from detector.signals import DERIVED_FROM, PLUGIN_NODE_FIELDS, PLUGIN_SIGNALS, NodeSignals, WorkloadSignals
+from detector.signals import (
+    DERIVED_FROM,
+    PLUGIN_NODE_FIELDS,
+    PLUGIN_ROW_FIELDS,
+    PLUGIN_SIGNALS,
+    NodeSignals,
+    WorkloadSignals,
+)
 from probes.plugin import SIGNAL_STAGES, NodeFieldSpec, ProbePlugin, SignalExtractor, SignalSpec
 from probes.registry import BY_NAME, PLUGINS
 
 WITH_SIGNALS = [p for p in PLUGINS if p.signals or p.signal_extractor is not None]
 # The row types' own fields and those the plugins declare.
-ROW_FIELDS = {f.name for f in dataclasses.fields(WorkloadSignals)} | set(PLUGIN_SIGNALS)
+ROW_FIELDS = {f.name for f in dataclasses.fields(WorkloadSignals)} | set(PLUGIN_SIGNALS) | set(PLUGIN_ROW_FIELDS)
 NODE_FIELDS = {f.name for f in dataclasses.fields(NodeSignals)} | set(PLUGIN_NODE_FIELDS)
 
 
@@ -181,3 +188,63 @@ def test_with_the_probe_off_every_row_and_node_has_the_default(fake_registered):
 def test_a_node_takes_a_plugin_field_its_constructor_does_not_know():
     node = NodeSignals.of(1.0, {}, node_cpu_busy=0.5, fakeirq_ms_per_s_by_cpu={3: 7.0})
     assert node.node_cpu_busy == 0.5 and node.fakeirq_ms_per_s_by_cpu == {3: 7.0}
+
+
+# -- the first probes' row fields, declared by their plugins --------------------------------------------
+
+def test_a_plugin_row_field_is_fresh_per_row_and_a_statistic_of_no_events_is_not_stored():
+    """A field that is no catalog signal (runqlat's per-culprit split) reads its default while unset,
+    made once per row; a p99 over no events is stored as unknown (NaN), one over events as itself."""
+    import math
+
+    from detector.workloads import Target, Workload
+
+    w = Workload("pod:v", Target("/kubepods.slice/v", "v"))
+    quiet, other = WorkloadSignals(w, 1.0), WorkloadSignals(w, 1.0)
+    assert (quiet.runq_count, quiet.connects, quiet.runq_hist, quiet.reclaim_by_kind_ms_per_s) == (0, 0, None, {})
+    quiet.ran_instead_ns["pod:x"] = 5.0  # kept on this row, not shared with another
+    assert quiet.ran_instead_ns == {"pod:x": 5.0} and other.ran_instead_ns == {}
+    stored = quiet.as_store_values()
+    assert math.isnan(stored["runq_p99_ns"]) and math.isnan(stored["connect_p99_ns"])
+    assert stored["steal_ms_per_s"] == stored["reclaim_stall_ms_per_s"] == stored["runq_wait_ms_per_s"] == 0.0
+    assert "connects" not in stored and "syn_retransmits_per_s" not in stored  # not stored: no series
+    busy = WorkloadSignals.of(w, 1.0, runq_count=3, runq_p99_ns=7e6, connects=1, connect_p99_ns=2e6)
+    assert (busy.as_store_values()["runq_p99_ns"], busy.as_store_values()["connect_p99_ns"]) == (7e6, 2e6)
+    with pytest.raises(TypeError, match="no field 'runq_typo'"):
+        WorkloadSignals.of(w, 1.0, runq_typo=1)
+
+
+def test_a_declared_row_field_the_extractor_does_not_name_is_refused(monkeypatch):
+    from probes.plugin import RowFieldSpec
+
+    fake = _fake_plugin()
+    monkeypatch.setitem(catalog.SIGNALS, FAKE_SIGNAL.name, catalog.plugin_signals([fake])[0])
+    stray = dataclasses.replace(fake, signal_extractor=dataclasses.replace(
+        fake.signal_extractor, row_specs=(RowFieldSpec("fakeirq_lines", dict),)))
+    with pytest.raises(catalog.CatalogError, match="declares row field 'fakeirq_lines'"):
+        catalog.check_plugin_signals([stray])
+
+
+def test_a_plugin_declared_slo_is_the_catalogs_in_its_check_order():
+    """A plugin's SloSpec becomes the catalog's Slo (its policy key, default, range, gate on the row),
+    placed among every SLO by check_order: the breach checks' order and SloThresholds' fields."""
+    from probes.plugin import SloSpec
+
+    fake = _fake_plugin()
+    slo = SloSpec("fakeirq_ms_per_s", 50.0, check_order=65, range=(0, 1000),
+                  gate=lambda row: row.fakeirq_ms_per_s if row.cpu_cores else None)
+    declared = dataclasses.replace(FAKE_SIGNAL, slo=slo, baseline=True)
+    fake = dataclasses.replace(fake, signal_extractor=dataclasses.replace(fake.signal_extractor, signal_specs=(declared,)))
+    (entry,) = catalog.plugin_signals([fake])
+    assert (entry.slo.field, entry.slo.default, entry.slo.range, entry.baseline) == ("fakeirq_ms_per_s", 50.0, (0, 1000), True)
+    ordered = [s.slo.field for s in catalog._in_order((*catalog.SIGNALS.values(), entry)) if s.slo is not None]
+    assert ordered == [*[s.slo.field for s in catalog.SLO_SIGNALS][:6], "fakeirq_ms_per_s",
+                       *[s.slo.field for s in catalog.SLO_SIGNALS][6:]]
+    assert ordered[5:8] == ["hardirq_ms_per_s", "fakeirq_ms_per_s", "psi_cpu_some_percent"]
+
+    class Row:
+        fakeirq_ms_per_s, cpu_cores = 70.0, 0.0
+
+    assert entry.breach_value(Row()) is None  # gated out: it did not run
+    Row.cpu_cores = 0.5
+    assert entry.breach_value(Row()) == 70.0

@@ -43,7 +43,8 @@ class CauseContext:
     connect_servers: Callable[[str], tuple[list[Culprit], list[Evidence]]] = lambda key: ([], [])
     # own_wait_ns by the container it waited behind (window): name -> ns (detector/containers.py)
     own_by_container: dict[str, float] = field(default_factory=dict)
-    steal_ns: float = 0.0  # hypervisor steal on the victim's CPUs, weighted like softirq time (window)
+    # ns over the window of the plugins' signals summed over it (SignalSpec.summed_over_window), by name
+    window_ns: Mapping[str, float] = field(default_factory=dict)
     node_key: str = ROOT_CGROUP  # the workload key of the node's own processes (IncidentEngine.node_key)
     # ns of its wait (window) the node's kernel work ran in: softirq work on top of whatever task was on the
     # CPU, and the kernel threads' slices (ksoftirqd, kswapd, kcompactd, kdamond): the node's own pair's

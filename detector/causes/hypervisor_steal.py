@@ -13,6 +13,7 @@ from detector.causes.base import CauseContext, CauseSpec, Verdict
 from detector.model import Evidence
 
 NAME = "hypervisor_steal"  # its member of the Cause enum, which the registry builds (detector/causes/__init__.py)
+SIGNAL = "steal_ms_per_s"  # the steal probe's signal (probes/steal.py): ms/s stolen on its CPUs, summed over the window
 
 # Steal on its CPUs (weighted by where it ran) of at least 5 % of a CPU: what cloud monitoring calls
 # significant steal. Below it, the few ms/s an oversubscribed-but-healthy VM shows (this project's CI
@@ -31,7 +32,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
     row = ctx.row
     if not ctx.runq_breach or ctx.window_s <= 0:
         return None
-    steal = ctx.steal_ns / 1e6 / ctx.window_s
+    steal = ctx.window_ns.get(SIGNAL, 0.0) / 1e6 / ctx.window_s
     if steal < STEAL_MIN_MS_PER_S:
         return None
     wait = ctx.total_wait_ns / 1e6 / ctx.window_s
@@ -41,7 +42,7 @@ def rule(ctx: CauseContext) -> Verdict | None:
     confidence = min(1.0, steal / wait) if wait > 0 else 1.0  # also its part of the wait
     cpus = sorted(c for c, w in row.cpu_weights.items() if w > 0.05)
     return Verdict(NAME, confidence, [], [
-        Evidence("steal_ms_per_s", round(steal, 2), ctx.window_s, threshold=STEAL_MIN_MS_PER_S,
+        Evidence(SIGNAL, round(steal, 2), ctx.window_s, threshold=STEAL_MIN_MS_PER_S,
                  note=f"the hypervisor ran something else on its CPUs {cpus} ({steal / 10:.1f} % of their time); "
                       f"runqueue wait {wait:.1f} ms/s, {foreign:.1f} ms/s of it behind other cgroups "
                       f"(over {ctx.window_s:.0f} s)"),
