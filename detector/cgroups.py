@@ -307,7 +307,9 @@ class CgroupResolver:
         norm, parts = _normalize(path)
         if any(p in (".", "..") for p in parts):
             return None  # never look outside the hierarchy
-        fs_path = h.path_of(norm)
+        # A string, not h.path_of's Path: this runs for every cgroup the dead-cgroup check looks at each
+        # tick, and building a Path was most of its cost.
+        fs_path = f"{os.fspath(h.mount).rstrip('/')}{norm}"
         try:
             st = os.lstat(fs_path)
         except OSError:

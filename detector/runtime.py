@@ -31,8 +31,14 @@ from probes.snapshot import NodeSnapshot
 
 # Pod cgroups are listed from the resolver's index at most this often (a walk of the hierarchy).
 POD_LIST_INTERVAL_S = 5.0
-# Without a change in the pod list, pod cgroups are listed again (a walk) at least this often.
+# Without a change in the pod list, pod cgroups are listed again (a walk) this often while the listing
+# lacks a cgroup the pod list names (a pod or container whose cgroup was not there yet at the last walk).
 POD_LIST_MAX_AGE_S = 30.0
+# ... and at least this often when every pod and container the pod list names was found: a walk costs in
+# proportion to the node's cgroups (a fifth of the agent's CPU at 1,000 pods when it ran every 30 s), and
+# what it could still find then is a cgroup nothing names and nothing ran in (a standalone workload
+# becomes listed anyway when the probes see it active).
+POD_LIST_FULL_WALK_S = 300.0
 # A non-pod workload the probes saw stays listed this long after it was last active.
 SEEN_WORKLOAD_TTL_S = 300.0
 
@@ -87,6 +93,11 @@ class Detector:
         self._container_paths: list[str] = []
         self._memory_pod_paths: list[str] = []
         self._pod_paths_at = -1e9
+        self._walked_at = -1e9
+        # Pod UIDs and container ids the last walk found cgroups for: does the listing hold every pod
+        # and container the pod list names (then the max-age walk is skipped)?
+        self._found_pod_uids: frozenset[str] = frozenset()
+        self._found_container_ids: frozenset[str] = frozenset()
         # Workloads the probes saw that are not pods (a systemd service, say): listed while they
         # exist, so an idle one keeps its readings instead of being dropped and read anew.
         self._seen_paths: dict[str, float] = {}
@@ -114,8 +125,12 @@ class Detector:
         # Walking the hierarchy costs in proportion to the cgroups on the node: done when the pod list
         # changed (a new pod's cgroups appear with it), and at a slow pace otherwise.
         pods_changed = self.index.pods_version != self._listed_pods_version
-        if age >= POD_LIST_MAX_AGE_S or (pods_changed and age >= POD_LIST_INTERVAL_S):
-            self._pod_paths_at = now
+        walk = pods_changed and age >= POD_LIST_INTERVAL_S
+        if not walk and age >= POD_LIST_MAX_AGE_S:
+            walk = now - self._walked_at >= POD_LIST_FULL_WALK_S or not self._pod_list_found()
+            self._pod_paths_at = now  # checked: the next check after another max age
+        if walk:
+            self._pod_paths_at = self._walked_at = now
             self._listed_pods_version = self.index.pods_version
             # Pods and their containers: a CPU limit lives on each container (the kubelet puts one on
             # the pod only when every container has one), so containers are listed too. The collector
@@ -124,6 +139,9 @@ class Detector:
             infos = self.resolver.all(self.layout.hierarchy_for("cpu"), max_age=0.0)
             self._pod_paths = [info.path for info in infos if info.kind == "pod" or self._standalone(info.path)]
             self._container_paths = [info.path for info in infos if info.kind == "container"]
+            self._found_pod_uids = frozenset(info.pod_uid for info in infos if info.kind == "pod" and info.pod_uid)
+            self._found_container_ids = frozenset(
+                info.container_id for info in infos if info.kind == "container" and info.container_id)
             # Where the memory hierarchy nests pods under another prefix (a sandbox; on a node the
             # paths agree), its pod paths are listed too: each path is read where it exists.
             memory = self.layout.hierarchy_for("memory")
@@ -151,6 +169,19 @@ class Detector:
             self._listed_cpu = frozenset((*self._pod_paths, *self._container_paths, *self._seen_paths))
             self._listed = self._listed_cpu | frozenset(self._memory_pod_paths)
         return self._listed
+
+    def _pod_list_found(self) -> bool:
+        """Every pod of the pod list, and every container of theirs with an id, had its cgroup at the last
+        walk. False also where the pods do not say their containers (a source without them)."""
+        for pod in self.index.pods:
+            containers = getattr(pod, "containers", None)
+            if containers is None or pod.uid not in self._found_pod_uids:
+                return False
+            for container in containers:
+                cid = getattr(container, "container_id", None)
+                if cid and cid not in self._found_container_ids:
+                    return False
+        return True
 
     def pod_targets(self) -> list[Target]:
         """The node's pods as actuator targets (as of the last listing): candidates for the mitigation

@@ -121,6 +121,11 @@ class WorkloadIndex:
         request = getattr(pod, "cpu_request_cores", None)
         return None if request is None else float(request)
 
+    @property
+    def pods(self) -> Iterable[PodLike]:
+        """The pods of the last refresh."""
+        return self._pods.values()
+
     def pod_of(self, key: str) -> PodLike | None:
         """A pod workload's metadata ("pod:<uid>"), None when not a pod or not known."""
         return self._pods.get(key[4:]) if key.startswith("pod:") else None

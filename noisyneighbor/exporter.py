@@ -34,6 +34,7 @@ Every series carries a ``node`` label (the exporter runs once per node, and a Da
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 from collections import Counter, OrderedDict
@@ -506,10 +507,15 @@ class Exporter:
         extra_node_series: bool = False,
         container_name: Callable[[str, str], str | None] | None = None,
         per_cpu_series: bool = False,
+        labels_token: Callable[[str], object] | None = None,
     ) -> None:
         """``extra_node_series``: also PSI averages (node and cgroups) and /proc/stat per CPU and mode,
         which node_exporter already has; ``container_name(pod_uid, container_id)`` names containers;
-        ``per_cpu_series``: :data:`PER_CPU_METRICS` per CPU, not summed over the node's CPUs."""
+        ``per_cpu_series``: :data:`PER_CPU_METRICS` per CPU, not summed over the node's CPUs.
+        ``labels_token(pod_uid)``: an object that is the same (``is``) as long as that pod's labels are (the
+        pod source's record of it): then each cgroup's labels are kept from scrape to scrape and only made
+        again when its pod's record changed (or, for an id, the cgroup at its path is another one now).
+        Without it every scrape labels every cgroup anew."""
         if max_cgroups < 1:
             raise ValueError(f"max_cgroups must be at least 1, got {max_cgroups}")
         if not max_bucket_seconds > 0:
@@ -535,6 +541,11 @@ class Exporter:
         self.node = node or socket.gethostname()
         self.max_cgroups = max_cgroups
         self.remember_ids = remember_ids
+        self.labels_token = labels_token
+        # Labels of the last scrape's cgroups (with labels_token): path -> (token, key), and
+        # (id, mount) -> (its directory, token, key): kept for this scrape's cgroups only.
+        self._path_keys: dict[str, tuple[object, SeriesKey | None]] = {}
+        self._id_keys: dict[tuple[int, object], tuple[str | None, object, SeriesKey | None]] = {}
         self._pending: tuple[NodeSnapshot, _SeriesData] | None = None  # the latest tick, not built yet
         self._built: _State | None = None
         self._update_lock = threading.Lock()
@@ -588,22 +599,50 @@ class Exporter:
     def _key_for_id(self, cgroup_id: int, hierarchy: Hierarchy | None, cache: dict) -> SeriesKey | None:
         cache_key = (cgroup_id, hierarchy.mount if hierarchy else None)
         if cache_key not in cache:
+            kept = self._id_keys.get(cache_key) if self.labels_token is not None else None
+            if kept is not None and self._id_key_current(cgroup_id, kept):
+                cache[cache_key] = kept[2]
+                return kept[2]
             try:
                 target = self.labeler.target_for_id(cgroup_id, hierarchy)
             except Exception as e:  # a labeler bug must cost one cgroup's series, not the tick
                 log.debug("labeler failed on cgroup id %s: %s", cgroup_id, e)
                 target = None
-            cache[cache_key] = SeriesKey.of(target, self.container_name) if target is not None else None
+            key = cache[cache_key] = SeriesKey.of(target, self.container_name) if target is not None else None
+            if self.labels_token is not None and target is not None and hierarchy is not None:
+                # Kept with the directory it was found at: one lstat next scrape says it is still that
+                # cgroup (a removed one loses its series at that scrape, as with the labeler's own check).
+                fs_dir = f"{os.fspath(hierarchy.mount).rstrip('/')}/{target.cgroup.strip('/')}".rstrip("/")
+                self._id_keys[cache_key] = (fs_dir, self._token(target.pod_uid), key)
         return cache[cache_key]
+
+    def _token(self, pod_uid: str | None) -> object:
+        assert self.labels_token is not None
+        return self.labels_token(pod_uid) if pod_uid else None
+
+    def _id_key_current(self, cgroup_id: int, kept: tuple[str | None, object, SeriesKey | None]) -> bool:
+        fs_dir, token, key = kept
+        if fs_dir is None or key is None or token is not self._token(key.pod_uid):
+            return False
+        try:
+            return os.lstat(fs_dir).st_ino == cgroup_id
+        except OSError:
+            return False
 
     def _key_for_path(self, path: str, cache: dict) -> SeriesKey | None:
         if path not in cache:
+            kept = self._path_keys.get(path) if self.labels_token is not None else None
+            if kept is not None and kept[1] is not None and kept[0] is self._token(kept[1].pod_uid):
+                cache[path] = kept[1]
+                return kept[1]
             try:
                 target = self.labeler.target_for_path(path)
             except Exception as e:
                 log.debug("labeler failed on cgroup %s: %s", path, e)
                 target = None
-            cache[path] = SeriesKey.of(target, self.container_name) if target is not None else None
+            key = cache[path] = SeriesKey.of(target, self.container_name) if target is not None else None
+            if self.labels_token is not None and key is not None:
+                self._path_keys[path] = (self._token(key.pod_uid), key)
         return cache[path]
 
     def _cgroup_series(self, snap: NodeSnapshot, out: dict[SeriesKey, _SeriesData]) -> int:
@@ -659,6 +698,9 @@ class Exporter:
             if (data := by_path(path)) is not None:
                 for reading in readings.values():
                     _add_psi(data, reading, CGROUP_PSI_STALL, avg)
+        # Only this scrape's cgroups keep their labels: removed ones leave nothing behind.
+        self._id_keys = {k: v for k, v in self._id_keys.items() if k in id_cache}
+        self._path_keys = {k: v for k, v in self._path_keys.items() if k in path_cache}
         return len(unresolved)
 
     @staticmethod

@@ -68,3 +68,59 @@ def test_probe_up_reads_0_for_an_off_probe_and_its_state_is_a_label_of_its_own_s
     assert all("state" not in s.labels for s in samples if s.name == ex.PROBE_UP)
     state = {s.labels["probe"]: (s.labels["state"], s.value) for s in samples if s.name == ex.PROBE_STATE}
     assert state == {"runqlat": ("on", 1.0), "softirq": ("off", 1.0), "reclaim": ("degraded", 1.0)}
+
+
+class _CountingLabeler:
+    """The test pod by path, and by id a cgroup directory under a hierarchy of the test's own; counts calls."""
+
+    def __init__(self, pods: dict[str, object], dirs: dict[int, str]) -> None:
+        self.pods, self.dirs, self.calls = pods, dirs, 0
+
+    def target_for_id(self, cgroup_id, hierarchy):
+        self.calls += 1
+        path = self.dirs.get(cgroup_id)
+        return None if path is None else self.target_for_path(path)
+
+    def target_for_path(self, cgroup_path: str) -> Target:
+        self.calls += 1
+        pod = self.pods[UID]
+        return Target(cgroup_path, pod_uid=UID, namespace="shop", pod=pod.name, qos="BE")  # type: ignore[attr-defined]
+
+
+class _PodRecord:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_kept_labels_follow_the_pod_record_and_the_cgroup_at_the_id(tmp_path):
+    """Labels are kept from scrape to scrape only while the pod source hands out the same record of the
+    pod, and (by id) while the directory at the cgroup's path is still that cgroup."""
+    from probes.cgroupfs import Hierarchy
+
+    pods: dict[str, object] = {UID: _PodRecord("web-1")}
+    hierarchy = Hierarchy(2, tmp_path, frozenset({"cpu"}))
+    cgroup_dir = tmp_path / POD_CGROUP.lstrip("/")
+    cgroup_dir.mkdir(parents=True)
+    cgroup_id = cgroup_dir.stat().st_ino
+    labeler = _CountingLabeler(pods, {cgroup_id: POD_CGROUP})
+    exp = Exporter(None, labeler, node="n1", layout=discover(), labels_token=pods.get)
+
+    def scrape() -> tuple[str | None, str | None]:
+        id_cache: dict = {}
+        path_cache: dict = {}
+        by_id = exp._key_for_id(cgroup_id, hierarchy, id_cache)
+        by_path = exp._key_for_path(CONTAINER_CGROUP, path_cache)
+        # What _cgroup_series keeps at the end of a scrape: this scrape's cgroups only.
+        exp._id_keys = {k: v for k, v in exp._id_keys.items() if k in id_cache}
+        exp._path_keys = {k: v for k, v in exp._path_keys.items() if k in path_cache}
+        return (by_id.pod if by_id else None), (by_path.pod if by_path else None)
+
+    assert scrape() == ("web-1", "web-1")
+    calls = labeler.calls
+    assert scrape() == ("web-1", "web-1")
+    assert labeler.calls == calls  # the same record, the same cgroup: nothing labelled again
+    pods[UID] = _PodRecord("web-2")  # the source's new record of the pod (a change)
+    assert scrape() == ("web-2", "web-2")
+    cgroup_dir.rmdir()  # the cgroup removed: its id has no series at the next scrape
+    labeler.dirs.clear()
+    assert scrape() == (None, "web-2")

@@ -72,4 +72,7 @@ def build_exporter(config: AgentConfig, policy: Policy, paths: HostPaths, layout
                     min_bucket_seconds=config.min_bucket_seconds,
                     extra_node_series=config.extra_node_series,
                     per_cpu_series=config.per_cpu_series,
-                    container_name=container_name)
+                    container_name=container_name,
+                    # The source hands out a new record per change of a pod: labels made with one stay
+                    # good while it does (a vanished pod's record goes at its grace, and so do they).
+                    labels_token=pod_source.get)
