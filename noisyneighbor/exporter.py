@@ -484,6 +484,16 @@ class _EventCounts:
                 node.set_gauge(ACTION_SUPPRESS_CORES, (seen.suppress.policy, *target), seen.suppress.cpu_cores)
 
 
+
+def _check_sizes(max_cgroups: int, max_bucket_seconds: float, min_bucket_seconds: float) -> None:
+    """The exporter's size settings, each refused with one line."""
+    if max_cgroups < 1:
+        raise ValueError(f"max_cgroups must be at least 1, got {max_cgroups}")
+    if not max_bucket_seconds > 0:
+        raise ValueError(f"max_bucket_seconds must be positive, got {max_bucket_seconds}")
+    if not 0 <= min_bucket_seconds < max_bucket_seconds:
+        raise ValueError(f"min_bucket_seconds must be >= 0 and below max_bucket_seconds, got {min_bucket_seconds}")
+
 class Exporter:
     """Holds the latest state; registers itself as a collector in `registry`.
 
@@ -516,12 +526,7 @@ class Exporter:
         pod source's record of it): then each cgroup's labels are kept from scrape to scrape and only made
         again when its pod's record changed (or, for an id, the cgroup at its path is another one now).
         Without it every scrape labels every cgroup anew."""
-        if max_cgroups < 1:
-            raise ValueError(f"max_cgroups must be at least 1, got {max_cgroups}")
-        if not max_bucket_seconds > 0:
-            raise ValueError(f"max_bucket_seconds must be positive, got {max_bucket_seconds}")
-        if not 0 <= min_bucket_seconds < max_bucket_seconds:
-            raise ValueError(f"min_bucket_seconds must be >= 0 and below max_bucket_seconds, got {min_bucket_seconds}")
+        _check_sizes(max_cgroups, max_bucket_seconds, min_bucket_seconds)
         self.top_slot = top_slot_for(max_bucket_seconds)
         # render_text's histogram lines of the last scrape, by (metric, label text): (histogram, text)
         self.hist_text: dict[tuple[str, str], tuple[LatencyHistogram, str]] = {}
