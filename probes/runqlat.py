@@ -418,6 +418,11 @@ CGROUP_HEADROOM = 256  # cgroup slots beyond what the node holds: system units, 
 PAIR_QUIET_S = 60.0  # a who-ran-instead pair unchanged this long gives its slot back (its totals are kept)
 PAIR_SWEEP_S = 5.0  # how often quiet pairs are looked for (at once when the table is crowded)
 PAIR_FULL_QUIET_S = 1.0  # ... and, when crowded, any pair this quiet, least recently moved first
+# Totals of pairs that gave their slots back are kept for at least this many pairs (else as many as the
+# table has slots): a small table (a test's 8 slots, a --runq-pairs set low) gives back more pairs than it
+# has slots within seconds, and a pair that comes back would restart from 0 (9 give-backs in the VM lane
+# dropped the first pair's totals, 2026-11-29). A few hundred bytes a pair.
+PAIR_TOTALS_KEPT_MIN = 1024
 # Crowded: past 3/4 full, given back down to 1/2. A quarter of the table is the room new pairs have between
 # two reads: at 7/8 (1,024 of 8,192) the soak's churn lost 438 pairs in its first minute (2026-11-28).
 PAIR_CROWDED, PAIR_CROWDED_TARGET = (3, 4), (1, 2)
@@ -489,8 +494,9 @@ class PairTable:
         self._cf_view = mapped_words(probe, "runq_cf")
         # Pairs that gave their slots back while their cgroups live on: their totals so far, added back
         # in snapshots so the matrix stays cumulative when a pair reappears. At most as many as the
-        # table's slots, oldest out first (a snapshot copies them every tick): one that comes back
-        # after that starts from 0, a counter reset to whoever reads it as a counter.
+        # table's slots (PAIR_TOTALS_KEPT_MIN at least), oldest out first (a snapshot copies them every
+        # tick): one that comes back after that starts from 0, a counter reset to whoever reads it as a
+        # counter.
         self._base: dict[tuple[int, int], CulpritStats] = {}
         self._in_kernel: dict[tuple[int, int], CulpritStats] = {}  # decoded at the last read
         self.totals: dict[tuple[int, int], CulpritStats] = {}  # in the kernel + _base
@@ -627,7 +633,7 @@ class PairTable:
         if total is not None:
             self._base.pop(pair, None)
             self._base[pair] = total  # newest last
-            while len(self._base) > self.slot_count:
+            while len(self._base) > max(self.slot_count, PAIR_TOTALS_KEPT_MIN):
                 oldest = next(iter(self._base))
                 del self._base[oldest]
                 if oldest not in self._in_kernel:
