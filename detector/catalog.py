@@ -123,8 +123,10 @@ def _connect_gate(row: Any, window: Sequence[tuple[float, float, float]]) -> flo
 _PERCENT: Range = (0, 100)
 
 # The detector's own signals. A probe's signal, its SLO included, is declared with its plugin (above,
-# through plugin_signals); the SLOs here say where they come among the plugins' (check_order): the
-# run queue's is 10, reclaim's 30, softirq's 40 and 50, hardirq's 60.
+# through plugin_signals), and so is the evidence the detector derives from one probe's fields alone
+# (the who-ran-instead shares of a wait: SignalExtractor.evidence_specs); the SLOs here say where they
+# come among the plugins' (check_order): the run queue's is 10, reclaim's 30, softirq's 40 and 50,
+# hardirq's 60.
 _OWN: tuple[Signal, ...] = (
     # -- signals with an SLO: a latency-sensitive workload breaches on these ------------------------
     Signal("connect_p99_ns", "TCP connect p99", "ms", 1e-6,
@@ -142,14 +144,8 @@ _OWN: tuple[Signal, ...] = (
     Signal("throttled_ratio", "Periods throttled at its CPU limit", "%", 100.0, noise_floor=0.01),
     Signal("throttled_ms_per_s", "Time throttled at its CPU limit", "ms/s"),
     Signal("cpu_cores", "CPU used", "cores", noise_floor=0.02),
-    Signal("who_ran_instead_foreign_share", "Wait spent behind other cgroups", "%", 100.0),
-    Signal("who_ran_instead_own_share", "Wait spent behind its own threads", "%", 100.0),
-    Signal("who_ran_instead_node_share", "Wait spent behind the node's processes outside pods", "%", 100.0),
-    Signal("who_ran_instead_kernel_work_share", "Wait the node's kernel work ran in (softirq, kernel threads)", "%",
-           100.0),
     Signal("cause_wait_share", "Share of its wait the cause explains", "%", 100.0),
     Signal("runnable_per_cpu", "Its threads per CPU it may use", "x"),
-    Signal("who_ran_instead_container_share", "Own wait behind one of its containers", "%", 100.0),
     Signal("container_throttled_ratio", "Periods a container was throttled at its limit", "%", 100.0),
 )
 
@@ -167,14 +163,15 @@ def _plugin_slo(spec: Any) -> Slo:
 
 
 def plugin_signals(plugins: Iterable[Any], declared: Iterable[str] = ()) -> tuple[Signal, ...]:
-    """The signals the probe plugins declare themselves (``SignalExtractor.signal_specs``), with their SLO,
-    baseline and k-sigma rule as declared. Those in ``declared`` (the detector's own entries) are not
-    repeated."""
+    """The signals the probe plugins declare themselves (``SignalExtractor.signal_specs``, and the evidence
+    derived from their fields, ``evidence_specs``), with their SLO, baseline and k-sigma rule as declared.
+    Those in ``declared`` (the detector's own entries) are not repeated."""
     skip = set(declared)
     return tuple(Signal(spec.name, spec.label, spec.unit, spec.scale,
                         slo=None if spec.slo is None else _plugin_slo(spec.slo), k_sigma=spec.k_sigma,
                         baseline=spec.baseline, noise_floor=spec.noise_floor)
-                 for p in plugins if p.signal_extractor is not None for spec in p.signal_extractor.signal_specs
+                 for p in plugins if p.signal_extractor is not None
+                 for spec in (*p.signal_extractor.signal_specs, *p.signal_extractor.evidence_specs)
                  if spec.name not in skip)
 
 
@@ -280,6 +277,10 @@ def check_plugin_signals(plugins: Iterable[Any]) -> None:
             if spec.name not in extractor.fields or spec.name not in plugin.signals:
                 raise CatalogError(f"probe {plugin.name!r} declares signal {spec.name!r} but its extractor's "
                                    "fields and the signals it feeds must both name it")
+        for spec in extractor.evidence_specs:
+            if spec.name in extractor.fields:
+                raise CatalogError(f"probe {plugin.name!r} declares evidence {spec.name!r} that its extractor "
+                                   "sets as a field: declare it as a signal instead")
         for row_spec in extractor.row_specs:
             if row_spec.name not in extractor.fields:
                 raise CatalogError(f"probe {plugin.name!r} declares row field {row_spec.name!r} that its "

@@ -202,7 +202,8 @@ class SignalExtractor:
     have is declared here too, with its default: ``signal_specs`` (workload fields, each a catalog
     signal the plugin lists in ``ProbePlugin.signals``) and ``node_specs`` (node fields);
     ``row_specs`` (workload fields that are no catalog signal); ``detector.catalog.check_plugin_signals``
-    refuses one that is not among ``fields`` / ``node_fields``."""
+    refuses one that is not among ``fields`` / ``node_fields``. ``evidence_specs`` are catalog signals
+    with no row field (the detector derives them from the fields), refused when a field names one."""
 
     stage: str  # one of SIGNAL_STAGES
     fields: tuple[str, ...]  # WorkloadSignals fields (from workloads, exposure and every_row)
@@ -214,6 +215,10 @@ class SignalExtractor:
     signal_specs: tuple[SignalSpec, ...] = ()  # the fields above WorkloadSignals does not declare itself
     node_specs: tuple[NodeFieldSpec, ...] = ()  # the node_fields NodeSignals does not declare itself
     row_specs: tuple[RowFieldSpec, ...] = ()  # the fields above that are no catalog signal
+    # Catalog signals the detector derives from these fields over a victim's recent ticks and cites as
+    # evidence (the who-ran-instead shares of a wait, detector/causes/base.py CauseContext): their labels
+    # and units, no row field, never stored.
+    evidence_specs: tuple[SignalSpec, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1063,6 +1063,18 @@ PLUGIN = ProbePlugin(
                                    doc=f"checked when it switched in at least {MIN_RUNQ_EVENTS} times in the tick")),
             SignalSpec("runq_wait_ms_per_s", "Run-queue wait per second", "ms/s", stored="always"),
         ),
+        # The split of a victim's wait over its recent ticks the cause rules read and cite
+        # (detector/causes/base.py CauseContext), from ran_instead_ns, own_wait_ns, cf_node_ns and own_wait_by_cgroup.
+        evidence_specs=(
+            SignalSpec("who_ran_instead_foreign_share", "Wait spent behind other cgroups", "%", 100.0, stored="never"),
+            SignalSpec("who_ran_instead_own_share", "Wait spent behind its own threads", "%", 100.0, stored="never"),
+            SignalSpec("who_ran_instead_node_share", "Wait spent behind the node's processes outside pods", "%", 100.0,
+                       stored="never"),
+            SignalSpec("who_ran_instead_kernel_work_share", "Wait the node's kernel work ran in (softirq, kernel threads)",
+                       "%", 100.0, stored="never"),
+            SignalSpec("who_ran_instead_container_share", "Own wait behind one of its containers", "%", 100.0,
+                       stored="never"),
+        ),
         row_specs=(
             RowFieldSpec("runq_count", int), RowFieldSpec("runq_max_ns"),
             # its waits this tick (all its cgroups), for the counterfactual
