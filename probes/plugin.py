@@ -221,6 +221,36 @@ class SignalExtractor:
     evidence_specs: tuple[SignalSpec, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeOption:
+    """A setting the agent opens a probe with (``factory(**{name: value})``), from the agent's command line
+    (``flag``) or its policy (``policy``): the agent's parser builds the flag from this declaration, as for
+    any probe, so a probe's settings need no edit in noisyneighbor/. A value of None (the flag not given)
+    is not passed: the probe's own default holds."""
+
+    name: str  # the factory keyword ("max_cgroups")
+    flag: str | None = None  # the agent's flag ("--runq-cgroups"); its argparse dest is ``dest``
+    type: Callable[[str], Any] = int
+    default: Any = None
+    help: str = ""
+    metavar: str = "N"
+    label: str = ""  # what the agent's one-line error calls it ("run-queue cgroups")
+    range: tuple[int, int] | None = None  # the values the agent accepts (inclusive)
+    policy: str | None = None  # without a flag: the Policy attribute it is read from ("runq_pair_quiet_seconds")
+
+    @property
+    def dest(self) -> str:
+        """The flag's argparse dest: "--runq-cgroups" -> "runq_cgroups"."""
+        return (self.flag or "").lstrip("-").replace("-", "_")
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with a given value (one line), None when it is accepted."""
+        if value is None or self.range is None:
+            return None
+        lo, hi = self.range
+        return None if lo <= value <= hi else f"{self.label} must be between {lo} and {hi}, got {value}"
+
+
 @dataclass(frozen=True)
 class ProbePlugin:
     """One probe as the rest of the code sees it."""
@@ -266,6 +296,19 @@ class ProbePlugin:
     # TableSource and rendered by noisyneighbor/views.py's table_renderer.
     top_table: TopTable | None = None
     top_options: Mapping[str, Any] = field(default_factory=dict)  # options `top` opens it with
+    # The settings the agent opens it with (its flags and policy keys), and the factory keyword that takes
+    # how many cgroups the node may hold (the agent's estimate from the Node's pod capacity; None: not taken).
+    options: tuple[ProbeOption, ...] = ()
+    expected_cgroups_option: str | None = None
 
     def open(self, **kwargs: Any) -> Any:
         return self.factory(**kwargs)
+
+    def agent_options(self, flags: Mapping[str, Any], policy: Any, expected_cgroups: int) -> dict[str, Any]:
+        """What the agent opens it with: its options' values from the command line (``flags``, by factory
+        keyword) or the policy, those given only, and the node's expected cgroups where it takes them."""
+        values = {o.name: flags.get(o.name) if o.flag else getattr(policy, o.policy or "") for o in self.options}
+        opened = {name: value for name, value in values.items() if value is not None}
+        if self.expected_cgroups_option is not None:
+            opened[self.expected_cgroups_option] = expected_cgroups
+        return opened

@@ -50,6 +50,7 @@ from probes.plugin import (
     CgroupSample,
     MetricSpec,
     NodeSample,
+    ProbeOption,
     ProbePlugin,
     RowFieldSpec,
     SignalExtractor,
@@ -1102,4 +1103,15 @@ PLUGIN = ProbePlugin(
     node_series=node_series,
     top_view="runq",
     top_table=TOP_TABLE,
+    options=(
+        ProbeOption("max_cgroups", "--runq-cgroups", label="run-queue cgroups", range=(1, 1 << 20),
+                    help="cgroups the run-queue probe tracks (default: 3 per pod the node may run, from its "
+                         "capacity.pods or the kubelet's maxPods, or 1.5x its leaf cgroups at start if more; "
+                         "+256, at least 2048); more are counted as dropped (cgroup_map_full)"),
+        ProbeOption("max_culprit_pairs", "--runq-pairs", label="run-queue pairs", range=(1, 1 << 20),
+                    help="who-ran-instead (victim, culprit) pairs the probe tracks (default: 4 per cgroup "
+                         "slot, at least 8192); pairs that stop moving give their slots back"),
+        ProbeOption("pair_quiet_s", policy="runq_pair_quiet_seconds"),
+    ),
+    expected_cgroups_option="expected_cgroups",
 )

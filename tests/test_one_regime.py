@@ -32,9 +32,6 @@ REGISTRIES = frozenset({"probes/registry.py", "detector/causes/__init__.py"})
 
 # Files besides a probe's own that still name it, and why (today's honest state).
 KNOWN: dict[str, dict[str, str]] = {
-    "runqlat": {
-        "noisyneighbor/agent/loop.py": "the agent's --runq-cgroups/--runq-pairs are the probe's table options",
-    },
     "softirq": {
         "probes/cgroupfiles.py": "the kernel-file table: /proc/softirqs and /proc/stat's softirq column",
         "probes/runqlat.py": "runqlat's BPF times the softirq work run inside a wait (the counterfactual)",
@@ -140,3 +137,24 @@ def test_the_check_sees_a_name_and_skips_prose():
     assert mentions(source, "softirq") == [2, 3]
     assert mentions(source, "gpu_pods") == [5]
     assert mentions(source, "steal") == []
+
+
+def test_the_agents_probe_flags_come_from_the_plugins_options():
+    """A probe's settings are its plugin's (ProbePlugin.options): the agent's parser builds their flags,
+    hands the values to the probe's factory by keyword, and refuses one out of range in one line."""
+    from detector.policy import Policy
+    from noisyneighbor.agent.config import AgentConfig, AgentConfigError
+    from noisyneighbor.cli import _probe_flags, build_parser
+
+    flagged = [(p, o) for p in PLUGINS for o in p.options if o.flag]
+    assert {o.flag for _, o in flagged} >= {"--runq-cgroups", "--runq-pairs"}
+    for plugin, option in flagged:
+        given = _probe_flags(build_parser().parse_args(["agent", option.flag, "5"]))
+        assert given[plugin.name][option.name] == 5
+        assert plugin.agent_options(given[plugin.name], Policy(), 0)[option.name] == 5
+        unset = _probe_flags(build_parser().parse_args(["agent"]))
+        assert option.name not in plugin.agent_options(unset[plugin.name], Policy(), 0)  # the probe's default
+        if option.range is not None:
+            with pytest.raises(AgentConfigError, match=f"^{option.label} must be between") as e:
+                AgentConfig(probe_options={plugin.name: {option.name: option.range[1] + 1}}).validate()
+            assert "\n" not in str(e.value)
