@@ -132,6 +132,10 @@ class SloSpec:
     # None: the row's value of the signal, every tick.
     gate: Callable[[Any], float | None] | None = None
     doc: str = ""
+    # Judged over the victim's last this many ticks (sparse events: a client blocked in a SYN retry makes
+    # one every few ticks): the SLO compares the worst (largest) of their values (the gate's; None is 0),
+    # and is not checked while none is above 0. 0: this tick's value alone.
+    window_ticks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
