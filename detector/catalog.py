@@ -30,9 +30,9 @@ from probes.registry import PLUGINS
 
 Range = tuple[float | None, float | None]  # (min, max) of a setting; None: unbounded on that side
 
-# What a breach check reads: (the victim's WorkloadSignals row, its recent connect window of
-# (failed, retransmits, p99 ns) per tick) -> the value to compare with the SLO, None: not checked.
-Gate = Callable[[Any, Sequence[tuple[float, float, float]]], float | None]
+# What a breach check reads: the victim's WorkloadSignals row -> the value to compare with the SLO this
+# tick, None: not checked.
+Gate = Callable[[Any], float | None]
 
 
 class SloError(ValueError):
@@ -53,6 +53,8 @@ class Slo:
     # Its place among every SLO, lowest first: the breach checks' order and SloThresholds' field order
     # (the plugins' SLOs say theirs: SloSpec.check_order).
     check_order: int = 0
+    # Judged over the victim's last this many ticks: the worst of their values (SloSpec.window_ticks).
+    window_ticks: int = 0
 
     def problem(self, value: float) -> str | None:
         """What is wrong with ``value`` for this field (one phrase), None when it is valid."""
@@ -105,32 +107,37 @@ class Signal:
             return None
         return float(getattr(slo, self.slo.field)) * self.slo.to_raw
 
-    def breach_value(self, row: Any, connect_window: Sequence[tuple[float, float, float]] = ()) -> float | None:
-        """The value its breach check compares with the SLO this tick; None: not checked (gated out)."""
+    @property
+    def window_ticks(self) -> int:
+        return 0 if self.slo is None else self.slo.window_ticks
+
+    def tick_value(self, row: Any) -> float | None:
+        """This tick's reading for its SLO; None: gated out."""
         if self.slo is not None and self.slo.gate is not None:
-            return self.slo.gate(row, connect_window)
+            return self.slo.gate(row)
         return getattr(row, self.name)
+
+    def breach_value(self, row: Any, recent: Sequence[float] = ()) -> float | None:
+        """The value its breach check compares with the SLO this tick; None: not checked (gated out). An
+        SLO judged over a window (``window_ticks``) compares the worst of ``recent``, the victim's last
+        ticks' readings (this one's included), while one is above 0."""
+        if self.window_ticks:
+            return max(recent, default=0.0) or None
+        return self.tick_value(row)
 
     def human(self, value: float) -> str:
         return f"{value * self.scale:.3g} {self.unit}".replace(" %", "%")
 
 
-def _connect_gate(row: Any, window: Sequence[tuple[float, float, float]]) -> float | None:
-    # Connect trouble is sparse: the worst p99 of the recent window, when any connect completed in it.
-    return max((p for _, _, p in window), default=0.0) or None
-
-
 _PERCENT: Range = (0, 100)
 
 # The detector's own signals. A probe's signal, its SLO included, is declared with its plugin (above,
-# through plugin_signals); the SLOs here say where they come among the plugins' (check_order): the
-# run queue's is 10, reclaim's 30, softirq's 40 and 50, hardirq's 60.
+# through plugin_signals), and so is the evidence the detector derives from one probe's fields alone
+# (the who-ran-instead shares of a wait: SignalExtractor.evidence_specs); the SLOs here say where they
+# come among the plugins' (check_order): the run queue's is 10, the connect path's 20, reclaim's 30,
+# softirq's 40 and 50, hardirq's 60.
 _OWN: tuple[Signal, ...] = (
     # -- signals with an SLO: a latency-sensitive workload breaches on these ------------------------
-    Signal("connect_p99_ns", "TCP connect p99", "ms", 1e-6,
-           Slo("connect_p99_ms", 200.0, to_raw=1e6, gate=_connect_gate, doc="worst p99 of the recent ticks",
-               check_order=20),
-           baseline=True, noise_floor=20_000.0),
     Signal("psi_cpu_some", "CPU pressure (some)", "%",
            slo=Slo("psi_cpu_some_percent", 20.0, range=_PERCENT, check_order=70), noise_floor=0.5),
     Signal("psi_memory_some", "Memory pressure (some)", "%",
@@ -142,39 +149,28 @@ _OWN: tuple[Signal, ...] = (
     Signal("throttled_ratio", "Periods throttled at its CPU limit", "%", 100.0, noise_floor=0.01),
     Signal("throttled_ms_per_s", "Time throttled at its CPU limit", "ms/s"),
     Signal("cpu_cores", "CPU used", "cores", noise_floor=0.02),
-    Signal("who_ran_instead_foreign_share", "Wait spent behind other cgroups", "%", 100.0),
-    Signal("who_ran_instead_own_share", "Wait spent behind its own threads", "%", 100.0),
-    Signal("who_ran_instead_node_share", "Wait spent behind the node's processes outside pods", "%", 100.0),
-    Signal("who_ran_instead_kernel_work_share", "Wait the node's kernel work ran in (softirq, kernel threads)", "%",
-           100.0),
     Signal("cause_wait_share", "Share of its wait the cause explains", "%", 100.0),
     Signal("runnable_per_cpu", "Its threads per CPU it may use", "x"),
-    Signal("who_ran_instead_container_share", "Own wait behind one of its containers", "%", 100.0),
     Signal("container_throttled_ratio", "Periods a container was throttled at its limit", "%", 100.0),
 )
 
 
 def _plugin_slo(spec: Any) -> Slo:
-    """A plugin's SloSpec as the catalog's Slo: its gate reads the row alone (the connect window is the
-    detector's own SLO's)."""
-    read: Callable[[Any], float | None] | None = spec.gate
-
-    def gate(row: Any, window: Sequence[tuple[float, float, float]]) -> float | None:
-        return read(row)  # type: ignore[misc]
-
+    """A plugin's SloSpec as the catalog's Slo."""
     return Slo(spec.field, spec.default, to_raw=spec.to_raw, range=spec.range, divides=spec.divides,
-               gate=None if read is None else gate, doc=spec.doc, check_order=spec.check_order)
+               gate=spec.gate, doc=spec.doc, check_order=spec.check_order, window_ticks=spec.window_ticks)
 
 
 def plugin_signals(plugins: Iterable[Any], declared: Iterable[str] = ()) -> tuple[Signal, ...]:
-    """The signals the probe plugins declare themselves (``SignalExtractor.signal_specs``), with their SLO,
-    baseline and k-sigma rule as declared. Those in ``declared`` (the detector's own entries) are not
-    repeated."""
+    """The signals the probe plugins declare themselves (``SignalExtractor.signal_specs``, and the evidence
+    derived from their fields, ``evidence_specs``), with their SLO, baseline and k-sigma rule as declared.
+    Those in ``declared`` (the detector's own entries) are not repeated."""
     skip = set(declared)
     return tuple(Signal(spec.name, spec.label, spec.unit, spec.scale,
                         slo=None if spec.slo is None else _plugin_slo(spec.slo), k_sigma=spec.k_sigma,
                         baseline=spec.baseline, noise_floor=spec.noise_floor)
-                 for p in plugins if p.signal_extractor is not None for spec in p.signal_extractor.signal_specs
+                 for p in plugins if p.signal_extractor is not None
+                 for spec in (*p.signal_extractor.signal_specs, *p.signal_extractor.evidence_specs)
                  if spec.name not in skip)
 
 
@@ -280,6 +276,10 @@ def check_plugin_signals(plugins: Iterable[Any]) -> None:
             if spec.name not in extractor.fields or spec.name not in plugin.signals:
                 raise CatalogError(f"probe {plugin.name!r} declares signal {spec.name!r} but its extractor's "
                                    "fields and the signals it feeds must both name it")
+        for spec in extractor.evidence_specs:
+            if spec.name in extractor.fields:
+                raise CatalogError(f"probe {plugin.name!r} declares evidence {spec.name!r} that its extractor "
+                                   "sets as a field: declare it as a signal instead")
         for row_spec in extractor.row_specs:
             if row_spec.name not in extractor.fields:
                 raise CatalogError(f"probe {plugin.name!r} declares row field {row_spec.name!r} that its "

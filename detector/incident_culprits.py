@@ -1,35 +1,35 @@
 # SPDX-License-Identifier: Apache-2.0
 """Culprit naming for the incident engine: who ran on the victim's CPU while it waited, who correlates with
-its latency where no one is seen running, who holds and grows the node's memory in global reclaim, and
-which servers' full accept queues its connects went to. Split out of ``detector/incidents.py`` (issue 42).
+its latency where no one is seen running, and which servers' full accept queues its connects went to;
+and the workloads' history (``causes.base.WorkloadHistory``) for a cause that ranks its culprits
+itself (the memory growers of global reclaim: detector/causes/reclaim.py). Split out of
+``detector/incidents.py`` (issue 42).
 
 Culprits are ranked by the share of the victim's wait during which they ran on its CPU (the runqlat
 victim x culprit matrix), blended with a CPI2-style correlation of their CPU use with the victim's
-latency; for global reclaim, by memory growth. The victim and idle time are never culprits.
+latency. The victim and idle time are never culprits.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from detector import causes
+from detector.causes.base import CULPRIT_MIN_SCORE, MAX_CULPRITS
 from detector.counterfactual import Counterfactuals
 from detector.decisions import Target
 from detector.model import Culprit, Evidence, TaskShare
-from detector.signals import NodeSignals, WorkloadSignals
+from detector.signals import NodeSignals
 from detector.store import SignalStore
 from detector.workloads import key_of
 
-CULPRIT_MIN_SCORE = 0.0  # a culprit must score above this (a zero score blames nobody)
-MAX_CULPRITS = 5
-
 
 class CulpritFinder:
-    """The cause rules' culprit callbacks (``causes.CauseContext``), over the engine's store and
-    counterfactuals. ``targets``, ``node_tasks``, ``listen_join`` and ``cpu_request`` are wired from
-    outside (the engine's record of the tick, detector/runtime.py, the agent)."""
+    """The cause rules' culprit callbacks (``causes.CauseContext``) and the workloads' history they may
+    read, over the engine's store and counterfactuals. ``targets``, ``node_tasks``, ``listen_join`` and
+    ``cpu_request`` are wired from outside (the engine's record of the tick, detector/runtime.py, the agent)."""
 
     def __init__(self, store: SignalStore, counterfactual: Counterfactuals,
                  cpu_request: Callable[[str], float | None]) -> None:
@@ -113,43 +113,10 @@ class CulpritFinder:
         kept.sort(key=lambda c: (c.above_request is False, -c.score, c.target.cgroup))
         return kept[:MAX_CULPRITS]
 
-    def reclaim_culprits(self, key: str, row: WorkloadSignals, signals: NodeSignals,
-                         global_reclaim: bool | None = None) -> list[Culprit]:
-        """Global reclaim: the pods by the memory they hold plus what they grew over the last minute (in
-        bytes, so a small pod's small growth does not outrank the pod that fills the node); memcg reclaim
-        is the pod's own. ``global_reclaim`` None: global when the victim stalled in direct (not memcg)
-        reclaim.
-
-        Growth alone misses the usual grower: once the node is full, kswapd takes its pages as fast as
-        it charges new ones, so its usage is flat by the time reclaim hurts anyone (and memory.stat of
-        an active pod is read every few ticks, so its first reading may already be on that plateau)."""
-        if global_reclaim is None:
-            global_reclaim = row.reclaim_by_kind_ms_per_s.get("direct", 0.0) > 0
-        if not global_reclaim:
-            return []
-        growth: dict[str, float] = {}
-        held: dict[str, float] = {}
-        for ck in signals.workloads:
-            if ck == key:
-                continue
-            w = self.store.window(ck, "memory_bytes", 60.0).values
-            if len(w) == 0:
-                continue
-            held[ck] = max(float(w[-1]), 0.0)
-            if len(w) >= 2 and w[-1] > w[0]:
-                growth[ck] = float(w[-1] - w[0])
-        weight = {ck: held[ck] + growth.get(ck, 0.0) for ck in held}
-        total = sum(weight.values())
-        culprits = []
-        for ck in held:
-            share = weight[ck] / total if total > 0 else 0.0
-            culprits.append(Culprit(self.target(ck), round(share, 4), attribution=round(share, 4),
-                                    cpu_cores=self.last(ck, "cpu_cores"),
-                                    note=f"grew {growth.get(ck, 0.0) / 2**20:.0f} MiB in the last minute, "
-                                         f"holds {held[ck] / 2**20:.0f} MiB"))
-        kept = [c for c in culprits if c.target.cgroup != "/" and c.score > CULPRIT_MIN_SCORE]
-        kept.sort(key=lambda c: (-c.score, c.target.cgroup))
-        return kept[:MAX_CULPRITS]
+    def recent(self, key: str, signal: str, seconds: float) -> Sequence[float]:
+        """The workload's present values of ``signal`` over the last ``seconds``, oldest first
+        (causes.base.WorkloadHistory: a cause that ranks its culprits itself reads them)."""
+        return self.store.window(key, signal, seconds).values
 
     def measured(self, entity: str, signal: str) -> float | None:
         """The signal's last value in the last 10 s; None when none was measured (a pod that just started)."""

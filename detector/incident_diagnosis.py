@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from detector import causes
 from detector.baseline import Baselines
-from detector.catalog import SLO_SIGNALS
+from detector.catalog import SLO_SIGNALS, signal
 from detector.counterfactual import with_kernel_work
 from detector.decisions import Cause
 from detector.incident_culprits import CulpritFinder
@@ -29,7 +29,10 @@ from detector.signals import CONTEXT_SIGNALS, IDLE, UNKNOWN, WINDOW_SIGNALS, Nod
 from detector.workloads import key_of
 
 CULPRIT_WINDOW_TICKS = 10  # who-ran-instead shares are summed over this many recent ticks
-CONNECT_WINDOW_TICKS = 5  # connect failures/retransmits/p99 are judged over this many recent ticks
+# Connect failures and SYN retransmits are judged over the connect SLO's window of recent ticks.
+CONNECT_WINDOW_TICKS = signal("connect_p99_ns").window_ticks
+# The SLOs judged over a window of recent ticks (Slo.window_ticks: the worst of their readings).
+WINDOWED_SLOS = tuple(s for s in SLO_SIGNALS if s.window_ticks)
 
 
 @dataclass
@@ -59,9 +62,12 @@ class VictimState:
     other_cause: tuple[Cause, int] | None = None
     incident_ticks: int = 0  # breach ticks of the open incident since it opened
     cpus: tuple[int, ...] = ()  # CPUs the victim ran on lately (weight > 5 %), for a cpuset suppress
-    # (failed connects, SYN retransmits, connect p99 ns) per recent tick: connect trouble is sparse
-    # (a client blocked 1-3 s in a SYN retry makes one event every few ticks), so it is judged over a window.
+    # (failed connects, SYN retransmits) per recent tick: connect trouble is sparse (a client blocked 1-3 s
+    # in a SYN retry makes one event every few ticks), so it is judged over a window.
     recent_connect: deque = field(default_factory=lambda: deque(maxlen=CONNECT_WINDOW_TICKS))
+    # The readings of the SLOs judged over a window (WINDOWED_SLOS), by signal, per recent tick.
+    recent_slo: dict[str, deque] = field(
+        default_factory=lambda: {s.name: deque(maxlen=s.window_ticks) for s in WINDOWED_SLOS})
 
     def add_tick(self, row: WorkloadSignals, node_key: str) -> None:
         """The row's wait, who ran instead and kernel work into the recent windows."""
@@ -73,8 +79,9 @@ class VictimState:
             recent.append(getattr(row, name) * 1e6 * row.interval_s)
         self.recent_kernel_work_ns.append(row.cf_node_ns.get(node_key, 0.0))
         dt = row.interval_s
-        self.recent_connect.append((row.connect_failures_per_s * dt, row.syn_retransmits_per_s * dt,
-                                    row.connect_p99_ns if row.connects else 0.0))
+        self.recent_connect.append((row.connect_failures_per_s * dt, row.syn_retransmits_per_s * dt))
+        for sig in WINDOWED_SLOS:
+            self.recent_slo[sig.name].append(sig.tick_value(row) or 0.0)
 
 
 @dataclass(frozen=True)
@@ -89,9 +96,8 @@ class Breach:
 def breaches(key: str, row: WorkloadSignals, state: VictimState, slo: SloThresholds, baselines: Baselines) -> list[Breach]:
     """The signals of ``row`` that breach this tick (SLO or k sigma), and a broken connect path."""
     out: list[Breach] = []
-    window = list(state.recent_connect)
     for sig in SLO_SIGNALS:  # catalog order; each SLO's gate says whether this tick's reading counts
-        value = sig.breach_value(row, window)
+        value = sig.breach_value(row, state.recent_slo.get(sig.name, ()))
         threshold = sig.threshold(slo)
         if value is None or math.isnan(value) or threshold is None:
             continue
@@ -104,8 +110,9 @@ def breaches(key: str, row: WorkloadSignals, state: VictimState, slo: SloThresho
         if score is not None and score > slo.k_sigma:
             out.append(Breach(sig.name, value, threshold, _baseline_value(key, sig.name, slo, baselines),
                               rule="k_sigma"))
-    failed = sum(f for f, _, _ in window)
-    retransmits = sum(r for _, r, _ in window)
+    window = state.recent_connect
+    failed = sum(f for f, _ in window)
+    retransmits = sum(r for _, r in window)
     # SYNs dropped (each retransmit is a second or more added to a connect) and connects given up,
     # or SYNs dropped again and again: the connect path is broken.
     if retransmits >= 2 or (retransmits >= 1 and failed >= 1):
@@ -134,7 +141,8 @@ def diagnose(key: str, row: WorkloadSignals, state: VictimState, found: list[Bre
         own_by_container=summed(state.recent_own_by_container),
         window_ns={name: sum(recent) for name, recent in state.recent_window_ns.items()},
         window_s=dt * len(state.recent_wait_ns), cpu_culprits=finder.cpu_culprits,
-        correlation_culprits=finder.correlation_culprits, reclaim_culprits=finder.reclaim_culprits,
+        correlation_culprits=finder.correlation_culprits, kernel_work_judges=causes.KERNEL_WORK_JUDGES,
+        history=finder,
         connect_servers=finder.connect_servers, node_key=finder.node_key,
         kernel_work_ns=sum(state.recent_kernel_work_ns), idle_wait_ns=ran.get(IDLE, 0.0),
     )

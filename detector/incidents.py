@@ -44,7 +44,7 @@ from detector.policy import Policy
 from detector.signals import NodeSignals, WorkloadSignals
 from detector.store import SignalStore
 
-__all__ = ["CAUSE_CHANGE_TICKS", "CLEAN", "CULPRIT_WINDOW_TICKS", "MAX_CULPRITS", "TRANSITIONS", "IncidentEngine"]
+__all__ = ["CAUSE_CHANGE_TICKS", "CULPRIT_WINDOW_TICKS", "MAX_CULPRITS", "IncidentEngine"]
 
 log = logging.getLogger(__name__)
 

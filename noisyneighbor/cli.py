@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from noisyneighbor.kubectl_plugin import parse_duration  # one stdlib-only file (krew ships it alone)
 from probes.engine import ProbeError, use_btf_file
@@ -143,13 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated BPF probes to load (default: all)")
     agent.add_argument("--max-cgroups", type=int, default=2000, metavar="N",
                        help="cgroups with their own metric series; the rest are summed into cgroup=\"_overflow\"")
-    agent.add_argument("--runq-cgroups", type=int, default=None, metavar="N",
-                       help="cgroups the run-queue probe tracks (default: 3 per pod the node may run, from its "
-                            "capacity.pods or the kubelet's maxPods, or 1.5x its leaf cgroups at start if more; "
-                            "+256, at least 2048); more are counted as dropped (cgroup_map_full)")
-    agent.add_argument("--runq-pairs", type=int, default=None, metavar="N",
-                       help="who-ran-instead (victim, culprit) pairs the probe tracks (default: 4 per cgroup "
-                            "slot, at least 8192); pairs that stop moving give their slots back")
+    for option in (o for p in PLUGINS for o in p.options if o.flag):  # the probes' own (ProbePlugin.options)
+        agent.add_argument(option.flag, type=option.type, default=option.default, metavar=option.metavar,
+                           help=option.help)
     agent.add_argument("--bucket-max", type=parse_duration, default=10.0, metavar="S",
                        help="runqueue histograms: the last bucket's bound (default 10 s: le 8.39 s, then +Inf)")
     agent.add_argument("--bucket-min", type=parse_duration, default=100e-6, metavar="S",
@@ -220,6 +216,13 @@ def _auth_config(args: argparse.Namespace) -> AuthConfig | None:
                       ca_file=args.auth_ca_file or defaults.ca_file, token_file=args.auth_token_file or defaults.token_file)
 
 
+def _probe_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The probes' own flags as given (ProbePlugin.options): probe name -> factory keyword -> value."""
+    from probes.registry import PLUGINS
+
+    return {p.name: {o.name: getattr(args, o.dest) for o in p.options if o.flag} for p in PLUGINS if p.options}
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from noisyneighbor.agent import Agent, AgentConfig, AgentConfigError
     from probes.collect import BPF_PROBES
@@ -230,7 +233,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         audit_log=args.audit_log, incident_log=args.incident_log,
         interval_s=args.interval, probes=args.probes or BPF_PROBES, max_cgroups=args.max_cgroups,
         pod_source=args.pods, act_only=tuple(args.act_only), max_bucket_seconds=args.bucket_max,
-        min_bucket_seconds=args.bucket_min, runq_cgroups=args.runq_cgroups, runq_pairs=args.runq_pairs,
+        min_bucket_seconds=args.bucket_min, probe_options=_probe_flags(args),
         extra_node_series=args.extra_node_series, per_cpu_series=args.per_cpu_series, btf=getattr(args, "btf", None),
         auth=_auth_config(args),
     )

@@ -132,6 +132,10 @@ class SloSpec:
     # None: the row's value of the signal, every tick.
     gate: Callable[[Any], float | None] | None = None
     doc: str = ""
+    # Judged over the victim's last this many ticks (sparse events: a client blocked in a SYN retry makes
+    # one every few ticks): the SLO compares the worst (largest) of their values (the gate's; None is 0),
+    # and is not checked while none is above 0. 0: this tick's value alone.
+    window_ticks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +206,8 @@ class SignalExtractor:
     have is declared here too, with its default: ``signal_specs`` (workload fields, each a catalog
     signal the plugin lists in ``ProbePlugin.signals``) and ``node_specs`` (node fields);
     ``row_specs`` (workload fields that are no catalog signal); ``detector.catalog.check_plugin_signals``
-    refuses one that is not among ``fields`` / ``node_fields``."""
+    refuses one that is not among ``fields`` / ``node_fields``. ``evidence_specs`` are catalog signals
+    with no row field (the detector derives them from the fields), refused when a field names one."""
 
     stage: str  # one of SIGNAL_STAGES
     fields: tuple[str, ...]  # WorkloadSignals fields (from workloads, exposure and every_row)
@@ -214,6 +219,40 @@ class SignalExtractor:
     signal_specs: tuple[SignalSpec, ...] = ()  # the fields above WorkloadSignals does not declare itself
     node_specs: tuple[NodeFieldSpec, ...] = ()  # the node_fields NodeSignals does not declare itself
     row_specs: tuple[RowFieldSpec, ...] = ()  # the fields above that are no catalog signal
+    # Catalog signals the detector derives from these fields over a victim's recent ticks and cites as
+    # evidence (the who-ran-instead shares of a wait, detector/causes/base.py CauseContext): their labels
+    # and units, no row field, never stored.
+    evidence_specs: tuple[SignalSpec, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeOption:
+    """A setting the agent opens a probe with (``factory(**{name: value})``), from the agent's command line
+    (``flag``) or its policy (``policy``): the agent's parser builds the flag from this declaration, as for
+    any probe, so a probe's settings need no edit in noisyneighbor/. A value of None (the flag not given)
+    is not passed: the probe's own default holds."""
+
+    name: str  # the factory keyword ("max_cgroups")
+    flag: str | None = None  # the agent's flag ("--runq-cgroups"); its argparse dest is ``dest``
+    type: Callable[[str], Any] = int
+    default: Any = None
+    help: str = ""
+    metavar: str = "N"
+    label: str = ""  # what the agent's one-line error calls it ("run-queue cgroups")
+    range: tuple[int, int] | None = None  # the values the agent accepts (inclusive)
+    policy: str | None = None  # without a flag: the Policy attribute it is read from ("runq_pair_quiet_seconds")
+
+    @property
+    def dest(self) -> str:
+        """The flag's argparse dest: "--runq-cgroups" -> "runq_cgroups"."""
+        return (self.flag or "").lstrip("-").replace("-", "_")
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with a given value (one line), None when it is accepted."""
+        if value is None or self.range is None:
+            return None
+        lo, hi = self.range
+        return None if lo <= value <= hi else f"{self.label} must be between {lo} and {hi}, got {value}"
 
 
 @dataclass(frozen=True)
@@ -261,6 +300,19 @@ class ProbePlugin:
     # TableSource and rendered by noisyneighbor/views.py's table_renderer.
     top_table: TopTable | None = None
     top_options: Mapping[str, Any] = field(default_factory=dict)  # options `top` opens it with
+    # The settings the agent opens it with (its flags and policy keys), and the factory keyword that takes
+    # how many cgroups the node may hold (the agent's estimate from the Node's pod capacity; None: not taken).
+    options: tuple[ProbeOption, ...] = ()
+    expected_cgroups_option: str | None = None
 
     def open(self, **kwargs: Any) -> Any:
         return self.factory(**kwargs)
+
+    def agent_options(self, flags: Mapping[str, Any], policy: Any, expected_cgroups: int) -> dict[str, Any]:
+        """What the agent opens it with: its options' values from the command line (``flags``, by factory
+        keyword) or the policy, those given only, and the node's expected cgroups where it takes them."""
+        values = {o.name: flags.get(o.name) if o.flag else getattr(policy, o.policy or "") for o in self.options}
+        opened = {name: value for name, value in values.items() if value is not None}
+        if self.expected_cgroups_option is not None:
+            opened[self.expected_cgroups_option] = expected_cgroups
+        return opened

@@ -50,6 +50,7 @@ from probes.plugin import (
     CgroupSample,
     MetricSpec,
     NodeSample,
+    ProbeOption,
     ProbePlugin,
     RowFieldSpec,
     SignalExtractor,
@@ -1063,6 +1064,18 @@ PLUGIN = ProbePlugin(
                                    doc=f"checked when it switched in at least {MIN_RUNQ_EVENTS} times in the tick")),
             SignalSpec("runq_wait_ms_per_s", "Run-queue wait per second", "ms/s", stored="always"),
         ),
+        # The split of a victim's wait over its recent ticks the cause rules read and cite
+        # (detector/causes/base.py CauseContext), from ran_instead_ns, own_wait_ns, cf_node_ns and own_wait_by_cgroup.
+        evidence_specs=(
+            SignalSpec("who_ran_instead_foreign_share", "Wait spent behind other cgroups", "%", 100.0, stored="never"),
+            SignalSpec("who_ran_instead_own_share", "Wait spent behind its own threads", "%", 100.0, stored="never"),
+            SignalSpec("who_ran_instead_node_share", "Wait spent behind the node's processes outside pods", "%", 100.0,
+                       stored="never"),
+            SignalSpec("who_ran_instead_kernel_work_share", "Wait the node's kernel work ran in (softirq, kernel threads)",
+                       "%", 100.0, stored="never"),
+            SignalSpec("who_ran_instead_container_share", "Own wait behind one of its containers", "%", 100.0,
+                       stored="never"),
+        ),
         row_specs=(
             RowFieldSpec("runq_count", int), RowFieldSpec("runq_max_ns"),
             # its waits this tick (all its cgroups), for the counterfactual
@@ -1090,4 +1103,15 @@ PLUGIN = ProbePlugin(
     node_series=node_series,
     top_view="runq",
     top_table=TOP_TABLE,
+    options=(
+        ProbeOption("max_cgroups", "--runq-cgroups", label="run-queue cgroups", range=(1, 1 << 20),
+                    help="cgroups the run-queue probe tracks (default: 3 per pod the node may run, from its "
+                         "capacity.pods or the kubelet's maxPods, or 1.5x its leaf cgroups at start if more; "
+                         "+256, at least 2048); more are counted as dropped (cgroup_map_full)"),
+        ProbeOption("max_culprit_pairs", "--runq-pairs", label="run-queue pairs", range=(1, 1 << 20),
+                    help="who-ran-instead (victim, culprit) pairs the probe tracks (default: 4 per cgroup "
+                         "slot, at least 8192); pairs that stop moving give their slots back"),
+        ProbeOption("pair_quiet_s", policy="runq_pair_quiet_seconds"),
+    ),
+    expected_cgroups_option="expected_cgroups",
 )

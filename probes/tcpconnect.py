@@ -38,6 +38,7 @@ from probes.plugin import (
     RowFieldSpec,
     SignalExtractor,
     SignalSpec,
+    SloSpec,
     TopColumn,
     TopInput,
     TopTable,
@@ -66,6 +67,9 @@ OUTCOMES = ("established", "failed", "aborted", "local_error")  # enum tcpconnec
 # far longer than any connect (127 SYN retries at the 120 s maximum RTO would be the extreme).
 STALE_START_NS = 3 * 3600 * 1_000_000_000
 SWEEP_EVERY_S = 60.0
+# The detector judges a victim's connect p99 over this many recent ticks (its SLO's window_ticks), and its
+# failed connects and SYN retransmits over the same window.
+CONNECT_WINDOW_TICKS = 5
 _START_TS = struct.Struct("<Q")  # struct tcpconnect_start begins with ts_ns
 _SLOT_HEAD = struct.Struct("<QQ")  # struct tcpconnect_slot: sk, then the start's ts_ns
 _START_NETNS_AT = 24  # struct tcpconnect_start: ts_ns, cgroup_id, task, then netns
@@ -584,7 +588,11 @@ PLUGIN = ProbePlugin(
         signal_specs=(
             # The p99 is stored every tick, unknown (NaN) in a tick with no connect that completed.
             SignalSpec("connect_p99_ns", "TCP connect p99", "ms", 1e-6, noise_floor=20_000.0, stored="always",
-                       stored_when="connects"),
+                       stored_when="connects", baseline=True,
+                       # Connect trouble is sparse: the worst p99 of the recent ticks where a connect completed.
+                       slo=SloSpec("connect_p99_ms", 200.0, check_order=20, to_raw=1e6,
+                                   gate=lambda row: row.connect_p99_ns if row.connects else 0.0,
+                                   window_ticks=CONNECT_WINDOW_TICKS, doc="worst p99 of the recent ticks")),
             SignalSpec("syn_retransmits_per_s", "SYN retransmits", "/s", stored="never"),
             # refused, timed out, or abandoned by the application while connecting
             SignalSpec("connect_failures_per_s", "Failed connects", "/s", stored="never"),

@@ -78,7 +78,7 @@ def _ctx(row: WorkloadSignals, own: float = 0.0, foreign: dict | None = None, to
         key="pod:v", row=row, signals=NodeSignals(1.0, {"pod:v": row}), slo=SloThresholds(),
         breached=set(breached), foreign=foreign or {}, own_wait_ns=own, total_wait_ns=total, window_s=10.0,
         cpu_culprits=lambda k, f, t: [Culprit(Target(c), 0.5) for c in f], correlation_culprits=none,
-        reclaim_culprits=none,
+        kernel_work_judges=causes.KERNEL_WORK_JUDGES,
     )
 
 

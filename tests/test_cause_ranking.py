@@ -36,7 +36,8 @@ def _ctx(row: WorkloadSignals, foreign: dict[str, float], kernel_work: float = 0
         foreign={k: v * WAIT for k, v in foreign.items()}, own_wait_ns=own * WAIT, total_wait_ns=WAIT,
         window_s=1.0, cpu_culprits=lambda k, f, t: [Culprit(Target(c), f[c] / t) for c in f],
         correlation_culprits=lambda k, s: [Culprit(Target("pod:hog"), 0.9)],
-        reclaim_culprits=lambda *a: [], kernel_work_ns=kernel_work * WAIT, window_ns={"steal_ms_per_s": steal * WAIT},
+        kernel_work_judges=causes.KERNEL_WORK_JUDGES, kernel_work_ns=kernel_work * WAIT,
+        window_ns={"steal_ms_per_s": steal * WAIT},
     )
 
 

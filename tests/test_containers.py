@@ -111,7 +111,7 @@ def test_self_contention_names_the_sidecar_and_counts_the_pinned_cpus():
         key="pod:v", row=row, signals=NodeSignals(1.0, {"pod:v": row}), slo=SloThresholds(),
         breached={"runq_p99_ns"}, foreign={}, own_wait_ns=8e9, total_wait_ns=9e9, window_s=10.0,
         cpu_culprits=lambda k, f, t: [Culprit(Target(c), 0.5) for c in f], correlation_culprits=none,
-        reclaim_culprits=none, own_by_container={"log-shipper": 6e9, "app": 1.5e9, POD_ITSELF: 0.5e9})
+        kernel_work_judges=causes.KERNEL_WORK_JUDGES, own_by_container={"log-shipper": 6e9, "app": 1.5e9, POD_ITSELF: 0.5e9})
     v = causes.decide(ctx)
     assert v.cause == Cause.SELF_CONTENTION and v.culprits == []
     named = [(e.container, e.value) for e in v.evidence if e.signal == "who_ran_instead_container_share"]

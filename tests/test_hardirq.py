@@ -326,7 +326,7 @@ def test_an_interrupt_storm_is_named_by_its_line_and_device_as_proc_interrupts_s
         key="pod:v", row=row, signals=NodeSignals.of(interval.interval_s, {"pod:v": row}, **node),
         slo=replace(SloThresholds(), hardirq_ms_per_s=row.hardirq_ms_per_s / 2), breached={"hardirq_ms_per_s"},
         foreign={}, own_wait_ns=0.0, total_wait_ns=0.0, window_s=interval.interval_s,
-        cpu_culprits=lambda *a: [], correlation_culprits=lambda *a: [], reclaim_culprits=lambda *a: [])
+        cpu_culprits=lambda *a: [], correlation_culprits=lambda *a: [], kernel_work_judges=causes.KERNEL_WORK_JUDGES)
     verdict = causes.decide(ctx)
     assert verdict.cause == Cause.HARDIRQ and verdict.findings == (cause.STORM,)
     line = next(e for e in verdict.evidence if e.signal == cause.IRQ_LINE)
@@ -367,7 +367,7 @@ def test_the_hardirq_rule_holds_past_its_slo_and_its_share_is_the_handler_time_o
             key="pod:v", row=row, signals=NodeSignals.of(1.0, {"pod:v": row}, **node),
             slo=SloThresholds(hardirq_ms_per_s=slo), breached={"runq_p99_ns"}, foreign={}, own_wait_ns=0.0,
             total_wait_ns=0.0, window_s=1.0, cpu_culprits=lambda *a: [], correlation_culprits=lambda *a: [],
-            reclaim_culprits=lambda *a: [])
+            kernel_work_judges=causes.KERNEL_WORK_JUDGES)
 
     held = cause.rule(ctx({0: 1.0}, 1.0))
     assert held is not None and held.cause == Cause.HARDIRQ and held.share == 1.0  # 3 ms/s of handlers > 2 of wait

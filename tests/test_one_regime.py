@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """One regime for probes (issue 42, item 1): a probe's name appears in the code of its own module, its
-cause module and the registry only (its BPF and the docs are not Python). Everything else (the snapshot,
+cause module and the registries only (its BPF and the docs are not Python). The registries are the probe
+registry (probes/registry.py imports each probe module) and the cause registry
+(detector/causes/__init__.py imports each cause module, as the probe registry does each probe). Everything else (the snapshot,
 the signal rows, the exporter, metric_names, diagnose, top and the CLI) takes the probe from its plugin.
 
 "Appears" means in code: identifiers (split at ``_`` and at case changes, so ``SoftirqSnapshot`` and
@@ -25,25 +27,14 @@ from probes.registry import PLUGINS
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_PACKAGES = ("probes", "detector", "actuators", "noisyneighbor")
 
-# Not counted against the bound below. The plans left actuators/mitigate.py for their cause modules and
-# the Cause enum comes from the cause registry (issue 42 item 2): mitigate.py and decisions.py name no
-# probe any more. Left: the cause registry imports each cause module by its name (as probes/registry.py
-# does each probe), and CauseContext reads the row fields WorkloadSignals still declares per probe (item 1).
-BEING_MOVED = frozenset({
-    "detector/causes/__init__.py",
-    "detector/causes/base.py",
-})
+# The registries: each imports its modules by name, one line each.
+REGISTRIES = frozenset({"probes/registry.py", "detector/causes/__init__.py"})
 
 # Files besides a probe's own that still name it, and why (today's honest state).
 KNOWN: dict[str, dict[str, str]] = {
-    "runqlat": {
-        "noisyneighbor/agent/loop.py": "the agent's --runq-cgroups/--runq-pairs are the probe's table options",
-    },
     "softirq": {
         "probes/cgroupfiles.py": "the kernel-file table: /proc/softirqs and /proc/stat's softirq column",
         "probes/runqlat.py": "runqlat's BPF times the softirq work run inside a wait (the counterfactual)",
-        "detector/catalog.py": "the label of the kernel-work share (a share the detector derives from the "
-                               "run-queue probe's waits) says what that work is: softirq work, kernel threads",
     },
     "reclaim": {
         "probes/cgroupwatch.py": "memory reclaim as a kernel event: the watch reads memory.stat of reclaiming cgroups",
@@ -51,8 +42,6 @@ KNOWN: dict[str, dict[str, str]] = {
         "probes/plugin.py": "ProbePlugin.activity_is_reclaim: the plugin contract's word for that",
         "detector/batch.py": "koordinator's batch formula reads memory the kernel can reclaim",
         "detector/policy/schema.py": "the reclaim cause's policy settings",
-        "detector/incident_culprits.py": "the reclaim cause's culprit callback (who holds and grows the memory)",
-        "detector/incident_diagnosis.py": "hands the reclaim cause its culprit callback (CauseContext.reclaim_culprits)",
     },
     "gpu": {
         "probes/gpu.py": "the NVML reader the plugin and the agent share (the word is the hardware's)",
@@ -69,8 +58,8 @@ KNOWN: dict[str, dict[str, str]] = {
     },
 }
 
-# At most this many runtime files name softirq outside BEING_MOVED (issue 42's acceptance: <= 6): the
-# softirq module, its cause module, the registry, and KNOWN["softirq"].
+# At most this many runtime files name softirq (issue 42's acceptance: <= 6): the softirq module, its
+# cause module, the registries, and KNOWN["softirq"].
 SOFTIRQ_FILES_BOUND = 6
 
 
@@ -118,24 +107,24 @@ def _module_name(plugin) -> str:
 
 
 def own_files(plugin) -> set[str]:
-    """Its module, the registry, and its cause module (detector/causes/<...name...>.py)."""
+    """Its module, the registries, and its cause module (detector/causes/<...name...>.py)."""
     module = plugin.factory.__module__.replace(".", "/") + ".py"
     causes = {str(f.relative_to(ROOT)) for f in (ROOT / "detector" / "causes").glob(f"*{plugin.name}*.py")}
-    return {module, "probes/registry.py", *causes}
+    return {module, *REGISTRIES, *causes}
 
 
 @pytest.mark.parametrize("plugin", PLUGINS, ids=lambda p: p.name)
 def test_a_probe_is_named_only_where_it_lives(plugin):
     naming = files_naming(plugin.name, _module_name(plugin))
     known = KNOWN.get(plugin.name, {})
-    extra = sorted(naming - own_files(plugin) - BEING_MOVED - known.keys())
+    extra = sorted(naming - own_files(plugin) - known.keys())
     assert not extra, f"{plugin.name} is named outside its module, cause and the registry: {extra}"
     stale = sorted(known.keys() - naming)
     assert not stale, f"KNOWN[{plugin.name!r}] lists files that no longer name it (drop them): {stale}"
 
 
 def test_softirq_is_in_few_runtime_files():
-    naming = files_naming("softirq") - BEING_MOVED
+    naming = files_naming("softirq")
     assert len(naming) <= SOFTIRQ_FILES_BOUND, sorted(naming)
 
 
@@ -148,3 +137,24 @@ def test_the_check_sees_a_name_and_skips_prose():
     assert mentions(source, "softirq") == [2, 3]
     assert mentions(source, "gpu_pods") == [5]
     assert mentions(source, "steal") == []
+
+
+def test_the_agents_probe_flags_come_from_the_plugins_options():
+    """A probe's settings are its plugin's (ProbePlugin.options): the agent's parser builds their flags,
+    hands the values to the probe's factory by keyword, and refuses one out of range in one line."""
+    from detector.policy import Policy
+    from noisyneighbor.agent.config import AgentConfig, AgentConfigError
+    from noisyneighbor.cli import _probe_flags, build_parser
+
+    flagged = [(p, o) for p in PLUGINS for o in p.options if o.flag]
+    assert {o.flag for _, o in flagged} >= {"--runq-cgroups", "--runq-pairs"}
+    for plugin, option in flagged:
+        given = _probe_flags(build_parser().parse_args(["agent", option.flag, "5"]))
+        assert given[plugin.name][option.name] == 5
+        assert plugin.agent_options(given[plugin.name], Policy(), 0)[option.name] == 5
+        unset = _probe_flags(build_parser().parse_args(["agent"]))
+        assert option.name not in plugin.agent_options(unset[plugin.name], Policy(), 0)  # the probe's default
+        if option.range is not None:
+            with pytest.raises(AgentConfigError, match=f"^{option.label} must be between") as e:
+                AgentConfig(probe_options={plugin.name: {option.name: option.range[1] + 1}}).validate()
+            assert "\n" not in str(e.value)

@@ -60,6 +60,7 @@ from detector.causes.base import (
     ActContext,
     CauseContext,
     CauseSpec,
+    KernelWorkJudge,
     Rule,
     Verdict,
 )
@@ -98,6 +99,9 @@ ADDED: tuple[CauseSpec, ...] = (
 Cause = StrEnum("Cause", [(s.cause.upper(), s.cause) for s in ADDED])  # type: ignore[misc]
 BY_CAUSE: dict[Cause, CauseSpec] = {Cause(s.cause): s for s in CAUSES}
 RULES: tuple[Rule, ...] = tuple(s.rule for s in CAUSES)
+# Whether the node does a cause's kernel work on the victim's CPUs beyond the usual: every CauseContext
+# gets these (CauseContext.kernel_work_judges), so the context names no cause.
+KERNEL_WORK_JUDGES: tuple[KernelWorkJudge, ...] = tuple(s.kernel_work_busy for s in CAUSES if s.kernel_work_busy)
 
 
 def spec(cause: Cause | str) -> CauseSpec:
@@ -142,6 +146,7 @@ __all__ = [
     "BY_CAUSE",
     "CAUSES",
     "FOREIGN_MINORITY",
+    "KERNEL_WORK_JUDGES",
     "KSWAPD_ACTIVE_PAGES_PER_S",
     "NEIGHBOR_SHARE",
     "ROOT_CGROUP",

@@ -4,12 +4,12 @@ declaration itself (:class:`CauseSpec`): rule, words, the engine's step, the pla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from detector.causes.plan import Ladder, Plan
-from detector.decisions import Decision, SuppressAmount
+from detector.decisions import Decision, SuppressAmount, Target
 from detector.model import Culprit, Evidence, Incident
 from detector.signals import NodeSignals, WorkloadSignals
 
@@ -17,14 +17,51 @@ if TYPE_CHECKING:
     from detector.policy import Policy, SloThresholds
 
 ROOT_CGROUP = "/"  # the workload key of the node's processes outside any pod
-KSWAPD_ACTIVE_PAGES_PER_S = 2560.0  # kswapd reclaimed 10 MiB/s or more: the node is in global reclaim
 VICTIM_SIGNAL = "runq_p99_ns"  # what verify/revert watches for a CPU action
+CULPRIT_MIN_SCORE = 0.0  # a culprit must score above this (a zero score blames nobody)
+MAX_CULPRITS = 5  # an incident names at most this many
+
+
+class WorkloadHistory(Protocol):
+    """What a cause's own culprit ranking may read beyond this tick's rows (the engine's CulpritFinder,
+    over its time-series store): a workload's recent values of a signal, its last value, its Target."""
+
+    def recent(self, key: str, signal: str, seconds: float) -> Sequence[float]:
+        """The workload's present values of ``signal`` over the last ``seconds``, oldest first."""
+        ...
+
+    def last(self, key: str, signal: str) -> float:
+        """Its last value of ``signal`` in the last few seconds (0.0 when none was measured)."""
+        ...
+
+    def target(self, key: str) -> Target:
+        """The workload as last seen (its cgroup, pod and QoS), for naming it as a culprit."""
+        ...
+
+
+class NoHistory:
+    """No store behind the rules (a rule checked on one made-up row): nothing recent, every workload
+    named by its key alone."""
+
+    def recent(self, key: str, signal: str, seconds: float) -> Sequence[float]:
+        return ()
+
+    def last(self, key: str, signal: str) -> float:
+        return 0.0
+
+    def target(self, key: str) -> Target:
+        return Target(key)
+
+
+NO_HISTORY = NoHistory()
 
 
 @dataclass
 class CauseContext:
     """What every rule may read: the victim's row, the breaches, the windowed who-ran-instead split,
-    and the engine's culprit rankers (they need the store, the targets and the pods' requests)."""
+    the engine's culprit rankers (they need the store, the targets and the pods' requests), the
+    workloads' history for a cause that ranks its culprits itself, and the causes' kernel-work
+    judgements (the registry's :data:`~detector.causes.KERNEL_WORK_JUDGES`)."""
 
     key: str
     row: WorkloadSignals
@@ -37,8 +74,12 @@ class CauseContext:
     window_s: float
     cpu_culprits: Callable[[str, dict[str, float], float], list[Culprit]]
     correlation_culprits: Callable[[str, NodeSignals], list[Culprit]]
-    # (victim key, its row, the node, global reclaim or not; None: global when it stalled in direct reclaim)
-    reclaim_culprits: Callable[[str, WorkloadSignals, NodeSignals, bool | None], list[Culprit]]
+    # Whether the node does a cause's kernel work on the victim's CPUs beyond the usual this tick, one per
+    # cause that declares it (CauseSpec.kernel_work_busy): any of them makes kernel_work_share take the
+    # node's whole share of the wait. The registry's tuple; base.py names no cause.
+    kernel_work_judges: tuple[KernelWorkJudge, ...]
+    # The workloads' recent values, for a cause that ranks its culprits from them (CulpritFinder).
+    history: WorkloadHistory = NO_HISTORY
     # The servers with full accept queues the victim's connects went to, and the evidence of it.
     connect_servers: Callable[[str], tuple[list[Culprit], list[Evidence]]] = lambda key: ([], [])
     # own_wait_ns by the container it waited behind (window): name -> ns (detector/containers.py)
@@ -73,10 +114,9 @@ class CauseContext:
 
     @property
     def node_kernel_work(self) -> bool:
-        """The node does kernel work on the victim's CPUs beyond the usual: softirq time there past its
-        SLO, or kswapd reclaiming for the node."""
-        return (self.row.softirq_ms_per_s >= self.slo.softirq_ms_per_s
-                or self.signals.kswapd_pages_per_s >= KSWAPD_ACTIVE_PAGES_PER_S)
+        """The node does kernel work on the victim's CPUs beyond the usual: a cause that declares a
+        judgement of it says so (softirq time there past its SLO, kswapd reclaiming for the node)."""
+        return any(judge(self) for judge in self.kernel_work_judges)
 
     @property
     def kernel_work_share(self) -> float:
@@ -136,6 +176,7 @@ class Verdict:
 
 
 Rule = Callable[[CauseContext], Verdict | None]
+KernelWorkJudge = Callable[[CauseContext], bool]
 
 
 @dataclass(frozen=True)
@@ -183,6 +224,10 @@ class CauseSpec:
     # wait out too (detector/counterfactual.py; the probe marks those threads' slices and times softirq
     # work, bpf/runqlat.h). "": none; a culprit's cost is its own share only.
     kernel_work: str = ""
+    # Whether the node does that kernel work on the victim's CPUs beyond the usual this tick (softirq time
+    # there past its SLO; kswapd reclaiming for the node): then the node's whole share of the victim's wait
+    # is kernel work (CauseContext.kernel_work_share, every cause's share reads it). None: no judgement.
+    kernel_work_busy: KernelWorkJudge | None = None
     # Its evidence comes from outside the node and comes and goes (steal): an incident opened with this
     # cause takes a later tick's cause that names pods, whatever the first confidence (its rule comes
     # before theirs, so on that tick it no longer explains the wait; the pods are what can be acted on).

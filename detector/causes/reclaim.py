@@ -8,14 +8,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from detector.causes.base import KSWAPD_ACTIVE_PAGES_PER_S, CauseContext, CauseSpec, Verdict
+from detector.causes.base import (
+    CULPRIT_MIN_SCORE,
+    MAX_CULPRITS,
+    ROOT_CGROUP,
+    CauseContext,
+    CauseSpec,
+    Verdict,
+)
 from detector.causes.neighbor_cpu import NEIGHBOR_SHARE  # kernel threads (kswapd) ran for this share of its wait
 from detector.causes.plan import Note, NoteKey, PlanContext, PlanStep, Submit
 from detector.decisions import ActionKind, Decision, EvictAmount, MemorySuppressAmount
-from detector.model import Evidence, Incident
+from detector.model import Culprit, Evidence, Incident
 from detector.signals import WorkloadSignals
 
 NAME = "reclaim"  # its member of the Cause enum, which the registry builds (detector/causes/__init__.py)
+KSWAPD_ACTIVE_PAGES_PER_S = 2560.0  # kswapd reclaimed 10 MiB/s or more: the node is in global reclaim
+GROWTH_WINDOW_S = 60.0  # the pods' memory growth is measured over this window
 
 # Findings (Incident.findings, refreshed every tick): the node reclaims, not only the victim's memcg.
 KSWAPD = "reclaim.kswapd"  # kswapd ran on the victim's CPUs while the node reclaimed in the background
@@ -32,18 +41,61 @@ def rule(ctx: CauseContext) -> Verdict | None:
     row = ctx.row
     if ctx.breached & {"reclaim_stall_ms_per_s", "psi_memory_some"} and row.reclaim_stall_ms_per_s > 0:
         confidence = min(1.0, row.reclaim_stall_ms_per_s / (2 * ctx.slo.reclaim_stall_ms_per_s))
-        return Verdict(NAME, confidence, ctx.reclaim_culprits(ctx.key, row, ctx.signals, None),
-                       share=share(ctx))
+        return Verdict(NAME, confidence, culprits(ctx, None), share=share(ctx))
     kswapd = ctx.signals.kswapd_pages_per_s
     node_share = ctx.node_share
     if not (ctx.runq_breach and kswapd >= KSWAPD_ACTIVE_PAGES_PER_S and node_share >= NEIGHBOR_SHARE):
         return None
-    return Verdict(NAME, min(1.0, node_share), ctx.reclaim_culprits(ctx.key, row, ctx.signals, True), [
+    return Verdict(NAME, min(1.0, node_share), culprits(ctx, True), [
         Evidence("kswapd_pages_per_s", round(kswapd, 1), row.interval_s, threshold=KSWAPD_ACTIVE_PAGES_PER_S,
                  note="the node reclaims in the background (global reclaim)"),
         Evidence("who_ran_instead_node_share", round(node_share, 4), ctx.window_s, threshold=NEIGHBOR_SHARE,
                  note="kernel threads (root cgroup: kswapd) ran on its CPUs while it waited"),
     ], findings=(KSWAPD,), share=share(ctx))
+
+
+def culprits(ctx: CauseContext, global_reclaim: bool | None) -> list[Culprit]:
+    """Global reclaim: the pods by the memory they hold plus what they grew over the last minute (in
+    bytes, so a small pod's small growth does not outrank the pod that fills the node); memcg reclaim
+    is the pod's own. ``global_reclaim`` None: global when the victim stalled in direct (not memcg)
+    reclaim.
+
+    Growth alone misses the usual grower: once the node is full, kswapd takes its pages as fast as
+    it charges new ones, so its usage is flat by the time reclaim hurts anyone (and memory.stat of
+    an active pod is read every few ticks, so its first reading may already be on that plateau)."""
+    if global_reclaim is None:
+        global_reclaim = ctx.row.reclaim_by_kind_ms_per_s.get("direct", 0.0) > 0
+    if not global_reclaim:
+        return []
+    history = ctx.history
+    growth: dict[str, float] = {}
+    held: dict[str, float] = {}
+    for ck in ctx.signals.workloads:
+        if ck == ctx.key:
+            continue
+        w = history.recent(ck, "memory_bytes", GROWTH_WINDOW_S)
+        if len(w) == 0:
+            continue
+        held[ck] = max(float(w[-1]), 0.0)
+        if len(w) >= 2 and w[-1] > w[0]:
+            growth[ck] = float(w[-1] - w[0])
+    weight = {ck: held[ck] + growth.get(ck, 0.0) for ck in held}
+    total = sum(weight.values())
+    found = []
+    for ck in held:
+        part = weight[ck] / total if total > 0 else 0.0
+        found.append(Culprit(history.target(ck), round(part, 4), attribution=round(part, 4),
+                             cpu_cores=history.last(ck, "cpu_cores"),
+                             note=f"grew {growth.get(ck, 0.0) / 2**20:.0f} MiB in the last minute, "
+                                  f"holds {held[ck] / 2**20:.0f} MiB"))
+    kept = [c for c in found if c.target.cgroup != ROOT_CGROUP and c.score > CULPRIT_MIN_SCORE]
+    kept.sort(key=lambda c: (-c.score, c.target.cgroup))
+    return kept[:MAX_CULPRITS]
+
+
+def busy(ctx: CauseContext) -> bool:
+    """kswapd reclaims for the node (CauseSpec.kernel_work_busy): on the victim's CPUs it is kernel work."""
+    return ctx.signals.kswapd_pages_per_s >= KSWAPD_ACTIVE_PAGES_PER_S
 
 
 def share(ctx: CauseContext) -> float:
@@ -137,6 +189,7 @@ SPEC = CauseSpec(
     plan=plan,
     context=context,
     kernel_work="kswapd, kcompactd, kdamond",
+    kernel_work_busy=busy,
     # A cap or an eviction is judged on the stall it ends: the grower's memory, not the CPU, is what it
     # changes (a victim whose reclaim stopped after a cap has improved though it still waits on kernel work).
     verify_signals=("reclaim_stall_ms_per_s",),

@@ -33,6 +33,12 @@ def rule(ctx: CauseContext) -> Verdict | None:
                    share=share(ctx))
 
 
+def busy(ctx: CauseContext) -> bool:
+    """The node does softirq work on the victim's CPUs beyond the usual: softirq time there past its SLO
+    (CauseSpec.kernel_work_busy)."""
+    return ctx.row.softirq_ms_per_s >= ctx.slo.softirq_ms_per_s
+
+
 def share(ctx: CauseContext) -> float:
     """Its part of the wait: the softirq work in the victim's waits, run on top of whichever task held
     the CPU or in ksoftirqd (the probe counts it with the other kernel threads' slices: while kswapd
@@ -188,6 +194,7 @@ SPEC = CauseSpec(
     # A refused traffic cap (the RT isolation of the same pod still being verified) is tried again.
     retry_when_refused={OWN_TRAFFIC: TRAFFIC_STEP},
     kernel_work="softirq work",
+    kernel_work_busy=busy,
     # Its actions are judged on what broke the SLO: softirq time on the victim's CPUs, or how late its
     # softirqs ran; a run-queue p99 where it breached on that (or on PSI).
     verify_signals=(VICTIM_SIGNAL, "softirq_ms_per_s", "softirq_delay_p99_ns"),

@@ -12,7 +12,7 @@ from detector.policy import POD_SOURCES, Policy, load_policy
 from noisyneighbor.agent.auth import AuthConfig, AuthSetupError
 from probes.collect import BPF_PROBES
 from probes.engine import check_btf_file
-from probes.registry import NAMES
+from probes.registry import NAMES, PLUGINS
 
 # IPv6 and IPv4 on one socket; 0.0.0.0 when the node has IPv6 off (http_server.start_http_server).
 DEFAULT_LISTEN = "[::]:9717"
@@ -44,8 +44,9 @@ class AgentConfig:
     interval_s: float | None = None
     probes: tuple[str, ...] = BPF_PROBES
     max_cgroups: int = 2000
-    runq_cgroups: int | None = None  # the run-queue probe's cgroup table (None: sized from the node at start)
-    runq_pairs: int | None = None  # its who-ran-instead pair table (None: the probe's default)
+    # The probes' own settings from the command line (ProbePlugin.options, e.g. the run-queue probe's table
+    # sizes): probe name -> factory keyword -> value; None or missing: the probe's default.
+    probe_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     max_bucket_seconds: float = 10.0  # runqueue histograms: the last finite bucket's bound
     min_bucket_seconds: float = 100e-6  # and the first's (waits below it share that bucket)
     extra_node_series: bool = False  # PSI averages and /proc/stat per CPU: node_exporter has them
@@ -73,9 +74,10 @@ class AgentConfig:
             raise AgentConfigError(f"interval must be between 0.01 and 3600 s, got {self.interval_s:g}")
         if self.max_cgroups < 1:
             raise AgentConfigError(f"max cgroups must be at least 1, got {self.max_cgroups}")
-        for what, n in (("run-queue cgroups", self.runq_cgroups), ("run-queue pairs", self.runq_pairs)):
-            if n is not None and not 1 <= n <= 1 << 20:
-                raise AgentConfigError(f"{what} must be between 1 and {1 << 20}, got {n}")
+        for plugin in PLUGINS:
+            for option in plugin.options:
+                if problem := option.problem(self.probe_options.get(plugin.name, {}).get(option.name)):
+                    raise AgentConfigError(problem)
         if not self.max_bucket_seconds > 0:
             raise AgentConfigError(f"bucket max must be positive, got {self.max_bucket_seconds:g} s")
         if not 0 < self.min_bucket_seconds < self.max_bucket_seconds:

@@ -51,6 +51,7 @@ from probes.gpu import GpuCollector, GpuDevice
 from probes.gpu_pods import NAME as GPU_PLUGIN
 from probes.host import HostPaths
 from probes.procstat import ProcStatReader
+from probes.registry import PLUGINS
 from probes.snapshot import NodeSnapshot
 
 log = logging.getLogger("noisyneighbor.agent")
@@ -190,14 +191,12 @@ class Agent:
         self._free_memory = FreeMemoryReturner()
         self._resolver = resolver
         use_btf_file(self.config.btf)  # process-wide: the probes' engines relocate against it
-        runq_options: dict[str, float] = {k: v for k, v in (("max_cgroups", self.config.runq_cgroups),
-                                                            ("max_culprit_pairs", self.config.runq_pairs)) if v is not None}
-        runq_options["pair_quiet_s"] = policy.runq_pair_quiet_seconds
-        runq_options["expected_cgroups"], sized_by = expected_runq_cgroups(policy, node_object, self.paths.proc.parent)
+        expected_cgroups, sized_by = expected_runq_cgroups(policy, node_object, self.paths.proc.parent)
+        probe_options = {p.name: p.agent_options(self.config.probe_options.get(p.name, {}), policy, expected_cgroups)
+                         for p in PLUGINS}
         self.collector = NodeCollector(self.paths, self.layout, probes=self.config.probes,
                                        cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths,
-                                       probe_options={"runqlat": runq_options},
-                                       proc_stat=self.proc_stat).start()
+                                       probe_options=probe_options, proc_stat=self.proc_stat).start()
         _log_table_sizes(self.collector, sized_by)
         if self.config.gpu and GPU_PLUGIN not in self.collector.probes:  # else the plugin reads NVML (node_gpus)
             self.gpu = GpuCollector(self.paths)
@@ -380,8 +379,10 @@ class Agent:
 
 
 def _log_table_sizes(collector: NodeCollector, sized_by: str) -> None:
-    """The run-queue probe's table sizes at start, and what sized them (issue 39: capacity from the node)."""
-    runq_tables = getattr(collector.probes.get("runqlat"), "table_use", {})
-    if runq_tables:
-        log.info("run-queue tables: %s slots (expected cgroups: %s)",
-                 ", ".join(f"{table} {slots}" for table, (_, slots) in runq_tables.items()), sized_by)
+    """The probes' kernel table sizes at start (``table_use``: the run-queue probe's), and what sized them
+    (issue 39: capacity from the node)."""
+    for name, probe in collector.probes.items():
+        tables = getattr(probe, "table_use", {})
+        if tables:
+            log.info("%s tables: %s slots (expected cgroups: %s)", name,
+                     ", ".join(f"{table} {slots}" for table, (_, slots) in tables.items()), sized_by)
