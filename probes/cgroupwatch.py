@@ -8,15 +8,20 @@ allocate or connect without first being woken, which runqlat counts. So a cgroup
 
 - it is new (first sight: everything);
 - a probe's per-cgroup count moved for it or for one of its descendants (a pod sums its containers);
-- its CPU usage moved at its last read (a lone spinner never waits, so it is followed while it runs);
+- its CPU usage moved at its last read (a lone spinner never waits, so it is followed while it runs):
+  then its usage file is looked at first, and a cgroup whose usage stood still (the woken task went
+  back to sleep) is not read further and is not new;
 - it is on the every-tick PSI list (latency-sensitive pods: their stalls are the victim signal, and a
   task blocked on IO accumulates stall time without waking);
 - its turn comes on the slow wheel: every cgroup once per ``slow_refresh_ticks``, spread evenly over
   the ticks, for what moves without activity (page cache reclaimed by others, a cpuset changed).
 
 Memory (``memory.stat``) is read on first sight, on the wheel, every tick while a probe saw the cgroup
-reclaim, and at most every ``memory_refresh_ticks`` while it is active. Unread cgroups keep their last
-readings; ``changed`` says which were read this tick, so consumers do per-cgroup work only for those.
+reclaim, and at most every ``memory_refresh_ticks`` while it is active, and then (not reclaiming) only when
+its usage file's text changed since its last read. CPU limits (quota, period) are read on the wheel and
+every ``memory_refresh_ticks`` while it keeps running, not for a task that wakes now and then. Unread
+cgroups keep their last readings; ``changed`` says which were read this tick, so consumers do per-cgroup
+work only for those.
 Cgroup ids are the directories' inode numbers (what the BPF side reports), taken once per new path.
 """
 
@@ -93,6 +98,8 @@ class CgroupWatch:
         self._listed_last: object = None
         self._moving: set[str] = set()  # CPU usage moved at the last read: read again next tick
         self._psi_moved: set[str] = set()  # its last new pressure reading had stall totals moving
+        # (the every-tick PSI list, the listing, the watched cgroups of that list) as last worked out
+        self._psi_of: tuple[object, object, set[str]] | None = None
         self._path_of_id: dict[tuple[str, int], str] = {}
         self._ids_of_path: dict[str, list[tuple[str, int]]] = {}
         self.tick_count = 0
@@ -208,7 +215,7 @@ class CgroupWatch:
         due_full = self._wheel[t % self.slow_refresh_ticks] | self._unread
         self._unread = set()
         due_cpu = (active_set | reclaim_set | self._moving) - due_full
-        due_psi = {p for p in psi_every_tick if p in self.watched} - due_full - due_cpu
+        due_psi = self._psi_listed(psi_every_tick) - due_full - due_cpu
         # Those are read again next tick, through open files: room for all of them (usage, cpu.stat,
         # per-CPU usage, memory and pressure files), or each read would reopen its file.
         self.hot.fit(FILES_KEPT_PER_CGROUP * len(due_cpu) + len(RESOURCES) * len(due_psi))
@@ -218,7 +225,20 @@ class CgroupWatch:
                 changed.add(path)
         for path in due_cpu:
             w = self.watched[path]
+            if path not in active_set and path not in reclaim_set and self._still(w):
+                # Followed only because it ran at its last read, and its usage stands still since: it
+                # stopped (a woken task went back to sleep), nothing else of it is read, or new.
+                self._moving.discard(path)
+                if self._read_psi(w, hot=True):
+                    changed.add(path)
+                continue
             memory = path in reclaim_set or t - w.last_memory_tick >= self.memory_refresh_ticks
+            # Not reclaiming and the same memory usage text as at its last read: its memory reading is
+            # current (memory.stat and four more files on v1 not read again for a task that woke briefly).
+            if memory and path not in reclaim_set and path in self.mem and self._unchanged(
+                    w, w.memory_usage_file, "memory", self.hot.read):
+                memory = False
+                w.last_memory_tick = t
             self._read(w, t, full=False, memory=memory, errors=errors)
             changed.add(path)
         for path in due_psi:
@@ -226,16 +246,29 @@ class CgroupWatch:
                 changed.add(path)
         return changed
 
-    def _unchanged(self, w: _Watched, file: str | None, kind: str) -> bool:
-        """On a wheel turn of a cgroup read before: is its usage file the same text as at its last read (a
-        turn, or a read because it ran)? Then the other files of that kind are not read: the readings are
-        current, and an idle cgroup's turn costs a few small reads."""
+    def _unchanged(self, w: _Watched, file: str | None, kind: str, read: Callable[[str], str | None] = read_small) -> bool:
+        """Of a cgroup read before: is its usage file the same text as at its last read (a turn, or a read
+        because it ran)? Then the other files of that kind are not read: the readings are current, and an
+        idle cgroup's wheel turn costs a few small reads. ``read``: the hot reader where it is read often."""
         if file is None:
             return False
-        text = read_small(file)
+        text = read(file)
         same = text is not None and w.turn_text.get(kind) == text
         w.turn_text[kind] = text
         return same
+
+    def _still(self, w: _Watched) -> bool:
+        """A followed cgroup (it ran at its last read) whose CPU usage file reads as then: it did not run."""
+        return w.path in self.cpu and self._unchanged(w, w.usage_file, "cpu", self.hot.read)
+
+    def _psi_listed(self, psi_every_tick: Iterable[str]) -> set[str]:
+        """The watched cgroups of the every-tick PSI list; none where no cgroup has pressure files (v1),
+        and worked out again only when either list changed (it is most pods: a set a tick at 1,000 pods)."""
+        if self.v2 is None:
+            return set()
+        if self._psi_of is None or self._psi_of[0] is not psi_every_tick or self._psi_of[1] is not self._listed_last:
+            self._psi_of = (psi_every_tick, self._listed_last, {p for p in psi_every_tick if p in self.watched})
+        return self._psi_of[2]
 
     def _read(self, w: _Watched, t: int, *, full: bool, memory: bool, errors: list[str] | None) -> bool:
         """Read what is due of one cgroup; False when a wheel turn found nothing changed (nothing replaced)."""
@@ -248,9 +281,10 @@ class CgroupWatch:
         if not (full and path in self.cpu and self._unchanged(w, w.usage_file, "cpu")):
             replaced = True
             before = self.cpu.get(path)
-            # Quota and period: on wheel turns, and every few ticks while it runs (an actuator or a
-            # resize changes them; nothing else does).
-            limits = full or t - w.last_limits_tick >= self.memory_refresh_ticks
+            # Quota and period: on wheel turns, and every few ticks while it keeps running (it ran at its
+            # last read too): an actuator or a resize changes them, nothing else does, and they matter
+            # while it runs. A task that wakes now and then is not a reason to read them (3 files on v1).
+            limits = full or (path in self._moving and t - w.last_limits_tick >= self.memory_refresh_ticks)
             if limits:
                 w.last_limits_tick = t
             cpu = w.cpu_reader.read(limits, read) if w.cpu_reader is not None else None

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +76,14 @@ WAKER = "import sys, time\nfor line in sys.stdin:\n    end = time.monotonic() + 
         "        pass\n"
 
 
+def _wait_asleep(pid: int, timeout: float = 60.0) -> None:
+    """Until the task sleeps (state S: blocked on its stdin again): from then on its CPU usage stands still."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "S":
+        assert time.monotonic() < deadline, f"task {pid} did not go back to sleep in {timeout:.0f} s"
+        time.sleep(0.01)
+
+
 def test_idle_pod_files_are_not_read_each_tick_and_a_woken_one_is_read_next_tick(make_cgroup, monkeypatch):
     """The kernel says who moved: runqlat's per-cgroup count. A sleeping pod costs no file read per tick;
     the tick after its task wakes up, its files are read again."""
@@ -108,6 +117,7 @@ def test_idle_pod_files_are_not_read_each_tick_and_a_woken_one_is_read_next_tick
             procs[1].stdin.write("wake\n")
             procs[1].stdin.flush()
             time.sleep(0.3)
+            _wait_asleep(procs[1].pid)  # its 20 ms of work done
             snap = c.collect()
             assert paths[1] in snap.changed_paths, "the woken pod is read the tick after its wakeup"
             assert reads[paths[1]] == before[paths[1]] + 1
@@ -115,6 +125,14 @@ def test_idle_pod_files_are_not_read_each_tick_and_a_woken_one_is_read_next_tick
             assert reads[paths[0]] == before[paths[0]]
             # Ground truth: the usage the collector read is the kernel's, and it moved with the work.
             assert snap.cgroup_cpu[paths[1]].usage_ns == int(waker.read("cpuacct", "cpuacct.usage"))
+            # The tick after, its usage (it ran at its last read) is looked at once more: it stood still, so
+            # nothing else of it is read and nothing of it is new; its reading is still the kernel's.
+            read_once = snap.cgroup_cpu[paths[1]]
+            snap = c.collect()
+            assert paths[1] not in snap.changed_paths and reads[paths[1]] == before[paths[1]] + 1
+            assert snap.cgroup_cpu[paths[1]] is read_once
+            assert read_once.usage_ns == int(waker.read("cpuacct", "cpuacct.usage"))
+            assert paths[1] not in watch._moving, "not followed any more"
     finally:
         for p in procs:
             p.kill()

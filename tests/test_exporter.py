@@ -521,4 +521,37 @@ def test_unchanged_histograms_are_not_rendered_again(monkeypatch) -> None:
     rendered.clear()
     text = ex.render_text(exporter).decode()
     assert rendered == [h1_moved] and f"{runqlat.CPU_RUNQ_LATENCY}_count" in text
-    assert len(exporter.hist_text) == 2  # only this scrape's histograms are kept
+    kept = [name for name, _ in exporter.series_text if name == runqlat.CPU_RUNQ_LATENCY]
+    assert len(kept) == 2  # only this scrape's histograms are kept
+
+
+def test_a_cgroups_unchanged_lines_are_reused_and_changed_ones_rendered() -> None:
+    """A cgroup's counter and gauge lines are made again only when their values changed since the last
+    scrape; the text says the new value at once, and a cgroup gone from the tick leaves no line."""
+    from probes.cpuacct import CgroupCpuStat
+
+    path = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234abcd_0000.slice"
+
+    def tick(usage_ns: int, quota_us: int | None) -> NodeSnapshot:
+        cpu = CgroupCpuStat(1, usage_ns, None, None, 10, 1, 5_000_000, None, None, quota_us, 100_000)
+        return NodeSnapshot(monotonic_s=1.0, wall_s=100.0, cgroup_cpu={path: cpu})
+
+    def line(text: str, metric: str) -> str:
+        return next(row for row in text.splitlines() if row.startswith(metric + "{"))
+
+    exporter, registry = _exporter()
+    exporter.update(tick(2_000_000_000, 50_000))
+    first = ex.render_text(exporter).decode()
+    assert line(first, ex.CGROUP_CPU_USAGE).endswith(" 2.0") and line(first, ex.CGROUP_CPU_QUOTA).endswith(" 0.5")
+    kept = exporter.series_text[(ex.CGROUP_CPU_USAGE, next(iter(exporter.prefix_text.values())))][1]
+    exporter.update(tick(2_000_000_000, 50_000))  # a new tick, nothing moved: the same text object
+    assert ex.render_text(exporter).decode() == first
+    assert exporter.series_text[(ex.CGROUP_CPU_USAGE, next(iter(exporter.prefix_text.values())))][1] is kept
+    exporter.update(tick(3_500_000_000, None))  # it ran, and its quota went
+    text = ex.render_text(exporter).decode()
+    assert line(text, ex.CGROUP_CPU_USAGE).endswith(" 3.5") and ex.CGROUP_CPU_QUOTA not in text
+    # what prometheus_client's own rendering of the same tick says
+    assert [v for (name, _), v in _scrape(registry).items() if name == ex.CGROUP_CPU_USAGE] == [3.5]
+    exporter.update(NodeSnapshot(monotonic_s=2.0, wall_s=101.0))  # the cgroup is gone
+    assert ex.CGROUP_CPU_USAGE not in ex.render_text(exporter).decode()
+    assert not [k for k in exporter.series_text if k[0] == ex.CGROUP_CPU_USAGE]

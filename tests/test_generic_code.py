@@ -5,6 +5,7 @@
   names a plugin (its name, view, module, snapshot field), reads a field of a plugin's snapshot or
   interval, or spells one of its metrics. Adding a probe must not need an edit there.
 - Runtime functions over 60 lines: at most 3 (AST, docstrings and comments included).
+- No runtime class over 300 lines (AST, counted the same way): a class that long does several jobs.
 - No import cycle among the runtime packages (probes → detector → actuators; noisyneighbor reads).
 """
 
@@ -30,6 +31,7 @@ GENERIC = ("noisyneighbor/exporter.py", "noisyneighbor/sections.py", "noisyneigh
 RUNTIME = ("probes", "detector", "actuators", "noisyneighbor")
 MAX_LINES = 60
 MAX_LONG_FUNCTIONS = 3
+MAX_CLASS_LINES = 300
 # Attributes every reader may use: the fields of the generic snapshot, signal, incident and plugin
 # interface types, and names every plugin snapshot has by the interface (its time and drops, an
 # interval's length).
@@ -114,6 +116,26 @@ def long_functions() -> list[tuple[str, int]]:
 def test_few_runtime_functions_over_60_lines():
     found = long_functions()
     assert len(found) <= MAX_LONG_FUNCTIONS, f"{len(found)} functions over {MAX_LINES} lines: {found}"
+
+
+def classes_over(source: str, max_lines: int = MAX_CLASS_LINES) -> list[tuple[str, int]]:
+    """(name at line, lines) of the classes in ``source`` longer than ``max_lines`` (nested ones too)."""
+    return [(f"{node.name} at line {node.lineno}", node.end_lineno - node.lineno + 1)  # type: ignore[operator]
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > max_lines]  # type: ignore[operator]
+
+
+def test_no_runtime_class_over_300_lines():
+    found = [(f"{path.relative_to(ROOT)}: {name}", n) for package in RUNTIME
+             for path in sorted((ROOT / package).rglob("*.py")) for name, n in classes_over(path.read_text())]
+    assert not found, f"classes over {MAX_CLASS_LINES} lines: {found}"
+
+
+def test_the_class_check_counts_a_class_to_its_last_line():
+    body = "".join(f"    x{i} = {i}\n" for i in range(4))
+    source = f'class Short:\n{body}\n\nclass Long:\n    """doc"""\n{body}    # a comment\n    y = 1\n'
+    assert classes_over(source, max_lines=7) == [("Long at line 8", 8)]  # docstring and comment counted
+    assert classes_over(source, max_lines=8) == []
 
 
 def _imports(path: Path) -> set[str]:

@@ -103,16 +103,13 @@ def test_kept_labels_follow_the_pod_record_and_the_cgroup_at_the_id(tmp_path):
     cgroup_dir.mkdir(parents=True)
     cgroup_id = cgroup_dir.stat().st_ino
     labeler = _CountingLabeler(pods, {cgroup_id: POD_CGROUP})
-    exp = Exporter(None, labeler, node="n1", layout=discover(), labels_token=pods.get)
+    keys = Exporter(None, labeler, node="n1", layout=discover(), labels_token=pods.get).keys
 
     def scrape() -> tuple[str | None, str | None]:
-        id_cache: dict = {}
-        path_cache: dict = {}
-        by_id = exp._key_for_id(cgroup_id, hierarchy, id_cache)
-        by_path = exp._key_for_path(CONTAINER_CGROUP, path_cache)
-        # What _cgroup_series keeps at the end of a scrape: this scrape's cgroups only.
-        exp._id_keys = {k: v for k, v in exp._id_keys.items() if k in id_cache}
-        exp._path_keys = {k: v for k, v in exp._path_keys.items() if k in path_cache}
+        keys.begin_scrape()
+        by_id = keys.for_id(cgroup_id, hierarchy)
+        by_path = keys.for_path(CONTAINER_CGROUP)
+        keys.end_scrape()
         return (by_id.pod if by_id else None), (by_path.pod if by_path else None)
 
     assert scrape() == ("web-1", "web-1")
