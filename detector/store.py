@@ -320,7 +320,197 @@ def _resized(arr: np.ndarray, capacity: int, fill: float, cols: np.ndarray | Non
     return out
 
 
-class SignalStore:
+class _SampleTiers:
+    """SignalStore's two tiers of samples (see the module docstring): where a tick's values go,
+    the moves between the tiers, and an entity's or a signal's values read back as (tick, entity).
+    Its state is made by SignalStore.__init__."""
+
+    _index: EntityIndex
+    _dense: EntityIndex
+    _sparse: EntityIndex
+    _data: dict[str, np.ndarray]
+    _sp_data: dict[str, np.ndarray]
+    _dense_row: np.ndarray
+    _sp_seq: np.ndarray
+    _sp_head: np.ndarray
+    _sp_row: np.ndarray
+    _seq: int
+    _live: int
+    _now: float
+    _version: int
+    tick_capacity: int
+
+    def _chronological(self) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def _tick_cells(self, rows: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+        """Where each entity's values of the latest tick go: its dense column (at the tick's slot), or the
+        cell of its sparse ring's sample for this tick (a flat index into the (sample, column) arrays),
+        the sample made unless this tick has one already (a merged tick)."""
+        dense: dict[str, int] = {}
+        sparse: dict[str, tuple[int, int]] = {}
+        new_pos: list[int] = []
+        new_cols: list[int] = []
+        seq, first_live = self._seq, self._seq - self._live + 1
+        for entity, row in rows.items():
+            col = self._dense.row(entity)
+            if col is not None:
+                dense[entity] = col
+                continue
+            col = self._sparse.row(entity)
+            if col is None:
+                col = self._sparse_column(entity, row)
+            else:
+                head = int(self._sp_head[col])
+                latest = (head - 1) % SPARSE_SAMPLES
+                if self._sp_seq[latest, col] == seq:
+                    sparse[entity] = (latest, col)
+                    continue
+                if self._sp_seq[head % SPARSE_SAMPLES, col] >= first_live:  # the ring is full of live samples
+                    dense[entity] = self._promote(entity, row, col)
+                    continue
+            pos = int(self._sp_head[col]) % SPARSE_SAMPLES
+            self._sp_seq[pos, col] = seq
+            self._sp_head[col] += 1
+            new_pos.append(pos)
+            new_cols.append(col)
+            sparse[entity] = (pos, col)
+        for arr in self._sp_data.values():
+            arr[new_pos, new_cols] = np.nan  # a reused cell: no value of an older sample stays
+        width = self._sparse.capacity  # after any growth above
+        return dense, {entity: pos * width + col for entity, (pos, col) in sparse.items()}
+
+    def _sparse_column(self, entity: str, row: int) -> int:
+        col, grown_to, _ = self._sparse.touch(entity, self._now)  # never evicts: it holds fewer than the store
+        if grown_to is not None:
+            self._sp_data = {s: _resized(a, grown_to, np.nan) for s, a in self._sp_data.items()}
+            self._sp_seq = _resized(self._sp_seq, grown_to, -1)
+            self._sp_head = _resized(self._sp_head, grown_to, 0)
+            self._sp_row = _resized(self._sp_row, grown_to, -1)
+        self._sp_row[col] = row
+        return col
+
+    def _dense_column(self, entity: str, row: int) -> int:
+        col, grown_to, _ = self._dense.touch(entity, self._now)
+        if grown_to is not None:
+            self._data = {s: _resized(a, grown_to, np.nan) for s, a in self._data.items()}
+            self._dense_row = _resized(self._dense_row, grown_to, -1)
+        self._dense_row[col] = row
+        return col
+
+    def _promote(self, entity: str, row: int, scol: int) -> int:
+        """Move an entity's live samples from its sparse ring (column ``scol``) to a dense column; returns the
+        dense column."""
+        self._sparse.remove(entity)
+        seqs = self._sp_seq[:, scol]
+        live = seqs >= self._seq - self._live + 1
+        slots = seqs[live] % self.tick_capacity
+        col = self._dense_column(entity, row)
+        for signal, arr in self._data.items():
+            arr[slots, col] = self._sp_data[signal][live, scol]
+        self._free_sparse(scol)
+        return col
+
+    def _demote(self) -> bool:
+        """Move entities whose dense column holds at most _DEMOTE_AT live samples to sparse rings."""
+        cols = np.flatnonzero(self._dense_row >= 0)
+        if not len(cols):
+            return False
+        first_live = self._seq - self._live + 1
+        slots, _ = self._chronological()
+        present = np.zeros((len(slots), len(cols)), dtype=bool)
+        for arr in self._data.values():
+            present |= ~np.isnan(arr[np.ix_(slots, cols)])
+        few = np.flatnonzero(present.sum(axis=0) <= _DEMOTE_AT)
+        if not len(few):
+            return False
+        name_of = {col: name for name, col in self._dense.items()}
+        for i in few.tolist():
+            col = int(cols[i])
+            entity, row = name_of[col], int(self._dense_row[col])
+            ticks = np.flatnonzero(present[:, i])  # oldest first
+            values = {signal: arr[slots[ticks], col] for signal, arr in self._data.items()}
+            self._free_dense(entity)
+            scol = self._sparse_column(entity, row)
+            n = len(ticks)
+            self._sp_seq[:n, scol] = first_live + ticks
+            self._sp_head[scol] = n
+            for signal, arr in self._sp_data.items():
+                arr[:n, scol] = values[signal]
+        return True
+
+    def _shrink(self) -> None:
+        """Fit the rows and both tiers' columns to the entities left (see EntityIndex.shrink)."""
+        if self._index.shrink() is not None:
+            self._version += 1
+            for tier, row_of_col in ((self._dense, self._dense_row), (self._sparse, self._sp_row)):
+                for entity, col in tier.items():
+                    row_of_col[col] = self._index.row(entity)
+        cols = self._dense.shrink()
+        if cols is not None:
+            width = self._dense.capacity
+            self._data = {s: _resized(a, width, np.nan, cols) for s, a in self._data.items()}
+            self._dense_row = _resized(self._dense_row, width, -1, cols)
+        cols = self._sparse.shrink()
+        if cols is not None:
+            width = self._sparse.capacity
+            self._sp_data = {s: _resized(a, width, np.nan, cols) for s, a in self._sp_data.items()}
+            self._sp_seq = _resized(self._sp_seq, width, -1, cols)
+            self._sp_head = _resized(self._sp_head, width, 0, cols)
+            self._sp_row = _resized(self._sp_row, width, -1, cols)
+
+    def _drop_samples(self, entity: str) -> None:
+        """Free the entity's dense column or sparse ring (it left the store)."""
+        self._free_dense(entity)
+        col = self._sparse.remove(entity)
+        if col is not None:
+            self._free_sparse(col)
+
+    def _free_dense(self, entity: str) -> None:
+        col = self._dense.remove(entity)
+        if col is not None:
+            for arr in self._data.values():
+                arr[:, col] = np.nan
+            self._dense_row[col] = -1
+
+    def _free_sparse(self, col: int) -> None:
+        self._sp_seq[:, col] = -1
+        self._sp_head[col] = 0
+        self._sp_row[col] = -1
+
+    def _series(self, entity: str, signal: str, slots: np.ndarray) -> np.ndarray | None:
+        """The entity's values of a known ``signal`` in the window's ticks (``slots``), float64, NaN where
+        missing; None when the entity is not stored."""
+        col = self._dense.row(entity)
+        if col is not None:
+            return self._data[signal][slots, col].astype(np.float64)
+        col = self._sparse.row(entity)
+        if col is None:
+            return None
+        first = self._seq - len(slots) + 1
+        out = np.full(len(slots), np.nan)
+        seqs = self._sp_seq[:, col]
+        inside = seqs >= first
+        out[seqs[inside] - first] = self._sp_data[signal][inside, col]
+        return out
+
+    def _block(self, signal: str, slots: np.ndarray) -> np.ndarray:
+        """The window's (tick, entity row) values of a known signal, float64, NaN where missing."""
+        block = np.full((len(slots), self._index.capacity), np.nan)
+        if not len(slots):
+            return block
+        if len(self._dense):
+            cols = np.flatnonzero(self._dense_row >= 0)
+            block[:, self._dense_row[cols]] = self._data[signal][np.ix_(slots, cols)]
+        if len(self._sparse):
+            first = self._seq - len(slots) + 1
+            pos, cols = np.nonzero(self._sp_seq >= first)
+            block[self._sp_seq[pos, cols] - first, self._sp_row[cols]] = self._sp_data[signal][pos, cols]
+        return block
+
+
+
+class SignalStore(_SampleTiers):
     """Rolling per-(entity, signal) time series in numpy rings, dense or per entity; see the module docstring."""
 
     def __init__(
@@ -425,109 +615,12 @@ class SignalStore:
         sig_idx = np.fromiter(map(signal_ids.get, signals, repeat(-1)), dtype=np.intp, count=len(keys))
         to_dense = present & (d_col >= 0)
         to_sparse = present & (s_cell >= 0)
-        slot = self._head
         for signal, i in signal_ids.items():
             is_signal = sig_idx == i
             mask = to_dense & is_signal
-            self._data[signal][slot, d_col[mask]] = vals[mask]
+            self._data[signal][self._head, d_col[mask]] = vals[mask]
             mask = to_sparse & is_signal
             np.put(self._sp_data[signal], s_cell[mask], vals[mask])  # flat (sample, column) cells
-
-    def _tick_cells(self, rows: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
-        """Where each entity's values of the latest tick go: its dense column (at the tick's slot), or the
-        cell of its sparse ring's sample for this tick (a flat index into the (sample, column) arrays),
-        the sample made unless this tick has one already (a merged tick)."""
-        dense: dict[str, int] = {}
-        sparse: dict[str, tuple[int, int]] = {}
-        new_pos: list[int] = []
-        new_cols: list[int] = []
-        seq, first_live = self._seq, self._seq - self._live + 1
-        for entity, row in rows.items():
-            col = self._dense.row(entity)
-            if col is not None:
-                dense[entity] = col
-                continue
-            col = self._sparse.row(entity)
-            if col is None:
-                col = self._sparse_column(entity, row)
-            else:
-                head = int(self._sp_head[col])
-                latest = (head - 1) % SPARSE_SAMPLES
-                if self._sp_seq[latest, col] == seq:
-                    sparse[entity] = (latest, col)
-                    continue
-                if self._sp_seq[head % SPARSE_SAMPLES, col] >= first_live:  # the ring is full of live samples
-                    dense[entity] = self._promote(entity, row, col)
-                    continue
-            pos = int(self._sp_head[col]) % SPARSE_SAMPLES
-            self._sp_seq[pos, col] = seq
-            self._sp_head[col] += 1
-            new_pos.append(pos)
-            new_cols.append(col)
-            sparse[entity] = (pos, col)
-        for arr in self._sp_data.values():
-            arr[new_pos, new_cols] = np.nan  # a reused cell: no value of an older sample stays
-        width = self._sparse.capacity  # after any growth above
-        return dense, {entity: pos * width + col for entity, (pos, col) in sparse.items()}
-
-    def _sparse_column(self, entity: str, row: int) -> int:
-        col, grown_to, _ = self._sparse.touch(entity, self._now)  # never evicts: it holds fewer than the store
-        if grown_to is not None:
-            self._sp_data = {s: _resized(a, grown_to, np.nan) for s, a in self._sp_data.items()}
-            self._sp_seq = _resized(self._sp_seq, grown_to, -1)
-            self._sp_head = _resized(self._sp_head, grown_to, 0)
-            self._sp_row = _resized(self._sp_row, grown_to, -1)
-        self._sp_row[col] = row
-        return col
-
-    def _dense_column(self, entity: str, row: int) -> int:
-        col, grown_to, _ = self._dense.touch(entity, self._now)
-        if grown_to is not None:
-            self._data = {s: _resized(a, grown_to, np.nan) for s, a in self._data.items()}
-            self._dense_row = _resized(self._dense_row, grown_to, -1)
-        self._dense_row[col] = row
-        return col
-
-    def _promote(self, entity: str, row: int, scol: int) -> int:
-        """Move an entity's live samples from its sparse ring (column ``scol``) to a dense column; returns the
-        dense column."""
-        self._sparse.remove(entity)
-        seqs = self._sp_seq[:, scol]
-        live = seqs >= self._seq - self._live + 1
-        slots = seqs[live] % self.tick_capacity
-        col = self._dense_column(entity, row)
-        for signal, arr in self._data.items():
-            arr[slots, col] = self._sp_data[signal][live, scol]
-        self._free_sparse(scol)
-        return col
-
-    def _demote(self) -> bool:
-        """Move entities whose dense column holds at most _DEMOTE_AT live samples to sparse rings."""
-        cols = np.flatnonzero(self._dense_row >= 0)
-        if not len(cols):
-            return False
-        first_live = self._seq - self._live + 1
-        slots, _ = self._chronological()
-        present = np.zeros((len(slots), len(cols)), dtype=bool)
-        for arr in self._data.values():
-            present |= ~np.isnan(arr[np.ix_(slots, cols)])
-        few = np.flatnonzero(present.sum(axis=0) <= _DEMOTE_AT)
-        if not len(few):
-            return False
-        name_of = {col: name for name, col in self._dense.items()}
-        for i in few.tolist():
-            col = int(cols[i])
-            entity, row = name_of[col], int(self._dense_row[col])
-            ticks = np.flatnonzero(present[:, i])  # oldest first
-            values = {signal: arr[slots[ticks], col] for signal, arr in self._data.items()}
-            self._free_dense(entity)
-            scol = self._sparse_column(entity, row)
-            n = len(ticks)
-            self._sp_seq[:n, scol] = first_live + ticks
-            self._sp_head[scol] = n
-            for signal, arr in self._sp_data.items():
-                arr[:n, scol] = values[signal]
-        return True
 
     def _tick_time(self, ts: float) -> float:
         """A tick's timestamp as a float: a finite number, not before the latest tick."""
@@ -550,26 +643,6 @@ class SignalStore:
         self._version += 1
         self._shrink()
         return True
-
-    def _shrink(self) -> None:
-        """Fit the rows and both tiers' columns to the entities left (see EntityIndex.shrink)."""
-        if self._index.shrink() is not None:
-            self._version += 1
-            for tier, row_of_col in ((self._dense, self._dense_row), (self._sparse, self._sp_row)):
-                for entity, col in tier.items():
-                    row_of_col[col] = self._index.row(entity)
-        cols = self._dense.shrink()
-        if cols is not None:
-            width = self._dense.capacity
-            self._data = {s: _resized(a, width, np.nan, cols) for s, a in self._data.items()}
-            self._dense_row = _resized(self._dense_row, width, -1, cols)
-        cols = self._sparse.shrink()
-        if cols is not None:
-            width = self._sparse.capacity
-            self._sp_data = {s: _resized(a, width, np.nan, cols) for s, a in self._sp_data.items()}
-            self._sp_seq = _resized(self._sp_seq, width, -1, cols)
-            self._sp_head = _resized(self._sp_head, width, 0, cols)
-            self._sp_row = _resized(self._sp_row, width, -1, cols)
 
     def _advance(self, t: float) -> None:
         self._head = (self._head + 1) % self.tick_capacity
@@ -595,25 +668,6 @@ class SignalStore:
         demoted = self._seq % _DEMOTE_EVERY == 0 and self._demote()
         if expired or demoted:
             self._shrink()
-
-    def _drop_samples(self, entity: str) -> None:
-        """Free the entity's dense column or sparse ring (it left the store)."""
-        self._free_dense(entity)
-        col = self._sparse.remove(entity)
-        if col is not None:
-            self._free_sparse(col)
-
-    def _free_dense(self, entity: str) -> None:
-        col = self._dense.remove(entity)
-        if col is not None:
-            for arr in self._data.values():
-                arr[:, col] = np.nan
-            self._dense_row[col] = -1
-
-    def _free_sparse(self, col: int) -> None:
-        self._sp_seq[:, col] = -1
-        self._sp_head[col] = 0
-        self._sp_row[col] = -1
 
     # ---- queries ----------------------------------------------------------------------------
 
@@ -654,36 +708,6 @@ class SignalStore:
         slots, ts = self._chronological()
         start = int(np.searchsorted(ts, self._now - s, side="right"))
         return slots[start:], ts[start:]
-
-    def _series(self, entity: str, signal: str, slots: np.ndarray) -> np.ndarray | None:
-        """The entity's values of a known ``signal`` in the window's ticks (``slots``), float64, NaN where
-        missing; None when the entity is not stored."""
-        col = self._dense.row(entity)
-        if col is not None:
-            return self._data[signal][slots, col].astype(np.float64)
-        col = self._sparse.row(entity)
-        if col is None:
-            return None
-        first = self._seq - len(slots) + 1
-        out = np.full(len(slots), np.nan)
-        seqs = self._sp_seq[:, col]
-        inside = seqs >= first
-        out[seqs[inside] - first] = self._sp_data[signal][inside, col]
-        return out
-
-    def _block(self, signal: str, slots: np.ndarray) -> np.ndarray:
-        """The window's (tick, entity row) values of a known signal, float64, NaN where missing."""
-        block = np.full((len(slots), self._index.capacity), np.nan)
-        if not len(slots):
-            return block
-        if len(self._dense):
-            cols = np.flatnonzero(self._dense_row >= 0)
-            block[:, self._dense_row[cols]] = self._data[signal][np.ix_(slots, cols)]
-        if len(self._sparse):
-            first = self._seq - len(slots) + 1
-            pos, cols = np.nonzero(self._sp_seq >= first)
-            block[self._sp_seq[pos, cols] - first, self._sp_row[cols]] = self._sp_data[signal][pos, cols]
-        return block
 
     def window(self, entity: str, signal: str, seconds: float) -> Window:
         """The present values of one series over the window with their tick timestamps (oldest first)."""
