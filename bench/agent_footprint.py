@@ -292,6 +292,25 @@ class AgentUnderTest:
                 split[kind] += int(head[1])
         return {k: round(v / 1024, 1) for k, v in split.items()}
 
+    def smaps_report(self, top: int = 8) -> str:
+        """``smaps_rollup``'s memory lines and the largest anonymous mappings by Rss (``--smaps``): what
+        grew between two steps, by mapping."""
+        rollup = Path(f"/proc/{self.proc.pid}/smaps_rollup").read_text().splitlines()[1:]
+        lines = [" ".join(line.split()) for line in rollup
+                 if line.split()[0] in ("Rss:", "Pss_Anon:", "Pss_File:", "Anonymous:", "Private_Dirty:")]
+        maps: list[tuple[int, int, str]] = []  # (rss KiB, size KiB, range and name)
+        head: list[str] = []
+        for line in Path(f"/proc/{self.proc.pid}/smaps").read_text().splitlines():
+            fields = line.split()
+            if fields and "-" in fields[0] and not fields[0].endswith(":"):
+                head = fields
+            elif fields and fields[0] == "Rss:" and head and (len(head) < 6 or not head[5].startswith("/")):
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                maps.append((int(fields[1]), (hi - lo) // 1024, f"{head[0]} {head[5] if len(head) > 5 else ''}"))
+        maps.sort(reverse=True)
+        lines += [f"anon {rss:>7} KiB rss of {size:>7} KiB  {where}" for rss, size, where in maps[:top]]
+        return "\n".join(lines)
+
     def measure(self, step: str, pods: int, window: float, during: object = None,
                 removed_uids: set[str] | None = None, fleet: PodFleet | None = None) -> StepResult:
         """CPU over ``window`` s while ``during()`` (if given) is called about once a second; counts the
@@ -356,7 +375,8 @@ def run(args: argparse.Namespace) -> tuple[list[StepResult], dict]:
     steps = [int(s) for s in args.steps.split(",") if s.strip()]
     with tempfile.TemporaryDirectory(prefix="nn-footprint-") as tmp, FakeKube(node_name="node-1") as kube:
         fleet = PodFleet(kube, args.wake_every)
-        agent = AgentUnderTest(Path(tmp), args.interval, kube.url, args.scrape_interval)
+        agent = AgentUnderTest(Path(tmp), args.interval, kube.url, args.scrape_interval,
+                               repo=Path(args.agent_repo).resolve() if args.agent_repo else REPO)
         try:
             agent.wait_ready()
             for n in steps:
@@ -369,6 +389,8 @@ def run(args: argparse.Namespace) -> tuple[list[StepResult], dict]:
                 if profiler is not None:
                     profiler.wait()
                 print(render_row(results[-1]), file=sys.stderr, flush=True)
+                if args.smaps:
+                    print(f"smaps at {n} pods:\n{agent.smaps_report()}", file=sys.stderr, flush=True)
                 if n == args.churn_at and args.churn > 0:
                     churn = Churner(fleet, args.churn_pods, args.churn_every)
                     results.append(agent.measure("churn", n, args.churn, during=churn, fleet=fleet))
@@ -382,7 +404,7 @@ def run(args: argparse.Namespace) -> tuple[list[StepResult], dict]:
             cleanup_prefix()
     meta = {"exit_code": rc, "cpus": os.cpu_count(), "kernel": os.uname().release, "interval_s": args.interval,
             "busy_pods": args.busy, "wake_every_s": args.wake_every, "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
-            "commit": _git_commit()}
+            "commit": _git_commit() if not args.agent_repo else f"agent from {args.agent_repo}"}
     return results, meta
 
 
@@ -486,6 +508,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-rate", type=int, default=50,
                    help="py-spy samples per second (50 for the numbers, 500 to find hot spots)")
     p.add_argument("--json", action="store_true", help="one JSON document instead of the table")
+    p.add_argument("--smaps", action="store_true",
+                   help="after each step, print the agent's smaps_rollup and largest anonymous mappings (stderr)")
+    p.add_argument("--agent-repo",
+                   help="run the agent from this checkout (another commit's, to compare; its bpf objects built)")
     p.add_argument("--scrape-interval", type=float, default=15.0,
                    help="seconds between /metrics scrapes (the ServiceMonitor scrapes every 15 s)")
     args = p.parse_args(argv)

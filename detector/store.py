@@ -29,14 +29,20 @@ Memory is bounded twice. By time: ticks older than ``retention_s`` are dropped (
 oldest are dropped earlier), and an entity with no value for ``retention_s`` is forgotten. By entity
 count: at ``max_entities`` the least recently updated entity is dropped to make room.
 
-Layout: each signal is one preallocated ``(tick slot, entity row)`` float32 array, a tick writes one
-row of it (a vectorised scatter per signal), and query results are built only when a query returns,
-so the hot path allocates nothing per tick (numpy only: pandas cost the agent 40 MiB of RSS to import).
+Layout, in two tiers. An entity with a value in most ticks has a column of the dense tier: per signal
+one ``(tick slot, column)`` float32 array, a tick writes one row of it. An entity with values in few
+ticks (most pods of a node: their tasks wake now and then) has a ring of ``SPARSE_SAMPLES`` samples
+instead, each the values of one tick and that tick's number, so an idle pod costs a tenth of a dense
+column. Entities move between the tiers as their rate changes; queries see one (tick, entity) block
+either way, so answers do not depend on the tier. A tick's writes are a vectorised scatter per signal
+and query results are built only when a query returns (numpy only: pandas cost the agent 40 MiB of
+RSS to import).
 Whole-window statistics for all entities are computed in
 one vectorised pass per (signal, seconds) and cached until the next change, so the engine can call
 ``stats()`` for every entity each tick for a couple of microseconds each. Measured here (2 shared cores,
 under load from other work): 500 entities x 10 signals, one ``add`` ~1.6 ms; stats over 10 s and 60 s
-for all 500 entities on 2 signals ~3.4 ms; arrays 13 MiB (``bench/detector.py`` has the full numbers).
+for all 500 entities on 2 signals ~3.4 ms; arrays 13 MiB (``bench/detector.py`` has the full numbers;
+these were measured before the sparse tier, with every entity dense).
 """
 
 from __future__ import annotations
@@ -124,11 +130,14 @@ class EntityIndex:
     an entity is dropped; the owner clears the row's data through the ``on_free`` callback.
     """
 
-    def __init__(self, max_entities: int) -> None:
+    def __init__(self, max_entities: int, initial_rows: int = _INITIAL_ROWS) -> None:
+        """``initial_rows`` 0: no rows until the first entity, and none again once the last is gone
+        (the store's two tiers, of which one is often empty)."""
         if max_entities < 1:
             raise StoreError(f"max_entities must be >= 1, got {max_entities}")
         self.max_entities = max_entities
-        self.capacity = min(_INITIAL_ROWS, max_entities)
+        self.min_rows = min(initial_rows, max_entities)
+        self.capacity = self.min_rows
         self._rows: OrderedDict[str, int] = OrderedDict()  # order = least recently touched first
         self._free: list[int] = list(range(self.capacity - 1, -1, -1))
         self.last_touch_ts = np.full(self.capacity, -np.inf)
@@ -188,9 +197,12 @@ class EntityIndex:
         returns their old rows in that order (the owner moves its columns: ``arr[:, old]``), or None
         when nothing shrank. Without it the arrays keep the size of the largest crowd ever seen:
         after pod churn, more memory for the same pods."""
-        if self.capacity <= _INITIAL_ROWS or len(self._rows) * 5 > self.capacity * 3:
+        if not self._rows and self.min_rows == 0:
+            capacity = 0
+        elif self.capacity <= _INITIAL_ROWS or len(self._rows) * 5 > self.capacity * 3:
             return None
-        capacity = min(_rows_for(len(self._rows)), self.capacity)
+        else:
+            capacity = min(_rows_for(len(self._rows)), self.capacity)
         if capacity == self.capacity:
             return None
         old_rows = np.fromiter(self._rows.values(), dtype=np.intp, count=len(self._rows))
@@ -204,7 +216,11 @@ class EntityIndex:
 
     def expire(self, cutoff_ts: float) -> list[int]:
         """Drop entities last touched at or before ``cutoff_ts``; returns their rows."""
-        freed: list[int] = []
+        return [row for _, row in self.expire_entries(cutoff_ts)]
+
+    def expire_entries(self, cutoff_ts: float) -> list[tuple[str, int]]:
+        """Drop entities last touched at or before ``cutoff_ts``; returns them with their rows."""
+        freed: list[tuple[str, int]] = []
         while self._rows:
             entity, row = next(iter(self._rows.items()))
             if self.last_touch_ts[row] > cutoff_ts:
@@ -212,7 +228,7 @@ class EntityIndex:
             del self._rows[entity]
             self._free.append(row)
             self.last_touch_ts[row] = -np.inf
-            freed.append(row)
+            freed.append((entity, row))
         return freed
 
 
@@ -281,8 +297,221 @@ def _column_stats(block: np.ndarray) -> dict[str, np.ndarray]:
             "sum": total}
 
 
-class SignalStore:
-    """Rolling per-(entity, signal) time series in preallocated numpy rings; see the module docstring."""
+# A workload with a value in few ticks (a pod whose task wakes every 30 s: ~10 of a 5-minute retention's
+# 300 ticks) keeps its samples in a ring of its own, each with its tick's number: 32 samples cost a tenth
+# of a column of the dense (tick slot, workload) arrays, which for such a pod is ~97 % NaN (300 idle pods:
+# 5 MiB of the agent's RSS). A workload whose ring is full of samples still inside the retention moves to
+# the dense arrays; one whose dense column holds at most half a ring's samples moves back (looked at
+# every _DEMOTE_EVERY ticks: the gap between the two keeps a workload from flapping between them).
+SPARSE_SAMPLES = 32
+_DEMOTE_AT = SPARSE_SAMPLES // 2
+_DEMOTE_EVERY = 32
+
+
+def _resized(arr: np.ndarray, capacity: int, fill: float, cols: np.ndarray | None = None) -> np.ndarray:
+    """``arr`` with ``capacity`` columns (its last axis), new cells ``fill``: its columns kept in place, or
+    ``cols`` of them moved to the front in that order (a shrink)."""
+    out = np.full((*arr.shape[:-1], capacity), fill, dtype=arr.dtype)
+    if cols is None:
+        kept = min(arr.shape[-1], capacity)
+        out[..., :kept] = arr[..., :kept]
+    else:
+        out[..., : len(cols)] = arr[..., cols]
+    return out
+
+
+class _SampleTiers:
+    """SignalStore's two tiers of samples (see the module docstring): where a tick's values go,
+    the moves between the tiers, and an entity's or a signal's values read back as (tick, entity).
+    Its state is made by SignalStore.__init__."""
+
+    _index: EntityIndex
+    _dense: EntityIndex
+    _sparse: EntityIndex
+    _data: dict[str, np.ndarray]
+    _sp_data: dict[str, np.ndarray]
+    _dense_row: np.ndarray
+    _sp_seq: np.ndarray
+    _sp_head: np.ndarray
+    _sp_row: np.ndarray
+    _seq: int
+    _live: int
+    _now: float
+    _version: int
+    tick_capacity: int
+
+    def _chronological(self) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def _tick_cells(self, rows: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+        """Where each entity's values of the latest tick go: its dense column (at the tick's slot), or the
+        cell of its sparse ring's sample for this tick (a flat index into the (sample, column) arrays),
+        the sample made unless this tick has one already (a merged tick)."""
+        dense: dict[str, int] = {}
+        sparse: dict[str, tuple[int, int]] = {}
+        new_pos: list[int] = []
+        new_cols: list[int] = []
+        seq, first_live = self._seq, self._seq - self._live + 1
+        for entity, row in rows.items():
+            col = self._dense.row(entity)
+            if col is not None:
+                dense[entity] = col
+                continue
+            col = self._sparse.row(entity)
+            if col is None:
+                col = self._sparse_column(entity, row)
+            else:
+                head = int(self._sp_head[col])
+                latest = (head - 1) % SPARSE_SAMPLES
+                if self._sp_seq[latest, col] == seq:
+                    sparse[entity] = (latest, col)
+                    continue
+                if self._sp_seq[head % SPARSE_SAMPLES, col] >= first_live:  # the ring is full of live samples
+                    dense[entity] = self._promote(entity, row, col)
+                    continue
+            pos = int(self._sp_head[col]) % SPARSE_SAMPLES
+            self._sp_seq[pos, col] = seq
+            self._sp_head[col] += 1
+            new_pos.append(pos)
+            new_cols.append(col)
+            sparse[entity] = (pos, col)
+        for arr in self._sp_data.values():
+            arr[new_pos, new_cols] = np.nan  # a reused cell: no value of an older sample stays
+        width = self._sparse.capacity  # after any growth above
+        return dense, {entity: pos * width + col for entity, (pos, col) in sparse.items()}
+
+    def _sparse_column(self, entity: str, row: int) -> int:
+        col, grown_to, _ = self._sparse.touch(entity, self._now)  # never evicts: it holds fewer than the store
+        if grown_to is not None:
+            self._sp_data = {s: _resized(a, grown_to, np.nan) for s, a in self._sp_data.items()}
+            self._sp_seq = _resized(self._sp_seq, grown_to, -1)
+            self._sp_head = _resized(self._sp_head, grown_to, 0)
+            self._sp_row = _resized(self._sp_row, grown_to, -1)
+        self._sp_row[col] = row
+        return col
+
+    def _dense_column(self, entity: str, row: int) -> int:
+        col, grown_to, _ = self._dense.touch(entity, self._now)
+        if grown_to is not None:
+            self._data = {s: _resized(a, grown_to, np.nan) for s, a in self._data.items()}
+            self._dense_row = _resized(self._dense_row, grown_to, -1)
+        self._dense_row[col] = row
+        return col
+
+    def _promote(self, entity: str, row: int, scol: int) -> int:
+        """Move an entity's live samples from its sparse ring (column ``scol``) to a dense column; returns the
+        dense column."""
+        self._sparse.remove(entity)
+        seqs = self._sp_seq[:, scol]
+        live = seqs >= self._seq - self._live + 1
+        slots = seqs[live] % self.tick_capacity
+        col = self._dense_column(entity, row)
+        for signal, arr in self._data.items():
+            arr[slots, col] = self._sp_data[signal][live, scol]
+        self._free_sparse(scol)
+        return col
+
+    def _demote(self) -> bool:
+        """Move entities whose dense column holds at most _DEMOTE_AT live samples to sparse rings."""
+        cols = np.flatnonzero(self._dense_row >= 0)
+        if not len(cols):
+            return False
+        first_live = self._seq - self._live + 1
+        slots, _ = self._chronological()
+        present = np.zeros((len(slots), len(cols)), dtype=bool)
+        for arr in self._data.values():
+            present |= ~np.isnan(arr[np.ix_(slots, cols)])
+        few = np.flatnonzero(present.sum(axis=0) <= _DEMOTE_AT)
+        if not len(few):
+            return False
+        name_of = {col: name for name, col in self._dense.items()}
+        for i in few.tolist():
+            col = int(cols[i])
+            entity, row = name_of[col], int(self._dense_row[col])
+            ticks = np.flatnonzero(present[:, i])  # oldest first
+            values = {signal: arr[slots[ticks], col] for signal, arr in self._data.items()}
+            self._free_dense(entity)
+            scol = self._sparse_column(entity, row)
+            n = len(ticks)
+            self._sp_seq[:n, scol] = first_live + ticks
+            self._sp_head[scol] = n
+            for signal, arr in self._sp_data.items():
+                arr[:n, scol] = values[signal]
+        return True
+
+    def _shrink(self) -> None:
+        """Fit the rows and both tiers' columns to the entities left (see EntityIndex.shrink)."""
+        if self._index.shrink() is not None:
+            self._version += 1
+            for tier, row_of_col in ((self._dense, self._dense_row), (self._sparse, self._sp_row)):
+                for entity, col in tier.items():
+                    row_of_col[col] = self._index.row(entity)
+        cols = self._dense.shrink()
+        if cols is not None:
+            width = self._dense.capacity
+            self._data = {s: _resized(a, width, np.nan, cols) for s, a in self._data.items()}
+            self._dense_row = _resized(self._dense_row, width, -1, cols)
+        cols = self._sparse.shrink()
+        if cols is not None:
+            width = self._sparse.capacity
+            self._sp_data = {s: _resized(a, width, np.nan, cols) for s, a in self._sp_data.items()}
+            self._sp_seq = _resized(self._sp_seq, width, -1, cols)
+            self._sp_head = _resized(self._sp_head, width, 0, cols)
+            self._sp_row = _resized(self._sp_row, width, -1, cols)
+
+    def _drop_samples(self, entity: str) -> None:
+        """Free the entity's dense column or sparse ring (it left the store)."""
+        self._free_dense(entity)
+        col = self._sparse.remove(entity)
+        if col is not None:
+            self._free_sparse(col)
+
+    def _free_dense(self, entity: str) -> None:
+        col = self._dense.remove(entity)
+        if col is not None:
+            for arr in self._data.values():
+                arr[:, col] = np.nan
+            self._dense_row[col] = -1
+
+    def _free_sparse(self, col: int) -> None:
+        self._sp_seq[:, col] = -1
+        self._sp_head[col] = 0
+        self._sp_row[col] = -1
+
+    def _series(self, entity: str, signal: str, slots: np.ndarray) -> np.ndarray | None:
+        """The entity's values of a known ``signal`` in the window's ticks (``slots``), float64, NaN where
+        missing; None when the entity is not stored."""
+        col = self._dense.row(entity)
+        if col is not None:
+            return self._data[signal][slots, col].astype(np.float64)
+        col = self._sparse.row(entity)
+        if col is None:
+            return None
+        first = self._seq - len(slots) + 1
+        out = np.full(len(slots), np.nan)
+        seqs = self._sp_seq[:, col]
+        inside = seqs >= first
+        out[seqs[inside] - first] = self._sp_data[signal][inside, col]
+        return out
+
+    def _block(self, signal: str, slots: np.ndarray) -> np.ndarray:
+        """The window's (tick, entity row) values of a known signal, float64, NaN where missing."""
+        block = np.full((len(slots), self._index.capacity), np.nan)
+        if not len(slots):
+            return block
+        if len(self._dense):
+            cols = np.flatnonzero(self._dense_row >= 0)
+            block[:, self._dense_row[cols]] = self._data[signal][np.ix_(slots, cols)]
+        if len(self._sparse):
+            first = self._seq - len(slots) + 1
+            pos, cols = np.nonzero(self._sp_seq >= first)
+            block[self._sp_seq[pos, cols] - first, self._sp_row[cols]] = self._sp_data[signal][pos, cols]
+        return block
+
+
+
+class SignalStore(_SampleTiers):
+    """Rolling per-(entity, signal) time series in numpy rings, dense or per entity; see the module docstring."""
 
     def __init__(
         self,
@@ -299,10 +528,21 @@ class SignalStore:
         if self.tick_capacity < 2:
             raise StoreError(f"tick_capacity must be >= 2, got {self.tick_capacity}")
         self.max_signals = max_signals
-        self._index = EntityIndex(max_entities)
-        self._data: dict[str, np.ndarray] = {}  # signal -> (tick slot, entity row)
+        self._index = EntityIndex(max_entities)  # every entity's row: the rows of the query tables
+        # Dense tier: per signal one (tick slot, column) array; _dense_row maps a column to its entity's row.
+        self._dense = EntityIndex(max_entities, initial_rows=0)
+        self._data: dict[str, np.ndarray] = {}
+        self._dense_row = np.empty(0, dtype=np.intp)  # -1: free column
+        # Sparse tier: per entity (column) a ring of SPARSE_SAMPLES samples: per signal its values, and
+        # the number of each sample's tick (-1: no sample); _sp_head is where the next sample goes.
+        self._sparse = EntityIndex(max_entities, initial_rows=0)
+        self._sp_data: dict[str, np.ndarray] = {}
+        self._sp_seq = np.empty((SPARSE_SAMPLES, 0), dtype=np.int64)
+        self._sp_head = np.empty(0, dtype=np.int64)
+        self._sp_row = np.empty(0, dtype=np.intp)
         self._ts = np.full(self.tick_capacity, np.nan)  # ts per slot; NaN = slot holds no live tick
         self._head = -1  # slot of the latest tick
+        self._seq = -1  # number of the latest tick (ticks are numbered from 0; its slot is _seq % tick_capacity)
         self._live = 0  # number of live ticks, ending at _head
         self._now = -math.inf
         self._version = 0  # bumped by every change; queries cache per version
@@ -356,27 +596,31 @@ class SignalStore:
         if t > self._now:
             self._advance(t)
         for signal in new_signals:
-            self._data[signal] = np.full((self.tick_capacity, self._index.capacity), np.nan, dtype=VALUE_DTYPE)
+            self._data[signal] = np.full((self.tick_capacity, self._dense.capacity), np.nan, dtype=VALUE_DTYPE)
+            self._sp_data[signal] = np.full((SPARSE_SAMPLES, self._sparse.capacity), np.nan, dtype=VALUE_DTYPE)
         # One touch per entity with a present value, in first-seen order.
         index = self._index
         rows_this_tick: dict[str, int] = {}
         for entity in dict.fromkeys(compress(entities, present_list)):
-            row, grown_to, evicted = index.touch(entity, t)
-            if grown_to is not None:
-                self._grow(grown_to)
-            elif evicted is not None:
+            row, _, evicted = index.touch(entity, t)
+            if evicted is not None:
                 # Only when one tick carries more than max_entities entities: the earliest lose.
                 rows_this_tick.pop(evicted, None)
-                self._clear_row(row)
+                self._drop_samples(evicted)
             rows_this_tick[entity] = row
-        rows = np.fromiter(map(rows_this_tick.get, entities, repeat(-1)), dtype=np.intp, count=len(keys))
+        dense_cols, sparse_cells = self._tick_cells(rows_this_tick)
+        d_col = np.fromiter(map(dense_cols.get, entities, repeat(-1)), dtype=np.intp, count=len(keys))
+        s_cell = np.fromiter(map(sparse_cells.get, entities, repeat(-1)), dtype=np.intp, count=len(keys))
         signal_ids = {sig: i for i, sig in enumerate(signal_names)}
         sig_idx = np.fromiter(map(signal_ids.get, signals, repeat(-1)), dtype=np.intp, count=len(keys))
-        write = present & (rows >= 0)
-        slot = self._head
+        to_dense = present & (d_col >= 0)
+        to_sparse = present & (s_cell >= 0)
         for signal, i in signal_ids.items():
-            mask = write & (sig_idx == i)
-            self._data[signal][slot, rows[mask]] = vals[mask]
+            is_signal = sig_idx == i
+            mask = to_dense & is_signal
+            self._data[signal][self._head, d_col[mask]] = vals[mask]
+            mask = to_sparse & is_signal
+            np.put(self._sp_data[signal], s_cell[mask], vals[mask])  # flat (sample, column) cells
 
     def _tick_time(self, ts: float) -> float:
         """A tick's timestamp as a float: a finite number, not before the latest tick."""
@@ -395,51 +639,35 @@ class SignalStore:
         row = self._index.remove(entity)
         if row is None:
             return False
-        self._clear_row(row)
+        self._drop_samples(entity)
         self._version += 1
         self._shrink()
         return True
 
-    def _shrink(self) -> None:
-        old_rows = self._index.shrink()
-        if old_rows is None:
-            return
-        self._version += 1
-        for signal, arr in self._data.items():
-            moved = np.full((self.tick_capacity, self._index.capacity), np.nan, dtype=VALUE_DTYPE)
-            moved[:, : len(old_rows)] = arr[:, old_rows]
-            self._data[signal] = moved
-
     def _advance(self, t: float) -> None:
         self._head = (self._head + 1) % self.tick_capacity
+        self._seq += 1
         self._ts[self._head] = t
         for arr in self._data.values():
             arr[self._head, :] = np.nan
         self._live = min(self._live + 1, self.tick_capacity)
         self._now = t
         cutoff = t - self.retention_s
-        # Drop ticks past retention from the old end of the ring (they stay allocated but unreachable).
+        # Drop ticks past retention from the old end of the ring (they stay allocated but unreachable;
+        # sparse samples of ticks before the first live one are never read again).
         while self._live > 1:
             oldest = (self._head - self._live + 1) % self.tick_capacity
             if self._ts[oldest] > cutoff:
                 break
             self._ts[oldest] = np.nan
             self._live -= 1
-        expired = self._index.expire(cutoff)
-        for row in expired:
-            self._clear_row(row)
-        if expired:
+        self._order_cache = None
+        expired = self._index.expire_entries(cutoff)
+        for entity, _ in expired:
+            self._drop_samples(entity)
+        demoted = self._seq % _DEMOTE_EVERY == 0 and self._demote()
+        if expired or demoted:
             self._shrink()
-
-    def _grow(self, capacity: int) -> None:
-        for signal, arr in self._data.items():
-            grown = np.full((self.tick_capacity, capacity), np.nan, dtype=VALUE_DTYPE)
-            grown[:, : arr.shape[1]] = arr
-            self._data[signal] = grown
-
-    def _clear_row(self, row: int) -> None:
-        for arr in self._data.values():
-            arr[:, row] = np.nan
 
     # ---- queries ----------------------------------------------------------------------------
 
@@ -455,7 +683,14 @@ class SignalStore:
 
     def nbytes(self) -> int:
         """Bytes held by the sample arrays (the bulk of the store's memory)."""
-        return int(sum(a.nbytes for a in self._data.values()) + self._ts.nbytes + self._index.last_touch_ts.nbytes)
+        arrays = [*self._data.values(), *self._sp_data.values(), self._sp_seq, self._sp_head, self._sp_row,
+                  self._dense_row, self._ts, self._index.last_touch_ts, self._dense.last_touch_ts,
+                  self._sparse.last_touch_ts]
+        return int(sum(a.nbytes for a in arrays))
+
+    def tier_sizes(self) -> tuple[int, int]:
+        """Entities with a dense column, and with a sparse ring."""
+        return len(self._dense), len(self._sparse)
 
     def _chronological(self) -> tuple[np.ndarray, np.ndarray]:
         """(slots, ts) of the live ticks, oldest first."""
@@ -468,6 +703,7 @@ class SignalStore:
         return slots, ts
 
     def _window_slots(self, seconds: float) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, ts) of the window's ticks, oldest first: the latest ones, so the last is tick _seq."""
         s = _check_seconds(seconds)
         slots, ts = self._chronological()
         start = int(np.searchsorted(ts, self._now - s, side="right"))
@@ -476,11 +712,9 @@ class SignalStore:
     def window(self, entity: str, signal: str, seconds: float) -> Window:
         """The present values of one series over the window with their tick timestamps (oldest first)."""
         slots, ts = self._window_slots(seconds)
-        row = self._index.row(entity)
-        arr = self._data.get(signal)
-        if row is None or arr is None or len(slots) == 0:
+        vals = self._series(entity, signal, slots) if signal in self._data and len(slots) else None
+        if vals is None:
             return Window(np.empty(0), np.empty(0))
-        vals = arr[slots, row].astype(np.float64)
         keep = ~np.isnan(vals)
         return Window(ts[keep], vals[keep])
 
@@ -493,11 +727,10 @@ class SignalStore:
         cached = self._stats_cache.get(key)
         if cached is not None:
             return cached
-        arr = self._data.get(signal)
-        if arr is None:
+        if signal not in self._data:
             return None
         slots, _ = self._window_slots(s)
-        cached = _column_stats(arr[slots, :].astype(np.float64))
+        cached = _column_stats(self._block(signal, slots))
         self._stats_cache[key] = cached
         return cached
 
@@ -550,14 +783,12 @@ class SignalStore:
         """Pearson correlation over the ticks where both series are present; None with fewer than 5 such
         ticks or when either side is constant (correlation is undefined, not zero)."""
         slots, _ = self._window_slots(seconds)
-        row_a = self._index.row(entity_a)
-        row_b = self._index.row(entity_b)
-        arr_a = self._data.get(signal_a)
-        arr_b = self._data.get(signal_b)
-        if row_a is None or row_b is None or arr_a is None or arr_b is None or len(slots) < MIN_POINTS_FOR_CORRELATION:
+        if signal_a not in self._data or signal_b not in self._data or len(slots) < MIN_POINTS_FOR_CORRELATION:
             return None
-        a = arr_a[slots, row_a].astype(np.float64)
-        b = arr_b[slots, row_b].astype(np.float64)
+        a = self._series(entity_a, signal_a, slots)
+        b = self._series(entity_b, signal_b, slots)
+        if a is None or b is None:
+            return None
         both = ~(np.isnan(a) | np.isnan(b))
         if int(both.sum()) < MIN_POINTS_FOR_CORRELATION:
             return None
