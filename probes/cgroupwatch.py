@@ -98,8 +98,9 @@ class CgroupWatch:
         self._listed_last: object = None
         self._moving: set[str] = set()  # CPU usage moved at the last read: read again next tick
         self._psi_moved: set[str] = set()  # its last new pressure reading had stall totals moving
-        # (the every-tick PSI list, the listing, the watched cgroups of that list) as last worked out
-        self._psi_of: tuple[object, object, set[str]] | None = None
+        # (the every-tick PSI list, the watched cgroups of it) as last worked out; None after any cgroup
+        # was added or dropped
+        self._psi_of: tuple[frozenset[str], set[str]] | None = None
         self._path_of_id: dict[tuple[str, int], str] = {}
         self._ids_of_path: dict[str, list[tuple[str, int]]] = {}
         self.tick_count = 0
@@ -147,6 +148,7 @@ class CgroupWatch:
             name = MEMORY_USAGE.name(self.mem_h.version)
             w.memory_usage_file = str(self.mem_h.path_of(path) / name)
         self.watched[path] = w
+        self._psi_of = None
         self._wheel[slot].add(path)
         self._unread.add(path)
         ids = []
@@ -165,6 +167,7 @@ class CgroupWatch:
 
     def _drop(self, path: str) -> None:
         w = self.watched.pop(path)
+        self._psi_of = None
         # An open file pins a removed cgroup in the kernel: close this one's now.
         self.hot.close([*(w.cpu_reader.files() if w.cpu_reader else ()), *(w.mem_reader.files() if w.mem_reader else ()),
                         *((w.percpu_file,) if w.percpu_file else ()),
@@ -263,12 +266,15 @@ class CgroupWatch:
 
     def _psi_listed(self, psi_every_tick: Iterable[str]) -> set[str]:
         """The watched cgroups of the every-tick PSI list; none where no cgroup has pressure files (v1),
-        and worked out again only when either list changed (it is most pods: a set a tick at 1,000 pods)."""
+        and worked out again only when a cgroup was added or dropped or a new (frozen) PSI list came (it is
+        most pods: a set a tick at 1,000 pods). A list that may change in place is worked out each tick."""
         if self.v2 is None:
             return set()
-        if self._psi_of is None or self._psi_of[0] is not psi_every_tick or self._psi_of[1] is not self._listed_last:
-            self._psi_of = (psi_every_tick, self._listed_last, {p for p in psi_every_tick if p in self.watched})
-        return self._psi_of[2]
+        if not isinstance(psi_every_tick, frozenset):
+            return {p for p in psi_every_tick if p in self.watched}
+        if self._psi_of is None or self._psi_of[0] is not psi_every_tick:
+            self._psi_of = (psi_every_tick, {p for p in psi_every_tick if p in self.watched})
+        return self._psi_of[1]
 
     def _read(self, w: _Watched, t: int, *, full: bool, memory: bool, errors: list[str] | None) -> bool:
         """Read what is due of one cgroup; False when a wheel turn found nothing changed (nothing replaced)."""

@@ -674,3 +674,22 @@ def test_a_pressure_file_gone_while_psi_is_on_is_its_cgroup_going(tmp_path):
     (cg / "cpu.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     assert "kernel reported an error" in _why_gone(cg / "cpu.pressure")
     assert "was removed" in _why_gone(tmp_path / "gone" / "cpu.pressure")
+
+
+def test_a_cgroup_dropped_from_the_listing_leaves_the_every_tick_psi_list(v2_host: Path) -> None:
+    """The watch keeps the every-tick PSI list's watched cgroups between ticks; a cgroup dropped from the
+    listing, even one handed as the same set changed in place, is not read (no KeyError) and the one still
+    listed is."""
+    for rel in ("/kubepods.slice/a", "/kubepods.slice/b"):
+        make_v2_cgroup(v2_host, rel)
+    watch = CgroupWatch(discover(HostPaths.under(v2_host)))
+    listed = {"/kubepods.slice/a", "/kubepods.slice/b"}
+    every_tick = frozenset(listed)
+    watch.set_listed(listed)
+    watch.tick(psi_every_tick=every_tick)
+    assert set(watch.psi) == listed
+    listed.discard("/kubepods.slice/b")  # the same set object, changed in place
+    watch.set_listed(listed)
+    watch.tick(psi_every_tick=every_tick)
+    watch.tick(psi_every_tick=every_tick)
+    assert set(watch.psi) == {"/kubepods.slice/a"}
