@@ -96,6 +96,9 @@ class PassResult:
     # The manager's audit log lines and each incident's mitigation notes (its evidence, in order): what the
     # agent did and why, step by step, so a run that did not recover can be read afterwards.
     audit: list[dict] = field(default_factory=list)
+    # Per detector tick, what the victim waited behind and how our other pods fared (issue 41: a run that
+    # did not recover, read afterwards): see bench/scenarios/runner.py _note_timeline. Not scored.
+    timeline: list[dict] = field(default_factory=list)
     incident_notes: list[tuple[str, float, tuple[str, ...]]] = field(default_factory=list)  # (victim, started_s, notes)
 
 

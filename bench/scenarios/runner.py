@@ -35,6 +35,7 @@ from actuators.suppress import SuppressActuator
 from bench.scenarios.counts import CountSampler
 from bench.scenarios.kubelet import PassKube
 from bench.scenarios.metrics import ActionRecordLite, IncidentRecord, PassResult, Truth, load_samples, moved_together_name
+from bench.scenarios.settle import REPORTED_KIB
 from detector.causes import reclaim
 from detector.counterfactual import NODE_KEY
 from detector.decisions import Cause, DecisionSink, Target
@@ -432,6 +433,7 @@ def run_pass(spec: ScenarioSpec, mode: str, timing: Timing,
                             trace.ticks.append((time.monotonic() - t0, row.runq_p99_ns / 1e6 if row.runq_count else 0.0,
                                                 row.softirq_ms_per_s))
                             _note_counterfactual(result, scenario, spec, ctx, victim, row, time.monotonic() - t0)
+                            _note_timeline(result, scenario, ctx, victim, row, rows, time.monotonic() - t0)
                 if sampler is not None and manager is not None:
                     inputs = sampler.sample()
                     if inputs is not None:
@@ -545,6 +547,65 @@ def _note_counterfactual(result: PassResult, scenario: Scenario, spec: ScenarioS
         if inc.moved_together_cost is not None and all(together):  # all of them our pods
             result.counterfactual.append((round(t, 2), moved_together_name(together),
                                           inc.moved_together_cost.p99_without_ns / 1e6))
+
+
+def _note_timeline(result: PassResult, scenario: Scenario, ctx: Ctx, victim: PodCgroup, row, rows, t: float) -> None:
+    """One tick of the victim's story: its run-queue p99 and wait, its reclaim stall and memory PSI, whom
+    it waited behind (ms/s, our pods by name, the node's processes, idle), and each other pod's CPU,
+    memory and memory PSI; the victim's open incident's cause and culprits. Only read, never scored."""
+    names = {p.path.strip("/"): name for name, p in ctx.pods.items()}
+    names.update({f"pod:{p.uid}": name for name, p in ctx.pods.items() if getattr(p, "uid", None)})
+    per_s = 1e6 * row.interval_s if row.interval_s > 0 else 0.0
+
+    def ms_per_s(ns: float) -> float:
+        return round(ns / per_s, 2) if per_s else 0.0
+
+    ran = {names.get(str(k).strip("/"), str(k)): ms_per_s(v) for k, v in (row.ran_instead_ns or {}).items() if v}
+    pods = {}
+    for key, r in rows.items():
+        name = names.get(str(key).strip("/"))
+        if name is None or r is row:
+            continue
+        pods[name] = {"cpu_cores": None if r.cpu_cores is None else round(r.cpu_cores, 3),
+                      "memory_mib": None if r.memory_usage_bytes is None else round(r.memory_usage_bytes / 2**20),
+                      "psi_memory_some": None if r.psi_memory_some is None else round(r.psi_memory_some, 1),
+                      "reclaim_stall_ms_per_s": round(r.reclaim_stall_ms_per_s or 0.0, 2)}
+    inc = next((i for i in scenario.detector.engine.open_incidents if i.victim.cgroup == victim.path), None)
+    result.timeline.append({
+        # running totals: the hypervisor's steal of the victim's CPU (USER_HZ ticks, /proc/stat) and, on a
+        # VM whose balloon reports free pages, what the guest reported (bench/scenarios/settle.py)
+        "victim_cpu_steal_ticks": _steal_ticks(VICTIM_CPU), "reported_kib": _reported_kib(),
+        "t": round(t, 2), "runq_p99_ms": round(row.runq_p99_ns / 1e6, 3) if row.runq_count else 0.0,
+        "runq_wait_ms_per_s": round(row.runq_wait_ms_per_s or 0.0, 2),
+        "reclaim_stall_ms_per_s": round(row.reclaim_stall_ms_per_s or 0.0, 2),
+        "reclaim_by_kind": {k: round(v, 2) for k, v in (row.reclaim_by_kind_ms_per_s or {}).items()},
+        "psi_memory_some": None if row.psi_memory_some is None else round(row.psi_memory_some, 1),
+        "psi_cpu_some": None if row.psi_cpu_some is None else round(row.psi_cpu_some, 1),
+        "victim_cpu_cores": None if row.cpu_cores is None else round(row.cpu_cores, 3),
+        "own_wait_ms_per_s": ms_per_s(row.own_wait_ns or 0.0),
+        "ran_instead_ms_per_s": ran, "kernel_work_ms_per_s": ms_per_s(row.cf_node_ns.get(NODE_KEY, 0.0)),
+        "pods": pods,
+        "incident": None if inc is None else {"cause": str(inc.cause), "culprits": [
+            names.get(c.target.cgroup.strip("/"), c.target.cgroup) for c in inc.culprits]},
+    })
+
+
+def _steal_ticks(cpu: int) -> int | None:
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(f"cpu{cpu} "):
+                    return int(line.split()[8])
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+
+
+def _reported_kib() -> int | None:
+    try:
+        return int(REPORTED_KIB.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def workdir_base() -> str:
