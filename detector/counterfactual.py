@@ -162,7 +162,10 @@ class Counterfactuals:
     def add(self, key: str, hist: IntervalHistogram | None, interval_s: float, moves: dict[str, tuple[int, ...]],
             removed_ns: dict[str, float], node_moves: dict[str, tuple[int, ...]] | None = None,
             node_ns: dict[str, float] | None = None) -> None:
-        self.windows.setdefault(key, VictimWindow()).add(hist, interval_s, moves, removed_ns, node_moves, node_ns)
+        window = self.windows.get(key)
+        if window is None:  # not setdefault(key, VictimWindow()): that builds a window every tick
+            window = self.windows[key] = VictimWindow()
+        window.add(hist, interval_s, moves, removed_ns, node_moves, node_ns)
 
     def cost(self, victim: str, culprit: str, kernel_work: bool = False) -> CulpritCost | None:
         w = self.windows.get(victim)

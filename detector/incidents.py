@@ -151,7 +151,9 @@ class IncidentEngine:
                      signals: NodeSignals, now: float) -> list[Incident]:
         """One latency-sensitive workload's tick: its windows, breaches and baselines; the incidents it
         opened, updated or closed (two when its cause changed: the closed one and its successor)."""
-        state = self.victims.setdefault(key, VictimState())
+        state = self.victims.get(key)
+        if state is None:  # not setdefault(key, VictimState()): that builds a state (a dozen deques) every tick
+            state = self.victims[key] = VictimState()
         state.add_tick(row, self.node_key)
         self.counterfactual.add(key, row.runq_hist, row.interval_s, row.cf_moves, row.ran_instead_ns,
                                 row.cf_node_moves, row.cf_node_ns)
