@@ -104,6 +104,23 @@ def test_kubelet_tls_token_auth(token_file: str):
         assert src.refresh() is True and src.status.ok
 
 
+def test_kubelet_poll_keeps_the_record_of_an_unchanged_pod(token_file: str):
+    """A poll that finds a pod as it was keeps its record object (the exporter keeps a pod's series labels
+    for as long as its record is the same object); a pod whose labels changed gets a new one."""
+    with FakeKube(token="s3cret", tls=True) as kube:
+        kube.add_pod(make_pod("a", uid=UID_A, qos_class="LS", requests={"cpu": "1"}))
+        kube.add_pod(make_pod("b", uid=UID_B, qos_class="BE"))
+        src = _kubelet(kube, token_file)
+        assert len(src.pods()) == 2
+        a, b = src.get(UID_A), src.get(UID_B)
+        assert a is not None and b is not None
+        kube.remove_pod("default", "b")
+        kube.add_pod(make_pod("b", uid=UID_B, qos_class="BE", labels={"team": "x"}))
+        assert src.refresh() is True
+        assert src.get(UID_A) is a
+        assert src.get(UID_B) is not b and src.get(UID_B).labels["team"] == "x"
+
+
 def test_kubelet_tls_refuses_untrusted_cert(token_file: str):
     with FakeKube(token="s3cret", tls=True) as kube:
         kube.add_pod(make_pod("a", uid=UID_A))

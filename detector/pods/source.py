@@ -72,6 +72,11 @@ class _CachingSource:
             return list(self._pods.values())
 
     def get(self, uid: str) -> PodInfo | None:
+        # Without the lock first: the exporter asks for every pod's record on each scrape, and _pods is
+        # only replaced whole or set one key at a time (a dict lookup is atomic under the GIL).
+        pod = self._pods.get(uid)
+        if pod is not None:
+            return pod
         with self._lock:
             pod = self._pods.get(uid)
             if pod is not None:
@@ -92,7 +97,14 @@ class _CachingSource:
     # -- for subclasses ---------------------------------------------------------------------
     def _replace_all(self, pods: Iterable[PodInfo]) -> None:
         with self._lock:
-            new = {p.uid: p for p in pods}
+            # A pod whose record is equal to the one held keeps that object: readers that keep what they
+            # built from a record for as long as it is the same object (the exporter's series labels)
+            # then rebuild only for pods that changed, not for all of them after every poll.
+            held = self._pods
+            new = {}
+            for p in pods:
+                old = held.get(p.uid)
+                new[p.uid] = old if old is not None and old == p else p
             now = self._clock()
             for uid, old in self._pods.items():
                 if uid not in new:
