@@ -638,6 +638,8 @@ class Exporter:
         self._built: _State | None = None
         self._update_lock = threading.Lock()
         self._exported: set[SeriesKey] = set()
+        # (cgroups, those exported before, the order chosen from them) of the last scrape over the cap
+        self._cap_order: tuple[set[SeriesKey], set[SeriesKey], list[SeriesKey]] | None = None
         self._events = _EventCounts(remember_ids)
         if registry is not None:
             registry.register(self)
@@ -764,8 +766,16 @@ class Exporter:
         if len(raw) <= self.max_cgroups:
             self._exported = set(raw)
             return raw, 0
-        # Stable choice: cgroups that already have series first, then pods, then by path.
-        order = sorted(raw, key=lambda k: (k not in self._exported, not k.pod_uid, k.cgroup, k.values()))
+        # Stable choice: cgroups that already have series first, then pods, then by path. The order is a
+        # function of the cgroups and of those already exported: when neither changed since the last
+        # scrape (a steady node over the cap), it is the last one (sorting ~3,000 keys with a key
+        # function was a twentieth of the agent's CPU at 1,000 pods).
+        memo = self._cap_order
+        if memo is not None and memo[1] == self._exported and memo[0] == raw.keys():
+            order = memo[2]
+        else:
+            order = sorted(raw, key=lambda k: (k not in self._exported, not k.pod_uid, k.cgroup, k.values()))
+            self._cap_order = (set(raw), self._exported, order)
         kept = {k: raw[k] for k in order[: self.max_cgroups]}
         overflow = _SeriesData()
         for k in order[self.max_cgroups :]:
@@ -896,11 +906,22 @@ def render_text(exporter: Exporter) -> bytes:
     # removed cgroups leave nothing behind.
     last_text, series_text = exporter.series_text, {}
     node_prefix = f'{NODE_LABEL}="{_escape(exporter.node)}"'
-    cgroup_prefixes = _cgroup_prefixes(exporter, state, node_prefix)
+    # Per metric, the cgroups that have it, in cgroup order: a metric is looked for only where it is
+    # (21 per-cgroup metrics x every cgroup was most of a scrape's loop, most of them absent).
+    by_metric: dict[str, list[tuple[str, _SeriesData]]] = {}
+    for prefix, data in _cgroup_prefixes(exporter, state, node_prefix):
+        for table in (data.hists, data.counters, data.gauges):
+            for name in table:
+                have = by_metric.get(name)
+                if have is None:
+                    by_metric[name] = [(prefix, data)]
+                elif have[-1][1] is not data:  # a name in two of its tables is listed once
+                    have.append((prefix, data))
+    node_source = [(node_prefix, state.node)]
     for d in _DEFS:
         lines: list[str] = []
         names = exporter.label_names(d)
-        sources = cgroup_prefixes if d.per_cgroup else [(node_prefix, state.node)]
+        sources = by_metric.get(d.name, ()) if d.per_cgroup else node_source
         for prefix, data in sources:
             if d.type == "histogram":
                 for labels, hist in data.hists.get(d.name, {}).items():

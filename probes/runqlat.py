@@ -336,8 +336,9 @@ def delta(prev: RunqSnapshot | None, cur: RunqSnapshot) -> RunqInterval:
     per_cgroup: dict[int, IntervalHistogram] = {}
     for cgroup_id, hist in cur.per_cgroup.items():
         earlier = before.get(cgroup_id)
-        if earlier is not None and earlier.count == hist.count:
-            continue  # no wait ended in this cgroup: nothing to subtract
+        # no wait ended in this cgroup: nothing to subtract (an unread slot's histogram is the same object)
+        if earlier is hist or (earlier is not None and earlier.count == hist.count):
+            continue
         per_cgroup[cgroup_id] = hist.delta(earlier)
     cpus_before = prev.per_cpu if prev is not None else []
     per_cpu = [_IDLE if cpu < len(cpus_before) and cpus_before[cpu] is hist else

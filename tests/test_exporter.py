@@ -555,3 +555,34 @@ def test_a_cgroups_unchanged_lines_are_reused_and_changed_ones_rendered() -> Non
     exporter.update(NodeSnapshot(monotonic_s=2.0, wall_s=101.0))  # the cgroup is gone
     assert ex.CGROUP_CPU_USAGE not in ex.render_text(exporter).decode()
     assert not [k for k in exporter.series_text if k[0] == ex.CGROUP_CPU_USAGE]
+
+
+def _capped(exporter: Exporter, keys: list) -> tuple[list, float]:
+    """One scrape's cap over ``keys`` (each with one counter of 1): the cgroups kept, in order, and the
+    overflow's sum."""
+    raw = {}
+    for key in keys:
+        raw[key] = ex._SeriesData()
+        raw[key].add_counter(ex.CGROUP_CPU_USAGE, (), 1.0)
+    kept, _ = exporter._apply_cap(raw)
+    overflow = kept.pop(ex.OVERFLOW_KEY)
+    return list(kept), overflow.counters[ex.CGROUP_CPU_USAGE][()]
+
+
+def test_the_cap_keeps_its_choice_and_replaces_a_gone_cgroup_like_a_fresh_sort():
+    """The cap's order is reused while the cgroups and the exported ones stay the same; when one goes, the
+    choice is what sorting anew gives (pods first, then by path), and the overflow sums the rest."""
+    keys = [ex.SeriesKey(pod=f"p{i}", pod_uid=f"u{i}", cgroup=f"/kubepods/pod{i}") for i in (5, 3, 8, 1, 6)]
+    keys.append(ex.SeriesKey(cgroup="/system.slice/a.service"))
+    capped, _ = _exporter(max_cgroups=3)
+    first, rest = _capped(capped, keys)
+    assert sorted(k.pod for k in first) == ["p1", "p3", "p5"] and rest == 3.0
+    for _ in range(3):  # a steady node: the same cgroups, the same three
+        again, rest = _capped(capped, list(reversed(keys)))
+        assert set(again) == set(first) and rest == 3.0
+    gone = next(k for k in first if k.pod == "p3")
+    after, rest = _capped(capped, [k for k in keys if k != gone])
+    fresh, _ = _exporter(max_cgroups=3)
+    fresh._exported = set(first)  # what the capped exporter had exported before the change
+    assert after == _capped(fresh, [k for k in keys if k != gone])[0]
+    assert sorted(k.pod for k in after) == ["p1", "p5", "p6"] and rest == 2.0
