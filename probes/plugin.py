@@ -269,7 +269,9 @@ class ProbePlugin:
     # Cumulative activity per cgroup id in one snapshot (grows while the cgroup is active): which cgroups
     # to read this tick, which removed cgroups to forget from the kernel map. None: no per-cgroup map.
     activity: Callable[[Any], dict[int, int]] | None = None
-    activity_is_reclaim: bool = False  # its activity means memory reclaim (the watch reads memory.stat then)
+    # Its activity moves the cgroup's memory readings (a cgroup freeing or charging pages): the watch reads
+    # the memory files of a cgroup it saw move every tick, not only when the memory usage text changed.
+    activity_moves_memory: bool = False
     # The interval between two snapshots (prev None: since load), in the probe's own terms: the one
     # interval layer, read by `top` (its rows) and by the agent's detector (detector/signals.py). Holds
     # only what moved, so its cost follows the active cgroups.

@@ -37,11 +37,11 @@ KNOWN: dict[str, dict[str, str]] = {
         "probes/runqlat.py": "runqlat's BPF times the softirq work run inside a wait (the counterfactual)",
     },
     "reclaim": {
-        "probes/cgroupwatch.py": "memory reclaim as a kernel event: the watch reads memory.stat of reclaiming cgroups",
-        "probes/collect.py": "the same: which cgroups are reclaiming (ProbePlugin.activity_is_reclaim)",
-        "probes/plugin.py": "ProbePlugin.activity_is_reclaim: the plugin contract's word for that",
-        "detector/batch.py": "koordinator's batch formula reads memory the kernel can reclaim",
-        "detector/policy/schema.py": "the reclaim cause's policy settings",
+        # Not the probe: Koordinator's colocation-config word (cpuReclaimThresholdPercent,
+        # memoryReclaimThresholdPercent: the share of the node batch pods may reclaim), kept as the policy
+        # file's keys users write, so renaming them would change the policy format.
+        "detector/batch.py": "Koordinator's batch formula: Node.Reserved from the reclaim threshold percents",
+        "detector/policy/schema.py": "the policy keys cpu_/memory_reclaim_threshold_percent (colocation-config)",
     },
     "gpu": {
         "probes/gpu.py": "the NVML reader the plugin and the agent share (the word is the hardware's)",
