@@ -296,6 +296,11 @@ class ProbePlugin:
     # /proc/vmstat's allocstall for reclaim) rather than from its own snapshot: exported whether or not the
     # probe loaded, as the kernel counts them either way.
     shared_node_series: Callable[[Any], Iterable[NodeSample]] | None = None
+    # Opened by the agent, with its HostPaths, when the probe itself is not loaded: the node's readings its
+    # ``node_series`` exports whether or not the probe runs (the GPU devices, through NVML). ``.snapshot()``
+    # returns the probe's snapshot type, node fields only (None: nothing this tick; the agent puts it in
+    # NodeSnapshot.node_readings), ``.status`` (state, reason: /healthz under the probe's name), ``.close()``.
+    node_reader: Callable[[Any], Any] | None = None
     flavours: tuple[str, ...] = ()  # its own attach modes beyond the engine's (auto, tp_btf, raw_tp)
     top_view: str | None = None  # its view in `noisyneighbor top` (--view)
     # That view as a declared table (rows from ``delta``), served by noisyneighbor/sections.py's

@@ -44,11 +44,7 @@ KNOWN: dict[str, dict[str, str]] = {
         "detector/policy/schema.py": "the policy keys cpu_/memory_reclaim_threshold_percent (colocation-config)",
     },
     "gpu": {
-        "probes/gpu.py": "the NVML reader the plugin and the agent share (the word is the hardware's)",
-        "probes/snapshot.py": "NodeSnapshot.gpus: the node's devices, whoever read NVML this tick",
-        "noisyneighbor/exporter.py": "the node's GPU device metrics, from NodeSnapshot.gpus (not the plugin's)",
-        "noisyneighbor/agent/config.py": "the agent's gpu setting: NVML read for the device metrics",
-        "noisyneighbor/agent/loop.py": "the same, and whether the plugin already reads NVML",
+        "probes/gpu.py": "the NVML reader of the plugin's probe and node reader (the word is the hardware's)",
     },
     "tcpconnect": {
         "detector/listen_join.py": "joins the connect probe's failures to the servers' listen queues",
