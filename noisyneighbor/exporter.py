@@ -76,9 +76,6 @@ CGROUP_CPU_QUOTA = "noisyneighbor_cgroup_cpu_quota_cores"
 CGROUP_MEMORY_USAGE = "noisyneighbor_cgroup_memory_usage_bytes"
 CGROUP_MEMORY_LIMIT = "noisyneighbor_cgroup_memory_limit_bytes"
 NODE_CPU = "noisyneighbor_node_cpu_seconds_total"
-GPU_UTILIZATION = "noisyneighbor_gpu_utilization_ratio"
-GPU_MEMORY_USED = "noisyneighbor_gpu_memory_used_bytes"
-GPU_MEMORY_TOTAL = "noisyneighbor_gpu_memory_total_bytes"
 INCIDENTS_OPEN = "noisyneighbor_incidents_open"
 INCIDENTS = "noisyneighbor_incidents_total"
 INCIDENT_CONFIDENCE = "noisyneighbor_incident_confidence_ratio"
@@ -162,9 +159,6 @@ _DEFS = (
     MetricDef(CGROUP_MEMORY_USAGE, "gauge", "Memory charged to the cgroup.", per_cgroup=True),
     MetricDef(CGROUP_MEMORY_LIMIT, "gauge", "Memory limit of the cgroup; absent when unlimited.", per_cgroup=True),
     MetricDef(NODE_CPU, "counter", "CPU time per CPU and mode (/proc/stat).", ("cpu", "mode")),
-    MetricDef(GPU_UTILIZATION, "gauge", "GPU busy share (NVML utilization.gpu / 100).", ("gpu", "uuid", "model")),
-    MetricDef(GPU_MEMORY_USED, "gauge", "GPU memory in use.", ("gpu", "uuid", "model")),
-    MetricDef(GPU_MEMORY_TOTAL, "gauge", "GPU memory size.", ("gpu", "uuid", "model")),
     MetricDef(INCIDENTS_OPEN, "gauge", "Open incidents, by victim and cause.", (*VICTIM_LABELS, "cause")),
     MetricDef(INCIDENTS, "counter", "Incidents opened since the exporter started, by cause.", ("cause",)),
     MetricDef(INCIDENT_CONFIDENCE, "gauge", "Confidence (0..1) of each open incident's cause.",
@@ -786,7 +780,10 @@ class Exporter:
 
     def _node_series(self, snap: NodeSnapshot, node: _SeriesData) -> None:
         for plugin in _NODE_SERIES:
+            # The probe's snapshot, else (not loaded) its node reader's reading: the node's own series.
             probe_snap = snap.probe(plugin.name)
+            if probe_snap is None:
+                probe_snap = snap.node_readings.get(plugin.name)
             if probe_snap is not None:
                 for metric, labels, value in plugin.node_series(probe_snap):  # type: ignore[misc]
                     d = METRICS[metric]
@@ -802,14 +799,6 @@ class Exporter:
         for cpu, times in snap.node_cpu_per_cpu.items() if self.extra_node_series else ():
             for mode in CPU_MODES:
                 node.add_counter(NODE_CPU, (str(cpu), mode), getattr(times, f"{mode}_ns") / 1e9)
-        for device in snap.gpus:  # the node's devices (NodeSnapshot.gpus), whoever read NVML this tick
-            labels = (str(device.index), device.uuid, device.name)
-            if device.utilization_gpu_percent is not None:
-                node.set_gauge(GPU_UTILIZATION, labels, device.utilization_gpu_percent / 100.0)
-            if device.memory_used_bytes is not None:
-                node.set_gauge(GPU_MEMORY_USED, labels, float(device.memory_used_bytes))
-            if device.memory_total_bytes is not None:
-                node.set_gauge(GPU_MEMORY_TOTAL, labels, float(device.memory_total_bytes))
         for name, status in snap.probe_status.items():
             node.set_gauge(PROBE_UP, (name,), 0.0 if status.state == "off" else 1.0)
             node.set_gauge(PROBE_STATE, (name, status.state), 1.0)

@@ -209,15 +209,16 @@ class CgroupWatch:
         return out
 
     # -- one tick ----------------------------------------------------------------------------
-    def tick(self, active: Iterable[str] = (), reclaiming: Iterable[str] = (),
+    def tick(self, active: Iterable[str] = (), memory_moved: Iterable[str] = (),
              psi_every_tick: Iterable[str] = (), errors: list[str] | None = None) -> set[str]:
-        """Read what is due; returns the cgroups read (their readings replaced) this tick."""
+        """Read what is due; returns the cgroups read (their readings replaced) this tick. ``memory_moved``:
+        active cgroups whose memory a probe saw move (reclaim): their memory files are read this tick."""
         t = self.tick_count = self.tick_count + 1
         active_set = self.with_ancestors(active)
-        reclaim_set = self.with_ancestors(reclaiming)
+        memory_set = self.with_ancestors(memory_moved)
         due_full = self._wheel[t % self.slow_refresh_ticks] | self._unread
         self._unread = set()
-        due_cpu = (active_set | reclaim_set | self._moving) - due_full
+        due_cpu = (active_set | memory_set | self._moving) - due_full
         due_psi = self._psi_listed(psi_every_tick) - due_full - due_cpu
         # Those are read again next tick, through open files: room for all of them (usage, cpu.stat,
         # per-CPU usage, memory and pressure files), or each read would reopen its file.
@@ -228,17 +229,17 @@ class CgroupWatch:
                 changed.add(path)
         for path in due_cpu:
             w = self.watched[path]
-            if path not in active_set and path not in reclaim_set and self._still(w):
+            if path not in active_set and path not in memory_set and self._still(w):
                 # Followed only because it ran at its last read, and its usage stands still since: it
                 # stopped (a woken task went back to sleep), nothing else of it is read, or new.
                 self._moving.discard(path)
                 if self._read_psi(w, hot=True):
                     changed.add(path)
                 continue
-            memory = path in reclaim_set or t - w.last_memory_tick >= self.memory_refresh_ticks
-            # Not reclaiming and the same memory usage text as at its last read: its memory reading is
+            memory = path in memory_set or t - w.last_memory_tick >= self.memory_refresh_ticks
+            # Memory not seen moving and the same memory usage text as at its last read: its memory reading is
             # current (memory.stat and four more files on v1 not read again for a task that woke briefly).
-            if memory and path not in reclaim_set and path in self.mem and self._unchanged(
+            if memory and path not in memory_set and path in self.mem and self._unchanged(
                     w, w.memory_usage_file, "memory", self.hot.read):
                 memory = False
                 w.last_memory_tick = t

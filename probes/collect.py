@@ -151,8 +151,8 @@ class NodeCollector:
 
         watch = self.watch
         watch.set_listed(self.cgroup_paths())
-        active, reclaiming = self._active_paths(snaps)
-        changed = watch.tick(active, reclaiming, self.psi_paths(), errors)
+        active, memory_moved = self._active_paths(snaps)
+        changed = watch.tick(active, memory_moved, self.psi_paths(), errors)
         return NodeSnapshot(
             monotonic_s=time.monotonic(),
             wall_s=time.time(),
@@ -175,16 +175,17 @@ class NodeCollector:
         )
 
     def _active_paths(self, snaps: dict[str, Any]) -> tuple[list[str], list[str]]:
-        """Listed cgroups a probe saw this tick (count moved since the last tick), and those reclaiming."""
+        """Listed cgroups a probe saw this tick (count moved since the last tick), and those a probe whose
+        activity moves memory saw (``ProbePlugin.activity_moves_memory``)."""
         active: list[str] = []
-        reclaiming: list[str] = []
+        memory_moved: list[str] = []
         self.activity_change = {}  # this tick's only: a probe whose snapshot failed has none
         for name, snap in snaps.items():
             now = cgroup_activity(name, snap)
             if not now and name not in self._activity:
                 continue
             hierarchy = getattr(self.probes.get(name), "hierarchy", None)
-            out = reclaiming if BY_NAME[name].activity_is_reclaim else active
+            out = memory_moved if BY_NAME[name].activity_moves_memory else active
             before = self._activity.get(name)
             changed = changed_ids(before, now)
             for cgid in changed:
@@ -194,4 +195,4 @@ class NodeCollector:
             if before is not None:
                 self.activity_change[name] = (before, now, changed)
             self._activity[name] = now
-        return active, reclaiming
+        return active, memory_moved

@@ -21,13 +21,18 @@ from types import ModuleType
 from typing import Any
 
 from probes.engine import ProbeError, ProbeStatus
-from probes.gpu import GpuCollector, GpuDevice, GpuProcess
+from probes.gpu import GpuCollector, GpuDevice, GpuProcess, GpuStatus
 from probes.host import HostPaths
-from probes.plugin import CgroupSample, MetricSpec, ProbePlugin, TopColumn, TopInput, TopTable
+from probes.plugin import CgroupSample, MetricSpec, NodeSample, ProbePlugin, TopColumn, TopInput, TopTable
 
 NAME = "gpu"
 CGROUP_GPU_MEMORY = "noisyneighbor_cgroup_gpu_memory_used_bytes"
 CGROUP_GPU_PROCESSES = "noisyneighbor_cgroup_gpu_processes"
+# The node's devices: exported from the plugin's reading while it is loaded, else from its node reader's.
+GPU_UTILIZATION = "noisyneighbor_gpu_utilization_ratio"
+GPU_MEMORY_USED = "noisyneighbor_gpu_memory_used_bytes"
+GPU_MEMORY_TOTAL = "noisyneighbor_gpu_memory_total_bytes"
+DEVICE_LABELS = ("gpu", "uuid", "model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +48,8 @@ class GpuPodsSnapshot:
     per_cgroup: dict[str, GpuCgroupUse]  # cgroup path -> its use now (gauges, not counters)
     # GPU processes with no cgroup to charge (exited between NVML's list and the /proc read).
     drops: dict[str, int] = field(default_factory=dict)
-    # The devices as NVML reported them this tick: the agent exports them from here while the plugin is
-    # loaded instead of reading NVML a second time (noisyneighbor/agent/loop.py, node_gpus).
+    # The devices as NVML reported them this tick (the node's GPU metrics, node_series): from the probe
+    # while it is loaded, else from its node reader (GpuDeviceReader), so NVML is read once a tick.
     devices: list[GpuDevice] = field(default_factory=list)
 
 
@@ -103,6 +108,28 @@ class GpuPodsProbe:
         self.close()
 
 
+class GpuDeviceReader:
+    """The node's GPU devices while the probe is not loaded (``ProbePlugin.node_reader``): the agent opens
+    it so the device metrics are exported on every GPU node, whether or not the per-pod probe runs. Its
+    ``status`` is /healthz's ``gpu``; a node without NVML leaves it off, and it reads nothing then."""
+
+    def __init__(self, paths: HostPaths | None = None, nvml_loader: Callable[[], ModuleType] | None = None) -> None:
+        self.gpu = GpuCollector(paths) if nvml_loader is None else GpuCollector(paths, nvml_loader)
+
+    @property
+    def status(self) -> GpuStatus:
+        return self.gpu.status
+
+    def snapshot(self) -> GpuPodsSnapshot | None:
+        """This tick's devices (no per-cgroup use: the probe's), None while NVML is off."""
+        if self.gpu.status.state != "on":
+            return None
+        return GpuPodsSnapshot(time.monotonic(), {}, devices=self.gpu.collect())
+
+    def close(self) -> None:
+        self.gpu.close()
+
+
 def delta(prev: GpuPodsSnapshot | None, cur: GpuPodsSnapshot) -> dict[str, GpuCgroupUse]:
     """The interval's use per cgroup: what it held at the end of it (GPU memory is a level, not a count)."""
     return dict(cur.per_cgroup)
@@ -112,6 +139,18 @@ def cgroup_series(snap: GpuPodsSnapshot) -> Iterator[CgroupSample]:
     for path, use in snap.per_cgroup.items():
         yield CGROUP_GPU_MEMORY, path, (), float(use.memory_bytes)
         yield CGROUP_GPU_PROCESSES, path, (), float(use.processes)
+
+
+def device_series(snap: GpuPodsSnapshot) -> Iterator[NodeSample]:
+    """The node's GPU devices: busy share, memory in use and size, each only where NVML gave it."""
+    for device in snap.devices:
+        labels = (str(device.index), device.uuid, device.name)
+        if device.utilization_gpu_percent is not None:
+            yield GPU_UTILIZATION, labels, device.utilization_gpu_percent / 100.0
+        if device.memory_used_bytes is not None:
+            yield GPU_MEMORY_USED, labels, float(device.memory_used_bytes)
+        if device.memory_total_bytes is not None:
+            yield GPU_MEMORY_TOTAL, labels, float(device.memory_total_bytes)
 
 
 def top_rows(view: TopInput) -> list[dict[str, Any]]:
@@ -138,12 +177,18 @@ TOP_TABLE = TopTable(
 
 PLUGIN = ProbePlugin(
     name=NAME, default=False, specs=(), factory=GpuPodsProbe, delta=delta,
-    metrics=(CGROUP_GPU_MEMORY, CGROUP_GPU_PROCESSES),
+    metrics=(CGROUP_GPU_MEMORY, CGROUP_GPU_PROCESSES, GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL),
     metric_specs=(
         MetricSpec(CGROUP_GPU_MEMORY, "gauge", "GPU memory held by the cgroup's processes, over every GPU (NVML)."),
         MetricSpec(CGROUP_GPU_PROCESSES, "gauge", "The cgroup's processes running on a GPU (NVML; per GPU)."),
+        MetricSpec(GPU_UTILIZATION, "gauge", "GPU busy share (NVML utilization.gpu / 100).", DEVICE_LABELS,
+                   per_cgroup=False),
+        MetricSpec(GPU_MEMORY_USED, "gauge", "GPU memory in use.", DEVICE_LABELS, per_cgroup=False),
+        MetricSpec(GPU_MEMORY_TOTAL, "gauge", "GPU memory size.", DEVICE_LABELS, per_cgroup=False),
     ),
     cgroup_series=cgroup_series,
+    node_series=device_series,
+    node_reader=GpuDeviceReader,
     top_view="gpu",
     top_table=TOP_TABLE,
 )

@@ -269,7 +269,9 @@ class ProbePlugin:
     # Cumulative activity per cgroup id in one snapshot (grows while the cgroup is active): which cgroups
     # to read this tick, which removed cgroups to forget from the kernel map. None: no per-cgroup map.
     activity: Callable[[Any], dict[int, int]] | None = None
-    activity_is_reclaim: bool = False  # its activity means memory reclaim (the watch reads memory.stat then)
+    # Its activity moves the cgroup's memory readings (a cgroup freeing or charging pages): the watch reads
+    # the memory files of a cgroup it saw move every tick, not only when the memory usage text changed.
+    activity_moves_memory: bool = False
     # The interval between two snapshots (prev None: since load), in the probe's own terms: the one
     # interval layer, read by `top` (its rows) and by the agent's detector (detector/signals.py). Holds
     # only what moved, so its cost follows the active cgroups.
@@ -294,6 +296,11 @@ class ProbePlugin:
     # /proc/vmstat's allocstall for reclaim) rather than from its own snapshot: exported whether or not the
     # probe loaded, as the kernel counts them either way.
     shared_node_series: Callable[[Any], Iterable[NodeSample]] | None = None
+    # Opened by the agent, with its HostPaths, when the probe itself is not loaded: the node's readings its
+    # ``node_series`` exports whether or not the probe runs (the GPU devices, through NVML). ``.snapshot()``
+    # returns the probe's snapshot type, node fields only (None: nothing this tick; the agent puts it in
+    # NodeSnapshot.node_readings), ``.status`` (state, reason: /healthz under the probe's name), ``.close()``.
+    node_reader: Callable[[Any], Any] | None = None
     flavours: tuple[str, ...] = ()  # its own attach modes beyond the engine's (auto, tp_btf, raw_tp)
     top_view: str | None = None  # its view in `noisyneighbor top` (--view)
     # That view as a declared table (rows from ``delta``), served by noisyneighbor/sections.py's

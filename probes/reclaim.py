@@ -434,7 +434,7 @@ def by_kind_note(row: Any) -> str:
 
 PLUGIN = ProbePlugin(
     name="reclaim", specs=(SPEC,), factory=ReclaimProbe,
-    activity=activity, activity_is_reclaim=True, delta=delta, map_entries=lambda s: len(s.per_cgroup),
+    activity=activity, activity_moves_memory=True, delta=delta, map_entries=lambda s: len(s.per_cgroup),
     id_controller="memory",
     victim_plots=("reclaim_stall_ms_per_s",),
     signals=("reclaim_stall_ms_per_s",),

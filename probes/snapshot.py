@@ -17,7 +17,6 @@ from typing import Any
 from probes.cgroupfiles import USER_HZ, CpuTimes, parse_proc_stat  # noqa: F401  (/proc/stat: one parser)
 from probes.cpuacct import CgroupCpuStat
 from probes.engine import ProbeStatus
-from probes.gpu import GpuDevice
 from probes.libbpf import ProgramStats
 from probes.listenq import ListenReport
 from probes.memstat import MemStat, NodeVmstat
@@ -47,7 +46,9 @@ class NodeSnapshot:
     # The cgroups whose readings above were taken this tick; the others carry their last readings
     # (idle: nothing moved). None: every reading is new (a collector that reads everything each tick).
     changed_paths: frozenset[str] | None = None
-    gpus: list[GpuDevice] = field(default_factory=list)
+    # The readings of the node readers the agent opened for probes that are not loaded
+    # (ProbePlugin.node_reader), by the probe's name; exported by the probe's node_series.
+    node_readings: dict[str, Any] = field(default_factory=dict)
     # The last read of the pods' listen queues (probes.listenq.ListenWatch: read on connect trouble or every
     # 30 s, so it may be older than this tick; see its monotonic_s). None: never read.
     listen: ListenReport | None = None

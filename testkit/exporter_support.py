@@ -35,7 +35,6 @@ from noisyneighbor.exporter import Exporter, Labeler, ResolverLabeler
 from probes.cgroupfs import CgroupLayout, Hierarchy, discover
 from probes.cpuacct import read_cgroup_cpu
 from probes.engine import ProbeError
-from probes.gpu import GpuDevice
 from probes.memstat import read_memstat, read_node_vmstat
 from probes.psi import read_cgroup_psi, read_node_psi
 from probes.reclaim import ReclaimProbe
@@ -70,7 +69,7 @@ class ProbeSet:
             self.close()
             pytest.skip(f"a BPF probe cannot load on this kernel: {e}")
 
-    def snapshot(self, cgroups: Iterable[OwnedCgroup] = (), gpus: list[GpuDevice] | None = None) -> NodeSnapshot:
+    def snapshot(self, cgroups: Iterable[OwnedCgroup] = ()) -> NodeSnapshot:
         lay = self.layout
         cpu_h, mem_h = lay.hierarchy_for("cpu") or lay.v2, lay.hierarchy_for("memory") or lay.v2
         cgroup_cpu, cgroup_mem, cgroup_psi = {}, {}, {}
@@ -93,7 +92,6 @@ class ProbeSet:
             cgroup_cpu=cgroup_cpu, cgroup_mem=cgroup_mem, cgroup_psi=cgroup_psi,
             probe_status={name: probe.status for name, probe in p.items()},
             bpf_programs=[s for probe in p.values() for s in probe.probe.program_stats()],
-            gpus=gpus or [],
         )
 
     def close(self) -> None:

@@ -314,7 +314,7 @@ def test_removed_pod_leaves_no_series_store_rows_baselines_or_map_entries(make_c
         config.write_text(f"kubernetes:\n  pod_source: kubelet\n  kubelet_url: {kube.url}\n"
                           "  kubelet_token_file: null\n  kubelet_ca_file: null\n")
         agent = Agent(AgentConfig(config_path=str(config), listen=None, journal_dir=str(tmp_path / "journal"),
-                                  dry_run=True, probes=("runqlat",), node_name="node-1", gpu=False))
+                                  dry_run=True, probes=("runqlat",), node_name="node-1", node_readers=False))
         agent.start()
         try:
             deadline = time.monotonic() + 10
@@ -363,7 +363,7 @@ def test_the_agent_runs_the_mitigation_planner_and_memory_suppress(tmp_path):
 
     config = write_config(tmp_path / "config.yaml", {"kubernetes": {"pod_source": "standalone"}})
     agent = Agent(AgentConfig(config_path=str(config), listen=None, journal_dir=str(tmp_path / "journal"),
-                              probes=("runqlat",), gpu=False))
+                              probes=("runqlat",), node_readers=False))
     agent.start()
     try:
         agent.step()

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from noisyneighbor import exporter as ex
+from noisyneighbor import metric_names
 from probes.cgroupfs import discover
 from testkit.exporter_support import CONTROLLERS, REPO, AgentProcess, write_config
 from testkit.fakekube import FakeKube, make_pod
@@ -55,7 +56,7 @@ ALLOWED_EMPTY = {
     'state="reverted"': "applied actions are held for the whole run (verify_intervals above it) so that "
     "'in effect' panels have data; the revert path is tested in test_actuator_framework",
 }
-GPU_METRICS = {ex.GPU_UTILIZATION, ex.GPU_MEMORY_USED, ex.GPU_MEMORY_TOTAL}
+GPU_METRICS = {metric_names.GPU_UTILIZATION, metric_names.GPU_MEMORY_USED, metric_names.GPU_MEMORY_TOTAL}
 
 
 def _alert_rules() -> list[dict]:

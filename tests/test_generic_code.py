@@ -39,8 +39,9 @@ GENERIC_TYPES = (NodeSnapshot, NodeSignals, WorkloadSignals, Incident, Culprit, 
                  TopColumn, TopInput, SignalExtractor, SignalSpec, NodeFieldSpec)
 GENERIC_FIELDS = {f.name for t in GENERIC_TYPES for f in dataclasses.fields(t)} | {"monotonic_s", "drops", "interval_s",
                                                                                    "node"}
-# "gpu" is also the device label of the node's GPU metrics (NodeSnapshot.gpus, read by the agent).
-ALLOWED_STRINGS = {"gpu"}
+# Strings a generic file may hold although a probe uses them too (none: the GPU device label moved into
+# the gpu plugin with its node metrics).
+ALLOWED_STRINGS: set[str] = set()
 
 
 def _types_of(plugin) -> set[type]:

@@ -13,7 +13,17 @@ from noisyneighbor.exporter import Exporter, render_text
 from probes.cgroupfs import discover
 from probes.collect import BPF_PROBES, NodeCollector
 from probes.engine import ProbeError
-from probes.gpu_pods import CGROUP_GPU_MEMORY, CGROUP_GPU_PROCESSES, GpuCgroupUse, GpuPodsProbe, delta
+from probes.gpu_pods import (
+    CGROUP_GPU_MEMORY,
+    CGROUP_GPU_PROCESSES,
+    GPU_MEMORY_TOTAL,
+    GPU_MEMORY_USED,
+    GPU_UTILIZATION,
+    GpuCgroupUse,
+    GpuDeviceReader,
+    GpuPodsProbe,
+    delta,
+)
 from probes.host import HostPaths
 from probes.registry import BY_NAME
 
@@ -172,11 +182,19 @@ def test_top_gpu_view_from_the_plugins_declared_table(tmp_path):
     assert "nothing this interval: no process holds GPU memory" in out.getvalue()
 
 
-def test_nvml_is_read_once_a_tick_with_the_plugin_loaded(tmp_path):
-    """`--probes ...,gpu`: the node's GPU metrics come from the plugin's reading of the tick, not from a
-    second NVML read by the agent's own collector."""
-    from noisyneighbor.agent.loop import node_gpus
-    from probes.gpu import GpuCollector
+def _device_lines(snap) -> list[str]:
+    """The node's GPU device lines the exporter renders from one snapshot."""
+    exporter = Exporter(node="n1")
+    exporter.update(snap)
+    names = (GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL)
+    return sorted(line for line in render_text(exporter).decode().splitlines() if line.startswith(names))
+
+
+def test_nvml_is_read_once_a_tick_with_the_plugin_loaded_or_not(tmp_path):
+    """The node's GPU device metrics come from the plugin's reading of the tick when it is loaded
+    (`--probes ...,gpu`), else from its node reader the agent opens: NVML read once a tick either way, the
+    same series (names, labels, values) both ways."""
+    from noisyneighbor.agent.loop import open_node_readers, with_node_readings
     from probes.snapshot import NodeSnapshot
 
     paths = _fake_proc(tmp_path)
@@ -185,13 +203,30 @@ def test_nvml_is_read_once_a_tick_with_the_plugin_loaded(tmp_path):
     count = nvml.nvmlDeviceGetCount
     nvml.nvmlDeviceGetCount = lambda: reads.append(1) or count()  # type: ignore[method-assign]
     probe = GpuPodsProbe(paths, nvml_loader=lambda: nvml)
+    reader = GpuDeviceReader(paths, nvml_loader=lambda: nvml)
     try:
+        assert "gpu" not in open_node_readers(paths, loaded=("runqlat", "gpu"))  # the probe reads the node
         reads.clear()
-        tick = NodeSnapshot(1.0, 1.0, plugins={"gpu": probe.snapshot()})
-        devices = node_gpus(tick, own=None)
-        assert [d.uuid for d in devices] == ["GPU-0", "GPU-1"] and len(reads) == 1
-        own = GpuCollector(paths, nvml_loader=lambda: nvml)
+        loaded = _device_lines(NodeSnapshot(1.0, 1.0, plugins={"gpu": probe.snapshot()}))
+        assert len(reads) == 1
         reads.clear()
-        assert node_gpus(NodeSnapshot(1.0, 1.0), own) and len(reads) == 1  # without the plugin: the agent's
+        tick = with_node_readings(NodeSnapshot(1.0, 1.0), {"gpu": reader})
+        assert len(reads) == 1 and tick.probe("gpu") is None  # a reading, not a loaded probe
+        assert _device_lines(tick) == loaded
+        assert sorted((line.rsplit(" ", 1)[0], float(line.rsplit(" ", 1)[1])) for line in loaded) == sorted(
+            (f'{name}{{node="n1",gpu="{i}",uuid="GPU-{i}",model="Tesla T4"}}', value)
+            for i in (0, 1) for name, value in ((GPU_UTILIZATION, 0.5), (GPU_MEMORY_USED, float(4 << 30)),
+                                                (GPU_MEMORY_TOTAL, float(16 << 30))))
     finally:
         probe.close()
+        reader.close()
+
+
+def test_the_node_reader_is_off_without_nvml_and_reads_nothing(tmp_path):
+    from noisyneighbor.agent.loop import with_node_readings
+    from probes.snapshot import NodeSnapshot
+
+    reader = GpuDeviceReader(_fake_proc(tmp_path), nvml_loader=lambda: _FakeNvml(gpus=0))
+    assert reader.status.state == "off" and "no GPU" in reader.status.reason
+    tick = NodeSnapshot(1.0, 1.0)
+    assert with_node_readings(tick, {"gpu": reader}) is tick and _device_lines(tick) == []

@@ -110,7 +110,7 @@ def test_full_accept_queue_is_named_in_the_clients_connect_incident(make_cgroup,
             "kubernetes": {"pod_source": "standalone"},
             "standalone": {"ls_cgroups": [cli_rel, srv_rel]},
         })
-        agent = Agent(AgentConfig(config_path=str(config), listen=None, probes=("tcpconnect",), gpu=False,
+        agent = Agent(AgentConfig(config_path=str(config), listen=None, probes=("tcpconnect",), node_readers=False,
                                   journal_dir=str(tmp_path / "journal"),
                                   incident_log=str(tmp_path / "incidents.jsonl"))).start()
         agent.step()  # the first read of every owner's namespace (the cadence is due at start)

@@ -56,7 +56,9 @@ class AgentConfig:
     pod_source: str | None = None  # auto | kubelet | apiserver | standalone
     ls_cgroups: tuple[str, ...] = ()  # added to the policy's standalone globs
     be_cgroups: tuple[str, ...] = ()
-    gpu: bool = True
+    # Open the node readers of the probes not loaded (ProbePlugin.node_reader: NVML for the node's GPU
+    # device metrics); tests turn them off.
+    node_readers: bool = True
     # Actuators only touch cgroups matching one of these globs (fnmatch on the path without leading
     # slash); empty: no restriction. Tests and benches use it so an enforcing agent on a shared node
     # can only change cgroups they created.

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -47,8 +47,6 @@ from noisyneighbor.sections import DeadCgroups
 from probes.cgroupfs import CgroupLayout, discover
 from probes.collect import NodeCollector
 from probes.engine import use_btf_file
-from probes.gpu import GpuCollector, GpuDevice
-from probes.gpu_pods import NAME as GPU_PLUGIN
 from probes.host import HostPaths
 from probes.procstat import ProcStatReader
 from probes.registry import PLUGINS
@@ -57,15 +55,28 @@ from probes.snapshot import NodeSnapshot
 log = logging.getLogger("noisyneighbor.agent")
 
 
-def node_gpus(snapshot: NodeSnapshot, own: GpuCollector | None) -> list[GpuDevice]:
-    """This tick's GPU devices for the node's GPU metrics: the gpu plugin's NVML reading when it is
-    loaded (``--probes ...,gpu``: NVML is read once a tick), else the agent's own collector's."""
-    plugin_snap = snapshot.probe(GPU_PLUGIN)
-    if plugin_snap is not None:
-        return plugin_snap.devices
-    if own is not None and own.status.state == "on":
-        return own.collect()
-    return []
+def open_node_readers(paths: HostPaths, loaded: Iterable[str]) -> dict[str, Any]:
+    """The node readers of the probes that are not loaded (``ProbePlugin.node_reader``), by probe name: a
+    loaded probe's own snapshot carries those readings, so the node is read once a tick either way."""
+    loaded = set(loaded)
+    return {p.name: p.node_reader(paths) for p in PLUGINS if p.node_reader is not None and p.name not in loaded}
+
+
+def node_reader_health(readers: Mapping[str, Any]) -> dict[str, dict[str, str] | None]:
+    """/healthz's word on each probe's node reader, under the probe's name: its state and reason, None
+    while the probe is loaded (it reads the node itself) or the agent opened no node readers."""
+    out: dict[str, dict[str, str] | None] = {}
+    for plugin in PLUGINS:
+        if plugin.node_reader is not None:
+            reader = readers.get(plugin.name)
+            out[plugin.name] = None if reader is None else {"state": reader.status.state, "reason": reader.status.reason}
+    return out
+
+
+def with_node_readings(snapshot: NodeSnapshot, readers: Mapping[str, Any]) -> NodeSnapshot:
+    """The tick's snapshot with the node readers' readings of this tick (those that read anything)."""
+    readings = {name: reading for name, reader in readers.items() if (reading := reader.snapshot()) is not None}
+    return dataclasses.replace(snapshot, node_readings=readings) if readings else snapshot
 
 
 @dataclass
@@ -103,7 +114,8 @@ class Agent:
         self.detector: Detector | None = None
         self.manager: ActuatorManager | None = None
         self.exporter: Exporter | None = None
-        self.gpu: GpuCollector | None = None
+        # The node readers of probes not loaded (ProbePlugin.node_reader: NVML for the GPU device metrics)
+        self.node_readers: dict[str, Any] = {}
         self.planner: MitigationPlanner | None = None
         self.events: Any = None
         self.stats = TickStats()
@@ -198,8 +210,8 @@ class Agent:
                                        cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths,
                                        probe_options=probe_options, proc_stat=self.proc_stat).start()
         _log_table_sizes(self.collector, sized_by)
-        if self.config.gpu and GPU_PLUGIN not in self.collector.probes:  # else the plugin reads NVML (node_gpus)
-            self.gpu = GpuCollector(self.paths)
+        if self.config.node_readers:
+            self.node_readers = open_node_readers(self.paths, self.collector.probes)
         self.listen = ListenQueues(str(self.paths.proc), self.layout, self.detector,
                                    slow_ns=policy.slo.connect_p99_ms * 1e6)
         self.detector.engine.listen_join = self.listen.join
@@ -257,9 +269,7 @@ class Agent:
             t0 = time.monotonic()
             snapshot = self.collector.collect()
             self._forget_dead_cgroups()
-            gpus = node_gpus(snapshot, self.gpu)
-            if gpus:
-                snapshot = dataclasses.replace(snapshot, gpus=gpus)
+            snapshot = with_node_readings(snapshot, self.node_readers)
             if self.listen is not None:
                 snapshot = self.listen.attach(snapshot)
             self.detector.step(snapshot)
@@ -332,7 +342,7 @@ class Agent:
             ("actuators", self.manager.close if self.manager else None),
             ("events", getattr(self.events, "flush", None)),
             ("probes", self.collector.close if self.collector else None),
-            ("gpu", getattr(self.gpu, "close", None)),
+            *((name, reader.close) for name, reader in self.node_readers.items()),
             ("pod source", getattr(self.pod_source, "close", None)),
             ("bpf stats", getattr(self._run_stats, "close", None)),
             ("http", self._shutdown_server),
@@ -353,10 +363,8 @@ class Agent:
         return list(self.manager.records) if self.manager is not None else []
 
     def health(self) -> dict[str, Any]:
-        """What /healthz and /readyz answer: liveness, readiness and why (and the agent's own NVML reader)."""
-        out = agent_health(self)
-        out["gpu"] = None if self.gpu is None else {"state": self.gpu.status.state, "reason": self.gpu.status.reason}
-        return out
+        """What /healthz and /readyz answer: liveness, readiness and why, and the node readers' states."""
+        return {**agent_health(self), **node_reader_health(self.node_readers)}
 
     @property
     def stopped(self) -> bool:
