@@ -850,6 +850,21 @@ def _label_text(names: tuple[str, ...], values: Iterable[str]) -> str:
     return ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True))
 
 
+def _by_metric(cgroup_prefixes: list[tuple[str, _SeriesData]]) -> dict[str, list[tuple[str, _SeriesData]]]:
+    """Per metric, the cgroups that have it, in cgroup order: a scrape looks for a metric only where it
+    is (21 per-cgroup metrics x every cgroup was most of a scrape's loop, most of them absent)."""
+    by_metric: dict[str, list[tuple[str, _SeriesData]]] = {}
+    for prefix, data in cgroup_prefixes:
+        for table in (data.hists, data.counters, data.gauges):
+            for name in table:
+                have = by_metric.get(name)
+                if have is None:
+                    by_metric[name] = [(prefix, data)]
+                elif have[-1][1] is not data:  # a name in two of its tables is listed once
+                    have.append((prefix, data))
+    return by_metric
+
+
 def _cgroup_prefixes(exporter: Exporter, state: _State, node_prefix: str) -> list[tuple[str, _SeriesData]]:
     """Each cgroup's label text with its series. A cgroup's labels are the same scrape after scrape (its
     key holds them all): the text is made once and kept for the cgroups of this scrape only."""
@@ -895,17 +910,7 @@ def render_text(exporter: Exporter) -> bytes:
     # removed cgroups leave nothing behind.
     last_text, series_text = exporter.series_text, {}
     node_prefix = f'{NODE_LABEL}="{_escape(exporter.node)}"'
-    # Per metric, the cgroups that have it, in cgroup order: a metric is looked for only where it is
-    # (21 per-cgroup metrics x every cgroup was most of a scrape's loop, most of them absent).
-    by_metric: dict[str, list[tuple[str, _SeriesData]]] = {}
-    for prefix, data in _cgroup_prefixes(exporter, state, node_prefix):
-        for table in (data.hists, data.counters, data.gauges):
-            for name in table:
-                have = by_metric.get(name)
-                if have is None:
-                    by_metric[name] = [(prefix, data)]
-                elif have[-1][1] is not data:  # a name in two of its tables is listed once
-                    have.append((prefix, data))
+    by_metric = _by_metric(_cgroup_prefixes(exporter, state, node_prefix))
     node_source = [(node_prefix, state.node)]
     for d in _DEFS:
         lines: list[str] = []

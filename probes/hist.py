@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -60,7 +61,12 @@ class LatencyHistogram:
         """
         if earlier is None:
             earlier = LatencyHistogram.empty()
-        slots = tuple(max(a - b, 0) for a, b in zip(self.slots, earlier.slots, strict=True))
+        if len(self.slots) != len(earlier.slots):
+            raise ValueError(f"histograms of {len(self.slots)} and {len(earlier.slots)} slots")
+        # map(sub) rather than a generator: this runs for every cgroup and CPU whose waits moved, each tick
+        slots = tuple(map(operator.sub, self.slots, earlier.slots))
+        if min(slots, default=0) < 0:  # a counter that went back (a slot reused): nothing happened in it
+            slots = tuple(max(d, 0) for d in slots)
         count = max(self.count - earlier.count, 0)
         exact_max = self.max_ns if self.max_ns > earlier.max_ns and count else None
         return IntervalHistogram(slots, max(self.sum_ns - earlier.sum_ns, 0), count, exact_max)
