@@ -70,6 +70,20 @@ class _Watched:
     psi_probe_file: str | None = None  # the v2 cpu.pressure whose presence says it has PSI files
     last_limits_tick: int = -1_000_000
     turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at their last read
+    # Per kind of reading (cpu, memory, psi): the tick of its last read, and of the last read that found it
+    # changed. A child's wheel turn is skipped when its parent, read this turn, has not moved since.
+    read_at: dict[str, int] = field(default_factory=dict)
+    moved_at: dict[str, int] = field(default_factory=dict)
+
+    def note(self, kind: str, text: str | None, tick: int) -> bool:
+        """A read of one of its usage files: kept for the next comparison; True if the same text as at its
+        last read of that kind."""
+        same = text is not None and self.turn_text.get(kind) == text
+        self.turn_text[kind] = text
+        self.read_at[kind] = tick
+        if not same:
+            self.moved_at[kind] = tick
+        return same
     psi_texts: list[str | None] = field(default_factory=list)  # its pressure files' text at their last read
 
 
@@ -125,12 +139,18 @@ class CgroupWatch:
         listed = paths if isinstance(paths, (set, frozenset)) else set(paths)
         for path in self.watched.keys() - listed:
             self._drop(path)
-        for path in listed - self.watched.keys():
+        for path in sorted(listed - self.watched.keys(), key=_depth):  # parents first: children join their turn
             self._add(path)
 
     def _add(self, path: str) -> None:
-        slot = self._next_slot
-        self._next_slot = (slot + 1) % self.slow_refresh_ticks
+        parent = self.watched.get(path.rpartition("/")[0])
+        # A cgroup takes its turn with its parent (a pod's containers with their pod), whose reading that
+        # turn may vouch for it (see tick), unless that turn already holds twice the average and a few more.
+        if parent is not None and len(self._wheel[parent.slot]) < 2 * (len(self.watched) // self.slow_refresh_ticks) + 4:
+            slot = parent.slot
+        else:
+            slot = self._next_slot
+            self._next_slot = (slot + 1) % self.slow_refresh_ticks
         cpuset = None
         if self.cpuset_h is not None:
             (name,) = CPUSET_EFFECTIVE_CPUS.names(self.cpuset_h.version)
@@ -139,7 +159,7 @@ class CgroupWatch:
         w = _Watched(path, slot, cpuset, percpu, None, cpu_reader=CgroupCpuReader(self.layout, path),
                      mem_reader=MemStatReader(self.layout, path) if self.mem_h is not None else None,
                      psi_probe_file=f"{self.v2.path_of(path)}/{CPU_PRESSURE.name(2)}" if self.v2 is not None else None)
-        w.psi_dir = self._psi_dir(w)
+        w.psi_dir = _psi_dir(w)
         if self.cpuacct_h is not None:
             w.usage_file = str(self.cpuacct_h.path_of(path) / CPUACCT_USAGE.name(1))
         elif self.cpu_h is not None and self.cpu_h.version == 2:
@@ -182,12 +202,6 @@ class CgroupWatch:
         for readings in (self.cpu, self.mem, self.psi, self.psi_read_s, self.cpus, self.percpu):
             readings.pop(path, None)
 
-    @staticmethod
-    def _psi_dir(w: _Watched) -> str | None:
-        if w.psi_probe_file is None or not os.path.exists(w.psi_probe_file):
-            return None
-        return os.path.dirname(w.psi_probe_file)
-
     # -- activity ----------------------------------------------------------------------------
     def path_of_id(self, cgroup_id: int, hierarchy: Hierarchy | None) -> str | None:
         if hierarchy is None:
@@ -224,9 +238,18 @@ class CgroupWatch:
         # per-CPU usage, memory and pressure files), or each read would reopen its file.
         self.hot.fit(FILES_KEPT_PER_CGROUP * len(due_cpu) + len(RESOURCES) * len(due_psi))
         changed: set[str] = set()
-        for path in due_full:
-            if self._read(self.watched[path], t, full=True, memory=True, errors=errors):
+        still: set[str] = set()  # read in full this tick and found as at their last read
+        for path in sorted(due_full, key=_depth) if len(due_full) > 1 else due_full:  # parents first
+            w = self.watched[path]
+            parent = self.watched.get(path.rpartition("/")[0])
+            if parent is not None and parent.path in still and path in self.cpu \
+                    and _vouched_for(w, parent, self.tick_count, path in self.mem):
+                _read_cpuset(w, self.cpus, self.cpuset_h)
+                continue
+            if self._read(w, t, full=True, memory=True, errors=errors):
                 changed.add(path)
+            else:
+                still.add(path)
         for path in due_cpu:
             w = self.watched[path]
             if path not in active_set and path not in memory_set and self._still(w):
@@ -256,10 +279,7 @@ class CgroupWatch:
         idle cgroup's wheel turn costs a few small reads. ``read``: the hot reader where it is read often."""
         if file is None:
             return False
-        text = read(file)
-        same = text is not None and w.turn_text.get(kind) == text
-        w.turn_text[kind] = text
-        return same
+        return w.note(kind, read(file), self.tick_count)
 
     def _still(self, w: _Watched) -> bool:
         """A followed cgroup (it ran at its last read) whose CPU usage file reads as then: it did not run."""
@@ -282,7 +302,7 @@ class CgroupWatch:
         path = w.path
         # Wheel turns come once per cgroup per turn of the wheel: plain reads. A cgroup read outside
         # its turn is active, and likely read again next tick: its files stay open.
-        read = _noting_usage(w, read_small if full else self.hot.read)
+        read = _noting_usage(w, read_small if full else self.hot.read, t)
         moving = False
         replaced = False
         if not (full and path in self.cpu and self._unchanged(w, w.usage_file, "cpu")):
@@ -314,15 +334,8 @@ class CgroupWatch:
                 self.mem[path] = mem
                 replaced = True
         if full:
-            if w.cpuset_file is not None:
-                text = read_small(w.cpuset_file)
-                # The same text as at its last turn: the parsed set is current (cpusets change rarely,
-                # and parsing every idle cgroup's list on each turn was a visible part of the wheel).
-                if text is not None and (text != w.turn_text.get("cpuset") or path not in self.cpus):
-                    w.turn_text["cpuset"] = text
-                    with contextlib.suppress(CgroupFileParseError):  # a value we cannot trust is skipped
-                        self.cpus[path] = CPUSET_EFFECTIVE_CPUS.parse(self.cpuset_h.version, text)
-            w.psi_dir = self._psi_dir(w)
+            _read_cpuset(w, self.cpus, self.cpuset_h)
+            w.psi_dir = _psi_dir(w)
         if w.percpu_file is not None and moving:  # where it ran moves only when it runs (and at first sight)
             text = read(w.percpu_file)
             if text is not None:
@@ -346,9 +359,11 @@ class CgroupWatch:
         path = w.path
         read = self.hot.read if hot else read_small
         texts = [read(str(PRESSURE[resource].path(w.psi_dir, 2))) for resource in RESOURCES]
+        w.read_at["psi"] = self.tick_count
         if texts == w.psi_texts and path in self.psi and path not in self._psi_moved:
             self.psi_read_s[path] = time.monotonic()
             return False
+        w.moved_at["psi"] = self.tick_count
         w.psi_texts = texts
         readings: dict[str, PsiReading] = {}
         for resource, text in zip(RESOURCES, texts, strict=True):
@@ -373,12 +388,26 @@ class CgroupWatch:
         return True
 
 
-def _totals(readings: Mapping[str, PsiReading]) -> list[tuple[str, int | None, int | None]]:
-    """The stall totals of a cgroup's pressure readings (what its rates are made of)."""
-    return [(resource, r.some.total_us if r.some else None, r.full.total_us if r.full else None)
-            for resource, r in readings.items()]
+def _vouched_for(w: _Watched, parent: _Watched, tick: int, has_memory: bool) -> bool:
+    """On its wheel turn: its parent, read in full this turn and found as at its last read, has not moved
+    since before this cgroup's own last read of each kind; then neither did it: its readings are current.
 
-def _noting_usage(w: _Watched, read: Callable[[str], str | None]) -> Callable[[str], str | None]:
+    A parent's CPU usage is the sum of its children's and only grows, its pressure totals count its
+    children's stalls, and its memory usage holds its children's charges: unchanged since the child's
+    read, none of them moved (memory: unless one child freed exactly what another charged). On a node of
+    kubelet pods this skips the container turns of idle pods: two of their three reads on v1, more on v2
+    (pressure files). ``has_memory``: it has a memory reading (none where its memory files are absent)."""
+    for kind, here, there in (("cpu", w.usage_file, parent.usage_file),
+                              ("memory", w.memory_usage_file if has_memory else None, parent.memory_usage_file),
+                              ("psi", w.psi_dir, parent.psi_dir)):
+        if here is None:
+            continue
+        if there is None or w.read_at.get(kind, -1) <= parent.moved_at.get(kind, tick):
+            return False
+    return True
+
+
+def _noting_usage(w: _Watched, read: Callable[[str], str | None], tick: int) -> Callable[[str], str | None]:
     """``read`` that notes the text of ``w``'s usage files: a wheel turn that finds the same text skips that
     kind's other files, also when the cgroup was read (it ran) since its last turn."""
     kinds = {w.usage_file: "cpu", w.memory_usage_file: "memory"}
@@ -387,14 +416,42 @@ def _noting_usage(w: _Watched, read: Callable[[str], str | None]) -> Callable[[s
         text = read(file)
         kind = kinds.get(file)
         if kind is not None:
-            w.turn_text[kind] = text
+            w.note(kind, text, tick)
         return text
 
     return noting
 
+
+def _psi_dir(w: _Watched) -> str | None:
+    if w.psi_probe_file is None or not os.path.exists(w.psi_probe_file):
+        return None
+    return os.path.dirname(w.psi_probe_file)
+
+
+def _read_cpuset(w: _Watched, cpus: dict[str, tuple[int, ...]], hierarchy: Hierarchy | None) -> None:
+    """Its effective CPUs, on its turn: they change without activity (the CPU manager rewrites a pool)."""
+    if w.cpuset_file is None or hierarchy is None:
+        return
+    text = read_small(w.cpuset_file)
+    # The same text as at its last turn: the parsed set is current (cpusets change rarely, and parsing every
+    # idle cgroup's list on each turn was a visible part of the wheel).
+    if text is not None and (text != w.turn_text.get("cpuset") or w.path not in cpus):
+        w.turn_text["cpuset"] = text
+        with contextlib.suppress(CgroupFileParseError):  # a value we cannot trust is skipped
+            cpus[w.path] = CPUSET_EFFECTIVE_CPUS.parse(hierarchy.version, text)
+
+
+def _totals(readings: Mapping[str, PsiReading]) -> list[tuple[str, int | None, int | None]]:
+    """The stall totals of a cgroup's pressure readings (what its rates are made of)."""
+    return [(resource, r.some.total_us if r.some else None, r.full.total_us if r.full else None)
+            for resource, r in readings.items()]
 
 def changed_ids(before: Mapping[int, int] | None, now: Mapping[int, int]) -> list[int]:
     """Ids whose activity count differs from ``before`` (all of them when there is no before)."""
     if before is None:
         return list(now)
     return [cgid for cgid, n in now.items() if before.get(cgid) != n]
+
+
+def _depth(path: str) -> int:
+    return path.count("/")

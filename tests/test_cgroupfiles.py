@@ -224,7 +224,7 @@ FILE_OPENERS_ALLOWED = {
     "probes/host.py:read_small": "primitive: a prebuilt path read whole",
     "probes/host.py:HotFiles.read": "primitive: files kept open and pread every tick",
     # per-tick readers: paths built once from the declarations' names (CgroupFile.name), parsed by them
-    "probes/cgroupwatch.py:CgroupWatch._read": "CPUSET_EFFECTIVE_CPUS, hot path",
+    "probes/cgroupwatch.py:_read_cpuset": "CPUSET_EFFECTIVE_CPUS, hot path",
     "probes/cpuacct.py:CgroupCpuReader._read_v1": "CPUACCT_* / CPU_STAT / CPU_MAX, hot path",
     "probes/cpuacct.py:CgroupCpuReader._read_v2": "CPU_STAT / CPU_MAX, hot path",
     "probes/memstat.py:MemStatReader.read": "MEMORY_* files, hot path",

@@ -205,3 +205,44 @@ def test_open_files_fit_what_is_read_every_tick(tmp_path, monkeypatch):
         assert len(hot._fds) == 256 and list(hot._fds) == files[-256:], "back to the floor once fewer are read"
     finally:
         hot.close()
+
+
+def test_a_pods_idle_containers_take_its_turn_and_are_read_when_it_moved(make_cgroup, monkeypatch):
+    """On the slow wheel a container takes its turn with its pod; while the pod's CPU usage and memory
+    stand still since the container's last read, the container's own files are not read (the pod's
+    usage is the sum of its containers'). A container that ran unseen (no probe loaded here) moved its
+    pod, and its next turn reads it: its usage is the kernel's."""
+    controllers = ("cpu", "cpuacct", "cpuset", "memory")
+    pod = make_cgroup("pod", controllers=controllers)
+    ctrs = [make_cgroup("pod/c1", controllers=controllers), make_cgroup("pod/c2", controllers=controllers)]
+    paths = [_rel(pod), *(_rel(c) for c in ctrs)]
+    reads: Counter[str] = Counter()
+    read = CgroupWatch._read
+
+    def counted(self, w, *args, **kwargs):
+        reads[w.path] += 1
+        return read(self, w, *args, **kwargs)
+
+    monkeypatch.setattr(CgroupWatch, "_read", counted)
+    with NodeCollector(probes=(), cgroup_paths=lambda: paths) as c:
+        watch = c.watch
+        first = c.collect()  # first sight: all read
+        c.collect()  # and once more (first sight counts as moving): nothing moved
+        assert len({watch.watched[p].slot for p in paths}) == 1, "the containers did not join their pod's turn"
+        for _ in range(watch.slow_refresh_ticks):  # the first turn reads all (first sight read them together)
+            c.collect()
+        reads.clear()
+        for _ in range(watch.slow_refresh_ticks):
+            c.collect()
+        assert reads == Counter({paths[0]: 1}), reads  # the pod's turn vouched for both containers
+        assert c.collect().cgroup_cpu[paths[2]] is first.cgroup_cpu[paths[2]]
+        subprocess.run([sys.executable, "-c", "sum(range(10**6))"], preexec_fn=ctrs[1].preexec, check=True)
+        usage = ctrs[1].dirs["cpuacct"] / "cpuacct.usage"
+        truth = int(usage.read_text()) if usage.exists() else None
+        reads.clear()
+        for _ in range(watch.slow_refresh_ticks):
+            snap = c.collect()
+        assert reads[paths[0]] >= 1 and reads[paths[1]] >= 1 and reads[paths[2]] >= 1, reads
+        assert snap.cgroup_cpu[paths[2]].usage_ns > first.cgroup_cpu[paths[2]].usage_ns
+        if truth is not None:  # v1: cpuacct.usage is the reading's source, exactly
+            assert snap.cgroup_cpu[paths[2]].usage_ns == truth
