@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Culprit naming for the incident engine: who ran on the victim's CPU while it waited, who correlates with
-its latency where no one is seen running, the causes' own culprit hooks wired from outside
-(``causes.base.CulpritHook``); and the workloads' history (``causes.base.WorkloadHistory``) for a cause that ranks its culprits
-itself (the memory growers of global reclaim: detector/causes/reclaim.py). Split out of
-``detector/incidents.py`` (issue 42).
+its latency where no one is seen running, and the causes' own culprit hooks wired from outside
+(``causes.base.CulpritHook``: the connect cause's servers); and the workloads' history
+(``causes.base.WorkloadHistory``) for a cause that ranks its culprits itself (the memory growers of
+global reclaim: detector/causes/reclaim.py). Split out of ``detector/incidents.py`` (issue 42).
 
 Culprits are ranked by the share of the victim's wait during which they ran on its CPU (the runqlat
 victim x culprit matrix), blended with a CPI2-style correlation of their CPU use with the victim's

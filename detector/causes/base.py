@@ -79,7 +79,7 @@ class ListenQueueJoin(Protocol):
 
 
 # The join's factory: (cgroup id -> workload key, owner cgroup path -> Target, the SLO) -> the join.
-ListenJoinFactory = Callable[[Callable[[int], "str | None"], Callable[[str], Target], "SloThresholds"],
+ListenJoinFactory = Callable[[Callable[[int], str | None], Callable[[str], Target], "SloThresholds"],
                              ListenQueueJoin]
 
 
