@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Culprit naming for the incident engine: who ran on the victim's CPU while it waited, who correlates with
-its latency where no one is seen running, and which servers' full accept queues its connects went to;
-and the workloads' history (``causes.base.WorkloadHistory``) for a cause that ranks its culprits
-itself (the memory growers of global reclaim: detector/causes/reclaim.py). Split out of
-``detector/incidents.py`` (issue 42).
+its latency where no one is seen running, and the causes' own culprit hooks wired from outside
+(``causes.base.CulpritHook``: the connect cause's servers); and the workloads' history
+(``causes.base.WorkloadHistory``) for a cause that ranks its culprits itself (the memory growers of
+global reclaim: detector/causes/reclaim.py). Split out of ``detector/incidents.py`` (issue 42).
 
 Culprits are ranked by the share of the victim's wait during which they ran on its CPU (the runqlat
 victim x culprit matrix), blended with a CPI2-style correlation of their CPU use with the victim's
@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from detector import causes
-from detector.causes.base import CULPRIT_MIN_SCORE, MAX_CULPRITS
+from detector.causes.base import CULPRIT_MIN_SCORE, MAX_CULPRITS, CulpritHook
 from detector.counterfactual import Counterfactuals
 from detector.decisions import Target
-from detector.model import Culprit, Evidence, TaskShare
+from detector.model import Culprit, TaskShare
 from detector.signals import NodeSignals
 from detector.store import SignalStore
 from detector.workloads import key_of
@@ -28,7 +28,7 @@ from detector.workloads import key_of
 
 class CulpritFinder:
     """The cause rules' culprit callbacks (``causes.CauseContext``) and the workloads' history they may
-    read, over the engine's store and counterfactuals. ``targets``, ``node_tasks``, ``listen_join`` and
+    read, over the engine's store and counterfactuals. ``targets``, ``node_tasks``, ``culprit_hooks`` and
     ``cpu_request`` are wired from outside (the engine's record of the tick, detector/runtime.py, the agent)."""
 
     def __init__(self, store: SignalStore, counterfactual: Counterfactuals,
@@ -44,11 +44,9 @@ class CulpritFinder:
         # detector/runtime.py: none without a host to read).
         self.node_key = causes.ROOT_CGROUP
         self.node_tasks: Callable[[str], tuple[TaskShare, ...]] = lambda key: ()
-        self.listen_join = None  # a detector.listen_join.ListenJoin when listen queues are read (the agent)
-
-    def connect_servers(self, key: str) -> tuple[list[Culprit], list[Evidence]]:
-        """The servers whose full accept queues a victim's connects went to (detector/listen_join.py)."""
-        return self.listen_join.servers_for(key) if self.listen_join is not None else ([], [])
+        # A cause's NAME -> its own culprit finder over what the engine does not hold (the agent hooks in
+        # the connect cause's listen-queue join): CauseContext.culprit_hooks.
+        self.culprit_hooks: dict[str, CulpritHook] = {}
 
     def cpu_culprits(self, key: str, foreign: dict[str, float], total_wait: float) -> list[Culprit]:
         """Who ran instead of the victim (``foreign``: workload key -> ns of its waits), by share and correlation."""

@@ -143,7 +143,7 @@ def diagnose(key: str, row: WorkloadSignals, state: VictimState, found: list[Bre
         window_s=dt * len(state.recent_wait_ns), cpu_culprits=finder.cpu_culprits,
         correlation_culprits=finder.correlation_culprits, kernel_work_judges=causes.KERNEL_WORK_JUDGES,
         history=finder,
-        connect_servers=finder.connect_servers, node_key=finder.node_key,
+        culprit_hooks=finder.culprit_hooks, node_key=finder.node_key,
         kernel_work_ns=sum(state.recent_kernel_work_ns), idle_wait_ns=ran.get(IDLE, 0.0),
     )
     verdict = causes.decide(ctx)

@@ -74,7 +74,7 @@ class IncidentEngine:
 
     targets = _FinderAttribute()  # workload key -> Target as last seen
     node_tasks = _FinderAttribute()  # the node's top commands (detector/node_tasks.py)
-    listen_join = _FinderAttribute()  # a detector.listen_join.ListenJoin when listen queues are read
+    culprit_hooks = _FinderAttribute()  # a cause's NAME -> its own culprit finder (causes.base.CulpritHook)
     cpu_request = _FinderAttribute()  # workload key -> its CPU request in cores (None: unknown)
     node_key = _FinderAttribute()  # the node's own processes' workload key (the root cgroup)
 

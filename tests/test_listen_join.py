@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from detector.causes.tcpconnect import ListenJoin, _match
 from detector.decisions import Cause, Target
-from detector.listen_join import ListenJoin, _match
 from noisyneighbor import exporter as ex
 from noisyneighbor.agent import Agent, AgentConfig
 from probes.hist import LatencyHistogram

@@ -50,9 +50,6 @@ KNOWN: dict[str, dict[str, str]] = {
     "gpu": {
         "probes/gpu.py": "the NVML reader of the plugin's probe and node reader (the word is the hardware's)",
     },
-    "tcpconnect": {
-        "detector/listen_join.py": "joins the connect probe's failures to the servers' listen queues",
-    },
 }
 
 # At most this many runtime files name softirq (issue 42's acceptance: <= 6): the softirq module, its

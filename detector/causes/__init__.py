@@ -48,12 +48,12 @@ from detector.causes import (
     hardirq,
     hypervisor_steal,
     neighbor_cpu,
-    network_connect,
     psi_unknown,
     reclaim,
     self_contention,
     self_throttling,
     softirq,
+    tcpconnect,
 )
 from detector.causes.base import (
     ROOT_CGROUP,
@@ -79,7 +79,7 @@ CAUSES: tuple[CauseSpec, ...] = (
     self_contention.SPEC,
     hypervisor_steal.SPEC,  # before neighbor_cpu: stolen time must not be blamed on a pod
     neighbor_cpu.SPEC,
-    network_connect.SPEC,
+    tcpconnect.SPEC,
     psi_unknown.SPEC,
 )
 # The order the causes were added in: the Cause enum's (what reports and tests iterate), a new one last.
@@ -90,7 +90,7 @@ ADDED: tuple[CauseSpec, ...] = (
     self_contention.SPEC,
     softirq.SPEC,
     reclaim.SPEC,
-    network_connect.SPEC,
+    tcpconnect.SPEC,
     psi_unknown.SPEC,
     hardirq.SPEC,
 )
@@ -102,6 +102,9 @@ RULES: tuple[Rule, ...] = tuple(s.rule for s in CAUSES)
 # Whether the node does a cause's kernel work on the victim's CPUs beyond the usual: every CauseContext
 # gets these (CauseContext.kernel_work_judges), so the context names no cause.
 KERNEL_WORK_JUDGES: tuple[KernelWorkJudge, ...] = tuple(s.kernel_work_busy for s in CAUSES if s.kernel_work_busy)
+# The causes that find their culprits over the pods' listen queues (CauseSpec.listen_join): the agent's
+# listen-queue feature builds each one's join and hooks it in by its NAME, so the agent names no cause.
+LISTEN_JOINS: tuple[CauseSpec, ...] = tuple(s for s in CAUSES if s.listen_join is not None)
 
 
 def spec(cause: Cause | str) -> CauseSpec:
@@ -148,6 +151,7 @@ __all__ = [
     "FOREIGN_MINORITY",
     "KERNEL_WORK_JUDGES",
     "KSWAPD_ACTIVE_PAGES_PER_S",
+    "LISTEN_JOINS",
     "NEIGHBOR_SHARE",
     "ROOT_CGROUP",
     "RULES",

@@ -15,6 +15,8 @@ from detector.signals import NodeSignals, WorkloadSignals
 
 if TYPE_CHECKING:
     from detector.policy import Policy, SloThresholds
+    from probes.listenq import ListenReport
+    from probes.snapshot import NodeSnapshot
 
 ROOT_CGROUP = "/"  # the workload key of the node's processes outside any pod
 VICTIM_SIGNAL = "runq_p99_ns"  # what verify/revert watches for a CPU action
@@ -54,6 +56,31 @@ class NoHistory:
 
 
 NO_HISTORY = NoHistory()
+# A cause's culprit hook: the victim's workload key -> the culprits it names and the evidence for them.
+CulpritHook = Callable[[str], tuple[list[Culprit], list[Evidence]]]
+
+
+class ListenQueueJoin(Protocol):
+    """A cause's culprit finder over the listen queues of the node's pods (CauseSpec.listen_join): the
+    agent's listen-queue feature (noisyneighbor/agent/listen.py) feeds it every tick's snapshot and every
+    read of the queues, reads the queues now when it says the tick had trouble, and hooks
+    :meth:`servers_for` in as the cause's culprits (CauseContext.culprit_hooks)."""
+
+    def observe(self, snapshot: NodeSnapshot) -> bool:
+        """The tick's snapshot in; True when its trouble asks for the listen queues to be read now."""
+        ...
+
+    def observe_report(self, report: ListenReport | None) -> None:
+        ...
+
+    def servers_for(self, victim_key: str) -> tuple[list[Culprit], list[Evidence]]:
+        """The servers the victim waits on, and the evidence (a CulpritHook; never raises)."""
+        ...
+
+
+# The join's factory: (cgroup id -> workload key, owner cgroup path -> Target, the SLO) -> the join.
+ListenJoinFactory = Callable[[Callable[[int], str | None], Callable[[str], Target], "SloThresholds"],
+                             ListenQueueJoin]
 
 
 @dataclass
@@ -80,8 +107,10 @@ class CauseContext:
     kernel_work_judges: tuple[KernelWorkJudge, ...]
     # The workloads' recent values, for a cause that ranks its culprits from them (CulpritFinder).
     history: WorkloadHistory = NO_HISTORY
-    # The servers with full accept queues the victim's connects went to, and the evidence of it.
-    connect_servers: Callable[[str], tuple[list[Culprit], list[Evidence]]] = lambda key: ([], [])
+    # A cause's own culprit finder over what the engine does not hold, by the cause's NAME, wired from
+    # outside (the connect cause's join of its clients' connects to the servers' listen queues, which the
+    # agent reads): :meth:`hooked_culprits`. base.py names no cause.
+    culprit_hooks: Mapping[str, CulpritHook] = field(default_factory=dict)
     # own_wait_ns by the container it waited behind (window): name -> ns (detector/containers.py)
     own_by_container: dict[str, float] = field(default_factory=dict)
     # ns over the window of the plugins' signals summed over it (SignalSpec.summed_over_window), by name
@@ -94,6 +123,11 @@ class CauseContext:
     # ns of its wait (window) its CPU ran the idle task: a runnable task waits beside an idle CPU only while
     # its group is throttled (CFS bandwidth), so with throttling in the tick this is throttled wait.
     idle_wait_ns: float = 0.0
+
+    def hooked_culprits(self, cause: str) -> tuple[list[Culprit], list[Evidence]]:
+        """The culprits and evidence of ``cause``'s hook for the victim; none when nothing is hooked in."""
+        hook = self.culprit_hooks.get(cause)
+        return hook(self.key) if hook is not None else ([], [])
 
     @property
     def runq_breach(self) -> bool:
@@ -232,6 +266,9 @@ class CauseSpec:
     # cause takes a later tick's cause that names pods, whatever the first confidence (its rule comes
     # before theirs, so on that tick it no longer explains the wait; the pods are what can be acted on).
     yields_to_pods: bool = False
+    # Its culprit finder over the pods' listen queues, which the agent reads on this cause's trouble and
+    # hooks in by the cause's NAME (ListenQueueJoin; the connect cause's servers). None: it reads none.
+    listen_join: ListenJoinFactory | None = None
     # The victim's signals its actions are verified on (Decision.victim_signal; lower is better): the
     # one the incident breached on when it is among them, else the first (:meth:`verify_signal`).
     verify_signals: tuple[str, ...] = (VICTIM_SIGNAL,)

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The agent's listen-queue evidence: the pods' listen queues (probes/listenq.py) read on connect trouble or
-on a slow cadence, joined to the connect incidents of the clients (detector/listen_join.py) and carried
-in every snapshot (exported per pod)."""
+on a slow cadence, joined to the incidents of the clients by the joins the causes declare
+(``CauseSpec.listen_join``: the connect cause's, which names the servers), hooked into the incident engine
+here, and carried in every snapshot (exported per pod)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from detector import causes
+from detector.causes.base import ListenQueueJoin
 from detector.decisions import Target
-from detector.listen_join import PROBE as LISTEN_JOIN_PROBE
-from detector.listen_join import ListenJoin
 from detector.runtime import Detector
 from noisyneighbor.agent.logs import _one_line
 from probes.cgroupfs import CgroupLayout
@@ -23,36 +24,39 @@ log = logging.getLogger("noisyneighbor.agent")
 
 
 class ListenQueues:
-    """Reads the pods' listen queues when a tick's connects had trouble (failed, SYN retransmitted, slow)
-    or the slow cadence is due; :meth:`attach` puts the last read into each snapshot."""
+    """Reads the pods' listen queues when a join says the tick had trouble (the connect cause's: connects
+    failed, SYN retransmitted or slow) or the slow cadence is due; :meth:`attach` puts the last read into
+    each snapshot."""
 
-    def __init__(self, proc: str, layout: CgroupLayout | None, detector: Detector, slow_ns: float) -> None:
+    def __init__(self, proc: str, layout: CgroupLayout | None, detector: Detector) -> None:
         self.layout = layout
         self.detector = detector
         self.watch = ListenWatch(proc, self._cgroup_dir)
-        self.join = ListenJoin(self._workload_of_id, self._target_of_owner, slow_ns=slow_ns)
+        self.joins: list[ListenQueueJoin] = []
+        for spec in causes.LISTEN_JOINS:  # each join is its cause's culprit hook (the servers its clients wait on)
+            join = spec.listen_join(self._workload_of_id, self._target_of_owner, detector.engine.slo)
+            detector.engine.culprit_hooks[spec.cause] = join.servers_for
+            self.joins.append(join)
         self.report: ListenReport | None = None
         self.errors: set[str] = set()  # each reason once: a missing capability fails every netns
-        self._prev_tcp: Any = None  # the connect probe's last snapshot (detector.listen_join.PROBE)
 
     def attach(self, snapshot: NodeSnapshot) -> NodeSnapshot:
         """``snapshot`` with the last listen-queue read (read now when due); errors are logged once per
         reason and never cost the tick's detection (listen queues are extra evidence)."""
         errors: list[str] = []
         try:
-            tcp = snapshot.probe(LISTEN_JOIN_PROBE)
-            trouble = self.join.observe_tcp(self._prev_tcp, tcp)
-            self._prev_tcp = tcp
-            reason = self.watch.due(trouble)
+            # Every join hears every tick (each keeps its last snapshot's part, even when it then raises).
+            trouble = [join.observe(snapshot) for join in self.joins]
+            reason = self.watch.due(any(trouble))
             if reason is not None:
                 index = self.detector.index
                 owners = [p for p in self.detector.cgroup_paths() if p != "/" and index.is_workload_root(p)]
                 report = self.watch.read(owners, reason)
                 errors = list(report.errors)
                 self.report = report
-                self.join.observe_report(report)
+                for join in self.joins:
+                    join.observe_report(report)
         except Exception as e:  # listen queues are extra evidence: never worth the tick's detection
-            self._prev_tcp = snapshot.probe(LISTEN_JOIN_PROBE)
             errors = [f"listenq: {type(e).__name__}: {_one_line(e)}"]
         for error in errors:
             why = error.split(" (netns ", 1)[0]
@@ -77,7 +81,7 @@ class ListenQueues:
         return hierarchy.path_of(path) if hierarchy is not None else None
 
     def _workload_of_id(self, cgroup_id: int) -> str | None:
-        """The workload key of a tcpconnect cgroup id (keyed like runqlat: the cpu hierarchy)."""
+        """The workload key of a cgroup id a join reads from its probe (keyed like runqlat: the cpu hierarchy)."""
         w = self.detector.ids.workload_of(cgroup_id, self.detector.builder.cpu_h)
         return w.key if w is not None else None
 

@@ -212,9 +212,7 @@ class Agent:
         _log_table_sizes(self.collector, sized_by)
         if self.config.node_readers:
             self.node_readers = open_node_readers(self.paths, self.collector.probes)
-        self.listen = ListenQueues(str(self.paths.proc), self.layout, self.detector,
-                                   slow_ns=policy.slo.connect_p99_ms * 1e6)
-        self.detector.engine.listen_join = self.listen.join
+        self.listen = ListenQueues(str(self.paths.proc), self.layout, self.detector)
         # Per-cause mitigation beyond the engine's one decision (actuators/mitigate.py): softirq from a
         # pod's traffic, RT tasks starving the victim's CPUs, BE-driven reclaim, the neighbour escalation;
         # through the same manager, so dry-run, --act-only, the journal and verify/revert hold.

@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Who stalled clients wait on: connect trouble joined to the listen queues of the node's pods.
+"""network_connect, the tcpconnect probe's cause: the connect path (SYN drops, retransmits, full accept
+queues of the servers), and its culprit finder, who stalled clients wait on: their failed and slow
+connects joined to the listen queues of the node's pods.
 
 A listener whose accept queue is full drops SYNs (and handshake-completing ACKs): its clients see
 SYN retransmits, connects that take a second or more, or that their own timeout gives up on. The
@@ -18,6 +20,10 @@ ListenOverflows. This module joins the two, so the connect incident of a client 
 
 Connects still in flight have no destination yet (the probe records it when they end): a client
 whose every SYN is dropped and that never gives up is only joined once one of its connects ends.
+
+The agent's listen-queue feature (noisyneighbor/agent/listen.py) builds the join from
+``SPEC.listen_join``, feeds it every tick and hooks :meth:`ListenJoin.servers_for` in as this cause's
+culprits (``CauseContext.culprit_hooks``, by its NAME).
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from detector.causes.base import CauseContext, CauseSpec, Verdict
 from detector.decisions import Target
 from detector.model import Culprit, Evidence
 from probes.hist import HIST_SLOTS, slot_bounds_us
@@ -36,8 +44,13 @@ from probes.tcpconnect import PLUGIN as TCP_PLUGIN
 from probes.tcpconnect import TcpConnectSnapshot
 from probes.tcpconnect import delta as tcp_delta
 
+if TYPE_CHECKING:
+    from detector.policy import SloThresholds
+    from probes.snapshot import NodeSnapshot
+
 log = logging.getLogger(__name__)
 
+NAME = "network_connect"  # its member of the Cause enum, which the registry builds (detector/causes/__init__.py)
 PROBE = TCP_PLUGIN.name  # the probe whose connects it joins (NodeSnapshot.probe(PROBE))
 WINDOW_S = 60.0  # a client's failed/slow destinations are remembered this long
 REPORT_MAX_AGE_S = 90.0  # an older listen report names nobody (a cadence read is every 30 s)
@@ -63,8 +76,14 @@ class ListenJoin:
     report: ListenReport | None = None
     recent: dict[str, dict[_Dest, _Seen]] = field(default_factory=dict)
     trouble: bool = False  # the last observed tick had failed, retransmitting or slow connects
+    prev_tcp: TcpConnectSnapshot | None = None  # the probe's part of the last snapshot observed
 
     # -- per tick ---------------------------------------------------------------------------------
+    def observe(self, snapshot: NodeSnapshot) -> bool:
+        """The tick's connects (the probe's part of ``snapshot``) against the last tick's: :meth:`observe_tcp`."""
+        prev, self.prev_tcp = self.prev_tcp, snapshot.probe(PROBE)
+        return self.observe_tcp(prev, self.prev_tcp)
+
     def observe_tcp(self, prev: TcpConnectSnapshot | None, cur: TcpConnectSnapshot | None,
                     now: float | None = None) -> bool:
         """Remember this tick's failed and slow destinations; True if any connect had trouble."""
@@ -194,3 +213,29 @@ def _match(dest: _Dest, listener: ListenSocket, reading: NetnsReading, local: fr
     except ValueError:
         return None
     return "port"
+
+
+def listen_join(workload_of_id: Callable[[int], str | None], target_of_owner: Callable[[str], Target],
+                slo: SloThresholds) -> ListenJoin:
+    """The cause's join (CauseSpec.listen_join): a connect as slow as the connect SLO counts as trouble."""
+    return ListenJoin(workload_of_id, target_of_owner, slow_ns=slo.connect_p99_ms * 1e6)
+
+
+def rule(ctx: CauseContext) -> Verdict | None:
+    if not ctx.breached & {"connect_p99_ns", "syn_retransmits_per_s"}:
+        return None
+    row, dt = ctx.row, ctx.row.interval_s
+    servers, more = ctx.hooked_culprits(NAME)  # ListenJoin.servers_for, when the agent reads listen queues
+    return Verdict(NAME, 0.7, servers, [
+        Evidence("connect_failures_per_s", row.connect_failures_per_s, dt),
+        Evidence("syn_retransmits_per_s", row.syn_retransmits_per_s, dt),
+        *more,
+    ], share=0.0 if ctx.runq_breach else 1.0)  # the connect path explains none of a runqueue wait
+
+
+SPEC = CauseSpec(
+    NAME, rule,
+    title="the TCP connect path",
+    advice="connects stall (SYN drops/retransmits): check the server's accept backlog and ListenOverflows",
+    listen_join=listen_join,
+)
