@@ -70,6 +70,7 @@ class _Watched:
     psi_probe_file: str | None = None  # the v2 cpu.pressure whose presence says it has PSI files
     last_limits_tick: int = -1_000_000
     turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at their last read
+    psi_texts: list[str | None] = field(default_factory=list)  # its pressure files' text at their last read
     # Per kind of reading (cpu, memory, psi): the tick of its last read, and of the last read that found it
     # changed. A child's wheel turn is skipped when its parent, read this turn, has not moved since.
     read_at: dict[str, int] = field(default_factory=dict)
@@ -84,7 +85,6 @@ class _Watched:
         if not same:
             self.moved_at[kind] = tick
         return same
-    psi_texts: list[str | None] = field(default_factory=list)  # its pressure files' text at their last read
 
 
 FILES_KEPT_PER_CGROUP = 6  # at most, of an active cgroup: CPU usage and stat, per-CPU usage, memory, pressure
@@ -245,6 +245,8 @@ class CgroupWatch:
             if parent is not None and parent.path in still and path in self.cpu \
                     and _vouched_for(w, parent, self.tick_count, path in self.mem):
                 _read_cpuset(w, self.cpus, self.cpuset_h)
+                if path in self.psi:  # as an unchanged read: the next stall's rate is over the time since now
+                    self.psi_read_s[path] = time.monotonic()
                 continue
             if self._read(w, t, full=True, memory=True, errors=errors):
                 changed.add(path)
