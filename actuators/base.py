@@ -89,6 +89,8 @@ class ActionOutcome(StrEnum):
     # refused: the same step on the same target did not help the same victim lately (DID_NOT_HELP_MEMORY_S)
     TRIED_BEFORE = "tried_before"
     IN_PLACE = "in_place"  # refused: the same step for the same victim is in effect on the target already
+    # applied on top of the target's step being verified, which it goes with (Decision.joins): judged with it
+    JOINED = "joined"
 
 
 @dataclass

@@ -87,13 +87,14 @@ class ActionLimits:
             if kind != ActionKind.BURST:
                 raise Refused(f"follow-up steps are for the burst loop only, not {kind}")
             return  # the loop's own pace; the rate limit is checked once the plan says which way it goes
-        if in_place is not None and in_place.being_verified:
+        if in_place is not None and in_place.being_verified and not joins_verification(decision, in_place.decision):
             raise Refused(f"previous {kind} on {decision.target.display} is still being verified", ActionOutcome.WAIT,
                           float(self.policy().verify_intervals))
         last = self._last_change.get(key)
         # One incident's own next step on a target it already changed (the traffic cap after moving an
         # RT pod off the victim's CPUs) is its plan, not flapping: no cooldown. A step while the last
-        # one is being verified was refused above; another incident's change waits (WAIT: the ladder retries).
+        # one is being verified was refused above, unless it joins it (judged with it: the manager's
+        # _record_applied); another incident's change waits (WAIT: the ladder retries).
         same_incident = decision.incident_id is not None and self._last_incident.get(key) == decision.incident_id
         if last is not None and now - last < self.policy().cooldown_seconds and not same_incident:
             raise Refused(f"cooldown: last change to {decision.target.display} {now - last:.0f} s ago "
@@ -146,6 +147,15 @@ def loop_of(actuator: object) -> object | None:
     if loop is None and hasattr(actuator, "inner"):
         loop = getattr(actuator.inner, "loop", None)
     return loop
+
+
+def joins_verification(decision: Decision, in_place: Decision) -> bool:
+    """``decision`` goes with the target's step in place (Decision.joins): the same incident and victim
+    asked for both, this one names that step's code, and it turns a different knob (the same knob again
+    would replace the step being judged, not go with it)."""
+    return (in_place.code is not None and in_place.code in decision.joins and decision.incident_id is not None
+            and decision.incident_id == in_place.incident_id and _victim_of(decision) == _victim_of(in_place)
+            and _step_of(decision) != _step_of(in_place))
 
 
 def _victim_of(decision: Decision) -> str | None:

@@ -10,8 +10,10 @@ Limits (actuators/limits.py; each refusal is an audit line with a one-line reaso
   (which only ever gives CPU: it is refused for LSR, LSE and BE, like koordlet);
 - at most ``max_changes_per_minute`` applied changes in any 60 s (``evictions_per_minute`` for evictions);
 - per target, ``cooldown_seconds`` between changes, no change while the previous one is still being
-  verified, and twice the cooldown after a revert, so an action that did not help is not retried at once
-  (the same victim's next, different step on it, the neighbour ladder's, is not held up by that block);
+  verified (except a step of the same incident that joins it, ``Decision.joins``: a different knob, applied
+  on top and judged with it as one action), and twice the cooldown after a revert, so an action that did
+  not help is not retried at once (the same victim's next, different step on it, the neighbour ladder's,
+  is not held up by that block);
   the same step for the same victim is not retried for ``DID_NOT_HELP_MEMORY_S`` after it did not help,
   whichever incident asks (together with the actuators' own dead bands this is the hysteresis that keeps
   things from flapping). A refusal carries its code (``Refused.outcome``): WAIT for a limit that passes,
@@ -50,7 +52,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from actuators.base import ActionError, ActionOutcome, ActionRecord, ActionState, Actuator, Plan, Refused
 from actuators.cgroupfile import CgroupFileError
 from actuators.journal import Journal, JournalError
-from actuators.limits import ActionLimits, InPlace, loop_of
+from actuators.limits import ActionLimits, InPlace, joins_verification, loop_of
 from detector.decisions import ActionKind, BurstAmount, Decision, SuppressAmount
 from detector.policy import ActuatorPolicy
 
@@ -110,6 +112,9 @@ class _Active:
     actuator: Actuator
     verification: _Verification | None
     chain: list[Plan] = field(default_factory=list)  # earlier steps of a closed loop (follow-ups), oldest first
+    # The records of earlier steps this one joined (Decision.joins), oldest first: judged with it, each
+    # given its verdict in its own audit line.
+    joined: list[ActionRecord] = field(default_factory=list)
 
 
 class ActuatorManager:
@@ -216,10 +221,9 @@ class ActuatorManager:
     def close(self) -> None:
         with self._lock:
             report = self.journal.restore_all()
-            for active in self._active.values():
-                active.record.state = ActionState.REVERTED
-                active.record.detail = "shutdown: originals restored"
-                self._audit(active.record)
+            for record in (r for active in self._active.values() for r in [*active.joined, active.record]):
+                record.state, record.detail = ActionState.REVERTED, "shutdown: originals restored"
+                self._audit(record)
             self._active.clear()
             self._refresh_gauges()
             self._audit_raw({"event": "shutdown", "summary": report.summary(), "failed": report.failed})
@@ -251,7 +255,7 @@ class ActuatorManager:
         except (CgroupFileError, ValueError, OSError) as e:
             self._finish(ActionRecord(action_id, None, decision, ActionState.REFUSED, f"cannot plan: {_one_line(e)}"))
             return
-        self._note_plan(plan)
+        _note_plan(self.metrics, plan)
         if self.policy.dry_run:
             self.planned.append(plan)
             self._finish(ActionRecord(action_id, plan, decision, ActionState.PLANNED, "dry-run: nothing written"))
@@ -268,16 +272,14 @@ class ActuatorManager:
         """An applied action: counted for the limits, put in place of the target's last, verified."""
         self.limits.applied(decision, kind, key, now)
         previous = self._active.pop(key, None)
+        joined = previous is not None and previous.verification is not None \
+            and joins_verification(decision, previous.record.decision)
         if previous is not None:
-            previous.record.detail = f"superseded by {action_id}"
+            previous.record.detail = f"{'judged with' if joined else 'superseded by'} {action_id}"
             self._audit(previous.record)
         record = ActionRecord(action_id, plan, decision, ActionState.APPLIED, "")
-        if decision.follow_up and previous is not None:
-            # one action in steps: the first step's baseline and samples judge the whole loop, and a
-            # revert undoes every step
-            self._active[key] = _Active(record, actuator, previous.verification,
-                                        [*previous.chain, *([previous.record.plan] if previous.record.plan else [])])
-            record.effect.update(previous.record.effect)
+        if (decision.follow_up or joined) and previous is not None:
+            self._active[key] = _carried_over(record, actuator, previous, joined)
         else:
             self._active[key] = _Active(record, actuator, self._start_verification(decision))
             v = self._active[key].verification
@@ -339,33 +341,34 @@ class ActuatorManager:
         record = active.record
         record.effect.update({"after_action": after, "improvement_percent": round(improvement, 1)})
         if improvement >= self.policy.verify_min_improvement_percent:
-            record.state, record.detail = ActionState.VERIFIED, f"victim improved: {numbers}"
-            record.outcome = ActionOutcome.IMPROVED
-            self._finish(record)
+            self._finish_judged(active, ActionState.VERIFIED, f"victim improved: {numbers}", ActionOutcome.IMPROVED)
             return
         try:
             _revert_all(active)
         except (ActionError, JournalError, CgroupFileError) as e:
-            record.state, record.detail = ActionState.FAILED, f"revert failed: {_one_line(e)}; {numbers}"
-            self._finish(record)
+            self._finish_judged(active, ActionState.FAILED, f"revert failed: {_one_line(e)}; {numbers}")
             return
         self._active.pop(target_key, None)
         loop = loop_of(active.actuator)
         if loop is not None:
             loop.forget(target_key[1])
-        self.limits.did_not_help(active.record.decision, target_key, self._clock())
+        for step in [*active.joined, record]:  # each step judged with it is not retried either; its block: the last
+            self.limits.did_not_help(step.decision, target_key, self._clock())
         self.metrics.reverts.labels(kind).inc()
-        record.state, record.detail = ActionState.REVERTED, f"did not help: {numbers}"
-        record.outcome = ActionOutcome.DID_NOT_HELP
-        self._finish(record)
+        self._finish_judged(active, ActionState.REVERTED, f"did not help: {numbers}", ActionOutcome.DID_NOT_HELP)
 
-    def _note_plan(self, plan: Plan) -> None:
-        amount = plan.decision.amount
-        if isinstance(amount, SuppressAmount):
-            cores = plan.details.get("cpu_cores", amount.cpu_cores if amount.cpu_cores is not None
-                                     else len(amount.cpus or ()))
-            policy = str(plan.details.get("policy", amount.policy))
-            self.metrics.be_suppress_cores.labels(policy).set(float(cores))
+    def _finish_judged(self, active: _Active, state: ActionState, detail: str,
+                       outcome: ActionOutcome = ActionOutcome.NONE) -> None:
+        """An action's verdict, and the same verdict for each step judged with it (each its own record)."""
+        main = active.record
+        for record in active.joined:
+            record.effect.update({k: v for k, v in main.effect.items() if k in ("after_action", "improvement_percent")})
+            record.state, record.detail, record.outcome = state, f"{detail} (judged with {main.action_id})", outcome
+            self._finish(record)
+        together = ", ".join(r.action_id for r in active.joined)
+        main.state, main.outcome = state, outcome
+        main.detail = f"{detail} (judged with {together})" if together else detail
+        self._finish(main)
 
     def _finish(self, record: ActionRecord) -> None:
         self.records.append(record)
@@ -412,6 +415,34 @@ class ActuatorManager:
     def active_records(self) -> list[ActionRecord]:
         with self._lock:
             return [a.record for a in self._active.values()]
+
+
+def _note_plan(metrics: ActuatorMetrics, plan: Plan) -> None:
+    """The BE suppress gauge: the cores a plan suppresses its target to."""
+    amount = plan.decision.amount
+    if isinstance(amount, SuppressAmount):
+        cores = plan.details.get("cpu_cores", amount.cpu_cores if amount.cpu_cores is not None
+                                 else len(amount.cpus or ()))
+        policy = str(plan.details.get("policy", amount.policy))
+        metrics.be_suppress_cores.labels(policy).set(float(cores))
+
+
+def _carried_over(record: ActionRecord, actuator: Actuator, previous: _Active, joined: bool) -> _Active:
+    """The target's next step, judged with the action in place as one action in steps: a closed loop's
+    follow-up (the burst loop's next scale) or a step that joins it (Decision.joins). The first step's
+    baseline and samples judge them all, and a revert undoes every step."""
+    record.effect.update(previous.record.effect)
+    if joined:
+        record.outcome, record.detail = ActionOutcome.JOINED, _joined(previous.record)
+    return _Active(record, actuator, previous.verification,
+                   [*previous.chain, *([previous.record.plan] if previous.record.plan else [])],
+                   [*previous.joined, previous.record] if joined else previous.joined)
+
+
+def _joined(previous: ActionRecord) -> str:
+    """What a step that joins the target's step being verified says when applied."""
+    what = previous.plan.summary if previous.plan else str(previous.decision.kind)
+    return f"on top of {previous.action_id} ({what}) while that was being verified: the two judged as one action"
 
 
 def _revert_all(active: _Active) -> None:

@@ -232,7 +232,9 @@ class HostView:
             return []
 
 
-RECORD_NOTE = "mitigate.record"  # a reverted or refused action, said in its incident (NoteKey subject: kind, target, state)
+# A reverted or refused action, or one applied on top of the target's step being verified and judged with
+# it (ActionOutcome.JOINED), said in its incident (NoteKey subject: kind, target, state)
+RECORD_NOTE = "mitigate.record"
 
 
 def step_outcome(record: ActionRecord) -> StepOutcome:
@@ -310,10 +312,12 @@ class MitigationPlanner:
         return list(self._notes.get(incident_id, {}).values())
 
     def note_record(self, record: ActionRecord) -> None:
-        """Manager hook: a reverted or refused action is said in its incident; its result goes to the
-        ladders. Keyed on the record's state and outcome and the decision's code, never on their wording."""
+        """Manager hook: a reverted or refused action, or one that joined the step being verified, is said
+        in its incident; its result goes to the ladders. Keyed on the record's state and outcome and the
+        decision's code, never on their wording."""
         d = record.decision
-        if record.state in (ActionState.REVERTED, ActionState.REFUSED) and record.detail:
+        said = record.state in (ActionState.REVERTED, ActionState.REFUSED) or record.outcome == ActionOutcome.JOINED
+        if said and record.detail:
             self.note(d.incident_id, Note(NoteKey(RECORD_NOTE, (str(d.kind), d.target.cgroup, str(record.state))),
                                           f"{d.kind} {d.target.display} {record.state}: {record.detail}"))
         if d.incident_id is None or (d.target.qos or "").upper() != "BE":

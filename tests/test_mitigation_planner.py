@@ -4,6 +4,7 @@ untouched (pure: no root needed, except the last test, which sends real packets 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -556,3 +557,142 @@ def test_requests_from_a_pod_source_include_batch_cpu() -> None:
     assert request_of(Target("/x", pod_uid=uid, qos="BE")) == pytest.approx(0.25)
     assert request_of(Target("/x", pod_uid="other", qos="BE")) is None
     assert request_of(Target("/x", qos="BE")) is None
+
+
+def _netdev(packets: int) -> str:
+    """/proc/<pid>/net/dev of a pod's netns: ``packets`` sent on its one device (lo is skipped)."""
+    return ("Inter-|   Receive                                                |  Transmit\n"
+            " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs\n"
+            "    lo: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+            f"  eth0: 0 0 0 0 0 0 0 0 0 {packets} 0 0 0 0 0 0\n")
+
+
+def _starve_host(tmp_path: Path, rt_cpus: str = "3") -> tuple[CgroupFiles, Path, Path]:
+    """softirq-starve on a fake 4-CPU v1 host: the LS victim pinned to CPU 3; the BE pod 'flood' with a
+    SCHED_FIFO task allowed on ``rt_cpus`` and a sender (pid 20) in its own netns. (files, proc, cgroup root)."""
+    from tests.helpers_actuators import fake_cpu_topology, fake_v1_host
+
+    web, flood, api = (t.cgroup.strip("/") for t in (VICTIM, FLOOD, API))
+    paths = fake_v1_host(tmp_path, ["kubepods.slice", "kubepods.slice/kubepods-burstable.slice",
+                                    "kubepods.slice/kubepods-besteffort.slice", web, flood, api], cpus="0-3")
+    fake_cpu_topology(tmp_path, ["0", "1", "2", "3"], {0: "0-3"})
+    cg = tmp_path / "sys/fs/cgroup"
+    (cg / "cpu" / web / "cgroup.procs").write_text("10\n")
+    (cg / "cpu" / flood / "cgroup.procs").write_text("20\n21\n")
+    proc = tmp_path / "proc"
+    _fake_task(proc, 10, 0, "3")  # the victim
+    _fake_task(proc, 20, 0, "0-3")  # the sender, SCHED_OTHER
+    _fake_task(proc, 21, 1, rt_cpus)  # SCHED_FIFO
+    for pid in (1, 20):  # the node's netns (pid 1's) and the pod's own: two files, two inodes
+        (proc / f"{pid}/ns").mkdir(parents=True, exist_ok=True)
+        (proc / f"{pid}/ns/net").write_text("")
+    (proc / "20/net").mkdir()
+    return CgroupFiles(paths), proc, cg
+
+
+@pytest.mark.parametrize("first_move", ["rt_move", "engine"])
+@pytest.mark.parametrize("helped", [True, False])
+def test_the_senders_traffic_cap_joins_its_move_off_the_victims_cpus_and_the_two_are_judged_as_one(
+        tmp_path: Path, helped: bool, first_move: str) -> None:
+    """softirq-starve (issue 41): a BE pod's RT task on the victim's CPU, and its own packets' NET_RX
+    steered there too. Moving the pod off the victim's CPUs (the planner's RT move, or the engine's first
+    step of an incident re-caused softirq in its first ticks) leaves the NET_RX where it was; only its
+    quota ("sends less") takes that away. The real planner and manager over a fake host's files: the quota
+    comes the tick after the move (its first traffic sample, taken on the move's tick, gives the rate),
+    applied while the move is being verified, and the two are judged as one action: both kept, or both
+    undone and neither tried again for this victim. Before, the manager refused the quota every tick
+    ("still being verified") until the move's verdict was in, and the move alone could be undone."""
+    from actuators.mitigate import RECORD_NOTE
+    from detector.causes import softirq
+
+    files, proc, cg = _starve_host(tmp_path, rt_cpus="3" if first_move == "rt_move" else "0-2")
+    flood = FLOOD.cgroup.strip("/")
+    now = [100.0]
+    journal = Journal(tmp_path / "j")
+    policy = ActuatorPolicy(dry_run=False)
+    manager = ActuatorManager([SuppressActuator(files, journal)], journal, policy, registry=CollectorRegistry(),
+                              audit_log=tmp_path / "audit.jsonl", clock=lambda: now[0])
+    planner = MitigationPlanner(manager, lambda: [VICTIM, FLOOD, API], NetnsTrafficSampler(files, clock=lambda: now[0]),
+                                policy, clock=lambda: now[0])
+    manager.on_record.append(planner.note_record)
+    inc = _incident()
+    inc.breach_signals = {"runq_p99_ns": 4_000_000.0}  # the victim over its breach: the verification's baseline
+    signal = f"{VICTIM.cgroup}:runq_p99_ns"
+    packets, usage_ns = 1_000_000, 50 * 10**9
+
+    def tick(what: str, p99_ns: float) -> None:
+        nonlocal packets, usage_ns
+        (proc / "20/net/dev").write_text(_netdev(packets))
+        (cg / "cpuacct" / flood / "cpuacct.usage").write_text(f"{usage_ns}\n")
+        if what == "opened" and first_move == "engine":  # the engine's step, as the incident opened
+            manager.submit(inc.for_verification(Decision(
+                ActionKind.SUPPRESS, FLOOD, SuppressAmount("cpuset", cpus=(0, 1, 2)), "engine", incident_id="inc-1",
+                victim=VICTIM, victim_signal="runq_p99_ns", code=neighbor_cpu.SUPPRESS)))
+        planner(inc, what)
+        manager.observe({signal: p99_ns}, now[0])
+        now[0] += 1.0
+        packets, usage_ns = packets + 80_000, usage_ns + 8 * 10**8  # 80,000 pkt/s on 0.8 cores
+
+    after = 600_000.0 if helped else 4_000_000.0
+    tick("opened", 4_000_000.0)  # the move; the traffic's first sample
+    assert files.read_cpus(flood) == (0, 1, 2) and files.read_cpu_max(flood).quota_us is None
+    tick("updated", after)  # its rate: the same pod sends 100 % of the pods' packets
+    move, cap = (r for r in {id(r): r for r in manager.records}.values())
+    assert move.decision.code == (softirq.RT_MOVE if first_move == "rt_move" else neighbor_cpu.SUPPRESS)
+    assert (cap.decision.code, cap.state) == (softirq.OWN_TRAFFIC, ActionState.APPLIED), cap.detail
+    assert cap.outcome == ActionOutcome.JOINED
+    assert cap.at - move.at < 5  # the tick after, not after the move's verdict
+    assert files.read_cpus(flood) == (0, 1, 2) and files.read_cpu_max(flood).quota_us == 2000  # both in place
+    assert [r.state for r in manager.records].count(ActionState.REFUSED) == 0
+    # The incident says the cap went on top of the move, by the record's outcome code.
+    assert any(k.code == RECORD_NOTE and k.subject[-1] == "applied" for k in planner._notes[inc.incident_id])
+    for _ in range(3):
+        tick("updated", after)  # the move's verification: 5 samples from the tick it was applied
+    verdict = ActionState.VERIFIED if helped else ActionState.REVERTED
+    assert move.state == cap.state == verdict and move.detail.endswith(f"(judged with {cap.action_id})")
+    assert cap.detail.endswith(f"(judged with {move.action_id})")
+    if helped:  # both stay until shutdown
+        assert files.read_cpus(flood) == (0, 1, 2) and files.read_cpu_max(flood).quota_us == 2000
+    else:  # both undone, and neither is tried again for this victim
+        assert files.read_cpus(flood) == (0, 1, 2, 3) and files.read_cpu_max(flood).quota_us is None
+        now[0] += 2 * policy.cooldown_seconds  # past the target's block after a revert
+        for step in (move, cap):
+            manager.submit(step.decision)
+            assert manager.records[-1].outcome == ActionOutcome.TRIED_BEFORE
+    # The ladder per step in the audit log: each action applied, the move joined, each its verdict.
+    lines = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    steps = [(x["action_id"], x["state"]) for x in lines if x.get("event") == "action"]
+    assert steps[:4] == [(move.action_id, "applied"), (move.action_id, "applied"), (cap.action_id, "applied"),
+                         (move.action_id, str(verdict))] and (cap.action_id, str(verdict)) in steps
+    manager.close()
+    assert not journal.owned()
+    assert files.read_cpus(flood) == (0, 1, 2, 3) and files.read_cpu_max(flood).quota_us is None
+
+
+def test_a_step_joins_only_its_own_incidents_move_of_the_same_pod_on_another_knob(tmp_path: Path) -> None:
+    """The manager's rule is narrow: the same knob again, another incident's step, or a step that names
+    no step in place is still refused while the target's action is being verified (WAIT: the ladders retry)."""
+    from detector.causes import softirq
+
+    files, _, _ = _starve_host(tmp_path)
+    journal = Journal(tmp_path / "j")
+    manager = ActuatorManager([SuppressActuator(files, journal)], journal, ActuatorPolicy(dry_run=False),
+                              registry=CollectorRegistry())
+
+    def decision(amount: SuppressAmount, code: str, joins: tuple[str, ...] = (), incident: str = "inc-1") -> Decision:
+        return Decision(ActionKind.SUPPRESS, FLOOD, amount, "x", incident_id=incident, victim=VICTIM,
+                        victim_signal="runq_p99_ns", victim_before=4e6, code=code, joins=joins)
+
+    quota = SuppressAmount("cfs_quota", cpu_cores=0.5)
+    manager.submit(decision(SuppressAmount("cpuset", cpus=(0, 1, 2)), softirq.RT_MOVE))
+    assert manager.records[-1].state == ActionState.APPLIED
+    for d in (decision(quota, softirq.OWN_TRAFFIC),  # joins nothing
+              decision(quota, softirq.OWN_TRAFFIC, joins=(softirq.RT_MOVE,), incident="inc-2"),  # another incident
+              decision(quota, softirq.OWN_TRAFFIC, joins=("softirq.other",)),  # not the step in place
+              decision(SuppressAmount("cpuset", cpus=(0, 1)), softirq.OWN_TRAFFIC, joins=(softirq.RT_MOVE,))):  # same knob
+        manager.submit(d)
+        assert (manager.records[-1].state, manager.records[-1].outcome) == (ActionState.REFUSED, ActionOutcome.WAIT), d
+    manager.submit(decision(quota, softirq.OWN_TRAFFIC, joins=softirq.MOVES_OFF_VICTIM_CPUS))
+    assert (manager.records[-1].state, manager.records[-1].outcome) == (ActionState.APPLIED, ActionOutcome.JOINED)
+    manager.close()
+    assert not journal.owned()

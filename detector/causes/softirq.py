@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from detector.causes.base import VICTIM_SIGNAL, CauseContext, CauseSpec, Verdict
+from detector.causes.neighbor_cpu import SUPPRESS as NEIGHBOR_SUPPRESS
 from detector.causes.neighbor_cpu import suppress_top_be
 from detector.causes.plan import Note, NoteKey, PlanContext, PlanStep, RtTasks, Submit, rank_first
 from detector.decisions import ActionKind, Decision, PodTraffic, SuppressAmount, Target
@@ -61,6 +62,10 @@ RT_TASKS = "softirq.rt_tasks"
 RT_TASK = "softirq.rt_task"  # one entry of the RT_TASKS ranking
 RT_NOT_BE = "softirq.rt_not_be"
 RT_MOVE = "softirq.rt_move"  # a BE pod's RT tasks moved off the victim's CPUs (a decision)
+# This incident's moves of a pod off the victim's CPUs that the same pod's traffic cap goes with
+# (Decision.joins): the RT move, and the engine's first step (a cpuset where the node has CPUs to spare),
+# which a softirq incident takes too, as did a neighbor_cpu one re-caused softirq in its first ticks.
+MOVES_OFF_VICTIM_CPUS = (RT_MOVE, NEIGHBOR_SUPPRESS)
 
 
 def softirq_traffic_decision(
@@ -101,7 +106,8 @@ def _traffic_verdict(
     cap = round(max(min_cores, top.cpu_cores * SOFTIRQ_TRAFFIC_MIN_PPS / top.packets_per_s), 2)
     note = _note(OWN_TRAFFIC, victim=victim.display, cpu=top.cpu_cores, cap=cap, **said)
     return Decision(ActionKind.SUPPRESS, top.target, SuppressAmount("cfs_quota", cpu_cores=cap), note.text,
-                    incident_id=incident_id, victim=victim, victim_signal=victim_signal, code=OWN_TRAFFIC), note
+                    incident_id=incident_id, victim=victim, victim_signal=victim_signal, code=OWN_TRAFFIC,
+                    joins=MOVES_OFF_VICTIM_CPUS), note
 
 
 def _note(code: str, *subject: str, **fields: object) -> Note:
@@ -125,9 +131,18 @@ TRAFFIC_STEP = "traffic"  # one traffic cap per incident (again when refused)
 
 
 def plan(ctx: PlanContext) -> Iterator[PlanStep]:
-    """RT tasks on the victim's CPUs first (a BE pod's are moved off them, once per incident; the ranking
-    puts the top BE one first in the culprits every tick), else the pods' own traffic (a BE pod carrying
-    most of it gets a cfs quota, once per incident). A victim that is not a known pod: nothing to weigh."""
+    """RT tasks on the victim's CPUs (a BE pod's are moved off them, once per incident; the ranking puts
+    the top BE one first in the culprits every tick) and the pods' own traffic, sampled from the same tick
+    (a BE pod carrying most of it gets a cfs quota, once per incident, as soon as its rate is known). The
+    two are different harms: the move takes the RT tasks off the victim's CPUs, and leaves there the
+    NET_RX of the pod's own packets (processed where the steering puts them, wherever the sender runs),
+    which only sending less takes away. So when the sender is the pod this incident moved, its quota
+    joins the move (Decision.joins, MOVES_OFF_VICTIM_CPUS; the manager checks it is the same pod and
+    incident): applied while the move is being verified, the two judged as one step. Before, the quota
+    waited out the move's verification (make bench's softirq-starve at 08:42: the move at +4.0 s, the
+    quota at +7.7 s, the victim at 3.9x its quiet p99 over the recovery window), and the move alone,
+    judged on the softirq time it does not lower, could be undone as "did not help", its RT task back on
+    the victim's CPU. A victim that is not a known pod: nothing to weigh."""
     inc = ctx.incident
     candidates = list(ctx.candidates())
     victim = inc.victim.cgroup.strip("/")
@@ -143,9 +158,9 @@ def plan(ctx: PlanContext) -> Iterator[PlanStep]:
         # The traffic is sampled once, the engine's ranking is made again every tick: the sender found
         # stays the incident's first culprit for as long as it lives, costed by this tick's kernel work.
         rank_first(inc, sender.target, sender.attribution, SPEC.kernel_work)
-    if any(isinstance(s, Submit) for s in steps) or ctx.done(TRAFFIC_STEP):
-        return  # moved, or acted (or refused) once: no more sampling of every pod's traffic for it
-    traffic = ctx.host.sample_traffic(candidates)
+    if ctx.done(TRAFFIC_STEP):
+        return  # acted (or refused) once: no more sampling of every pod's traffic for it
+    traffic = ctx.host.sample_traffic(candidates)  # the first sample of an incident gives no rates yet
     if not traffic:
         return
     decision, note = _traffic_verdict(inc.victim, inc.incident_id, traffic, victim_signal=ctx.verify_signal)
