@@ -414,7 +414,7 @@ class ActuatorManager:
     # -- views --------------------------------------------------------------------------------
     def active_records(self) -> list[ActionRecord]:
         with self._lock:
-            return [a.record for a in self._active.values()]
+            return [r for a in self._active.values() for r in [*a.joined, a.record]]  # steps judged together too
 
 
 def _note_plan(metrics: ActuatorMetrics, plan: Plan) -> None:

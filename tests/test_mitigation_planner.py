@@ -643,6 +643,7 @@ def test_the_senders_traffic_cap_joins_its_move_off_the_victims_cpus_and_the_two
     assert cap.outcome == ActionOutcome.JOINED
     assert cap.at - move.at < 5  # the tick after, not after the move's verdict
     assert files.read_cpus(flood) == (0, 1, 2) and files.read_cpu_max(flood).quota_us == 2000  # both in place
+    assert manager.active_records() == [move, cap]
     assert [r.state for r in manager.records].count(ActionState.REFUSED) == 0
     # The incident says the cap went on top of the move, by the record's outcome code.
     assert any(k.code == RECORD_NOTE and k.subject[-1] == "applied" for k in planner._notes[inc.incident_id])
