@@ -43,6 +43,7 @@ from probes.plugin import (
     ProbePlugin,
     SignalExtractor,
     SignalSpec,
+    SloSpec,
     TopColumn,
     TopInput,
     TopTable,
@@ -170,8 +171,23 @@ def delta(prev: HardirqSnapshot | None, cur: HardirqSnapshot) -> HardirqInterval
 HARDIRQ_RUNTIME = "noisyneighbor_hardirq_runtime_seconds"
 HARDIRQ_ENTRIES = "noisyneighbor_hardirq_entries_total"
 # The detector's names for what this probe feeds (declared below, so detector/ needs no edit).
-SIGNAL = SignalSpec("hardirq_ms_per_s", "Hard IRQ handler time on its CPUs", "ms/s", noise_floor=1.0)
+SIGNAL = SignalSpec("hardirq_ms_per_s", "Hard IRQ handler time on its CPUs", "ms/s", noise_floor=1.0,
+                    slo=SloSpec("hardirq_ms_per_s", 100.0, check_order=60, range=(0, 1000),
+                                doc="device interrupt handler time on its CPUs (a tenth of a CPU) before it is a breach"))
 BY_CPU = NodeFieldSpec("hardirq_ms_per_s_by_cpu")
+# Per CPU, each IRQ line's handler ms per second and its name: which line and device an interrupt storm
+# on a victim's CPUs comes from (detector/causes/hardirq.py names it).
+LINES_BY_CPU = NodeFieldSpec("hardirq_lines_by_cpu")
+
+
+@dataclass(frozen=True, slots=True)
+class IrqLineLoad:
+    """One IRQ line's handler time on one CPU over an interval."""
+
+    irq: int
+    name: str  # its handler's name, as /proc/interrupts ends the line ("" when the kernel gave none)
+    ms_per_s: float
+    runs_per_s: float
 
 
 def node_series(snap: HardirqSnapshot) -> Iterator[NodeSample]:
@@ -239,11 +255,18 @@ TOP_TABLE = TopTable(
 
 
 def node_signals(interval: HardirqInterval, dt: float) -> dict[str, Any]:
-    """Hard IRQ handler ms per second of each CPU (NodeSignals.hardirq_ms_per_s_by_cpu)."""
+    """Hard IRQ handler ms per second of each CPU (NodeSignals.hardirq_ms_per_s_by_cpu), and of each
+    line on it (NodeSignals.hardirq_lines_by_cpu: cpu -> [IrqLineLoad], most time first)."""
     by_cpu: dict[int, float] = defaultdict(float)
-    for (cpu, _irq), d in interval.stats.items():
-        by_cpu[cpu] += d.runtime.sum_ns / 1e6 / dt
-    return {BY_CPU.name: dict(by_cpu)}
+    lines: dict[int, list[IrqLineLoad]] = defaultdict(list)
+    for (cpu, irq), d in interval.stats.items():
+        ms = d.runtime.sum_ns / 1e6 / dt
+        by_cpu[cpu] += ms
+        if ms > 0 or d.entries > 0:
+            lines[cpu].append(IrqLineLoad(irq, interval.names.get(irq, ""), ms, max(d.entries, 0) / dt))
+    for loads in lines.values():
+        loads.sort(key=lambda x: -x.ms_per_s)
+    return {BY_CPU.name: dict(by_cpu), LINES_BY_CPU.name: dict(lines)}
 
 
 def exposure(weights: dict[int, float], node: dict[str, Any]) -> dict[str, Any]:
@@ -259,9 +282,9 @@ PLUGIN = ProbePlugin(
     # with --probes …,hardirq.
     default=False,
     signals=(SIGNAL.name,),
-    signal_extractor=SignalExtractor(stage="cpus", fields=(SIGNAL.name,), node_fields=(BY_CPU.name,),
+    signal_extractor=SignalExtractor(stage="cpus", fields=(SIGNAL.name,), node_fields=(BY_CPU.name, LINES_BY_CPU.name),
                                      node=node_signals, exposure=exposure, signal_specs=(SIGNAL,),
-                                     node_specs=(BY_CPU,)),
+                                     node_specs=(BY_CPU, LINES_BY_CPU)),
     metrics=(HARDIRQ_RUNTIME, HARDIRQ_ENTRIES),
     metric_specs=(
         MetricSpec(HARDIRQ_RUNTIME, "histogram", "Hard IRQ handler run time, summed over CPUs and IRQ lines (per "

@@ -45,6 +45,7 @@ from dataclasses import replace
 from enum import StrEnum
 
 from detector.causes import (
+    hardirq,
     hypervisor_steal,
     neighbor_cpu,
     psi_unknown,
@@ -74,6 +75,7 @@ CAUSES: tuple[CauseSpec, ...] = (
     self_throttling.SPEC,
     reclaim.SPEC,
     softirq.SPEC,
+    hardirq.SPEC,
     self_contention.SPEC,
     hypervisor_steal.SPEC,  # before neighbor_cpu: stolen time must not be blamed on a pod
     neighbor_cpu.SPEC,
@@ -90,6 +92,7 @@ ADDED: tuple[CauseSpec, ...] = (
     reclaim.SPEC,
     tcpconnect.SPEC,
     psi_unknown.SPEC,
+    hardirq.SPEC,
 )
 # Why a victim suffers, one member per declared cause (its NAME; NEIGHBOR_CPU = "neighbor_cpu"): the
 # detector names exactly one per incident. detector.decisions offers it too.
