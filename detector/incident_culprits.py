@@ -45,7 +45,7 @@ class CulpritFinder:
         self.node_key = causes.ROOT_CGROUP
         self.node_tasks: Callable[[str], tuple[TaskShare, ...]] = lambda key: ()
         # A cause's NAME -> its own culprit finder over what the engine does not hold (the agent hooks in
-        # the connect cause's listen-queue join): CauseContext.culprit_hooks.
+        # each cause's CauseSpec.culprit_source): CauseContext.culprit_hooks.
         self.culprit_hooks: dict[str, CulpritHook] = {}
 
     def cpu_culprits(self, key: str, foreign: dict[str, float], total_wait: float) -> list[Culprit]:

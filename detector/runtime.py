@@ -21,7 +21,7 @@ from detector.incidents import IncidentEngine
 from detector.model import Incident
 from detector.node_tasks import NodeTasks
 from detector.policy import Policy
-from detector.signals import NodeSignals, SignalBuilder
+from detector.signals import NodeSignals, ProbeTick, SignalBuilder
 from detector.store import DEFAULT_RETENTION_S, SignalStore
 from detector.workloads import IdMapper, PodLike, WorkloadIndex
 from probes.cgroupfs import CgroupLayout
@@ -195,6 +195,11 @@ class Detector:
     def _standalone(self, path: str) -> bool:
         w = self.index.workload_of(path)
         return w.key == path and w.target.qos is not None
+
+    def probe_tick(self, snapshot: NodeSnapshot) -> ProbeTick:
+        """``snapshot``'s probe readings against the last step's, with the intervals the next step (of this
+        snapshot, or of a copy holding the same readings) then takes instead of computing them again."""
+        return ProbeTick(self.prev, snapshot, self.builder.interval)
 
     def step(self, snapshot: NodeSnapshot) -> Tick | None:
         """Feed one snapshot; the first one only sets the baseline (None)."""

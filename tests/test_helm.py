@@ -9,8 +9,10 @@ Every rendering is validated by kubernetes-validate (strict); `helm lint` must b
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -70,8 +72,29 @@ def _on(*components: str) -> list[str]:
     return [f"components.{chart.COMPONENT_VALUES[c]}=true" for c in components]
 
 
+def config_checksum(helm_docs: list[dict[str, Any]]) -> str:
+    [ds] = [d for d in helm_docs if d["kind"] == "DaemonSet"]
+    return ds["spec"]["template"]["metadata"]["annotations"][chart.CONFIG_CHECKSUM_ANNOTATION]
+
+
+def _without_checksum(helm_docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chart's objects less the one thing kustomize does otherwise: the pod template's config checksum
+    (a sha256 Helm computes; kustomize rolls the pods by the config map's hashed name instead)."""
+    assert re.fullmatch(r"[0-9a-f]{64}", config_checksum(helm_docs)), config_checksum(helm_docs)
+    docs = copy.deepcopy(helm_docs)
+    for d in docs:
+        if d["kind"] == "DaemonSet":
+            meta = d["spec"]["template"]["metadata"]
+            del meta["annotations"][chart.CONFIG_CHECKSUM_ANNOTATION]
+            if not meta["annotations"]:
+                del meta["annotations"]
+    return docs
+
+
 def _assert_same(helm_docs: list[dict[str, Any]], kustomize_docs: list[dict[str, Any]]) -> None:
-    h, k = by_key(helm_docs), by_key(kustomize_docs)
+    """The same objects, but that the chart names the config map without kustomize's hash suffix and
+    rolls the pods by a checksum annotation instead."""
+    h, k = by_key(_without_checksum(helm_docs)), by_key(chart.without_name_hashes(kustomize_docs))
     assert h.keys() == k.keys(), (sorted(h.keys() - k.keys()), sorted(k.keys() - h.keys()))
     for key in h:
         assert h[key] == k[key], f"{key} differs between the chart and kustomize"
@@ -157,6 +180,48 @@ def test_the_chart_is_in_sync_with_the_manifests():
     res = subprocess.run([sys.executable, str(REPO / "deploy" / "generate.py"), "--check"], capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr
+
+
+def _texts(tree: Path) -> dict[Path, str]:
+    return {p.relative_to(tree): p.read_text() for p in tree.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+
+def test_a_config_edit_changes_one_chart_file_and_rolls_the_pods(tmp_path: Path):
+    """Editing deploy/base/config.yaml (an SLO, say) changes one generated file, the chart's config map template:
+    its name and the DaemonSet's reference to it stay. `generate.py --check` names that one file while it is
+    stale, and Helm's checksum annotation on the pod template changes, so `helm upgrade` rolls the agents."""
+    require_tool("kubectl")
+    shutil.copytree(REPO / "deploy", tmp_path / "deploy", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "dashboards", tmp_path / "dashboards")
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    deploy = tmp_path / "deploy"
+    config = deploy / "base" / "config.yaml"
+    config.write_text(config.read_text().replace("runq_p99_ms: 5.0 ", "runq_p99_ms: 4.0 ", 1))
+    before = _texts(deploy)
+    assert before[Path("base/config.yaml")] != (REPO / "deploy/base/config.yaml").read_text()
+
+    def generate(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(deploy / "generate.py"), *args], capture_output=True, text=True,
+                              timeout=300)
+
+    config_template = Path("helm/noisyneighbor/templates/configmap-noisyneighbor-config.yaml")
+    stale = generate("--check")
+    assert stale.returncode == 1 and f": {config_template}: run deploy/generate.py" in stale.stderr, stale.stderr
+    assert generate().returncode == 0 and generate("--check").returncode == 0
+    after = _texts(deploy)
+    assert after.keys() == before.keys(), (sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys()))
+    assert {p for p in after if after[p] != before[p]} == {config_template}
+
+    def rendered(chart_dir: Path) -> list[dict[str, Any]]:
+        res = subprocess.run([helm(), "template", "nn", str(chart_dir), "-n", NAMESPACE], capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return [d for d in yaml.safe_load_all(res.stdout) if d is not None]
+
+    old, new = rendered(CHART), rendered(deploy / "helm" / "noisyneighbor")
+    assert config_checksum(old) != config_checksum(new)
+    changed = {k for k, d in by_key(_without_checksum(new)).items() if by_key(_without_checksum(old))[k] != d}
+    assert changed == {("ConfigMap", "noisyneighbor-config")}
 
 
 def test_apparmor_and_max_surge_in_the_values():

@@ -11,8 +11,10 @@ import random
 
 import pytest
 
+from detector.causes.tcpconnect import ListenJoin
 from detector.cgroups import parse_cgroup_path
-from detector.signals import SignalBuilder
+from detector.decisions import Target
+from detector.signals import ProbeTick, SignalBuilder
 from detector.workloads import IdMapper, WorkloadIndex
 from noisyneighbor.sections import table_section
 from probes import registry, runqlat
@@ -133,6 +135,29 @@ def test_the_detector_takes_its_bpf_inputs_from_the_plugins_delta(monkeypatch):
 
     monkeypatch.setitem(registry.BY_NAME, "runqlat", dataclasses.replace(registry.BY_NAME["runqlat"], delta=nothing))
     assert all(not w.runq_count for w in _builder().build(prev, cur).workloads.values())
+
+
+def test_a_culprit_source_fed_before_the_step_shares_the_detectors_interval(monkeypatch):
+    """As the agent runs a tick: the connect cause's culprit source (the listen join) hears the tick before the
+    detector's step (ListenQueues.attach, through Detector.probe_tick), and the step builds on a copy of the
+    snapshot holding the same readings (the listen report added). The probe's interval is computed once, and
+    the source sees the tick's trouble in it."""
+    prev, cur = _pair(random.Random(7))
+    calls: list[str] = []
+    plugin = registry.BY_NAME["tcpconnect"]
+
+    def spy(p, c):
+        calls.append(plugin.name)
+        return plugin.delta(p, c)
+
+    monkeypatch.setitem(registry.BY_NAME, "tcpconnect", dataclasses.replace(plugin, delta=spy))
+    builder = _builder()
+    join = ListenJoin(lambda cgroup_id: None, Target)
+    assert join.observe(ProbeTick(prev, cur, builder.interval)) is True  # failed connects in _pair's second tick
+    assert builder.build(prev, dataclasses.replace(cur, listen=None)).workloads
+    assert calls == ["tcpconnect"]
+    # The next tick computes its own: nothing is kept past a build.
+    assert builder.build(cur, dataclasses.replace(prev, monotonic_s=14.0)) and calls == ["tcpconnect"] * 2
 
 
 def test_a_delta_works_on_the_cgroups_that_moved_not_the_whole_map(monkeypatch):

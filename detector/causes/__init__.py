@@ -102,9 +102,9 @@ RULES: tuple[Rule, ...] = tuple(s.rule for s in CAUSES)
 # Whether the node does a cause's kernel work on the victim's CPUs beyond the usual: every CauseContext
 # gets these (CauseContext.kernel_work_judges), so the context names no cause.
 KERNEL_WORK_JUDGES: tuple[KernelWorkJudge, ...] = tuple(s.kernel_work_busy for s in CAUSES if s.kernel_work_busy)
-# The causes that find their culprits over the pods' listen queues (CauseSpec.listen_join): the agent's
-# listen-queue feature builds each one's join and hooks it in by its NAME, so the agent names no cause.
-LISTEN_JOINS: tuple[CauseSpec, ...] = tuple(s for s in CAUSES if s.listen_join is not None)
+# The causes with a culprit source of their own (CauseSpec.culprit_source): the agent's reader of each
+# source's reading builds it and hooks it in by the cause's NAME, so the agent names no cause.
+CULPRIT_SOURCES: tuple[CauseSpec, ...] = tuple(s for s in CAUSES if s.culprit_source is not None)
 
 
 def spec(cause: Cause | str) -> CauseSpec:
@@ -148,10 +148,10 @@ __all__ = [
     "ADDED",
     "BY_CAUSE",
     "CAUSES",
+    "CULPRIT_SOURCES",
     "FOREIGN_MINORITY",
     "KERNEL_WORK_JUDGES",
     "KSWAPD_ACTIVE_PAGES_PER_S",
-    "LISTEN_JOINS",
     "NEIGHBOR_SHARE",
     "ROOT_CGROUP",
     "RULES",

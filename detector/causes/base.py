@@ -11,12 +11,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from detector.causes.plan import Ladder, Plan
 from detector.decisions import Decision, SuppressAmount, Target
 from detector.model import Culprit, Evidence, Incident
-from detector.signals import NodeSignals, WorkloadSignals
+from detector.signals import NodeSignals, ProbeTick, WorkloadSignals
 
 if TYPE_CHECKING:
     from detector.policy import Policy, SloThresholds
-    from probes.listenq import ListenReport
-    from probes.snapshot import NodeSnapshot
 
 ROOT_CGROUP = "/"  # the workload key of the node's processes outside any pod
 VICTIM_SIGNAL = "runq_p99_ns"  # what verify/revert watches for a CPU action
@@ -60,27 +58,42 @@ NO_HISTORY = NoHistory()
 CulpritHook = Callable[[str], tuple[list[Culprit], list[Evidence]]]
 
 
-class ListenQueueJoin(Protocol):
-    """A cause's culprit finder over the listen queues of the node's pods (CauseSpec.listen_join): the
-    agent's listen-queue feature (noisyneighbor/agent/listen.py) feeds it every tick's snapshot and every
-    read of the queues, reads the queues now when it says the tick had trouble, and hooks
-    :meth:`servers_for` in as the cause's culprits (CauseContext.culprit_hooks)."""
+class CulpritSource(Protocol):
+    """A cause's own culprit finder over a node reading the incident engine does not hold, which the agent
+    takes beside the probes (CauseSpec.culprit_source): the agent's reader of that reading builds the
+    source, feeds it every tick's probe intervals (the detector's, before its step) and every reading it
+    takes, takes one now when the source asks, and hooks :meth:`culprits_for` in as the cause's culprits
+    (CauseContext.culprit_hooks, by the cause's NAME)."""
 
-    def observe(self, snapshot: NodeSnapshot) -> bool:
-        """The tick's snapshot in; True when its trouble asks for the listen queues to be read now."""
+    def observe(self, tick: ProbeTick) -> bool:
+        """The tick's probe readings and intervals in; True when they ask for the reading to be taken now."""
         ...
 
-    def observe_report(self, report: ListenReport | None) -> None:
+    def observe_report(self, report: Any) -> None:
+        """The reading its reader took (of the type CulpritSourceSpec.reads names)."""
         ...
 
-    def servers_for(self, victim_key: str) -> tuple[list[Culprit], list[Evidence]]:
-        """The servers the victim waits on, and the evidence (a CulpritHook; never raises)."""
+    def culprits_for(self, victim_key: str) -> tuple[list[Culprit], list[Evidence]]:
+        """The culprits the victim waits on, and the evidence (a CulpritHook; never raises)."""
         ...
 
 
-# The join's factory: (cgroup id -> workload key, owner cgroup path -> Target, the SLO) -> the join.
-ListenJoinFactory = Callable[[Callable[[int], str | None], Callable[[str], Target], "SloThresholds"],
-                             ListenQueueJoin]
+@dataclass(frozen=True)
+class SourceWiring:
+    """What a culprit source's factory gets from the agent: names for what its reading holds, and the SLOs."""
+
+    workload_of_id: Callable[[int], str | None]  # a cgroup id (the cpu hierarchy's, as runqlat's) -> workload key
+    target_of_path: Callable[[str], Target]  # a workload's cgroup path -> its Target
+    slo: SloThresholds
+
+
+@dataclass(frozen=True)
+class CulpritSourceSpec:
+    """A cause's culprit source: the reading it joins, by the type of its reader's report (the agent's reader
+    of that type builds it), and its factory."""
+
+    reads: type
+    build: Callable[[SourceWiring], CulpritSource]
 
 
 @dataclass
@@ -108,8 +121,8 @@ class CauseContext:
     # The workloads' recent values, for a cause that ranks its culprits from them (CulpritFinder).
     history: WorkloadHistory = NO_HISTORY
     # A cause's own culprit finder over what the engine does not hold, by the cause's NAME, wired from
-    # outside (the connect cause's join of its clients' connects to the servers' listen queues, which the
-    # agent reads): :meth:`hooked_culprits`. base.py names no cause.
+    # outside (CauseSpec.culprit_source, which the agent builds): :meth:`hooked_culprits`. base.py names
+    # no cause.
     culprit_hooks: Mapping[str, CulpritHook] = field(default_factory=dict)
     # own_wait_ns by the container it waited behind (window): name -> ns (detector/containers.py)
     own_by_container: dict[str, float] = field(default_factory=dict)
@@ -266,9 +279,9 @@ class CauseSpec:
     # cause takes a later tick's cause that names pods, whatever the first confidence (its rule comes
     # before theirs, so on that tick it no longer explains the wait; the pods are what can be acted on).
     yields_to_pods: bool = False
-    # Its culprit finder over the pods' listen queues, which the agent reads on this cause's trouble and
-    # hooks in by the cause's NAME (ListenQueueJoin; the connect cause's servers). None: it reads none.
-    listen_join: ListenJoinFactory | None = None
+    # Its own culprit finder over a node reading beside the probes, which the agent takes on this cause's
+    # trouble and hooks in by the cause's NAME (CulpritSource). None: it reads none.
+    culprit_source: CulpritSourceSpec | None = None
     # The victim's signals its actions are verified on (Decision.victim_signal; lower is better): the
     # one the incident breached on when it is among them, else the first (:meth:`verify_signal`).
     verify_signals: tuple[str, ...] = (VICTIM_SIGNAL,)

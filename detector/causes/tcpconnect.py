@@ -9,9 +9,10 @@ tcpconnect probe says which workload had that trouble and, for every connect tha
 destination; ``probes.listenq.ListenWatch`` says which namespaces' listeners are full or counted
 ListenOverflows. This module joins the two, so the connect incident of a client names the server:
 
-- :meth:`ListenJoin.observe_tcp` (every tick) remembers, per client workload, the destinations of its
-  failed (refused, timed out, given up) and slow connects over the last ``window_s``, and says whether
-  the tick had connect trouble at all (what makes the agent read listen queues now);
+- :meth:`ListenJoin.observe` (every tick, with the detector's interval of the probe: :meth:`ListenJoin.observe_tcp`)
+  remembers, per client workload, the destinations of its failed (refused, timed out, given up) and slow
+  connects over the last ``window_s``, and says whether the tick had connect trouble at all (what makes
+  the agent read listen queues now);
 - :meth:`ListenJoin.servers_for` (from the incident engine, for a connect incident) matches those
   destinations against the last listen report: same port, and the address is local to the listener's
   namespace (loopback: the client's own namespace; else a /32 of the namespace), or, when the address
@@ -21,9 +22,10 @@ ListenOverflows. This module joins the two, so the connect incident of a client 
 Connects still in flight have no destination yet (the probe records it when they end): a client
 whose every SYN is dropped and that never gives up is only joined once one of its connects ends.
 
-The agent's listen-queue feature (noisyneighbor/agent/listen.py) builds the join from
-``SPEC.listen_join``, feeds it every tick and hooks :meth:`ListenJoin.servers_for` in as this cause's
-culprits (``CauseContext.culprit_hooks``, by its NAME).
+The join is this cause's culprit source (``SPEC.culprit_source``, detector/causes/base.py): the agent's
+listen-queue reader (noisyneighbor/agent/listen.py) builds it, feeds it every tick and every listen report,
+and hooks :meth:`ListenJoin.servers_for` in as this cause's culprits (``CauseContext.culprit_hooks``, by its
+NAME).
 """
 
 from __future__ import annotations
@@ -35,18 +37,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from detector.causes.base import CauseContext, CauseSpec, Verdict
+from detector.causes.base import CauseContext, CauseSpec, CulpritSourceSpec, SourceWiring, Verdict
 from detector.decisions import Target
 from detector.model import Culprit, Evidence
 from probes.hist import HIST_SLOTS, slot_bounds_us
 from probes.listenq import ListenReport, ListenSocket, NetnsReading
 from probes.tcpconnect import PLUGIN as TCP_PLUGIN
-from probes.tcpconnect import TcpConnectSnapshot
+from probes.tcpconnect import TcpConnectInterval, TcpConnectSnapshot
 from probes.tcpconnect import delta as tcp_delta
 
 if TYPE_CHECKING:
-    from detector.policy import SloThresholds
-    from probes.snapshot import NodeSnapshot
+    from detector.signals import ProbeTick
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,9 @@ class _Seen:
 
 @dataclass
 class ListenJoin:
+    """The connect cause's culprit source (a ``CulpritSource``): its clients' troubled connects joined to
+    the listen reports."""
+
     workload_of_id: Callable[[int], str | None]  # cgroup id (tcpconnect's hierarchy) -> workload key
     target_of_owner: Callable[[str], Target]  # owner cgroup path (ListenWatch) -> workload Target
     slow_ns: float = 200e6  # a successful connect at least this slow counts as trouble (the connect SLO)
@@ -76,24 +80,24 @@ class ListenJoin:
     report: ListenReport | None = None
     recent: dict[str, dict[_Dest, _Seen]] = field(default_factory=dict)
     trouble: bool = False  # the last observed tick had failed, retransmitting or slow connects
-    prev_tcp: TcpConnectSnapshot | None = None  # the probe's part of the last snapshot observed
 
     # -- per tick ---------------------------------------------------------------------------------
-    def observe(self, snapshot: NodeSnapshot) -> bool:
-        """The tick's connects (the probe's part of ``snapshot``) against the last tick's: :meth:`observe_tcp`."""
-        prev, self.prev_tcp = self.prev_tcp, snapshot.probe(PROBE)
-        return self.observe_tcp(prev, self.prev_tcp)
+    def observe(self, tick: ProbeTick) -> bool:
+        """The tick's connects against the last tick's, with the detector's interval of the probe (the one
+        its step then reads): :meth:`observe_tcp`."""
+        return self.observe_tcp(tick.previous(PROBE), tick.current(PROBE), interval=tick.interval(PROBE))
 
     def observe_tcp(self, prev: TcpConnectSnapshot | None, cur: TcpConnectSnapshot | None,
-                    now: float | None = None) -> bool:
-        """Remember this tick's failed and slow destinations; True if any connect had trouble."""
+                    now: float | None = None, interval: TcpConnectInterval | None = None) -> bool:
+        """Remember this tick's failed and slow destinations; True if any connect had trouble.
+        ``interval``: the probe's ``delta(prev, cur)`` when the caller has it (computed here otherwise)."""
         now = time.monotonic() if now is None else now
         trouble = False
         if prev is not None and cur is not None:
             slow_slot = next((i for i in range(HIST_SLOTS) if slot_bounds_us(i)[0] * 1e3 >= self.slow_ns), HIST_SLOTS)
             # The probe's own interval (its plugin's delta, what top and the detector read): only the
             # (cgroup, netns) keys whose counters moved.
-            for moved in tcp_delta(prev, cur).per_key.values():
+            for moved in (interval if interval is not None else tcp_delta(prev, cur)).per_key.values():
                 bad = moved.failures + moved.aborts + moved.syn_retransmits
                 slow = sum(moved.latency.slots[slow_slot:])
                 trouble = trouble or bad > 0 or slow > 0
@@ -128,6 +132,10 @@ class ListenJoin:
             self.report = report
 
     # -- for the incident engine ------------------------------------------------------------------
+    def culprits_for(self, victim_key: str) -> tuple[list[Culprit], list[Evidence]]:
+        """The CulpritSource's hook: :meth:`servers_for`."""
+        return self.servers_for(victim_key)
+
     def servers_for(self, victim_key: str, now: float | None = None) -> tuple[list[Culprit], list[Evidence]]:
         """The servers whose full or overflowing listeners the victim's troubled connects went to.
         Never raises (it runs inside the incident engine): a failure names nobody and is logged."""
@@ -215,10 +223,9 @@ def _match(dest: _Dest, listener: ListenSocket, reading: NetnsReading, local: fr
     return "port"
 
 
-def listen_join(workload_of_id: Callable[[int], str | None], target_of_owner: Callable[[str], Target],
-                slo: SloThresholds) -> ListenJoin:
-    """The cause's join (CauseSpec.listen_join): a connect as slow as the connect SLO counts as trouble."""
-    return ListenJoin(workload_of_id, target_of_owner, slow_ns=slo.connect_p99_ms * 1e6)
+def listen_join(wiring: SourceWiring) -> ListenJoin:
+    """The cause's join (its culprit source's factory): a connect as slow as the connect SLO counts as trouble."""
+    return ListenJoin(wiring.workload_of_id, wiring.target_of_path, slow_ns=wiring.slo.connect_p99_ms * 1e6)
 
 
 def rule(ctx: CauseContext) -> Verdict | None:
@@ -237,5 +244,5 @@ SPEC = CauseSpec(
     NAME, rule,
     title="the TCP connect path",
     advice="connects stall (SYN drops/retransmits): check the server's accept backlog and ListenOverflows",
-    listen_join=listen_join,
+    culprit_source=CulpritSourceSpec(reads=ListenReport, build=listen_join),
 )

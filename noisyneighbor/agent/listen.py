@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The agent's listen-queue evidence: the pods' listen queues (probes/listenq.py) read on connect trouble or
-on a slow cadence, joined to the incidents of the clients by the joins the causes declare
-(``CauseSpec.listen_join``: the connect cause's, which names the servers), hooked into the incident engine
-here, and carried in every snapshot (exported per pod)."""
+on a slow cadence, joined to the incidents of the clients by the culprit sources the causes declare over
+them (``CauseSpec.culprit_source`` reading a ``ListenReport``: the connect cause's, which names the
+servers), hooked into the incident engine here, and carried in every snapshot (exported per pod)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from detector import causes
-from detector.causes.base import ListenQueueJoin
+from detector.causes.base import CulpritSource, SourceWiring
 from detector.decisions import Target
 from detector.runtime import Detector
 from noisyneighbor.agent.logs import _one_line
@@ -24,19 +24,22 @@ log = logging.getLogger("noisyneighbor.agent")
 
 
 class ListenQueues:
-    """Reads the pods' listen queues when a join says the tick had trouble (the connect cause's: connects
-    failed, SYN retransmitted or slow) or the slow cadence is due; :meth:`attach` puts the last read into
-    each snapshot."""
+    """Reads the pods' listen queues when a culprit source over them says the tick had trouble (the connect
+    cause's: connects failed, SYN retransmitted or slow) or the slow cadence is due; :meth:`attach` puts the
+    last read into each snapshot."""
 
     def __init__(self, proc: str, layout: CgroupLayout | None, detector: Detector) -> None:
         self.layout = layout
         self.detector = detector
         self.watch = ListenWatch(proc, self._cgroup_dir)
-        self.joins: list[ListenQueueJoin] = []
-        for spec in causes.LISTEN_JOINS:  # each join is its cause's culprit hook (the servers its clients wait on)
-            join = spec.listen_join(self._workload_of_id, self._target_of_owner, detector.engine.slo)
-            detector.engine.culprit_hooks[spec.cause] = join.servers_for
-            self.joins.append(join)
+        self.sources: list[CulpritSource] = []
+        wiring = SourceWiring(self._workload_of_id, self._target_of_owner, detector.engine.slo)
+        for spec in causes.CULPRIT_SOURCES:  # each source over the listen queues is its cause's culprit hook
+            if spec.culprit_source is None or spec.culprit_source.reads is not ListenReport:
+                continue  # another reading's
+            source = spec.culprit_source.build(wiring)
+            detector.engine.culprit_hooks[spec.cause] = source.culprits_for
+            self.sources.append(source)
         self.report: ListenReport | None = None
         self.errors: set[str] = set()  # each reason once: a missing capability fails every netns
 
@@ -45,8 +48,9 @@ class ListenQueues:
         reason and never cost the tick's detection (listen queues are extra evidence)."""
         errors: list[str] = []
         try:
-            # Every join hears every tick (each keeps its last snapshot's part, even when it then raises).
-            trouble = [join.observe(snapshot) for join in self.joins]
+            # Every source hears every tick, with the detector's probe intervals (its step reuses them).
+            tick = self.detector.probe_tick(snapshot)
+            trouble = [source.observe(tick) for source in self.sources]
             reason = self.watch.due(any(trouble))
             if reason is not None:
                 index = self.detector.index
@@ -54,8 +58,8 @@ class ListenQueues:
                 report = self.watch.read(owners, reason)
                 errors = list(report.errors)
                 self.report = report
-                for join in self.joins:
-                    join.observe_report(report)
+                for source in self.sources:
+                    source.observe_report(report)
         except Exception as e:  # listen queues are extra evidence: never worth the tick's detection
             errors = [f"listenq: {type(e).__name__}: {_one_line(e)}"]
         for error in errors:
@@ -81,7 +85,7 @@ class ListenQueues:
         return hierarchy.path_of(path) if hierarchy is not None else None
 
     def _workload_of_id(self, cgroup_id: int) -> str | None:
-        """The workload key of a cgroup id a join reads from its probe (keyed like runqlat: the cpu hierarchy)."""
+        """The workload key of a cgroup id a source reads from its probe (keyed like runqlat: the cpu hierarchy)."""
         w = self.detector.ids.workload_of(cgroup_id, self.detector.builder.cpu_h)
         return w.key if w is not None else None
 
