@@ -239,7 +239,7 @@ class CgroupWatch:
         self.hot.fit(FILES_KEPT_PER_CGROUP * len(due_cpu) + len(RESOURCES) * len(due_psi))
         changed: set[str] = set()
         still: set[str] = set()  # read in full this tick and found as at their last read
-        for path in sorted(due_full, key=_depth) if len(due_full) > 1 else due_full:  # parents first
+        for path in sorted(due_full, key=_depth):  # parents first
             w = self.watched[path]
             parent = self.watched.get(path.rpartition("/")[0])
             if parent is not None and parent.path in still and path in self.cpu \
