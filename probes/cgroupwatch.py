@@ -73,6 +73,23 @@ class _Files:
     memory_usage: tuple[str, str] | None = None  # memory.usage_in_bytes (v1) or memory.current (v2)
     v2: str | None = None  # the v2 mount, where pressure files are
 
+    @staticmethod
+    def of_layout(layout: CgroupLayout) -> _Files:
+        cpuset = percpu = usage = memory_usage = None
+        cpuset_h, cpuacct_h, cpu_h, mem_h = (layout.hierarchy_for("cpuset"), layout.v1.get("cpuacct"),
+                                             layout.hierarchy_for("cpu"), layout.hierarchy_for("memory"))
+        if cpuset_h is not None:
+            (name,) = CPUSET_EFFECTIVE_CPUS.names(cpuset_h.version)
+            cpuset = (str(cpuset_h.mount), name)
+        if cpuacct_h is not None:
+            percpu = (str(cpuacct_h.mount), CPUACCT_USAGE_PERCPU.name(1))
+            usage = (str(cpuacct_h.mount), CPUACCT_USAGE.name(1))
+        elif cpu_h is not None and cpu_h.version == 2:
+            usage = (str(cpu_h.mount), CPU_STAT.name(2))
+        if mem_h is not None:
+            memory_usage = (str(mem_h.mount), MEMORY_USAGE.name(mem_h.version))
+        return _Files(cpuset, percpu, usage, memory_usage, str(layout.v2.mount) if layout.v2 is not None else None)
+
     def of(self, which: tuple[str, str] | None, path: str) -> str | None:
         return None if which is None else f"{_under(which[0], path)}/{which[1]}"
 
@@ -151,7 +168,7 @@ class CgroupWatch:
         self.v2 = layout.v2
         # Hierarchies whose ids BPF maps may report, to map an id back to a listed path.
         self._id_hierarchies = [h for h in {self.cpu_h, self.mem_h, layout.cpu} if h is not None]
-        self.files = self._files()
+        self.files = _Files.of_layout(layout)
         self.watched: dict[str, _Watched] = {}
         self._wheel: list[set[str]] = [set() for _ in range(self.slow_refresh_ticks)]
         self._next_slot = 0
@@ -173,20 +190,6 @@ class CgroupWatch:
         self.psi_read_s: dict[str, float] = {}  # monotonic time of each PSI reading (rates need their own interval)
         self.cpus: dict[str, tuple[int, ...]] = {}
         self.percpu: dict[str, tuple[int, ...]] = {}
-
-    def _files(self) -> _Files:
-        cpuset = percpu = usage = memory_usage = None
-        if self.cpuset_h is not None:
-            (name,) = CPUSET_EFFECTIVE_CPUS.names(self.cpuset_h.version)
-            cpuset = (str(self.cpuset_h.mount), name)
-        if self.cpuacct_h is not None:
-            percpu = (str(self.cpuacct_h.mount), CPUACCT_USAGE_PERCPU.name(1))
-            usage = (str(self.cpuacct_h.mount), CPUACCT_USAGE.name(1))
-        elif self.cpu_h is not None and self.cpu_h.version == 2:
-            usage = (str(self.cpu_h.mount), CPU_STAT.name(2))
-        if self.mem_h is not None:
-            memory_usage = (str(self.mem_h.mount), MEMORY_USAGE.name(self.mem_h.version))
-        return _Files(cpuset, percpu, usage, memory_usage, str(self.v2.mount) if self.v2 is not None else None)
 
     # -- listing -----------------------------------------------------------------------------
     def set_listed(self, paths: Iterable[str]) -> None:
