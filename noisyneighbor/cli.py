@@ -48,10 +48,25 @@ def _probe_list(text: str) -> tuple[str, ...]:
     return names
 
 
+class _VersionAction(argparse.Action):
+    """argparse's "version" action with the version looked up when asked: the lookup imports
+    importlib.metadata (~1.5 MiB of RSS), which the agent would otherwise carry for its whole life."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, default: str = argparse.SUPPRESS,
+                 help: str = "show program's version number and exit") -> None:
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from noisyneighbor.output import package_version
+
+        print(f"{parser.prog} {package_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from noisyneighbor.output import package_version
-    from noisyneighbor.sections import DEFAULT_SORT, SORT_VIEWS, VIEWS
-    from noisyneighbor.top import SORT_KEYS, VIEW_CHOICES
+    # Not noisyneighbor.top: it imports rich's live display, which `agent` would carry for nothing.
+    from noisyneighbor.sections import DEFAULT_SORT, SORT_KEYS, SORT_VIEWS, VIEW_CHOICES, VIEWS
     from noisyneighbor.views import VIEW_HOTKEYS, VIEW_TITLES
     from probes.registry import ENGINE_ATTACH_MODES, PLUGINS
 
@@ -66,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="eBPF interference detector for Kubernetes nodes: who steals time from whom, and why.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     parser.add_argument("--host-root", metavar="DIR", help="host filesystem root (e.g. /host in a container)")
     parser.add_argument("--btf", metavar="FILE", help="BTF of this kernel, for kernels without /sys/kernel/btf/vmlinux")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: libbpf too)")

@@ -611,7 +611,9 @@ class Exporter:
         self.top_slot = top_slot_for(max_bucket_seconds)
         # render_text's lines of the last scrape, by (metric, label text): (the histogram, or a cgroup's
         # values of that metric, and their text)
-        self.series_text: dict[tuple[str, str], tuple[object, str]] = {}
+        # render_text's last scrape: (metric, label text) -> (its values, their text: a counter's or gauge's
+        # lines, a histogram's numbers)
+        self.series_text: dict[tuple[str, str], tuple[object, str | tuple[str, ...]]] = {}
         self.prefix_text: dict[SeriesKey, str] = {}  # render_text's label text of each cgroup of the last scrape
         self.own_label_text: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}  # _own_label_text's
         self.bottom_slot = min(bottom_slot_for(min_bucket_seconds), self.top_slot)
@@ -904,7 +906,9 @@ def render_text(exporter: Exporter) -> bytes:
     state = exporter.state()
     out: list[str] = []
     # A histogram's lines are most of a scrape, and most cgroups' histograms did not change since the
-    # last one (the probe hands the same object again): their text is reused. So is a cgroup's lines of a
+    # last one (the probe hands the same object again): their numbers' text is reused (the lines, their
+    # labels repeated on each of ~20, are joined again: kept whole they were 2.6 MiB of RSS at 300 pods,
+    # made again they are ~2 ms a scrape at 300 pods). So is a cgroup's lines of a
     # counter or gauge whose values are equal to the last scrape's (an idle cgroup's: formatting them
     # again was most of a scrape at 1,000 pods). Only this scrape's lines are kept for the next, so
     # removed cgroups leave nothing behind.
@@ -922,15 +926,11 @@ def render_text(exporter: Exporter) -> bytes:
                     head = f"{prefix},{_own_label_text(exporter, names, labels)}" if labels else prefix
                     cached = last_text.get((d.name, head))
                     if cached is not None and cached[0] is hist:
-                        text = cached[1]
+                        numbers = cached[1]
                     else:
-                        text = "\n".join([
-                            *(f'{d.name}_bucket{{{head},le="{le}"}} {floatToGoString(count)}'
-                              for le, count in histogram_buckets(hist, exporter.top_slot, exporter.bottom_slot)),
-                            f"{d.name}_count{{{head}}} {floatToGoString(hist.count)}",
-                            f"{d.name}_sum{{{head}}} {floatToGoString(hist.sum_ns / 1e9)}"])
-                    series_text[(d.name, head)] = (hist, text)
-                    lines.append(text)
+                        numbers = _hist_numbers(hist, exporter.top_slot, exporter.bottom_slot)
+                    series_text[(d.name, head)] = (hist, numbers)
+                    lines.append(_hist_text(d.name, head, numbers))
                 continue
             values = (data.counters if d.type == "counter" else data.gauges).get(d.name)
             if not values:
@@ -951,6 +951,24 @@ def render_text(exporter: Exporter) -> bytes:
             out.append("\n")
     exporter.series_text = series_text
     return "".join(out).encode()
+
+
+def _hist_numbers(hist: LatencyHistogram, top_slot: int, bottom_slot: int) -> tuple[str, ...]:
+    """A histogram's text less its names and labels: each bucket's le and count, then its count and sum."""
+    out: list[str] = []
+    for le, count in histogram_buckets(hist, top_slot, bottom_slot):
+        out += (le, floatToGoString(count))
+    out += (floatToGoString(hist.count), floatToGoString(hist.sum_ns / 1e9))
+    return tuple(out)
+
+
+def _hist_text(name: str, head: str, numbers: tuple[str, ...]) -> str:
+    """A histogram's lines from its label text (``head``) and :func:`_hist_numbers`."""
+    bucket = f'{name}_bucket{{{head},le="'
+    lines = [f'{bucket}{numbers[i]}"}} {numbers[i + 1]}' for i in range(0, len(numbers) - 2, 2)]
+    lines.append(f"{name}_count{{{head}}} {numbers[-2]}")
+    lines.append(f"{name}_sum{{{head}}} {numbers[-1]}")
+    return "\n".join(lines)
 
 
 def _add_psi(data: _SeriesData, reading: object, stall_name: str, avg_name: str | None) -> None:

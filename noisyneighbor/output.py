@@ -9,7 +9,6 @@ explicit offset, the same string `top` and `diagnose` print, so one parser reads
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from importlib import metadata
 
 # Bump when a field is renamed or removed, or a value changes meaning (additions keep it).
 SCHEMA_VERSION = 1
@@ -28,6 +27,8 @@ def now_iso() -> str:
 
 def package_version() -> str:
     """The installed distribution's version; a source checkout that was never installed says so."""
+    from importlib import metadata  # here: every command imports this module, only --version asks (~1.5 MiB)
+
     try:
         return metadata.version("noisyneighbor")
     except metadata.PackageNotFoundError:

@@ -46,6 +46,7 @@ VIEWS = (*(p.top_view for p in _VIEW_PLUGINS), "psi")
 # What `--view all` shows: the views of the probes loaded by default, and psi. A probe loaded only when
 # asked for (default=False) is shown only when its view is asked for, as the agent loads it only with --probes.
 ALL_VIEWS = (*(p.top_view for p in _VIEW_PLUGINS if p.default), "psi")
+VIEW_CHOICES = (*VIEWS, "all")  # --view (here, not in top.py: the agent's command line needs no renderer)
 # The probes whose view's rows list the cgroups psi reads (CPU usage, throttling, per-cgroup PSI).
 _PSI_CGROUP_PLUGINS = tuple(p for p in _VIEW_PLUGINS if p.top_table is not None and p.top_table.psi_cgroups)
 # The sources each view needs. The first is the view's own; psi also those listing its cgroups, and

@@ -47,10 +47,10 @@ from noisyneighbor.sections import (
     sort_table_rows,
     sources_for,
 )
-from noisyneighbor.sections import SORT_KEYS as SORT_KEYS  # --sort choices (noisyneighbor/cli.py)
+from noisyneighbor.sections import SORT_KEYS as SORT_KEYS  # --sort choices
+from noisyneighbor.sections import VIEW_CHOICES as VIEW_CHOICES
 from noisyneighbor.views import SORT_HOTKEYS, VIEW_HOTKEYS, render_frame
 
-VIEW_CHOICES = (*VIEWS, "all")
 # The live view's first frame comes after this (or the interval, if shorter): rates are per second
 # whatever the span, and a first screen a full interval late reads as a hang.
 FIRST_FRAME_S = 0.5

@@ -9,11 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
-
-from rich.console import Group, RenderableType
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from noisyneighbor.sections import (
     ALL_VIEWS,
@@ -26,6 +22,13 @@ from probes.engine import ProbeStatus
 from probes.plugin import TopColumn, TopTable
 from probes.registry import PLUGINS
 from probes.units import fmt_bytes, fmt_ms, fmt_num, fmt_pct, fmt_rate, fmt_us
+
+if TYPE_CHECKING:
+    # rich is imported where a frame is rendered: the agent imports this module for the view names and
+    # keys (its command line, /top?format=keys) and renders only for a client's /top (~4 MiB of RSS).
+    from rich.console import Group, RenderableType
+    from rich.table import Table
+    from rich.text import Text
 
 # Plugins whose view is a declared table (ProbePlugin.top_table): view -> its table.
 _TABLES: dict[str, TopTable] = {p.top_view: p.top_table for p in PLUGINS if p.top_view and p.top_table}
@@ -72,6 +75,8 @@ class Column:
 def make_table(
     columns: Sequence[Column], rows: Sequence[Any], limit: int | None, sorted_by: str | None = None, expand: bool = True
 ) -> Table:
+    from rich.table import Table
+
     table = Table(expand=expand, box=None, header_style="bold", pad_edge=False)
     for c in columns:
         title = c.title + ("▼" if c.sort_key is not None and c.sort_key == sorted_by else "")
@@ -85,6 +90,8 @@ def make_table(
 
 
 def _dim(text: str) -> Text:
+    from rich.text import Text
+
     return Text(text, style="dim")
 
 
@@ -234,6 +241,8 @@ RENDERERS: dict[str, Callable[[Any, int | None, str], list[RenderableType]]] = {
 def render_view(
     view: str, section: Any, statuses: dict[str, ProbeStatus], limit: int | None, sort_key: str
 ) -> list[RenderableType]:
+    from rich.text import Text
+
     lines = "  ".join(statuses[name].line() for name in VIEW_SOURCES[view] if name in statuses)
     title = Text(f"── {view}: {VIEW_TITLES[view]} — {lines}", style="bold")
     if section is None:  # its probe is off: the status in the title says why
@@ -245,6 +254,9 @@ def render_frame(
     ts: str, sections: dict[str, Any], views: Sequence[str], statuses: dict[str, ProbeStatus], *,
     sort_key: str = "wait", limit: int | None = None, keys: bool = False,
 ) -> Group:
+    from rich.console import Group
+    from rich.text import Text
+
     parts: list[RenderableType] = [Text(f"noisyneighbor top — {ts}", style="bold")]
     for view in (v for v in VIEWS if v in views):
         parts.extend(render_view(view, sections.get(view), statuses, limit, sort_key))

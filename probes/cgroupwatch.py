@@ -53,21 +53,58 @@ SLOW_REFRESH_TICKS = 30  # every cgroup is read at least this often (ticks), act
 MEMORY_REFRESH_TICKS = 5  # memory.stat of an active cgroup that is not reclaiming: at most this often
 
 
+def _under(mount: str, path: str) -> str:
+    """A cgroup's directory in a hierarchy mounted at ``mount`` (as ``Hierarchy.path_of``, as text)."""
+    rel = path.strip("/")
+    if not rel:
+        return mount
+    return f"{mount}{rel}" if mount.endswith("/") else f"{mount}/{rel}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Files:
+    """Where the files a watched cgroup is read through are: per file, the mount of its hierarchy and its
+    name (None: no such hierarchy). One per CgroupWatch: a watched cgroup keeps its path and makes a file's
+    full name when it reads it (five full names kept per cgroup were ~1.2 KiB each, 1 MiB at 300 pods)."""
+
+    cpuset: tuple[str, str] | None = None  # its effective CPUs
+    percpu: tuple[str, str] | None = None  # v1 cpuacct.usage_percpu
+    usage: tuple[str, str] | None = None  # cpuacct.usage (v1) or cpu.stat (v2): did it run since its last turn?
+    memory_usage: tuple[str, str] | None = None  # memory.usage_in_bytes (v1) or memory.current (v2)
+    v2: str | None = None  # the v2 mount, where pressure files are
+
+    @staticmethod
+    def of_layout(layout: CgroupLayout) -> _Files:
+        cpuset = percpu = usage = memory_usage = None
+        cpuset_h, cpuacct_h, cpu_h, mem_h = (layout.hierarchy_for("cpuset"), layout.v1.get("cpuacct"),
+                                             layout.hierarchy_for("cpu"), layout.hierarchy_for("memory"))
+        if cpuset_h is not None:
+            (name,) = CPUSET_EFFECTIVE_CPUS.names(cpuset_h.version)
+            cpuset = (str(cpuset_h.mount), name)
+        if cpuacct_h is not None:
+            percpu = (str(cpuacct_h.mount), CPUACCT_USAGE_PERCPU.name(1))
+            usage = (str(cpuacct_h.mount), CPUACCT_USAGE.name(1))
+        elif cpu_h is not None and cpu_h.version == 2:
+            usage = (str(cpu_h.mount), CPU_STAT.name(2))
+        if mem_h is not None:
+            memory_usage = (str(mem_h.mount), MEMORY_USAGE.name(mem_h.version))
+        return _Files(cpuset, percpu, usage, memory_usage, str(layout.v2.mount) if layout.v2 is not None else None)
+
+    def of(self, which: tuple[str, str] | None, path: str) -> str | None:
+        return None if which is None else f"{_under(which[0], path)}/{which[1]}"
+
+
 @dataclass(slots=True)  # one per watched cgroup: no per-instance dict
 class _Watched:
-    """One listed cgroup: its file names (built once) and when it was last read."""
+    """One listed cgroup: where its files are and when it was last read."""
 
     path: str
     slot: int
-    cpuset_file: str | None
-    percpu_file: str | None
-    psi_dir: str | None  # the v2 directory holding its pressure files, when it has them
-    usage_file: str | None = None  # cpuacct.usage (v1) or cpu.stat (v2): did it run since its last turn?
-    memory_usage_file: str | None = None  # memory.usage_in_bytes (v1) or memory.current (v2)
+    files: _Files
+    has_psi: bool = False  # its v2 directory has pressure files
     last_memory_tick: int = -1_000_000
     cpu_reader: CgroupCpuReader | None = None
     mem_reader: MemStatReader | None = None
-    psi_probe_file: str | None = None  # the v2 cpu.pressure whose presence says it has PSI files
     last_limits_tick: int = -1_000_000
     turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at their last read
     psi_texts: list[str | None] = field(default_factory=list)  # its pressure files' text at their last read
@@ -75,6 +112,32 @@ class _Watched:
     # changed. A child's wheel turn is skipped when its parent, read this turn, has not moved since.
     read_at: dict[str, int] = field(default_factory=dict)
     moved_at: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def cpuset_file(self) -> str | None:
+        return self.files.of(self.files.cpuset, self.path)
+
+    @property
+    def percpu_file(self) -> str | None:
+        return self.files.of(self.files.percpu, self.path)
+
+    @property
+    def usage_file(self) -> str | None:
+        return self.files.of(self.files.usage, self.path)
+
+    @property
+    def memory_usage_file(self) -> str | None:
+        return self.files.of(self.files.memory_usage, self.path)
+
+    @property
+    def psi_probe_file(self) -> str | None:
+        """The v2 cpu.pressure whose presence says it has PSI files."""
+        return None if self.files.v2 is None else f"{_under(self.files.v2, self.path)}/{CPU_PRESSURE.name(2)}"
+
+    @property
+    def psi_dir(self) -> str | None:
+        """The v2 directory holding its pressure files, when it has them."""
+        return _under(self.files.v2, self.path) if self.has_psi and self.files.v2 is not None else None
 
     def note(self, kind: str, text: str | None, tick: int) -> bool:
         """A read of one of its usage files: kept for the next comparison; True if the same text as at its
@@ -105,6 +168,7 @@ class CgroupWatch:
         self.v2 = layout.v2
         # Hierarchies whose ids BPF maps may report, to map an id back to a listed path.
         self._id_hierarchies = [h for h in {self.cpu_h, self.mem_h, layout.cpu} if h is not None]
+        self.files = _Files.of_layout(layout)
         self.watched: dict[str, _Watched] = {}
         self._wheel: list[set[str]] = [set() for _ in range(self.slow_refresh_ticks)]
         self._next_slot = 0
@@ -151,22 +215,9 @@ class CgroupWatch:
         else:
             slot = self._next_slot
             self._next_slot = (slot + 1) % self.slow_refresh_ticks
-        cpuset = None
-        if self.cpuset_h is not None:
-            (name,) = CPUSET_EFFECTIVE_CPUS.names(self.cpuset_h.version)
-            cpuset = str(self.cpuset_h.path_of(path) / name)
-        percpu = str(self.cpuacct_h.path_of(path) / CPUACCT_USAGE_PERCPU.name(1)) if self.cpuacct_h is not None else None
-        w = _Watched(path, slot, cpuset, percpu, None, cpu_reader=CgroupCpuReader(self.layout, path),
-                     mem_reader=MemStatReader(self.layout, path) if self.mem_h is not None else None,
-                     psi_probe_file=f"{self.v2.path_of(path)}/{CPU_PRESSURE.name(2)}" if self.v2 is not None else None)
-        w.psi_dir = _psi_dir(w)
-        if self.cpuacct_h is not None:
-            w.usage_file = str(self.cpuacct_h.path_of(path) / CPUACCT_USAGE.name(1))
-        elif self.cpu_h is not None and self.cpu_h.version == 2:
-            w.usage_file = str(self.cpu_h.path_of(path) / CPU_STAT.name(2))
-        if self.mem_h is not None:
-            name = MEMORY_USAGE.name(self.mem_h.version)
-            w.memory_usage_file = str(self.mem_h.path_of(path) / name)
+        w = _Watched(path, slot, self.files, cpu_reader=CgroupCpuReader(self.layout, path),
+                     mem_reader=MemStatReader(self.layout, path) if self.mem_h is not None else None)
+        w.has_psi = _has_psi(w)
         self.watched[path] = w
         self._psi_of = None
         self._wheel[slot].add(path)
@@ -239,7 +290,7 @@ class CgroupWatch:
         self.hot.fit(FILES_KEPT_PER_CGROUP * len(due_cpu) + len(RESOURCES) * len(due_psi))
         changed: set[str] = set()
         still: set[str] = set()  # read in full this tick and found as at their last read
-        for path in sorted(due_full, key=_depth) if len(due_full) > 1 else due_full:  # parents first
+        for path in sorted(due_full, key=_depth):  # parents first
             w = self.watched[path]
             parent = self.watched.get(path.rpartition("/")[0])
             if parent is not None and parent.path in still and path in self.cpu \
@@ -337,7 +388,7 @@ class CgroupWatch:
                 replaced = True
         if full:
             _read_cpuset(w, self.cpus, self.cpuset_h)
-            w.psi_dir = _psi_dir(w)
+            w.has_psi = _has_psi(w)
         if w.percpu_file is not None and moving:  # where it ran moves only when it runs (and at first sight)
             text = read(w.percpu_file)
             if text is not None:
@@ -360,7 +411,8 @@ class CgroupWatch:
             return False
         path = w.path
         read = self.hot.read if hot else read_small
-        texts = [read(str(PRESSURE[resource].path(w.psi_dir, 2))) for resource in RESOURCES]
+        psi_dir = w.psi_dir
+        texts = [read(f"{psi_dir}/{PRESSURE[resource].name(2)}") for resource in RESOURCES]  # no pathlib a tick
         w.read_at["psi"] = self.tick_count
         if texts == w.psi_texts and path in self.psi and path not in self._psi_moved:
             self.psi_read_s[path] = time.monotonic()
@@ -424,10 +476,9 @@ def _noting_usage(w: _Watched, read: Callable[[str], str | None], tick: int) -> 
     return noting
 
 
-def _psi_dir(w: _Watched) -> str | None:
-    if w.psi_probe_file is None or not os.path.exists(w.psi_probe_file):
-        return None
-    return os.path.dirname(w.psi_probe_file)
+def _has_psi(w: _Watched) -> bool:
+    probe = w.psi_probe_file
+    return probe is not None and os.path.exists(probe)
 
 
 def _read_cpuset(w: _Watched, cpus: dict[str, tuple[int, ...]], hierarchy: Hierarchy | None) -> None:

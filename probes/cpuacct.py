@@ -292,7 +292,8 @@ class CgroupCpuReader:
         self.cpu_dir = cpu
         # Only the directories are kept (the file paths are made when read): six full paths kept per
         # watched cgroup were ~1 KiB each of the agent's memory at node scale.
-        self.acct_dir = acct or None
+        # Where cpu and cpuacct are mounted together (cpu,cpuacct) both are one directory: one string.
+        self.acct_dir = (cpu if acct == cpu else acct) or None
         self.quota_us: int | None = None
         self.period_us: int | None = None
         self.bandwidth = False  # v1: the cpu controller has CFS bandwidth files

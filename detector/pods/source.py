@@ -100,17 +100,18 @@ class _CachingSource:
             # A pod whose record is equal to the one held keeps that object: readers that keep what they
             # built from a record for as long as it is the same object (the exporter's series labels)
             # then rebuild only for pods that changed, not for all of them after every poll.
+            # One walk of the listed pods; what is left of the held ones after it is gone.
             held = self._pods
+            vanished = dict(held)
             new = {}
             for p in pods:
                 old = held.get(p.uid)
                 new[p.uid] = old if old is not None and old == p else p
+                vanished.pop(p.uid, None)
+                self._gone.pop(p.uid, None)
             now = self._clock()
-            for uid, old in self._pods.items():
-                if uid not in new:
-                    self._gone[uid] = (old, now)
-            for uid in new:
-                self._gone.pop(uid, None)
+            for uid, old in vanished.items():
+                self._gone[uid] = (old, now)
             self._pods = new
             self._succeeded()
 

@@ -185,8 +185,7 @@ class AgentTop:
 def top_keys() -> dict[str, Any]:
     """``/top?format=keys``: the views and sort columns `top` has and the keys that switch them, from the
     registry (noisyneighbor.views), for the kubectl plugin, which keeps no list of its own."""
-    from noisyneighbor.sections import SORT_KEYS
-    from noisyneighbor.top import VIEW_CHOICES
+    from noisyneighbor.sections import SORT_KEYS, VIEW_CHOICES
     from noisyneighbor.views import KEYS_HINT, SORT_HOTKEYS, VIEW_HOTKEYS
 
     return {"views": list(VIEW_CHOICES), "sorts": sorted(SORT_KEYS), "view_keys": dict(VIEW_HOTKEYS),
