@@ -150,6 +150,7 @@ _OWN: tuple[Signal, ...] = (
     Signal("throttled_ms_per_s", "Time throttled at its CPU limit", "ms/s"),
     Signal("cpu_cores", "CPU used", "cores", noise_floor=0.02),
     Signal("cause_wait_share", "Share of its wait the cause explains", "%", 100.0),
+    Signal("gone_culprit_wait_share", "Wait behind culprits gone since, left out of the causes' shares", "%", 100.0),
     Signal("runnable_per_cpu", "Its threads per CPU it may use", "x"),
     Signal("container_throttled_ratio", "Periods a container was throttled at its limit", "%", 100.0),
 )

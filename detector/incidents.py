@@ -236,8 +236,10 @@ class IncidentEngine:
     # -- lifecycle ------------------------------------------------------------------------------
     def _open(self, key, row, state, found, signals, now, follows: str | None = None,
               incident_id: str | None = None) -> Incident:
+        # A successor is diagnosed as its predecessor was re-evaluated (gone culprits out of the shares), so
+        # it opens with the cause decided; a fresh incident over the whole window.
         cause, confidence, culprits, evidence, findings = diagnose(key, row, state, found, signals, self.slo,
-                                                                  self.culprit_finder)
+                                                                  self.culprit_finder, current=follows is not None)
         inc = Incident(
             incident_id=incident_id or _new_incident_id(),
             follows=follows,
@@ -263,9 +265,11 @@ class IncidentEngine:
         return inc
 
     def _update(self, inc, key, row, state, found, signals, now) -> Incident | None:
-        """The open incident on a breach tick; its successor when its cause changed (None: it stands)."""
+        """The open incident on a breach tick; its successor when its cause changed (None: it stands). The
+        cause is re-evaluated on what explains the wait now: a culprit gone for GONE_AFTER_TICKS no longer
+        counts in the causes' shares (detector/incident_diagnosis.py)."""
         cause, confidence, culprits, evidence, findings = diagnose(key, row, state, found, signals, self.slo,
-                                                                  self.culprit_finder)
+                                                                  self.culprit_finder, current=True)
         # A cause seen with more confidence replaces the first guess; evidence is the latest window.
         # "The node's own processes ran instead" (neighbor_cpu naming no pod) is the weakest account:
         # it never replaces a cause that named the pods behind it (kswapd is a root-cgroup thread; once
