@@ -53,45 +53,50 @@ SLOW_REFRESH_TICKS = 30  # every cgroup is read at least this often (ticks), act
 MEMORY_REFRESH_TICKS = 5  # memory.stat of an active cgroup that is not reclaiming: at most this often
 
 
-def _under(mount: str, path: str) -> str:
-    """A cgroup's directory in a hierarchy mounted at ``mount`` (as ``Hierarchy.path_of``, as text)."""
+def _prefix(mount: str) -> str:
+    """A hierarchy's mount as the start of its cgroups' directories: ending in one "/"."""
+    return mount if mount.endswith("/") else f"{mount}/"
+
+
+def _rel(path: str) -> str:
+    """A cgroup's path as it follows its hierarchy's mount prefix: "" for the root, else "a/b/" (so the
+    directory of a file is ``prefix + rel`` and the file ``prefix + rel + name``: one concatenation)."""
     rel = path.strip("/")
-    if not rel:
-        return mount
-    return f"{mount}{rel}" if mount.endswith("/") else f"{mount}/{rel}"
+    return f"{rel}/" if rel else ""
 
 
 @dataclass(frozen=True, slots=True)
 class _Files:
-    """Where the files a watched cgroup is read through are: per file, the mount of its hierarchy and its
-    name (None: no such hierarchy). One per CgroupWatch: a watched cgroup keeps its path and makes a file's
-    full name when it reads it (five full names kept per cgroup were ~1.2 KiB each, 1 MiB at 300 pods)."""
+    """Where the files a watched cgroup is read through are: per kind of file, the mount of its hierarchy
+    (as a prefix, see ``_prefix``) and its name; a kind absent has no such hierarchy. One per CgroupWatch:
+    a watched cgroup keeps its relative path and makes a file's full name when it reads it (five full names
+    kept per cgroup were ~1.2 KiB each, 1 MiB at 300 pods)."""
 
-    cpuset: tuple[str, str] | None = None  # its effective CPUs
-    percpu: tuple[str, str] | None = None  # v1 cpuacct.usage_percpu
-    usage: tuple[str, str] | None = None  # cpuacct.usage (v1) or cpu.stat (v2): did it run since its last turn?
-    memory_usage: tuple[str, str] | None = None  # memory.usage_in_bytes (v1) or memory.current (v2)
-    v2: str | None = None  # the v2 mount, where pressure files are
+    # kinds: "cpuset" (its effective CPUs), "percpu" (v1 cpuacct.usage_percpu), "usage" (cpuacct.usage on
+    # v1, cpu.stat on v2: did it run since its last turn?), "memory_usage" (memory.usage_in_bytes on v1,
+    # memory.current on v2), "psi_probe" (v2 cpu.pressure: whose presence says it has pressure files)
+    where: dict[str, tuple[str, str]] = field(default_factory=dict)
+    v2: str | None = None  # the v2 mount's prefix, where pressure files are
 
     @staticmethod
     def of_layout(layout: CgroupLayout) -> _Files:
-        cpuset = percpu = usage = memory_usage = None
+        where: dict[str, tuple[str, str]] = {}
         cpuset_h, cpuacct_h, cpu_h, mem_h = (layout.hierarchy_for("cpuset"), layout.v1.get("cpuacct"),
                                              layout.hierarchy_for("cpu"), layout.hierarchy_for("memory"))
         if cpuset_h is not None:
             (name,) = CPUSET_EFFECTIVE_CPUS.names(cpuset_h.version)
-            cpuset = (str(cpuset_h.mount), name)
+            where["cpuset"] = (_prefix(str(cpuset_h.mount)), name)
         if cpuacct_h is not None:
-            percpu = (str(cpuacct_h.mount), CPUACCT_USAGE_PERCPU.name(1))
-            usage = (str(cpuacct_h.mount), CPUACCT_USAGE.name(1))
+            where["percpu"] = (_prefix(str(cpuacct_h.mount)), CPUACCT_USAGE_PERCPU.name(1))
+            where["usage"] = (_prefix(str(cpuacct_h.mount)), CPUACCT_USAGE.name(1))
         elif cpu_h is not None and cpu_h.version == 2:
-            usage = (str(cpu_h.mount), CPU_STAT.name(2))
+            where["usage"] = (_prefix(str(cpu_h.mount)), CPU_STAT.name(2))
         if mem_h is not None:
-            memory_usage = (str(mem_h.mount), MEMORY_USAGE.name(mem_h.version))
-        return _Files(cpuset, percpu, usage, memory_usage, str(layout.v2.mount) if layout.v2 is not None else None)
-
-    def of(self, which: tuple[str, str] | None, path: str) -> str | None:
-        return None if which is None else f"{_under(which[0], path)}/{which[1]}"
+            where["memory_usage"] = (_prefix(str(mem_h.mount)), MEMORY_USAGE.name(mem_h.version))
+        v2 = _prefix(str(layout.v2.mount)) if layout.v2 is not None else None
+        if v2 is not None:
+            where["psi_probe"] = (v2, CPU_PRESSURE.name(2))
+        return _Files(where, v2)
 
 
 @dataclass(slots=True)  # one per watched cgroup: no per-instance dict
@@ -112,32 +117,20 @@ class _Watched:
     # changed. A child's wheel turn is skipped when its parent, read this turn, has not moved since.
     read_at: dict[str, int] = field(default_factory=dict)
     moved_at: dict[str, int] = field(default_factory=dict)
+    rel: str = field(init=False, default="")  # its path after a mount prefix (``_rel``), made once
 
-    @property
-    def cpuset_file(self) -> str | None:
-        return self.files.of(self.files.cpuset, self.path)
+    def __post_init__(self) -> None:
+        self.rel = _rel(self.path)
 
-    @property
-    def percpu_file(self) -> str | None:
-        return self.files.of(self.files.percpu, self.path)
-
-    @property
-    def usage_file(self) -> str | None:
-        return self.files.of(self.files.usage, self.path)
-
-    @property
-    def memory_usage_file(self) -> str | None:
-        return self.files.of(self.files.memory_usage, self.path)
-
-    @property
-    def psi_probe_file(self) -> str | None:
-        """The v2 cpu.pressure whose presence says it has PSI files."""
-        return None if self.files.v2 is None else f"{_under(self.files.v2, self.path)}/{CPU_PRESSURE.name(2)}"
+    def file(self, which: str) -> str | None:
+        """Its file of one kind (``_Files``), None where there is no such hierarchy."""
+        where = self.files.where.get(which)
+        return None if where is None else where[0] + self.rel + where[1]
 
     @property
     def psi_dir(self) -> str | None:
-        """The v2 directory holding its pressure files, when it has them."""
-        return _under(self.files.v2, self.path) if self.has_psi and self.files.v2 is not None else None
+        """The v2 directory holding its pressure files (ending in "/"), when it has them."""
+        return self.files.v2 + self.rel if self.has_psi and self.files.v2 is not None else None
 
     def note(self, kind: str, text: str | None, tick: int) -> bool:
         """A read of one of its usage files: kept for the next comparison; True if the same text as at its
@@ -241,7 +234,7 @@ class CgroupWatch:
         self._psi_of = None
         # An open file pins a removed cgroup in the kernel: close this one's now.
         self.hot.close([*(w.cpu_reader.files() if w.cpu_reader else ()), *(w.mem_reader.files() if w.mem_reader else ()),
-                        *((w.percpu_file,) if w.percpu_file else ()),
+                        *((percpu,) if (percpu := w.file("percpu")) else ()),
                         *(os.path.join(w.psi_dir, f"{r}.pressure") for r in RESOURCES if w.psi_dir is not None)])
         self._wheel[w.slot].discard(path)
         self._unread.discard(path)
@@ -316,7 +309,7 @@ class CgroupWatch:
             # Memory not seen moving and the same memory usage text as at its last read: its memory reading is
             # current (memory.stat and four more files on v1 not read again for a task that woke briefly).
             if memory and path not in memory_set and path in self.mem and self._unchanged(
-                    w, w.memory_usage_file, "memory", self.hot.read):
+                    w, w.file("memory_usage"), "memory", self.hot.read):
                 memory = False
                 w.last_memory_tick = t
             self._read(w, t, full=False, memory=memory, errors=errors)
@@ -336,7 +329,7 @@ class CgroupWatch:
 
     def _still(self, w: _Watched) -> bool:
         """A followed cgroup (it ran at its last read) whose CPU usage file reads as then: it did not run."""
-        return w.path in self.cpu and self._unchanged(w, w.usage_file, "cpu", self.hot.read)
+        return w.path in self.cpu and self._unchanged(w, w.file("usage"), "cpu", self.hot.read)
 
     def _psi_listed(self, psi_every_tick: Iterable[str]) -> set[str]:
         """The watched cgroups of the every-tick PSI list; none where no cgroup has pressure files (v1),
@@ -358,7 +351,7 @@ class CgroupWatch:
         read = _noting_usage(w, read_small if full else self.hot.read, t)
         moving = False
         replaced = False
-        if not (full and path in self.cpu and self._unchanged(w, w.usage_file, "cpu")):
+        if not (full and path in self.cpu and self._unchanged(w, w.file("usage"), "cpu")):
             replaced = True
             before = self.cpu.get(path)
             # Quota and period: on wheel turns, and every few ticks while it keeps running (it ran at its
@@ -378,7 +371,7 @@ class CgroupWatch:
             self._moving.add(path)
         else:
             self._moving.discard(path)
-        if memory and not (full and path in self.mem and self._unchanged(w, w.memory_usage_file, "memory")):
+        if memory and not (full and path in self.mem and self._unchanged(w, w.file("memory_usage"), "memory")):
             mem = w.mem_reader.read(read) if w.mem_reader is not None else None
             w.last_memory_tick = t
             if mem is None:  # no memory files (no such controller for it, or gone): new only if it had some
@@ -389,8 +382,9 @@ class CgroupWatch:
         if full:
             _read_cpuset(w, self.cpus, self.cpuset_h)
             w.has_psi = _has_psi(w)
-        if w.percpu_file is not None and moving:  # where it ran moves only when it runs (and at first sight)
-            text = read(w.percpu_file)
+        percpu_file = w.file("percpu") if moving else None
+        if percpu_file is not None:  # where it ran moves only when it runs (and at first sight)
+            text = read(percpu_file)
             if text is not None:
                 try:
                     self.percpu[path] = CPUACCT_USAGE_PERCPU.parse(1, text)
@@ -412,7 +406,7 @@ class CgroupWatch:
         path = w.path
         read = self.hot.read if hot else read_small
         psi_dir = w.psi_dir
-        texts = [read(f"{psi_dir}/{PRESSURE[resource].name(2)}") for resource in RESOURCES]  # no pathlib a tick
+        texts = [read(psi_dir + PRESSURE[resource].name(2)) for resource in RESOURCES]  # no pathlib a tick
         w.read_at["psi"] = self.tick_count
         if texts == w.psi_texts and path in self.psi and path not in self._psi_moved:
             self.psi_read_s[path] = time.monotonic()
@@ -451,12 +445,13 @@ def _vouched_for(w: _Watched, parent: _Watched, tick: int, has_memory: bool) -> 
     read, none of them moved (memory: unless one child freed exactly what another charged). On a node of
     kubelet pods this skips the container turns of idle pods: two of their three reads on v1, more on v2
     (pressure files). ``has_memory``: it has a memory reading (none where its memory files are absent)."""
-    for kind, here, there in (("cpu", w.usage_file, parent.usage_file),
-                              ("memory", w.memory_usage_file if has_memory else None, parent.memory_usage_file),
-                              ("psi", w.psi_dir, parent.psi_dir)):
-        if here is None:
+    where = w.files.where  # the same for both: one per watch
+    for kind, here, there in (("cpu", "usage" in where, "usage" in where),
+                              ("memory", has_memory and "memory_usage" in where, "memory_usage" in where),
+                              ("psi", w.psi_dir is not None, parent.psi_dir is not None)):
+        if not here:
             continue
-        if there is None or w.read_at.get(kind, -1) <= parent.moved_at.get(kind, tick):
+        if not there or w.read_at.get(kind, -1) <= parent.moved_at.get(kind, tick):
             return False
     return True
 
@@ -464,7 +459,7 @@ def _vouched_for(w: _Watched, parent: _Watched, tick: int, has_memory: bool) -> 
 def _noting_usage(w: _Watched, read: Callable[[str], str | None], tick: int) -> Callable[[str], str | None]:
     """``read`` that notes the text of ``w``'s usage files: a wheel turn that finds the same text skips that
     kind's other files, also when the cgroup was read (it ran) since its last turn."""
-    kinds = {w.usage_file: "cpu", w.memory_usage_file: "memory"}
+    kinds = {w.file("usage"): "cpu", w.file("memory_usage"): "memory"}
 
     def noting(file: str) -> str | None:
         text = read(file)
@@ -477,15 +472,16 @@ def _noting_usage(w: _Watched, read: Callable[[str], str | None], tick: int) -> 
 
 
 def _has_psi(w: _Watched) -> bool:
-    probe = w.psi_probe_file
+    probe = w.file("psi_probe")
     return probe is not None and os.path.exists(probe)
 
 
 def _read_cpuset(w: _Watched, cpus: dict[str, tuple[int, ...]], hierarchy: Hierarchy | None) -> None:
     """Its effective CPUs, on its turn: they change without activity (the CPU manager rewrites a pool)."""
-    if w.cpuset_file is None or hierarchy is None:
+    cpuset_file = w.file("cpuset")
+    if cpuset_file is None or hierarchy is None:
         return
-    text = read_small(w.cpuset_file)
+    text = read_small(cpuset_file)
     # The same text as at its last turn: the parsed set is current (cpusets change rarely, and parsing every
     # idle cgroup's list on each turn was a visible part of the wheel).
     if text is not None and (text != w.turn_text.get("cpuset") or w.path not in cpus):
