@@ -60,7 +60,7 @@ def metrics_body(exporter: Exporter | None, registry: CollectorRegistry, accept:
     if exporter is None:
         return encoder(registry), content_type
     if content_type.startswith("text/plain"):
-        return render_text(exporter) + encoder(registry), content_type
+        return render_text(exporter, tail=encoder(registry)), content_type  # one buffer of the body
     both = CollectorRegistry(auto_describe=False)
     both.register(exporter)
     both.register(_RegistryCollector(registry))
