@@ -897,17 +897,13 @@ def _own_label_text(exporter: Exporter, names: tuple[str, ...], labels: tuple[st
 
 
 def render_text(exporter: Exporter, tail: bytes = b"") -> bytes:
-    """The exporter's series in the Prometheus text format (0.0.4), written directly, then ``tail`` (the
-    registry's own series).
+    """The exporter's series in the Prometheus text format (0.0.4), written directly, then ``tail``.
 
     What ``generate_latest`` prints for :meth:`Exporter.collect`, at a fraction of its cost: it
     validates and escapes every label name of every sample; here each cgroup's label text is made
-    once per scrape and the rest is string joins. A scrape of 300 pods is ~10k samples.
-
-    The body is made by one join of byte pieces: a scrape at 1,000 pods is ~4 MB, and joining each
-    metric's lines, then the metrics, then encoding the text and adding the tail made four buffers of
-    that size (fresh pages, zeroed by the kernel) for one: most of a scrape's time in py-spy.
-    """
+    once per scrape and the rest is joins. A scrape of 300 pods is ~10k samples. One join of byte
+    pieces (~4 MB at 1,000 pods): joining each metric's lines, then the metrics, then encoding and
+    adding the tail (the registry's series) made four buffers that size, most of a scrape's time."""
     state = exporter.state()
     out: list[bytes] = []
     # A histogram's lines are most of a scrape, and most cgroups' histograms did not change since the

@@ -55,7 +55,9 @@ def _host(proc: str) -> HostPaths:
 
 
 def _netns_path(proc: str, pid: int | str) -> str:
-    return str(PID_NS_NET.at(_host(proc), pid=pid))
+    """``PID_NS_NET.at(_host(proc), pid=pid)`` as text, without the HostPaths and two Paths: a read of the
+    listen queues stats each pod's task's namespace (1,000 a read at 1,000 pods)."""
+    return os.path.join(proc, PID_NS_NET.path.format(pid=pid))
 
 
 @dataclass(frozen=True)
