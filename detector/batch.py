@@ -316,6 +316,9 @@ class BatchMeter:
     min_window_s: float = 10.0
     last: BatchAllocatable | None = None
     _start: tuple[float, float, dict[str, float]] | None = field(default=None, repr=False)
+    # pod path -> (its pod record, its CPU and memory requests): a record's requests are summed over its
+    # containers once, not on every measure (the same record object: the same requests)
+    _requests: dict[str, tuple[object, float, float]] = field(default_factory=dict, repr=False)
 
     def measure(
         self, now_s: float, node_busy_s: float, ncpu: int, memory_total: float, memory_used: float,
@@ -392,6 +395,7 @@ def measure_snapshot(meter: BatchMeter, snapshot: NodeSnapshot, index: WorkloadI
     used = max(total - _available_pages(mem) * PAGE_SIZE, 0.0) if mem is not None else 0.0
     cpu_s: dict[str, float] = {}
     pods: dict[str, PodUse] = {}
+    requests_before, requests = meter._requests, {}
     for path in pod_paths:
         w = index.workload_of(path)
         cpu = snapshot.cgroup_cpu.get(path)
@@ -402,11 +406,14 @@ def measure_snapshot(meter: BatchMeter, snapshot: NodeSnapshot, index: WorkloadI
         if m is not None and m.usage_bytes is not None:
             mem_used = float(max(m.usage_bytes - (m.file_bytes or 0), 0))  # without page cache
         info = index.pod_of(w.key)
-        pods[w.key] = PodUse(
-            prod=w.target.qos != "BE", cpu_used=0.0, memory_used=mem_used,
-            cpu_request=float(getattr(info, "cpu_request_cores", 0.0) or 0.0),
-            memory_request=float(getattr(info, "memory_request_bytes", 0) or 0),
-        )
+        known = requests_before.get(path)
+        if known is None or known[0] is not info:
+            known = (info, float(getattr(info, "cpu_request_cores", 0.0) or 0.0),
+                     float(getattr(info, "memory_request_bytes", 0) or 0))
+        requests[path] = known
+        pods[w.key] = PodUse(prod=w.target.qos != "BE", cpu_used=0.0, memory_used=mem_used,
+                             cpu_request=known[1], memory_request=known[2])
+    meter._requests = requests  # the listed pods' only
     return meter.measure(snapshot.monotonic_s, snapshot.node_cpu.busy_ns / 1e9, len(snapshot.node_cpu_per_cpu),
                          total, used, cpu_s, pods)
 
