@@ -941,10 +941,10 @@ def render_text(exporter: Exporter, tail: bytes = b"") -> bytes:
             if cached is not None and cached[0] == values:
                 text = cached[1]
             else:
-                text = "".join(
-                    f"{d.name}{{{prefix},{_own_label_text(exporter, names, labels)}}} {floatToGoString(value)}\n"
-                    if labels else f"{d.name}{{{prefix}}} {floatToGoString(value)}\n"
-                    for labels, value in values.items()).encode()
+                text = b"".join(  # line by line: no second, text copy of a cgroup's lines to free
+                    f"{d.name}{{{prefix},{_own_label_text(exporter, names, labels)}}} {floatToGoString(value)}\n".encode()
+                    if labels else f"{d.name}{{{prefix}}} {floatToGoString(value)}\n".encode()
+                    for labels, value in values.items())
             series_text[(d.name, prefix)] = (values, text)
             out.append(text)
         if len(out) > start:
