@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from detector import causes
@@ -182,12 +182,11 @@ def diagnose(key: str, row: WorkloadSignals, state: VictimState, found: list[Bre
     tick.
 
     ``current`` (an open incident's re-evaluation, and its successor's diagnosis): the waits of culprits
-    gone for GONE_AFTER_TICKS leave the causes' shares (:func:`split_without`); the culprits are still
+    gone for GONE_AFTER_TICKS leave the causes' shares (:func:`recent_ran_instead`); the culprits are still
     ranked over the whole window, so whom the incident names (and acts on) is as before. A fresh
     incident's first cause is decided over the whole window."""
     dt = row.interval_s
-    ran, total_wait = recent_ran_instead(state)
-    kernel_work = sum(state.recent_kernel_work_ns)
+    ran, total_wait, kernel_work = recent_ran_instead(state)
     gone = state.gone_culprits(key) if current else set()
     cpu_culprits = finder.cpu_culprits
     gone_evidence: list[Evidence] = []
@@ -195,7 +194,7 @@ def diagnose(key: str, row: WorkloadSignals, state: VictimState, found: list[Bre
         cpu_culprits = _ranked_over_window(finder, {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)},
                                            total_wait)
         gone_evidence.append(_gone_evidence(finder, gone, ran, total_wait, dt * len(state.recent_wait_ns)))
-        ran, total_wait, kernel_work = split_without(state, gone)
+        ran, total_wait, kernel_work = recent_ran_instead(state, gone)
     foreign = {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)}
     ctx = causes.CauseContext(
         key=key, row=row, signals=signals, slo=slo, breached={b.signal for b in found},
@@ -238,13 +237,29 @@ def kernel_work_cost(key: str, cause: Cause, finder: CulpritFinder) -> CulpritCo
     return finder.counterfactual.kernel_work_cost(key) if causes.spec(cause).kernel_work else None
 
 
-def recent_ran_instead(state: VictimState) -> tuple[dict[str, float], float]:
-    """Who ran instead of the victim over its recent ticks (workload key -> ns), and its total wait (ns)."""
+def recent_ran_instead(state: VictimState, gone: Collection[str] = frozenset(),
+                       ) -> tuple[dict[str, float], float, float]:
+    """Who ran instead of the victim over its recent ticks (workload key -> ns), its total wait and the kernel
+    work in it (ns). With ``gone`` (culprits gone since, :meth:`VictimState.gone_culprits`), the waits behind
+    them are taken out of each tick: those are history, not what it waits behind now. The kernel work of a
+    tick then shrinks with its wait (the probe does not say on top of whose slices it ran; an even spread is
+    the guess), so softirq's share is not inflated by the work that ran on top of the gone culprit's slices."""
     ran: dict[str, float] = defaultdict(float)
-    for tick in state.recent_ran_instead:
+    total = kernel = 0.0
+    for tick, wait, work in zip(state.recent_ran_instead, state.recent_wait_ns, state.recent_kernel_work_ns,
+                                strict=True):
+        left = wait
         for k, v in tick.items():
-            ran[k] += v
-    return ran, sum(state.recent_wait_ns)
+            if k in gone:
+                left -= v
+            else:
+                ran[k] += v
+        if gone:
+            left = max(0.0, left)
+            work = work * left / wait if wait > 0 else work
+        total += left
+        kernel += work
+    return ran, total, kernel
 
 
 def _ranked_over_window(finder: CulpritFinder, foreign: dict[str, float],
@@ -265,28 +280,6 @@ def _gone_evidence(finder: CulpritFinder, gone: set[str], ran: dict[str, float],
     return Evidence("gone_culprit_wait_share", round(gone_ns / total_wait, 4) if total_wait > 0 else 0.0, window_s,
                     note=f"{names}: ran instead of it earlier and in none of its last {GONE_AFTER_TICKS} ticks; "
                          "left out of the causes' shares")
-
-
-def split_without(state: VictimState, gone: set[str]) -> tuple[dict[str, float], float, float]:
-    """Who ran instead of the victim over its recent ticks, its total wait and the kernel work in it (ns),
-    with the waits behind the ``gone`` culprits taken out of each tick: those are history, not what it
-    waits behind now. The kernel work of a tick shrinks with its wait (the probe does not say on top of
-    whose slices it ran; an even spread is the guess), so softirq's share is not inflated by the work
-    that ran on top of the gone culprit's slices."""
-    ran: dict[str, float] = defaultdict(float)
-    total = kernel = 0.0
-    for tick, wait, work in zip(state.recent_ran_instead, state.recent_wait_ns, state.recent_kernel_work_ns,
-                                strict=True):
-        left = wait
-        for k, v in tick.items():
-            if k in gone:
-                left -= v
-            else:
-                ran[k] += v
-        left = max(0.0, left)
-        total += left
-        kernel += work * left / wait if wait > 0 else work
-    return ran, total, kernel
 
 
 def summed(ticks: Iterable[dict[str, float]]) -> dict[str, float]:
