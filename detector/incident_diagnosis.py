@@ -188,10 +188,12 @@ def diagnose(key: str, row: WorkloadSignals, state: VictimState, found: list[Bre
     dt = row.interval_s
     ran, total_wait, kernel_work = recent_ran_instead(state)
     gone = state.gone_culprits(key) if current else set()
-    cpu_culprits = finder.cpu_culprits
+    # The rules' culprit ranking: over the split they pass, or, while gone culprits are out of that split,
+    # over the whole window (WholeWindowCulprits).
+    cpu_culprits: Callable[[str, dict[str, float], float], list[Culprit]] = finder.cpu_culprits
     gone_evidence: list[Evidence] = []
     if gone:
-        cpu_culprits = _ranked_over_window(finder, {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)},
+        cpu_culprits = WholeWindowCulprits(finder, {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)},
                                            total_wait)
         gone_evidence.append(_gone_evidence(finder, gone, ran, total_wait, dt * len(state.recent_wait_ns)))
         ran, total_wait, kernel_work = recent_ran_instead(state, gone)
@@ -262,14 +264,20 @@ def recent_ran_instead(state: VictimState, gone: Collection[str] = frozenset(),
     return ran, total, kernel
 
 
-def _ranked_over_window(finder: CulpritFinder, foreign: dict[str, float],
-                        total_wait: float) -> Callable[[str, dict[str, float], float], list[Culprit]]:
-    """The culprit ranking over the whole window, whatever split a rule passes: a gone culprit stays named
-    (it is whom the victim waited behind, and what the incident's steps and ladder act on) while its
-    waits leave the causes' shares."""
-    def ranked(key: str, _foreign: dict[str, float], _total_wait: float) -> list[Culprit]:
-        return finder.cpu_culprits(key, foreign, total_wait)
-    return ranked
+@dataclass(frozen=True)
+class WholeWindowCulprits:
+    """The culprit ranking over the victim's whole window (``CauseContext.cpu_culprits`` while culprits gone
+    since are left out of the causes' shares): it ranks ``foreign`` over ``total_wait``, the whole window's,
+    and does not read the split a rule passes, which has the gone culprits' waits taken out. So a gone
+    culprit stays named: it is whom the victim waited behind, and what the incident's steps and ladder act
+    on."""
+
+    finder: CulpritFinder
+    foreign: dict[str, float]  # the whole window's who-ran-instead, workload key -> ns (idle, unknown, the victim out)
+    total_wait: float  # the whole window's wait (ns)
+
+    def __call__(self, key: str, _split_foreign: dict[str, float], _split_total_wait: float) -> list[Culprit]:
+        return self.finder.cpu_culprits(key, self.foreign, self.total_wait)
 
 
 def _gone_evidence(finder: CulpritFinder, gone: set[str], ran: dict[str, float], total_wait: float,
