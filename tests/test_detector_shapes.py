@@ -240,7 +240,7 @@ def test_a_neighbour_that_stops_beside_a_small_sidecar_hands_the_cause_over_with
     """Issue 41 (Deliver 1): a neighbour moved off the victim's CPU (or stopped) kept an open incident on
     neighbor_cpu until its waits aged out of the 10-tick culprit window, though what the victim waited behind
     now was something else. The shape where that stays stale: the hog made the victim's tasks wait far more per
-    tick (~1.4 s) than the small load that stays (its own sidecar, busy a fifth of the time: ~0.1 s), so over
+    tick (~1.46 s) than the small load that stays (its own sidecar, busy a fifth of the time: ~0.13 s), so over
     the window the hog's earlier waits outweigh the sidecar's until nearly all of its ticks have left it. A
     culprit gone for GONE_AFTER_TICKS ticks leaves the causes' shares: self_contention within GONE_AFTER_TICKS +
     CAUSE_CHANGE_TICKS breach ticks of the stop (one tick of slack: the stop lands inside one). The old window
