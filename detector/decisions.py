@@ -129,11 +129,14 @@ class Decision:
     # The outcome code of the cause's step that made it (detector/causes: e.g. "softirq.own_traffic"):
     # what the planner keys on, never the reason's wording.
     code: str | None = None
-    # The codes of this incident's steps on the same target that this one goes with (softirq: the sender's
-    # traffic cap with a move of the same pod off the victim's CPUs, which leaves its own packets' NET_RX
-    # there): while such a step is being verified the manager applies this one, a different knob, on top
-    # and judges the two as one action (one verdict for both, a revert undoes both), instead of refusing it
-    # until that verdict is in.
+    # The codes of this incident's steps on the same target that this one goes with: while such a step is
+    # being verified the manager applies this one, a different knob, on top and judges the two as one action
+    # (one verdict for both, a revert undoes both), instead of refusing it until that verdict is in
+    # (actuators/limits.py joins_verification: same incident, same victim, another knob). Empty, as for
+    # every step but one today: a step waits for the verdict on the target's step in place. The one user is
+    # softirq's traffic cap (detector/causes/softirq.py MOVES_OFF_VICTIM_CPUS), which goes with a move of
+    # the same pod off the victim's CPUs: the move leaves its own packets' NET_RX there, and judged alone
+    # on softirq time it does not lower, it was undone.
     joins: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from detector import causes
@@ -182,20 +182,21 @@ def diagnose(key: str, row: WorkloadSignals, state: VictimState, found: list[Bre
     tick.
 
     ``current`` (an open incident's re-evaluation, and its successor's diagnosis): the waits of culprits
-    gone for GONE_AFTER_TICKS leave the causes' shares (:func:`split_without`); the culprits are still
+    gone for GONE_AFTER_TICKS leave the causes' shares (:func:`recent_ran_instead`); the culprits are still
     ranked over the whole window, so whom the incident names (and acts on) is as before. A fresh
     incident's first cause is decided over the whole window."""
     dt = row.interval_s
-    ran, total_wait = recent_ran_instead(state)
-    kernel_work = sum(state.recent_kernel_work_ns)
+    ran, total_wait, kernel_work = recent_ran_instead(state)
     gone = state.gone_culprits(key) if current else set()
-    cpu_culprits = finder.cpu_culprits
+    # The rules' culprit ranking: over the split they pass, or, while gone culprits are out of that split,
+    # over the whole window (WholeWindowCulprits).
+    cpu_culprits: Callable[[str, dict[str, float], float], list[Culprit]] = finder.cpu_culprits
     gone_evidence: list[Evidence] = []
     if gone:
-        cpu_culprits = _ranked_over_window(finder, {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)},
+        cpu_culprits = WholeWindowCulprits(finder, {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)},
                                            total_wait)
         gone_evidence.append(_gone_evidence(finder, gone, ran, total_wait, dt * len(state.recent_wait_ns)))
-        ran, total_wait, kernel_work = split_without(state, gone)
+        ran, total_wait, kernel_work = recent_ran_instead(state, gone)
     foreign = {k: v for k, v in ran.items() if k not in (IDLE, UNKNOWN, key)}
     ctx = causes.CauseContext(
         key=key, row=row, signals=signals, slo=slo, breached={b.signal for b in found},
@@ -238,41 +239,13 @@ def kernel_work_cost(key: str, cause: Cause, finder: CulpritFinder) -> CulpritCo
     return finder.counterfactual.kernel_work_cost(key) if causes.spec(cause).kernel_work else None
 
 
-def recent_ran_instead(state: VictimState) -> tuple[dict[str, float], float]:
-    """Who ran instead of the victim over its recent ticks (workload key -> ns), and its total wait (ns)."""
-    ran: dict[str, float] = defaultdict(float)
-    for tick in state.recent_ran_instead:
-        for k, v in tick.items():
-            ran[k] += v
-    return ran, sum(state.recent_wait_ns)
-
-
-def _ranked_over_window(finder: CulpritFinder, foreign: dict[str, float],
-                        total_wait: float) -> Callable[[str, dict[str, float], float], list[Culprit]]:
-    """The culprit ranking over the whole window, whatever split a rule passes: a gone culprit stays named
-    (it is whom the victim waited behind, and what the incident's steps and ladder act on) while its
-    waits leave the causes' shares."""
-    def ranked(key: str, _foreign: dict[str, float], _total_wait: float) -> list[Culprit]:
-        return finder.cpu_culprits(key, foreign, total_wait)
-    return ranked
-
-
-def _gone_evidence(finder: CulpritFinder, gone: set[str], ran: dict[str, float], total_wait: float,
-                   window_s: float) -> Evidence:
-    """Which culprits' waits the shares leave out, and their share of the window's wait."""
-    gone_ns = sum(ran.get(k, 0.0) for k in gone)
-    names = ", ".join(sorted(finder.target(k).display for k in gone))
-    return Evidence("gone_culprit_wait_share", round(gone_ns / total_wait, 4) if total_wait > 0 else 0.0, window_s,
-                    note=f"{names}: ran instead of it earlier and in none of its last {GONE_AFTER_TICKS} ticks; "
-                         "left out of the causes' shares")
-
-
-def split_without(state: VictimState, gone: set[str]) -> tuple[dict[str, float], float, float]:
-    """Who ran instead of the victim over its recent ticks, its total wait and the kernel work in it (ns),
-    with the waits behind the ``gone`` culprits taken out of each tick: those are history, not what it
-    waits behind now. The kernel work of a tick shrinks with its wait (the probe does not say on top of
-    whose slices it ran; an even spread is the guess), so softirq's share is not inflated by the work
-    that ran on top of the gone culprit's slices."""
+def recent_ran_instead(state: VictimState, gone: Collection[str] = frozenset(),
+                       ) -> tuple[dict[str, float], float, float]:
+    """Who ran instead of the victim over its recent ticks (workload key -> ns), its total wait and the kernel
+    work in it (ns). With ``gone`` (culprits gone since, :meth:`VictimState.gone_culprits`), the waits behind
+    them are taken out of each tick: those are history, not what it waits behind now. The kernel work of a
+    tick then shrinks with its wait (the probe does not say on top of whose slices it ran; an even spread is
+    the guess), so softirq's share is not inflated by the work that ran on top of the gone culprit's slices."""
     ran: dict[str, float] = defaultdict(float)
     total = kernel = 0.0
     for tick, wait, work in zip(state.recent_ran_instead, state.recent_wait_ns, state.recent_kernel_work_ns,
@@ -283,10 +256,38 @@ def split_without(state: VictimState, gone: set[str]) -> tuple[dict[str, float],
                 left -= v
             else:
                 ran[k] += v
-        left = max(0.0, left)
+        if gone:
+            left = max(0.0, left)
+            work = work * left / wait if wait > 0 else work
         total += left
-        kernel += work * left / wait if wait > 0 else work
+        kernel += work
     return ran, total, kernel
+
+
+@dataclass(frozen=True)
+class WholeWindowCulprits:
+    """The culprit ranking over the victim's whole window (``CauseContext.cpu_culprits`` while culprits gone
+    since are left out of the causes' shares): it ranks ``foreign`` over ``total_wait``, the whole window's,
+    and does not read the split a rule passes, which has the gone culprits' waits taken out. So a gone
+    culprit stays named: it is whom the victim waited behind, and what the incident's steps and ladder act
+    on."""
+
+    finder: CulpritFinder
+    foreign: dict[str, float]  # the whole window's who-ran-instead, workload key -> ns (idle, unknown, the victim out)
+    total_wait: float  # the whole window's wait (ns)
+
+    def __call__(self, key: str, _split_foreign: dict[str, float], _split_total_wait: float) -> list[Culprit]:
+        return self.finder.cpu_culprits(key, self.foreign, self.total_wait)
+
+
+def _gone_evidence(finder: CulpritFinder, gone: set[str], ran: dict[str, float], total_wait: float,
+                   window_s: float) -> Evidence:
+    """Which culprits' waits the shares leave out, and their share of the window's wait."""
+    gone_ns = sum(ran.get(k, 0.0) for k in gone)
+    names = ", ".join(sorted(finder.target(k).display for k in gone))
+    return Evidence("gone_culprit_wait_share", round(gone_ns / total_wait, 4) if total_wait > 0 else 0.0, window_s,
+                    note=f"{names}: ran instead of it earlier and in none of its last {GONE_AFTER_TICKS} ticks; "
+                         "left out of the causes' shares")
 
 
 def summed(ticks: Iterable[dict[str, float]]) -> dict[str, float]:

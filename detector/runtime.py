@@ -197,19 +197,23 @@ class Detector:
         return w.key == path and w.target.qos is not None
 
     def probe_tick(self, snapshot: NodeSnapshot) -> ProbeTick:
-        """``snapshot``'s probe readings against the last step's, with the intervals the next step (of this
-        snapshot, or of a copy holding the same readings) then takes instead of computing them again."""
-        return ProbeTick(self.prev, snapshot, self.builder.interval)
+        """``snapshot``'s probe readings against the last step's. Hand it to the next step (of this snapshot,
+        or of a copy holding the same probe readings) with whatever read it before: each probe's interval is
+        computed once, the first time it is asked for."""
+        return ProbeTick(self.prev, snapshot)
 
-    def step(self, snapshot: NodeSnapshot) -> Tick | None:
-        """Feed one snapshot; the first one only sets the baseline (None)."""
+    def step(self, snapshot: NodeSnapshot, probes: ProbeTick | None = None) -> Tick | None:
+        """Feed one snapshot; the first one only sets the baseline (None). ``probes``: this tick's
+        :meth:`probe_tick`, when a reader had it before the step."""
+        if probes is not None and probes.prev is not self.prev:
+            raise ValueError("probe_tick() of another step: its intervals start from another snapshot")
         self.index.refresh()
         prev, self.prev = self.prev, snapshot
         if prev is None:
             return None
         # The listed cgroups (pods and the non-pod workloads seen lately): every workload that exists.
         signals = self.builder.build(prev, snapshot, extra_paths=self._listed_cpu
-                                     if snapshot.changed_paths is not None else self._pod_paths)
+                                     if snapshot.changed_paths is not None else self._pod_paths, probes=probes)
         self.last = signals
         changed = self.engine.step(signals, ts=snapshot.monotonic_s)
         self.engine.sink.observe(self.engine.signals_for_verify(signals), snapshot.monotonic_s)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,13 +220,15 @@ def probe_delta(name: str, prev: NodeSnapshot, cur: NodeSnapshot) -> Any:
 
 @dataclass(frozen=True)
 class ProbeTick:
-    """A tick's probe readings as the detector's next step reads them: its last snapshot, this one, and each
-    probe's interval through its builder (:meth:`SignalBuilder.interval`), so a reader fed before that step
-    (a cause's culprit source, detector/causes/base.py) and the step compute a probe's interval once."""
+    """A tick's probe readings as the detector's step reads them: its last snapshot, this one, and each probe's
+    interval (its plugin's ``delta``), computed the first time it is asked for and held for this tick only. The
+    detector makes one per step (:meth:`detector.runtime.Detector.probe_tick`) and hands the same one to a
+    reader fed before the step (a cause's culprit source, detector/causes/base.py) and to the build, so a
+    probe's interval is computed once a tick."""
 
     prev: NodeSnapshot | None  # the detector's last snapshot (None before its first step)
     cur: NodeSnapshot
-    delta: Callable[[str, NodeSnapshot, NodeSnapshot], Any]
+    _intervals: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def previous(self, name: str) -> Any:
         """The probe's reading in the last snapshot (None: none)."""
@@ -237,7 +239,11 @@ class ProbeTick:
 
     def interval(self, name: str) -> Any:
         """The probe's interval (its plugin's ``delta``), None unless it has a reading in both."""
-        return None if self.prev is None else self.delta(name, self.prev, self.cur)
+        if self.prev is None:
+            return None
+        if name not in self._intervals:
+            self._intervals[name] = probe_delta(name, self.prev, self.cur)
+        return self._intervals[name]
 
 
 class _Tick:
@@ -271,21 +277,14 @@ class SignalBuilder:
         self._present_of: tuple[object, int, frozenset[str]] | None = None
         self._containers_of: tuple[object, dict[str, list[str]]] | None = None  # (listed paths, pod uid -> containers)
         self._listed_now: Iterable[str] = ()
-        # probe name -> (its two readings, their interval) asked for ahead of the build (:meth:`interval`)
-        self._ahead: dict[str, tuple[Any, Any, Any]] = {}
 
-    def interval(self, name: str, prev: NodeSnapshot, cur: NodeSnapshot) -> Any:
-        """:func:`probe_delta`, kept until the build of the same two readings takes it (a reader ahead of the
-        detector's step, ProbeTick, and the build compute it once)."""
-        before, now = prev.probe(name), cur.probe(name)
-        kept = self._ahead.get(name)
-        if kept is not None and kept[0] is before and kept[1] is now:
-            return kept[2]
-        value = probe_delta(name, prev, cur)
-        self._ahead[name] = (before, now, value)
-        return value
-
-    def build(self, prev: NodeSnapshot, cur: NodeSnapshot, extra_paths: Iterable[str] = ()) -> NodeSignals:
+    def build(self, prev: NodeSnapshot, cur: NodeSnapshot, extra_paths: Iterable[str] = (),
+              probes: ProbeTick | None = None) -> NodeSignals:
+        """The signals of the interval ``prev`` -> ``cur``. ``probes``: the tick's probe intervals as the
+        detector's step has them (:class:`ProbeTick` of ``prev`` and ``cur``, or of a snapshot holding the
+        same probe readings), some perhaps computed already by a reader fed before the step."""
+        if probes is None:
+            probes = ProbeTick(prev, cur)
         tick = _Tick(max(cur.monotonic_s - prev.monotonic_s, 1e-6))
         # Which cgroups' file readings are new this tick. A collector that follows activity names them
         # (idle cgroups keep their last readings, and get no row: nothing happened to them); without
@@ -299,8 +298,7 @@ class SignalBuilder:
             for path in extra_paths:
                 tick.row(self.ids.index.workload_of(path))
             changed = cur.cgroup_cpu.keys() | cur.cgroup_mem.keys() | cur.cgroup_psi.keys()
-        intervals = {p.name: self.interval(p.name, prev, cur) for p, _ in self.extractors}
-        self._ahead.clear()  # held no longer than this build
+        intervals = {p.name: probes.interval(p.name) for p, _ in self.extractors}
         self._listed_now = extra_paths  # the containers of each pod (what it may use) are among them
         self._stage("tasks", intervals, tick)
         self._own_wait_by_container(tick)

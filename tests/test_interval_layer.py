@@ -139,9 +139,9 @@ def test_the_detector_takes_its_bpf_inputs_from_the_plugins_delta(monkeypatch):
 
 def test_a_culprit_source_fed_before_the_step_shares_the_detectors_interval(monkeypatch):
     """As the agent runs a tick: the connect cause's culprit source (the listen join) hears the tick before the
-    detector's step (ListenQueues.attach, through Detector.probe_tick), and the step builds on a copy of the
-    snapshot holding the same readings (the listen report added). The probe's interval is computed once, and
-    the source sees the tick's trouble in it."""
+    detector's step (ListenQueues.attach, with the detector's probe_tick), and the step builds on a copy of the
+    snapshot holding the same readings (the listen report added), given the same tick. The probe's interval is
+    computed once, and the source sees the tick's trouble in it."""
     prev, cur = _pair(random.Random(7))
     calls: list[str] = []
     plugin = registry.BY_NAME["tcpconnect"]
@@ -153,11 +153,15 @@ def test_a_culprit_source_fed_before_the_step_shares_the_detectors_interval(monk
     monkeypatch.setitem(registry.BY_NAME, "tcpconnect", dataclasses.replace(plugin, delta=spy))
     builder = _builder()
     join = ListenJoin(lambda cgroup_id: None, Target)
-    assert join.observe(ProbeTick(prev, cur, builder.interval)) is True  # failed connects in _pair's second tick
-    assert builder.build(prev, dataclasses.replace(cur, listen=None)).workloads
+    tick = ProbeTick(prev, cur)
+    assert join.observe(tick) is True  # failed connects in _pair's second tick
+    assert join.observe(tick) is True and calls == ["tcpconnect"]  # asked again: the same interval
+    assert builder.build(prev, dataclasses.replace(cur, listen=None), probes=tick).workloads
     assert calls == ["tcpconnect"]
-    # The next tick computes its own: nothing is kept past a build.
+    # The next tick computes its own: an interval is held by its tick only.
     assert builder.build(cur, dataclasses.replace(prev, monotonic_s=14.0)) and calls == ["tcpconnect"] * 2
+    # Without a tick handed in, the build computes each interval itself, once.
+    assert builder.build(prev, cur) and calls == ["tcpconnect"] * 3
 
 
 def test_a_delta_works_on_the_cgroups_that_moved_not_the_whole_map(monkeypatch):

@@ -15,6 +15,7 @@ from detector import causes
 from detector.causes.base import CulpritSource, SourceWiring
 from detector.decisions import Target
 from detector.runtime import Detector
+from detector.signals import ProbeTick
 from noisyneighbor.agent.logs import _one_line
 from probes.cgroupfs import CgroupLayout
 from probes.listenq import ListenReport, ListenWatch
@@ -43,13 +44,13 @@ class ListenQueues:
         self.report: ListenReport | None = None
         self.errors: set[str] = set()  # each reason once: a missing capability fails every netns
 
-    def attach(self, snapshot: NodeSnapshot) -> NodeSnapshot:
+    def attach(self, snapshot: NodeSnapshot, tick: ProbeTick) -> NodeSnapshot:
         """``snapshot`` with the last listen-queue read (read now when due); errors are logged once per
-        reason and never cost the tick's detection (listen queues are extra evidence)."""
+        reason and never cost the tick's detection (listen queues are extra evidence). ``tick``: the
+        detector's probe_tick of ``snapshot``, which its step then takes (each probe's interval once)."""
         errors: list[str] = []
         try:
-            # Every source hears every tick, with the detector's probe intervals (its step reuses them).
-            tick = self.detector.probe_tick(snapshot)
+            # Every source hears every tick, with the detector's probe intervals.
             trouble = [source.observe(tick) for source in self.sources]
             reason = self.watch.due(any(trouble))
             if reason is not None:

@@ -269,9 +269,11 @@ class Agent:
             snapshot = self.collector.collect()
             self._forget_dead_cgroups()
             snapshot = with_node_readings(snapshot, self.node_readers)
+            # The tick's probe intervals, computed once for the listen join and the detector's build.
+            probes = self.detector.probe_tick(snapshot)
             if self.listen is not None:
-                snapshot = self.listen.attach(snapshot)
-            self.detector.step(snapshot)
+                snapshot = self.listen.attach(snapshot, probes)
+            self.detector.step(snapshot, probes)
             self.exporter.update(snapshot, self.incidents(), self.actions(), batch=self.detector.batch_allocatable)
             self._note_snapshot(snapshot)
             self._free_memory.maybe_trim()
