@@ -296,8 +296,12 @@ class QuotaBurstLoop:
         # steps the loop after the collector read it); else a reader of its own, read at each step
         reader = proc_stat or ProcStatReader(actuator.files.paths)
         self._read_node = read_node or partial(reader.node_ticks, read_now=proc_stat is None)
-        # (monotonic s, busy ticks, total ticks) of the last readings: the share pool's window
+        # (monotonic s, busy ticks, total ticks) of the last readings: the share pool's window. The manager
+        # steps the loop every tick, with nothing tracked too, so the window holds the ticks before a first
+        # step: read only from it on, the VM lane's reset came on an average of 2 ticks (43 % and 61 %,
+        # the pod catching up right after the step; self-throttle-bursty, 2026-11-29 13:39 UTC).
         self._node_readings: deque[tuple[float, int, int]] = deque()
+        self.share_pool_percent: float | None = None  # the last step's figure
 
     def track(self, decision: Decision, scale: float) -> None:
         cg = decision.target.cgroup.strip("/")
@@ -358,7 +362,7 @@ class QuotaBurstLoop:
 
     def step(self, now: float | None = None) -> list[Decision]:
         now = self._clock() if now is None else now
-        pool = self._share_pool_percent(now)
+        pool = self.share_pool_percent = self._share_pool_percent(now)
         out: list[Decision] = []
         for cg, tr in list(self.tracked.items()):
             try:
