@@ -8,9 +8,11 @@ first thing to try is letting it burst, before anyone is punished.
   limit cores * cpuBurstPercent % * period. The kernel refuses a burst larger than the quota
   (EINVAL; checked on this kernel), so the value is capped at the quota and the plan says so.
 - Quota scaling (``cfsQuotaBurstOnly`` / ``auto``): :class:`CfsQuotaBurstController` keeps koordlet's
-  loop per cgroup: x1.2 when it was throttled in the last sample and the token bucket allows it,
-  x0.8 when the bucket refuses, clamped to [base, base * cfsQuotaBurstPercent %]; when the node's share
-  pool usage reaches sharePoolThresholdPercent it stops and resets to the base quota.
+  loop per cgroup: x1.2 when it was throttled in the last sample and the token bucket allows it (more
+  when its throttled periods asked for more, see :class:`QuotaBurstLoop`), x0.8 when the bucket refuses,
+  clamped to [base, base * cfsQuotaBurstPercent %]; when the node's share pool usage (averaged over the
+  last intervals, as koordlet averages it) reaches sharePoolThresholdPercent it stops and resets to the
+  base quota.
   The token bucket holds at most ``cfs_quota_burst_period_seconds`` of running at the maximum scaled
   quota (-1 = unlimited): it fills while the cgroup uses less than its base quota and drains while it
   uses more.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -198,7 +201,10 @@ class CfsQuotaBurstController:
         throttled: bool,
         share_pool_usage_percent: float,
         interval_s: float,
+        need_scale: float | None = None,
     ) -> Decision | None:
+        """``need_scale``: the scale its throttled periods asked for (:meth:`QuotaBurstLoop.step`); a
+        throttled sample scales up to it when it is more than koordlet's x1.2."""
         if not self.strategy.cfs_quota_burst_enabled:
             return None
         st = self.states.setdefault(target.cgroup, _BucketState())
@@ -214,7 +220,11 @@ class CfsQuotaBurstController:
         elif cap is not None and st.tokens_core_s <= 0.0:
             st.scale, why = max(1.0, st.scale * SCALE_DOWN), "token bucket empty: scale down"
         elif throttled:
-            st.scale, why = min(top, st.scale * SCALE_UP), "throttled last sample: scale up"
+            up = st.scale * SCALE_UP
+            if need_scale is not None and need_scale > up:
+                st.scale, why = min(top, need_scale), "throttled last sample: scale up to what its throttled periods asked"
+            else:
+                st.scale, why = min(top, up), "throttled last sample: scale up"
         else:
             why = ""
         if abs(st.scale - old) < 1e-9:
@@ -232,12 +242,31 @@ STEADY_THROTTLED_RATIO = 0.5
 STEADY_USAGE_SHARE = 0.9
 STEADY_TICKS = 3
 VERDICT_TTL_S = 300.0
+# The share pool is judged on the node's CPU use over the last SHARE_POOL_INTERVALS ticks, at most
+# SHARE_POOL_WINDOW_S back: koordlet averages it over min(5 reconcile intervals, 10 s)
+# (getNodeStateForBurst). On one tick's reading, the pod catching up on the work it was throttled on
+# (0.82 cores of a 0.50 base, right after a step) put the 2-CPU VM lane's node at 52 % for one tick
+# between ticks at 39 % and 28 %, and the loop reset the pod to its base quota: throttled again for the
+# next 2 s (self-throttle-bursty, 2026-11-29 13:07 UTC, issue 41).
+SHARE_POOL_INTERVALS = 5
+SHARE_POOL_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """One tick's reading of a bursted target: its usage and the CFS counts of the level that throttles most."""
+
+    usage_ns: int
+    periods: int
+    throttled: int
+    throttled_ns: int
+    quota_us: int  # that level's quota now
 
 
 @dataclass
 class _Tracked:
     decision: Decision  # the step that started the loop for this target (incident, victim, signal)
-    prev: tuple[float, int, int, int] | None = None  # (monotonic s, usage ns, periods, throttled periods)
+    prev: tuple[float, _Reading] | None = None  # (monotonic s, the reading then)
     pinned: int = 0  # ticks in a row at the cap and still throttled
     last: dict[str, float] = field(default_factory=dict)  # the last tick's numbers, for reasons and tests
 
@@ -267,7 +296,12 @@ class QuotaBurstLoop:
         # steps the loop after the collector read it); else a reader of its own, read at each step
         reader = proc_stat or ProcStatReader(actuator.files.paths)
         self._read_node = read_node or partial(reader.node_ticks, read_now=proc_stat is None)
-        self._node_prev: tuple[int, int, int] | None = None
+        # (monotonic s, busy ticks, total ticks) of the last readings: the share pool's window. The manager
+        # steps the loop every tick, with nothing tracked too, so the window holds the ticks before a first
+        # step: read only from it on, the VM lane's reset came on an average of 2 ticks (43 % and 61 %,
+        # the pod catching up right after the step; self-throttle-bursty, 2026-11-29 13:39 UTC).
+        self._node_readings: deque[tuple[float, int, int]] = deque()
+        self.share_pool_percent: float | None = None  # the last step's figure
 
     def track(self, decision: Decision, scale: float) -> None:
         cg = decision.target.cgroup.strip("/")
@@ -286,20 +320,32 @@ class QuotaBurstLoop:
             return None
         return v[1]
 
-    def _share_pool_percent(self) -> float | None:
+    def _share_pool_percent(self, now: float | None = None) -> float | None:
+        """The node's CPU use in percent over its last readings (SHARE_POOL_INTERVALS intervals, at most
+        SHARE_POOL_WINDOW_S back); None without a new reading since the last."""
+        now = self._clock() if now is None else now
         try:
             node = self._read_node()
         except (OSError, ValueError):
             return None
-        prev, self._node_prev = self._node_prev, node
-        if prev is None or node[1] <= prev[1]:
+        readings = self._node_readings
+        if readings and node[1] < readings[-1][2]:
+            readings.clear()  # the counters went back: start over
+        if readings and node[1] == readings[-1][2]:
+            return None  # no new reading (the collector's reader not read since)
+        readings.append((now, node[0], node[1]))
+        while len(readings) > SHARE_POOL_INTERVALS + 1 or (
+                len(readings) > 2 and now - readings[0][0] > SHARE_POOL_WINDOW_S):
+            readings.popleft()
+        if len(readings) < 2:
             return None
-        return 100.0 * (node[0] - prev[0]) / (node[1] - prev[1])
+        (_, busy0, total0), (_, busy1, total1) = readings[0], readings[-1]
+        return 100.0 * (busy1 - busy0) / (total1 - total0)
 
-    def _read(self, levels: list[QuotaLevel]) -> tuple[int, int, int] | None:
+    def _read(self, levels: list[QuotaLevel]) -> _Reading | None:
         layout = self.actuator.files.layout
-        usage = periods = throttled = 0
-        worst = -1.0
+        usage = 0
+        worst: tuple[float, int, int, int, int] | None = None  # (ratio, periods, throttled, throttled ns, quota)
         for i, lv in enumerate(levels):
             st = read_cgroup_cpu(layout, "/" + lv.cgroup)
             if st is None:
@@ -308,13 +354,15 @@ class QuotaBurstLoop:
                 usage = st.usage_ns
             # the level that throttles most is the one that limits (a container at its own quota)
             ratio = st.nr_throttled / st.nr_periods if st.nr_periods else 0.0
-            if ratio >= worst:
-                worst, periods, throttled = ratio, st.nr_periods, st.nr_throttled
-        return usage, periods, throttled
+            if worst is None or ratio >= worst[0]:
+                worst = (ratio, st.nr_periods, st.nr_throttled, st.throttled_ns, lv.current_us)
+        if worst is None:
+            return None
+        return _Reading(usage, worst[1], worst[2], worst[3], worst[4])
 
     def step(self, now: float | None = None) -> list[Decision]:
         now = self._clock() if now is None else now
-        pool = self._share_pool_percent()
+        pool = self.share_pool_percent = self._share_pool_percent(now)
         out: list[Decision] = []
         for cg, tr in list(self.tracked.items()):
             try:
@@ -326,19 +374,21 @@ class QuotaBurstLoop:
             if reading is None:
                 self.forget(cg)
                 continue
-            prev, tr.prev = tr.prev, (now, *reading)
+            prev, tr.prev = tr.prev, (now, reading)
             if prev is None or pool is None or now <= prev[0]:
                 continue
-            dt = now - prev[0]
-            usage_cores = max(0, reading[0] - prev[1]) / 1e9 / dt
-            d_periods = reading[1] - prev[2]
-            ratio = (reading[2] - prev[3]) / d_periods if d_periods > 0 else 0.0
+            dt, was = now - prev[0], prev[1]
+            usage_cores = max(0, reading.usage_ns - was.usage_ns) / 1e9 / dt
+            d_periods = reading.periods - was.periods
+            d_throttled = reading.throttled - was.throttled
+            ratio = d_throttled / d_periods if d_periods > 0 else 0.0
             base = levels[0]
             base_cores = base.base_us / base.period_us
             top = self.actuator.strategy.cfs_quota_burst_percent / 100.0
             st = self.controller.states.setdefault(cg, _BucketState())
+            need = need_scale(st.scale, reading.quota_us, d_throttled, reading.throttled_ns - was.throttled_ns)
             tr.last = {"usage_cores": usage_cores, "throttled_ratio": ratio, "share_pool_percent": pool,
-                       "scale": st.scale, "base_cores": base_cores}
+                       "scale": st.scale, "base_cores": base_cores, "need_scale": need or 0.0}
             at_cap = st.scale >= top - 1e-6
             if at_cap and ratio >= STEADY_THROTTLED_RATIO and usage_cores >= STEADY_USAGE_SHARE * top * base_cores:
                 tr.pinned += 1
@@ -355,7 +405,8 @@ class QuotaBurstLoop:
             # the controller's state is keyed by the stripped path, as track()/forget() key it
             d = self.controller.step(dataclasses.replace(tr.decision.target, cgroup=cg), base_cores=base_cores,
                                      usage_cores=usage_cores,
-                                     throttled=ratio >= THROTTLED_RATIO, share_pool_usage_percent=pool, interval_s=dt)
+                                     throttled=ratio >= THROTTLED_RATIO, share_pool_usage_percent=pool, interval_s=dt,
+                                     need_scale=need)
             if d is not None and isinstance(d.amount, BurstAmount) and d.amount.quota_scale is not None:
                 out.append(self._follow(tr, d.amount.quota_scale,
                                         f"{d.reason} (used {usage_cores:.2f} of {base_cores:.2f} cores base, "
@@ -367,3 +418,21 @@ class QuotaBurstLoop:
         first = tr.decision
         return dataclasses.replace(first, amount=BurstAmount(quota_scale=scale), reason=why, follow_up=True,
                                    created_at=time.time())
+
+
+def need_scale(scale: float, quota_us: int, throttled_periods: int, throttled_ns: int) -> float | None:
+    """The scale (of the base) the throttled periods of a tick asked for: in each, the group ran its quota
+    and then sat throttled, its tasks runnable, for the rest of the period; it would have run for about
+    that much more (at most: a task that had less left to do counts the whole of the rest). So the quota
+    it asked for is ``quota + throttled time per throttled period``, ``scale`` times that over the quota.
+    None without a throttled period or a quota.
+
+    An upper bound: a pod throttled in every period asks for a CPU's worth, and the cap bounds it.
+    koordlet's x1.2 a step needs four ticks to reach x2, the pod throttled in each: under TCG the VM lane's
+    bursty pod (60 ms bursts on top of 0.44 cores against 0.50) was throttled until x1.73-x2.07, reached
+    6 s after the first step, and 11 of its throttled periods fell in the 8 s judged after it
+    (self-throttle-bursty, 2026-11-29 13:07 UTC, issue 41)."""
+    if throttled_periods <= 0 or quota_us <= 0 or throttled_ns <= 0:
+        return None
+    per_period_us = throttled_ns / 1e3 / throttled_periods
+    return scale * (quota_us + per_period_us) / quota_us

@@ -208,8 +208,10 @@ class ActuatorManager:
         """One step of every actuator's closed loop (the burst loop): its decisions are follow-ups."""
         for actuator in list(self.actuators.values()):
             loop = loop_of(actuator)
-            if loop is None or not getattr(loop, "tracked", None):
+            if loop is None:
                 continue
+            # Stepped every tick, with nothing tracked too: the burst loop judges the node's share pool over
+            # its last ticks, and those before its first step count (actuators/burst.py, SHARE_POOL_INTERVALS).
             try:
                 decisions = loop.step()
             except Exception:  # a loop that fails must not stop verification or the detector

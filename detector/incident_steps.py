@@ -89,8 +89,10 @@ def suppress_amount(culprit: Culprit, state: VictimState, policy: Policy,
 
 
 def verify_values(row: WorkloadSignals) -> dict[str, float]:
-    """The row's VERIFY_SIGNALS (a run-queue p99 only where it waited)."""
-    return {name: float(getattr(row, name)) for name in VERIFY_SIGNALS if name != "runq_p99_ns" or row.runq_count}
+    """The row's VERIFY_SIGNALS (a run-queue p99 only where it waited; the time throttled only where it
+    has a value: a cgroup without CFS bandwidth has none)."""
+    return {name: float(value) for name in VERIFY_SIGNALS
+            if (name != "runq_p99_ns" or row.runq_count) and (value := getattr(row, name)) is not None}
 
 
 def medians(ticks: Iterable[dict[str, float]]) -> dict[str, float]:

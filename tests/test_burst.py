@@ -90,6 +90,46 @@ def test_token_bucket_and_share_pool_guard() -> None:
     assert step(0.5, True, pool=60.0) == 1.0  # share pool busy: reset to base
 
 
+def test_share_pool_is_judged_over_the_last_ticks_not_one() -> None:
+    """koordlet judges the share pool on the node's use averaged over min(5 intervals, 10 s). On one tick,
+    the pod catching up right after a step put the VM lane's node at 52 % between 39 % and 28 %, and the
+    loop reset it to its base quota (self-throttle-bursty, issue 41). Over the last 5 ticks, at most 10 s."""
+    from types import SimpleNamespace
+
+    from actuators.burst import QuotaBurstLoop
+
+    node = {"busy": 0, "total": 0}
+    clock = {"now": 0.0}
+
+    def tick(percent: float) -> float | None:
+        node["busy"] += int(10 * percent)
+        node["total"] += 1000
+        clock["now"] += 1.0
+        return loop._share_pool_percent()
+
+    actuator = SimpleNamespace(strategy=CpuBurstStrategy(policy="auto"), files=SimpleNamespace(paths=None))
+    loop = QuotaBurstLoop(actuator, clock=lambda: clock["now"], read_node=lambda: (node["busy"], node["total"], 2))
+    assert tick(30.0) is None  # the first reading: no interval yet
+    assert tick(39.0) == pytest.approx(39.0)
+    assert tick(43.0) == pytest.approx(41.0)
+    assert tick(52.0) == pytest.approx(44.67, abs=0.01)  # under 50 %: the one busy tick does not reset it
+    for _ in range(3):
+        tick(80.0)
+    assert tick(80.0) == pytest.approx((52 + 4 * 80) / 5)  # the last 5 intervals only
+    clock["now"] += 20.0  # a long pause between readings: the window keeps the one interval it has
+    assert tick(10.0) == pytest.approx(10.0)
+    assert loop._share_pool_percent() is None  # no new reading since: no figure
+
+
+def test_need_scale_is_the_quota_plus_the_throttled_time_of_a_throttled_period() -> None:
+    from actuators.burst import need_scale
+
+    # at x1.2 of a 50 ms base (60 ms), throttled 4 periods for 40 ms each: it asked for 100 ms, x2 of the base
+    assert need_scale(1.2, 60_000, 4, 160_000_000) == pytest.approx(2.0)
+    assert need_scale(1.2, 60_000, 0, 0) is None
+    assert need_scale(1.0, 0, 3, 1000) is None
+
+
 @pytest.mark.root
 def test_cfs_burst_cuts_throttling_of_real_ls_cgroup(make_cgroup, tmp_path: Path) -> None:
     ls = make_cgroup("ls", ("cpu", "cpuacct"))
@@ -161,3 +201,21 @@ def test_the_burst_loop_takes_the_tick_reading_of_the_reader_it_is_given(tmp_pat
     assert loop._share_pool_percent() is None  # not read by the collector yet: the loop did not read it
     reader.read()
     assert loop._share_pool_percent() == pytest.approx(30.0)
+
+
+def test_the_share_pool_window_holds_the_ticks_before_the_first_step(tmp_path: Path) -> None:
+    """The manager steps the burst loop every tick, nothing tracked too: the share pool a first step is judged
+    on holds the ticks before it. Read from the first step on, the VM lane's reset came on an average of two
+    ticks, 43 % and 61 % (the pod catching up right after the step; self-throttle-bursty, issue 41)."""
+    files = CgroupFiles(fake_v2_host(tmp_path, ["pod"]))
+    journal = Journal(tmp_path / "j")
+    act = BurstActuator(files, journal, CpuBurstStrategy(policy="auto"))
+    node = {"busy": 0, "total": 0}
+    act.loop._read_node = lambda: (node["busy"], node["total"], 2)
+    manager = ActuatorManager([act], journal, ActuatorPolicy(dry_run=False), registry=CollectorRegistry())
+    for t, percent in enumerate([35.0, 35.0, 35.0, 43.0, 61.0]):
+        node["busy"] += int(10 * percent)
+        node["total"] += 1000
+        manager.observe({}, float(t))
+    assert not act.loop.tracked
+    assert act.loop.share_pool_percent == pytest.approx((35 + 35 + 43 + 61) / 4)  # under 50 %: no reset (one tick: 61 %)

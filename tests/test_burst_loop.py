@@ -145,12 +145,51 @@ def test_loop_scales_to_what_the_pod_needs_then_stops_when_share_pool_busy(make_
         assert quota >= 30_000  # well past the one x1.2 step, towards the need (x4), within the x8 cap
         assert quota <= 80_000
         assert after <= 0.25
-        # the node gets busy: the loop puts the base quota back (koordlet's share-pool guard)
+        # the node gets busy: the loop puts the base quota back (koordlet's share-pool guard), judged on the
+        # node's use over the last 5 ticks (3 at 80 % and 2 at 20 %: 56 %)
         node.busy_percent = 80.0
-        _drive(manager, 2.5)
+        _drive(manager, 4.5)
         assert files.read_cpu_max(rel).quota_us == 10_000
         last = [r for r in manager.records if r.state == ActionState.REVERTED][-1]
         assert "share pool" in last.detail
+    finally:
+        proc.kill()
+        proc.wait()
+        manager.close()
+    assert files.read_cpu_max(rel).quota_us == 10_000 and not journal.owned()
+
+
+@pytest.mark.root
+def test_the_loop_steps_to_what_the_throttled_periods_asked_for(make_cgroup, tmp_path: Path) -> None:
+    """Issue 41, VM lane self-throttle-bursty: x1.2 a tick needs 4 ticks to double a quota, the pod throttled
+    in each. The first tick of the loop takes it to what its throttled periods asked for: the quota plus
+    the time it sat throttled in each (cpu.stat's throttled time over its throttled periods), within the cap.
+    Real cgroup, real worker: 0.4 cores against 0.1 (x4 needed, cap x8)."""
+    pod = make_cgroup("pod", CONTROLLERS)
+    pod.write("cpu", "cpu.cfs_quota_us", "10000")
+    layout = discover(HostPaths())
+    rel = _rel(pod, layout)
+    files = CgroupFiles(HostPaths(), layout)
+    journal = Journal(tmp_path / "j")
+    act = BurstActuator(files, journal, CpuBurstStrategy(policy="auto", cfs_quota_burst_percent=800))
+    act.loop._read_node = FakeNode(busy_percent=20.0)
+    manager = ActuatorManager([act], journal, ActuatorPolicy(dry_run=False, max_changes_per_minute=20),
+                              registry=CollectorRegistry())
+    proc = _worker(pod, 2.0, 5.0)
+    try:
+        time.sleep(0.5)
+        assert _throttled_ratio(pod, 1.0) >= 0.5
+        manager.submit(_ls("/" + rel))
+        assert files.read_cpu_max(rel).quota_us == 12_000  # the detector's first step: x1.2
+        _drive(manager, 2.0)  # the loop's first tick reads the counts, its second steps on them
+        quota = files.read_cpu_max(rel).quota_us
+        after = _throttled_ratio(pod, 2.0)
+        loop = next(iter(act.loop.tracked.values())).last if act.loop.tracked else None
+        print(f"quota after 2 ticks {quota} us, throttled {after:.0%}; loop: {loop}; "
+              + "; ".join(f"{r.plan.summary} ({r.decision.reason})" for r in manager.records if r.plan))
+        assert quota >= 40_000  # what it needs, in one step of the loop (x1.2 a tick: 14,400)
+        assert quota <= 80_000  # within the cap
+        assert after <= 0.25
     finally:
         proc.kill()
         proc.wait()

@@ -234,3 +234,51 @@ def test_a_softirq_incident_s_action_is_verified_on_the_softirq_time_it_breached
     record = loop.suppress()
     assert record.state == ActionState.VERIFIED, record.detail
     assert record.effect["after_action"] == 40.0
+
+
+def _throttled_tick(throttled_ms: float) -> NodeSignals:
+    """The LS pod alone, at a 0.5-core quota: its runqueue p99 20 ms, 300 ms/s of wait, ``throttled_ms`` of it
+    throttled at its own quota and the rest behind its own side job (the VM lane's self-throttle-bursty)."""
+    victim = _row(LS, runq_p99_ns=BREACH_P99_NS, runq_wait_ms_per_s=300.0, quota_cores=0.5,
+                  throttled_ratio=0.9 if throttled_ms else 0.0, throttled_ms_per_s=throttled_ms,
+                  own_wait_ns=(300.0 - throttled_ms) * 1e6)
+    return NodeSignals(1.0, {LS.key: victim})
+
+
+def test_a_burst_is_verified_on_the_throttling_it_ended(tmp_path):
+    """A burst raises the quota: what it changes is the time the pod sits throttled, not the waits behind its
+    own tasks. Judged on the run-queue p99, the VM lane's bursty pod (its side job on its one CPU: 7 ms p99
+    under TCG at any quota) had its burst reverted as "did not help" and was throttled again for the rest
+    of the pass (issue 41). Fake v2 host, the real manager and burst actuator, the engine's decision."""
+    from actuators.burst import BurstActuator
+    from detector.policy import CpuBurstStrategy
+
+    loop = _Loop(tmp_path)
+    (tmp_path / "sys/fs/cgroup" / LS_CG / "cpu.max").write_text("50000 100000\n")
+    journal = Journal(tmp_path / "journal-burst")
+    actuators = loop.manager.policy
+    loop.manager = ActuatorManager([BurstActuator(loop.files, journal, CpuBurstStrategy(policy="auto"), closed_loop=False)],
+                                   journal, actuators, audit_log=tmp_path / "audit-burst.jsonl", clock=lambda: loop.t)
+    loop.engine.sink = loop.manager
+
+    def run(ticks: list[float]) -> None:
+        for throttled_ms in ticks:
+            loop.t += 1.0
+            signals = _throttled_tick(throttled_ms) if throttled_ms >= 0 else NodeSignals(1.0, {LS.key: _row(LS)})
+            loop.engine.step(signals, ts=loop.t)
+            loop.manager.observe(loop.engine.signals_for_verify(signals), loop.t)
+
+    run([-1.0] * 6)  # quiet
+    for _ in range(10):
+        run([250.0])
+        if loop.manager.records:
+            break
+    (inc,) = loop.engine.open_incidents
+    assert inc.cause == "self_throttling"
+    (record,) = {id(r): r for r in loop.manager.records}.values()
+    assert record.decision.kind == ActionKind.BURST and record.state == ActionState.APPLIED, record.detail
+    run([0.0] * 3)  # no longer throttled; its p99 is where it was, behind its own side job
+    (record,) = {id(r): r for r in loop.manager.records}.values()
+    assert record.state == ActionState.VERIFIED, record.detail
+    assert record.decision.victim_signal == "throttled_ms_per_s"
+    assert (tmp_path / "sys/fs/cgroup" / LS_CG / "cpu.max").read_text().split()[0] == "60000"  # the burst stays
