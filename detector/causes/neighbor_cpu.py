@@ -68,6 +68,7 @@ QUOTA_TO_REQUEST_NOTE = "neighbor_cpu.quota_to_request_note"
 CPUSET_AWAY = "neighbor_cpu.cpuset_away"  # a quota did not help (enough): off the victim's CPUs
 NO_OTHER_CPUS = "neighbor_cpu.no_other_cpus"  # the victim ran on every online CPU: no cpuset step
 HELPED_NOT_ENOUGH = "neighbor_cpu.helped_not_enough"  # verified, yet the victim still breaches: next step on top
+HELPED_LITTLE = "neighbor_cpu.helped_little"  # verified by a small margin, the victim still far above its SLO
 EVICT = "neighbor_cpu.evict"  # suppressing did not help: evict (evict_enabled)
 EVICT_DISABLED = "neighbor_cpu.evict_disabled"
 LADDER_CONTINUED = "neighbor_cpu.ladder_continued"  # the victim's next incident with the same culprit goes on
@@ -78,6 +79,16 @@ LADDER_CONTINUED = "neighbor_cpu.ladder_continued"  # the victim's next incident
 # taken was undone (issue 41). Whether the victim is back is the incident's to say: a step that helped
 # while the victim still breaches is followed by the next one (actuators/mitigate.py).
 VERIFY_SIGNAL = "runq_wait_ms_per_s"
+# How long the next step waits after a step that helped follows how far the victim still is from its SLO.
+# A step that took much of the wait away, or left the victim near its SLO, is given as many breach ticks
+# as its verification took to show it was enough. A step that took little of the wait away (less than
+# SMALL_MARGIN_PERCENT) and left the victim breaching its SLO by FAR_FROM_SLO times or more has shown what
+# it does: the next step goes on top at the next breach tick. In the VM lane (make bench-vm-mitigate,
+# 2026-11-29 10:43 UTC) a quota was verified at +14 % with the victim's run-queue p99 at 4-5x its 2 ms
+# SLO; the 5 breach ticks the ladder then waited put the cpuset at +11.27 s, the victim at 8-10 ms meanwhile.
+SMALL_MARGIN_PERCENT = 50.0
+FAR_FROM_SLO = 2.0
+HELPED_LITTLE_TICKS = 1
 
 
 def suppress_top_be(inc: Incident, top: Culprit | None, ctx: ActContext) -> Decision | None:
@@ -111,6 +122,15 @@ def suppress_be_culprits(inc: Incident, top: Culprit | None, ctx: ActContext) ->
         return []
     others = (suppress_top_be(inc, c, ctx) for c in inc.culprits if c is not top and c.who_ran_instead_share > 0.0)
     return [first, *(d for d in others if d is not None)]
+
+
+def times_its_slo(inc: Incident) -> float | None:
+    """How many times its SLO the victim's breached signal (the one its incident opened on) was on this
+    tick, from the tick's breach evidence; None: that signal did not breach its SLO on this tick."""
+    for e in inc.evidence:
+        if e.signal == inc.signal and e.threshold and e.value > e.threshold:
+            return e.value / e.threshold
+    return None
 
 
 class LadderStep(StrEnum):
@@ -158,14 +178,16 @@ class Rung:
     # Breach ticks of the incident since its last step was verified (None: it was not): a step that helped
     # while the victim keeps breaching is followed by the next one, on top of it.
     breaches_since_verified: int | None = None
+    verified_by: float | None = None  # that step's improvement (%), as the manager judged it
     last: LadderStep | None = None
     done: bool = False
 
 
 class NeighborLadder:
     """Per (victim, BE culprit): when a step is reverted (did not help) or helped while the victim kept
-    breaching for as many ticks as it was verified over, the next step of :data:`LADDER` is taken at the
-    next tick: a cpuset off the victim's CPUs (even below the policy's CPU floor), a cfs quota down to the
+    breaching for as many ticks as it was verified over (one tick when it helped by a small margin and left
+    the victim far above its SLO: :data:`SMALL_MARGIN_PERCENT`), the next step of :data:`LADDER` is taken
+    at the next tick: a cpuset off the victim's CPUs (even below the policy's CPU floor), a cfs quota down to the
     culprit's CPU request (koordinator batch-cpu included) if it runs above it, then, with
     ``evict_enabled``, eviction. A step that helped stays in place under the next. The ladder belongs to
     the pair, not to one incident: an incident that closes while the culprit still runs (on 6.1 the
@@ -195,7 +217,7 @@ class NeighborLadder:
         elif rung is None:
             return
         elif outcome == StepOutcome.VERIFIED:
-            rung.pending, rung.breaches_since_verified = False, 0
+            rung.pending, rung.breaches_since_verified, rung.verified_by = False, 0, result.improvement_percent
         elif outcome == StepOutcome.DID_NOT_HELP:
             # The next step at the next tick: the manager lets this victim's next, different step through
             # its block on the target (it blocks the same step only).
@@ -251,7 +273,8 @@ class NeighborLadder:
     def _escalate(self, ctx: PlanContext, rung: Rung) -> Iterator[PlanStep]:
         """The culprit's next step when its last one did not help (reverted), or helped while the victim
         kept breaching for as many ticks as the step was verified over (verified on the mean wait, which
-        a quota lowers with the p99 still high)."""
+        a quota lowers with the p99 still high), or for one when it helped little and the victim is still
+        far above its SLO."""
         inc = ctx.incident
         if rung.done or rung.pending:
             return
@@ -260,13 +283,22 @@ class NeighborLadder:
                 return  # a verified step of another cause (the sender's quota): the victim is judged on it
             if ctx.what == "updated":
                 rung.breaches_since_verified += 1
-            needed = max(1, ctx.policy.verify_intervals)
+            far = times_its_slo(inc) if ctx.what == "updated" else None
+            little = rung.verified_by is not None and rung.verified_by < SMALL_MARGIN_PERCENT \
+                and far is not None and far >= FAR_FROM_SLO
+            needed = HELPED_LITTLE_TICKS if little else max(1, ctx.policy.verify_intervals)
             if rung.breaches_since_verified < needed:
                 return
             rung.breaches_since_verified = None
             step = rung.last or "the step"
-            yield Note(NoteKey(HELPED_NOT_ENOUGH, (rung.target.cgroup, step)), SPEC.say(
-                HELPED_NOT_ENOUGH, step=step, culprit=rung.target.display, victim=inc.victim.display, ticks=needed))
+            if little:
+                yield Note(NoteKey(HELPED_LITTLE, (rung.target.cgroup, step)), SPEC.say(
+                    HELPED_LITTLE, step=step, culprit=rung.target.display, victim=inc.victim.display,
+                    improvement=rung.verified_by, times=far, signal=inc.signal, ticks=needed))
+            else:
+                yield Note(NoteKey(HELPED_NOT_ENOUGH, (rung.target.cgroup, step)), SPEC.say(
+                    HELPED_NOT_ENOUGH, step=step, culprit=rung.target.display, victim=inc.victim.display,
+                    ticks=needed))
         elif ctx.now < rung.not_before:
             return
         for out in self._next_step(ctx, rung):
@@ -346,6 +378,8 @@ SPEC = CauseSpec(
                           "that did not help is not taken again within {memory_s:.0f} s",
         HELPED_NOT_ENOUGH: "{step} on {culprit} helped, yet {victim} still breached its SLO in {ticks} ticks after: "
                            "the next step goes on top of it",
+        HELPED_LITTLE: "{step} on {culprit} took only {improvement:.0f} % of {victim}'s wait away and left its "
+                       "{signal} at {times:.1f}x its SLO: the next step goes on top of it after {ticks} breach tick",
     },
     verify_signals=(VERIFY_SIGNAL,),
 )
