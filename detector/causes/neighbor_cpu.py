@@ -91,8 +91,10 @@ SMALL_MARGIN_PERCENT = 50.0
 FAR_FROM_SLO = 2.0
 HELPED_LITTLE_TICKS = 1
 # The same, before the verdict: a step under which the victim stays FAR_FROM_SLO times its SLO or more for
-# JOIN_AFTER_TICKS breach ticks in a row is joined by the next step (a cpuset or a quota, never an
-# eviction: Decision.joins), the two judged as one on the first one's verification. The verdict alone
+# JOIN_AFTER_TICKS breach ticks in a row is joined by the ladder's cpuset off the victim's CPUs when that
+# is its next step (Decision.joins), the two judged as one on the first one's verification. Only the
+# cpuset: a quota on a pod whose cpuset is being verified is the knob softirq's traffic cap joins (it
+# would be refused behind it), and an eviction cannot be undone with a revert. The verdict alone
 # comes verify_intervals ticks after the step: in the VM lane the quota's (+14 %) came 5 s after it, and
 # the victim breached at 4-5x its SLO all that time (the BE pod's CPU time on its CPU, ~210 ms/s under
 # the quota, ~300 without it).
@@ -154,7 +156,7 @@ class LadderStep(StrEnum):
 # not) is skipped.
 LADDER = (LadderStep.CPUSET, LadderStep.QUOTA, LadderStep.EVICT)
 LADDER_CODES = frozenset({CPUSET_AWAY, QUOTA_TO_REQUEST, EVICT})
-JOINABLE = (LadderStep.CPUSET, LadderStep.QUOTA)  # the steps that may join one being verified: undone with it
+JOINABLE = (LadderStep.CPUSET,)  # the steps that may join one being verified (JOIN_AFTER_TICKS)
 
 
 def ladder_step(decision: Decision) -> LadderStep | None:
@@ -208,8 +210,8 @@ class NeighborLadder:
     it stopped, for ``DID_NOT_HELP_MEMORY_S`` after the last one closed; a step judged "did not help" is
     not taken again in that time (the manager refuses it: StepOutcome.JUDGED). Any BE suppress with a
     victim starts one (the engine's first step, softirq's traffic cap and RT move included). A victim that
-    stays far above its SLO under a step being verified gets the next cpuset or quota step on top before
-    the verdict, joined to it (:data:`JOIN_AFTER_TICKS`)."""
+    stays far above its SLO under a step being verified gets the cpuset step on top before the verdict,
+    joined to it (:data:`JOIN_AFTER_TICKS`)."""
 
     def __init__(self) -> None:
         self.rungs: dict[PairKey, Rung] = {}
