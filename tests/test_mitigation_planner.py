@@ -464,6 +464,29 @@ def test_a_step_that_helped_little_with_the_victim_far_above_its_slo_is_followed
         assert "helped, yet" in said, said
 
 
+def test_the_engines_step_refused_for_a_while_is_taken_up_by_the_ladder_once_the_limit_passes() -> None:
+    """cpu-neighbor-shared (ladder7's host run, 2026-11-29 13:20 UTC, pass 1): the second LS pod's incident opened
+    first, the engine's cpuset on the BE pod did not help it and was undone; the victim's own incident then
+    asked for the same move and was refused ("reverted recently: blocked for 4 s more"). The engine submits its
+    step once per incident, so the victim stayed at 7 ms to the end of the pass. The ladder takes it up: its
+    cpuset off the victim's CPUs once the block has passed, not before."""
+    now, sink, planner, inc, engine_step = _ladder_on_a_small_node(ActuatorPolicy(dry_run=False), 0.35)
+    planner(inc, "opened")
+    refused = ActionRecord("a", None, engine_step, ActionState.REFUSED, "default/batch was reverted recently: blocked "
+                           "for 4 s more", outcome=ActionOutcome.WAIT)
+    refused.effect["retry_in_s"] = 4.0
+    planner.note_record(refused)
+    for _ in range(3):
+        now[0] += 1.0
+        planner(inc, "updated")
+    assert sink.decisions == []  # blocked
+    now[0] += 1.0
+    planner(inc, "updated")
+    (cpuset,) = sink.decisions
+    assert cpuset.code == neighbor_cpu.CPUSET_AWAY and cpuset.incident_id == "inc-1" and cpuset.amount.cpus == (0,)
+    assert any("cpuset off its CPUs 1 to CPUs 0" in e.note for e in inc.evidence), inc.evidence
+
+
 def test_a_reopened_incident_continues_the_ladder_of_the_victims_last_one() -> None:
     """The VM lane's failure (issue 41): the quota did not help, the incident closed before the next tick
     (6.1's CFS lets the waking victim preempt the hog) and the next incident for the same victim and hog

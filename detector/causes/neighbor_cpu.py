@@ -234,6 +234,15 @@ class NeighborLadder:
             # A step that joined another is judged with it: nothing joins it in turn.
             rung.far_under_step, rung.step_code = (0, d.code) if d.code and not d.joins else (None, None)
             return
+        if rung is None and outcome == StepOutcome.WAIT and d.code == SUPPRESS:
+            # The engine's first step refused for a while (the pod blocked after another victim's step on it
+            # was undone, or still being verified for that victim): the engine submits it once per
+            # incident, so the ladder takes it up from its first rung once the limit passes. Before, the
+            # victim got nothing: cpu-neighbor-shared, the second LS pod's incident opened first, its
+            # cpuset on the BE pod "did not help" it and was undone, and the victim's own incident was
+            # refused ("reverted recently: blocked for 4 s more") and stayed at 7 ms to the end.
+            self.rungs[key] = Rung(d.target, key.victim, d.incident_id, not_before=now + max(1.0, result.retry_in_s))
+            return
         if rung is None:
             return
         rung.far_under_step = None  # judged, refused or retried: no step being verified to join
