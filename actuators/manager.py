@@ -432,10 +432,15 @@ def _note_plan(metrics: ActuatorMetrics, plan: Plan) -> None:
 def _carried_over(record: ActionRecord, actuator: Actuator, previous: _Active, joined: bool) -> _Active:
     """The target's next step, judged with the action in place as one action in steps: a closed loop's
     follow-up (the burst loop's next scale) or a step that joins it (Decision.joins). The first step's
-    baseline and samples judge them all, and a revert undoes every step."""
+    baseline judges them all, and a revert undoes every step. A step that joins starts the samples over:
+    the two are judged on what the victim did with both in place. Judged on the first step's samples, a
+    step that joined two ticks into a 5-tick verification had 2 of the 5 samples, and the median was the
+    first step's alone (the VM lane's cpuset on top of a quota: undone with it, 2026-11-29 13:37 UTC)."""
     record.effect.update(previous.record.effect)
     if joined:
         record.outcome, record.detail = ActionOutcome.JOINED, _joined(previous.record)
+        if previous.verification is not None:
+            previous.verification.samples.clear()
     return _Active(record, actuator, previous.verification,
                    [*previous.chain, *([previous.record.plan] if previous.record.plan else [])],
                    [*previous.joined, previous.record] if joined else previous.joined)

@@ -324,7 +324,9 @@ class MitigationPlanner:
             return
         if record.state == ActionState.REFUSED and d.code in self._retry:
             self._done.discard(StepKey(d.incident_id, self._retry[d.code]))
-        result = StepResult(d, step_outcome(record), float(record.effect.get("retry_in_s", 1.0)))
+        improvement = record.effect.get("improvement_percent")
+        result = StepResult(d, step_outcome(record), float(record.effect.get("retry_in_s", 1.0)),
+                            float(improvement) if isinstance(improvement, (int, float)) else None)
         now = self._clock()
         for ladder in self.ladders:
             ladder.on_result(result, now)

@@ -431,6 +431,62 @@ def test_neighbor_ladder_goes_on_when_a_step_helped_but_the_victim_still_breache
     assert len(sink.decisions) == 1
 
 
+@pytest.mark.parametrize("improvement, p99_ms, ticks_to_next", [
+    (14.0, 9.8, 1),  # the VM lane's quota (10:43 UTC): +14 %, the victim at 4.9x its 2 ms SLO: next breach tick
+    (14.0, 2.6, 5),  # nearly back (1.3x its SLO): the verification's 5 ticks, as before
+    (80.0, 9.8, 5),  # took most of the wait away: it is given the same time to show it was enough
+])
+def test_a_step_that_helped_little_with_the_victim_far_above_its_slo_is_followed_at_the_next_breach_tick(
+        improvement: float, p99_ms: float, ticks_to_next: int) -> None:
+    """Issue 41: the quota verified by a small margin (the victim's mean wait 130 -> 112 ms/s) with its run-queue
+    p99 still 4-5x its SLO; the ladder waited its 5 breach ticks and the cpuset came at +11.27 s (make
+    bench-vm-mitigate, 2026-11-29 10:43 UTC). The wait follows how far the victim still is from its SLO."""
+    from detector.model import Evidence
+
+    now, sink, planner, inc, quota = _ladder_on_a_small_node(ActuatorPolicy(dry_run=False, verify_intervals=5), 0.21)
+    planner.note_record(_record(quota, ActionState.APPLIED, ""))
+    verified = _record(quota, ActionState.VERIFIED, "victim improved")
+    verified.effect["improvement_percent"] = improvement  # as the manager's _judge writes it
+    planner.note_record(verified)
+    ticks = 0
+    while not sink.decisions and ticks < 8:
+        inc.evidence = [Evidence("runq_p99_ns", p99_ms * 1e6, 1.0, threshold=2e6)]  # this breach tick's
+        now[0] += 1.0
+        ticks += 1
+        planner(inc, "updated")
+    (cpuset,) = sink.decisions
+    assert cpuset.code == neighbor_cpu.CPUSET_AWAY and cpuset.amount.cpus == (0,)
+    assert ticks == ticks_to_next
+    said = " | ".join(e.note for e in inc.evidence)
+    if ticks_to_next == 1:
+        assert f"took only {improvement:.0f} %" in said and "at 4.9x its SLO" in said, said
+    else:
+        assert "helped, yet" in said, said
+
+
+def test_the_engines_step_refused_for_a_while_is_taken_up_by_the_ladder_once_the_limit_passes() -> None:
+    """cpu-neighbor-shared (ladder7's host run, 2026-11-29 13:20 UTC, pass 1): the second LS pod's incident opened
+    first, the engine's cpuset on the BE pod did not help it and was undone; the victim's own incident then
+    asked for the same move and was refused ("reverted recently: blocked for 4 s more"). The engine submits its
+    step once per incident, so the victim stayed at 7 ms to the end of the pass. The ladder takes it up: its
+    cpuset off the victim's CPUs once the block has passed, not before."""
+    now, sink, planner, inc, engine_step = _ladder_on_a_small_node(ActuatorPolicy(dry_run=False), 0.35)
+    planner(inc, "opened")
+    refused = ActionRecord("a", None, engine_step, ActionState.REFUSED, "default/batch was reverted recently: blocked "
+                           "for 4 s more", outcome=ActionOutcome.WAIT)
+    refused.effect["retry_in_s"] = 4.0
+    planner.note_record(refused)
+    for _ in range(3):
+        now[0] += 1.0
+        planner(inc, "updated")
+    assert sink.decisions == []  # blocked
+    now[0] += 1.0
+    planner(inc, "updated")
+    (cpuset,) = sink.decisions
+    assert cpuset.code == neighbor_cpu.CPUSET_AWAY and cpuset.incident_id == "inc-1" and cpuset.amount.cpus == (0,)
+    assert any("cpuset off its CPUs 1 to CPUs 0" in e.note for e in inc.evidence), inc.evidence
+
+
 def test_a_reopened_incident_continues_the_ladder_of_the_victims_last_one() -> None:
     """The VM lane's failure (issue 41): the quota did not help, the incident closed before the next tick
     (6.1's CFS lets the waking victim preempt the hog) and the next incident for the same victim and hog
@@ -647,8 +703,8 @@ def test_the_senders_traffic_cap_joins_its_move_off_the_victims_cpus_and_the_two
     assert [r.state for r in manager.records].count(ActionState.REFUSED) == 0
     # The incident says the cap went on top of the move, by the record's outcome code.
     assert any(k.code == RECORD_NOTE and k.subject[-1] == "applied" for k in planner._notes[inc.incident_id])
-    for _ in range(3):
-        tick("updated", after)  # the move's verification: 5 samples from the tick it was applied
+    for _ in range(4):
+        tick("updated", after)  # the verification: 5 samples from the tick the cap joined the move
     verdict = ActionState.VERIFIED if helped else ActionState.REVERTED
     assert move.state == cap.state == verdict and move.detail.endswith(f"(judged with {cap.action_id})")
     assert cap.detail.endswith(f"(judged with {move.action_id})")
@@ -697,3 +753,68 @@ def test_a_step_joins_only_its_own_incidents_move_of_the_same_pod_on_another_kno
     assert (manager.records[-1].state, manager.records[-1].outcome) == (ActionState.APPLIED, ActionOutcome.JOINED)
     manager.close()
     assert not journal.owned()
+
+
+@pytest.mark.parametrize("p99_ms, under_quota, joins", [(9.8, 125.0, True), (2.6, 112.0, False)])
+def test_a_step_under_which_the_victim_stays_far_above_its_slo_is_joined_by_the_next_one(
+        tmp_path: Path, p99_ms: float, under_quota: float, joins: bool) -> None:
+    """Issue 41, the VM lane's cpu-neighbor: the engine's quota on the BE pod took 14 % of the victim's wait
+    away and its verdict came 5 ticks after it, the victim at 4-5x its 2 ms SLO all that time; the cpuset
+    came after (+11.27 s). The real planner and manager over a fake host's files: 2 breach ticks at 4.9x
+    its SLO under the quota being verified, and the cpuset off the victim's CPUs joins it, the two judged
+    as one on the quota's baseline and on samples from the join on (both kept: the victim's wait fell once the
+    cpuset was on; on the quota's own samples, 3 of 5 taken before the cpuset, the median was the quota's
+    alone, -4 %, and both were undone: make bench-vm-mitigate's lane, 13:37 UTC). A victim near its SLO
+    (1.3x) under the quota gets nothing before the verdict, as before."""
+    from actuators.mitigate import RECORD_NOTE
+    from detector.model import Evidence
+
+    files, _proc, _cg = _starve_host(tmp_path)
+    flood = FLOOD.cgroup.strip("/")
+    now = [100.0]
+    journal = Journal(tmp_path / "j")
+    policy = ActuatorPolicy(dry_run=False)
+    manager = ActuatorManager([SuppressActuator(files, journal)], journal, policy, registry=CollectorRegistry(),
+                              audit_log=tmp_path / "audit.jsonl", clock=lambda: now[0])
+    planner = MitigationPlanner(manager, lambda: [VICTIM, FLOOD], policy=policy, clock=lambda: now[0])
+    planner.online_cpus = lambda: [0, 1, 2, 3]  # type: ignore[method-assign]
+    manager.on_record.append(planner.note_record)
+    inc = _neighbor()
+    inc.victim_cpus = [3]
+    inc.breach_signals = {neighbor_cpu.VERIFY_SIGNAL: 130.0}  # the victim's wait over its breach, ms/s
+    signal = f"{VICTIM.cgroup}:{neighbor_cpu.VERIFY_SIGNAL}"
+    manager.submit(inc.for_verification(Decision(
+        ActionKind.SUPPRESS, FLOOD, SuppressAmount("cfs_quota", cpu_cores=0.4), "engine", incident_id="inc-1",
+        victim=VICTIM, victim_signal=neighbor_cpu.VERIFY_SIGNAL, code=neighbor_cpu.SUPPRESS)))
+    manager.observe({signal: 130.0}, now[0])  # the tick it was applied on: its interval was before it
+    now[0] += 1.0
+    (quota,) = manager.records
+    assert quota.state == ActionState.APPLIED and files.read_cpu_max(flood).quota_us is not None
+    moved_on: list[int] = []  # the breach ticks under the quota with the hog off the victim's CPU
+    for tick in range(1, policy.verify_intervals + 2):  # the verdict: 5 samples from the cpuset's tick on
+        inc.evidence = [Evidence("runq_p99_ns", p99_ms * 1e6, 1.0, threshold=2e6)]  # this breach tick's
+        planner(inc, "updated")
+        if files.read_cpus(flood) == (0, 1, 2):
+            moved_on.append(tick)
+        # each tick's wait is its interval's, before that tick's step: the cpuset shows from the next one
+        manager.observe({signal: 2.0 if moved_on and moved_on[0] < tick else under_quota}, now[0])
+        now[0] += 1.0
+    records = list({id(r): r for r in manager.records}.values())
+    if not joins:
+        assert records == [quota] and quota.state == ActionState.VERIFIED  # 130 -> 112 ms/s: +14 %
+        assert files.read_cpus(flood) == (0, 1, 2, 3)
+        manager.close()
+        return
+    _, cpuset = records
+    assert cpuset.decision.code == neighbor_cpu.CPUSET_AWAY and cpuset.decision.joins == (neighbor_cpu.SUPPRESS,)
+    assert moved_on[0] == 2  # the 2nd breach tick under the quota, not after its verdict (the 5th)
+    assert quota.state == cpuset.state == ActionState.VERIFIED and quota.detail.endswith(f"(judged with {cpuset.action_id})")
+    assert files.read_cpus(flood) == (0, 1, 2) and files.read_cpu_max(flood).quota_us is not None  # both kept
+    said = " | ".join(e.note for e in inc.evidence)
+    assert "stayed at 4.9x its SLO or more for 2 breach ticks" in said, said
+    assert any(k.code == RECORD_NOTE and k.subject[-1] == "applied" for k in planner._notes[inc.incident_id])
+    lines = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    steps = [(x["action_id"], x["state"]) for x in lines if x.get("event") == "action"]
+    assert (cpuset.action_id, "applied") in steps and (cpuset.action_id, "verified") in steps
+    manager.close()
+    assert files.read_cpus(flood) == (0, 1, 2, 3) and files.read_cpu_max(flood).quota_us is None

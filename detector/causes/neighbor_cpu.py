@@ -7,7 +7,7 @@ then eviction when the policy allows it): the steps' codes and words are here.""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -68,6 +68,8 @@ QUOTA_TO_REQUEST_NOTE = "neighbor_cpu.quota_to_request_note"
 CPUSET_AWAY = "neighbor_cpu.cpuset_away"  # a quota did not help (enough): off the victim's CPUs
 NO_OTHER_CPUS = "neighbor_cpu.no_other_cpus"  # the victim ran on every online CPU: no cpuset step
 HELPED_NOT_ENOUGH = "neighbor_cpu.helped_not_enough"  # verified, yet the victim still breaches: next step on top
+HELPED_LITTLE = "neighbor_cpu.helped_little"  # verified by a small margin, the victim still far above its SLO
+JOINS_STEP = "neighbor_cpu.joins_step"  # the victim stayed far above its SLO under a step being verified
 EVICT = "neighbor_cpu.evict"  # suppressing did not help: evict (evict_enabled)
 EVICT_DISABLED = "neighbor_cpu.evict_disabled"
 LADDER_CONTINUED = "neighbor_cpu.ladder_continued"  # the victim's next incident with the same culprit goes on
@@ -78,6 +80,25 @@ LADDER_CONTINUED = "neighbor_cpu.ladder_continued"  # the victim's next incident
 # taken was undone (issue 41). Whether the victim is back is the incident's to say: a step that helped
 # while the victim still breaches is followed by the next one (actuators/mitigate.py).
 VERIFY_SIGNAL = "runq_wait_ms_per_s"
+# How long the next step waits after a step that helped follows how far the victim still is from its SLO.
+# A step that took much of the wait away, or left the victim near its SLO, is given as many breach ticks
+# as its verification took to show it was enough. A step that took little of the wait away (less than
+# SMALL_MARGIN_PERCENT) and left the victim breaching its SLO by FAR_FROM_SLO times or more has shown what
+# it does: the next step goes on top at the next breach tick. In the VM lane (make bench-vm-mitigate,
+# 2026-11-29 10:43 UTC) a quota was verified at +14 % with the victim's run-queue p99 at 4-5x its 2 ms
+# SLO; the 5 breach ticks the ladder then waited put the cpuset at +11.27 s, the victim at 8-10 ms meanwhile.
+SMALL_MARGIN_PERCENT = 50.0
+FAR_FROM_SLO = 2.0
+HELPED_LITTLE_TICKS = 1
+# The same, before the verdict: a step under which the victim stays FAR_FROM_SLO times its SLO or more for
+# JOIN_AFTER_TICKS breach ticks in a row is joined by the ladder's cpuset off the victim's CPUs when that
+# is its next step (Decision.joins), the two judged as one on the first one's verification. Only the
+# cpuset: a quota on a pod whose cpuset is being verified is the knob softirq's traffic cap joins (it
+# would be refused behind it), and an eviction cannot be undone with a revert. The verdict alone
+# comes verify_intervals ticks after the step: in the VM lane the quota's (+14 %) came 5 s after it, and
+# the victim breached at 4-5x its SLO all that time (the BE pod's CPU time on its CPU, ~210 ms/s under
+# the quota, ~300 without it).
+JOIN_AFTER_TICKS = 2
 
 
 def suppress_top_be(inc: Incident, top: Culprit | None, ctx: ActContext) -> Decision | None:
@@ -113,6 +134,15 @@ def suppress_be_culprits(inc: Incident, top: Culprit | None, ctx: ActContext) ->
     return [first, *(d for d in others if d is not None)]
 
 
+def times_its_slo(inc: Incident) -> float | None:
+    """How many times its SLO the victim's breached signal (the one its incident opened on) was on this
+    tick, from the tick's breach evidence; None: that signal did not breach its SLO on this tick."""
+    for e in inc.evidence:
+        if e.signal == inc.signal and e.threshold and e.value > e.threshold:
+            return e.value / e.threshold
+    return None
+
+
 class LadderStep(StrEnum):
     """The neighbour ladder's steps on one BE culprit, each taken once per incident."""
 
@@ -126,6 +156,7 @@ class LadderStep(StrEnum):
 # not) is skipped.
 LADDER = (LadderStep.CPUSET, LadderStep.QUOTA, LadderStep.EVICT)
 LADDER_CODES = frozenset({CPUSET_AWAY, QUOTA_TO_REQUEST, EVICT})
+JOINABLE = (LadderStep.CPUSET,)  # the steps that may join one being verified (JOIN_AFTER_TICKS)
 
 
 def ladder_step(decision: Decision) -> LadderStep | None:
@@ -158,21 +189,29 @@ class Rung:
     # Breach ticks of the incident since its last step was verified (None: it was not): a step that helped
     # while the victim keeps breaching is followed by the next one, on top of it.
     breaches_since_verified: int | None = None
+    verified_by: float | None = None  # that step's improvement (%), as the manager judged it
+    # Breach ticks in a row far above its SLO since its last step was applied, while that step is being
+    # verified (None: none is, or it was joined already), and that step's code (what the next one joins).
+    far_under_step: int | None = None
+    step_code: str | None = None
     last: LadderStep | None = None
     done: bool = False
 
 
 class NeighborLadder:
     """Per (victim, BE culprit): when a step is reverted (did not help) or helped while the victim kept
-    breaching for as many ticks as it was verified over, the next step of :data:`LADDER` is taken at the
-    next tick: a cpuset off the victim's CPUs (even below the policy's CPU floor), a cfs quota down to the
+    breaching for as many ticks as it was verified over (one tick when it helped by a small margin and left
+    the victim far above its SLO: :data:`SMALL_MARGIN_PERCENT`), the next step of :data:`LADDER` is taken
+    at the next tick: a cpuset off the victim's CPUs (even below the policy's CPU floor), a cfs quota down to the
     culprit's CPU request (koordinator batch-cpu included) if it runs above it, then, with
     ``evict_enabled``, eviction. A step that helped stays in place under the next. The ladder belongs to
     the pair, not to one incident: an incident that closes while the culprit still runs (on 6.1 the
     waking victim preempts a hog, so it stops breaching for a few ticks) and opens again continues where
     it stopped, for ``DID_NOT_HELP_MEMORY_S`` after the last one closed; a step judged "did not help" is
     not taken again in that time (the manager refuses it: StepOutcome.JUDGED). Any BE suppress with a
-    victim starts one (the engine's first step, softirq's traffic cap and RT move included)."""
+    victim starts one (the engine's first step, softirq's traffic cap and RT move included). A victim that
+    stays far above its SLO under a step being verified gets the cpuset step on top before the verdict,
+    joined to it (:data:`JOIN_AFTER_TICKS`)."""
 
     def __init__(self) -> None:
         self.rungs: dict[PairKey, Rung] = {}
@@ -192,10 +231,23 @@ class NeighborLadder:
             if step not in rung.tried:
                 rung.tried.append(step)
             rung.pending, rung.last, rung.breaches_since_verified = True, step, None
-        elif rung is None:
+            # A step that joined another is judged with it: nothing joins it in turn.
+            rung.far_under_step, rung.step_code = (0, d.code) if d.code and not d.joins else (None, None)
             return
-        elif outcome == StepOutcome.VERIFIED:
-            rung.pending, rung.breaches_since_verified = False, 0
+        if rung is None and outcome == StepOutcome.WAIT and d.code == SUPPRESS:
+            # The engine's first step refused for a while (the pod blocked after another victim's step on it
+            # was undone, or still being verified for that victim): the engine submits it once per
+            # incident, so the ladder takes it up from its first rung once the limit passes. Before, the
+            # victim got nothing: cpu-neighbor-shared, the second LS pod's incident opened first, its
+            # cpuset on the BE pod "did not help" it and was undone, and the victim's own incident was
+            # refused ("reverted recently: blocked for 4 s more") and stayed at 7 ms to the end.
+            self.rungs[key] = Rung(d.target, key.victim, d.incident_id, not_before=now + max(1.0, result.retry_in_s))
+            return
+        if rung is None:
+            return
+        rung.far_under_step = None  # judged, refused or retried: no step being verified to join
+        if outcome == StepOutcome.VERIFIED:
+            rung.pending, rung.breaches_since_verified, rung.verified_by = False, 0, result.improvement_percent
         elif outcome == StepOutcome.DID_NOT_HELP:
             # The next step at the next tick: the manager lets this victim's next, different step through
             # its block on the target (it blocks the same step only).
@@ -251,22 +303,35 @@ class NeighborLadder:
     def _escalate(self, ctx: PlanContext, rung: Rung) -> Iterator[PlanStep]:
         """The culprit's next step when its last one did not help (reverted), or helped while the victim
         kept breaching for as many ticks as the step was verified over (verified on the mean wait, which
-        a quota lowers with the p99 still high)."""
+        a quota lowers with the p99 still high), or for one when it helped little and the victim is still
+        far above its SLO."""
         inc = ctx.incident
-        if rung.done or rung.pending:
+        if rung.done:
+            return
+        if rung.pending:
+            yield from self._join(ctx, rung)
             return
         if rung.breaches_since_verified is not None:
             if inc.cause != NAME:
                 return  # a verified step of another cause (the sender's quota): the victim is judged on it
             if ctx.what == "updated":
                 rung.breaches_since_verified += 1
-            needed = max(1, ctx.policy.verify_intervals)
+            far = times_its_slo(inc) if ctx.what == "updated" else None
+            little = rung.verified_by is not None and rung.verified_by < SMALL_MARGIN_PERCENT \
+                and far is not None and far >= FAR_FROM_SLO
+            needed = HELPED_LITTLE_TICKS if little else max(1, ctx.policy.verify_intervals)
             if rung.breaches_since_verified < needed:
                 return
             rung.breaches_since_verified = None
             step = rung.last or "the step"
-            yield Note(NoteKey(HELPED_NOT_ENOUGH, (rung.target.cgroup, step)), SPEC.say(
-                HELPED_NOT_ENOUGH, step=step, culprit=rung.target.display, victim=inc.victim.display, ticks=needed))
+            if little:
+                yield Note(NoteKey(HELPED_LITTLE, (rung.target.cgroup, step)), SPEC.say(
+                    HELPED_LITTLE, step=step, culprit=rung.target.display, victim=inc.victim.display,
+                    improvement=rung.verified_by, times=far, signal=inc.signal, ticks=needed))
+            else:
+                yield Note(NoteKey(HELPED_NOT_ENOUGH, (rung.target.cgroup, step)), SPEC.say(
+                    HELPED_NOT_ENOUGH, step=step, culprit=rung.target.display, victim=inc.victim.display,
+                    ticks=needed))
         elif ctx.now < rung.not_before:
             return
         for out in self._next_step(ctx, rung):
@@ -274,13 +339,36 @@ class NeighborLadder:
                 rung.pending = True
             yield out
 
-    def _next_step(self, ctx: PlanContext, rung: Rung) -> list[PlanStep]:
-        """The first untried rung that applies (LADDER), with its notes; none left: its notes only."""
+    def _join(self, ctx: PlanContext, rung: Rung) -> Iterator[PlanStep]:
+        """The next step on top of the one being verified (judged with it as one, Decision.joins) when the
+        victim stayed far above its SLO under it for JOIN_AFTER_TICKS breach ticks in a row."""
+        inc = ctx.incident
+        if rung.far_under_step is None or rung.step_code is None or inc.cause != NAME or ctx.what != "updated":
+            return
+        far = times_its_slo(inc)
+        if far is None or far < FAR_FROM_SLO:
+            rung.far_under_step = 0
+            return
+        rung.far_under_step += 1
+        if rung.far_under_step < JOIN_AFTER_TICKS:
+            return
+        code, step = rung.step_code, rung.last or "the step"
+        rung.far_under_step = None
+        steps = self._next_step(ctx, rung, JOINABLE)
+        if any(isinstance(out, Submit) for out in steps):
+            yield Note(NoteKey(JOINS_STEP, (rung.target.cgroup, step)), SPEC.say(
+                JOINS_STEP, step=step, culprit=rung.target.display, victim=inc.victim.display, times=far,
+                signal=inc.signal, ticks=JOIN_AFTER_TICKS))
+        for out in steps:
+            yield Submit(replace(out.decision, joins=(code,))) if isinstance(out, Submit) else out
+
+    def _next_step(self, ctx: PlanContext, rung: Rung, ladder: tuple[LadderStep, ...] = LADDER) -> list[PlanStep]:
+        """The first untried rung of ``ladder`` that applies (LADDER), with its notes; none left: its notes only."""
         inc, target = ctx.incident, rung.target
         subject = (target.cgroup,)
         cpu = next((c.cpu_cores for c in inc.culprits if c.target.cgroup == target.cgroup), 0.0)
         said: list[PlanStep] = []
-        for step in LADDER:
+        for step in ladder:
             if step in rung.tried:
                 continue
             rung.tried.append(step)
@@ -320,7 +408,7 @@ class NeighborLadder:
                     ActionKind.EVICT, target, EvictAmount(reason="interference", release_cpu_cores=cpu),
                     SPEC.say(EVICT, culprit=target.display, victim=inc.victim.display),
                     incident_id=inc.incident_id, victim=inc.victim, victim_signal=ctx.verify_signal, code=EVICT))]
-        rung.done = True
+        rung.done = all(step in rung.tried for step in LADDER)
         return said
 
 
@@ -346,6 +434,10 @@ SPEC = CauseSpec(
                           "that did not help is not taken again within {memory_s:.0f} s",
         HELPED_NOT_ENOUGH: "{step} on {culprit} helped, yet {victim} still breached its SLO in {ticks} ticks after: "
                            "the next step goes on top of it",
+        JOINS_STEP: "{victim}'s {signal} stayed at {times:.1f}x its SLO or more for {ticks} breach ticks under the "
+                    "{step} on {culprit} being verified: the next step joins it, the two judged as one",
+        HELPED_LITTLE: "{step} on {culprit} took only {improvement:.0f} % of {victim}'s wait away and left its "
+                       "{signal} at {times:.1f}x its SLO: the next step goes on top of it after {ticks} breach tick",
     },
     verify_signals=(VERIFY_SIGNAL,),
 )

@@ -103,6 +103,9 @@ class StepResult:
     decision: Decision
     outcome: StepOutcome
     retry_in_s: float = 1.0
+    # A judged step's verdict in numbers (the manager's ``improvement_percent``: how much of the victim's
+    # signal it took away); None: not judged, or judged without one.
+    improvement_percent: float | None = None
 
 
 @dataclass
