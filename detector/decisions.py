@@ -132,11 +132,14 @@ class Decision:
     # The codes of this incident's steps on the same target that this one goes with: while such a step is
     # being verified the manager applies this one, a different knob, on top and judges the two as one action
     # (one verdict for both, a revert undoes both), instead of refusing it until that verdict is in
-    # (actuators/limits.py joins_verification: same incident, same victim, another knob). Empty, as for
-    # every step but one today: a step waits for the verdict on the target's step in place. The one user is
-    # softirq's traffic cap (detector/causes/softirq.py MOVES_OFF_VICTIM_CPUS), which goes with a move of
-    # the same pod off the victim's CPUs: the move leaves its own packets' NET_RX there, and judged alone
-    # on softirq time it does not lower, it was undone.
+    # (actuators/limits.py joins_verification: same incident, same victim, another knob; the manager
+    # restarts the samples at the join and keeps the first step's baseline). Empty, as for most steps: a
+    # step waits for the verdict on the target's step in place. Two users: softirq's traffic cap
+    # (detector/causes/softirq.py MOVES_OFF_VICTIM_CPUS) goes with a move of the same pod off the victim's
+    # CPUs (the move leaves its own packets' NET_RX there; judged alone on softirq time it does not lower,
+    # it was undone), and the neighbour ladder's cpuset goes with the quota under which the victim stays
+    # at 2x its SLO or more (detector/causes/neighbor_cpu.py: waiting out the quota's verdict first put
+    # the cpuset past 10 s in the VM lane).
     joins: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
