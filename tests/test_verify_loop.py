@@ -85,10 +85,10 @@ class _Loop:
         return record
 
 
-def _breach_until_suppressed(loop: _Loop) -> None:
+def _breach_until_suppressed(loop: _Loop, p99_ns: float = BREACH_P99_NS) -> None:
     loop.run([QUIET_P99_NS] * 6)
     for _ in range(10):
-        loop.run([BREACH_P99_NS])
+        loop.run([p99_ns])
         if loop.manager.records:
             return
     raise AssertionError("the engine never suppressed the BE culprit")
@@ -120,32 +120,64 @@ def test_a_suppress_that_did_not_help_a_pod_victim_is_reverted(tmp_path):
     assert loop.files.read_cpu_max(BE_CG).quota_us is None  # back to unlimited
 
 
-def test_a_quota_that_did_not_help_is_followed_by_a_cpuset_off_the_victims_cpus_at_the_next_tick(tmp_path):
-    """The ladder through the real manager (issue 41): a 2-CPU node, so the engine's step is a quota (a cpuset
-    would leave the BE pod fewer CPUs than the policy's floor of 2); the victim's wait does not fall, the
-    quota is reverted, and the next tick the planner moves the BE pod off the victim's CPU (1): the
-    manager's block after the revert is for the same step again, not for this incident's next one."""
+def _ladder_loop(tmp_path: Path) -> _Loop:
+    """A 2-CPU node, so the engine's step is a quota (a cpuset would leave the BE pod fewer CPUs than the
+    policy's floor of 2), with the planner wired as the agent wires it."""
     loop = _Loop(tmp_path)
     for cg in (BE_CG, *(BE_CG.rsplit("/", n)[0] for n in (1, 2))):  # what the kernel shows of an unset cpuset
         (tmp_path / "sys/fs/cgroup" / cg / "cpuset.cpus.effective").write_text("0-1\n")
     planner = MitigationPlanner(loop.manager, lambda: [], NetnsTrafficSampler(loop.files), loop.manager.policy)
     loop.engine.on_incident.append(planner)
     loop.manager.on_record.append(planner.note_record)
-    _breach_until_suppressed(loop)
+    return loop
+
+
+def _quota_and_cpuset(loop: _Loop):
+    records = {id(r): r for r in loop.manager.records if r.decision.kind == ActionKind.SUPPRESS}.values()
+    return sorted(records, key=lambda r: r.decision.created_at)
+
+
+NEAR_SLO_P99_NS = 7e6  # 1.4x the default 5 ms SLO: under neighbor_cpu.FAR_FROM_SLO, no step joins the quota
+
+
+def test_a_quota_that_did_not_help_is_followed_by_a_cpuset_off_the_victims_cpus_at_the_next_tick(tmp_path):
+    """The ladder through the real manager (issue 41), the victim breaching near its SLO: the victim's wait
+    does not fall, the quota is reverted, and the next tick the planner moves the BE pod off the victim's
+    CPU (1): the manager's block after the revert is for the same step again, not for this incident's next
+    one."""
+    loop = _ladder_loop(tmp_path)
+    _breach_until_suppressed(loop, NEAR_SLO_P99_NS)
     assert loop.suppress().decision.amount.policy == "cfs_quota"
     # Judged on its 3rd sample (the tick it was applied on is the 1st): did not help, reverted; the tick
     # after: the next step.
-    loop.run([BREACH_P99_NS] * 3)
-    records = {id(r): r for r in loop.manager.records if r.decision.kind == ActionKind.SUPPRESS}.values()
-    quota, cpuset = sorted(records, key=lambda r: r.decision.created_at)
+    loop.run([NEAR_SLO_P99_NS] * 3)
+    quota, cpuset = _quota_and_cpuset(loop)
     assert quota.state == ActionState.REVERTED and loop.files.read_cpu_max(BE_CG).quota_us is None
     assert cpuset.state == ActionState.APPLIED, cpuset.detail
-    assert cpuset.decision.code == neighbor_cpu.CPUSET_AWAY
+    assert cpuset.decision.code == neighbor_cpu.CPUSET_AWAY and not cpuset.decision.joins
     assert loop.files.read_cpus(BE_CG) == (0,)  # off CPU 1, where the victim runs
     (inc,) = loop.engine.open_incidents
     assert any("cpuset off its CPUs 1 to CPUs 0" in e.note for e in inc.evidence), inc.evidence
     loop.run([2e6] * 3)
     assert cpuset.state == ActionState.VERIFIED, cpuset.detail
+
+
+def test_a_quota_under_which_the_victim_stays_far_above_its_slo_is_joined_by_the_cpuset(tmp_path):
+    """The same ladder with the victim at 4x its SLO under the quota (issue 41, the VM lane's cpu-neighbor):
+    the cpuset off the victim's CPU does not wait for the quota's verdict; it joins it at the second breach
+    tick under it, the two kept in place and judged as one (both verified once the victim's wait falls)."""
+    loop = _ladder_loop(tmp_path)
+    _breach_until_suppressed(loop)
+    loop.run([BREACH_P99_NS] * neighbor_cpu.JOIN_AFTER_TICKS)
+    quota, cpuset = _quota_and_cpuset(loop)
+    assert quota.state == ActionState.APPLIED and loop.files.read_cpu_max(BE_CG).quota_us is not None
+    assert cpuset.decision.code == neighbor_cpu.CPUSET_AWAY
+    assert cpuset.decision.joins == (quota.decision.code,)
+    assert loop.files.read_cpus(BE_CG) == (0,)
+    loop.run([2e6] * 3)
+    assert quota.state == ActionState.VERIFIED, quota.detail
+    assert cpuset.state == ActionState.VERIFIED, cpuset.detail
+    assert loop.files.read_cpus(BE_CG) == (0,) and loop.files.read_cpu_max(BE_CG).quota_us is not None
 
 
 def test_an_incident_carries_its_breach_level_for_verification():
