@@ -175,6 +175,25 @@ class PairKey(NamedTuple):
     culprit: str
 
 
+@dataclass(frozen=True, slots=True)
+class UnderVerification:
+    """The rung's last step, applied and being verified: what a step joining it names (its code), and the
+    breach ticks in a row the victim stayed far above its SLO under it (JOIN_AFTER_TICKS: the cpuset joins)."""
+
+    code: str
+    far_ticks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedStep:
+    """The rung's last step, verified: its improvement (%) as the manager judged it, and the incident's breach
+    ticks since (a step that helped while the victim keeps breaching is followed by the next, on top of it;
+    one tick when it helped little: HELPED_LITTLE_TICKS)."""
+
+    improvement_percent: float | None
+    breaches: int = 0
+
+
 @dataclass
 class Rung:
     """One BE culprit's ladder for one victim, across that victim's incidents (:class:`NeighborLadder`)."""
@@ -186,14 +205,8 @@ class Rung:
     tried: list[LadderStep] = field(default_factory=list)
     pending: bool = False  # a step was applied and its verdict is not in yet
     not_before: float = 0.0
-    # Breach ticks of the incident since its last step was verified (None: it was not): a step that helped
-    # while the victim keeps breaching is followed by the next one, on top of it.
-    breaches_since_verified: int | None = None
-    verified_by: float | None = None  # that step's improvement (%), as the manager judged it
-    # Breach ticks in a row far above its SLO since its last step was applied, while that step is being
-    # verified (None: none is, or it was joined already), and that step's code (what the next one joins).
-    far_under_step: int | None = None
-    step_code: str | None = None
+    # What the last step has shown so far (None: nothing to pace on: not verified, judged, or joined already)
+    shown: UnderVerification | VerifiedStep | None = None
     last: LadderStep | None = None
     done: bool = False
 
@@ -230,9 +243,9 @@ class NeighborLadder:
             rung.incident_id = d.incident_id
             if step not in rung.tried:
                 rung.tried.append(step)
-            rung.pending, rung.last, rung.breaches_since_verified = True, step, None
+            rung.pending, rung.last = True, step
             # A step that joined another is judged with it: nothing joins it in turn.
-            rung.far_under_step, rung.step_code = (0, d.code) if d.code and not d.joins else (None, None)
+            rung.shown = UnderVerification(d.code) if d.code and not d.joins else None
             return
         if rung is None and outcome == StepOutcome.WAIT and d.code == SUPPRESS:
             # The engine's first step refused for a while (the pod blocked after another victim's step on it
@@ -245,13 +258,14 @@ class NeighborLadder:
             return
         if rung is None:
             return
-        rung.far_under_step = None  # judged, refused or retried: no step being verified to join
+        if isinstance(rung.shown, UnderVerification):
+            rung.shown = None  # judged, refused or retried: no step being verified to join
         if outcome == StepOutcome.VERIFIED:
-            rung.pending, rung.breaches_since_verified, rung.verified_by = False, 0, result.improvement_percent
+            rung.pending, rung.shown = False, VerifiedStep(result.improvement_percent)
         elif outcome == StepOutcome.DID_NOT_HELP:
             # The next step at the next tick: the manager lets this victim's next, different step through
             # its block on the target (it blocks the same step only).
-            rung.pending, rung.breaches_since_verified, rung.not_before = False, None, now
+            rung.pending, rung.shown, rung.not_before = False, None, now
         elif outcome == StepOutcome.WAIT:
             if ours:  # the same step again once the limit passes, not the next one
                 if step in rung.tried:
@@ -267,7 +281,7 @@ class NeighborLadder:
         elif outcome == StepOutcome.REFUSED and ours:
             if step not in rung.tried:
                 rung.tried.append(step)
-            rung.pending, rung.breaches_since_verified, rung.not_before = False, None, now
+            rung.pending, rung.shown, rung.not_before = False, None, now
 
     def plan(self, ctx: PlanContext) -> Iterator[PlanStep]:
         """The victim's ladders on a tick of its open incident: those of the culprits it blames go on."""
@@ -311,23 +325,25 @@ class NeighborLadder:
         if rung.pending:
             yield from self._join(ctx, rung)
             return
-        if rung.breaches_since_verified is not None:
+        verified = rung.shown
+        if isinstance(verified, VerifiedStep):
             if inc.cause != NAME:
                 return  # a verified step of another cause (the sender's quota): the victim is judged on it
             if ctx.what == "updated":
-                rung.breaches_since_verified += 1
+                verified = rung.shown = replace(verified, breaches=verified.breaches + 1)
             far = times_its_slo(inc) if ctx.what == "updated" else None
-            little = rung.verified_by is not None and rung.verified_by < SMALL_MARGIN_PERCENT \
+            improvement = verified.improvement_percent
+            little = improvement is not None and improvement < SMALL_MARGIN_PERCENT \
                 and far is not None and far >= FAR_FROM_SLO
             needed = HELPED_LITTLE_TICKS if little else max(1, ctx.policy.verify_intervals)
-            if rung.breaches_since_verified < needed:
+            if verified.breaches < needed:
                 return
-            rung.breaches_since_verified = None
+            rung.shown = None
             step = rung.last or "the step"
             if little:
                 yield Note(NoteKey(HELPED_LITTLE, (rung.target.cgroup, step)), SPEC.say(
                     HELPED_LITTLE, step=step, culprit=rung.target.display, victim=inc.victim.display,
-                    improvement=rung.verified_by, times=far, signal=inc.signal, ticks=needed))
+                    improvement=improvement, times=far, signal=inc.signal, ticks=needed))
             else:
                 yield Note(NoteKey(HELPED_NOT_ENOUGH, (rung.target.cgroup, step)), SPEC.say(
                     HELPED_NOT_ENOUGH, step=step, culprit=rung.target.display, victim=inc.victim.display,
@@ -343,17 +359,18 @@ class NeighborLadder:
         """The next step on top of the one being verified (judged with it as one, Decision.joins) when the
         victim stayed far above its SLO under it for JOIN_AFTER_TICKS breach ticks in a row."""
         inc = ctx.incident
-        if rung.far_under_step is None or rung.step_code is None or inc.cause != NAME or ctx.what != "updated":
+        shown = rung.shown
+        if not isinstance(shown, UnderVerification) or inc.cause != NAME or ctx.what != "updated":
             return
         far = times_its_slo(inc)
         if far is None or far < FAR_FROM_SLO:
-            rung.far_under_step = 0
+            rung.shown = replace(shown, far_ticks=0)
             return
-        rung.far_under_step += 1
-        if rung.far_under_step < JOIN_AFTER_TICKS:
+        rung.shown = replace(shown, far_ticks=shown.far_ticks + 1)
+        if rung.shown.far_ticks < JOIN_AFTER_TICKS:
             return
-        code, step = rung.step_code, rung.last or "the step"
-        rung.far_under_step = None
+        code, step = shown.code, rung.last or "the step"
+        rung.shown = None
         steps = self._next_step(ctx, rung, JOINABLE)
         if any(isinstance(out, Submit) for out in steps):
             yield Note(NoteKey(JOINS_STEP, (rung.target.cgroup, step)), SPEC.say(
