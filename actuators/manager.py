@@ -43,7 +43,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -432,16 +432,18 @@ def _note_plan(metrics: ActuatorMetrics, plan: Plan) -> None:
 def _carried_over(record: ActionRecord, actuator: Actuator, previous: _Active, joined: bool) -> _Active:
     """The target's next step, judged with the action in place as one action in steps: a closed loop's
     follow-up (the burst loop's next scale) or a step that joins it (Decision.joins). The first step's
-    baseline judges them all, and a revert undoes every step. A step that joins starts the samples over:
-    the two are judged on what the victim did with both in place. Judged on the first step's samples, a
-    step that joined two ticks into a 5-tick verification had 2 of the 5 samples, and the median was the
-    first step's alone (the VM lane's cpuset on top of a quota: undone with it, 2026-11-29 13:37 UTC)."""
+    baseline judges them all, and a revert undoes every step. A step that joins starts a fresh verification
+    on that baseline: the two are judged on what the victim did with both in place. Judged on the first
+    step's samples, a step that joined two ticks into a 5-tick verification had 2 of the 5 samples, and the
+    median was the first step's alone (the VM lane's cpuset on top of a quota: undone with it, 2026-11-29
+    13:37 UTC)."""
     record.effect.update(previous.record.effect)
+    verification = previous.verification
     if joined:
         record.outcome, record.detail = ActionOutcome.JOINED, _joined(previous.record)
-        if previous.verification is not None:
-            previous.verification.samples.clear()
-    return _Active(record, actuator, previous.verification,
+        if verification is not None:
+            verification = replace(verification, samples=[])
+    return _Active(record, actuator, verification,
                    [*previous.chain, *([previous.record.plan] if previous.record.plan else [])],
                    [*previous.joined, previous.record] if joined else previous.joined)
 
