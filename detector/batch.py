@@ -320,6 +320,23 @@ class BatchMeter:
     # containers once, not on every measure (the same record object: the same requests)
     _requests: dict[str, tuple[object, float, float]] = field(default_factory=dict, repr=False)
 
+    def due(self, now_s: float) -> bool:
+        """Whether a measure at ``now_s`` computes (the first reading, or the window is long enough)."""
+        return self._start is None or now_s - self._start[0] >= self.min_window_s
+
+    def pod_requests(self, records: Mapping[str, object]) -> dict[str, tuple[float, float]]:
+        """Each pod path's (CPU cores, memory bytes) requests from its pod record (None: no requests known),
+        summed over its containers once per record object; only the pods given are kept for the next call."""
+        before, kept = self._requests, {}
+        for path, info in records.items():
+            known = before.get(path)
+            if known is None or known[0] is not info:
+                known = (info, float(getattr(info, "cpu_request_cores", 0.0) or 0.0),
+                         float(getattr(info, "memory_request_bytes", 0) or 0))
+            kept[path] = known
+        self._requests = kept
+        return {path: (cpu, memory) for path, (_, cpu, memory) in kept.items()}
+
     def measure(
         self, now_s: float, node_busy_s: float, ncpu: int, memory_total: float, memory_used: float,
         pod_cpu_s: Mapping[str, float], pods: Mapping[str, PodUse],
@@ -388,16 +405,16 @@ def measure_snapshot(meter: BatchMeter, snapshot: NodeSnapshot, index: WorkloadI
     keyed by workload, its class from the detector's index)."""
     if snapshot.node_cpu is None or not snapshot.node_cpu_per_cpu:
         return meter.last
-    if meter._start is not None and snapshot.monotonic_s - meter._start[0] < meter.min_window_s:
+    if not meter.due(snapshot.monotonic_s):
         return meter.last  # nothing to compute yet: skip the memory and per-pod reads
     mem = read_node_memory(paths)
     total = float(mem.managed_pages * PAGE_SIZE) if mem is not None else 0.0
     used = max(total - _available_pages(mem) * PAGE_SIZE, 0.0) if mem is not None else 0.0
     cpu_s: dict[str, float] = {}
     pods: dict[str, PodUse] = {}
-    requests_before, requests = meter._requests, {}
-    for path in pod_paths:
-        w = index.workload_of(path)
+    workloads = {path: index.workload_of(path) for path in pod_paths}
+    requests = meter.pod_requests({path: index.pod_of(w.key) for path, w in workloads.items()})
+    for path, w in workloads.items():
         cpu = snapshot.cgroup_cpu.get(path)
         if cpu is not None:
             cpu_s[w.key] = cpu.usage_ns / 1e9
@@ -405,15 +422,9 @@ def measure_snapshot(meter: BatchMeter, snapshot: NodeSnapshot, index: WorkloadI
         mem_used = 0.0
         if m is not None and m.usage_bytes is not None:
             mem_used = float(max(m.usage_bytes - (m.file_bytes or 0), 0))  # without page cache
-        info = index.pod_of(w.key)
-        known = requests_before.get(path)
-        if known is None or known[0] is not info:
-            known = (info, float(getattr(info, "cpu_request_cores", 0.0) or 0.0),
-                     float(getattr(info, "memory_request_bytes", 0) or 0))
-        requests[path] = known
+        cpu_request, memory_request = requests[path]
         pods[w.key] = PodUse(prod=w.target.qos != "BE", cpu_used=0.0, memory_used=mem_used,
-                             cpu_request=known[1], memory_request=known[2])
-    meter._requests = requests  # the listed pods' only
+                             cpu_request=cpu_request, memory_request=memory_request)
     return meter.measure(snapshot.monotonic_s, snapshot.node_cpu.busy_ns / 1e9, len(snapshot.node_cpu_per_cpu),
                          total, used, cpu_s, pods)
 
