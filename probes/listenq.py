@@ -54,12 +54,6 @@ def _host(proc: str) -> HostPaths:
     return HostPaths(proc=Path(proc))
 
 
-def _netns_path(proc: str, pid: int | str) -> str:
-    """``PID_NS_NET.at(_host(proc), pid=pid)`` as text, without the HostPaths and two Paths: a read of the
-    listen queues stats each pod's task's namespace (1,000 a read at 1,000 pods)."""
-    return os.path.join(proc, PID_NS_NET.path.format(pid=pid))
-
-
 @dataclass(frozen=True)
 class ListenSocket:
     family: int  # socket.AF_INET / AF_INET6
@@ -227,7 +221,7 @@ def _query_listeners(sock: socket.socket) -> list[ListenSocket]:
 def read_netns(pid: int, proc: str = "/proc") -> ListenQueueSnapshot | None:
     """Listen queues and TCP counters of <pid>'s network namespace; None if the process is gone."""
     try:
-        ns_fd = os.open(_netns_path(proc, pid), os.O_RDONLY | os.O_CLOEXEC)
+        ns_fd = os.open(PID_NS_NET.under(proc, pid=pid), os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
         if e.errno in _GONE:
             return None
@@ -407,7 +401,7 @@ class ListenWatch:
         cached = self._owner_ns.get(owner)
         if cached is not None:
             with contextlib.suppress(OSError):
-                if os.stat(_netns_path(self.proc, cached[0])).st_ino == cached[1]:
+                if os.stat(PID_NS_NET.under(self.proc, pid=cached[0])).st_ino == cached[1]:
                     return cached
         directory = self.cgroup_dir(owner)
         pid = first_pid(directory) if directory is not None else None
@@ -415,7 +409,7 @@ class ListenWatch:
             self._owner_ns.pop(owner, None)
             return None
         try:
-            found = (pid, os.stat(_netns_path(self.proc, pid)).st_ino)
+            found = (pid, os.stat(PID_NS_NET.under(self.proc, pid=pid)).st_ino)
         except OSError:
             self._owner_ns.pop(owner, None)
             return None
@@ -472,7 +466,7 @@ class ListenWatch:
         for gone in set(self._owner_ns) - set(owners):
             del self._owner_ns[gone]
         try:
-            node_ns = os.stat(_netns_path(self.proc, 1)).st_ino
+            node_ns = os.stat(PID_NS_NET.under(self.proc, pid=1)).st_ino
         except OSError:
             node_ns = None
         namespaces: dict[int, NetnsReading] = {}
