@@ -28,9 +28,28 @@ class Hierarchy:
     mount: Path  # the hierarchy's root directory on the host
     controllers: frozenset[str]
 
+    # The mount as text ending in one "/": a cgroup's directory is ``prefix + relative_dir(path)``, one
+    # concatenation (the per-tick readers make file names from it; pathlib costs more than the read).
+    prefix: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        mount = str(self.mount)
+        object.__setattr__(self, "prefix", mount if mount.endswith("/") else f"{mount}/")
+
     def path_of(self, cgroup_path: str) -> Path:
         """Host directory of a cgroup given by its path relative to this hierarchy (`/a/b`)."""
-        return self.mount / cgroup_path.lstrip("/")
+        return Path(self.dir_of(cgroup_path))
+
+    def dir_of(self, cgroup_path: str) -> str:
+        """:meth:`path_of` as text ending in "/" (the mount's for the root): add a file's name to it."""
+        return self.prefix + relative_dir(cgroup_path)
+
+
+def relative_dir(cgroup_path: str) -> str:
+    """A cgroup's directory below its hierarchy's mount, as text to follow :attr:`Hierarchy.prefix`: ""
+    for the root, else "a/b/"."""
+    rel = cgroup_path.strip("/")
+    return f"{rel}/" if rel else ""
 
 
 @dataclass(frozen=True)

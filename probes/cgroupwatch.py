@@ -43,7 +43,7 @@ from probes.cgroupfiles import (
     PRESSURE,
     CgroupFileParseError,
 )
-from probes.cgroupfs import CgroupLayout, Hierarchy
+from probes.cgroupfs import CgroupLayout, Hierarchy, relative_dir
 from probes.cpuacct import CgroupCpuReader, CgroupCpuStat
 from probes.host import HotFiles, read_small
 from probes.memstat import MemStat, MemStatReader
@@ -53,50 +53,43 @@ SLOW_REFRESH_TICKS = 30  # every cgroup is read at least this often (ticks), act
 MEMORY_REFRESH_TICKS = 5  # memory.stat of an active cgroup that is not reclaiming: at most this often
 
 
-def _prefix(mount: str) -> str:
-    """A hierarchy's mount as the start of its cgroups' directories: ending in one "/"."""
-    return mount if mount.endswith("/") else f"{mount}/"
-
-
-def _rel(path: str) -> str:
-    """A cgroup's path as it follows its hierarchy's mount prefix: "" for the root, else "a/b/" (so the
-    directory of a file is ``prefix + rel`` and the file ``prefix + rel + name``: one concatenation)."""
-    rel = path.strip("/")
-    return f"{rel}/" if rel else ""
+_File = tuple[str, str]  # a kind of file: its hierarchy's Hierarchy.prefix and the file's name
 
 
 @dataclass(frozen=True, slots=True)
 class _Files:
-    """Where the files a watched cgroup is read through are: per kind of file, the mount of its hierarchy
-    (as a prefix, see ``_prefix``) and its name; a kind absent has no such hierarchy. One per CgroupWatch:
-    a watched cgroup keeps its relative path and makes a file's full name when it reads it (five full names
-    kept per cgroup were ~1.2 KiB each, 1 MiB at 300 pods)."""
+    """Where the files a watched cgroup is read through are: per kind of file, the prefix of its hierarchy
+    (:attr:`Hierarchy.prefix`) and its name; None where there is no such hierarchy. One per CgroupWatch: a
+    watched cgroup keeps its relative directory and makes a file's full name when it reads it (five full
+    names kept per cgroup were ~1.2 KiB each, 1 MiB at 300 pods). One attribute per kind, so a misspelt
+    kind is an AttributeError, not a file silently absent."""
 
-    # kinds: "cpuset" (its effective CPUs), "percpu" (v1 cpuacct.usage_percpu), "usage" (cpuacct.usage on
-    # v1, cpu.stat on v2: did it run since its last turn?), "memory_usage" (memory.usage_in_bytes on v1,
-    # memory.current on v2), "psi_probe" (v2 cpu.pressure: whose presence says it has pressure files)
-    where: dict[str, tuple[str, str]] = field(default_factory=dict)
+    cpuset: _File | None = None  # its effective CPUs
+    percpu: _File | None = None  # v1 cpuacct.usage_percpu
+    usage: _File | None = None  # cpuacct.usage on v1, cpu.stat on v2: did it run since its last turn?
+    memory_usage: _File | None = None  # memory.usage_in_bytes on v1, memory.current on v2
+    psi_probe: _File | None = None  # v2 cpu.pressure: whose presence says it has pressure files
     v2: str | None = None  # the v2 mount's prefix, where pressure files are
 
     @staticmethod
     def of_layout(layout: CgroupLayout) -> _Files:
-        where: dict[str, tuple[str, str]] = {}
         cpuset_h, cpuacct_h, cpu_h, mem_h = (layout.hierarchy_for("cpuset"), layout.v1.get("cpuacct"),
                                              layout.hierarchy_for("cpu"), layout.hierarchy_for("memory"))
-        if cpuset_h is not None:
-            (name,) = CPUSET_EFFECTIVE_CPUS.names(cpuset_h.version)
-            where["cpuset"] = (_prefix(str(cpuset_h.mount)), name)
+        usage = percpu = None
         if cpuacct_h is not None:
-            where["percpu"] = (_prefix(str(cpuacct_h.mount)), CPUACCT_USAGE_PERCPU.name(1))
-            where["usage"] = (_prefix(str(cpuacct_h.mount)), CPUACCT_USAGE.name(1))
+            percpu = (cpuacct_h.prefix, CPUACCT_USAGE_PERCPU.name(1))
+            usage = (cpuacct_h.prefix, CPUACCT_USAGE.name(1))
         elif cpu_h is not None and cpu_h.version == 2:
-            where["usage"] = (_prefix(str(cpu_h.mount)), CPU_STAT.name(2))
-        if mem_h is not None:
-            where["memory_usage"] = (_prefix(str(mem_h.mount)), MEMORY_USAGE.name(mem_h.version))
-        v2 = _prefix(str(layout.v2.mount)) if layout.v2 is not None else None
-        if v2 is not None:
-            where["psi_probe"] = (v2, CPU_PRESSURE.name(2))
-        return _Files(where, v2)
+            usage = (cpu_h.prefix, CPU_STAT.name(2))
+        v2 = layout.v2.prefix if layout.v2 is not None else None
+        return _Files(
+            cpuset=(cpuset_h.prefix, *CPUSET_EFFECTIVE_CPUS.names(cpuset_h.version)) if cpuset_h is not None else None,
+            percpu=percpu, usage=usage,
+            memory_usage=(mem_h.prefix, MEMORY_USAGE.name(mem_h.version)) if mem_h is not None else None,
+            psi_probe=(v2, CPU_PRESSURE.name(2)) if v2 is not None else None, v2=v2)
+
+
+_NEVER = 1 << 62  # a tick no reading was taken at: "moved at _NEVER" is "not known not to have moved"
 
 
 @dataclass(slots=True)  # one per watched cgroup: no per-instance dict
@@ -111,38 +104,81 @@ class _Watched:
     cpu_reader: CgroupCpuReader | None = None
     mem_reader: MemStatReader | None = None
     last_limits_tick: int = -1_000_000
-    turn_text: dict[str, str | None] = field(default_factory=dict)  # those files' text at their last read
+    # Its usage files' and cpuset's text at their last read (plain attributes, not a dict per cgroup).
+    cpu_text: str | None = None
+    memory_text: str | None = None
+    cpuset_text: str | None = None
     psi_texts: list[str | None] = field(default_factory=list)  # its pressure files' text at their last read
     # Per kind of reading (cpu, memory, psi): the tick of its last read, and of the last read that found it
     # changed. A child's wheel turn is skipped when its parent, read this turn, has not moved since.
-    read_at: dict[str, int] = field(default_factory=dict)
-    moved_at: dict[str, int] = field(default_factory=dict)
-    rel: str = field(init=False, default="")  # its path after a mount prefix (``_rel``), made once
+    cpu_read_at: int = -1
+    cpu_moved_at: int = _NEVER
+    memory_read_at: int = -1
+    memory_moved_at: int = _NEVER
+    psi_read_at: int = -1
+    psi_moved_at: int = _NEVER
+    rel: str = field(init=False, default="")  # its directory after a hierarchy's prefix (relative_dir), made once
 
     def __post_init__(self) -> None:
-        self.rel = _rel(self.path)
+        self.rel = relative_dir(self.path)
 
-    def file(self, which: str) -> str | None:
-        """Its file of one kind (``_Files``), None where there is no such hierarchy."""
-        where = self.files.where.get(which)
-        return None if where is None else where[0] + self.rel + where[1]
+    def file(self, kind: _File | None) -> str | None:
+        """Its file of one kind (an attribute of ``_Files``), None where there is no such hierarchy."""
+        return None if kind is None else kind[0] + self.rel + kind[1]
 
     @property
     def psi_dir(self) -> str | None:
         """The v2 directory holding its pressure files (ending in "/"), when it has them."""
         return self.files.v2 + self.rel if self.has_psi and self.files.v2 is not None else None
 
-    def note(self, kind: str, text: str | None, tick: int) -> bool:
-        """A read of one of its usage files: kept for the next comparison; True if the same text as at its
-        last read of that kind."""
-        same = text is not None and self.turn_text.get(kind) == text
-        self.turn_text[kind] = text
-        self.read_at[kind] = tick
+    def note_cpu(self, text: str | None, tick: int) -> bool:
+        """A read of its CPU usage file: kept for the next comparison; True if the same text as at its last
+        read."""
+        same = text is not None and self.cpu_text == text
+        self.cpu_text = text
+        self.cpu_read_at = tick
         if not same:
-            self.moved_at[kind] = tick
+            self.cpu_moved_at = tick
+        return same
+
+    def note_memory(self, text: str | None, tick: int) -> bool:
+        """:meth:`note_cpu` of its memory usage file."""
+        same = text is not None and self.memory_text == text
+        self.memory_text = text
+        self.memory_read_at = tick
+        if not same:
+            self.memory_moved_at = tick
         return same
 
 
+class _NotingReader:
+    """A file reader that notes the text of the cgroup's usage files as they go by (``_Watched.note_*``): a
+    wheel turn that finds the same text skips that kind's other files, also when the cgroup was read (it
+    ran) since its last turn. One per watch and way of reading, pointed at the cgroup being read: no
+    closure, dict or file name made per read. A file is told by its name's end: every file read through it
+    is the one cgroup's, and no other file it reads ends in "/" + a usage file's name."""
+
+    __slots__ = ("cpu_end", "memory_end", "read", "tick", "watched")
+
+    def __init__(self, files: _Files, read: Callable[[str], str | None]) -> None:
+        self.read = read
+        self.cpu_end = f"/{files.usage[1]}" if files.usage is not None else None
+        self.memory_end = f"/{files.memory_usage[1]}" if files.memory_usage is not None else None
+        self.watched: _Watched | None = None
+        self.tick = 0
+
+    def __call__(self, file: str) -> str | None:
+        text = self.read(file)
+        w = self.watched
+        assert w is not None
+        if self.cpu_end is not None and file.endswith(self.cpu_end):
+            w.note_cpu(text, self.tick)
+        elif self.memory_end is not None and file.endswith(self.memory_end):
+            w.note_memory(text, self.tick)
+        return text
+
+
+_PRESSURE_NAMES = tuple(PRESSURE[resource].name(2) for resource in RESOURCES)  # in RESOURCES order
 FILES_KEPT_PER_CGROUP = 6  # at most, of an active cgroup: CPU usage and stat, per-CPU usage, memory, pressure
 
 
@@ -162,6 +198,9 @@ class CgroupWatch:
         # Hierarchies whose ids BPF maps may report, to map an id back to a listed path.
         self._id_hierarchies = [h for h in {self.cpu_h, self.mem_h, layout.cpu} if h is not None]
         self.files = _Files.of_layout(layout)
+        self.hot = HotFiles()  # files of cgroups read tick after tick (active ones), kept open
+        self._noting_plain = _NotingReader(self.files, read_small)
+        self._noting_hot = _NotingReader(self.files, self.hot.read)
         self.watched: dict[str, _Watched] = {}
         self._wheel: list[set[str]] = [set() for _ in range(self.slow_refresh_ticks)]
         self._next_slot = 0
@@ -175,7 +214,6 @@ class CgroupWatch:
         self._path_of_id: dict[tuple[str, int], str] = {}
         self._ids_of_path: dict[str, list[tuple[str, int]]] = {}
         self.tick_count = 0
-        self.hot = HotFiles()  # files of cgroups read tick after tick (active ones), kept open
         # Readings (listed cgroups only), updated in place for the cgroups read.
         self.cpu: dict[str, CgroupCpuStat] = {}
         self.mem: dict[str, MemStat] = {}
@@ -218,7 +256,7 @@ class CgroupWatch:
         ids = []
         for h in self._id_hierarchies:
             try:
-                ino = os.stat(h.path_of(path)).st_ino
+                ino = os.stat(h.dir_of(path)).st_ino
             except OSError:
                 continue
             key = (str(h.mount), ino)
@@ -234,7 +272,7 @@ class CgroupWatch:
         self._psi_of = None
         # An open file pins a removed cgroup in the kernel: close this one's now.
         self.hot.close([*(w.cpu_reader.files() if w.cpu_reader else ()), *(w.mem_reader.files() if w.mem_reader else ()),
-                        *((percpu,) if (percpu := w.file("percpu")) else ()),
+                        *((percpu,) if (percpu := w.file(self.files.percpu)) else ()),
                         *(os.path.join(w.psi_dir, f"{r}.pressure") for r in RESOURCES if w.psi_dir is not None)])
         self._wheel[w.slot].discard(path)
         self._unread.discard(path)
@@ -287,7 +325,7 @@ class CgroupWatch:
             w = self.watched[path]
             parent = self.watched.get(path.rpartition("/")[0])
             if parent is not None and parent.path in still and path in self.cpu \
-                    and _vouched_for(w, parent, self.tick_count, path in self.mem):
+                    and _vouched_for(w, parent, path in self.mem):
                 _read_cpuset(w, self.cpus, self.cpuset_h)
                 if path in self.psi:  # as an unchanged read: the next stall's rate is over the time since now
                     self.psi_read_s[path] = time.monotonic()
@@ -309,7 +347,7 @@ class CgroupWatch:
             # Memory not seen moving and the same memory usage text as at its last read: its memory reading is
             # current (memory.stat and four more files on v1 not read again for a task that woke briefly).
             if memory and path not in memory_set and path in self.mem and self._unchanged(
-                    w, w.file("memory_usage"), "memory", self.hot.read):
+                    w, self.files.memory_usage, self.hot.read):
                 memory = False
                 w.last_memory_tick = t
             self._read(w, t, full=False, memory=memory, errors=errors)
@@ -319,17 +357,21 @@ class CgroupWatch:
                 changed.add(path)
         return changed
 
-    def _unchanged(self, w: _Watched, file: str | None, kind: str, read: Callable[[str], str | None] = read_small) -> bool:
-        """Of a cgroup read before: is its usage file the same text as at its last read (a turn, or a read
-        because it ran)? Then the other files of that kind are not read: the readings are current, and an
-        idle cgroup's wheel turn costs a few small reads. ``read``: the hot reader where it is read often."""
-        if file is None:
+    def _unchanged(self, w: _Watched, kind: _File | None, read: Callable[[str], str | None] = read_small) -> bool:
+        """Of a cgroup read before: is its usage file of ``kind`` (``self.files.usage`` or ``.memory_usage``)
+        the same text as at its last read (a turn, or a read because it ran)? Then the other files of that
+        kind are not read: the readings are current, and an idle cgroup's wheel turn costs a few small
+        reads. ``read``: the hot reader where it is read often."""
+        if kind is None:
             return False
-        return w.note(kind, read(file), self.tick_count)
+        text = read(kind[0] + w.rel + kind[1])
+        if kind is self.files.usage:
+            return w.note_cpu(text, self.tick_count)
+        return w.note_memory(text, self.tick_count)
 
     def _still(self, w: _Watched) -> bool:
         """A followed cgroup (it ran at its last read) whose CPU usage file reads as then: it did not run."""
-        return w.path in self.cpu and self._unchanged(w, w.file("usage"), "cpu", self.hot.read)
+        return w.path in self.cpu and self._unchanged(w, self.files.usage, self.hot.read)
 
     def _psi_listed(self, psi_every_tick: Iterable[str]) -> set[str]:
         """The watched cgroups of the every-tick PSI list; none where no cgroup has pressure files (v1),
@@ -348,10 +390,11 @@ class CgroupWatch:
         path = w.path
         # Wheel turns come once per cgroup per turn of the wheel: plain reads. A cgroup read outside
         # its turn is active, and likely read again next tick: its files stay open.
-        read = _noting_usage(w, read_small if full else self.hot.read, t)
+        read = self._noting_plain if full else self._noting_hot
+        read.watched, read.tick = w, t
         moving = False
         replaced = False
-        if not (full and path in self.cpu and self._unchanged(w, w.file("usage"), "cpu")):
+        if not (full and path in self.cpu and self._unchanged(w, self.files.usage)):
             replaced = True
             before = self.cpu.get(path)
             # Quota and period: on wheel turns, and every few ticks while it keeps running (it ran at its
@@ -371,7 +414,7 @@ class CgroupWatch:
             self._moving.add(path)
         else:
             self._moving.discard(path)
-        if memory and not (full and path in self.mem and self._unchanged(w, w.file("memory_usage"), "memory")):
+        if memory and not (full and path in self.mem and self._unchanged(w, self.files.memory_usage)):
             mem = w.mem_reader.read(read) if w.mem_reader is not None else None
             w.last_memory_tick = t
             if mem is None:  # no memory files (no such controller for it, or gone): new only if it had some
@@ -381,8 +424,9 @@ class CgroupWatch:
                 replaced = True
         if full:
             _read_cpuset(w, self.cpus, self.cpuset_h)
-            w.has_psi = _has_psi(w)
-        percpu_file = w.file("percpu") if moving else None
+            if not w.has_psi:  # one that has them is told by its reads (see _read_psi): no stat a turn
+                w.has_psi = _has_psi(w)
+        percpu_file = w.file(self.files.percpu) if moving else None
         if percpu_file is not None:  # where it ran moves only when it runs (and at first sight)
             text = read(percpu_file)
             if text is not None:
@@ -401,17 +445,21 @@ class CgroupWatch:
         their time moves, so the next stall's rate is taken over the ticks since this read, not since the
         last change. The one read after a stall that finds the totals standing still is new (a rate of 0
         ends the stall), the reads after it are not. ``hot``: read every tick, so its files stay open."""
-        if w.psi_dir is None:
+        psi_dir = w.psi_dir
+        if psi_dir is None:
             return False
         path = w.path
         read = self.hot.read if hot else read_small
-        psi_dir = w.psi_dir
-        texts = [read(psi_dir + PRESSURE[resource].name(2)) for resource in RESOURCES]  # no pathlib a tick
-        w.read_at["psi"] = self.tick_count
+        texts = [read(psi_dir + name) for name in _PRESSURE_NAMES]  # no pathlib a tick
+        if not hot and texts.count(None) == len(texts) and not _has_psi(w):
+            # Its pressure files went (the cgroup is going): as a wheel turn that found no psi_probe file.
+            w.has_psi = False
+            return False
+        w.psi_read_at = self.tick_count
         if texts == w.psi_texts and path in self.psi and path not in self._psi_moved:
             self.psi_read_s[path] = time.monotonic()
             return False
-        w.moved_at["psi"] = self.tick_count
+        w.psi_moved_at = self.tick_count
         w.psi_texts = texts
         readings: dict[str, PsiReading] = {}
         for resource, text in zip(RESOURCES, texts, strict=True):
@@ -436,7 +484,7 @@ class CgroupWatch:
         return True
 
 
-def _vouched_for(w: _Watched, parent: _Watched, tick: int, has_memory: bool) -> bool:
+def _vouched_for(w: _Watched, parent: _Watched, has_memory: bool) -> bool:
     """On its wheel turn: its parent, read in full this turn and found as at its last read, has not moved
     since before this cgroup's own last read of each kind; then neither did it: its readings are current.
 
@@ -444,48 +492,32 @@ def _vouched_for(w: _Watched, parent: _Watched, tick: int, has_memory: bool) -> 
     children's stalls, and its memory usage holds its children's charges: unchanged since the child's
     read, none of them moved (memory: unless one child freed exactly what another charged). On a node of
     kubelet pods this skips the container turns of idle pods: two of their three reads on v1, more on v2
-    (pressure files). ``has_memory``: it has a memory reading (none where its memory files are absent)."""
-    where = w.files.where  # the same for both: one per watch
-    for kind, here, there in (("cpu", "usage" in where, "usage" in where),
-                              ("memory", has_memory and "memory_usage" in where, "memory_usage" in where),
-                              ("psi", w.psi_dir is not None, parent.psi_dir is not None)):
-        if not here:
-            continue
-        if not there or w.read_at.get(kind, -1) <= parent.moved_at.get(kind, tick):
-            return False
-    return True
-
-
-def _noting_usage(w: _Watched, read: Callable[[str], str | None], tick: int) -> Callable[[str], str | None]:
-    """``read`` that notes the text of ``w``'s usage files: a wheel turn that finds the same text skips that
-    kind's other files, also when the cgroup was read (it ran) since its last turn."""
-    kinds = {w.file("usage"): "cpu", w.file("memory_usage"): "memory"}
-
-    def noting(file: str) -> str | None:
-        text = read(file)
-        kind = kinds.get(file)
-        if kind is not None:
-            w.note(kind, text, tick)
-        return text
-
-    return noting
+    (pressure files). ``has_memory``: it has a memory reading (none where its memory files are absent).
+    Usage files are the watch's (``w.files``, the parent's too): where one kind has none, neither has one
+    and that kind says nothing; pressure files are each cgroup's own (``psi_dir``)."""
+    files = w.files
+    if files.usage is not None and w.cpu_read_at <= parent.cpu_moved_at:
+        return False
+    if has_memory and files.memory_usage is not None and w.memory_read_at <= parent.memory_moved_at:
+        return False
+    return w.psi_dir is None or (parent.psi_dir is not None and w.psi_read_at > parent.psi_moved_at)
 
 
 def _has_psi(w: _Watched) -> bool:
-    probe = w.file("psi_probe")
+    probe = w.file(w.files.psi_probe)
     return probe is not None and os.path.exists(probe)
 
 
 def _read_cpuset(w: _Watched, cpus: dict[str, tuple[int, ...]], hierarchy: Hierarchy | None) -> None:
     """Its effective CPUs, on its turn: they change without activity (the CPU manager rewrites a pool)."""
-    cpuset_file = w.file("cpuset")
+    cpuset_file = w.file(w.files.cpuset)
     if cpuset_file is None or hierarchy is None:
         return
     text = read_small(cpuset_file)
     # The same text as at its last turn: the parsed set is current (cpusets change rarely, and parsing every
     # idle cgroup's list on each turn was a visible part of the wheel).
-    if text is not None and (text != w.turn_text.get("cpuset") or w.path not in cpus):
-        w.turn_text["cpuset"] = text
+    if text is not None and (text != w.cpuset_text or w.path not in cpus):
+        w.cpuset_text = text
         with contextlib.suppress(CgroupFileParseError):  # a value we cannot trust is skipped
             cpus[w.path] = CPUSET_EFFECTIVE_CPUS.parse(hierarchy.version, text)
 
