@@ -246,3 +246,27 @@ def test_a_pods_idle_containers_take_its_turn_and_are_read_when_it_moved(make_cg
         assert snap.cgroup_cpu[paths[2]].usage_ns > first.cgroup_cpu[paths[2]].usage_ns
         if truth is not None:  # v1: cpuacct.usage is the reading's source, exactly
             assert snap.cgroup_cpu[paths[2]].usage_ns == truth
+
+
+def test_a_wheel_turn_reads_pressure_files_without_looking_for_them(make_cgroup, monkeypatch):
+    """A cgroup found to have pressure files (at first sight) is not looked for them again (a stat) on
+    each wheel turn: reading them says they are there. Its pressure reading stays the kernel's."""
+    from probes import cgroupwatch
+
+    cg = make_cgroup("pod", controllers=("cpu", "cpuacct", "unified"))
+    if not (cg.dirs["unified"] / "cpu.pressure").exists():
+        pytest.skip("no pressure files in the v2 tree (PSI off)")
+    path = _rel(cg)
+    looked: list[str] = []
+    real_exists = os.path.exists
+    monkeypatch.setattr(cgroupwatch.os.path, "exists", lambda p: (looked.append(p), real_exists(p))[1])
+    with NodeCollector(probes=(), cgroup_paths=lambda: [path]) as c:
+        c.collect()
+        assert looked, "first sight looks for its pressure files"
+        looked.clear()
+        for _ in range(2 * c.watch.slow_refresh_ticks):  # two wheel turns
+            snap = c.collect()
+        assert not looked, looked
+        some = snap.cgroup_psi[path]["cpu"].some
+        kernel = (cg.dirs["unified"] / "cpu.pressure").read_text().split()[4]
+        assert some is not None and f"total={some.total_us}" == kernel
