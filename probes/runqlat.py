@@ -358,19 +358,19 @@ class RunqSnapshot:
     culprit_drop_ns: int = 0  # foreign wait whose culprit was lost to a full matrix (in foreign_wait_ns)
     culprits_available: bool = False
     table_use: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (slots used, slots)
-    # What moved since the reader's snapshot numbered `after` (its `serial`): the cgroups whose
+    # What moved since the reader's snapshot numbered `read_after` (its `serial`): the cgroups whose
     # histogram and wait split were read again, the pairs whose totals changed, each in its dict's
     # order. Every other entry is the very object of that snapshot, so delta between the two walks only
     # these (an idle cgroup costs nothing). None: not known (a snapshot built by hand): walk them all.
     serial: int = field(default=0, compare=False)
-    after: int = field(default=-1, compare=False)
+    read_after: int = field(default=-1, compare=False)
     moved_cgroups: tuple[int, ...] | None = field(default=None, compare=False)
     moved_pairs: tuple[tuple[int, int], ...] | None = field(default=None, compare=False)
 
     def moved_since(self, prev: RunqSnapshot | None) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]] | None:
         """(cgroups, pairs) that can differ from `prev`, when `prev` is the reader's snapshot just
         before this one; None when that is not known."""
-        if prev is None or self.after != prev.serial or self.moved_cgroups is None or self.moved_pairs is None:
+        if prev is None or self.read_after != prev.serial or self.moved_cgroups is None or self.moved_pairs is None:
             return None
         return self.moved_cgroups, self.moved_pairs
 
@@ -877,11 +877,11 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         drops["culprit_map_full"] = culprit_drops
         drops["cgroup_map_full"] = max(drops.get("key_map_full", 0) - culprit_drops, 0)
         self._report_full_tables(drops)
-        serial, after, self._last_serial = next(_SNAPSHOT_SERIALS), self._last_serial, -1
+        serial, read_after, self._last_serial = next(_SNAPSHOT_SERIALS), self._last_serial, -1
         snap = RunqSnapshot(
             time.monotonic(), dict(self._per_cgroup), per_cpu, drops, dict(self._wait_split),
             dict(self.pairs.totals), culprit_drop_ns, self.culprits_available, self.table_use,
-            serial, after, self._per_cgroup.take_moved(), self.pairs.totals.take_moved(),
+            serial, read_after, self._per_cgroup.take_moved(), self.pairs.totals.take_moved(),
         )
         self._last_serial = serial
         return snap
