@@ -210,7 +210,7 @@ class _ProbeSource:
     def section(self, prev: Any, cur: Any, sections: dict[str, Any]) -> Any:
         raise NotImplementedError
 
-    def activity(self, snap: Any) -> dict[int, int]:
+    def activity(self, snap: Any) -> Mapping[int, int]:
         """Cumulative activity per cgroup id (for DeadCgroups)."""
         return {}
 
@@ -270,7 +270,7 @@ class TableSource(_ProbeSource):
         return table_section(self.plugin, prev, cur, self.ctx.resolver, self.probe.hierarchy, self.ctx.cgroup_filter,
                              self.extras)
 
-    def activity(self, snap: Any) -> dict[int, int]:
+    def activity(self, snap: Any) -> Mapping[int, int]:
         return cgroup_activity(self.name, snap)
 
 

@@ -33,7 +33,7 @@ BPF_PROBES = DEFAULT_NAMES  # the registry's probes loaded by default, in collec
 PROGRAM_STATS_EVERY_TICKS = 5  # BPF programs' run counts (kernel.bpf_stats_enabled) are this stale at most
 
 
-def cgroup_activity(probe: str, snap: Any) -> dict[int, int]:
+def cgroup_activity(probe: str, snap: Any) -> Mapping[int, int]:
     """Cumulative activity per cgroup id in one probe's snapshot: a number that grows while the
     cgroup is active, so a cgroup whose number stands still is idle (which cgroups to read this
     tick; which removed cgroups to forget from the kernel maps). Probes with no per-cgroup map give {}.
@@ -42,6 +42,18 @@ def cgroup_activity(probe: str, snap: Any) -> dict[int, int]:
         return {}
     activity = BY_NAME[probe].activity
     return {} if activity is None else activity(snap)
+
+
+def _changed_ids(probe: str, prev: Any, snap: Any, before: Mapping[int, int] | None,
+                 now: Mapping[int, int]) -> list[int]:
+    """Ids whose activity differs between the probe's last snapshot (`prev`, its activity `before`) and
+    this one: among those its plugin says moved when it can (``activity_moved``), so an idle cgroup costs
+    nothing; else by comparing every id. The same ids in the same order either way."""
+    moved_of = BY_NAME[probe].activity_moved
+    moved = moved_of(prev, snap) if moved_of is not None and before is not None and prev is not None else None
+    if moved is None or before is None:
+        return changed_ids(before, now)
+    return [cgid for cgid in moved if cgid in now and before.get(cgid) != now[cgid]]
 
 
 # What each degraded code says to people (the /readyz "degraded" text beside the code).
@@ -89,10 +101,11 @@ class NodeCollector:
         self.probes: dict[str, Any] = {}
         self.status: dict[str, ProbeStatus] = {}
         self.watch = CgroupWatch(self.layout)
-        self._activity: dict[str, dict[int, int]] = {}  # probe -> id -> count, as of the last tick
+        self._activity: dict[str, Mapping[int, int]] = {}  # probe -> id -> count, as of the last tick
+        self._activity_of: dict[str, Any] = {}  # probe -> the snapshot that activity is of
         # probe -> (activity the tick before, activity this tick, ids whose activity moved), for whoever
         # forgets removed cgroups
-        self.activity_change: dict[str, tuple[dict[int, int], dict[int, int], list[int]]] = {}
+        self.activity_change: dict[str, tuple[Mapping[int, int], Mapping[int, int], list[int]]] = {}
         self._program_stats: list[ProgramStats] = []  # the kernel's run counts, as of the last refresh
         self._ticks = 0
 
@@ -187,12 +200,12 @@ class NodeCollector:
             hierarchy = getattr(self.probes.get(name), "hierarchy", None)
             out = memory_moved if BY_NAME[name].activity_moves_memory else active
             before = self._activity.get(name)
-            changed = changed_ids(before, now)
+            changed = _changed_ids(name, self._activity_of.get(name), snap, before, now)
             for cgid in changed:
                 path = self.watch.path_of_id(cgid, hierarchy)
                 if path is not None:
                     out.append(path)
             if before is not None:
                 self.activity_change[name] = (before, now, changed)
-            self._activity[name] = now
+            self._activity[name], self._activity_of[name] = now, snap
         return active, memory_moved

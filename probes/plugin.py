@@ -268,7 +268,11 @@ class ProbePlugin:
     reads_proc_stat: bool = field(default=False, kw_only=True)
     # Cumulative activity per cgroup id in one snapshot (grows while the cgroup is active): which cgroups
     # to read this tick, which removed cgroups to forget from the kernel map. None: no per-cgroup map.
-    activity: Callable[[Any], dict[int, int]] | None = None
+    activity: Callable[[Any], Mapping[int, int]] | None = None
+    # The ids whose activity can differ between two of its snapshots, `prev` the reader's one just before
+    # `cur`, in `activity(cur)`'s order (None: not known, every id is compared): a tick's cost then
+    # follows the cgroups that moved, not every one the map ever held.
+    activity_moved: Callable[[Any, Any], Iterable[int] | None] | None = None
     # Its activity moves the cgroup's memory readings (a cgroup freeing or charging pages): the watch reads
     # the memory files of a cgroup it saw move every tick, not only when the memory usage text changed.
     activity_moves_memory: bool = False

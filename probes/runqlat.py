@@ -10,14 +10,15 @@ the victim. Counters are cumulative like the histograms: diff two snapshots (`to
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import os
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
@@ -295,6 +296,54 @@ class RankedCulprit:
     preemptions: int  # of the victim by this culprit (own: by its own tasks)
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+_SNAPSHOT_SERIALS = itertools.count(1)  # each reader's snapshot gets the next one (0: one built by hand)
+
+
+class MovedDict(dict[K, V], Generic[K, V]):
+    """A dict that remembers which of its keys were set or dropped since `take_moved`, so a reader can
+    say what moved between two snapshots without comparing every entry (what delta walks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._position: dict[K, int] = {}  # key -> when it was inserted: the dict's own order
+        self._moved: set[K] = set()
+        self._inserted = 0
+
+    def __setitem__(self, key: K, value: V) -> None:
+        if key not in self:
+            self._position[key] = self._inserted
+            self._inserted += 1
+        super().__setitem__(key, value)
+        self._moved.add(key)
+
+    def __delitem__(self, key: K) -> None:
+        super().__delitem__(key)
+        del self._position[key]
+        self._moved.add(key)
+
+    def pop(self, key: K, *default: Any) -> Any:  # type: ignore[override]
+        if key not in self:
+            return super().pop(key, *default)  # the default, or KeyError
+        value = self[key]
+        del self[key]  # through __delitem__: noted
+        return value
+
+    def _untracked(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("MovedDict: set a key with [] and drop it with del or pop (so its move is noted)")
+
+    setdefault = update = clear = popitem = __ior__ = _untracked  # type: ignore[assignment]
+
+    def take_moved(self) -> tuple[K, ...]:
+        """The keys set since the last call that are still here, in the dict's order (a delta built from
+        them lists its entries as a walk over the whole dict would); then forgets them."""
+        position = self._position
+        moved = sorted((key for key in self._moved if key in position), key=position.__getitem__)
+        self._moved = set()
+        return tuple(moved)
+
+
 @dataclass(frozen=True)
 class RunqSnapshot:
     """Cumulative counters since load; subtract two snapshots for an interval."""
@@ -309,6 +358,21 @@ class RunqSnapshot:
     culprit_drop_ns: int = 0  # foreign wait whose culprit was lost to a full matrix (in foreign_wait_ns)
     culprits_available: bool = False
     table_use: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (slots used, slots)
+    # What moved since the reader's snapshot numbered `read_after` (its `serial`): the cgroups whose
+    # histogram and wait split were read again, the pairs whose totals changed, each in its dict's
+    # order. Every other entry is the very object of that snapshot, so delta between the two walks only
+    # these (an idle cgroup costs nothing). None: not known (a snapshot built by hand): walk them all.
+    serial: int = field(default=0, compare=False)
+    read_after: int = field(default=-1, compare=False)
+    moved_cgroups: tuple[int, ...] | None = field(default=None, compare=False)
+    moved_pairs: tuple[tuple[int, int], ...] | None = field(default=None, compare=False)
+
+    def moved_since(self, prev: RunqSnapshot | None) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]] | None:
+        """(cgroups, pairs) that can differ from `prev`, when `prev` is the reader's snapshot just
+        before this one; None when that is not known."""
+        if prev is None or self.read_after != prev.serial or self.moved_cgroups is None or self.moved_pairs is None:
+            return None
+        return self.moved_cgroups, self.moved_pairs
 
 
 @dataclass(frozen=True)
@@ -333,8 +397,11 @@ _IDLE = IntervalHistogram((0,) * HIST_SLOTS, 0, 0, None)  # a CPU's interval whe
 def delta(prev: RunqSnapshot | None, cur: RunqSnapshot) -> RunqInterval:
     """The interval prev → cur (prev None: since load)."""
     before = prev.per_cgroup if prev is not None else {}
+    moved = cur.moved_since(prev)
+    # Only what can have moved since prev, in the order of a walk over every entry (the same interval).
+    hists = cur.per_cgroup if moved is None else {cg: cur.per_cgroup[cg] for cg in moved[0] if cg in cur.per_cgroup}
     per_cgroup: dict[int, IntervalHistogram] = {}
-    for cgroup_id, hist in cur.per_cgroup.items():
+    for cgroup_id, hist in hists.items():
         earlier = before.get(cgroup_id)
         # no wait ended in this cgroup: nothing to subtract (an unread slot's histogram is the same object)
         if earlier is hist or (earlier is not None and earlier.count == hist.count):
@@ -349,12 +416,16 @@ def delta(prev: RunqSnapshot | None, cur: RunqSnapshot) -> RunqInterval:
         split_before = prev.wait_split if prev is not None else {}
         # The probe hands the same objects again for what did not change: identity first, so an idle
         # cgroup or pair costs a dict lookup, not a comparison of every field.
-        for victim_id, split in cur.wait_split.items():
+        now_splits = cur.wait_split if moved is None else {
+            cg: cur.wait_split[cg] for cg in moved[0] if cg in cur.wait_split}
+        for victim_id, split in now_splits.items():
             was = split_before.get(victim_id)
             if was is not split and was != split:
                 splits[victim_id] = split.delta(was)
         pairs_before = prev.culprits if prev is not None else {}
-        for pair, stats in cur.culprits.items():
+        now_pairs = cur.culprits if moved is None else {pair: cur.culprits[pair] for pair in moved[1]
+                                                        if pair in cur.culprits}
+        for pair, stats in now_pairs.items():
             was_pair = pairs_before.get(pair)
             if was_pair is not stats and was_pair != stats:
                 pairs[pair] = stats.delta(was_pair)
@@ -501,7 +572,8 @@ class PairTable:
         # counter.
         self._base: dict[tuple[int, int], CulpritStats] = {}
         self._in_kernel: dict[tuple[int, int], CulpritStats] = {}  # decoded at the last read
-        self.totals: dict[tuple[int, int], CulpritStats] = {}  # in the kernel + _base
+        # in the kernel + _base; which changed since the last snapshot (RunqSnapshot.moved_pairs)
+        self.totals: MovedDict[tuple[int, int], CulpritStats] = MovedDict()
         self._moved_at: dict[tuple[int, int], float] = {}  # when each pair in the kernel last changed
         # Which slots to look at in a tick (_candidates): each victim's slots, the victims that moved and
         # the slots handed to new pairs at the last read.
@@ -731,7 +803,10 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         self._status_before_full: tuple[Any, str] | None = None  # (state, reason) while a table is full
         # What the kernel maps held at the last snapshot, decoded; only the slots that changed since are
         # decoded again (most cgroups did nothing). Snapshots get copies.
-        self._per_cgroup: dict[int, LatencyHistogram] = {}
+        # Which cgroups moved since the last snapshot (RunqSnapshot.moved_cgroups); _wait_split has
+        # the same keys, set and dropped with these.
+        self._per_cgroup: MovedDict[int, LatencyHistogram] = MovedDict()
+        self._last_serial = -1  # the last snapshot handed out (what the moved keys are since)
         self._per_cpu: list[LatencyHistogram] = []  # each CPU's histogram as last read and decoded
         self._cpu_counts = np.zeros(0, dtype="<u8")  # their counts then
         mapped = self.probe.map_mmap("runq_cpu_hist") if hasattr(self.probe, "map_mmap") else None
@@ -802,10 +877,14 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         drops["culprit_map_full"] = culprit_drops
         drops["cgroup_map_full"] = max(drops.get("key_map_full", 0) - culprit_drops, 0)
         self._report_full_tables(drops)
-        return RunqSnapshot(
+        serial, read_after, self._last_serial = next(_SNAPSHOT_SERIALS), self._last_serial, -1
+        snap = RunqSnapshot(
             time.monotonic(), dict(self._per_cgroup), per_cpu, drops, dict(self._wait_split),
             dict(self.pairs.totals), culprit_drop_ns, self.culprits_available, self.table_use,
+            serial, read_after, self._per_cgroup.take_moved(), self.pairs.totals.take_moved(),
         )
+        self._last_serial = serial
+        return snap
 
     def _read_cpu_histograms(self) -> list[LatencyHistogram]:
         """Each CPU's wait histogram (runq_cpu_hist, in place where mapped): only the CPUs whose count
@@ -901,8 +980,40 @@ CPU_RUNQ_LATENCY = "noisyneighbor_cpu_runqueue_latency_seconds"
 TABLE_SLOTS = "noisyneighbor_runqueue_table_slots"
 
 
-def activity(snap: RunqSnapshot) -> dict[int, int]:
-    return {cg: hist.count for cg, hist in snap.per_cgroup.items()}
+class WaitCounts(Mapping[int, int]):
+    """A snapshot's activity: waits ended per cgroup, read from its histograms when asked (no dict of
+    every cgroup built each tick; activity_moved says which can have changed)."""
+
+    __slots__ = ("_hists",)
+
+    def __init__(self, hists: dict[int, LatencyHistogram]) -> None:
+        self._hists = hists
+
+    def __getitem__(self, cgroup_id: int) -> int:
+        return self._hists[cgroup_id].count
+
+    def get(self, cgroup_id: int, default: Any = None) -> Any:
+        hist = self._hists.get(cgroup_id)
+        return default if hist is None else hist.count
+
+    def __contains__(self, cgroup_id: object) -> bool:
+        return cgroup_id in self._hists
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._hists)
+
+    def __len__(self) -> int:
+        return len(self._hists)
+
+
+def activity(snap: RunqSnapshot) -> Mapping[int, int]:
+    return WaitCounts(snap.per_cgroup)
+
+
+def activity_moved(prev: RunqSnapshot, cur: RunqSnapshot) -> tuple[int, ...] | None:
+    """The cgroups whose wait count can differ from `prev`'s (None: `prev` is not the reader's last)."""
+    moved = cur.moved_since(prev)
+    return None if moved is None else moved[0]
 
 
 def cgroup_series(snap: RunqSnapshot) -> Iterator[CgroupSample]:
@@ -1046,8 +1157,8 @@ def p99_to_check(row: Any) -> float | None:
 
 PLUGIN = ProbePlugin(
     name="runqlat", specs=(SCHED_INFO_SPEC, SPEC), factory=RunqLatProbe,
-    flavours=("sched_info",), activity=activity, delta=delta, map_entries=lambda s: len(s.per_cgroup),
-    victim_plots=("runq_p99_ns", "runq_wait_ms_per_s"),
+    flavours=("sched_info",), activity=activity, activity_moved=activity_moved, delta=delta,
+    map_entries=lambda s: len(s.per_cgroup), victim_plots=("runq_p99_ns", "runq_wait_ms_per_s"),
     signals=("runq_p99_ns", "runq_wait_ms_per_s", "runq_wait_share", "who_ran_instead_foreign_share",
              "who_ran_instead_own_share"),
     signal_extractor=SignalExtractor(

@@ -478,3 +478,54 @@ def test_the_tables_are_sized_for_the_pods_the_node_may_run():
             assert maps["new_culprit_slots"].max_entries == pairs == maps["free_culprit_slots"].max_entries
     with pytest.raises(ValueError, match="expected_cgroups=-1"):
         RunqLatProbe(expected_cgroups=-1)
+
+
+def test_an_interval_walks_what_moved_and_equals_the_walk_over_everything(two_contending_cgroups):
+    """A snapshot says which cgroups and pairs moved since the reader's last one, so delta walks only
+    those (an idle pod costs nothing a tick). Its interval must be the one a walk over every cgroup and
+    pair gives, entry for entry and in the same order, across slots freed (a gone cgroup, quiet pairs
+    given back) between two snapshots; a cgroup whose tasks are stopped is not among the moved ones."""
+    import dataclasses
+    import itertools
+
+    from probes.cgroupwatch import changed_ids
+    from probes.collect import _changed_ids
+    from probes.runqlat import activity, delta
+
+    a, b = two_contending_cgroups
+    ia, ib = os.stat(a.path("cpu")).st_ino, os.stat(b.path("cpu")).st_ino
+    with RunqLatProbe() as probe:
+        assert probe.culprits_available, "the sched_info flavour did not load: no pairs to check"
+        snaps = [probe.snapshot()]
+        for step in range(8):
+            time.sleep(0.2)
+            if step == 3:
+                probe.forget_quiet_pairs(snaps[-2])  # pairs unchanged over a tick give their slots back
+            if step == 5:
+                tids_b = _tids(b)
+                _signal_all(tids_b, signal.SIGSTOP)
+                _wait_stopped(tids_b)
+                snaps.append(probe.snapshot())  # b's last waits, read
+                time.sleep(0.2)
+            snaps.append(probe.snapshot())
+        _signal_all(_tids(b), signal.SIGCONT)
+    checked = 0
+    for prev, cur in itertools.pairwise(snaps):
+        moved = cur.moved_since(prev)
+        assert moved is not None, "consecutive snapshots of one reader must say what moved"
+        whole = dataclasses.replace(cur, moved_cgroups=None, moved_pairs=None)
+        assert whole.moved_since(prev) is None
+        got, want = delta(prev, cur), delta(prev, whole)
+        assert list(got.per_cgroup.items()) == list(want.per_cgroup.items())
+        assert list(got.wait_split.items()) == list(want.wait_split.items())
+        assert list(got.culprits.items()) == list(want.culprits.items())
+        assert got == want
+        # The collector's cgroups to read this tick, from the same moved ids: those a whole walk finds.
+        before, now = activity(prev), activity(cur)
+        assert _changed_ids("runqlat", prev, cur, before, now) == changed_ids(before, now)
+        checked += len(want.per_cgroup) + len(want.culprits)
+    assert checked > 20, "nothing moved: the test proves nothing"
+    assert ia in snaps[-1].moved_cgroups  # still running
+    assert ib not in snaps[-1].moved_cgroups and ib in snaps[-1].per_cgroup  # stopped: idle, kept
+    # Not chained (a snapshot skipped): the whole walk, the same interval again.
+    assert snaps[-1].moved_since(snaps[-3]) is None
