@@ -109,11 +109,11 @@ def _populated(size: int) -> mmap.mmap:
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
 
 
-def _high_watermarks_kib() -> int:
+def _high_watermarks_kib(zoneinfo: str = "/proc/zoneinfo") -> int:
     """The zones' high watermarks, summed (/proc/zoneinfo, in pages): kswapd reclaims up to them once
-    a zone's free memory falls below its low one."""
+    a zone's free memory falls below its low one. The per-CPU pagesets' ``high:`` lines are not one."""
     pages = 0
-    with open("/proc/zoneinfo", encoding="ascii") as f:
+    with open(zoneinfo, encoding="ascii") as f:
         for line in f:
             fields = line.split()
             if len(fields) == 2 and fields[0] == "high":
