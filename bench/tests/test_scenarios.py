@@ -168,10 +168,10 @@ def test_high_watermarks_are_the_zones_not_the_per_cpu_pagesets(tmp_path):
     assert _high_watermarks_kib(str(zoneinfo)) == (16 + 25557) * (os.sysconf("SC_PAGE_SIZE") >> 10)
 
 
-def test_the_heap_grows_at_the_onset_to_leave_the_watermark_and_its_margin_free(tmp_path):
-    """global-reclaim's heap (bench/scenarios/antagonists.py): held with a wide margin through the
-    baseline, grown at SIGUSR1 until the node's free memory is kswapd's high watermark plus the onset's
-    margin. Here it holds nothing first and is asked at the onset to take ~256 MiB of what is free."""
+def test_the_heap_grows_on_a_signal_to_leave_the_watermark_and_its_margin_free(tmp_path):
+    """global-reclaim's heap (bench/scenarios/antagonists.py): held with a wide margin while the victim
+    starts, then grown at SIGUSR1 until the node's free memory is kswapd's high watermark plus its
+    margin, and says so. Here it holds nothing first and is asked to take ~256 MiB of what is free."""
     import signal
     import subprocess
     import sys
@@ -188,7 +188,7 @@ def test_the_heap_grows_at_the_onset_to_leave_the_watermark_and_its_margin_free(
     margin_mb = free_mb - _high_watermarks_kib() // 1024 - 256
     ready = tmp_path / "ready"
     heap = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "scenarios" / "antagonists.py"), "heap",
-                             "--leave-free-mb", str(free_mb + 1024), "--onset-margin-mb", str(margin_mb),
+                             "--leave-free-mb", str(free_mb + 1024), "--margin-mb", str(margin_mb),
                              "--ready", str(ready), "--seconds", "20"])
     try:
         deadline = time.monotonic() + 20
@@ -197,9 +197,11 @@ def test_the_heap_grows_at_the_onset_to_leave_the_watermark_and_its_margin_free(
         assert ready.read_text().strip() == "0"  # nothing held through the "baseline"
         before = rss_kib(heap.pid)
         heap.send_signal(signal.SIGUSR1)
+        grown_file = Path(f"{ready}.grown")
         deadline = time.monotonic() + 10
-        while rss_kib(heap.pid) - before < 128 << 10 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        while not grown_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert int(grown_file.read_text()) >= 128 << 20
         grown = rss_kib(heap.pid) - before
         assert 128 << 10 <= grown <= 384 << 10, f"grew {grown >> 10} MiB for ~256 asked"
         assert heap.poll() is None  # still holding it
