@@ -6,7 +6,8 @@
     python antagonists.py udpflood --dest ADDR --seconds S
     python antagonists.py rtbusy --seconds S        (SCHED_FIFO, RLIMIT_RTTIME-bounded, self-checking)
     python antagonists.py server --port P --seconds S   (stops accepting on SIGUSR1)
-    python antagonists.py heap --leave-free-mb N --ready F --seconds S   (anon heap; OOM-kill first)
+    python antagonists.py heap --leave-free-mb N --ready F --seconds S [--margin-mb M]
+                                              (anon heap; OOM-kill first; grows at SIGUSR1)
     python antagonists.py sparseread --file F --seconds S   (page cache at memory speed, no disk)
     python antagonists.py jobs --mean-busy-ms B --mean-gap-ms G --seconds S   (short jobs at random)
 """
@@ -67,23 +68,62 @@ def pagecache(path: str, mb: int, seconds: float) -> None:
         Path(path).unlink(missing_ok=True)
 
 
-def heap(leave_free_mb: int, ready: str, seconds: float) -> None:
+def heap(leave_free_mb: int, ready: str, seconds: float, margin_mb: int | None = None) -> None:
     """Hold an anonymous heap that leaves ``leave_free_mb`` of the node's memory free, then sleep.
 
     The BE job of the global-reclaim scenario: most of the node's memory is its own before the onset,
     so its page-cache growth after the onset reaches the watermarks in seconds. It is the first the OOM
     killer takes (oom_score_adj 1000, as the kubelet gives BestEffort pods) should anything else grow.
     Without swap the heap is never reclaimed; the node keeps ``leave_free_mb`` for everyone else.
+
+    ``margin_mb``: on SIGUSR1 the heap grows until the node's free memory is kswapd's high watermark
+    plus this margin, then writes ``<ready>.grown``; the scenario asks once its victim runs, right
+    before the baseline. A margin fixed when the heap is first held depends on what the victim, the
+    agent and the bench allocate after it; and the growth cannot wait for the onset, because under qemu
+    TCG any growth (this heap's pages as the stream's) is ~50-100 MB/s: 1,280 MiB left at setup put the
+    start of reclaim 20-23 s after the onset (make bench-vm-mitigate, 2026-11-29 14:38 UTC), the same
+    growth at the onset still 13-15 s (16:19 UTC).
     """
     Path("/proc/self/oom_score_adj").write_text("1000")
+    if margin_mb is not None:  # before ``ready``: the scenario signals only after reading it
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    end = time.monotonic() + seconds
     size = (_meminfo_kb("MemFree") // 1024 - leave_free_mb) << 20
     held = []
     chunk = 256 << 20
     while size >= chunk:  # populated by the kernel chunk by chunk: no Python loop over pages
-        held.append(mmap.mmap(-1, chunk, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE))
+        held.append(_populated(chunk))
         size -= chunk
     Path(ready).write_text(f"{len(held) * chunk}\n")
-    time.sleep(seconds)
+    if margin_mb is not None and signal.sigtimedwait({signal.SIGUSR1}, seconds) is not None:
+        target_kib = _high_watermarks_kib() + (margin_mb << 10)
+        step = GROWTH_CHUNK_MB << 20
+        grown = 0
+        # Free memory is read again before each chunk: whatever else allocates meanwhile is left room for.
+        while _meminfo_kb("MemFree") - target_kib >= step >> 10:
+            held.append(_populated(step))
+            grown += step
+        Path(f"{ready}.grown").write_text(f"{grown}\n")
+    time.sleep(max(0.0, end - time.monotonic()))
+
+
+GROWTH_CHUNK_MB = 32  # the growth to the margin, in steps small beside it
+
+
+def _populated(size: int) -> mmap.mmap:
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
+
+
+def _high_watermarks_kib(zoneinfo: str = "/proc/zoneinfo") -> int:
+    """The zones' high watermarks, summed (/proc/zoneinfo, in pages): kswapd reclaims up to them once
+    a zone's free memory falls below its low one. The per-CPU pagesets' ``high:`` lines are not one."""
+    pages = 0
+    with open(zoneinfo, encoding="ascii") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) == 2 and fields[0] == "high":
+                pages += int(fields[1])
+    return pages * (os.sysconf("SC_PAGE_SIZE") >> 10)
 
 
 def _meminfo_kb(field: str) -> int:
@@ -175,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--leave-free-mb", type=int, default=4096)
     p.add_argument("--ready", help="heap: this file is written once the heap is held")
+    p.add_argument("--margin-mb", type=int, help="heap: at SIGUSR1, grow until free is the high watermark + this")
     p.add_argument("--mean-busy-ms", type=float, default=0.35)
     p.add_argument("--mean-gap-ms", type=float, default=1.4)
     a = p.parse_args(argv)
@@ -186,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.what == "udpflood":
         udpflood(a.dest, a.seconds)
     elif a.what == "heap":
-        heap(a.leave_free_mb, a.ready, a.seconds)
+        heap(a.leave_free_mb, a.ready, a.seconds, a.margin_mb)
     elif a.what == "sparseread":
         sparseread(a.file, a.seconds)
     elif a.what == "rtbusy":

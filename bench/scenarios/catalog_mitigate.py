@@ -8,10 +8,11 @@
   than the x3 burst cap. Burst cannot help; the expected outcome is "no neighbour action" (the pass
   notes the verdict and its p99 is not judged).
 - ``global-reclaim``: a BE batch job holds most of the node's memory (an anonymous heap that leaves
-  ``GLOBAL_RECLAIM_FREE_MB`` free) and at onset streams its input through the page cache (a sparse
-  file: memory speed, no disk). Within seconds the node's free memory reaches the watermarks: kswapd
-  runs and every allocation, the LS victim's per-request ones too, enters direct reclaim. The BE pod
-  is the one that grew; capping its memory at its usage turns its growth into reclaim of its own pages.
+  ``GLOBAL_RECLAIM_MARGIN_MB`` above kswapd's high watermark free once the victim runs) and at onset
+  streams its input through the page cache (a sparse file: memory speed, no disk). Within seconds the
+  node's free memory reaches the watermarks: kswapd runs and every allocation, the LS victim's
+  per-request ones too, enters direct reclaim. The BE pod is the one that grew; capping its memory at
+  its usage turns its growth into reclaim of its own pages.
 - ``global-reclaim-evict``: the same with eviction enabled (off by default): the grower is evicted. A cap
   leaves it streaming through its page cache, and the kernel work that causes stays in the victim's
   waits; an eviction is the node without it, what the incident's counterfactual predicts (issue 28).
@@ -28,6 +29,8 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -70,10 +73,17 @@ def _steady_inject(ctx: Ctx) -> None:
     ctx.pods["web"].cgroup.write("cpu", "cpu.cfs_quota_us", "25000")  # 0.25 cores, x3 = 0.75 < 0.9
 
 
-# Free memory left at onset: the page-cache stream (~0.5-0.8 GB/s here) brings the node from there to
-# kswapd's level in a few seconds of the 14 s run.
+# Free memory left while the heap is first held: room for the victim's start.
 GLOBAL_RECLAIM_FREE_MB = 1280
+# Free memory above kswapd's high watermark through the baseline: once the victim runs, the heap grows
+# to leave this much (antagonists.heap). The onset's page-cache stream (~0.5-0.8 GB/s on this host; any
+# growth under qemu TCG ~50-100 MB/s) takes it to the watermarks in well under a second here and in a
+# few seconds in the TCG guest, where 1,280 MiB left at setup took 20-23 s and the cap came too late
+# for its recovery window (make bench-vm-mitigate, 2026-11-29 14:38 UTC). It is also what the baseline
+# may allocate before reclaim would start early.
+GLOBAL_RECLAIM_MARGIN_MB = 256
 HEAP_READY_TIMEOUT_S = 120.0  # populating ~20 GiB: 3 s warm, up to ~20 s where the host backs the pages lazily
+VICTIM_START_TIMEOUT_S = 60.0  # a Python process under TCG takes seconds to start
 
 
 def _global_reclaim_setup(ctx: Ctx) -> None:
@@ -81,16 +91,26 @@ def _global_reclaim_setup(ctx: Ctx) -> None:
     batch = ctx.pod("batch", "BE")
     ready = ctx.workdir / "heap-ready"
     heap = ctx.spawn(batch, [sys.executable, ANTAGONISTS, "heap", "--leave-free-mb", str(GLOBAL_RECLAIM_FREE_MB),
-                             "--ready", str(ready), "--seconds", str(ctx.lifetime_s + HEAP_READY_TIMEOUT_S)],
+                             "--margin-mb", str(GLOBAL_RECLAIM_MARGIN_MB),
+                             "--ready", str(ready), "--seconds", str(ctx.lifetime_s + 2 * HEAP_READY_TIMEOUT_S)],
                      (OTHER_CPU,))
-    deadline = time.monotonic() + HEAP_READY_TIMEOUT_S
-    while not ready.exists():
-        if heap.poll() is not None:
-            raise RuntimeError(f"the BE heap exited ({heap.returncode}) before holding its memory")
+    _wait_for_file(ready, heap, HEAP_READY_TIMEOUT_S, "the BE heap", "hold its memory")
+    victim = ctx.start_victim(ls, "cpu", "--work-ms", "1", "--period-ms", "5", "--alloc-kb", "2048")
+    _wait_for_file(ctx.workdir / "victim.log", victim, VICTIM_START_TIMEOUT_S, "the victim", "serve", nonempty=True)
+    heap.send_signal(signal.SIGUSR1)  # grow to the margin, now that the victim's start is in the free memory
+    _wait_for_file(Path(f"{ready}.grown"), heap, HEAP_READY_TIMEOUT_S, "the BE heap", "grow to its margin")
+
+
+def _wait_for_file(path: Path, proc: subprocess.Popen, timeout_s: float, who: str, what: str,
+                   nonempty: bool = False) -> None:
+    """Until ``proc`` wrote ``path`` (with something in it when ``nonempty``); raises if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and (not nonempty or path.stat().st_size > 0)):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{who} exited ({proc.returncode}) before it would {what}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the BE heap did not hold its memory within {HEAP_READY_TIMEOUT_S:.0f} s")
+            raise RuntimeError(f"{who} did not {what} within {timeout_s:.0f} s")
         time.sleep(0.2)
-    ctx.start_victim(ls, "cpu", "--work-ms", "1", "--period-ms", "5", "--alloc-kb", "2048")
 
 
 def _global_reclaim_inject(ctx: Ctx) -> None:

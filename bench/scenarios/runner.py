@@ -604,6 +604,10 @@ def _note_timeline(result: PassResult, scenario: Scenario, ctx: Ctx, victim: Pod
         "victim_cpu_cores": None if row.cpu_cores is None else round(row.cpu_cores, 3),
         "own_wait_ms_per_s": ms_per_s(row.own_wait_ns or 0.0),
         "ran_instead_ms_per_s": ran, "kernel_work_ms_per_s": ms_per_s(row.cf_node_ns.get(NODE_KEY, 0.0)),
+        # softirq on its CPUs (run time, and the raise -> entry delay p99 its SLO checks): what a softirq
+        # incident opened on
+        "softirq_ms_per_s": round(row.softirq_ms_per_s or 0.0, 2),
+        "softirq_delay_p99_ms": round((row.softirq_delay_p99_ns or 0.0) / 1e6, 3),
         "pods": pods,
         "incident": None if inc is None else {"cause": str(inc.cause), "culprits": [
             names.get(c.target.cgroup.strip("/"), c.target.cgroup) for c in inc.culprits]},

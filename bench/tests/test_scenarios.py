@@ -154,3 +154,57 @@ def test_docs_section_is_replaced_between_markers(tmp_path):
     assert text.startswith("# Benchmarks\n\nintro\n")
     assert text.count(DOCS_BEGIN) == 1 and text.count(DOCS_END) == 1
     assert "run two" in text and "run one" not in text
+
+
+def test_high_watermarks_are_the_zones_not_the_per_cpu_pagesets(tmp_path):
+    from bench.scenarios.antagonists import _high_watermarks_kib
+
+    zoneinfo = tmp_path / "zoneinfo"
+    zoneinfo.write_text("Node 0, zone      DMA\n  pages free     3840\n        min      10\n        low      13\n"
+                        "        high     16\n  pagesets\n    cpu: 0\n              count: 0\n"
+                        "              high:     0\n              high_min: 6\n"
+                        "Node 0, zone   Normal\n        min      14769\n        low      20163\n        high     25557\n"
+                        "    cpu: 0\n              high:     462\n")
+    assert _high_watermarks_kib(str(zoneinfo)) == (16 + 25557) * (os.sysconf("SC_PAGE_SIZE") >> 10)
+
+
+def test_the_heap_grows_on_a_signal_to_leave_the_watermark_and_its_margin_free(tmp_path):
+    """global-reclaim's heap (bench/scenarios/antagonists.py): held with a wide margin while the victim
+    starts, then grown at SIGUSR1 until the node's free memory is kswapd's high watermark plus its
+    margin, and says so. Here it holds nothing first and is asked to take ~256 MiB of what is free."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from bench.scenarios.antagonists import _high_watermarks_kib, _meminfo_kb
+
+    def rss_kib(pid: int) -> int:
+        return next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("VmRSS:"))
+
+    free_mb = _meminfo_kb("MemFree") // 1024
+    margin_mb = free_mb - _high_watermarks_kib() // 1024 - 256
+    ready = tmp_path / "ready"
+    heap = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "scenarios" / "antagonists.py"), "heap",
+                             "--leave-free-mb", str(free_mb + 1024), "--margin-mb", str(margin_mb),
+                             "--ready", str(ready), "--seconds", "20"])
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.read_text().strip() == "0"  # nothing held through the "baseline"
+        before = rss_kib(heap.pid)
+        heap.send_signal(signal.SIGUSR1)
+        grown_file = Path(f"{ready}.grown")
+        deadline = time.monotonic() + 10
+        while not grown_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert int(grown_file.read_text()) >= 128 << 20
+        grown = rss_kib(heap.pid) - before
+        assert 128 << 10 <= grown <= 384 << 10, f"grew {grown >> 10} MiB for ~256 asked"
+        assert heap.poll() is None  # still holding it
+    finally:
+        heap.kill()
+        heap.wait()
