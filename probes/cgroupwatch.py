@@ -92,6 +92,25 @@ class _Files:
 _NEVER = 1 << 62  # a tick no reading was taken at: "moved at _NEVER" is "not known not to have moved"
 
 
+@dataclass(slots=True)  # three per watched cgroup: no per-instance dict
+class _Seen:
+    """One kind of a watched cgroup's readings (cpu, memory, psi): its usage file's text (its pressure
+    files' texts) at its last read, the tick of that read, and of the last read that found it changed."""
+
+    text: object = None
+    read_at: int = -1
+    moved_at: int = _NEVER
+
+    def note(self, text: str | None, tick: int) -> bool:
+        """A read of its usage file: kept for the next comparison; True if the same text as at its last read."""
+        same = text is not None and self.text == text
+        self.text = text
+        self.read_at = tick
+        if not same:
+            self.moved_at = tick
+        return same
+
+
 @dataclass(slots=True)  # one per watched cgroup: no per-instance dict
 class _Watched:
     """One listed cgroup: where its files are and when it was last read."""
@@ -104,19 +123,13 @@ class _Watched:
     cpu_reader: CgroupCpuReader | None = None
     mem_reader: MemStatReader | None = None
     last_limits_tick: int = -1_000_000
-    # Its usage files' and cpuset's text at their last read (plain attributes, not a dict per cgroup).
-    cpu_text: str | None = None
-    memory_text: str | None = None
-    cpuset_text: str | None = None
-    psi_texts: list[str | None] = field(default_factory=list)  # its pressure files' text at their last read
-    # Per kind of reading (cpu, memory, psi): the tick of its last read, and of the last read that found it
-    # changed. A child's wheel turn is skipped when its parent, read this turn, has not moved since.
-    cpu_read_at: int = -1
-    cpu_moved_at: int = _NEVER
-    memory_read_at: int = -1
-    memory_moved_at: int = _NEVER
-    psi_read_at: int = -1
-    psi_moved_at: int = _NEVER
+    cpuset_text: str | None = None  # its cpuset file's text at its last read
+    # Per kind of reading: its usage file's (pressure files') text at its last read, and when it was read
+    # and last found changed. A child's wheel turn is skipped when its parent, read this turn, has not
+    # moved since.
+    cpu_seen: _Seen = field(default_factory=_Seen)
+    memory_seen: _Seen = field(default_factory=_Seen)
+    psi_seen: _Seen = field(default_factory=_Seen)
     rel: str = field(init=False, default="")  # its directory after a hierarchy's prefix (relative_dir), made once
 
     def __post_init__(self) -> None:
@@ -131,28 +144,9 @@ class _Watched:
         """The v2 directory holding its pressure files (ending in "/"), when it has them."""
         return self.files.v2 + self.rel if self.has_psi and self.files.v2 is not None else None
 
-    def note_cpu(self, text: str | None, tick: int) -> bool:
-        """A read of its CPU usage file: kept for the next comparison; True if the same text as at its last
-        read."""
-        same = text is not None and self.cpu_text == text
-        self.cpu_text = text
-        self.cpu_read_at = tick
-        if not same:
-            self.cpu_moved_at = tick
-        return same
-
-    def note_memory(self, text: str | None, tick: int) -> bool:
-        """:meth:`note_cpu` of its memory usage file."""
-        same = text is not None and self.memory_text == text
-        self.memory_text = text
-        self.memory_read_at = tick
-        if not same:
-            self.memory_moved_at = tick
-        return same
-
 
 class _NotingReader:
-    """A file reader that notes the text of the cgroup's usage files as they go by (``_Watched.note_*``): a
+    """A file reader that notes the text of the cgroup's usage files as they go by (``_Seen.note``): a
     wheel turn that finds the same text skips that kind's other files, also when the cgroup was read (it
     ran) since its last turn. One per watch and way of reading, pointed at the cgroup being read: no
     closure, dict or file name made per read. A file is told by its name's end: every file read through it
@@ -172,9 +166,9 @@ class _NotingReader:
         w = self.watched
         assert w is not None
         if self.cpu_end is not None and file.endswith(self.cpu_end):
-            w.note_cpu(text, self.tick)
+            w.cpu_seen.note(text, self.tick)
         elif self.memory_end is not None and file.endswith(self.memory_end):
-            w.note_memory(text, self.tick)
+            w.memory_seen.note(text, self.tick)
         return text
 
 
@@ -366,8 +360,8 @@ class CgroupWatch:
             return False
         text = read(kind[0] + w.rel + kind[1])
         if kind is self.files.usage:
-            return w.note_cpu(text, self.tick_count)
-        return w.note_memory(text, self.tick_count)
+            return w.cpu_seen.note(text, self.tick_count)
+        return w.memory_seen.note(text, self.tick_count)
 
     def _still(self, w: _Watched) -> bool:
         """A followed cgroup (it ran at its last read) whose CPU usage file reads as then: it did not run."""
@@ -455,12 +449,12 @@ class CgroupWatch:
             # Its pressure files went (the cgroup is going): as a wheel turn that found no psi_probe file.
             w.has_psi = False
             return False
-        w.psi_read_at = self.tick_count
-        if texts == w.psi_texts and path in self.psi and path not in self._psi_moved:
+        w.psi_seen.read_at = self.tick_count
+        if texts == w.psi_seen.text and path in self.psi and path not in self._psi_moved:
             self.psi_read_s[path] = time.monotonic()
             return False
-        w.psi_moved_at = self.tick_count
-        w.psi_texts = texts
+        w.psi_seen.moved_at = self.tick_count
+        w.psi_seen.text = texts
         readings: dict[str, PsiReading] = {}
         for resource, text in zip(RESOURCES, texts, strict=True):
             try:
@@ -496,11 +490,11 @@ def _vouched_for(w: _Watched, parent: _Watched, has_memory: bool) -> bool:
     Usage files are the watch's (``w.files``, the parent's too): where one kind has none, neither has one
     and that kind says nothing; pressure files are each cgroup's own (``psi_dir``)."""
     files = w.files
-    if files.usage is not None and w.cpu_read_at <= parent.cpu_moved_at:
+    if files.usage is not None and w.cpu_seen.read_at <= parent.cpu_seen.moved_at:
         return False
-    if has_memory and files.memory_usage is not None and w.memory_read_at <= parent.memory_moved_at:
+    if has_memory and files.memory_usage is not None and w.memory_seen.read_at <= parent.memory_seen.moved_at:
         return False
-    return w.psi_dir is None or (parent.psi_dir is not None and w.psi_read_at > parent.psi_moved_at)
+    return w.psi_dir is None or (parent.psi_dir is not None and w.psi_seen.read_at > parent.psi_seen.moved_at)
 
 
 def _has_psi(w: _Watched) -> bool:
