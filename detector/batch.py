@@ -319,23 +319,38 @@ class BatchMeter:
     # pod path -> (its pod record, its CPU and memory requests): a record's requests are summed over its
     # containers once, not on every measure (the same record object: the same requests)
     _requests: dict[str, tuple[object, float, float]] = field(default_factory=dict, repr=False)
+    # (the pod paths listed, the index's pods version, each path's (workload key, prod?)): made again when
+    # either changes, so a due measure does not ask the index about every pod again
+    _pods_of: tuple[object, int, list[tuple[str, str, bool]]] | None = field(default=None, repr=False)
+
+    def pods_of(self, pod_paths: Iterable[str], index: WorkloadIndex) -> list[tuple[str, str, bool]]:
+        """(pod path, its workload key, whether it is Prod/Mid) for the listed pod paths."""
+        made = self._pods_of
+        if made is None or made[0] is not pod_paths or made[1] != index.pods_version:
+            rows = []
+            for path in pod_paths:
+                w = index.workload_of(path)
+                rows.append((path, w.key, w.target.qos != "BE"))
+            made = self._pods_of = (pod_paths, index.pods_version, rows)
+        return made[2]
 
     def due(self, now_s: float) -> bool:
         """Whether a measure at ``now_s`` computes (the first reading, or the window is long enough)."""
         return self._start is None or now_s - self._start[0] >= self.min_window_s
 
-    def pod_requests(self, records: Mapping[str, object]) -> dict[str, tuple[float, float]]:
-        """Each pod path's (CPU cores, memory bytes) requests from its pod record (None: no requests known),
-        summed over its containers once per record object; only the pods given are kept for the next call."""
+    def pod_requests(self, records: Iterable[tuple[str, object]]) -> Mapping[str, tuple[object, float, float]]:
+        """Each pod path's (its record, CPU cores, memory bytes requested) from (path, pod record) pairs (a
+        None record: no requests known), summed over its containers once per record object; only the pods
+        given are kept for the next call. The mapping returned is the one kept (no copy per call)."""
         before, kept = self._requests, {}
-        for path, info in records.items():
+        for path, info in records:
             known = before.get(path)
             if known is None or known[0] is not info:
                 known = (info, float(getattr(info, "cpu_request_cores", 0.0) or 0.0),
                          float(getattr(info, "memory_request_bytes", 0) or 0))
             kept[path] = known
         self._requests = kept
-        return {path: (cpu, memory) for path, (_, cpu, memory) in kept.items()}
+        return kept
 
     def measure(
         self, now_s: float, node_busy_s: float, ncpu: int, memory_total: float, memory_used: float,
@@ -412,19 +427,20 @@ def measure_snapshot(meter: BatchMeter, snapshot: NodeSnapshot, index: WorkloadI
     used = max(total - _available_pages(mem) * PAGE_SIZE, 0.0) if mem is not None else 0.0
     cpu_s: dict[str, float] = {}
     pods: dict[str, PodUse] = {}
-    workloads = {path: index.workload_of(path) for path in pod_paths}
-    requests = meter.pod_requests({path: index.pod_of(w.key) for path, w in workloads.items()})
-    for path, w in workloads.items():
-        cpu = snapshot.cgroup_cpu.get(path)
+    listed = meter.pods_of(pod_paths, index)
+    requests = meter.pod_requests((path, index.pod_of(key)) for path, key, _ in listed)
+    cgroup_cpu, cgroup_mem = snapshot.cgroup_cpu, snapshot.cgroup_mem
+    for path, key, prod in listed:
+        cpu = cgroup_cpu.get(path)
         if cpu is not None:
-            cpu_s[w.key] = cpu.usage_ns / 1e9
-        m = snapshot.cgroup_mem.get(path)
+            cpu_s[key] = cpu.usage_ns / 1e9
+        m = cgroup_mem.get(path)
         mem_used = 0.0
         if m is not None and m.usage_bytes is not None:
             mem_used = float(max(m.usage_bytes - (m.file_bytes or 0), 0))  # without page cache
-        cpu_request, memory_request = requests[path]
-        pods[w.key] = PodUse(prod=w.target.qos != "BE", cpu_used=0.0, memory_used=mem_used,
-                             cpu_request=cpu_request, memory_request=memory_request)
+        _, cpu_request, memory_request = requests[path]
+        pods[key] = PodUse(prod=prod, cpu_used=0.0, memory_used=mem_used,
+                           cpu_request=cpu_request, memory_request=memory_request)
     return meter.measure(snapshot.monotonic_s, snapshot.node_cpu.busy_ns / 1e9, len(snapshot.node_cpu_per_cpu),
                          total, used, cpu_s, pods)
 

@@ -74,6 +74,7 @@ def _recent() -> Recent:
 
 @dataclass
 class VictimState:
+    order: int = 0  # its place among the engine's victims (they are walked in the order they came)
     breach_ticks: int = 0
     clear_ticks: int = 0
     incident: Incident | None = None

@@ -43,6 +43,7 @@ from detector.model import CLEAN, TRANSITIONS, Evidence, Incident
 from detector.policy import Policy
 from detector.signals import NodeSignals, WorkloadSignals
 from detector.store import SignalStore
+from detector.victims import Victims
 
 __all__ = ["CAUSE_CHANGE_TICKS", "CULPRIT_WINDOW_TICKS", "MAX_CULPRITS", "IncidentEngine"]
 
@@ -95,7 +96,8 @@ class IncidentEngine:
         self.baselines = baselines or Baselines(min_samples=self.slo.min_baseline_samples)
         self.on_incident = list(on_incident)
         self.clock = clock
-        self.victims: dict[str, VictimState] = {}
+        self.victim_book = Victims()
+        self.victims: dict[str, VictimState] = self.victim_book.states  # (the same dict, never replaced)
         self.closed: deque[Incident] = deque(maxlen=MAX_CLOSED_KEPT)
         self.ticks = 0
         self._breach_ticks_needed = max(1, math.ceil(self.slo.breach_seconds / max(self.policy.interval_seconds, 1e-3)))
@@ -108,7 +110,7 @@ class IncidentEngine:
     # -- public ---------------------------------------------------------------------------------
     @property
     def open_incidents(self) -> list[Incident]:
-        return [s.incident for s in self.victims.values() if s.incident is not None]
+        return [s.incident for s in self.victim_book.open_states()]  # type: ignore[misc]
 
     def all_incidents(self) -> list[Incident]:
         return [*self.closed, *self.open_incidents]
@@ -126,6 +128,7 @@ class IncidentEngine:
         for key, row in signals.workloads.items():
             if row.workload.latency_sensitive:
                 touched.extend(self._victim_tick(key, row, values, signals, now))
+                self.victim_book.noted(key, signals.present)
         present = signals.workloads.keys() if signals.present is None else signals.present
         self._forget_gone(signals, present)
         touched.extend(self._quiet_victims(signals, present, now))
@@ -151,9 +154,7 @@ class IncidentEngine:
                      signals: NodeSignals, now: float) -> list[Incident]:
         """One latency-sensitive workload's tick: its windows, breaches and baselines; the incidents it
         opened, updated or closed (two when its cause changed: the closed one and its successor)."""
-        state = self.victims.get(key)
-        if state is None:  # not setdefault(key, VictimState()): that builds a state (a dozen deques) every tick
-            state = self.victims[key] = VictimState()
+        state = self.victim_book.state(key)
         state.add_tick(row, self.node_key)
         self.counterfactual.add(key, row.runq_hist, row.interval_s, row.cf_moves, row.ran_instead_ns,
                                 row.cf_node_moves, row.cf_node_ns)
@@ -206,10 +207,10 @@ class IncidentEngine:
         """Victims without a row this tick: gone (their incident ends, their state is freed) or idle (a
         clean tick, nothing to learn)."""
         touched: list[Incident] = []
-        for key in [k for k in self.victims if k not in signals.workloads]:
+        for key in self.victim_book.quiet(signals.workloads, signals.present, present):
             state = self.victims[key]
             if key not in present:
-                del self.victims[key]
+                self.victim_book.drop(key)
                 self.counterfactual.forget(key)
                 if state.incident is not None:
                     inc = state.incident
@@ -257,6 +258,7 @@ class IncidentEngine:
             victim_cpus=list(state.cpus),
         )
         state.incident = inc
+        self.victim_book.opened(key, state)
         log.warning("incident %s opened: %s %s, culprits %s", inc.incident_id, inc.victim.display, cause,
                     [c.target.display for c in culprits[:3]])
         self._emit(inc, "opened")

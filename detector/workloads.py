@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from detector.cgroups import CgroupResolver, parse_cgroup_path
+from detector.cgroups import CgroupIdentity, CgroupResolver, parse_cgroup_path
 from detector.decisions import Target
 from probes.cgroupfs import Hierarchy
 
@@ -81,6 +81,11 @@ class WorkloadIndex:
         self.pods_version = 0  # bumped whenever the pod list (uids, classes, names) changes
         self._cache: dict[tuple[str, bool], Workload] = {}
         self._pod_workloads: dict[str, Workload] = {}  # "pod:<uid>" -> workload with its cpu-hierarchy target
+        # Per path, dropped with the lookup cache: whether it is its workload's root, and (the pod UID, the
+        # pod record the answer came from, the container's name and limit): a pod record replaced (a new
+        # object per change) makes its containers' answers stale.
+        self._roots: dict[str, bool] = {}
+        self._containers: dict[str, tuple[str, PodLike | None, tuple[str, float | None] | None]] = {}
 
     def refresh(self) -> None:
         listed = self._pods_fn()
@@ -93,8 +98,13 @@ class WorkloadIndex:
         if sig != self._pods_sig:
             self._pods_sig = sig
             self.pods_version += 1
-            self._cache.clear()
+            self._clear_caches()
             self._pod_workloads.clear()
+
+    def _clear_caches(self) -> None:
+        self._cache.clear()
+        self._roots.clear()
+        self._containers.clear()
 
     def workload_of(self, path: str, primary: bool = True) -> Workload:
         """The workload containing ``path``. ``primary``: the path is in the cpu hierarchy (the one
@@ -105,7 +115,7 @@ class WorkloadIndex:
         if hit is None:
             hit = self._cache[(path, primary)] = self._classify(path, primary)
             if len(self._cache) > 65536:  # paths of removed cgroups must not accumulate forever
-                self._cache.clear()
+                self._clear_caches()
         if hit.key.startswith("pod:"):  # the pod's target may have been refined since (primary path seen)
             return self._pod_workloads.get(hit.key, hit)
         return hit
@@ -134,7 +144,18 @@ class WorkloadIndex:
         """(container name, its CPU limit in cores) for a container cgroup path, from the pod's spec;
         the short container id when the metadata does not name it; None when not a container or when
         it is the pod's sandbox (pause) container."""
+        hit = self._containers.get(path)
+        if hit is not None and self._pods.get(hit[0]) is hit[1]:
+            return hit[2]
         ident = parse_cgroup_path(_norm(path))
+        uid = ident.pod_uid or ""
+        named = self._container_of(ident)
+        if len(self._containers) > 65536:  # paths of removed cgroups must not accumulate forever
+            self._containers.clear()
+        self._containers[path] = (uid, self._pods.get(uid), named)
+        return named
+
+    def _container_of(self, ident: CgroupIdentity) -> tuple[str, float | None] | None:
         if ident.kind != "container" or ident.pod_uid is None or ident.container_id is None:
             return None
         pod = self._pods.get(ident.pod_uid)
@@ -151,11 +172,15 @@ class WorkloadIndex:
 
     def is_workload_root(self, path: str) -> bool:
         """Is ``path`` the workload's own cgroup (whose files already sum its children), in any hierarchy?"""
-        path = _norm(path)
-        ident = parse_cgroup_path(path)
-        if ident.pod_uid is not None:
-            return ident.kind == "pod"
-        return self.workload_of(path).key == path
+        root = self._roots.get(path)
+        if root is None:
+            norm = _norm(path)
+            ident = parse_cgroup_path(norm)
+            root = ident.kind == "pod" if ident.pod_uid is not None else self.workload_of(norm).key == norm
+            if len(self._roots) > 65536:
+                self._roots.clear()
+            self._roots[path] = root
+        return root
 
     def _classify(self, path: str, primary: bool) -> Workload:
         ident = parse_cgroup_path(path)
