@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     floor = measure_softirq_floor() if args.softirq_floor else None
     if floor is not None:
-        print(f"softirq floor (the tcp victim alone, busiest second): {floor.ms_per_s} ms/s, "
-              f"delay p99 {floor.delay_p99_ms} ms", file=sys.stderr)
+        print(f"softirq floor (the tcp victim on the victim's CPU, the other CPU busy; busiest second): "
+              f"{floor.ms_per_s} ms/s, delay p99 {floor.delay_p99_ms} ms", file=sys.stderr)
     scores: list[Score] = []
     passes: list[dict] = []
     peers: list[dict] = []
