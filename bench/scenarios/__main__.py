@@ -35,7 +35,8 @@ from bench.scenarios.peers import (
     run_overhead,
     start_peer,
 )
-from bench.scenarios.runner import OTHER_CPU, Ctx, Timing, cgroup_hierarchy, measure_softirq_floor, run_pass
+from bench.scenarios.placement import keep_off, no_huge_pages_for_the_bench
+from bench.scenarios.runner import VICTIM_CPU, Ctx, Timing, cgroup_hierarchy, measure_softirq_floor, run_pass
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -145,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     # The harness (collector, detector, report) runs in this process, in no test pod: kept off the
     # victim's CPU it measures the victim instead of being its neighbour (run 2 of the quiet-machine
     # bench saw the detector, rightly, blame "/" — this process — in the busy-harmless scenario).
-    if (os.cpu_count() or 1) > 1:
-        os.sched_setaffinity(0, {OTHER_CPU})
+    # Every thread of it, and so every helper it starts (the floor's spinner, ip, bcc's tools), from
+    # here to the report; each pass does the same again for its own span (run_pass).
+    keep_off({VICTIM_CPU})
+    no_huge_pages_for_the_bench()  # khugepaged's passes over its heap: the node's work on any CPU, the victim's too
     if args.repeat < 1:
         print("error: --repeat must be at least 1", file=sys.stderr)
         return 2
@@ -160,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     floor = measure_softirq_floor() if args.softirq_floor else None
     if floor is not None:
-        print(f"softirq floor (the tcp victim alone, busiest second): {floor.ms_per_s} ms/s, "
-              f"delay p99 {floor.delay_p99_ms} ms", file=sys.stderr)
+        print(f"softirq floor (the tcp victim on the victim's CPU, the other CPU busy; busiest second): "
+              f"{floor.ms_per_s} ms/s, delay p99 {floor.delay_p99_ms} ms", file=sys.stderr)
     scores: list[Score] = []
     passes: list[dict] = []
     peers: list[dict] = []
