@@ -6,7 +6,9 @@ first thing to try is letting it burst, before anyone is punished.
 
 - CFS burst (``cpuBurstOnly`` / ``auto``): ``cpu.cfs_burst_us`` (v2 ``cpu.max.burst``) =
   limit cores * cpuBurstPercent % * period. The kernel refuses a burst larger than the quota
-  (EINVAL; checked on this kernel), so the value is capped at the quota and the plan says so.
+  (EINVAL; checked on this kernel), so the value is capped at the quota and the plan says so. Under
+  ``auto`` every quota step sets it too, on every level with a quota, capped at that level's new quota
+  (koordlet's auto sets both); it goes back with the quota when the chain is reverted.
 - Quota scaling (``cfsQuotaBurstOnly`` / ``auto``): :class:`CfsQuotaBurstController` keeps koordlet's
   loop per cgroup: x1.2 when it was throttled in the last sample and the token bucket allows it (more
   when its throttled periods asked for more, see :class:`QuotaBurstLoop`), x0.8 when the bucket refuses,
@@ -116,11 +118,15 @@ class BurstActuator(JournaledFileActuator):
             raise Refused(f"{decision.target.display} has no cfs quota at any level: nothing throttles it")
         if amount.quota_scale is not None and not self.strategy.cfs_quota_burst_enabled:
             raise Refused(f"quota scaling is off under policy {policy}")
-        want_burst = amount.burst_us is not None or (amount.quota_scale is None and self.strategy.cpu_burst_enabled)
-        if want_burst and not self.strategy.cpu_burst_enabled:
+        # A burst asked for (its burst_us, or no quota scale: a burst alone) is refused where it cannot be had.
+        asked_burst = amount.burst_us is not None or (amount.quota_scale is None and self.strategy.cpu_burst_enabled)
+        if asked_burst and not self.strategy.cpu_burst_enabled:
             raise Refused(f"cfs burst is off under policy {policy}")
-        if want_burst and all(lv.burst_us is None for lv in levels):
+        if asked_burst and all(lv.burst_us is None for lv in levels):
             raise Refused("this kernel has no CFS burst (cpu.cfs_burst_us / cpu.max.burst)")
+        # Under auto a quota step sets the CFS burst too, as koordlet's auto does (cpuBurstPercent of the limit
+        # beside the scaled quota), on the levels whose kernel has it; cfsQuotaBurstOnly scales the quota alone.
+        want_burst = asked_burst or (amount.quota_scale is not None and self.strategy.cpu_burst_enabled)
         top_factor = self.strategy.cfs_quota_burst_percent / 100.0
         per_level: list[tuple[QuotaLevel, int, int | None]] = []
         for lv in levels:
@@ -142,7 +148,7 @@ class BurstActuator(JournaledFileActuator):
             parts.append(f"quota {first.current_us / first.period_us:.2f} -> {q0 / first.period_us:.2f} cores")
             if len(per_level) > 1:
                 parts.append(f"x{q0 / first.base_us:.2f} of the base on {len(per_level)} levels (pod and containers)")
-        if want_burst:
+        if want_burst and b0 is not None:
             wanted0 = amount.burst_us if amount.burst_us is not None else \
                 int(first.base_us * self.strategy.cpu_burst_percent / 100.0)
             capped = " (capped at the quota: the kernel refuses more)" if b0 is not None and b0 < wanted0 else ""

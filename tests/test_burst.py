@@ -52,8 +52,8 @@ def test_quota_scaling_plan_clamped_and_ordered(tmp_path: Path) -> None:
     # burst = 0.5 cores * 1000 % * period = 500000 us, capped at the quota by the kernel's rule
     assert [w.new for w in plan.writes] == ["50000"] and "capped" in plan.summary
     act.apply(plan)
-    plan = act.plan(_decide(ls, quota_scale=5.0))  # clamped to 300 % of the base
-    assert [w.new for w in plan.writes] == ["150000 100000"]
+    plan = act.plan(_decide(ls, quota_scale=5.0))  # clamped to 300 % of the base; auto: the burst follows
+    assert [w.new for w in plan.writes] == ["150000 100000", "150000"]
     act.apply(plan)
     # back down to base: the burst (<= quota) must be lowered before the quota
     act.apply(act.plan(_decide(ls, quota_scale=1.5, burst_us=70000)))
@@ -66,6 +66,30 @@ def test_quota_scaling_plan_clamped_and_ordered(tmp_path: Path) -> None:
         BurstActuator(files, journal, CpuBurstStrategy(policy="cpuBurstOnly")).plan(_decide(ls, quota_scale=2.0))
     journal.restore_all()
     assert files.read_cpu_max(ls).quota_us == 50_000 and files.read_burst_us(ls) == 0
+
+
+def test_auto_sets_the_cfs_burst_with_each_quota_step_and_cfs_quota_burst_only_does_not(tmp_path: Path) -> None:
+    """koordlet's auto sets both the CFS burst and the quota scaling; cfsQuotaBurstOnly the quota alone. A quota
+    step under auto on a kernel without CFS burst still scales the quota (the burst is no reason to refuse)."""
+    pod, ctr = "kubepods.slice/pod1", "kubepods.slice/pod1/ctr"
+    files = CgroupFiles(fake_v2_host(tmp_path, ["kubepods.slice", pod, ctr]))
+    for cg in (pod, ctr):
+        files.path(CPU_MAX, cg).write_text("50000 100000\n")
+    journal = Journal(tmp_path / "j")
+    plan = BurstActuator(files, journal, CpuBurstStrategy(policy="auto", cpu_burst_percent=100),
+                         closed_loop=False).plan(_decide(pod, quota_scale=1.5))
+    # growing: parents first, each quota before its burst; the burst is 100 % of each level's base
+    assert [(Path(w.path).parent.name, Path(w.path).name, w.new) for w in plan.writes] == [
+        ("pod1", "cpu.max", "75000 100000"), ("pod1", "cpu.max.burst", "50000"),
+        ("ctr", "cpu.max", "75000 100000"), ("ctr", "cpu.max.burst", "50000")]
+    assert plan.details["burst_us"] == 50_000 and "burst 0 -> 50000 us" in plan.summary
+    only_quota = BurstActuator(files, journal, CpuBurstStrategy(policy="cfsQuotaBurstOnly"), closed_loop=False)
+    assert [Path(w.path).name for w in only_quota.plan(_decide(pod, quota_scale=1.5)).writes] == ["cpu.max", "cpu.max"]
+    for cg in (pod, ctr):
+        files.path(CPU_BURST, cg).unlink()
+    plan = BurstActuator(files, journal, CpuBurstStrategy(policy="auto"), closed_loop=False).plan(
+        _decide(pod, quota_scale=1.5))
+    assert [Path(w.path).name for w in plan.writes] == ["cpu.max", "cpu.max"] and plan.details["burst_us"] == 0
 
 
 def test_token_bucket_and_share_pool_guard() -> None:
@@ -173,6 +197,57 @@ def test_cfs_burst_cuts_throttling_of_real_ls_cgroup(make_cgroup, tmp_path: Path
         unshield()
     assert files.read_burst_us(rel) == 0 and files.read_cpu_max(rel).quota_us == 20_000
 
+
+@pytest.mark.root
+def test_auto_quota_steps_write_the_cfs_burst_on_real_pod_and_container_cgroups(make_cgroup, tmp_path: Path) -> None:
+    """Under auto each quota step sets the CFS burst too (issue 41 Deliver 5: ``cpu.max.burst`` / v1
+    ``cpu.cfs_burst_us``), on the pod and its container, at most the new quota: the kernel refuses a burst
+    above the quota (EINVAL), so a wrong write order fails here, growing and shrinking. Reverted with the
+    quota; the audit line shows it."""
+    import json
+
+    pod = make_cgroup("pod", ("cpu", "cpuacct"))
+    ctr = make_cgroup("pod/ctr", ("cpu", "cpuacct"))
+    for cg in (pod, ctr):
+        cg.write("cpu", "cpu.cfs_quota_us", "50000")
+    layout = discover(HostPaths())
+    mount = layout.hierarchy_for("cpu").mount
+    rel, rel_ctr = (str(cg.path("cpu").relative_to(mount)) for cg in (pod, ctr))
+    files = CgroupFiles(HostPaths(), layout)
+    if not files.exists(CPU_BURST, rel):
+        pytest.skip("kernel without CFS burst (cpu.cfs_burst_us / cpu.max.burst)")
+
+    def held() -> list[tuple[int | None, int]]:
+        return [(files.read_cpu_max(cg).quota_us, files.read_burst_us(cg)) for cg in (rel, rel_ctr)]
+
+    journal = Journal(tmp_path / "j")
+    act = BurstActuator(files, journal, CpuBurstStrategy(policy="auto"), closed_loop=False)
+    # cpuBurstPercent 1000 % of 0.5 cores is more than any quota here: the burst is each level's new quota
+    up = act.plan(_decide(rel, quota_scale=2.0))
+    act.apply(up)
+    assert held() == [(100_000, 100_000)] * 2
+    down = act.plan(_decide(rel, quota_scale=1.2))  # shrinking: children first, each burst before its quota
+    act.apply(down)
+    assert held() == [(60_000, 60_000)] * 2
+    assert down.details["burst_us"] == 60_000
+    for plan in (down, up):  # newest first, as the manager reverts a chain
+        act.revert(plan)
+    assert held() == [(50_000, 0)] * 2
+
+    audit = tmp_path / "audit.jsonl"
+    manager = ActuatorManager([BurstActuator(files, journal, CpuBurstStrategy(policy="auto", cpu_burst_percent=100),
+                                             closed_loop=False)],
+                              journal, ActuatorPolicy(dry_run=False), registry=CollectorRegistry(), audit_log=audit)
+    try:
+        manager.submit(_decide(rel, quota_scale=1.5))
+        rec = manager.records[-1]
+        assert rec.state == ActionState.APPLIED, rec.detail
+        assert held() == [(75_000, 50_000)] * 2
+        line = json.loads(audit.read_text().splitlines()[-1])
+        assert line["details"]["burst_us"] == 50_000 and "burst 0 -> 50000 us" in line["summary"]
+    finally:
+        manager.close()
+    assert held() == [(50_000, 0)] * 2
 
 
 def test_the_burst_loop_takes_the_tick_reading_of_the_reader_it_is_given(tmp_path: Path):

@@ -243,6 +243,14 @@ def test_burst_writes_cpu_max_burst_and_scales_quota_on_pod_and_container(node, 
     act.revert(scale)
     act.revert(burst)
     assert {cg: (_file(files, CPU_MAX, cg), _file(files, CPU_BURST, cg)) for cg in levels} == before
+    # Under auto a quota step alone sets the burst too (koordlet's auto), capped at each level's new quota
+    # (1000 % of 0.5 cores is more): the kernel refuses a burst above the quota, so the order is checked here.
+    auto = BurstActuator(files, journal, CpuBurstStrategy(policy="auto"), closed_loop=False)
+    up = auto.plan(Decision(ActionKind.BURST, Target(api.path, qos="LS"), BurstAmount(quota_scale=1.2), "t"))
+    auto.apply(up)
+    assert [(files.read_cpu_max(cg).quota_us, files.read_burst_us(cg)) for cg in levels] == [(60_000, 60_000)] * 2
+    auto.revert(up)
+    assert {cg: (_file(files, CPU_MAX, cg), _file(files, CPU_BURST, cg)) for cg in levels} == before
     assert journal.owned() == {}
 
 
