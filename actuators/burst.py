@@ -165,7 +165,9 @@ class BurstActuator(JournaledFileActuator):
             wanted0 = amount.burst_us if amount.burst_us is not None else \
                 int(first.base_us * self.strategy.cpu_burst_percent / 100.0)
             capped = " (capped at the quota: the kernel refuses more)" if b0 < wanted0 else ""
-            parts.append(f"burst {first.burst_us} -> {b0} us{capped}")
+            # a step that leaves the burst as it is says so (auto's later steps): "burst 50000 -> 50000 us" read
+            # as a write in the VM lane's audit lines
+            parts.append(f"burst {b0} us kept" if b0 == first.burst_us else f"burst {first.burst_us} -> {b0} us{capped}")
         growing = any(q > lv.current_us for lv, q, _ in per_level)
         writes: list[FileWrite] = []
         # cgroup v1 refuses a child quota above its parent's and the kernel a burst above the quota:

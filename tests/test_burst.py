@@ -293,6 +293,7 @@ def test_a_share_pool_reset_returns_the_quota_to_base_and_keeps_the_burst(make_c
         assert held() == [(50_000, 30_000)] * 2, "the reset must move the quota alone"
         reset = manager.records[-1]
         assert "share pool" in reset.decision.reason and reset.state == ActionState.APPLIED, reset.detail
+        assert reset.plan is not None and "burst 30000 us kept" in reset.plan.summary
         # the next step up moves the quota alone too: the burst was written once
         again = act.plan(dataclasses.replace(reset.decision, amount=BurstAmount(quota_scale=1.5)))
         assert {Path(w.path).name for w in again.writes} == {"cpu.cfs_quota_us"}
