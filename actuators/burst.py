@@ -6,7 +6,16 @@ first thing to try is letting it burst, before anyone is punished.
 
 - CFS burst (``cpuBurstOnly`` / ``auto``): ``cpu.cfs_burst_us`` (v2 ``cpu.max.burst``) =
   limit cores * cpuBurstPercent % * period. The kernel refuses a burst larger than the quota
-  (EINVAL; checked on this kernel), so the value is capped at the quota and the plan says so.
+  (EINVAL; checked on this kernel), so the value is capped at the quota and the plan says so. Under
+  ``auto`` the burst is static, as koordlet's is: written once, on every level with a quota, when the pod
+  is taken under burst (its first quota step), at cpuBurstPercent of that level's *base* quota capped at
+  the base (so it is at most the quota at every scale the loop can reach, in either write order), and
+  kept across the quota's steps and its resets to the base; it goes back only with the whole chain (the
+  action reverted, the pod out of the policy, the agent stopped). koordlet
+  (pkg/koordlet/qosmanager/plugins/cpuburst/cpu_burst.go): ``cpuBurst.start`` calls ``applyCPUBurst``
+  (``calcStaticCPUBurstVal``: limit * cpuBurstPercent * period) every round whatever the node's state, and
+  ``applyCFSQuotaBurst`` separately, where ``changeOperationByNode`` turns an overloaded share pool into
+  ``cfsReset``: the quota goes back to its base, the burst is not touched.
 - Quota scaling (``cfsQuotaBurstOnly`` / ``auto``): :class:`CfsQuotaBurstController` keeps koordlet's
   loop per cgroup: x1.2 when it was throttled in the last sample and the token bucket allows it (more
   when its throttled periods asked for more, see :class:`QuotaBurstLoop`), x0.8 when the bucket refuses,
@@ -91,6 +100,12 @@ class BurstActuator(JournaledFileActuator):
             levels.append(QuotaLevel(cg, base, period, cur, self.files.read_burst_us(cg) if has_burst else None))
         return levels
 
+    def static_burst_us(self, level: QuotaLevel) -> int:
+        """The CFS burst ``auto`` keeps on a level: cpuBurstPercent of its base quota (koordlet's
+        ``calcStaticCPUBurstVal``), capped at the base, which the loop never goes below: the kernel refuses
+        a burst above the quota, and a burst capped at a scaled quota would have to go at the next reset."""
+        return min(int(level.base_us * self.strategy.cpu_burst_percent / 100.0), level.base_us)
+
     def plan(self, decision: Decision) -> Plan:
         amount = decision.amount
         if not isinstance(amount, BurstAmount):
@@ -116,11 +131,15 @@ class BurstActuator(JournaledFileActuator):
             raise Refused(f"{decision.target.display} has no cfs quota at any level: nothing throttles it")
         if amount.quota_scale is not None and not self.strategy.cfs_quota_burst_enabled:
             raise Refused(f"quota scaling is off under policy {policy}")
-        want_burst = amount.burst_us is not None or (amount.quota_scale is None and self.strategy.cpu_burst_enabled)
-        if want_burst and not self.strategy.cpu_burst_enabled:
+        # A burst asked for (its burst_us, or no quota scale: a burst alone) is refused where it cannot be had.
+        asked_burst = amount.burst_us is not None or (amount.quota_scale is None and self.strategy.cpu_burst_enabled)
+        if asked_burst and not self.strategy.cpu_burst_enabled:
             raise Refused(f"cfs burst is off under policy {policy}")
-        if want_burst and all(lv.burst_us is None for lv in levels):
+        if asked_burst and all(lv.burst_us is None for lv in levels):
             raise Refused("this kernel has no CFS burst (cpu.cfs_burst_us / cpu.max.burst)")
+        # Under auto a quota step sets the CFS burst too, as koordlet's auto does (its static burst beside the
+        # scaled quota), on the levels whose kernel has it; cfsQuotaBurstOnly scales the quota alone.
+        want_burst = asked_burst or (amount.quota_scale is not None and self.strategy.cpu_burst_enabled)
         top_factor = self.strategy.cfs_quota_burst_percent / 100.0
         per_level: list[tuple[QuotaLevel, int, int | None]] = []
         for lv in levels:
@@ -131,7 +150,7 @@ class BurstActuator(JournaledFileActuator):
             if lv.burst_us is not None:
                 if want_burst:
                     wanted = amount.burst_us if amount.burst_us is not None and lv.cgroup == levels[0].cgroup else \
-                        int(lv.base_us * self.strategy.cpu_burst_percent / 100.0)
+                        self.static_burst_us(lv)
                     new_burst = min(wanted, new_quota)
                 elif lv.burst_us > new_quota:
                     new_burst = new_quota  # a lower quota must not be below the burst
@@ -142,11 +161,13 @@ class BurstActuator(JournaledFileActuator):
             parts.append(f"quota {first.current_us / first.period_us:.2f} -> {q0 / first.period_us:.2f} cores")
             if len(per_level) > 1:
                 parts.append(f"x{q0 / first.base_us:.2f} of the base on {len(per_level)} levels (pod and containers)")
-        if want_burst:
+        if want_burst and b0 is not None:
             wanted0 = amount.burst_us if amount.burst_us is not None else \
                 int(first.base_us * self.strategy.cpu_burst_percent / 100.0)
-            capped = " (capped at the quota: the kernel refuses more)" if b0 is not None and b0 < wanted0 else ""
-            parts.append(f"burst {first.burst_us} -> {b0} us{capped}")
+            capped = " (capped at the quota: the kernel refuses more)" if b0 < wanted0 else ""
+            # a step that leaves the burst as it is says so (auto's later steps): "burst 50000 -> 50000 us" read
+            # as a write in the VM lane's audit lines
+            parts.append(f"burst {b0} us kept" if b0 == first.burst_us else f"burst {first.burst_us} -> {b0} us{capped}")
         growing = any(q > lv.current_us for lv, q, _ in per_level)
         writes: list[FileWrite] = []
         # cgroup v1 refuses a child quota above its parent's and the kernel a burst above the quota:
@@ -410,14 +431,24 @@ class QuotaBurstLoop:
             if d is not None and isinstance(d.amount, BurstAmount) and d.amount.quota_scale is not None:
                 out.append(self._follow(tr, d.amount.quota_scale,
                                         f"{d.reason} (used {usage_cores:.2f} of {base_cores:.2f} cores base, "
-                                        f"throttled {ratio:.0%}, share pool {pool:.0f} %)"))
+                                        f"throttled {ratio:.0%}, share pool {pool:.0f} %)", self._kept_burst(base)))
         return out
 
+    def _kept_burst(self, top: QuotaLevel) -> int | None:
+        """The static burst a quota step under ``auto`` keeps on the pod (None: no burst to keep). A step
+        that names it is not a step back to the base for the manager: a reset or a scale-down to the base
+        moves the quota alone, the burst stays (koordlet's cfsReset). Only the verdict and a revert take
+        it back. Before, a share-pool reset reverted the whole chain, burst with it: the VM lane's bursty
+        pod went unbursted for the next ticks (self-throttle-bursty, 2026-11-29, issue 41)."""
+        if not self.actuator.strategy.cpu_burst_enabled or top.burst_us is None:
+            return None
+        return self.actuator.static_burst_us(top)
+
     @staticmethod
-    def _follow(tr: _Tracked, scale: float, why: str) -> Decision:
+    def _follow(tr: _Tracked, scale: float, why: str, burst_us: int | None = None) -> Decision:
         first = tr.decision
-        return dataclasses.replace(first, amount=BurstAmount(quota_scale=scale), reason=why, follow_up=True,
-                                   created_at=time.time())
+        return dataclasses.replace(first, amount=BurstAmount(burst_us=burst_us, quota_scale=scale), reason=why,
+                                   follow_up=True, created_at=time.time())
 
 
 def need_scale(scale: float, quota_us: int, throttled_periods: int, throttled_ns: int) -> float | None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -52,7 +53,7 @@ def test_quota_scaling_plan_clamped_and_ordered(tmp_path: Path) -> None:
     # burst = 0.5 cores * 1000 % * period = 500000 us, capped at the quota by the kernel's rule
     assert [w.new for w in plan.writes] == ["50000"] and "capped" in plan.summary
     act.apply(plan)
-    plan = act.plan(_decide(ls, quota_scale=5.0))  # clamped to 300 % of the base
+    plan = act.plan(_decide(ls, quota_scale=5.0))  # clamped to 300 % of the base; auto: the static burst stays
     assert [w.new for w in plan.writes] == ["150000 100000"]
     act.apply(plan)
     # back down to base: the burst (<= quota) must be lowered before the quota
@@ -66,6 +67,30 @@ def test_quota_scaling_plan_clamped_and_ordered(tmp_path: Path) -> None:
         BurstActuator(files, journal, CpuBurstStrategy(policy="cpuBurstOnly")).plan(_decide(ls, quota_scale=2.0))
     journal.restore_all()
     assert files.read_cpu_max(ls).quota_us == 50_000 and files.read_burst_us(ls) == 0
+
+
+def test_auto_sets_the_cfs_burst_with_each_quota_step_and_cfs_quota_burst_only_does_not(tmp_path: Path) -> None:
+    """koordlet's auto sets both the CFS burst and the quota scaling; cfsQuotaBurstOnly the quota alone. A quota
+    step under auto on a kernel without CFS burst still scales the quota (the burst is no reason to refuse)."""
+    pod, ctr = "kubepods.slice/pod1", "kubepods.slice/pod1/ctr"
+    files = CgroupFiles(fake_v2_host(tmp_path, ["kubepods.slice", pod, ctr]))
+    for cg in (pod, ctr):
+        files.path(CPU_MAX, cg).write_text("50000 100000\n")
+    journal = Journal(tmp_path / "j")
+    plan = BurstActuator(files, journal, CpuBurstStrategy(policy="auto", cpu_burst_percent=100),
+                         closed_loop=False).plan(_decide(pod, quota_scale=1.5))
+    # growing: parents first, each quota before its burst; the burst is 100 % of each level's base
+    assert [(Path(w.path).parent.name, Path(w.path).name, w.new) for w in plan.writes] == [
+        ("pod1", "cpu.max", "75000 100000"), ("pod1", "cpu.max.burst", "50000"),
+        ("ctr", "cpu.max", "75000 100000"), ("ctr", "cpu.max.burst", "50000")]
+    assert plan.details["burst_us"] == 50_000 and "burst 0 -> 50000 us" in plan.summary
+    only_quota = BurstActuator(files, journal, CpuBurstStrategy(policy="cfsQuotaBurstOnly"), closed_loop=False)
+    assert [Path(w.path).name for w in only_quota.plan(_decide(pod, quota_scale=1.5)).writes] == ["cpu.max", "cpu.max"]
+    for cg in (pod, ctr):
+        files.path(CPU_BURST, cg).unlink()
+    plan = BurstActuator(files, journal, CpuBurstStrategy(policy="auto"), closed_loop=False).plan(
+        _decide(pod, quota_scale=1.5))
+    assert [Path(w.path).name for w in plan.writes] == ["cpu.max", "cpu.max"] and plan.details["burst_us"] == 0
 
 
 def test_token_bucket_and_share_pool_guard() -> None:
@@ -173,6 +198,108 @@ def test_cfs_burst_cuts_throttling_of_real_ls_cgroup(make_cgroup, tmp_path: Path
         unshield()
     assert files.read_burst_us(rel) == 0 and files.read_cpu_max(rel).quota_us == 20_000
 
+
+@pytest.mark.root
+def test_auto_quota_steps_write_the_cfs_burst_on_real_pod_and_container_cgroups(make_cgroup, tmp_path: Path) -> None:
+    """Under auto the pod's first quota step sets the CFS burst too (issue 41 Deliver 5: ``cpu.max.burst`` /
+    v1 ``cpu.cfs_burst_us``), on the pod and its container: koordlet's static burst, cpuBurstPercent of each
+    level's base quota capped at the base (the kernel refuses a burst above the quota, EINVAL), so it holds
+    at every scale, growing and shrinking. Later steps move the quota alone; reverted with the chain; the
+    audit line shows it."""
+    import json
+
+    pod = make_cgroup("pod", ("cpu", "cpuacct"))
+    ctr = make_cgroup("pod/ctr", ("cpu", "cpuacct"))
+    for cg in (pod, ctr):
+        cg.write("cpu", "cpu.cfs_quota_us", "50000")
+    layout = discover(HostPaths())
+    mount = layout.hierarchy_for("cpu").mount
+    rel, rel_ctr = (str(cg.path("cpu").relative_to(mount)) for cg in (pod, ctr))
+    files = CgroupFiles(HostPaths(), layout)
+    if not files.exists(CPU_BURST, rel):
+        pytest.skip("kernel without CFS burst (cpu.cfs_burst_us / cpu.max.burst)")
+
+    def held() -> list[tuple[int | None, int]]:
+        return [(files.read_cpu_max(cg).quota_us, files.read_burst_us(cg)) for cg in (rel, rel_ctr)]
+
+    journal = Journal(tmp_path / "j")
+    act = BurstActuator(files, journal, CpuBurstStrategy(policy="auto"), closed_loop=False)
+    # cpuBurstPercent 1000 % of 0.5 cores is more than the base: the burst is each level's base quota
+    up = act.plan(_decide(rel, quota_scale=2.0))
+    act.apply(up)
+    assert held() == [(100_000, 50_000)] * 2
+    down = act.plan(_decide(rel, quota_scale=1.2))  # shrinking: the burst stays, the kernel takes the quota
+    assert {Path(w.path).name for w in down.writes} == {"cpu.cfs_quota_us"}
+    act.apply(down)
+    assert held() == [(60_000, 50_000)] * 2
+    assert down.details["burst_us"] == 50_000
+    for plan in (down, up):  # newest first, as the manager reverts a chain
+        act.revert(plan)
+    assert held() == [(50_000, 0)] * 2
+
+    audit = tmp_path / "audit.jsonl"
+    manager = ActuatorManager([BurstActuator(files, journal, CpuBurstStrategy(policy="auto", cpu_burst_percent=60),
+                                             closed_loop=False)],
+                              journal, ActuatorPolicy(dry_run=False), registry=CollectorRegistry(), audit_log=audit)
+    try:
+        manager.submit(_decide(rel, quota_scale=1.5))
+        rec = manager.records[-1]
+        assert rec.state == ActionState.APPLIED, rec.detail
+        assert held() == [(75_000, 30_000)] * 2
+        line = json.loads(audit.read_text().splitlines()[-1])
+        assert line["details"]["burst_us"] == 30_000 and "burst 0 -> 30000 us" in line["summary"]
+    finally:
+        manager.close()
+    assert held() == [(50_000, 0)] * 2
+
+
+@pytest.mark.root
+def test_a_share_pool_reset_returns_the_quota_to_base_and_keeps_the_burst(make_cgroup, tmp_path: Path) -> None:
+    """koordlet's rule (cpu_burst.go: ``applyCPUBurst`` every round, ``changeOperationByNode`` -> ``cfsReset``
+    of the quota alone): when the node's share pool is busy the loop puts the *quota* back to its base on the
+    pod and its container, and the CFS burst stays on both. The burst goes only when the chain does (here
+    the agent stops). Before, the reset reverted the whole chain and the burst with it: the VM lane's bursty
+    pod ran unbursted until the next step (self-throttle-bursty, run 1 not recovered, 2026-11-29)."""
+    from tests.test_burst_loop import FakeNode
+
+    pod = make_cgroup("pod", ("cpu", "cpuacct"))
+    ctr = make_cgroup("pod/ctr", ("cpu", "cpuacct"))
+    for cg in (pod, ctr):
+        cg.write("cpu", "cpu.cfs_quota_us", "50000")
+    layout = discover(HostPaths())
+    mount = layout.hierarchy_for("cpu").mount
+    rel, rel_ctr = (str(cg.path("cpu").relative_to(mount)) for cg in (pod, ctr))
+    files = CgroupFiles(HostPaths(), layout)
+    if not files.exists(CPU_BURST, rel):
+        pytest.skip("kernel without CFS burst (cpu.cfs_burst_us / cpu.max.burst)")
+
+    def held() -> list[tuple[int | None, int]]:
+        return [(files.read_cpu_max(cg).quota_us, files.read_burst_us(cg)) for cg in (rel, rel_ctr)]
+
+    journal = Journal(tmp_path / "j")
+    act = BurstActuator(files, journal, CpuBurstStrategy(policy="auto", cpu_burst_percent=60))
+    node = FakeNode(busy_percent=90.0)  # the share pool over its threshold (50 %) from the first reading
+    act.loop._read_node = node
+    manager = ActuatorManager([act], journal, ActuatorPolicy(dry_run=False), registry=CollectorRegistry())
+    try:
+        manager.submit(_decide(rel, quota_scale=2.0))
+        assert manager.records[-1].state == ActionState.APPLIED, manager.records[-1].detail
+        assert held() == [(100_000, 30_000)] * 2
+        for _ in range(4):  # the loop needs two readings of the pod and of the node before it judges
+            time.sleep(0.05)
+            manager.observe({}, time.monotonic())
+            if held()[0][0] == 50_000:
+                break
+        assert held() == [(50_000, 30_000)] * 2, "the reset must move the quota alone"
+        reset = manager.records[-1]
+        assert "share pool" in reset.decision.reason and reset.state == ActionState.APPLIED, reset.detail
+        assert reset.plan is not None and "burst 30000 us kept" in reset.plan.summary
+        # the next step up moves the quota alone too: the burst was written once
+        again = act.plan(dataclasses.replace(reset.decision, amount=BurstAmount(quota_scale=1.5)))
+        assert {Path(w.path).name for w in again.writes} == {"cpu.cfs_quota_us"}
+    finally:
+        manager.close()
+    assert held() == [(50_000, 0)] * 2 and not journal.owned()
 
 
 def test_the_burst_loop_takes_the_tick_reading_of_the_reader_it_is_given(tmp_path: Path):

@@ -243,6 +243,22 @@ def test_burst_writes_cpu_max_burst_and_scales_quota_on_pod_and_container(node, 
     act.revert(scale)
     act.revert(burst)
     assert {cg: (_file(files, CPU_MAX, cg), _file(files, CPU_BURST, cg)) for cg in levels} == before
+    # Under auto a quota step alone sets the burst too, koordlet's static burst: 1000 % of 0.5 cores is more
+    # than the base quota, so each level's burst is its base (the kernel refuses a burst above the quota), and
+    # the loop's reset to the base (its decision carries the burst it keeps) moves the quota alone.
+    auto = BurstActuator(files, journal, CpuBurstStrategy(policy="auto"), closed_loop=False)
+    up = auto.plan(Decision(ActionKind.BURST, Target(api.path, qos="LS"), BurstAmount(quota_scale=1.2), "t"))
+    auto.apply(up)
+    held = [(files.read_cpu_max(cg).quota_us, files.read_burst_us(cg)) for cg in levels]
+    assert held == [(60_000, 50_000)] * 2
+    reset = auto.plan(Decision(ActionKind.BURST, Target(api.path, qos="LS"),
+                               BurstAmount(burst_us=50_000, quota_scale=1.0), "t", follow_up=True))
+    assert {Path(w.path).name for w in reset.writes} == {files.path(CPU_MAX, api.rel).name}
+    auto.apply(reset)
+    assert [(files.read_cpu_max(cg).quota_us, files.read_burst_us(cg)) for cg in levels] == [(50_000, 50_000)] * 2
+    auto.revert(reset)
+    auto.revert(up)
+    assert {cg: (_file(files, CPU_MAX, cg), _file(files, CPU_BURST, cg)) for cg in levels} == before
     assert journal.owned() == {}
 
 
