@@ -521,11 +521,15 @@ def _totals(readings: Mapping[str, PsiReading]) -> list[tuple[str, int | None, i
     return [(resource, r.some.total_us if r.some else None, r.full.total_us if r.full else None)
             for resource, r in readings.items()]
 
-def changed_ids(before: Mapping[int, int] | None, now: Mapping[int, int]) -> list[int]:
-    """Ids whose activity count differs from ``before`` (all of them when there is no before)."""
+def changed_ids(before: Mapping[int, int] | None, now: Mapping[int, int],
+                among: Iterable[int] | None = None) -> list[int]:
+    """Ids whose activity count differs from ``before`` (all of them when there is no before). ``among``:
+    only these ids are looked at, in their order (those a probe says moved); ids not in ``now`` are not."""
     if before is None:
         return list(now)
-    return [cgid for cgid, n in now.items() if before.get(cgid) != n]
+    if among is None:
+        return [cgid for cgid, n in now.items() if before.get(cgid) != n]
+    return [cgid for cgid in among if cgid in now and before.get(cgid) != now[cgid]]
 
 
 def _depth(path: str) -> int:
