@@ -957,13 +957,29 @@ def render_text(exporter: Exporter, tail: bytes = b"") -> bytes:
     return b"".join(out)
 
 
+_BUCKET_LES_BYTES = tuple(le.encode() for le in BUCKET_LES)
+_INF_LE = b"+Inf"
+_GO_INTEGRAL_BELOW = 1_000_000  # floatToGoString writes n.0 for these; from 1e6 on, an exponent (1e+06)
+
+
+def _count_text(n: int) -> bytes:
+    """``floatToGoString(float(n)).encode()`` of a count, without the float and its repr for the counts
+    a histogram holds (0 up to a million: "n.0"); the rest through floatToGoString itself."""
+    return b"%d.0" % n if 0 <= n < _GO_INTEGRAL_BELOW else floatToGoString(n).encode()
+
+
 def _hist_numbers(hist: LatencyHistogram, top_slot: int, bottom_slot: int) -> tuple[bytes, ...]:
-    """A histogram's text less its names and labels: each bucket's le and count, then its count and sum."""
-    out: list[str] = []
-    for le, count in histogram_buckets(hist, top_slot, bottom_slot):
-        out += (le, floatToGoString(count))
-    out += (floatToGoString(hist.count), floatToGoString(hist.sum_ns / 1e9))
-    return tuple(x.encode() for x in out)
+    """A histogram's text less its names and labels: each bucket's le and count, then its count and sum.
+    The text of :func:`histogram_buckets`'s buckets, made from the integers (each float went through
+    floatToGoString: most of the scrape's histogram work)."""
+    slots, count = hist.slots, hist.count
+    seen = sum(slots[:bottom_slot])
+    out: list[bytes] = []
+    for slot in range(bottom_slot, min(top_slot + 1, len(slots))):
+        seen += slots[slot]
+        out += (_BUCKET_LES_BYTES[slot], _count_text(min(seen, count)))
+    out += (_INF_LE, _count_text(count), _count_text(count), floatToGoString(hist.sum_ns / 1e9).encode())
+    return tuple(out)
 
 
 def _hist_text(name: str, head: str, numbers: tuple[bytes, ...]) -> bytes:

@@ -146,29 +146,36 @@ class _Watched:
 
 
 class _NotingReader:
-    """A file reader that notes the text of the cgroup's usage files as they go by (``_Seen.note``): a
-    wheel turn that finds the same text skips that kind's other files, also when the cgroup was read (it
-    ran) since its last turn. One per watch and way of reading, pointed at the cgroup being read: no
-    closure, dict or file name made per read. A file is told by its name's end: every file read through it
-    is the one cgroup's, and no other file it reads ends in "/" + a usage file's name."""
+    """A file reader that notes the text of the cgroup's usage files as the cgroup's readers ask for them
+    (``usage`` for its CPU usage file, ``memory_usage`` for its memory usage file: ``_Seen.note``): a wheel
+    turn that finds the same text skips that kind's other files, also when the cgroup was read (it ran)
+    since its last turn. Its other files are read through ``read``. One per watch and way of reading,
+    pointed at the cgroup being read: no closure, dict or file name made per read. A kind the watch has
+    no file of (``_Files``) is not noted."""
 
-    __slots__ = ("cpu_end", "memory_end", "read", "tick", "watched")
+    __slots__ = ("notes_cpu", "notes_memory", "read", "tick", "watched")
 
     def __init__(self, files: _Files, read: Callable[[str], str | None]) -> None:
         self.read = read
-        self.cpu_end = f"/{files.usage[1]}" if files.usage is not None else None
-        self.memory_end = f"/{files.memory_usage[1]}" if files.memory_usage is not None else None
+        self.notes_cpu = files.usage is not None
+        self.notes_memory = files.memory_usage is not None
         self.watched: _Watched | None = None
         self.tick = 0
 
-    def __call__(self, file: str) -> str | None:
+    def usage(self, file: str) -> str | None:
+        """Its CPU usage file (``_Files.usage``), noted."""
         text = self.read(file)
-        w = self.watched
-        assert w is not None
-        if self.cpu_end is not None and file.endswith(self.cpu_end):
-            w.cpu_seen.note(text, self.tick)
-        elif self.memory_end is not None and file.endswith(self.memory_end):
-            w.memory_seen.note(text, self.tick)
+        if self.notes_cpu:
+            assert self.watched is not None
+            self.watched.cpu_seen.note(text, self.tick)
+        return text
+
+    def memory_usage(self, file: str) -> str | None:
+        """Its memory usage file (``_Files.memory_usage``), noted."""
+        text = self.read(file)
+        if self.notes_memory:
+            assert self.watched is not None
+            self.watched.memory_seen.note(text, self.tick)
         return text
 
 
@@ -397,7 +404,7 @@ class CgroupWatch:
             limits = full or (path in self._moving and t - w.last_limits_tick >= self.memory_refresh_ticks)
             if limits:
                 w.last_limits_tick = t
-            cpu = w.cpu_reader.read(limits, read) if w.cpu_reader is not None else None
+            cpu = w.cpu_reader.read(limits, read.read, read.usage) if w.cpu_reader is not None else None
             if cpu is None:
                 self.cpu.pop(path, None)
             else:
@@ -409,7 +416,7 @@ class CgroupWatch:
         else:
             self._moving.discard(path)
         if memory and not (full and path in self.mem and self._unchanged(w, self.files.memory_usage)):
-            mem = w.mem_reader.read(read) if w.mem_reader is not None else None
+            mem = w.mem_reader.read(read.read, read.memory_usage) if w.mem_reader is not None else None
             w.last_memory_tick = t
             if mem is None:  # no memory files (no such controller for it, or gone): new only if it had some
                 replaced = self.mem.pop(path, None) is not None or replaced
@@ -422,7 +429,7 @@ class CgroupWatch:
                 w.has_psi = _has_psi(w)
         percpu_file = w.file(self.files.percpu) if moving else None
         if percpu_file is not None:  # where it ran moves only when it runs (and at first sight)
-            text = read(percpu_file)
+            text = read.read(percpu_file)
             if text is not None:
                 try:
                     self.percpu[path] = CPUACCT_USAGE_PERCPU.parse(1, text)
@@ -521,11 +528,15 @@ def _totals(readings: Mapping[str, PsiReading]) -> list[tuple[str, int | None, i
     return [(resource, r.some.total_us if r.some else None, r.full.total_us if r.full else None)
             for resource, r in readings.items()]
 
-def changed_ids(before: Mapping[int, int] | None, now: Mapping[int, int]) -> list[int]:
-    """Ids whose activity count differs from ``before`` (all of them when there is no before)."""
+def changed_ids(before: Mapping[int, int] | None, now: Mapping[int, int],
+                among: Iterable[int] | None = None) -> list[int]:
+    """Ids whose activity count differs from ``before`` (all of them when there is no before). ``among``:
+    only these ids are looked at, in their order (those a probe says moved); ids not in ``now`` are not."""
     if before is None:
         return list(now)
-    return [cgid for cgid, n in now.items() if before.get(cgid) != n]
+    if among is None:
+        return [cgid for cgid, n in now.items() if before.get(cgid) != n]
+    return [cgid for cgid in among if cgid in now and before.get(cgid) != now[cgid]]
 
 
 def _depth(path: str) -> int:

@@ -51,9 +51,7 @@ def _changed_ids(probe: str, prev: Any, snap: Any, before: Mapping[int, int] | N
     nothing; else by comparing every id. The same ids in the same order either way."""
     moved_of = BY_NAME[probe].activity_moved
     moved = moved_of(prev, snap) if moved_of is not None and before is not None and prev is not None else None
-    if moved is None or before is None:
-        return changed_ids(before, now)
-    return [cgid for cgid in moved if cgid in now and before.get(cgid) != now[cgid]]
+    return changed_ids(before, now, moved)
 
 
 # What each degraded code says to people (the /readyz "degraded" text beside the code).

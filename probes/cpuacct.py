@@ -329,18 +329,21 @@ class CgroupCpuReader:
         return [f for f in (self.usage_file, self.acct_file, self.stat_file, self.quota_file, self.period_file,
                             self.max_file) if f is not None]
 
-    def read(self, limits: bool = False, read_small: ReadText = read_small) -> CgroupCpuStat | None:
-        """``read_small``: how to read one file (HotFiles.read keeps hot ones open)."""
+    def read(self, limits: bool = False, read_small: ReadText = read_small,
+             read_usage: ReadText | None = None) -> CgroupCpuStat | None:
+        """``read_small``: how to read one file (HotFiles.read keeps hot ones open); ``read_usage``: how to
+        read its usage file (``cpuacct.usage`` on v1, ``cpu.stat`` on v2), where the caller notes it."""
+        usage = read_usage or read_small
         if self.version == 2:
-            return self._read_v2(limits or not self._limits_read, read_small)
+            return self._read_v2(limits or not self._limits_read, read_small, usage)
         if self.version == 1:
-            return self._read_v1(limits or not self._limits_read, read_small)
+            return self._read_v1(limits or not self._limits_read, read_small, usage)
         return None
 
-    def _read_v1(self, limits: bool, read_small: ReadText) -> CgroupCpuStat | None:
+    def _read_v1(self, limits: bool, read_small: ReadText, read_usage: ReadText) -> CgroupCpuStat | None:
         if self.usage_file is None or self.acct_file is None:
             return None
-        usage_text = read_small(self.usage_file)
+        usage_text = read_usage(self.usage_file)
         usage = None if usage_text is None else CPUACCT_USAGE.parse_or_none(1, usage_text)
         if usage is None:
             return None
@@ -369,10 +372,10 @@ class CgroupCpuReader:
             stat = parse_flat_keyed(stat_text)
         return _v1_stat(usage, acct.get("user"), acct.get("system"), self.ticks, stat, self.quota_us, self.period_us)
 
-    def _read_v2(self, limits: bool, read_small: ReadText) -> CgroupCpuStat | None:
+    def _read_v2(self, limits: bool, read_small: ReadText, read_usage: ReadText) -> CgroupCpuStat | None:
         if self.stat_file is None:
             return None
-        text = read_small(self.stat_file)
+        text = read_usage(self.stat_file)
         stat = None if text is None else parse_flat_keyed(text)
         if stat is None or "usage_usec" not in stat:
             return None

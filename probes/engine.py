@@ -229,6 +229,11 @@ class LibbpfProbe:
     def map_delete(self, name: str, key: bytes) -> bool:
         return self._map(name).delete(key)
 
+    def map_take(self, name: str, key: bytes) -> bytes | list[bytes] | None:
+        """An entry's value, deleted in the same syscall (None: absent); an OSError where the kernel
+        cannot do that for this kind of map (hash maps before Linux 5.14)."""
+        return self._map(name).take(key)
+
     def map_update(self, name: str, key: bytes, value: bytes) -> None:
         """Set a value (per-CPU maps: `value` holds every CPU's, 8-byte aligned, in CPU order)."""
         self._map(name).update(key, value)

@@ -379,6 +379,18 @@ class BpfMap:
             raise BpfError(f"bpf_map_lookup_elem({self.name})", e)
         return self.split(vbuf.raw)
 
+    def take(self, key: bytes) -> bytes | list[bytes] | None:
+        """One value taken out with its key in one syscall (BPF_MAP_LOOKUP_AND_DELETE_ELEM; hash maps from
+        Linux 5.14: older kernels say EINVAL or ENOTSUPP, raised), None if absent."""
+        kbuf = ctypes.create_string_buffer(key, self.key_size)
+        vbuf = ctypes.create_string_buffer(self._stride)
+        if self._lib.lib.bpf_map_lookup_and_delete_elem(self.fd, kbuf, vbuf):
+            e = ctypes.get_errno()
+            if e == errno.ENOENT:
+                return None
+            raise BpfError(f"bpf_map_lookup_and_delete_elem({self.name})", e)
+        return self.split(vbuf.raw)
+
     def update(self, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
         """Set a value; a short `value` is padded with zeros (b"" zeroes the entry, every CPU's)."""
         kbuf = ctypes.create_string_buffer(key, self.key_size)

@@ -312,6 +312,7 @@ class MemStatReader:
     V2_DECLARED = (MEMORY_EVENTS, MEMORY_USAGE, MEMORY_MAX)  # parse_v2's order
     V1_FILES = tuple(f.name(1) for f in V1_DECLARED)
     V2_FILES = tuple(f.name(2) for f in V2_DECLARED)
+    USAGE_AT = {1: V1_DECLARED.index(MEMORY_USAGE), 2: V2_DECLARED.index(MEMORY_USAGE)}  # in other_files
 
     def __init__(self, layout: CgroupLayout, cgroup_path: str) -> None:
         hierarchy = layout.hierarchy_for("memory")
@@ -332,14 +333,18 @@ class MemStatReader:
     def files(self) -> list[str]:
         return [self.stat_file, *self.other_files] if self.version else []
 
-    def read(self, read_small: ReadText = read_small) -> MemStat | None:
-        """``read_small``: how to read one file (HotFiles.read keeps hot ones open)."""
+    def read(self, read_small: ReadText = read_small, read_usage: ReadText | None = None) -> MemStat | None:
+        """``read_small``: how to read one file (HotFiles.read keeps hot ones open); ``read_usage``: how to
+        read its usage file (``memory.usage_in_bytes`` on v1, ``memory.current`` on v2), where the caller
+        notes it."""
         if not self.version:
             return None
         stat = read_small(self.stat_file)
         if stat is None:
             return None
-        files = [read_small(f) for f in self.other_files]
+        usage_at = self.USAGE_AT[self.version]
+        files = [read_small(f) if read_usage is None or i != usage_at else read_usage(f)
+                 for i, f in enumerate(self.other_files)]
         required = files[:3] if self.version == 1 else files  # v1: oom_control may be absent
         if any(t is None for t in required) and not os.path.isdir(self.dir):
             return None  # removed between the reads

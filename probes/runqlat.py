@@ -10,7 +10,6 @@ the victim. Counters are cumulative like the histograms: diff two snapshots (`to
 from __future__ import annotations
 
 import ctypes
-import itertools
 import math
 import os
 import struct
@@ -298,7 +297,6 @@ class RankedCulprit:
 
 K = TypeVar("K")
 V = TypeVar("V")
-_SNAPSHOT_SERIALS = itertools.count(1)  # each reader's snapshot gets the next one (0: one built by hand)
 
 
 class MovedDict(dict[K, V], Generic[K, V]):
@@ -358,19 +356,21 @@ class RunqSnapshot:
     culprit_drop_ns: int = 0  # foreign wait whose culprit was lost to a full matrix (in foreign_wait_ns)
     culprits_available: bool = False
     table_use: dict[str, tuple[int, int]] = field(default_factory=dict)  # table -> (slots used, slots)
-    # What moved since the reader's snapshot numbered `read_after` (its `serial`): the cgroups whose
+    # What moved since the reader's snapshot whose `token` is `read_after`: the cgroups whose
     # histogram and wait split were read again, the pairs whose totals changed, each in its dict's
     # order. Every other entry is the very object of that snapshot, so delta between the two walks only
     # these (an idle cgroup costs nothing). None: not known (a snapshot built by hand): walk them all.
-    serial: int = field(default=0, compare=False)
-    read_after: int = field(default=-1, compare=False)
+    # Each snapshot's own token (a new object: one built by hand never matches a reader's), and the token
+    # of the reader's snapshot just before it (None: not known).
+    token: object = field(default_factory=object, compare=False)
+    read_after: object | None = field(default=None, compare=False)
     moved_cgroups: tuple[int, ...] | None = field(default=None, compare=False)
     moved_pairs: tuple[tuple[int, int], ...] | None = field(default=None, compare=False)
 
     def moved_since(self, prev: RunqSnapshot | None) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]] | None:
         """(cgroups, pairs) that can differ from `prev`, when `prev` is the reader's snapshot just
         before this one; None when that is not known."""
-        if prev is None or self.read_after != prev.serial or self.moved_cgroups is None or self.moved_pairs is None:
+        if prev is None or self.read_after is not prev.token or self.moved_cgroups is None or self.moved_pairs is None:
             return None
         return self.moved_cgroups, self.moved_pairs
 
@@ -806,7 +806,7 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         # Which cgroups moved since the last snapshot (RunqSnapshot.moved_cgroups); _wait_split has
         # the same keys, set and dropped with these.
         self._per_cgroup: MovedDict[int, LatencyHistogram] = MovedDict()
-        self._last_serial = -1  # the last snapshot handed out (what the moved keys are since)
+        self._last_token: object | None = None  # the last snapshot's token (what the moved keys are since)
         self._per_cpu: list[LatencyHistogram] = []  # each CPU's histogram as last read and decoded
         self._cpu_counts = np.zeros(0, dtype="<u8")  # their counts then
         mapped = self.probe.map_mmap("runq_cpu_hist") if hasattr(self.probe, "map_mmap") else None
@@ -877,13 +877,14 @@ class RunqLatProbe(BpfProbe[RunqOutlier]):
         drops["culprit_map_full"] = culprit_drops
         drops["cgroup_map_full"] = max(drops.get("key_map_full", 0) - culprit_drops, 0)
         self._report_full_tables(drops)
-        serial, read_after, self._last_serial = next(_SNAPSHOT_SERIALS), self._last_serial, -1
+        # Unchained until this snapshot is built: one that fails midway leaves the next one unchained.
+        token, read_after, self._last_token = object(), self._last_token, None
         snap = RunqSnapshot(
             time.monotonic(), dict(self._per_cgroup), per_cpu, drops, dict(self._wait_split),
             dict(self.pairs.totals), culprit_drop_ns, self.culprits_available, self.table_use,
-            serial, read_after, self._per_cgroup.take_moved(), self.pairs.totals.take_moved(),
+            token, read_after, self._per_cgroup.take_moved(), self.pairs.totals.take_moved(),
         )
-        self._last_serial = serial
+        self._last_token = token
         return snap
 
     def _read_cpu_histograms(self) -> list[LatencyHistogram]:

@@ -256,6 +256,16 @@ def _nonzero_u32(blob: bytes, record_size: int, offset: int) -> list[int]:
     return [int(i) for i in np.flatnonzero(words[offset // 4 :: record_size // 4])]
 
 
+def _stale_slots(blob: bytes, cutoff_ns: int) -> list[int]:
+    """Indexes of the in-flight slots (``SLOT_SIZE`` bytes each, ``_SLOT_HEAD`` first: sk, then the
+    start's ts) holding a socket whose start is older than ``cutoff_ns`` (ts 0: being filled, never
+    stale). Scanned without a Python step per slot: the array has 8,192 and almost all are free."""
+    words = SLOT_SIZE // 8
+    slots = np.frombuffer(blob, dtype="<u8", count=len(blob) // SLOT_SIZE * words).reshape(-1, words)
+    sk, ts = slots[:, 0], slots[:, 1]
+    return [int(i) for i in np.flatnonzero((sk != 0) & (ts > 0) & (ts < np.uint64(max(cutoff_ns, 0))))]
+
+
 class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
     def __init__(
         self,
@@ -380,11 +390,9 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         self._last_sweep = time.monotonic()
         cutoff = time.monotonic_ns() - max_age_ns
         swept = 0
-        for key, value in self.probe.map_items("inflight_slots"):
-            sk, ts = _SLOT_HEAD.unpack_from(value)  # type: ignore[arg-type]
-            if sk and 0 < ts < cutoff:
-                self.probe.map_zero("inflight_slots", key)
-                swept += 1
+        for index in _stale_slots(self.probe.map_array_values("inflight_slots"), cutoff):
+            self.probe.map_zero("inflight_slots", index.to_bytes(4, "little"))
+            swept += 1
         stale = [key for key, value in self.probe.map_items("inflight") if _START_TS.unpack_from(value)[0] < cutoff]  # type: ignore[arg-type]
         swept += sum(1 for key in stale if self.probe.map_delete("inflight", key))
         return swept

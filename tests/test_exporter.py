@@ -508,8 +508,8 @@ def test_unchanged_histograms_are_not_rendered_again(monkeypatch) -> None:
 
     exporter, _ = _exporter(per_cpu_series=True)
     rendered: list[LatencyHistogram] = []
-    real = ex.histogram_buckets
-    monkeypatch.setattr(ex, "histogram_buckets", lambda hist, *a: (rendered.append(hist), real(hist, *a))[1])
+    real = ex._hist_numbers  # a histogram's bucket text is made there
+    monkeypatch.setattr(ex, "_hist_numbers", lambda hist, *a: (rendered.append(hist), real(hist, *a))[1])
     exporter.update(snap([h0, h1]))
     first = ex.render_text(exporter)
     assert rendered == [h0, h1]
@@ -586,3 +586,24 @@ def test_the_cap_keeps_its_choice_and_replaces_a_gone_cgroup_like_a_fresh_sort()
     fresh._exported = set(first)  # what the capped exporter had exported before the change
     assert after == _capped(fresh, [k for k in keys if k != gone])[0]
     assert sorted(k.pod for k in after) == ["p1", "p5", "p6"] and rest == 2.0
+
+
+def test_histogram_text_from_integers_is_floatToGoString_of_the_buckets() -> None:
+    """The scrape writes a histogram's bucket counts from its integers (n.0 below a million): the same
+    text as floatToGoString of histogram_buckets' floats, at every magnitude (1e+06 and up go through
+    floatToGoString) and with the buckets clipped to a count that lags its slots."""
+    import random
+
+    from prometheus_client.utils import floatToGoString
+
+    rng = random.Random(39)
+    top, bottom = ex.top_slot_for(ex.DEFAULT_MAX_BUCKET_SECONDS), ex.bottom_slot_for(ex.DEFAULT_MIN_BUCKET_SECONDS)
+    for _ in range(3000):
+        magnitude = rng.choice((1, 10, 999_999, 10**6, 10**7, 10**15, 2**64))
+        slots = tuple(rng.randrange(magnitude) for _ in range(HIST_SLOTS))
+        count = max(sum(slots) - rng.choice((0, 0, 1, 5)), 0)  # a slot ahead of the count: clipped
+        hist = LatencyHistogram(slots, rng.randrange(10**15), count, 0)
+        for t, b in ((top, bottom), (HIST_SLOTS - 1, 0)):
+            expected = [x for le, n in histogram_buckets(hist, t, b) for x in (le, floatToGoString(n))]
+            expected += [floatToGoString(hist.count), floatToGoString(hist.sum_ns / 1e9)]
+            assert ex._hist_numbers(hist, t, b) == tuple(x.encode() for x in expected)

@@ -5,6 +5,7 @@ node has."""
 
 from __future__ import annotations
 
+import errno
 import struct
 
 from probes.striped_slots import SLOT_READ_AHEAD, StripedSlots
@@ -117,3 +118,57 @@ def test_moved_cgroup_slots_decode_at_once_as_copy_by_copy() -> None:
     assert got[2] == (LatencyHistogram.empty(), WaitSplit())
     assert decode_cgroup_slots([]) == [] and decode_cgroup_slots([[]]) == [(LatencyHistogram.empty(), WaitSplit())]
     assert all(type(n) is int for n in got[0][0].slots)  # Python ints, as struct gives: no numpy scalars leak
+
+
+class FakeIndexedSlots:
+    """The calls free() makes: the index (key -> 4-byte slot), the stats copies zeroed one by one (no
+    map_mmap), the free stack; with or without a kernel that takes a hash entry out in one call."""
+
+    def __init__(self, take: str) -> None:
+        self.index = {KEY.pack(k): (k - 100).to_bytes(4, "little") for k in range(100, 104)}
+        self.calls: list[str] = []
+        self.pushed: list[bytes] = []
+        self.take = take  # "works", "einval" (a kernel before 5.14) or "absent" (an engine without it)
+
+    def map_lookup(self, name: str, key: bytes) -> bytes | None:
+        self.calls.append(f"lookup {name}")
+        return self.index.get(key)
+
+    def map_delete(self, name: str, key: bytes) -> bool:
+        self.calls.append(f"delete {name}")
+        return self.index.pop(key, None) is not None
+
+    def map_zero(self, name: str, key: bytes) -> None:
+        self.calls.append(f"zero {name}")
+
+    def map_push(self, name: str, value: bytes) -> None:
+        self.calls.append(f"push {name}")
+        self.pushed.append(value)
+
+
+class TakingSlots(FakeIndexedSlots):
+    def map_take(self, name: str, key: bytes) -> bytes | None:
+        self.calls.append(f"take {name}")
+        if self.take == "einval":
+            raise OSError(errno.EINVAL, "bpf_map_lookup_and_delete_elem: Invalid argument")
+        return self.index.pop(key, None)
+
+
+def test_a_freed_slot_leaves_the_index_in_one_call_where_the_kernel_can() -> None:
+    """Quiet pairs give their slots back by the hundred: the index entry goes with one lookup-and-delete
+    (Linux 5.14+), not a lookup then a delete; a kernel that refuses it (EINVAL) and an engine without
+    it get the two calls, with the same slots freed, zeroed and pushed."""
+    zeroes = ["zero stats"] * CPUS
+    runs = {}
+    for maps in (TakingSlots("works"), TakingSlots("einval"), FakeIndexedSlots("absent")):
+        slots = StripedSlots(maps, "index", "stats", "free", VALUE, KEY.size, CPUS, (0, 1, 2))  # type: ignore[arg-type]
+        assert slots.free(KEY.pack(101)) and slots.free(KEY.pack(103))
+        assert not slots.free(KEY.pack(101))  # gone already
+        runs[maps.take] = maps.calls
+        assert maps.pushed == [(1).to_bytes(4, "little"), (3).to_bytes(4, "little")]
+        assert set(maps.index) == {KEY.pack(100), KEY.pack(102)}
+    assert runs["works"] == [*["take index", *zeroes, "push free"] * 2, "take index"]
+    # refused once, then never asked again
+    assert runs["einval"] == ["take index", *["lookup index", "delete index", *zeroes, "push free"] * 2,
+                              "lookup index"]
+    assert runs["absent"] == [*["lookup index", "delete index", *zeroes, "push free"] * 2, "lookup index"]
