@@ -382,13 +382,9 @@ class BpfMap:
     def take(self, key: bytes) -> bytes | list[bytes] | None:
         """One value taken out with its key in one syscall (BPF_MAP_LOOKUP_AND_DELETE_ELEM; hash maps from
         Linux 5.14: older kernels say EINVAL or ENOTSUPP, raised), None if absent."""
-        kbuf = ctypes.create_string_buffer(key, self.key_size)
         vbuf = ctypes.create_string_buffer(self._stride)
-        if self._lib.lib.bpf_map_lookup_and_delete_elem(self.fd, kbuf, vbuf):
-            e = ctypes.get_errno()
-            if e == errno.ENOENT:
-                return None
-            raise BpfError(f"bpf_map_lookup_and_delete_elem({self.name})", e)
+        if not self._lookup_and_delete(ctypes.create_string_buffer(key, self.key_size), vbuf):
+            return None
         return self.split(vbuf.raw)
 
     def update(self, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
@@ -407,12 +403,17 @@ class BpfMap:
     def pop(self) -> bytes | None:
         """Take the next value of a queue or stack map (None: it is empty)."""
         vbuf = ctypes.create_string_buffer(self.value_size)
-        if self._lib.lib.bpf_map_lookup_and_delete_elem(self.fd, None, vbuf):
+        return vbuf.raw if self._lookup_and_delete(None, vbuf) else None
+
+    def _lookup_and_delete(self, kbuf: ctypes.Array | None, vbuf: ctypes.Array) -> bool:
+        """BPF_MAP_LOOKUP_AND_DELETE_ELEM into ``vbuf`` (``kbuf`` None: a queue or stack's next value);
+        False when there was nothing to take (ENOENT), any other error raised."""
+        if self._lib.lib.bpf_map_lookup_and_delete_elem(self.fd, kbuf, vbuf):
             e = ctypes.get_errno()
             if e == errno.ENOENT:
-                return None
+                return False
             raise BpfError(f"bpf_map_lookup_and_delete_elem({self.name})", e)
-        return vbuf.raw
+        return True
 
     def delete(self, key: bytes) -> bool:
         kbuf = ctypes.create_string_buffer(key, self.key_size)

@@ -7,6 +7,7 @@ import dataclasses
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -199,15 +200,10 @@ def test_cfs_burst_cuts_throttling_of_real_ls_cgroup(make_cgroup, tmp_path: Path
     assert files.read_burst_us(rel) == 0 and files.read_cpu_max(rel).quota_us == 20_000
 
 
-@pytest.mark.root
-def test_auto_quota_steps_write_the_cfs_burst_on_real_pod_and_container_cgroups(make_cgroup, tmp_path: Path) -> None:
-    """Under auto the pod's first quota step sets the CFS burst too (issue 41 Deliver 5: ``cpu.max.burst`` /
-    v1 ``cpu.cfs_burst_us``), on the pod and its container: koordlet's static burst, cpuBurstPercent of each
-    level's base quota capped at the base (the kernel refuses a burst above the quota, EINVAL), so it holds
-    at every scale, growing and shrinking. Later steps move the quota alone; reverted with the chain; the
-    audit line shows it."""
-    import json
-
+def _pod_and_container_at_half_a_core(make_cgroup) -> tuple[CgroupFiles, str, Callable[[], list[tuple[int | None, int]]]]:
+    """A real pod cgroup and its container, each with a 50 ms quota: the files, the pod's path relative
+    to the cpu mount, and what both hold now ((quota, burst) of the pod, then of the container).
+    Skips on a kernel without CFS burst."""
     pod = make_cgroup("pod", ("cpu", "cpuacct"))
     ctr = make_cgroup("pod/ctr", ("cpu", "cpuacct"))
     for cg in (pod, ctr):
@@ -221,6 +217,19 @@ def test_auto_quota_steps_write_the_cfs_burst_on_real_pod_and_container_cgroups(
 
     def held() -> list[tuple[int | None, int]]:
         return [(files.read_cpu_max(cg).quota_us, files.read_burst_us(cg)) for cg in (rel, rel_ctr)]
+    return files, rel, held
+
+
+@pytest.mark.root
+def test_auto_quota_steps_write_the_cfs_burst_on_real_pod_and_container_cgroups(make_cgroup, tmp_path: Path) -> None:
+    """Under auto the pod's first quota step sets the CFS burst too (issue 41 Deliver 5: ``cpu.max.burst`` /
+    v1 ``cpu.cfs_burst_us``), on the pod and its container: koordlet's static burst, cpuBurstPercent of each
+    level's base quota capped at the base (the kernel refuses a burst above the quota, EINVAL), so it holds
+    at every scale, growing and shrinking. Later steps move the quota alone; reverted with the chain; the
+    audit line shows it."""
+    import json
+
+    files, rel, held = _pod_and_container_at_half_a_core(make_cgroup)
 
     journal = Journal(tmp_path / "j")
     act = BurstActuator(files, journal, CpuBurstStrategy(policy="auto"), closed_loop=False)
@@ -262,19 +271,7 @@ def test_a_share_pool_reset_returns_the_quota_to_base_and_keeps_the_burst(make_c
     pod ran unbursted until the next step (self-throttle-bursty, run 1 not recovered, 2026-11-29)."""
     from tests.test_burst_loop import FakeNode
 
-    pod = make_cgroup("pod", ("cpu", "cpuacct"))
-    ctr = make_cgroup("pod/ctr", ("cpu", "cpuacct"))
-    for cg in (pod, ctr):
-        cg.write("cpu", "cpu.cfs_quota_us", "50000")
-    layout = discover(HostPaths())
-    mount = layout.hierarchy_for("cpu").mount
-    rel, rel_ctr = (str(cg.path("cpu").relative_to(mount)) for cg in (pod, ctr))
-    files = CgroupFiles(HostPaths(), layout)
-    if not files.exists(CPU_BURST, rel):
-        pytest.skip("kernel without CFS burst (cpu.cfs_burst_us / cpu.max.burst)")
-
-    def held() -> list[tuple[int | None, int]]:
-        return [(files.read_cpu_max(cg).quota_us, files.read_burst_us(cg)) for cg in (rel, rel_ctr)]
+    files, rel, held = _pod_and_container_at_half_a_core(make_cgroup)
 
     journal = Journal(tmp_path / "j")
     act = BurstActuator(files, journal, CpuBurstStrategy(policy="auto", cpu_burst_percent=60))
