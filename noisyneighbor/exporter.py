@@ -251,6 +251,18 @@ def bottom_slot_for(min_bucket_seconds: float) -> int:
     return HIST_SLOTS - 1
 
 
+def bucket_counts(hist: LatencyHistogram, top_slot: int = HIST_SLOTS - 1, bottom_slot: int = 0) -> list[tuple[int, int]]:
+    """:func:`histogram_buckets` as integers: (slot, cumulative count clipped at the count) of each finite
+    bucket, ``bottom_slot`` .. ``top_slot``. The one walk both the buckets and the scrape's text use."""
+    slots, count = hist.slots, hist.count
+    seen = sum(slots[:bottom_slot])
+    out: list[tuple[int, int]] = []
+    for slot in range(bottom_slot, min(top_slot + 1, len(slots))):
+        seen += slots[slot]
+        out.append((slot, min(seen, count)))
+    return out
+
+
 def histogram_buckets(hist: LatencyHistogram, top_slot: int = HIST_SLOTS - 1,
                       bottom_slot: int = 0) -> list[tuple[str, float]]:
     """Cumulative Prometheus buckets of a log2 histogram; +Inf is the exact count.
@@ -260,11 +272,7 @@ def histogram_buckets(hist: LatencyHistogram, top_slot: int = HIST_SLOTS - 1,
     ``top_slot`` have no bucket of their own (their events are in +Inf); slots below ``bottom_slot``
     are counted in its bucket (buckets are cumulative: nothing is lost but the resolution below it).
     """
-    out: list[tuple[str, float]] = []
-    seen = sum(hist.slots[:bottom_slot])
-    for slot in range(bottom_slot, min(top_slot + 1, len(hist.slots))):
-        seen += hist.slots[slot]
-        out.append((BUCKET_LES[slot], float(min(seen, hist.count))))
+    out = [(BUCKET_LES[slot], float(n)) for slot, n in bucket_counts(hist, top_slot, bottom_slot)]
     out.append(("+Inf", float(hist.count)))
     return out
 
@@ -972,12 +980,10 @@ def _hist_numbers(hist: LatencyHistogram, top_slot: int, bottom_slot: int) -> tu
     """A histogram's text less its names and labels: each bucket's le and count, then its count and sum.
     The text of :func:`histogram_buckets`'s buckets, made from the integers (each float went through
     floatToGoString: most of the scrape's histogram work)."""
-    slots, count = hist.slots, hist.count
-    seen = sum(slots[:bottom_slot])
+    count = hist.count
     out: list[bytes] = []
-    for slot in range(bottom_slot, min(top_slot + 1, len(slots))):
-        seen += slots[slot]
-        out += (_BUCKET_LES_BYTES[slot], _count_text(min(seen, count)))
+    for slot, n in bucket_counts(hist, top_slot, bottom_slot):
+        out += (_BUCKET_LES_BYTES[slot], _count_text(n))
     out += (_INF_LE, _count_text(count), _count_text(count), floatToGoString(hist.sum_ns / 1e9).encode())
     return tuple(out)
 
