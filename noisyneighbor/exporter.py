@@ -327,6 +327,15 @@ class SeriesKey:
     container_id: str = ""
     qos: str = ""
     cgroup: str = ""
+    # Hashed once: a scrape looks each key up in several dicts and sets (the cgroups, the cap's, the label
+    # texts'), and the generated __hash__ hashed the seven values again at each (~4 % of a scrape).
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self.values()))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @classmethod
     def of(cls, target: Target, container_name: Callable[[str, str], str | None] | None = None) -> SeriesKey:
@@ -451,7 +460,7 @@ _Values = dict[str, dict[tuple[str, ...], float]]
 _Hists = dict[str, dict[tuple[str, ...], LatencyHistogram]]
 
 
-@dataclass
+@dataclass(slots=True)
 class _SeriesData:
     """What one label set (a cgroup, or the node) publishes."""
 
@@ -459,12 +468,21 @@ class _SeriesData:
     gauges: _Values = field(default_factory=dict)
     hists: _Hists = field(default_factory=dict)
 
+    # Not table.setdefault(name, {}): that makes (and drops) an empty dict for every sample, and these run
+    # once per sample of every cgroup in a scrape.
     def add_counter(self, name: str, labels: tuple[str, ...], value: float) -> None:
-        series = self.counters.setdefault(name, {})
-        series[labels] = series.get(labels, 0.0) + value
+        series = self.counters.get(name)
+        if series is None:
+            self.counters[name] = {labels: 0.0 + value}
+        else:
+            series[labels] = series.get(labels, 0.0) + value
 
     def set_gauge(self, name: str, labels: tuple[str, ...], value: float) -> None:
-        self.gauges.setdefault(name, {})[labels] = value
+        series = self.gauges.get(name)
+        if series is None:
+            self.gauges[name] = {labels: value}
+        else:
+            series[labels] = value
 
     def add_gauge(self, name: str, labels: tuple[str, ...], value: float) -> None:
         series = self.gauges.setdefault(name, {})
@@ -475,7 +493,10 @@ class _SeriesData:
         series[labels] = max(value, series.get(labels, value))
 
     def add_hist(self, name: str, labels: tuple[str, ...], hist: LatencyHistogram) -> None:
-        series = self.hists.setdefault(name, {})
+        series = self.hists.get(name)
+        if series is None:
+            self.hists[name] = {labels: hist}
+            return
         before = series.get(labels)
         series[labels] = hist if before is None else LatencyHistogram.merge((before, hist))
 
@@ -617,12 +638,10 @@ class Exporter:
         the same object (:class:`CgroupKeys`)."""
         _check_sizes(max_cgroups, max_bucket_seconds, min_bucket_seconds)
         self.top_slot = top_slot_for(max_bucket_seconds)
-        # render_text's lines of the last scrape, by (metric, label text): (the histogram, or a cgroup's
-        # values of that metric, and their text)
-        # render_text's last scrape: (metric, label text) -> (its values, their text, encoded: a counter's or
-        # gauge's lines, a histogram's numbers)
-        self.series_text: dict[tuple[str, str], tuple[object, bytes | tuple[bytes, ...]]] = {}
-        self.prefix_text: dict[SeriesKey, str] = {}  # render_text's label text of each cgroup of the last scrape
+        # render_text's last scrape, per label set: its label text and per metric (its values, their text,
+        # encoded: a counter's or gauge's lines, a histogram's numbers)
+        self.cgroup_text: dict[SeriesKey, _LabelSetText] = {}  # render_text's, of each cgroup of the last scrape
+        self.node_text = _LabelSetText("")  # render_text's of the node's series
         self.own_label_text: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}  # _own_label_text's
         self.bottom_slot = min(bottom_slot_for(min_bucket_seconds), self.top_slot)
         self.extra_node_series = extra_node_series
@@ -860,33 +879,51 @@ def _label_text(names: tuple[str, ...], values: Iterable[str]) -> str:
     return ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True))
 
 
-def _by_metric(cgroup_prefixes: list[tuple[str, _SeriesData]]) -> dict[str, list[tuple[str, _SeriesData]]]:
+@dataclass(slots=True)
+class _LabelSetText:
+    """One label set's text (a cgroup's, or the node's), kept from scrape to scrape while it has series:
+    its label text, made once, and per metric (and own labels, for a histogram) the values of a scrape
+    with their text, so that what did not change since the last scrape is not formatted again. Held by
+    the label set, not in one dict keyed by (metric, label text): those keys were made and hashed for
+    every series of every scrape."""
+
+    prefix: str
+    last: dict[object, tuple[object, bytes | tuple[bytes, ...]]] = field(default_factory=dict)
+    now: dict[object, tuple[object, bytes | tuple[bytes, ...]]] = field(default_factory=dict)
+
+    def begin_scrape(self) -> None:
+        """This scrape's text is compared with the last's; what the last had and this one not goes."""
+        self.last, self.now = self.now, {}
+
+
+def _by_metric(cgroup_texts: list[tuple[_LabelSetText, _SeriesData]]) -> dict[str, list[tuple[_LabelSetText, _SeriesData]]]:
     """Per metric, the cgroups that have it, in cgroup order: a scrape looks for a metric only where it
     is (21 per-cgroup metrics x every cgroup was most of a scrape's loop, most of them absent)."""
-    by_metric: dict[str, list[tuple[str, _SeriesData]]] = {}
-    for prefix, data in cgroup_prefixes:
+    by_metric: dict[str, list[tuple[_LabelSetText, _SeriesData]]] = {}
+    for text, data in cgroup_texts:
         for table in (data.hists, data.counters, data.gauges):
             for name in table:
                 have = by_metric.get(name)
                 if have is None:
-                    by_metric[name] = [(prefix, data)]
+                    by_metric[name] = [(text, data)]
                 elif have[-1][1] is not data:  # a name in two of its tables is listed once
-                    have.append((prefix, data))
+                    have.append((text, data))
     return by_metric
 
 
-def _cgroup_prefixes(exporter: Exporter, state: _State, node_prefix: str) -> list[tuple[str, _SeriesData]]:
-    """Each cgroup's label text with its series. A cgroup's labels are the same scrape after scrape (its
-    key holds them all): the text is made once and kept for the cgroups of this scrape only."""
-    last, kept = exporter.prefix_text, {}
-    out: list[tuple[str, _SeriesData]] = []
+def _cgroup_texts(exporter: Exporter, state: _State, node_prefix: str) -> list[tuple[_LabelSetText, _SeriesData]]:
+    """Each cgroup's text with its series. A cgroup's labels are the same scrape after scrape (its key
+    holds them all): the text is made once and kept for the cgroups of this scrape only."""
+    last, kept = exporter.cgroup_text, {}
+    out: list[tuple[_LabelSetText, _SeriesData]] = []
     for key, data in state.cgroups.items():
-        prefix = last.get(key)
-        if prefix is None:
-            prefix = f"{node_prefix},{_label_text(CGROUP_LABELS, key.values())}"
-        kept[key] = prefix
-        out.append((prefix, data))
-    exporter.prefix_text = kept
+        text = last.get(key)
+        if text is None:
+            text = _LabelSetText(f"{node_prefix},{_label_text(CGROUP_LABELS, key.values())}")
+        text.begin_scrape()
+        kept[key] = text
+        out.append((text, data))
+    exporter.cgroup_text = kept
     return out
 
 
@@ -920,48 +957,53 @@ def render_text(exporter: Exporter, tail: bytes = b"") -> bytes:
     # made again they are ~2 ms a scrape at 300 pods). So is a cgroup's lines of a
     # counter or gauge whose values are equal to the last scrape's (an idle cgroup's: formatting them
     # again was most of a scrape at 1,000 pods). Only this scrape's lines are kept for the next, so
-    # removed cgroups leave nothing behind.
-    last_text, series_text = exporter.series_text, {}
+    # removed cgroups leave nothing behind (_LabelSetText).
     node_prefix = f'{NODE_LABEL}="{_escape(exporter.node)}"'
-    by_metric = _by_metric(_cgroup_prefixes(exporter, state, node_prefix))
-    node_source = [(node_prefix, state.node)]
+    by_metric = _by_metric(_cgroup_texts(exporter, state, node_prefix))
+    if exporter.node_text.prefix != node_prefix:
+        exporter.node_text = _LabelSetText(node_prefix)
+    exporter.node_text.begin_scrape()
+    node_source = [(exporter.node_text, state.node)]
     for d in _DEFS:
         out.append(b"")  # its HELP and TYPE lines, once it has a series
         start = len(out)
         names = exporter.label_names(d)
         sources = by_metric.get(d.name, ()) if d.per_cgroup else node_source
-        for prefix, data in sources:
-            if d.type == "histogram":
-                for labels, hist in data.hists.get(d.name, {}).items():
-                    head = f"{prefix},{_own_label_text(exporter, names, labels)}" if labels else prefix
-                    cached = last_text.get((d.name, head))
+        name = d.name
+        if d.type == "histogram":
+            for text, data in sources:
+                for labels, hist in data.hists.get(name, {}).items():
+                    slot = (name, labels) if labels else name
+                    cached = text.last.get(slot)
                     if cached is not None and cached[0] is hist:
                         numbers = cached[1]
                     else:
                         numbers = _hist_numbers(hist, exporter.top_slot, exporter.bottom_slot)
-                    series_text[(d.name, head)] = (hist, numbers)
-                    out.append(_hist_text(d.name, head, numbers))
-                continue
-            values = (data.counters if d.type == "counter" else data.gauges).get(d.name)
-            if not values:
-                continue
-            cached = last_text.get((d.name, prefix))
-            if cached is not None and cached[0] == values:
-                text = cached[1]
-            else:
-                text = b"".join(  # line by line: no second, text copy of a cgroup's lines to free
-                    f"{d.name}{{{prefix},{_own_label_text(exporter, names, labels)}}} {floatToGoString(value)}\n".encode()
-                    if labels else f"{d.name}{{{prefix}}} {floatToGoString(value)}\n".encode()
-                    for labels, value in values.items())
-            series_text[(d.name, prefix)] = (values, text)
-            out.append(text)
+                    text.now[slot] = (hist, numbers)
+                    head = f"{text.prefix},{_own_label_text(exporter, names, labels)}" if labels else text.prefix
+                    out.append(_hist_text(name, head, numbers))  # type: ignore[arg-type]
+        else:
+            for text, data in sources:
+                values = (data.counters if d.type == "counter" else data.gauges).get(name)
+                if not values:
+                    continue
+                cached = text.last.get(name)
+                if cached is not None and cached[0] == values:
+                    lines = cached[1]
+                else:
+                    prefix = text.prefix
+                    lines = b"".join(  # line by line: no second, text copy of a cgroup's lines to free
+                        f"{name}{{{prefix},{_own_label_text(exporter, names, labels)}}} {floatToGoString(value)}\n".encode()
+                        if labels else f"{name}{{{prefix}}} {floatToGoString(value)}\n".encode()
+                        for labels, value in values.items())
+                text.now[name] = (values, lines)
+                out.append(lines)  # type: ignore[arg-type]
         if len(out) > start:
             help_text = d.help.replace("\\", "\\\\").replace("\n", "\\n")
             out[start - 1] = f"# HELP {d.name} {help_text}\n# TYPE {d.name} {d.type}\n".encode()
         else:
             del out[start - 1]  # no series: no header
     out.append(tail)
-    exporter.series_text = series_text
     return b"".join(out)
 
 
