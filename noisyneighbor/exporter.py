@@ -40,6 +40,7 @@ import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
+from itertools import accumulate
 from typing import Literal, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -255,12 +256,10 @@ def bucket_counts(hist: LatencyHistogram, top_slot: int = HIST_SLOTS - 1, bottom
     """:func:`histogram_buckets` as integers: (slot, cumulative count clipped at the count) of each finite
     bucket, ``bottom_slot`` .. ``top_slot``. The one walk both the buckets and the scrape's text use."""
     slots, count = hist.slots, hist.count
-    seen = sum(slots[:bottom_slot])
-    out: list[tuple[int, int]] = []
-    for slot in range(bottom_slot, min(top_slot + 1, len(slots))):
-        seen += slots[slot]
-        out.append((slot, min(seen, count)))
-    return out
+    end = min(top_slot + 1, len(slots))
+    seen = accumulate(slots[bottom_slot:end], initial=sum(slots[:bottom_slot]))
+    next(seen)  # the slots below bottom_slot alone: in its bucket, not one of their own
+    return [(slot, n if n < count else count) for slot, n in zip(range(bottom_slot, end), seen, strict=True)]
 
 
 def histogram_buckets(hist: LatencyHistogram, top_slot: int = HIST_SLOTS - 1,
@@ -892,8 +891,10 @@ class _LabelSetText:
     now: dict[object, tuple[object, bytes | tuple[bytes, ...]]] = field(default_factory=dict)
 
     def begin_scrape(self) -> None:
-        """This scrape's text is compared with the last's; what the last had and this one not goes."""
-        self.last, self.now = self.now, {}
+        """This scrape's text is compared with the last's; what the last had and this one not goes (the
+        two dicts swap: none made per label set and scrape)."""
+        self.last, self.now = self.now, self.last
+        self.now.clear()
 
 
 def _by_metric(cgroup_texts: list[tuple[_LabelSetText, _SeriesData]]) -> dict[str, list[tuple[_LabelSetText, _SeriesData]]]:
@@ -1018,27 +1019,29 @@ def _count_text(n: int) -> bytes:
     return b"%d.0" % n if 0 <= n < _GO_INTEGRAL_BELOW else floatToGoString(n).encode()
 
 
-def _hist_numbers(hist: LatencyHistogram, top_slot: int, bottom_slot: int) -> tuple[bytes, ...]:
-    """A histogram's text less its names and labels: each bucket's le and count, then its count and sum.
-    The text of :func:`histogram_buckets`'s buckets, made from the integers (each float went through
-    floatToGoString: most of the scrape's histogram work)."""
-    count = hist.count
-    out: list[bytes] = []
-    for slot, n in bucket_counts(hist, top_slot, bottom_slot):
-        out += (_BUCKET_LES_BYTES[slot], _count_text(n))
-    out += (_INF_LE, _count_text(count), _count_text(count), floatToGoString(hist.sum_ns / 1e9).encode())
-    return tuple(out)
+_HistNumbers = tuple[tuple[bytes, ...], bytes, bytes]
 
 
-def _hist_text(name: str, head: str, numbers: tuple[bytes, ...]) -> bytes:
-    """A histogram's lines, each ending in a newline, from its label text (``head``) and :func:`_hist_numbers`.
-    Made as bytes, line by line: encoding the text made a second copy of every histogram's lines in the
-    scrape thread's malloc arena, freed in among the kept ones (its RSS grew by about the scrape's size)."""
+def _hist_numbers(hist: LatencyHistogram, top_slot: int, bottom_slot: int) -> _HistNumbers:
+    """A histogram's text less its names and labels: each bucket's line after ``le="`` (its le and count,
+    +Inf's last), then its count and its sum. The text of :func:`histogram_buckets`'s buckets, made from
+    the integers (each float went through floatToGoString: most of the scrape's histogram work)."""
+    count, les = hist.count, _BUCKET_LES_BYTES
+    tails = [b'%s"} %s\n' % (les[slot], _count_text(n)) for slot, n in bucket_counts(hist, top_slot, bottom_slot)]
+    tails.append(b'%s"} %s\n' % (_INF_LE, _count_text(count)))
+    return tuple(tails), _count_text(count), floatToGoString(hist.sum_ns / 1e9).encode()
+
+
+def _hist_text(name: str, head: str, numbers: _HistNumbers) -> bytes:
+    """A histogram's lines, each ending in a newline, from its label text (``head``) and :func:`_hist_numbers`:
+    the bucket lines are one join of their tails with their common start (not a line object each).
+    Made as bytes: encoding the text made a second copy of every histogram's lines in the scrape thread's
+    malloc arena, freed in among the kept ones (its RSS grew by about the scrape's size)."""
+    tails, count, total = numbers
     bucket = f'{name}_bucket{{{head},le="'.encode()
-    lines = [b'%s%s"} %s\n' % (bucket, numbers[i], numbers[i + 1]) for i in range(0, len(numbers) - 2, 2)]
-    lines.append(b"%s_count{%s} %s\n%s_sum{%s} %s\n" % (name.encode(), head.encode(), numbers[-2],
-                                                          name.encode(), head.encode(), numbers[-1]))
-    return b"".join(lines)
+    name_b, head_b = name.encode(), head.encode()
+    return b"%s%s%s_count{%s} %s\n%s_sum{%s} %s\n" % (bucket, bucket.join(tails), name_b, head_b, count,
+                                                       name_b, head_b, total)
 
 
 def _add_psi(data: _SeriesData, reading: object, stall_name: str, avg_name: str | None) -> None:

@@ -604,9 +604,9 @@ def test_histogram_text_from_integers_is_floatToGoString_of_the_buckets() -> Non
         count = max(sum(slots) - rng.choice((0, 0, 1, 5)), 0)  # a slot ahead of the count: clipped
         hist = LatencyHistogram(slots, rng.randrange(10**15), count, 0)
         for t, b in ((top, bottom), (HIST_SLOTS - 1, 0)):
-            expected = [x for le, n in histogram_buckets(hist, t, b) for x in (le, floatToGoString(n))]
-            expected += [floatToGoString(hist.count), floatToGoString(hist.sum_ns / 1e9)]
-            assert ex._hist_numbers(hist, t, b) == tuple(x.encode() for x in expected)
+            tails = tuple(f'{le}"}} {floatToGoString(n)}\n'.encode() for le, n in histogram_buckets(hist, t, b))
+            expected = (tails, floatToGoString(hist.count).encode(), floatToGoString(hist.sum_ns / 1e9).encode())
+            assert ex._hist_numbers(hist, t, b) == expected
 
 
 class _PathsLabeler:
