@@ -970,35 +970,10 @@ def render_text(exporter: Exporter, tail: bytes = b"") -> bytes:
         start = len(out)
         names = exporter.label_names(d)
         sources = by_metric.get(d.name, ()) if d.per_cgroup else node_source
-        name = d.name
         if d.type == "histogram":
-            for text, data in sources:
-                for labels, hist in data.hists.get(name, {}).items():
-                    slot = (name, labels) if labels else name
-                    cached = text.last.get(slot)
-                    if cached is not None and cached[0] is hist:
-                        numbers = cached[1]
-                    else:
-                        numbers = _hist_numbers(hist, exporter.top_slot, exporter.bottom_slot)
-                    text.now[slot] = (hist, numbers)
-                    head = f"{text.prefix},{_own_label_text(exporter, names, labels)}" if labels else text.prefix
-                    out.append(_hist_text(name, head, numbers))  # type: ignore[arg-type]
+            _hist_lines(exporter, d.name, names, sources, out)
         else:
-            for text, data in sources:
-                values = (data.counters if d.type == "counter" else data.gauges).get(name)
-                if not values:
-                    continue
-                cached = text.last.get(name)
-                if cached is not None and cached[0] == values:
-                    lines = cached[1]
-                else:
-                    prefix = text.prefix
-                    lines = b"".join(  # line by line: no second, text copy of a cgroup's lines to free
-                        f"{name}{{{prefix},{_own_label_text(exporter, names, labels)}}} {floatToGoString(value)}\n".encode()
-                        if labels else f"{name}{{{prefix}}} {floatToGoString(value)}\n".encode()
-                        for labels, value in values.items())
-                text.now[name] = (values, lines)
-                out.append(lines)  # type: ignore[arg-type]
+            _value_lines(exporter, d, names, sources, out)
         if len(out) > start:
             help_text = d.help.replace("\\", "\\\\").replace("\n", "\\n")
             out[start - 1] = f"# HELP {d.name} {help_text}\n# TYPE {d.name} {d.type}\n".encode()
@@ -1006,6 +981,46 @@ def render_text(exporter: Exporter, tail: bytes = b"") -> bytes:
             del out[start - 1]  # no series: no header
     out.append(tail)
     return b"".join(out)
+
+
+_Sources = Iterable[tuple[_LabelSetText, _SeriesData]]
+
+
+def _hist_lines(exporter: Exporter, name: str, names: tuple[str, ...], sources: _Sources, out: list[bytes]) -> None:
+    """render_text's lines of one histogram metric: the numbers of a histogram that is the same object as
+    at the last scrape are reused."""
+    for text, data in sources:
+        for labels, hist in data.hists.get(name, {}).items():
+            slot = (name, labels) if labels else name
+            cached = text.last.get(slot)
+            if cached is not None and cached[0] is hist:
+                numbers = cached[1]
+            else:
+                numbers = _hist_numbers(hist, exporter.top_slot, exporter.bottom_slot)
+            text.now[slot] = (hist, numbers)
+            head = f"{text.prefix},{_own_label_text(exporter, names, labels)}" if labels else text.prefix
+            out.append(_hist_text(name, head, numbers))  # type: ignore[arg-type]
+
+
+def _value_lines(exporter: Exporter, d: MetricDef, names: tuple[str, ...], sources: _Sources, out: list[bytes]) -> None:
+    """render_text's lines of one counter or gauge metric: a label set's lines are reused while its values
+    equal the last scrape's."""
+    name = d.name
+    for text, data in sources:
+        values = (data.counters if d.type == "counter" else data.gauges).get(name)
+        if not values:
+            continue
+        cached = text.last.get(name)
+        if cached is not None and cached[0] == values:
+            lines = cached[1]
+        else:
+            prefix = text.prefix
+            lines = b"".join(  # line by line: no second, text copy of a cgroup's lines to free
+                f"{name}{{{prefix},{_own_label_text(exporter, names, labels)}}} {floatToGoString(value)}\n".encode()
+                if labels else f"{name}{{{prefix}}} {floatToGoString(value)}\n".encode()
+                for labels, value in values.items())
+        text.now[name] = (values, lines)
+        out.append(lines)  # type: ignore[arg-type]
 
 
 _BUCKET_LES_BYTES = tuple(le.encode() for le in BUCKET_LES)
