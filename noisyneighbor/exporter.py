@@ -881,20 +881,15 @@ def _label_text(names: tuple[str, ...], values: Iterable[str]) -> str:
 @dataclass(slots=True)
 class _LabelSetText:
     """One label set's text (a cgroup's, or the node's), kept from scrape to scrape while it has series:
-    its label text, made once, and per metric (and own labels, for a histogram) the values of a scrape
-    with their text, so that what did not change since the last scrape is not formatted again. Held by
-    the label set, not in one dict keyed by (metric, label text): those keys were made and hashed for
-    every series of every scrape."""
+    its label text, made once, and per metric (and own labels, for a histogram) the values of its last
+    scrape with their text, so that what did not change since is not formatted again. Held by the label
+    set, not in one dict keyed by (metric, label text): those keys were made and hashed for every series
+    of every scrape. A metric the label set no longer has keeps its last entry until the label set goes
+    (a few at most: one per metric and label values it had); an entry is only reused for values equal
+    to its own, so an old one is never wrong."""
 
     prefix: str
-    last: dict[object, tuple[object, bytes | tuple[bytes, ...]]] = field(default_factory=dict)
-    now: dict[object, tuple[object, bytes | tuple[bytes, ...]]] = field(default_factory=dict)
-
-    def begin_scrape(self) -> None:
-        """This scrape's text is compared with the last's; what the last had and this one not goes (the
-        two dicts swap: none made per label set and scrape)."""
-        self.last, self.now = self.now, self.last
-        self.now.clear()
+    lines: dict[object, tuple[object, bytes | tuple[bytes, ...]]] = field(default_factory=dict)
 
 
 def _by_metric(cgroup_texts: list[tuple[_LabelSetText, _SeriesData]]) -> dict[str, list[tuple[_LabelSetText, _SeriesData]]]:
@@ -921,7 +916,6 @@ def _cgroup_texts(exporter: Exporter, state: _State, node_prefix: str) -> list[t
         text = last.get(key)
         if text is None:
             text = _LabelSetText(f"{node_prefix},{_label_text(CGROUP_LABELS, key.values())}")
-        text.begin_scrape()
         kept[key] = text
         out.append((text, data))
     exporter.cgroup_text = kept
@@ -963,7 +957,6 @@ def render_text(exporter: Exporter, tail: bytes = b"") -> bytes:
     by_metric = _by_metric(_cgroup_texts(exporter, state, node_prefix))
     if exporter.node_text.prefix != node_prefix:
         exporter.node_text = _LabelSetText(node_prefix)
-    exporter.node_text.begin_scrape()
     node_source = [(exporter.node_text, state.node)]
     for d in _DEFS:
         out.append(b"")  # its HELP and TYPE lines, once it has a series
@@ -992,12 +985,12 @@ def _hist_lines(exporter: Exporter, name: str, names: tuple[str, ...], sources: 
     for text, data in sources:
         for labels, hist in data.hists.get(name, {}).items():
             slot = (name, labels) if labels else name
-            cached = text.last.get(slot)
+            cached = text.lines.get(slot)
             if cached is not None and cached[0] is hist:
                 numbers = cached[1]
             else:
                 numbers = _hist_numbers(hist, exporter.top_slot, exporter.bottom_slot)
-            text.now[slot] = (hist, numbers)
+            text.lines[slot] = (hist, numbers)
             head = f"{text.prefix},{_own_label_text(exporter, names, labels)}" if labels else text.prefix
             out.append(_hist_text(name, head, numbers))  # type: ignore[arg-type]
 
@@ -1010,7 +1003,7 @@ def _value_lines(exporter: Exporter, d: MetricDef, names: tuple[str, ...], sourc
         values = (data.counters if d.type == "counter" else data.gauges).get(name)
         if not values:
             continue
-        cached = text.last.get(name)
+        cached = text.lines.get(name)
         if cached is not None and cached[0] == values:
             lines = cached[1]
         else:
@@ -1019,7 +1012,7 @@ def _value_lines(exporter: Exporter, d: MetricDef, names: tuple[str, ...], sourc
                 f"{name}{{{prefix},{_own_label_text(exporter, names, labels)}}} {floatToGoString(value)}\n".encode()
                 if labels else f"{name}{{{prefix}}} {floatToGoString(value)}\n".encode()
                 for labels, value in values.items())
-        text.now[name] = (values, lines)
+        text.lines[name] = (values, lines)
         out.append(lines)  # type: ignore[arg-type]
 
 

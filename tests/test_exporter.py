@@ -521,7 +521,7 @@ def test_unchanged_histograms_are_not_rendered_again(monkeypatch) -> None:
     rendered.clear()
     text = ex.render_text(exporter).decode()
     assert rendered == [h1_moved] and f"{runqlat.CPU_RUNQ_LATENCY}_count" in text
-    kept = [slot for slot in exporter.node_text.now if slot[0] == runqlat.CPU_RUNQ_LATENCY]
+    kept = [slot for slot in exporter.node_text.lines if slot[0] == runqlat.CPU_RUNQ_LATENCY]
     assert len(kept) == 2  # only this scrape's histograms are kept
 
 
@@ -543,10 +543,10 @@ def test_a_cgroups_unchanged_lines_are_reused_and_changed_ones_rendered() -> Non
     exporter.update(tick(2_000_000_000, 50_000))
     first = ex.render_text(exporter).decode()
     assert line(first, ex.CGROUP_CPU_USAGE).endswith(" 2.0") and line(first, ex.CGROUP_CPU_QUOTA).endswith(" 0.5")
-    kept = next(iter(exporter.cgroup_text.values())).now[ex.CGROUP_CPU_USAGE][1]
+    kept = next(iter(exporter.cgroup_text.values())).lines[ex.CGROUP_CPU_USAGE][1]
     exporter.update(tick(2_000_000_000, 50_000))  # a new tick, nothing moved: the same text object
     assert ex.render_text(exporter).decode() == first
-    assert next(iter(exporter.cgroup_text.values())).now[ex.CGROUP_CPU_USAGE][1] is kept
+    assert next(iter(exporter.cgroup_text.values())).lines[ex.CGROUP_CPU_USAGE][1] is kept
     exporter.update(tick(3_500_000_000, None))  # it ran, and its quota went
     text = ex.render_text(exporter).decode()
     assert line(text, ex.CGROUP_CPU_USAGE).endswith(" 3.5") and ex.CGROUP_CPU_QUOTA not in text
@@ -554,7 +554,7 @@ def test_a_cgroups_unchanged_lines_are_reused_and_changed_ones_rendered() -> Non
     assert [v for (name, _), v in _scrape(registry).items() if name == ex.CGROUP_CPU_USAGE] == [3.5]
     exporter.update(NodeSnapshot(monotonic_s=2.0, wall_s=101.0))  # the cgroup is gone
     assert ex.CGROUP_CPU_USAGE not in ex.render_text(exporter).decode()
-    assert not [t for t in exporter.cgroup_text.values() if ex.CGROUP_CPU_USAGE in t.now or ex.CGROUP_CPU_USAGE in t.last]
+    assert not [t for t in exporter.cgroup_text.values() if ex.CGROUP_CPU_USAGE in t.lines]
 
 
 def _capped(exporter: Exporter, keys: list) -> tuple[list, float]:
