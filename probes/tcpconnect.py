@@ -14,6 +14,7 @@ The latency histogram holds successful connects only: connect() → ESTABLISHED.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import math
@@ -31,6 +32,7 @@ from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
 from probes.hist import HIST_SLOTS, IntervalHistogram, LatencyHistogram, merge_intervals
 from probes.host import HostPaths
+from probes.libbpf import BpfError, RunTimeStats
 from probes.plugin import (
     CgroupSample,
     MetricSpec,
@@ -293,8 +295,24 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
             probe = engine.open_probe(SPEC_RAW, rodata=rodata, attach_mode="raw_tp", map_sizes=sizes, layouts=MAP_LAYOUTS)
         self.probe = probe
         self._last_sweep = time.monotonic()
+        # The counter maps the snapshot reads change only when this object's programs run (or forget
+        # drops entries): while their run counts stand still, the last read's counters are still the
+        # maps' (a node without connects reads nothing: the owner tables were most of an idle tick's
+        # probe reads). The kernel keeps run counts only while run-time stats are on: the probe holds
+        # them itself (the agent does too); without them, every tick reads the maps.
+        self._run_stats: RunTimeStats | None = None
+        with contextlib.suppress(BpfError, OSError):
+            self._run_stats = RunTimeStats()
+        self._runs_at_read: tuple[tuple[str, int, int], ...] | None = None
+        self._counters: tuple[dict[tuple[int, int], ConnectStats], dict[DestKey, DestStats]] | None = None
         if outlier_threshold_ns:
             self._watch_events("outliers", ConnectOutlier.decode)
+
+    def close(self) -> None:
+        if self._run_stats is not None:
+            self._run_stats.close()
+            self._run_stats = None
+        super().close()
 
     def forget(self, cgroup_ids: list[int]) -> int:
         """Drop removed cgroups' entries (every netns, every destination) so pod churn cannot fill
@@ -305,6 +323,7 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         counted for whichever key takes the bucket next: rare, and at most a few connects."""
         gone = set(cgroup_ids)
         removed = 0
+        self._counters = None  # the maps change without a program run: the next snapshot reads them
         for owners, buckets in (("connect_bucket_owner", "connect_buckets"), ("dest_bucket_owner", "dest_buckets")):
             for bucket, owner in list(self.probe.map_items(owners)):
                 if _CGROUP_ID.unpack_from(owner)[0] not in gone:  # type: ignore[arg-type]
@@ -333,6 +352,25 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
                 yield owner, value  # type: ignore[misc]
 
     def snapshot(self) -> TcpConnectSnapshot:
+        # The run counts before the maps: a run that ends after this read is in the maps now or seen next
+        # tick (its count moved), never lost behind counts that already include it.
+        programs = self.probe.program_stats()
+        runs = tuple((p.name, p.run_count, p.recursion_misses) for p in programs)
+        if self._counters is None or self._run_stats is None or not runs or runs != self._runs_at_read:
+            self._counters = self._read_counters()
+            self._runs_at_read = runs
+        per_key, destinations = self._counters
+        drops = self.read_drops()
+        # A state change in softirq that interrupts this probe's program on the same CPU is skipped
+        # by the kernel (recursion protection): it counts those per program; report them as drops.
+        drops["recursion_misses"] = sum(s.recursion_misses for s in programs)
+        now = time.monotonic()
+        if now - self._last_sweep >= SWEEP_EVERY_S:
+            self.sweep_stale_starts()
+        return TcpConnectSnapshot(now, dict(per_key), dict(destinations), drops)
+
+    def _read_counters(self) -> tuple[dict[tuple[int, int], ConnectStats], dict[DestKey, DestStats]]:
+        """Every key's and destination's counters, from the maps."""
         # A key's counters: its bucket's (if it owns one) plus its hash entry's (if it has one).
         raws: dict[tuple[int, int], list[bytes]] = {}
         for owner, value in self._owned_buckets("connect_bucket_owner", "connect_buckets"):
@@ -355,14 +393,7 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
                 count, sum_ns, max_ns, failures = count + c, sum_ns + s, max(max_ns, m), failures + f
             dk = DestKey(cgroup_id, netns, family, format_addr(family, daddr), dport)
             destinations[dk] = DestStats(count, sum_ns, max_ns, failures)
-        drops = self.read_drops()
-        # A state change in softirq that interrupts this probe's program on the same CPU is skipped
-        # by the kernel (recursion protection): it counts those per program; report them as drops.
-        drops["recursion_misses"] = sum(s.recursion_misses for s in self.probe.program_stats())
-        now = time.monotonic()
-        if now - self._last_sweep >= SWEEP_EVERY_S:
-            self.sweep_stale_starts()
-        return TcpConnectSnapshot(now, per_key, destinations, drops)
+        return per_key, destinations
 
     def in_flight(self, netns: int | None = None) -> int:
         """Connect starts held now (slots and overflow hash): connects in progress, plus stale ones.

@@ -642,3 +642,40 @@ def active_interval():
 
     latency = IntervalHistogram(tuple([0] * 6 + [5] + [0] * (HIST_SLOTS - 7)), 250_000, 5, None)
     return TcpConnectInterval(1.0, {(3, 4026531840): ConnectDelta(latency, 5, 1, 1, 0, 0, 0, 1)})
+
+
+CONNECT_N = r"""
+import socket, sys
+for _ in range(int(sys.argv[2])):
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5).close()
+"""
+
+
+@pytest.mark.root
+def test_counter_maps_are_read_only_after_the_probes_programs_ran(make_cgroup):
+    """A snapshot reads the counter maps only when the probe's programs ran since its last read (their
+    run counts moved): back-to-back snapshots of a quiet stretch mostly read nothing, and a connect
+    after it is counted at the very next snapshot, exactly."""
+    with TcpConnectProbe() as probe:
+        owner_reads: list[str] = []
+        real = probe.probe.map_array_values
+        probe.probe.map_array_values = lambda name, *a: (owner_reads.append(name), real(name, *a))[1]  # type: ignore[method-assign]
+        probe.snapshot()
+        snapshots = 50
+        for _ in range(snapshots):
+            before = probe.snapshot()
+        reads = owner_reads.count("connect_bucket_owner")
+        # Other processes' TCP state changes run the programs too: some snapshots may read again.
+        assert reads < snapshots, f"{reads} reads of the owner table in {snapshots + 1} quiet snapshots"
+
+        cg = make_cgroup("client")
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.listen(16)
+        port = listener.getsockname()[1]
+        with contextlib.closing(listener):
+            subprocess.run([sys.executable, "-c", CONNECT_N, str(port), "3"], preexec_fn=cg.preexec, check=True,
+                           timeout=30 * slowdown())
+            after = probe.snapshot()
+        key = (os.stat(cg.path("cpu")).st_ino, os.stat("/proc/self/ns/net").st_ino)
+        was = before.per_key.get(key)
+        assert after.per_key[key].successes - (was.successes if was else 0) == 3
