@@ -29,9 +29,9 @@ VICTIMS = [Workload(f"pod:ls{i}", Target(f"/kubepods/burstable/podls{i}", f"ls{i
 class EveryVictim(Victims):
     """The quiet pass as it was: every victim without a row, every tick."""
 
-    def quiet(self, rows, listed, present):
+    def quiet(self, rows, listed):
         self._walked_for = None  # never the list of the last walk
-        return super().quiet(rows, listed, present)
+        return super().quiet(rows, listed)
 
 
 def _row(w: Workload, breach: bool) -> WorkloadSignals:
@@ -45,7 +45,8 @@ def _row(w: Workload, breach: bool) -> WorkloadSignals:
 
 def _ticks(seed: int, n: int) -> list[NodeSignals]:
     """Ticks as the builder makes them (rows only for workloads that moved; ``present`` the same object
-    until the list changes), with a few made by hand: a tick with no list, a row its list lacks."""
+    until the list changes; a tick with no list; a row of a workload the list lacks joins the list, a new
+    object, as ``SignalBuilder._present_with`` does)."""
     rnd = random.Random(seed)
     alive = set(range(len(VICTIMS)))
     present = frozenset([BE.key, *(VICTIMS[i].key for i in alive)])
@@ -63,7 +64,8 @@ def _ticks(seed: int, n: int) -> list[NodeSignals]:
             listed = None  # every row is the list (a collector that names no changes)
         elif rnd.random() < 0.03 and len(alive) < len(VICTIMS):
             stray = VICTIMS[next(i for i in range(len(VICTIMS)) if i not in alive)]
-            rows[stray.key] = _row(stray, False)  # a row its tick's list does not name
+            rows[stray.key] = _row(stray, False)  # a row the list did not name: the builder lists it too
+            present = listed = present | {stray.key}
         ticks.append(NodeSignals(1.0, rows, node_cpu_busy=1.0, present=listed))
     return ticks
 
