@@ -226,6 +226,7 @@ class IncidentEngine:
                     touched.append(inc)
                 elif state.incident is not None:
                     self._emit(state.incident, CLEAN)
+                self.victim_book.settled(key, state)
         return touched
 
     def close(self) -> None:

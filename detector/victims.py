@@ -19,8 +19,9 @@ class Victims:
 
     def __init__(self) -> None:
         self.states: dict[str, VictimState] = {}
-        # In a breach or with an open incident: what a tick without their row changes.
-        self._unsettled: dict[str, VictimState] = {}
+        # Keys of the victims in a breach or with an open incident: what a tick without their row changes.
+        # Kept by the engine's calls to ``settled`` after each change of a victim's breach or incident.
+        self._unsettled: set[str] = set()
         self._made = 0
         self._walked_for: object = None  # the workload list every victim was last checked against (gone?)
 
@@ -32,32 +33,33 @@ class Victims:
         return state
 
     def settled(self, key: str, state: VictimState) -> None:
+        """After a change of ``key``'s breach ticks or incident: unsettled or not."""
         if state.breach_ticks or state.incident is not None:
-            self._unsettled[key] = state
+            self._unsettled.add(key)
         else:
-            self._unsettled.pop(key, None)
+            self._unsettled.discard(key)
 
     def opened(self, key: str, state: VictimState) -> None:
-        self._unsettled[key] = state  # at once: a hook reading the open incidents finds it
+        self._unsettled.add(key)  # at once: a hook reading the open incidents finds it
 
     def quiet(self, rows: Mapping[str, object], listed: Collection[str] | None) -> list[str]:
         """The victims without a row this tick that it may concern, in the victims' order: every one when the
         workload list (``listed``; None: the rows are the list) is another object than at the last such walk
         (the builder hands the same one while it is unchanged, and lists every row), else the unsettled ones."""
-        # Those the last quiet pass settled (cleared, closed) leave the unsettled ones now.
-        self._unsettled = {k: s for k, s in self._unsettled.items() if s.breach_ticks or s.incident is not None}
         if listed is None or listed is not self._walked_for:
             self._walked_for = listed
             return [k for k in self.states if k not in rows]
-        return sorted((k for k in self._unsettled if k not in rows), key=lambda k: self.states[k].order)
+        states = self.states
+        return sorted((k for k in self._unsettled if k not in rows), key=lambda k: states[k].order)
 
     def drop(self, key: str) -> VictimState:
-        self._unsettled.pop(key, None)
+        self._unsettled.discard(key)
         return self.states.pop(key)
 
     def open_states(self) -> list[VictimState]:
         """The victims with an open incident, in the victims' order (each is unsettled)."""
-        return sorted((s for s in self._unsettled.values() if s.incident is not None), key=_order)
+        states = self.states
+        return sorted((s for s in (states[k] for k in self._unsettled) if s.incident is not None), key=_order)
 
 
 def _order(state: VictimState) -> int:
