@@ -16,6 +16,7 @@ import random
 from detector.decisions import LoggingSink, Target
 from detector.incidents import IncidentEngine
 from detector.pods.model import ContainerInfo, PodInfo
+from detector.pods.source import _CachingSource
 from detector.policy import Policy, SloThresholds
 from detector.signals import IDLE, NodeSignals, WorkloadSignals
 from detector.victims import Victims
@@ -140,3 +141,32 @@ def test_cached_container_and_root_lookups_are_a_fresh_index_answers():
         answers.append(cached.container_of(paths[1]))
     # (the sequence moves the answers the cache holds: a limit changed under the same pod list)
     assert answers[:3] == [("main", 0.5), ("main", 0.5), ("main", 1.0)]
+
+
+def test_index_over_a_source_that_keeps_its_list_answers_as_a_fresh_index():
+    """A pod source hands out the same list until its pods change (so the index's per-tick refresh is one
+    identity check); every change (a poll with a new or changed pod, one added or removed) is a new list."""
+    src = _CachingSource()
+    index = WorkloadIndex(src.pods)
+    paths = [f"/kubepods/burstable/pod{u}" for u in ("11aa-01", "22bb-02", "33cc-03")]
+    a, b = _pod("11aa-01", {"a" * 64: ("main", 0.5)}), _pod("22bb-02", {"b" * 64: ("main", None)})
+    steps = [
+        lambda: src._replace_all([a, b]),
+        lambda: src._replace_all([a, b]),  # the same pods again: the same list
+        lambda: src._replace_all([a, dataclasses.replace(b, qos_class="BE")]),  # a class changed
+        lambda: src._upsert(_pod("33cc-03", {})),
+        lambda: src._remove("11aa-01"),
+        lambda: src._replace_all([a]),
+    ]
+    same = []
+    for step in steps:
+        before = src.pods()
+        step()
+        same.append(src.pods() is before)
+        index.refresh()
+        fresh = WorkloadIndex(lambda: list(src._pods.values()))
+        fresh.refresh()
+        for path in paths:
+            assert index.workload_of(path) == fresh.workload_of(path), (path, len(same))
+        assert sorted(p.uid for p in index.pods) == sorted(src._pods)
+    assert same == [False, True, False, False, False, False]
