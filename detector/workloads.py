@@ -11,7 +11,7 @@ be a victim (SYSTEM/LSE/LSR/LS) and whether it may be acted on (BE).
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -141,6 +141,12 @@ class WorkloadIndex:
     def pods(self) -> Iterable[PodLike]:
         """The pods of the last refresh."""
         return self._pods.values()
+
+    @property
+    def records(self) -> Mapping[str, PodLike]:
+        """Pod UID -> its record, as of the last refresh: the same mapping object until the pod list
+        changes (a reader keeps what it derived from the records while it is)."""
+        return self._pods
 
     def pod_of(self, key: str) -> PodLike | None:
         """A pod workload's metadata ("pod:<uid>"), None when not a pod or not known."""

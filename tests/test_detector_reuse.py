@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from detector.batch import BatchMeter, PodUse, Reservation, ResourceTerms, measure_snapshot, terms_from
 from detector.decisions import LoggingSink, Target
 from detector.incidents import IncidentEngine
 from detector.pods.model import ContainerInfo, PodInfo
@@ -21,6 +22,10 @@ from detector.policy import Policy, SloThresholds
 from detector.signals import IDLE, NodeSignals, WorkloadSignals
 from detector.victims import Victims
 from detector.workloads import Workload, WorkloadIndex
+from probes.cpuacct import CgroupCpuStat
+from probes.host import HostPaths
+from probes.memstat import MemStat
+from probes.snapshot import CpuTimes, NodeSnapshot
 
 BE = Workload("pod:be", Target("/kubepods/besteffort/podbe", "be", "default", "batch", "BE"))
 VICTIMS = [Workload(f"pod:ls{i}", Target(f"/kubepods/burstable/podls{i}", f"ls{i}", "default", f"web{i}", "LS"))
@@ -170,3 +175,89 @@ def test_index_over_a_source_that_keeps_its_list_answers_as_a_fresh_index():
             assert index.workload_of(path) == fresh.workload_of(path), (path, len(same))
         assert sorted(p.uid for p in index.pods) == sorted(src._pods)
     assert same == [False, True, False, False, False, False]
+
+
+def _old_terms(total, threshold, node_used, pods, resource, anno, kubelet):
+    """detector.batch.terms_from as it was (over PodUse objects), the reference for the column sums."""
+    cpu = resource == "cpu"
+    prod = [p for p in pods if p.prod]
+
+    def used(p):
+        return p.cpu_used if cpu else p.memory_used
+
+    def request(p):
+        return p.cpu_request if cpu else p.memory_request
+
+    return ResourceTerms(total, total * (100.0 - threshold) / 100.0, node_used, sum(used(p) for p in pods),
+                         anno.cpu_cores if cpu else anno.memory_bytes,
+                         kubelet.cpu_cores if cpu else kubelet.memory_bytes, sum(used(p) for p in prod),
+                         sum(request(p) for p in prod), sum(max(request(p), used(p)) for p in prod))
+
+
+def _mem(usage: int, file: int | None) -> MemStat:
+    return MemStat(2, usage, None, None, file, None, None, None, None)
+
+
+def test_batch_meter_that_keeps_idle_pods_terms_measures_what_a_fresh_one_does(monkeypatch):
+    """The meter keeps each pod's seconds and terms while its cgroup's readings are the same objects (idle
+    pods keep theirs); a meter that makes them afresh every measure gives the same result, float for float,
+    through pods that move, go quiet, lose a reading, change their requests, and a listing that changes."""
+    monkeypatch.setattr("detector.batch.read_node_memory", lambda paths: None)  # not this host's, moving
+    rnd = random.Random(7)
+    uids = [f"{i:04x}-aa" for i in range(40)]
+    paths = {u: f"/kubepods/{'besteffort' if i % 3 == 0 else 'burstable'}/pod{u}" for i, u in enumerate(uids)}
+
+    def record(i: int, u: str, cpu: float) -> PodInfo:
+        return PodInfo(u, "default", f"p{i}", "BE" if i % 3 == 0 else "LS", containers=(
+            ContainerInfo("main", f"{i:064x}", cpu_request_cores=cpu, memory_request_bytes=(i % 5) * 2**28),))
+
+    records = [record(i, u, 0.1 * (i % 4)) for i, u in enumerate(uids)]
+    index = WorkloadIndex(lambda: records)
+    kept = BatchMeter(min_window_s=3.0, anno=Reservation(0.5, 2**30, "test"))
+    fresh = BatchMeter(min_window_s=3.0, anno=Reservation(0.5, 2**30, "test"))
+    listed = [paths[u] for u in uids[:30]]
+    cpu = {p: _cpu_stat(0) for p in paths.values()}
+    mem = {p: _mem(2**28, 2**26) for p in paths.values()}
+    busy, results, reused = 0.0, 0, 0
+    for t in range(300):
+        if rnd.random() < 0.05:  # pods come and go: a new listing
+            listed = rnd.sample(sorted(paths.values()), rnd.randrange(10, 40))
+        if rnd.random() < 0.05:  # a record replaced (its requests changed): a new pod list
+            i = rnd.randrange(len(records))
+            records = [*records[:i], record(i, uids[i], rnd.choice([0.0, 0.25, 2.0])), *records[i + 1:]]
+        for p in paths.values():
+            roll = rnd.random()
+            if roll < 0.2:
+                cpu[p] = _cpu_stat(cpu[p].usage_ns + rnd.randrange(10**9) if p in cpu else rnd.randrange(10**9))
+            elif roll < 0.23:
+                cpu.pop(p, None)
+            if rnd.random() < 0.15:
+                mem[p] = _mem(rnd.randrange(2**30), rnd.choice([None, rnd.randrange(2**29)]))
+        busy += rnd.random() * 2
+        index.refresh()
+        snap = NodeSnapshot(monotonic_s=float(t), wall_s=float(t), node_cpu=_cpu_times(busy),
+                            node_cpu_per_cpu={0: _cpu_times(0), 1: _cpu_times(0)}, cgroup_cpu=dict(cpu),
+                            cgroup_mem=dict(mem))
+        before = kept._uses
+        a = measure_snapshot(kept, snap, index, listed, HostPaths())
+        reused += before is not None and kept._uses is before
+        fresh._uses = None  # every pod's seconds and terms made again
+        b = measure_snapshot(fresh, snap, index, listed, HostPaths())
+        assert a == b, t
+        results += a is not None
+    assert results > 50 and reused > 20
+    # The column sums are terms_from's over PodUse objects, float for float.
+    for _ in range(50):
+        pods = [PodUse(rnd.random() < 0.6, rnd.random() * 3, float(rnd.randrange(2**31)), rnd.choice([0.0, 0.5, 1.3]),
+                       float(rnd.randrange(2**30))) for _ in range(rnd.randrange(0, 60))]
+        for resource in ("cpu", "memory"):
+            args = (64.0, 60.0, rnd.random() * 40, pods, resource, Reservation(1.0, 2.0), Reservation(0.5, 3.0))
+            assert terms_from(*args) == _old_terms(*args)
+
+
+def _cpu_stat(usage_ns: int) -> CgroupCpuStat:
+    return CgroupCpuStat(2, usage_ns, None, None, 0, 0, 0, None, None, None, None)
+
+
+def _cpu_times(busy_s: float) -> CpuTimes:
+    return CpuTimes(int(busy_s * 1e9), 0, 0, 10**12, 0, 0, 0, 0)
