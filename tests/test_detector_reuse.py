@@ -158,6 +158,7 @@ def test_index_over_a_source_that_keeps_its_list_answers_as_a_fresh_index():
     steps = [
         lambda: src._replace_all([a, b]),
         lambda: src._replace_all([a, b]),  # the same pods again: the same list
+        lambda: src._replace_all([b, a]),  # in another order: a new one, in that order
         lambda: src._replace_all([a, dataclasses.replace(b, qos_class="BE")]),  # a class changed
         lambda: src._upsert(_pod("33cc-03", {})),
         lambda: src._remove("11aa-01"),
@@ -174,7 +175,8 @@ def test_index_over_a_source_that_keeps_its_list_answers_as_a_fresh_index():
         for path in paths:
             assert index.workload_of(path) == fresh.workload_of(path), (path, len(same))
         assert sorted(p.uid for p in index.pods) == sorted(src._pods)
-    assert same == [False, True, False, False, False, False]
+        assert [p.uid for p in src.pods()] == list(src._pods)
+    assert same == [False, True, False, False, False, False, False]
 
 
 def _old_terms(total, threshold, node_used, pods, resource, anno, kubelet):

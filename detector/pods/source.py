@@ -118,8 +118,8 @@ class _CachingSource:
             now = self._clock()
             for uid, old in vanished.items():
                 self._gone[uid] = (old, now)
-            if vanished or len(new) != len(held) or any(held.get(uid) is not p for uid, p in new.items()):
-                self._listed = None
+            if list(new) != list(held) or any(held[uid] is not p for uid, p in new.items()):
+                self._listed = None  # another pod, record or order: a new list
             self._pods = new
             self._succeeded()
 
