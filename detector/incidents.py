@@ -362,7 +362,6 @@ class IncidentEngine:
             except Exception as e:  # a broken hook (Kubernetes Events) must not stop detection
                 log.error("incident hook %s failed: %s", getattr(hook, "__name__", hook), e)
 
-
     # -- decisions ------------------------------------------------------------------------------
     def _decide(self, inc: Incident, state: VictimState) -> None:
         """The cause's step for the sink when what it decides on changed (detector/incident_steps.py)."""
