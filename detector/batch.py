@@ -150,24 +150,28 @@ def terms_from(
     """One resource's terms from the node's figures and its pods (``resource``: "cpu" or "memory")."""
     cpu = resource == "cpu"
     pods = list(pods)
-    prod = [p for p in pods if p.prod]
+    return _terms(total, reclaim_threshold_percent, node_used, [p.prod for p in pods],
+                  [p.cpu_used if cpu else p.memory_used for p in pods],
+                  [p.cpu_request if cpu else p.memory_request for p in pods],
+                  anno.cpu_cores if cpu else anno.memory_bytes, kubelet.cpu_cores if cpu else kubelet.memory_bytes)
 
-    def used(p: PodUse) -> float:
-        return p.cpu_used if cpu else p.memory_used
 
-    def request(p: PodUse) -> float:
-        return p.cpu_request if cpu else p.memory_request
-
+def _terms(total: float, reclaim_threshold_percent: float, node_used: float, prod: list[bool], used: list[float],
+           request: list[float], anno_reserved: float, kubelet_reserved: float) -> ResourceTerms:
+    """:func:`terms_from` over columns, one value per pod in the same order (the meter's 1,000 pods make no
+    PodUse each per measure): the same sums in the same order, so the same floats."""
+    prod_used = [u for u, p in zip(used, prod, strict=True) if p]
+    prod_request = [r for r, p in zip(request, prod, strict=True) if p]
     return ResourceTerms(
         total=total,
         node_reserved=total * (100.0 - reclaim_threshold_percent) / 100.0,
         node_used=node_used,
-        pods_all_used=sum(used(p) for p in pods),
-        anno_reserved=anno.cpu_cores if cpu else anno.memory_bytes,
-        kubelet_reserved=kubelet.cpu_cores if cpu else kubelet.memory_bytes,
-        prod_used=sum(used(p) for p in prod),
-        prod_request=sum(request(p) for p in prod),
-        prod_max_usage_request=sum(max(request(p), used(p)) for p in prod),
+        pods_all_used=sum(used),
+        anno_reserved=anno_reserved,
+        kubelet_reserved=kubelet_reserved,
+        prod_used=sum(prod_used),
+        prod_request=sum(prod_request),
+        prod_max_usage_request=sum(map(max, prod_request, prod_used)),
     )
 
 
@@ -302,6 +306,19 @@ def annotation_reservation(annotations: Mapping[str, str], source: str = RESERVA
 
 
 @dataclass
+class _PodUses:
+    """What :meth:`BatchMeter.pod_uses` keeps for one listing of the pods and one set of pod records."""
+
+    listed: object  # BatchMeter.pods_of's rows they were made for
+    records: object  # the index's pod records they were made with
+    requests: Mapping[str, tuple[object, float, float]]  # pod path -> (record, CPU, memory requested)
+    unique: bool  # one listed path per workload key: kept between measures
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    pods: dict[str, PodUse] = field(default_factory=dict)
+    seen: dict[str, tuple[object, object]] = field(default_factory=dict)  # path -> its (CPU, memory) reading
+
+
+@dataclass
 class BatchMeter:
     """Batch allocatable from two readings of the node (``measure``), with the reservations it was given.
 
@@ -322,6 +339,7 @@ class BatchMeter:
     # (the pod paths listed, the index's pods version, each path's (workload key, prod?)): made again when
     # either changes, so a due measure does not ask the index about every pod again
     _pods_of: tuple[object, int, list[tuple[str, str, bool]]] | None = field(default=None, repr=False)
+    _uses: _PodUses | None = field(default=None, repr=False)  # what pod_uses keeps between measures
 
     def pods_of(self, pod_paths: Iterable[str], index: WorkloadIndex) -> list[tuple[str, str, bool]]:
         """(pod path, its workload key, whether it is Prod/Mid) for the listed pod paths."""
@@ -333,6 +351,44 @@ class BatchMeter:
                 rows.append((path, w.key, w.target.qos != "BE"))
             made = self._pods_of = (pod_paths, index.pods_version, rows)
         return made[2]
+
+    def pod_uses(self, snapshot: NodeSnapshot, index: WorkloadIndex,
+                 pod_paths: Iterable[str]) -> tuple[dict[str, float], dict[str, PodUse]]:
+        """The listed pods' CPU seconds (by workload key, those with a CPU reading) and their terms (their CPU
+        use 0: ``measure`` makes it from the seconds), in the listed order. Kept between measures: a pod's
+        are made again only when its cgroup's CPU or memory reading is another object (the collector keeps
+        an idle cgroup's reading, and most pods are idle between two measures), all of them when the pod
+        paths or the pod records changed. Where two listed paths are one workload, made afresh each time
+        (which path's reading counts is then the listing order's)."""
+        listed = self.pods_of(pod_paths, index)
+        records = index.records
+        kept = self._uses
+        if kept is None or kept.listed is not listed or kept.records is not records:
+            requests = self.pod_requests((path, index.pod_of(key)) for path, key, _ in listed)
+            kept = self._uses = _PodUses(listed, records, requests, len({key for _, key, _ in listed}) == len(listed))
+        if not kept.unique:
+            kept.cpu_s, kept.pods, kept.seen = {}, {}, {}
+        cpu_s, pods, seen, requests = kept.cpu_s, kept.pods, kept.seen, kept.requests
+        cgroup_cpu, cgroup_mem = snapshot.cgroup_cpu, snapshot.cgroup_mem
+        for path, key, prod in listed:
+            cpu, m = cgroup_cpu.get(path), cgroup_mem.get(path)
+            last = seen.get(path)
+            if last is not None and last[0] is cpu and last[1] is m:
+                continue  # neither reading changed: its seconds and terms stand
+            seen[path] = (cpu, m)
+            if cpu is not None:
+                cpu_s[key] = cpu.usage_ns / 1e9
+            elif kept.unique:
+                cpu_s.pop(key, None)  # its reading is gone (made afresh, another path's may stand)
+            if last is not None and last[1] is m:
+                continue
+            mem_used = 0.0
+            if m is not None and m.usage_bytes is not None:
+                mem_used = float(max(m.usage_bytes - (m.file_bytes or 0), 0))  # without page cache
+            _, cpu_request, memory_request = requests[path]
+            pods[key] = PodUse(prod=prod, cpu_used=0.0, memory_used=mem_used,
+                               cpu_request=cpu_request, memory_request=memory_request)
+        return cpu_s, pods
 
     def due(self, now_s: float) -> bool:
         """Whether a measure at ``now_s`` computes (the first reading, or the window is long enough)."""
@@ -367,16 +423,16 @@ class BatchMeter:
         if window < self.min_window_s or window <= 0:
             return self.last
         self._start = (now_s, node_busy_s, dict(pod_cpu_s))
-        uses = [
-            PodUse(p.prod, max(pod_cpu_s.get(key, 0.0) - cpu0.get(key, pod_cpu_s.get(key, 0.0)), 0.0) / window,
-                   p.memory_used, p.cpu_request, p.memory_request)
-            for key, p in pods.items()
-        ]
+        cpu_used = [max(pod_cpu_s.get(key, 0.0) - cpu0.get(key, pod_cpu_s.get(key, 0.0)), 0.0) / window
+                    for key in pods]
+        uses = pods.values()
+        prod = [p.prod for p in uses]
         anno, kubelet = self.anno or Reservation(), self.kubelet or Reservation()
-        cpu = terms_from(float(ncpu), self.cpu_reclaim_threshold_percent, max(node_busy_s - busy0, 0.0) / window,
-                         uses, "cpu", anno, kubelet)
-        mem = terms_from(memory_total, self.memory_reclaim_threshold_percent, memory_used, uses, "memory",
-                         anno, kubelet)
+        cpu = _terms(float(ncpu), self.cpu_reclaim_threshold_percent, max(node_busy_s - busy0, 0.0) / window,
+                     prod, cpu_used, [p.cpu_request for p in uses], anno.cpu_cores, kubelet.cpu_cores)
+        mem = _terms(memory_total, self.memory_reclaim_threshold_percent, memory_used, prod,
+                     [p.memory_used for p in uses], [p.memory_request for p in uses], anno.memory_bytes,
+                     kubelet.memory_bytes)
         sources = tuple(r.source for r in (self.anno, self.kubelet) if r is not None and r.source)
         self.last = BatchAllocatable(cpu, mem, window, sources)
         return self.last
@@ -425,22 +481,7 @@ def measure_snapshot(meter: BatchMeter, snapshot: NodeSnapshot, index: WorkloadI
     mem = read_node_memory(paths)
     total = float(mem.managed_pages * PAGE_SIZE) if mem is not None else 0.0
     used = max(total - _available_pages(mem) * PAGE_SIZE, 0.0) if mem is not None else 0.0
-    cpu_s: dict[str, float] = {}
-    pods: dict[str, PodUse] = {}
-    listed = meter.pods_of(pod_paths, index)
-    requests = meter.pod_requests((path, index.pod_of(key)) for path, key, _ in listed)
-    cgroup_cpu, cgroup_mem = snapshot.cgroup_cpu, snapshot.cgroup_mem
-    for path, key, prod in listed:
-        cpu = cgroup_cpu.get(path)
-        if cpu is not None:
-            cpu_s[key] = cpu.usage_ns / 1e9
-        m = cgroup_mem.get(path)
-        mem_used = 0.0
-        if m is not None and m.usage_bytes is not None:
-            mem_used = float(max(m.usage_bytes - (m.file_bytes or 0), 0))  # without page cache
-        _, cpu_request, memory_request = requests[path]
-        pods[key] = PodUse(prod=prod, cpu_used=0.0, memory_used=mem_used,
-                           cpu_request=cpu_request, memory_request=memory_request)
+    cpu_s, pods = meter.pod_uses(snapshot, index, pod_paths)
     return meter.measure(snapshot.monotonic_s, snapshot.node_cpu.busy_ns / 1e9, len(snapshot.node_cpu_per_cpu),
                          total, used, cpu_s, pods)
 

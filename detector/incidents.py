@@ -128,7 +128,7 @@ class IncidentEngine:
         for key, row in signals.workloads.items():
             if row.workload.latency_sensitive:
                 touched.extend(self._victim_tick(key, row, values, signals, now))
-                self.victim_book.noted(key, signals.present)
+                self.victim_book.settled(key, self.victims[key])
         present = signals.workloads.keys() if signals.present is None else signals.present
         self._forget_gone(signals, present)
         touched.extend(self._quiet_victims(signals, present, now))
@@ -207,7 +207,7 @@ class IncidentEngine:
         """Victims without a row this tick: gone (their incident ends, their state is freed) or idle (a
         clean tick, nothing to learn)."""
         touched: list[Incident] = []
-        for key in self.victim_book.quiet(signals.workloads, signals.present, present):
+        for key in self.victim_book.quiet(signals.workloads, signals.present):
             state = self.victims[key]
             if key not in present:
                 self.victim_book.drop(key)
@@ -226,6 +226,7 @@ class IncidentEngine:
                     touched.append(inc)
                 elif state.incident is not None:
                     self._emit(state.incident, CLEAN)
+                self.victim_book.settled(key, state)
         return touched
 
     def close(self) -> None:
@@ -360,7 +361,6 @@ class IncidentEngine:
                 hook(inc, what)
             except Exception as e:  # a broken hook (Kubernetes Events) must not stop detection
                 log.error("incident hook %s failed: %s", getattr(hook, "__name__", hook), e)
-
 
     # -- decisions ------------------------------------------------------------------------------
     def _decide(self, inc: Incident, state: VictimState) -> None:

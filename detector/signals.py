@@ -88,7 +88,8 @@ class WorkloadSignals:
     def __getattr__(self, name: str) -> Any:
         # Only reached when the row has no such attribute: a plugin-declared field no extractor set on
         # it (its probe is off, or nothing moved for this workload) reads as its declared default. A
-        # signal's default is a number, read as is; another field's is made once and kept on the row,
+        # signal's default is a number, read as is (those registered at import are class attributes,
+        # set below, found before this is reached); another field's is made once and kept on the row,
         # so what a reader adds to it (a dict, say) stays.
         spec = PLUGIN_SIGNALS.get(name)
         if spec is not None:
@@ -203,6 +204,12 @@ _UNSET = object()  # a row attribute no extractor set
 PLUGIN_SIGNALS, PLUGIN_ROW_FIELDS, PLUGIN_NODE_FIELDS = _plugin_fields()
 _NODE_OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(NodeSignals))
 _ROW_OWN_FIELDS = frozenset(f.name for f in dataclasses.fields(WorkloadSignals))
+# A plugin signal's default (a number or None: nothing a reader could change in place) is a class attribute
+# of the row, found by the ordinary lookup: ``__getattr__`` (an AttributeError raised and caught first) is
+# reached only for the other plugin fields (and a signal registered later). The engine reads a dozen
+# signals no extractor set on each victim's row every tick. An extractor's value is in the row's __dict__.
+for _spec in PLUGIN_SIGNALS.values():
+    setattr(WorkloadSignals, _spec.name, _spec.default)
 # The plugin signals whose ns over a victim's recent ticks the causes read (SignalSpec.summed_over_window).
 WINDOW_SIGNALS: tuple[str, ...] = tuple(spec.name for spec in PLUGIN_SIGNALS.values() if spec.summed_over_window)
 # The plugin signals shown in every incident's context while non-zero (SignalSpec.context_note).

@@ -19,13 +19,11 @@ class Victims:
 
     def __init__(self) -> None:
         self.states: dict[str, VictimState] = {}
-        # In a breach or with an open incident: what a tick without their row changes.
-        self._unsettled: dict[str, VictimState] = {}
+        # Keys of the victims in a breach or with an open incident: what a tick without their row changes.
+        # Kept by the engine's calls to ``settled`` after each change of a victim's breach or incident.
+        self._unsettled: set[str] = set()
         self._made = 0
         self._walked_for: object = None  # the workload list every victim was last checked against (gone?)
-        # Victims that had a row while not in the tick's workload list (signals made by hand; the builder
-        # lists every row): checked on every quiet tick, as they may be gone without the list changing.
-        self._strays: set[str] = set()
 
     def state(self, key: str) -> VictimState:
         state = self.states.get(key)
@@ -34,41 +32,34 @@ class Victims:
             state = self.states[key] = VictimState(order=self._made)
         return state
 
-    def noted(self, key: str, listed: Collection[str] | None) -> None:
-        """After a tick of ``key`` (with its row): unsettled or not; a stray when ``listed`` lacks it."""
-        self.settled(key, self.states[key])
-        if listed is not None and key not in listed:
-            self._strays.add(key)
-
     def settled(self, key: str, state: VictimState) -> None:
+        """After a change of ``key``'s breach ticks or incident: unsettled or not."""
         if state.breach_ticks or state.incident is not None:
-            self._unsettled[key] = state
+            self._unsettled.add(key)
         else:
-            self._unsettled.pop(key, None)
+            self._unsettled.discard(key)
 
     def opened(self, key: str, state: VictimState) -> None:
-        self._unsettled[key] = state  # at once: a hook reading the open incidents finds it
+        self._unsettled.add(key)  # at once: a hook reading the open incidents finds it
 
-    def quiet(self, rows: Mapping[str, object], listed: Collection[str] | None, present: Collection[str]) -> list[str]:
+    def quiet(self, rows: Mapping[str, object], listed: Collection[str] | None) -> list[str]:
         """The victims without a row this tick that it may concern, in the victims' order: every one when the
-        workload list (``listed``; None: the rows are the list) changed, else the unsettled and stray ones."""
-        # Those the last quiet pass settled (cleared, closed) leave the unsettled ones now.
-        self._unsettled = {k: s for k, s in self._unsettled.items() if s.breach_ticks or s.incident is not None}
-        if listed is None or present is not self._walked_for:
+        workload list (``listed``; None: the rows are the list) is another object than at the last such walk
+        (the builder hands the same one while it is unchanged, and lists every row), else the unsettled ones."""
+        if listed is None or listed is not self._walked_for:
             self._walked_for = listed
-            self._strays = {k for k in self.states if k not in present} if listed is not None else set()
             return [k for k in self.states if k not in rows]
-        walked = self._unsettled.keys() | self._strays
-        return sorted((k for k in walked if k not in rows), key=lambda k: self.states[k].order)
+        states = self.states
+        return sorted((k for k in self._unsettled if k not in rows), key=lambda k: states[k].order)
 
     def drop(self, key: str) -> VictimState:
-        self._unsettled.pop(key, None)
-        self._strays.discard(key)
+        self._unsettled.discard(key)
         return self.states.pop(key)
 
     def open_states(self) -> list[VictimState]:
         """The victims with an open incident, in the victims' order (each is unsettled)."""
-        return sorted((s for s in self._unsettled.values() if s.incident is not None), key=_order)
+        states = self.states
+        return sorted((s for s in (states[k] for k in self._unsettled) if s.incident is not None), key=_order)
 
 
 def _order(state: VictimState) -> int:

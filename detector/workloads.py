@@ -11,7 +11,7 @@ be a victim (SYSTEM/LSE/LSR/LS) and whether it may be acted on (BE).
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -62,7 +62,8 @@ def _norm(path: str) -> str:
 class WorkloadIndex:
     """cgroup path -> Workload, from pod metadata (optional) and standalone globs.
 
-    ``pods`` returns the node's pods (last good list; may be empty). Standalone globs are matched
+    ``pods`` returns the node's pods (last good list; may be empty): a new list when they changed (a pod
+    source hands out the same one until then, which ``refresh`` takes as unchanged at once). Standalone globs are matched
     against cgroup paths (fnmatch, e.g. ``/nn-test-*/ls-*``) and name workloads when there are no
     pods. Lookups are cached per path and the cache is dropped when the pod list changes.
     """
@@ -77,6 +78,7 @@ class WorkloadIndex:
         self.ls_globs = tuple(ls_globs)
         self.be_globs = tuple(be_globs)
         self._pods: dict[str, PodLike] = {}
+        self._listed: object = None  # the list object the pods came in (a source's, kept while unchanged)
         self._pods_sig: tuple = ()
         self.pods_version = 0  # bumped whenever the pod list (uids, classes, names) changes
         self._cache: dict[tuple[str, bool], Workload] = {}
@@ -89,9 +91,13 @@ class WorkloadIndex:
 
     def refresh(self) -> None:
         listed = self._pods_fn()
+        if listed is self._listed:
+            return  # the very list of last time: a source hands out the same one until its pods change
         if isinstance(listed, list) and len(listed) == len(self._pods) \
                 and all(self._pods.get(p.uid) is p for p in listed):
+            self._listed = listed
             return  # the same pod objects as last time (sources hand out a new object per change)
+        self._listed = listed if isinstance(listed, list) else None
         pods = {p.uid: p for p in listed}
         sig = tuple(sorted((uid, p.qos_class, p.name, p.namespace) for uid, p in pods.items()))
         self._pods = pods
@@ -135,6 +141,12 @@ class WorkloadIndex:
     def pods(self) -> Iterable[PodLike]:
         """The pods of the last refresh."""
         return self._pods.values()
+
+    @property
+    def records(self) -> Mapping[str, PodLike]:
+        """Pod UID -> its record, as of the last refresh: the same mapping object until the pod list
+        changes (a reader keeps what it derived from the records while it is)."""
+        return self._pods
 
     def pod_of(self, key: str) -> PodLike | None:
         """A pod workload's metadata ("pod:<uid>"), None when not a pod or not known."""

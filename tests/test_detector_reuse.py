@@ -13,13 +13,19 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from detector.batch import BatchMeter, PodUse, Reservation, ResourceTerms, measure_snapshot, terms_from
 from detector.decisions import LoggingSink, Target
 from detector.incidents import IncidentEngine
 from detector.pods.model import ContainerInfo, PodInfo
+from detector.pods.source import _CachingSource
 from detector.policy import Policy, SloThresholds
 from detector.signals import IDLE, NodeSignals, WorkloadSignals
 from detector.victims import Victims
 from detector.workloads import Workload, WorkloadIndex
+from probes.cpuacct import CgroupCpuStat
+from probes.host import HostPaths
+from probes.memstat import MemStat
+from probes.snapshot import CpuTimes, NodeSnapshot
 
 BE = Workload("pod:be", Target("/kubepods/besteffort/podbe", "be", "default", "batch", "BE"))
 VICTIMS = [Workload(f"pod:ls{i}", Target(f"/kubepods/burstable/podls{i}", f"ls{i}", "default", f"web{i}", "LS"))
@@ -29,9 +35,9 @@ VICTIMS = [Workload(f"pod:ls{i}", Target(f"/kubepods/burstable/podls{i}", f"ls{i
 class EveryVictim(Victims):
     """The quiet pass as it was: every victim without a row, every tick."""
 
-    def quiet(self, rows, listed, present):
+    def quiet(self, rows, listed):
         self._walked_for = None  # never the list of the last walk
-        return super().quiet(rows, listed, present)
+        return super().quiet(rows, listed)
 
 
 def _row(w: Workload, breach: bool) -> WorkloadSignals:
@@ -45,7 +51,8 @@ def _row(w: Workload, breach: bool) -> WorkloadSignals:
 
 def _ticks(seed: int, n: int) -> list[NodeSignals]:
     """Ticks as the builder makes them (rows only for workloads that moved; ``present`` the same object
-    until the list changes), with a few made by hand: a tick with no list, a row its list lacks."""
+    until the list changes; a tick with no list; a row of a workload the list lacks joins the list, a new
+    object, as ``SignalBuilder._present_with`` does)."""
     rnd = random.Random(seed)
     alive = set(range(len(VICTIMS)))
     present = frozenset([BE.key, *(VICTIMS[i].key for i in alive)])
@@ -63,7 +70,8 @@ def _ticks(seed: int, n: int) -> list[NodeSignals]:
             listed = None  # every row is the list (a collector that names no changes)
         elif rnd.random() < 0.03 and len(alive) < len(VICTIMS):
             stray = VICTIMS[next(i for i in range(len(VICTIMS)) if i not in alive)]
-            rows[stray.key] = _row(stray, False)  # a row its tick's list does not name
+            rows[stray.key] = _row(stray, False)  # a row the list did not name: the builder lists it too
+            present = listed = present | {stray.key}
         ticks.append(NodeSignals(1.0, rows, node_cpu_busy=1.0, present=listed))
     return ticks
 
@@ -138,3 +146,120 @@ def test_cached_container_and_root_lookups_are_a_fresh_index_answers():
         answers.append(cached.container_of(paths[1]))
     # (the sequence moves the answers the cache holds: a limit changed under the same pod list)
     assert answers[:3] == [("main", 0.5), ("main", 0.5), ("main", 1.0)]
+
+
+def test_index_over_a_source_that_keeps_its_list_answers_as_a_fresh_index():
+    """A pod source hands out the same list until its pods change (so the index's per-tick refresh is one
+    identity check); every change (a poll with a new or changed pod, one added or removed) is a new list."""
+    src = _CachingSource()
+    index = WorkloadIndex(src.pods)
+    paths = [f"/kubepods/burstable/pod{u}" for u in ("11aa-01", "22bb-02", "33cc-03")]
+    a, b = _pod("11aa-01", {"a" * 64: ("main", 0.5)}), _pod("22bb-02", {"b" * 64: ("main", None)})
+    steps = [
+        lambda: src._replace_all([a, b]),
+        lambda: src._replace_all([a, b]),  # the same pods again: the same list
+        lambda: src._replace_all([b, a]),  # in another order: a new one, in that order
+        lambda: src._replace_all([a, dataclasses.replace(b, qos_class="BE")]),  # a class changed
+        lambda: src._upsert(_pod("33cc-03", {})),
+        lambda: src._remove("11aa-01"),
+        lambda: src._replace_all([a]),
+    ]
+    same = []
+    for step in steps:
+        before = src.pods()
+        step()
+        same.append(src.pods() is before)
+        index.refresh()
+        fresh = WorkloadIndex(lambda: list(src._pods.values()))
+        fresh.refresh()
+        for path in paths:
+            assert index.workload_of(path) == fresh.workload_of(path), (path, len(same))
+        assert sorted(p.uid for p in index.pods) == sorted(src._pods)
+        assert [p.uid for p in src.pods()] == list(src._pods)
+    assert same == [False, True, False, False, False, False, False]
+
+
+def _old_terms(total, threshold, node_used, pods, resource, anno, kubelet):
+    """detector.batch.terms_from as it was (over PodUse objects), the reference for the column sums."""
+    cpu = resource == "cpu"
+    prod = [p for p in pods if p.prod]
+
+    def used(p):
+        return p.cpu_used if cpu else p.memory_used
+
+    def request(p):
+        return p.cpu_request if cpu else p.memory_request
+
+    return ResourceTerms(total, total * (100.0 - threshold) / 100.0, node_used, sum(used(p) for p in pods),
+                         anno.cpu_cores if cpu else anno.memory_bytes,
+                         kubelet.cpu_cores if cpu else kubelet.memory_bytes, sum(used(p) for p in prod),
+                         sum(request(p) for p in prod), sum(max(request(p), used(p)) for p in prod))
+
+
+def _mem(usage: int, file: int | None) -> MemStat:
+    return MemStat(2, usage, None, None, file, None, None, None, None)
+
+
+def test_batch_meter_that_keeps_idle_pods_terms_measures_what_a_fresh_one_does(monkeypatch):
+    """The meter keeps each pod's seconds and terms while its cgroup's readings are the same objects (idle
+    pods keep theirs); a meter that makes them afresh every measure gives the same result, float for float,
+    through pods that move, go quiet, lose a reading, change their requests, and a listing that changes."""
+    monkeypatch.setattr("detector.batch.read_node_memory", lambda paths: None)  # not this host's, moving
+    rnd = random.Random(7)
+    uids = [f"{i:04x}-aa" for i in range(40)]
+    paths = {u: f"/kubepods/{'besteffort' if i % 3 == 0 else 'burstable'}/pod{u}" for i, u in enumerate(uids)}
+
+    def record(i: int, u: str, cpu: float) -> PodInfo:
+        return PodInfo(u, "default", f"p{i}", "BE" if i % 3 == 0 else "LS", containers=(
+            ContainerInfo("main", f"{i:064x}", cpu_request_cores=cpu, memory_request_bytes=(i % 5) * 2**28),))
+
+    records = [record(i, u, 0.1 * (i % 4)) for i, u in enumerate(uids)]
+    index = WorkloadIndex(lambda: records)
+    kept = BatchMeter(min_window_s=3.0, anno=Reservation(0.5, 2**30, "test"))
+    fresh = BatchMeter(min_window_s=3.0, anno=Reservation(0.5, 2**30, "test"))
+    listed = [paths[u] for u in uids[:30]]
+    cpu = {p: _cpu_stat(0) for p in paths.values()}
+    mem = {p: _mem(2**28, 2**26) for p in paths.values()}
+    busy, results, reused = 0.0, 0, 0
+    for t in range(300):
+        if rnd.random() < 0.05:  # pods come and go: a new listing
+            listed = rnd.sample(sorted(paths.values()), rnd.randrange(10, 40))
+        if rnd.random() < 0.05:  # a record replaced (its requests changed): a new pod list
+            i = rnd.randrange(len(records))
+            records = [*records[:i], record(i, uids[i], rnd.choice([0.0, 0.25, 2.0])), *records[i + 1:]]
+        for p in paths.values():
+            roll = rnd.random()
+            if roll < 0.2:
+                cpu[p] = _cpu_stat(cpu[p].usage_ns + rnd.randrange(10**9) if p in cpu else rnd.randrange(10**9))
+            elif roll < 0.23:
+                cpu.pop(p, None)
+            if rnd.random() < 0.15:
+                mem[p] = _mem(rnd.randrange(2**30), rnd.choice([None, rnd.randrange(2**29)]))
+        busy += rnd.random() * 2
+        index.refresh()
+        snap = NodeSnapshot(monotonic_s=float(t), wall_s=float(t), node_cpu=_cpu_times(busy),
+                            node_cpu_per_cpu={0: _cpu_times(0), 1: _cpu_times(0)}, cgroup_cpu=dict(cpu),
+                            cgroup_mem=dict(mem))
+        before = kept._uses
+        a = measure_snapshot(kept, snap, index, listed, HostPaths())
+        reused += before is not None and kept._uses is before
+        fresh._uses = None  # every pod's seconds and terms made again
+        b = measure_snapshot(fresh, snap, index, listed, HostPaths())
+        assert a == b, t
+        results += a is not None
+    assert results > 50 and reused > 20
+    # The column sums are terms_from's over PodUse objects, float for float.
+    for _ in range(50):
+        pods = [PodUse(rnd.random() < 0.6, rnd.random() * 3, float(rnd.randrange(2**31)), rnd.choice([0.0, 0.5, 1.3]),
+                       float(rnd.randrange(2**30))) for _ in range(rnd.randrange(0, 60))]
+        for resource in ("cpu", "memory"):
+            args = (64.0, 60.0, rnd.random() * 40, pods, resource, Reservation(1.0, 2.0), Reservation(0.5, 3.0))
+            assert terms_from(*args) == _old_terms(*args)
+
+
+def _cpu_stat(usage_ns: int) -> CgroupCpuStat:
+    return CgroupCpuStat(2, usage_ns, None, None, 0, 0, 0, None, None, None, None)
+
+
+def _cpu_times(busy_s: float) -> CpuTimes:
+    return CpuTimes(int(busy_s * 1e9), 0, 0, 10**12, 0, 0, 0, 0)

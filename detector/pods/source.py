@@ -66,10 +66,16 @@ class _CachingSource:
         self._gone: dict[str, tuple[PodInfo, float]] = {}
         self._ok = False
         self._reason = "no pod list yet"
+        # The list ``pods`` handed out, kept until the pods change (None: made again on the next call): the
+        # same object tick after tick lets a reader (the detector's workload index, every tick) tell by
+        # identity that nothing changed instead of walking every pod. Readers do not modify it.
+        self._listed: list[PodInfo] | None = None
 
     def pods(self) -> list[PodInfo]:
         with self._lock:
-            return list(self._pods.values())
+            if self._listed is None:
+                self._listed = list(self._pods.values())
+            return self._listed
 
     def get(self, uid: str) -> PodInfo | None:
         # Without the lock first: the exporter asks for every pod's record on each scrape, and _pods is
@@ -112,6 +118,8 @@ class _CachingSource:
             now = self._clock()
             for uid, old in vanished.items():
                 self._gone[uid] = (old, now)
+            if list(new) != list(held) or any(held[uid] is not p for uid, p in new.items()):
+                self._listed = None  # another pod, record or order: a new list
             self._pods = new
             self._succeeded()
 
@@ -119,12 +127,14 @@ class _CachingSource:
         with self._lock:
             self._pods[pod.uid] = pod
             self._gone.pop(pod.uid, None)
+            self._listed = None
 
     def _remove(self, uid: str) -> None:
         with self._lock:
             old = self._pods.pop(uid, None)
             if old is not None:
                 self._gone[uid] = (old, self._clock())
+                self._listed = None
 
     def _succeeded(self) -> None:
         now = self._clock()
