@@ -594,10 +594,10 @@ def _wait_out_eviction_aftermath(result: PassResult, evicted_s: float, run_for: 
     and start the after-window there (``result.after_from_s``), for as long a window as any row's.
 
     Why: on a VM whose balloon reports free pages (this machine: Firecracker), the evicted grower's ~20 GiB
-    freed at once are reported to the host in ~1 GiB passes every ~2.5 s for ~30 s, and the host's work
-    for each takes the vCPUs from the guest: the victim's requests took 20-35 ms (it needs 1 ms) in the
+    freed at once are reported to the host in ~1 GiB passes every ~2.5 s for ~40 s, and the host's work
+    for each takes the vCPUs from the guest: the victim's requests took 20-35 ms (~4 ms otherwise) in the
     ticks with a report, with 80-270 ms of steal on its CPU and its run-queue p99 at 0.2-3 ms
-    (2026-11-29 21:36-21:42 UTC, 3 passes: docs/benchmarks.md, "global-reclaim-evict and free page
+    (2026-11-29 21:36-21:42 UTC, 3 passes: docs/benchmarks-history.md, "global-reclaim-evict and free page
     reporting"). That is the platform taking back what the eviction freed, not the grower nor the agent,
     and bare metal has none of it: the row judges the victim once the node's own counter
     (``reported_kib``) is quiet (settle.ReportingQuiet: under 64 MiB over 5 s), at most
