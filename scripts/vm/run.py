@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -134,7 +135,9 @@ def monitor(sock: Path, command: str, wait_s: float = 2.0) -> str:
                     out += chunk
     except OSError as e:
         return f"(monitor {command!r}: {e})"
-    return out.decode(errors="replace").replace("\r", "")
+    # The monitor's line editor echoes the command with cursor moves: dropped, with its prompt lines
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out.decode(errors="replace").replace("\r", ""))
+    return "\n".join(line for line in text.splitlines() if not line.startswith("(qemu)"))
 
 
 def _read(path: Path) -> str:
