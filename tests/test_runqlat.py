@@ -327,19 +327,64 @@ def test_cgroup_slots_are_bounded_and_a_freed_slot_starts_from_zero(two_contendi
     assert slot_b == slot_a or owner not in (None, ia.to_bytes(8, "little")), (slot_b, slot_a, owner)
 
 
-def _slots_apart(pids: list[int]) -> int:
-    """The most pid slots (a power of 2) below every one of `pids` (so each has a tag) that give each of
-    them a slot no other thread on the host has (every thread switching in writes its slot). The most,
-    not the fewest: new pids are handed out in order after these, and with 64 slots a busy host's next
-    threads took theirs within the test (a miss of 10 ms of 3.6 s in one run)."""
-    others = {int(t) for t in glob.glob("/proc/[0-9]*/task/[0-9]*") for t in [t.rsplit("/", 1)[1]]} - set(pids)
-    slots = 1 << (min(pids).bit_length() - 1)  # the largest power of 2 not above the smallest pid
-    while slots >= 64:
-        mine = [p & (slots - 1) for p in pids]
-        if slots <= min(pids) and len(set(mine)) == len(mine) and not set(mine) & {o & (slots - 1) for o in others}:
-            return slots
-        slots //= 2
-    pytest.skip(f"no slot count below pids {pids} keeps them apart from the host's {len(others)} threads")
+PID_SLOTS_MOST = 4096  # the tagged case's slots at most: new pids reach our slots again only 4096 pids on
+PID_SLOTS_LEAST = 64  # ... at least: with fewer, a busy node's next threads took ours within the test
+SPAWN_TRIES = 400  # spawns (each a shell) to land 3 workers on free slots: one in 4 slots taken still needs ~4
+
+
+def _host_tids() -> set[int]:
+    return {int(t.rsplit("/", 1)[1]) for t in glob.glob("/proc/[0-9]*/task/[0-9]*")}
+
+
+def _power_of_2_at_most(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _spin(cg: OwnedCgroup) -> subprocess.Popen:
+    """One CPU-bound worker in ``cg`` on CPU 1: a shell loop, cheap to start (no interpreter to load)."""
+    return subprocess.Popen(["taskset", "-c", "1", "sh", "-c", "while :; do :; done"], preexec_fn=cg.preexec,
+                            stdin=subprocess.DEVNULL)
+
+
+def _stop_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+
+
+def _workers_on_free_slots(cg: OwnedCgroup, count: int) -> tuple[list[subprocess.Popen], int]:
+    """``count`` workers whose pids each have a pid slot (pid % slots, a power of 2 not above any of them,
+    so each has a tag) that no other thread on the node has, and a slot count: every thread switching in
+    writes its slot, so a neighbour on one of ours would take that worker's run_delay base. A worker is
+    spawned until its pid lands on a free slot (the others are killed): the node's pid layout never
+    decides whether the test runs. The slots are as many as the pids allow, up to PID_SLOTS_MOST: new pids
+    are handed out in order after ours and come back to our slots only that many pids later."""
+    slots = max(PID_SLOTS_LEAST, min(PID_SLOTS_MOST, _power_of_2_at_most(
+        int(Path("/proc/sys/kernel/ns_last_pid").read_text()) + 1)))
+    kept: list[subprocess.Popen] = []
+    spawned = 0
+    try:
+        while len(kept) < count:
+            if spawned == SPAWN_TRIES:
+                raise AssertionError(f"{spawned} workers spawned, none of the last on a free pid slot of {slots}")
+            proc, spawned = _spin(cg), spawned + 1
+            if proc.pid < slots and proc.pid >= PID_SLOTS_LEAST:  # pids wrapped: fewer slots, each still tagged
+                slots = _power_of_2_at_most(proc.pid)
+                dropped = [p for i, p in enumerate(kept) if (p.pid & (slots - 1)) in
+                           {q.pid & (slots - 1) for q in kept[:i]}]
+                _stop_all(dropped)
+                kept = [p for p in kept if p not in dropped]
+            taken = {t & (slots - 1) for t in _host_tids() - {p.pid for p in (*kept, proc)}}
+            taken |= {p.pid & (slots - 1) for p in kept}
+            if proc.pid >= slots and proc.pid & (slots - 1) not in taken:
+                kept.append(proc)
+            else:
+                _stop_all([proc])
+    except BaseException:
+        _stop_all(kept)
+        raise
+    return kept, slots
 
 
 @pytest.mark.parametrize("pid_slots", ["array", "tagged"])
@@ -347,26 +392,23 @@ def test_wait_of_tasks_moved_while_queued_is_whole(make_cgroup, pid_slots):
     """A queued task moved to another CPU has its wait so far added to run_delay at the dequeue; the
     probe adds run_delay's growth since the task's last switch-in, kept in the pid-indexed array: one
     slot a pid where pid_max fits it, else at pid % slots with the pid's high bits as a tag (`tagged`:
-    fewer slots than the pids, each worker on its own), so the cgroup's wait equals schedstat's."""
-    stress = require_tool("stress-ng")
+    fewer slots than the pids, each worker on its own: workers spawned until their pids land on slots
+    no other thread has), so the cgroup's wait equals schedstat's."""
     cg = make_cgroup("moved")
-    hogs = subprocess.Popen(["taskset", "-c", "1", stress, "--cpu", "3", "--cpu-method", "int64", "-t", "60", "--quiet"],
-                            preexec_fn=cg.preexec)
     ino = os.stat(cg.path("cpu")).st_ino
+    if pid_slots == "array":
+        procs, slots = [_spin(cg) for _ in range(3)], PID_MAX_LIMIT
+    else:
+        procs, slots = _workers_on_free_slots(cg, 3)
     try:
-        deadline = time.monotonic() + 10
-        while len(_tids(cg)) < 4 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        tasks = _tids(cg)  # stress-ng's parent too: it waits on CPU 1 when the hogs are there
-        workers = [t for t in tasks if t != hogs.pid]
-        assert len(workers) == 3, tasks
-        _signal_all(tasks, signal.SIGSTOP)
-        _wait_stopped(tasks)
-        slots = PID_MAX_LIMIT if pid_slots == "array" else _slots_apart(tasks)
+        workers = [p.pid for p in procs]
+        assert sorted(_tids(cg)) == sorted(workers)
+        _signal_all(workers, signal.SIGSTOP)
+        _wait_stopped(workers)
         with RunqLatProbe(max_pid_slots=slots) as probe:
             assert all((t < probe.pid_slots) == (pid_slots == "array") for t in workers), (workers, probe.pid_slots)
-            before, s0 = _schedstat(tasks), probe.snapshot()
-            _signal_all(tasks, signal.SIGCONT)
+            before, s0 = _schedstat(workers), probe.snapshot()
+            _signal_all(workers, signal.SIGCONT)
             time.sleep(0.1)  # every worker switches in once: the probe has seen its run_delay
             # All three on one CPU, then all on the other, every 5 ms: the queued ones are moved.
             end = time.monotonic() + 2
@@ -376,17 +418,16 @@ def test_wait_of_tasks_moved_while_queued_is_whole(make_cgroup, pid_slots):
                     os.sched_setaffinity(t, {flips % 2})
                 flips += 1
                 time.sleep(0.005)
-            _signal_all(tasks, signal.SIGSTOP)
-            _wait_stopped(tasks)
-            after, s1 = _schedstat(tasks), probe.snapshot()
+            _signal_all(workers, signal.SIGSTOP)
+            _wait_stopped(workers)
+            after, s1 = _schedstat(workers), probe.snapshot()
         got = s1.per_cgroup[ino].delta(s0.per_cgroup.get(ino))
         split = s1.wait_split[ino].delta(s0.wait_split.get(ino))
     finally:
-        hogs.kill()
-        hogs.wait()
-    truth = sum(after[t][0] - before[t][0] for t in tasks)
-    print(f"{flips} flips: probe {got.sum_ns / 1e6:.2f} ms (migrated {split.migrated_wait_ns / 1e6:.2f} ms), "
-          f"schedstat {truth / 1e6:.2f} ms")
+        _stop_all(procs)
+    truth = sum(after[t][0] - before[t][0] for t in workers)
+    print(f"{flips} flips, pid slots {slots}, workers {workers}: probe {got.sum_ns / 1e6:.2f} ms "
+          f"(migrated {split.migrated_wait_ns / 1e6:.2f} ms), schedstat {truth / 1e6:.2f} ms")
     assert split.migrated_wait_ns > 0.01 * truth
     assert abs(got.sum_ns - truth) <= 0.002 * truth + 1e6
 

@@ -91,7 +91,8 @@ def rescore(path: str) -> int:
                                                 (x[0], known[p["scenario"]].truth.culprit or "", x[1])
                                                 for x in p.get("counterfactual", [])],
                                 counts=[(x[0], x[1], x[2]) for x in p.get("counts", [])],
-                                judge_on_counts=p.get("judge_on_counts", False))
+                                judge_on_counts=p.get("judge_on_counts", False),
+                                after_from_s=p.get("after_from_s"), aftermath=p.get("aftermath", ""))
             scores.append(score(known[p["scenario"]].truth, result))
     except (OSError, KeyError, TypeError, ValueError) as e:
         print(f"error: cannot rescore {path}: {' '.join(str(e).split())}", file=sys.stderr)

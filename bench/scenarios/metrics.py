@@ -100,6 +100,12 @@ class PassResult:
     # did not recover, read afterwards): see bench/scenarios/runner.py _note_timeline. Not scored.
     timeline: list[dict] = field(default_factory=list)
     incident_notes: list[tuple[str, float, tuple[str, ...]]] = field(default_factory=list)  # (victim, started_s, notes)
+    # Where the after-window starts when an action's aftermath on the node had to settle first (s since
+    # onset; None: SETTLE_AFTER_MITIGATION_S after the action), and what settled, in words: an eviction's
+    # freed memory reported to the hypervisor, which takes the victim's vCPU (steal) for ~30 s on a VM
+    # with free page reporting (bench/scenarios/runner.py _wait_out_eviction_aftermath).
+    after_from_s: float | None = None
+    aftermath: str = ""
 
 
 @dataclass
@@ -123,7 +129,8 @@ class Score:
     note: str = ""
     skipped: bool = False  # the pass did not run (its note says why)
     # The victim's runqueue p99 the detector said it would have without the culprit (the last value before
-    # the first action), and its runqueue p99 measured after the action (same window as p99 after).
+    # the first action), and its runqueue p99 measured after the action (+2 s to +10 s after it: p99 after's
+    # window, unless the action's aftermath on the node moved that one: PassResult.after_from_s).
     runq_p99_without_culprit_ms: float | None = None
     runq_p99_after_ms: float | None = None
     runq_p99_within: bool | None = None  # the two within 25 % (cf_within)
@@ -155,6 +162,26 @@ def load_samples(text: str, onset_ns: int) -> list[tuple[float, float]]:
     return out
 
 
+def after_window(acted_s: float, after_from_s: float | None = None) -> tuple[float, float]:
+    """The window "recovered" is judged over, s since onset: from SETTLE_AFTER_MITIGATION_S after the
+    action (the queue drains), or from ``after_from_s`` when later (the action's aftermath on the node
+    settled then: PassResult.after_from_s), for RECOVERY_WINDOW_S - SETTLE_AFTER_MITIGATION_S."""
+    lo = acted_s + SETTLE_AFTER_MITIGATION_S
+    if after_from_s is not None:
+        lo = max(lo, after_from_s)
+    return lo, lo + RECOVERY_WINDOW_S - SETTLE_AFTER_MITIGATION_S
+
+
+def _aftermath_note(result: PassResult, acted_s: float | None) -> str:
+    """What the after-window waited for, and the victim's p99 meanwhile (shown, not judged)."""
+    if acted_s is None or result.after_from_s is None or not result.aftermath:
+        return ""
+    lo, hi = after_window(acted_s, result.after_from_s)
+    meanwhile = window_p99(result.samples, acted_s + SETTLE_AFTER_MITIGATION_S, lo)
+    said = "" if meanwhile is None else f"; p99 {meanwhile:.2f} ms until then"
+    return f"after-window +{lo:.1f}-{hi:.1f} s: {result.aftermath}{said}"
+
+
 def score(truth: Truth, result: PassResult) -> Score:
     ours = [i for i in result.incidents if not result.pods or i.victim in result.pods]
     matching = [i for i in ours if truth.victim is not None and i.victim == truth.victim and i.started_s >= 0]
@@ -180,17 +207,18 @@ def score(truth: Truth, result: PassResult) -> Score:
     after = None
     recovered = None
     if ttm is not None:
-        after = window_p99(result.samples, ttm + SETTLE_AFTER_MITIGATION_S, ttm + RECOVERY_WINDOW_S)
+        after = window_p99(result.samples, *after_window(ttm, result.after_from_s))
         if after is not None and before is not None:
             recovered = after <= RECOVERY_FACTOR * before
     # On counts, from the first action left in place, as the p99 (a ladder's step that did not help and was
     # undone is not the mitigation: the one after it is); with none left in place, from the first action in
     # any state, so one reverted as "did not help" is judged on what followed it.
     acted = ttm if ttm is not None else min((a.at_s for a in result.actions if a.at_s >= 0), default=None)
+    counts_window = after_window(acted, result.after_from_s) if acted is not None else (0.0, 0.0)
     on_counts = (count_recovery(result.counts, truth.causes[0], result.baseline_s, acted,
-                                acted + SETTLE_AFTER_MITIGATION_S, min(acted + RECOVERY_WINDOW_S, result.run_s))
+                                counts_window[0], min(counts_window[1], result.run_s))
                  if acted is not None and result.counts and truth.causes else None)
-    note = result.skipped or result.note
+    note = "; ".join(x for x in (result.skipped or result.note, _aftermath_note(result, ttm)) if x)
     if on_counts is not None and result.judge_on_counts:
         recovered = on_counts.recovered
         note = "; ".join([*([note] if note else []), on_counts.summary()])
@@ -250,15 +278,16 @@ def cf_within(without_ms: float | None, after_ms: float | None) -> bool | None:
 def _counterfactual_check(result: PassResult, ttm: float | None, moved: str | None, *,
                           in_place: bool = False) -> dict[str, float | bool | None]:
     """The counterfactual the detector gave during the incident for the pod the first action ``moved`` (its
-    last value before the action) and the victim's runqueue p99 over the same window as ``p99 after``
-    (merged histograms of those ticks); judged within 25 % or not unless the action left it ``in_place``."""
+    last value before the action) and the victim's runqueue p99 from 2 s to 10 s after the action (merged
+    histograms of those ticks); judged within 25 % or not unless the action left it ``in_place``."""
     if ttm is None:
         return {}
     # The tick whose decision applied the action is recorded just after it (the action is taken inside
     # the detector's step): its counterfactual is still the one the action was decided on.
     said = [v for t, pod, v in result.counterfactual if t <= ttm + COUNTERFACTUAL_SLACK_S and pod == moved]
-    hist = runq_ticks_histogram(ticks_within(result.runq_ticks, ttm + SETTLE_AFTER_MITIGATION_S,
-                                             ttm + RECOVERY_WINDOW_S))
+    # Right after the action, as the counterfactual predicts it (issue 28; bench/scenarios/cfcheck.py), even
+    # where "recovered" waits for the action's aftermath on the node (PassResult.after_from_s)
+    hist = runq_ticks_histogram(ticks_within(result.runq_ticks, *after_window(ttm)))
     measured = hist.quantile_ns(0.99) / 1e6 if hist is not None and hist.count >= 20 else None
     without = said[-1] if said else None
     return {"runq_p99_without_culprit_ms": _r(without), "runq_p99_after_ms": _r(measured),

@@ -66,6 +66,28 @@ def read_reported_kib(path: Path = REPORTED_KIB) -> int | None:
         return None
 
 
+class ReportingQuiet:
+    """Whether free page reporting has settled, from samples of the running total: settled at the first
+    sample ``QUIET_S`` or more after the first whose total moved less than ``QUIET_KIB`` over the last
+    ``QUIET_S`` (reports come every ~2.5 s while there is much to report: two missed in a row)."""
+
+    def __init__(self, start: float, total: int) -> None:
+        self.start = start
+        self.first = total
+        self.history = [(start, total)]
+
+    def observe(self, now: float, total: int) -> bool:
+        self.history.append((now, total))
+        if now - self.start < QUIET_S:
+            return False
+        then = [v for t, v in self.history if t <= now - QUIET_S][-1]
+        return total - then < QUIET_KIB
+
+    @property
+    def reported_mib(self) -> float:
+        return (self.history[-1][1] - self.first) / 1024
+
+
 def wait_for_free_page_reporting(timeout_s: float = TIMEOUT_S, reported: Callable[[], int | None] = read_reported_kib,
                                  reporting: Callable[[], bool] = balloon_reports_free_pages,
                                  clock: Callable[[], float] = time.monotonic,
@@ -78,14 +100,13 @@ def wait_for_free_page_reporting(timeout_s: float = TIMEOUT_S, reported: Callabl
     if first is None:
         sleep(MAINLINE_REPORT_S)
         return Settled(round(clock() - start, 1), None, "fixed")
-    history = [(start, first)]
+    quiet = ReportingQuiet(start, first)
     while True:
         sleep(POLL_S)
         now, total = clock(), reported()
         if total is None:  # the counter went away: nothing more to learn from it
-            return Settled(round(now - start, 1), (history[-1][1] - first) / 1024, "counter")
-        history.append((now, total))
-        if now - start >= QUIET_S and total - [v for t, v in history if t <= now - QUIET_S][-1] < QUIET_KIB:
-            return Settled(round(now - start, 1), (total - first) / 1024, "counter")
+            return Settled(round(now - start, 1), quiet.reported_mib, "counter")
+        if quiet.observe(now, total):
+            return Settled(round(now - start, 1), quiet.reported_mib, "counter")
         if now - start >= timeout_s:
-            return Settled(round(now - start, 1), (total - first) / 1024, "timeout")
+            return Settled(round(now - start, 1), quiet.reported_mib, "timeout")

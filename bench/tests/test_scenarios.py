@@ -54,6 +54,28 @@ def test_score_of_a_detected_and_mitigated_neighbour():
     assert s.false_incidents == 0
 
 
+def test_an_eviction_is_judged_once_its_aftermath_on_the_node_settled():
+    """The after-window starts at PassResult.after_from_s when the eviction's aftermath (the freed memory
+    reported to the hypervisor, which steals the victim's vCPU) settled later than the usual 2 s, for as
+    long a window as any row's; the p99 until then is said in the note, not judged."""
+    truth = Truth("web", ("reclaim",), "batch")
+    samples = [(-5 + i * 0.01, 3.0) for i in range(500)] + [(i * 0.01, 8.0) for i in range(300)]
+    samples += [(3.0 + i * 0.01, 30.0 if i % 50 == 0 else 3.2) for i in range(3000)]  # reporting: +3 to +33 s
+    samples += [(33.0 + i * 0.01, 3.3) for i in range(1000)]
+    evict = [ActionRecordLite(3.0, "evict", "batch", "verified", "evicted")]
+    at_once = score(truth, PassResult("r", "mitigate", 5, 43, actions=evict, samples=samples))
+    assert at_once.p99_after_ms == 30.0 and at_once.recovered is False
+    settled = score(truth, PassResult("r", "mitigate", 5, 43, actions=evict, samples=samples, after_from_s=33.0,
+                                      aftermath="the node's free page reporting of the evicted pod's memory settled"))
+    assert settled.p99_after_ms == 3.3 and settled.recovered is True
+    assert settled.note == ("after-window +33.0-41.0 s: the node's free page reporting of the evicted pod's memory "
+                            "settled; p99 30.00 ms until then")
+    # An aftermath that settled within the usual 2 s changes nothing
+    early = score(truth, PassResult("r", "mitigate", 5, 43, actions=evict, samples=samples, after_from_s=4.0,
+                                    aftermath="settled"))
+    assert early.p99_after_ms == at_once.p99_after_ms
+
+
 def test_score_counts_wrong_victims_and_pre_onset_incidents_as_false():
     truth = Truth("web", ("neighbor_cpu",), "batch")
     r = PassResult("cpu", "detect", 5, 10, incidents=[

@@ -68,3 +68,42 @@ def test_the_wait_is_bounded_and_skipped_where_nothing_reports():
     before = t.now
     fixed = wait_for_free_page_reporting(reported=lambda: None, reporting=lambda: True, clock=t.clock, sleep=t.sleep)
     assert fixed.how == "fixed" and t.now - before == MAINLINE_REPORT_S
+
+
+def test_an_eviction_s_after_window_waits_for_the_reports_to_stop(monkeypatch):
+    """The pass runs on (its tick loop) until reported_kib is quiet, and the after-window starts there;
+    the ticks recorded since the eviction count, and the bound is REPORTING_BOUND_S after it."""
+    from bench.scenarios import runner
+    from bench.scenarios.metrics import PassResult
+
+    t = FakeTime()
+    t.now = 14.0  # s since onset: the run's end; evicted at +3 s, reports of 1 GiB every 2.5 s until +33 s
+
+    def total() -> int:
+        return int((min(t.now, 33.0) - 3.0) // 2.5) * (1 << 20) if t.now >= 3.0 else 0
+
+    result = PassResult("global-reclaim-evict", "mitigate", 8, 14)
+    for s in range(0, 15):  # the ticks already recorded: their running totals
+        t.now = float(s)
+        result.timeline.append({"t": float(s), "reported_kib": total()})
+    t.now = 14.0
+    monkeypatch.setattr(runner, "balloon_reports_free_pages", lambda: True)
+    monkeypatch.setattr(runner, "read_reported_kib", total)
+    runner._wait_out_eviction_aftermath(result, 3.0, t.sleep, t.clock)
+    assert 33.0 + QUIET_S - 1 <= result.after_from_s <= 33.0 + QUIET_S + 1.5
+    assert result.run_s >= result.after_from_s + 8.0
+    assert "settled" in result.aftermath and "12288 MiB reported" in result.aftermath
+
+    # Reports that never stop: the window starts at the bound, and the note says so
+    t.now = 14.0
+    endless = PassResult("global-reclaim-evict", "mitigate", 8, 14)
+    monkeypatch.setattr(runner, "read_reported_kib", lambda: int(t.now * (1 << 20)))
+    runner._wait_out_eviction_aftermath(endless, 3.0, t.sleep, t.clock)
+    assert 3.0 + runner.REPORTING_BOUND_S <= endless.after_from_s <= 3.0 + runner.REPORTING_BOUND_S + 1.5
+    assert "had not settled" in endless.aftermath
+
+    # No balloon reporting free pages (bare metal): nothing waited for, the usual window
+    plain = PassResult("global-reclaim-evict", "mitigate", 8, 14)
+    monkeypatch.setattr(runner, "balloon_reports_free_pages", lambda: False)
+    runner._wait_out_eviction_aftermath(plain, 3.0, t.sleep, t.clock)
+    assert plain.after_from_s is None and plain.aftermath == ""

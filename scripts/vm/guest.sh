@@ -50,6 +50,9 @@ load_module veth
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf 2>/dev/null || true
 mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null || true
 ip link set lo up 2>/dev/null || true
+# SysRq from qemu's monitor (run.py's stall dump: l, every CPU's backtrace; w, the blocked tasks): Debian's
+# default (438) leaves out the dumps.
+echo 1 >/proc/sys/kernel/sysrq 2>/dev/null || echo "vm: cannot enable SysRq: no backtraces in a stall dump"
 
 # An optional scratch disk (run.py --disk SIZE): a real filesystem whose page cache is charged to
 # the reader's memory cgroup, unlike the 9p root and tmpfs (docs: platforms.md).

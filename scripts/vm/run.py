@@ -4,12 +4,19 @@
 virtme-ng, this machine's root shared read-only, the project tree shared read-write, a pure cgroup v2
 hierarchy with every controller enabled in the root's subtree_control (scripts/vm/guest.sh).
 
-    scripts/vm/run.sh [--cpus N] [--memory SIZE] [--timeout S] [--disk SIZE] -- COMMAND [ARG...]
+    scripts/vm/run.sh [--cpus N] [--memory SIZE] [--timeout S] [--idle-timeout S] [--disk SIZE] -- COMMAND [ARG...]
 
 The command runs as root from the project root; its output is streamed here and its exit status is
-this script's. A guest that does not boot, dies or runs past --timeout is a failure (exit 125 or
-124), never a pass. KVM is used only where it works (/dev/kvm and vmx/svm in /proc/cpuinfo), TCG
-otherwise; NN_VM_KVM=0/1 overrides the detection.
+this script's. A guest that does not boot, dies, runs past --timeout or writes nothing for
+--idle-timeout is a failure (exit 125 or 124), never a pass. KVM is used only where it works (/dev/kvm
+and vmx/svm in /proc/cpuinfo), TCG otherwise; NN_VM_KVM=0/1 overrides the detection.
+
+The guest kernel's console (boot, oopses, hung-task and RCU-stall reports) is kept in the run
+directory's console.log (vng --verbose: quiet mode sends it to /dev/null). A guest silent for
+--idle-timeout is dumped before it is stopped, into the run directory's stall.txt: every vCPU's
+kernel backtrace (SysRq l, and w: the blocked tasks, sent through qemu's monitor), the guest's
+registers, the console's tail, and host-side qemu's /proc status, thread kernel stacks and gdb
+backtraces; the run directory is kept.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -30,6 +38,8 @@ HERE = Path(__file__).resolve().parent
 PROJECT = HERE.parent.parent
 EXIT_TIMEOUT = 124
 EXIT_NO_STATUS = 125
+STALL_CONSOLE_WAIT_S = 8.0  # for the guest to print its SysRq backtraces over the emulated serial line
+STALL_TAIL_LINES = 80
 
 
 def kernel_env() -> dict[str, str]:
@@ -76,6 +86,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--memory", default=os.environ.get("NN_VM_MEMORY", "2G"))
     parser.add_argument("--timeout", type=float, default=float(os.environ.get("NN_VM_TIMEOUT", "3600")),
                         help="seconds from start to the guest's exit, boot included (default 3600)")
+    parser.add_argument("--idle-timeout", type=float, default=float(os.environ.get("NN_VM_IDLE_TIMEOUT", "600")),
+                        help="seconds the guest's command may write nothing before the guest is dumped "
+                             "(run directory's stall.txt) and stopped (default 600; 0: never)")
     parser.add_argument("--disk", metavar="SIZE",
                         help="attach a scratch disk of SIZE (e.g. 1G), formatted ext4 and mounted at "
                              "/tmp/nn-disk in the guest ($NN_VM_DISK)")
@@ -103,6 +116,82 @@ def stream(path: Path, offset: int) -> int:
     return offset + len(chunk)
 
 
+def monitor(sock: Path, command: str, wait_s: float = 2.0) -> str:
+    """One human-monitor command to qemu (``-monitor unix:sock``); what it printed, or why nothing."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(wait_s)
+            conn.connect(str(sock))
+            conn.sendall(command.encode() + b"\n")
+            out = b""
+            deadline = time.monotonic() + wait_s
+            with contextlib.suppress(TimeoutError):
+                while time.monotonic() < deadline:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    out += chunk
+    except OSError as e:
+        return f"(monitor {command!r}: {e})"
+    # The monitor's line editor echoes the command with cursor moves: dropped, with its prompt lines
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out.decode(errors="replace").replace("\r", ""))
+    return "\n".join(line for line in text.splitlines() if not line.startswith("(qemu)"))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError as e:
+        return f"({path}: {e.strerror})"
+
+
+def host_side(pgid: int) -> list[str]:
+    """qemu (and vng) as this machine sees them: /proc status, each thread's CPU time, state and kernel
+    stack, and gdb's backtraces of qemu's threads (when gdb is there)."""
+    out: list[str] = []
+    for pid in sorted(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()):
+        try:
+            if os.getpgid(pid) != pgid:
+                continue
+        except OSError:
+            continue
+        out += [f"== pid {pid}: {_read(Path(f'/proc/{pid}/cmdline')).replace(chr(0), ' ')[:300]}",
+                _read(Path(f"/proc/{pid}/status"))]
+        for task in sorted(Path(f"/proc/{pid}/task").glob("*"), key=lambda t: int(t.name)):
+            stat = _read(task / "stat").rsplit(")", 1)[-1].split()
+            comm = _read(task / "comm").strip()
+            cpu = f"utime {stat[11]} stime {stat[12]} ticks" if len(stat) > 12 else ""
+            out += [f"-- thread {task.name} {comm} state {stat[0] if stat else '?'} {cpu}",
+                    _read(task / "stack").rstrip()]
+        if "qemu" in _read(Path(f"/proc/{pid}/comm")) and shutil.which("gdb"):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                out.append(subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 12"],
+                                          capture_output=True, text=True, timeout=60).stdout)
+    return out
+
+
+def dump_stall(run_dir: Path, pgid: int, silent_s: float) -> Path:
+    """What a silent guest is doing, into run_dir/stall.txt, before it is stopped: its vCPUs' kernel
+    backtraces (SysRq l; w: blocked tasks) on its console, its registers, and qemu from this side."""
+    sock = run_dir / "monitor.sock"
+    info_cpus = monitor(sock, "info cpus")
+    registers = monitor(sock, "info registers -a", wait_s=4.0)
+    for key in ("alt-sysrq-l", "alt-sysrq-w"):
+        monitor(sock, f"sendkey {key}")
+    time.sleep(STALL_CONSOLE_WAIT_S)
+    console = _read(run_dir / "console.log").splitlines()
+    text = [f"the guest wrote nothing for {silent_s:.0f} s", "", "== qemu monitor: info cpus", info_cpus,
+            "== qemu monitor: info registers -a (RIP lines)",
+            *[line for line in registers.splitlines() if line.startswith(("RIP", "CPU#"))],
+            "", f"== guest console, last {STALL_TAIL_LINES} lines (console.log)", *console[-STALL_TAIL_LINES:],
+            "", "== host side", *host_side(pgid)]
+    path = run_dir / "stall.txt"
+    path.write_text("\n".join(text) + "\n")
+    return path
+
+
 def main(argv: list[str]) -> int:
     args, command = parse(argv)
     env = kernel_env()
@@ -116,7 +205,12 @@ def main(argv: list[str]) -> int:
     vng = [vng_binary(), "--run", str(vmlinuz), "--cpus", str(args.cpus), "--memory", args.memory,
            "--user", "root", "--cwd", str(PROJECT), "--rwdir", str(PROJECT), "--rwdir", str(run_dir),
            # The kernel's modules: the guest's /var/cache is its own, not this machine's.
-           "--rodir", str(vmlinuz.parent.parent)]
+           "--rodir", str(vmlinuz.parent.parent),
+           # The kernel's console into console.log (quiet mode: /dev/null): boot, oopses, stall reports.
+           "--verbose",
+           # A monitor for the stall dump: SysRq keys to the guest, its registers.
+           # (one argument: vng's parser takes a separate value starting with "-" for an option)
+           f"--qemu-opts=-monitor unix:{run_dir / 'monitor.sock'},server=on,wait=off"]
     kvm = kvm_works()
     if not kvm:
         vng.append("--disable-kvm")
@@ -152,11 +246,19 @@ def main(argv: list[str]) -> int:
         old_term = signal.signal(signal.SIGTERM, lambda *_: (stop(), sys.exit(143)))
         offset = 0
         timed_out = False
+        stalled: Path | None = None
+        last_output = started  # the boot counts as silence too: a guest that never starts its command
         try:
             while vm.poll() is None:
-                offset = stream(run_dir / "output", offset)
-                if time.monotonic() - started > args.timeout:
+                moved = stream(run_dir / "output", offset)
+                now = time.monotonic()
+                if moved != offset:
+                    offset, last_output = moved, now
+                if now - started > args.timeout:
                     timed_out = True
+                elif args.idle_timeout and now - last_output > args.idle_timeout:
+                    stalled = dump_stall(run_dir, vm.pid, now - last_output)
+                if timed_out or stalled is not None:
                     stop()
                     vm.wait()
                     break
@@ -174,7 +276,11 @@ def main(argv: list[str]) -> int:
     rc_file = run_dir / "rc"
     status = rc_file.read_text().strip() if rc_file.exists() else ""
     keep = args.keep
-    if timed_out:
+    if stalled is not None:
+        print(f"vm: FAILED: the guest wrote nothing for {args.idle_timeout:.0f} s (--idle-timeout), stopped after "
+              f"{elapsed:.0f} s; its backtraces and qemu's: {stalled}", file=sys.stderr)
+        rc, keep = EXIT_TIMEOUT, True
+    elif timed_out:
         print(f"vm: FAILED: timed out after {args.timeout:.0f} s (--timeout); console: {run_dir / 'console.log'}",
               file=sys.stderr)
         rc, keep = EXIT_TIMEOUT, True
