@@ -315,15 +315,22 @@ class ProbePlugin:
     # how many cgroups the node may hold (the agent's estimate from the Node's pod capacity; None: not taken).
     options: tuple[ProbeOption, ...] = ()
     expected_cgroups_option: str | None = None
+    # The factory keyword that tells the probe its caller holds BPF run-time stats for the probe's life (the
+    # agent does, for bpf_program_run_seconds), so its programs' run counts move with every run (None: not taken).
+    run_counts_option: str | None = None
 
     def open(self, **kwargs: Any) -> Any:
         return self.factory(**kwargs)
 
-    def agent_options(self, flags: Mapping[str, Any], policy: Any, expected_cgroups: int) -> dict[str, Any]:
+    def agent_options(self, flags: Mapping[str, Any], policy: Any, expected_cgroups: int,
+                      run_counts_live: bool = False) -> dict[str, Any]:
         """What the agent opens it with: its options' values from the command line (``flags``, by factory
-        keyword) or the policy, those given only, and the node's expected cgroups where it takes them."""
+        keyword) or the policy, those given only, the node's expected cgroups where it takes them, and whether
+        the agent holds BPF run-time stats (``run_counts_live``) where it takes that."""
         values = {o.name: flags.get(o.name) if o.flag else getattr(policy, o.policy or "") for o in self.options}
         opened = {name: value for name, value in values.items() if value is not None}
         if self.expected_cgroups_option is not None:
             opened[self.expected_cgroups_option] = expected_cgroups
+        if self.run_counts_option is not None and run_counts_live:
+            opened[self.run_counts_option] = True
         return opened

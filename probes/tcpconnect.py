@@ -14,7 +14,6 @@ The latency histogram holds successful connects only: connect() → ESTABLISHED.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import math
@@ -32,7 +31,6 @@ from probes.cgroupfs import CgroupLayout
 from probes.engine import AttachMode, Engine, LibbpfEngine, LoadedProbe, ProbeSpec, Tracepoint
 from probes.hist import HIST_SLOTS, IntervalHistogram, LatencyHistogram, merge_intervals
 from probes.host import HostPaths
-from probes.libbpf import BpfError, RunTimeStats
 from probes.plugin import (
     CgroupSample,
     MetricSpec,
@@ -279,6 +277,7 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         outlier_ring_bytes: int = 256 * 1024,
         max_keys: int = 1024,
         max_destinations: int = 2048,
+        run_counts_live: bool = False,
     ) -> None:
         self.v1_cpu = self._key_by("cpu", paths, layout)
         engine = engine or LibbpfEngine(self.paths)
@@ -298,21 +297,15 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         # The counter maps the snapshot reads change only when this object's programs run (or forget
         # drops entries): while their run counts stand still, the last read's counters are still the
         # maps' (a node without connects reads nothing: the owner tables were most of an idle tick's
-        # probe reads). The kernel keeps run counts only while run-time stats are on: the probe holds
-        # them itself (the agent does too); without them, every tick reads the maps.
-        self._run_stats: RunTimeStats | None = None
-        with contextlib.suppress(BpfError, OSError):
-            self._run_stats = RunTimeStats()
+        # probe reads). The kernel keeps run counts only while run-time stats are on, and turning them on
+        # costs every BPF program on the node a clock read per run: the probe does not do it itself. The
+        # caller says it holds them for the probe's life (``run_counts_live``, the agent); otherwise every
+        # snapshot reads the maps.
+        self._run_counts_live = run_counts_live
         self._runs_at_read: tuple[tuple[str, int, int], ...] | None = None
         self._counters: tuple[dict[tuple[int, int], ConnectStats], dict[DestKey, DestStats]] | None = None
         if outlier_threshold_ns:
             self._watch_events("outliers", ConnectOutlier.decode)
-
-    def close(self) -> None:
-        if self._run_stats is not None:
-            self._run_stats.close()
-            self._run_stats = None
-        super().close()
 
     def forget(self, cgroup_ids: list[int]) -> int:
         """Drop removed cgroups' entries (every netns, every destination) so pod churn cannot fill
@@ -356,7 +349,7 @@ class TcpConnectProbe(BpfProbe["ConnectOutlier"]):
         # tick (its count moved), never lost behind counts that already include it.
         programs = self.probe.program_stats()
         runs = tuple((p.name, p.run_count, p.recursion_misses) for p in programs)
-        if self._counters is None or self._run_stats is None or not runs or runs != self._runs_at_read:
+        if self._counters is None or not self._run_counts_live or not runs or runs != self._runs_at_read:
             self._counters = self._read_counters()
             self._runs_at_read = runs
         per_key, destinations = self._counters
@@ -651,4 +644,5 @@ PLUGIN = ProbePlugin(
     top_view="tcp",
     top_table=TOP_TABLE,
     top_options={"outlier_threshold_ns": 0},
+    run_counts_option="run_counts_live",
 )

@@ -23,10 +23,13 @@ from collections import Counter
 
 import pytest
 
+from detector.policy import Policy
 from probes.engine import ProbeError
 from probes.hist import LatencyHistogram
+from probes.libbpf import RunTimeStats
 from probes.listenq import read_counters
 from probes.tcpconnect import (
+    PLUGIN,
     SLOT_SIZE,
     STRUCT_SIZES,
     ConnectOutlier,
@@ -654,9 +657,10 @@ for _ in range(int(sys.argv[2])):
 @pytest.mark.root
 def test_counter_maps_are_read_only_after_the_probes_programs_ran(make_cgroup):
     """A snapshot reads the counter maps only when the probe's programs ran since its last read (their
-    run counts moved): back-to-back snapshots of a quiet stretch mostly read nothing, and a connect
-    after it is counted at the very next snapshot, exactly."""
-    with TcpConnectProbe() as probe:
+    run counts moved, which they do while the caller holds run-time stats, as the agent does): back-to-back
+    snapshots of a quiet stretch mostly read nothing, and a connect after it is counted at the very next
+    snapshot, exactly."""
+    with contextlib.closing(RunTimeStats()), TcpConnectProbe(run_counts_live=True) as probe:
         owner_reads: list[str] = []
         real = probe.probe.map_array_values
         probe.probe.map_array_values = lambda name, *a: (owner_reads.append(name), real(name, *a))[1]  # type: ignore[method-assign]
@@ -679,3 +683,19 @@ def test_counter_maps_are_read_only_after_the_probes_programs_ran(make_cgroup):
         key = (os.stat(cg.path("cpu")).st_ino, os.stat("/proc/self/ns/net").st_ino)
         was = before.per_key.get(key)
         assert after.per_key[key].successes - (was.successes if was else 0) == 3
+
+
+@pytest.mark.root
+def test_a_probe_whose_caller_holds_no_run_time_stats_reads_the_maps_every_snapshot():
+    """Without run-time stats the kernel's run counts stand still whatever runs, and the probe does not turn
+    the stats on itself (that costs every BPF program on the node a clock read per run, `top` included):
+    every snapshot reads the counter maps. The agent says it holds them (agent_options)."""
+    with TcpConnectProbe() as probe:
+        owner_reads: list[str] = []
+        real = probe.probe.map_array_values
+        probe.probe.map_array_values = lambda name, *a: (owner_reads.append(name), real(name, *a))[1]  # type: ignore[method-assign]
+        for _ in range(5):
+            probe.snapshot()
+        assert owner_reads.count("connect_bucket_owner") == 5
+    assert PLUGIN.agent_options({}, Policy(), 0, run_counts_live=True)["run_counts_live"] is True
+    assert "run_counts_live" not in PLUGIN.agent_options({}, Policy(), 0)

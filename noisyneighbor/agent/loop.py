@@ -205,8 +205,8 @@ class Agent:
         self._resolver = resolver
         use_btf_file(self.config.btf)  # process-wide: the probes' engines relocate against it
         expected_cgroups, sized_by = expected_runq_cgroups(policy, node_object, self.paths.proc.parent)
-        probe_options = {p.name: p.agent_options(self.config.probe_options.get(p.name, {}), policy, expected_cgroups)
-                         for p in PLUGINS}
+        probe_options = {p.name: p.agent_options(self.config.probe_options.get(p.name, {}), policy, expected_cgroups,
+                                                 run_counts_live=self._run_stats is not None) for p in PLUGINS}
         self.collector = NodeCollector(self.paths, self.layout, probes=self.config.probes,
                                        cgroup_paths=self._cgroup_paths, psi_paths=self.detector.psi_paths,
                                        probe_options=probe_options, proc_stat=self.proc_stat).start()
