@@ -164,18 +164,19 @@ class _NotingReader:
 
     def usage(self, file: str) -> str | None:
         """Its CPU usage file (``_Files.usage``), noted."""
-        text = self.read(file)
-        if self.notes_cpu:
-            assert self.watched is not None
-            self.watched.cpu_seen.note(text, self.tick)
-        return text
+        assert self.watched is not None
+        return self._noted(file, self.watched.cpu_seen if self.notes_cpu else None)
 
     def memory_usage(self, file: str) -> str | None:
         """Its memory usage file (``_Files.memory_usage``), noted."""
+        assert self.watched is not None
+        return self._noted(file, self.watched.memory_seen if self.notes_memory else None)
+
+    def _noted(self, file: str, seen: _Seen | None) -> str | None:
+        """The file's text, noted in ``seen`` (None: a kind the watch has no file of, not noted)."""
         text = self.read(file)
-        if self.notes_memory:
-            assert self.watched is not None
-            self.watched.memory_seen.note(text, self.tick)
+        if seen is not None:
+            seen.note(text, self.tick)
         return text
 
 
