@@ -26,7 +26,9 @@ turn's); a CPU run no probe saw, up to 30 s late, as before. Memory (``memory.st
 sight, every tick while a probe saw the cgroup reclaim, and at most every ``memory_refresh_ticks`` while it
 is active, and then (not reclaiming) only when its usage file's text changed since its last read; a cgroup
 without a memory reading (no memory files at its last read: the controller not enabled for it yet) is
-looked at again on its slow turn only, not each time it wakes (memory files appearing: up to 120 s late).
+looked at again on its slow turn only, not each time it wakes (memory files appearing: up to 120 s late);
+one without CPU files (listed from another hierarchy, or not made there yet) is looked for them on its slow
+turn, or when a probe sees it run.
 CPU limits (quota, period) are read on the wheel when its usage moved and every ``memory_refresh_ticks``
 while it keeps running, not for a task that wakes now and then. Unread cgroups keep their last readings;
 ``changed`` says which were read this tick, so consumers do per-cgroup work only for those.
@@ -416,7 +418,8 @@ class CgroupWatch:
         read.watched, read.tick = w, t
         moving = False
         replaced = False
-        if not (full and path in self.cpu and self._unchanged(w, self.files.usage, self.hot.read)):
+        # A wheel turn reads its CPU files when its usage moved; one without them (at its last read), on its slow turn.
+        if not full or (not self._unchanged(w, self.files.usage, self.hot.read) if path in self.cpu else slow):
             replaced = True
             before = self.cpu.get(path)
             # Quota and period: on wheel turns, and every few ticks while it keeps running (it ran at its
