@@ -326,24 +326,24 @@ class CgroupWatch:
         slow_turn = (t // self.slow_refresh_ticks + slot) % self.slow_files_turns == 0
         due_cpu = (active_set | memory_set | self._moving) - due_full
         due_psi = self._psi_listed(psi_every_tick) - due_full - due_cpu
-        # Those are read again next tick, through open files: room for all of them (usage, cpu.stat,
-        # per-CPU usage, memory and pressure files), or each read would reopen its file; and for every
-        # watched cgroup's usage file, the one file of a wheel turn that finds it as at its last read.
+        # Those are read again next tick, through open files: room for all of them (usage, cpu.stat, per-CPU
+        # usage, memory, pressure), or each read would reopen its file; and every usage file (a wheel turn's).
         self.hot.fit(FILES_KEPT_PER_CGROUP * len(due_cpu) + len(RESOURCES) * len(due_psi) + len(self.watched))
         changed: set[str] = set()
         still: set[str] = set()  # read in full this tick and found as at their last read
         for path in sorted(due_full, key=_depth):  # parents first
             w = self.watched[path]
             slow = slow_turn or path in unread  # first sight: everything
+            memory = slow or path in memory_set  # and every tick while a probe sees it reclaim
             parent = self.watched.get(path.rpartition("/")[0])
             if parent is not None and parent.path in still and path in self.cpu \
-                    and _vouched_for(w, parent, slow and path in self.mem):
+                    and _vouched_for(w, parent, memory and path in self.mem):
                 if slow:
                     _read_cpuset(w, self.cpus, self.cpuset_h)
                 if path in self.psi:  # as an unchanged read: the next stall's rate is over the time since now
                     self.psi_read_s[path] = time.monotonic()
                 continue
-            if self._read(w, t, full=True, memory=slow, slow=slow, errors=errors):
+            if self._read(w, t, full=True, memory=memory, slow=slow, errors=errors):
                 changed.add(path)
             else:
                 still.add(path)

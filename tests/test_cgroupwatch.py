@@ -120,3 +120,31 @@ def test_an_idle_cgroups_memory_change_is_seen_within_its_slow_turns(make_cgroup
     finally:
         grower.kill()
         grower.wait()
+
+
+def test_a_reclaiming_cgroups_memory_is_looked_at_every_tick_also_on_its_wheel_turns(make_cgroup, watch, monkeypatch):
+    """A cgroup a probe sees reclaim has its memory looked at every tick, its wheel turns (slow or not)
+    included: its memory files read, or on a wheel turn its memory usage found as at its last read. The
+    slow turn holds back only what moves without activity."""
+    from probes.memstat import MemStatReader
+
+    cg = make_cgroup("reclaimer", controllers=CONTROLLERS)
+    path = _rel(cg)
+    watch.set_listed([path])
+    watch.tick()
+    watch.tick()
+    looked: set[int] = set()
+    real_read, real_unchanged = MemStatReader.read, CgroupWatch._unchanged
+
+    def unchanged(self, w, kind, *a):
+        if kind is self.files.memory_usage:
+            looked.add(self.tick_count)
+        return real_unchanged(self, w, kind, *a)
+
+    monkeypatch.setattr(MemStatReader, "read", lambda self, *a, **kw: (looked.add(watch.tick_count),
+                                                                        real_read(self, *a, **kw))[1])
+    monkeypatch.setattr(CgroupWatch, "_unchanged", unchanged)
+    for _ in range(SLOW_TURN_TICKS):
+        watch.tick(memory_moved=[path])
+    assert sorted(set(range(3, 3 + SLOW_TURN_TICKS)) - looked) == [], "ticks its memory was not looked at"
+    assert watch.mem[path] is not None
