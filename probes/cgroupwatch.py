@@ -13,15 +13,25 @@ allocate or connect without first being woken, which runqlat counts. So a cgroup
   back to sleep) is not read further and is not new;
 - it is on the every-tick PSI list (latency-sensitive pods: their stalls are the victim signal, and a
   task blocked on IO accumulates stall time without waking);
-- its turn comes on the slow wheel: every cgroup once per ``slow_refresh_ticks``, spread evenly over
-  the ticks, for what moves without activity (page cache reclaimed by others, a cpuset changed).
+- its turn comes on the slow wheel: every cgroup once per ``slow_refresh_ticks`` (30), spread evenly over
+  the ticks, for a run no probe saw: the turn reads its usage file (kept open: one pread) and the rest
+  of its CPU files only when that moved since its last read;
+- its slow turn comes: one wheel turn in ``slow_files_turns`` (4, so every 120 ticks), for what moves
+  without activity: its cpuset (the CPU manager rewrites a pool), its memory usage (page cache reclaimed
+  by others; ``memory.stat`` when that changed) and whether it has pressure files now.
 
-Memory (``memory.stat``) is read on first sight, on the wheel, every tick while a probe saw the cgroup
-reclaim, and at most every ``memory_refresh_ticks`` while it is active, and then (not reclaiming) only when
-its usage file's text changed since its last read. CPU limits (quota, period) are read on the wheel and
-every ``memory_refresh_ticks`` while it keeps running, not for a task that wakes now and then. Unread
-cgroups keep their last readings; ``changed`` says which were read this tick, so consumers do per-cgroup
-work only for those.
+Lateness that follows (at 1 s ticks): a cpuset rewritten, or memory that moved, while the cgroup stays
+idle is seen up to 120 s late (it was 30 s before the slow turn: the two reads were two thirds of an idle
+turn's); a CPU run no probe saw, up to 30 s late, as before. Memory (``memory.stat``) is also read on first
+sight, every tick while a probe saw the cgroup reclaim, and at most every ``memory_refresh_ticks`` while it
+is active, and then (not reclaiming) only when its usage file's text changed since its last read; a cgroup
+without a memory reading (no memory files at its last read: the controller not enabled for it yet) is
+looked at again on its slow turn only, not each time it wakes (memory files appearing: up to 120 s late);
+one without CPU files (listed from another hierarchy, or not made there yet) is looked for them on its slow
+turn, or when a probe sees it run.
+CPU limits (quota, period) are read on the wheel when its usage moved and every ``memory_refresh_ticks``
+while it keeps running, not for a task that wakes now and then. Unread cgroups keep their last readings;
+``changed`` says which were read this tick, so consumers do per-cgroup work only for those.
 Cgroup ids are the directories' inode numbers (what the BPF side reports), taken once per new path.
 """
 
@@ -49,7 +59,9 @@ from probes.host import HotFiles, read_small
 from probes.memstat import MemStat, MemStatReader
 from probes.psi import RESOURCES, PsiReading
 
-SLOW_REFRESH_TICKS = 30  # every cgroup is read at least this often (ticks), activity or not
+SLOW_REFRESH_TICKS = 30  # every cgroup's usage is looked at least this often (ticks), activity or not
+# Its cpuset, memory usage and whether it has pressure files: on one wheel turn in this many (120 ticks)
+SLOW_FILES_TURNS = 4
 MEMORY_REFRESH_TICKS = 5  # memory.stat of an active cgroup that is not reclaiming: at most this often
 
 
@@ -139,6 +151,13 @@ class _Watched:
         """Its file of one kind (an attribute of ``_Files``), None where there is no such hierarchy."""
         return None if kind is None else kind[0] + self.rel + kind[1]
 
+    def files_kept(self) -> list[str]:
+        """Every file of it that may be kept open (to close them when it goes)."""
+        return [*(self.cpu_reader.files() if self.cpu_reader else ()), *(self.mem_reader.files() if self.mem_reader else ()),
+                *(file for kind in (self.files.percpu, self.files.usage, self.files.memory_usage)
+                  if (file := self.file(kind)) is not None),
+                *(os.path.join(self.psi_dir, f"{r}.pressure") for r in RESOURCES if self.psi_dir is not None)]
+
     @property
     def psi_dir(self) -> str | None:
         """The v2 directory holding its pressure files (ending in "/"), when it has them."""
@@ -164,18 +183,19 @@ class _NotingReader:
 
     def usage(self, file: str) -> str | None:
         """Its CPU usage file (``_Files.usage``), noted."""
-        text = self.read(file)
-        if self.notes_cpu:
-            assert self.watched is not None
-            self.watched.cpu_seen.note(text, self.tick)
-        return text
+        assert self.watched is not None
+        return self._noted(file, self.watched.cpu_seen if self.notes_cpu else None)
 
     def memory_usage(self, file: str) -> str | None:
         """Its memory usage file (``_Files.memory_usage``), noted."""
+        assert self.watched is not None
+        return self._noted(file, self.watched.memory_seen if self.notes_memory else None)
+
+    def _noted(self, file: str, seen: _Seen | None) -> str | None:
+        """The file's text, noted in ``seen`` (None: a kind the watch has no file of, not noted)."""
         text = self.read(file)
-        if self.notes_memory:
-            assert self.watched is not None
-            self.watched.memory_seen.note(text, self.tick)
+        if seen is not None:
+            seen.note(text, self.tick)
         return text
 
 
@@ -187,9 +207,10 @@ class CgroupWatch:
     """The readings of every listed cgroup, kept current at a cost that follows activity."""
 
     def __init__(self, layout: CgroupLayout, slow_refresh_ticks: int = SLOW_REFRESH_TICKS,
-                 memory_refresh_ticks: int = MEMORY_REFRESH_TICKS) -> None:
+                 memory_refresh_ticks: int = MEMORY_REFRESH_TICKS, slow_files_turns: int = SLOW_FILES_TURNS) -> None:
         self.layout = layout
         self.slow_refresh_ticks = max(1, slow_refresh_ticks)
+        self.slow_files_turns = max(1, slow_files_turns)
         self.memory_refresh_ticks = max(1, memory_refresh_ticks)
         self.cpu_h = layout.hierarchy_for("cpu")
         self.mem_h = layout.hierarchy_for("memory")
@@ -272,9 +293,7 @@ class CgroupWatch:
         w = self.watched.pop(path)
         self._psi_of = None
         # An open file pins a removed cgroup in the kernel: close this one's now.
-        self.hot.close([*(w.cpu_reader.files() if w.cpu_reader else ()), *(w.mem_reader.files() if w.mem_reader else ()),
-                        *((percpu,) if (percpu := w.file(self.files.percpu)) else ()),
-                        *(os.path.join(w.psi_dir, f"{r}.pressure") for r in RESOURCES if w.psi_dir is not None)])
+        self.hot.close(w.files_kept())
         self._wheel[w.slot].discard(path)
         self._unread.discard(path)
         self._moving.discard(path)
@@ -291,47 +310,40 @@ class CgroupWatch:
             return None
         return self._path_of_id.get((str(hierarchy.mount), cgroup_id))
 
-    def with_ancestors(self, paths: Iterable[str]) -> set[str]:
-        """The listed cgroups among ``paths`` and all their listed ancestors (they sum their children)."""
-        out: set[str] = set()
-        for path in paths:
-            p = path
-            while p and p not in out:
-                if p in self.watched:
-                    out.add(p)
-                parent = p.rpartition("/")[0]
-                if parent == p:
-                    break
-                p = parent
-        return out
-
     # -- one tick ----------------------------------------------------------------------------
     def tick(self, active: Iterable[str] = (), memory_moved: Iterable[str] = (),
              psi_every_tick: Iterable[str] = (), errors: list[str] | None = None) -> set[str]:
         """Read what is due; returns the cgroups read (their readings replaced) this tick. ``memory_moved``:
         active cgroups whose memory a probe saw move (reclaim): their memory files are read this tick."""
         t = self.tick_count = self.tick_count + 1
-        active_set = self.with_ancestors(active)
-        memory_set = self.with_ancestors(memory_moved)
-        due_full = self._wheel[t % self.slow_refresh_ticks] | self._unread
-        self._unread = set()
+        active_set = _with_ancestors(active, self.watched)
+        memory_set = _with_ancestors(memory_moved, self.watched)
+        slot = t % self.slow_refresh_ticks
+        unread, self._unread = self._unread, set()
+        due_full = self._wheel[slot] | unread
+        # This slot's turn of the slower wheel (cpuset, memory usage, pressure files appearing): the slots
+        # take it in turn, so each tick reads about as many of those files.
+        slow_turn = (t // self.slow_refresh_ticks + slot) % self.slow_files_turns == 0
         due_cpu = (active_set | memory_set | self._moving) - due_full
         due_psi = self._psi_listed(psi_every_tick) - due_full - due_cpu
-        # Those are read again next tick, through open files: room for all of them (usage, cpu.stat,
-        # per-CPU usage, memory and pressure files), or each read would reopen its file.
-        self.hot.fit(FILES_KEPT_PER_CGROUP * len(due_cpu) + len(RESOURCES) * len(due_psi))
+        # Those are read again next tick, through open files: room for all of them (usage, cpu.stat, per-CPU
+        # usage, memory, pressure), or each read would reopen its file; and every usage file (a wheel turn's).
+        self.hot.fit(FILES_KEPT_PER_CGROUP * len(due_cpu) + len(RESOURCES) * len(due_psi) + len(self.watched))
         changed: set[str] = set()
         still: set[str] = set()  # read in full this tick and found as at their last read
         for path in sorted(due_full, key=_depth):  # parents first
             w = self.watched[path]
+            slow = slow_turn or path in unread  # first sight: everything
+            memory = slow or path in memory_set  # and every tick while a probe sees it reclaim
             parent = self.watched.get(path.rpartition("/")[0])
             if parent is not None and parent.path in still and path in self.cpu \
-                    and _vouched_for(w, parent, path in self.mem):
-                _read_cpuset(w, self.cpus, self.cpuset_h)
+                    and _vouched_for(w, parent, memory and path in self.mem):
+                if slow:
+                    _read_cpuset(w, self.cpus, self.cpuset_h)
                 if path in self.psi:  # as an unchanged read: the next stall's rate is over the time since now
                     self.psi_read_s[path] = time.monotonic()
                 continue
-            if self._read(w, t, full=True, memory=True, errors=errors):
+            if self._read(w, t, full=True, memory=memory, slow=slow, errors=errors):
                 changed.add(path)
             else:
                 still.add(path)
@@ -344,7 +356,9 @@ class CgroupWatch:
                 if self._read_psi(w, hot=True):
                     changed.add(path)
                 continue
-            memory = path in memory_set or t - w.last_memory_tick >= self.memory_refresh_ticks
+            # One without a memory reading (no memory files at its last read) is looked at again on its
+            # slow turn, not each time it wakes.
+            memory = path in memory_set or (path in self.mem and t - w.last_memory_tick >= self.memory_refresh_ticks)
             # Memory not seen moving and the same memory usage text as at its last read: its memory reading is
             # current (memory.stat and four more files on v1 not read again for a task that woke briefly).
             if memory and path not in memory_set and path in self.mem and self._unchanged(
@@ -357,6 +371,11 @@ class CgroupWatch:
             if self._read_psi(self.watched[path], hot=True):
                 changed.add(path)
         return changed
+
+    def _set_has_psi(self, w: _Watched, has_psi: bool) -> None:
+        if has_psi != w.has_psi:
+            w.has_psi = has_psi
+            self._psi_of = None  # the every-tick PSI list holds only those that have pressure files
 
     def _unchanged(self, w: _Watched, kind: _File | None, read: Callable[[str], str | None] = read_small) -> bool:
         """Of a cgroup read before: is its usage file of ``kind`` (``self.files.usage`` or ``.memory_usage``)
@@ -375,19 +394,23 @@ class CgroupWatch:
         return w.path in self.cpu and self._unchanged(w, self.files.usage, self.hot.read)
 
     def _psi_listed(self, psi_every_tick: Iterable[str]) -> set[str]:
-        """The watched cgroups of the every-tick PSI list; none where no cgroup has pressure files (v1),
-        and worked out again only when a cgroup was added or dropped or a new (frozen) PSI list came (it is
-        most pods: a set a tick at 1,000 pods). A list that may change in place is worked out each tick."""
+        """The watched cgroups of the every-tick PSI list that have pressure files; none where no cgroup
+        has them (v1), and worked out again only when a cgroup was added or dropped, found to have pressure
+        files or not, or a new (frozen) PSI list came (it is most pods: a set a tick at 1,000 pods). A list
+        that may change in place is worked out each tick."""
         if self.v2 is None:
             return set()
+        watched = self.watched
         if not isinstance(psi_every_tick, frozenset):
-            return {p for p in psi_every_tick if p in self.watched}
+            return {p for p in psi_every_tick if p in watched and watched[p].has_psi}
         if self._psi_of is None or self._psi_of[0] is not psi_every_tick:
-            self._psi_of = (psi_every_tick, {p for p in psi_every_tick if p in self.watched})
+            self._psi_of = (psi_every_tick, {p for p in psi_every_tick if p in watched and watched[p].has_psi})
         return self._psi_of[1]
 
-    def _read(self, w: _Watched, t: int, *, full: bool, memory: bool, errors: list[str] | None) -> bool:
-        """Read what is due of one cgroup; False when a wheel turn found nothing changed (nothing replaced)."""
+    def _read(self, w: _Watched, t: int, *, full: bool, memory: bool, errors: list[str] | None,
+              slow: bool = False) -> bool:
+        """Read what is due of one cgroup; False when a wheel turn found nothing changed (nothing replaced).
+        ``slow``: its slow turn (see tick): its cpuset, and whether it has pressure files now."""
         path = w.path
         # Wheel turns come once per cgroup per turn of the wheel: plain reads. A cgroup read outside
         # its turn is active, and likely read again next tick: its files stay open.
@@ -395,7 +418,8 @@ class CgroupWatch:
         read.watched, read.tick = w, t
         moving = False
         replaced = False
-        if not (full and path in self.cpu and self._unchanged(w, self.files.usage)):
+        # A wheel turn reads its CPU files when its usage moved; one without them (at its last read), on its slow turn.
+        if not full or (not self._unchanged(w, self.files.usage, self.hot.read) if path in self.cpu else slow):
             replaced = True
             before = self.cpu.get(path)
             # Quota and period: on wheel turns, and every few ticks while it keeps running (it ran at its
@@ -423,10 +447,10 @@ class CgroupWatch:
             else:
                 self.mem[path] = mem
                 replaced = True
-        if full:
+        if slow:
             _read_cpuset(w, self.cpus, self.cpuset_h)
             if not w.has_psi:  # one that has them is told by its reads (see _read_psi): no stat a turn
-                w.has_psi = _has_psi(w)
+                self._set_has_psi(w, _has_psi(w))
         percpu_file = w.file(self.files.percpu) if moving else None
         if percpu_file is not None:  # where it ran moves only when it runs (and at first sight)
             text = read.read(percpu_file)
@@ -454,7 +478,7 @@ class CgroupWatch:
         texts = [read(psi_dir + name) for name in _PRESSURE_NAMES]  # no pathlib a tick
         if not hot and texts.count(None) == len(texts) and not _has_psi(w):
             # Its pressure files went (the cgroup is going): as a wheel turn that found no psi_probe file.
-            w.has_psi = False
+            self._set_has_psi(w, False)
             return False
         w.psi_seen.read_at = self.tick_count
         if texts == w.psi_seen.text and path in self.psi and path not in self._psi_moved:
@@ -462,14 +486,7 @@ class CgroupWatch:
             return False
         w.psi_seen.moved_at = self.tick_count
         w.psi_seen.text = texts
-        readings: dict[str, PsiReading] = {}
-        for resource, text in zip(RESOURCES, texts, strict=True):
-            try:
-                lines = PRESSURE[resource].parse(2, text) if text is not None else None
-            except CgroupFileParseError:
-                lines = None
-            if lines:
-                readings[resource] = PsiReading(resource, lines.get("some"), lines.get("full"))
+        readings = _psi_readings(texts)
         if readings:
             before = self.psi.get(path)
             if before is not None and _totals(before) != _totals(readings):
@@ -502,6 +519,34 @@ def _vouched_for(w: _Watched, parent: _Watched, has_memory: bool) -> bool:
     if has_memory and files.memory_usage is not None and w.memory_seen.read_at <= parent.memory_seen.moved_at:
         return False
     return w.psi_dir is None or (parent.psi_dir is not None and w.psi_seen.read_at > parent.psi_seen.moved_at)
+
+
+def _with_ancestors(paths: Iterable[str], watched: Mapping[str, _Watched]) -> set[str]:
+    """The watched cgroups among ``paths`` and all their watched ancestors (they sum their children)."""
+    out: set[str] = set()
+    for path in paths:
+        p = path
+        while p and p not in out:
+            if p in watched:
+                out.add(p)
+            parent = p.rpartition("/")[0]
+            if parent == p:
+                break
+            p = parent
+    return out
+
+
+def _psi_readings(texts: list[str | None]) -> dict[str, PsiReading]:
+    """Its pressure files' texts (in RESOURCES order, None where absent) as readings, the unparsable left out."""
+    readings: dict[str, PsiReading] = {}
+    for resource, text in zip(RESOURCES, texts, strict=True):
+        try:
+            lines = PRESSURE[resource].parse(2, text) if text is not None else None
+        except CgroupFileParseError:
+            lines = None
+        if lines:
+            readings[resource] = PsiReading(resource, lines.get("some"), lines.get("full"))
+    return readings
 
 
 def _has_psi(w: _Watched) -> bool:

@@ -98,7 +98,7 @@ def test_bad_cpu_list_skipped_by_the_watch_reported_by_the_actuator(tmp_path: Pa
 
     # The collector's watch: a good list is read, a bad one is skipped (the last good value stays).
     (cg_dir / effective).write_text("0-1\n")
-    watch = CgroupWatch(discover(paths), slow_refresh_ticks=1)
+    watch = CgroupWatch(discover(paths), slow_refresh_ticks=1, slow_files_turns=1)  # its cpuset every tick
     watch.set_listed(["/" + cg])
     watch.tick()
     assert watch.cpus["/" + cg] == (0, 1)
