@@ -11,6 +11,14 @@ this script's. A guest that does not boot, dies, runs past --timeout or writes n
 --idle-timeout is a failure (exit 125 or 124), never a pass. KVM is used only where it works (/dev/kvm
 and vmx/svm in /proc/cpuinfo), TCG otherwise; NN_VM_KVM=0/1 overrides the detection.
 
+TCG runs single-threaded (one host thread for every vCPU, --tcg-thread single) unless told otherwise.
+Multi-threaded TCG (qemu's default, one host thread per vCPU; qemu 7.2 here) livelocks this guest
+when its kernel patches its own code while the other vCPU runs it: a tracepoint switched on or off
+(a probe attached or closed) rewrites a jump-label site through an int3, and a vCPU that keeps
+executing its translated copy of the int3 after the site was restored is sent back to it by the
+kernel's int3 handler forever (both vCPUs at handle_softirqs' softirq_exit site, soft lockups, RCU
+stalls: CI's VM smoke on 2026-11-30). tests/test_v2_lane.py switches such a site under softirq load.
+
 The guest kernel's console (boot, oopses, hung-task and RCU-stall reports) is kept in the run
 directory's console.log (vng --verbose: quiet mode sends it to /dev/null). A guest silent for
 --idle-timeout is dumped before it is stopped, into the run directory's stall.txt: every vCPU's
@@ -74,6 +82,15 @@ def vng_binary() -> str:
     return found
 
 
+def qemu_options(run_dir: Path, kvm: bool, tcg_thread: str) -> list[str]:
+    """qemu's own options: a monitor for the stall dump (SysRq keys to the guest, its registers) and,
+    without KVM, TCG's threading (single by default: see the module's docstring)."""
+    options = ["-monitor", f"unix:{run_dir / 'monitor.sock'},server=on,wait=off"]
+    if not kvm:
+        options += ["-accel", f"tcg,thread={tcg_thread}"]
+    return options
+
+
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" in argv:
         split = argv.index("--")
@@ -92,6 +109,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--disk", metavar="SIZE",
                         help="attach a scratch disk of SIZE (e.g. 1G), formatted ext4 and mounted at "
                              "/tmp/nn-disk in the guest ($NN_VM_DISK)")
+    parser.add_argument("--tcg-thread", choices=("single", "multi"),
+                        default=os.environ.get("NN_VM_TCG_THREAD", "single"),
+                        help="qemu's TCG threading without KVM (NN_VM_TCG_THREAD; default single: "
+                             "multi livelocks the guest when its kernel patches its own code, see above)")
     parser.add_argument("--keep", action="store_true", help="keep the run directory (console log) afterwards")
     parser.add_argument("--append", action="append", default=[], metavar="ARG",
                         help="a kernel command-line argument (repeatable), e.g. possible_cpus=192: a node of "
@@ -202,16 +223,15 @@ def main(argv: list[str]) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="nn-vm-"))
     (run_dir / "cmd").write_text(shlex.join(command) + "\n")
     (run_dir / "modroot").write_text(str(vmlinuz.parent.parent) + "\n")  # guest.sh links its modules from there
+    kvm = kvm_works()
     vng = [vng_binary(), "--run", str(vmlinuz), "--cpus", str(args.cpus), "--memory", args.memory,
            "--user", "root", "--cwd", str(PROJECT), "--rwdir", str(PROJECT), "--rwdir", str(run_dir),
            # The kernel's modules: the guest's /var/cache is its own, not this machine's.
            "--rodir", str(vmlinuz.parent.parent),
            # The kernel's console into console.log (quiet mode: /dev/null): boot, oopses, stall reports.
            "--verbose",
-           # A monitor for the stall dump: SysRq keys to the guest, its registers.
            # (one argument: vng's parser takes a separate value starting with "-" for an option)
-           f"--qemu-opts=-monitor unix:{run_dir / 'monitor.sock'},server=on,wait=off"]
-    kvm = kvm_works()
+           "--qemu-opts=" + shlex.join(qemu_options(run_dir, kvm, args.tcg_thread))]
     if not kvm:
         vng.append("--disable-kvm")
     for arg in args.append:
