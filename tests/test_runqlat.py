@@ -67,8 +67,12 @@ def two_contending_cgroups(make_cgroup):
     procs: list[subprocess.Popen] = []
     try:
         for cg in (a, b):
+            # The teardown stops them; their own time limit only bounds a leak. It must outlast the test's setup
+            # too: the pid-hash case builds its BPF object with clang after this, and in the VM lane (single-threaded
+            # TCG, the hogs' vCPU sharing one host thread with clang's) that took over 60 s, so 60 s hogs had gone
+            # before the window ("did not contend": 0.41 s of wait in 3 s).
             procs.append(subprocess.Popen(
-                ["taskset", "-c", cpu, stress, "--cpu", "2", "--cpu-method", "int64", "-t", "60", "--quiet"],
+                ["taskset", "-c", cpu, stress, "--cpu", "2", "--cpu-method", "int64", "-t", "900", "--quiet"],
                 preexec_fn=cg.preexec,
             ))
         r1, w1 = os.pipe()
@@ -106,10 +110,11 @@ def test_wait_matches_schedstat_per_cgroup(two_contending_cgroups, flavour, tmp_
         engine = LibbpfEngine(object_dir=build(tmp_path / "objs", "refuse_task_storage"))
     probe = RunqLatProbe(engine=engine, attach_mode=flavour.removesuffix("-pid-hash"))
     try:
-        tids = {cg: _tids(cg) for cg in (a, b)}
-        everyone = tids[a] + tids[b]
         ids = {cg: os.stat(cg.path("cpu")).st_ino for cg in (a, b)}
 
+        tids = {cg: _tids(cg) for cg in (a, b)}  # the workload as it is now, after any setup of the flavour
+        assert all(len(found) >= 4 for found in tids.values()), f"workloads gone before the window: {tids}"
+        everyone = tids[a] + tids[b]
         _signal_all(everyone, signal.SIGSTOP)
         _wait_stopped(everyone)
         truth_before = _schedstat(everyone)
