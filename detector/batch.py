@@ -143,23 +143,12 @@ class BatchAllocatable:
                 "window_s": self.window_s, "sources": list(self.sources)}
 
 
-def terms_from(
-    total: float, reclaim_threshold_percent: float, node_used: float, pods: Iterable[PodUse], resource: str,
-    anno: Reservation, kubelet: Reservation,
-) -> ResourceTerms:
-    """One resource's terms from the node's figures and its pods (``resource``: "cpu" or "memory")."""
-    cpu = resource == "cpu"
-    pods = list(pods)
-    return _terms(total, reclaim_threshold_percent, node_used, [p.prod for p in pods],
-                  [p.cpu_used if cpu else p.memory_used for p in pods],
-                  [p.cpu_request if cpu else p.memory_request for p in pods],
-                  anno.cpu_cores if cpu else anno.memory_bytes, kubelet.cpu_cores if cpu else kubelet.memory_bytes)
-
-
-def _terms(total: float, reclaim_threshold_percent: float, node_used: float, prod: list[bool], used: list[float],
-           request: list[float], anno_reserved: float, kubelet_reserved: float) -> ResourceTerms:
-    """:func:`terms_from` over columns, one value per pod in the same order (the meter's 1,000 pods make no
-    PodUse each per measure): the same sums in the same order, so the same floats."""
+def resource_terms(total: float, reclaim_threshold_percent: float, node_used: float, prod: list[bool],
+                   used: list[float], request: list[float], anno_reserved: float,
+                   kubelet_reserved: float) -> ResourceTerms:
+    """One resource's terms from the node's figures and its pods' columns, one value per pod in the same
+    order (``prod``: Prod/Mid, not BE; ``used`` and ``request`` in the resource's unit): columns, so the
+    meter's 1,000 pods make no object each per measure."""
     prod_used = [u for u, p in zip(used, prod, strict=True) if p]
     prod_request = [r for r, p in zip(request, prod, strict=True) if p]
     return ResourceTerms(
@@ -428,11 +417,11 @@ class BatchMeter:
         uses = pods.values()
         prod = [p.prod for p in uses]
         anno, kubelet = self.anno or Reservation(), self.kubelet or Reservation()
-        cpu = _terms(float(ncpu), self.cpu_reclaim_threshold_percent, max(node_busy_s - busy0, 0.0) / window,
-                     prod, cpu_used, [p.cpu_request for p in uses], anno.cpu_cores, kubelet.cpu_cores)
-        mem = _terms(memory_total, self.memory_reclaim_threshold_percent, memory_used, prod,
-                     [p.memory_used for p in uses], [p.memory_request for p in uses], anno.memory_bytes,
-                     kubelet.memory_bytes)
+        cpu = resource_terms(float(ncpu), self.cpu_reclaim_threshold_percent, max(node_busy_s - busy0, 0.0) / window,
+                             prod, cpu_used, [p.cpu_request for p in uses], anno.cpu_cores, kubelet.cpu_cores)
+        mem = resource_terms(memory_total, self.memory_reclaim_threshold_percent, memory_used, prod,
+                             [p.memory_used for p in uses], [p.memory_request for p in uses], anno.memory_bytes,
+                             kubelet.memory_bytes)
         sources = tuple(r.source for r in (self.anno, self.kubelet) if r is not None and r.source)
         self.last = BatchAllocatable(cpu, mem, window, sources)
         return self.last
