@@ -203,11 +203,14 @@ def _mem(usage: int, file: int | None) -> MemStat:
 def test_batch_meter_that_keeps_idle_pods_terms_measures_what_a_fresh_one_does(monkeypatch):
     """The meter keeps each pod's seconds and terms while its cgroup's readings are the same objects (idle
     pods keep theirs); a meter that makes them afresh every measure gives the same result, float for float,
-    through pods that move, go quiet, lose a reading, change their requests, and a listing that changes."""
+    through pods that move, go quiet, lose a reading, change their requests, and a listing that changes
+    (some listings name a pod and its container: two paths of one workload, the later one's readings count)."""
     monkeypatch.setattr("detector.batch.read_node_memory", lambda paths: None)  # not this host's, moving
     rnd = random.Random(7)
     uids = [f"{i:04x}-aa" for i in range(40)]
     paths = {u: f"/kubepods/{'besteffort' if i % 3 == 0 else 'burstable'}/pod{u}" for i, u in enumerate(uids)}
+    for i, u in enumerate(uids[:8]):  # a container listed with its pod: two listed paths of one workload
+        paths[f"{u}/main"] = f"{paths[u]}/{i:064x}"
 
     def record(i: int, u: str, cpu: float) -> PodInfo:
         return PodInfo(u, "default", f"p{i}", "BE" if i % 3 == 0 else "LS", containers=(
