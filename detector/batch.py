@@ -143,23 +143,12 @@ class BatchAllocatable:
                 "window_s": self.window_s, "sources": list(self.sources)}
 
 
-def terms_from(
-    total: float, reclaim_threshold_percent: float, node_used: float, pods: Iterable[PodUse], resource: str,
-    anno: Reservation, kubelet: Reservation,
-) -> ResourceTerms:
-    """One resource's terms from the node's figures and its pods (``resource``: "cpu" or "memory")."""
-    cpu = resource == "cpu"
-    pods = list(pods)
-    return _terms(total, reclaim_threshold_percent, node_used, [p.prod for p in pods],
-                  [p.cpu_used if cpu else p.memory_used for p in pods],
-                  [p.cpu_request if cpu else p.memory_request for p in pods],
-                  anno.cpu_cores if cpu else anno.memory_bytes, kubelet.cpu_cores if cpu else kubelet.memory_bytes)
-
-
-def _terms(total: float, reclaim_threshold_percent: float, node_used: float, prod: list[bool], used: list[float],
-           request: list[float], anno_reserved: float, kubelet_reserved: float) -> ResourceTerms:
-    """:func:`terms_from` over columns, one value per pod in the same order (the meter's 1,000 pods make no
-    PodUse each per measure): the same sums in the same order, so the same floats."""
+def resource_terms(total: float, reclaim_threshold_percent: float, node_used: float, prod: list[bool],
+                   used: list[float], request: list[float], anno_reserved: float,
+                   kubelet_reserved: float) -> ResourceTerms:
+    """One resource's terms from the node's figures and its pods' columns, one value per pod in the same
+    order (``prod``: Prod/Mid, not BE; ``used`` and ``request`` in the resource's unit): columns, so the
+    meter's 1,000 pods make no object each per measure."""
     prod_used = [u for u, p in zip(used, prod, strict=True) if p]
     prod_request = [r for r, p in zip(request, prod, strict=True) if p]
     return ResourceTerms(
@@ -312,10 +301,9 @@ class _PodUses:
     listed: object  # BatchMeter.pods_of's rows they were made for
     records: object  # the index's pod records they were made with
     requests: Mapping[str, tuple[object, float, float]]  # pod path -> (record, CPU, memory requested)
-    unique: bool  # one listed path per workload key: kept between measures
-    cpu_s: dict[str, float] = field(default_factory=dict)
-    pods: dict[str, PodUse] = field(default_factory=dict)
-    seen: dict[str, tuple[object, object]] = field(default_factory=dict)  # path -> its (CPU, memory) reading
+    # pod path -> (the CPU and memory readings they were made from, its CPU seconds (None: no CPU reading),
+    # its terms)
+    by_path: dict[str, tuple[object, object, float | None, PodUse]] = field(default_factory=dict)
 
 
 @dataclass
@@ -355,39 +343,38 @@ class BatchMeter:
     def pod_uses(self, snapshot: NodeSnapshot, index: WorkloadIndex,
                  pod_paths: Iterable[str]) -> tuple[dict[str, float], dict[str, PodUse]]:
         """The listed pods' CPU seconds (by workload key, those with a CPU reading) and their terms (their CPU
-        use 0: ``measure`` makes it from the seconds), in the listed order. Kept between measures: a pod's
-        are made again only when its cgroup's CPU or memory reading is another object (the collector keeps
-        an idle cgroup's reading, and most pods are idle between two measures), all of them when the pod
-        paths or the pod records changed. Where two listed paths are one workload, made afresh each time
-        (which path's reading counts is then the listing order's)."""
+        use 0: ``measure`` makes it from the seconds), in the listed order. Each path's are kept between
+        measures: made again only when its cgroup's CPU or memory reading is another object (the collector
+        keeps an idle cgroup's reading, and most pods are idle between two measures), all of them when the
+        pod paths or the pod records changed."""
         listed = self.pods_of(pod_paths, index)
         records = index.records
         kept = self._uses
         if kept is None or kept.listed is not listed or kept.records is not records:
             requests = self.pod_requests((path, index.pod_of(key)) for path, key, _ in listed)
-            kept = self._uses = _PodUses(listed, records, requests, len({key for _, key, _ in listed}) == len(listed))
-        if not kept.unique:
-            kept.cpu_s, kept.pods, kept.seen = {}, {}, {}
-        cpu_s, pods, seen, requests = kept.cpu_s, kept.pods, kept.seen, kept.requests
+            kept = self._uses = _PodUses(listed, records, requests)
+        by_path, requests = kept.by_path, kept.requests
         cgroup_cpu, cgroup_mem = snapshot.cgroup_cpu, snapshot.cgroup_mem
+        cpu_s: dict[str, float] = {}
+        pods: dict[str, PodUse] = {}
         for path, key, prod in listed:
             cpu, m = cgroup_cpu.get(path), cgroup_mem.get(path)
-            last = seen.get(path)
-            if last is not None and last[0] is cpu and last[1] is m:
-                continue  # neither reading changed: its seconds and terms stand
-            seen[path] = (cpu, m)
-            if cpu is not None:
-                cpu_s[key] = cpu.usage_ns / 1e9
-            elif kept.unique:
-                cpu_s.pop(key, None)  # its reading is gone (made afresh, another path's may stand)
-            if last is not None and last[1] is m:
-                continue
-            mem_used = 0.0
-            if m is not None and m.usage_bytes is not None:
-                mem_used = float(max(m.usage_bytes - (m.file_bytes or 0), 0))  # without page cache
-            _, cpu_request, memory_request = requests[path]
-            pods[key] = PodUse(prod=prod, cpu_used=0.0, memory_used=mem_used,
-                               cpu_request=cpu_request, memory_request=memory_request)
+            made = by_path.get(path)
+            if made is None or made[0] is not cpu or made[1] is not m:
+                if made is not None and made[1] is m:
+                    use = made[3]  # only its CPU reading moved: its terms stand
+                else:
+                    mem_used = 0.0
+                    if m is not None and m.usage_bytes is not None:
+                        mem_used = float(max(m.usage_bytes - (m.file_bytes or 0), 0))  # without page cache
+                    _, cpu_request, memory_request = requests[path]
+                    use = PodUse(prod=prod, cpu_used=0.0, memory_used=mem_used,
+                                 cpu_request=cpu_request, memory_request=memory_request)
+                made = by_path[path] = (cpu, m, None if cpu is None else cpu.usage_ns / 1e9, use)
+            # Where two listed paths are one workload, the later one's stand (the listing's order).
+            if made[2] is not None:
+                cpu_s[key] = made[2]
+            pods[key] = made[3]
         return cpu_s, pods
 
     def due(self, now_s: float) -> bool:
@@ -428,11 +415,11 @@ class BatchMeter:
         uses = pods.values()
         prod = [p.prod for p in uses]
         anno, kubelet = self.anno or Reservation(), self.kubelet or Reservation()
-        cpu = _terms(float(ncpu), self.cpu_reclaim_threshold_percent, max(node_busy_s - busy0, 0.0) / window,
-                     prod, cpu_used, [p.cpu_request for p in uses], anno.cpu_cores, kubelet.cpu_cores)
-        mem = _terms(memory_total, self.memory_reclaim_threshold_percent, memory_used, prod,
-                     [p.memory_used for p in uses], [p.memory_request for p in uses], anno.memory_bytes,
-                     kubelet.memory_bytes)
+        cpu = resource_terms(float(ncpu), self.cpu_reclaim_threshold_percent, max(node_busy_s - busy0, 0.0) / window,
+                             prod, cpu_used, [p.cpu_request for p in uses], anno.cpu_cores, kubelet.cpu_cores)
+        mem = resource_terms(memory_total, self.memory_reclaim_threshold_percent, memory_used, prod,
+                             [p.memory_used for p in uses], [p.memory_request for p in uses], anno.memory_bytes,
+                             kubelet.memory_bytes)
         sources = tuple(r.source for r in (self.anno, self.kubelet) if r is not None and r.source)
         self.last = BatchAllocatable(cpu, mem, window, sources)
         return self.last

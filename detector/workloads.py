@@ -93,10 +93,6 @@ class WorkloadIndex:
         listed = self._pods_fn()
         if listed is self._listed:
             return  # the very list of last time: a source hands out the same one until its pods change
-        if isinstance(listed, list) and len(listed) == len(self._pods) \
-                and all(self._pods.get(p.uid) is p for p in listed):
-            self._listed = listed
-            return  # the same pod objects as last time (sources hand out a new object per change)
         self._listed = listed if isinstance(listed, list) else None
         pods = {p.uid: p for p in listed}
         sig = tuple(sorted((uid, p.qos_class, p.name, p.namespace) for uid, p in pods.items()))

@@ -19,7 +19,7 @@ from detector.batch import (
     measure_snapshot,
     meter_for,
     node_object_reservations,
-    terms_from,
+    resource_terms,
 )
 from detector.policy import Policy, parse_policy
 from detector.workloads import WorkloadIndex
@@ -37,6 +37,15 @@ PODS = [
 ]
 ANNO = Reservation(0.5, 1 * GIB, "annotation")
 KUBELET = Reservation(1.0, 2 * GIB, "kubelet")
+
+
+def terms_from(total, threshold, node_used, pods, resource, anno, kubelet):
+    """One resource's terms over these pods: their columns for that resource, as the meter hands them."""
+    cpu = resource == "cpu"
+    return resource_terms(total, threshold, node_used, [p.prod for p in pods],
+                          [p.cpu_used if cpu else p.memory_used for p in pods],
+                          [p.cpu_request if cpu else p.memory_request for p in pods],
+                          anno.cpu_cores if cpu else anno.memory_bytes, kubelet.cpu_cores if cpu else kubelet.memory_bytes)
 
 
 def test_cpu_formulas_equal_hand_computed_values():

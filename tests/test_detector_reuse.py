@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from detector.batch import BatchMeter, PodUse, Reservation, ResourceTerms, measure_snapshot, terms_from
+from detector.batch import BatchMeter, PodUse, Reservation, ResourceTerms, measure_snapshot, resource_terms
 from detector.decisions import LoggingSink, Target
 from detector.incidents import IncidentEngine
 from detector.pods.model import ContainerInfo, PodInfo
@@ -180,7 +180,7 @@ def test_index_over_a_source_that_keeps_its_list_answers_as_a_fresh_index():
 
 
 def _old_terms(total, threshold, node_used, pods, resource, anno, kubelet):
-    """detector.batch.terms_from as it was (over PodUse objects), the reference for the column sums."""
+    """The terms as they were summed over PodUse objects, the reference for the column sums."""
     cpu = resource == "cpu"
     prod = [p for p in pods if p.prod]
 
@@ -203,11 +203,14 @@ def _mem(usage: int, file: int | None) -> MemStat:
 def test_batch_meter_that_keeps_idle_pods_terms_measures_what_a_fresh_one_does(monkeypatch):
     """The meter keeps each pod's seconds and terms while its cgroup's readings are the same objects (idle
     pods keep theirs); a meter that makes them afresh every measure gives the same result, float for float,
-    through pods that move, go quiet, lose a reading, change their requests, and a listing that changes."""
+    through pods that move, go quiet, lose a reading, change their requests, and a listing that changes
+    (some listings name a pod and its container: two paths of one workload, the later one's readings count)."""
     monkeypatch.setattr("detector.batch.read_node_memory", lambda paths: None)  # not this host's, moving
     rnd = random.Random(7)
     uids = [f"{i:04x}-aa" for i in range(40)]
     paths = {u: f"/kubepods/{'besteffort' if i % 3 == 0 else 'burstable'}/pod{u}" for i, u in enumerate(uids)}
+    for i, u in enumerate(uids[:8]):  # a container listed with its pod: two listed paths of one workload
+        paths[f"{u}/main"] = f"{paths[u]}/{i:064x}"
 
     def record(i: int, u: str, cpu: float) -> PodInfo:
         return PodInfo(u, "default", f"p{i}", "BE" if i % 3 == 0 else "LS", containers=(
@@ -248,13 +251,18 @@ def test_batch_meter_that_keeps_idle_pods_terms_measures_what_a_fresh_one_does(m
         assert a == b, t
         results += a is not None
     assert results > 50 and reused > 20
-    # The column sums are terms_from's over PodUse objects, float for float.
+    # The column sums are the sums over PodUse objects, float for float.
     for _ in range(50):
         pods = [PodUse(rnd.random() < 0.6, rnd.random() * 3, float(rnd.randrange(2**31)), rnd.choice([0.0, 0.5, 1.3]),
                        float(rnd.randrange(2**30))) for _ in range(rnd.randrange(0, 60))]
         for resource in ("cpu", "memory"):
             args = (64.0, 60.0, rnd.random() * 40, pods, resource, Reservation(1.0, 2.0), Reservation(0.5, 3.0))
-            assert terms_from(*args) == _old_terms(*args)
+            cpu = resource == "cpu"
+            columns = ([p.prod for p in pods], [p.cpu_used if cpu else p.memory_used for p in pods],
+                       [p.cpu_request if cpu else p.memory_request for p in pods])
+            anno, kubelet = args[5], args[6]
+            assert resource_terms(*args[:3], *columns, anno.cpu_cores if cpu else anno.memory_bytes,
+                                  kubelet.cpu_cores if cpu else kubelet.memory_bytes) == _old_terms(*args)
 
 
 def _cpu_stat(usage_ns: int) -> CgroupCpuStat:
