@@ -198,7 +198,7 @@ class Agent:
         if node_object is not None:
             apply_node(self.detector.batch, node_object)
         self.exporter = build_exporter(self.config, policy, self.paths, self.layout, resolver, self.pod_source,
-                                       self._qos_of_path, self._container_name)
+                                       self._qos_of_path, self._container_name, lambda: self._listed)
         self._run_stats = _enable_bpf_stats()
         _fix_large_allocations_to_mmap()
         self._free_memory = FreeMemoryReturner()
