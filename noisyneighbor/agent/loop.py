@@ -41,6 +41,7 @@ from noisyneighbor.agent.wiring import (
     _event_poster,
     _fix_large_allocations_to_mmap,
     expected_runq_cgroups,
+    raise_open_files_limit,
     read_own_node,
 )
 from noisyneighbor.exporter import Exporter
@@ -172,6 +173,7 @@ class Agent:
     def _start(self) -> None:
         policy = self.policy
         assert policy is not None
+        raise_open_files_limit()  # before the collector sizes its open files by the soft limit
         self.layout = discover(self.paths)
         # Unknown ids (a cgroup newer than the last walk) walk the hierarchy again at most every 5 s.
         resolver = CgroupResolver(self.paths, self.layout, rescan_interval=5.0)

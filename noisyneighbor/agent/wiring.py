@@ -7,6 +7,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
+import resource
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -305,3 +306,32 @@ def _enable_bpf_stats() -> Any | None:
         return None
 
 
+
+
+def raise_open_files_limit() -> tuple[int, int] | None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit, as Go's runtime does at start, and log both once.
+
+    The collector keeps each busy cgroup's usage files open (probes.host.HotFiles, at most half the soft
+    limit): under a runtime that gives containers a soft limit of 1,024, 1,000 pods' files would not stay
+    open and every read would pay an open and a close. Returns (soft, hard) as they are after, or None if
+    they could not be read; a failure to raise is a one-line warning, never a failure of the agent."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError) as e:
+        log.warning("open files limit (RLIMIT_NOFILE) unreadable: %s", _one_line(e))
+        return None
+    if soft == hard:
+        log.info("open files limit (RLIMIT_NOFILE): soft %s, hard %s", _limit_text(soft), _limit_text(hard))
+        return soft, hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as e:
+        log.warning("open files limit (RLIMIT_NOFILE) not raised: soft %s, hard %s: %s",
+                    _limit_text(soft), _limit_text(hard), _one_line(e))
+        return soft, hard
+    log.info("open files limit (RLIMIT_NOFILE): soft %s raised to the hard limit %s", _limit_text(soft), _limit_text(hard))
+    return hard, hard
+
+
+def _limit_text(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
