@@ -91,6 +91,10 @@ class TickStats:
     started_monotonic: float = field(default_factory=time.monotonic)
 
 
+GC_YOUNG_ALLOCATIONS = 20_000  # Agent.run: the young generation's collection threshold (default 700)
+GC_MIDDLE_COLLECTIONS = 20  # young collections per middle one (default 10)
+
+
 class Agent:
     """The node agent. ``start`` -> ``run`` (or ``step`` by hand) -> ``stop``."""
 
@@ -312,6 +316,12 @@ class Agent:
         # the imports alone here), for objects that are never garbage.
         gc.collect()
         gc.freeze()
+        # Ticks and scrapes allocate many objects that their reference counts free within the tick; at the
+        # default threshold (700) the young collection runs dozens of times a scrape at 1,000 pods, each
+        # scanning objects about to be freed anyway, and the older generations follow (the scrape's build
+        # took 30 ms with them and 19 ms with these, in-process). Collected every GC_YOUNG_ALLOCATIONS
+        # instead, fewer survivors are scanned; what it delays is only the freeing of reference cycles.
+        gc.set_threshold(GC_YOUNG_ALLOCATIONS, GC_MIDDLE_COLLECTIONS, gc.get_threshold()[2])
         try:
             next_at = time.monotonic()
             while not self._stop.is_set():
