@@ -452,7 +452,7 @@ class CgroupKeys:
         return listing if listing is not None and cgroup in listing else None
 
     def _id_key_current(self, cgroup_id: int, kept: _KeptId) -> bool:
-        if kept.key is None or kept.token is not self._token(kept.key.pod_uid):
+        if kept.key is None or kept.labels_token is not self._token(kept.key.pod_uid):
             return False
         if kept.checked_under is not None and kept.checked_under is self._listing:
             return True  # checked at its path since the listing last changed
@@ -472,7 +472,7 @@ class _KeptId:
 
     fs_dir: str
     cgroup: str
-    token: object
+    labels_token: object
     key: SeriesKey | None
     checked_under: Collection[str] | None
 

