@@ -38,7 +38,7 @@ import os
 import socket
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from itertools import accumulate
 from typing import Literal, Protocol
@@ -363,17 +363,27 @@ class CgroupKeys:
     when its pod's record changed (or, for an id, the cgroup at its path is another one now); without
     it every scrape labels every cgroup anew. Only the last scrape's cgroups are kept: removed ones leave
     nothing behind. A scrape is ``begin_scrape``, ``for_id`` / ``for_path`` per sample, ``end_scrape``.
+
+    ``cgroups_token()``: the watched cgroups' listing, the same object (``is``) while no cgroup was listed
+    or dropped (the agent's, refreshed from a walk when the pod list changes). With it, a kept id key
+    whose cgroup is in the listing is checked at its path (one lstat) only at the first scrape after the
+    listing changed, not at every scrape (an lstat per cgroup per scrape was 3.5 % of the agent at 1,000
+    pods). The lateness this buys: a listed cgroup removed while its pod's record and the listing stay
+    the same keeps its series until the listing changes (the pod list's next walk). Cgroups outside the
+    listing are checked at every scrape, as without it.
     """
 
     def __init__(self, labeler: Labeler, container_name: Callable[[str, str], str | None] | None = None,
-                 labels_token: Callable[[str], object] | None = None) -> None:
+                 labels_token: Callable[[str], object] | None = None,
+                 cgroups_token: Callable[[], Collection[str]] | None = None) -> None:
         self.labeler = labeler
         self.container_name = container_name
         self.labels_token = labels_token
-        # Kept from the last scrape (with labels_token): path -> (token, key), and (id, mount) -> (its
-        # directory, token, key).
+        self.cgroups_token = cgroups_token
+        self._listing: Collection[str] | None = None  # cgroups_token()'s at this scrape's start
+        # Kept from the last scrape (with labels_token): path -> (token, key), and (id, mount) -> _KeptId.
         self._path_keys: dict[str, tuple[object, SeriesKey | None]] = {}
-        self._id_keys: dict[tuple[int, object], tuple[str | None, object, SeriesKey | None]] = {}
+        self._id_keys: dict[tuple[int, object], _KeptId] = {}
         # This scrape's: every id and path asked for (None: not labelled), and those not labelled.
         self._ids: dict[tuple[int, object], SeriesKey | None] = {}
         self._paths: dict[str, SeriesKey | None] = {}
@@ -381,6 +391,7 @@ class CgroupKeys:
 
     def begin_scrape(self) -> None:
         self._ids, self._paths, self._unresolved = {}, {}, set()
+        self._listing = self.cgroups_token() if self.cgroups_token is not None else None
 
     def end_scrape(self) -> int:
         """Keep only this scrape's cgroups; returns how many ids and paths could not be labelled."""
@@ -394,7 +405,7 @@ class CgroupKeys:
             return self._ids[cache_key]
         kept = self._id_keys.get(cache_key) if self.labels_token is not None else None
         if kept is not None and self._id_key_current(cgroup_id, kept):
-            key = self._ids[cache_key] = kept[2]
+            key = self._ids[cache_key] = kept.key
             return key
         try:
             target = self.labeler.target_for_id(cgroup_id, hierarchy)
@@ -408,7 +419,8 @@ class CgroupKeys:
             # Kept with the directory it was found at: one lstat next scrape says it is still that
             # cgroup (a removed one loses its series at that scrape, as with the labeler's own check).
             fs_dir = f"{os.fspath(hierarchy.mount).rstrip('/')}/{target.cgroup.strip('/')}".rstrip("/")
-            self._id_keys[cache_key] = (fs_dir, self._token(target.pod_uid), key)
+            self._id_keys[cache_key] = _KeptId(fs_dir, target.cgroup, self._token(target.pod_uid), key,
+                                               self._listing_of(target.cgroup))
         return key
 
     def for_path(self, path: str) -> SeriesKey | None:
@@ -434,14 +446,35 @@ class CgroupKeys:
         assert self.labels_token is not None
         return self.labels_token(pod_uid) if pod_uid else None
 
-    def _id_key_current(self, cgroup_id: int, kept: tuple[str | None, object, SeriesKey | None]) -> bool:
-        fs_dir, token, key = kept
-        if fs_dir is None or key is None or token is not self._token(key.pod_uid):
+    def _listing_of(self, cgroup: str) -> Collection[str] | None:
+        """This scrape's listing if `cgroup` is in it (its removal changes the listing), else None."""
+        listing = self._listing
+        return listing if listing is not None and cgroup in listing else None
+
+    def _id_key_current(self, cgroup_id: int, kept: _KeptId) -> bool:
+        if kept.key is None or kept.labels_token is not self._token(kept.key.pod_uid):
             return False
+        if kept.checked_under is not None and kept.checked_under is self._listing:
+            return True  # checked at its path since the listing last changed
         try:
-            return os.lstat(fs_dir).st_ino == cgroup_id
+            current = os.lstat(kept.fs_dir).st_ino == cgroup_id
         except OSError:
             return False
+        if current:
+            kept.checked_under = self._listing_of(kept.cgroup)
+        return current
+
+
+@dataclass(slots=True)
+class _KeptId:
+    """A cgroup id's key kept from scrape to scrape: the directory it was found at (checked with one lstat),
+    its pod's labels token, and the listing (cgroups_token) under which that check last held, if any."""
+
+    fs_dir: str
+    cgroup: str
+    labels_token: object
+    key: SeriesKey | None
+    checked_under: Collection[str] | None
 
 
 def _cgroup_label(path: str) -> str:
@@ -629,12 +662,14 @@ class Exporter:
         container_name: Callable[[str, str], str | None] | None = None,
         per_cpu_series: bool = False,
         labels_token: Callable[[str], object] | None = None,
+        cgroups_token: Callable[[], Collection[str]] | None = None,
     ) -> None:
         """``extra_node_series``: also PSI averages (node and cgroups) and /proc/stat per CPU and mode,
         which node_exporter already has; ``container_name(pod_uid, container_id)`` names containers;
         ``per_cpu_series``: :data:`PER_CPU_METRICS` per CPU, not summed over the node's CPUs.
         ``labels_token(pod_uid)``: keep each cgroup's labels from scrape to scrape while that pod's record is
-        the same object (:class:`CgroupKeys`)."""
+        the same object (:class:`CgroupKeys`); ``cgroups_token()``: the watched cgroups' listing, the same
+        object while none came or went (:class:`CgroupKeys`: a kept key is not checked at each scrape)."""
         _check_sizes(max_cgroups, max_bucket_seconds, min_bucket_seconds)
         self.top_slot = top_slot_for(max_bucket_seconds)
         # render_text's last scrape, per label set: its label text and per metric (its values, their text,
@@ -655,7 +690,7 @@ class Exporter:
         self.node = node or socket.gethostname()
         self.max_cgroups = max_cgroups
         self.remember_ids = remember_ids
-        self.keys = CgroupKeys(self.labeler, container_name, labels_token)
+        self.keys = CgroupKeys(self.labeler, container_name, labels_token, cgroups_token)
         self._pending: tuple[NodeSnapshot, _SeriesData] | None = None  # the latest tick, not built yet
         self._built: _State | None = None
         self._update_lock = threading.Lock()

@@ -121,3 +121,39 @@ def test_kept_labels_follow_the_pod_record_and_the_cgroup_at_the_id(tmp_path):
     cgroup_dir.rmdir()  # the cgroup removed: its id has no series at the next scrape
     labeler.dirs.clear()
     assert scrape() == (None, "web-2")
+
+
+def test_a_kept_id_key_is_checked_at_its_path_once_per_change_of_the_listing(tmp_path):
+    """With the watched cgroups' listing (cgroups_token), a listed cgroup's kept key is not checked at its
+    path each scrape: the stated lateness is that a listed cgroup removed under an unchanged listing
+    keeps its series until the listing changes; at the first scrape after it changes, the removal shows.
+    A cgroup outside the listing is still checked at every scrape."""
+    from probes.cgroupfs import Hierarchy
+
+    pods: dict[str, object] = {UID: _PodRecord("web-1")}
+    hierarchy = Hierarchy(2, tmp_path, frozenset({"cpu"}))
+    other = "/system.slice/cron.service"
+    dirs = {}
+    for path in (POD_CGROUP, other):
+        (tmp_path / path.lstrip("/")).mkdir(parents=True)
+        dirs[(tmp_path / path.lstrip("/")).stat().st_ino] = path
+    pod_id, other_id = list(dirs)
+    listing = [frozenset({POD_CGROUP})]
+    labeler = _CountingLabeler(pods, dirs)
+    keys = Exporter(None, labeler, node="n1", layout=discover(), labels_token=pods.get,
+                    cgroups_token=lambda: listing[0]).keys
+
+    def scrape() -> tuple[str | None, str | None]:
+        keys.begin_scrape()
+        found = keys.for_id(pod_id, hierarchy), keys.for_id(other_id, hierarchy)
+        keys.end_scrape()
+        return tuple(k.cgroup if k else None for k in found)  # type: ignore[return-value]
+
+    assert scrape() == (POD_CGROUP, other)
+    assert scrape() == (POD_CGROUP, other)
+    (tmp_path / POD_CGROUP.lstrip("/")).rmdir()
+    (tmp_path / other.lstrip("/")).rmdir()
+    labeler.dirs.clear()
+    assert scrape() == (POD_CGROUP, None)  # the listed one: late until the listing changes
+    listing[0] = frozenset()  # the next walk: the pod's cgroups are gone from the listing
+    assert scrape() == (None, None)

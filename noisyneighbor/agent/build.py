@@ -5,7 +5,7 @@ exporter (pod-metadata labels)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from actuators.base import Actuator
@@ -61,7 +61,8 @@ def build_actuators(config: AgentConfig, policy: Policy, paths: HostPaths, layou
 
 def build_exporter(config: AgentConfig, policy: Policy, paths: HostPaths, layout: CgroupLayout | None,
                    resolver: CgroupResolver, pod_source: Any, qos_of_path: Callable[[str], str | None],
-                   container_name: Callable[[str, str], str | None]) -> Exporter:
+                   container_name: Callable[[str, str], str | None],
+                   cgroups_token: Callable[[], Collection[str]] | None = None) -> Exporter:
     labeler = PodMetadataLabeler(ResolverLabeler(resolver), pod_source.get, qos_of_path)
     # Not in the agent's registry: /metrics writes the exporter's series directly (render_text) and
     # adds the registry's (actuator metrics); OpenMetrics scrapes get both through one registry.
@@ -75,4 +76,7 @@ def build_exporter(config: AgentConfig, policy: Policy, paths: HostPaths, layout
                     container_name=container_name,
                     # The source hands out a new record per change of a pod: labels made with one stay
                     # good while it does (a vanished pod's record goes at its grace, and so do they).
-                    labels_token=pod_source.get)
+                    labels_token=pod_source.get,
+                    # The listing the collector watches: a kept key is checked at its path (an lstat) once
+                    # per change of it, not every scrape.
+                    cgroups_token=cgroups_token)

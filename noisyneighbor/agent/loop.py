@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import threading
 import time
@@ -41,7 +40,9 @@ from noisyneighbor.agent.wiring import (
     _event_poster,
     _fix_large_allocations_to_mmap,
     expected_runq_cgroups,
+    raise_open_files_limit,
     read_own_node,
+    settle_garbage_collector,
 )
 from noisyneighbor.exporter import Exporter
 from noisyneighbor.sections import DeadCgroups
@@ -172,6 +173,7 @@ class Agent:
     def _start(self) -> None:
         policy = self.policy
         assert policy is not None
+        raise_open_files_limit()  # before the collector sizes its open files by the soft limit
         self.layout = discover(self.paths)
         # Unknown ids (a cgroup newer than the last walk) walk the hierarchy again at most every 5 s.
         resolver = CgroupResolver(self.paths, self.layout, rescan_interval=5.0)
@@ -198,7 +200,7 @@ class Agent:
         if node_object is not None:
             apply_node(self.detector.batch, node_object)
         self.exporter = build_exporter(self.config, policy, self.paths, self.layout, resolver, self.pod_source,
-                                       self._qos_of_path, self._container_name)
+                                       self._qos_of_path, self._container_name, lambda: self._listed)
         self._run_stats = _enable_bpf_stats()
         _fix_large_allocations_to_mmap()
         self._free_memory = FreeMemoryReturner()
@@ -305,11 +307,7 @@ class Agent:
 
     def run(self) -> None:
         """Tick at the interval until :meth:`request_stop` (or a signal through it); then :meth:`stop`."""
-        # What start made and keeps for good (modules, classes, the probes, the policy: ~40k objects) is
-        # moved out of the collector's reach: a full collection walked it all again each time (24 ms for
-        # the imports alone here), for objects that are never garbage.
-        gc.collect()
-        gc.freeze()
+        settle_garbage_collector()
         try:
             next_at = time.monotonic()
             while not self._stop.is_set():

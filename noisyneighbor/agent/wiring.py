@@ -5,8 +5,10 @@ the ``--act-only`` scope around an actuator, and the optional Kubernetes and BPF
 from __future__ import annotations
 
 import fnmatch
+import gc
 import logging
 import os
+import resource
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -305,3 +307,51 @@ def _enable_bpf_stats() -> Any | None:
         return None
 
 
+
+
+def raise_open_files_limit() -> tuple[int, int] | None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit, as Go's runtime does at start, and log both once.
+
+    The collector keeps each busy cgroup's usage files open (probes.host.HotFiles, at most half the soft
+    limit): under a runtime that gives containers a soft limit of 1,024, 1,000 pods' files would not stay
+    open and every read would pay an open and a close. Returns (soft, hard) as they are after, or None if
+    they could not be read; a failure to raise is a one-line warning, never a failure of the agent."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError) as e:
+        log.warning("open files limit (RLIMIT_NOFILE) unreadable: %s", _one_line(e))
+        return None
+    if soft == hard:
+        log.info("open files limit (RLIMIT_NOFILE): soft %s, hard %s", _limit_text(soft), _limit_text(hard))
+        return soft, hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as e:
+        log.warning("open files limit (RLIMIT_NOFILE) not raised: soft %s, hard %s: %s",
+                    _limit_text(soft), _limit_text(hard), _one_line(e))
+        return soft, hard
+    log.info("open files limit (RLIMIT_NOFILE): soft %s raised to the hard limit %s", _limit_text(soft), _limit_text(hard))
+    return hard, hard
+
+
+def _limit_text(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+
+GC_YOUNG_ALLOCATIONS = 20_000  # the young generation's collection threshold (Python's default: 700)
+GC_MIDDLE_COLLECTIONS = 20  # young collections per middle one (default 10)
+
+
+def settle_garbage_collector() -> None:
+    """Before the agent's first tick. What start made and keeps for good (modules, classes, the probes, the
+    policy: ~40k objects) is moved out of the collector's reach: a full collection walked it all again each
+    time (24 ms for the imports alone here), for objects that are never garbage.
+
+    Ticks and scrapes allocate many objects that their reference counts free within the tick; at the
+    default threshold (700) the young collection runs dozens of times a scrape at 1,000 pods, each scanning
+    objects about to be freed anyway, and the older generations follow (in-process, a 1,000-pod scrape's build
+    took 22-30 ms with them and 18 ms with these). Collected every GC_YOUNG_ALLOCATIONS allocations instead, fewer
+    survivors are scanned; what it delays is only the freeing of reference cycles."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_ALLOCATIONS, GC_MIDDLE_COLLECTIONS, gc.get_threshold()[2])
