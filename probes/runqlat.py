@@ -16,6 +16,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import takewhile
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
@@ -602,6 +603,8 @@ class PairTable:
                 pair: tuple[int, int] = _CULPRIT_KEY.unpack(change.key)  # type: ignore[assignment]
                 self._in_kernel[pair] = CulpritStats.decode_percpu(
                     self.slots.values(change.key, change.raw), self._counterfactual_raw(change.slot))
+                # moved to the end: _moved_at stays ordered by when each pair last moved, oldest first
+                self._moved_at.pop(pair, None)
                 self._moved_at[pair] = now
                 self._total_of(pair)
         self._give_back_quiet(now)
@@ -686,7 +689,10 @@ class PairTable:
             return
         self._quiet_swept_at = now
         if not crowded:
-            for pair in [pair for pair, at in self._moved_at.items() if now - at >= self.quiet_s]:
+            # Oldest first (read keeps the order): the sweep walks the quiet pairs and stops at the
+            # first live one, not over every pair.
+            quiet = list(takewhile(lambda item: now - item[1] >= self.quiet_s, self._moved_at.items()))
+            for pair, _ in quiet:
                 self.give_back(pair)
             return
         quiet = sorted((at, pair) for pair, at in self._moved_at.items() if now - at >= PAIR_FULL_QUIET_S)

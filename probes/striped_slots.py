@@ -126,9 +126,13 @@ class StripedSlots:
         """read_changed over the given slots only, in place: their change words against the last look."""
         assert self._mapped is not None
         rows = self._mapped[: len(self._mapped) // self._words * self._words].reshape(-1, self._words)
-        # Sorted and unique, in Python: np.unique imports numpy.ma (to ask whether the array is masked),
-        # ~2 MiB of the agent's RSS for this one call.
-        slots = np.array(sorted({s for s in candidates if 0 <= s < len(rows)}), dtype=np.int64)
+        # Unique by a set (np.unique imports numpy.ma to ask whether the array is masked, ~2 MiB of the
+        # agent's RSS for this one call), then sorted and bounded in numpy: a busy victim's pairs are
+        # thousands of candidates a tick of which a few moved, so Python touches only the moved ones.
+        unique = candidates if isinstance(candidates, (set, frozenset)) else set(candidates)
+        slots = np.fromiter(unique, dtype=np.int64, count=len(unique))
+        slots.sort()
+        slots = slots[(slots >= 0) & (slots < len(rows))]
         if not len(slots):
             return []
         seen = rows[slots[:, None], self._columns[None, :]]
@@ -138,13 +142,12 @@ class StripedSlots:
             grown = np.zeros((int(slots[-1]) + 1, len(self._columns)), dtype="<u8")
             grown[: len(self._seen)] = self._seen
             self._seen = grown
-        moved = slots[(seen != self._seen[slots]).any(axis=1)]
+        changed = (seen != self._seen[slots]).any(axis=1)
         self._seen[slots] = seen
         by_index: dict[int, bytes] = {}
-        used = seen.any(axis=1)
-        in_use = {int(slot) for slot in slots[used]}
-        return [self._change(slot, rows[slot].tobytes() if slot in in_use else b"", by_index)
-                for slot in moved.tolist()]
+        # a moved slot with no change word set was freed (zeroed): nothing to copy out
+        return [self._change(slot, rows[slot].tobytes() if in_use else b"", by_index)
+                for slot, in_use in zip(slots[changed].tolist(), seen[changed].any(axis=1).tolist(), strict=True)]
 
     def _change(self, slot: int, raw: bytes, by_index: dict[int, bytes]) -> SlotChange:
         """A moved slot as read (`raw` empty: nothing in it now), its key from its copies' owners."""

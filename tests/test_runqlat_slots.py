@@ -172,3 +172,48 @@ def test_a_freed_slot_leaves_the_index_in_one_call_where_the_kernel_can() -> Non
     assert runs["einval"] == ["take index", *["lookup index", "delete index", *zeroes, "push free"] * 2,
                               "lookup index"]
     assert runs["absent"] == [*["lookup index", "delete index", *zeroes, "push free"] * 2, "lookup index"]
+
+
+class MappedSlotMaps(FakeSlotMaps):
+    """The same slots in one mapped array (BPF_F_MMAPABLE): read in place, candidates looked at alone."""
+
+    def __init__(self, entries: int = 256) -> None:
+        super().__init__(entries)
+        self.buf = bytearray(entries * CPUS * VALUE)
+
+    def put(self, slot: int, cpu: int, key: int, count: int) -> None:
+        super().put(slot, cpu, key, count)
+        at = (slot * CPUS + cpu) * VALUE
+        self.buf[at : at + VALUE] = self.copies[slot][cpu]
+
+    def clear(self, slot: int) -> None:
+        self.copies[slot] = [bytes(VALUE)] * CPUS
+        self.buf[slot * CPUS * VALUE : (slot + 1) * CPUS * VALUE] = bytes(CPUS * VALUE)
+
+    def map_mmap(self, name: str) -> bytearray:
+        return self.buf
+
+
+def test_a_candidate_read_gives_what_a_whole_read_gives_for_its_slots() -> None:
+    """A busy victim's pairs make thousands of candidate slots a tick of which a few moved: the
+    candidate read (numpy over the candidates, Python over the moved ones only) reports exactly the
+    moved, new and freed slots among them, in slot order, with their copies, whatever form the
+    candidates come in (a set, a list with repeats, slots outside the table)."""
+    whole_maps, cand_maps = MappedSlotMaps(), MappedSlotMaps()
+    for maps in (whole_maps, cand_maps):
+        for slot in range(0, 120, 2):
+            maps.put(slot, slot % CPUS, 2000 + slot, 1)
+    whole, cand = _slots(whole_maps), _slots(cand_maps)
+    assert [(c.slot, c.key) for c in whole.read_changed()] == [(c.slot, c.key) for c in cand.read_changed()]
+    for maps in (whole_maps, cand_maps):
+        maps.put(10, 1, 2010, 7)  # moved
+        maps.put(31, 0, 2031, 1)  # a new pair in a never-used slot
+        maps.clear(40)  # zeroed by the other side (its key gone)
+        maps.put(118, 0, 2118, 3)
+    # (a freed slot's copies mean nothing: its key is None)
+    want = [(c.slot, c.old_key, c.key, c.raw if c.key else b"") for c in whole.read_changed()]
+    assert [w[0] for w in want] == [10, 31, 40, 118]
+    candidates: list[int] = [118, 10, 40, 31, 10, 2, 4, -1, 10**6, 118]  # moved, idle, outside the table
+    got = [(c.slot, c.old_key, c.key, c.raw if c.key else b"") for c in cand.read_changed(candidates)]
+    assert got == want and got[2][2] is None and got[0][3] == whole_maps.buf[10 * CPUS * VALUE : 11 * CPUS * VALUE]
+    assert cand.read_changed(set(range(0, 256))) == []  # nothing moved since
