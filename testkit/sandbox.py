@@ -120,8 +120,14 @@ class OwnedCgroup:
             (d / "cgroup.procs").write_text(str(pid))
 
     def preexec(self) -> None:
-        """For subprocess.Popen(preexec_fn=...): the child joins the cgroup before it execs."""
+        """For subprocess.Popen(preexec_fn=...): the child joins the cgroup before it execs, on the CPUs it
+        was started with. Linux 6.1 resets a task that joins a cgroup with cpuset to the cpuset's CPUs (6.2+
+        keep the CPUs the task asked for): a child started off the victim's CPU ran there until it execed
+        `taskset` (in the VM lane, tens of ms: the enforcing agent rightly moved the BE pod before the test did)."""
+        cpus = os.sched_getaffinity(0)
         self.add_pid(os.getpid())
+        if os.sched_getaffinity(0) != cpus:
+            os.sched_setaffinity(0, cpus)
 
     def pids(self) -> set[int]:
         return cgroup_pids(self.dirs.values())
