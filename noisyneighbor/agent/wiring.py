@@ -307,8 +307,6 @@ def _enable_bpf_stats() -> Any | None:
         return None
 
 
-
-
 def raise_open_files_limit() -> tuple[int, int] | None:
     """Raise the soft RLIMIT_NOFILE to the hard limit, as Go's runtime does at start, and log both once.
 
