@@ -126,8 +126,11 @@ class OwnedCgroup:
         `taskset` (in the VM lane, tens of ms: the enforcing agent rightly moved the BE pod before the test did)."""
         cpus = os.sched_getaffinity(0)
         self.add_pid(os.getpid())
-        if os.sched_getaffinity(0) != cpus:
-            os.sched_setaffinity(0, cpus)
+        allowed = os.sched_getaffinity(0)
+        # Only narrowed to what the cgroup allows: a child pinned elsewhere than a cgroup's cpuset keeps the
+        # kernel's choice (asking for CPUs outside the cpuset is EINVAL).
+        if allowed != cpus and cpus & allowed:
+            os.sched_setaffinity(0, cpus & allowed)
 
     def pids(self) -> set[int]:
         return cgroup_pids(self.dirs.values())
