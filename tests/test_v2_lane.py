@@ -100,8 +100,8 @@ SWITCHES = 300
 def test_the_guest_lives_through_its_kernel_rewriting_a_tracepoint_site_that_both_cpus_run() -> None:
     """Every probe attach or close switches a tracepoint, and the kernel rewrites the tracepoint's jump-label
     site in place (an int3 first). Here the softirq_exit site, run by both CPUs taking NET_RX softirqs, is
-    switched SWITCHES times. Under qemu 7.2's multi-threaded TCG the guest livelocked within 20 switches in
-    every try (both vCPUs at the site, CI's VM smoke hung the same way); the lane runs single-threaded TCG
+    switched SWITCHES times. Under qemu 7.2's multi-threaded TCG the guest livelocked in every try, twice
+    within 20 switches (both vCPUs at the site, as CI's VM smoke hung); the lane runs single-threaded TCG
     (scripts/vm/run.py). A hung guest fails the run through the runner's --idle-timeout."""
     if os.environ.get("NN_VM") != "1":
         pytest.skip("not in the VM lane: tracefs settings here belong to the machine")
