@@ -48,6 +48,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -202,10 +203,12 @@ class Churner:
 class AgentUnderTest:
     def __init__(self, workdir: Path, interval: float, kubelet_url: str | None = None,
                  scrape_interval: float = 15.0, module: str = "noisyneighbor.cli",
-                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None, repo: Path = REPO) -> None:
+                 extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None, repo: Path = REPO,
+                 preexec: Callable[[], None] | None = None) -> None:
         """``kubelet_url``: the kubelet pod source there; None: the standalone pod source. ``module``
         runs the CLI (bench.metered_agent: with a meter on BPF map reads), ``extra_args`` follow the
-        agent's own; ``repo``: the checkout it runs from (another commit's, to compare)."""
+        agent's own; ``repo``: the checkout it runs from (another commit's, to compare); ``preexec``: run
+        in the child before it execs (joining a cgroup that counts its CPU time)."""
         self.scrape_interval = scrape_interval
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -221,7 +224,7 @@ class AgentUnderTest:
             [sys.executable, "-m", module, "agent", "--config", str(config), "--dry-run",
              "--listen", f"127.0.0.1:{self.port}", "--journal-dir", str(workdir / "journal"),
              "--interval", str(interval), "--node-name", "node-1", *extra_args],
-            cwd=repo, stdout=subprocess.DEVNULL, stderr=self.log, env=env,
+            cwd=repo, stdout=subprocess.DEVNULL, stderr=self.log, env=env, preexec_fn=preexec,
         )
 
     def get(self, path: str) -> bytes:

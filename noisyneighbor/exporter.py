@@ -404,7 +404,7 @@ class CgroupKeys:
         if cache_key in self._ids:
             return self._ids[cache_key]
         kept = self._id_keys.get(cache_key) if self.labels_token is not None else None
-        if kept is not None and self._id_key_current(cgroup_id, kept):
+        if kept is not None and self._id_key_current(cgroup_id, hierarchy, kept):
             key = self._ids[cache_key] = kept.key
             return key
         try:
@@ -416,10 +416,9 @@ class CgroupKeys:
         if key is None:
             self._unresolved.add((cgroup_id, hierarchy))
         elif self.labels_token is not None and target is not None and hierarchy is not None:
-            # Kept with the directory it was found at: one lstat next scrape says it is still that
+            # Kept with the cgroup it was found as: one lstat of its directory says it is still that
             # cgroup (a removed one loses its series at that scrape, as with the labeler's own check).
-            fs_dir = f"{os.fspath(hierarchy.mount).rstrip('/')}/{target.cgroup.strip('/')}".rstrip("/")
-            self._id_keys[cache_key] = _KeptId(fs_dir, target.cgroup, self._token(target.pod_uid), key,
+            self._id_keys[cache_key] = _KeptId(target.cgroup, self._token(target.pod_uid), key,
                                                self._listing_of(target.cgroup))
         return key
 
@@ -451,13 +450,14 @@ class CgroupKeys:
         listing = self._listing
         return listing if listing is not None and cgroup in listing else None
 
-    def _id_key_current(self, cgroup_id: int, kept: _KeptId) -> bool:
-        if kept.key is None or kept.labels_token is not self._token(kept.key.pod_uid):
-            return False
+    def _id_key_current(self, cgroup_id: int, hierarchy: Hierarchy | None, kept: _KeptId) -> bool:
+        if hierarchy is None or kept.key is None or kept.labels_token is not self._token(kept.key.pod_uid):
+            return False  # (kept only for ids found under a hierarchy)
         if kept.checked_under is not None and kept.checked_under is self._listing:
             return True  # checked at its path since the listing last changed
         try:
-            current = os.lstat(kept.fs_dir).st_ino == cgroup_id
+            fs_dir = f"{os.fspath(hierarchy.mount).rstrip('/')}/{kept.cgroup.strip('/')}".rstrip("/")
+            current = os.lstat(fs_dir).st_ino == cgroup_id
         except OSError:
             return False
         if current:
@@ -467,10 +467,10 @@ class CgroupKeys:
 
 @dataclass(slots=True)
 class _KeptId:
-    """A cgroup id's key kept from scrape to scrape: the directory it was found at (checked with one lstat),
-    its pod's labels token, and the listing (cgroups_token) under which that check last held, if any."""
+    """A cgroup id's key kept from scrape to scrape: the cgroup it was found as (its directory under the
+    hierarchy's mount, checked with one lstat), its pod's labels token, and the listing (cgroups_token)
+    under which that check last held, if any."""
 
-    fs_dir: str
     cgroup: str
     labels_token: object
     key: SeriesKey | None

@@ -73,7 +73,6 @@ def test_the_agent_started_with_a_low_soft_limit_runs_with_the_hard_limit(tmp_pa
         agent.wait_ready()
         soft, hard = _open_files_limits(agent.proc.pid)
         assert soft == hard and soft != str(LOW_SOFT), (soft, hard)
-        assert "RLIMIT_NOFILE" in agent.log_tail(200)  # the limits, logged once at start
     finally:
         rc = agent.terminate()
     assert rc == 0, agent.log_tail()

@@ -8,7 +8,6 @@ import contextlib
 import ctypes
 import os
 import re
-import socket
 import struct
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from probes.softirq import (
 )
 from testkit.procfiles import read_proc_softirqs
 from testkit.timing import slowdown
+from testkit.workloads.loopback_udp import loopback_udp
 from tests.ground_truth import softirq_missed_allowance
 
 pytestmark = [pytest.mark.root, pytest.mark.vm]
@@ -38,29 +38,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
-
-
-def _loopback_udp(packets: int, seconds: float) -> int:
-    """Activity: UDP datagrams over loopback (one NET_RX run per datagram), bounded by count and time."""
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        rx.bind(("127.0.0.1", 0))
-        rx.setblocking(False)
-        addr = rx.getsockname()
-        sent = 0
-        deadline = time.monotonic() + seconds
-        while sent < packets and time.monotonic() < deadline:
-            tx.sendto(b"x" * 64, addr)
-            sent += 1
-            if sent % 64 == 0:
-                with contextlib.suppress(BlockingIOError):
-                    while rx.recv(128):
-                        pass
-        return sent
-    finally:
-        rx.close()
-        tx.close()
 
 
 def _bracket_check(p1, truth1, p2, p3, truth2, p4, keys):
@@ -220,7 +197,7 @@ def test_entry_counts_match_proc_softirqs(attach_mode):
         p1 = probe.snapshot()
         t1 = read_proc_softirqs()
         p2 = probe.snapshot()
-        sent = _loopback_udp(5000, 3.0)
+        sent = loopback_udp(5000, 3.0)
         time.sleep(0.3)  # a few ticks: TIMER, RCU, SCHED
         p3 = probe.snapshot()
         t2 = read_proc_softirqs()
@@ -372,7 +349,7 @@ def test_ksoftirqd_flag_marks_only_the_per_cpu_ksoftirqd_threads():
     flagged, others = [], 0
     with SoftirqProbe(stall_threshold_ns=1, stall_ring_bytes=16 << 20) as probe:
         stop = threading.Event()
-        worker = threading.Thread(target=lambda: [_loopback_udp(2000, 0.5) for _ in range(10) if not stop.is_set()])
+        worker = threading.Thread(target=lambda: [loopback_udp(2000, 0.5) for _ in range(10) if not stop.is_set()])
         worker.start()
         try:
             deadline = time.monotonic() + 8
@@ -397,7 +374,7 @@ def test_ksoftirqd_flag_marks_only_the_per_cpu_ksoftirqd_threads():
 
 def test_no_threshold_means_no_stall_events():
     with SoftirqProbe(stall_threshold_ns=0) as probe:
-        _loopback_udp(500, 1.0)
+        loopback_udp(500, 1.0)
         assert probe.poll_stalls(10) == []
         snap = probe.snapshot()
     assert snap.drops == dict.fromkeys(snap.drops, 0)

@@ -77,21 +77,8 @@ def test_the_lane_is_the_pinned_kernel_on_pure_v2() -> None:
 
 
 # Loopback UDP from one CPU: every datagram is a NET_RX softirq on that CPU.
-_SENDER = """
-import os, socket, sys, time
-os.sched_setaffinity(0, {int(sys.argv[1])})
-rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); rx.bind(("127.0.0.1", 0)); rx.setblocking(False)
-tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-while True:
-    for _ in range(50):
-        tx.sendto(b"x" * 64, rx.getsockname())
-    try:
-        while rx.recv(128):
-            pass
-    except BlockingIOError:
-        pass
-    time.sleep(0.002)
-"""
+# NET_RX softirqs on one CPU until killed (testkit/workloads/loopback_udp.py)
+SENDER = ROOT / "testkit/workloads/loopback_udp.py"
 SWITCHES = 300
 
 
@@ -110,7 +97,7 @@ def test_the_guest_lives_through_its_kernel_rewriting_a_tracepoint_site_that_bot
     cpus = sorted(os.sched_getaffinity(0))
     assert len(cpus) >= 2, cpus
     before = read_proc_softirqs()
-    senders = [subprocess.Popen([sys.executable, "-c", _SENDER, str(cpu)]) for cpu in cpus[:2]]
+    senders = [subprocess.Popen([sys.executable, str(SENDER), str(cpu)]) for cpu in cpus[:2]]
     started = time.monotonic()
     try:
         time.sleep(1.0)
