@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from detector.containers import POD_ITSELF, MayUse, containers_by_pod, may_use
 from detector.workloads import IdMapper, Workload
 from probes.cgroupfs import CgroupLayout
+from probes.memstat import NodeVmstat
 from probes.plugin import IDLE, UNKNOWN, NodeFieldSpec, RowFieldSpec, SignalSpec  # noqa: F401  (IDLE, UNKNOWN: re-exported for detector/incidents.py)
 from probes.psi import psi_rate
 from probes.registry import BY_NAME, PLUGINS
@@ -158,6 +159,11 @@ class NodeSignals:
     # Pages kswapd reclaimed per second (/proc/vmstat pgsteal_kswapd): global reclaim in the background,
     # whose CPU time is a kernel thread's (the root cgroup) on whichever CPU kswapd ran.
     kswapd_pages_per_s: float = 0.0
+    # Pages kswapd scanned per second (pgscan_kswapd): its work, which comes before what it reclaims. Woken,
+    # it scans first and reclaims later: in the VM lane's global-reclaim (2026-11-30 04:11 UTC) the tick the
+    # victim first waited 41.8 ms/s behind the root cgroup had 4,680 pages/s scanned (no direct reclaim) and
+    # 0 reclaimed (detector/causes/reclaim.py, kswapd_at_work).
+    kswapd_scanned_pages_per_s: float = 0.0
 
     def __getattr__(self, name: str) -> Any:
         # A plugin-declared node field no extractor set (its probe off): made from its declared default
@@ -324,7 +330,9 @@ class SignalBuilder:
         return NodeSignals.of(tick.dt, tick.rows, node_cpu_busy=_busy_cores(prev, cur, tick.dt),
                               node_psi=_node_psi(prev, cur, tick.dt), online_cpus=tuple(sorted(cur.node_cpu_per_cpu)),
                               present=self._present_with(tick, listed_keys) if incremental else None,
-                              kswapd_pages_per_s=_kswapd_pages_per_s(prev, cur, tick.dt), **tick.node)
+                              kswapd_pages_per_s=_vmstat_rate(prev, cur, tick.dt, lambda v: v.pgsteal_kswapd),
+                              kswapd_scanned_pages_per_s=_vmstat_rate(prev, cur, tick.dt, lambda v: v.pgscan_kswapd),
+                              **tick.node)
 
     def _stage(self, stage: str, intervals: dict[str, Any], tick: _Tick) -> None:
         """The extractors of one stage: their node values, and their values per workload on its row."""
@@ -512,8 +520,9 @@ def _busy_cores(prev: NodeSnapshot, cur: NodeSnapshot, dt: float) -> float | Non
     return max(cur.node_cpu.busy_ns - prev.node_cpu.busy_ns, 0) / 1e9 / dt
 
 
-def _kswapd_pages_per_s(prev: NodeSnapshot, cur: NodeSnapshot, dt: float) -> float:
-    if cur.node_vmstat is not None and prev.node_vmstat is not None \
-            and cur.node_vmstat.pgsteal_kswapd is not None and prev.node_vmstat.pgsteal_kswapd is not None:
-        return max(cur.node_vmstat.pgsteal_kswapd - prev.node_vmstat.pgsteal_kswapd, 0) / dt
-    return 0.0
+def _vmstat_rate(prev: NodeSnapshot, cur: NodeSnapshot, dt: float, counter: Callable[[NodeVmstat], int | None]) -> float:
+    """Per second over the tick of one of the node's /proc/vmstat counters; 0 when either read lacks it."""
+    if cur.node_vmstat is None or prev.node_vmstat is None:
+        return 0.0
+    a, b = counter(prev.node_vmstat), counter(cur.node_vmstat)
+    return max(b - a, 0) / dt if a is not None and b is not None else 0.0

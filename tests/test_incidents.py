@@ -375,6 +375,34 @@ def test_the_grower_is_costed_by_the_kswapd_work_in_the_victims_waits():
     assert e.open_incidents[0].cause == Cause.NEIGHBOR_CPU and e.open_incidents[0].kernel_work_cost is None
 
 
+def test_kswapd_scanning_before_it_reclaims_is_global_reclaim_from_its_first_tick():
+    # Woken, kswapd scans before it frees a page: the tick a victim first waits behind it can count scanned
+    # pages and none reclaimed. Recorded in the VM lane's global-reclaim (2026-11-30 04:11 UTC, `bench.scenarios
+    # --only global-reclaim --modes mitigate`, 6.1, 2 vCPUs): the victim waited 41.8 ms/s, 40.7 behind the root
+    # cgroup (p99 6.3 ms) with 4,680 pages/s scanned and 0 reclaimed; then 8,112 and 30,631 reclaimed. Named from
+    # reclaimed pages alone, the incident opened as "the node's own processes" and turned reclaim 3 ticks later
+    # (the pass ended first: no action). From the scan it is reclaim, the grower named, from the first tick.
+    def onset(scanned: float, reclaimed: float, wait_ms: float, root_ms: float, p99_ms: float) -> NodeSignals:
+        victim = row(LS, runq_p99_ns=p99_ms * 1e6, runq_wait_ms_per_s=wait_ms, ran_instead_ns={"/": root_ms * 1e6})
+        signals = tick(victim, row(BE, cpu_cores=0.9, cpu_weights={0: 1.0}, memory_usage_bytes=3412 << 20))
+        signals.kswapd_scanned_pages_per_s, signals.kswapd_pages_per_s = scanned, reclaimed
+        return signals
+
+    e = engine(breach_seconds=1.0, runq_p99_ms=2.0)
+    run(e, [onset(0.0, 0.0, 2.55, 4.87, 0.254)])  # before: no breach, no reclaim
+    assert e.open_incidents == []
+    run(e, [onset(4680.0, 0.0, 41.82, 40.67, 6.33)])
+    (inc,) = e.open_incidents
+    assert inc.cause == Cause.RECLAIM and [c.target.pod for c in inc.culprits] == ["batch"], (inc.cause, inc.culprits)
+    assert "kswapd_scanned_pages_per_s" in {ev.signal for ev in inc.evidence} and inc.findings == ["reclaim.kswapd"]
+    run(e, [onset(22269.0, 8112.4, 59.08, 63.58, 8.15)])
+    assert e.open_incidents == [inc] and inc.cause == Cause.RECLAIM
+    # and kswapd scanning a trickle (under 10 MiB/s) is still not reclaim: the node's own processes
+    e = engine(breach_seconds=1.0, runq_p99_ms=2.0)
+    run(e, [onset(1000.0, 0.0, 41.82, 40.67, 6.33)])
+    assert e.open_incidents[0].cause == Cause.NEIGHBOR_CPU
+
+
 def test_root_cgroup_wait_without_kswapd_is_the_nodes_own_processes():
     # The same wait behind the root cgroup while kswapd is idle: system daemons, no reclaim. The node is the
     # culprit, named with its top commands (issue 41: "neighbor_cpu" naming no one told an SRE nobody), and

@@ -20,10 +20,10 @@ from detector.causes.neighbor_cpu import NEIGHBOR_SHARE  # kernel threads (kswap
 from detector.causes.plan import Note, NoteKey, PlanContext, PlanStep, Submit
 from detector.decisions import ActionKind, Decision, EvictAmount, MemorySuppressAmount
 from detector.model import Culprit, Evidence, Incident
-from detector.signals import WorkloadSignals
+from detector.signals import NodeSignals, WorkloadSignals
 
 NAME = "reclaim"  # its member of the Cause enum, which the registry builds (detector/causes/__init__.py)
-KSWAPD_ACTIVE_PAGES_PER_S = 2560.0  # kswapd reclaimed 10 MiB/s or more: the node is in global reclaim
+KSWAPD_ACTIVE_PAGES_PER_S = 2560.0  # kswapd scanned or reclaimed 10 MiB/s or more: the node is in global reclaim
 GROWTH_WINDOW_S = 60.0  # the pods' memory growth is measured over this window
 
 # Findings (Incident.findings, refreshed every tick): the node reclaims, not only the victim's memcg.
@@ -42,13 +42,14 @@ def rule(ctx: CauseContext) -> Verdict | None:
     if ctx.breached & {"reclaim_stall_ms_per_s", "psi_memory_some"} and row.reclaim_stall_ms_per_s > 0:
         confidence = min(1.0, row.reclaim_stall_ms_per_s / (2 * ctx.slo.reclaim_stall_ms_per_s))
         return Verdict(NAME, confidence, culprits(ctx, None), share=share(ctx))
-    kswapd = ctx.signals.kswapd_pages_per_s
     node_share = ctx.node_share
-    if not (ctx.runq_breach and kswapd >= KSWAPD_ACTIVE_PAGES_PER_S and node_share >= NEIGHBOR_SHARE):
+    if not (ctx.runq_breach and kswapd_at_work(ctx.signals) and node_share >= NEIGHBOR_SHARE):
         return None
     return Verdict(NAME, min(1.0, node_share), culprits(ctx, True), [
-        Evidence("kswapd_pages_per_s", round(kswapd, 1), row.interval_s, threshold=KSWAPD_ACTIVE_PAGES_PER_S,
-                 note="the node reclaims in the background (global reclaim)"),
+        Evidence("kswapd_pages_per_s", round(ctx.signals.kswapd_pages_per_s, 1), row.interval_s,
+                 threshold=KSWAPD_ACTIVE_PAGES_PER_S, note="the node reclaims in the background (global reclaim)"),
+        Evidence("kswapd_scanned_pages_per_s", round(ctx.signals.kswapd_scanned_pages_per_s, 1), row.interval_s,
+                 threshold=KSWAPD_ACTIVE_PAGES_PER_S, note="kswapd's scanning, which comes before what it reclaims"),
         Evidence("who_ran_instead_node_share", round(node_share, 4), ctx.window_s, threshold=NEIGHBOR_SHARE,
                  note="kernel threads (root cgroup: kswapd) ran on its CPUs while it waited"),
     ], findings=(KSWAPD,), share=share(ctx))
@@ -93,9 +94,17 @@ def culprits(ctx: CauseContext, global_reclaim: bool | None) -> list[Culprit]:
     return kept[:MAX_CULPRITS]
 
 
+def kswapd_at_work(signals: NodeSignals) -> bool:
+    """kswapd reclaims for the node: it scanned or reclaimed KSWAPD_ACTIVE_PAGES_PER_S or more this tick.
+    Its scanning is the CPU time the victim waits behind, and comes first: woken, kswapd scans (and ages
+    the active list) before it frees a page, so the tick it starts may count scans and no reclaimed page,
+    and a tick of reclaimed pages alone would name the cause one tick after the wait behind it."""
+    return max(signals.kswapd_pages_per_s, signals.kswapd_scanned_pages_per_s) >= KSWAPD_ACTIVE_PAGES_PER_S
+
+
 def busy(ctx: CauseContext) -> bool:
     """kswapd reclaims for the node (CauseSpec.kernel_work_busy): on the victim's CPUs it is kernel work."""
-    return ctx.signals.kswapd_pages_per_s >= KSWAPD_ACTIVE_PAGES_PER_S
+    return kswapd_at_work(ctx.signals)
 
 
 def share(ctx: CauseContext) -> float:
@@ -109,7 +118,7 @@ def share(ctx: CauseContext) -> float:
         return 1.0
     stall, wait = row.reclaim_stall_ms_per_s, row.runq_wait_ms_per_s
     parts = [stall / (stall + wait) if stall > 0 else 0.0]
-    if ctx.signals.kswapd_pages_per_s >= KSWAPD_ACTIVE_PAGES_PER_S and row.who_ran_instead_available:
+    if kswapd_at_work(ctx.signals) and row.who_ran_instead_available:
         parts.append(ctx.kernel_work_share)
     return max(parts)
 
