@@ -19,7 +19,8 @@ kubelet's systemd driver makes them (pod slice + one container scope holding a t
   carrying a ``cpu`` label, and series per idle pod (its cgroup and its container's).
 
 Counts and bytes are exact anywhere (a TCG VM included); CPU is not measured here: bench.agent_footprint
-measures one agent's, bench.agent_beside two checkouts' agents side by side. Every cgroup and task is removed afterwards, also on failure.
+measures one agent's, bench.agent_beside two checkouts' agents side by side.
+Every cgroup and task is removed afterwards, also on failure.
 
     sudo .venv/bin/python -m bench.node_scale --pods 100                 # ~2 min on a 2-CPU host
     sudo .venv/bin/python -m bench.node_scale --pods 100 --json --agent-arg=--per-cpu-series
