@@ -40,6 +40,7 @@ if str(REPO) not in sys.path:
 
 from bench.agent_footprint import DEFAULT_WAKE_EVERY_S, AgentUnderTest, PodFleet  # noqa: E402
 from probes.cgroupfs import discover  # noqa: E402
+from probes.cpuacct import read_cgroup_cpu  # noqa: E402
 from testkit.fakekube import FakeKube  # noqa: E402
 from testkit.sandbox import OwnedCgroup, cleanup_prefix  # noqa: E402
 
@@ -88,19 +89,21 @@ def work_of(agent: AgentUnderTest, fleet: PodFleet) -> dict[str, int]:
 
 
 class CpuCgroup:
-    """A cgroup of our own that one agent runs in, read for the CPU time of all its threads (ns)."""
+    """A cgroup of our own that one agent runs in, read for the CPU time of all its threads
+    (probes.cpuacct.read_cgroup_cpu: cpuacct.usage on v1, cpu.stat's usage_usec on v2)."""
 
     def __init__(self, name: str) -> None:
-        hierarchy = discover().hierarchy_for("cpuacct")
-        self.v1 = hierarchy is not None and hierarchy.version == 1
-        self.controller = "cpuacct" if self.v1 else "cpu"
-        self.cgroup = OwnedCgroup(name, (self.controller,)).create()
+        self.layout = discover()
+        cpu = self.layout.hierarchy_for("cpu")
+        v1 = cpu is not None and cpu.version == 1
+        self.cgroup = OwnedCgroup(name, ("cpu", "cpuacct") if v1 else ("cpu",)).create()
+        self.rel = "/" + str(self.cgroup.path("cpu").relative_to(cpu.mount)) if cpu is not None else "/"
 
     def cpu_seconds(self) -> float:
-        if self.v1:
-            return int(self.cgroup.read(self.controller, "cpuacct.usage")) / 1e9
-        stat = dict(line.split() for line in self.cgroup.read(self.controller, "cpu.stat").splitlines())
-        return int(stat["usage_usec"]) / 1e6
+        stat = read_cgroup_cpu(self.layout, self.rel)
+        if stat is None:
+            raise RuntimeError(f"no CPU accounting for {self.rel}")
+        return stat.usage_ns / 1e9
 
     def remove(self) -> None:
         self.cgroup.remove()
